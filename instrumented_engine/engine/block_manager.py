@@ -1,0 +1,353 @@
+"""The block manager: vLLM V1's prefix-caching block pool, with eviction reasons and owners.
+
+Invariants:
+- Block 0 is a null placeholder, never allocated (padding in block tables points at it).
+- Every block with ref_cnt 0 is in the free queue, cached or not; a cached block stays in the hash
+  map until it is taken for new content (eviction) or invalidated.
+- Prefix lookup walks a request's full-block hashes from the start and stops at the first miss;
+  at most num_tokens - 1 tokens can hit (the last token is recomputed for its logits).
+- Blocks are registered (hashed, `BlocksStored`) only after their KV has been written.
+- Freeing walks a block table in reverse, so a chain's tail is evicted before its head; uncached
+  blocks go to the queue head (reused first), cached ones to the tail (LRU).
+
+The manager holds no tensors, so the same code runs the engine and the what-if simulator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from instrumented_engine.engine import events as ev
+from instrumented_engine.engine.block import KVBlock
+from instrumented_engine.engine.eviction import EvictionPolicy, LRUPolicy, SessionActivity
+from instrumented_engine.engine.free_block_queue import FreeBlockQueue
+from instrumented_engine.engine.hashing import BlockHash, external_hash, hash_chain
+from instrumented_engine.engine.sequence import Sequence
+
+INVALIDATION_REASONS = ("weights_update", "adapter_swap", "system_prompt_change", "session_forget", "manual_reset")
+
+
+class BlockManager:
+    """Allocates KV blocks to sequences and keeps the prefix cache.
+
+    Args:
+        num_blocks: blocks in the pool, including the null block 0.
+        block_size: tokens per block.
+        enable_caching: prefix lookup and keeping freed blocks cached.
+        policy: which free block to take next (default LRU, vLLM's order).
+        clock: time source (epoch seconds) for events; tests inject a fake one.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_caching: bool = True,
+        policy: EvictionPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved); got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.policy = policy or LRUPolicy()
+        self.clock = clock
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks[1:])
+        self.cached: dict[BlockHash, KVBlock] = {}
+        self.activity = SessionActivity()
+        self.weights_version = 0
+        self.adapter_versions: dict[str, int] = {}
+        self.session_roots: dict[str, BlockHash] = {}
+        self._events: list[ev.KVEvent] = []
+
+    # ---- sizes ------------------------------------------------------------------------------
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref_cnt 0, cached or not (what allocation can take)."""
+        return len(self.free_queue)
+
+    @property
+    def num_resident_blocks(self) -> int:
+        """Cached blocks no request holds: prefix content kept for reuse."""
+        return sum(1 for b in self.cached.values() if b.ref_cnt == 0)
+
+    @property
+    def usage(self) -> float:
+        """vLLM's kv_cache_usage_perc: the pinned fraction, 1 - free / usable."""
+        return 1.0 - self.num_free_blocks / self.num_usable_blocks
+
+    def take_events(self) -> list[ev.KVEvent]:
+        events, self._events = self._events, []
+        return events
+
+    # ---- hashing ----------------------------------------------------------------------------
+    def hash_key(self, adapter: str | None) -> tuple:
+        """Extra keys every block hash carries: the weights version and the adapter's version."""
+        if adapter is None:
+            return (self.weights_version,)
+        return (self.weights_version, adapter, self.adapter_versions.get(adapter, 0))
+
+    def update_block_hashes(self, seq: Sequence) -> None:
+        """Extend `seq.block_hashes` to every full block of its tokens (recomputed if the key changed)."""
+        key = self.hash_key(seq.adapter)
+        if key != seq.hash_key:
+            seq.hash_key, seq.block_hashes = key, []
+        start = len(seq.block_hashes)
+        parent = seq.block_hashes[-1] if start else None
+        seq.block_hashes.extend(hash_chain(seq.token_ids, self.block_size, key, start=start, parent=parent))
+
+    # ---- lookup and allocation ----------------------------------------------------------------
+    def lookup(self, seq: Sequence) -> list[KVBlock]:
+        """Cached blocks matching the longest prefix of `seq`, capped at num_tokens - 1 tokens."""
+        if not self.enable_caching:
+            return []
+        self.update_block_hashes(seq)
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in seq.block_hashes[:max_blocks]:
+            block = self.cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[KVBlock] = ()) -> bool:
+        return self._num_blocks_needed(seq, num_new_tokens, hits) <= self._num_available(hits)
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[KVBlock] = ()) -> bool:
+        """Give `seq` blocks for `num_new_tokens` more tokens, first reviving `hits`.
+
+        Returns False, changing nothing, when the free queue cannot supply enough blocks.
+        """
+        num_needed = self._num_blocks_needed(seq, num_new_tokens, hits)
+        if num_needed > self._num_available(hits):
+            return False
+        now = self.clock()
+        for block in hits:
+            self._touch(block, seq.session_id, now)
+            seq.block_table.append(block.block_id)
+        seq.num_registered_blocks += len(hits)
+        new_ids = tuple(self._take_free_block(seq, now).block_id for _ in range(num_needed))
+        seq.block_table.extend(new_ids)
+        if new_ids:
+            self._emit(ev.BlocksAllocated, seq, now, block_ids=new_ids, num_free_after=self.num_free_blocks)
+        return True
+
+    def _num_blocks_needed(self, seq: Sequence, num_new_tokens: int, hits: Iterable[KVBlock]) -> int:
+        hits = list(hits)
+        num_tokens = seq.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table) - len(hits))
+
+    def _num_available(self, hits: Iterable[KVBlock]) -> int:
+        # Hits that sit in the free queue are revived, not available for new content.
+        return self.num_free_blocks - sum(1 for b in hits if b.ref_cnt == 0)
+
+    def _touch(self, block: KVBlock, session_id: str | None, now: float) -> None:
+        if block.ref_cnt == 0:
+            self.free_queue.remove(block)
+        block.ref_cnt += 1
+        block.last_used_ts = now
+        if session_id is not None:
+            block.sessions.add(session_id)
+
+    def _take_free_block(self, seq: Sequence, now: float) -> KVBlock:
+        block, reason = self.policy.choose(self.free_queue, self.activity, now)
+        self.free_queue.remove(block)
+        if block.is_cached:
+            self._evict(block, reason, now, cause=seq)
+        block.ref_cnt = 1
+        block.last_used_ts = now
+        return block
+
+    # ---- registering written blocks -------------------------------------------------------------
+    def register_computed_blocks(self, seq: Sequence) -> None:
+        """Hash and cache the blocks of `seq` that became full once its computed KV was written."""
+        if not self.enable_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_registered_blocks:
+            return
+        self.update_block_hashes(seq)
+        now = self.clock()
+        first = seq.num_registered_blocks
+        stored_ids: list[int] = []
+        stored_hashes: list[int] = []
+        for index in range(first, num_full):
+            block = self.blocks[seq.block_table[index]]
+            block_hash = seq.block_hashes[index]
+            if block.is_cached or block_hash in self.cached:
+                continue  # another sequence registered the same content first; keep the first copy
+            block.block_hash = block_hash
+            block.parent_hash = seq.block_hashes[index - 1] if index else None
+            block.root_hash = seq.block_hashes[0]
+            block.adapter = seq.adapter
+            block.stored_ts = block.last_used_ts = now
+            if seq.session_id is not None:
+                block.sessions.add(seq.session_id)
+            self.cached[block_hash] = block
+            stored_ids.append(block.block_id)
+            stored_hashes.append(external_hash(block_hash))
+        seq.num_registered_blocks = num_full
+        if seq.session_id is not None and seq.block_hashes:
+            self.session_roots[seq.session_id] = seq.block_hashes[0]
+        if stored_ids:
+            parent = self.blocks[stored_ids[0]].parent_hash
+            self._emit(
+                ev.BlocksStored,
+                seq,
+                now,
+                block_ids=tuple(stored_ids),
+                block_hashes=tuple(stored_hashes),
+                parent_block_hash=None if parent is None else external_hash(parent),
+                token_ids=tuple(self._tokens_of(seq, stored_ids)),
+                block_size=self.block_size,
+                adapter=seq.adapter,
+            )
+
+    def _tokens_of(self, seq: Sequence, block_ids: list[int]) -> list[int]:
+        positions = {bid: i for i, bid in enumerate(seq.block_table)}
+        tokens: list[int] = []
+        for bid in block_ids:
+            begin = positions[bid] * self.block_size
+            tokens.extend(seq.token_ids[begin : begin + self.block_size])
+        return tokens
+
+    # ---- freeing ------------------------------------------------------------------------------
+    def free(self, seq: Sequence) -> None:
+        """Release `seq`'s blocks in reverse order (the chain's tail becomes evictable first)."""
+        now = self.clock()
+        num_cached = 0
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                block.last_used_ts = now
+                if block.is_cached:
+                    self.free_queue.append(block)
+                    num_cached += 1
+                else:
+                    self.free_queue.appendleft(block)
+        if seq.block_table:
+            self._emit(ev.BlocksFreed, seq, now, block_ids=tuple(seq.block_table), num_cached=num_cached)
+        seq.block_table = []
+        seq.num_registered_blocks = 0
+
+    # ---- sessions -----------------------------------------------------------------------------
+    def begin_request(self, seq: Sequence) -> None:
+        self.activity.begin(seq.session_id)
+
+    def end_request(self, seq: Sequence) -> None:
+        self.activity.end(seq.session_id, self.clock())
+
+    def release_session(self, session_id: str) -> int:
+        """The session is done: drop the cached free blocks only it used. Returns how many."""
+        self.activity.release(session_id)
+        self.session_roots.pop(session_id, None)
+        now = self.clock()
+        victims = [b for b in self.cached.values() if b.ref_cnt == 0 and b.sessions == {session_id}]
+        for block in victims:
+            self._evict(block, "session_release", now)
+            self._to_head(block)
+        return len(victims)
+
+    # ---- invalidation -------------------------------------------------------------------------
+    def invalidate(
+        self, reason: str, *, session_id: str | None = None, adapter: str | None = None
+    ) -> ev.Invalidated | ev.CacheCleared | None:
+        """Drop cached blocks for `reason`; returns the summary event, or None when refused.
+
+        - weights_update: bump the weights version (every future hash changes); drop every cached block.
+        - adapter_swap: bump `adapter`'s version; drop the blocks computed under it.
+        - system_prompt_change: drop every block chained from `session_id`'s first block (its system prompt).
+        - session_forget: drop every cached block `session_id` stored or hit.
+        - manual_reset: vLLM's reset_prefix_cache; refused (None) while any block is in use.
+        Blocks in use stay with their requests but lose their hash, so nothing new can hit them.
+        """
+        if reason not in INVALIDATION_REASONS:
+            raise ValueError(f"unknown invalidation reason {reason!r}; choose one of {', '.join(INVALIDATION_REASONS)}")
+        if reason == "manual_reset":
+            return self.reset()
+        if reason in ("system_prompt_change", "session_forget") and session_id is None:
+            raise ValueError(f"invalidation reason {reason!r} needs a session_id")
+        if reason == "adapter_swap" and adapter is None:
+            raise ValueError("invalidation reason 'adapter_swap' needs an adapter name")
+        if reason == "weights_update":
+            self.weights_version += 1
+            victims = list(self.cached.values())
+        elif reason == "adapter_swap":
+            self.adapter_versions[adapter] = self.adapter_versions.get(adapter, 0) + 1
+            victims = [b for b in self.cached.values() if b.adapter == adapter]
+        elif reason == "system_prompt_change":
+            root = self.session_roots.get(session_id)
+            victims = [b for b in self.cached.values() if root is not None and b.root_hash == root]
+        else:
+            victims = [b for b in self.cached.values() if session_id in b.sessions]
+        now = self.clock()
+        hashes = tuple(external_hash(b.block_hash) for b in victims)
+        sessions = sorted({s for b in victims for s in b.sessions})
+        for block in victims:
+            self._evict(block, "invalidation", now, invalidation_reason=reason)
+            if block.ref_cnt == 0:
+                self._to_head(block)
+        event = ev.Invalidated(now, None, session_id, reason, len(victims), hashes, tuple(sessions))
+        self._events.append(event)
+        return event
+
+    def reset(self) -> ev.CacheCleared | None:
+        """Clear every hash, as vLLM's reset_prefix_cache; None (refused) while blocks are in use."""
+        if self.num_free_blocks != self.num_usable_blocks:
+            return None
+        now = self.clock()
+        sessions = sorted({s for b in self.cached.values() for s in b.sessions})
+        for block in self.cached.values():
+            block.clear_hash()
+        num_blocks = len(self.cached)
+        self.cached.clear()
+        self.session_roots.clear()
+        event = ev.CacheCleared(now, None, None, num_blocks, tuple(sessions))
+        self._events.append(event)
+        return event
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _evict(
+        self,
+        block: KVBlock,
+        reason: str,
+        now: float,
+        *,
+        cause: Sequence | None = None,
+        invalidation_reason: str | None = None,
+    ) -> None:
+        del self.cached[block.block_hash]
+        self._events.append(
+            ev.BlockEvicted(
+                now,
+                cause.request_id if cause else None,
+                cause.session_id if cause else None,
+                block_id=block.block_id,
+                block_hash=external_hash(block.block_hash),
+                parent_block_hash=None if block.parent_hash is None else external_hash(block.parent_hash),
+                reason=reason,
+                owner_sessions=tuple(sorted(block.sessions)),
+                lifetime_s=now - block.stored_ts,
+                idle_s=now - block.last_used_ts,
+                invalidation_reason=invalidation_reason,
+            )
+        )
+        block.clear_hash()
+
+    def _to_head(self, block: KVBlock) -> None:
+        """An uncached free block moves to the queue head: it is reused before any cached block."""
+        self.free_queue.remove(block)
+        self.free_queue.appendleft(block)
+
+    def _emit(self, cls: type[ev.KVEvent], seq: Sequence, now: float, **fields) -> None:
+        self._events.append(cls(now, seq.request_id, seq.session_id, **fields))

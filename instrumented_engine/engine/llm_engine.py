@@ -1,0 +1,249 @@
+"""The engine: requests in, one `step()` at a time, outputs + stats + KV events out.
+
+    step = schedule -> run the model -> mark KV computed and register full blocks -> postprocess
+
+No OpenTelemetry, HTTP or store here: `step()` returns plain data for adapters to consume.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from instrumented_engine.config import CacheLayout, EngineConfig
+from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.events import CacheCleared, Invalidated
+from instrumented_engine.engine.eviction import make_eviction_policy
+from instrumented_engine.engine.model_runner import ModelRunner
+from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
+from instrumented_engine.engine.sequence import Sequence
+from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from instrumented_engine.models.loader import open_model
+from instrumented_engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available")
+    name = config.dtype
+    if name == "auto":
+        name = "bfloat16" if device == "cuda" else "float32"
+    if device == "cpu" and name == "float16":
+        raise ValueError("float16 is not supported on CPU; use float32 or bfloat16")
+    return torch.device(device), getattr(torch, name)
+
+
+class LLMEngine:
+    """Paged-KV inference with vLLM V1's block-manager semantics.
+
+    Args:
+        config: what to run (see `EngineConfig`).
+        clock: epoch-seconds time source for events and timings.
+        progress: show a progress bar while the weights load.
+    """
+
+    def __init__(self, config: EngineConfig, *, clock: Callable[[], float] = time.time, progress: bool = True) -> None:
+        self.config = config
+        self.clock = clock
+        device, dtype = resolve_device_dtype(config)
+        source = open_model(config.model)
+        self.model_config = source.config
+        self.model_name = source.name
+        self.tokenizer = source.tokenizer
+        self.layout = CacheLayout.derive(
+            config,
+            bytes_per_token=source.config.kv_bytes_per_token(dtype.itemsize),
+            model_context=source.config.max_position_embeddings,
+        )
+        policy = make_eviction_policy(config.eviction_policy, ttl_s=config.session_ttl_s)
+        self.block_manager = BlockManager(
+            self.layout.num_blocks,
+            self.layout.block_size,
+            enable_caching=config.enable_prefix_caching,
+            policy=policy,
+            clock=clock,
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            clock=clock,
+        )
+        self.runner = ModelRunner(source, self.layout, dtype=dtype, device=device, progress=progress)
+        self.sequences: dict[str, Sequence] = {}
+        self._generators: dict[str, torch.Generator] = {}
+        self._default_generator = torch.Generator(device=device).manual_seed(config.seed)
+        self._ids = itertools.count()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        session_id: str | None = None,
+        adapter: str | None = None,
+        arrival_ts: float | None = None,
+    ) -> str:
+        """Queue a request; returns its id.
+
+        Raises:
+            ValueError: empty prompt, prompt + max_tokens beyond the context, a duplicate id, or a
+                prompt larger than one step's budget while chunked prefill is off.
+        """
+        params = params or SamplingParams()
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt has token ids outside the vocabulary (0..{self.model_config.vocab_size - 1}): {bad[:5]}"
+            )
+        limit = self.layout.max_model_len
+        if len(token_ids) >= limit:
+            raise ValueError(f"prompt has {len(token_ids):,} tokens; this model's context is {limit:,}")
+        if len(token_ids) + params.max_tokens > limit:
+            raise ValueError(
+                f"prompt has {len(token_ids):,} tokens and max_tokens is {params.max_tokens:,}: together more than "
+                f"this model's context of {limit:,}; lower max_tokens to at most {limit - len(token_ids):,}"
+            )
+        if not self.config.enable_chunked_prefill and len(token_ids) > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt has {len(token_ids):,} tokens, more than max_num_batched_tokens="
+                f"{self.config.max_num_batched_tokens:,}, and chunked prefill is off"
+            )
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.sequences:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = Sequence(
+            request_id, token_ids, params, arrival_ts or self.clock(), session_id=session_id, adapter=adapter
+        )
+        if params.seed is not None:
+            self._generators[request_id] = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        elif not params.greedy:
+            self._generators[request_id] = self._default_generator
+        self.sequences[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its blocks; False if it is unknown or already finished."""
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        self.scheduler.finish(seq, "abort")
+        self._forget(seq)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        batch = self.scheduler.schedule()
+        sampled = self.runner.run(batch, self._generators) if not batch.is_empty else {}
+        self.scheduler.mark_computed(batch)
+        outputs = self._postprocess(batch, sampled)
+        return StepResult(outputs, self._stats(batch), self.scheduler.take_events())
+
+    def _postprocess(self, batch: SchedulerOutput, sampled: dict[str, int]) -> list[RequestOutput]:
+        outputs = []
+        now = self.clock()
+        for item in batch.scheduled:
+            seq = item.seq
+            token = sampled.get(seq.request_id)
+            if token is None:
+                continue  # a prefill chunk that did not reach the prompt's end
+            seq.token_ids.append(token)
+            if seq.first_token_ts is None:
+                seq.first_token_ts = now
+            text, reason = self._check_stop(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            outputs.append(self._output(seq, [token], text))
+            if reason is not None:
+                self._forget(seq)
+        return outputs
+
+    def _check_stop(self, seq: Sequence, token: int) -> tuple[str, str | None]:
+        sp = seq.sampling_params
+        text = self.tokenizer.decode(seq.output_token_ids)
+        if (not sp.ignore_eos and token == self.tokenizer.eos_token_id) or token in sp.stop_token_ids:
+            return text, "stop"
+        for stop in sp.stop:
+            cut = text.find(stop)
+            if cut != -1:
+                return text[:cut], "stop"
+        if len(seq.output_token_ids) >= sp.max_tokens:
+            return text, "length"
+        return text, None
+
+    def _output(self, seq: Sequence, new_tokens: list[int], text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            session_id=seq.session_id,
+            new_token_ids=new_tokens,
+            output_token_ids=seq.output_token_ids,
+            text=text,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0,
+            num_preemptions=seq.num_preemptions,
+            arrival_ts=seq.arrival_ts,
+            scheduled_ts=seq.scheduled_ts,
+            first_token_ts=seq.first_token_ts,
+            finished_ts=seq.finished_ts,
+        )
+
+    def _forget(self, seq: Sequence) -> None:
+        self.sequences.pop(seq.request_id, None)
+        self._generators.pop(seq.request_id, None)
+
+    def _stats(self, batch: SchedulerOutput) -> SchedulerStats:
+        bm = self.block_manager
+        decode = sum(1 for s in batch.scheduled if s.num_new_tokens == 1)
+        scheduled = batch.num_scheduled_tokens
+        return SchedulerStats(
+            ts=self.clock(),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_blocks_total=bm.num_usable_blocks,
+            num_blocks_free=bm.num_free_blocks,
+            num_blocks_resident=bm.num_resident_blocks,
+            kv_cache_usage=bm.usage,
+            num_scheduled_tokens=scheduled,
+            num_prefill_tokens=scheduled - decode,
+            num_decode_tokens=decode,
+            num_preempted=len(batch.preempted),
+        )
+
+    # ---- cache control -----------------------------------------------------------------------------
+    def invalidate(
+        self, reason: str, *, session_id: str | None = None, adapter: str | None = None
+    ) -> Invalidated | CacheCleared | None:
+        """Invalidate cached blocks (see `BlockManager.invalidate`); None when a reset is refused."""
+        return self.block_manager.invalidate(reason, session_id=session_id, adapter=adapter)
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's reset: succeeds only while no block is in use."""
+        return self.block_manager.reset() is not None
+
+    def release_session(self, session_id: str) -> int:
+        return self.block_manager.release_session(session_id)
+
+    def take_events(self):
+        """Events emitted outside `step()` (invalidations, resets, releases)."""
+        return self.scheduler.take_events()

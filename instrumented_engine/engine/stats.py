@@ -1,0 +1,51 @@
+"""Per-step statistics and request outputs: plain data returned by `LLMEngine.step()`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from instrumented_engine.engine.events import KVEvent
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The engine's state after one step (what vLLM's SchedulerStats carries, plus residency)."""
+
+    ts: float
+    num_running: int
+    num_waiting: int
+    num_blocks_total: int  # usable blocks (the null block excluded)
+    num_blocks_free: int
+    num_blocks_resident: int  # cached and unreferenced
+    kv_cache_usage: float  # pinned fraction, vLLM's meaning
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    session_id: str | None
+    new_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    arrival_ts: float
+    scheduled_ts: float | None
+    first_token_ts: float | None
+    finished_ts: float | None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    outputs: list[RequestOutput]
+    stats: SchedulerStats
+    events: list[KVEvent] = field(default_factory=list)

@@ -1,0 +1,33 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with per-request generators for seeds."""
+
+from __future__ import annotations
+
+import torch
+
+from instrumented_engine.sampling_params import SamplingParams
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """logits (N, vocab) float32, one row per sequence -> N token ids."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out: list[int] = []
+    for i, sp in enumerate(params):
+        if sp.greedy:
+            out.append(greedy[i])
+            continue
+        out.append(_sample_row(logits[i] / sp.temperature, sp, generators[i]))
+    return out
+
+
+def _sample_row(logits: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> int:
+    if sp.top_k > 0 and sp.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sp.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if sp.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = sorted_probs.cumsum(-1)
+        drop = cumulative - sorted_probs > sp.top_p  # keep the smallest set reaching top_p
+        sorted_probs[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator).item())

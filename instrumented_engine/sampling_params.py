@@ -1,0 +1,46 @@
+"""Per-request sampling parameters (OpenAI/vLLM meanings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next token and when to stop.
+
+    Args:
+        temperature: 0 means greedy; otherwise logits are divided by it before sampling.
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: keep the k most likely tokens; 0 or -1 disables.
+        seed: per-request seed; None draws from the engine's generator.
+        max_tokens: new tokens to generate at most (>= 1).
+        stop_token_ids: token ids that end the sequence (the model's EOS is added unless ignore_eos).
+        stop: strings that end the sequence; the matched string is cut from the text.
+        ignore_eos: keep generating past EOS until max_tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (disabled) or positive; got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1; got {self.max_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
