@@ -26,11 +26,12 @@ class LLM:
     Args:
         model: model spec (see `EngineConfig.model`).
         progress: progress bars for loading and generation.
+        source: an already opened `ModelSource` to build from instead of reading `model` again.
         **config: any other `EngineConfig` field (num_blocks, block_size, eviction_policy, ...).
     """
 
-    def __init__(self, model: str = "smollm2", *, progress: bool = True, **config) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **config), progress=progress)
+    def __init__(self, model: str = "smollm2", *, progress: bool = True, source=None, **config) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **config), progress=progress, source=source)
         self.progress = progress
         self.events: list[KVEvent] = []
         self.stats: list[SchedulerStats] = []

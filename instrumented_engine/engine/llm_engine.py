@@ -22,7 +22,7 @@ from instrumented_engine.engine.model_runner import ModelRunner
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
-from instrumented_engine.models.loader import open_model
+from instrumented_engine.models.loader import ModelSource, open_model
 from instrumented_engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,21 @@ class LLMEngine:
         config: what to run (see `EngineConfig`).
         clock: epoch-seconds time source for events and timings.
         progress: show a progress bar while the weights load.
+        source: an already opened model (`open_model(...).materialize()`) instead of `config.model`.
     """
 
-    def __init__(self, config: EngineConfig, *, clock: Callable[[], float] = time.time, progress: bool = True) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        progress: bool = True,
+        source: ModelSource | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
         device, dtype = resolve_device_dtype(config)
-        source = open_model(config.model)
+        source = source or open_model(config.model)
         self.model_config = source.config
         self.model_name = source.name
         self.tokenizer = source.tokenizer

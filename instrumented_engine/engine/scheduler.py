@@ -22,17 +22,20 @@ from instrumented_engine.engine.sequence import Sequence, SequenceStatus
 
 @dataclass(frozen=True)
 class ScheduledSeq:
+    """`num_new_tokens` of `seq` from position `start`, fixed when scheduled.
+
+    `samples` is True when the chunk reaches the sequence's last token, so the step samples one.
+    """
+
     seq: Sequence
     num_new_tokens: int
+    start: int
+    samples: bool
 
-    @property
-    def start(self) -> int:
-        return self.seq.num_computed_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the sequence's last token, so the step samples a new one."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int) -> ScheduledSeq:
+        start = seq.num_computed_tokens
+        return cls(seq, num_new_tokens, start, start + num_new_tokens == seq.num_tokens)
 
 
 @dataclass
@@ -100,7 +103,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.scheduled.append(ScheduledSeq(seq, num_new))
+                out.scheduled.append(ScheduledSeq.of(seq, num_new))
                 budget -= num_new
                 i += 1
         if not out.preempted:
@@ -126,7 +129,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self._record_admission(seq, len(hits), reuse_gaps, now)
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, num_new))
+            out.scheduled.append(ScheduledSeq.of(seq, num_new))
             budget -= num_new
 
     def _record_admission(self, seq: Sequence, num_hits: int, reuse_gaps: tuple[float, ...], now: float) -> None:

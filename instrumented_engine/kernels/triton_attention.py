@@ -92,8 +92,8 @@ def _store_kv_kernel(
     ROW_P2: tl.constexpr,
 ):
     token = tl.program_id(0)
-    slot = tl.load(slot_ptr + token)
     i = tl.arange(0, ROW_P2)
+    slot = tl.load(slot_ptr + token + i * 0)  # the token's slot, broadcast over the row
     mask = (i < ROW) & (slot >= 0)
     k = tl.load(k_ptr + token * stride_kt + i, mask=mask)
     v = tl.load(v_ptr + token * stride_vt + i, mask=mask)

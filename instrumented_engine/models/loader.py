@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,23 +44,31 @@ _GGUF_LAYER_NAMES = {
 
 @dataclass
 class ModelSource:
-    """A resolved model: its shape, a lazy stream of HF-named float32 tensors, and its tokenizer."""
+    """A resolved model: its shape, a stream of HF-named float32 tensors, and its tokenizer.
+
+    `tensors()` reads the checkpoint again on every call; `materialize()` keeps the tensors in
+    memory so several engines (tests, the what-if simulator) can be built from one read.
+    """
 
     name: str
     config: ModelConfig
     tokenizer: Tokenizer
     num_tensors: int
-    _tensors: Iterator[tuple[str, torch.Tensor]]
+    read: Callable[[], Iterator[tuple[str, torch.Tensor]]]
 
     def tensors(self, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         return tqdm(
-            self._tensors,
+            self.read(),
             total=self.num_tensors,
             desc=f"loading {self.name}",
             unit="tensor",
             disable=not progress,
             leave=False,
         )
+
+    def materialize(self, progress: bool = True) -> ModelSource:
+        kept = list(self.tensors(progress))
+        return ModelSource(self.name, self.config, self.tokenizer, len(kept), lambda: iter(kept))
 
 
 def resolve_model_path(spec: str) -> Path:
@@ -121,7 +129,7 @@ def _open_gguf(path: Path) -> ModelSource:
         tie_word_embeddings="output.weight" not in names,
     )
     tokenizer = Tokenizer.from_gguf_fields(fields)
-    return ModelSource(path.stem, config, tokenizer, len(reader.tensors), _gguf_tensors(reader, config))
+    return ModelSource(path.stem, config, tokenizer, len(reader.tensors), lambda: _gguf_tensors(reader, config))
 
 
 def _gguf_tensors(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
@@ -177,4 +185,4 @@ def _open_hf_dir(path: Path) -> ModelSource:
                 for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                     yield key, handle.get_tensor(key).float()
 
-    return ModelSource(path.name, config, tokenizer, num, tensors())
+    return ModelSource(path.name, config, tokenizer, num, tensors)
