@@ -34,3 +34,13 @@ def admit(bm: BlockManager, seq: Sequence) -> list:
 
 def kinds(events) -> list[str]:
     return [e.kind for e in events]
+
+
+def run_then_pause(bm: BlockManager, rid: str, tokens: list[int], session: str) -> Sequence:
+    """One request of `session` runs to completion: the session is now in a tool pause."""
+    seq = make_seq(rid, tokens, session=session)
+    bm.begin_request(seq)
+    admit(bm, seq)
+    bm.free(seq)
+    bm.end_request(seq)
+    return seq

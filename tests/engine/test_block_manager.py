@@ -8,7 +8,7 @@ from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.eviction import SessionTTLPolicy
 from instrumented_engine.engine.hashing import MASK_64, external_hash, hash_block, hash_chain
-from tests.engine.helpers import FakeClock, admit, kinds, make_seq
+from tests.engine.helpers import FakeClock, admit, kinds, make_seq, run_then_pause
 
 BS = 4
 
@@ -121,11 +121,7 @@ def test_allocate_fails_without_side_effects():
 def test_session_ttl_protects_paused_session_then_expires():
     clock = FakeClock()
     bm = BlockManager(5, BS, clock=clock, policy=SessionTTLPolicy(ttl_s=10))
-    a = make_seq("a", list(range(8)), session="paused")
-    bm.begin_request(a)
-    admit(bm, a)
-    bm.free(a)
-    bm.end_request(a)  # session "paused" is now in a tool pause
+    run_then_pause(bm, "a", list(range(8)), "paused")
     o = make_seq("o", [70 + i for i in range(8)], session="other")
     admit(bm, o)
     bm.free(o)  # free queue: 2, 1 (paused), then 4, 3 (other)
@@ -147,11 +143,7 @@ def test_session_ttl_protects_paused_session_then_expires():
 def test_session_ttl_falls_back_to_lru_when_everything_is_protected():
     clock = FakeClock()
     bm = BlockManager(3, BS, clock=clock, policy=SessionTTLPolicy(ttl_s=100))
-    a = make_seq("a", list(range(8)), session="p")
-    bm.begin_request(a)
-    admit(bm, a)
-    bm.free(a)
-    bm.end_request(a)
+    run_then_pause(bm, "a", list(range(8)), "p")
     n = make_seq("n", [90 + i for i in range(4)], session="new")
     assert bm.allocate(n, 4) and n.block_table == [2]
 
