@@ -28,10 +28,11 @@ def _generate(args: argparse.Namespace) -> int:
             dtype=args.dtype,
         )
         sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-        prompts = [
-            llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) if args.chat else p for p in args.prompt
-        ]
-        outputs = llm.generate(prompts, sp, session_ids=[args.session] * len(prompts))
+        sessions = [args.session] * len(args.prompt)
+        if args.chat:
+            outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], sp, session_ids=sessions)
+        else:
+            outputs = llm.generate(args.prompt, sp, session_ids=sessions)
     except ValueError as exc:
         print(f"kvobs generate: {exc}", file=sys.stderr)
         return 2
