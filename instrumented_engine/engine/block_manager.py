@@ -340,6 +340,7 @@ class BlockManager:
                 lifetime_s=now - block.stored_ts,
                 idle_s=now - block.last_used_ts,
                 invalidation_reason=invalidation_reason,
+                paused_sessions=tuple(s for s in sorted(block.sessions) if s in self.activity.idle_since),
             )
         )
         block.clear_hash()

@@ -57,7 +57,8 @@ class BlockEvicted(KVEvent):
     """A cached block lost its content (vLLM's BlockRemoved).
 
     `request_id`/`session_id` name the request whose allocation caused a capacity eviction;
-    `owner_sessions` the sessions that had stored or hit the block.
+    `owner_sessions` the sessions that had stored or hit the block; `paused_sessions` those of them
+    that were in a tool pause (no request in flight, not released) when the block was dropped.
     """
 
     block_id: int
@@ -68,6 +69,7 @@ class BlockEvicted(KVEvent):
     lifetime_s: float
     idle_s: float
     invalidation_reason: str | None = None
+    paused_sessions: tuple[str, ...] = ()
     kind = "evicted"
 
 

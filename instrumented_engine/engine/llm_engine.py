@@ -146,14 +146,14 @@ class LLMEngine:
         self.scheduler.add(seq)
         return request_id
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks; False if it is unknown or already finished."""
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its final output, None if unknown or finished."""
         seq = self.sequences.get(request_id)
         if seq is None or seq.is_finished:
-            return False
+            return None
         self.scheduler.finish(seq, "abort")
         self._forget(seq)
-        return True
+        return self._output(seq, [], self.tokenizer.decode(seq.output_token_ids))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -219,6 +219,10 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         self.sequences.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
+
+    def current_stats(self) -> SchedulerStats:
+        """The engine's state between steps (nothing scheduled)."""
+        return self._stats(SchedulerOutput())
 
     def _stats(self, batch: SchedulerOutput) -> SchedulerStats:
         bm = self.block_manager

@@ -132,12 +132,14 @@ def test_session_ttl_protects_paused_session_then_expires():
     assert n.block_table == [4]
     (evicted,) = [e for e in bm.take_events() if isinstance(e, ev.BlockEvicted)]
     assert evicted.owner_sessions == ("other",) and evicted.reason == "capacity"
+    assert evicted.paused_sessions == ()  # "other" never began a request through the session tracker
     clock.advance(11)  # the pause outlived the TTL: its blocks are fair game, reason "ttl"
     m = make_seq("m", [110 + i for i in range(4)], session="new")
     assert bm.allocate(m, 4)
     assert m.block_table == [2]
     (evicted,) = [e for e in bm.take_events() if isinstance(e, ev.BlockEvicted)]
     assert evicted.owner_sessions == ("paused",) and evicted.reason == "ttl"
+    assert evicted.paused_sessions == ("paused",)  # lost while its session waited on a tool
 
 
 def test_session_ttl_falls_back_to_lru_when_everything_is_protected():
@@ -146,6 +148,12 @@ def test_session_ttl_falls_back_to_lru_when_everything_is_protected():
     run_then_pause(bm, "a", list(range(8)), "p")
     n = make_seq("n", [90 + i for i in range(4)], session="new")
     assert bm.allocate(n, 4) and n.block_table == [2]
+    (evicted,) = [e for e in bm.take_events() if isinstance(e, ev.BlockEvicted)]
+    assert evicted.paused_sessions == ("p",)
+    bm.release_session("p")  # a released session is no longer paused
+    m = make_seq("m", [110 + i for i in range(4)], session="new")
+    assert bm.allocate(m, 4)
+    assert [e.paused_sessions for e in bm.take_events() if isinstance(e, ev.BlockEvicted)] == [()]
 
 
 def test_weights_update_changes_every_hash_and_drops_cache():

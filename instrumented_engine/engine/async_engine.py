@@ -1,0 +1,228 @@
+"""The engine in the background: one thread owns `LLMEngine`, asyncio code talks to it.
+
+    engine = AsyncEngine(LLMEngine(config), max_waiting=256, observers=[metrics, publisher])
+    engine.start()
+    stream = await engine.add_request(prompt_ids, params, request_id="r1", session_id="s1")
+    async for out in stream: ...                                         # RequestOutput per new token
+    await engine.call(lambda e: e.invalidate("weights_update"))          # runs between two steps
+    engine.abort(rid)                                                    # frees its blocks
+
+Only the engine thread touches `LLMEngine`: requests, aborts and admin calls are commands it runs
+between steps, so the block manager never sees two writers. After every step, and after commands
+that changed the cache, each observer gets a `StepResult` (outputs, stats, drained KV events) on the
+engine thread; an observer that raises is logged and never stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from instrumented_engine.engine.llm_engine import LLMEngine
+from instrumented_engine.engine.stats import RequestOutput, StepResult
+from instrumented_engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.5  # how long the idle loop blocks on its command queue before checking for shutdown
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue holds `max_waiting` requests already (HTTP 429)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped on an error; no request can be served (HTTP 503)."""
+
+
+class StepObserver(Protocol):
+    def on_step(self, result: StepResult) -> None: ...
+
+
+_END = object()  # closes a request's output stream
+
+
+class RequestStream:
+    """One request's outputs as an async iterator; leaving the loop early aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, loop: asyncio.AbstractEventLoop, trace_headers: dict[str, str]) -> None:
+        self.request_id = ""
+        self.trace_headers = trace_headers  # W3C traceparent/tracestate of the HTTP request, for its span
+        self.finished = False
+        self._engine = engine
+        self._loop = loop
+        self._outputs: asyncio.Queue[RequestOutput | BaseException | object] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException | object) -> None:
+        """Called from the engine thread."""
+        self._loop.call_soon_threadsafe(self._outputs.put_nowait, item)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while True:
+                item = await self._outputs.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if not self.finished:
+                self.abort()
+
+    def abort(self) -> None:
+        if not self.finished:
+            self._engine.abort(self.request_id)
+
+
+class AsyncEngine:
+    """Run `LLMEngine.step()` in a thread and hand each request's outputs to the asyncio side.
+
+    Args:
+        engine: the engine to own; nothing else may call it once `start()` ran.
+        max_waiting: most requests waiting for admission; more are refused with `QueueFullError`.
+        observers: called with every `StepResult` on the engine thread (metrics, event publishers).
+    """
+
+    def __init__(self, engine: LLMEngine, *, max_waiting: int = 256, observers: Sequence[StepObserver] = ()) -> None:
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1; got {max_waiting}")
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.observers = list(observers)
+        self.error: BaseException | None = None
+        self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future]] = queue.SimpleQueue()
+        self._requests: dict[str, RequestStream] = {}  # engine thread only
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvobs-engine", daemon=True)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; requests still in flight end with `EngineDeadError`."""
+        self._stopping.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    # ---- the asyncio side ---------------------------------------------------------------------
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run `fn(engine)` on the engine thread between two steps and return its result."""
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine loop is not running ({self.error!r})")
+        future: Future = Future()
+        self._commands.put((fn, future))
+        return await asyncio.wrap_future(future)
+
+    async def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        session_id: str | None = None,
+        trace_headers: dict[str, str] | None = None,
+    ) -> RequestStream:
+        """Queue a request and return its output stream.
+
+        Raises:
+            ValueError: the engine refused the prompt or its limits (HTTP 400).
+            QueueFullError: `max_waiting` requests are already waiting (HTTP 429).
+            EngineDeadError: the engine loop is not running (HTTP 503).
+        """
+        stream = RequestStream(self, asyncio.get_running_loop(), dict(trace_headers or {}))
+
+        def add(engine: LLMEngine) -> None:
+            if len(engine.scheduler.waiting) >= self.max_waiting:
+                raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
+            stream.request_id = engine.add_request(
+                prompt_token_ids, params, request_id=request_id, session_id=session_id
+            )
+            self._requests[stream.request_id] = stream
+
+        try:
+            await self.call(add)
+        except asyncio.CancelledError:  # the caller went away while the engine was adding it
+            self.abort(request_id)
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort from any thread; a no-op when the request already finished."""
+        if self.is_alive:
+            self._commands.put((lambda engine: self._abort(engine, request_id), Future()))
+
+    # ---- the engine thread --------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                busy = self.engine.has_unfinished_requests()
+                self._run_commands(block=not busy)
+                if self.engine.has_unfinished_requests():
+                    self._publish(self.engine.step())
+        except BaseException as exc:  # the loop must not die silently: fail every request
+            log.exception("the engine loop stopped")
+            self.error = exc
+        finally:
+            self._fail_all(self.error or EngineDeadError("the engine was stopped"))
+
+    def _run_commands(self, *, block: bool) -> None:
+        try:
+            fn, future = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:  # the caller's error (bad request, refused reset) goes back to it
+                future.set_exception(exc)
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        events = self.engine.take_events()  # what aborts and admin calls did to the cache
+        if events:
+            self._publish(StepResult([], self.engine.current_stats(), events), deliver=False)
+
+    def _abort(self, engine: LLMEngine, request_id: str) -> None:
+        output = engine.abort(request_id)
+        if output is not None:
+            self._publish(StepResult([output], engine.current_stats(), engine.take_events()))
+
+    def _publish(self, result: StepResult, *, deliver: bool = True) -> None:
+        if deliver:
+            for out in result.outputs:
+                slot = self._requests.get(out.request_id)
+                if slot is None:
+                    continue
+                slot.put(out)
+                if out.finished:
+                    del self._requests[out.request_id]
+                    slot.put(_END)
+        for observer in self.observers:
+            try:
+                observer.on_step(result)
+            except Exception:
+                log.exception("observer %s failed on a step; continuing", type(observer).__name__)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        error = exc if isinstance(exc, EngineDeadError) else EngineDeadError(f"the engine loop failed: {exc!r}")
+        for slot in self._requests.values():
+            slot.put(error)
+        self._requests.clear()
+        while True:
+            try:
+                _, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            future.set_exception(error)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible engine server (`kvobs serve`): see `launcher.EngineServer`."""

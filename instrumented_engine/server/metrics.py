@@ -1,0 +1,175 @@
+"""The engine's Prometheus metrics: vLLM's names and meanings plus kvobs' own, fed by step results.
+
+`EngineMetrics.on_step` runs on the engine thread after every step (an `AsyncEngine` observer) and
+turns outputs, stats and KV events into metric updates. Meanings follow vLLM V1:
+
+- `vllm:kv_cache_usage_perc` is the pinned fraction, 1 - free/usable (cached free blocks count as free);
+- `vllm:prefix_cache_queries/hits` count tokens once per request at admission (re-admissions after a
+  preemption are not counted again); hits are block-aligned and capped at num_tokens - 1;
+- `vllm:prompt_tokens` counts a request's prompt when its prefill completes; `vllm:generation_tokens`
+  every sampled token;
+- the block-residency histograms are recorded for every evicted block (vLLM samples them).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.metrics import MetricWrapperBase
+
+from instrumented_engine.engine import events as ev
+from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from kvobs.semconv import metrics as m
+from kvobs.semconv.metrics import (
+    ENGINE_LABELS,
+    FINISHED_ABORT,
+    FINISHED_REASONS,
+    REJECTED_QUEUE_FULL,
+    MetricSpec,
+    kvobs_metrics,
+    vllm,
+)
+from kvobs.semconv.reasons import EvictionReason, InvalidationReason
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram, "info": Info}
+
+
+class EngineMetrics:
+    """Every metric of one engine, in its own registry.
+
+    Args:
+        model_name: the served model name (label `model_name`).
+        cache_config: the `vllm:cache_config_info` labels (block_size, num_gpu_blocks, ...).
+        max_model_len: upper end of the token-count buckets.
+        registry: where to register (a fresh one by default).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        cache_config: dict[str, str],
+        max_model_len: int,
+        registry: CollectorRegistry | None = None,
+        engine_index: str = "0",
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._labels = {m.LABEL_MODEL_NAME: model_name, m.LABEL_ENGINE: engine_index}
+        tokens = m.token_buckets(max_model_len)
+        buckets = {
+            vllm.TIME_TO_FIRST_TOKEN: m.TTFT_BUCKETS,
+            vllm.INTER_TOKEN_LATENCY: m.ITL_BUCKETS,
+            vllm.REQUEST_TIME_PER_OUTPUT_TOKEN: m.ITL_BUCKETS,
+            vllm.REQUEST_PROMPT_TOKENS: tokens,
+            vllm.REQUEST_GENERATION_TOKENS: tokens,
+            vllm.ITERATION_TOKENS: tokens,
+            vllm.REQUEST_NUM_PREEMPTIONS: m.PREEMPTION_BUCKETS,
+            vllm.KV_BLOCK_LIFETIME: m.BLOCK_RESIDENCY_BUCKETS,
+            vllm.KV_BLOCK_IDLE_BEFORE_EVICT: m.BLOCK_RESIDENCY_BUCKETS,
+            vllm.KV_BLOCK_REUSE_GAP: m.BLOCK_RESIDENCY_BUCKETS,
+        }
+        for spec in (vllm.E2E_REQUEST_LATENCY, vllm.REQUEST_QUEUE_TIME, vllm.REQUEST_PREFILL_TIME,
+                     vllm.REQUEST_DECODE_TIME, vllm.REQUEST_INFERENCE_TIME):  # fmt: skip
+            buckets[spec] = m.REQUEST_LATENCY_BUCKETS
+        self._metrics: dict[MetricSpec, MetricWrapperBase] = {}
+        for spec in [*vars(vllm).values(), *vars(kvobs_metrics).values()]:
+            if not isinstance(spec, MetricSpec) or spec.name.startswith("kvobs_agent"):
+                continue  # legacy names are strings; agent-step counters belong to the agent SDK
+            kwargs = {"buckets": buckets[spec]} if spec.type == "histogram" else {}
+            cls = _TYPES[spec.type]
+            self._metrics[spec] = cls(
+                spec.name, spec.description, [*ENGINE_LABELS, *spec.labels], registry=self.registry, **kwargs
+            )
+        self._get(vllm.CACHE_CONFIG_INFO).info(cache_config)
+        self._last_token_ts: dict[str, float] = {}
+        self._create_labelled_series()
+
+    def _create_labelled_series(self) -> None:
+        """Every known label value exists from the start at 0, as in vLLM, so rate() sees the first increase."""
+        for reason in FINISHED_REASONS:
+            self._get(vllm.REQUEST_SUCCESS, finished_reason=reason)
+        for reason in EvictionReason:
+            self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=reason.value)
+        for reason in InvalidationReason:
+            self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=reason.value)
+        self._get(kvobs_metrics.REQUESTS_REJECTED, reason=REJECTED_QUEUE_FULL)
+
+    def _get(self, spec: MetricSpec, **labels: str) -> MetricWrapperBase:
+        return self._metrics[spec].labels(**self._labels, **labels)
+
+    # ---- the observer ---------------------------------------------------------------------------
+    def on_step(self, result: StepResult) -> None:
+        self._observe_stats(result.stats)
+        for event in result.events:
+            self._observe_event(event)
+        for out in result.outputs:
+            self._observe_output(out, result.stats.ts)
+
+    def request_rejected(self, reason: str = REJECTED_QUEUE_FULL) -> None:
+        self._get(kvobs_metrics.REQUESTS_REJECTED, reason=reason).inc()
+
+    def _observe_stats(self, stats: SchedulerStats) -> None:
+        self._get(vllm.NUM_REQUESTS_RUNNING).set(stats.num_running)
+        self._get(vllm.NUM_REQUESTS_WAITING).set(stats.num_waiting)
+        self._get(vllm.KV_CACHE_USAGE_PERC).set(stats.kv_cache_usage)
+        self._get(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS).set(stats.num_blocks_resident)
+        self._get(kvobs_metrics.KV_CACHE_FREE_BLOCKS).set(stats.num_blocks_free)
+        self._get(kvobs_metrics.KV_CACHE_TOTAL_BLOCKS).set(stats.num_blocks_total)
+        if stats.num_scheduled_tokens:
+            self._get(vllm.ITERATION_TOKENS).observe(stats.num_scheduled_tokens)
+
+    def _observe_event(self, event: ev.KVEvent) -> None:
+        if isinstance(event, ev.PrefixLookup):
+            for gap in event.reuse_gaps_s:
+                self._get(vllm.KV_BLOCK_REUSE_GAP).observe(gap)
+            if not event.readmission:
+                self._get(vllm.PREFIX_CACHE_QUERIES).inc(event.query_tokens)
+                self._get(vllm.PREFIX_CACHE_HITS).inc(event.hit_tokens)
+                self._get(vllm.PROMPT_TOKENS_CACHED).inc(event.hit_tokens)
+        elif isinstance(event, ev.BlockEvicted):
+            self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.reason).inc()
+            self._get(vllm.KV_BLOCK_LIFETIME).observe(event.lifetime_s)
+            self._get(vllm.KV_BLOCK_IDLE_BEFORE_EVICT).observe(event.idle_s)
+            if event.paused_sessions and event.reason in (EvictionReason.CAPACITY, EvictionReason.TTL):
+                self._get(kvobs_metrics.SESSION_PREFIX_LOST).inc()
+        elif isinstance(event, ev.Invalidated):
+            self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=event.reason).inc(event.num_blocks)
+        elif isinstance(event, ev.CacheCleared):
+            self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=EvictionReason.RESET.value).inc(event.num_blocks)
+        elif isinstance(event, ev.Preempted):
+            self._get(vllm.NUM_PREEMPTIONS).inc()
+
+    def _observe_output(self, out: RequestOutput, now: float) -> None:
+        num_new = len(out.new_token_ids)
+        if num_new:
+            self._get(vllm.GENERATION_TOKENS).inc(num_new)
+            last = self._last_token_ts.get(out.request_id)
+            if last is None:
+                self._get(vllm.PROMPT_TOKENS).inc(out.num_prompt_tokens)
+                self._get(vllm.TIME_TO_FIRST_TOKEN).observe(now - out.arrival_ts)
+            else:
+                self._get(vllm.INTER_TOKEN_LATENCY).observe(now - last)
+            self._last_token_ts[out.request_id] = now
+        if out.finished:
+            self._last_token_ts.pop(out.request_id, None)
+            self._observe_finished(out)
+
+    def _observe_finished(self, out: RequestOutput) -> None:
+        self._get(vllm.REQUEST_SUCCESS, finished_reason=out.finish_reason or FINISHED_ABORT).inc()
+        self._get(vllm.REQUEST_NUM_PREEMPTIONS).observe(out.num_preemptions)
+        self._get(vllm.REQUEST_PROMPT_TOKENS).observe(out.num_prompt_tokens)
+        num_generated = len(out.output_token_ids)
+        self._get(vllm.REQUEST_GENERATION_TOKENS).observe(num_generated)
+        end = out.finished_ts
+        if end is None:
+            return
+        self._get(vllm.E2E_REQUEST_LATENCY).observe(end - out.arrival_ts)
+        if out.scheduled_ts is None:
+            return  # aborted while waiting: it never ran
+        self._get(vllm.REQUEST_QUEUE_TIME).observe(out.scheduled_ts - out.arrival_ts)
+        self._get(vllm.REQUEST_INFERENCE_TIME).observe(end - out.scheduled_ts)
+        if out.first_token_ts is not None:
+            self._get(vllm.REQUEST_PREFILL_TIME).observe(out.first_token_ts - out.scheduled_ts)
+            self._get(vllm.REQUEST_DECODE_TIME).observe(end - out.first_token_ts)
+            if num_generated > 1:
+                self._get(vllm.REQUEST_TIME_PER_OUTPUT_TOKEN).observe((end - out.first_token_ts) / (num_generated - 1))

@@ -1,0 +1,214 @@
+"""`/v1/completions` and `/v1/chat/completions`: prompt -> engine request -> OpenAI response or SSE stream.
+
+Streaming sends one chunk per new piece of text and ends with `data: [DONE]`. Text is held back while
+it could still be cut by a stop string or ends inside a multi-byte character, so a streamed answer
+always equals the non-streamed one. A client that disconnects aborts its request, which frees its
+blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from instrumented_engine.engine.stats import RequestOutput
+from instrumented_engine.sampling_params import SamplingParams
+from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+
+SESSION_HEADER = "x-session-id"
+TRACE_HEADERS = ("traceparent", "tracestate")
+REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass
+class ServedModel:
+    name: str
+    max_model_len: int
+    created: int
+
+
+class TextDeltas:
+    """Turn cumulative text into safe-to-send deltas."""
+
+    def __init__(self, stop: list[str]) -> None:
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.sent = 0
+
+    def next(self, text: str, finished: bool) -> str:
+        end = len(text) if finished else max(self.sent, len(text) - self.holdback)
+        if not finished:
+            while end > self.sent and text[end - 1] == REPLACEMENT_CHAR:
+                end -= 1  # an incomplete UTF-8 sequence: wait for its next byte
+        delta, self.sent = text[self.sent : end], max(self.sent, end)
+        return delta
+
+
+class OpenAIServing:
+    """Handlers shared by both endpoints.
+
+    Args:
+        engine: the running `AsyncEngine`.
+        served: the served model's name and limits.
+    """
+
+    def __init__(self, engine: AsyncEngine, served: ServedModel) -> None:
+        self.engine = engine
+        self.served = served
+        self.tokenizer = engine.engine.tokenizer
+
+    # ---- endpoints -----------------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, request: Request):
+        prompt_ids = body.prompt if isinstance(body.prompt, list) else self.tokenizer.encode(body.prompt)
+        return await self._serve(body, request, prompt_ids, body.max_tokens, "cmpl", chat=False)
+
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
+        try:
+            prompt = self.tokenizer.apply_chat_template(body.conversation())
+        except ValueError as exc:
+            raise APIError(str(exc), param="messages") from exc
+        return await self._serve(body, request, self.tokenizer.encode(prompt), body.token_limit, "chatcmpl", chat=True)
+
+    # ---- shared path ---------------------------------------------------------------------------
+    async def _serve(self, body, request: Request, prompt_ids: list[int], max_tokens: int | None, prefix: str, *,
+                     chat: bool):  # fmt: skip
+        self._check_model(body.model)
+        params = self._sampling_params(body, prompt_ids, max_tokens)
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        session_id = request.headers.get(SESSION_HEADER) or body.session_id
+        trace = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
+        stream = await self.engine.add_request(
+            prompt_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace
+        )
+        response = _Response(request_id, self.served.name, int(time.time()), chat)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                self._sse(stream, response, TextDeltas(params.stop), include_usage),
+                media_type="text/event-stream",
+                headers={"x-request-id": request_id},
+            )
+        final = await _until_finished(stream, request)
+        return JSONResponse(response.full(final), headers={"x-request-id": request_id})
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served.name:
+            raise APIError(
+                f"The model `{model}` does not exist; this server serves `{self.served.name}`",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+
+    def _sampling_params(self, body, prompt_ids: list[int], max_tokens: int | None) -> SamplingParams:
+        limit = self.served.max_model_len
+        if len(prompt_ids) >= limit:
+            raise APIError(
+                f"This model's maximum context length is {limit:,} tokens; the prompt has {len(prompt_ids):,}",
+                param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+                code="context_length_exceeded",
+            )
+        if max_tokens is None:
+            max_tokens = limit - len(prompt_ids)
+        elif len(prompt_ids) + max_tokens > limit:
+            raise APIError(
+                f"This model's maximum context length is {limit:,} tokens; the prompt has {len(prompt_ids):,} "
+                f"and max_tokens is {max_tokens:,}; lower max_tokens to at most {limit - len(prompt_ids):,}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return SamplingParams(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            seed=body.seed,
+            max_tokens=max_tokens,
+            stop=tuple(body.stop_list),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+        )
+
+    async def _sse(
+        self, stream: RequestStream, response: _Response, deltas: TextDeltas, include_usage: bool
+    ) -> AsyncIterator[str]:
+        if response.chat:
+            yield _event(response.chunk({"role": "assistant", "content": ""}, None))
+        final = None
+        try:
+            async for out in stream:
+                text = deltas.next(out.text, out.finished)
+                if text or out.finished:
+                    payload = {"content": text} if response.chat else text
+                    yield _event(response.chunk(payload if text or not response.chat else {}, out.finish_reason))
+                final = out
+        except EngineDeadError as exc:
+            yield _event(APIError(str(exc), status=503, type="server_error").body())
+        if include_usage and final is not None:
+            yield _event({**response.chunk_base(), "choices": [], "usage": _usage(final)})
+        yield "data: [DONE]\n\n"
+
+
+@dataclass
+class _Response:
+    id: str
+    model: str
+    created: int
+    chat: bool
+
+    def chunk_base(self) -> dict:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def chunk(self, delta: dict | str, finish_reason: str | None) -> dict:
+        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice.update({"delta": delta} if self.chat else {"text": delta})
+        return {**self.chunk_base(), "choices": [choice]}
+
+    def full(self, out: RequestOutput) -> dict:
+        choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice],
+                "usage": _usage(out)}  # fmt: skip
+
+
+def _usage(out: RequestOutput) -> dict:
+    completion = len(out.output_token_ids)
+    return {
+        "prompt_tokens": out.num_prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": out.num_prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+    }
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _until_finished(stream: RequestStream, request: Request) -> RequestOutput:
+    """Wait for the final output; abort the request if the client disconnects first."""
+
+    async def watch_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        stream.abort()
+
+    watcher = asyncio.create_task(watch_disconnect())
+    try:
+        final = None
+        async for out in stream:
+            final = out
+        return final
+    finally:
+        watcher.cancel()

@@ -1,0 +1,152 @@
+"""Prometheus metric names, types, units and meanings.
+
+`vllm` holds vLLM's V1 names with vLLM's meaning (release 0.33), so that dashboards, alert rules and
+scrapers written for vLLM read our engine unchanged. Every engine metric carries the labels
+`model_name` (the served name) and `engine` (data-parallel index, "0"). `kvobs_metrics` holds what vLLM
+lacks: evictions and invalidations by reason, cache residency in blocks, agent-step outcomes.
+Labels stay low-cardinality: never a request, session or block id.
+
+Names are given without the `_total` suffix for counters: `prometheus_client` appends it on exposition,
+as vLLM's own exporter does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+LABEL_MODEL_NAME = "model_name"
+LABEL_ENGINE = "engine"
+LABEL_REASON = "reason"
+LABEL_FINISHED_REASON = "finished_reason"
+LABEL_SOURCE = "source"
+LABEL_STATUS = "status"
+LABEL_ERROR_TYPE = "error_type"
+LABEL_COMPONENT = "component"
+ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
+
+FINISHED_ABORT = "abort"
+FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, "error")  # vLLM's finished_reason label values
+REJECTED_QUEUE_FULL = "queue_full"  # kvobs_requests_rejected{reason}
+
+# vLLM's default buckets (vllm/v1/metrics/loggers.py); scrapers must never assume them.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+BLOCK_RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0,
+                           120.0, 300.0, 600.0, 1200.0, 1800.0)  # fmt: skip
+PREEMPTION_BUCKETS = (0, 1, 2, 3, 4, 5, 10, 20)
+
+
+def token_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's 1-2-5 token buckets up to the context length."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return tuple(buckets)
+            buckets.append(value)
+        exponent += 1
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: its name (counters without `_total`), Prometheus type, unit and meaning."""
+
+    name: str
+    type: str  # counter | gauge | histogram
+    unit: str
+    description: str
+    labels: tuple[str, ...] = ()
+
+
+def _spec(name: str, type_: str, unit: str, description: str, *labels: str) -> MetricSpec:
+    return MetricSpec(name, type_, unit, description, tuple(labels))
+
+
+vllm = SimpleNamespace(
+    NUM_REQUESTS_RUNNING=_spec("vllm:num_requests_running", "gauge", "requests",
+                               "Number of requests in model execution batches."),
+    NUM_REQUESTS_WAITING=_spec("vllm:num_requests_waiting", "gauge", "requests",
+                               "Number of requests waiting to be processed."),
+    KV_CACHE_USAGE_PERC=_spec("vllm:kv_cache_usage_perc", "gauge", "1",
+                              "KV-cache usage. 1 means 100 percent usage (pinned blocks; cached free blocks count as "
+                              "free)."),
+    PREFIX_CACHE_QUERIES=_spec("vllm:prefix_cache_queries", "counter", "tokens",
+                               "Prefix cache queries, in terms of number of queried tokens (once per request, at "
+                               "admission)."),
+    PREFIX_CACHE_HITS=_spec("vllm:prefix_cache_hits", "counter", "tokens",
+                            "Prefix cache hits, in terms of number of cached tokens."),
+    NUM_PREEMPTIONS=_spec("vllm:num_preemptions", "counter", "preemptions", "Cumulative number of preemptions."),
+    PROMPT_TOKENS=_spec("vllm:prompt_tokens", "counter", "tokens", "Number of prefill tokens processed."),
+    PROMPT_TOKENS_CACHED=_spec("vllm:prompt_tokens_cached", "counter", "tokens",
+                               "Number of cached prompt tokens (local prefix cache hits)."),
+    GENERATION_TOKENS=_spec("vllm:generation_tokens", "counter", "tokens", "Number of generation tokens processed."),
+    REQUEST_SUCCESS=_spec("vllm:request_success", "counter", "requests", "Count of successfully processed requests.",
+                          LABEL_FINISHED_REASON),
+    CACHE_CONFIG_INFO=_spec("vllm:cache_config", "info", "1", "Information of the LLMEngine CacheConfig"),
+    TIME_TO_FIRST_TOKEN=_spec("vllm:time_to_first_token_seconds", "histogram", "s",
+                              "Histogram of time to first token in seconds."),
+    INTER_TOKEN_LATENCY=_spec("vllm:inter_token_latency_seconds", "histogram", "s",
+                              "Histogram of inter-token latency in seconds."),
+    REQUEST_TIME_PER_OUTPUT_TOKEN=_spec("vllm:request_time_per_output_token_seconds", "histogram", "s",
+                                        "Histogram of time_per_output_token_seconds per request."),
+    E2E_REQUEST_LATENCY=_spec("vllm:e2e_request_latency_seconds", "histogram", "s",
+                              "Histogram of e2e request latency in seconds."),
+    REQUEST_QUEUE_TIME=_spec("vllm:request_queue_time_seconds", "histogram", "s",
+                             "Histogram of time spent in WAITING phase for request."),
+    REQUEST_PREFILL_TIME=_spec("vllm:request_prefill_time_seconds", "histogram", "s",
+                               "Histogram of time spent in PREFILL phase for request."),
+    REQUEST_DECODE_TIME=_spec("vllm:request_decode_time_seconds", "histogram", "s",
+                              "Histogram of time spent in DECODE phase for request."),
+    REQUEST_INFERENCE_TIME=_spec("vllm:request_inference_time_seconds", "histogram", "s",
+                                 "Histogram of time spent in RUNNING phase for request."),
+    REQUEST_PROMPT_TOKENS=_spec("vllm:request_prompt_tokens", "histogram", "tokens",
+                                "Number of prefill tokens processed."),
+    REQUEST_GENERATION_TOKENS=_spec("vllm:request_generation_tokens", "histogram", "tokens",
+                                    "Number of generation tokens processed."),
+    REQUEST_NUM_PREEMPTIONS=_spec("vllm:request_num_preemptions", "histogram", "preemptions",
+                                  "Number of preemptions per request."),
+    ITERATION_TOKENS=_spec("vllm:iteration_tokens_total", "histogram", "tokens",
+                           "Histogram of number of tokens per engine_step."),
+    KV_BLOCK_LIFETIME=_spec("vllm:kv_block_lifetime_seconds", "histogram", "s",
+                            "Histogram of KV cache block lifetime from allocation to eviction."),
+    KV_BLOCK_IDLE_BEFORE_EVICT=_spec("vllm:kv_block_idle_before_evict_seconds", "histogram", "s",
+                                     "Histogram of idle time before KV cache block eviction."),
+    KV_BLOCK_REUSE_GAP=_spec("vllm:kv_block_reuse_gap_seconds", "histogram", "s",
+                             "Histogram of time gaps between consecutive KV cache block accesses."),
+    # Names older vLLM releases emit; scrapers map them onto the current ones.
+    LEGACY_GPU_CACHE_USAGE_PERC="vllm:gpu_cache_usage_perc",
+    LEGACY_GPU_PREFIX_CACHE_QUERIES="vllm:gpu_prefix_cache_queries",
+    LEGACY_GPU_PREFIX_CACHE_HITS="vllm:gpu_prefix_cache_hits",
+    LEGACY_TIME_PER_OUTPUT_TOKEN="vllm:time_per_output_token_seconds",
+)  # fmt: skip
+
+kvobs_metrics = SimpleNamespace(
+    KV_BLOCKS_EVICTED=_spec("kvobs_kv_blocks_evicted", "counter", "blocks",
+                            "Cached KV blocks whose content was dropped, by reason (capacity, invalidation, reset, "
+                            "session_release, ttl).", LABEL_REASON),
+    KV_BLOCKS_INVALIDATED=_spec("kvobs_kv_blocks_invalidated", "counter", "blocks",
+                                "Cached KV blocks dropped by an invalidation, by invalidation reason.", LABEL_REASON),
+    KV_CACHE_RESIDENT_BLOCKS=_spec("kvobs_kv_cache_resident_blocks", "gauge", "blocks",
+                                   "Cached blocks no request holds: prefix content kept for reuse."),
+    KV_CACHE_FREE_BLOCKS=_spec("kvobs_kv_cache_free_blocks", "gauge", "blocks",
+                               "Blocks with no request holding them (cached or not): what allocation can take."),
+    KV_CACHE_TOTAL_BLOCKS=_spec("kvobs_kv_cache_total_blocks", "gauge", "blocks",
+                                "Usable KV blocks (the reserved null block excluded)."),
+    SESSION_PREFIX_LOST=_spec("kvobs_session_prefix_lost", "counter", "blocks",
+                              "Cached blocks evicted by capacity pressure or TTL while a session that owned them was "
+                              "in a tool pause (no request in flight)."),
+    REQUESTS_REJECTED=_spec("kvobs_requests_rejected", "counter", "requests",
+                            "Requests refused before admission, by reason (queue_full).", LABEL_REASON),
+    AGENT_STEPS=_spec("kvobs_agent_steps", "counter", "steps", "Agent steps finished, by status (ok, error).",
+                      LABEL_STATUS),
+    AGENT_STEP_FAILURES=_spec("kvobs_agent_step_failures", "counter", "steps", "Failed agent steps, by error type.",
+                              LABEL_ERROR_TYPE),
+    TELEMETRY_DROPPED=_spec("kvobs_telemetry_dropped", "counter", "items",
+                            "Telemetry items dropped (full queues, malformed input), by component.", LABEL_COMPONENT),
+)  # fmt: skip

@@ -1,0 +1,157 @@
+"""vLLM's KV-cache event stream: message structs, encoding, decoding and the socket rules.
+
+The wire format (vLLM 0.24 and later, checked against frames recorded from vLLM 0.32):
+
+- a ZMQ PUB message of 3 frames: `topic`, the sequence number (8-byte big-endian, per publisher,
+  from 0), and the payload;
+- the payload is msgpack of the batch `[ts, events, data_parallel_rank]` (a positional array);
+- each event is a msgpack map tagged by `"type"`: `BlockStored`, `BlockRemoved` or `AllBlocksCleared`.
+  Releases up to 0.23 sent positional arrays `["BlockStored", hashes, parent, ...]` instead;
+  `decode_batch` accepts both and ignores fields it does not know.
+
+Block hashes are the unsigned low 64 bits of the block digest (`bytes` when vLLM runs with
+`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`). The structs below encode byte-for-byte as vLLM does, so a
+stock vLLM subscriber decodes what `encode_batch` produces.
+
+Replay: a DEALER (or REQ) client sends the first wanted sequence number (8 bytes, big-endian) to the
+publisher's ROUTER socket; vLLM 0.33 answers one `(topic, seq, payload)` message per buffered batch
+from that number on, then `(b"", REPLAY_END, b"")`; releases up to 0.24 answered `(seq, payload)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+MEDIUM_GPU = "GPU"
+REPLAY_END = (-1).to_bytes(8, "big", signed=True)
+
+BlockHash = int | bytes
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """Base of the tagged events (the tag is the class name, under the key "type")."""
+
+
+class BlockStored(KVCacheEvent):
+    """Full blocks entered the prefix cache; `token_ids` holds every stored block's tokens in order."""
+
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    session_id: str | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    """Cached blocks lost their content (vLLM emits one event per block)."""
+
+    block_hashes: list[BlockHash]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    """Every cached block was dropped (a successful prefix-cache reset)."""
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Event]
+    data_parallel_rank: int | None = None
+
+
+class _RawBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_raw_batch_decoder = msgspec.msgpack.Decoder(_RawBatch)
+_map_event_decoder = msgspec.msgpack.Decoder(Event)
+_any_decoder = msgspec.msgpack.Decoder()
+_POSITIONAL = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+
+
+class DecodeError(ValueError):
+    """A payload that is not a vLLM KV-event batch."""
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    return _encoder.encode(batch)
+
+
+def decode_batch(payload: bytes) -> tuple[KVEventBatch, int]:
+    """Decode a payload; returns the batch and how many events in it were of an unknown type (skipped).
+
+    Raises:
+        DecodeError: the payload is not a batch, or a known event is malformed.
+    """
+    try:
+        raw = _raw_batch_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not a KV-event batch: {exc}") from exc
+    events: list[Event] = []
+    unknown = 0
+    for item in raw.events:
+        event = _decode_event(bytes(item))
+        if event is None:
+            unknown += 1
+        else:
+            events.append(event)
+    return KVEventBatch(raw.ts, events, raw.data_parallel_rank), unknown
+
+
+def _decode_event(data: bytes) -> Event | None:
+    try:
+        return _map_event_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        value = _any_decoder.decode(data)
+        if isinstance(value, dict) and value.get("type") not in _POSITIONAL:
+            return None  # a newer event type: skip it
+        if not isinstance(value, list):
+            raise DecodeError(f"malformed KV event: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"malformed KV event: {exc}") from exc
+    return _decode_positional(value)
+
+
+def _decode_positional(value: list) -> Event | None:
+    """Releases up to 0.23: `[tag, field0, field1, ...]` in declaration order; extra trailing fields ignored."""
+    if not value or not isinstance(value[0], str):
+        raise DecodeError(f"malformed positional KV event: {value!r:.80}")
+    cls = _POSITIONAL.get(value[0])
+    if cls is None:
+        return None
+    fields = cls.__struct_fields__
+    try:
+        return msgspec.convert(dict(zip(fields, value[1 : 1 + len(fields)])), cls)
+    except msgspec.ValidationError as exc:
+        raise DecodeError(f"malformed positional {value[0]} event: {exc}") from exc
+
+
+def should_bind(endpoint: str) -> bool:
+    """vLLM's rule: the publisher binds a wildcard or local-transport endpoint, else it connects."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+def seq_from_bytes(data: bytes) -> int:
+    if len(data) != 8:
+        raise DecodeError(f"sequence frame must be 8 bytes; got {len(data)}")
+    return int.from_bytes(data, "big", signed=True)

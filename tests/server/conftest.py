@@ -1,0 +1,90 @@
+"""Real servers for the server tests: uvicorn on a free loopback port over the shared SmolLM2 weights."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from instrumented_engine.config import EngineConfig
+from instrumented_engine.server.launcher import EngineServer, ServerOptions
+from kvobs.vllm import kv_events as wire
+
+SERVED = "smollm2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(source, *, options: dict | None = None, **config) -> Iterator[EngineServer]:
+    config.setdefault("max_model_len", 512)
+    config.setdefault("num_blocks", 96)
+    opts = ServerOptions(port=0, served_model_name=SERVED, **(options or {}))
+    server = EngineServer(EngineConfig(**config), opts, source=source, progress=False)
+    server.start_in_background()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def kv_ports() -> tuple[int, int]:
+    return free_port(), free_port()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_source, kv_ports) -> Iterator[EngineServer]:
+    """One server per test module, publishing KV events on a wildcard endpoint with replay."""
+    pub, replay = kv_ports
+    options = {
+        "kv_events_endpoint": f"tcp://*:{pub}",
+        "kv_events_replay_endpoint": f"tcp://*:{replay}",
+        "kv_events_topic": "kv",
+    }
+    with running_server(smollm2_source, options=options) as srv:
+        yield srv
+
+
+@pytest.fixture
+def subscriber(kv_ports) -> Iterator[zmq.Socket]:
+    """A SUB socket connected to the module server's KV-event stream (vLLM bound with '*')."""
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{kv_ports[0]}")
+    time.sleep(0.3)  # a PUB drops what it sends before the subscription reaches it
+    yield sock
+    sock.close()
+
+
+def receive_events(sock: zmq.Socket, *, idle_s: float = 1.0) -> list[tuple[int, object]]:
+    """Every (sequence number, event) published until the stream is quiet for `idle_s`."""
+    out = []
+    while sock.poll(int(idle_s * 1000)):
+        _, seq, payload = sock.recv_multipart()
+        batch, _ = wire.decode_batch(payload)
+        out.extend((wire.seq_from_bytes(seq), e) for e in batch.events)
+    return out
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """GET /metrics parsed by prometheus_client: {(sample name, sorted labels without model/engine): value}."""
+    text = httpx.get(url + "/metrics").text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in ("model_name", "engine")))
+            samples[(sample.name, labels)] = sample.value
+    return samples

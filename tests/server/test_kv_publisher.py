@@ -1,0 +1,89 @@
+"""The KV-event publisher on real ZMQ sockets: engine events in, vLLM frames out, replay on request."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from instrumented_engine.engine import events as ev
+from instrumented_engine.engine.stats import SchedulerStats, StepResult
+from instrumented_engine.server.kv_publisher import KVEventPublisher, to_wire_events
+from kvobs.vllm import kv_events as wire
+from tests.server.conftest import free_port
+
+STATS = SchedulerStats(0.0, 0, 0, 10, 10, 0, 0.0, 0, 0, 0, 0)
+STORED = ev.BlocksStored(1.0, "r1", "s1", block_ids=(1, 2), block_hashes=(2**64 - 5, 17), parent_block_hash=None,
+                         token_ids=tuple(range(8)), block_size=4)  # fmt: skip
+EVICTED = ev.BlockEvicted(2.0, "r2", "s2", block_id=2, block_hash=17, parent_block_hash=2**64 - 5, reason="capacity",
+                          owner_sessions=("s1",), lifetime_s=1.0, idle_s=0.5)  # fmt: skip
+LOOKUP = ev.PrefixLookup(1.0, "r1", "s1", query_tokens=9, hit_tokens=0, hit_blocks=0)
+CLEARED = ev.CacheCleared(3.0, None, None, num_blocks=1)
+
+
+def test_engine_events_map_to_vllm_events():
+    stored, removed, cleared = to_wire_events([LOOKUP, STORED, EVICTED, CLEARED])
+    assert stored == wire.BlockStored(
+        block_hashes=[2**64 - 5, 17], parent_block_hash=None, token_ids=list(range(8)), block_size=4, lora_id=None,
+        medium="GPU", lora_name=None, extra_keys=[None, None], group_idx=0, kv_cache_spec_kind="full_attention",
+        session_id="s1",
+    )  # fmt: skip
+    assert removed == wire.BlockRemoved(block_hashes=[17], medium="GPU", group_idx=0)
+    assert isinstance(cleared, wire.AllBlocksCleared)
+
+
+def _recv_batches(sock: zmq.Socket, count: int) -> list[tuple[bytes, int, wire.KVEventBatch]]:
+    out = []
+    for _ in range(count):
+        topic, seq, payload = sock.recv_multipart()
+        out.append((topic, wire.seq_from_bytes(seq), wire.decode_batch(payload)[0]))
+    return out
+
+
+def test_connects_to_a_bound_subscriber_and_replays_both_envelopes():
+    ctx = zmq.Context.instance()
+    port, replay_port = free_port(), free_port()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.bind(f"tcp://127.0.0.1:{port}")  # a concrete address: the publisher must connect (vLLM's rule)
+    publisher = KVEventPublisher(f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+                                 topic="kv", clock=lambda: 42.0)  # fmt: skip
+    publisher.start()
+    try:
+        time.sleep(0.3)  # let the connection settle (a PUB drops what it sends before that)
+        publisher.on_step(StepResult([], STATS, [LOOKUP, STORED]))
+        publisher.on_step(StepResult([], STATS, [LOOKUP]))  # nothing vLLM would publish: no message
+        publisher.on_step(StepResult([], STATS, [EVICTED, CLEARED]))
+        (t0, s0, b0), (t1, s1, b1) = _recv_batches(sub, 2)
+        assert (t0, s0, t1, s1) == (b"kv", 0, b"kv", 1)
+        assert b0.ts == 42.0 and b0.data_parallel_rank == 0 and b0.events[0].session_id == "s1"
+        assert [type(e).__name__ for e in b1.events] == ["BlockRemoved", "AllBlocksCleared"]
+
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.RCVTIMEO, 5000)
+        dealer.connect(f"tcp://127.0.0.1:{replay_port}")
+        dealer.send_multipart([b"", wire.seq_bytes(1)])  # REQ-style envelope: the reply keeps it
+        replayed = dealer.recv_multipart()
+        assert replayed[0] == b"" and replayed[1] == b"kv" and wire.seq_from_bytes(replayed[2]) == 1
+        assert wire.decode_batch(replayed[3])[0] == b1
+        assert dealer.recv_multipart() == [b"", b"", wire.REPLAY_END, b""]
+        dealer.send_multipart([wire.seq_bytes(0)])  # bare DEALER: no delimiter either way
+        assert [wire.seq_from_bytes(dealer.recv_multipart()[1]) for _ in range(2)] == [0, 1]
+        assert dealer.recv_multipart() == [b"", wire.REPLAY_END, b""]
+        dealer.close(0)
+    finally:
+        publisher.close()
+        sub.close(0)
+
+
+def test_unusable_endpoint_is_reported_at_start():
+    port = free_port()
+    blocker = zmq.Context.instance().socket(zmq.PUB)
+    blocker.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        with pytest.raises(OSError, match="cannot open the KV-event socket"):
+            KVEventPublisher(f"tcp://*:{port}").start()
+    finally:
+        blocker.close(0)

@@ -1,0 +1,92 @@
+"""vLLM's KV-event wire format against frames recorded from a real vLLM 0.32."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from kvobs.vllm import kv_events as wire
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.32-cpu"
+
+
+def recorded_frames() -> list[list[bytes]]:
+    with open(FIXTURES / "kv_events.jsonl") as f:
+        return [[base64.b64decode(x) for x in json.loads(line)["frames_b64"]] for line in f]
+
+
+def test_recorded_stream_decodes_with_the_counts_vllm_reported():
+    kinds: dict[str, int] = {}
+    seqs = []
+    for topic, seq, payload in recorded_frames():
+        assert topic == b"kv"
+        seqs.append(wire.seq_from_bytes(seq))
+        batch, unknown = wire.decode_batch(payload)
+        assert unknown == 0 and batch.data_parallel_rank == 0
+        for event in batch.events:
+            kinds[type(event).__name__] = kinds.get(type(event).__name__, 0) + 1
+    # the fixture README: 123 BlockStored, 281 BlockRemoved, 1 AllBlocksCleared; sequence numbers from 0
+    assert kinds == {"BlockStored": 123, "BlockRemoved": 281, "AllBlocksCleared": 1}
+    assert seqs == list(range(len(seqs)))
+
+
+def test_our_structs_encode_vllm_frames_byte_for_byte():
+    for _, _, payload in recorded_frames():
+        batch, _ = wire.decode_batch(payload)
+        assert wire.encode_batch(batch) == payload
+
+
+def test_stored_event_fields_and_unsigned_hashes():
+    _, _, payload = recorded_frames()[0]
+    batch, _ = wire.decode_batch(payload)
+    stored = batch.events[0]
+    assert isinstance(stored, wire.BlockStored)
+    assert stored.session_id == "sess-00" and stored.block_size == 128 and stored.parent_block_hash is None
+    assert len(stored.token_ids) == 128 * len(stored.block_hashes)
+    assert any(h > 2**63 - 1 for h in stored.block_hashes)  # unsigned 64-bit, beyond int64
+
+
+def test_positional_events_of_older_releases_decode():
+    older = msgspec.msgpack.encode(
+        [1.5, [["BlockStored", [7, 8], None, list(range(32)), 16, None, "GPU", None],
+               ["BlockStored", [9], 8, list(range(16)), 16, None, "GPU", None, None, 0, None, None, "s1", "future"],
+               ["BlockRemoved", [7], "GPU"], ["AllBlocksCleared"]], None]
+    )  # fmt: skip
+    batch, unknown = wire.decode_batch(older)
+    assert unknown == 0 and batch.ts == 1.5 and batch.data_parallel_rank is None
+    stored, later, removed, cleared = batch.events
+    assert stored.block_hashes == [7, 8] and stored.block_size == 16 and stored.medium == "GPU"
+    assert later.parent_block_hash == 8 and later.session_id == "s1"  # trailing unknown field ignored
+    assert removed.block_hashes == [7] and isinstance(cleared, wire.AllBlocksCleared)
+
+
+def test_bytes_hashes_unknown_fields_and_unknown_types():
+    payload = msgspec.msgpack.encode(
+        [2.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01" * 32], "medium": "GPU", "new_field": 1},
+               {"type": "BlockTransferred", "block_hashes": [1]}], 0]
+    )  # fmt: skip
+    batch, unknown = wire.decode_batch(payload)
+    assert unknown == 1
+    assert batch.events == [wire.BlockRemoved(block_hashes=[b"\x01" * 32], medium="GPU")]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x00garbage", msgspec.msgpack.encode({"ts": 1}), msgspec.msgpack.encode([1.0, [{"type": "BlockStored"}], 0])],
+)
+def test_malformed_payloads_raise_decode_error(payload):
+    with pytest.raises(wire.DecodeError):
+        wire.decode_batch(payload)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "binds"),
+    [("tcp://*:5557", True), ("tcp://[::]:5557", True), ("ipc:///tmp/kv", True), ("inproc://kv", True),
+     ("tcp://127.0.0.1:5557", False), ("tcp://collector:5557", False)],
+)  # fmt: skip
+def test_bind_or_connect_follows_vllms_rule(endpoint, binds):
+    assert wire.should_bind(endpoint) is binds
