@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -131,9 +132,16 @@ class EngineServer:
         return f"http://{self.options.host}:{port}"
 
     def run(self) -> None:
-        """Serve until interrupted (Ctrl-C / SIGTERM), then stop the engine and flush events."""
+        """Serve until interrupted (Ctrl-C / SIGTERM), then stop the engine and flush events.
+
+        uvicorn re-raises the signal it caught once it has shut down; the handlers installed here
+        receive it, so a graceful stop ends the process with status 0.
+        """
         self._uvicorn = self._make_uvicorn()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: log.debug("signal %d after shutdown", signum))
         asyncio.run(self._serve_and_announce())
+        log.info("kvobs engine stopped")
 
     async def _serve_and_announce(self) -> None:
         task = asyncio.create_task(self._uvicorn.serve())

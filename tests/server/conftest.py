@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import msgspec
 import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,12 +70,18 @@ def subscriber(kv_ports) -> Iterator[zmq.Socket]:
     sock.close()
 
 
+STOCK_DECODER = msgspec.msgpack.Decoder(wire.KVEventBatch)  # what a stock vLLM subscriber does
+
+
 def receive_events(sock: zmq.Socket, *, idle_s: float = 1.0) -> list[tuple[int, object]]:
-    """Every (sequence number, event) published until the stream is quiet for `idle_s`."""
+    """Every (sequence number, event) published until the stream is quiet for `idle_s`.
+
+    Decoded strictly, as vLLM's own subscriber does (`Decoder(type=KVEventBatch)`), not leniently.
+    """
     out = []
     while sock.poll(int(idle_s * 1000)):
         _, seq, payload = sock.recv_multipart()
-        batch, _ = wire.decode_batch(payload)
+        batch = STOCK_DECODER.decode(payload)
         out.extend((wire.seq_from_bytes(seq), e) for e in batch.events)
     return out
 

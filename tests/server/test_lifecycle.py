@@ -82,3 +82,21 @@ def test_burst_of_200_completes_or_gets_429_and_drains(smollm2_source):
         assert_idle(server)
         assert scrape(server.url)[rejected_key] - rejected_before == codes.count(429)
         assert rss_bytes() - baseline < 64 * 2**20  # memory back to where the first burst left it
+
+
+class _FatalEngineError(BaseException):
+    """A failure the engine loop cannot recover from (BaseException: not a request's own error)."""
+
+
+def test_dead_engine_loop_makes_health_503_and_requests_fail_cleanly(smollm2_source):
+    with running_server(smollm2_source) as server:
+
+        def crash(_engine):
+            raise _FatalEngineError("simulated fatal engine failure")
+
+        with pytest.raises(Exception):  # noqa: B017  (the caller sees the loop stop: dead-engine error)
+            asyncio.run(asyncio.wait_for(server.engine.call(crash), timeout=10))
+        wait_for(lambda: not server.engine.is_alive)
+        assert httpx.get(server.url + "/health").status_code == 503
+        r = httpx.post(server.url + "/v1/completions", json={"model": SERVED, "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
