@@ -1,0 +1,181 @@
+"""The store's tables: a public interface (users query it from Grafana, notebooks, plain SQL).
+
+Times are UTC epoch seconds (float). `instance` names an engine or vLLM endpoint. Block hashes are the
+unsigned 64-bit values vLLM publishes: NUMERIC(20) on PostgreSQL; on SQLite, whose integers are
+signed 64-bit, the decimal text of the value (compare with `block_hash = '1844...'`). Both read back
+as Python ints. Schema changes go through Alembic (`kvobs/store/migrations`).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Float, Index, Integer, Numeric, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+MAX_UINT64 = 2**64 - 1
+
+
+class UInt64(TypeDecorator):
+    """An unsigned 64-bit integer stored losslessly on every backend."""
+
+    impl = String(20)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(Numeric(20, 0))
+        return dialect.type_descriptor(String(20))
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        value = int(value)
+        if not 0 <= value <= MAX_UINT64:
+            raise ValueError(f"block hash {value} is not an unsigned 64-bit integer")
+        return value if dialect.name == "postgresql" else str(value)
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else int(value)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SessionRow(Base):
+    __tablename__ = "sessions"
+
+    session_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    agent_name: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[float | None] = mapped_column(Float)  # nullable: upserts may update counters only
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    num_steps: Mapped[int] = mapped_column(Integer, default=0)
+    num_failed_steps: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str | None] = mapped_column(String(16))  # sdk | vllm | engine
+
+
+class StepRow(Base):
+    __tablename__ = "steps"
+    __table_args__ = (UniqueConstraint("session_id", "step_index"), Index("ix_steps_trace_id", "trace_id"))
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(255))
+    step_index: Mapped[int] = mapped_column(Integer)
+    trace_id: Mapped[str | None] = mapped_column(String(32))
+    span_id: Mapped[str | None] = mapped_column(String(16))
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(8))  # ok | error
+    error_type: Mapped[str | None] = mapped_column(String(255))
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    e2e_s: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+
+
+class RequestRow(Base):
+    __tablename__ = "requests"
+    __table_args__ = (
+        UniqueConstraint("instance", "request_id"),
+        Index("ix_requests_session_id", "session_id"),
+        Index("ix_requests_trace_id", "trace_id"),
+        Index("ix_requests_arrival_ts", "arrival_ts"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(255))
+    instance: Mapped[str] = mapped_column(String(255))
+    session_id: Mapped[str | None] = mapped_column(String(255))
+    trace_id: Mapped[str | None] = mapped_column(String(32))
+    span_id: Mapped[str | None] = mapped_column(String(16))
+    arrival_ts: Mapped[float] = mapped_column(Float)
+    first_token_ts: Mapped[float | None] = mapped_column(Float)
+    finished_ts: Mapped[float | None] = mapped_column(Float)
+    queue_s: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    num_preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+
+
+class KVEventRow(Base):
+    __tablename__ = "kv_events"
+    __table_args__ = (
+        Index("ix_kv_events_instance_ts", "instance", "ts"),
+        Index("ix_kv_events_session_ts", "session_id", "ts"),
+        Index("ix_kv_events_block_hash", "block_hash"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    instance: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(16))  # stored removed cleared hit allocated evicted preempted invalidated
+    block_hash: Mapped[int | None] = mapped_column(UInt64)
+    parent_hash: Mapped[int | None] = mapped_column(UInt64)
+    num_tokens: Mapped[int | None] = mapped_column(Integer)
+    session_id: Mapped[str | None] = mapped_column(String(255))
+    request_id: Mapped[str | None] = mapped_column(String(255))
+    reason: Mapped[str | None] = mapped_column(String(32))
+    medium: Mapped[str | None] = mapped_column(String(16))
+
+
+class SnapshotRow(Base):
+    """One row per instance per interval (`session_id` null) and per session at every step."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (
+        Index("ix_snapshots_instance_ts", "instance", "ts"),
+        Index("ix_snapshots_session_ts", "session_id", "ts"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    instance: Mapped[str] = mapped_column(String(255))
+    session_id: Mapped[str | None] = mapped_column(String(255))
+    kv_usage: Mapped[float | None] = mapped_column(Float)
+    blocks_total: Mapped[int | None] = mapped_column(Integer)
+    blocks_free: Mapped[int | None] = mapped_column(Integer)
+    blocks_resident: Mapped[int | None] = mapped_column(Integer)
+    session_blocks: Mapped[int | None] = mapped_column(Integer)  # blocks the session holds or has cached
+    session_evicted_blocks: Mapped[int | None] = mapped_column(Integer)  # evicted so far
+    session_evicted_idle_blocks: Mapped[int | None] = mapped_column(Integer)  # ... while in a tool pause
+    session_hit_tokens: Mapped[int | None] = mapped_column(Integer)
+    hit_rate: Mapped[float | None] = mapped_column(Float)
+    num_running: Mapped[int | None] = mapped_column(Integer)
+    num_waiting: Mapped[int | None] = mapped_column(Integer)
+    preemptions_total: Mapped[int | None] = mapped_column(Integer)
+    evictions_total: Mapped[int | None] = mapped_column(Integer)
+
+
+class MetricSampleRow(Base):
+    __tablename__ = "metric_samples"
+    __table_args__ = (Index("ix_metric_samples_name_ts", "name", "ts"), Index("ix_metric_samples_instance_ts",
+                                                                               "instance", "ts"))  # fmt: skip
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    instance: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(255))
+    labels: Mapped[dict] = mapped_column(JSON, default=dict)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class AlertRow(Base):
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_ts", "ts"), Index("ix_alerts_rule_ts", "rule", "ts"))
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    rule: Mapped[str] = mapped_column(String(255))
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))  # firing | resolved
+    instance: Mapped[str | None] = mapped_column(String(255))
+    session_id: Mapped[str | None] = mapped_column(String(255))
+    value: Mapped[float | None] = mapped_column(Float)
+    summary: Mapped[str | None] = mapped_column(String(1024))
+
+
+TABLES = {cls.__tablename__: cls for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow,
+                                             AlertRow)}  # fmt: skip

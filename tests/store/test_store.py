@@ -1,0 +1,130 @@
+"""The store on SQLite and PostgreSQL: schema via Alembic, lossless hashes, the batched writer."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import func, inspect, select, text
+
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.schema import Base, KVEventRow, SessionRow, StepRow
+
+REQUIRED = {
+    "sessions": {"session_id", "agent_name", "started_at", "ended_at", "num_steps", "num_failed_steps", "source"},
+    "steps": {"id", "session_id", "step_index", "trace_id", "span_id", "started_at", "ended_at", "status",
+              "error_type", "ttft_s", "e2e_s", "prompt_tokens", "cached_tokens", "completion_tokens"},
+    "requests": {"request_id", "instance", "session_id", "trace_id", "arrival_ts", "first_token_ts", "finished_ts",
+                 "queue_s", "prompt_tokens", "cached_tokens", "completion_tokens", "num_preemptions",
+                 "finish_reason"},
+    "kv_events": {"id", "ts", "instance", "kind", "block_hash", "parent_hash", "num_tokens", "session_id",
+                  "request_id", "reason", "medium"},
+    "snapshots": {"id", "ts", "instance", "session_id", "kv_usage", "blocks_total", "blocks_free", "blocks_resident",
+                  "session_blocks", "hit_rate", "num_running", "num_waiting", "preemptions_total",
+                  "evictions_total"},
+    "metric_samples": {"ts", "instance", "name", "labels", "value"},
+    "alerts": {"id", "ts", "rule", "severity", "state", "instance", "session_id", "value", "summary"},
+}  # fmt: skip
+
+
+def test_open_migrates_to_the_documented_schema(store):
+    inspector = inspect(store.engine)
+    for table, columns in REQUIRED.items():
+        assert columns <= {c["name"] for c in inspector.get_columns(table)}, table
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+    open_store(store.url).close()  # opening again is a no-op upgrade
+
+
+def test_migrations_match_the_models(store):
+    """The Alembic history builds exactly the tables `kvobs.store.schema` declares (no drift)."""
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+
+
+def test_unsigned_64_bit_hashes_round_trip_and_are_queryable(store):
+    big, small = 2**64 - 5, 7
+    writer = StoreWriter(store)
+    for h, parent in ((big, None), (small, big)):
+        writer.add("kv_events", {"ts": 1.0, "instance": "e0", "kind": "stored", "block_hash": h, "parent_hash": parent})
+    writer.close()
+    with store.session() as s:
+        rows = s.scalars(select(KVEventRow).order_by(KVEventRow.id)).all()
+        assert [(r.block_hash, r.parent_hash) for r in rows] == [(big, None), (small, big)]
+        hit = s.scalars(select(KVEventRow).where(KVEventRow.block_hash == big)).one()
+        assert hit.kind == "stored"
+    with pytest.raises(ValueError, match="not an unsigned 64-bit"):
+        KVEventRow.__table__.c.block_hash.type.process_bind_param(-1, store.engine.dialect)
+
+
+def test_writer_batches_flushes_and_upserts(store):
+    writer = StoreWriter(store, batch_size=400)
+    for i in range(2500):
+        writer.add("steps", {"session_id": f"s{i % 10}", "step_index": i // 10, "started_at": float(i), "status": "ok"})
+    writer.upsert("sessions", {"session_id": "s1", "started_at": 1.0, "num_steps": 1, "source": "sdk"})
+    writer.upsert("sessions", {"session_id": "s1", "num_steps": 2, "num_failed_steps": 1})
+    assert writer.flush()
+    writer.upsert("sessions", {"session_id": "s1", "num_steps": 3, "ended_at": 9.0})
+    writer.close()
+    assert writer.num_written == 2503 and writer.num_dropped == 0
+    with store.session() as s:
+        assert s.scalar(select(func.count()).select_from(StepRow)) == 2500
+        row = s.get(SessionRow, "s1")
+        assert (row.started_at, row.num_steps, row.num_failed_steps, row.ended_at, row.source) == (1.0, 3, 1, 9.0,
+                                                                                                   "sdk")  # fmt: skip
+
+
+def test_committed_rows_survive_a_reopen(store_url):
+    store = open_store(store_url)
+    writer = StoreWriter(store)
+    writer.add("alerts", {"ts": 5.0, "rule": "PrefixLostDuringToolPause", "severity": "warning", "state": "firing"})
+    writer.close()
+    store.close()
+    again = open_store(store_url)
+    with again.engine.connect() as conn:
+        assert conn.execute(text("SELECT rule, state FROM alerts")).all() == [("PrefixLostDuringToolPause", "firing")]
+    again.close()
+
+
+def test_unreachable_database_never_blocks_the_producer():
+    store = open_store("postgresql://postgres@127.0.0.1:1/test", migrate=False)
+    writer = StoreWriter(store, max_queue=10, batch_size=5, flush_interval_s=0.05, max_backoff_s=0.2)
+    start = time.monotonic()
+    accepted = sum(writer.add("kv_events", {"ts": float(i), "instance": "e0", "kind": "evicted"}) for i in range(30))
+    assert time.monotonic() - start < 1.0  # the producer never waited on the database
+    assert accepted <= 15 and writer.num_dropped == 30 - accepted
+    deadline = time.monotonic() + 10
+    while writer.num_failed_attempts < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    writer.close(timeout_s=10)
+    assert writer.num_written == 0 and writer.num_dropped == 30
+    store.close()
+
+
+@pytest.mark.parametrize("url", ["mysql://root@localhost/kvobs", "redis://127.0.0.1:6379", "not a url"])
+def test_unknown_store_scheme_is_a_clear_error(url):
+    with pytest.raises(ValueError, match="store"):
+        open_store(url)
+
+
+def test_unknown_table_is_refused(store):
+    writer = StoreWriter(store)
+    with pytest.raises(ValueError, match="unknown store table"):
+        writer.add("nope", {})
+    writer.close()
+
+
+def test_a_refused_row_does_not_take_its_batch_with_it(store):
+    writer = StoreWriter(store, batch_size=100)
+    writer.add("steps", {"session_id": "s", "step_index": 0, "started_at": 1.0, "status": "ok"})
+    writer.add("steps", {"session_id": "s", "step_index": 1, "started_at": 2.0, "status": "ok"})
+    writer.add("steps", {"session_id": "s", "step_index": 1, "started_at": 3.0, "status": "ok"})  # duplicate key
+    writer.add("steps", {"session_id": "s", "step_index": 2, "started_at": 4.0, "status": "ok"})
+    writer.close()
+    assert (writer.num_written, writer.num_dropped) == (3, 1)
+    with store.session() as s:
+        assert s.scalars(select(StepRow.started_at).order_by(StepRow.step_index)).all() == [1.0, 2.0, 4.0]
