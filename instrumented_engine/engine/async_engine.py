@@ -192,23 +192,22 @@ class AsyncEngine:
                 break
         events = self.engine.take_events()  # what aborts and admin calls did to the cache
         if events:
-            self._publish(StepResult([], self.engine.current_stats(), events), deliver=False)
+            self._publish(StepResult([], self.engine.current_stats(), events))
 
     def _abort(self, engine: LLMEngine, request_id: str) -> None:
         output = engine.abort(request_id)
         if output is not None:
             self._publish(StepResult([output], engine.current_stats(), engine.take_events()))
 
-    def _publish(self, result: StepResult, *, deliver: bool = True) -> None:
-        if deliver:
-            for out in result.outputs:
-                slot = self._requests.get(out.request_id)
-                if slot is None:
-                    continue
-                slot.put(out)
-                if out.finished:
-                    del self._requests[out.request_id]
-                    slot.put(_END)
+    def _publish(self, result: StepResult) -> None:
+        for out in result.outputs:
+            slot = self._requests.get(out.request_id)
+            if slot is None:
+                continue
+            slot.put(out)
+            if out.finished:
+                del self._requests[out.request_id]
+                slot.put(_END)
         for observer in self.observers:
             try:
                 observer.on_step(result)

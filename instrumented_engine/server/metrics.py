@@ -32,6 +32,18 @@ from kvobs.semconv.reasons import EvictionReason, InvalidationReason
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram, "info": Info}
+# Every vLLM metric plus kvobs' engine-side ones (agent-step counters belong to the agent SDK).
+ENGINE_METRICS = (
+    *vars(vllm).values(),
+    kvobs_metrics.KV_BLOCKS_EVICTED,
+    kvobs_metrics.KV_BLOCKS_INVALIDATED,
+    kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS,
+    kvobs_metrics.KV_CACHE_FREE_BLOCKS,
+    kvobs_metrics.KV_CACHE_TOTAL_BLOCKS,
+    kvobs_metrics.SESSION_PREFIX_LOST,
+    kvobs_metrics.REQUESTS_REJECTED,
+    kvobs_metrics.TELEMETRY_DROPPED,
+)
 
 
 class EngineMetrics:
@@ -72,9 +84,7 @@ class EngineMetrics:
                      vllm.REQUEST_DECODE_TIME, vllm.REQUEST_INFERENCE_TIME):  # fmt: skip
             buckets[spec] = m.REQUEST_LATENCY_BUCKETS
         self._metrics: dict[MetricSpec, MetricWrapperBase] = {}
-        for spec in [*vars(vllm).values(), *vars(kvobs_metrics).values()]:
-            if not isinstance(spec, MetricSpec) or spec.name.startswith("kvobs_agent"):
-                continue  # legacy names are strings; agent-step counters belong to the agent SDK
+        for spec in ENGINE_METRICS:
             kwargs = {"buckets": buckets[spec]} if spec.type == "histogram" else {}
             cls = _TYPES[spec.type]
             self._metrics[spec] = cls(

@@ -151,7 +151,7 @@ class OpenAIServing:
         except EngineDeadError as exc:
             yield _event(APIError(str(exc), status=503, type="server_error").body())
         if include_usage and final is not None:
-            yield _event({**response.chunk_base(), "choices": [], "usage": _usage(final)})
+            yield _event({**response.envelope(chunk=True), "choices": [], "usage": _usage(final)})
         yield "data: [DONE]\n\n"
 
 
@@ -162,14 +162,14 @@ class _Response:
     created: int
     chat: bool
 
-    def chunk_base(self) -> dict:
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
+    def envelope(self, *, chunk: bool) -> dict:
+        kind = "text_completion" if not self.chat else "chat.completion.chunk" if chunk else "chat.completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def chunk(self, delta: dict | str, finish_reason: str | None) -> dict:
         choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
         choice.update({"delta": delta} if self.chat else {"text": delta})
-        return {**self.chunk_base(), "choices": [choice]}
+        return {**self.envelope(chunk=True), "choices": [choice]}
 
     def full(self, out: RequestOutput) -> dict:
         choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
@@ -177,9 +177,7 @@ class _Response:
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
             choice["text"] = out.text
-        kind = "chat.completion" if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice],
-                "usage": _usage(out)}  # fmt: skip
+        return {**self.envelope(chunk=False), "choices": [choice], "usage": _usage(out)}
 
 
 def _usage(out: RequestOutput) -> dict:

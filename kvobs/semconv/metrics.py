@@ -119,12 +119,15 @@ vllm = SimpleNamespace(
                                      "Histogram of idle time before KV cache block eviction."),
     KV_BLOCK_REUSE_GAP=_spec("vllm:kv_block_reuse_gap_seconds", "histogram", "s",
                              "Histogram of time gaps between consecutive KV cache block accesses."),
-    # Names older vLLM releases emit; scrapers map them onto the current ones.
-    LEGACY_GPU_CACHE_USAGE_PERC="vllm:gpu_cache_usage_perc",
-    LEGACY_GPU_PREFIX_CACHE_QUERIES="vllm:gpu_prefix_cache_queries",
-    LEGACY_GPU_PREFIX_CACHE_HITS="vllm:gpu_prefix_cache_hits",
-    LEGACY_TIME_PER_OUTPUT_TOKEN="vllm:time_per_output_token_seconds",
 )  # fmt: skip
+
+# Names older vLLM releases emit -> the current metric they became; scrapers map them.
+VLLM_LEGACY_NAMES = {
+    "vllm:gpu_cache_usage_perc": vllm.KV_CACHE_USAGE_PERC,
+    "vllm:gpu_prefix_cache_queries": vllm.PREFIX_CACHE_QUERIES,
+    "vllm:gpu_prefix_cache_hits": vllm.PREFIX_CACHE_HITS,
+    "vllm:time_per_output_token_seconds": vllm.INTER_TOKEN_LATENCY,
+}
 
 kvobs_metrics = SimpleNamespace(
     KV_BLOCKS_EVICTED=_spec("kvobs_kv_blocks_evicted", "counter", "blocks",

@@ -13,6 +13,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 MAX_UINT64 = 2**64 - 1
+ROW_ID = BigInteger().with_variant(Integer, "sqlite")  # SQLite auto-increments INTEGER PRIMARY KEY only
 
 
 class UInt64(TypeDecorator):
@@ -58,7 +59,7 @@ class StepRow(Base):
     __tablename__ = "steps"
     __table_args__ = (UniqueConstraint("session_id", "step_index"), Index("ix_steps_trace_id", "trace_id"))
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     session_id: Mapped[str] = mapped_column(String(255))
     step_index: Mapped[int] = mapped_column(Integer)
     trace_id: Mapped[str | None] = mapped_column(String(32))
@@ -83,7 +84,7 @@ class RequestRow(Base):
         Index("ix_requests_arrival_ts", "arrival_ts"),
     )
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     request_id: Mapped[str] = mapped_column(String(255))
     instance: Mapped[str] = mapped_column(String(255))
     session_id: Mapped[str | None] = mapped_column(String(255))
@@ -108,7 +109,7 @@ class KVEventRow(Base):
         Index("ix_kv_events_block_hash", "block_hash"),
     )
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
     instance: Mapped[str] = mapped_column(String(255))
     kind: Mapped[str] = mapped_column(String(16))  # stored removed cleared hit allocated evicted preempted invalidated
@@ -130,7 +131,7 @@ class SnapshotRow(Base):
         Index("ix_snapshots_session_ts", "session_id", "ts"),
     )
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
     instance: Mapped[str] = mapped_column(String(255))
     session_id: Mapped[str | None] = mapped_column(String(255))
@@ -154,7 +155,7 @@ class MetricSampleRow(Base):
     __table_args__ = (Index("ix_metric_samples_name_ts", "name", "ts"), Index("ix_metric_samples_instance_ts",
                                                                                "instance", "ts"))  # fmt: skip
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
     instance: Mapped[str] = mapped_column(String(255))
     name: Mapped[str] = mapped_column(String(255))
@@ -166,7 +167,7 @@ class AlertRow(Base):
     __tablename__ = "alerts"
     __table_args__ = (Index("ix_alerts_ts", "ts"), Index("ix_alerts_rule_ts", "rule", "ts"))
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
     rule: Mapped[str] = mapped_column(String(255))
     severity: Mapped[str] = mapped_column(String(16))
