@@ -50,9 +50,8 @@ _END = object()  # closes a request's output stream
 class RequestStream:
     """One request's outputs as an async iterator; leaving the loop early aborts the request."""
 
-    def __init__(self, engine: AsyncEngine, loop: asyncio.AbstractEventLoop, trace_headers: dict[str, str]) -> None:
+    def __init__(self, engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
         self.request_id = ""
-        self.trace_headers = trace_headers  # W3C traceparent/tracestate of the HTTP request, for its span
         self.finished = False
         self._engine = engine
         self._loop = loop
@@ -140,13 +139,13 @@ class AsyncEngine:
             QueueFullError: `max_waiting` requests are already waiting (HTTP 429).
             EngineDeadError: the engine loop is not running (HTTP 503).
         """
-        stream = RequestStream(self, asyncio.get_running_loop(), dict(trace_headers or {}))
+        stream = RequestStream(self, asyncio.get_running_loop())
 
         def add(engine: LLMEngine) -> None:
             if len(engine.scheduler.waiting) >= self.max_waiting:
                 raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
             stream.request_id = engine.add_request(
-                prompt_token_ids, params, request_id=request_id, session_id=session_id
+                prompt_token_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace_headers
             )
             self._requests[stream.request_id] = stream
 

@@ -16,6 +16,7 @@ The manager holds no tensors, so the same code runs the engine and the what-if s
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from instrumented_engine.engine import events as ev
@@ -62,6 +63,7 @@ class BlockManager:
         self.weights_version = 0
         self.adapter_versions: dict[str, int] = {}
         self.session_roots: dict[str, BlockHash] = {}
+        self.session_blocks: Counter[str] = Counter()  # cached blocks each session stored or hit
         self._events: list[ev.KVEvent] = []
 
     # ---- sizes ------------------------------------------------------------------------------
@@ -156,7 +158,18 @@ class BlockManager:
         block.ref_cnt += 1
         block.last_used_ts = now
         if session_id is not None:
+            self._own(block, session_id)
+
+    def _own(self, block: KVBlock, session_id: str) -> None:
+        if session_id not in block.sessions:
             block.sessions.add(session_id)
+            self.session_blocks[session_id] += 1
+
+    def _disown(self, block: KVBlock) -> None:
+        for session_id in block.sessions:
+            self.session_blocks[session_id] -= 1
+            if not self.session_blocks[session_id]:
+                del self.session_blocks[session_id]
 
     def _take_free_block(self, seq: Sequence, now: float) -> KVBlock:
         block, reason = self.policy.choose(self.free_queue, self.activity, now)
@@ -191,7 +204,7 @@ class BlockManager:
             block.adapter = seq.adapter
             block.stored_ts = block.last_used_ts = now
             if seq.session_id is not None:
-                block.sessions.add(seq.session_id)
+                self._own(block, seq.session_id)
             self.cached[block_hash] = block
             stored_ids.append(block.block_id)
             stored_hashes.append(external_hash(block_hash))
@@ -311,6 +324,7 @@ class BlockManager:
             block.clear_hash()
         num_blocks = len(self.cached)
         self.cached.clear()
+        self.session_blocks.clear()
         self.session_roots.clear()
         event = ev.CacheCleared(now, None, None, num_blocks, tuple(sessions))
         self._events.append(event)
@@ -343,6 +357,7 @@ class BlockManager:
                 paused_sessions=tuple(s for s in sorted(block.sessions) if s in self.activity.idle_since),
             )
         )
+        self._disown(block)
         block.clear_hash()
 
     def _to_head(self, block: KVBlock) -> None:

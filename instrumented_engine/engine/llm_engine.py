@@ -103,8 +103,10 @@ class LLMEngine:
         session_id: str | None = None,
         adapter: str | None = None,
         arrival_ts: float | None = None,
+        trace_headers: dict[str, str] | None = None,
     ) -> str:
-        """Queue a request; returns its id.
+        """Queue a request; returns its id. `trace_headers` (W3C `traceparent`/`tracestate`) come back on
+        its outputs untouched, for whoever makes its span.
 
         Raises:
             ValueError: empty prompt, prompt + max_tokens beyond the context, a duplicate id, or a
@@ -136,7 +138,13 @@ class LLMEngine:
         if request_id in self.sequences:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(
-            request_id, token_ids, params, arrival_ts or self.clock(), session_id=session_id, adapter=adapter
+            request_id,
+            token_ids,
+            params,
+            arrival_ts or self.clock(),
+            session_id=session_id,
+            adapter=adapter,
+            trace_headers=trace_headers or None,
         )
         if params.seed is not None:
             self._generators[request_id] = torch.Generator(device=self.runner.device).manual_seed(params.seed)
@@ -214,6 +222,10 @@ class LLMEngine:
             scheduled_ts=seq.scheduled_ts,
             first_token_ts=seq.first_token_ts,
             finished_ts=seq.finished_ts,
+            trace_headers=seq.trace_headers,
+            max_tokens=seq.sampling_params.max_tokens,
+            temperature=seq.sampling_params.temperature,
+            top_p=seq.sampling_params.top_p,
         )
 
     def _forget(self, seq: Sequence) -> None:

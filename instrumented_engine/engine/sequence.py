@@ -29,6 +29,7 @@ class Sequence:
     arrival_ts: float
     session_id: str | None = None
     adapter: str | None = None
+    trace_headers: dict[str, str] | None = None  # W3C trace context of the caller, passed through untouched
     token_ids: list[int] = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0

@@ -42,6 +42,10 @@ class RequestOutput:
     scheduled_ts: float | None
     first_token_ts: float | None
     finished_ts: float | None
+    trace_headers: dict[str, str] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, 
 
     @app.get("/metrics")
     async def prometheus_metrics():
+        metrics.sync_dropped()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE)
 
     @app.post("/reset_prefix_cache")

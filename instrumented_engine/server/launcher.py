@@ -1,10 +1,14 @@
-"""Assemble and run the engine server: engine thread, metrics, KV-event publisher, HTTP.
+"""Assemble and run the engine server: engine thread, metrics, KV-event publisher, tracing, store, HTTP.
 
 server = EngineServer(EngineConfig(num_blocks=512), ServerOptions(port=8000))
 server.run()                                 # blocks: what `kvobs serve` does
 
 url = server.start_in_background()           # tests, `kvobs demo`: returns http://host:port
-server.shutdown()                            # stops HTTP, the engine loop, then flushes the publisher
+server.shutdown()                            # stops HTTP and the engine loop, then flushes events, spans, rows
+
+Observers of every engine step: `EngineMetrics` (/metrics, and OTel metrics when telemetry is on),
+`KVEventPublisher` (with --kv-events-endpoint), `EngineTracer` (when an OTLP endpoint is configured by flag or
+`OTEL_EXPORTER_OTLP_ENDPOINT`), `StoreRecorder` (with --store).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -22,11 +27,16 @@ import uvicorn
 from instrumented_engine.config import EngineConfig
 from instrumented_engine.engine.async_engine import AsyncEngine
 from instrumented_engine.engine.llm_engine import LLMEngine
+from instrumented_engine.instrumentation import EngineTracer, OTelMetricSink
 from instrumented_engine.models.loader import ModelSource
 from instrumented_engine.server.app import build_app
 from instrumented_engine.server.kv_publisher import KVEventPublisher
 from instrumented_engine.server.metrics import EngineMetrics
 from instrumented_engine.server.serving import ServedModel
+from instrumented_engine.server.store_recorder import StoreRecorder
+from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU
+from kvobs.store import StoreWriter, open_store
+from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +54,12 @@ class ServerOptions:
         kv_events_endpoint: ZMQ endpoint for vLLM-format KV events (None: off). Binds for "tcp://*:N".
         kv_events_replay_endpoint: ROUTER endpoint answering replay requests.
         kv_events_topic: first frame of every KV-event message.
+        otlp_endpoint: OTLP endpoint for spans and metrics (None: the `OTEL_EXPORTER_OTLP_*` variables decide).
+        trace_sample_ratio: fraction of new traces kept (None: `OTEL_TRACES_SAMPLER`, default keep all).
+        trace_steps_every: a `kvcache.step` span every this many engine steps (0: none).
+        store_url: write requests, KV events and snapshots to this store (None: no store).
+        instance: this engine's name in the store (default host:port).
+        snapshot_interval_s: seconds between instance snapshots in the store.
     """
 
     host: str = "127.0.0.1"
@@ -53,6 +69,12 @@ class ServerOptions:
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
+    otlp_endpoint: str | None = None
+    trace_sample_ratio: float | None = None
+    trace_steps_every: int = 0
+    store_url: str | None = None
+    instance: str | None = None
+    snapshot_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -71,12 +93,29 @@ class EngineServer:
         options: HTTP and KV-event options.
         source: an already opened model (shared weights in tests) instead of `config.model`.
         progress: show a progress bar while the weights load.
+        telemetry: providers to use instead of building them from `options` (in-process exporters in tests).
+
+    Raises:
+        ValueError: bad options, a store URL with an unknown scheme.
+        sqlalchemy.exc.OperationalError: the store cannot be reached at start.
     """
 
     def __init__(
-        self, config: EngineConfig, options: ServerOptions, *, source: ModelSource | None = None, progress: bool = True
+        self,
+        config: EngineConfig,
+        options: ServerOptions,
+        *,
+        source: ModelSource | None = None,
+        progress: bool = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.options = options
+        self.store = open_store(options.store_url) if options.store_url else None  # fail fast on a bad URL
+        self.telemetry = telemetry or setup_telemetry(
+            TelemetryConfig(
+                service_name="kvobs-engine", endpoint=options.otlp_endpoint, sample_ratio=options.trace_sample_ratio
+            )  # fmt: skip
+        )
         llm_engine = LLMEngine(config, source=source, progress=progress)
         layout = llm_engine.layout
         self.served = ServedModel(options.served_model_name or llm_engine.model_name, layout.max_model_len,
@@ -91,6 +130,7 @@ class EngineServer:
                 "cache_dtype": str(llm_engine.runner.dtype).removeprefix("torch."),
             },
             max_model_len=layout.max_model_len,
+            extra_sinks=[OTelMetricSink(m)] if (m := self.telemetry.meter("kvobs.engine")) else [],
         )
         observers = [self.metrics]
         self.publisher = None
@@ -102,6 +142,24 @@ class EngineServer:
             )
             self.publisher.start()
             observers.append(self.publisher)
+            self.metrics.watch_dropped("kv_events", lambda: self.publisher.num_dropped)
+        medium = MEDIUM_GPU if llm_engine.runner.device.type == "cuda" else MEDIUM_CPU
+        self.tracer = None
+        if self.telemetry.tracer_provider is not None:
+            self.tracer = EngineTracer(self.telemetry.tracer_provider, model_name=self.served.name,
+                                       block_size=layout.block_size, medium=medium,
+                                       step_sample_every=options.trace_steps_every)  # fmt: skip
+            observers.append(self.tracer)
+            self.metrics.watch_dropped("otlp", lambda: self.telemetry.num_export_failures)
+        self.writer = self.recorder = None
+        if self.store is not None:
+            self.writer = StoreWriter(self.store)
+            self.recorder = StoreRecorder(self.writer, instance=options.instance or _default_instance(options),
+                                          block_size=layout.block_size, medium=medium,
+                                          session_blocks=llm_engine.block_manager.session_blocks.get,
+                                          snapshot_interval_s=options.snapshot_interval_s)  # fmt: skip
+            observers.append(self.recorder)
+            self.metrics.watch_dropped("store", lambda: self.writer.num_dropped)
         self.engine = AsyncEngine(llm_engine, max_waiting=options.max_waiting, observers=observers)
         self.app = build_app(self.engine, self.served, self.metrics, lifespan=self._lifespan)
         self._uvicorn: uvicorn.Server | None = None
@@ -114,9 +172,16 @@ class EngineServer:
         await asyncio.to_thread(self._stop_engine)
 
     def _stop_engine(self) -> None:
+        """Stop the loop, then flush every output: KV events, store rows, spans and metrics."""
         self.engine.stop()
         if self.publisher is not None:
             self.publisher.close()
+        if self.writer is not None:
+            self.recorder.instance_snapshot(self.engine.engine.current_stats())
+            self.writer.close()
+            self.store.close()
+            log.info("store: %d rows written, %d dropped", self.writer.num_written, self.writer.num_dropped)
+        self.telemetry.shutdown()
 
     def _make_uvicorn(self) -> uvicorn.Server:
         config = uvicorn.Config(self.app, host=self.options.host, port=self.options.port, log_level="warning",
@@ -168,3 +233,8 @@ class EngineServer:
             self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(30)
+
+
+def _default_instance(options: ServerOptions) -> str:
+    host = socket.gethostname() if options.host in ("0.0.0.0", "::", "") else options.host
+    return f"{host}:{options.port}"

@@ -9,12 +9,18 @@ turns outputs, stats and KV events into metric updates. Meanings follow vLLM V1:
 - `vllm:prompt_tokens` counts a request's prompt when its prefill completes; `vllm:generation_tokens`
   every sampled token;
 - the block-residency histograms are recorded for every evicted block (vLLM samples them).
+
+Values go to one or more sinks: the Prometheus registry `/metrics` serves, and, when telemetry is on,
+OpenTelemetry instruments (`instrumented_engine.instrumentation.OTelMetricSink`), so both see the same numbers.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.metrics import MetricWrapperBase
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
@@ -46,6 +52,46 @@ ENGINE_METRICS = (
 )
 
 
+class MetricSink(Protocol):
+    def create(self, spec: MetricSpec, label_names: tuple[str, ...], buckets: Sequence[float] | None) -> Any:
+        """An instrument whose `.labels(**values)` returns a child with `inc`, `set`, `observe` or `info`."""
+        ...
+
+
+class PrometheusSink:
+    """Instruments in a prometheus_client registry (what `/metrics` exposes)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def create(self, spec: MetricSpec, label_names: tuple[str, ...], buckets: Sequence[float] | None) -> Any:
+        kwargs = {"buckets": buckets} if spec.type == "histogram" else {}
+        return _TYPES[spec.type](spec.name, spec.description, label_names, registry=self.registry, **kwargs)
+
+
+class _Fanout:
+    """One labelled series in every sink."""
+
+    def __init__(self, children: list) -> None:
+        self.children = children
+
+    def inc(self, amount: float = 1) -> None:
+        for child in self.children:
+            child.inc(amount)
+
+    def set(self, value: float) -> None:
+        for child in self.children:
+            child.set(value)
+
+    def observe(self, value: float) -> None:
+        for child in self.children:
+            child.observe(value)
+
+    def info(self, values: dict[str, str]) -> None:
+        for child in self.children:
+            child.info(values)
+
+
 class EngineMetrics:
     """Every metric of one engine, in its own registry.
 
@@ -54,6 +100,7 @@ class EngineMetrics:
         cache_config: the `vllm:cache_config_info` labels (block_size, num_gpu_blocks, ...).
         max_model_len: upper end of the token-count buckets.
         registry: where to register (a fresh one by default).
+        extra_sinks: more places every value goes (OpenTelemetry instruments).
     """
 
     def __init__(
@@ -64,8 +111,10 @@ class EngineMetrics:
         max_model_len: int,
         registry: CollectorRegistry | None = None,
         engine_index: str = "0",
+        extra_sinks: Sequence[MetricSink] = (),
     ) -> None:
         self.registry = registry or CollectorRegistry()
+        sinks = [PrometheusSink(self.registry), *extra_sinks]
         self._labels = {m.LABEL_MODEL_NAME: model_name, m.LABEL_ENGINE: engine_index}
         tokens = m.token_buckets(max_model_len)
         buckets = {
@@ -83,13 +132,14 @@ class EngineMetrics:
         for spec in (vllm.E2E_REQUEST_LATENCY, vllm.REQUEST_QUEUE_TIME, vllm.REQUEST_PREFILL_TIME,
                      vllm.REQUEST_DECODE_TIME, vllm.REQUEST_INFERENCE_TIME):  # fmt: skip
             buckets[spec] = m.REQUEST_LATENCY_BUCKETS
-        self._metrics: dict[MetricSpec, MetricWrapperBase] = {}
-        for spec in ENGINE_METRICS:
-            kwargs = {"buckets": buckets[spec]} if spec.type == "histogram" else {}
-            cls = _TYPES[spec.type]
-            self._metrics[spec] = cls(
-                spec.name, spec.description, [*ENGINE_LABELS, *spec.labels], registry=self.registry, **kwargs
-            )
+        self._instruments = {
+            spec.name: [sink.create(spec, (*ENGINE_LABELS, *spec.labels), buckets.get(spec)) for sink in sinks]
+            for spec in ENGINE_METRICS
+        }
+        self._series: dict[tuple, Any] = {}
+        self._drop_sources: dict[str, Callable[[], int]] = {}
+        self._drops_seen: dict[str, int] = {}
+        self._drop_lock = threading.Lock()
         self._get(vllm.CACHE_CONFIG_INFO).info(cache_config)
         self._last_token_ts: dict[str, float] = {}
         self._create_labelled_series()
@@ -104,11 +154,34 @@ class EngineMetrics:
             self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=reason.value)
         self._get(kvobs_metrics.REQUESTS_REJECTED, reason=REJECTED_QUEUE_FULL)
 
-    def _get(self, spec: MetricSpec, **labels: str) -> MetricWrapperBase:
-        return self._metrics[spec].labels(**self._labels, **labels)
+    def _get(self, spec: MetricSpec, **labels: str) -> Any:
+        key = (spec.name, *labels.values())
+        series = self._series.get(key)
+        if series is None:
+            children = [inst.labels(**self._labels, **labels) for inst in self._instruments[spec.name]]
+            series = self._series[key] = children[0] if len(children) == 1 else _Fanout(children)
+        return series
+
+    # ---- telemetry loss ---------------------------------------------------------------------------
+    def watch_dropped(self, component: str, total: Callable[[], int]) -> None:
+        """Count what `component` drops (`kvobs_telemetry_dropped_total{component}`) from its running total."""
+        self._drop_sources[component] = total
+        self._drops_seen[component] = 0
+        self._get(kvobs_metrics.TELEMETRY_DROPPED, component=component)
+
+    def sync_dropped(self) -> None:
+        """Bring the dropped counters up to the components' totals (after every step and before a scrape)."""
+        with self._drop_lock:
+            for component, total in self._drop_sources.items():
+                now, seen = total(), self._drops_seen[component]
+                if now > seen:
+                    self._get(kvobs_metrics.TELEMETRY_DROPPED, component=component).inc(now - seen)
+                    self._drops_seen[component] = now
 
     # ---- the observer ---------------------------------------------------------------------------
     def on_step(self, result: StepResult) -> None:
+        if self._drop_sources:
+            self.sync_dropped()
         self._observe_stats(result.stats)
         for event in result.events:
             self._observe_event(event)

@@ -3,6 +3,7 @@
     writer = StoreWriter(store)
     writer.add("kv_events", {"ts": ..., "instance": "engine-0", "kind": "evicted", ...})
     writer.upsert("sessions", {"session_id": "s1", "num_steps": 3, ...})   # insert or update by key
+    writer.insert_missing("sessions", {"session_id": "s1", ...})             # insert unless the key exists
     writer.flush()                                                           # wait until written
     writer.close()                                                           # flush, then stop
 
@@ -22,7 +23,7 @@ from collections import defaultdict
 
 from sqlalchemy import insert
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from kvobs.store.db import Store
 from kvobs.store.schema import TABLES
@@ -74,6 +75,10 @@ class StoreWriter:
         """Queue an insert that updates the row with the same primary key if it exists."""
         return self._put(("upsert", table, row))
 
+    def insert_missing(self, table: str, row: dict) -> bool:
+        """Queue an insert that leaves an existing row with the same primary key as it is."""
+        return self._put(("insert_missing", table, row))
+
     def _put(self, item: tuple[str, str, dict]) -> bool:
         if item[1] not in TABLES:
             raise ValueError(f"unknown store table {item[1]!r}; tables: {', '.join(TABLES)}")
@@ -108,7 +113,11 @@ class StoreWriter:
         while True:
             batch, markers, stop = self._collect()
             if batch:
-                self._write_with_retry(batch)
+                try:
+                    self._write_with_retry(batch)
+                except Exception:  # never let the thread die: later rows must still be written
+                    self.num_dropped += len(batch)
+                    log.exception("writing a batch of %d rows failed; dropped", len(batch))
             for marker in markers:
                 marker.set()
             if stop:
@@ -141,7 +150,7 @@ class StoreWriter:
                 self._write(batch)
                 self.num_written += len(batch)
                 return
-            except (OperationalError, DBAPIError) as exc:
+            except SQLAlchemyError as exc:
                 if not _is_connection_error(exc):
                     self._write_one_by_one(batch, exc)
                     return
@@ -161,42 +170,43 @@ class StoreWriter:
             try:
                 self._write([item])
                 self.num_written += 1
-            except DBAPIError as row_exc:
+            except Exception as row_exc:  # the writer thread must outlive any one bad row
                 self.num_dropped += 1
-                log.error("store refused a %s row; dropped: %s", item[1], row_exc.orig)
+                log.error("store refused a %s row; dropped: %s", item[1], getattr(row_exc, "orig", row_exc))
 
     def _write(self, batch: list[tuple[str, str, dict]]) -> None:
-        grouped: dict[tuple[str, str], list[dict]] = defaultdict(list)
-        for op, table, row in batch:
-            grouped[(op, table)].append(row)
+        grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
+        for op, table, row in batch:  # one executemany per column set: rows may leave defaulted columns out
+            grouped[(op, table, tuple(row))].append(row)
         with self.store.engine.begin() as conn:
-            for (op, table), rows in grouped.items():
+            for (op, table, _), rows in grouped.items():
                 model = TABLES[table]
                 if op == "insert":
                     conn.execute(insert(model), rows)
                 else:
-                    for row in _last_per_key(model, rows):
-                        conn.execute(self._upsert_statement(model, row))
+                    for row in _merge_per_key(model, rows, first_wins=op == "insert_missing"):
+                        conn.execute(self._upsert_statement(model, row, update=op == "upsert"))
 
-    def _upsert_statement(self, model, row: dict):
+    def _upsert_statement(self, model, row: dict, *, update: bool):
         dialect = postgresql if self.store.dialect == "postgresql" else sqlite
         keys = [c.name for c in model.__table__.primary_key.columns]
         stmt = dialect.insert(model).values(**row)
-        updates = {k: stmt.excluded[k] for k in row if k not in keys}
+        updates = {k: stmt.excluded[k] for k in row if k not in keys} if update else {}
         return (
             stmt.on_conflict_do_update(index_elements=keys, set_=updates) if updates else stmt.on_conflict_do_nothing()
         )
 
 
-def _last_per_key(model, rows: list[dict]) -> list[dict]:
-    """Merge rows for the same primary key in order, so one statement per key is enough."""
+def _merge_per_key(model, rows: list[dict], *, first_wins: bool) -> list[dict]:
+    """Merge rows for the same primary key in order (later values win unless `first_wins`): one statement per key."""
     keys = [c.name for c in model.__table__.primary_key.columns]
     merged: dict[tuple, dict] = {}
     for row in rows:
         key = tuple(row.get(k) for k in keys)
-        merged[key] = {**merged.get(key, {}), **row}
+        earlier = merged.get(key, {})
+        merged[key] = {**row, **earlier} if first_wins else {**earlier, **row}
     return list(merged.values())
 
 
-def _is_connection_error(exc: DBAPIError) -> bool:
-    return isinstance(exc, OperationalError) or exc.connection_invalidated
+def _is_connection_error(exc: SQLAlchemyError) -> bool:
+    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)

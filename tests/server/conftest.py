@@ -27,11 +27,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(source, *, options: dict | None = None, **config) -> Iterator[EngineServer]:
+def running_server(source, *, options: dict | None = None, telemetry=None, **config) -> Iterator[EngineServer]:
     config.setdefault("max_model_len", 512)
     config.setdefault("num_blocks", 96)
     opts = ServerOptions(port=0, served_model_name=SERVED, **(options or {}))
-    server = EngineServer(EngineConfig(**config), opts, source=source, progress=False)
+    server = EngineServer(EngineConfig(**config), opts, source=source, progress=False, telemetry=telemetry)
     server.start_in_background()
     try:
         yield server

@@ -128,3 +128,39 @@ def test_a_refused_row_does_not_take_its_batch_with_it(store):
     assert (writer.num_written, writer.num_dropped) == (3, 1)
     with store.session() as s:
         assert s.scalars(select(StepRow.started_at).order_by(StepRow.step_index)).all() == [1.0, 2.0, 4.0]
+
+
+def test_rows_with_different_column_sets_share_a_batch(store):
+    writer = StoreWriter(store)
+    writer.add("kv_events", {"ts": 1.0, "instance": "e", "kind": "hit", "num_tokens": 32, "reason": None})
+    writer.add("kv_events", {"ts": 2.0, "instance": "e", "kind": "allocated", "num_tokens": 16})
+    writer.add("kv_events", {"ts": 3.0, "instance": "e", "kind": "stored", "block_hash": 2**64 - 1})
+    writer.close()
+    assert (writer.num_written, writer.num_dropped) == (3, 0)
+    with store.session() as s:
+        rows = s.execute(select(KVEventRow.kind, KVEventRow.num_tokens, KVEventRow.block_hash).order_by(KVEventRow.ts))
+        assert rows.all() == [("hit", 32, None), ("allocated", 16, None), ("stored", None, 2**64 - 1)]
+
+
+def test_insert_missing_keeps_the_existing_row(store):
+    writer = StoreWriter(store)
+    writer.upsert("sessions", {"session_id": "s1", "agent_name": "ops", "source": "sdk", "started_at": 1.0})
+    writer.insert_missing("sessions", {"session_id": "s1", "source": "engine", "started_at": 5.0})
+    writer.insert_missing("sessions", {"session_id": "s2", "source": "engine", "started_at": 5.0})
+    writer.insert_missing("sessions", {"session_id": "s2", "source": "engine", "started_at": 7.0})
+    writer.close()
+    with store.session() as s:
+        assert (s.get(SessionRow, "s1").source, s.get(SessionRow, "s1").started_at) == ("sdk", 1.0)
+        assert (s.get(SessionRow, "s2").source, s.get(SessionRow, "s2").started_at) == ("engine", 5.0)
+
+
+def test_a_row_sqlalchemy_cannot_bind_is_dropped_and_the_writer_lives_on(store):
+    writer = StoreWriter(store)
+    writer.add("kv_events", {"ts": 1.0, "instance": "e", "kind": "stored", "block_hash": "not a number"})
+    writer.add("kv_events", {"ts": 2.0, "instance": "e", "kind": "stored", "block_hash": 7})
+    assert writer.flush()
+    writer.add("kv_events", {"ts": 3.0, "instance": "e", "kind": "stored", "block_hash": 8})
+    writer.close()
+    assert (writer.num_written, writer.num_dropped) == (2, 1)
+    with store.session() as s:
+        assert s.scalars(select(KVEventRow.block_hash).order_by(KVEventRow.ts)).all() == [7, 8]

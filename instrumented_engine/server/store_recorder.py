@@ -1,0 +1,219 @@
+"""Engine step results -> store rows: requests, KV events, per-session and instance snapshots.
+
+    recorder = StoreRecorder(StoreWriter(open_store(url)), instance="engine-0", block_size=16, medium="CPU",
+                             session_blocks=llm_engine.block_manager.session_blocks.get)
+    AsyncEngine(llm_engine, observers=[..., recorder])
+
+Rows (see `kvobs.store.schema`):
+- `kv_events`: `stored` per block with its parent hash (the chain), `hit` per prefix lookup (`num_tokens` hit,
+  `reason` `readmission` after a preemption), `allocated` per allocation (`num_tokens` = blocks x block size),
+  `evicted` / `invalidated` per block and per session that owned it (`session_id` = the owner that lost it,
+  `request_id` = the request whose allocation took it, `reason` = eviction or invalidation reason),
+  `preempted` (`num_tokens` = computed tokens thrown away), `cleared` on a prefix-cache reset.
+- `requests`: one per finished request.
+- `snapshots`: one per session each time one of its requests finishes (blocks it has cached, evicted so far,
+  evicted while it sat in a tool pause, hit tokens), and one per instance every `snapshot_interval_s`.
+- `sessions`: a row (source `engine`) the first time a session is seen; the agent SDK's richer row wins.
+
+The writer never blocks the engine thread; an error here is logged and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from instrumented_engine.engine import events as ev
+from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from kvobs.semconv.reasons import EvictionReason
+from kvobs.semconv.spans import KVEventKind, SessionSource
+from kvobs.store.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+READMISSION = "readmission"
+
+
+@dataclass
+class _SessionTally:
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    evicted: int = 0
+    evicted_idle: int = 0
+
+
+class StoreRecorder:
+    """An `AsyncEngine` observer writing what the engine did into the store.
+
+    Args:
+        writer: the store's batched writer (owned by the caller, who closes it).
+        instance: this engine's name in every row.
+        block_size: tokens per KV block.
+        medium: `GPU` or `CPU`.
+        session_blocks: cached blocks a session stored or hit, now (`BlockManager.session_blocks.get`).
+        snapshot_interval_s: seconds between instance snapshots (taken on the first step after the interval).
+        max_sessions: sessions whose tallies are kept (least recently active dropped first).
+    """
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        *,
+        instance: str,
+        block_size: int,
+        medium: str,
+        session_blocks: Callable[[str], int | None],
+        snapshot_interval_s: float = 5.0,
+        max_sessions: int = 100_000,
+    ) -> None:
+        self.writer = writer
+        self.instance = instance
+        self.block_size = block_size
+        self.medium = medium
+        self.session_blocks = session_blocks
+        self.snapshot_interval_s = snapshot_interval_s
+        self.max_sessions = max_sessions
+        self.num_errors = 0
+        self._sessions: OrderedDict[str, _SessionTally] = OrderedDict()
+        self._query_tokens = 0
+        self._hit_tokens = 0
+        self._preemptions = 0
+        self._evictions = 0
+        self._last_snapshot_ts = float("-inf")
+
+    def on_step(self, result: StepResult) -> None:
+        try:
+            for event in result.events:
+                self._event(event)
+            for out in result.outputs:
+                if out.finished:
+                    self._finished(out, result.stats)
+            if result.stats.ts - self._last_snapshot_ts >= self.snapshot_interval_s:
+                self.instance_snapshot(result.stats)
+        except Exception:
+            self.num_errors += 1
+            if self.num_errors in (1, 10, 100) or self.num_errors % 1000 == 0:
+                log.exception("recording a step in the store failed (%d so far); the engine goes on", self.num_errors)
+
+    def instance_snapshot(self, stats: SchedulerStats) -> None:
+        self._last_snapshot_ts = stats.ts
+        self.writer.add("snapshots", {
+            **self._engine_state(stats),
+            "session_id": None,
+            "hit_rate": self._hit_tokens / self._query_tokens if self._query_tokens else None,
+            "preemptions_total": self._preemptions,
+            "evictions_total": self._evictions,
+        })  # fmt: skip
+
+    # ---- events --------------------------------------------------------------------------------------
+    def _event(self, event: ev.KVEvent) -> None:
+        if isinstance(event, ev.BlocksStored):
+            parent = event.parent_block_hash
+            for block_hash in event.block_hashes:
+                self._kv(event, KVEventKind.STORED, block_hash=block_hash, parent_hash=parent,
+                         num_tokens=event.block_size)  # fmt: skip
+                parent = block_hash
+        elif isinstance(event, ev.PrefixLookup):
+            if not event.readmission:
+                self._query_tokens += event.query_tokens
+                self._hit_tokens += event.hit_tokens
+                if event.session_id is not None:
+                    tally = self._tally(event.session_id)
+                    tally.query_tokens += event.query_tokens
+                    tally.hit_tokens += event.hit_tokens
+            self._kv(event, KVEventKind.HIT, num_tokens=event.hit_tokens,
+                     reason=READMISSION if event.readmission else None)  # fmt: skip
+        elif isinstance(event, ev.BlocksAllocated):
+            self._kv(event, KVEventKind.ALLOCATED, num_tokens=len(event.block_ids) * self.block_size)
+        elif isinstance(event, ev.BlockEvicted):
+            self._evicted(event)
+        elif isinstance(event, ev.Preempted):
+            self._preemptions += 1
+            self._kv(event, KVEventKind.PREEMPTED, num_tokens=event.num_computed_tokens_lost, reason=event.reason)
+        elif isinstance(event, ev.CacheCleared):
+            self._evictions += event.num_blocks
+            self._kv(event, KVEventKind.CLEARED, num_tokens=event.num_blocks * self.block_size,
+                     reason=EvictionReason.RESET.value)  # fmt: skip
+
+    def _evicted(self, event: ev.BlockEvicted) -> None:
+        self._evictions += 1
+        kind = KVEventKind.INVALIDATED if event.invalidation_reason else KVEventKind.EVICTED
+        reason = event.invalidation_reason or event.reason
+        for owner in event.owner_sessions or (None,):
+            if owner is not None:
+                tally = self._tally(owner)
+                tally.evicted += 1
+                tally.evicted_idle += owner in event.paused_sessions
+            self._kv(event, kind, session_id=owner, block_hash=event.block_hash, parent_hash=event.parent_block_hash,
+                     num_tokens=self.block_size, reason=reason)  # fmt: skip
+
+    def _kv(self, event: ev.KVEvent, kind: KVEventKind, **fields) -> None:
+        row = {"ts": event.ts, "instance": self.instance, "kind": kind.value, "medium": self.medium,
+               "session_id": event.session_id, "request_id": event.request_id}  # fmt: skip
+        row.update(fields)
+        self.writer.add("kv_events", row)
+
+    # ---- finished requests ---------------------------------------------------------------------------
+    def _finished(self, out: RequestOutput, stats: SchedulerStats) -> None:
+        self.writer.add("requests", {
+            "request_id": out.request_id,
+            "instance": self.instance,
+            "session_id": out.session_id,
+            "trace_id": _trace_id(out.trace_headers),
+            "arrival_ts": out.arrival_ts,
+            "first_token_ts": out.first_token_ts,
+            "finished_ts": out.finished_ts,
+            "queue_s": None if out.scheduled_ts is None else out.scheduled_ts - out.arrival_ts,
+            "prompt_tokens": out.num_prompt_tokens,
+            "cached_tokens": out.num_cached_tokens,
+            "completion_tokens": len(out.output_token_ids),
+            "num_preemptions": out.num_preemptions,
+            "finish_reason": out.finish_reason,
+        })  # fmt: skip
+        if out.session_id is None:
+            return
+        tally = self._tally(out.session_id)
+        self.writer.insert_missing("sessions", {"session_id": out.session_id, "started_at": out.arrival_ts,
+                                                "source": SessionSource.ENGINE.value})  # fmt: skip
+        self.writer.add("snapshots", {
+            **self._engine_state(stats),
+            "ts": out.finished_ts or stats.ts,
+            "session_id": out.session_id,
+            "session_blocks": self.session_blocks(out.session_id) or 0,
+            "session_evicted_blocks": tally.evicted,
+            "session_evicted_idle_blocks": tally.evicted_idle,
+            "session_hit_tokens": tally.hit_tokens,
+            "hit_rate": tally.hit_tokens / tally.query_tokens if tally.query_tokens else None,
+        })  # fmt: skip
+
+    def _engine_state(self, stats: SchedulerStats) -> dict:
+        return {
+            "ts": stats.ts,
+            "instance": self.instance,
+            "kv_usage": stats.kv_cache_usage,
+            "blocks_total": stats.num_blocks_total,
+            "blocks_free": stats.num_blocks_free,
+            "blocks_resident": stats.num_blocks_resident,
+            "num_running": stats.num_running,
+            "num_waiting": stats.num_waiting,
+        }
+
+    def _tally(self, session_id: str) -> _SessionTally:
+        tally = self._sessions.get(session_id)
+        if tally is None:
+            tally = self._sessions[session_id] = _SessionTally()
+            if len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(session_id)
+        return tally
+
+
+def _trace_id(headers: dict[str, str] | None) -> str | None:
+    """The trace id of a W3C `traceparent` (version-traceid-spanid-flags), None if absent or malformed."""
+    parts = (headers or {}).get("traceparent", "").split("-")
+    if len(parts) == 4 and len(parts[1]) == 32:
+        return parts[1].lower()
+    return None

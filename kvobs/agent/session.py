@@ -1,0 +1,276 @@
+"""Agent sessions, steps and tool calls as spans, recorded into the store.
+
+    with AgentSession("researcher", recorder=StoreStepRecorder(writer)) as session:   # invoke_agent researcher
+        with session.step(deadline_s=30) as step:                                    # agent_step
+            reply = step.chat(client, model="smollm2", messages=history, max_tokens=64)  # chat smollm2 -> engine
+            with step.tool("search"):                                                # execute_tool search
+                result = search(reply.text)
+
+    @tool("search")                       # a decorator: an execute_tool span whenever it runs
+    def search(query): ...
+
+A step fails when its body raises (`error.type`: the HTTP status of a failed LLM call, `timeout`, or the
+exception's type), when `step.fail(...)` is called (an unparseable reply), or when it outlasts its deadline
+(`timeout`); the exception still propagates. Each finished step goes to the recorder and to the
+`kvobs_agent_steps` / `kvobs_agent_step_failures` metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.metrics import MeterProvider, get_meter_provider
+from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider, get_tracer_provider
+
+from kvobs.agent.chat import ChatError, ChatResult, chat_completion
+from kvobs.agent.recorder import StepRecorder
+from kvobs.semconv import attributes as a
+from kvobs.semconv.metrics import LABEL_ERROR_TYPE, LABEL_STATUS, kvobs_metrics
+from kvobs.semconv.spans import (
+    GenAIOperation,
+    SpanName,
+    StepErrorType,
+    StepStatus,
+    execute_tool_span,
+    invoke_agent_span,
+)
+
+SCOPE = "kvobs.agent"
+_current_step: ContextVar[AgentStep | None] = ContextVar("kvobs_agent_step", default=None)
+
+
+class AgentSession:
+    """One agent conversation: an `invoke_agent {agent}` span around its steps.
+
+    Args:
+        agent_name: `gen_ai.agent.name`.
+        session_id: `gen_ai.conversation.id` and the `X-Session-ID` every LLM call sends (default: a new uuid).
+        tracer_provider, meter_provider: where spans and metrics go (default: the global ones).
+        recorder: receives sessions and finished steps (`StoreStepRecorder` writes them to the store).
+    """
+
+    def __init__(
+        self,
+        agent_name: str,
+        *,
+        session_id: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        recorder: StepRecorder | None = None,
+    ) -> None:
+        self.agent_name = agent_name
+        self.session_id = session_id or f"sess-{uuid.uuid4().hex[:16]}"
+        self.tracer = (tracer_provider or get_tracer_provider()).get_tracer(SCOPE)
+        meter = (meter_provider or get_meter_provider()).get_meter(SCOPE)
+        self._steps_counter = meter.create_counter(kvobs_metrics.AGENT_STEPS.name, "{steps}",
+                                                   kvobs_metrics.AGENT_STEPS.description)  # fmt: skip
+        self._failures_counter = meter.create_counter(kvobs_metrics.AGENT_STEP_FAILURES.name, "{steps}",
+                                                      kvobs_metrics.AGENT_STEP_FAILURES.description)  # fmt: skip
+        self.recorder = recorder
+        self.num_steps = 0
+        self.num_failed_steps = 0
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.span: trace.Span | None = None
+        self._token = None
+
+    def __enter__(self) -> AgentSession:
+        self.started_at = time.time()
+        self.span = self.tracer.start_span(invoke_agent_span(self.agent_name), kind=SpanKind.INTERNAL, attributes={
+            a.GEN_AI_OPERATION_NAME: GenAIOperation.INVOKE_AGENT.value,
+            a.GEN_AI_AGENT_NAME: self.agent_name,
+            a.GEN_AI_CONVERSATION_ID: self.session_id,
+        })  # fmt: skip
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        if self.recorder is not None:
+            self.recorder.session_started(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.ended_at = time.time()
+        if exc is not None:
+            self.span.set_status(Status(StatusCode.ERROR, str(exc)))
+            self.span.set_attribute(a.ERROR_TYPE, _error_type(exc))
+        self.span.end()
+        otel_context.detach(self._token)
+        if self.recorder is not None:
+            self.recorder.session_ended(self)
+        return False
+
+    def step(self, *, deadline_s: float | None = None) -> AgentStep:
+        """The next step, a context manager (`with session.step() as step:`)."""
+        if self.span is None:
+            raise RuntimeError("enter the session (`with AgentSession(...) as session:`) before starting steps")
+        step = AgentStep(self, self.num_steps, deadline_s)
+        self.num_steps += 1
+        return step
+
+    def as_step(self, fn: Callable | None = None, *, deadline_s: float | None = None):
+        """Decorator: each call of `fn(step, ...)` runs as the session's next step."""
+
+        def wrap(fn: Callable) -> Callable:
+            @functools.wraps(fn)
+            def run(*args, **kwargs):
+                with self.step(deadline_s=deadline_s) as step:
+                    return fn(step, *args, **kwargs)
+
+            return run
+
+        return wrap(fn) if fn is not None else wrap
+
+    def _step_finished(self, step: AgentStep) -> None:
+        self.num_failed_steps += step.status is StepStatus.ERROR
+        self._steps_counter.add(1, {LABEL_STATUS: step.status.value})
+        if step.status is StepStatus.ERROR:
+            self._failures_counter.add(1, {LABEL_ERROR_TYPE: step.error_type})
+        if self.recorder is not None:
+            self.recorder.step_finished(self, step)
+
+
+class AgentStep:
+    """One step: an `agent_step` span holding its LLM calls and tool calls."""
+
+    def __init__(self, session: AgentSession, index: int, deadline_s: float | None) -> None:
+        self.session = session
+        self.index = index
+        self.deadline_s = deadline_s
+        self.status = StepStatus.OK
+        self.error_type: str | None = None
+        self.error_message: str | None = None
+        self.started_at = self.ended_at = 0.0
+        self.chats: list[ChatResult] = []
+        self.span: trace.Span | None = None
+        self._start = 0.0
+        self._tokens: list = []
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def __enter__(self) -> AgentStep:
+        self.started_at, self._start = time.time(), time.perf_counter()
+        attrs = {a.AGENT_STEP_INDEX: self.index, a.GEN_AI_CONVERSATION_ID: self.session.session_id}
+        if self.deadline_s is not None:
+            attrs[a.AGENT_STEP_DEADLINE] = self.deadline_s
+        self.span = self.session.tracer.start_span(SpanName.AGENT_STEP, kind=SpanKind.INTERNAL, attributes=attrs)
+        self._tokens = [otel_context.attach(trace.set_span_in_context(self.span)), _current_step.set(self)]
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.ended_at = time.time()
+        if exc is not None:
+            self.fail(_error_type(exc), str(exc))
+        elif self.deadline_s is not None and self.elapsed_s > self.deadline_s:
+            self.fail(StepErrorType.TIMEOUT.value, f"the step took {self.elapsed_s:.2f} s; its deadline is "
+                      f"{self.deadline_s:.2f} s")  # fmt: skip
+        if self.status is StepStatus.ERROR:
+            self.span.set_status(Status(StatusCode.ERROR, self.error_message))
+            self.span.set_attribute(a.ERROR_TYPE, self.error_type)
+        self.span.end()
+        _current_step.reset(self._tokens[1])
+        otel_context.detach(self._tokens[0])
+        self.session._step_finished(self)
+        return False
+
+    def fail(self, error_type: str, message: str | None = None) -> None:
+        """Mark the step failed (the first failure is the one recorded)."""
+        if self.status is StepStatus.ERROR:
+            return
+        self.status, self.error_type, self.error_message = StepStatus.ERROR, error_type, message or error_type
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._start
+
+    def remaining_s(self) -> float | None:
+        return None if self.deadline_s is None else self.deadline_s - self.elapsed_s
+
+    # ---- inside a step ---------------------------------------------------------------------------------
+    def chat(self, client, *, model: str, messages: list[dict], **params) -> ChatResult:
+        """An LLM call (see `kvobs.agent.chat`) bounded by what is left of the step's deadline.
+
+        Raises:
+            ChatError: the call failed or the deadline had already passed.
+        """
+        remaining = self.remaining_s()
+        if remaining is not None and remaining <= 0:
+            raise ChatError(StepErrorType.TIMEOUT.value, "the step's deadline passed before its LLM call")
+        result = chat_completion(self.session.tracer, client, model=model, messages=messages,
+                                 session_id=self.session.session_id, timeout_s=remaining, **params)  # fmt: skip
+        self.chats.append(result)
+        return result
+
+    @contextmanager
+    def tool(self, name: str):
+        """An `execute_tool {name}` span: the pause the session's cached prefix must survive."""
+        with _tool_span(self.session.tracer, name) as span:
+            yield span
+
+    def call_tool(self, name: str, fn: Callable, *args, **kwargs):
+        with self.tool(name):
+            return fn(*args, **kwargs)
+
+    # ---- what the store records ------------------------------------------------------------------------
+    @property
+    def trace_id(self) -> str:
+        return format(self.span.get_span_context().trace_id, "032x")
+
+    @property
+    def span_id(self) -> str:
+        return format(self.span.get_span_context().span_id, "016x")
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.chats[0].ttft_s if self.chats else None
+
+    def total(self, field: str) -> int | None:
+        values = [getattr(c, field) for c in self.chats if getattr(c, field) is not None]
+        return sum(values) if values else None
+
+
+def current_step() -> AgentStep | None:
+    """The step running in this context, if any."""
+    return _current_step.get()
+
+
+def tool(name: str | None = None):
+    """Decorator: run the function inside an `execute_tool {name}` span (default name: the function's)."""
+
+    def wrap(fn: Callable) -> Callable:
+        tool_name = name or fn.__name__
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            step = current_step()
+            tracer = step.session.tracer if step is not None else get_tracer_provider().get_tracer(SCOPE)
+            with _tool_span(tracer, tool_name):
+                return fn(*args, **kwargs)
+
+        return run
+
+    return wrap
+
+
+@contextmanager
+def _tool_span(tracer: trace.Tracer, name: str):
+    attrs = {a.GEN_AI_OPERATION_NAME: GenAIOperation.EXECUTE_TOOL.value, a.GEN_AI_TOOL_NAME: name}
+    with tracer.start_as_current_span(execute_tool_span(name), kind=SpanKind.INTERNAL, attributes=attrs,
+                                      record_exception=True, set_status_on_exception=False) as span:  # fmt: skip
+        try:
+            yield span
+        except Exception as exc:
+            span.set_status(Status(StatusCode.ERROR, str(exc)))
+            span.set_attribute(a.ERROR_TYPE, _error_type(exc))
+            raise
+
+
+def _error_type(exc: BaseException) -> str:
+    if isinstance(exc, ChatError):
+        return exc.error_type
+    if isinstance(exc, TimeoutError):
+        return StepErrorType.TIMEOUT.value
+    return type(exc).__qualname__

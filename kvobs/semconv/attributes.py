@@ -1,0 +1,83 @@
+"""Span and event attribute keys.
+
+`gen_ai.*` keys follow the OpenTelemetry GenAI conventions (status: Development); the `gen_ai.latency.*`
+and `gen_ai.usage.prompt_tokens/completion_tokens` keys are the ones vLLM puts on its `llm_request`
+span, kept so that a trace from vLLM and one from our engine read alike. Everything about the cache
+is under `kvcache.*`. Block hashes are the low 64 bits, as vLLM publishes them, as ints.
+"""
+
+from __future__ import annotations
+
+# ---- GenAI (OpenTelemetry) -----------------------------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_SYSTEM = "gen_ai.system"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+SESSION_ID = "session.id"
+
+# ---- vLLM's llm_request keys ---------------------------------------------------------------------
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_N = "gen_ai.request.n"
+GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
+GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e"
+GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
+GEN_AI_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
+GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
+
+# ---- kvobs agent -----------------------------------------------------------------------------
+AGENT_STEP_INDEX = "kvobs.agent.step.index"
+AGENT_STEP_DEADLINE = "kvobs.agent.step.deadline_s"
+
+# ---- KV cache ---------------------------------------------------------------------------------
+KV_BLOCK_SIZE = "kvcache.block.size"
+KV_BLOCK_HASH = "kvcache.block.hash"
+KV_BLOCK_HASHES = "kvcache.block.hashes"
+KV_BLOCKS_ALLOCATED = "kvcache.blocks.allocated"
+KV_BLOCKS_EVICTED = "kvcache.blocks.evicted"
+KV_BLOCKS_FREE = "kvcache.blocks.free"
+KV_BLOCKS_RESIDENT = "kvcache.blocks.resident"
+KV_BLOCKS_TOTAL = "kvcache.blocks.total"
+KV_BLOCKS_HIT = "kvcache.blocks.hit"
+KV_BLOCKS_FREED = "kvcache.blocks.freed"
+KV_BLOCKS_INVALIDATED = "kvcache.blocks.invalidated"
+KV_PREFIX_QUERY_TOKENS = "kvcache.prefix.query_tokens"
+KV_PREFIX_HIT_TOKENS = "kvcache.prefix.hit_tokens"
+KV_PREFIX_READMISSION = "kvcache.prefix.readmission"
+KV_TOKENS_LOST = "kvcache.tokens.lost"  # computed tokens a preemption threw away (to recompute)
+KV_EVICTION_REASON = "kvcache.eviction.reason"
+KV_EVICTION_REASONS = "kvcache.eviction.reasons"
+KV_INVALIDATION_REASON = "kvcache.invalidation.reason"
+KV_PREEMPTION_REASON = "kvcache.preemption.reason"
+KV_REQUEST_NUM_PREEMPTIONS = "kvcache.request.num_preemptions"
+KV_SESSIONS_AFFECTED = "kvcache.sessions.affected"
+KV_SESSIONS_PAUSED = "kvcache.sessions.paused"  # owners that were in a tool pause when their blocks went
+KV_LINK_RELATION = "kvcache.link.relation"  # on span links: why this span points at another one
+KV_MEDIUM = "kvcache.medium"
+KV_BATCH_REQUESTS = "kvcache.batch.requests"
+KV_BATCH_TOKENS = "kvcache.batch.tokens"
+KV_REQUESTS_RUNNING = "kvcache.requests.running"
+KV_REQUESTS_WAITING = "kvcache.requests.waiting"
+
+# kvcache.link.relation values
+LINK_EVICTED_FROM = "evicted_from"  # the linked session's blocks were evicted by this span's request
+LINK_INVALIDATED = "invalidated"  # the linked session's blocks were invalidated by this span
+
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
