@@ -55,6 +55,7 @@ class ServerOptions:
         kv_events_replay_endpoint: ROUTER endpoint answering replay requests.
         kv_events_topic: first frame of every KV-event message.
         otlp_endpoint: OTLP endpoint for spans and metrics (None: the `OTEL_EXPORTER_OTLP_*` variables decide).
+        otlp_protocol: `grpc` or `http/protobuf` (None: `OTEL_EXPORTER_OTLP_PROTOCOL`, default grpc).
         trace_sample_ratio: fraction of new traces kept (None: `OTEL_TRACES_SAMPLER`, default keep all).
         trace_steps_every: a `kvcache.step` span every this many engine steps (0: none).
         store_url: write requests, KV events and snapshots to this store (None: no store).
@@ -70,6 +71,7 @@ class ServerOptions:
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     otlp_endpoint: str | None = None
+    otlp_protocol: str | None = None
     trace_sample_ratio: float | None = None
     trace_steps_every: int = 0
     store_url: str | None = None
@@ -113,8 +115,11 @@ class EngineServer:
         self.store = open_store(options.store_url) if options.store_url else None  # fail fast on a bad URL
         self.telemetry = telemetry or setup_telemetry(
             TelemetryConfig(
-                service_name="kvobs-engine", endpoint=options.otlp_endpoint, sample_ratio=options.trace_sample_ratio
-            )  # fmt: skip
+                service_name="kvobs-engine",
+                endpoint=options.otlp_endpoint,
+                protocol=options.otlp_protocol,
+                sample_ratio=options.trace_sample_ratio,
+            )
         )
         llm_engine = LLMEngine(config, source=source, progress=progress)
         layout = llm_engine.layout

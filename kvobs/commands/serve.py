@@ -1,15 +1,18 @@
 """`kvobs serve`: the engine behind an OpenAI-compatible API, vLLM's /metrics and KV-event stream.
 
-kvobs serve --num-blocks 512 --port 8000 --kv-events-endpoint 'tcp://*:5557'
+kvobs serve --num-blocks 512 --port 8000 --kv-events-endpoint 'tcp://*:5557' \
+            --otlp-endpoint http://localhost:4317 --store sqlite:///kvobs.db
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from kvobs.commands._common import add_engine_arguments, engine_config
+from kvobs.store.db import STORE_URL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +27,29 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-events-endpoint", help="ZMQ endpoint for vLLM-format KV events, e.g. 'tcp://*:5557'")
     p.add_argument("--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint for replay, e.g. 'tcp://*:5558'")
     p.add_argument("--kv-events-topic", default="", help="topic frame of every KV-event message (vLLM: '')")
-    p.add_argument("--otlp-endpoint", help="OTLP traces endpoint (takes effect with kvobs telemetry)")
-    p.add_argument("--store", help="store URL (takes effect with the kvobs store)")
+    p.add_argument(
+        "--otlp-endpoint",
+        help="OTLP endpoint for spans and metrics, e.g. http://localhost:4317 "
+        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; neither: no tracing)",
+    )
+    p.add_argument(
+        "--otlp-protocol",
+        choices=["grpc", "http/protobuf"],
+        help="OTLP transport (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)",
+    )
+    p.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        help="fraction of new traces kept, 0..1 (default: OTEL_TRACES_SAMPLER, else all)",
+    )
+    p.add_argument("--trace-steps-every", type=int, default=0, help="a kvcache.step span every N engine steps")
+    p.add_argument(
+        "--store",
+        help="write requests, KV events and snapshots to this store URL "
+        "(e.g. sqlite:///kvobs.db, postgresql://user@host/db; default: KVOBS_STORE_URL, else none)",
+    )
+    p.add_argument("--instance", help="this engine's name in the store (default host:port)")
+    p.add_argument("--snapshot-interval", type=float, default=5.0, help="seconds between instance snapshots")
     p.set_defaults(func=run)
 
 
@@ -35,10 +59,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"kvobs serve needs the server extra: pip install 'kvobs[server]' ({exc})", file=sys.stderr)
         return 2
-    for flag in ("otlp_endpoint", "store"):
-        if getattr(args, flag):
-            log.warning("--%s is accepted but not wired yet: tracing and the store land with kvobs telemetry",
-                        flag.replace("_", "-"))  # fmt: skip
+    from sqlalchemy.exc import OperationalError
+
     try:
         options = ServerOptions(
             host=args.host,
@@ -48,10 +70,20 @@ def run(args: argparse.Namespace) -> int:
             kv_events_endpoint=args.kv_events_endpoint,
             kv_events_replay_endpoint=args.kv_events_replay_endpoint,
             kv_events_topic=args.kv_events_topic,
+            otlp_endpoint=args.otlp_endpoint,
+            otlp_protocol=args.otlp_protocol,
+            trace_sample_ratio=args.trace_sample_ratio,
+            trace_steps_every=args.trace_steps_every,
+            store_url=args.store or os.environ.get(STORE_URL_ENV),
+            instance=args.instance,
+            snapshot_interval_s=args.snapshot_interval,
         )
         server = EngineServer(engine_config(args), options)
     except (ValueError, OSError) as exc:
         print(f"kvobs serve: {exc}", file=sys.stderr)
+        return 2
+    except OperationalError as exc:
+        print(f"kvobs serve: cannot reach the store: {exc.orig}", file=sys.stderr)
         return 2
     server.run()
     return 0

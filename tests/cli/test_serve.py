@@ -10,15 +10,18 @@ import time
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from kvobs.commands._common import parse_size
+from kvobs.store import open_store
+from tests.otlp import otlp_receiver
 from tests.server.conftest import free_port
 
 
-def test_serve_starts_announces_its_url_answers_and_stops_cleanly():
-    port = free_port()
+def serve_and_complete(port: int, *extra: str, headers: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `kvobs serve`, wait for /health, complete one prompt, stop it with SIGTERM; returns (proc, output)."""
     cmd = [sys.executable, "-m", "kvobs.cli", "serve", "--port", str(port), "--num-blocks", "64",
-           "--max-model-len", "512"]  # fmt: skip
+           "--max-model-len", "512", *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -31,15 +34,52 @@ def test_serve_starts_announces_its_url_answers_and_stops_cleanly():
             except httpx.TransportError:
                 time.sleep(0.5)
         body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, headers=headers, timeout=60)
         assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["text"]
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
+    return proc, out
+
+
+def test_serve_starts_announces_its_url_answers_and_stops_cleanly():
+    port = free_port()
+    proc, out = serve_and_complete(port)
     assert proc.returncode == 0, out
     assert f"at http://127.0.0.1:{port}" in out  # the log line with the URL
     assert "loading SmolLM2" in out  # the progress bar while the weights load
     assert out.rstrip().endswith("kvobs engine stopped")  # engine loop stopped, KV events flushed
+
+
+def test_sigterm_flushes_spans_and_store_rows(tmp_path):
+    url = f"sqlite:///{tmp_path / 'kvobs.db'}"
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traceparent = f"00-{trace_id}-00f067aa0ba902b7-01"
+    with otlp_receiver() as (receiver, received):
+        endpoint = f"http://127.0.0.1:{receiver.http_port}"
+        proc, out = serve_and_complete(free_port(), "--store", url, "--otlp-endpoint", endpoint, "--otlp-protocol",
+                                       "http/protobuf", "--instance", "cli-engine",
+                                       headers={"traceparent": traceparent, "X-Session-ID": "cli"})  # fmt: skip
+        assert proc.returncode == 0, out
+        (span,) = received.named("llm_request")  # exported at shutdown at the latest
+    assert span.trace_id == trace_id and span.parent_span_id == "00f067aa0ba902b7" and span.service == "kvobs-engine"
+    store = open_store(url)
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT instance, session_id, trace_id, completion_tokens FROM requests")).all()
+        assert rows == [("cli-engine", "cli", trace_id, 4)]
+        kinds = conn.execute(text("SELECT DISTINCT kind FROM kv_events")).scalars().all()
+        assert sorted(kinds) == ["allocated", "hit"]  # a 6-token prompt fills no block: nothing is stored
+    store.close()
+
+
+BAD_STORES = [("mysql://db/kvobs", "unsupported store 'mysql'"), ("postgresql://x@127.0.0.1:1/x", "cannot reach")]
+
+
+@pytest.mark.parametrize(("url", "message"), BAD_STORES)
+def test_serve_refuses_a_bad_store_at_start(url, message):
+    out = subprocess.run([sys.executable, "-m", "kvobs.cli", "serve", "--num-blocks", "64", "--store", url],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
 def test_serve_reports_bad_configuration_without_a_traceback():

@@ -267,3 +267,18 @@ def test_caching_disabled_never_hits_or_stores():
     bm.free(a)
     assert bm.cached == {} and bm.lookup(make_seq("b", list(range(9)))) == []
     assert "stored" not in kinds(bm.take_events())
+
+
+def test_session_block_counts_follow_stores_hits_and_evictions():
+    bm, _ = new_bm(num_blocks=9)
+    a = make_seq("a", list(range(12)), session="s1")
+    admit(bm, a)
+    bm.free(a)
+    assert bm.session_blocks == {"s1": 3}  # 12 tokens: 3 full blocks registered
+    b = make_seq("b", list(range(8)) + [70, 71, 72, 73, 74], session="s2")
+    admit(bm, b)  # hits s1's first two blocks, stores its own third
+    bm.free(b)
+    assert bm.session_blocks == {"s1": 3, "s2": 3}
+    bm.invalidate("session_forget", session_id="s2")  # drops every block s2 stored or hit
+    assert bm.session_blocks == {"s1": 1}  # s1's third block was never shared
+    assert [blk.sessions for blk in bm.blocks if blk.is_cached] == [{"s1"}]
