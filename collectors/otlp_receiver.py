@@ -25,6 +25,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from kvobs.logs import worth_logging
+
 log = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
@@ -103,7 +105,7 @@ class OTLPReceiver:
         with self._lock:
             self.num_malformed += 1
             n = self.num_malformed
-        if n in (1, 10, 100) or n % 1000 == 0:
+        if worth_logging(n):
             log.warning("malformed OTLP %s export skipped (%d so far): %s", transport, n, why)
 
 

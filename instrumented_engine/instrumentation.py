@@ -30,6 +30,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TracerProvider
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from kvobs.logs import worth_logging
 from kvobs.semconv import attributes as a
 from kvobs.semconv.metrics import MetricSpec
 from kvobs.semconv.reasons import InvalidationReason
@@ -147,7 +148,7 @@ class EngineTracer:
             self._on_step(result)
         except Exception:  # telemetry must never take the engine down
             self.num_errors += 1
-            if self.num_errors in (1, 10, 100) or self.num_errors % 1000 == 0:
+            if worth_logging(self.num_errors):
                 log.exception("tracing a step failed (%d failures so far); the engine goes on", self.num_errors)
 
     def latest_span(self, session_id: str) -> SpanContext | None:

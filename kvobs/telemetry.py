@@ -32,6 +32,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
+from kvobs.logs import worth_logging
+
 log = logging.getLogger(__name__)
 
 PROTOCOL_GRPC = "grpc"
@@ -233,7 +235,7 @@ class _Counting:
         with self._lock:
             self.num_failures += 1
             n = self.num_failures
-        if n in (1, 10, 100) or n % 1000 == 0:
+        if worth_logging(n):
             log.warning("OTLP %s export failed (%d failures so far)%s", what, n, f": {error!r}" if error else "")
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from kvobs.logs import worth_logging
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind, SessionSource
 from kvobs.store.writer import StoreWriter
@@ -94,7 +95,7 @@ class StoreRecorder:
                 self.instance_snapshot(result.stats)
         except Exception:
             self.num_errors += 1
-            if self.num_errors in (1, 10, 100) or self.num_errors % 1000 == 0:
+            if worth_logging(self.num_errors):
                 log.exception("recording a step in the store failed (%d so far); the engine goes on", self.num_errors)
 
     def instance_snapshot(self, stats: SchedulerStats) -> None:

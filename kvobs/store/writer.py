@@ -25,6 +25,7 @@ from sqlalchemy import insert
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
+from kvobs.logs import worth_logging
 from kvobs.store.db import Store
 from kvobs.store.schema import TABLES
 
@@ -90,7 +91,7 @@ class StoreWriter:
             return True
         except queue.Full:
             self.num_dropped += 1
-            if self.num_dropped in (1, 10, 100) or self.num_dropped % 10_000 == 0:
+            if worth_logging(self.num_dropped, every=10_000):
                 log.warning("store queue full: %d rows dropped so far", self.num_dropped)
             return False
 

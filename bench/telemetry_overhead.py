@@ -1,0 +1,127 @@
+"""What telemetry costs the engine: output tokens/s with it off, metrics only, and full tracing, in one run.
+
+Workload: `--sessions` agent-like requests sharing a long system prompt, each with its own question, through a
+cache small enough to evict (so eviction events and span links are produced too), `--new-tokens` greedy tokens
+each. Every configuration runs on a fresh engine over the same weights; configurations are interleaved
+`--repeats` times (in a rotating order) and the median is reported, with the ratio to "off" measured in the same run.
+"time in telemetry" is the share of the engine loop spent inside the observers (span building, metric updates):
+the overhead itself, free of the run-to-run noise that tokens/s carries on a busy 2-core machine.
+
+- off: no observer at all (what `kvobs serve` does without an OTLP endpoint, minus /metrics)
+- metrics: /metrics (Prometheus) plus the same values through an OTel MeterProvider
+- tracing (in-process): /metrics plus `llm_request` spans with KV span events, batch processor, in-memory exporter
+- tracing (OTLP gRPC): the same, exported over gRPC to an OTLP receiver in this process
+
+    python bench/telemetry_overhead.py [--sessions 24] [--new-tokens 32] [--repeats 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tqdm.auto import tqdm
+
+from collectors.otlp_receiver import OTLPReceiver
+from instrumented_engine.config import EngineConfig
+from instrumented_engine.engine.llm_engine import LLMEngine
+from instrumented_engine.instrumentation import EngineTracer, OTelMetricSink
+from instrumented_engine.models.loader import open_model
+from instrumented_engine.sampling_params import SamplingParams
+from instrumented_engine.server.metrics import EngineMetrics
+from kvobs.telemetry import TelemetryConfig, setup_telemetry
+
+SYSTEM = "You are a support agent for a parcel carrier. Track parcels, explain customs rules and fees. " * 6
+
+
+def observers_for(config: str, engine: LLMEngine, otlp_port: int) -> tuple[list, list]:
+    """The observers a configuration installs, and what to shut down after the run."""
+    if config == "off":
+        return [], []
+    if config == "metrics":
+        reader = InMemoryMetricReader()
+        from opentelemetry.sdk.metrics import MeterProvider
+
+        provider = MeterProvider(metric_readers=[reader])
+        metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=engine.layout.max_model_len,
+                                extra_sinks=[OTelMetricSink(provider.get_meter("bench"))])  # fmt: skip
+        return [metrics], [provider]
+    if config == "tracing (in-process)":
+        telemetry = setup_telemetry(TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False))
+    else:
+        telemetry = setup_telemetry(TelemetryConfig(endpoint=f"http://127.0.0.1:{otlp_port}", protocol="grpc",
+                                                    metrics=False))  # fmt: skip
+    metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=engine.layout.max_model_len)
+    tracer = EngineTracer(telemetry.tracer_provider, model_name="smollm2", block_size=engine.layout.block_size,
+                          medium="CPU")  # fmt: skip
+    return [metrics, tracer], [telemetry]
+
+
+def run_once(source, config: str, prompts: list[list[int]], new_tokens: int, num_blocks: int,
+             otlp_port: int) -> tuple[float, float]:  # fmt: skip
+    """Output tokens/s, and the share of the loop's time spent inside telemetry observers."""
+    config_ = EngineConfig(num_blocks=num_blocks, max_model_len=1024, max_num_seqs=len(prompts))
+    engine = LLMEngine(config_, source=source, progress=False)
+    observers, closers = observers_for(config, engine, otlp_port)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, session_id=f"s{i}",
+                           trace_headers={"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"})  # fmt: skip
+    generated = 0
+    in_observers = 0.0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        result = engine.step()
+        before = time.perf_counter()
+        for observer in observers:
+            observer.on_step(result)
+        in_observers += time.perf_counter() - before
+        generated += sum(len(o.new_token_ids) for o in result.outputs)
+    elapsed = time.perf_counter() - start
+    for closer in closers:
+        closer.shutdown()
+    return generated / elapsed, in_observers / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--num-blocks", type=int, default=96, help="small enough to evict under this workload")
+    ap.add_argument("--repeats", type=int, default=4)
+    args = ap.parse_args()
+
+    source = open_model("smollm2").materialize()
+    prompts = [source.tokenizer.encode(f"{SYSTEM}\nCustomer {i}: where is parcel P{i:05d}? It left {i} days ago.")
+               for i in range(args.sessions)]  # fmt: skip
+    spans: list = []
+    receiver = OTLPReceiver(lambda request: spans.append(len(request.resource_spans)), grpc_address="127.0.0.1:0",
+                            http_address=None)  # fmt: skip
+    receiver.start()
+    configs = ["off", "metrics", "tracing (in-process)", "tracing (OTLP gRPC)"]
+    results: dict[str, list[tuple[float, float]]] = {c: [] for c in configs}
+    run_once(source, "off", prompts[:2], 4, args.num_blocks, receiver.grpc_port)  # warm-up
+    with tqdm(total=len(configs) * args.repeats, desc="telemetry overhead", unit="run") as bar:
+        for r in range(args.repeats):
+            for config in configs[r % len(configs) :] + configs[: r % len(configs)]:  # rotated: no position bias
+                results[config].append(run_once(source, config, prompts, args.new_tokens, args.num_blocks,
+                                                receiver.grpc_port))  # fmt: skip
+                bar.update()
+    receiver.stop()
+    baseline = statistics.median(r[0] for r in results["off"])
+    print(f"\nworkload: {args.sessions} requests sharing a {len(prompts[0])}-token prompt, {args.new_tokens} new tokens"
+          f" each, {args.num_blocks} KV blocks; median of {args.repeats} interleaved runs")  # fmt: skip
+    print(f"{'telemetry':26} {'output tok/s':>13} {'vs off':>8} {'time in telemetry':>18}   runs (tok/s)")
+    for config in configs:
+        tps = statistics.median(r[0] for r in results[config])
+        share = statistics.median(r[1] for r in results[config])
+        runs = ", ".join(f"{r[0]:.0f}" for r in results[config])
+        print(f"{config:26} {tps:13.1f} {tps / baseline:7.3f}x {share:17.2%}   {runs}")
+    print(f"OTLP receiver got {receiver.num_received} export requests")
+
+
+if __name__ == "__main__":
+    main()
