@@ -49,18 +49,13 @@ def _ns(ts: float) -> int:
 
 # ---- metrics -----------------------------------------------------------------------------------------
 class OTelMetricSink:
-    """`EngineMetrics` sink writing the same values to OpenTelemetry instruments.
-
-    OTel instrument names cannot hold ':', so `vllm:kv_cache_usage_perc` becomes `vllm.kv_cache_usage_perc`
-    (exported to Prometheus as `vllm_kv_cache_usage_perc`); counters carry no `_total` here either.
-    """
+    """`EngineMetrics` sink writing the same values to OpenTelemetry instruments (names: `MetricSpec.otel_name`)."""
 
     def __init__(self, meter) -> None:
         self.meter = meter
 
     def create(self, spec: MetricSpec, label_names: tuple[str, ...], buckets: Sequence[float] | None) -> Any:
-        name = spec.name.replace(":", ".")
-        unit = spec.unit if spec.unit in ("s", "1") else "{" + spec.unit + "}"
+        name, unit = spec.otel_name, spec.otel_unit
         if spec.type == "counter":
             return _OTelInstrument(self.meter.create_counter(name, unit, spec.description), "add")
         if spec.type == "histogram":
@@ -178,10 +173,14 @@ class EngineTracer:
             self._step_span(result.stats)
         self._last_step_ts = result.stats.ts
 
-    def _request_event(self, event: ev.KVEvent) -> None:
-        trace = self._requests.get(event.request_id)
+    def _trace(self, request_id: str) -> _RequestTrace:
+        trace = self._requests.get(request_id)
         if trace is None:
-            trace = self._requests[event.request_id] = _RequestTrace()
+            trace = self._requests[request_id] = _RequestTrace()
+        return trace
+
+    def _request_event(self, event: ev.KVEvent) -> None:
+        trace = self._trace(event.request_id)
         if isinstance(event, ev.PrefixLookup):
             if not event.readmission:
                 trace.query_tokens, trace.hit_tokens = event.query_tokens, event.hit_tokens
@@ -229,9 +228,7 @@ class EngineTracer:
         }))  # fmt: skip
 
     def _output(self, out: RequestOutput) -> None:
-        trace = self._requests.get(out.request_id)
-        if trace is None:
-            trace = self._requests[out.request_id] = _RequestTrace()
+        trace = self._trace(out.request_id)
         if out.first_token_ts is not None and not trace.first_token_seen:
             trace.first_token_seen = True
             trace.events.append((SpanEvent.FIRST_TOKEN, out.first_token_ts, {}))
@@ -340,16 +337,13 @@ def _extend_unique(attrs: dict, key: str, values: Iterable[str]) -> None:
 
 def _latencies(out: RequestOutput) -> dict[str, float]:
     """vLLM's `gen_ai.latency.*` attributes, for the phases the request reached."""
-    end = out.finished_ts
-    if end is None:
-        return {}
-    lat = {a.GEN_AI_LATENCY_E2E: end - out.arrival_ts}
-    if out.first_token_ts is not None:
-        lat[a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] = out.first_token_ts - out.arrival_ts
-    if out.scheduled_ts is not None:
-        lat[a.GEN_AI_LATENCY_TIME_IN_QUEUE] = out.scheduled_ts - out.arrival_ts
-        lat[a.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE] = end - out.scheduled_ts
-        if out.first_token_ts is not None:
-            lat[a.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL] = out.first_token_ts - out.scheduled_ts
-            lat[a.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE] = end - out.first_token_ts
-    return lat
+    lat = out.latencies()
+    values = {
+        a.GEN_AI_LATENCY_E2E: lat.e2e,
+        a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: lat.ttft,
+        a.GEN_AI_LATENCY_TIME_IN_QUEUE: lat.queue,
+        a.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: lat.inference,
+        a.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: lat.prefill,
+        a.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: lat.decode,
+    }
+    return {key: value for key, value in values.items() if value is not None}

@@ -25,6 +25,18 @@ class SchedulerStats:
 
 
 @dataclass(frozen=True)
+class RequestLatencies:
+    """A finished request's phases in seconds (vLLM's definitions); None for a phase it never reached."""
+
+    e2e: float | None = None  # arrival -> finish
+    ttft: float | None = None  # arrival -> first token
+    queue: float | None = None  # arrival -> first scheduled
+    inference: float | None = None  # first scheduled -> finish
+    prefill: float | None = None  # first scheduled -> first token
+    decode: float | None = None  # first token -> finish
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """What one step produced for one request."""
 
@@ -46,6 +58,20 @@ class RequestOutput:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+
+    def latencies(self) -> RequestLatencies:
+        end, first, scheduled = self.finished_ts, self.first_token_ts, self.scheduled_ts
+        if end is None:
+            return RequestLatencies()
+        ran = scheduled is not None
+        return RequestLatencies(
+            e2e=end - self.arrival_ts,
+            ttft=None if first is None else first - self.arrival_ts,
+            queue=scheduled - self.arrival_ts if ran else None,
+            inference=end - scheduled if ran else None,
+            prefill=first - scheduled if ran and first is not None else None,
+            decode=end - first if ran and first is not None else None,
+        )
 
 
 @dataclass(frozen=True)

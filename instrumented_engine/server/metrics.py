@@ -243,16 +243,11 @@ class EngineMetrics:
         self._get(vllm.REQUEST_PROMPT_TOKENS).observe(out.num_prompt_tokens)
         num_generated = len(out.output_token_ids)
         self._get(vllm.REQUEST_GENERATION_TOKENS).observe(num_generated)
-        end = out.finished_ts
-        if end is None:
-            return
-        self._get(vllm.E2E_REQUEST_LATENCY).observe(end - out.arrival_ts)
-        if out.scheduled_ts is None:
-            return  # aborted while waiting: it never ran
-        self._get(vllm.REQUEST_QUEUE_TIME).observe(out.scheduled_ts - out.arrival_ts)
-        self._get(vllm.REQUEST_INFERENCE_TIME).observe(end - out.scheduled_ts)
-        if out.first_token_ts is not None:
-            self._get(vllm.REQUEST_PREFILL_TIME).observe(out.first_token_ts - out.scheduled_ts)
-            self._get(vllm.REQUEST_DECODE_TIME).observe(end - out.first_token_ts)
-            if num_generated > 1:
-                self._get(vllm.REQUEST_TIME_PER_OUTPUT_TOKEN).observe((end - out.first_token_ts) / (num_generated - 1))
+        lat = out.latencies()  # phases a request never reached (aborted while waiting) are None
+        for spec, value in ((vllm.E2E_REQUEST_LATENCY, lat.e2e), (vllm.REQUEST_QUEUE_TIME, lat.queue),
+                            (vllm.REQUEST_INFERENCE_TIME, lat.inference), (vllm.REQUEST_PREFILL_TIME, lat.prefill),
+                            (vllm.REQUEST_DECODE_TIME, lat.decode)):  # fmt: skip
+            if value is not None:
+                self._get(spec).observe(value)
+        if lat.decode is not None and num_generated > 1:
+            self._get(vllm.REQUEST_TIME_PER_OUTPUT_TOKEN).observe(lat.decode / (num_generated - 1))

@@ -166,7 +166,7 @@ class StoreRecorder:
             "arrival_ts": out.arrival_ts,
             "first_token_ts": out.first_token_ts,
             "finished_ts": out.finished_ts,
-            "queue_s": None if out.scheduled_ts is None else out.scheduled_ts - out.arrival_ts,
+            "queue_s": out.latencies().queue,
             "prompt_tokens": out.num_prompt_tokens,
             "cached_tokens": out.num_cached_tokens,
             "completion_tokens": len(out.output_token_ids),

@@ -69,10 +69,9 @@ class AgentSession:
         self.session_id = session_id or f"sess-{uuid.uuid4().hex[:16]}"
         self.tracer = (tracer_provider or get_tracer_provider()).get_tracer(SCOPE)
         meter = (meter_provider or get_meter_provider()).get_meter(SCOPE)
-        self._steps_counter = meter.create_counter(kvobs_metrics.AGENT_STEPS.name, "{steps}",
-                                                   kvobs_metrics.AGENT_STEPS.description)  # fmt: skip
-        self._failures_counter = meter.create_counter(kvobs_metrics.AGENT_STEP_FAILURES.name, "{steps}",
-                                                      kvobs_metrics.AGENT_STEP_FAILURES.description)  # fmt: skip
+        steps, failures = kvobs_metrics.AGENT_STEPS, kvobs_metrics.AGENT_STEP_FAILURES
+        self._steps_counter = meter.create_counter(steps.otel_name, steps.otel_unit, steps.description)
+        self._failures_counter = meter.create_counter(failures.otel_name, failures.otel_unit, failures.description)
         self.recorder = recorder
         self.num_steps = 0
         self.num_failed_steps = 0
@@ -148,7 +147,8 @@ class AgentStep:
         self.chats: list[ChatResult] = []
         self.span: trace.Span | None = None
         self._start = 0.0
-        self._tokens: list = []
+        self._context_token = None  # the OTel context this step attached
+        self._step_token = None  # the current_step() value it set
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> AgentStep:
@@ -157,7 +157,8 @@ class AgentStep:
         if self.deadline_s is not None:
             attrs[a.AGENT_STEP_DEADLINE] = self.deadline_s
         self.span = self.session.tracer.start_span(SpanName.AGENT_STEP, kind=SpanKind.INTERNAL, attributes=attrs)
-        self._tokens = [otel_context.attach(trace.set_span_in_context(self.span)), _current_step.set(self)]
+        self._context_token = otel_context.attach(trace.set_span_in_context(self.span))
+        self._step_token = _current_step.set(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -171,8 +172,8 @@ class AgentStep:
             self.span.set_status(Status(StatusCode.ERROR, self.error_message))
             self.span.set_attribute(a.ERROR_TYPE, self.error_type)
         self.span.end()
-        _current_step.reset(self._tokens[1])
-        otel_context.detach(self._tokens[0])
+        _current_step.reset(self._step_token)
+        otel_context.detach(self._context_token)
         self.session._step_finished(self)
         return False
 

@@ -63,6 +63,17 @@ class MetricSpec:
     description: str
     labels: tuple[str, ...] = ()
 
+    @property
+    def otel_name(self) -> str:
+        """The OpenTelemetry instrument name: OTel names cannot hold ':', so `vllm:kv_cache_usage_perc` becomes
+        `vllm.kv_cache_usage_perc` (exported to Prometheus as `vllm_kv_cache_usage_perc`); no `_total` either."""
+        return self.name.replace(":", ".")
+
+    @property
+    def otel_unit(self) -> str:
+        """UCUM where one exists (`s`, `1`), else an annotation such as `{tokens}`."""
+        return self.unit if self.unit in ("s", "1") else "{" + self.unit + "}"
+
 
 def _spec(name: str, type_: str, unit: str, description: str, *labels: str) -> MetricSpec:
     return MetricSpec(name, type_, unit, description, tuple(labels))
