@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 from pathlib import Path
 
@@ -60,3 +61,14 @@ def test_bad_bodies_get_4xx_are_counted_and_the_receiver_keeps_serving():
     assert (garbage.status_code, bad_json.status_code) == (400, 400) and "not an OTLP" in garbage.text
     assert (wrong_type.status_code, wrong_path.status_code, good.status_code) == (415, 404, 200)
     assert receiver.num_malformed == 2 and received.named("llm_request")
+
+
+def test_gzip_bodies_are_accepted_and_broken_gzip_is_refused():
+    body = recorded_bodies()[-1]
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+    with otlp_receiver() as (receiver, received):
+        url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
+        ok = httpx.post(url, content=gzip.compress(body), headers=headers)
+        broken = httpx.post(url, content=gzip.compress(body)[:-12], headers=headers)
+    assert (ok.status_code, broken.status_code) == (200, 400) and receiver.num_malformed == 1
+    assert received.named("llm_request")

@@ -112,3 +112,30 @@ def test_release_evictions_and_resets_become_their_own_spans():
     assert release.name == "kvcache.evict" and list(release.attributes[a.KV_EVICTION_REASONS]) == ["session_release"]
     assert reset.name == "kvcache.invalidate" and reset.attributes[a.KV_INVALIDATION_REASON] == "manual_reset"
     assert [ln.attributes[a.KV_LINK_RELATION] for ln in reset.links] == [a.LINK_INVALIDATED]
+
+
+def test_dropped_telemetry_is_counted_from_each_components_total():
+    metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=512)
+    totals = {"store": 0, "otlp": 0}
+    for component in totals:
+        metrics.watch_dropped(component, lambda c=component: totals[c])
+    totals["store"] = 7
+    metrics.on_step(StepResult([], STATS, []))  # every step brings the counter up to date
+    totals["store"], totals["otlp"] = 9, 2
+    metrics.sync_dropped()  # as /metrics does before a scrape
+    metrics.sync_dropped()  # nothing new: no double counting
+    values = {s.labels["component"]: s.value for f in metrics.registry.collect() for s in f.samples
+              if s.name == "kvobs_telemetry_dropped_total"}  # fmt: skip
+    assert values == {"store": 9, "otlp": 2}
+
+
+def test_step_spans_are_sampled_every_nth_step():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = EngineTracer(provider, model_name="smollm2", block_size=16, medium="CPU", step_sample_every=2)
+    for _ in range(5):
+        tracer.on_step(StepResult([], STATS, []))
+    steps = exporter.get_finished_spans()
+    assert [s.name for s in steps] == ["kvcache.step"] * 2
+    assert steps[0].attributes[a.KV_BATCH_TOKENS] == 48 and steps[0].attributes[a.KV_BLOCKS_FREE] == 40
