@@ -2,6 +2,7 @@
 
     kvobs generate "The capital of France is" --max-tokens 32
     kvobs serve --num-blocks 512 --kv-events-endpoint 'tcp://*:5557'
+    kvobs collect --vllm-url http://localhost:8000 --kv-events tcp://localhost:5557 --otlp-http 0.0.0.0:4318
 
 Commands import their heavy modules lazily, so a collector-only install (no torch) runs what it has.
 """
@@ -12,9 +13,9 @@ import argparse
 import logging
 import sys
 
-from kvobs.commands import generate, serve
+from kvobs.commands import collect, generate, serve
 
-COMMANDS = (generate, serve)
+COMMANDS = (generate, serve, collect)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from tests.stores import store, store_url  # noqa: E402,F401  (fixtures)
+
 
 @pytest.fixture(scope="session")
 def smollm2_source():

@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-
 from collectors.otlp_receiver import OTLPReceiver
+from collectors.span_ingest import attributes as _attrs
 
 
 @dataclass
@@ -28,23 +27,14 @@ class Span:
     end_ns: int
 
 
-def _value(v: AnyValue):
-    which = v.WhichOneof("value")
-    if which == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, which) if which else None
-
-
-def _attrs(kvs) -> dict:
-    return {kv.key: _value(kv.value) for kv in kvs}
-
-
 @dataclass
 class Received:
     spans: list[Span] = field(default_factory=list)
+    requests: list = field(default_factory=list)  # the export requests as received
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handle(self, request) -> None:
+        self.requests.append(request)
         flat = []
         for rs in request.resource_spans:
             service = _attrs(rs.resource.attributes).get("service.name", "")

@@ -158,11 +158,13 @@ class StoreRecorder:
 
     # ---- finished requests ---------------------------------------------------------------------------
     def _finished(self, out: RequestOutput, stats: SchedulerStats) -> None:
+        trace_id, parent_span_id = parse_traceparent(out.trace_headers)
         self.writer.add("requests", {
             "request_id": out.request_id,
             "instance": self.instance,
             "session_id": out.session_id,
-            "trace_id": _trace_id(out.trace_headers),
+            "trace_id": trace_id,
+            "parent_span_id": parent_span_id,
             "arrival_ts": out.arrival_ts,
             "first_token_ts": out.first_token_ts,
             "finished_ts": out.finished_ts,
@@ -212,9 +214,9 @@ class StoreRecorder:
         return tally
 
 
-def _trace_id(headers: dict[str, str] | None) -> str | None:
-    """The trace id of a W3C `traceparent` (version-traceid-spanid-flags), None if absent or malformed."""
+def parse_traceparent(headers: dict[str, str] | None) -> tuple[str | None, str | None]:
+    """(trace id, parent span id) of a W3C `traceparent` (version-traceid-spanid-flags); Nones if absent/malformed."""
     parts = (headers or {}).get("traceparent", "").split("-")
-    if len(parts) == 4 and len(parts[1]) == 32:
-        return parts[1].lower()
-    return None
+    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
+        return parts[1].lower(), parts[2].lower()
+    return None, None

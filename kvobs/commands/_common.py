@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
 
@@ -50,3 +55,17 @@ def engine_config(args: argparse.Namespace):
         eviction_policy=args.eviction_policy,
         session_ttl_s=args.session_ttl,
     )
+
+
+def start_or_report(command: str, start: Callable[[], T]) -> T | None:
+    """Run `start`; on a bad configuration, a taken address or an unreachable store print one line (no traceback)
+    to stderr and return None, so the command exits 2."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return start()
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"kvobs {command}: {exc}", file=sys.stderr)
+    except OperationalError as exc:
+        print(f"kvobs {command}: cannot reach the store: {exc.orig}", file=sys.stderr)
+    return None

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from kvobs.commands._common import add_engine_arguments, engine_config
+from kvobs.commands._common import add_engine_arguments, engine_config, start_or_report
 from kvobs.store.db import STORE_URL_ENV
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"kvobs serve needs the server extra: pip install 'kvobs[server]' ({exc})", file=sys.stderr)
         return 2
-    from sqlalchemy.exc import OperationalError
 
-    try:
+    def start() -> EngineServer:
         options = ServerOptions(
             host=args.host,
             port=args.port,
@@ -78,12 +77,10 @@ def run(args: argparse.Namespace) -> int:
             instance=args.instance,
             snapshot_interval_s=args.snapshot_interval,
         )
-        server = EngineServer(engine_config(args), options)
-    except (ValueError, OSError) as exc:
-        print(f"kvobs serve: {exc}", file=sys.stderr)
-        return 2
-    except OperationalError as exc:
-        print(f"kvobs serve: cannot reach the store: {exc.orig}", file=sys.stderr)
+        return EngineServer(engine_config(args), options)
+
+    server = start_or_report("serve", start)
+    if server is None:
         return 2
     server.run()
     return 0

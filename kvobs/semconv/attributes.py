@@ -70,6 +70,7 @@ KV_SESSIONS_AFFECTED = "kvcache.sessions.affected"
 KV_SESSIONS_PAUSED = "kvcache.sessions.paused"  # owners that were in a tool pause when their blocks went
 KV_LINK_RELATION = "kvcache.link.relation"  # on span links: why this span points at another one
 KV_MEDIUM = "kvcache.medium"
+KV_INSTANCE = "kvcache.instance"  # the engine or vLLM the cache belongs to (on spans the collector makes)
 KV_BATCH_REQUESTS = "kvcache.batch.requests"
 KV_BATCH_TOKENS = "kvcache.batch.tokens"
 KV_REQUESTS_RUNNING = "kvcache.requests.running"

@@ -23,6 +23,7 @@ LABEL_SOURCE = "source"
 LABEL_STATUS = "status"
 LABEL_ERROR_TYPE = "error_type"
 LABEL_COMPONENT = "component"
+LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
 ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
 
 FINISHED_ABORT = "abort"
@@ -163,4 +164,13 @@ kvobs_metrics = SimpleNamespace(
                               LABEL_ERROR_TYPE),
     TELEMETRY_DROPPED=_spec("kvobs_telemetry_dropped", "counter", "items",
                             "Telemetry items dropped (full queues, malformed input), by component.", LABEL_COMPONENT),
+    COLLECTOR_TARGET_UP=_spec("kvobs_collector_target_up", "gauge", "1",
+                              "1 when the collector's last scrape of the instance succeeded, else 0.", LABEL_INSTANCE),
+    COLLECTOR_KV_EVENTS=_spec("kvobs_collector_kv_events", "counter", "events",
+                              "KV events the collector received and decoded, by instance.", LABEL_INSTANCE),
+    COLLECTOR_KV_EVENTS_LOST=_spec("kvobs_collector_kv_event_batches_lost", "counter", "batches",
+                                   "KV-event batches missing from the sequence that replay could not recover.",
+                                   LABEL_INSTANCE),
+    COLLECTOR_LLM_REQUESTS=_spec("kvobs_collector_llm_requests", "counter", "requests",
+                                 "llm_request spans the collector stored as requests."),
 )  # fmt: skip

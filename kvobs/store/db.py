@@ -96,4 +96,5 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")  # readers (the dashboard) never block the writer
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute("PRAGMA cache_size=-65536")  # 64 MiB of pages: index inserts of random block hashes stay in memory
     cursor.close()

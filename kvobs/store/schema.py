@@ -90,6 +90,7 @@ class RequestRow(Base):
     session_id: Mapped[str | None] = mapped_column(String(255))
     trace_id: Mapped[str | None] = mapped_column(String(32))
     span_id: Mapped[str | None] = mapped_column(String(16))
+    parent_span_id: Mapped[str | None] = mapped_column(String(16))  # the caller's span (traceparent)
     arrival_ts: Mapped[float] = mapped_column(Float)
     first_token_ts: Mapped[float | None] = mapped_column(Float)
     finished_ts: Mapped[float | None] = mapped_column(Float)

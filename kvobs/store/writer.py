@@ -2,6 +2,7 @@
 
     writer = StoreWriter(store)
     writer.add("kv_events", {"ts": ..., "instance": "engine-0", "kind": "evicted", ...})
+    writer.add_many("kv_events", rows)                                       # rows with the same columns: fastest
     writer.upsert("sessions", {"session_id": "s1", "num_steps": 3, ...})   # insert or update by key
     writer.insert_missing("sessions", {"session_id": "s1", ...})             # insert unless the key exists
     writer.flush()                                                           # wait until written
@@ -41,7 +42,7 @@ class StoreWriter:
     Args:
         store: an opened store.
         max_queue: rows waiting at most; beyond it rows are dropped and counted.
-        batch_size: rows per transaction at most.
+        batch_size: rows per transaction (a list from `add_many` is never split, so a batch may hold more).
         flush_interval_s: longest a row waits before its batch is written.
         max_backoff_s: cap of the retry delay while the database is unreachable.
     """
@@ -51,7 +52,7 @@ class StoreWriter:
         store: Store,
         *,
         max_queue: int = 100_000,
-        batch_size: int = 1000,
+        batch_size: int = 5000,
         flush_interval_s: float = 0.5,
         max_backoff_s: float = 30.0,
     ) -> None:
@@ -62,7 +63,11 @@ class StoreWriter:
         self.num_dropped = 0
         self.num_written = 0
         self.num_failed_attempts = 0
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self._queued_rows = 0  # rows put and not yet taken by the writer thread
+        self._count_lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._sqlite_inserts: dict[tuple, tuple[str, list, tuple]] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="kvobs-store-writer", daemon=True)
         self._thread.start()
@@ -70,30 +75,35 @@ class StoreWriter:
     # ---- producers -------------------------------------------------------------------------------
     def add(self, table: str, row: dict) -> bool:
         """Queue an insert; False (and counted) when the queue is full or the writer closed."""
-        return self._put(("insert", table, row))
+        return self._put("insert", table, [row])
+
+    def add_many(self, table: str, rows: list[dict]) -> bool:
+        """Queue inserts of rows that all have the same columns, as one unit (all queued, or all dropped)."""
+        return self._put("insert", table, rows) if rows else True
 
     def upsert(self, table: str, row: dict) -> bool:
         """Queue an insert that updates the row with the same primary key if it exists."""
-        return self._put(("upsert", table, row))
+        return self._put("upsert", table, [row])
 
     def insert_missing(self, table: str, row: dict) -> bool:
         """Queue an insert that leaves an existing row with the same primary key as it is."""
-        return self._put(("insert_missing", table, row))
+        return self._put("insert_missing", table, [row])
 
-    def _put(self, item: tuple[str, str, dict]) -> bool:
-        if item[1] not in TABLES:
-            raise ValueError(f"unknown store table {item[1]!r}; tables: {', '.join(TABLES)}")
-        if self._closed:
-            self.num_dropped += 1
-            return False
-        try:
-            self._queue.put_nowait(item)
-            return True
-        except queue.Full:
-            self.num_dropped += 1
-            if worth_logging(self.num_dropped, every=10_000):
+    def _put(self, op: str, table: str, rows: list[dict]) -> bool:
+        if table not in TABLES:
+            raise ValueError(f"unknown store table {table!r}; tables: {', '.join(TABLES)}")
+        with self._count_lock:
+            full = self._closed or self._queued_rows + len(rows) > self.max_queue
+            if full:
+                self.num_dropped += len(rows)
+            else:
+                self._queued_rows += len(rows)
+        if full:
+            if not self._closed and worth_logging(self.num_dropped, every=10_000):
                 log.warning("store queue full: %d rows dropped so far", self.num_dropped)
             return False
+        self._queue.put((op, table, rows))
+        return True
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued before this call is committed; False on timeout."""
@@ -117,39 +127,49 @@ class StoreWriter:
                 try:
                     self._write_with_retry(batch)
                 except Exception:  # never let the thread die: later rows must still be written
-                    self.num_dropped += len(batch)
-                    log.exception("writing a batch of %d rows failed; dropped", len(batch))
+                    self.num_dropped += _rows(batch)
+                    log.exception("writing a batch of %d rows failed; dropped", _rows(batch))
             for marker in markers:
                 marker.set()
             if stop:
                 return
 
-    def _collect(self) -> tuple[list[tuple[str, str, dict]], list[threading.Event], bool]:
+    def _collect(self) -> tuple[list[tuple[str, str, list[dict]]], list[threading.Event], bool]:
+        """Items until `batch_size` rows, a flush or stop marker, or `flush_interval_s` after the first one."""
         batch: list = []
         markers: list[threading.Event] = []
+        rows = 0
         deadline = None
-        while len(batch) < self.batch_size:
+        stop = False
+        while rows < self.batch_size:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 item = self._queue.get(timeout=timeout)
             except queue.Empty:
                 break
             if item[0] is _STOP:
-                return batch, markers, True
+                stop = True
+                break
             if item[0] is _FLUSH:
                 markers.append(item[1])
                 break
             batch.append(item)
+            rows += len(item[2])
             if deadline is None:
                 deadline = time.monotonic() + self.flush_interval_s
-        return batch, markers, False
+        with self._count_lock:
+            self._queued_rows -= rows
+        return batch, markers, stop
 
-    def _write_with_retry(self, batch: list[tuple[str, str, dict]]) -> None:
+    def _write_with_retry(self, batch: list[tuple[str, str, list[dict]]]) -> None:
         delay = 0.5
         while True:
             try:
                 self._write(batch)
-                self.num_written += len(batch)
+                self.num_written += _rows(batch)
+                return
+            except (ValueError, TypeError) as exc:  # a value no column type can bind (the SQLite fast path)
+                self._write_one_by_one(batch, exc)
                 return
             except SQLAlchemyError as exc:
                 if not _is_connection_error(exc):
@@ -157,36 +177,57 @@ class StoreWriter:
                     return
                 self.num_failed_attempts += 1
                 if self._closed:  # shutting down: the database will not come back in time
-                    log.error("store unreachable at shutdown; %d rows dropped", len(batch))
-                    self.num_dropped += len(batch)
+                    log.error("store unreachable at shutdown; %d rows dropped", _rows(batch))
+                    self.num_dropped += _rows(batch)
                     return
                 log.warning("store unreachable (%s); retrying in %.1f s", type(exc.orig).__name__, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
 
-    def _write_one_by_one(self, batch: list[tuple[str, str, dict]], exc: Exception) -> None:
+    def _write_one_by_one(self, batch: list[tuple[str, str, list[dict]]], exc: Exception) -> None:
         """A row the database refuses (constraint, type) must not take its batch with it."""
-        log.warning("store refused a batch of %d rows (%s); writing them one by one", len(batch), type(exc).__name__)
-        for item in batch:
-            try:
-                self._write([item])
-                self.num_written += 1
-            except Exception as row_exc:  # the writer thread must outlive any one bad row
-                self.num_dropped += 1
-                log.error("store refused a %s row; dropped: %s", item[1], getattr(row_exc, "orig", row_exc))
+        log.warning("store refused a batch of %d rows (%s); writing them one by one", _rows(batch),
+                    type(exc).__name__)  # fmt: skip
+        for op, table, rows in batch:
+            for row in rows:
+                try:
+                    self._write([(op, table, [row])])
+                    self.num_written += 1
+                except Exception as row_exc:  # the writer thread must outlive any one bad row
+                    self.num_dropped += 1
+                    log.error("store refused a %s row; dropped: %s", table, getattr(row_exc, "orig", row_exc))
 
-    def _write(self, batch: list[tuple[str, str, dict]]) -> None:
+    def _write(self, batch: list[tuple[str, str, list[dict]]]) -> None:
         grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
-        for op, table, row in batch:  # one executemany per column set: rows may leave defaulted columns out
-            grouped[(op, table, tuple(row))].append(row)
+        for op, table, rows in batch:  # one executemany per column set: rows may leave defaulted columns out
+            grouped[(op, table, tuple(rows[0]))].extend(rows)
         with self.store.engine.begin() as conn:
             for (op, table, _), rows in grouped.items():
                 model = TABLES[table]
-                if op == "insert":
+                if op == "insert" and self.store.dialect == "sqlite":
+                    sql, processors, defaults = self._sqlite_insert(model, tuple(rows[0]))
+                    conn.exec_driver_sql(sql, [(*(r[c] if p is None else p(r[c]) for c, p in processors), *defaults)
+                                               for r in rows])  # fmt: skip
+                elif op == "insert":
                     conn.execute(insert(model), rows)
                 else:
                     for row in _merge_per_key(model, rows, first_wins=op == "insert_missing"):
                         conn.execute(self._upsert_statement(model, row, update=op == "upsert"))
+
+    def _sqlite_insert(self, model, columns: tuple[str, ...]) -> tuple[str, list, tuple]:
+        """SQLite's fast path: one driver-level executemany of tuples (SQLAlchemy's per-row work skipped), with each
+        column's own bind processor (UInt64 -> text, JSON -> text) applied."""
+        key = (model.__tablename__, columns)
+        cached = self._sqlite_inserts.get(key)
+        if cached is None:
+            table, dialect = model.__table__, self.store.engine.dialect
+            defaults = {c.name: c.default.arg for c in table.columns  # Python-side defaults Core would have applied
+                        if c.name not in columns and c.default is not None and c.default.is_scalar}  # fmt: skip
+            names = [*columns, *defaults]
+            sql = f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+            processors = [(c, table.c[c].type.bind_processor(dialect)) for c in columns]
+            cached = self._sqlite_inserts[key] = (sql, processors, tuple(defaults.values()))
+        return cached
 
     def _upsert_statement(self, model, row: dict, *, update: bool):
         dialect = postgresql if self.store.dialect == "postgresql" else sqlite
@@ -196,6 +237,10 @@ class StoreWriter:
         return (
             stmt.on_conflict_do_update(index_elements=keys, set_=updates) if updates else stmt.on_conflict_do_nothing()
         )
+
+
+def _rows(batch: list[tuple[str, str, list[dict]]]) -> int:
+    return sum(len(rows) for _, _, rows in batch)
 
 
 def _merge_per_key(model, rows: list[dict], *, first_wins: bool) -> list[dict]:

@@ -155,3 +155,11 @@ def seq_from_bytes(data: bytes) -> int:
     if len(data) != 8:
         raise DecodeError(f"sequence frame must be 8 bytes; got {len(data)}")
     return int.from_bytes(data, "big", signed=True)
+
+
+def as_uint64(block_hash: BlockHash) -> int:
+    """A hash as the store keeps it: ints as they are; bytes (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`) reduced to
+    the low 64 bits, big-endian, which is the int vLLM would have published."""
+    if isinstance(block_hash, bytes):
+        return int.from_bytes(block_hash[-8:], "big")
+    return block_hash

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import gzip
-import json
-from pathlib import Path
 
 import grpc
 import httpx
@@ -13,14 +10,8 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from tests.collectors.recorded import otlp_bodies as recorded_bodies
 from tests.otlp import otlp_receiver
-
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.32-cpu"
-
-
-def recorded_bodies() -> list[bytes]:
-    lines = (FIXTURES / "otlp_traces.jsonl").read_text().splitlines()
-    return [base64.b64decode(json.loads(line)["body_b64"]) for line in lines]
 
 
 def test_vllm_recorded_exports_are_received_over_http():

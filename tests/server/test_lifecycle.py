@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import httpx
 import pytest
 
 from tests.server.conftest import SERVED, running_server, scrape
+from tests.waiting import wait_for
 
 LONG = {"model": SERVED, "prompt": "Write a very long story about a lighthouse.", "max_tokens": 400,
         "ignore_eos": True, "temperature": 0}  # fmt: skip
-
-
-def wait_for(predicate, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
 
 
 def assert_idle(server) -> None:

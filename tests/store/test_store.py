@@ -10,7 +10,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
 from kvobs.store import StoreWriter, open_store
-from kvobs.store.schema import Base, KVEventRow, SessionRow, StepRow
+from kvobs.store.schema import Base, KVEventRow, RequestRow, SessionRow, StepRow
 
 REQUIRED = {
     "sessions": {"session_id", "agent_name", "started_at", "ended_at", "num_steps", "num_failed_steps", "source"},
@@ -34,7 +34,7 @@ def test_open_migrates_to_the_documented_schema(store):
     for table, columns in REQUIRED.items():
         assert columns <= {c["name"] for c in inspector.get_columns(table)}, table
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
     open_store(store.url).close()  # opening again is a no-op upgrade
 
 
@@ -164,3 +164,15 @@ def test_a_row_sqlalchemy_cannot_bind_is_dropped_and_the_writer_lives_on(store):
     assert (writer.num_written, writer.num_dropped) == (2, 1)
     with store.session() as s:
         assert s.scalars(select(KVEventRow.block_hash).order_by(KVEventRow.ts)).all() == [7, 8]
+
+
+def test_plain_inserts_get_the_column_defaults(store):
+    """Rows that leave out defaulted columns (num_steps, num_preemptions) still insert, on both backends."""
+    writer = StoreWriter(store)
+    writer.add("sessions", {"session_id": "d1", "source": "vllm"})
+    writer.add_many("requests", [{"request_id": f"r{i}", "instance": "e", "arrival_ts": float(i)} for i in range(3)])
+    writer.close()
+    assert (writer.num_written, writer.num_dropped) == (4, 0)
+    with store.session() as s:
+        assert s.get(SessionRow, "d1").num_steps == 0
+        assert s.scalars(select(RequestRow.num_preemptions)).all() == [0, 0, 0]

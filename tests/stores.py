@@ -1,4 +1,6 @@
-"""Stores on both backends: a SQLite file, and a fresh schema in the local PostgreSQL (database `test`)."""
+"""Store fixtures on both backends: a SQLite file, and a fresh schema in the local PostgreSQL (database `test`).
+
+Registered for every test directory by tests/conftest.py."""
 
 from __future__ import annotations
 

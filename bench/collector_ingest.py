@@ -1,0 +1,137 @@
+"""How fast the collector ingests: KV events decoded, attributed and written to SQLite; /metrics bodies parsed.
+
+KV events: `--batches` vLLM-format batches of `--events` events each (BlockStored chains from `--sessions` agent
+sessions, then BlockRemoved of older blocks, as a cache under pressure produces), encoded with the wire structs.
+Stages, each timed on one thread over the same payloads:
+
+- decode: `decode_batch` (msgspec) only: the baseline the other stages are compared with;
+- decode + attribute: plus `KVIngest` (hash chains, session attribution, rows queued), writer not draining;
+- decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file).
+
+Scrape: the recorded vLLM 0.32 `/metrics` body (cut to `--lines` lines at a family boundary) parsed with
+prometheus_client alone (baseline), then `parse_metrics` (checks, legacy names), then parse + derive.
+
+    python bench/collector_ingest.py [--batches 2000] [--events 50] [--lines 600] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from tqdm.auto import tqdm
+
+from collectors.derive import Deriver
+from collectors.kv_ingest import KVIngest
+from collectors.prom_text import parse_metrics
+from kvobs.store import StoreWriter, open_store
+from kvobs.vllm import kv_events as wire
+
+RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu" / "metrics" / "scrape_084.txt"
+
+
+def synthetic_payloads(num_batches: int, per_batch: int, sessions: int, seed: int = 0) -> tuple[list[bytes], int]:
+    rng = random.Random(seed)
+    payloads, resident, total = [], [], 0
+    tips: dict[str, int | None] = {f"sess-{i:03d}": None for i in range(sessions)}
+    for b in range(num_batches):
+        events: list[wire.Event] = []
+        while len(events) < per_batch:
+            if resident and rng.random() < 0.45:
+                events.append(wire.BlockRemoved(block_hashes=[resident.pop(0)], medium="GPU", group_idx=0))
+                continue
+            session = rng.choice(list(tips))
+            hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 4))]
+            events.append(wire.BlockStored(block_hashes=hashes, parent_block_hash=tips[session],
+                                           token_ids=[1] * 16 * len(hashes), block_size=16, lora_id=None, medium="GPU",
+                                           lora_name=None, session_id=session))  # fmt: skip
+            tips[session] = hashes[-1]
+            resident += hashes
+        total += len(events)
+        payloads.append(wire.encode_batch(wire.KVEventBatch(1.8e9 + b * 0.01, events, 0)))
+    return payloads, total
+
+
+def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> float:
+    store = open_store(f"sqlite:///{store_dir / f'{stage[:6]}-{run}.db'}") if "SQLite" in stage else None
+    writer = StoreWriter(store, max_queue=10_000_000) if store else _NullWriter()
+    ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
+    start = time.perf_counter()
+    for seq, payload in enumerate(payloads):
+        batch, _ = wire.decode_batch(payload)
+        if ingest is not None:
+            ingest.on_batch(seq, batch)
+    if store is not None:
+        writer.close(timeout_s=600)
+        store.close()
+    return time.perf_counter() - start
+
+
+class _NullWriter:
+    def add(self, table: str, row: dict) -> bool:
+        return True
+
+    insert_missing = upsert = add_many = add
+
+
+def scrape_body(lines: int) -> str:
+    text = RECORDED.read_text().splitlines(keepends=True)
+    cut = lines
+    while cut < len(text) and not text[cut].startswith("# HELP"):
+        cut += 1  # end at a family boundary so the body stays whole
+    return "".join(text[:cut])
+
+
+def time_scrape(stage: str, body: str, n: int) -> float:
+    deriver = Deriver()
+    start = time.perf_counter()
+    for _ in range(n):
+        if stage == "prometheus_client parse":
+            list(text_string_to_metric_families(body))
+        elif stage == "parse_metrics":
+            parse_metrics(body)
+        else:
+            deriver.derive("bench", parse_metrics(body))
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--events", type=int, default=50)
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--lines", type=int, default=600)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    payloads, total = synthetic_payloads(args.batches, args.events, args.sessions)
+    stages = ["decode", "decode + attribute", "decode + attribute + SQLite"]
+    times: dict[str, list[float]] = {s: [] for s in stages}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in tqdm(range(args.repeats), desc="KV events", unit="round"):
+            for stage in stages:
+                times[stage].append(time_kv(stage, payloads, Path(tmp), run))
+    base = statistics.median(times["decode"])
+    print(f"\nKV events: {total:,} events in {len(payloads):,} batches, median of {args.repeats}")
+    print(f"{'stage':<30} {'events/s':>12} {'time vs decode':>15}")
+    for stage in stages:
+        t = statistics.median(times[stage])
+        print(f"{stage:<30} {total / t:>12,.0f} {t / base:>14.2f}x")
+
+    body = scrape_body(args.lines)
+    n = 200
+    scrape_stages = ["prometheus_client parse", "parse_metrics", "parse_metrics + derive"]
+    results = {s: statistics.median(time_scrape(s, body, n) for _ in range(args.repeats)) for s in scrape_stages}
+    print(f"\n/metrics body: {body.count(chr(10))} lines (recorded vLLM 0.32), median of {args.repeats} x {n} parses")
+    print(f"{'stage':<30} {'ms/scrape':>12} {'vs prometheus_client':>21}")
+    for stage in scrape_stages:
+        print(f"{stage:<30} {results[stage] * 1000:>12.2f} {results[stage] / results[scrape_stages[0]]:>20.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""`kvobs collect`: one process that scrapes, subscribes and receives into one store.
+
+    collector = Collector(CollectorOptions(store_url="sqlite:///kvobs.db", vllm_urls=["http://vllm:8000"],
+                                           kv_events="tcp://vllm:5557", otlp_http="0.0.0.0:4318"))
+    collector.start()
+    ...
+    collector.stop()       # stops receiving, classifies what is pending, flushes forwarder, store and spans
+
+Instances: a `--vllm-url` is named `NAME=URL` or by its host:port. KV events and spans carry no instance of
+their own, so they take `instance` when given, else the name of the only `--vllm-url`, else (KV events) the
+endpoint's host:port and (spans) the exporter's `service.name`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, start_http_server
+from sqlalchemy import select
+
+from collectors.drops import DropCounter
+from collectors.kv_bridge import KVSpanBridge
+from collectors.kv_ingest import KVIngest
+from collectors.kv_subscriber import KVEventSubscriber
+from collectors.otlp_forward import OTLPForwarder, check_forward_url
+from collectors.otlp_receiver import OTLPReceiver
+from collectors.own_metrics import CollectorMetrics
+from collectors.scraper import Scraper, ScrapeTarget
+from collectors.session_activity import SessionActivity
+from collectors.span_ingest import SpanIngest
+from kvobs.store.db import Store, open_store
+from kvobs.store.schema import StepRow
+from kvobs.store.writer import StoreWriter
+from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "kvobs-collector"
+RESOLVE_CHUNK = 500
+
+
+@dataclass
+class CollectorOptions:
+    """What `kvobs collect` was asked to do (its flags, one for one)."""
+
+    store_url: str | None = None
+    vllm_urls: list[str] = field(default_factory=list)
+    kv_events: str | None = None
+    kv_events_bind: bool = False
+    kv_events_replay: str | None = None
+    kv_events_topic: str = ""
+    otlp_grpc: str | None = None
+    otlp_http: str | None = None
+    forward_otlp: str | None = None
+    otlp_endpoint: str | None = None  # where the bridge's spans go (default: the --forward-otlp target)
+    instance: str | None = None
+    interval_s: float = 5.0
+    settle_s: float = 10.0
+    metrics_address: str | None = None  # host:port of the collector's own /metrics
+
+    def __post_init__(self) -> None:
+        if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http):
+            raise ValueError("nothing to collect: give --vllm-url, --kv-events, --otlp-grpc or --otlp-http")
+        if self.interval_s <= 0:
+            raise ValueError(f"--interval must be positive; got {self.interval_s}")
+        for url in (self.forward_otlp, self.otlp_endpoint):
+            if url is not None:
+                check_forward_url(url)
+        for url in self.vllm_urls:
+            ScrapeTarget.parse(url)
+
+
+class Collector:
+    def __init__(self, options: CollectorOptions, *, store: Store | None = None,
+                 telemetry: Telemetry | None = None) -> None:  # fmt: skip
+        self.options = options
+        self.targets = [ScrapeTarget.parse(u) for u in options.vllm_urls]
+        default = options.instance or (self.targets[0].instance if len(self.targets) == 1 else None)
+        self._owns_store = store is None
+        self.store = store or open_store(options.store_url)
+        self.writer = StoreWriter(self.store)
+        self.drops = DropCounter()
+        self.activity = SessionActivity(resolve=self._trace_sessions)
+        self.telemetry = telemetry or self._telemetry()
+        self.forwarder = OTLPForwarder(options.forward_otlp, self.drops) if options.forward_otlp else None
+        self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default)
+        tracer = self.telemetry.tracer("kvobs.collector")
+        bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
+        self.kv_ingest = KVIngest(self.writer, instance=default or _host_port(options.kv_events or ""),
+                                  activity=self.activity, bridge=bridge, settle_s=options.settle_s)  # fmt: skip
+        self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
+            else None  # fmt: skip
+        self.subscriber = self._subscriber() if options.kv_events else None
+        self.receiver = None
+        if options.otlp_grpc or options.otlp_http:
+            self.receiver = OTLPReceiver(self._on_export, grpc_address=options.otlp_grpc,
+                                         http_address=options.otlp_http)  # fmt: skip
+        self.registry = CollectorRegistry()
+        self.registry.register(CollectorMetrics(self))
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="kvobs-collector-tick", daemon=True)
+        self._metrics_server = None
+
+    def _telemetry(self) -> Telemetry:
+        """The bridge's spans go to --otlp-endpoint, else the --forward-otlp target, else OTEL_EXPORTER_OTLP_*."""
+        endpoint, protocol = self.options.otlp_endpoint or self.options.forward_otlp, None
+        if endpoint is not None:
+            protocol = "grpc" if endpoint.startswith("grpc://") else "http/protobuf"
+            endpoint = endpoint.replace("grpc://", "http://", 1).removesuffix("/v1/traces")
+        return setup_telemetry(TelemetryConfig(service_name=SERVICE_NAME, endpoint=endpoint, protocol=protocol,
+                                               metrics=False))  # fmt: skip
+
+    def _subscriber(self) -> KVEventSubscriber:
+        o = self.options
+        return KVEventSubscriber(o.kv_events, self.kv_ingest.on_batch, self.drops,
+                                 bind=True if o.kv_events_bind else None, replay_endpoint=o.kv_events_replay,
+                                 topic=o.kv_events_topic, on_restart=self.kv_ingest.on_restart)  # fmt: skip
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind and connect everything; raises OSError when an address is taken or unusable."""
+        if self.forwarder is not None:
+            self.forwarder.start()
+        if self.subscriber is not None:
+            self.subscriber.start()
+        if self.receiver is not None:
+            self.receiver.start()
+        if self.scraper is not None:
+            self.scraper.start()
+        if self.options.metrics_address:
+            host, port = _split(self.options.metrics_address)
+            self._metrics_server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._ticker.start()
+        log.info("collecting into %s: %s", self.store.url.split("@")[-1], self.describe())
+
+    def describe(self) -> str:
+        parts = [f"scrape {t.instance}={t.url}" for t in self.targets]
+        if self.subscriber is not None:
+            parts.append(f"KV events {'bind' if self.subscriber.bind else 'connect'} {self.options.kv_events}")
+        if self.receiver is not None:
+            parts.append(f"OTLP gRPC :{self.receiver.grpc_port} HTTP :{self.receiver.http_port}")
+        if self.forwarder is not None:
+            parts.append(f"forward to {self.forwarder.url}")
+        return "; ".join(parts)
+
+    def stop(self) -> None:
+        """Stop receiving, then flush: pending classifications, forwarded exports, store rows, bridge spans."""
+        self._stop.set()
+        for part in (self.scraper, self.subscriber, self.receiver):
+            if part is not None:
+                part.stop()
+        self._ticker.join(self.options.interval_s + 5)
+        self.kv_ingest.snapshot(final=True)
+        if self.forwarder is not None:
+            self.forwarder.close()
+        self.writer.close()
+        self.telemetry.shutdown()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        if self._owns_store:
+            self.store.close()
+
+    def flush(self) -> None:
+        """Write footprints for everything received so far and wait for the store (tests, benchmarks)."""
+        self.kv_ingest.snapshot(final=True)
+        self.writer.flush()
+
+    # ---- internals ---------------------------------------------------------------------------------------
+    def _on_export(self, request) -> None:
+        if self.forwarder is not None:
+            self.forwarder.forward(request)
+        self.span_ingest.handle(request)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.options.interval_s):
+            try:
+                self.kv_ingest.snapshot()
+            except Exception:
+                log.exception("writing session footprints failed")
+
+    def _trace_sessions(self, trace_ids) -> dict[str, str]:
+        """trace id -> session from the agent steps the SDK wrote to this store."""
+        found: dict[str, str] = {}
+        trace_ids = list(trace_ids)
+        with self.store.session() as s:
+            for i in range(0, len(trace_ids), RESOLVE_CHUNK):
+                rows = s.execute(select(StepRow.trace_id, StepRow.session_id)
+                                 .where(StepRow.trace_id.in_(trace_ids[i : i + RESOLVE_CHUNK])))  # fmt: skip
+                found.update((t, sid) for t, sid in rows)
+        return found
+
+    def dropped_totals(self) -> dict[str, int]:
+        totals = self.drops.totals()
+        if self.receiver is not None:
+            totals["otlp"] = totals.get("otlp", 0) + self.receiver.num_malformed
+        if self.telemetry.num_export_failures:
+            totals["otlp_export"] = self.telemetry.num_export_failures
+        totals["store"] = self.writer.num_dropped
+        return totals
+
+    def targets_up(self) -> dict[str, bool]:
+        return dict(self.scraper.up) if self.scraper is not None else {}
+
+
+def _host_port(endpoint: str) -> str:
+    return urlsplit(endpoint).netloc or endpoint or "kv-events"
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"expected HOST:PORT; got {address!r}")
+    return host or "0.0.0.0", int(port)

@@ -1,0 +1,93 @@
+"""Who owns a cached block: hash chains rebuilt from vLLM's `BlockStored` / `BlockRemoved` / `AllBlocksCleared`.
+
+    chains = ChainTracker()
+    chains.stored([h1, h2], parent=None, session="s1")      # s1 introduced h1 <- h2
+    chains.removed(h2)                                       # Block(parent=h1, owners=("s1",)): s1 lost h2
+    chains.cleared()                                         # {"s1": 1}: every resident chain ends
+
+A block is owned by the session(s) whose `BlockStored` introduced it (vLLM stores a block once; a session
+that later hits it emits nothing). A removed hash that was stored before we subscribed has no known owner.
+Per-session footprints count blocks resident now, stored, and lost (removed or cleared).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Block:
+    parent: int | bytes | None
+    owners: tuple[str | None, ...]
+
+
+@dataclass
+class Footprint:
+    resident: int = 0
+    stored: int = 0
+    removed: int = 0
+    removed_idle: int = 0
+    cleared: int = 0
+
+
+class ChainTracker:
+    """Args:
+    max_blocks: resident hashes remembered at most (oldest forgotten first; a bound against a lost stream).
+    """
+
+    def __init__(self, max_blocks: int = 2_000_000) -> None:
+        self.max_blocks = max_blocks
+        self.blocks: OrderedDict[int | bytes, Block] = OrderedDict()
+        self.footprints: dict[str | None, Footprint] = {}
+        self.num_unknown_removed = 0
+
+    def stored(self, hashes: list, parent, session: str | None) -> None:
+        footprint = self.footprint(session)
+        for block_hash in hashes:
+            block = self.blocks.get(block_hash)
+            if block is None:
+                self.blocks[block_hash] = Block(parent, (session,))
+            elif session not in block.owners:
+                self.blocks[block_hash] = Block(block.parent, (*block.owners, session))
+            else:
+                parent = block_hash
+                continue
+            footprint.resident += 1
+            footprint.stored += 1
+            parent = block_hash
+        while len(self.blocks) > self.max_blocks:
+            _, forgotten = self.blocks.popitem(last=False)
+            for owner in forgotten.owners:
+                self.footprint(owner).resident -= 1
+
+    def removed(self, block_hash) -> Block | None:
+        """The removed block's parent and owners; None when it was stored before we subscribed."""
+        block = self.blocks.pop(block_hash, None)
+        if block is None:
+            self.num_unknown_removed += 1
+            return None
+        for owner in block.owners:
+            footprint = self.footprint(owner)
+            footprint.resident -= 1
+            footprint.removed += 1
+        return block
+
+    def cleared(self) -> dict[str | None, int]:
+        """End every resident chain; returns the blocks each session lost."""
+        lost: dict[str | None, int] = {}
+        for block in self.blocks.values():
+            for owner in block.owners:
+                lost[owner] = lost.get(owner, 0) + 1
+        self.blocks.clear()
+        for owner, n in lost.items():
+            footprint = self.footprint(owner)
+            footprint.resident -= n
+            footprint.cleared += n
+        return lost
+
+    def footprint(self, session: str | None) -> Footprint:
+        footprint = self.footprints.get(session)
+        if footprint is None:
+            footprint = self.footprints[session] = Footprint()
+        return footprint

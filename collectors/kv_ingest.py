@@ -1,0 +1,166 @@
+"""vLLM KV-event batches -> store rows, session attribution and footprints.
+
+    ingest = KVIngest(writer, instance="vllm-a", activity=activity, bridge=bridge)
+    subscriber = KVEventSubscriber(endpoint, ingest.on_batch, drops, on_restart=ingest.on_restart)
+    ingest.snapshot()        # every interval: per-session footprint rows for sessions that changed
+
+Rows (`kv_events`, times are vLLM's batch timestamps):
+- `stored` per block, with its parent hash (the chain) and the session that stored it;
+- `removed` per block and per owning session (the session(s) whose `BlockStored` introduced it; no
+  session when it was stored before the collector subscribed);
+- `cleared` per `AllBlocksCleared` (`num_tokens`: the resident tokens it dropped, `reason` `reset`), and per
+  publisher restart (`reason` `restart`): a new vLLM process starts with an empty cache.
+
+Footprint snapshots (`snapshots` with `session_id`): blocks resident now, blocks lost so far (removed or
+cleared), and blocks removed while the session was idle (no request in flight, see `SessionActivity`).
+Idleness needs the session's request spans, which arrive after the request ends, so a removal is
+classified `settle_s` after it arrived (or at `close()`); a removal of a session with no known request is
+not counted as idle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+from collectors.kv_chains import ChainTracker
+from collectors.session_activity import SessionActivity
+from kvobs.semconv.reasons import EvictionReason
+from kvobs.semconv.spans import KVEventKind, SessionSource
+from kvobs.store.writer import StoreWriter
+from kvobs.vllm import kv_events as wire
+
+RESTART = "restart"
+STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
+
+
+class KVIngest:
+    """Args:
+    writer: the store writer.
+    instance: the vLLM's name in every row.
+    activity: session request intervals (idle classification); None: nothing is classified idle.
+    bridge: gets each batch's removals and clears as spans (see `collectors.kv_bridge`); None: no spans.
+    settle_s: how long a removal waits for its session's request spans before it is classified.
+    """
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        *,
+        instance: str,
+        activity: SessionActivity | None = None,
+        bridge=None,
+        settle_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.writer = writer
+        self.instance = instance
+        self.activity = activity
+        self.bridge = bridge
+        self.settle_s = settle_s
+        self.clock = clock
+        self.chains = ChainTracker()
+        self.block_size: int | None = None
+        self._sessions_seen: set[str] = set()
+        self._pending: deque[tuple[float, float, str]] = deque()  # (arrived, event ts, session) removals to classify
+        self._changed: set[str] = set()
+        self._rows: list[dict] = []  # this batch's kv_events rows, written together
+
+    # ---- batches --------------------------------------------------------------------------------------
+    def on_batch(self, seq: int, batch: wire.KVEventBatch) -> None:
+        removed: Counter[str | None] = Counter()
+        cleared: dict[str | None, int] = {}
+        self._rows = []
+        for event in batch.events:
+            if isinstance(event, wire.BlockStored):
+                self._stored(batch.ts, event)
+            elif isinstance(event, wire.BlockRemoved):
+                for block_hash in event.block_hashes:
+                    for owner in self._removed(batch.ts, block_hash, event.medium):
+                        removed[owner] += 1
+            elif isinstance(event, wire.AllBlocksCleared):
+                cleared = self._cleared(batch.ts, EvictionReason.RESET.value)
+        self._flush_rows()
+        if self.bridge is not None and (removed or cleared):
+            self.bridge.on_batch(self.instance, batch.ts, removed, cleared)
+
+    def on_restart(self) -> None:
+        """The publisher restarted: its cache is empty, every chain we track has ended."""
+        self._cleared(self.clock(), RESTART)
+        self._flush_rows()
+
+    def _stored(self, ts: float, event: wire.BlockStored) -> None:
+        session = event.session_id
+        self.block_size = event.block_size
+        if session is not None:
+            self._changed.add(session)
+            if session not in self._sessions_seen:
+                self._sessions_seen.add(session)
+                self.writer.insert_missing("sessions", {"session_id": session, "started_at": ts,
+                                                        "source": SessionSource.VLLM.value})  # fmt: skip
+        parent = event.parent_block_hash
+        for block_hash in event.block_hashes:
+            self._row(ts, STORED, session, block_hash=block_hash, parent_hash=parent, medium=event.medium)
+            parent = block_hash
+        self.chains.stored(event.block_hashes, event.parent_block_hash, session)
+
+    def _removed(self, ts: float, block_hash, medium: str | None) -> tuple[str | None, ...]:
+        block = self.chains.removed(block_hash)
+        owners = block.owners if block is not None else (None,)
+        parent = block.parent if block is not None else None
+        arrived = self.clock()
+        for owner in owners:
+            self._row(ts, REMOVED, owner, block_hash=block_hash, parent_hash=parent, medium=medium)
+            if owner is not None:
+                self._pending.append((arrived, ts, owner))
+                self._changed.add(owner)
+        return owners
+
+    def _cleared(self, ts: float, reason: str) -> dict[str | None, int]:
+        lost = self.chains.cleared()
+        self._changed.update(s for s in lost if s is not None)
+        tokens = sum(lost.values()) * (self.block_size or 0)
+        self._row(ts, CLEARED, None, num_tokens=tokens, reason=reason)
+        return lost
+
+    def _row(self, ts: float, kind: str, session: str | None, *, block_hash=None, parent_hash=None,
+             medium: str | None = None, num_tokens: int | None = None, reason: str | None = None) -> None:  # fmt: skip
+        self._rows.append({
+            "ts": ts, "instance": self.instance, "kind": kind, "session_id": session,
+            "block_hash": None if block_hash is None else wire.as_uint64(block_hash),
+            "parent_hash": None if parent_hash is None else wire.as_uint64(parent_hash),
+            "num_tokens": self.block_size if num_tokens is None and block_hash is not None else num_tokens,
+            "medium": medium, "reason": reason, "request_id": None,
+        })  # fmt: skip
+
+    def _flush_rows(self) -> None:
+        self.writer.add_many("kv_events", self._rows)
+        self._rows = []
+
+    # ---- footprints -----------------------------------------------------------------------------------
+    def snapshot(self, *, final: bool = False) -> int:
+        """Classify settled removals and write a footprint row per changed session; returns rows written."""
+        now = self.clock()
+        self._classify(now if final else now - self.settle_s)
+        changed, self._changed = self._changed, set()
+        for session in sorted(changed):
+            fp = self.chains.footprints.get(session)
+            if fp is None:
+                continue
+            self.writer.add("snapshots", {
+                "ts": now, "instance": self.instance, "session_id": session,
+                "session_blocks": fp.resident,
+                "session_evicted_blocks": fp.removed + fp.cleared,
+                "session_evicted_idle_blocks": fp.removed_idle,
+            })  # fmt: skip
+        return len(changed)
+
+    def _classify(self, arrived_before: float) -> None:
+        if self.activity is not None and self._pending:
+            self.activity.resolve_pending()
+        while self._pending and self._pending[0][0] <= arrived_before:
+            _, ts, session = self._pending.popleft()
+            if self.activity is not None and self.activity.is_idle(session, ts):
+                self.chains.footprints[session].removed_idle += 1
+                self._changed.add(session)

@@ -1,0 +1,211 @@
+"""Subscribe to vLLM's ZMQ KV-event stream; fill sequence gaps through the replay socket.
+
+    subscriber = KVEventSubscriber("tcp://vllm:5557", handle, drops, replay_endpoint="tcp://vllm:5558")
+    subscriber.start()     # a thread receives, checks, decodes; handle(seq, batch) runs on it, in sequence order
+    subscriber.stop()
+
+Connect or bind: vLLM binds a wildcard endpoint (`tcp://*:5557`: we connect to `tcp://host:5557`) and
+connects to a concrete one (then we bind it); `bind=None` follows vLLM's rule from the endpoint we are given
+(`tcp://*:5557` here means: bind).
+
+Sequence numbers: a jump forward is a gap; with a replay endpoint the subscriber asks the publisher's
+ROUTER for everything from the first missing number (both reply forms: `(topic, seq, payload)` of 0.33,
+`(seq, payload)` of 0.24 and earlier, until the end mark) and delivers it in order before going on; the
+live copies of replayed batches are then skipped. Batches the replay cannot supply are counted in
+`num_lost`. A number going backwards (not a replayed duplicate) means the publisher restarted:
+`on_restart()` is called and numbering starts over.
+
+Bad input (wrong frame count, a sequence frame that is not 8 bytes, a payload that is not a batch, unknown
+event types) is counted in `drops` under `kv_events` and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from collectors.drops import DropCounter
+from kvobs.vllm import kv_events as wire
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "kv_events"
+POLL_MS = 100
+
+BatchHandler = Callable[[int, wire.KVEventBatch], None]
+
+
+class KVEventSubscriber:
+    """Args:
+    endpoint: the publisher's endpoint (`tcp://host:5557`), or ours to bind (`tcp://*:5557`).
+    handle: called with (seq, batch) for every batch, in order, on the subscriber thread.
+    drops: where skipped input is counted.
+    bind: True binds, False connects; None decides from the endpoint (vLLM's rule, mirrored).
+    replay_endpoint: the publisher's ROUTER replay socket; None: gaps are counted, not filled.
+    topic: subscribe to this topic prefix ("" = everything).
+    replay_timeout_s: how long one replay may take before giving up on it.
+    on_restart: called when the publisher's numbering starts over.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        handle: BatchHandler,
+        drops: DropCounter,
+        *,
+        bind: bool | None = None,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        replay_timeout_s: float = 2.0,
+        on_restart: Callable[[], None] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.handle = handle
+        self.drops = drops
+        self.bind = wire.should_bind(endpoint) if bind is None else bind
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.replay_timeout_s = replay_timeout_s
+        self.on_restart = on_restart
+        self.num_batches = 0
+        self.num_events = 0
+        self.num_gaps = 0
+        self.num_replayed = 0
+        self.num_lost = 0
+        self.num_restarts = 0
+        self._expected: int | None = None
+        self._replayed: set[int] = set()
+        self._ctx = zmq.Context.instance()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvobs-kv-subscriber", daemon=True)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the socket on the subscriber thread; raises OSError when it cannot bind or connect."""
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, 100_000)
+            sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+            sub.bind(self.endpoint) if self.bind else sub.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            self._start_error = OSError(f"cannot {'bind' if self.bind else 'connect'} {self.endpoint}: {exc}")
+            self._ready.set()
+            return
+        self._ready.set()
+        log.info("KV events: %s %s (replay: %s)", "bound" if self.bind else "connected to", self.endpoint,
+                 self.replay_endpoint or "off")  # fmt: skip
+        try:
+            while not self._stop.is_set():
+                if sub.poll(POLL_MS):
+                    self._receive(sub.recv_multipart())
+        finally:
+            sub.close()
+
+    # ---- one message ----------------------------------------------------------------------------------
+    def _receive(self, frames: list[bytes]) -> None:
+        if len(frames) != 3:
+            self.drops.count(COMPONENT, "bad_frame_count", f"expected 3 frames, got {len(frames)}")
+            return
+        try:
+            seq = wire.seq_from_bytes(frames[1])
+        except wire.DecodeError as exc:
+            self.drops.count(COMPONENT, "bad_sequence", str(exc))
+            return
+        if seq in self._replayed:
+            self._replayed.discard(seq)  # the live copy of a batch the replay already delivered
+            return
+        if self._expected is not None and seq < self._expected:
+            self.num_restarts += 1
+            self._replayed.clear()
+            log.warning("KV-event sequence went back from %d to %d: the publisher restarted", self._expected, seq)
+            if self.on_restart is not None:
+                self.on_restart()
+        elif self._expected is not None and seq > self._expected:
+            self._fill_gap(self._expected, seq)
+            if seq in self._replayed:
+                self._replayed.discard(seq)
+                return
+        if self._replayed:
+            self._replayed = {s for s in self._replayed if s > seq}
+        self._deliver(seq, frames[2])
+
+    def _deliver(self, seq: int, payload: bytes) -> None:
+        self._expected = seq + 1
+        try:
+            batch, unknown = wire.decode_batch(payload)
+        except wire.DecodeError as exc:
+            self.drops.count(COMPONENT, "malformed_batch", str(exc))
+            return
+        if unknown:
+            self.drops.count(COMPONENT, "unknown_event_type", f"{unknown} event(s) in batch {seq}", n=unknown)
+        self.num_batches += 1
+        self.num_events += len(batch.events)
+        self.handle(seq, batch)
+
+    # ---- gaps -------------------------------------------------------------------------------------------
+    def _fill_gap(self, first_missing: int, arrived: int) -> None:
+        self.num_gaps += 1
+        missing = arrived - first_missing
+        got = self._replay(first_missing, arrived) if self.replay_endpoint else 0
+        if got < missing:
+            self.num_lost += missing - got
+            log.warning("KV events %d..%d lost (%d of %d recovered by replay)", first_missing, arrived - 1, got,
+                        missing)  # fmt: skip
+
+    def _replay(self, start: int, stop: int) -> int:
+        """Ask for batches from `start`; deliver those before `stop` in order; return how many were delivered."""
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        delivered = 0
+        try:
+            dealer.connect(self.replay_endpoint)
+            dealer.send_multipart((b"", wire.seq_bytes(start)))
+            deadline = time.monotonic() + self.replay_timeout_s
+            while (left := deadline - time.monotonic()) > 0 and dealer.poll(int(left * 1000)):
+                reply = _replay_body(dealer.recv_multipart())
+                if reply is None:
+                    self.drops.count(COMPONENT, "bad_replay_reply")
+                    continue
+                seq, payload = reply
+                if seq == -1:
+                    break
+                if start <= seq < stop and seq >= (self._expected or 0):
+                    self._deliver(seq, payload)
+                    delivered += 1
+                    self.num_replayed += 1
+                elif seq >= stop:
+                    self._replayed.add(seq)
+                    self._deliver(seq, payload)
+        except zmq.ZMQError as exc:
+            log.warning("KV-event replay from %s failed: %s", self.replay_endpoint, exc)
+        finally:
+            dealer.close()
+        return delivered
+
+
+def _replay_body(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """(seq, payload) of a replay reply in either form; seq -1 is the end mark."""
+    if frames and frames[0] == b"":
+        frames = frames[1:]
+    if len(frames) == 3:
+        frames = frames[1:]  # 0.33: topic, seq, payload
+    if len(frames) != 2 or len(frames[0]) != 8:
+        return None
+    return int.from_bytes(frames[0], "big", signed=True), frames[1]

@@ -1,0 +1,52 @@
+"""The collector's own Prometheus metrics, read from its components' running totals at scrape time.
+
+    registry = CollectorRegistry(); registry.register(CollectorMetrics(collector))
+    start_http_server(9400, registry=registry)
+
+Counters are exposed from totals the components keep (so nothing is counted twice):
+`kvobs_telemetry_dropped_total{component}` (scrape, kv_events, otlp, otlp_forward, store),
+`kvobs_collector_kv_events_total{instance}`, `kvobs_collector_kv_event_batches_lost_total{instance}`,
+`kvobs_collector_llm_requests_total`, `kvobs_session_prefix_lost_total` (blocks removed while their session
+was idle), and the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector as PromCollector
+
+from kvobs.semconv.metrics import LABEL_COMPONENT, LABEL_INSTANCE, MetricSpec, kvobs_metrics
+
+
+def _counter(spec: MetricSpec, labels: tuple[str, ...] = ()) -> CounterMetricFamily:
+    return CounterMetricFamily(spec.name, spec.description, labels=list(labels))
+
+
+class CollectorMetrics(PromCollector):
+    def __init__(self, collector) -> None:
+        self.collector = collector
+
+    def collect(self):
+        c = self.collector
+        dropped = _counter(kvobs_metrics.TELEMETRY_DROPPED, (LABEL_COMPONENT,))
+        for component, total in sorted(c.dropped_totals().items()):
+            dropped.add_metric([component], total)
+        yield dropped
+        up = GaugeMetricFamily(kvobs_metrics.COLLECTOR_TARGET_UP.name, kvobs_metrics.COLLECTOR_TARGET_UP.description,
+                               labels=[LABEL_INSTANCE])  # fmt: skip
+        for instance, is_up in sorted(c.targets_up().items()):
+            up.add_metric([instance], 1.0 if is_up else 0.0)
+        yield up
+        events = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS, (LABEL_INSTANCE,))
+        lost = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST, (LABEL_INSTANCE,))
+        prefix_lost = _counter(kvobs_metrics.SESSION_PREFIX_LOST)
+        if c.subscriber is not None:
+            events.add_metric([c.kv_ingest.instance], c.subscriber.num_events)
+            lost.add_metric([c.kv_ingest.instance], c.subscriber.num_lost)
+            prefix_lost.add_metric([], sum(f.removed_idle for f in list(c.kv_ingest.chains.footprints.values())))
+        yield events
+        yield lost
+        yield prefix_lost
+        requests = _counter(kvobs_metrics.COLLECTOR_LLM_REQUESTS)
+        requests.add_metric([], c.span_ingest.num_requests)
+        yield requests

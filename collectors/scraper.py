@@ -1,0 +1,165 @@
+"""Scrape `/metrics` of vLLM servers (or `kvobs serve`) every interval into the store.
+
+    scraper = Scraper([ScrapeTarget("vllm-a", "http://10.0.0.5:8000/metrics")], writer, drops, interval_s=5)
+    scraper.start()        # a thread scrapes every target each interval
+    scraper.scrape_all()   # or one round, on the caller's thread
+    scraper.stop()
+
+Each scrape writes `metric_samples` (see `collectors.derive`; plus `up` = 1 or 0 as Prometheus records
+it) and one instance `snapshots` row (usage, running, waiting, the interval's hit rate, cumulative
+preemptions and evictions). A scrape fails when the server cannot be reached, answers non-200, or sends a
+body that is not a whole exposition (counted in `drops` under `scrape`); the instance is then marked down:
+`up` = 0 is written and the change logged once. What counters gained during an outage is counted by the next
+good scrape (or, if the server restarted meanwhile, what it counted since).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from collectors.derive import HIT_RATE, Derived, Deriver
+from collectors.drops import DropCounter
+from collectors.prom_text import MetricsParseError, ParsedMetrics, parse_metrics
+from kvobs.semconv.metrics import kvobs_metrics, vllm
+from kvobs.store.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+UP = "up"
+COMPONENT = "scrape"
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    instance: str
+    url: str
+
+    @classmethod
+    def parse(cls, text: str) -> ScrapeTarget:
+        """`[NAME=]URL`; the URL gets `/metrics` when it has no path; NAME defaults to the URL's host:port."""
+        name, _, url = text.rpartition("=") if "=" in text.split("://")[0] else ("", "", text)
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"not an http(s) URL: {url!r} (example: http://localhost:8000)")
+        if parts.path in ("", "/"):
+            url = url.rstrip("/") + "/metrics"
+        return cls(name or parts.netloc, url)
+
+
+class Scraper:
+    def __init__(
+        self,
+        targets: list[ScrapeTarget],
+        writer: StoreWriter,
+        drops: DropCounter,
+        *,
+        interval_s: float = 5.0,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.targets = targets
+        self.writer = writer
+        self.drops = drops
+        self.interval_s = interval_s
+        self.up: dict[str, bool] = {}
+        self.num_scrapes = 0
+        self._deriver = Deriver()
+        self._client = httpx.Client(timeout=timeout_s or max(1.0, min(10.0, interval_s)))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kvobs-scraper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval_s + 15)
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.scrape_all()
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def scrape_all(self) -> None:
+        for target in self.targets:
+            try:
+                self.scrape(target)
+            except Exception:  # one target's bug must not stop the others
+                log.exception("scraping %s failed", target.url)
+
+    def scrape(self, target: ScrapeTarget) -> bool:
+        """One scrape; True when it succeeded."""
+        now = time.time()
+        self.num_scrapes += 1
+        parsed, error = self._fetch(target)
+        self._set_up(target, error, now)
+        if parsed is None:
+            return False  # counters keep their last values: the next good scrape counts the outage's increase
+        derived = self._deriver.derive(target.instance, parsed)
+        for name, labels, value in derived.samples:
+            self.writer.add("metric_samples", _sample(now, target.instance, name, value, labels))
+        self.writer.add("snapshots", _snapshot(now, target.instance, parsed, derived))
+        return True
+
+    def _fetch(self, target: ScrapeTarget) -> tuple[ParsedMetrics | None, str | None]:
+        try:
+            response = self._client.get(target.url)
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        if response.status_code != 200:
+            return None, f"HTTP {response.status_code}"
+        try:
+            return parse_metrics(response.text), None
+        except MetricsParseError as exc:
+            self.drops.count(COMPONENT, "malformed_body", f"{target.url}: {exc}")
+            return None, str(exc)
+
+    def _set_up(self, target: ScrapeTarget, error: str | None, now: float) -> None:
+        up = error is None
+        if self.up.get(target.instance) != up:
+            if up:
+                log.info("%s is up (%s)", target.instance, target.url)
+            else:
+                log.warning("%s is down: %s (%s)", target.instance, error, target.url)
+        self.up[target.instance] = up
+        self.writer.add("metric_samples", _sample(now, target.instance, UP, 1.0 if up else 0.0, {}))
+
+
+def _sample(ts: float, instance: str, name: str, value: float, labels: dict) -> dict:
+    return {"ts": ts, "instance": instance, "name": name, "labels": labels, "value": value}
+
+
+def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived) -> dict:
+    usage = parsed.gauge(vllm.KV_CACHE_USAGE_PERC.name)
+    config = parsed.info.get(vllm.CACHE_CONFIG_INFO.name + "_info", {})
+    total = int(config["num_gpu_blocks"]) - 1 if config.get("num_gpu_blocks", "").isdigit() else None  # null block
+    hit_rate = next((v for n, _, v in derived.samples if n == HIT_RATE), None)
+    resident = parsed.gauge(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS.name)
+    evictions = derived.totals.get(kvobs_metrics.KV_BLOCKS_EVICTED.name)
+    return {
+        "ts": ts,
+        "instance": instance,
+        "session_id": None,
+        "kv_usage": usage,
+        "blocks_total": total,
+        "blocks_free": round((1 - usage) * total) if usage is not None and total is not None else None,
+        "blocks_resident": None if resident is None else int(resident),
+        "hit_rate": hit_rate,
+        "num_running": _int(parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name)),
+        "num_waiting": _int(parsed.gauge(vllm.NUM_REQUESTS_WAITING.name)),
+        "preemptions_total": _int(derived.totals.get(vllm.NUM_PREEMPTIONS.name)),
+        "evictions_total": _int(evictions),
+    }
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)

@@ -1,0 +1,73 @@
+"""When was a session busy? Request intervals from `llm_request` spans, to tell an eviction during a tool pause.
+
+    activity = SessionActivity(resolve=store_trace_sessions)
+    activity.add_request(trace_id, start, end, session_id=None)     # from each llm_request span
+    activity.is_idle("s1", ts)      # True / False, or None when no request of s1 is known
+
+vLLM's `llm_request` span has no session; its trace id is the agent step's, so the session comes from the
+span's `session.id` (our engine sets it) or, lazily, from `resolve(trace_ids)` (the store's `steps` rows
+the agent SDK wrote). A session is idle at `ts` when `ts` falls after its first request started and inside
+none of its requests: between steps (a tool pause) or after its last one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+Resolver = Callable[[Iterable[str]], dict[str, str]]
+
+
+class SessionActivity:
+    """Args:
+    resolve: trace ids -> session ids for spans without a session (None: such spans stay unattributed).
+    max_sessions: sessions remembered (least recently active dropped first).
+    max_unresolved: spans waiting for their session at most.
+    """
+
+    def __init__(self, resolve: Resolver | None = None, *, max_sessions: int = 100_000,
+                 max_unresolved: int = 100_000) -> None:  # fmt: skip
+        self.resolve = resolve
+        self.max_sessions = max_sessions
+        self.max_unresolved = max_unresolved
+        self._intervals: OrderedDict[str, list[tuple[float, float]]] = OrderedDict()
+        self._unresolved: OrderedDict[str, list[tuple[float, float, str]]] = OrderedDict()
+        self.latest_span: dict[str, tuple[str, str]] = {}  # session -> (trace id, span id) of its latest request
+
+    def add_request(self, trace_id: str, span_id: str, start: float, end: float,
+                    session_id: str | None = None) -> None:  # fmt: skip
+        if session_id is None:
+            self._unresolved.setdefault(trace_id, []).append((start, end, span_id))
+            while len(self._unresolved) > self.max_unresolved:
+                self._unresolved.popitem(last=False)
+            return
+        self._add(session_id, start, end, trace_id, span_id)
+
+    def is_idle(self, session_id: str, ts: float) -> bool | None:
+        intervals = self._intervals.get(session_id)
+        if not intervals:
+            return None
+        if ts < intervals[0][0]:
+            return False  # before its first request: not a pause
+        i = bisect.bisect_right(intervals, (ts, float("inf")))
+        return not any(start <= ts <= end for start, end in intervals[:i])
+
+    def resolve_pending(self) -> None:
+        """Attribute waiting spans to sessions through `resolve` (spans still unknown keep waiting)."""
+        if self.resolve is None or not self._unresolved:
+            return
+        found = self.resolve(list(self._unresolved))
+        for trace_id, session_id in found.items():
+            for start, end, span_id in self._unresolved.pop(trace_id, ()):
+                self._add(session_id, start, end, trace_id, span_id)
+
+    def _add(self, session_id: str, start: float, end: float, trace_id: str, span_id: str) -> None:
+        intervals = self._intervals.setdefault(session_id, [])
+        bisect.insort(intervals, (start, end))
+        if start >= intervals[-1][0]:
+            self.latest_span[session_id] = (trace_id, span_id)
+        self._intervals.move_to_end(session_id)
+        while len(self._intervals) > self.max_sessions:
+            dropped, _ = self._intervals.popitem(last=False)
+            self.latest_span.pop(dropped, None)

@@ -1,0 +1,106 @@
+"""`kvobs collect`: vLLM's (or our engine's) /metrics, KV events and OTLP traces into the kvobs store.
+
+kvobs collect --vllm-url http://vllm:8000 --kv-events tcp://vllm:5557 --kv-events-replay tcp://vllm:5558 \\
+              --otlp-grpc 0.0.0.0:4317 --otlp-http 0.0.0.0:4318 --forward-otlp http://jaeger:4318 \\
+              --store postgresql://kvobs@postgres/kvobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from kvobs.commands._common import start_or_report
+from kvobs.store.db import STORE_URL_ENV
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("collect", help="collect vLLM /metrics, KV events and OTLP traces into the store")
+    p.add_argument(
+        "--vllm-url",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="a vLLM (or kvobs serve) base URL to scrape; repeat for several; NAME defaults to host:port",
+    )
+    p.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        help="vLLM's KV-event ZMQ endpoint: tcp://vllm:5557 (connect) or tcp://*:5557 (bind)",
+    )
+    p.add_argument(
+        "--kv-events-bind",
+        action="store_true",
+        help="bind ENDPOINT (vLLM was given a concrete address and connects to us)",
+    )
+    p.add_argument("--kv-events-replay", metavar="ENDPOINT", help="vLLM's replay ROUTER endpoint, to fill gaps")
+    p.add_argument("--kv-events-topic", default="", help="topic prefix to subscribe to (vLLM's default: '')")
+    p.add_argument("--otlp-grpc", metavar="HOST:PORT", help="receive OTLP traces over gRPC, e.g. 0.0.0.0:4317")
+    p.add_argument("--otlp-http", metavar="HOST:PORT", help="receive OTLP traces over HTTP, e.g. 0.0.0.0:4318")
+    p.add_argument(
+        "--forward-otlp",
+        metavar="URL",
+        help="pass every received trace on unchanged: http://jaeger:4318 or grpc://jaeger:4317",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="where the collector's own KV spans go (default: --forward-otlp, else OTEL_EXPORTER_OTLP_*)",
+    )
+    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    p.add_argument("--instance", help="instance name for KV events and spans (default: the only --vllm-url's name)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes and footprint snapshots")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds an eviction waits for its session's request spans before it is classified idle/busy",
+    )
+    p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
+    p.set_defaults(func=run)  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from collectors.collector import Collector, CollectorOptions
+    except ImportError as exc:
+        print(f"kvobs collect needs the collectors extra: pip install 'kvobs[collectors]' ({exc})", file=sys.stderr)
+        return 2
+
+    def start() -> Collector:
+        options = CollectorOptions(
+            store_url=args.store or os.environ.get(STORE_URL_ENV),
+            vllm_urls=args.vllm_url,
+            kv_events=args.kv_events,
+            kv_events_bind=args.kv_events_bind,
+            kv_events_replay=args.kv_events_replay,
+            kv_events_topic=args.kv_events_topic,
+            otlp_grpc=args.otlp_grpc,
+            otlp_http=args.otlp_http,
+            forward_otlp=args.forward_otlp,
+            otlp_endpoint=args.otlp_endpoint,
+            instance=args.instance,
+            interval_s=args.interval,
+            settle_s=args.settle,
+            metrics_address=args.metrics_address,
+        )
+        collector = Collector(options)
+        collector.start()
+        return collector
+
+    collector = start_or_report("collect", start)
+    if collector is None:
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("stopping: flushing KV footprints, forwarded traces and store rows")
+    collector.stop()
+    return 0

@@ -1,0 +1,137 @@
+"""The whole collector on the recorded vLLM run, through real sockets: scrapes from an HTTP server, KV-event
+frames from a ZMQ publisher, OTLP bodies POSTed to the receiver; the store is then compared with numbers
+computed from the fixture files (tests/collectors/expected.py)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from collectors.collector import Collector, CollectorOptions
+from kvobs.store.schema import KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
+from tests.collectors import expected
+from tests.collectors.recorded import agent_steps, kv_messages, otlp_bodies, scrapes
+from tests.collectors.replay import metrics_server, publisher, wait_subscribed
+from tests.server.conftest import free_port
+from tests.waiting import wait_for
+
+
+def counter_value(body: str, name: str) -> float:
+    return float(re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", body, re.M).group(1))
+
+
+def record_agent_steps(store) -> None:
+    """What the agent SDK (StoreStepRecorder) would have written for the recorded workload."""
+    with store.session() as s, s.begin():
+        for step in agent_steps():
+            s.add(StepRow(session_id=step["session"], step_index=step["step"], trace_id=step["trace_id"],
+                          span_id=step["span_id"], started_at=step["start"], ended_at=step["end"],
+                          status="ok" if step["ok"] else "error"))  # fmt: skip
+
+
+@pytest.fixture
+def collected(store):
+    """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the store."""
+    record_agent_steps(store)
+    port = free_port()
+    with metrics_server([body for _, body in scrapes()]) as url:
+        options = CollectorOptions(vllm_urls=[f"vllm-cpu={url}"], kv_events=f"tcp://127.0.0.1:{port}",
+                                   kv_events_bind=True, otlp_http="127.0.0.1:0", interval_s=3600)  # fmt: skip
+        collector = Collector(options, store=store)
+        collector.start()
+        try:
+            with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:  # vLLM connected to us when recorded
+                wait_subscribed(pub)
+                for message in kv_messages():
+                    pub.send_multipart(message.frames)
+                otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
+                for body in otlp_bodies():
+                    assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
+                wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
+                for _ in scrapes()[1:]:
+                    collector.scraper.scrape_all()
+                wait_for(lambda: collector.subscriber.num_batches == len(kv_messages()))
+        finally:
+            collector.stop()
+        yield store, collector
+
+
+def test_kv_events_are_stored_and_attributed_to_the_sessions_that_stored_the_blocks(collected):
+    store, collector = collected
+    want = expected.kv_outcome()
+    with store.session() as s:
+        rows = Counter(s.execute(select(KVEventRow.kind, KVEventRow.session_id)).all())
+        cleared = s.scalars(select(KVEventRow.reason).where(KVEventRow.kind == "cleared")).all()
+        chain = s.execute(
+            select(KVEventRow.block_hash, KVEventRow.parent_hash).where(KVEventRow.kind == "stored")
+        ).all()
+    assert rows == want["rows"]
+    assert sum(n for (kind, _), n in want["rows"].items() if kind == "removed") == 281  # the fixture's README
+    assert cleared == ["reset"]
+    hashes = {h for h, _ in chain}
+    assert {p for _, p in chain if p is not None} <= hashes  # every chain is whole: recorded from vLLM's start
+    assert max(hashes) > 2**63  # unsigned 64-bit hashes survive both backends
+    assert collector.drops.totals() == {} and collector.subscriber.num_lost == 0
+
+
+def test_session_footprints_match_the_event_stream(collected):
+    store, _ = collected
+    want = expected.kv_outcome()
+    with store.session() as s:
+        latest = {}
+        for row in s.scalars(select(SnapshotRow).where(SnapshotRow.session_id.is_not(None)).order_by(SnapshotRow.id)):
+            latest[row.session_id] = row
+        sources = dict(s.execute(select(SessionRow.session_id, SessionRow.source)).all())
+    sessions = {sid for (_, sid) in want["rows"] if sid is not None}
+    assert set(latest) == sessions
+    for sid in sessions:
+        assert latest[sid].session_blocks == want["resident"][sid], sid
+        assert latest[sid].session_evicted_blocks == want["lost"][sid], sid
+        assert latest[sid].session_evicted_idle_blocks == want["idle"][sid], sid
+    assert sum(want["idle"].values()) > 0  # the workload's tool pauses really lost prefixes
+    assert set(sources) == sessions and set(sources.values()) == {"vllm"}
+
+
+def test_llm_request_spans_become_requests_joined_to_agent_steps(collected):
+    store, _ = collected
+    spans = expected.llm_request_spans()
+    with store.session() as s:
+        requests = s.scalars(select(RequestRow)).all()
+        joined = s.execute(select(func.count()).select_from(RequestRow).join(
+            StepRow, StepRow.span_id == RequestRow.parent_span_id)).scalar()  # fmt: skip
+    assert len(requests) == len(spans) == 54
+    by_id = {r.span_id: r for r in requests}
+    for span in spans:
+        row = by_id[span.span_id.hex()]
+        assert row.trace_id == span.trace_id.hex() and row.instance == "vllm-cpu"
+        assert row.arrival_ts == pytest.approx(span.start_time_unix_nano / 1e9)
+    assert joined == len({s["span_id"] for s in agent_steps()} & {r.parent_span_id for r in requests}) > 0
+
+
+def test_scrapes_give_snapshots_and_interval_samples(collected):
+    store, collector = collected
+    bodies = [body for _, body in scrapes()]
+    with store.session() as s:
+        snapshots = s.scalars(
+            select(SnapshotRow).where(SnapshotRow.session_id.is_(None)).order_by(SnapshotRow.ts)
+        ).all()
+        samples = s.execute(select(MetricSampleRow.name, MetricSampleRow.value).order_by(MetricSampleRow.id)).all()
+    assert len(snapshots) == len(bodies) and collector.scraper.up == {"vllm-cpu": True}
+    last = bodies[-1]
+    assert snapshots[-1].preemptions_total == counter_value(last, "vllm:num_preemptions_total") == 9
+    assert snapshots[-1].blocks_total == 31  # --num-gpu-blocks-override 32, minus vLLM's null block
+    hits = sum(v for n, v in samples if n == "vllm:prefix_cache_hits:increase")
+    queries = sum(v for n, v in samples if n == "vllm:prefix_cache_queries:increase")
+    first = bodies[0]
+    assert hits == counter_value(last, "vllm:prefix_cache_hits_total") - counter_value(
+        first, "vllm:prefix_cache_hits_total"
+    )
+    assert queries == counter_value(last, "vllm:prefix_cache_queries_total") - counter_value(
+        first, "vllm:prefix_cache_queries_total")  # fmt: skip
+    assert (hits, queries) == (13952, 47210)
+    assert all(v >= 0 for n, v in samples if n.endswith((":increase", ":count")))
+    assert [v for n, v in samples if n == "up"] == [1.0] * len(bodies)

@@ -1,0 +1,119 @@
+"""The KV-event subscriber on the recorded frames through real ZMQ sockets: connect mode, gaps filled by
+replay in both reply forms, garbage counted and skipped, a publisher restart."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+
+from collectors.drops import DropCounter
+from collectors.kv_subscriber import KVEventSubscriber
+from kvobs.vllm import kv_events as wire
+from tests.collectors.recorded import kv_messages
+from tests.collectors.replay import publisher, replay_router, wait_subscribed
+from tests.server.conftest import free_port
+from tests.waiting import wait_for
+
+
+class Received:
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        self.num_events = 0
+        self.restarts = 0
+
+    def __call__(self, seq: int, batch: wire.KVEventBatch) -> None:
+        self.seqs.append(seq)
+        self.num_events += len(batch.events)
+
+    def restarted(self) -> None:
+        self.restarts += 1
+
+
+def recorded_event_count() -> int:
+    return sum(len(msgspec.msgpack.decode(m.frames[2])[1]) for m in kv_messages())
+
+
+def run(frames: list[tuple[bytes, ...]], *, bind_subscriber: bool, replay: str | None = None, expect: int,
+        lost_in_transit: set[int] = frozenset(), published: list | None = None) -> tuple:  # fmt: skip
+    """Publish `frames` (those at `lost_in_transit` indexes never reach the subscriber, but count as published
+    for replay); return what the subscriber delivered."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    got, drops = Received(), DropCounter()
+    with publisher(endpoint, bind=not bind_subscriber) as pub:
+        subscriber = KVEventSubscriber(endpoint, got, drops, bind=bind_subscriber, replay_endpoint=replay,
+                                       on_restart=got.restarted)  # fmt: skip
+        subscriber.start()
+        try:
+            wait_subscribed(pub)
+            for i, message in enumerate(frames):
+                if published is not None:
+                    published.append(message)
+                if i not in lost_in_transit:
+                    pub.send_multipart(message)
+                    time.sleep(0.002)  # a live stream, not a burst: replays happen while it goes on
+            wait_for(lambda: len(got.seqs) >= expect, timeout_s=10)
+        finally:
+            subscriber.stop()
+    return got, drops, subscriber
+
+
+def test_connect_mode_receives_every_recorded_batch_in_order():
+    frames = [m.frames for m in kv_messages()]
+    got, drops, subscriber = run(frames, bind_subscriber=False, expect=len(frames))
+    assert got.seqs == list(range(len(frames)))
+    assert got.num_events == recorded_event_count() == 123 + 281 + 1  # the fixture README's totals
+    assert drops.totals() == {} and subscriber.num_gaps == 0
+
+
+@pytest.mark.parametrize("form", ["0.33", "0.24"])
+def test_dropped_frames_are_recovered_through_replay(form):
+    frames = [m.frames for m in kv_messages()]
+    dropped = {5, 6, 7, 40, 100}
+    replay, published = f"tcp://127.0.0.1:{free_port()}", []
+    with replay_router(replay, published, form=form) as asked:
+        got, drops, subscriber = run(frames, bind_subscriber=True, replay=replay, expect=len(frames),
+                                     lost_in_transit=dropped, published=published)  # fmt: skip
+    assert got.seqs == list(range(len(frames)))  # every batch once, in order
+    assert got.num_events == recorded_event_count()
+    assert asked == [5, 40, 100] and subscriber.num_gaps == 3 and subscriber.num_lost == 0
+    assert subscriber.num_replayed == len(dropped) and drops.totals() == {}
+
+
+def test_a_gap_without_replay_is_counted_as_lost():
+    frames = [m.frames for m in kv_messages()][:20]
+    live = frames[:3] + frames[6:]
+    got, _, subscriber = run(live, bind_subscriber=True, expect=len(live))
+    assert got.seqs == [0, 1, 2, *range(6, 20)]
+    assert subscriber.num_gaps == 1 and subscriber.num_lost == 3
+
+
+def test_garbage_is_counted_and_skipped_and_the_stream_goes_on():
+    frames = [m.frames for m in kv_messages()][:6]
+    topic, _, payload = frames[0]
+    unknown = msgspec.msgpack.encode([1.0, [{"type": "BlockMoved", "block_hashes": [1]}], 0])
+    bad = [
+        frames[0],
+        (topic, wire.seq_bytes(1)),  # two frames
+        (topic, b"\x01\x02", payload),  # short sequence frame
+        (topic, wire.seq_bytes(1), b"\xc1garbage"),  # not msgpack
+        (topic, wire.seq_bytes(2), msgspec.msgpack.encode({"ts": 1.0})),  # msgpack, not a batch
+        (topic, wire.seq_bytes(3), unknown),  # an event type from the future
+        (topic, wire.seq_bytes(4), payload[: len(payload) // 2]),  # truncated
+        *[(t, wire.seq_bytes(i), p) for i, (t, _, p) in enumerate(frames[5:], start=5)],
+    ]
+    got, drops, _ = run(bad, bind_subscriber=True, expect=3)
+    assert got.seqs == [0, 3, 5]  # the batch with only an unknown event still arrives (empty)
+    assert drops.get("kv_events", "bad_frame_count") == 1
+    assert drops.get("kv_events", "bad_sequence") == 1
+    assert drops.get("kv_events", "malformed_batch") == 3
+    assert drops.get("kv_events", "unknown_event_type") == 1
+
+
+def test_a_publisher_restart_is_recognised():
+    frames = [m.frames for m in kv_messages()]
+    stream = frames[:10] + frames[:5]  # the publisher came back and numbers from 0 again
+    got, _, subscriber = run(stream, bind_subscriber=True, expect=len(stream))
+    assert got.seqs == [*range(10), *range(5)]
+    assert got.restarts == subscriber.num_restarts == 1

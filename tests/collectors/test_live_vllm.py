@@ -1,0 +1,74 @@
+"""Optional: the collector against a live vLLM (CPU build) started with ../shared/scripts/vllm-cpu.sh.
+
+Run with `KVOBS_TEST_VLLM=1 KVOBS_VLLM_VENV=/path/to/venv pytest tests/collectors/test_live_vllm.py` after
+`bash ../shared/scripts/vllm-cpu.sh setup /path/to/venv` (about 5 minutes, 3 GB). Not part of CI: it needs that
+setup; the recorded run (test_collector_recorded.py) covers the same paths on every commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from collectors.collector import Collector, CollectorOptions
+from kvobs.store.schema import KVEventRow, RequestRow, SnapshotRow
+from tests.server.conftest import free_port
+from tests.waiting import wait_for
+
+SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "scripts" / "vllm-cpu.sh"
+
+pytestmark = pytest.mark.skipif(os.environ.get("KVOBS_TEST_VLLM") != "1",
+                                reason="live vLLM test: set KVOBS_TEST_VLLM=1 and KVOBS_VLLM_VENV")  # fmt: skip
+
+
+def test_collector_on_a_live_vllm(store):
+    venv = os.environ["KVOBS_VLLM_VENV"]
+    port, kv, otlp = free_port(), free_port(), free_port()
+    kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
+    collector = Collector(CollectorOptions(vllm_urls=[f"vllm=http://127.0.0.1:{port}"], kv_events=f"tcp://127.0.0.1:{kv}",
+                                           kv_events_bind=True, otlp_http=f"127.0.0.1:{otlp}", interval_s=1.0),
+                          store=store)  # fmt: skip
+    collector.start()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    vllm = subprocess.Popen(["bash", str(SCRIPT), "serve", venv, str(port), "--num-gpu-blocks-override", "16",
+                             "--kv-events-config", json.dumps(kv_config),
+                             "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces"], env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not _healthy(port):
+            assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
+            time.sleep(2)
+        system = "You are a meticulous research agent. " * 100  # ~6 blocks of 128 tokens per session
+        for session in ("live-a", "live-b", "live-c"):
+            body = {"model": "smollm2", "max_tokens": 8, "messages": [{"role": "system", "content": session + system},
+                                                                       {"role": "user", "content": "Go."}]}  # fmt: skip
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                           headers={"X-Session-ID": session}, timeout=300)  # fmt: skip
+            assert r.status_code == 200, r.text
+        wait_for(lambda: collector.span_ingest.num_requests >= 3, timeout_s=60)
+        time.sleep(2)
+    finally:
+        vllm.terminate()
+        vllm.wait(60)
+        collector.stop()
+    with store.session() as s:
+        stored = set(s.scalars(select(KVEventRow.session_id).where(KVEventRow.kind == "stored")))
+        removed = s.scalar(select(func.count()).select_from(KVEventRow).where(KVEventRow.kind == "removed"))
+        requests = s.scalar(select(func.count()).select_from(RequestRow))
+        snapshots = s.scalar(select(func.count()).select_from(SnapshotRow).where(SnapshotRow.session_id.is_(None)))
+    assert {"live-a", "live-b", "live-c"} <= stored and removed > 0  # 16 blocks: the sessions evict each other
+    assert requests >= 3 and snapshots > 0
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -1,0 +1,153 @@
+"""Scraping: legacy names, buckets read from the body, restarts without negative rates, bad bodies and down
+servers counted and recorded, over a real HTTP server serving the recorded vLLM scrapes."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from sqlalchemy import select
+
+from collectors.derive import Deriver, histogram_quantile
+from collectors.drops import DropCounter
+from collectors.prom_text import MetricsParseError, parse_metrics
+from collectors.scraper import Scraper, ScrapeTarget
+from kvobs.store.schema import MetricSampleRow, SnapshotRow
+from kvobs.store.writer import StoreWriter
+from tests.collectors.recorded import scrapes
+from tests.collectors.replay import metrics_server
+from tests.collectors.test_collector_recorded import counter_value
+from tests.server.conftest import free_port
+
+BODIES = [body for _, body in scrapes()]
+LEGACY = {  # current name -> the name releases before the rename emitted
+    "vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc",
+    "vllm:prefix_cache_queries": "vllm:gpu_prefix_cache_queries",
+    "vllm:prefix_cache_hits": "vllm:gpu_prefix_cache_hits",
+    "vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds",
+}
+
+
+def as_legacy(body: str) -> str:
+    for new, old in LEGACY.items():
+        body = body.replace(new + "_", old + "_").replace(new + "{", old + "{").replace(new + " ", old + " ")
+    return body
+
+
+def scrape_all(store, responses, *, url: str | None = None) -> tuple[Scraper, list, list]:
+    writer, drops = StoreWriter(store), DropCounter()
+    with metrics_server(responses) as base:
+        scraper = Scraper([ScrapeTarget.parse(f"vllm={url or base}")], writer, drops)
+        for _ in responses:
+            scraper.scrape_all()
+    writer.close()
+    with store.session() as s:
+        samples = s.execute(select(MetricSampleRow.name, MetricSampleRow.value).order_by(MetricSampleRow.id)).all()
+        snapshots = s.scalars(select(SnapshotRow).order_by(SnapshotRow.id)).all()
+    return scraper, samples, snapshots
+
+
+def total(samples, name: str) -> float:
+    return sum(v for n, v in samples if n == name)
+
+
+def test_legacy_names_read_as_the_current_ones():
+    current, legacy = parse_metrics(BODIES[60]), parse_metrics(as_legacy(BODIES[60]))
+    assert "vllm:gpu_cache_usage_perc" in as_legacy(BODIES[60])
+    assert legacy.gauge("vllm:kv_cache_usage_perc") == current.gauge("vllm:kv_cache_usage_perc") is not None
+    for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
+        assert [c.value for (n, _), c in legacy.counters.items() if n == name] == \
+               [c.value for (n, _), c in current.counters.items() if n == name] != []  # fmt: skip
+    itl = [h.count for (n, _), h in legacy.histograms.items() if n == "vllm:inter_token_latency_seconds"]
+    assert itl == [h.count for (n, _), h in current.histograms.items() if n == "vllm:inter_token_latency_seconds"]
+
+
+def test_quantiles_use_the_buckets_the_server_reports():
+    # rewrite TTFT's bucket bounds: the quantile must move with them (nothing hard-coded)
+    first, last = BODIES[0], BODIES[-1]
+    found = re.findall(r'time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"', last)
+    bounds = sorted({float(x) for x in found if x != "+Inf"})
+    scaled = {f'le="{b}"': f'le="{b * 10}"' for b in bounds}
+
+    def rescale(body: str) -> str:
+        out = []
+        for line in body.splitlines(keepends=True):
+            if line.startswith("vllm:time_to_first_token_seconds_bucket"):
+                for old, new in scaled.items():
+                    if old in line:
+                        line = line.replace(old, new)
+                        break
+            out.append(line)
+        return "".join(out)
+
+    def p50(a: str, b: str) -> float:
+        deriver = Deriver()
+        deriver.derive("x", parse_metrics(a))
+        return next(v for n, _, v in deriver.derive("x", parse_metrics(b)).samples
+                    if n == "vllm:time_to_first_token_seconds:p50")  # fmt: skip
+
+    assert p50(rescale(first), rescale(last)) == pytest.approx(10 * p50(first, last))
+
+
+def test_histogram_quantile_interpolates_like_promql():
+    buckets = [(0.1, 2.0), (0.5, 6.0), (1.0, 8.0), (math.inf, 10.0)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (5 - 2) / 4)
+    assert histogram_quantile(0.99, buckets) == 1.0  # in +Inf: the highest finite bound
+    assert histogram_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["<html><body>502 Bad Gateway</body></html>\n", BODIES[-1][: len(BODIES[-1]) // 2], "",
+     BODIES[-1].split('le="+Inf"')[0].rsplit("\n", 1)[0] + "\n"],
+    ids=["html", "cut-mid-line", "empty", "cut-before-inf-bucket"],
+)  # fmt: skip
+def test_bodies_that_are_not_a_whole_exposition_are_refused(body):
+    with pytest.raises(MetricsParseError):
+        parse_metrics(body)
+
+
+def test_every_recorded_scrape_parses():
+    for body in BODIES:
+        parse_metrics(body)
+
+
+def test_a_server_restart_gives_no_negative_increase_and_no_double_count(store):
+    restart_at = 40
+    stream = BODIES[: restart_at + 1] + BODIES  # the server restarted and counts from zero again
+    scraper, samples, snapshots = scrape_all(store, stream)
+    hits = [counter_value(BODIES[i], "vllm:prefix_cache_hits_total") for i in (0, restart_at, -1)]
+    want = (hits[1] - hits[0]) + hits[2]  # before the restart, then everything the new process counted
+    assert total(samples, "vllm:prefix_cache_hits:increase") == want
+    assert all(v >= 0 for n, v in samples if n.endswith((":increase", ":count", ":sum")))
+    preemptions = counter_value(BODIES[restart_at], "vllm:num_preemptions_total") + 9
+    assert snapshots[-1].preemptions_total == preemptions
+    assert scraper._deriver.tracker.num_resets > 0
+
+
+def test_bad_bodies_and_dead_servers_mark_the_instance_down_and_scraping_goes_on(store):
+    responses = [BODIES[10], "<html>oops</html>\n", (500, "internal error", "text/plain"), BODIES[11][:5000],
+                 BODIES[12], BODIES[13]]  # fmt: skip
+    scraper, samples, snapshots = scrape_all(store, responses)
+    assert [v for n, v in samples if n == "up"] == [1, 0, 0, 0, 1, 1]
+    assert scraper.drops.get("scrape", "malformed_body") == 2  # the HTTP 500 is a failure, not a malformed body
+    assert len(snapshots) == 3 and scraper.up == {"vllm": True}
+    # what the counters gained during the outage is counted once, by the first good scrape after it
+    hits = [v for n, v in samples if n == "vllm:prefix_cache_hits:increase"]
+    at = [counter_value(BODIES[i], "vllm:prefix_cache_hits_total") for i in (10, 12, 13)]
+    assert hits == [at[1] - at[0], at[2] - at[1]]
+
+
+def test_an_unreachable_server_is_recorded_down(store):
+    scraper, samples, snapshots = scrape_all(store, [BODIES[0]], url=f"http://127.0.0.1:{free_port()}")
+    assert [v for n, v in samples if n == "up"] == [0.0] and snapshots == [] and scraper.up == {"vllm": False}
+
+
+def test_scrape_targets_parse_names_and_paths():
+    assert ScrapeTarget.parse("http://vllm:8000") == ScrapeTarget("vllm:8000", "http://vllm:8000/metrics")
+    assert ScrapeTarget.parse("gpu-a=http://10.0.0.5:8000/metrics") == ScrapeTarget(
+        "gpu-a", "http://10.0.0.5:8000/metrics"
+    )
+    with pytest.raises(ValueError, match="not an http"):
+        ScrapeTarget.parse("vllm:8000")
