@@ -26,7 +26,7 @@ from collectors.kv_bridge import KVSpanBridge
 from collectors.kv_ingest import KVIngest
 from collectors.kv_subscriber import KVEventSubscriber
 from collectors.otlp_forward import OTLPForwarder, check_forward_url
-from collectors.otlp_receiver import OTLPReceiver
+from collectors.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.own_metrics import CollectorMetrics
 from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
@@ -131,7 +131,7 @@ class Collector:
         if self.scraper is not None:
             self.scraper.start()
         if self.options.metrics_address:
-            host, port = _split(self.options.metrics_address)
+            host, port = split_host_port(self.options.metrics_address)
             self._metrics_server, _ = start_http_server(port, addr=host, registry=self.registry)
         self._ticker.start()
         log.info("collecting into %s: %s", self.store.url.split("@")[-1], self.describe())
@@ -162,11 +162,6 @@ class Collector:
             self._metrics_server.shutdown()
         if self._owns_store:
             self.store.close()
-
-    def flush(self) -> None:
-        """Write footprints for everything received so far and wait for the store (tests, benchmarks)."""
-        self.kv_ingest.snapshot(final=True)
-        self.writer.flush()
 
     # ---- internals ---------------------------------------------------------------------------------------
     def _on_export(self, request) -> None:
@@ -207,10 +202,3 @@ class Collector:
 
 def _host_port(endpoint: str) -> str:
     return urlsplit(endpoint).netloc or endpoint or "kv-events"
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"expected HOST:PORT; got {address!r}")
-    return host or "0.0.0.0", int(port)

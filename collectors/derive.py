@@ -35,6 +35,7 @@ class Derived:
     samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
     increases: dict[str, float] = field(default_factory=dict)  # counter name -> increase, all labels summed
     totals: dict[str, float] = field(default_factory=dict)  # counter name -> total seen since the collector started
+    hit_rate: float | None = None  # prefix-cache hit tokens / queried tokens over the interval
 
 
 class Deriver:
@@ -57,7 +58,8 @@ class Deriver:
         self._histograms(instance, parsed, out)
         queries = out.increases.get(vllm.PREFIX_CACHE_QUERIES.name)
         if queries:
-            out.samples.append((HIT_RATE, {}, out.increases.get(vllm.PREFIX_CACHE_HITS.name, 0.0) / queries))
+            out.hit_rate = out.increases.get(vllm.PREFIX_CACHE_HITS.name, 0.0) / queries
+            out.samples.append((HIT_RATE, {}, out.hit_rate))
         return out
 
     def _counters(self, instance: str, parsed: ParsedMetrics, out: Derived) -> None:

@@ -73,7 +73,7 @@ class OTLPReceiver:
             self.grpc_port = self._grpc.add_insecure_port(self.grpc_address)
             self._grpc.start()
         if self.http_address is not None:
-            host, port = _split(self.http_address)
+            host, port = split_host_port(self.http_address)
             self._http = ThreadingHTTPServer((host, port), _http_handler(self))
             self._http.daemon_threads = True
             self.http_port = self._http.server_address[1]
@@ -175,6 +175,9 @@ def _parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     return request
 
 
-def _split(address: str) -> tuple[str, int]:
+def split_host_port(address: str) -> tuple[str, int]:
+    """`host:port` (`[::1]:4318`, `:4318` = all interfaces) -> (host, port); ValueError when there is no port."""
     host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"expected HOST:PORT; got {address!r}")
     return host.strip("[]") or "0.0.0.0", int(port)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from collectors.derive import HIT_RATE, Derived, Deriver
+from collectors.derive import Derived, Deriver
 from collectors.drops import DropCounter
 from collectors.prom_text import MetricsParseError, ParsedMetrics, parse_metrics
 from kvobs.semconv.metrics import kvobs_metrics, vllm
@@ -142,7 +142,6 @@ def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived)
     usage = parsed.gauge(vllm.KV_CACHE_USAGE_PERC.name)
     config = parsed.info.get(vllm.CACHE_CONFIG_INFO.name + "_info", {})
     total = int(config["num_gpu_blocks"]) - 1 if config.get("num_gpu_blocks", "").isdigit() else None  # null block
-    hit_rate = next((v for n, _, v in derived.samples if n == HIT_RATE), None)
     resident = parsed.gauge(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS.name)
     evictions = derived.totals.get(kvobs_metrics.KV_BLOCKS_EVICTED.name)
     return {
@@ -153,7 +152,7 @@ def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived)
         "blocks_total": total,
         "blocks_free": round((1 - usage) * total) if usage is not None and total is not None else None,
         "blocks_resident": None if resident is None else int(resident),
-        "hit_rate": hit_rate,
+        "hit_rate": derived.hit_rate,
         "num_running": _int(parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name)),
         "num_waiting": _int(parsed.gauge(vllm.NUM_REQUESTS_WAITING.name)),
         "preemptions_total": _int(derived.totals.get(vllm.NUM_PREEMPTIONS.name)),
