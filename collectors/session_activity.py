@@ -6,13 +6,15 @@
 
 vLLM's `llm_request` span has no session; its trace id is the agent step's, so the session comes from the
 span's `session.id` (our engine sets it) or, lazily, from `resolve(trace_ids)` (the store's `steps` rows
-the agent SDK wrote). A session is idle at `ts` when `ts` falls after its first request started and inside
-none of its requests: between steps (a tool pause) or after its last one.
+the agent SDK wrote; a span whose trace is still unknown after `unresolved_ttl_s` is given up, so each
+resolution pass asks about recent traces only). A session is idle at `ts` when `ts` falls after its first
+request started and inside none of its requests: between steps (a tool pause) or after its last one.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
@@ -24,21 +26,27 @@ class SessionActivity:
     resolve: trace ids -> session ids for spans without a session (None: such spans stay unattributed).
     max_sessions: sessions remembered (least recently active dropped first).
     max_unresolved: spans waiting for their session at most.
+    unresolved_ttl_s: how long a span waits for its trace's session (the agent SDK writes the step when the
+        step ends, after its tool call) before it is given up.
     """
 
     def __init__(self, resolve: Resolver | None = None, *, max_sessions: int = 100_000,
-                 max_unresolved: int = 100_000) -> None:  # fmt: skip
+                 max_unresolved: int = 100_000, unresolved_ttl_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.resolve = resolve
         self.max_sessions = max_sessions
         self.max_unresolved = max_unresolved
+        self.unresolved_ttl_s = unresolved_ttl_s
+        self.clock = clock
         self._intervals: OrderedDict[str, list[tuple[float, float]]] = OrderedDict()
-        self._unresolved: OrderedDict[str, list[tuple[float, float, str]]] = OrderedDict()
+        # trace id -> (when first seen, [(start, end, span id)]), oldest first
+        self._unresolved: OrderedDict[str, tuple[float, list[tuple[float, float, str]]]] = OrderedDict()
         self.latest_span: dict[str, tuple[str, str]] = {}  # session -> (trace id, span id) of its latest request
 
     def add_request(self, trace_id: str, span_id: str, start: float, end: float,
                     session_id: str | None = None) -> None:  # fmt: skip
         if session_id is None:
-            self._unresolved.setdefault(trace_id, []).append((start, end, span_id))
+            self._unresolved.setdefault(trace_id, (self.clock(), []))[1].append((start, end, span_id))
             while len(self._unresolved) > self.max_unresolved:
                 self._unresolved.popitem(last=False)
             return
@@ -54,13 +62,17 @@ class SessionActivity:
         return not any(start <= ts <= end for start, end in intervals[:i])
 
     def resolve_pending(self) -> None:
-        """Attribute waiting spans to sessions through `resolve` (spans still unknown keep waiting)."""
+        """Attribute waiting spans to sessions through `resolve`; spans still unknown keep waiting until their TTL."""
         if self.resolve is None or not self._unresolved:
             return
         found = self.resolve(list(self._unresolved))
         for trace_id, session_id in found.items():
-            for start, end, span_id in self._unresolved.pop(trace_id, ()):
+            _, spans = self._unresolved.pop(trace_id, (0.0, ()))
+            for start, end, span_id in spans:
                 self._add(session_id, start, end, trace_id, span_id)
+        expired = self.clock() - self.unresolved_ttl_s
+        while self._unresolved and next(iter(self._unresolved.values()))[0] < expired:
+            self._unresolved.popitem(last=False)
 
     def _add(self, session_id: str, start: float, end: float, trace_id: str, span_id: str) -> None:
         intervals = self._intervals.setdefault(session_id, [])
