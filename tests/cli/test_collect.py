@@ -77,3 +77,4 @@ def test_bad_flags_fail_at_start_with_one_line(tmp_path, args, message):
     out = subprocess.run([sys.executable, "-m", "kvobs.cli", "collect", *args], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []  # refused before any store file was created

@@ -9,6 +9,7 @@ import re
 import pytest
 from sqlalchemy import select
 
+from collectors.counters import CounterTracker
 from collectors.derive import Deriver, histogram_quantile
 from collectors.drops import DropCounter
 from collectors.prom_text import MetricsParseError, parse_metrics
@@ -61,6 +62,23 @@ def test_legacy_names_read_as_the_current_ones():
                [c.value for (n, _), c in current.counters.items() if n == name] != []  # fmt: skip
     itl = [h.count for (n, _), h in legacy.histograms.items() if n == "vllm:inter_token_latency_seconds"]
     assert itl == [h.count for (n, _), h in current.histograms.items() if n == "vllm:inter_token_latency_seconds"]
+
+
+def test_a_release_emitting_both_names_is_read_by_the_current_one():
+    body = (
+        BODIES[60]
+        + '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0",model_name="x"} 0.77\n'
+    )
+    assert parse_metrics(body).gauge("vllm:kv_cache_usage_perc") == parse_metrics(BODIES[60]).gauge(
+        "vllm:kv_cache_usage_perc") != 0.77  # fmt: skip
+
+
+def test_a_moved_created_timestamp_is_a_restart_even_when_the_value_grew():
+    tracker = CounterTracker()
+    assert tracker.increase("c", 100.0, created=1.0) is None
+    assert tracker.increase("c", 130.0, created=1.0) == 30.0
+    assert tracker.increase("c", 150.0, created=2.0) == 150.0  # a new process that already counted past 130
+    assert tracker.increase("c", 10.0) == 10.0 and tracker.num_resets == 2
 
 
 def test_quantiles_use_the_buckets_the_server_reports():
