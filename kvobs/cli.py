@@ -13,9 +13,9 @@ import argparse
 import logging
 import sys
 
-from kvobs.commands import collect, generate, serve
+from kvobs.commands import agents, alerts, collect, dashboard, generate, serve, whatif
 
-COMMANDS = (generate, serve, collect)
+COMMANDS = (generate, serve, collect, agents, alerts, whatif, dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from tests.runs import agent_run, vllm_run  # noqa: E402,F401  (fixtures)
 from tests.stores import store, store_url  # noqa: E402,F401  (fixtures)
 
 

@@ -57,7 +57,11 @@ class SessionRow(Base):
 
 class StepRow(Base):
     __tablename__ = "steps"
-    __table_args__ = (UniqueConstraint("session_id", "step_index"), Index("ix_steps_trace_id", "trace_id"))
+    __table_args__ = (
+        UniqueConstraint("session_id", "step_index"),
+        Index("ix_steps_trace_id", "trace_id"),
+        Index("ix_steps_started_at", "started_at"),
+    )
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     session_id: Mapped[str] = mapped_column(String(255))
@@ -108,6 +112,8 @@ class KVEventRow(Base):
         Index("ix_kv_events_instance_ts", "instance", "ts"),
         Index("ix_kv_events_session_ts", "session_id", "ts"),
         Index("ix_kv_events_block_hash", "block_hash"),
+        Index("ix_kv_events_ts", "ts"),
+        Index("ix_kv_events_kind_ts", "kind", "ts"),
     )
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)

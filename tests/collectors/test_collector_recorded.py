@@ -7,56 +7,23 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
-from collectors.collector import Collector, CollectorOptions
 from kvobs.store.schema import KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
 from tests.collectors import expected
-from tests.collectors.recorded import agent_steps, kv_messages, otlp_bodies, scrapes
-from tests.collectors.replay import metrics_server, publisher, wait_subscribed
-from tests.server.conftest import free_port
-from tests.waiting import wait_for
+from tests.collectors.recorded import agent_steps, scrapes
+from tests.collectors.recorded_run import collect_recorded
 
 
 def counter_value(body: str, name: str) -> float:
     return float(re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", body, re.M).group(1))
 
 
-def record_agent_steps(store) -> None:
-    """What the agent SDK (StoreStepRecorder) would have written for the recorded workload."""
-    with store.session() as s, s.begin():
-        for step in agent_steps():
-            s.add(StepRow(session_id=step["session"], step_index=step["step"], trace_id=step["trace_id"],
-                          span_id=step["span_id"], started_at=step["start"], ended_at=step["end"],
-                          status="ok" if step["ok"] else "error"))  # fmt: skip
-
-
 @pytest.fixture
 def collected(store):
     """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the store."""
-    record_agent_steps(store)
-    port = free_port()
-    with metrics_server([body for _, body in scrapes()]) as url:
-        options = CollectorOptions(vllm_urls=[f"vllm-cpu={url}"], kv_events=f"tcp://127.0.0.1:{port}",
-                                   kv_events_bind=True, otlp_http="127.0.0.1:0", interval_s=3600)  # fmt: skip
-        collector = Collector(options, store=store)
-        collector.start()
-        try:
-            with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:  # vLLM connected to us when recorded
-                wait_subscribed(pub)
-                for message in kv_messages():
-                    pub.send_multipart(message.frames)
-                otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
-                for body in otlp_bodies():
-                    assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
-                wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
-                for _ in scrapes()[1:]:
-                    collector.scraper.scrape_all()
-                wait_for(lambda: collector.subscriber.num_batches == len(kv_messages()))
-        finally:
-            collector.stop()
+    with collect_recorded(store) as collector:
         yield store, collector
 
 

@@ -1,0 +1,6 @@
+"""Dashboard pages: each module has TITLE and render(ctx)."""
+
+from dashboard.views import alerts, kv_events, overview, pressure, sessions, whatif
+
+PAGES = {"overview": overview, "pressure": pressure, "sessions": sessions, "kv_events": kv_events,
+         "alerts": alerts, "whatif": whatif}  # fmt: skip

@@ -1,0 +1,40 @@
+"""Alerts: what fires now, the history of transitions, and the rules."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard.views import cache
+
+TITLE = "Alerts"
+
+
+def render(ctx) -> None:
+    st.header(TITLE)
+    data = cache.alerts(ctx.url, ctx.since, ctx.until)
+    st.subheader("Firing")
+    if data["active"].empty:
+        st.success("Nothing is firing.")
+    else:
+        st.dataframe(data["active"], hide_index=True)
+    st.subheader("History")
+    if data["history"].empty:
+        st.info("No alert transitions in this range. `kvobs alerts --store URL --watch 15` evaluates the rules.")
+    else:
+        st.dataframe(data["history"], hide_index=True)
+    with st.expander("Rules"):
+        from kvobs.alerts.rules import builtin_rules
+
+        st.dataframe(
+            [
+                {
+                    "rule": r.name,
+                    "severity": r.severity,
+                    "condition": f"{r.signal} {r.op} {r.threshold:g}",
+                    "for (s)": r.for_s,
+                    "window (s)": r.window_s,
+                }
+                for r in builtin_rules()
+            ],
+            hide_index=True,
+        )

@@ -1,0 +1,41 @@
+"""KV events: block lifecycle over time, eviction reasons, the most reused prefixes and the most recomputed blocks."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.views import cache
+
+TITLE = "KV events"
+
+
+def render(ctx) -> None:
+    st.header(TITLE)
+    data = cache.kv_events(ctx.url, ctx.since, ctx.until, ctx.window_s)
+    lifecycle = data["lifecycle"].copy()
+    if lifecycle.empty:
+        st.info("No KV events in this range.")
+        return
+    lifecycle.index = pd.to_datetime(lifecycle.index, unit="s")
+    st.subheader("Block lifecycle (events per window)")
+    st.area_chart(lifecycle)
+    churn = data["churn"]
+    c1, c2, c3 = st.columns(3)
+    c1.metric("distinct blocks stored", f"{churn['blocks']:,}")
+    c2.metric("blocks stored again after loss", f"{churn['restored_blocks']:,}")
+    c3.metric("eviction churn", f"{churn['churn']:.1%}")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Blocks lost, by reason")
+        reasons = data["reasons"]
+        if reasons.empty:
+            st.info("No block was lost in this range.")
+        else:
+            st.bar_chart(reasons, x="reason", y="blocks", color="kind")
+    with right:
+        st.subheader("Most recomputed blocks")
+        st.dataframe(data["restored"].astype({"block_hash": str}), hide_index=True)
+    st.subheader("Top prefixes (by sessions building on them)")
+    st.caption(f"From the latest {data['prefix_rows']:,} stored blocks in the range.")
+    st.dataframe(data["prefixes"].astype({"root_hash": str}), hide_index=True)

@@ -1,0 +1,48 @@
+"""Sessions: the table, then one session's footprint timeline with its steps, failures and their attribution."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.views import cache
+
+TITLE = "Sessions"
+
+
+def trace_link(jaeger_url: str | None, trace_id) -> str | None:
+    if not jaeger_url or not isinstance(trace_id, str) or not trace_id.strip("0"):
+        return None
+    return f"{jaeger_url.rstrip('/')}/trace/{trace_id}"
+
+
+def render(ctx) -> None:
+    st.header(TITLE)
+    table = cache.sessions(ctx.url, ctx.since, ctx.until)
+    if table.empty:
+        st.info("No sessions in this range.")
+        return
+    st.dataframe(table, hide_index=True)
+    session_id = st.selectbox("Session", table["session_id"].tolist(), key="session")
+    detail = cache.session_detail(ctx.url, session_id)
+    footprint = detail["footprint"]
+    st.subheader("KV footprint")
+    if footprint.empty:
+        st.info("No footprint snapshots for this session.")
+    else:
+        chart = footprint.set_index(pd.to_datetime(footprint["ts"], unit="s"))[
+            ["session_blocks", "session_evicted_blocks", "session_evicted_idle_blocks"]]  # fmt: skip
+        st.line_chart(chart.rename(columns={"session_blocks": "cached blocks", "session_evicted_blocks": "lost",
+                                            "session_evicted_idle_blocks": "lost while idle"}))  # fmt: skip
+    st.subheader("Steps and what explains them")
+    steps = detail["steps"]
+    if steps.empty:
+        st.info("No agent steps recorded for this session (agents record them through the kvobs SDK).")
+        return
+    shown = steps[["step_index", "status", "error_type", "e2e_s", "ttft_s", "cause", "evidence", "trace_id"]].copy()
+    shown["trace"] = [trace_link(ctx.jaeger_url, t) for t in shown.pop("trace_id")]
+    st.dataframe(shown, hide_index=True, column_config={
+        "trace": st.column_config.LinkColumn("trace", display_text="open in Jaeger"),
+    })  # fmt: skip
+    if not ctx.jaeger_url:
+        st.caption("Start the dashboard with --jaeger-url to link each step to its trace.")

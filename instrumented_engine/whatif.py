@@ -1,0 +1,193 @@
+"""What-if: replay recorded requests and their hash chains through the block manager, without tensors.
+
+    plan = ReplayPlan.from_store(store)                       # requests, chains, block size, what was observed
+    for n in (32, 64, 128):
+        print(simulate(plan, num_blocks=n, policy="session_ttl", ttl_s=30).hit_rate)
+
+Each recorded request arrives at its recorded time with its rebuilt chain (see `kvobs.analytics.chains`), looks its
+prefix up, takes blocks for its whole length (prompt + output) and holds them until its recorded finish; then its
+blocks are freed in vLLM's order and the session counts as idle until its next request, which is what
+`session_ttl` protects. A request that finds no room waits (FCFS) until a finish frees enough. The block manager is
+the engine's own, so LRU order, hit caps and eviction reasons are the engine's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from instrumented_engine.engine import events as ev
+from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.eviction import make_eviction_policy
+from instrumented_engine.engine.sequence import Sequence
+from instrumented_engine.sampling_params import SamplingParams
+from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, request_chains, with_sessions
+from kvobs.store import queries
+from kvobs.store.db import Store
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    request_id: str
+    session_id: str | None
+    arrival_ts: float
+    finished_ts: float
+    prompt_tokens: int
+    total_tokens: int
+    chain: tuple[int, ...]
+
+
+@dataclass
+class ReplayPlan:
+    requests: list[ReplayRequest]
+    block_size: int
+    observed: dict = field(default_factory=dict)
+    skipped: int = 0  # requests without a known chain or times
+
+    @classmethod
+    def from_store(cls, store: Store, since=None, until=None, *, block_size: int | None = None) -> ReplayPlan:
+        reqs = with_sessions(queries.requests(store, since, until), queries.steps(store, since, until))
+        stored = queries.stored_blocks(store, since, until)
+        if block_size is None:
+            sizes = stored["num_tokens"].dropna()
+            if sizes.empty:
+                raise ValueError("the store holds no stored KV blocks to replay (is KV-event collection on?)")
+            block_size = int(sizes.mode().iloc[0])
+        graph = BlockGraph.from_stored(stored)
+        chains = request_chains(reqs, stored, graph)
+        plan, skipped = [], 0
+        for r in reqs.itertuples(index=False):
+            chain = chains.get(r.request_id)
+            if chain is None or pd.isna(r.finished_ts) or pd.isna(r.prompt_tokens):
+                skipped += 1
+                continue
+            completion = 0 if pd.isna(r.completion_tokens) else int(r.completion_tokens)
+            plan.append(
+                ReplayRequest(
+                    r.request_id,
+                    r.session_id,
+                    float(r.arrival_ts),
+                    float(r.finished_ts),
+                    int(r.prompt_tokens),
+                    int(r.prompt_tokens) + completion,
+                    tuple(chain),
+                )
+            )
+        rates = hit_rates(reqs, chains, graph, block_size=block_size)
+        return cls(plan, block_size, observed=observed_figures(store, since, until, rates), skipped=skipped)
+
+
+def observed_figures(store: Store, since, until, rates: pd.DataFrame) -> dict:
+    """What the recorded run achieved: hit rate, evicted blocks, blocks lost while idle, recompute tokens."""
+    counts = queries.kv_event_counts(store, since, until, bucket_s=1e12)
+    lost = counts[counts["kind"].isin(queries.BLOCK_LOSS_KINDS)]["blocks"].sum()
+    footprints = queries.session_footprints(store, since, until)
+    snaps = queries.instance_snapshots(store, since, until)
+    summary = hit_rate_summary(rates)
+    return {
+        "num_blocks": int(snaps["blocks_total"].dropna().iloc[-1]) + 1 if snaps["blocks_total"].notna().any() else None,
+        "hit_rate": summary["achieved"],
+        "evicted_blocks": int(lost),
+        "lost_in_pause_blocks": int(footprints["session_evicted_idle_blocks"].fillna(0).sum()),
+        "recompute_tokens": summary["recompute_tokens"] if summary["achieved"] is not None else None,
+    }
+
+
+@dataclass
+class WhatIfResult:
+    num_blocks: int
+    policy: str
+    requests: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    evicted_blocks: int = 0
+    lost_in_pause_blocks: int = 0
+    recompute_tokens: int = 0
+    waited: int = 0
+    too_large: int = 0  # requests longer than the whole cache: not admitted
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def simulate(plan: ReplayPlan, *, num_blocks: int, policy: str = "lru", ttl_s: float = 30.0) -> WhatIfResult:
+    """Replay `plan` through a `num_blocks` cache under `policy`."""
+    clock = _Clock()
+    manager = BlockManager(num_blocks, plan.block_size, policy=make_eviction_policy(policy, ttl_s=ttl_s), clock=clock)
+    result = WhatIfResult(num_blocks, policy)
+    computed: set[int] = set()  # blocks computed at least once in this replay
+    finishes: list[tuple[float, int, Sequence]] = []
+    waiting: deque[tuple[ReplayRequest, Sequence]] = deque()
+    order = itertools.count()
+    key = manager.hash_key(None)
+
+    def admit(req: ReplayRequest, seq: Sequence) -> bool:
+        hits = manager.lookup(seq)
+        if not manager.allocate(seq, req.total_tokens - len(hits) * plan.block_size, hits):
+            return False
+        result.hit_tokens += len(hits) * plan.block_size
+        missed = seq.block_hashes[len(hits) : (req.prompt_tokens - 1) // plan.block_size]
+        result.recompute_tokens += plan.block_size * sum(1 for h in missed if h in computed)
+        seq.token_ids.extend([0] * (req.total_tokens - req.prompt_tokens))
+        seq.num_computed_tokens = req.total_tokens
+        manager.register_computed_blocks(seq)
+        computed.update(seq.block_hashes[: req.total_tokens // plan.block_size])
+        heapq.heappush(finishes, (max(req.finished_ts, clock.now), next(order), seq))
+        return True
+
+    def drain_events() -> None:
+        for event in manager.take_events():
+            if isinstance(event, ev.BlockEvicted):
+                result.evicted_blocks += 1
+                result.lost_in_pause_blocks += bool(event.paused_sessions)
+
+    arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
+    index = 0
+    while index < len(arrivals) or finishes:
+        if finishes and (index >= len(arrivals) or finishes[0][0] <= arrivals[index].arrival_ts):
+            clock.now, _, seq = heapq.heappop(finishes)
+            manager.free(seq)
+            manager.end_request(seq)
+            while waiting and admit(*waiting[0]):
+                waiting.popleft()
+        else:
+            req = arrivals[index]
+            index += 1
+            clock.now = req.arrival_ts
+            if -(-req.total_tokens // plan.block_size) > manager.num_usable_blocks:
+                result.too_large += 1
+                continue
+            seq = _sequence(req, key, plan.block_size)
+            result.requests += 1
+            result.query_tokens += req.prompt_tokens
+            manager.begin_request(seq)
+            if waiting or not admit(req, seq):
+                result.waited += 1
+                waiting.append((req, seq))
+        drain_events()
+    return result
+
+
+def _sequence(req: ReplayRequest, key: tuple, block_size: int) -> Sequence:
+    """A tensor-free sequence whose block hashes are the recorded chain (unknown tail blocks get unique hashes)."""
+    seq = Sequence(req.request_id, [0] * req.prompt_tokens, SamplingParams(max_tokens=1), req.arrival_ts,
+                   session_id=req.session_id)  # fmt: skip
+    seq.hash_key = key
+    hashes = [h.to_bytes(8, "big") for h in req.chain[: req.total_tokens // block_size]]
+    for i in range(len(hashes), req.total_tokens // block_size):
+        hashes.append(f"{req.request_id}/{i}".encode())  # content never seen: unique to this request
+    seq.block_hashes = hashes
+    return seq

@@ -1,0 +1,173 @@
+"""The hash chains behind the hit rate: what each request's prefix was, what an unlimited cache would have hit,
+which prefixes are reused, and what was computed twice.
+
+    graph = BlockGraph.from_stored(stored_blocks(store))
+    chains = request_chains(requests, graph)         # {request_id: [block hash, ...] root first}
+    rates = hit_rates(requests, chains, graph, block_size=16)
+
+A request's chain is rebuilt from `stored` events: the deepest block stored for it (by `request_id` when the source
+records it, as `kvobs serve` does; else by its session during the request, as vLLM's events allow), walked back
+through parent hashes to the root. A request that stored nothing (its prompt was all cached) takes the chain of its
+session's previous request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+
+
+class BlockGraph:
+    """Parent links and first-store times of every stored block."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int | None] = {}
+        self.first_stored: dict[int, float] = {}
+        self.times_stored: Counter[int] = Counter()
+        self._roots: dict[int, int] = {}
+
+    @classmethod
+    def from_stored(cls, stored: pd.DataFrame) -> BlockGraph:
+        graph = cls()
+        for ts, block_hash, parent in zip(stored["ts"], stored["block_hash"], stored["parent_hash"]):
+            block_hash = int(block_hash)
+            graph.times_stored[block_hash] += 1
+            if block_hash not in graph.first_stored:
+                graph.first_stored[block_hash] = ts
+                graph.parent[block_hash] = None if pd.isna(parent) else int(parent)
+        return graph
+
+    def chain(self, block_hash: int) -> list[int]:
+        """Root-first hashes up to `block_hash` (stops at an unknown parent or a cycle)."""
+        out, seen = [], set()
+        node = block_hash
+        while node is not None and node not in seen:
+            seen.add(node)
+            out.append(node)
+            node = self.parent.get(node)
+        return out[::-1]
+
+    def root(self, block_hash: int) -> int:
+        cached = self._roots.get(block_hash)
+        if cached is None:
+            cached = self._roots[block_hash] = self.chain(block_hash)[0]
+        return cached
+
+
+def with_sessions(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Fill a request's missing `session_id` from the agent step that sent it (by caller span, else by trace):
+    vLLM's spans carry no session, the SDK's steps do."""
+    if requests.empty or steps.empty or requests["session_id"].notna().all():
+        return requests
+    by_span = dict(zip(steps["span_id"], steps["session_id"]))
+    by_trace = dict(zip(steps["trace_id"], steps["session_id"]))
+    missing = requests["session_id"].isna()
+    found = requests["parent_span_id"].map(by_span).fillna(requests["trace_id"].map(by_trace))
+    return requests.assign(session_id=requests["session_id"].where(~missing, found))
+
+
+def request_chains(requests: pd.DataFrame, stored: pd.DataFrame, graph: BlockGraph) -> dict[str, list[int]]:
+    """Each request's block chain (root first), keyed by `request_id`; requests with no known chain are left out."""
+    chains: dict[str, list[int]] = {}
+    by_request = {}
+    if "request_id" in stored and stored["request_id"].notna().any():
+        by_request = {rid: g for rid, g in stored[stored["request_id"].notna()].groupby("request_id")}
+    by_session = {sid: g for sid, g in stored[stored["session_id"].notna()].groupby("session_id")}
+    last_chain: dict[str, list[int]] = {}
+    for req in requests.sort_values("arrival_ts").itertuples(index=False):
+        own = by_request.get(req.request_id)
+        if own is None and req.session_id in by_session:
+            group = by_session[req.session_id]
+            end = req.finished_ts if pd.notna(req.finished_ts) else req.arrival_ts
+            own = group[(group["ts"] >= req.arrival_ts) & (group["ts"] <= end + 1.0)]
+        chain = None
+        if own is not None and not own.empty:
+            chain = max((graph.chain(int(h)) for h in own["block_hash"]), key=len)
+        elif req.session_id in last_chain:
+            chain = last_chain[req.session_id]
+        if chain:
+            chains[req.request_id] = chain
+            if req.session_id is not None:
+                last_chain[req.session_id] = chain
+    return chains
+
+
+def hit_rates(requests: pd.DataFrame, chains: dict[str, list[int]], graph: BlockGraph, *, block_size: int):
+    """Per request: `prompt_tokens`, `cached_tokens` (achieved), `available_tokens` (what a cache that never
+    evicts would have hit: the leading blocks of its prompt stored by anyone before it arrived, capped at
+    prompt - 1 tokens as the engine caps lookups), `recompute_tokens` = available - achieved (>= 0)."""
+    rows = []
+    for req in requests.itertuples(index=False):
+        chain = chains.get(req.request_id)
+        if chain is None or pd.isna(req.prompt_tokens):
+            continue
+        max_blocks = max(int(req.prompt_tokens) - 1, 0) // block_size
+        available = 0
+        for block_hash in chain[:max_blocks]:
+            if graph.first_stored.get(block_hash, float("inf")) >= req.arrival_ts:
+                break
+            available += 1
+        cached = None if pd.isna(req.cached_tokens) else int(req.cached_tokens)
+        rows.append(
+            {
+                "request_id": req.request_id,
+                "session_id": req.session_id,
+                "arrival_ts": req.arrival_ts,
+                "prompt_tokens": int(req.prompt_tokens),
+                "cached_tokens": cached,
+                "available_tokens": available * block_size,
+                "recompute_tokens": None if cached is None else max(available * block_size - cached, 0),
+            }
+        )
+    return pd.DataFrame(rows, columns=["request_id", "session_id", "arrival_ts", "prompt_tokens", "cached_tokens",
+                                       "available_tokens", "recompute_tokens"])  # fmt: skip
+
+
+def hit_rate_summary(rates: pd.DataFrame) -> dict:
+    """Achieved vs available hit rate over requests whose cached tokens are known (token-weighted, as vLLM's)."""
+    known = rates.dropna(subset=["cached_tokens"])
+    prompt = known["prompt_tokens"].sum()
+    return {
+        "requests": len(rates),
+        "achieved": known["cached_tokens"].sum() / prompt if prompt else None,
+        "available": known["available_tokens"].sum() / prompt if prompt else None,
+        "available_all": rates["available_tokens"].sum() / rates["prompt_tokens"].sum() if len(rates) else None,
+        "recompute_tokens": int(known["recompute_tokens"].sum()),
+    }
+
+
+def recompute_by_session(rates: pd.DataFrame, preempted: pd.DataFrame) -> pd.DataFrame:
+    """Prefill tokens computed again per session: `evicted_tokens` (cacheable prefix that missed: eviction or
+    invalidation) and `preempted_tokens` (KV thrown away by preemptions), `total`."""
+    evicted = rates.groupby("session_id")["recompute_tokens"].sum() if not rates.empty else pd.Series(dtype=float)
+    lost = pd.Series(dtype=float) if preempted.empty else preempted.groupby("session_id")["num_tokens"].sum()
+    out = pd.concat([evicted.rename("evicted_tokens"), lost.rename("preempted_tokens")], axis=1).fillna(0)
+    out = out.astype(int)
+    out["total"] = out["evicted_tokens"] + out["preempted_tokens"]
+    return out.sort_values("total", ascending=False).rename_axis("session_id").reset_index()
+
+
+def prefix_reuse(stored: pd.DataFrame, graph: BlockGraph) -> pd.DataFrame:
+    """Prefixes (chains by their root block) ranked by the sessions that built on them: `root_hash`, `sessions`,
+    `blocks` (distinct blocks chained from it), `stores` (store events: above `blocks` means recomputation),
+    `first_ts`, `last_ts`."""
+    if stored.empty:
+        return pd.DataFrame(columns=["root_hash", "sessions", "blocks", "stores", "first_ts", "last_ts"])
+    roots = stored["block_hash"].map(lambda h: graph.root(int(h)))
+    frame = stored.assign(root_hash=roots)
+    out = frame.groupby("root_hash").agg(
+        sessions=("session_id", "nunique"), blocks=("block_hash", "nunique"), stores=("block_hash", "size"),
+        first_ts=("ts", "min"), last_ts=("ts", "max"),
+    )  # fmt: skip
+    return out.sort_values(["sessions", "stores"], ascending=False).reset_index()
+
+
+def eviction_churn(graph: BlockGraph) -> dict:
+    """Blocks stored more than once (evicted, then computed again): `blocks`, `restored_blocks`, `extra_stores`,
+    `churn` = extra stores / all stores."""
+    stores = sum(graph.times_stored.values())
+    restored = [n for n in graph.times_stored.values() if n > 1]
+    extra = sum(n - 1 for n in restored)
+    return {"blocks": len(graph.times_stored), "restored_blocks": len(restored), "extra_stores": extra,
+            "churn": extra / stores if stores else 0.0}  # fmt: skip

@@ -1,0 +1,98 @@
+"""`kvobs agents`: run the agent workload against an OpenAI-compatible server (our engine or a vLLM).
+
+kvobs agents --base-url http://127.0.0.1:8000 --sessions 16 --concurrency 4 --steps 6 \\
+             --tool-pause-ms exp:800 --step-deadline-s 20 --store sqlite:///kvobs.db --otlp-endpoint http://jaeger:4317
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kvobs.commands._common import start_or_report
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("agents", help="run ReAct-style agent sessions against a server, recording steps")
+    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000 (or .../v1)")
+    p.add_argument("--sessions", type=int, default=8, help="agent sessions in all")
+    p.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
+    p.add_argument("--steps", type=int, default=4, help="steps per session")
+    p.add_argument("--tool-pause-ms", default="exp:500", metavar="DIST",
+                   help="tool pause in ms: 300, uniform:100-900, exp:500 (mean), lognormal:500,0.8")  # fmt: skip
+    p.add_argument("--step-deadline-s", type=float, default=30.0, help="a step fails when it takes longer")
+    p.add_argument("--max-tokens", type=int, default=48, help="reply tokens per step")
+    p.add_argument("--model", help="model name (default: the first one the server lists)")
+    p.add_argument("--seed", type=int, default=0, help="session ids, kinds, tasks and pauses follow from it")
+    p.add_argument(
+        "--store", help="store URL for sessions and steps (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)"
+    )
+    p.add_argument("--otlp-endpoint", help="send the agents' spans here (default: OTEL_EXPORTER_OTLP_* if set)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvobs.agent.workload import PauseDistribution, WorkloadConfig
+
+    config = start_or_report("agents", lambda: WorkloadConfig(
+        base_url=args.base_url, sessions=args.sessions, concurrency=args.concurrency, steps=args.steps,
+        tool_pause=PauseDistribution.parse(args.tool_pause_ms), step_deadline_s=args.step_deadline_s,
+        max_tokens=args.max_tokens, seed=args.seed, model=args.model,
+    ))  # fmt: skip
+    if config is None:
+        return 2
+    result = run_workload(config, store_url=args.store, otlp_endpoint=args.otlp_endpoint,
+                          progress=not args.no_progress)  # fmt: skip
+    if result is None:
+        return 2
+    failed = ", ".join(f"{kind} {n}" for kind, n in result.failed.most_common()) or "none"
+    print(f"{result.sessions} sessions, {result.steps} steps in {result.wall_s:.1f} s; failed steps: {failed}")
+    return 0
+
+
+def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, progress: bool = True):
+    """Run the workload with telemetry and a store recorder; None (after one line on stderr) when it cannot start."""
+    import httpx
+    from opentelemetry.sdk.trace import TracerProvider
+    from tqdm import tqdm
+
+    from kvobs.agent.workload import Workload, api_root
+    from kvobs.store import StoreWriter, open_store
+    from kvobs.telemetry import TelemetryConfig, setup_telemetry
+
+    store = start_or_report("agents", lambda: open_store(store_url))
+    if store is None:
+        return None
+    telemetry = setup_telemetry(TelemetryConfig(service_name="kvobs-agents", endpoint=otlp_endpoint, metrics=False))
+    tracer_provider = telemetry.tracer_provider or TracerProvider()  # real ids even unexported: steps join requests
+    writer = StoreWriter(store)
+    client = httpx.Client(base_url=api_root(config.base_url), timeout=config.timeout_s)
+    bar = tqdm(total=config.sessions * config.steps, unit="step", desc="agent steps", disable=not progress,
+               file=sys.stderr)  # fmt: skip
+    try:
+        workload = start_or_report("agents", lambda: _workload(Workload, config, client, tracer_provider, writer, bar))
+        if workload is None:
+            return None
+        return workload.run()
+    finally:
+        bar.close()
+        client.close()
+        telemetry.shutdown()
+        writer.close()
+        store.close()
+
+
+def _workload(cls, config, client, tracer_provider, writer, bar):
+    import httpx
+
+    from kvobs.agent.recorder import StoreStepRecorder
+
+    try:
+        return cls(config, client, tracer_provider=tracer_provider, recorder=StoreStepRecorder(writer),
+                   on_step=lambda step: bar.update(1))  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise OSError(f"cannot reach {config.base_url}: {exc}") from exc

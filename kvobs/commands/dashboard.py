@@ -1,0 +1,67 @@
+"""`kvobs dashboard`: the Streamlit dashboard over the store.
+
+kvobs dashboard --store sqlite:///kvobs.db --jaeger-url http://localhost:16686 --port 8501
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("dashboard", help="serve the Streamlit dashboard over the store")
+    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    p.add_argument("--jaeger-url", help="Jaeger UI base URL: each agent step links to its trace there")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(func=run)
+
+
+def command(args: argparse.Namespace) -> list[str]:
+    spec = importlib.util.find_spec("dashboard.app")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the dashboard package is not installed")
+    app = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(Path(spec.origin)),
+        "--server.address",
+        args.host,
+        "--server.port",
+        str(args.port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+    ]
+    if args.store:
+        app += ["--store", args.store]
+    if args.jaeger_url:
+        app += ["--jaeger-url", args.jaeger_url]
+    return app
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("streamlit") is None:
+        print("kvobs dashboard needs the dashboard extra: pip install 'kvobs[dashboard]'", file=sys.stderr)
+        return 2
+    from kvobs.commands._common import start_or_report
+    from kvobs.store import open_store
+
+    store = start_or_report("dashboard", lambda: open_store(args.store))  # fail here, in one line, not in the page
+    if store is None:
+        return 2
+    store.close()
+    print(f"kvobs dashboard on http://{args.host}:{args.port}", file=sys.stderr)
+    try:
+        return subprocess.call(command(args), env=os.environ.copy())
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,188 @@
+"""Read queries over the store, as pandas DataFrames: what analytics, alerts, what-if and the dashboard read.
+
+    store = open_store("sqlite:///kvobs.db")
+    window = time_range(store)                        # (first, last) epoch seconds, None for an empty store
+    snaps = instance_snapshots(store, *window)        # one row per instance per interval
+    rates = kv_event_counts(store, *window, bucket_s=60)
+
+Every function takes `since`/`until` (epoch seconds, inclusive) where the table is large, filters in SQL on
+indexed columns, and returns plain columns (block hashes as Python ints). Aggregations over `kv_events` run
+in SQL, so a page never pulls a million rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+from sqlalchemy import Select, distinct, func, select
+
+from kvobs.semconv.spans import KVEventKind
+from kvobs.store.db import Store
+from kvobs.store.schema import AlertRow, KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
+
+# Kinds that end a cached block's content: the engine's `evicted`/`invalidated`, vLLM's `removed`.
+BLOCK_LOSS_KINDS = (KVEventKind.EVICTED.value, KVEventKind.INVALIDATED.value, KVEventKind.REMOVED.value)
+
+
+def read(store: Store, stmt: Select) -> pd.DataFrame:
+    """Run `stmt`; one column per selected expression (result processors applied: hashes come back as ints).
+
+    Block-hash columns (`*_hash`) keep Python ints in an object column: pandas would turn a column of 64-bit
+    values with gaps into float64 and lose their low bits.
+    """
+    with store.engine.connect() as conn:
+        result = conn.execute(stmt)
+        names, rows = list(result.keys()), result.all()
+    columns = list(zip(*rows)) if rows else [()] * len(names)
+    return pd.DataFrame({name: pd.Series(values, dtype=object if name.endswith("_hash") else None)
+                         for name, values in zip(names, columns)}, columns=names)  # fmt: skip
+
+
+def _columns(row_class, *exclude: str) -> list:
+    return [c for c in row_class.__table__.columns if c.name not in exclude]
+
+
+def _between(stmt: Select, column, since: float | None, until: float | None) -> Select:
+    if since is not None:
+        stmt = stmt.where(column >= since)
+    if until is not None:
+        stmt = stmt.where(column <= until)
+    return stmt
+
+
+def time_range(store: Store) -> tuple[float, float] | None:
+    """First and last timestamp of anything observed (snapshots, requests, KV events, steps); None when empty."""
+    bounds = []
+    with store.engine.connect() as conn:
+        for column in (SnapshotRow.ts, RequestRow.arrival_ts, KVEventRow.ts, StepRow.started_at):
+            low, high = conn.execute(select(func.min(column), func.max(column))).one()
+            if low is not None:
+                bounds.append((low, high))
+    if not bounds:
+        return None
+    return min(b[0] for b in bounds), max(b[1] for b in bounds)
+
+
+def instances(store: Store) -> list[str]:
+    with store.engine.connect() as conn:
+        return sorted(conn.execute(select(distinct(SnapshotRow.instance))).scalars())
+
+
+def instance_snapshots(store: Store, since=None, until=None, instance: str | None = None) -> pd.DataFrame:
+    """Instance-level snapshots (`session_id` null), oldest first."""
+    stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id.is_(None))
+    if instance is not None:
+        stmt = stmt.where(SnapshotRow.instance == instance)
+    return read(store, _between(stmt, SnapshotRow.ts, since, until).order_by(SnapshotRow.ts))
+
+
+def session_snapshots(store: Store, session_id: str) -> pd.DataFrame:
+    """One session's footprint over time: blocks cached, lost, lost while idle, hit tokens."""
+    stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id == session_id)
+    return read(store, stmt.order_by(SnapshotRow.ts))
+
+
+def session_footprints(store: Store, since=None, until=None) -> pd.DataFrame:
+    """Every session's latest footprint in the window: one row per (session, instance)."""
+    latest = _between(
+        select(SnapshotRow.session_id, SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
+        .where(SnapshotRow.session_id.is_not(None)), SnapshotRow.ts, since, until,
+    ).group_by(SnapshotRow.session_id, SnapshotRow.instance).subquery()  # fmt: skip
+    stmt = select(*_columns(SnapshotRow, "id")).join(
+        latest, (SnapshotRow.session_id == latest.c.session_id) & (SnapshotRow.instance == latest.c.instance)
+        & (SnapshotRow.ts == latest.c.ts),
+    )  # fmt: skip
+    return read(store, stmt).drop_duplicates(["session_id", "instance"], keep="last")
+
+
+def requests(store: Store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+    """Finished requests by arrival time, with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s` added."""
+    stmt = select(*_columns(RequestRow, "id"))
+    if session_id is not None:
+        stmt = stmt.where(RequestRow.session_id == session_id)
+    frame = read(store, _between(stmt, RequestRow.arrival_ts, since, until).order_by(RequestRow.arrival_ts))
+    return with_latencies(frame)
+
+
+def with_latencies(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    frame["ttft_s"] = frame["first_token_ts"] - frame["arrival_ts"]
+    decode_tokens = (frame["completion_tokens"] - 1).where(frame["completion_tokens"] > 1)
+    frame["itl_s"] = (frame["finished_ts"] - frame["first_token_ts"]) / decode_tokens
+    frame["e2e_s"] = frame["finished_ts"] - frame["arrival_ts"]
+    return frame
+
+
+def steps(store: Store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+    """Agent steps by start time."""
+    stmt = select(*_columns(StepRow))
+    if session_id is not None:
+        stmt = stmt.where(StepRow.session_id == session_id)
+    return read(store, _between(stmt, StepRow.started_at, since, until).order_by(StepRow.started_at))
+
+
+def sessions(store: Store) -> pd.DataFrame:
+    return read(store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))
+
+
+def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
+    """KV events per time bucket, kind and reason: `bucket` (its start, epoch s), `kind`, `reason`, `events`,
+    `blocks` (distinct block hashes: an eviction recorded once per owning session counts once)."""
+    bucket = (func.floor(KVEventRow.ts / bucket_s) * bucket_s).label("bucket")
+    stmt = select(bucket, KVEventRow.kind, KVEventRow.reason, func.count().label("events"),
+                  func.count(distinct(KVEventRow.block_hash)).label("blocks"))  # fmt: skip
+    stmt = _between(stmt, KVEventRow.ts, since, until).group_by(bucket, KVEventRow.kind, KVEventRow.reason)
+    return read(store, stmt.order_by(bucket))
+
+
+def kv_events(
+    store: Store,
+    since=None,
+    until=None,
+    *,
+    kinds: Iterable[str] | None = None,
+    session_id: str | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
+    """KV event rows, oldest first (narrow them: a store may hold millions)."""
+    stmt = select(*_columns(KVEventRow, "id"))
+    if kinds is not None:
+        stmt = stmt.where(KVEventRow.kind.in_(list(kinds)))
+    if session_id is not None:
+        stmt = stmt.where(KVEventRow.session_id == session_id)
+    stmt = _between(stmt, KVEventRow.ts, since, until).order_by(KVEventRow.ts, KVEventRow.id)
+    return read(store, stmt if limit is None else stmt.limit(limit))
+
+
+def stored_blocks(store: Store, since=None, until=None) -> pd.DataFrame:
+    """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when."""
+    stmt = select(KVEventRow.ts, KVEventRow.instance, KVEventRow.block_hash, KVEventRow.parent_hash,
+                  KVEventRow.num_tokens, KVEventRow.session_id, KVEventRow.request_id)  # fmt: skip
+    stmt = _between(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.ts, since, until)
+    return read(store, stmt.order_by(KVEventRow.ts, KVEventRow.id))
+
+
+def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20) -> pd.DataFrame:
+    """Blocks stored more than once in the window (evicted, then computed again): `block_hash`, `stores`,
+    `sessions`, `first_ts`, `last_ts`, most-stored first."""
+    stmt = select(KVEventRow.block_hash, func.count().label("stores"),
+                  func.count(distinct(KVEventRow.session_id)).label("sessions"),
+                  func.min(KVEventRow.ts).label("first_ts"), func.max(KVEventRow.ts).label("last_ts"))  # fmt: skip
+    stmt = _between(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.ts, since, until)
+    stmt = stmt.group_by(KVEventRow.block_hash).having(func.count() > 1)
+    return read(store, stmt.order_by(func.count().desc()).limit(limit))
+
+
+def metric_series(store: Store, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
+    """Scraped samples (`ts`, `instance`, `name`, `labels`, `value`) of the given names, oldest first."""
+    stmt = select(*_columns(MetricSampleRow, "id")).where(MetricSampleRow.name.in_(list(names)))
+    if instance is not None:
+        stmt = stmt.where(MetricSampleRow.instance == instance)
+    return read(store, _between(stmt, MetricSampleRow.ts, since, until).order_by(MetricSampleRow.ts))
+
+
+def alerts(store: Store, since=None, until=None) -> pd.DataFrame:
+    """Alert transitions (firing, resolved), newest first."""
+    stmt = _between(select(*_columns(AlertRow)), AlertRow.ts, since, until)
+    return read(store, stmt.order_by(AlertRow.ts.desc(), AlertRow.id.desc()))

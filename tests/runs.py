@@ -1,0 +1,57 @@
+"""Stores built from real runs, once per test session (SQLite files), for analytics, alerts, what-if and dashboard:
+
+- `agent_run`: our engine (real SmolLM2, 30 blocks of 16 tokens, so sessions evict each other, get preempted and
+  time out) under the `kvobs agents` workload: 6 sessions, 3 at a time, 3 steps, 0.2-0.6 s tool pauses.
+- `vllm_run`: the recorded vLLM 0.32 run (../shared/fixtures) ingested by the collector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from kvobs.agent.recorder import StoreStepRecorder
+from kvobs.agent.workload import PauseDistribution, Workload, WorkloadConfig, WorkloadResult
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.db import Store
+
+NUM_BLOCKS = 30
+
+
+@dataclass
+class Run:
+    url: str
+    store: Store
+    result: WorkloadResult | None = None
+
+
+@pytest.fixture(scope="session")
+def agent_run(smollm2_source, tmp_path_factory) -> Run:
+    from tests.server.conftest import running_server
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('agent-run') / 'kvobs.db'}"
+    options = {"store_url": url, "snapshot_interval_s": 0.5, "instance": "engine-test"}
+    with running_server(smollm2_source, options=options, num_blocks=NUM_BLOCKS, max_model_len=448) as server:
+        store = open_store(url)
+        writer = StoreWriter(store)
+        config = WorkloadConfig(base_url=server.url, sessions=6, concurrency=3, steps=3, max_tokens=16, seed=1,
+                                tool_pause=PauseDistribution.parse("uniform:200-600"), step_deadline_s=5.0)  # fmt: skip
+        with httpx.Client(base_url=server.url + "/v1", timeout=60) as client:
+            result = Workload(config, client, tracer_provider=TracerProvider(),
+                              recorder=StoreStepRecorder(writer)).run()  # fmt: skip
+        writer.close()
+    return Run(url, store, result)
+
+
+@pytest.fixture(scope="session")
+def vllm_run(tmp_path_factory) -> Run:
+    from tests.collectors.recorded_run import collect_recorded
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('vllm-run') / 'kvobs.db'}"
+    store = open_store(url)
+    with collect_recorded(store):
+        pass
+    return Run(url, store)
