@@ -11,8 +11,8 @@ from collectors.span_ingest import attributes
 from kvobs.semconv import attributes as a
 from tests.collectors import expected
 from tests.collectors.recorded import kv_messages, otlp_bodies
+from tests.collectors.recorded_run import record_agent_steps
 from tests.collectors.replay import publisher, wait_subscribed
-from tests.collectors.test_collector_recorded import record_agent_steps
 from tests.otlp import otlp_receiver
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
