@@ -19,6 +19,7 @@ import streamlit as st
 if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dashboard.data import bucket_for  # noqa: E402
 from dashboard.views import PAGES, cache  # noqa: E402
 from kvobs.store.db import store_url  # noqa: E402
 
@@ -72,8 +73,6 @@ def main() -> None:
     first, last = bounds
     span = RANGES[range_name]
     since = first if span is None else max(first, last - span)
-    from dashboard.data import bucket_for
-
     PAGES[page].render(Context(url, since, last, bucket_for(since, last), jaeger_url))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, failure_summary
 from kvobs.analytics.chains import BlockGraph, eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
@@ -68,10 +68,10 @@ def pressure(store: Store, since: float, until: float, window_s: float, x: str, 
 
 def sessions(store: Store, since: float, until: float) -> pd.DataFrame:
     steps = queries.steps(store, since, until)
-    table = session_table(queries.sessions(store), queries.session_footprints(store, since, until), steps)
-    if "started_at" in table and not steps.empty:
-        active = set(steps["session_id"]) | set(queries.session_footprints(store, since, until)["session_id"])
-        table = table[table["session_id"].isin(active)]
+    footprints = queries.session_footprints(store, since, until)
+    table = session_table(queries.sessions(store), footprints, steps)
+    if not steps.empty:
+        table = table[table["session_id"].isin(set(steps["session_id"]) | set(footprints["session_id"]))]
     return table
 
 
@@ -96,7 +96,7 @@ def failures(store: Store, since: float, until: float) -> pd.DataFrame:
     steps = queries.steps(store, since, until)
     failed = steps[steps["status"] == "error"]
     if failed.empty:
-        return failure_summary(attribute_steps(failed, failed, pd.DataFrame(columns=["session_id"])))
+        return failure_summary(pd.DataFrame(columns=COLUMNS))
     sessions_failed = set(failed["session_id"])
     reqs = queries.requests(store, since - 3600, until)
     events = queries.kv_events(store, since - 3600, until, kinds=ATTRIBUTION_KINDS)

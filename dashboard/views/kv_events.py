@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.charts import by_time
 
 TITLE = "KV events"
 
@@ -13,13 +13,11 @@ TITLE = "KV events"
 def render(ctx) -> None:
     st.header(TITLE)
     data = cache.kv_events(ctx.url, ctx.since, ctx.until, ctx.window_s)
-    lifecycle = data["lifecycle"].copy()
-    if lifecycle.empty:
+    if data["lifecycle"].empty:
         st.info("No KV events in this range.")
         return
-    lifecycle.index = pd.to_datetime(lifecycle.index, unit="s")
     st.subheader("Block lifecycle (events per window)")
-    st.area_chart(lifecycle)
+    st.area_chart(by_time(data["lifecycle"]))
     churn = data["churn"]
     c1, c2, c3 = st.columns(3)
     c1.metric("distinct blocks stored", f"{churn['blocks']:,}")

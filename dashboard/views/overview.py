@@ -6,15 +6,14 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.charts import time_chart
 
 TITLE = "Overview"
 
 
 def _series(frame: pd.DataFrame, columns: list[str], index: str = "window") -> pd.DataFrame:
     present = [c for c in columns if c in frame]
-    out = frame.set_index(index)[present] if present else pd.DataFrame()
-    out.index = pd.to_datetime(out.index, unit="s")
-    return out
+    return frame.set_index(index)[present] if present else pd.DataFrame()
 
 
 def render(ctx) -> None:
@@ -34,44 +33,31 @@ def render(ctx) -> None:
         col.metric(name, shown)
     st.caption(f"{ctx.window_s:g} s windows")
     snaps = data["snapshots"]
+    windows = data["windows"]
     left, right = st.columns(2)
     with left:
         st.subheader("KV cache usage and resident blocks")
-        if snaps.empty:
-            st.info("No instance snapshots in this range.")
-        else:
-            usage = snaps.pivot_table(index="ts", columns="instance", values="kv_usage")
-            usage.index = pd.to_datetime(usage.index, unit="s")
-            st.line_chart(usage, y_label="pinned usage")
-            resident = snaps.pivot_table(index="ts", columns="instance", values="blocks_resident")
-            if not resident.empty:
-                resident.index = pd.to_datetime(resident.index, unit="s")
-                st.line_chart(resident, y_label="resident cached blocks")
+        none = "No instance snapshots in this range."
+        time_chart(st.line_chart, snaps.pivot_table(index="ts", columns="instance", values="kv_usage"), none,
+                   y_label="pinned usage")  # fmt: skip
+        resident = snaps.pivot_table(index="ts", columns="instance", values="blocks_resident")
+        if not resident.empty:
+            time_chart(st.line_chart, resident, none, y_label="resident cached blocks")
     with right:
         st.subheader("Hit rate")
-        hit = _series(data["windows"], ["hit_rate"])
-        st.line_chart(hit) if not hit.empty else st.info("No hit-rate data in this range.")
+        time_chart(st.line_chart, _series(windows, ["hit_rate"]), "No hit-rate data in this range.")
         st.subheader("Blocks lost per second, by reason")
-        evictions = data["evictions"].copy()
-        if evictions.empty:
-            st.info("No evictions in this range.")
-        else:
-            evictions.index = pd.to_datetime(evictions.index, unit="s")
-            st.area_chart(evictions)
+        time_chart(st.area_chart, data["evictions"], "No evictions in this range.")
     left, right = st.columns(2)
     with left:
         st.subheader("TTFT and inter-token latency (s)")
-        latency = _series(data["windows"], ["ttft_p50", "ttft_p99", "itl_p50", "itl_p99"])
-        st.line_chart(latency) if not latency.empty else st.info("No requests in this range.")
+        latency = _series(windows, ["ttft_p50", "ttft_p99", "itl_p50", "itl_p99"])
+        time_chart(st.line_chart, latency, "No requests in this range.")
         st.subheader("Preemptions")
-        preempt = _series(data["windows"], ["preemptions"])
-        st.bar_chart(preempt) if not preempt.empty else st.info("No preemption counts in this range.")
+        time_chart(st.bar_chart, _series(windows, ["preemptions"]), "No preemption counts in this range.")
     with right:
         st.subheader("Agent steps and failures")
-        failures = data["failures"].copy()
-        if failures.empty:
-            st.info("No agent steps in this range (agents report them through the kvobs SDK).")
-        else:
-            failures.index = pd.to_datetime(failures.index, unit="s")
-            st.bar_chart(failures)
+        failures = data["failures"]
+        time_chart(st.bar_chart, failures, "No agent steps in this range (agents report them through the kvobs SDK).")
+        if not failures.empty:
             st.dataframe(cache.failures(ctx.url, ctx.since, ctx.until), hide_index=True)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.charts import time_chart
 
 TITLE = "Sessions"
 
@@ -25,15 +25,11 @@ def render(ctx) -> None:
     st.dataframe(table, hide_index=True)
     session_id = st.selectbox("Session", table["session_id"].tolist(), key="session")
     detail = cache.session_detail(ctx.url, session_id)
-    footprint = detail["footprint"]
     st.subheader("KV footprint")
-    if footprint.empty:
-        st.info("No footprint snapshots for this session.")
-    else:
-        chart = footprint.set_index(pd.to_datetime(footprint["ts"], unit="s"))[
-            ["session_blocks", "session_evicted_blocks", "session_evicted_idle_blocks"]]  # fmt: skip
-        st.line_chart(chart.rename(columns={"session_blocks": "cached blocks", "session_evicted_blocks": "lost",
-                                            "session_evicted_idle_blocks": "lost while idle"}))  # fmt: skip
+    names = {"session_blocks": "cached blocks", "session_evicted_blocks": "lost",
+             "session_evicted_idle_blocks": "lost while idle"}  # fmt: skip
+    footprint = detail["footprint"].set_index("ts")[list(names)].rename(columns=names)
+    time_chart(st.line_chart, footprint, "No footprint snapshots for this session.")
     st.subheader("Steps and what explains them")
     steps = detail["steps"]
     if steps.empty:

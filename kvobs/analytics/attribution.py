@@ -17,6 +17,8 @@ the first found being the step's `cause`:
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -31,19 +33,60 @@ COLUMNS = ["session_id", "step_index", "status", "error_type", "started_at", "e2
 _EVICTION_KINDS = (KVEventKind.EVICTED.value, KVEventKind.REMOVED.value)
 
 
-def step_requests(step, requests: pd.DataFrame) -> pd.DataFrame:
-    """The requests a step sent: by caller span, else by session or trace within the step's time."""
-    if requests.empty:
-        return requests
-    direct = requests[requests["parent_span_id"] == step.span_id] if step.span_id else requests.iloc[0:0]
-    if not direct.empty:
-        return direct
-    ended = step.ended_at if pd.notna(step.ended_at) else np.inf
-    during = (requests["arrival_ts"] >= step.started_at) & (requests["arrival_ts"] <= ended)
-    same = requests["session_id"] == step.session_id
-    if step.trace_id:
-        same |= requests["trace_id"] == step.trace_id
-    return requests[during & same]
+class _Requests:
+    """Requests indexed for per-step lookup: by caller span, and by session and trace in arrival order."""
+
+    def __init__(self, requests: pd.DataFrame) -> None:
+        frame = requests.sort_values("arrival_ts", kind="stable").reset_index(drop=True)
+        self.arrival = frame["arrival_ts"].to_numpy(float)
+        self.finished = frame["finished_ts"].to_numpy(float)
+        self.queue = frame["queue_s"].to_numpy(float)
+        self.preemptions = frame["num_preemptions"].fillna(0).to_numpy(float)
+        self.request_id = frame["request_id"].to_numpy(object)
+        self.by_span = _positions(frame["parent_span_id"])
+        self.by_session = _positions(frame["session_id"])
+        self.by_trace = _positions(frame["trace_id"])
+
+    def of_step(self, step) -> np.ndarray:
+        """Positions of the requests a step sent: by caller span, else by session or trace within the step's time."""
+        direct = self.by_span.get(step.span_id)
+        if direct is not None:
+            return direct
+        same = [self.by_session.get(step.session_id, _NONE), self.by_trace.get(step.trace_id, _NONE)]
+        candidates = np.union1d(*same)
+        ended = step.ended_at if pd.notna(step.ended_at) else np.inf
+        arrival = self.arrival[candidates]
+        return candidates[(arrival >= step.started_at) & (arrival <= ended)]
+
+
+class _Events:
+    """One session's KV events (or the instance-wide resets) in time order, sliced by (after, until] windows."""
+
+    def __init__(self, events: pd.DataFrame) -> None:
+        frame = events.sort_values("ts", kind="stable")
+        self.ts = frame["ts"].to_numpy(float)
+        self.kind = frame["kind"].to_numpy(object)
+        self.block_hash = frame["block_hash"].to_numpy(object)
+        self.num_tokens = frame["num_tokens"].to_numpy(float)
+        self.reason = frame["reason"].to_numpy(object)
+
+    def window(self, after: float, until: float) -> slice:
+        return slice(*np.searchsorted(self.ts, [after, until], side="right"))
+
+
+_NONE = np.empty(0, dtype=np.int64)
+
+
+def _positions(column: pd.Series) -> dict:
+    return {key: np.asarray(idx, dtype=np.int64) for key, idx in column.groupby(column, sort=False).indices.items()}
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def _distinct_hashes(hashes) -> set:
+    return {h for h in hashes if not _missing(h)}
 
 
 def attribute_steps(
@@ -51,55 +94,70 @@ def attribute_steps(
 ) -> pd.DataFrame:
     """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`."""
     rows = []
-    by_session = {sid: group for sid, group in events.groupby("session_id")} if not events.empty else {}
-    cleared = events[events["kind"] == KVEventKind.CLEARED.value] if not events.empty else events
-    preempted = events[events["kind"] == KVEventKind.PREEMPTED.value] if not events.empty else events
+    reqs = _Requests(requests)
+    empty = _Events(events.iloc[0:0])
+    by_session = {sid: _Events(group) for sid, group in events.groupby("session_id")} if not events.empty else {}
+    resets = _Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty
+    preempted = Counter(events.loc[events["kind"] == KVEventKind.PREEMPTED.value, "request_id"]) if not events.empty \
+        else Counter()  # fmt: skip
     for session_id, session_steps in steps.sort_values(["session_id", "step_index"]).groupby("session_id"):
-        session_events = by_session.get(session_id, events.iloc[0:0])
+        session_events = by_session.get(session_id, empty)
         previous_end = None
         for step in session_steps.itertuples(index=False):
-            reqs = step_requests(step, requests)
-            rows.append(_attribute(step, reqs, previous_end, session_events, cleared, preempted, queue_wait_s))
-            ends = reqs["finished_ts"].dropna()
-            previous_end = ends.max() if not ends.empty else (step.ended_at if pd.notna(step.ended_at) else None)
+            sent = reqs.of_step(step)
+            rows.append(_attribute(step, reqs, sent, previous_end, session_events, resets, preempted, queue_wait_s))
+            ends = reqs.finished[sent]
+            ends = ends[~np.isnan(ends)]
+            previous_end = ends.max() if len(ends) else (step.ended_at if pd.notna(step.ended_at) else None)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _attribute(step, reqs, previous_end, session_events, cleared, preempted, queue_wait_s) -> dict:
-    first_arrival = reqs["arrival_ts"].min() if not reqs.empty else step.started_at
+def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Events, resets: _Events,
+               preempted: Counter, queue_wait_s: float) -> dict:  # fmt: skip
+    first_arrival = reqs.arrival[sent].min() if len(sent) else step.started_at
     step_end = step.ended_at if pd.notna(step.ended_at) else first_arrival
     causes, evidence = [], []
 
     reasons: list[str] = []
     if previous_end is not None:
-        window = (session_events["ts"] > previous_end) & (session_events["ts"] <= step_end)
-        invalidated = session_events[window & (session_events["kind"] == KVEventKind.INVALIDATED.value)]
-        resets = cleared[(cleared["ts"] > previous_end) & (cleared["ts"] <= step_end)]
-        reasons = sorted(set(invalidated["reason"].dropna()) | set(resets["reason"].dropna().map(str)))
-        if not invalidated.empty or not resets.empty:
+        window = session_events.window(previous_end, step_end)
+        invalidated = session_events.kind[window] == KVEventKind.INVALIDATED.value
+        reset_reasons = resets.reason[resets.window(previous_end, step_end)]
+        reasons = sorted({r for r in session_events.reason[window][invalidated] if not _missing(r)}
+                         | {str(r) for r in reset_reasons if not _missing(r)})  # fmt: skip
+        if invalidated.any() or len(reset_reasons):
             causes.append("invalidated")
-            evidence.append(f"cache invalidated ({', '.join(reasons) or 'reset'}): "
-                            f"{invalidated['block_hash'].nunique()} of its blocks")  # fmt: skip
+            blocks = len(_distinct_hashes(session_events.block_hash[window][invalidated]))
+            evidence.append(f"cache invalidated ({', '.join(reasons) or 'reset'}): {blocks} of its blocks")
 
     lost_blocks = lost_tokens = 0
     if previous_end is not None:
-        pause = (session_events["ts"] > previous_end) & (session_events["ts"] <= first_arrival)
-        lost = session_events[pause & session_events["kind"].isin(_EVICTION_KINDS)]
-        lost_blocks = int(lost["block_hash"].nunique())
-        lost_tokens = int(lost.drop_duplicates("block_hash")["num_tokens"].fillna(0).sum())
+        pause = session_events.window(previous_end, first_arrival)
+        evicted = np.isin(session_events.kind[pause], _EVICTION_KINDS)
+        seen = set()
+        for block_hash, tokens in zip(
+            session_events.block_hash[pause][evicted], session_events.num_tokens[pause][evicted]
+        ):
+            key = None if _missing(block_hash) else block_hash
+            if key not in seen:  # one count per block, however many rows (owners) recorded its loss
+                seen.add(key)
+                lost_tokens += 0 if np.isnan(tokens) else int(tokens)
+        lost_blocks = len(seen - {None})
         if lost_blocks:
             causes.append("prefix_evicted_in_pause")
             evidence.append(f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the "
                             f"{first_arrival - previous_end:.2f} s pause before it")  # fmt: skip
 
-    preemptions = int(reqs["num_preemptions"].fillna(0).sum()) if not reqs.empty else 0
-    if not preempted.empty and not reqs.empty:
-        preemptions = max(preemptions, int(preempted["request_id"].isin(reqs["request_id"]).sum()))
+    preemptions = int(reqs.preemptions[sent].sum())
+    if preempted and len(sent):
+        preemptions = max(preemptions, sum(preempted[rid] for rid in set(reqs.request_id[sent])))
     if preemptions:
         causes.append("preempted")
         evidence.append(f"preempted {preemptions} time{'s' if preemptions > 1 else ''} (recomputed)")
 
-    max_queue = float(reqs["queue_s"].max()) if not reqs.empty and reqs["queue_s"].notna().any() else None
+    queue = reqs.queue[sent]
+    queue = queue[~np.isnan(queue)]
+    max_queue = float(queue.max()) if len(queue) else None
     if max_queue is not None and max_queue >= queue_wait_s:
         causes.append("queue_wait")
         evidence.append(f"waited {max_queue:.2f} s in the queue")
@@ -110,7 +168,7 @@ def _attribute(step, reqs, previous_end, session_events, cleared, preempted, que
         "trace_id": step.trace_id, "span_id": step.span_id, "cause": causes[0] if causes else "none",
         "causes": ",".join(causes) or "none", "evidence": "; ".join(evidence),
         "blocks_lost_in_pause": lost_blocks, "tokens_lost_in_pause": lost_tokens, "preemptions": preemptions,
-        "invalidation_reasons": ",".join(reasons), "max_queue_s": max_queue, "num_requests": len(reqs),
+        "invalidation_reasons": ",".join(reasons), "max_queue_s": max_queue, "num_requests": len(sent),
     }  # fmt: skip
 
 

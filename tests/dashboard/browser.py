@@ -72,6 +72,16 @@ class Page:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply["result"]
 
+    def evaluate(self, expression: str):
+        """The value of a JavaScript expression in the page as it is now."""
+
+        async def go():
+            async with connect(self.ws_url) as ws:
+                result = await self._call(ws, "Runtime.evaluate", expression=expression, returnByValue=True)
+                return result["result"].get("value")
+
+        return self.run(go())
+
     def visit(self, url: str, ready_js: str, *, timeout_s: float = 60.0, settle_s: float = 1.5) -> tuple[str, bytes]:
         """Load `url`, wait until `ready_js` is true, then return (the page's text, a PNG screenshot)."""
 
