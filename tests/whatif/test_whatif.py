@@ -57,3 +57,11 @@ def test_vllm_replay_and_cli(vllm_run):
     bad = subprocess.run([sys.executable, "-m", "kvobs.cli", "whatif", "--store", vllm_run.url, "--num-blocks", "1,x"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "block counts" in bad.stderr
+
+
+def test_whatif_and_analytics_import_without_torch():
+    """The block manager holds no tensors: replay (and kvobs' analytics and alerts) must not pull torch in."""
+    code = ("import sys, instrumented_engine.whatif, kvobs.analytics.chains, kvobs.alerts.evaluator; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
