@@ -4,11 +4,11 @@
     for n in (32, 64, 128):
         print(simulate(plan, num_blocks=n, policy="session_ttl", ttl_s=30).hit_rate)
 
-Each recorded request arrives at its recorded time with its rebuilt chain (see `kvobs.analytics.chains`), looks its
-prefix up, takes blocks for its whole length (prompt + output) and holds them until its recorded finish; then its
-blocks are freed in vLLM's order and the session counts as idle until its next request, which is what
-`session_ttl` protects. A request that finds no room waits (FCFS) until a finish frees enough. The block manager is
-the engine's own, so LRU order, hit caps and eviction reasons are the engine's.
+Each recorded request arrives when it was recorded looking its prefix up (arrival + queue time) with its rebuilt
+chain (see `kvobs.analytics.chains`), looks its prefix up, takes blocks for its whole length (prompt + output) and
+holds them until its recorded finish; then its blocks are freed in vLLM's order and the session counts as idle until
+its next request, which is what `session_ttl` protects. A request that finds no room waits (FCFS) until a finish
+frees enough. The block manager is the engine's own, so LRU order, hit caps and eviction reasons are the engine's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.eviction import make_eviction_policy
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.sampling_params import SamplingParams
-from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, request_chains, with_sessions
+from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.store import queries
 from kvobs.store.db import Store
 
@@ -70,7 +70,7 @@ class ReplayPlan:
                 ReplayRequest(
                     r.request_id,
                     r.session_id,
-                    float(r.arrival_ts),
+                    float(lookup_ts(r)),
                     float(r.finished_ts),
                     int(r.prompt_tokens),
                     int(r.prompt_tokens) + completion,

@@ -93,9 +93,15 @@ def request_chains(requests: pd.DataFrame, stored: pd.DataFrame, graph: BlockGra
     return chains
 
 
+def lookup_ts(req) -> float:
+    """When a request looked its prefix up: when it was first scheduled (arrival + queue time, where recorded). Blocks
+    another request stored while this one waited in the queue can still hit."""
+    return req.arrival_ts + (0.0 if pd.isna(req.queue_s) else req.queue_s)
+
+
 def hit_rates(requests: pd.DataFrame, chains: dict[str, list[int]], graph: BlockGraph, *, block_size: int):
     """Per request: `prompt_tokens`, `cached_tokens` (achieved), `available_tokens` (what a cache that never
-    evicts would have hit: the leading blocks of its prompt stored by anyone before it arrived, capped at
+    evicts would have hit: the leading blocks of its prompt stored by anyone before its lookup, capped at
     prompt - 1 tokens as the engine caps lookups), `recompute_tokens` = available - achieved (>= 0)."""
     rows = []
     for req in requests.itertuples(index=False):
@@ -103,9 +109,9 @@ def hit_rates(requests: pd.DataFrame, chains: dict[str, list[int]], graph: Block
         if chain is None or pd.isna(req.prompt_tokens):
             continue
         max_blocks = max(int(req.prompt_tokens) - 1, 0) // block_size
-        available = 0
+        available, looked_up = 0, lookup_ts(req)
         for block_hash in chain[:max_blocks]:
-            if graph.first_stored.get(block_hash, float("inf")) >= req.arrival_ts:
+            if graph.first_stored.get(block_hash, float("inf")) >= looked_up:
                 break
             available += 1
         cached = None if pd.isna(req.cached_tokens) else int(req.cached_tokens)

@@ -91,3 +91,19 @@ def test_footprints_and_session_table(agent_run):
     assert timeline["lost_since_previous"].sum() == timeline["session_evicted_blocks"].iloc[-1]
     table = session_table(queries.sessions(store), queries.session_footprints(store), queries.steps(store))
     assert len(table) == 6 and table["steps"].sum() == 18 and table["failed"].sum() == agent_run.result.num_failed
+
+
+def test_available_counts_blocks_stored_while_a_request_waited_in_the_queue():
+    """B arrives at t=1 and waits 1 s; A stores the shared block at t=1.5: B's lookup (t=2) could hit it."""
+    stored = pd.DataFrame({"ts": [1.5, 2.5], "block_hash": [11, 12], "parent_hash": [None, 11], "num_tokens": [16, 16],
+                           "session_id": ["a", "b"], "request_id": ["A", "B"]})  # fmt: skip
+    reqs = pd.DataFrame({"request_id": ["A", "B"], "session_id": ["a", "b"], "arrival_ts": [0.0, 1.0],
+                         "queue_s": [0.0, 1.0], "finished_ts": [1.6, 3.0], "prompt_tokens": [20, 40],
+                         "cached_tokens": [0, 16]})  # fmt: skip
+    graph = BlockGraph.from_stored(stored)
+    rates = hit_rates(reqs, request_chains(reqs, stored, graph), graph, block_size=16).set_index("request_id")
+    assert rates.loc["B", "available_tokens"] == 16 == rates.loc["B", "cached_tokens"]
+    assert rates.loc["A", "available_tokens"] == 0
+    no_wait = reqs.assign(queue_s=[0.0, 0.0])
+    rates = hit_rates(no_wait, request_chains(no_wait, stored, graph), graph, block_size=16).set_index("request_id")
+    assert rates.loc["B", "available_tokens"] == 0  # looked up at 1.0, before the block existed

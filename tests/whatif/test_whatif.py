@@ -28,7 +28,7 @@ def test_more_blocks_never_hit_less_and_enough_blocks_evict_nothing(agent_run):
     unlimited = results[-1]
     assert unlimited.evicted_blocks == 0 and unlimited.recompute_tokens == 0 and unlimited.waited == 0
     # with room for everything the replay hits at least what the chains say was available (it registers a request's
-    # blocks at its arrival, so an overlapping request can hit them a little earlier than the engine allowed)
+    # blocks at its lookup, so an overlapping request can hit them a little earlier than the engine allowed)
     from kvobs.analytics.chains import BlockGraph, hit_rates, request_chains
     from kvobs.store import queries
 
