@@ -13,9 +13,10 @@ import argparse
 import logging
 import sys
 
-from kvobs.commands import agents, alerts, collect, dashboard, generate, serve, whatif
+from kvobs.commands import agents, alerts, collect, dashboard, demo, generate, serve, whatif
 
-COMMANDS = (generate, serve, collect, agents, alerts, whatif, dashboard)
+QUIET_LOGGERS = ("httpx", "alembic")
+COMMANDS = (demo, generate, serve, collect, agents, alerts, whatif, dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
+    if not args.verbose:  # a line per HTTP request or per migration step is noise unless asked for
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     return args.func(args)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -50,6 +49,7 @@ def command(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the store, then replace this process with `streamlit run` (never returns when it starts)."""
     if importlib.util.find_spec("streamlit") is None:
         print("kvobs dashboard needs the dashboard extra: pip install 'kvobs[dashboard]'", file=sys.stderr)
         return 2
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     store.close()
     print(f"kvobs dashboard on http://{args.host}:{args.port}", file=sys.stderr)
-    try:
-        return subprocess.call(command(args), env=os.environ.copy())
-    except KeyboardInterrupt:
-        return 0
+    sys.stderr.flush()
+    app = command(args)
+    # Become Streamlit (no child left behind): SIGTERM from `docker stop` or `kvobs demo` reaches it directly.
+    os.execv(app[0], app)

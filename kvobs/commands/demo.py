@@ -1,0 +1,225 @@
+"""`kvobs demo`: the main job on one machine, no Docker.
+
+    kvobs demo                         # engine + agent workload + dashboard on sqlite:///kvobs.db, Ctrl-C stops
+
+Starts `kvobs serve` on SmolLM2 with a KV cache small enough that sessions evict each other, waits for it,
+starts `kvobs dashboard`, prints the URLs, runs the `kvobs agents` workload against the engine (steps and the
+engine's requests, KV events and snapshots all land in the store), evaluates the built-in alert rules, and
+keeps the engine and dashboard up until Ctrl-C (or exits with `--exit-when-done`). Children get SIGTERM on the
+way out, so the engine flushes its store rows and spans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from kvobs.commands._common import start_or_report
+
+log = logging.getLogger(__name__)
+
+ENGINE_START_TIMEOUT_S = 900.0  # first load of the weights on a slow 2-core machine
+DASHBOARD_START_TIMEOUT_S = 120.0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="engine + agent workload + dashboard on one machine, printing the URLs")
+    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    p.add_argument("--host", default="127.0.0.1", help="address the engine and dashboard listen on")
+    p.add_argument("--port", type=int, default=8000, help="the engine's port")
+    p.add_argument("--dashboard-port", type=int, default=8501)
+    p.add_argument("--num-blocks", type=int, default=48, help="KV blocks of 16 tokens: small, so sessions compete")
+    p.add_argument("--max-model-len", type=int, default=640, help="longest prompt + reply the engine accepts")
+    p.add_argument("--sessions", type=int, default=8, help="agent sessions per round")
+    p.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
+    p.add_argument("--steps", type=int, default=3, help="steps per session")
+    p.add_argument("--tool-pause-ms", default="uniform:300-1500", metavar="DIST", help="tool pause (see kvobs agents)")
+    p.add_argument("--step-deadline-s", type=float, default=20.0, help="a step fails when it takes longer")
+    p.add_argument("--max-tokens", type=int, default=32, help="reply tokens per step")
+    p.add_argument("--seed", type=int, help="workload seed (default: from the clock, so reruns add new sessions)")
+    p.add_argument("--rounds", type=int, default=1, help="workload rounds (0: until Ctrl-C)")
+    p.add_argument("--otlp-endpoint", help="send engine and agent spans here, e.g. a local Jaeger's :4317")
+    p.add_argument("--jaeger-url", help="Jaeger UI base URL for the dashboard's trace links")
+    p.add_argument("--exit-when-done", action="store_true", help="stop everything after the last round")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvobs.agent.workload import PauseDistribution, WorkloadConfig
+    from kvobs.store import open_store
+
+    seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
+    base_url = f"http://{args.host}:{args.port}"
+    config = start_or_report("demo", lambda: _check(args) or WorkloadConfig(
+        base_url=base_url, sessions=args.sessions, concurrency=args.concurrency, steps=args.steps,
+        tool_pause=PauseDistribution.parse(args.tool_pause_ms), step_deadline_s=args.step_deadline_s,
+        max_tokens=args.max_tokens, seed=seed,
+    ))  # fmt: skip
+    if config is None:
+        return 2
+    store = start_or_report("demo", lambda: open_store(args.store))
+    if store is None:
+        return 2
+    store_url = store.url
+    store.close()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    children: list[subprocess.Popen] = []
+    try:
+        engine = _start(children, _engine_command(args, store_url))
+        if not _wait_ready(engine, f"{base_url}/health", ENGINE_START_TIMEOUT_S, stop, "the engine"):
+            return 0 if stop.is_set() else 1
+        dashboard_url = f"http://{args.host}:{args.dashboard_port}"
+        dashboard = _start(children, _dashboard_command(args, store_url))
+        if not _wait_ready(dashboard, f"{dashboard_url}/_stcore/health", DASHBOARD_START_TIMEOUT_S, stop,
+                           "the dashboard"):  # fmt: skip
+            return 0 if stop.is_set() else 1
+        _print_urls(args, base_url, dashboard_url, store_url)
+        _run_rounds(args, config, store_url, stop)
+        if stop.is_set() or args.exit_when_done:
+            return 0
+        print(f"\nThe engine and the dashboard stay up: {dashboard_url}   Ctrl-C stops them.", flush=True)
+        while not stop.wait(1.0):
+            for child in children:
+                if child.poll() is not None:
+                    print(f"kvobs demo: kvobs {child.args[3]} exited with status {child.returncode}", file=sys.stderr)
+                    return 1
+        return 0
+    finally:
+        _stop_all(children)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("num_blocks", "max_model_len", "rounds"):
+        if getattr(args, name) < (0 if name == "rounds" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
+
+
+def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
+    command = [sys.executable, "-m", "kvobs.cli", "serve", "--host", args.host, "--port", str(args.port),
+               "--num-blocks", str(args.num_blocks), "--max-model-len", str(args.max_model_len),
+               "--store", store_url, "--instance", "demo-engine", "--snapshot-interval", "1"]  # fmt: skip
+    if args.otlp_endpoint:
+        command += ["--otlp-endpoint", args.otlp_endpoint]
+    return command
+
+
+def _dashboard_command(args: argparse.Namespace, store_url: str) -> list[str]:
+    command = [sys.executable, "-m", "kvobs.cli", "dashboard", "--host", args.host, "--port",
+               str(args.dashboard_port), "--store", store_url]  # fmt: skip
+    if args.jaeger_url:
+        command += ["--jaeger-url", args.jaeger_url]
+    return command
+
+
+def _start(children: list[subprocess.Popen], command: list[str]) -> subprocess.Popen:
+    # A session of its own: Ctrl-C reaches only us, and we stop the children in order (the engine flushes).
+    child = subprocess.Popen(command, start_new_session=True)
+    children.append(child)
+    return child
+
+
+def _wait_ready(child: subprocess.Popen, url: str, timeout_s: float, stop: threading.Event, what: str) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        if child.poll() is not None:
+            print(f"kvobs demo: {what} exited with status {child.returncode} before it was ready", file=sys.stderr)
+            return False
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            print(f"kvobs demo: {what} did not answer {url} within {timeout_s:.0f} s", file=sys.stderr)
+            return False
+        stop.wait(0.5)
+    return False
+
+
+def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, store_url: str) -> None:
+    lines = [
+        f"  dashboard   {dashboard_url}",
+        f"  engine API  {base_url}/v1   (OpenAI-compatible; /metrics in vLLM's names)",
+        f"  store       {store_url}",
+    ]
+    if args.jaeger_url:
+        lines.insert(1, f"  traces      {args.jaeger_url}")
+    print("\nkvobs demo is up:\n" + "\n".join(lines) + "\n", flush=True)
+
+
+def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threading.Event) -> None:
+    from dataclasses import replace
+
+    from kvobs.commands.agents import run_workload
+
+    round_index = 0
+    while not stop.is_set() and (args.rounds == 0 or round_index < args.rounds):
+        round_config = replace(config, seed=config.seed + round_index)
+        print(f"Round {round_index + 1}: {config.sessions} agent sessions (seed {round_config.seed}), "
+              f"{config.concurrency} at a time, {config.steps} steps each", flush=True)  # fmt: skip
+        done, outcome, started = threading.Event(), {}, time.time()
+
+        def work(cfg=round_config) -> None:
+            try:
+                outcome["result"] = run_workload(cfg, store_url=store_url, otlp_endpoint=args.otlp_endpoint)
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name="demo-workload", daemon=True).start()
+        while not done.wait(0.5):
+            if stop.is_set():
+                return  # the engine stops next; the sessions' requests then fail and the thread ends
+        result = outcome.get("result")
+        if result is None:
+            return
+        _print_round(result, store_url, started)
+        round_index += 1
+
+
+def _print_round(result, store_url: str, started: float) -> None:
+    from kvobs.alerts.evaluator import Evaluator
+    from kvobs.alerts.rules import load_rules
+    from kvobs.store import open_store, queries
+
+    store = open_store(store_url)
+    try:
+        steps = queries.steps(store, since=started)
+        prompt, cached = steps["prompt_tokens"].sum(), steps["cached_tokens"].sum()
+        failed = ", ".join(f"{kind} {n}" for kind, n in result.failed.most_common()) or "none"
+        hit = f"{cached / prompt:.0%} of {int(prompt):,} prompt tokens" if prompt else "no prompt tokens"
+        print(f"  {result.steps} steps in {result.wall_s:.0f} s; failed steps: {failed}; prefix cache hits: {hit}")
+        for t in Evaluator(store, load_rules(None)).evaluate(time.time()):
+            print(f"  alert {t['state']} {t['severity']} {t['rule']}: {t['summary']}")
+    finally:
+        store.close()
+    sys.stdout.flush()
+
+
+def _stop_all(children: list[subprocess.Popen]) -> None:
+    for child in reversed(children):  # the dashboard first, the engine last (it flushes)
+        if child.poll() is None:
+            _signal_group(child, signal.SIGTERM)  # its whole session: nothing it started outlives the demo
+    for child in reversed(children):
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            log.warning("kvobs %s did not stop within 30 s; killing it", child.args[3])
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+
+
+def _signal_group(child: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass  # it exited in the meantime

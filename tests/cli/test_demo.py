@@ -1,0 +1,97 @@
+"""`kvobs demo`, the README's second command, as a user runs it: it brings up the engine and the dashboard, prints
+their URLs, runs the agents into the store, stays up until Ctrl-C, and then stops its children and flushes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from kvobs.store import open_store
+from kvobs.store.schema import RequestRow, StepRow
+from tests.server.conftest import free_port
+
+READY_LINE = "The engine and the dashboard stay up"
+
+
+def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
+    """Stdout up to the line holding `marker` (read in a thread, so a hung demo fails the test on time)."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    found.wait(timeout_s)
+    return "".join(lines)
+
+
+def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_path):
+    port, dashboard_port = free_port(), free_port()
+    store_url = f"sqlite:///{tmp_path / 'demo.db'}"
+    proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url, "--port", str(port),
+                             "--dashboard-port", str(dashboard_port), "--sessions", "3", "--concurrency", "3",
+                             "--steps", "2", "--seed", "5", "--tool-pause-ms", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        out = _read_until(proc, READY_LINE, timeout_s=600)
+        assert READY_LINE in out, (out, proc.poll())
+        assert f"dashboard   http://127.0.0.1:{dashboard_port}" in out
+        assert f"engine API  http://127.0.0.1:{port}/v1" in out
+        assert "6 steps in" in out and "prefix cache hits:" in out
+        # While it stays up, both answer on the printed URLs.
+        assert httpx.get(f"http://127.0.0.1:{dashboard_port}/_stcore/health", timeout=10).text == "ok"
+        page = httpx.get(f"http://127.0.0.1:{dashboard_port}/", timeout=10)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        assert "vllm:kv_cache_usage_perc" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for url in (f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{dashboard_port}/_stcore/health"):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url, timeout=5)  # the children are gone
+    store = open_store(store_url)
+    with store.engine.connect() as conn:
+        steps = conn.execute(select(StepRow.session_id, StepRow.trace_id)).all()
+        request_traces = set(conn.execute(select(RequestRow.trace_id)).scalars())
+    store.close()
+    assert sorted({s for s, _ in steps}) == ["coder-5-0001", "planner-5-0002", "researcher-5-0000"]
+    assert len(steps) == 6
+    assert {t for _, t in steps} <= request_traces  # the engine flushed a request for every step, in its trace
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--num-blocks", "0"], "--num-blocks must be positive"),
+    (["--sessions", "0"], "--sessions must be at least 1"),
+    (["--store", "mysql+nodriver://x/y"], "kvobs demo:"),
+])  # fmt: skip
+def test_bad_flags_exit_2_in_one_line(tmp_path, flags, message):
+    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
+                           *flags], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
+                           "--port", str(free_port()), "--num-blocks", "8"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1
+    assert "the KV cache has 8 blocks of 16 tokens" in done.stderr
+    assert "the engine exited with status 2 before it was ready" in done.stderr
+    assert "kvobs demo is up" not in done.stdout and time.monotonic() - started < 300
