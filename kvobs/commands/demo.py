@@ -12,6 +12,7 @@ way out, so the engine flushes its store rows and spans.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -160,30 +161,35 @@ def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, sto
 def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threading.Event) -> None:
     from dataclasses import replace
 
-    from kvobs.commands.agents import run_workload
-
     round_index = 0
     while not stop.is_set() and (args.rounds == 0 or round_index < args.rounds):
         round_config = replace(config, seed=config.seed + round_index)
         print(f"Round {round_index + 1}: {config.sessions} agent sessions (seed {round_config.seed}), "
               f"{config.concurrency} at a time, {config.steps} steps each", flush=True)  # fmt: skip
-        done, outcome, started = threading.Event(), {}, time.time()
-
-        def work(cfg=round_config) -> None:
-            try:
-                outcome["result"] = run_workload(cfg, store_url=store_url, otlp_endpoint=args.otlp_endpoint)
-            finally:
-                done.set()
-
-        threading.Thread(target=work, name="demo-workload", daemon=True).start()
-        while not done.wait(0.5):
-            if stop.is_set():
-                return  # the engine stops next; the sessions' requests then fail and the thread ends
-        result = outcome.get("result")
+        started = time.time()
+        result = _workload_until_stopped(round_config, store_url, args.otlp_endpoint, stop)
         if result is None:
             return
         _print_round(result, store_url, started)
         round_index += 1
+
+
+def _workload_until_stopped(config, store_url: str, otlp_endpoint: str | None, stop: threading.Event):
+    """The workload's result; None when it could not start or Ctrl-C came first (the engine then stops, the
+    sessions' requests fail, and the abandoned thread ends on its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvobs.commands.agents import run_workload
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="demo-workload")
+    future = pool.submit(run_workload, config, store_url=store_url, otlp_endpoint=otlp_endpoint)
+    pool.shutdown(wait=False)
+    while not stop.is_set():
+        try:
+            return future.result(timeout=0.5)
+        except TimeoutError:
+            continue
+    return None
 
 
 def _print_round(result, store_url: str, started: float) -> None:
@@ -219,7 +225,5 @@ def _stop_all(children: list[subprocess.Popen]) -> None:
 
 
 def _signal_group(child: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it exited in the meantime
         os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        pass  # it exited in the meantime
