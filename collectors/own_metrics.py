@@ -7,7 +7,8 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 `kvobs_telemetry_dropped_total{component}` (scrape, kv_events, otlp, otlp_forward, store),
 `kvobs_collector_kv_events_total{instance}`, `kvobs_collector_kv_event_batches_lost_total{instance}`,
 `kvobs_collector_llm_requests_total`, `kvobs_session_prefix_lost_total` (blocks removed while their session
-was idle), and the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
+was idle), `kvobs_agent_steps_total{status}` and `kvobs_agent_step_failures_total{error_type}` (the agent_step spans
+it received), and the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
 """
 
 from __future__ import annotations
@@ -15,11 +16,25 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
-from kvobs.semconv.metrics import LABEL_COMPONENT, LABEL_INSTANCE, MetricSpec, kvobs_metrics
+from kvobs.semconv.metrics import (
+    LABEL_COMPONENT,
+    LABEL_ERROR_TYPE,
+    LABEL_INSTANCE,
+    LABEL_STATUS,
+    MetricSpec,
+    kvobs_metrics,
+)
 
 
 def _counter(spec: MetricSpec, labels: tuple[str, ...] = ()) -> CounterMetricFamily:
     return CounterMetricFamily(spec.name, spec.description, labels=list(labels))
+
+
+def _by_label(spec: MetricSpec, label: str, totals: dict[str, int]) -> CounterMetricFamily:
+    family = _counter(spec, (label,))
+    for value, total in sorted(dict(totals).items()):
+        family.add_metric([value], total)
+    return family
 
 
 class CollectorMetrics(PromCollector):
@@ -50,3 +65,5 @@ class CollectorMetrics(PromCollector):
         requests = _counter(kvobs_metrics.COLLECTOR_LLM_REQUESTS)
         requests.add_metric([], c.span_ingest.num_requests)
         yield requests
+        yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps)
+        yield _by_label(kvobs_metrics.AGENT_STEP_FAILURES, LABEL_ERROR_TYPE, c.span_ingest.agent_step_failures)

@@ -7,21 +7,25 @@ One row per `llm_request` span: `gen_ai.request.id`, the span's start (vLLM's ar
 first token = start + `gen_ai.latency.time_to_first_token`, `gen_ai.latency.time_in_queue`, prompt and
 completion tokens; from our engine also `session.id`, cached tokens and preemptions. `trace_id` joins the
 agent step (`steps.trace_id`), `parent_span_id` its exact span. `instance` is the configured name, else the
-exporter's `service.name`. A span seen twice (an exporter retry) is stored once. Other spans (vLLM's
-startup spans, agents' spans sent through the collector) are not stored; `--forward-otlp` passes them on.
+exporter's `service.name`. A span seen twice (an exporter retry) is stored once. The agent SDK's `agent_step`
+spans sent through the collector are counted by status and error type (`kvobs_agent_steps_total`,
+`kvobs_agent_step_failures_total` on the collector's /metrics, what the step-failure alert rule reads); the
+steps themselves reach the store from the SDK's recorder. Other spans (vLLM's startup spans) are not stored;
+`--forward-otlp` passes every span on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from collectors.session_activity import SessionActivity
 from kvobs.semconv import attributes as a
-from kvobs.semconv.spans import SpanName
+from kvobs.semconv.spans import SpanName, StepStatus
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,8 @@ class SpanIngest:
         self.instance = instance
         self.num_requests = 0
         self.num_duplicates = 0
+        self.agent_steps: Counter[str] = Counter()  # status -> steps
+        self.agent_step_failures: Counter[str] = Counter()  # error type -> steps
         self._seen: OrderedDict[bytes, None] = OrderedDict()
 
     def handle(self, request: ExportTraceServiceRequest) -> None:
@@ -46,17 +52,29 @@ class SpanIngest:
             instance = self.instance or str(resource.get(SERVICE_NAME, "unknown"))
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    if span.name == SpanName.LLM_REQUEST:
+                    if span.name == SpanName.LLM_REQUEST and self._first_time(span):
                         self._request(instance, span)
+                    elif span.name == SpanName.AGENT_STEP and self._first_time(span):
+                        self._step(span)
 
-    def _request(self, instance: str, span) -> None:
+    def _first_time(self, span) -> bool:
         key = span.trace_id + span.span_id
         if key in self._seen:
             self.num_duplicates += 1
-            return
+            return False
         self._seen[key] = None
         if len(self._seen) > SEEN_SPANS:
             self._seen.popitem(last=False)
+        return True
+
+    def _step(self, span) -> None:
+        if span.status.code == Status.STATUS_CODE_ERROR:
+            self.agent_steps[StepStatus.ERROR.value] += 1
+            self.agent_step_failures[str(attributes(span.attributes).get(a.ERROR_TYPE, "unknown"))] += 1
+        else:
+            self.agent_steps[StepStatus.OK.value] += 1
+
+    def _request(self, instance: str, span) -> None:
         attrs = attributes(span.attributes)
         start, end = span.start_time_unix_nano / 1e9, span.end_time_unix_nano / 1e9
         ttft = attrs.get(a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)

@@ -29,6 +29,24 @@ def wait_http(url: str, timeout_s: float = 30.0) -> httpx.Response:
             time.sleep(0.2)
 
 
+def export_agent_steps(endpoint: str, outcomes: list[str]) -> None:
+    """An agent session through the SDK, its spans sent by the real OTLP/HTTP exporter."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from kvobs.agent import AgentSession
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    with AgentSession("ops", tracer_provider=provider) as session:
+        for outcome in outcomes:
+            with session.step() as step:
+                if outcome != "ok":
+                    step.fail(outcome)
+    provider.shutdown()
+
+
 def test_collect_runs_until_sigterm_and_flushes(tmp_path):
     db = tmp_path / "kvobs.db"
     otlp, metrics = free_port(), free_port()
@@ -46,6 +64,7 @@ def test_collect_runs_until_sigterm_and_flushes(tmp_path):
                 r = httpx.post(f"http://127.0.0.1:{otlp}/v1/traces", content=body,
                                headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
                 assert r.status_code == 200
+            export_agent_steps(f"http://127.0.0.1:{otlp}/v1/traces", ["ok", "ok", "timeout"])
             assert httpx.post(f"http://127.0.0.1:{otlp}/v1/traces", content=b"not protobuf",
                               headers={"Content-Type": "application/x-protobuf"}).status_code == 400  # fmt: skip
             time.sleep(5)  # the recorded scrapes run out; the HTML pages mark vLLM down
@@ -56,6 +75,9 @@ def test_collect_runs_until_sigterm_and_flushes(tmp_path):
             output = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, output
     assert own[("kvobs_collector_target_up", (("instance", "vllm"),))] == 0.0
+    assert own[("kvobs_agent_steps_total", (("status", "ok"),))] == 2.0  # what the step-failure alert reads
+    assert own[("kvobs_agent_steps_total", (("status", "error"),))] == 1.0
+    assert own[("kvobs_agent_step_failures_total", (("error_type", "timeout"),))] == 1.0
     assert own[("kvobs_telemetry_dropped_total", (("component", "scrape"),))] > 0
     assert own[("kvobs_telemetry_dropped_total", (("component", "otlp"),))] == 1
     assert own[("kvobs_collector_llm_requests_total", ())] == 54
