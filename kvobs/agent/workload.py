@@ -185,8 +185,10 @@ class Workload:
     """Runs `config.sessions` sessions, `config.concurrency` at a time, through `client`."""
 
     def __init__(self, config: WorkloadConfig, client: httpx.Client, *, tracer_provider: TracerProvider,
-                 recorder: StepRecorder | None = None, on_step=None) -> None:  # fmt: skip
+                 recorder: StepRecorder | None = None, on_step=None,
+                 stop: threading.Event | None = None) -> None:  # fmt: skip
         self.config = config
+        self.stop = stop or threading.Event()  # set: each session ends after its current step
         self.client = client
         self.tracer_provider = tracer_provider
         self.recorder = recorder
@@ -204,6 +206,8 @@ class Workload:
         return self.result
 
     def run_session(self, index: int) -> None:
+        if self.stop.is_set():
+            return
         session_id, kind, rng = session_plan(self.config.seed, index)
         messages = [
             {"role": "system", "content": SHARED_SYSTEM + kind.instructions},
@@ -212,6 +216,8 @@ class Workload:
         with AgentSession(kind.name, session_id=session_id, tracer_provider=self.tracer_provider,
                           recorder=self.recorder) as session:  # fmt: skip
             for _ in range(self.config.steps):
+                if self.stop.is_set():
+                    break
                 pause_s, tool = self.config.tool_pause.sample_s(rng), rng.choice(kind.tools)
                 result = tool_result(rng, tool)
                 try:

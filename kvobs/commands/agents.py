@@ -2,13 +2,19 @@
 
 kvobs agents --base-url http://127.0.0.1:8000 --sessions 16 --concurrency 4 --steps 6 \\
              --tool-pause-ms exp:800 --step-deadline-s 20 --store sqlite:///kvobs.db --otlp-endpoint http://jaeger:4317
+
+`--rounds 0` keeps running rounds (round r uses seed + r, so every round has new sessions) until SIGINT or
+SIGTERM; then each session ends after its current step and the store and spans are flushed.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+import time
 
 from kvobs.commands._common import start_or_report
 
@@ -26,7 +32,14 @@ def add_parser(sub) -> None:
     p.add_argument("--step-deadline-s", type=float, default=30.0, help="a step fails when it takes longer")
     p.add_argument("--max-tokens", type=int, default=48, help="reply tokens per step")
     p.add_argument("--model", help="model name (default: the first one the server lists)")
-    p.add_argument("--seed", type=int, default=0, help="session ids, kinds, tasks and pauses follow from it")
+    p.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        help="session ids, kinds, tasks and pauses follow from it; 'clock': from the current time",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="workload rounds (0: until SIGINT/SIGTERM)")
+    p.add_argument("--round-pause-s", type=float, default=10.0, help="seconds between rounds")
     p.add_argument(
         "--store", help="store URL for sessions and steps (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)"
     )
@@ -35,26 +48,54 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _seed(text: str) -> int:
+    if text == "clock":
+        return int(time.time())
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a seed: {text!r} (an integer, or 'clock')") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from kvobs.agent.workload import PauseDistribution, WorkloadConfig
 
-    config = start_or_report("agents", lambda: WorkloadConfig(
+    config = start_or_report("agents", lambda: _check_rounds(args) or WorkloadConfig(
         base_url=args.base_url, sessions=args.sessions, concurrency=args.concurrency, steps=args.steps,
         tool_pause=PauseDistribution.parse(args.tool_pause_ms), step_deadline_s=args.step_deadline_s,
         max_tokens=args.max_tokens, seed=args.seed, model=args.model,
     ))  # fmt: skip
     if config is None:
         return 2
-    result = run_workload(config, store_url=args.store, otlp_endpoint=args.otlp_endpoint,
-                          progress=not args.no_progress)  # fmt: skip
-    if result is None:
-        return 2
-    failed = ", ".join(f"{kind} {n}" for kind, n in result.failed.most_common()) or "none"
-    print(f"{result.sessions} sessions, {result.steps} steps in {result.wall_s:.1f} s; failed steps: {failed}")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    round_index = 0
+    while not stop.is_set() and (args.rounds == 0 or round_index < args.rounds):
+        if round_index and stop.wait(args.round_pause_s):
+            break
+        round_config = replace(config, seed=config.seed + round_index)
+        result = run_workload(round_config, store_url=args.store, otlp_endpoint=args.otlp_endpoint,
+                              progress=not args.no_progress, stop=stop)  # fmt: skip
+        if result is None:
+            return 2
+        failed = ", ".join(f"{kind} {n}" for kind, n in result.failed.most_common()) or "none"
+        print(f"seed {round_config.seed}: {result.sessions} sessions, {result.steps} steps in {result.wall_s:.1f} s; "
+              f"failed steps: {failed}", flush=True)  # fmt: skip
+        round_index += 1
     return 0
 
 
-def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, progress: bool = True):
+def _check_rounds(args: argparse.Namespace) -> None:
+    if args.rounds < 0:
+        raise ValueError(f"--rounds must be 0 (until stopped) or more; got {args.rounds}")
+    if args.round_pause_s < 0:
+        raise ValueError(f"--round-pause-s must not be negative; got {args.round_pause_s}")
+
+
+def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, progress: bool = True, stop=None):
     """Run the workload with telemetry and a store recorder; None (after one line on stderr) when it cannot start."""
     import httpx
     from opentelemetry.sdk.trace import TracerProvider
@@ -74,7 +115,8 @@ def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, pr
     bar = tqdm(total=config.sessions * config.steps, unit="step", desc="agent steps", disable=not progress,
                file=sys.stderr)  # fmt: skip
     try:
-        workload = start_or_report("agents", lambda: _workload(Workload, config, client, tracer_provider, writer, bar))
+        workload = start_or_report("agents", lambda: _workload(Workload, config, client, tracer_provider, writer, bar,
+                                                               stop))  # fmt: skip
         if workload is None:
             return None
         return workload.run()
@@ -86,13 +128,13 @@ def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, pr
         store.close()
 
 
-def _workload(cls, config, client, tracer_provider, writer, bar):
+def _workload(cls, config, client, tracer_provider, writer, bar, stop):
     import httpx
 
     from kvobs.agent.recorder import StoreStepRecorder
 
     try:
         return cls(config, client, tracer_provider=tracer_provider, recorder=StoreStepRecorder(writer),
-                   on_step=lambda step: bar.update(1))  # fmt: skip
+                   on_step=lambda step: bar.update(1), stop=stop)  # fmt: skip
     except httpx.HTTPError as exc:
         raise OSError(f"cannot reach {config.base_url}: {exc}") from exc

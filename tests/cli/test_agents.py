@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
 import pytest
+from sqlalchemy import select
 
-from tests.server.conftest import free_port
+from kvobs.store import open_store
+from kvobs.store.schema import StepRow
+from tests.server.conftest import free_port, running_server
+from tests.waiting import wait_for
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -15,6 +20,8 @@ from tests.server.conftest import free_port
     (["--tool-pause-ms", "soon"], "not a pause distribution: 'soon'"),
     (["--tool-pause-ms", "uniform:900-100"], "the upper bound is below the lower one"),
     (["--step-deadline-s", "-1"], "--step-deadline-s must be positive"),
+    (["--rounds", "-1"], "--rounds must be 0 (until stopped) or more"),
+    (["--seed", "soon"], "not a seed: 'soon' (an integer, or 'clock')"),
     ([], "cannot reach http://127.0.0.1:"),
 ])  # fmt: skip
 def test_bad_flags_and_unreachable_server_exit_2(tmp_path, flags, message):
@@ -23,3 +30,34 @@ def test_bad_flags_and_unreachable_server_exit_2(tmp_path, flags, message):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rounds_until_sigterm_give_each_round_new_sessions_and_flush(smollm2_source, tmp_path):
+    url = f"sqlite:///{tmp_path / 'rounds.db'}"
+    store = open_store(url)
+
+    def steps() -> list[tuple[str, int]]:
+        with store.engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(select(StepRow.session_id, StepRow.step_index))]
+
+    with running_server(smollm2_source) as server:
+        proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "agents", "--base-url", server.url, "--store", url,
+                                 "--rounds", "0", "--round-pause-s", "0.1", "--sessions", "1", "--steps", "2",
+                                 "--max-tokens", "2", "--tool-pause-ms", "50", "--seed", "7", "--no-progress"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            wait_for(lambda: len(steps()) >= 4, timeout_s=180)  # two whole rounds written
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err
+    rounds = [line for line in out.splitlines() if line.startswith("seed ")]
+    assert len(rounds) >= 2 and all("1 sessions, 2 steps" in line for line in rounds[:2]), out
+    assert [line.split(":")[0] for line in rounds] == [f"seed {7 + i}" for i in range(len(rounds))]
+    written = steps()
+    store.close()
+    seeds = sorted({session.rsplit("-", 2)[1] for session, _ in written})
+    assert seeds == [str(7 + i) for i in range(len(seeds))] and len(seeds) >= 2  # seed + round: new sessions
+    assert len(written) == len(set(written)) <= 2 * len(seeds)  # a round cut short by SIGTERM ends early
