@@ -20,11 +20,15 @@ COMMANDS = (demo, generate, serve, collect, agents, alerts, whatif, dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvobs", description="KV-cache observability for LLM agents")
+    parser = argparse.ArgumentParser(prog="kvobs", description="KV-cache observability for LLM agents",
+                                     allow_abbrev=False)  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
+    for command_parser in sub.choices.values():
+        # Whole flag names only: a prefix that parses today (--round-pause) breaks silently when a flag is added.
+        command_parser.allow_abbrev = False
     return parser
 
 

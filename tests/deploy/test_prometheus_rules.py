@@ -83,3 +83,13 @@ def test_the_rules_read_what_vllm_and_kvobs_expose(smollm2_source, store):
     kvobs_names = {m for m in wanted if m.startswith("kvobs_")}
     assert kvobs_names <= engine | own, kvobs_names - engine - own
     assert "kvobs_session_prefix_lost" in engine & own  # from our engine, and from the collector for a vLLM
+
+
+@needs("amtool", "prometheus-alertmanager")
+def test_amtool_checks_the_alertmanager_config_and_its_inhibitions_name_real_alerts():
+    config = REPO / "deploy/alertmanager/alertmanager.yml"
+    done = subprocess.run(["amtool", "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
+    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    named = set(re.findall(r'alertname="(\w+)"', config.read_text()))
+    assert named and named <= alerts
