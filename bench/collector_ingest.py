@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from results import Result  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from collectors.derive import Deriver
@@ -100,14 +101,14 @@ def time_scrape(stage: str, body: str, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--events", type=int, default=50)
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--lines", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     payloads, total = synthetic_payloads(args.batches, args.events, args.sessions)
     stages = ["decode", "decode + attribute", "decode + attribute + SQLite"]
@@ -119,9 +120,11 @@ def main() -> None:
     base = statistics.median(times["decode"])
     print(f"\nKV events: {total:,} events in {len(payloads):,} batches, median of {args.repeats}")
     print(f"{'stage':<30} {'events/s':>12} {'time vs decode':>15}")
+    rows = []
     for stage in stages:
         t = statistics.median(times[stage])
         print(f"{stage:<30} {total / t:>12,.0f} {t / base:>14.2f}x")
+        rows.append(Result("collector_ingest", f"KV events: {stage}", total / t, "events/s", base / t, "decode only"))
 
     body = scrape_body(args.lines)
     n = 200
@@ -131,6 +134,9 @@ def main() -> None:
     print(f"{'stage':<30} {'ms/scrape':>12} {'vs prometheus_client':>21}")
     for stage in scrape_stages:
         print(f"{stage:<30} {results[stage] * 1000:>12.2f} {results[stage] / results[scrape_stages[0]]:>20.2f}x")
+        rows.append(Result("collector_ingest", f"/metrics: {stage}", results[stage] * 1000, "ms",
+                           results[stage] / results[scrape_stages[0]], "prometheus_client parse"))  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import random
 import statistics
 import time
 
+from results import Result  # bench/ is on sys.path when a script in it runs
 from sqlalchemy import func, select
 from tqdm import tqdm
 
@@ -113,13 +114,13 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--store", default="sqlite:///bench-dashboard.db")
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--snapshots", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     store = open_store(args.store)
     with store.engine.connect() as conn:
         have = conn.execute(select(func.count()).select_from(KVEventRow)).scalar()
@@ -142,9 +143,14 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| baseline: SELECT count(*) FROM kv_events | {base:.3f} | - | 1.0x |")
     hour = pages(store, last - 3600, last)
+    rows = []
     for name, fn in tqdm(list(pages(store, first, last).items()), desc="pages", leave=False):
         whole, recent = timed(fn, args.repeats), timed(hour[name], args.repeats)
         print(f"| {name} | {whole:.3f} | {recent:.3f} | {whole / base:.1f}x |")
+        rows.append(Result("dashboard_queries", f"{name}, whole range", whole, "s", whole / base, "count(*)"))
+        rows.append(Result("dashboard_queries", f"{name}, last hour", recent, "s", recent / base, "count(*)"))
+    store.close()
+    return rows
 
 
 if __name__ == "__main__":

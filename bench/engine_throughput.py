@@ -17,6 +17,7 @@ import time
 import urllib.request
 
 import torch
+from results import Result  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from instrumented_engine import LLM, SamplingParams
@@ -137,14 +138,14 @@ def bench_triton_bandwidth(batch: int = 64, context: int = 2048, block_size: int
     return results[0], results[1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[Result]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=300)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--vllm-url", help="also measure a running vLLM (OpenAI API), e.g. http://127.0.0.1:8011")
     ap.add_argument("--vllm-model", default="smollm2")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     source = open_model("smollm2").materialize()
     prompts = make_prompts(source.tokenizer, args.prompts, args.prompt_tokens)
@@ -180,12 +181,17 @@ def main() -> None:
     print(f"{'system':40} {'output tok/s':>14} {'vs transformers CPU':>20}")
     for name, tps in rows:
         print(f"{name:40} {tps:14.1f} {tps / baseline:19.2f}x")
+    results = [Result("engine_throughput", name, tps, "tok/s", tps / baseline, "transformers CPU")
+               for name, tps in rows]  # fmt: skip
     if torch.cuda.is_available():
         triton_bw, ref_bw = bench_triton_bandwidth()
         print(
             f"\nTriton paged decode: {triton_bw:.0f} GB/s K/V read (torch reference: {ref_bw:.0f} GB/s, "
             f"{triton_bw / ref_bw:.2f}x)"
         )
+        results.append(Result("engine_throughput", "Triton paged decode, K/V read", triton_bw, "GB/s",
+                              triton_bw / ref_bw, "torch reference"))  # fmt: skip
+    return results
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import time
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from results import Result  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from collectors.otlp_receiver import OTLPReceiver
@@ -86,13 +87,14 @@ def run_once(source, config: str, prompts: list[list[int]], new_tokens: int, num
     return generated / elapsed, in_observers / elapsed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[Result]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--num-blocks", type=int, default=96, help="small enough to evict under this workload")
     ap.add_argument("--repeats", type=int, default=4)
-    args = ap.parse_args()
+    ap.add_argument("--budget", type=float, default=0.03, help="the overhead goal, as a share of the engine loop")
+    args = ap.parse_args(argv)
 
     source = open_model("smollm2").materialize()
     prompts = [source.tokenizer.encode(f"{SYSTEM}\nCustomer {i}: where is parcel P{i:05d}? It left {i} days ago.")
@@ -115,12 +117,18 @@ def main() -> None:
     print(f"\nworkload: {args.sessions} requests sharing a {len(prompts[0])}-token prompt, {args.new_tokens} new tokens"
           f" each, {args.num_blocks} KV blocks; median of {args.repeats} interleaved runs")  # fmt: skip
     print(f"{'telemetry':26} {'output tok/s':>13} {'vs off':>8} {'time in telemetry':>18}   runs (tok/s)")
+    rows = []
     for config in configs:
         tps = statistics.median(r[0] for r in results[config])
         share = statistics.median(r[1] for r in results[config])
         runs = ", ".join(f"{r[0]:.0f}" for r in results[config])
         print(f"{config:26} {tps:13.1f} {tps / baseline:7.3f}x {share:17.2%}   {runs}")
+        rows.append(Result("telemetry_overhead", f"telemetry {config}", tps, "tok/s", tps / baseline, "off"))
+        if config != "off":
+            rows.append(Result("telemetry_overhead", f"share of the loop in telemetry, {config}", share * 100, "%",
+                               share / max(args.budget, 1e-9), "of the 3% budget"))  # fmt: skip
     print(f"OTLP receiver got {receiver.num_received} export requests")
+    return rows
 
 
 if __name__ == "__main__":

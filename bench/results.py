@@ -1,0 +1,24 @@
+"""One row of a benchmark's findings, and the table `bench/run_all.py` prints from all of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Result:
+    benchmark: str  # the script, e.g. "engine_throughput"
+    case: str  # what was measured, e.g. "kvobs engine (CPU, fp32)"
+    value: float
+    unit: str  # "tok/s", "events/s", "s", ...
+    ratio: float  # value against `baseline`, measured in the same run
+    baseline: str
+
+
+def table(results: list[Result]) -> str:
+    """A Markdown table: benchmark, case, value with its unit, ratio against the run's own baseline."""
+    lines = ["| benchmark | case | value | vs baseline |", "|---|---|---|---|"]
+    for r in results:
+        value = f"{r.value:,.0f}" if abs(r.value) >= 100 else f"{r.value:.3g}"
+        lines.append(f"| {r.benchmark} | {r.case} | {value} {r.unit} | {r.ratio:.2f}x {r.baseline} |")
+    return "\n".join(lines)

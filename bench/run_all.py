@@ -1,0 +1,58 @@
+"""Run every benchmark under bench/ and print one table of their findings (each ratio against a baseline measured
+in the same run: transformers for the engine, telemetry off, decode only, prometheus_client's parser, count(*)).
+
+    .venv/bin/python bench/run_all.py            # the full sizes the README quotes (about 25 minutes on 2 cores)
+    .venv/bin/python bench/run_all.py --quick    # small sizes: a smoke run of every benchmark (about 2 minutes)
+    .venv/bin/python bench/run_all.py --only collector_ingest --only dashboard_queries
+
+Each benchmark also prints its own detailed table as it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import tempfile
+import time
+
+from results import Result, table  # bench/ is on sys.path when a script in it runs
+
+log = logging.getLogger("bench")
+
+BENCHMARKS = ("engine_throughput", "telemetry_overhead", "collector_ingest", "dashboard_queries")
+
+
+def arguments(name: str, quick: bool, workdir: str) -> list[str]:
+    """Each benchmark's own flags: its defaults, or small sizes with --quick."""
+    store = [] if not quick else ["--store", f"sqlite:///{workdir}/bench-dashboard.db"]
+    sizes = {
+        "engine_throughput": ["--prompts", "2", "--prompt-tokens", "48", "--new-tokens", "8"],
+        "telemetry_overhead": ["--sessions", "4", "--new-tokens", "4", "--repeats", "1"],
+        "collector_ingest": ["--batches", "40", "--events", "25", "--lines", "100", "--repeats", "1"],
+        "dashboard_queries": ["--events", "5000", "--snapshots", "500", "--repeats", "1", *store],
+    }
+    return sizes[name] if quick else []
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: check every benchmark runs")
+    parser.add_argument("--only", action="append", choices=BENCHMARKS, help="run just these (repeatable)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    results: list[Result] = []
+    timings = []
+    with tempfile.TemporaryDirectory(prefix="kvobs-bench-") as workdir:
+        for name in args.only or BENCHMARKS:
+            log.info("\n== %s ==", name)
+            start = time.perf_counter()
+            results += importlib.import_module(name).main(arguments(name, args.quick, workdir))
+            timings.append(f"{name} {time.perf_counter() - start:.0f} s")
+    print(f"\nAll benchmarks{' (--quick sizes)' if args.quick else ''}: {', '.join(timings)}\n")
+    print(table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""`bench/run_all.py --quick` runs every benchmark for real (small sizes) and prints one table with a row per
+measured case, each against a baseline measured in the same run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick"], capture_output=True, text=True,
+                          timeout=900, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = done.stdout[done.stdout.index("| benchmark | case | value | vs baseline |") :].splitlines()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:] if line.startswith("| ")]
+    assert {r[0] for r in rows} == {"engine_throughput", "telemetry_overhead", "collector_ingest", "dashboard_queries"}
+    baselines = {(r[0], r[1]) for r in rows if r[3].startswith("1.00x")}
+    for case in [("engine_throughput", "transformers generate (CPU, fp32)"), ("telemetry_overhead", "telemetry off"),
+                 ("collector_ingest", "KV events: decode")]:  # fmt: skip
+        assert case in baselines
+    for row in rows:
+        value = float(row[2].split()[0].replace(",", ""))
+        assert value > 0 and float(row[3].split("x")[0]) > 0, row
+    assert not list(tmp_path.iterdir())  # --quick keeps its store in a temporary directory
