@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -101,6 +102,17 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("num_blocks", "max_model_len", "rounds"):
         if getattr(args, name) < (0 if name == "rounds" else 1):
             raise ValueError(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
+    for flag, port in (("--port", args.port), ("--dashboard-port", args.dashboard_port)):
+        _check_free(args.host, port, flag)
+
+
+def _check_free(host: str, port: int, flag: str) -> None:
+    """A server already on the port would answer our readiness checks in place of the one we start."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            raise OSError(f"{host}:{port} is already in use (another kvobs demo?); stop it or pass {flag}") from None
 
 
 def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:

@@ -4,6 +4,7 @@ their URLs, runs the agents into the store, stays up until Ctrl-C, and then stop
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -84,6 +85,19 @@ def test_bad_flags_exit_2_in_one_line(tmp_path, flags, message):
                            *flags], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_port_already_in_use_stops_the_demo_before_it_starts_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]  # e.g. a dashboard left over from an earlier run
+        done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
+                               "--port", str(free_port()), "--dashboard-port", str(port)],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert f"127.0.0.1:{port} is already in use (another kvobs demo?); stop it or pass --dashboard-port" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "s.db").exists()
 
 
 def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
