@@ -25,14 +25,24 @@ BENCHMARKS = ("engine_throughput", "telemetry_overhead", "collector_ingest", "da
 
 def arguments(name: str, quick: bool, workdir: str) -> list[str]:
     """Each benchmark's own flags: its defaults, or small sizes with --quick."""
-    store = [] if not quick else ["--store", f"sqlite:///{workdir}/bench-dashboard.db"]
+    if not quick:
+        return []
     sizes = {
         "engine_throughput": ["--prompts", "2", "--prompt-tokens", "48", "--new-tokens", "8"],
         "telemetry_overhead": ["--sessions", "4", "--new-tokens", "4", "--repeats", "1"],
         "collector_ingest": ["--batches", "40", "--events", "25", "--lines", "100", "--repeats", "1"],
-        "dashboard_queries": ["--events", "5000", "--snapshots", "500", "--repeats", "1", *store],
+        "dashboard_queries": [
+            "--events",
+            "5000",
+            "--snapshots",
+            "500",
+            "--repeats",
+            "1",
+            "--store",
+            f"sqlite:///{workdir}/bench-dashboard.db",
+        ],
     }
-    return sizes[name] if quick else []
+    return sizes[name]
 
 
 def main(argv: list[str] | None = None) -> list[Result]:

@@ -43,10 +43,7 @@ class CollectorMetrics(PromCollector):
 
     def collect(self):
         c = self.collector
-        dropped = _counter(kvobs_metrics.TELEMETRY_DROPPED, (LABEL_COMPONENT,))
-        for component, total in sorted(c.dropped_totals().items()):
-            dropped.add_metric([component], total)
-        yield dropped
+        yield _by_label(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT, c.dropped_totals())
         up = GaugeMetricFamily(kvobs_metrics.COLLECTOR_TARGET_UP.name, kvobs_metrics.COLLECTOR_TARGET_UP.description,
                                labels=[LABEL_INSTANCE])  # fmt: skip
         for instance, is_up in sorted(c.targets_up().items()):

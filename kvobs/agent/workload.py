@@ -19,8 +19,9 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 from opentelemetry.trace import TracerProvider
@@ -140,6 +141,29 @@ class WorkloadResult:
     @property
     def num_failed(self) -> int:
         return sum(self.failed.values())
+
+    def failed_summary(self) -> str:
+        """Failed steps by error type, most first ("invalid_response 6, timeout 1"), or "none"."""
+        return ", ".join(f"{kind} {n}" for kind, n in self.failed.most_common()) or "none"
+
+
+def check_rounds(rounds: int, round_pause_s: float = 0.0) -> None:
+    if rounds < 0:
+        raise ValueError(f"--rounds must be 0 (until stopped) or more; got {rounds}")
+    if round_pause_s < 0:
+        raise ValueError(f"--round-pause-s must not be negative; got {round_pause_s}")
+
+
+def round_configs(config: WorkloadConfig, rounds: int, round_pause_s: float,
+                  stop: threading.Event) -> Iterator[WorkloadConfig]:  # fmt: skip
+    """Each round's config: round r runs seed + r, so every round has new sessions; `rounds` 0 means until `stop`.
+    Waits `round_pause_s` between rounds and ends as soon as `stop` is set."""
+    index = 0
+    while not stop.is_set() and (rounds == 0 or index < rounds):
+        if index and stop.wait(round_pause_s):
+            return
+        yield replace(config, seed=config.seed + index)
+        index += 1
 
 
 def api_root(base_url: str) -> str:

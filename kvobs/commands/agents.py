@@ -58,11 +58,9 @@ def _seed(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    from kvobs.agent.workload import PauseDistribution, WorkloadConfig, check_rounds, round_configs
 
-    from kvobs.agent.workload import PauseDistribution, WorkloadConfig
-
-    config = start_or_report("agents", lambda: _check_rounds(args) or WorkloadConfig(
+    config = start_or_report("agents", lambda: check_rounds(args.rounds, args.round_pause_s) or WorkloadConfig(
         base_url=args.base_url, sessions=args.sessions, concurrency=args.concurrency, steps=args.steps,
         tool_pause=PauseDistribution.parse(args.tool_pause_ms), step_deadline_s=args.step_deadline_s,
         max_tokens=args.max_tokens, seed=args.seed, model=args.model,
@@ -72,27 +70,14 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    round_index = 0
-    while not stop.is_set() and (args.rounds == 0 or round_index < args.rounds):
-        if round_index and stop.wait(args.round_pause_s):
-            break
-        round_config = replace(config, seed=config.seed + round_index)
+    for round_config in round_configs(config, args.rounds, args.round_pause_s, stop):
         result = run_workload(round_config, store_url=args.store, otlp_endpoint=args.otlp_endpoint,
                               progress=not args.no_progress, stop=stop)  # fmt: skip
         if result is None:
             return 2
-        failed = ", ".join(f"{kind} {n}" for kind, n in result.failed.most_common()) or "none"
         print(f"seed {round_config.seed}: {result.sessions} sessions, {result.steps} steps in {result.wall_s:.1f} s; "
-              f"failed steps: {failed}", flush=True)  # fmt: skip
-        round_index += 1
+              f"failed steps: {result.failed_summary()}", flush=True)  # fmt: skip
     return 0
-
-
-def _check_rounds(args: argparse.Namespace) -> None:
-    if args.rounds < 0:
-        raise ValueError(f"--rounds must be 0 (until stopped) or more; got {args.rounds}")
-    if args.round_pause_s < 0:
-        raise ValueError(f"--round-pause-s must not be negative; got {args.round_pause_s}")
 
 
 def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, progress: bool = True, stop=None):

@@ -99,9 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("num_blocks", "max_model_len", "rounds"):
-        if getattr(args, name) < (0 if name == "rounds" else 1):
+    from kvobs.agent.workload import check_rounds
+
+    for name in ("num_blocks", "max_model_len"):
+        if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
+    check_rounds(args.rounds)
     for flag, port in (("--port", args.port), ("--dashboard-port", args.dashboard_port)):
         _check_free(args.host, port, flag)
 
@@ -171,37 +174,18 @@ def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, sto
 
 
 def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threading.Event) -> None:
-    from dataclasses import replace
-
-    round_index = 0
-    while not stop.is_set() and (args.rounds == 0 or round_index < args.rounds):
-        round_config = replace(config, seed=config.seed + round_index)
-        print(f"Round {round_index + 1}: {config.sessions} agent sessions (seed {round_config.seed}), "
-              f"{config.concurrency} at a time, {config.steps} steps each", flush=True)  # fmt: skip
-        started = time.time()
-        result = _workload_until_stopped(round_config, store_url, args.otlp_endpoint, stop)
-        if result is None:
-            return
-        _print_round(result, store_url, started)
-        round_index += 1
-
-
-def _workload_until_stopped(config, store_url: str, otlp_endpoint: str | None, stop: threading.Event):
-    """The workload's result; None when it could not start or Ctrl-C came first (the engine then stops, the
-    sessions' requests fail, and the abandoned thread ends on its own)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    from kvobs.agent.workload import round_configs
     from kvobs.commands.agents import run_workload
 
-    pool = ThreadPoolExecutor(1, thread_name_prefix="demo-workload")
-    future = pool.submit(run_workload, config, store_url=store_url, otlp_endpoint=otlp_endpoint)
-    pool.shutdown(wait=False)
-    while not stop.is_set():
-        try:
-            return future.result(timeout=0.5)
-        except TimeoutError:
-            continue
-    return None
+    for number, round_config in enumerate(round_configs(config, args.rounds, 0.0, stop), start=1):
+        print(f"Round {number}: {config.sessions} agent sessions (seed {round_config.seed}), "
+              f"{config.concurrency} at a time, {config.steps} steps each", flush=True)  # fmt: skip
+        started = time.time()
+        # Ctrl-C sets `stop`: each session ends after its current step, so what it did is recorded.
+        result = run_workload(round_config, store_url=store_url, otlp_endpoint=args.otlp_endpoint, stop=stop)
+        if result is None or stop.is_set():
+            return
+        _print_round(result, store_url, started)
 
 
 def _print_round(result, store_url: str, started: float) -> None:
@@ -213,9 +197,9 @@ def _print_round(result, store_url: str, started: float) -> None:
     try:
         steps = queries.steps(store, since=started)
         prompt, cached = steps["prompt_tokens"].sum(), steps["cached_tokens"].sum()
-        failed = ", ".join(f"{kind} {n}" for kind, n in result.failed.most_common()) or "none"
         hit = f"{cached / prompt:.0%} of {int(prompt):,} prompt tokens" if prompt else "no prompt tokens"
-        print(f"  {result.steps} steps in {result.wall_s:.0f} s; failed steps: {failed}; prefix cache hits: {hit}")
+        print(f"  {result.steps} steps in {result.wall_s:.0f} s; failed steps: {result.failed_summary()}; "
+              f"prefix cache hits: {hit}")  # fmt: skip
         for t in Evaluator(store, load_rules(None)).evaluate(time.time()):
             print(f"  alert {t['state']} {t['severity']} {t['rule']}: {t['summary']}")
     finally:

@@ -8,7 +8,6 @@ import base64
 import itertools
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,6 +16,8 @@ from contextlib import contextmanager
 import httpx
 from websockets.asyncio.client import connect
 
+from tests.server.conftest import free_port
+
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--window-size=1400,1100"]
 
 
@@ -24,15 +25,9 @@ def chromium_binary() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def chromium():
-    port = _free_port()
+    port = free_port()
     profile = tempfile.mkdtemp(prefix="kvobs-chromium-")
     proc = subprocess.Popen([chromium_binary(), *FLAGS, f"--remote-debugging-port={port}", f"--user-data-dir={profile}",
                              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

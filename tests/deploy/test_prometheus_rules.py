@@ -20,6 +20,14 @@ METRIC = re.compile(r"\b((?:vllm:|kvobs_)[a-z_:]+?)(?:_bucket|_count|_sum)?\b(?=
 OLD_VLLM_NAMES = {"vllm:gpu_cache_usage_perc"}  # vLLM < 0.12; the rule reads it beside the new name
 
 
+def _rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def _alerts() -> set[str]:
+    return {rule["alert"] for rule in _rules() if "alert" in rule}
+
+
 def _promtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
 
@@ -36,24 +44,21 @@ def test_promtool_checks_the_rules_and_the_prometheus_config():
 def test_promtool_unit_tests_pass_and_cover_every_alert():
     done = _promtool("test", "rules", str(RULE_TESTS))
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
-    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
     tested = {t["alertname"] for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]
               for t in case.get("alert_rule_test", []) if t["exp_alerts"]}  # fmt: skip
-    assert tested == alerts
+    assert tested == _alerts()
 
 
 def test_every_rule_has_a_severity_summary_description_and_runbook():
-    for group in yaml.safe_load(RULES.read_text())["groups"]:
-        for rule in group["rules"]:
-            if "alert" in rule:
-                assert rule["labels"]["severity"] in ("info", "warning", "critical"), rule["alert"]
-                assert set(rule["annotations"]) == {"summary", "description", "runbook"}, rule["alert"]
+    for rule in _rules():
+        if "alert" in rule:
+            assert rule["labels"]["severity"] in ("info", "warning", "critical"), rule["alert"]
+            assert set(rule["annotations"]) == {"summary", "description", "runbook"}, rule["alert"]
 
 
 def _rule_metrics() -> set[str]:
-    exprs = [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
-    recorded = {r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r}
-    names = {m for expr in exprs for m in METRIC.findall(expr)} - recorded
+    recorded = {rule["record"] for rule in _rules() if "record" in rule}
+    names = {m for rule in _rules() for m in METRIC.findall(rule["expr"])} - recorded
     return {name.removesuffix("_total") for name in names}  # as the parser names counter families
 
 
@@ -90,6 +95,5 @@ def test_amtool_checks_the_alertmanager_config_and_its_inhibitions_name_real_ale
     config = REPO / "deploy/alertmanager/alertmanager.yml"
     done = subprocess.run(["amtool", "check-config", str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
-    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
     named = set(re.findall(r'alertname="(\w+)"', config.read_text()))
-    assert named and named <= alerts
+    assert named and named <= _alerts()
