@@ -29,10 +29,11 @@ from tqdm.auto import tqdm
 from collectors.otlp_receiver import OTLPReceiver
 from instrumented_engine.config import EngineConfig
 from instrumented_engine.engine.llm_engine import LLMEngine
-from instrumented_engine.instrumentation import EngineTracer, OTelMetricSink
 from instrumented_engine.models.loader import open_model
+from instrumented_engine.observers.metrics import EngineMetrics
+from instrumented_engine.observers.otel_metrics import OTelMetricSink
+from instrumented_engine.observers.spans import EngineTracer
 from instrumented_engine.sampling_params import SamplingParams
-from instrumented_engine.server.metrics import EngineMetrics
 from kvobs.telemetry import TelemetryConfig, setup_telemetry
 
 SYSTEM = "You are a support agent for a parcel carrier. Track parcels, explain customs rules and fees. " * 6

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, start_http_server
-from sqlalchemy import select
 
 from collectors.drops import DropCounter
 from collectors.kv_bridge import KVSpanBridge
@@ -31,8 +30,8 @@ from collectors.own_metrics import CollectorMetrics
 from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
+from kvobs.store import queries
 from kvobs.store.db import Store, open_store
-from kvobs.store.schema import StepRow
 from kvobs.store.writer import StoreWriter
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
@@ -178,14 +177,7 @@ class Collector:
 
     def _trace_sessions(self, trace_ids) -> dict[str, str]:
         """trace id -> session from the agent steps the SDK wrote to this store."""
-        found: dict[str, str] = {}
-        trace_ids = list(trace_ids)
-        with self.store.session() as s:
-            for i in range(0, len(trace_ids), RESOLVE_CHUNK):
-                rows = s.execute(select(StepRow.trace_id, StepRow.session_id)
-                                 .where(StepRow.trace_id.in_(trace_ids[i : i + RESOLVE_CHUNK])))  # fmt: skip
-                found.update((t, sid) for t, sid in rows)
-        return found
+        return queries.trace_sessions(self.store, trace_ids, chunk=RESOLVE_CHUNK)
 
     def dropped_totals(self) -> dict[str, int]:
         totals = self.drops.totals()

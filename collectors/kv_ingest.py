@@ -28,6 +28,7 @@ from collectors.kv_chains import ChainTracker
 from collectors.session_activity import SessionActivity
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind, SessionSource
+from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
 
@@ -65,7 +66,7 @@ class KVIngest:
         self._sessions_seen: set[str] = set()
         self._pending: deque[tuple[float, float, str]] = deque()  # (arrived, event ts, session) removals to classify
         self._changed: set[str] = set()
-        self._rows: list[dict] = []  # this batch's kv_events rows, written together
+        self._rows: list[KVEventRecord] = []  # this batch's kv_events records, written together
 
     # ---- batches --------------------------------------------------------------------------------------
     def on_batch(self, seq: int, batch: wire.KVEventBatch) -> None:
@@ -97,8 +98,7 @@ class KVIngest:
             self._changed.add(session)
             if session not in self._sessions_seen:
                 self._sessions_seen.add(session)
-                self.writer.insert_missing("sessions", {"session_id": session, "started_at": ts,
-                                                        "source": SessionSource.VLLM.value})  # fmt: skip
+                self.writer.insert_missing(SessionRecord(session, started_at=ts, source=SessionSource.VLLM.value))
         parent = event.parent_block_hash
         for block_hash in event.block_hashes:
             self._row(ts, STORED, session, block_hash=block_hash, parent_hash=parent, medium=event.medium)
@@ -126,16 +126,16 @@ class KVIngest:
 
     def _row(self, ts: float, kind: str, session: str | None, *, block_hash=None, parent_hash=None,
              medium: str | None = None, num_tokens: int | None = None, reason: str | None = None) -> None:  # fmt: skip
-        self._rows.append({
-            "ts": ts, "instance": self.instance, "kind": kind, "session_id": session,
-            "block_hash": None if block_hash is None else wire.as_uint64(block_hash),
-            "parent_hash": None if parent_hash is None else wire.as_uint64(parent_hash),
-            "num_tokens": self.block_size if num_tokens is None and block_hash is not None else num_tokens,
-            "medium": medium, "reason": reason, "request_id": None,
-        })  # fmt: skip
+        self._rows.append(KVEventRecord(
+            ts=ts, instance=self.instance, kind=kind, session_id=session,
+            block_hash=None if block_hash is None else wire.as_uint64(block_hash),
+            parent_hash=None if parent_hash is None else wire.as_uint64(parent_hash),
+            num_tokens=self.block_size if num_tokens is None and block_hash is not None else num_tokens,
+            medium=medium, reason=reason,
+        ))  # fmt: skip
 
     def _flush_rows(self) -> None:
-        self.writer.add_many("kv_events", self._rows)
+        self.writer.add_many(self._rows)
         self._rows = []
 
     # ---- footprints -----------------------------------------------------------------------------------
@@ -148,12 +148,12 @@ class KVIngest:
             fp = self.chains.footprints.get(session)
             if fp is None:
                 continue
-            self.writer.add("snapshots", {
-                "ts": now, "instance": self.instance, "session_id": session,
-                "session_blocks": fp.resident,
-                "session_evicted_blocks": fp.removed + fp.cleared,
-                "session_evicted_idle_blocks": fp.removed_idle,
-            })  # fmt: skip
+            self.writer.add(SnapshotRecord(
+                ts=now, instance=self.instance, session_id=session,
+                session_blocks=fp.resident,
+                session_evicted_blocks=fp.removed + fp.cleared,
+                session_evicted_idle_blocks=fp.removed_idle,
+            ))  # fmt: skip
         return len(changed)
 
     def _classify(self, arrived_before: float) -> None:

@@ -27,6 +27,7 @@ from collectors.derive import Derived, Deriver
 from collectors.drops import DropCounter
 from collectors.prom_text import MetricsParseError, ParsedMetrics, parse_metrics
 from kvobs.semconv.metrics import kvobs_metrics, vllm
+from kvobs.store.rows import MetricSampleRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,8 @@ class Scraper:
             return False  # counters keep their last values: the next good scrape counts the outage's increase
         derived = self._deriver.derive(target.instance, parsed)
         for name, labels, value in derived.samples:
-            self.writer.add("metric_samples", _sample(now, target.instance, name, value, labels))
-        self.writer.add("snapshots", _snapshot(now, target.instance, parsed, derived))
+            self.writer.add(MetricSampleRecord(ts=now, instance=target.instance, name=name, value=value, labels=labels))
+        self.writer.add(_snapshot(now, target.instance, parsed, derived))
         return True
 
     def _fetch(self, target: ScrapeTarget) -> tuple[ParsedMetrics | None, str | None]:
@@ -131,33 +132,28 @@ class Scraper:
             else:
                 log.warning("%s is down: %s (%s)", target.instance, error, target.url)
         self.up[target.instance] = up
-        self.writer.add("metric_samples", _sample(now, target.instance, UP, 1.0 if up else 0.0, {}))
+        self.writer.add(MetricSampleRecord(ts=now, instance=target.instance, name=UP, value=1.0 if up else 0.0))
 
 
-def _sample(ts: float, instance: str, name: str, value: float, labels: dict) -> dict:
-    return {"ts": ts, "instance": instance, "name": name, "labels": labels, "value": value}
-
-
-def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived) -> dict:
+def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived) -> SnapshotRecord:
     usage = parsed.gauge(vllm.KV_CACHE_USAGE_PERC.name)
     config = parsed.info.get(vllm.CACHE_CONFIG_INFO.name + "_info", {})
     total = int(config["num_gpu_blocks"]) - 1 if config.get("num_gpu_blocks", "").isdigit() else None  # null block
     resident = parsed.gauge(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS.name)
     evictions = derived.totals.get(kvobs_metrics.KV_BLOCKS_EVICTED.name)
-    return {
-        "ts": ts,
-        "instance": instance,
-        "session_id": None,
-        "kv_usage": usage,
-        "blocks_total": total,
-        "blocks_free": round((1 - usage) * total) if usage is not None and total is not None else None,
-        "blocks_resident": None if resident is None else int(resident),
-        "hit_rate": derived.hit_rate,
-        "num_running": _int(parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name)),
-        "num_waiting": _int(parsed.gauge(vllm.NUM_REQUESTS_WAITING.name)),
-        "preemptions_total": _int(derived.totals.get(vllm.NUM_PREEMPTIONS.name)),
-        "evictions_total": _int(evictions),
-    }
+    return SnapshotRecord(
+        ts=ts,
+        instance=instance,
+        kv_usage=usage,
+        blocks_total=total,
+        blocks_free=round((1 - usage) * total) if usage is not None and total is not None else None,
+        blocks_resident=None if resident is None else int(resident),
+        hit_rate=derived.hit_rate,
+        num_running=_int(parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name)),
+        num_waiting=_int(parsed.gauge(vllm.NUM_REQUESTS_WAITING.name)),
+        preemptions_total=_int(derived.totals.get(vllm.NUM_PREEMPTIONS.name)),
+        evictions_total=_int(evictions),
+    )
 
 
 def _int(value: float | None) -> int | None:

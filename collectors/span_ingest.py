@@ -26,6 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from collectors.session_activity import SessionActivity
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName, StepStatus
+from kvobs.store.rows import RequestRecord
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -81,23 +82,23 @@ class SpanIngest:
         trace_id, span_id = span.trace_id.hex(), span.span_id.hex()
         session = attrs.get(a.SESSION_ID)
         reasons = attrs.get(a.GEN_AI_RESPONSE_FINISH_REASONS) or [None]
-        self.writer.add("requests", {
-            "request_id": str(attrs.get(a.GEN_AI_REQUEST_ID) or span_id),
-            "instance": instance,
-            "session_id": session,
-            "trace_id": trace_id,
-            "span_id": span_id,
-            "parent_span_id": span.parent_span_id.hex() or None,
-            "arrival_ts": start,
-            "first_token_ts": None if ttft is None else start + ttft,
-            "finished_ts": end,
-            "queue_s": attrs.get(a.GEN_AI_LATENCY_TIME_IN_QUEUE),
-            "prompt_tokens": attrs.get(a.GEN_AI_USAGE_PROMPT_TOKENS),
-            "cached_tokens": attrs.get(a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
-            "completion_tokens": attrs.get(a.GEN_AI_USAGE_COMPLETION_TOKENS),
-            "num_preemptions": attrs.get(a.KV_REQUEST_NUM_PREEMPTIONS, 0),
-            "finish_reason": reasons[0],
-        })  # fmt: skip
+        self.writer.add(RequestRecord(
+            request_id=str(attrs.get(a.GEN_AI_REQUEST_ID) or span_id),
+            instance=instance,
+            session_id=session,
+            trace_id=trace_id,
+            span_id=span_id,
+            parent_span_id=span.parent_span_id.hex() or None,
+            arrival_ts=start,
+            first_token_ts=None if ttft is None else start + ttft,
+            finished_ts=end,
+            queue_s=attrs.get(a.GEN_AI_LATENCY_TIME_IN_QUEUE),
+            prompt_tokens=attrs.get(a.GEN_AI_USAGE_PROMPT_TOKENS),
+            cached_tokens=attrs.get(a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
+            completion_tokens=attrs.get(a.GEN_AI_USAGE_COMPLETION_TOKENS),
+            num_preemptions=attrs.get(a.KV_REQUEST_NUM_PREEMPTIONS, 0),
+            finish_reason=reasons[0],
+        ))  # fmt: skip
         self.num_requests += 1
         if self.activity is not None:
             self.activity.add_request(trace_id, span_id, start, end, session_id=session)

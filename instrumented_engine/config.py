@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-EVICTION_POLICIES = ("lru", "session_ttl")
+from kvobs.semconv.reasons import EvictionPolicyName, names
+
+EVICTION_POLICIES = names(EvictionPolicyName)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB when neither num_blocks nor a budget is given
 
@@ -48,7 +50,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    eviction_policy: str = "lru"
+    eviction_policy: str = EvictionPolicyName.LRU.value
     session_ttl_s: float = 30.0
     seed: int = 0
 

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.eviction import make_eviction_policy
 from instrumented_engine.engine.sequence import Sequence
+from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
+from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.store import queries
 from kvobs.store.db import Store
 
@@ -123,7 +124,9 @@ class _Clock:
         return self.now
 
 
-def simulate(plan: ReplayPlan, *, num_blocks: int, policy: str = "lru", ttl_s: float = 30.0) -> WhatIfResult:
+def simulate(
+    plan: ReplayPlan, *, num_blocks: int, policy: str = EvictionPolicyName.LRU.value, ttl_s: float = 30.0
+) -> WhatIfResult:
     """Replay `plan` through a `num_blocks` cache under `policy`."""
     clock = _Clock()
     manager = BlockManager(num_blocks, plan.block_size, policy=make_eviction_policy(policy, ttl_s=ttl_s), clock=clock)
@@ -148,11 +151,7 @@ def simulate(plan: ReplayPlan, *, num_blocks: int, policy: str = "lru", ttl_s: f
         heapq.heappush(finishes, (max(req.finished_ts, clock.now), next(order), seq))
         return True
 
-    def drain_events() -> None:
-        for event in manager.take_events():
-            if isinstance(event, ev.BlockEvicted):
-                result.evicted_blocks += 1
-                result.lost_in_pause_blocks += bool(event.paused_sessions)
+    losses = LossTally()
 
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
     index = 0
@@ -177,7 +176,8 @@ def simulate(plan: ReplayPlan, *, num_blocks: int, policy: str = "lru", ttl_s: f
             if waiting or not admit(req, seq):
                 result.waited += 1
                 waiting.append((req, seq))
-        drain_events()
+        losses.add(manager.take_events())
+    result.evicted_blocks, result.lost_in_pause_blocks = losses.num_lost, losses.num_lost_in_pause
     return result
 
 

@@ -21,12 +21,11 @@ from collections.abc import Callable, Iterable
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.block import KVBlock
-from instrumented_engine.engine.eviction import EvictionPolicy, LRUPolicy, SessionActivity
+from instrumented_engine.engine.eviction import EvictionPolicy, LRUPolicy, SessionPauses
 from instrumented_engine.engine.free_block_queue import FreeBlockQueue
 from instrumented_engine.engine.hashing import BlockHash, external_hash, hash_chain
 from instrumented_engine.engine.sequence import Sequence
-
-INVALIDATION_REASONS = ("weights_update", "adapter_swap", "system_prompt_change", "session_forget", "manual_reset")
+from kvobs.semconv.reasons import EvictionReason, InvalidationReason, names
 
 
 class BlockManager:
@@ -59,7 +58,7 @@ class BlockManager:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[BlockHash, KVBlock] = {}
-        self.activity = SessionActivity()
+        self.activity = SessionPauses()
         self.weights_version = 0
         self.adapter_versions: dict[str, int] = {}
         self.session_roots: dict[str, BlockHash] = {}
@@ -267,13 +266,13 @@ class BlockManager:
         now = self.clock()
         victims = [b for b in self.cached.values() if b.ref_cnt == 0 and b.sessions == {session_id}]
         for block in victims:
-            self._evict(block, "session_release", now)
+            self._evict(block, EvictionReason.SESSION_RELEASE, now)
             self._to_head(block)
         return len(victims)
 
     # ---- invalidation -------------------------------------------------------------------------
     def invalidate(
-        self, reason: str, *, session_id: str | None = None, adapter: str | None = None
+        self, reason: str | InvalidationReason, *, session_id: str | None = None, adapter: str | None = None
     ) -> ev.Invalidated | ev.CacheCleared | None:
         """Drop cached blocks for `reason`; returns the summary event, or None when refused.
 
@@ -284,21 +283,25 @@ class BlockManager:
         - manual_reset: vLLM's reset_prefix_cache; refused (None) while any block is in use.
         Blocks in use stay with their requests but lose their hash, so nothing new can hit them.
         """
-        if reason not in INVALIDATION_REASONS:
-            raise ValueError(f"unknown invalidation reason {reason!r}; choose one of {', '.join(INVALIDATION_REASONS)}")
-        if reason == "manual_reset":
+        try:
+            reason = InvalidationReason(reason)
+        except ValueError:
+            choices = ", ".join(names(InvalidationReason))
+            raise ValueError(f"unknown invalidation reason {reason!r}; choose one of {choices}") from None
+        if reason is InvalidationReason.MANUAL_RESET:
             return self.reset()
-        if reason in ("system_prompt_change", "session_forget") and session_id is None:
-            raise ValueError(f"invalidation reason {reason!r} needs a session_id")
-        if reason == "adapter_swap" and adapter is None:
-            raise ValueError("invalidation reason 'adapter_swap' needs an adapter name")
-        if reason == "weights_update":
+        needs_session = (InvalidationReason.SYSTEM_PROMPT_CHANGE, InvalidationReason.SESSION_FORGET)
+        if reason in needs_session and session_id is None:
+            raise ValueError(f"invalidation reason {reason.value!r} needs a session_id")
+        if reason is InvalidationReason.ADAPTER_SWAP and adapter is None:
+            raise ValueError(f"invalidation reason {reason.value!r} needs an adapter name")
+        if reason is InvalidationReason.WEIGHTS_UPDATE:
             self.weights_version += 1
             victims = list(self.cached.values())
-        elif reason == "adapter_swap":
+        elif reason is InvalidationReason.ADAPTER_SWAP:
             self.adapter_versions[adapter] = self.adapter_versions.get(adapter, 0) + 1
             victims = [b for b in self.cached.values() if b.adapter == adapter]
-        elif reason == "system_prompt_change":
+        elif reason is InvalidationReason.SYSTEM_PROMPT_CHANGE:
             root = self.session_roots.get(session_id)
             victims = [b for b in self.cached.values() if root is not None and b.root_hash == root]
         else:
@@ -307,7 +310,7 @@ class BlockManager:
         hashes = tuple(external_hash(b.block_hash) for b in victims)
         sessions = sorted({s for b in victims for s in b.sessions})
         for block in victims:
-            self._evict(block, "invalidation", now, invalidation_reason=reason)
+            self._evict(block, EvictionReason.INVALIDATION, now, invalidation_reason=reason)
             if block.ref_cnt == 0:
                 self._to_head(block)
         event = ev.Invalidated(now, None, session_id, reason, len(victims), hashes, tuple(sessions))
@@ -334,11 +337,11 @@ class BlockManager:
     def _evict(
         self,
         block: KVBlock,
-        reason: str,
+        reason: EvictionReason,
         now: float,
         *,
         cause: Sequence | None = None,
-        invalidation_reason: str | None = None,
+        invalidation_reason: InvalidationReason | None = None,
     ) -> None:
         del self.cached[block.block_hash]
         self._events.append(

@@ -4,11 +4,21 @@ The block manager and scheduler append these; `LLMEngine.step()` drains them. Te
 the KV-event publisher and the store consume them; nothing here knows about OpenTelemetry.
 Every event carries `ts` (epoch seconds), the `request_id` and `session_id` it concerns (None where
 no request caused it, e.g. an invalidation). Block hashes are the unsigned 64-bit ints vLLM publishes.
+
+Facts that more than one consumer needs are decided here, once, as properties of the event: whether a lost
+block was evicted or invalidated and under which reasons (`BlockEvicted.loss_kind`, `.store_reason`), whether
+its owners lost it while waiting on a tool (`.lost_in_pause`); a reset (`CacheCleared`) is a loss of every
+cached block with eviction reason `reset` and invalidation reason `manual_reset`. Metrics, spans, store rows
+and the vLLM-format publisher read these instead of deciding for themselves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from kvobs.semconv.reasons import PRESSURE_REASONS, EvictionReason, InvalidationReason, PreemptionReason
+from kvobs.semconv.spans import KVEventKind
 
 
 @dataclass(frozen=True)
@@ -64,13 +74,33 @@ class BlockEvicted(KVEvent):
     block_id: int
     block_hash: int
     parent_block_hash: int | None
-    reason: str  # capacity | invalidation | reset | session_release | ttl
+    reason: EvictionReason
     owner_sessions: tuple[str, ...]
     lifetime_s: float
     idle_s: float
-    invalidation_reason: str | None = None
+    invalidation_reason: InvalidationReason | None = None
     paused_sessions: tuple[str, ...] = ()
     kind = "evicted"
+
+    def __post_init__(self) -> None:
+        _coerce(self, "reason", EvictionReason)
+        if self.invalidation_reason is not None:
+            _coerce(self, "invalidation_reason", InvalidationReason)
+
+    @property
+    def loss_kind(self) -> KVEventKind:
+        """`invalidated` when an invalidation dropped the block, else `evicted`."""
+        return KVEventKind.INVALIDATED if self.invalidation_reason is not None else KVEventKind.EVICTED
+
+    @property
+    def store_reason(self) -> str:
+        """The reason a `kv_events` row gives: the invalidation's reason, else the eviction's."""
+        return (self.invalidation_reason or self.reason).value
+
+    @property
+    def lost_in_pause(self) -> bool:
+        """Pressure (capacity or TTL) took the block while a session that owned it waited on a tool."""
+        return bool(self.paused_sessions) and self.reason in PRESSURE_REASONS
 
 
 @dataclass(frozen=True)
@@ -84,8 +114,11 @@ class BlocksFreed(KVEvent):
 class Preempted(KVEvent):
     num_blocks_freed: int
     num_computed_tokens_lost: int
-    reason: str = "capacity"
+    reason: PreemptionReason = PreemptionReason.CAPACITY
     kind = "preempted"
+
+    def __post_init__(self) -> None:
+        _coerce(self, "reason", PreemptionReason)
 
 
 @dataclass(frozen=True)
@@ -97,17 +130,33 @@ class Resumed(KVEvent):
 
 @dataclass(frozen=True)
 class Invalidated(KVEvent):
-    reason: str  # weights_update | adapter_swap | system_prompt_change | session_forget | manual_reset
+    reason: InvalidationReason
     num_blocks: int
     block_hashes: tuple[int, ...]
     sessions_affected: tuple[str, ...]
     kind = "invalidated"
 
+    def __post_init__(self) -> None:
+        _coerce(self, "reason", InvalidationReason)
+
 
 @dataclass(frozen=True)
 class CacheCleared(KVEvent):
-    """Every cached hash was dropped (vLLM's AllBlocksCleared)."""
+    """Every cached hash was dropped (vLLM's AllBlocksCleared): an invalidation of every cached block.
+
+    Unlike other invalidations it comes without per-block `BlockEvicted` events (as in vLLM), so its
+    `num_blocks` are counted as lost under both reasons below.
+    """
 
     num_blocks: int
     sessions_affected: tuple[str, ...] = field(default_factory=tuple)
     kind = "cleared"
+    eviction_reason: ClassVar[EvictionReason] = EvictionReason.RESET
+    invalidation_reason: ClassVar[InvalidationReason] = InvalidationReason.MANUAL_RESET
+
+
+def _coerce(event: KVEvent, name: str, enum_type: type) -> None:
+    """A reason given by value ("capacity") becomes its enum member; an unknown one is a ValueError here."""
+    value = getattr(event, name)
+    if not isinstance(value, enum_type):
+        object.__setattr__(event, name, enum_type(value))

@@ -1,6 +1,6 @@
 """Eviction policies: which free block the allocator takes next, and why.
 
-A policy is a small strategy chosen by name (`make_eviction_policy("lru")`). It picks a victim from
+A policy is a small strategy chosen by name (`make_eviction_policy(EvictionPolicyName.LRU)`). It picks a victim from
 the free queue; the block manager does the bookkeeping. `lru` is vLLM's order (the queue head).
 `session_ttl` protects the cached blocks of sessions in a tool pause (no request in flight, not
 released) for `ttl_s` seconds after their last request ended; once no unprotected block remains,
@@ -14,13 +14,11 @@ from typing import Protocol
 
 from instrumented_engine.engine.block import KVBlock
 from instrumented_engine.engine.free_block_queue import FreeBlockQueue
-
-REASON_CAPACITY = "capacity"
-REASON_TTL = "ttl"
+from kvobs.semconv.reasons import EvictionPolicyName, EvictionReason, names
 
 
-class SessionActivity:
-    """Which sessions have requests in flight, and since when the others have been idle."""
+class SessionPauses:
+    """Which sessions have requests in flight, and since when the others have been paused (idle)."""
 
     def __init__(self) -> None:
         self._in_flight: Counter[str] = Counter()
@@ -49,41 +47,46 @@ class SessionActivity:
 class EvictionPolicy(Protocol):
     name: str
 
-    def choose(self, queue: FreeBlockQueue, activity: SessionActivity, now: float) -> tuple[KVBlock, str]:
+    def choose(self, queue: FreeBlockQueue, activity: SessionPauses, now: float) -> tuple[KVBlock, EvictionReason]:
         """Return the block to take and, if it is cached, the eviction reason."""
         ...
 
 
 class LRUPolicy:
-    name = "lru"
+    name = EvictionPolicyName.LRU
 
-    def choose(self, queue: FreeBlockQueue, activity: SessionActivity, now: float) -> tuple[KVBlock, str]:
-        return queue.peek(), REASON_CAPACITY
+    def choose(self, queue: FreeBlockQueue, activity: SessionPauses, now: float) -> tuple[KVBlock, EvictionReason]:
+        return queue.peek(), EvictionReason.CAPACITY
 
 
 class SessionTTLPolicy:
     """Skip blocks owned by a session paused less than `ttl_s` ago; fall back to the head."""
 
-    name = "session_ttl"
+    name = EvictionPolicyName.SESSION_TTL
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
 
-    def choose(self, queue: FreeBlockQueue, activity: SessionActivity, now: float) -> tuple[KVBlock, str]:
+    def choose(self, queue: FreeBlockQueue, activity: SessionPauses, now: float) -> tuple[KVBlock, EvictionReason]:
         for block in queue:
             if not block.is_cached:
-                return block, REASON_CAPACITY
+                return block, EvictionReason.CAPACITY
             paused = [activity.idle_since[s] for s in block.sessions if s in activity.idle_since]
             if not paused:
-                return block, REASON_CAPACITY
+                return block, EvictionReason.CAPACITY
             if all(now - since >= self.ttl_s for since in paused):
-                return block, REASON_TTL  # protection lapsed: the session's pause outlived the TTL
-        return queue.peek(), REASON_CAPACITY  # everything is protected: plain LRU applies
+                return block, EvictionReason.TTL  # protection lapsed: the session's pause outlived the TTL
+        return queue.peek(), EvictionReason.CAPACITY  # everything is protected: plain LRU applies
 
 
-def make_eviction_policy(name: str, *, ttl_s: float = 30.0) -> EvictionPolicy:
-    if name == "lru":
-        return LRUPolicy()
-    if name == "session_ttl":
+def make_eviction_policy(name: str | EvictionPolicyName, *, ttl_s: float = 30.0) -> EvictionPolicy:
+    """The policy called `name` (`ttl_s`: how long `session_ttl` protects a paused session's blocks)."""
+    try:
+        name = EvictionPolicyName(name)
+    except ValueError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of {', '.join(names(EvictionPolicyName))}"
+        ) from None
+    if name is EvictionPolicyName.SESSION_TTL:
         return SessionTTLPolicy(ttl_s)
-    raise ValueError(f"unknown eviction policy {name!r}; choose 'lru' or 'session_ttl'")
+    return LRUPolicy()

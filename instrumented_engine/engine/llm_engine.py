@@ -21,7 +21,7 @@ from instrumented_engine.engine.eviction import make_eviction_policy
 from instrumented_engine.engine.model_runner import ModelRunner
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence
-from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from instrumented_engine.engine.stats import RequestOutput, RequestStart, SchedulerStats, StepResult
 from instrumented_engine.models.loader import ModelSource, open_model
 from instrumented_engine.sampling_params import SamplingParams
 
@@ -172,7 +172,8 @@ class LLMEngine:
         sampled = self.runner.run(batch, self._generators) if not batch.is_empty else {}
         self.scheduler.mark_computed(batch)
         outputs = self._postprocess(batch, sampled)
-        return StepResult(outputs, self._stats(batch), self.scheduler.take_events())
+        started = [RequestStart(s.request_id, s.session_id, s.arrival_ts, s.trace_headers) for s in batch.started]
+        return StepResult(outputs, self._stats(batch), self.scheduler.take_events(), started)
 
     def _postprocess(self, batch: SchedulerOutput, sampled: dict[str, int]) -> list[RequestOutput]:
         outputs = []
@@ -226,7 +227,14 @@ class LLMEngine:
             max_tokens=seq.sampling_params.max_tokens,
             temperature=seq.sampling_params.temperature,
             top_p=seq.sampling_params.top_p,
+            session_blocks=self._session_blocks(seq),
         )
+
+    def _session_blocks(self, seq: Sequence) -> int | None:
+        """A finished request's session residency: the cached blocks its session stored or hit, now."""
+        if not seq.is_finished or seq.session_id is None:
+            return None
+        return self.block_manager.session_blocks.get(seq.session_id, 0)
 
     def _forget(self, seq: Sequence) -> None:
         self.sequences.pop(seq.request_id, None)

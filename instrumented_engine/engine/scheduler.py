@@ -42,6 +42,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    started: list[Sequence] = field(default_factory=list)  # admitted for the first time (not re-admissions)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -127,12 +128,14 @@ class Scheduler:
             self.waiting.popleft()
             seq.num_computed_tokens = hit_tokens
             seq.status = SequenceStatus.RUNNING
-            self._record_admission(seq, len(hits), reuse_gaps, now)
+            if self._record_admission(seq, len(hits), reuse_gaps, now):
+                out.started.append(seq)
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq.of(seq, num_new))
             budget -= num_new
 
-    def _record_admission(self, seq: Sequence, num_hits: int, reuse_gaps: tuple[float, ...], now: float) -> None:
+    def _record_admission(self, seq: Sequence, num_hits: int, reuse_gaps: tuple[float, ...], now: float) -> bool:
+        """Record the lookup (and a resumption); True when this is the sequence's first admission."""
         readmission = seq.num_cached_tokens is not None
         hit_tokens = num_hits * self.bm.block_size
         if not readmission:
@@ -156,6 +159,7 @@ class Scheduler:
                     now, seq.request_id, seq.session_id, hit_tokens=hit_tokens, num_preemptions=seq.num_preemptions
                 )
             )
+        return not readmission
 
     def _preempt(self, seq: Sequence) -> None:
         num_blocks, num_lost = len(seq.block_table), seq.num_computed_tokens

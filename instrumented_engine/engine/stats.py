@@ -58,6 +58,7 @@ class RequestOutput:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    session_blocks: int | None = None  # on a finished request: cached blocks its session stored or hit, now
 
     def latencies(self) -> RequestLatencies:
         end, first, scheduled = self.finished_ts, self.first_token_ts, self.scheduled_ts
@@ -75,7 +76,18 @@ class RequestOutput:
 
 
 @dataclass(frozen=True)
+class RequestStart:
+    """A request scheduled for the first time this step: who sees it first can decide whether to trace it."""
+
+    request_id: str
+    session_id: str | None
+    arrival_ts: float
+    trace_headers: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class StepResult:
     outputs: list[RequestOutput]
     stats: SchedulerStats
     events: list[KVEvent] = field(default_factory=list)
+    started: list[RequestStart] = field(default_factory=list)

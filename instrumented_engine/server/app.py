@@ -24,9 +24,8 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
-from instrumented_engine.engine.events import CacheCleared
 from instrumented_engine.engine.llm_engine import LLMEngine
-from instrumented_engine.server.metrics import CONTENT_TYPE, EngineMetrics
+from instrumented_engine.observers.metrics import CONTENT_TYPE, EngineMetrics
 from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, InvalidateRequest
 from instrumented_engine.server.serving import OpenAIServing, ServedModel
 
@@ -82,8 +81,7 @@ def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, 
                            code="cache_in_use")  # fmt: skip
         num_blocks = event.num_blocks
         sessions = list(event.sessions_affected)
-        kind = "cleared" if isinstance(event, CacheCleared) else "invalidated"
-        return {"success": True, "reason": body.reason, "kind": kind, "num_blocks": num_blocks,
+        return {"success": True, "reason": body.reason, "kind": event.kind, "num_blocks": num_blocks,
                 "sessions_affected": sessions}  # fmt: skip
 
     @app.post("/v1/kvobs/sessions/{session_id}/release")

@@ -27,13 +27,14 @@ import uvicorn
 from instrumented_engine.config import EngineConfig
 from instrumented_engine.engine.async_engine import AsyncEngine
 from instrumented_engine.engine.llm_engine import LLMEngine
-from instrumented_engine.instrumentation import EngineTracer, OTelMetricSink
 from instrumented_engine.models.loader import ModelSource
+from instrumented_engine.observers.kv_publisher import KVEventPublisher
+from instrumented_engine.observers.metrics import EngineMetrics
+from instrumented_engine.observers.otel_metrics import OTelMetricSink
+from instrumented_engine.observers.spans import EngineTracer
+from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.server.app import build_app
-from instrumented_engine.server.kv_publisher import KVEventPublisher
-from instrumented_engine.server.metrics import EngineMetrics
 from instrumented_engine.server.serving import ServedModel
-from instrumented_engine.server.store_recorder import StoreRecorder
 from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU
 from kvobs.store import StoreWriter, open_store
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
@@ -161,7 +162,6 @@ class EngineServer:
             self.writer = StoreWriter(self.store)
             self.recorder = StoreRecorder(self.writer, instance=options.instance or _default_instance(options),
                                           block_size=layout.block_size, medium=medium,
-                                          session_blocks=llm_engine.block_manager.session_blocks.get,
                                           snapshot_interval_s=options.snapshot_interval_s)  # fmt: skip
             observers.append(self.recorder)
             self.metrics.watch_dropped("store", lambda: self.writer.num_dropped)

@@ -22,8 +22,8 @@ from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.sampling_params import SamplingParams
 from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from kvobs.semconv.protocol import SESSION_ID_HEADER
 
-SESSION_HEADER = "x-session-id"
 TRACE_HEADERS = ("traceparent", "tracestate")
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -82,7 +82,7 @@ class OpenAIServing:
         self._check_model(body.model)
         params = self._sampling_params(body, prompt_ids, max_tokens)
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        session_id = request.headers.get(SESSION_HEADER) or body.session_id
+        session_id = request.headers.get(SESSION_ID_HEADER) or body.session_id
         trace = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
         stream = await self.engine.add_request(
             prompt_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace

@@ -19,9 +19,8 @@ from opentelemetry.propagate import inject
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from kvobs.semconv import attributes as a
+from kvobs.semconv.protocol import SESSION_ID_HEADER
 from kvobs.semconv.spans import GenAIOperation, StepErrorType, chat_span
-
-SESSION_HEADER = "X-Session-ID"
 
 
 class ChatError(RuntimeError):
@@ -76,7 +75,7 @@ def chat_completion(
         headers: dict[str, str] = {}
         inject(headers)  # traceparent of this span
         if session_id is not None:
-            headers[SESSION_HEADER] = session_id
+            headers[SESSION_ID_HEADER] = session_id
         body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
                 **params}  # fmt: skip
         start = time.perf_counter()

@@ -1,22 +1,15 @@
-"""Where the agent SDK records sessions and steps: the store (`StoreStepRecorder`) or anything alike."""
+"""The agent SDK's store recorder: sessions and steps as store records (`StoreStepRecorder`).
+
+The interface a recorder implements (`StepRecorder`) belongs to the session that calls it
+(`kvobs.agent.session`); this module depends on the session, never the other way round.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
-
+from kvobs.agent.session import AgentSession, AgentStep
 from kvobs.semconv.spans import SessionSource
+from kvobs.store.rows import SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter
-
-if TYPE_CHECKING:
-    from kvobs.agent.session import AgentSession, AgentStep
-
-
-class StepRecorder(Protocol):
-    def session_started(self, session: AgentSession) -> None: ...
-
-    def step_finished(self, session: AgentSession, step: AgentStep) -> None: ...
-
-    def session_ended(self, session: AgentSession) -> None: ...
 
 
 class StoreStepRecorder:
@@ -26,35 +19,36 @@ class StoreStepRecorder:
         self.writer = writer
 
     def session_started(self, session: AgentSession) -> None:
-        self.writer.upsert("sessions", {**self._session_row(session), "started_at": session.started_at})
+        self.writer.upsert(self._session_record(session, started_at=session.started_at))
 
     def step_finished(self, session: AgentSession, step: AgentStep) -> None:
-        self.writer.add("steps", {
-            "session_id": session.session_id,
-            "step_index": step.index,
-            "trace_id": step.trace_id,
-            "span_id": step.span_id,
-            "started_at": step.started_at,
-            "ended_at": step.ended_at,
-            "status": step.status.value,
-            "error_type": step.error_type,
-            "ttft_s": step.ttft_s,
-            "e2e_s": step.ended_at - step.started_at,
-            "prompt_tokens": step.total("prompt_tokens"),
-            "cached_tokens": step.total("cached_tokens"),
-            "completion_tokens": step.total("completion_tokens"),
-        })  # fmt: skip
-        self.writer.upsert("sessions", self._session_row(session))
+        self.writer.add(StepRecord(
+            session_id=session.session_id,
+            step_index=step.index,
+            trace_id=step.trace_id,
+            span_id=step.span_id,
+            started_at=step.started_at,
+            ended_at=step.ended_at,
+            status=step.status.value,
+            error_type=step.error_type,
+            ttft_s=step.ttft_s,
+            e2e_s=step.ended_at - step.started_at,
+            prompt_tokens=step.total("prompt_tokens"),
+            cached_tokens=step.total("cached_tokens"),
+            completion_tokens=step.total("completion_tokens"),
+        ))  # fmt: skip
+        self.writer.upsert(self._session_record(session))
 
     def session_ended(self, session: AgentSession) -> None:
-        self.writer.upsert("sessions", {**self._session_row(session), "ended_at": session.ended_at})
+        self.writer.upsert(self._session_record(session, ended_at=session.ended_at))
 
     @staticmethod
-    def _session_row(session: AgentSession) -> dict:
-        return {
-            "session_id": session.session_id,
-            "agent_name": session.agent_name,
-            "source": SessionSource.SDK.value,
-            "num_steps": session.num_steps,
-            "num_failed_steps": session.num_failed_steps,
-        }
+    def _session_record(session: AgentSession, **times: float | None) -> SessionRecord:
+        return SessionRecord(
+            session.session_id,
+            agent_name=session.agent_name,
+            source=SessionSource.SDK.value,
+            num_steps=session.num_steps,
+            num_failed_steps=session.num_failed_steps,
+            **times,
+        )

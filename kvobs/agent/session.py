@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -30,7 +31,6 @@ from opentelemetry.metrics import MeterProvider, get_meter_provider
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider, get_tracer_provider
 
 from kvobs.agent.chat import ChatError, ChatResult, chat_completion
-from kvobs.agent.recorder import StepRecorder
 from kvobs.semconv import attributes as a
 from kvobs.semconv.metrics import LABEL_ERROR_TYPE, LABEL_STATUS, kvobs_metrics
 from kvobs.semconv.spans import (
@@ -44,6 +44,16 @@ from kvobs.semconv.spans import (
 
 SCOPE = "kvobs.agent"
 _current_step: ContextVar[AgentStep | None] = ContextVar("kvobs_agent_step", default=None)
+
+
+class StepRecorder(Protocol):
+    """Where a session reports itself and its finished steps (`kvobs.agent.recorder.StoreStepRecorder`)."""
+
+    def session_started(self, session: AgentSession) -> None: ...
+
+    def step_finished(self, session: AgentSession, step: AgentStep) -> None: ...
+
+    def session_ended(self, session: AgentSession) -> None: ...
 
 
 class AgentSession:

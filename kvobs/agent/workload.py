@@ -27,8 +27,7 @@ import httpx
 from opentelemetry.trace import TracerProvider
 
 from kvobs.agent.chat import ChatError
-from kvobs.agent.recorder import StepRecorder
-from kvobs.agent.session import AgentSession, AgentStep
+from kvobs.agent.session import AgentSession, AgentStep, StepRecorder
 from kvobs.semconv.spans import StepErrorType
 
 log = logging.getLogger(__name__)

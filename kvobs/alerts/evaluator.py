@@ -15,12 +15,12 @@ import logging
 import math
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
-
 from kvobs.alerts.rules import Rule
 from kvobs.alerts.signals import SIGNALS
+from kvobs.store import queries
 from kvobs.store.db import Store
-from kvobs.store.schema import AlertRow
+from kvobs.store.rows import AlertRecord
+from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,12 @@ Key = tuple[str | None, str | None]
 
 
 class Evaluator:
+    """Args:
+    store: where signals are read and transitions written (through a `StoreWriter`, flushed before sinks hear).
+    rules: the rules to evaluate.
+    sinks: told of every transition after it is stored.
+    """
+
     def __init__(self, store: Store, rules: Iterable[Rule], *, sinks: Iterable = ()) -> None:
         self.store = store
         self.rules = list(rules)
@@ -46,13 +52,12 @@ class Evaluator:
                 return {}
         return held or {}
 
-    def active(self) -> dict[tuple[str, str | None, str | None], AlertRow]:
+    def active(self) -> dict[tuple[str, str | None, str | None], AlertRecord]:
         """The latest row of every (rule, instance, session) whose latest state is firing."""
-        latest = (select(func.max(AlertRow.id).label("id"))
-                  .group_by(AlertRow.rule, AlertRow.instance, AlertRow.session_id).subquery())  # fmt: skip
-        with self.store.session() as s:
-            rows = s.scalars(select(AlertRow).join(latest, AlertRow.id == latest.c.id)).all()
-        return {(r.rule, r.instance, r.session_id): r for r in rows if r.state == "firing"}
+        rows = queries.latest_alert_states(self.store).astype(object)
+        rows = rows.where(rows.notna(), None)
+        records = (AlertRecord(**row) for row in rows.drop(columns="id").to_dict("records"))
+        return {(r.rule, r.instance, r.session_id): r for r in records if r.state == "firing"}
 
     def evaluate(self, now: float) -> list[dict]:
         """One round at `now`: the transitions written and sent (new firing, resolved)."""
@@ -72,14 +77,23 @@ class Evaluator:
                     transitions.append(self._row(rule, "resolved", now, instance, session_id, None,
                                                  summary=f"resolved: {row.summary}"))  # fmt: skip
         if transitions:
-            with self.store.session() as s, s.begin():  # committed before anyone is told
-                s.add_all(AlertRow(**row) for row in transitions)
+            self._store(transitions)
             for sink in self.sinks:
                 try:
                     sink.send(transitions)
                 except Exception:
                     log.exception("alert sink %s failed", type(sink).__name__)
         return transitions
+
+    def _store(self, transitions: list[dict]) -> None:
+        """Commit the transitions before anyone is told of them."""
+        writer = StoreWriter(self.store)
+        try:
+            writer.add_many([AlertRecord(**row) for row in transitions])
+        finally:
+            writer.close()
+        if writer.num_dropped:
+            raise RuntimeError(f"the store refused {writer.num_dropped} alert transitions")
 
     @staticmethod
     def _row(rule: Rule, state: str, now: float, instance, session_id, value, summary: str | None = None) -> dict:

@@ -9,14 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, exists, func, select
-from sqlalchemy.orm import aliased
-
 from kvobs.analytics.pressure import preemption_increase
-from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store import queries
 from kvobs.store.db import Store
-from kvobs.store.schema import KVEventRow, SnapshotRow, StepRow
 
 Value = tuple[str | None, str | None, float]
 
@@ -34,7 +29,7 @@ def kv_usage(store: Store, since: float, until: float) -> list[Value]:
 
 
 def preemptions_per_min(store: Store, since: float, until: float) -> list[Value]:
-    before = _last_before(store, since)
+    before = queries.instance_counter_before(store, "preemptions_total", since)
     snaps = queries.instance_snapshots(store, since, until).dropna(subset=["preemptions_total"])
     snaps = snaps.assign(delta=preemption_increase(snaps))
     out = []
@@ -47,17 +42,6 @@ def preemptions_per_min(store: Store, since: float, until: float) -> list[Value]
     return out
 
 
-def _last_before(store: Store, ts: float) -> dict[str, float]:
-    latest = (select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
-              .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts,
-                     SnapshotRow.preemptions_total.is_not(None)).group_by(SnapshotRow.instance).subquery())  # fmt: skip
-    stmt = select(SnapshotRow.instance, SnapshotRow.preemptions_total).join(
-        latest, (SnapshotRow.instance == latest.c.instance) & (SnapshotRow.ts == latest.c.ts)
-    )
-    frame = queries.read(store, stmt.where(SnapshotRow.session_id.is_(None)))
-    return dict(zip(frame["instance"], frame["preemptions_total"].astype(float)))
-
-
 def hit_rate(store: Store, since: float, until: float) -> list[Value]:
     snaps = queries.instance_snapshots(store, since, until).dropna(subset=["hit_rate"])
     return [(inst, None, float(v)) for inst, v in snaps.groupby("instance")["hit_rate"].mean().items()]
@@ -65,26 +49,13 @@ def hit_rate(store: Store, since: float, until: float) -> list[Value]:
 
 def eviction_churn(store: Store, since: float, until: float) -> list[Value]:
     """Per instance: the share of blocks stored in the window that had been stored (and so lost) before."""
-    earlier = aliased(KVEventRow)
-    seen_before = exists().where(and_(
-        earlier.kind == KVEventKind.STORED.value, earlier.block_hash == KVEventRow.block_hash,
-        earlier.instance == KVEventRow.instance, earlier.ts < KVEventRow.ts,
-    ))  # fmt: skip
-    stmt = (select(KVEventRow.instance, func.count().label("stored"),
-                   func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"))
-            .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
-            .group_by(KVEventRow.instance))  # fmt: skip
-    frame = queries.read(store, stmt)
+    frame = queries.restored_blocks(store, since, until)
     return [(r.instance, None, float(r.restored or 0) / r.stored) for r in frame.itertuples() if r.stored]
 
 
 def session_prefix_lost_idle(store: Store, since: float, until: float) -> list[Value]:
     """Per session: blocks lost while idle (in a tool pause) during the window."""
-    idle = SnapshotRow.session_evicted_idle_blocks
-    stmt = (select(SnapshotRow.session_id, SnapshotRow.instance, SnapshotRow.ts, idle)
-            .where(SnapshotRow.session_id.is_not(None), SnapshotRow.ts <= until,
-                   SnapshotRow.session_evicted_idle_blocks.is_not(None)))  # fmt: skip
-    frame = queries.read(store, stmt)
+    frame = queries.session_idle_losses(store, until)
     out = []
     for (session_id, instance), group in frame.groupby(["session_id", "instance"]):
         inside, before = group[group["ts"] >= since], group[group["ts"] < since]
@@ -98,12 +69,10 @@ def session_prefix_lost_idle(store: Store, since: float, until: float) -> list[V
 
 
 def step_failure_rate(store: Store, since: float, until: float, min_steps: int = 5) -> list[Value]:
-    stmt = select(func.count(), func.sum(func.cast(StepRow.status == StepStatus.ERROR.value, StepRow.step_index.type)))
-    with store.engine.connect() as conn:
-        total, failed = conn.execute(stmt.where(StepRow.started_at >= since, StepRow.started_at <= until)).one()
+    total, failed = queries.step_counts(store, since, until)
     if not total or total < min_steps:
         return []
-    return [(None, None, float(failed or 0) / total)]
+    return [(None, None, failed / total)]
 
 
 def ttft_slo_burn(store: Store, since: float, until: float, slo_s: float = 2.0, objective: float = 0.95):

@@ -1,11 +1,26 @@
-"""Enumerated label values: why a cached block was dropped, why a cache was invalidated."""
+"""Enumerated facts: why a cached block was dropped, why a cache was invalidated, why a request was preempted,
+and the eviction policies by name.
+
+Each enum is a `str`, and `str(member)` is its value, so a member can go straight into a Prometheus label, an
+OpenTelemetry attribute or a store column.
+"""
 
 from __future__ import annotations
 
 import enum
 
 
-class EvictionReason(str, enum.Enum):
+class Name(str, enum.Enum):
+    """A string enumeration whose `str()` and `format()` are the value (as `enum.StrEnum` from Python 3.11)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class EvictionReason(Name):
     """Why a cached block lost its content (`kvcache.eviction.reason`, label `reason`)."""
 
     CAPACITY = "capacity"  # the allocator needed a free block and took this cached one (LRU order)
@@ -15,11 +30,34 @@ class EvictionReason(str, enum.Enum):
     TTL = "ttl"  # session_ttl policy: the owning session's tool pause outlived the TTL
 
 
-class InvalidationReason(str, enum.Enum):
+# Losses a session suffers while it waits on a tool: the cache needed room (or its protection lapsed).
+# Invalidations, resets and releases are decisions about content, not pressure, and are never counted so.
+PRESSURE_REASONS = frozenset({EvictionReason.CAPACITY, EvictionReason.TTL})
+
+
+class InvalidationReason(Name):
     """Why cached blocks were invalidated (`kvcache.invalidation.reason`, label `reason`)."""
 
     WEIGHTS_UPDATE = "weights_update"
     ADAPTER_SWAP = "adapter_swap"
     SYSTEM_PROMPT_CHANGE = "system_prompt_change"
     SESSION_FORGET = "session_forget"
-    MANUAL_RESET = "manual_reset"
+    MANUAL_RESET = "manual_reset"  # vLLM's reset_prefix_cache: every cached hash dropped
+
+
+class PreemptionReason(Name):
+    """Why a running request lost its blocks (`kvcache.preemption.reason`)."""
+
+    CAPACITY = "capacity"  # a running request could not grow: the most recently admitted one was preempted
+
+
+class EvictionPolicyName(Name):
+    """The engine's eviction policies by name (`--eviction-policy`, `kvobs whatif --policy`)."""
+
+    LRU = "lru"  # vLLM's order: the least recently used free block first
+    SESSION_TTL = "session_ttl"  # protect the blocks of sessions in a tool pause for a TTL, then LRU
+
+
+def names(enum_type: type[Name]) -> list[str]:
+    """The values of an enumeration, in declaration order (for `choices=` and error messages)."""
+    return [member.value for member in enum_type]

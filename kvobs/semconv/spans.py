@@ -18,7 +18,7 @@ spans live under `kvcache.*`.
 
 from __future__ import annotations
 
-import enum
+from kvobs.semconv.reasons import Name
 
 
 class SpanName:
@@ -44,7 +44,7 @@ def execute_tool_span(tool_name: str) -> str:
     return f"{SpanName.EXECUTE_TOOL} {tool_name}"
 
 
-class GenAIOperation(str, enum.Enum):
+class GenAIOperation(Name):
     """`gen_ai.operation.name` values."""
 
     INVOKE_AGENT = "invoke_agent"
@@ -63,7 +63,7 @@ class SpanEvent:
     FIRST_TOKEN = "kvcache.first_token"
 
 
-class KVEventKind(str, enum.Enum):
+class KVEventKind(Name):
     """`kv_events.kind` in the store. `stored`/`removed`/`cleared` mirror vLLM's KV events; the rest
     are what only the instrumented engine can tell."""
 
@@ -77,12 +77,12 @@ class KVEventKind(str, enum.Enum):
     INVALIDATED = "invalidated"
 
 
-class StepStatus(str, enum.Enum):
+class StepStatus(Name):
     OK = "ok"
     ERROR = "error"
 
 
-class SessionSource(str, enum.Enum):
+class SessionSource(Name):
     """`sessions.source`: who recorded the session."""
 
     SDK = "sdk"
@@ -90,7 +90,7 @@ class SessionSource(str, enum.Enum):
     VLLM = "vllm"
 
 
-class StepErrorType(str, enum.Enum):
+class StepErrorType(Name):
     """`error.type` values the SDK sets itself (HTTP failures use the status code, others the exception type)."""
 
     TIMEOUT = "timeout"  # the step's deadline passed

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pandas as pd
-from sqlalchemy import Select, distinct, func, select
+from sqlalchemy import Select, and_, distinct, exists, func, select
+from sqlalchemy.orm import aliased
 
-from kvobs.semconv.spans import KVEventKind
+from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.db import Store
 from kvobs.store.schema import AlertRow, KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
 
@@ -186,3 +187,67 @@ def alerts(store: Store, since=None, until=None) -> pd.DataFrame:
     """Alert transitions (firing, resolved), newest first."""
     stmt = _between(select(*_columns(AlertRow)), AlertRow.ts, since, until)
     return read(store, stmt.order_by(AlertRow.ts.desc(), AlertRow.id.desc()))
+
+
+# ---- alert signals and the collector's lookups ----------------------------------------------------------------
+def instance_counter_before(store: Store, column: str, ts: float) -> dict[str, float]:
+    """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
+    value = getattr(SnapshotRow, column)
+    latest = (select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
+              .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts, value.is_not(None))
+              .group_by(SnapshotRow.instance).subquery())  # fmt: skip
+    stmt = select(SnapshotRow.instance, value).join(
+        latest, (SnapshotRow.instance == latest.c.instance) & (SnapshotRow.ts == latest.c.ts)
+    )
+    frame = read(store, stmt.where(SnapshotRow.session_id.is_(None)))
+    return dict(zip(frame["instance"], frame[column].astype(float)))
+
+
+def restored_blocks(store: Store, since: float, until: float) -> pd.DataFrame:
+    """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
+    earlier = aliased(KVEventRow)
+    seen_before = exists().where(and_(
+        earlier.kind == KVEventKind.STORED.value, earlier.block_hash == KVEventRow.block_hash,
+        earlier.instance == KVEventRow.instance, earlier.ts < KVEventRow.ts,
+    ))  # fmt: skip
+    stmt = (select(KVEventRow.instance, func.count().label("stored"),
+                   func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"))
+            .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
+            .group_by(KVEventRow.instance))  # fmt: skip
+    return read(store, stmt)
+
+
+def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
+    """Every session snapshot up to `until` with its running count of blocks lost while idle."""
+    idle = SnapshotRow.session_evicted_idle_blocks
+    stmt = (select(SnapshotRow.session_id, SnapshotRow.instance, SnapshotRow.ts, idle)
+            .where(SnapshotRow.session_id.is_not(None), SnapshotRow.ts <= until, idle.is_not(None)))  # fmt: skip
+    return read(store, stmt)
+
+
+def step_counts(store: Store, since: float, until: float) -> tuple[int, int]:
+    """(steps, failed steps) started in the window."""
+    failed = func.sum(func.cast(StepRow.status == StepStatus.ERROR.value, StepRow.step_index.type))
+    stmt = select(func.count(), failed).where(StepRow.started_at >= since, StepRow.started_at <= until)
+    with store.engine.connect() as conn:
+        total, num_failed = conn.execute(stmt).one()
+    return int(total or 0), int(num_failed or 0)
+
+
+def latest_alert_states(store: Store) -> pd.DataFrame:
+    """The latest row of every (rule, instance, session) alert key."""
+    latest = (select(func.max(AlertRow.id).label("id"))
+              .group_by(AlertRow.rule, AlertRow.instance, AlertRow.session_id).subquery())  # fmt: skip
+    return read(store, select(*_columns(AlertRow)).join(latest, AlertRow.id == latest.c.id))
+
+
+def trace_sessions(store: Store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
+    """trace id -> session id, from the agent steps recorded with those trace ids."""
+    trace_ids = list(trace_ids)
+    found: dict[str, str] = {}
+    with store.engine.connect() as conn:
+        for i in range(0, len(trace_ids), chunk):
+            rows = conn.execute(select(StepRow.trace_id, StepRow.session_id)
+                                .where(StepRow.trace_id.in_(trace_ids[i : i + chunk])))  # fmt: skip
+            found.update((t, sid) for t, sid in rows)
+    return found

@@ -1,14 +1,15 @@
 """A batched background writer: producers never wait on the database.
 
     writer = StoreWriter(store)
-    writer.add("kv_events", {"ts": ..., "instance": "engine-0", "kind": "evicted", ...})
-    writer.add_many("kv_events", rows)                                       # rows with the same columns: fastest
-    writer.upsert("sessions", {"session_id": "s1", "num_steps": 3, ...})   # insert or update by key
-    writer.insert_missing("sessions", {"session_id": "s1", ...})             # insert unless the key exists
-    writer.flush()                                                           # wait until written
-    writer.close()                                                           # flush, then stop
+    writer.add(KVEventRecord(ts=..., instance="engine-0", kind="evicted", ...))   # records: kvobs.store.rows
+    writer.add_many(records)                                   # one unit: all queued, or all dropped
+    writer.upsert(SessionRecord("s1", num_steps=3))            # insert or update the columns given, by key
+    writer.insert_missing(SessionRecord("s1", source="engine"))  # insert unless the key exists
+    writer.flush()                                             # wait until written
+    writer.close()                                             # flush, then stop
 
-Rows go into a bounded queue; one thread writes them in batches, one transaction per batch, so a
+Records (one frozen dataclass per table) are the only thing the writer takes, so a wrong column fails where the
+record is made. Rows go into a bounded queue; one thread writes them in batches, one transaction per batch, so a
 committed batch is never lost. When the database is unreachable the batch is retried with
 exponential backoff while new rows wait in the queue; once the queue is full, new rows are dropped
 and counted in `num_dropped`: the caller (an engine step, a collector) never blocks or crashes.
@@ -28,6 +29,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from kvobs.logs import worth_logging
 from kvobs.store.db import Store
+from kvobs.store.rows import Record
 from kvobs.store.schema import TABLES
 
 log = logging.getLogger(__name__)
@@ -73,25 +75,26 @@ class StoreWriter:
         self._thread.start()
 
     # ---- producers -------------------------------------------------------------------------------
-    def add(self, table: str, row: dict) -> bool:
+    def add(self, record: Record) -> bool:
         """Queue an insert; False (and counted) when the queue is full or the writer closed."""
-        return self._put("insert", table, [row])
+        return self._put("insert", [record])
 
-    def add_many(self, table: str, rows: list[dict]) -> bool:
-        """Queue inserts of rows that all have the same columns, as one unit (all queued, or all dropped)."""
-        return self._put("insert", table, rows) if rows else True
+    def add_many(self, records: list[Record]) -> bool:
+        """Queue inserts as one unit (all queued, or all dropped); records of one table write fastest."""
+        return self._put("insert", records) if records else True
 
-    def upsert(self, table: str, row: dict) -> bool:
-        """Queue an insert that updates the row with the same primary key if it exists."""
-        return self._put("upsert", table, [row])
+    def upsert(self, record: Record) -> bool:
+        """Queue an insert that updates the row with the same primary key (the record's columns only)."""
+        return self._put("upsert", [record])
 
-    def insert_missing(self, table: str, row: dict) -> bool:
+    def insert_missing(self, record: Record) -> bool:
         """Queue an insert that leaves an existing row with the same primary key as it is."""
-        return self._put("insert_missing", table, [row])
+        return self._put("insert_missing", [record])
 
-    def _put(self, op: str, table: str, rows: list[dict]) -> bool:
-        if table not in TABLES:
-            raise ValueError(f"unknown store table {table!r}; tables: {', '.join(TABLES)}")
+    def _put(self, op: str, rows: list[Record]) -> bool:
+        for record in rows:
+            if not isinstance(record, Record):
+                raise TypeError(f"the store writer takes kvobs.store.rows records, not {type(record).__name__}")
         with self._count_lock:
             full = self._closed or self._queued_rows + len(rows) > self.max_queue
             if full:
@@ -102,13 +105,13 @@ class StoreWriter:
             if not self._closed and worth_logging(self.num_dropped, every=10_000):
                 log.warning("store queue full: %d rows dropped so far", self.num_dropped)
             return False
-        self._queue.put((op, table, rows))
+        self._queue.put((op, rows))
         return True
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued before this call is committed; False on timeout."""
         done = threading.Event()
-        self._queue.put((_FLUSH, done, None))
+        self._queue.put((_FLUSH, done))
         return done.wait(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -116,7 +119,7 @@ class StoreWriter:
         if self._closed:
             return
         self._closed = True
-        self._queue.put((_STOP, None, None))
+        self._queue.put((_STOP, None))
         self._thread.join(timeout_s)
 
     # ---- the writer thread -------------------------------------------------------------------------
@@ -134,7 +137,7 @@ class StoreWriter:
             if stop:
                 return
 
-    def _collect(self) -> tuple[list[tuple[str, str, list[dict]]], list[threading.Event], bool]:
+    def _collect(self) -> tuple[list[tuple[str, list[Record]]], list[threading.Event], bool]:
         """Items until `batch_size` rows, a flush or stop marker, or `flush_interval_s` after the first one."""
         batch: list = []
         markers: list[threading.Event] = []
@@ -154,14 +157,14 @@ class StoreWriter:
                 markers.append(item[1])
                 break
             batch.append(item)
-            rows += len(item[2])
+            rows += len(item[1])
             if deadline is None:
                 deadline = time.monotonic() + self.flush_interval_s
         with self._count_lock:
             self._queued_rows -= rows
         return batch, markers, stop
 
-    def _write_with_retry(self, batch: list[tuple[str, str, list[dict]]]) -> None:
+    def _write_with_retry(self, batch: list[tuple[str, list[Record]]]) -> None:
         delay = 0.5
         while True:
             try:
@@ -184,23 +187,25 @@ class StoreWriter:
                 time.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
 
-    def _write_one_by_one(self, batch: list[tuple[str, str, list[dict]]], exc: Exception) -> None:
+    def _write_one_by_one(self, batch: list[tuple[str, list[Record]]], exc: Exception) -> None:
         """A row the database refuses (constraint, type) must not take its batch with it."""
         log.warning("store refused a batch of %d rows (%s); writing them one by one", _rows(batch),
                     type(exc).__name__)  # fmt: skip
-        for op, table, rows in batch:
-            for row in rows:
+        for op, records in batch:
+            for record in records:
                 try:
-                    self._write([(op, table, [row])])
+                    self._write([(op, [record])])
                     self.num_written += 1
                 except Exception as row_exc:  # the writer thread must outlive any one bad row
                     self.num_dropped += 1
-                    log.error("store refused a %s row; dropped: %s", table, getattr(row_exc, "orig", row_exc))
+                    log.error("store refused a %s row; dropped: %s", record.table, getattr(row_exc, "orig", row_exc))
 
-    def _write(self, batch: list[tuple[str, str, list[dict]]]) -> None:
+    def _write(self, batch: list[tuple[str, list[Record]]]) -> None:
         grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
-        for op, table, rows in batch:  # one executemany per column set: rows may leave defaulted columns out
-            grouped[(op, table, tuple(rows[0]))].extend(rows)
+        for op, records in batch:  # one executemany per table and column set (session upserts give some columns)
+            for record in records:
+                row = record.to_row()
+                grouped[(op, record.table, tuple(row))].append(row)
         with self.store.engine.begin() as conn:
             for (op, table, _), rows in grouped.items():
                 model = TABLES[table]
@@ -239,8 +244,8 @@ class StoreWriter:
         )
 
 
-def _rows(batch: list[tuple[str, str, list[dict]]]) -> int:
-    return sum(len(rows) for _, _, rows in batch)
+def _rows(batch: list[tuple[str, list[Record]]]) -> int:
+    return sum(len(records) for _, records in batch)
 
 
 def _merge_per_key(model, rows: list[dict], *, first_wins: bool) -> list[dict]:

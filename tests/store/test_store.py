@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import FrozenInstanceError, fields
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -10,7 +11,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
 from kvobs.store import StoreWriter, open_store
-from kvobs.store.schema import Base, KVEventRow, RequestRow, SessionRow, StepRow
+from kvobs.store.rows import RECORDS, AlertRecord, KVEventRecord, RequestRecord, SessionRecord, StepRecord
+from kvobs.store.schema import TABLES, Base, KVEventRow, RequestRow, SessionRow, StepRow
 
 REQUIRED = {
     "sessions": {"session_id", "agent_name", "started_at", "ended_at", "num_steps", "num_failed_steps", "source"},
@@ -49,7 +51,7 @@ def test_unsigned_64_bit_hashes_round_trip_and_are_queryable(store):
     big, small = 2**64 - 5, 7
     writer = StoreWriter(store)
     for h, parent in ((big, None), (small, big)):
-        writer.add("kv_events", {"ts": 1.0, "instance": "e0", "kind": "stored", "block_hash": h, "parent_hash": parent})
+        writer.add(KVEventRecord(ts=1.0, instance="e0", kind="stored", block_hash=h, parent_hash=parent))
     writer.close()
     with store.session() as s:
         rows = s.scalars(select(KVEventRow).order_by(KVEventRow.id)).all()
@@ -63,11 +65,11 @@ def test_unsigned_64_bit_hashes_round_trip_and_are_queryable(store):
 def test_writer_batches_flushes_and_upserts(store):
     writer = StoreWriter(store, batch_size=400)
     for i in range(2500):
-        writer.add("steps", {"session_id": f"s{i % 10}", "step_index": i // 10, "started_at": float(i), "status": "ok"})
-    writer.upsert("sessions", {"session_id": "s1", "started_at": 1.0, "num_steps": 1, "source": "sdk"})
-    writer.upsert("sessions", {"session_id": "s1", "num_steps": 2, "num_failed_steps": 1})
+        writer.add(StepRecord(session_id=f"s{i % 10}", step_index=i // 10, started_at=float(i), status="ok"))
+    writer.upsert(SessionRecord(session_id="s1", started_at=1.0, num_steps=1, source="sdk"))
+    writer.upsert(SessionRecord(session_id="s1", num_steps=2, num_failed_steps=1))
     assert writer.flush()
-    writer.upsert("sessions", {"session_id": "s1", "num_steps": 3, "ended_at": 9.0})
+    writer.upsert(SessionRecord(session_id="s1", num_steps=3, ended_at=9.0))
     writer.close()
     assert writer.num_written == 2503 and writer.num_dropped == 0
     with store.session() as s:
@@ -80,7 +82,7 @@ def test_writer_batches_flushes_and_upserts(store):
 def test_committed_rows_survive_a_reopen(store_url):
     store = open_store(store_url)
     writer = StoreWriter(store)
-    writer.add("alerts", {"ts": 5.0, "rule": "PrefixLostDuringToolPause", "severity": "warning", "state": "firing"})
+    writer.add(AlertRecord(ts=5.0, rule="PrefixLostDuringToolPause", severity="warning", state="firing"))
     writer.close()
     store.close()
     again = open_store(store_url)
@@ -93,7 +95,7 @@ def test_unreachable_database_never_blocks_the_producer():
     store = open_store("postgresql://postgres@127.0.0.1:1/test", migrate=False)
     writer = StoreWriter(store, max_queue=10, batch_size=5, flush_interval_s=0.05, max_backoff_s=0.2)
     start = time.monotonic()
-    accepted = sum(writer.add("kv_events", {"ts": float(i), "instance": "e0", "kind": "evicted"}) for i in range(30))
+    accepted = sum(writer.add(KVEventRecord(ts=float(i), instance="e0", kind="evicted")) for i in range(30))
     assert time.monotonic() - start < 1.0  # the producer never waited on the database
     assert accepted <= 15 and writer.num_dropped == 30 - accepted
     deadline = time.monotonic() + 10
@@ -111,19 +113,36 @@ def test_unknown_store_scheme_is_a_clear_error(url):
         open_store(url)
 
 
-def test_unknown_table_is_refused(store):
+def test_a_misspelt_or_missing_column_is_a_type_error_when_the_record_is_made():
+    with pytest.raises(TypeError, match="blok_hash"):
+        KVEventRecord(ts=1.0, instance="e", kind="stored", blok_hash=7)
+    with pytest.raises(TypeError, match="status"):
+        StepRecord(session_id="s", step_index=0, started_at=1.0)
+    with pytest.raises(FrozenInstanceError):
+        KVEventRecord(ts=1.0, instance="e", kind="stored").kind = "evicted"
+
+
+def test_each_record_has_exactly_its_tables_public_columns():
+    assert set(RECORDS) == set(TABLES)
+    for table, record in RECORDS.items():
+        columns = {c.name for c in TABLES[table].__table__.columns} - {"id"}
+        assert {f.name for f in fields(record)} == columns, table
+
+
+def test_the_writer_takes_records_only(store):
     writer = StoreWriter(store)
-    with pytest.raises(ValueError, match="unknown store table"):
-        writer.add("nope", {})
+    with pytest.raises(TypeError, match="records"):
+        writer.add({"ts": 1.0, "instance": "e", "kind": "stored"})
     writer.close()
+    assert writer.num_dropped == 0
 
 
 def test_a_refused_row_does_not_take_its_batch_with_it(store):
     writer = StoreWriter(store, batch_size=100)
-    writer.add("steps", {"session_id": "s", "step_index": 0, "started_at": 1.0, "status": "ok"})
-    writer.add("steps", {"session_id": "s", "step_index": 1, "started_at": 2.0, "status": "ok"})
-    writer.add("steps", {"session_id": "s", "step_index": 1, "started_at": 3.0, "status": "ok"})  # duplicate key
-    writer.add("steps", {"session_id": "s", "step_index": 2, "started_at": 4.0, "status": "ok"})
+    writer.add(StepRecord(session_id="s", step_index=0, started_at=1.0, status="ok"))
+    writer.add(StepRecord(session_id="s", step_index=1, started_at=2.0, status="ok"))
+    writer.add(StepRecord(session_id="s", step_index=1, started_at=3.0, status="ok"))  # duplicate key
+    writer.add(StepRecord(session_id="s", step_index=2, started_at=4.0, status="ok"))
     writer.close()
     assert (writer.num_written, writer.num_dropped) == (3, 1)
     with store.session() as s:
@@ -132,9 +151,9 @@ def test_a_refused_row_does_not_take_its_batch_with_it(store):
 
 def test_rows_with_different_column_sets_share_a_batch(store):
     writer = StoreWriter(store)
-    writer.add("kv_events", {"ts": 1.0, "instance": "e", "kind": "hit", "num_tokens": 32, "reason": None})
-    writer.add("kv_events", {"ts": 2.0, "instance": "e", "kind": "allocated", "num_tokens": 16})
-    writer.add("kv_events", {"ts": 3.0, "instance": "e", "kind": "stored", "block_hash": 2**64 - 1})
+    writer.add(KVEventRecord(ts=1.0, instance="e", kind="hit", num_tokens=32, reason=None))
+    writer.add(KVEventRecord(ts=2.0, instance="e", kind="allocated", num_tokens=16))
+    writer.add(KVEventRecord(ts=3.0, instance="e", kind="stored", block_hash=2**64 - 1))
     writer.close()
     assert (writer.num_written, writer.num_dropped) == (3, 0)
     with store.session() as s:
@@ -144,10 +163,10 @@ def test_rows_with_different_column_sets_share_a_batch(store):
 
 def test_insert_missing_keeps_the_existing_row(store):
     writer = StoreWriter(store)
-    writer.upsert("sessions", {"session_id": "s1", "agent_name": "ops", "source": "sdk", "started_at": 1.0})
-    writer.insert_missing("sessions", {"session_id": "s1", "source": "engine", "started_at": 5.0})
-    writer.insert_missing("sessions", {"session_id": "s2", "source": "engine", "started_at": 5.0})
-    writer.insert_missing("sessions", {"session_id": "s2", "source": "engine", "started_at": 7.0})
+    writer.upsert(SessionRecord(session_id="s1", agent_name="ops", source="sdk", started_at=1.0))
+    writer.insert_missing(SessionRecord(session_id="s1", source="engine", started_at=5.0))
+    writer.insert_missing(SessionRecord(session_id="s2", source="engine", started_at=5.0))
+    writer.insert_missing(SessionRecord(session_id="s2", source="engine", started_at=7.0))
     writer.close()
     with store.session() as s:
         assert (s.get(SessionRow, "s1").source, s.get(SessionRow, "s1").started_at) == ("sdk", 1.0)
@@ -156,10 +175,10 @@ def test_insert_missing_keeps_the_existing_row(store):
 
 def test_a_row_sqlalchemy_cannot_bind_is_dropped_and_the_writer_lives_on(store):
     writer = StoreWriter(store)
-    writer.add("kv_events", {"ts": 1.0, "instance": "e", "kind": "stored", "block_hash": "not a number"})
-    writer.add("kv_events", {"ts": 2.0, "instance": "e", "kind": "stored", "block_hash": 7})
+    writer.add(KVEventRecord(ts=1.0, instance="e", kind="stored", block_hash="not a number"))
+    writer.add(KVEventRecord(ts=2.0, instance="e", kind="stored", block_hash=7))
     assert writer.flush()
-    writer.add("kv_events", {"ts": 3.0, "instance": "e", "kind": "stored", "block_hash": 8})
+    writer.add(KVEventRecord(ts=3.0, instance="e", kind="stored", block_hash=8))
     writer.close()
     assert (writer.num_written, writer.num_dropped) == (2, 1)
     with store.session() as s:
@@ -169,8 +188,8 @@ def test_a_row_sqlalchemy_cannot_bind_is_dropped_and_the_writer_lives_on(store):
 def test_plain_inserts_get_the_column_defaults(store):
     """Rows that leave out defaulted columns (num_steps, num_preemptions) still insert, on both backends."""
     writer = StoreWriter(store)
-    writer.add("sessions", {"session_id": "d1", "source": "vllm"})
-    writer.add_many("requests", [{"request_id": f"r{i}", "instance": "e", "arrival_ts": float(i)} for i in range(3)])
+    writer.add(SessionRecord(session_id="d1", source="vllm"))
+    writer.add_many([RequestRecord(request_id=f"r{i}", instance="e", arrival_ts=float(i)) for i in range(3)])
     writer.close()
     assert (writer.num_written, writer.num_dropped) == (4, 0)
     with store.session() as s:

@@ -34,30 +34,41 @@ log = logging.getLogger(__name__)
 POLL_MS = 100
 
 
+def _stored(event: ev.BlocksStored) -> wire.Event:
+    return wire.BlockStored(
+        block_hashes=list(event.block_hashes),
+        parent_block_hash=event.parent_block_hash,
+        token_ids=list(event.token_ids),
+        block_size=event.block_size,
+        lora_id=None,
+        medium=wire.MEDIUM_GPU,
+        lora_name=event.adapter,
+        extra_keys=[None] * len(event.block_hashes),
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+        session_id=event.session_id,
+    )
+
+
+def _removed(event: ev.BlockEvicted) -> wire.Event:
+    return wire.BlockRemoved(block_hashes=[event.block_hash], medium=wire.MEDIUM_GPU, group_idx=0)
+
+
+def _cleared(_event: ev.CacheCleared) -> wire.Event:
+    return wire.AllBlocksCleared()
+
+
+# Engine event type -> its vLLM wire event (the only engine events vLLM publishes).
+WIRE_EVENTS = {ev.BlocksStored: _stored, ev.BlockEvicted: _removed, ev.CacheCleared: _cleared}
+
+
 def to_wire_events(events: list[ev.KVEvent]) -> list[wire.Event]:
     """The vLLM events for a list of engine events, in order."""
     out: list[wire.Event] = []
     for event in events:
-        if isinstance(event, ev.BlocksStored):
-            out.append(
-                wire.BlockStored(
-                    block_hashes=list(event.block_hashes),
-                    parent_block_hash=event.parent_block_hash,
-                    token_ids=list(event.token_ids),
-                    block_size=event.block_size,
-                    lora_id=None,
-                    medium=wire.MEDIUM_GPU,
-                    lora_name=event.adapter,
-                    extra_keys=[None] * len(event.block_hashes),
-                    group_idx=0,
-                    kv_cache_spec_kind="full_attention",
-                    session_id=event.session_id,
-                )
-            )
-        elif isinstance(event, ev.BlockEvicted):
-            out.append(wire.BlockRemoved(block_hashes=[event.block_hash], medium=wire.MEDIUM_GPU, group_idx=0))
-        elif isinstance(event, ev.CacheCleared):
-            out.append(wire.AllBlocksCleared())
+        convert = WIRE_EVENTS.get(type(event))
+        if convert is not None:
+            out.append(convert(event))
     return out
 
 

@@ -1,18 +1,18 @@
 """Engine step results -> store rows: requests, KV events, per-session and instance snapshots.
 
-    recorder = StoreRecorder(StoreWriter(open_store(url)), instance="engine-0", block_size=16, medium="CPU",
-                             session_blocks=llm_engine.block_manager.session_blocks.get)
+    recorder = StoreRecorder(StoreWriter(open_store(url)), instance="engine-0", block_size=16, medium="CPU")
     AsyncEngine(llm_engine, observers=[..., recorder])
 
-Rows (see `kvobs.store.schema`):
+Records (see `kvobs.store.rows`):
 - `kv_events`: `stored` per block with its parent hash (the chain), `hit` per prefix lookup (`num_tokens` hit,
   `reason` `readmission` after a preemption), `allocated` per allocation (`num_tokens` = blocks x block size),
   `evicted` / `invalidated` per block and per session that owned it (`session_id` = the owner that lost it,
   `request_id` = the request whose allocation took it, `reason` = eviction or invalidation reason),
   `preempted` (`num_tokens` = computed tokens thrown away), `cleared` on a prefix-cache reset.
 - `requests`: one per finished request.
-- `snapshots`: one per session each time one of its requests finishes (blocks it has cached, evicted so far,
-  evicted while it sat in a tool pause, hit tokens), and one per instance every `snapshot_interval_s`.
+- `snapshots`: one per session each time one of its requests finishes (blocks it has cached, from the request's
+  output; evicted so far, evicted while it sat in a tool pause, hit tokens), and one per instance every
+  `snapshot_interval_s`.
 - `sessions`: a row (source `engine`) the first time a session is seen; the agent SDK's richer row wins.
 
 The writer never blocks the engine thread; an error here is logged and counted, never raised.
@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from instrumented_engine.observers.dispatch import dispatch
 from kvobs.logs import worth_logging
-from kvobs.semconv.reasons import EvictionReason
+from kvobs.semconv.protocol import READMISSION
 from kvobs.semconv.spans import KVEventKind, SessionSource
+from kvobs.store.rows import KVEventRecord, RequestRecord, SessionRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
-
-READMISSION = "readmission"
 
 
 @dataclass
@@ -53,7 +52,6 @@ class StoreRecorder:
         instance: this engine's name in every row.
         block_size: tokens per KV block.
         medium: `GPU` or `CPU`.
-        session_blocks: cached blocks a session stored or hit, now (`BlockManager.session_blocks.get`).
         snapshot_interval_s: seconds between instance snapshots (taken on the first step after the interval).
         max_sessions: sessions whose tallies are kept (least recently active dropped first).
     """
@@ -65,7 +63,6 @@ class StoreRecorder:
         instance: str,
         block_size: int,
         medium: str,
-        session_blocks: Callable[[str], int | None],
         snapshot_interval_s: float = 5.0,
         max_sessions: int = 100_000,
     ) -> None:
@@ -73,7 +70,6 @@ class StoreRecorder:
         self.instance = instance
         self.block_size = block_size
         self.medium = medium
-        self.session_blocks = session_blocks
         self.snapshot_interval_s = snapshot_interval_s
         self.max_sessions = max_sessions
         self.num_errors = 0
@@ -86,8 +82,7 @@ class StoreRecorder:
 
     def on_step(self, result: StepResult) -> None:
         try:
-            for event in result.events:
-                self._event(event)
+            dispatch(self, self.HANDLERS, result.events)
             for out in result.outputs:
                 if out.finished:
                     self._finished(out, result.stats)
@@ -100,96 +95,102 @@ class StoreRecorder:
 
     def instance_snapshot(self, stats: SchedulerStats) -> None:
         self._last_snapshot_ts = stats.ts
-        self.writer.add("snapshots", {
+        self.writer.add(SnapshotRecord(
             **self._engine_state(stats),
-            "session_id": None,
-            "hit_rate": self._hit_tokens / self._query_tokens if self._query_tokens else None,
-            "preemptions_total": self._preemptions,
-            "evictions_total": self._evictions,
-        })  # fmt: skip
+            hit_rate=self._hit_tokens / self._query_tokens if self._query_tokens else None,
+            preemptions_total=self._preemptions,
+            evictions_total=self._evictions,
+        ))  # fmt: skip
 
-    # ---- events --------------------------------------------------------------------------------------
-    def _event(self, event: ev.KVEvent) -> None:
-        if isinstance(event, ev.BlocksStored):
-            parent = event.parent_block_hash
-            for block_hash in event.block_hashes:
-                self._kv(event, KVEventKind.STORED, block_hash=block_hash, parent_hash=parent,
-                         num_tokens=event.block_size)  # fmt: skip
-                parent = block_hash
-        elif isinstance(event, ev.PrefixLookup):
-            if not event.readmission:
-                self._query_tokens += event.query_tokens
-                self._hit_tokens += event.hit_tokens
-                if event.session_id is not None:
-                    tally = self._tally(event.session_id)
-                    tally.query_tokens += event.query_tokens
-                    tally.hit_tokens += event.hit_tokens
-            self._kv(event, KVEventKind.HIT, num_tokens=event.hit_tokens,
-                     reason=READMISSION if event.readmission else None)  # fmt: skip
-        elif isinstance(event, ev.BlocksAllocated):
-            self._kv(event, KVEventKind.ALLOCATED, num_tokens=len(event.block_ids) * self.block_size)
-        elif isinstance(event, ev.BlockEvicted):
-            self._evicted(event)
-        elif isinstance(event, ev.Preempted):
-            self._preemptions += 1
-            self._kv(event, KVEventKind.PREEMPTED, num_tokens=event.num_computed_tokens_lost, reason=event.reason)
-        elif isinstance(event, ev.CacheCleared):
-            self._evictions += event.num_blocks
-            self._kv(event, KVEventKind.CLEARED, num_tokens=event.num_blocks * self.block_size,
-                     reason=EvictionReason.RESET.value)  # fmt: skip
+    # ---- event handlers (one table, below) ----------------------------------------------------------
+    def _stored(self, event: ev.BlocksStored) -> None:
+        parent = event.parent_block_hash
+        for block_hash in event.block_hashes:
+            self._kv(event, KVEventKind.STORED, block_hash=block_hash, parent_hash=parent, num_tokens=event.block_size)
+            parent = block_hash
+
+    def _lookup(self, event: ev.PrefixLookup) -> None:
+        if not event.readmission:
+            self._query_tokens += event.query_tokens
+            self._hit_tokens += event.hit_tokens
+            if event.session_id is not None:
+                tally = self._tally(event.session_id)
+                tally.query_tokens += event.query_tokens
+                tally.hit_tokens += event.hit_tokens
+        self._kv(event, KVEventKind.HIT, num_tokens=event.hit_tokens,
+                 reason=READMISSION if event.readmission else None)  # fmt: skip
+
+    def _allocated(self, event: ev.BlocksAllocated) -> None:
+        self._kv(event, KVEventKind.ALLOCATED, num_tokens=len(event.block_ids) * self.block_size)
 
     def _evicted(self, event: ev.BlockEvicted) -> None:
+        """One row per owner that lost the block (`session_id` = that owner, `request_id` = who took it)."""
         self._evictions += 1
-        kind = KVEventKind.INVALIDATED if event.invalidation_reason else KVEventKind.EVICTED
-        reason = event.invalidation_reason or event.reason
         for owner in event.owner_sessions or (None,):
             if owner is not None:
                 tally = self._tally(owner)
                 tally.evicted += 1
-                tally.evicted_idle += owner in event.paused_sessions
-            self._kv(event, kind, session_id=owner, block_hash=event.block_hash, parent_hash=event.parent_block_hash,
-                     num_tokens=self.block_size, reason=reason)  # fmt: skip
+                tally.evicted_idle += event.lost_in_pause and owner in event.paused_sessions
+            self._kv(event, event.loss_kind, session_id=owner, block_hash=event.block_hash,
+                     parent_hash=event.parent_block_hash, num_tokens=self.block_size,
+                     reason=event.store_reason)  # fmt: skip
+
+    def _preempted(self, event: ev.Preempted) -> None:
+        self._preemptions += 1
+        self._kv(event, KVEventKind.PREEMPTED, num_tokens=event.num_computed_tokens_lost, reason=event.reason.value)
+
+    def _cleared(self, event: ev.CacheCleared) -> None:
+        self._evictions += event.num_blocks
+        self._kv(event, KVEventKind.CLEARED, num_tokens=event.num_blocks * self.block_size,
+                 reason=event.eviction_reason.value)  # fmt: skip
+
+    HANDLERS = {
+        ev.BlocksStored: _stored,
+        ev.PrefixLookup: _lookup,
+        ev.BlocksAllocated: _allocated,
+        ev.BlockEvicted: _evicted,
+        ev.Preempted: _preempted,
+        ev.CacheCleared: _cleared,
+    }
 
     def _kv(self, event: ev.KVEvent, kind: KVEventKind, **fields) -> None:
-        row = {"ts": event.ts, "instance": self.instance, "kind": kind.value, "medium": self.medium,
-               "session_id": event.session_id, "request_id": event.request_id}  # fmt: skip
-        row.update(fields)
-        self.writer.add("kv_events", row)
+        fields.setdefault("session_id", event.session_id)
+        self.writer.add(KVEventRecord(ts=event.ts, instance=self.instance, kind=kind.value, medium=self.medium,
+                                      request_id=event.request_id, **fields))  # fmt: skip
 
     # ---- finished requests ---------------------------------------------------------------------------
     def _finished(self, out: RequestOutput, stats: SchedulerStats) -> None:
         trace_id, parent_span_id = parse_traceparent(out.trace_headers)
-        self.writer.add("requests", {
-            "request_id": out.request_id,
-            "instance": self.instance,
-            "session_id": out.session_id,
-            "trace_id": trace_id,
-            "parent_span_id": parent_span_id,
-            "arrival_ts": out.arrival_ts,
-            "first_token_ts": out.first_token_ts,
-            "finished_ts": out.finished_ts,
-            "queue_s": out.latencies().queue,
-            "prompt_tokens": out.num_prompt_tokens,
-            "cached_tokens": out.num_cached_tokens,
-            "completion_tokens": len(out.output_token_ids),
-            "num_preemptions": out.num_preemptions,
-            "finish_reason": out.finish_reason,
-        })  # fmt: skip
+        self.writer.add(RequestRecord(
+            request_id=out.request_id,
+            instance=self.instance,
+            session_id=out.session_id,
+            trace_id=trace_id,
+            parent_span_id=parent_span_id,
+            arrival_ts=out.arrival_ts,
+            first_token_ts=out.first_token_ts,
+            finished_ts=out.finished_ts,
+            queue_s=out.latencies().queue,
+            prompt_tokens=out.num_prompt_tokens,
+            cached_tokens=out.num_cached_tokens,
+            completion_tokens=len(out.output_token_ids),
+            num_preemptions=out.num_preemptions,
+            finish_reason=out.finish_reason,
+        ))  # fmt: skip
         if out.session_id is None:
             return
         tally = self._tally(out.session_id)
-        self.writer.insert_missing("sessions", {"session_id": out.session_id, "started_at": out.arrival_ts,
-                                                "source": SessionSource.ENGINE.value})  # fmt: skip
-        self.writer.add("snapshots", {
-            **self._engine_state(stats),
-            "ts": out.finished_ts or stats.ts,
-            "session_id": out.session_id,
-            "session_blocks": self.session_blocks(out.session_id) or 0,
-            "session_evicted_blocks": tally.evicted,
-            "session_evicted_idle_blocks": tally.evicted_idle,
-            "session_hit_tokens": tally.hit_tokens,
-            "hit_rate": tally.hit_tokens / tally.query_tokens if tally.query_tokens else None,
-        })  # fmt: skip
+        self.writer.insert_missing(SessionRecord(out.session_id, started_at=out.arrival_ts,
+                                                 source=SessionSource.ENGINE.value))  # fmt: skip
+        self.writer.add(SnapshotRecord(
+            **{**self._engine_state(stats), "ts": out.finished_ts or stats.ts},
+            session_id=out.session_id,
+            session_blocks=out.session_blocks or 0,
+            session_evicted_blocks=tally.evicted,
+            session_evicted_idle_blocks=tally.evicted_idle,
+            session_hit_tokens=tally.hit_tokens,
+            hit_rate=tally.hit_tokens / tally.query_tokens if tally.query_tokens else None,
+        ))  # fmt: skip
 
     def _engine_state(self, stats: SchedulerStats) -> dict:
         return {

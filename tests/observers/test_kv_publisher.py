@@ -9,7 +9,7 @@ import zmq
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import SchedulerStats, StepResult
-from instrumented_engine.server.kv_publisher import KVEventPublisher, to_wire_events
+from instrumented_engine.observers.kv_publisher import KVEventPublisher, to_wire_events
 from kvobs.vllm import kv_events as wire
 from tests.server.conftest import free_port
 

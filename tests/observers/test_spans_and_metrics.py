@@ -10,8 +10,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
-from instrumented_engine.instrumentation import EngineTracer, OTelMetricSink
-from instrumented_engine.server.metrics import EngineMetrics
+from instrumented_engine.observers.metrics import EngineMetrics
+from instrumented_engine.observers.otel_metrics import OTelMetricSink
+from instrumented_engine.observers.spans import EngineTracer
 from kvobs.semconv import attributes as a
 from kvobs.semconv.metrics import TTFT_BUCKETS
 

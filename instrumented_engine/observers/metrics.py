@@ -8,10 +8,12 @@ turns outputs, stats and KV events into metric updates. Meanings follow vLLM V1:
   preemption are not counted again); hits are block-aligned and capped at num_tokens - 1;
 - `vllm:prompt_tokens` counts a request's prompt when its prefill completes; `vllm:generation_tokens`
   every sampled token;
-- the block-residency histograms are recorded for every evicted block (vLLM samples them).
+- the block-residency histograms are recorded for every evicted block (vLLM samples them);
+- a prefix-cache reset counts its blocks as evicted (`reset`) and invalidated (`manual_reset`), as every
+  other invalidation counts its blocks under both.
 
 Values go to one or more sinks: the Prometheus registry `/metrics` serves, and, when telemetry is on,
-OpenTelemetry instruments (`instrumented_engine.instrumentation.OTelMetricSink`), so both see the same numbers.
+OpenTelemetry instruments (`instrumented_engine.observers.otel_metrics.OTelMetricSink`), so both see the same numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
+from instrumented_engine.observers.dispatch import dispatch
 from kvobs.semconv import metrics as m
 from kvobs.semconv.metrics import (
     ENGINE_LABELS,
@@ -183,8 +186,7 @@ class EngineMetrics:
         if self._drop_sources:
             self.sync_dropped()
         self._observe_stats(result.stats)
-        for event in result.events:
-            self._observe_event(event)
+        dispatch(self, self.HANDLERS, result.events)
         for out in result.outputs:
             self._observe_output(out, result.stats.ts)
 
@@ -201,26 +203,40 @@ class EngineMetrics:
         if stats.num_scheduled_tokens:
             self._get(vllm.ITERATION_TOKENS).observe(stats.num_scheduled_tokens)
 
-    def _observe_event(self, event: ev.KVEvent) -> None:
-        if isinstance(event, ev.PrefixLookup):
-            for gap in event.reuse_gaps_s:
-                self._get(vllm.KV_BLOCK_REUSE_GAP).observe(gap)
-            if not event.readmission:
-                self._get(vllm.PREFIX_CACHE_QUERIES).inc(event.query_tokens)
-                self._get(vllm.PREFIX_CACHE_HITS).inc(event.hit_tokens)
-                self._get(vllm.PROMPT_TOKENS_CACHED).inc(event.hit_tokens)
-        elif isinstance(event, ev.BlockEvicted):
-            self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.reason).inc()
-            self._get(vllm.KV_BLOCK_LIFETIME).observe(event.lifetime_s)
-            self._get(vllm.KV_BLOCK_IDLE_BEFORE_EVICT).observe(event.idle_s)
-            if event.paused_sessions and event.reason in (EvictionReason.CAPACITY, EvictionReason.TTL):
-                self._get(kvobs_metrics.SESSION_PREFIX_LOST).inc()
-        elif isinstance(event, ev.Invalidated):
-            self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=event.reason).inc(event.num_blocks)
-        elif isinstance(event, ev.CacheCleared):
-            self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=EvictionReason.RESET.value).inc(event.num_blocks)
-        elif isinstance(event, ev.Preempted):
-            self._get(vllm.NUM_PREEMPTIONS).inc()
+    # ---- event handlers (one table, below) --------------------------------------------------------
+    def _lookup(self, event: ev.PrefixLookup) -> None:
+        for gap in event.reuse_gaps_s:
+            self._get(vllm.KV_BLOCK_REUSE_GAP).observe(gap)
+        if not event.readmission:
+            self._get(vllm.PREFIX_CACHE_QUERIES).inc(event.query_tokens)
+            self._get(vllm.PREFIX_CACHE_HITS).inc(event.hit_tokens)
+            self._get(vllm.PROMPT_TOKENS_CACHED).inc(event.hit_tokens)
+
+    def _evicted(self, event: ev.BlockEvicted) -> None:
+        self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.reason.value).inc()
+        self._get(vllm.KV_BLOCK_LIFETIME).observe(event.lifetime_s)
+        self._get(vllm.KV_BLOCK_IDLE_BEFORE_EVICT).observe(event.idle_s)
+        if event.lost_in_pause:
+            self._get(kvobs_metrics.SESSION_PREFIX_LOST).inc()
+
+    def _invalidated(self, event: ev.Invalidated) -> None:
+        self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=event.reason.value).inc(event.num_blocks)
+
+    def _cleared(self, event: ev.CacheCleared) -> None:
+        # A reset is an invalidation without per-block events: its blocks count under both reasons.
+        self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.eviction_reason.value).inc(event.num_blocks)
+        self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=event.invalidation_reason.value).inc(event.num_blocks)
+
+    def _preempted(self, event: ev.Preempted) -> None:
+        self._get(vllm.NUM_PREEMPTIONS).inc()
+
+    HANDLERS = {
+        ev.PrefixLookup: _lookup,
+        ev.BlockEvicted: _evicted,
+        ev.Invalidated: _invalidated,
+        ev.CacheCleared: _cleared,
+        ev.Preempted: _preempted,
+    }
 
     def _observe_output(self, out: RequestOutput, now: float) -> None:
         num_new = len(out.new_token_ids)

@@ -1,0 +1,14 @@
+"""Names and defaults on the wire that several parts share: the session header, default ports, the hit-lookup
+reason of a re-admission. One definition each."""
+
+from __future__ import annotations
+
+# The agent session an LLM request belongs to (HTTP header names are case-insensitive).
+SESSION_ID_HEADER = "X-Session-ID"
+
+# Default ports (each a flag's default; the README and docker-compose.yml use the same numbers).
+ENGINE_PORT = 8000  # kvobs serve: OpenAI API, /metrics (vLLM's default too)
+DASHBOARD_PORT = 8501  # kvobs dashboard (Streamlit's default)
+
+# `kv_events.reason` of a `hit` row when a preempted request looked its prefix up again.
+READMISSION = "readmission"

@@ -1,0 +1,173 @@
+"""One frozen record per store table: the only way rows are written.
+
+    writer.add(KVEventRecord(ts=now, instance="engine-0", kind=KVEventKind.EVICTED, block_hash=h, reason="capacity"))
+    writer.upsert(SessionRecord("s1", num_steps=3))          # only the columns given are written
+    KVEventRecord(ts=now, instance="e", kind="stored", blok_hash=1)   # TypeError here, not in the database
+
+Each record has exactly the table's public columns (`kvobs.store.schema`, the README's schema table) except the
+row id the database assigns. A misspelt or missing column is a `TypeError` when the record is made. Columns a
+record leaves out are NULL (or the column's default), except on `SessionRecord`, whose columns default to
+`UNSET`: an upsert of a session writes only the columns it was given, so the agent SDK's counters and the
+engine's first sighting of a session never overwrite each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()  # a column the record does not write
+
+
+class Record:
+    """Base of every record: `table` names its table; `to_row()` is the column -> value dict the writer binds."""
+
+    __slots__ = ()
+    table: ClassVar[str]
+    _columns: ClassVar[tuple[str, ...]]
+
+    def to_row(self) -> dict[str, Any]:
+        return {c: v for c in self._columns if (v := getattr(self, c)) is not UNSET}
+
+
+def _record(cls):
+    """Make `cls` a frozen, slotted dataclass record and remember its column names."""
+    cls = dataclass(frozen=True, slots=True)(cls)
+    cls._columns = tuple(f.name for f in fields(cls))
+    return cls
+
+
+@_record
+class SessionRecord(Record):
+    table: ClassVar[str] = "sessions"
+
+    session_id: str
+    agent_name: str | None = UNSET
+    started_at: float | None = UNSET
+    ended_at: float | None = UNSET
+    num_steps: int = UNSET
+    num_failed_steps: int = UNSET
+    source: str | None = UNSET  # sdk | vllm | engine
+
+
+@_record
+class StepRecord(Record):
+    table: ClassVar[str] = "steps"
+
+    session_id: str
+    step_index: int
+    started_at: float
+    status: str  # ok | error
+    trace_id: str | None = None
+    span_id: str | None = None
+    ended_at: float | None = None
+    error_type: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@_record
+class RequestRecord(Record):
+    table: ClassVar[str] = "requests"
+
+    request_id: str
+    instance: str
+    arrival_ts: float
+    session_id: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+    parent_span_id: str | None = None
+    first_token_ts: float | None = None
+    finished_ts: float | None = None
+    queue_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+
+
+@_record
+class KVEventRecord(Record):
+    table: ClassVar[str] = "kv_events"
+
+    ts: float
+    instance: str
+    kind: str  # a KVEventKind
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    num_tokens: int | None = None
+    session_id: str | None = None
+    request_id: str | None = None
+    reason: str | None = None
+    medium: str | None = None
+
+
+@_record
+class SnapshotRecord(Record):
+    table: ClassVar[str] = "snapshots"
+
+    ts: float
+    instance: str
+    session_id: str | None = None  # None: an instance-level row
+    kv_usage: float | None = None
+    blocks_total: int | None = None
+    blocks_free: int | None = None
+    blocks_resident: int | None = None
+    session_blocks: int | None = None
+    session_evicted_blocks: int | None = None
+    session_evicted_idle_blocks: int | None = None
+    session_hit_tokens: int | None = None
+    hit_rate: float | None = None
+    num_running: int | None = None
+    num_waiting: int | None = None
+    preemptions_total: int | None = None
+    evictions_total: int | None = None
+
+
+@_record
+class MetricSampleRecord(Record):
+    table: ClassVar[str] = "metric_samples"
+
+    ts: float
+    instance: str
+    name: str
+    value: float
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@_record
+class AlertRecord(Record):
+    table: ClassVar[str] = "alerts"
+
+    ts: float
+    rule: str
+    severity: str
+    state: str  # firing | resolved
+    instance: str | None = None
+    session_id: str | None = None
+    value: float | None = None
+    summary: str | None = None
+
+
+RECORDS: dict[str, type[Record]] = {
+    cls.table: cls
+    for cls in (
+        SessionRecord,
+        StepRecord,
+        RequestRecord,
+        KVEventRecord,
+        SnapshotRecord,
+        MetricSampleRecord,
+        AlertRecord,
+    )  # fmt: skip
+}
