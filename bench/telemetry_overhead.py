@@ -9,7 +9,10 @@ the overhead itself, free of the run-to-run noise that tokens/s carries on a bus
 
 - off: no observer at all (what `kvobs serve` does without an OTLP endpoint, minus /metrics)
 - metrics: /metrics (Prometheus) plus the same values through an OTel MeterProvider
+- tracing, ratio 0.0: /metrics plus the tracer with a sampler that keeps nothing (requests arrive without a
+  `traceparent`, so the ratio sampler decides): what an unsampled request costs
 - tracing (in-process): /metrics plus `llm_request` spans with KV span events, batch processor, in-memory exporter
+  (sampling ratio 1.0: every request's `traceparent` says sampled)
 - tracing (OTLP gRPC): the same, exported over gRPC to an OTLP receiver in this process
 
     python bench/telemetry_overhead.py [--sessions 24] [--new-tokens 32] [--repeats 4]
@@ -36,6 +39,7 @@ from instrumented_engine.observers.spans import EngineTracer
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.telemetry import TelemetryConfig, setup_telemetry
 
+UNSAMPLED = "tracing, ratio 0.0"
 SYSTEM = "You are a support agent for a parcel carrier. Track parcels, explain customs rules and fees. " * 6
 
 
@@ -51,7 +55,10 @@ def observers_for(config: str, engine: LLMEngine, otlp_port: int) -> tuple[list,
         metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=engine.layout.max_model_len,
                                 extra_sinks=[OTelMetricSink(provider.get_meter("bench"))])  # fmt: skip
         return [metrics], [provider]
-    if config == "tracing (in-process)":
+    if config == UNSAMPLED:
+        telemetry = setup_telemetry(TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False,
+                                                    sample_ratio=0.0))  # fmt: skip
+    elif config == "tracing (in-process)":
         telemetry = setup_telemetry(TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False))
     else:
         telemetry = setup_telemetry(TelemetryConfig(endpoint=f"http://127.0.0.1:{otlp_port}", protocol="grpc",
@@ -70,8 +77,8 @@ def run_once(source, config: str, prompts: list[list[int]], new_tokens: int, num
     observers, closers = observers_for(config, engine, otlp_port)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     for i, prompt in enumerate(prompts):
-        engine.add_request(prompt, params, session_id=f"s{i}",
-                           trace_headers={"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"})  # fmt: skip
+        headers = None if config == UNSAMPLED else {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}
+        engine.add_request(prompt, params, session_id=f"s{i}", trace_headers=headers)
     generated = 0
     in_observers = 0.0
     start = time.perf_counter()
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     receiver = OTLPReceiver(lambda request: spans.append(len(request.resource_spans)), grpc_address="127.0.0.1:0",
                             http_address=None)  # fmt: skip
     receiver.start()
-    configs = ["off", "metrics", "tracing (in-process)", "tracing (OTLP gRPC)"]
+    configs = ["off", "metrics", UNSAMPLED, "tracing (in-process)", "tracing (OTLP gRPC)"]
     results: dict[str, list[tuple[float, float]]] = {c: [] for c in configs}
     run_once(source, "off", prompts[:2], 4, args.num_blocks, receiver.grpc_port)  # warm-up
     with tqdm(total=len(configs) * args.repeats, desc="telemetry overhead", unit="run") as bar:

@@ -116,3 +116,28 @@ class CacheLayout:
                 "raise num_blocks / kv_cache_memory or lower max_model_len"
             )
         return cls(num_blocks, config.block_size, max_model_len, bytes_per_block)
+
+
+class ContextLengthExceeded(ValueError):
+    """A prompt (plus its `max_tokens`) does not fit the model's context: `param` names what to change."""
+
+    def __init__(self, num_prompt_tokens: int, max_tokens: int, limit: int) -> None:
+        self.num_prompt_tokens, self.max_tokens, self.limit = num_prompt_tokens, max_tokens, limit
+        self.param = "prompt" if num_prompt_tokens >= limit else "max_tokens"
+        if self.param == "prompt":
+            message = f"prompt has {num_prompt_tokens:,} tokens; this model's context is {limit:,}"
+        else:
+            room = limit - num_prompt_tokens
+            message = (f"prompt has {num_prompt_tokens:,} tokens and max_tokens is {max_tokens:,}: together more "
+                       f"than this model's context of {limit:,}; lower max_tokens to at most {room:,}")  # fmt: skip
+        super().__init__(message)
+
+
+def check_context_length(num_prompt_tokens: int, max_tokens: int, limit: int) -> None:
+    """The one context check (engine and server): the prompt leaves room for one token, and prompt + max_tokens fit.
+
+    Raises:
+        ContextLengthExceeded: when they do not.
+    """
+    if num_prompt_tokens >= limit or num_prompt_tokens + max_tokens > limit:
+        raise ContextLengthExceeded(num_prompt_tokens, max_tokens, limit)

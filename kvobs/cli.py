@@ -1,10 +1,15 @@
-"""The `kvobs` command line: one entry point, one module per command under `kvobs.commands`.
+"""The `kvobs` command line: one entry point; each package registers its own commands.
 
     kvobs generate "The capital of France is" --max-tokens 32
-    kvobs serve --num-blocks 512 --kv-events-endpoint 'tcp://*:5557'
+    kvobs serve --num-blocks 512 --kv-events-endpoint 'tcp://127.0.0.1:5557'
     kvobs collect --vllm-url http://localhost:8000 --kv-events tcp://localhost:5557 --otlp-http 0.0.0.0:4318
 
-Commands import their heavy modules lazily, so a collector-only install (no torch) runs what it has.
+A command is a module with `add_parser(subparsers)` (its flags; `set_defaults(func=run)`) and `run(args)`,
+declared in pyproject.toml under `[project.entry-points."kvobs.commands"]`: `kvobs.commands.*` (demo, agents,
+alerts), `instrumented_engine.commands.*` (serve, generate, whatif), `collectors.command` (collect) and
+`dashboard.command` (dashboard). This module only discovers them, so kvobs imports nothing above it; each
+command imports its heavy modules inside `run`, so a collector-only install (no torch) lists every command,
+runs the ones it has, and names the extra to install for the others.
 """
 
 from __future__ import annotations
@@ -12,11 +17,23 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from importlib.metadata import entry_points
 
-from kvobs.commands import agents, alerts, collect, dashboard, demo, generate, serve, whatif
-
+ENTRY_POINT_GROUP = "kvobs.commands"
 QUIET_LOGGERS = ("httpx", "alembic")
-COMMANDS = (demo, generate, serve, collect, agents, alerts, whatif, dashboard)
+
+log = logging.getLogger(__name__)
+
+
+def command_modules() -> dict[str, object]:
+    """name -> module of every registered command, by name; one that fails to import is reported and left out."""
+    modules = {}
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        try:
+            modules[ep.name] = ep.load()
+        except Exception as exc:  # a broken plug-in must not take every other command down
+            print(f"kvobs: command {ep.name!r} ({ep.value}) cannot be loaded: {exc}", file=sys.stderr)
+    return modules
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      allow_abbrev=False)  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for module in command_modules().values():
+        module.add_parser(sub)
     for command_parser in sub.choices.values():
         # Whole flag names only: a prefix that parses today (--round-pause) breaks silently when a flag is added.
         command_parser.allow_abbrev = False

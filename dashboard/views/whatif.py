@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views import cache
+from kvobs.semconv.reasons import EvictionPolicyName, names
 
 TITLE = "What-if"
 
@@ -32,7 +33,7 @@ def render(ctx) -> None:
     with st.form("whatif"):
         c1, c2, c3 = st.columns(3)
         sizes_text = c1.text_input("Cache sizes (blocks)", "32,64,128,256", key="whatif_sizes")
-        policy = c2.selectbox("Policy", ["lru", "session_ttl"], key="whatif_policy")
+        policy = c2.selectbox("Policy", names(EvictionPolicyName), key="whatif_policy")
         ttl_s = c3.number_input("session_ttl TTL (s)", min_value=0.0, value=30.0, key="whatif_ttl")
         submitted = st.form_submit_button("Replay")
     try:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from instrumented_engine.config import CacheLayout, EngineConfig
+from instrumented_engine.config import CacheLayout, EngineConfig, check_context_length
 from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.events import CacheCleared, Invalidated
 from instrumented_engine.engine.eviction import make_eviction_policy
@@ -121,14 +121,7 @@ class LLMEngine:
             raise ValueError(
                 f"prompt has token ids outside the vocabulary (0..{self.model_config.vocab_size - 1}): {bad[:5]}"
             )
-        limit = self.layout.max_model_len
-        if len(token_ids) >= limit:
-            raise ValueError(f"prompt has {len(token_ids):,} tokens; this model's context is {limit:,}")
-        if len(token_ids) + params.max_tokens > limit:
-            raise ValueError(
-                f"prompt has {len(token_ids):,} tokens and max_tokens is {params.max_tokens:,}: together more than "
-                f"this model's context of {limit:,}; lower max_tokens to at most {limit - len(token_ids):,}"
-            )
+        check_context_length(len(token_ids), params.max_tokens, self.layout.max_model_len)
         if not self.config.enable_chunked_prefill and len(token_ids) > self.config.max_num_batched_tokens:
             raise ValueError(
                 f"prompt has {len(token_ids):,} tokens, more than max_num_batched_tokens="

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from opentelemetry.propagate import extract
@@ -32,10 +31,11 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, TracerProvider
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, RequestStart, SchedulerStats, StepResult
 from instrumented_engine.observers.dispatch import dispatch
+from instrumented_engine.observers.span_attributes import extend_unique, request_attributes
 from kvobs.logs import worth_logging
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import KVEventKind, SpanEvent, SpanName
-from kvobs.telemetry.kv_spans import MAX_LISTED, KVLossSpans, ns
+from kvobs.telemetry.kv_spans import KVLossSpans, ns
 
 log = logging.getLogger(__name__)
 
@@ -212,9 +212,9 @@ class EngineTracer:
         if last is not None and last[0] == SpanEvent.EVICT and last[1] == event.ts:
             attrs = last[2]
             attrs[a.KV_BLOCKS_EVICTED] += 1
-            _extend_unique(attrs, a.KV_EVICTION_REASONS, (event.reason.value,))
-            _extend_unique(attrs, a.KV_SESSIONS_AFFECTED, event.owner_sessions)
-            _extend_unique(attrs, a.KV_SESSIONS_PAUSED, event.paused_sessions)
+            extend_unique(attrs, a.KV_EVICTION_REASONS, (event.reason.value,))
+            extend_unique(attrs, a.KV_SESSIONS_AFFECTED, event.owner_sessions)
+            extend_unique(attrs, a.KV_SESSIONS_PAUSED, event.paused_sessions)
             return
         trace.events.append((SpanEvent.EVICT, event.ts, {
             a.KV_BLOCKS_EVICTED: 1,
@@ -254,7 +254,10 @@ class EngineTracer:
         if not span.is_recording():
             span.end(end_time=end)
             return
-        span.set_attributes(self._request_attributes(out, trace))
+        span.set_attributes(request_attributes(out, model_name=self.model_name, block_size=self.block_size,
+                                               medium=self.medium, query_tokens=trace.query_tokens,
+                                               hit_tokens=trace.hit_tokens, blocks_allocated=trace.blocks_allocated,
+                                               blocks_evicted=trace.blocks_evicted))  # fmt: skip
         for session, n in trace.evicted_from.items():
             if (ctx := self._latest.get(session)) is not None:
                 span.add_link(ctx, {a.KV_LINK_RELATION: a.LINK_EVICTED_FROM, a.SESSION_ID: session,
@@ -264,36 +267,6 @@ class EngineTracer:
         span.end(end_time=end)
         if out.session_id is not None:
             self._remember(out.session_id, span.get_span_context())
-
-    def _request_attributes(self, out: RequestOutput, trace: _RequestTrace) -> dict:
-        completion = len(out.output_token_ids)
-        attrs = {
-            a.GEN_AI_REQUEST_ID: out.request_id,
-            a.GEN_AI_RESPONSE_MODEL: self.model_name,
-            a.GEN_AI_REQUEST_N: 1,
-            a.GEN_AI_USAGE_PROMPT_TOKENS: out.num_prompt_tokens,
-            a.GEN_AI_USAGE_COMPLETION_TOKENS: completion,
-            a.GEN_AI_USAGE_INPUT_TOKENS: out.num_prompt_tokens,
-            a.GEN_AI_USAGE_OUTPUT_TOKENS: completion,
-            a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: out.num_cached_tokens,
-            a.GEN_AI_RESPONSE_FINISH_REASONS: [out.finish_reason or "abort"],
-            a.KV_PREFIX_QUERY_TOKENS: trace.query_tokens,
-            a.KV_PREFIX_HIT_TOKENS: trace.hit_tokens,
-            a.KV_BLOCKS_ALLOCATED: trace.blocks_allocated,
-            a.KV_BLOCKS_EVICTED: trace.blocks_evicted,
-            a.KV_REQUEST_NUM_PREEMPTIONS: out.num_preemptions,
-            a.KV_BLOCK_SIZE: self.block_size,
-            a.KV_MEDIUM: self.medium,
-        }
-        optional = {
-            a.GEN_AI_REQUEST_MAX_TOKENS: out.max_tokens,
-            a.GEN_AI_REQUEST_TEMPERATURE: out.temperature,
-            a.GEN_AI_REQUEST_TOP_P: out.top_p,
-            a.SESSION_ID: out.session_id,
-        }
-        attrs.update((k, v) for k, v in optional.items() if v is not None)
-        attrs.update(_latencies(out))
-        return attrs
 
     def _step_span(self, stats: SchedulerStats) -> None:
         start = self._last_step_ts if self._last_step_ts is not None else stats.ts
@@ -314,24 +287,3 @@ class EngineTracer:
         self._latest.move_to_end(session_id)
         while len(self._latest) > self.max_sessions:
             self._latest.popitem(last=False)
-
-
-def _extend_unique(attrs: dict, key: str, values: Iterable[str]) -> None:
-    listed = attrs[key]
-    for value in values:
-        if value not in listed and len(listed) < MAX_LISTED:
-            listed.append(value)
-
-
-def _latencies(out: RequestOutput) -> dict[str, float]:
-    """vLLM's `gen_ai.latency.*` attributes, for the phases the request reached."""
-    lat = out.latencies()
-    values = {
-        a.GEN_AI_LATENCY_E2E: lat.e2e,
-        a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: lat.ttft,
-        a.GEN_AI_LATENCY_TIME_IN_QUEUE: lat.queue,
-        a.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: lat.inference,
-        a.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: lat.prefill,
-        a.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: lat.decode,
-    }
-    return {key: value for key, value in values.items() if value is not None}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from instrumented_engine.config import ContextLengthExceeded, check_context_length
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.sampling_params import SamplingParams
@@ -109,21 +110,17 @@ class OpenAIServing:
 
     def _sampling_params(self, body, prompt_ids: list[int], max_tokens: int | None) -> SamplingParams:
         limit = self.served.max_model_len
-        if len(prompt_ids) >= limit:
-            raise APIError(
-                f"This model's maximum context length is {limit:,} tokens; the prompt has {len(prompt_ids):,}",
-                param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
-                code="context_length_exceeded",
-            )
         if max_tokens is None:
-            max_tokens = limit - len(prompt_ids)
-        elif len(prompt_ids) + max_tokens > limit:
-            raise APIError(
-                f"This model's maximum context length is {limit:,} tokens; the prompt has {len(prompt_ids):,} "
-                f"and max_tokens is {max_tokens:,}; lower max_tokens to at most {limit - len(prompt_ids):,}",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
+            max_tokens = max(limit - len(prompt_ids), 1)
+        try:
+            check_context_length(len(prompt_ids), max_tokens, limit)
+        except ContextLengthExceeded as exc:  # the engine's check, in the OpenAI API's words
+            message = f"This model's maximum context length is {limit:,} tokens; the prompt has {len(prompt_ids):,}"
+            if exc.param == "max_tokens":
+                message += f" and max_tokens is {max_tokens:,}; lower max_tokens to at most {limit - len(prompt_ids):,}"
+            prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+            param = prompt_param if exc.param == "prompt" else "max_tokens"
+            raise APIError(message, param=param, code="context_length_exceeded") from exc
         return SamplingParams(
             temperature=body.temperature,
             top_p=body.top_p,

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from kvobs.commands._common import start_or_report
+from kvobs.commands.common import add_store_flag, start_or_report
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--rounds", type=int, default=1, help="workload rounds (0: until SIGINT/SIGTERM)")
     p.add_argument("--round-pause-s", type=float, default=10.0, help="seconds between rounds")
-    p.add_argument(
-        "--store", help="store URL for sessions and steps (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)"
-    )
+    add_store_flag(p, what="sessions and steps")
     p.add_argument("--otlp-endpoint", help="send the agents' spans here (default: OTEL_EXPORTER_OTLP_* if set)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -13,12 +13,12 @@ import sys
 import threading
 import time
 
-from kvobs.commands._common import start_or_report
+from kvobs.commands.common import add_store_flag, start_or_report
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("alerts", help="evaluate alert rules over the store")
-    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    add_store_flag(p)
     p.add_argument("--rules", help="YAML rule file: adds rules, replaces built-in ones of the same name")
     p.add_argument("--no-builtin", action="store_true", help="only the rules of --rules")
     p.add_argument("--webhook", action="append", default=[], metavar="URL", help="POST transitions here (repeatable)")

@@ -22,7 +22,8 @@ import sys
 import threading
 import time
 
-from kvobs.commands._common import start_or_report
+from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.semconv.protocol import DASHBOARD_PORT, ENGINE_PORT
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,10 @@ DASHBOARD_START_TIMEOUT_S = 120.0
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="engine + agent workload + dashboard on one machine, printing the URLs")
-    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    add_store_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="address the engine and dashboard listen on")
-    p.add_argument("--port", type=int, default=8000, help="the engine's port")
-    p.add_argument("--dashboard-port", type=int, default=8501)
+    p.add_argument("--port", type=int, default=ENGINE_PORT, help="the engine's port")
+    p.add_argument("--dashboard-port", type=int, default=DASHBOARD_PORT)
     p.add_argument("--num-blocks", type=int, default=48, help="KV blocks of 16 tokens: small, so sessions compete")
     p.add_argument("--max-model-len", type=int, default=640, help="longest prompt + reply the engine accepts")
     p.add_argument("--sessions", type=int, default=8, help="agent sessions per round")

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from kvobs.commands._common import parse_size
+from instrumented_engine.commands.engine_flags import parse_size
 from kvobs.store import open_store
 from tests.otlp import otlp_receiver
 from tests.server.conftest import free_port

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from kvobs.commands._common import start_or_report
+from kvobs.commands.common import add_store_flag, start_or_report
 from kvobs.store.db import STORE_URL_ENV
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
         metavar="URL",
         help="where the collector's own KV spans go (default: --forward-otlp, else OTEL_EXPORTER_OTLP_*)",
     )
-    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    add_store_flag(p)
     p.add_argument("--instance", help="instance name for KV events and spans (default: the only --vllm-url's name)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes and footprint snapshots")
     p.add_argument(

@@ -11,13 +11,16 @@ import os
 import sys
 from pathlib import Path
 
+from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.semconv.protocol import DASHBOARD_PORT
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard over the store")
-    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    add_store_flag(p)
     p.add_argument("--jaeger-url", help="Jaeger UI base URL: each agent step links to its trace there")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
-    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--port", type=int, default=DASHBOARD_PORT)
     p.set_defaults(func=run)
 
 
@@ -53,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
         print("kvobs dashboard needs the dashboard extra: pip install 'kvobs[dashboard]'", file=sys.stderr)
         return 2
-    from kvobs.commands._common import start_or_report
     from kvobs.store import open_store
 
     store = start_or_report("dashboard", lambda: open_store(args.store))  # fail here, in one line, not in the page

@@ -11,7 +11,9 @@ import logging
 import os
 import sys
 
-from kvobs.commands._common import add_engine_arguments, engine_config, start_or_report
+from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config
+from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.semconv.protocol import ENGINE_PORT
 from kvobs.store.db import STORE_URL_ENV
 
 log = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the instrumented engine (OpenAI API, /metrics, KV events)")
     add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=ENGINE_PORT)
     p.add_argument("--served-model-name", help="the model name clients send (default: --model)")
     p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before 429")
     p.add_argument("--kv-events-endpoint", help="ZMQ endpoint for vLLM-format KV events, e.g. 'tcp://*:5557'")
@@ -43,11 +45,7 @@ def add_parser(sub) -> None:
         help="fraction of new traces kept, 0..1 (default: OTEL_TRACES_SAMPLER, else all)",
     )
     p.add_argument("--trace-steps-every", type=int, default=0, help="a kvcache.step span every N engine steps")
-    p.add_argument(
-        "--store",
-        help="write requests, KV events and snapshots to this store URL "
-        "(e.g. sqlite:///kvobs.db, postgresql://user@host/db; default: KVOBS_STORE_URL, else none)",
-    )
+    add_store_flag(p, what="requests, KV events and snapshots", optional=True)
     p.add_argument("--instance", help="this engine's name in the store (default host:port)")
     p.add_argument("--snapshot-interval", type=float, default=5.0, help="seconds between instance snapshots")
     p.set_defaults(func=run)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvobs.commands._common import start_or_report
+from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.semconv.reasons import EvictionPolicyName, names
 
 
 def _sizes(text: str) -> list[int]:
@@ -23,9 +24,10 @@ def _sizes(text: str) -> list[int]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("whatif", help="replay recorded traffic through other KV cache sizes and eviction policies")
-    p.add_argument("--store", help="store URL (default: KVOBS_STORE_URL, else sqlite:///kvobs.db)")
+    add_store_flag(p)
     p.add_argument("--num-blocks", type=_sizes, required=True, metavar="N[,N...]", help="cache sizes in blocks")
-    p.add_argument("--policy", default="lru", choices=["lru", "session_ttl"], help="eviction policy to replay")
+    p.add_argument("--policy", default=EvictionPolicyName.LRU.value, choices=names(EvictionPolicyName),
+                   help="eviction policy to replay")  # fmt: skip
     p.add_argument("--ttl", type=float, default=30.0, help="session_ttl: seconds a paused session is protected")
     p.add_argument("--since", type=float, metavar="EPOCH_S", help="replay requests from this time")
     p.add_argument("--until", type=float, metavar="EPOCH_S", help="... up to this time")
@@ -36,8 +38,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         from instrumented_engine.whatif import ReplayPlan, simulate
-    except ImportError as exc:  # pragma: no cover - the engine package ships with kvobs
-        print(f"kvobs whatif needs the instrumented_engine package ({exc})", file=sys.stderr)
+    except ImportError as exc:  # pragma: no cover - pandas and the block manager ship with the base install
+        print(f"kvobs whatif cannot import the replay ({exc})", file=sys.stderr)
         return 2
     from kvobs.store import open_store
 

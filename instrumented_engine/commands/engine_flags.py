@@ -1,14 +1,11 @@
-"""Flags and helpers shared by commands that build an engine."""
+"""Flags of the commands that build an engine (`kvobs serve`, `kvobs generate`), declared once."""
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
-from collections.abc import Callable
-from typing import TypeVar
 
-T = TypeVar("T")
+from kvobs.semconv.reasons import EvictionPolicyName, names
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
 
@@ -33,7 +30,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
-    parser.add_argument("--eviction-policy", default="lru", choices=["lru", "session_ttl"])
+    parser.add_argument("--eviction-policy", default=EvictionPolicyName.LRU.value, choices=names(EvictionPolicyName))
     parser.add_argument("--session-ttl", type=float, default=30.0, help="session_ttl: seconds a paused session is kept")
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
 
@@ -55,17 +52,3 @@ def engine_config(args: argparse.Namespace):
         eviction_policy=args.eviction_policy,
         session_ttl_s=args.session_ttl,
     )
-
-
-def start_or_report(command: str, start: Callable[[], T]) -> T | None:
-    """Run `start`; on a bad configuration, a taken address or an unreachable store print one line (no traceback)
-    to stderr and return None, so the command exits 2."""
-    from sqlalchemy.exc import OperationalError
-
-    try:
-        return start()
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"kvobs {command}: {exc}", file=sys.stderr)
-    except OperationalError as exc:
-        print(f"kvobs {command}: cannot reach the store: {exc.orig}", file=sys.stderr)
-    return None

@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections import Counter
 
-from kvobs.commands._common import add_engine_arguments, engine_config
+from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config
 
 
 def add_parser(sub) -> None:

@@ -1,0 +1,33 @@
+"""What several `kvobs` commands share: the store flag, and reporting a failed start in one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+from kvobs.store.db import DEFAULT_STORE_URL, STORE_URL_ENV
+
+T = TypeVar("T")
+
+
+def add_store_flag(parser: argparse.ArgumentParser, *, what: str = "", optional: bool = False) -> None:
+    """`--store URL`: where the command reads or writes (`what` says which rows, `optional`: no store by default)."""
+    default = f"{STORE_URL_ENV}, else none" if optional else f"{STORE_URL_ENV}, else {DEFAULT_STORE_URL}"
+    examples = " (e.g. sqlite:///kvobs.db, postgresql://user@host/db)" if optional else ""
+    parser.add_argument("--store", help=f"store URL{' for ' + what if what else ''}{examples}; default: {default}")
+
+
+def start_or_report(command: str, start: Callable[[], T]) -> T | None:
+    """Run `start`; on a bad configuration, a taken address or an unreachable store print one line (no traceback)
+    to stderr and return None, so the command exits 2."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return start()
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"kvobs {command}: {exc}", file=sys.stderr)
+    except OperationalError as exc:
+        print(f"kvobs {command}: cannot reach the store: {exc.orig}", file=sys.stderr)
+    return None

@@ -1,0 +1,89 @@
+"""The shape of the code, checked: kvobs is the base, engine events are dispatched only by observers, modules stay
+small. These read the source (ast), so a lazy import inside a function counts as much as one at the top."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from instrumented_engine.engine import events
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kvobs", "instrumented_engine", "collectors", "dashboard")
+ABOVE_KVOBS = ("instrumented_engine", "collectors", "dashboard")
+MAX_MODULE_LINES = 300
+EVENT_TYPES = {name for name, obj in vars(events).items() if inspect.isclass(obj) and issubclass(obj, events.KVEvent)}
+
+
+def _modules(*packages: str) -> list[Path]:
+    return sorted(p for pkg in packages for p in (ROOT / pkg).rglob("*.py") if "migrations" not in p.parts)
+
+
+def _imported(tree: ast.AST) -> list[str]:
+    """Every module an `import`, `from ... import`, `importlib.import_module(...)` or `find_spec(...)` names."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+            "import_module", "find_spec", "__import__"):  # fmt: skip
+            names += [
+                arg.value for arg in node.args[:1] if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+            ]
+    return names
+
+
+def test_nothing_in_kvobs_imports_the_engine_the_collectors_or_the_dashboard():
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules("kvobs")
+        for name in _imported(ast.parse(path.read_text()))
+        if name.split(".")[0] in ABOVE_KVOBS
+    ]
+    assert offenders == []
+
+
+def test_the_architecture_check_sees_a_lazy_import():
+    lazy = "def run():\n    from instrumented_engine.server.launcher import EngineServer\n"
+    spec = "import importlib.util\nimportlib.util.find_spec('dashboard.app')\n"
+    assert _imported(ast.parse(lazy)) == ["instrumented_engine.server.launcher"]
+    assert "dashboard.app" in _imported(ast.parse(spec))
+
+
+def _event_type_checks(tree: ast.AST) -> list[int]:
+    """Lines of `isinstance(x, T)` where T (or a member of a tuple T) names an engine event type."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            types = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            named = {getattr(t, "attr", getattr(t, "id", None)) for t in types}
+            if named & EVENT_TYPES:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_observers_dispatch_on_engine_event_types():
+    observers = ROOT / "instrumented_engine" / "observers"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _modules(*PACKAGES)
+        if observers not in path.parents
+        for line in _event_type_checks(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
+
+
+def test_the_dispatch_check_sees_an_isinstance_chain():
+    chain = "if isinstance(event, ev.BlockEvicted):\n    pass\nelif isinstance(event, (CacheCleared, int)):\n    pass\n"
+    assert _event_type_checks(ast.parse(chain)) == [1, 3]
+    assert {"BlockEvicted", "CacheCleared", "PrefixLookup"} <= EVENT_TYPES
+
+
+@pytest.mark.parametrize("path", _modules(*PACKAGES), ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_stay_small(path):
+    assert len(path.read_text().splitlines()) <= MAX_MODULE_LINES
