@@ -28,7 +28,7 @@ from collectors.otlp_forward import OTLPForwarder, check_forward_url
 from collectors.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.own_metrics import CollectorMetrics
 from collectors.scraper import Scraper, ScrapeTarget
-from collectors.session_activity import SessionActivity
+from collectors.session_activity import DEFAULT_END_AFTER_S, SessionActivity
 from collectors.span_ingest import SpanIngest
 from kvobs.store import queries
 from kvobs.store.db import Store, open_store
@@ -58,6 +58,7 @@ class CollectorOptions:
     instance: str | None = None
     interval_s: float = 5.0
     settle_s: float = 10.0
+    session_end_after_s: float = DEFAULT_END_AFTER_S  # a session with no request this long (stream time) ended
     metrics_address: str | None = None  # host:port of the collector's own /metrics
 
     def __post_init__(self) -> None:
@@ -65,6 +66,8 @@ class CollectorOptions:
             raise ValueError("nothing to collect: give --vllm-url, --kv-events, --otlp-grpc or --otlp-http")
         if self.interval_s <= 0:
             raise ValueError(f"--interval must be positive; got {self.interval_s}")
+        if self.session_end_after_s <= 0:
+            raise ValueError(f"--session-end-after-s must be positive; got {self.session_end_after_s}")
         for url in (self.forward_otlp, self.otlp_endpoint):
             if url is not None:
                 check_forward_url(url)
@@ -82,14 +85,15 @@ class Collector:
         self.store = store or open_store(options.store_url)
         self.writer = StoreWriter(self.store)
         self.drops = DropCounter()
-        self.activity = SessionActivity(resolve=self._trace_sessions)
+        self.activity = SessionActivity(resolve=self._trace_sessions, end_after_s=options.session_end_after_s)
         self.telemetry = telemetry or self._telemetry()
         self.forwarder = OTLPForwarder(options.forward_otlp, self.drops) if options.forward_otlp else None
         self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default)
         tracer = self.telemetry.tracer("kvobs.collector")
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
         self.kv_ingest = KVIngest(self.writer, instance=default or _host_port(options.kv_events or ""),
-                                  activity=self.activity, bridge=bridge, settle_s=options.settle_s)  # fmt: skip
+                                  activity=self.activity, bridge=bridge, settle_s=options.settle_s,
+                                  session_ends=lambda ids: queries.session_ends(self.store, ids))  # fmt: skip
         self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
             else None  # fmt: skip
         self.subscriber = self._subscriber() if options.kv_events else None

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from collectors.session_activity import DEFAULT_END_AFTER_S
 from kvobs.commands.common import add_store_flag, start_or_report
 from kvobs.store.db import STORE_URL_ENV
 
@@ -62,6 +63,12 @@ def add_parser(sub) -> None:
         default=10.0,
         help="seconds an eviction waits for its session's request spans before it is classified idle/busy",
     )
+    p.add_argument(
+        "--session-end-after-s",
+        type=float,
+        default=DEFAULT_END_AFTER_S,
+        help="a session with no request this long has ended: blocks it loses after that are no tool-pause losses",
+    )
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
     p.set_defaults(func=run)  # fmt: skip
 
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             instance=args.instance,
             interval_s=args.interval,
             settle_s=args.settle,
+            session_end_after_s=args.session_end_after_s,
             metrics_address=args.metrics_address,
         )
         collector = Collector(options)

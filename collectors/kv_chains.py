@@ -27,7 +27,8 @@ class Footprint:
     resident: int = 0
     stored: int = 0
     removed: int = 0
-    removed_idle: int = 0
+    removed_idle: int = 0  # in a tool pause (settled)
+    removed_after_end: int = 0  # while idle after the session's end (settled)
     cleared: int = 0
 
 

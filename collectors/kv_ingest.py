@@ -12,10 +12,13 @@ Rows (`kv_events`, times are vLLM's batch timestamps):
   publisher restart (`reason` `restart`): a new vLLM process starts with an empty cache.
 
 Footprint snapshots (`snapshots` with `session_id`): blocks resident now, blocks lost so far (removed or
-cleared), and blocks removed while the session was idle (no request in flight, see `SessionActivity`).
-Idleness needs the session's request spans, which arrive after the request ends, so a removal is
-classified `settle_s` after it arrived (or at `close()`); a removal of a session with no known request is
-not counted as idle.
+cleared), blocks removed while the session was in a tool pause (`session_evicted_idle_blocks`), and blocks
+removed while it was idle whose verdict is still pending (`session_pending_idle_blocks`). Idleness needs the
+session's request spans, which arrive after the request ends, so a removal is looked at `settle_s` after it
+arrived; an idle one is then pending until hindsight decides (`SessionActivity.idle_verdict`): a tool pause
+once the session's next request is known, after its end once the session ended (`session_ends`, the SDK's
+`sessions.ended_at`) or stayed away `end_after_s` of stream time. Removals during a request, before a session's
+first request, of sessions with no known request, or after a session's end are never counted as pause losses.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from collectors.kv_chains import ChainTracker
-from collectors.session_activity import SessionActivity
+from collectors.session_activity import AFTER_END, PAUSE, PENDING, SessionActivity
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind, SessionSource
 from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
@@ -43,6 +46,8 @@ class KVIngest:
     activity: session request intervals (idle classification); None: nothing is classified idle.
     bridge: gets each batch's removals and clears as spans (see `collectors.kv_bridge`); None: no spans.
     settle_s: how long a removal waits for its session's request spans before it is classified.
+    session_ends: session ids -> when they ended (the store's `sessions.ended_at`), for sessions with pending
+        losses; None: only the stream-time horizon ends a session.
     """
 
     def __init__(
@@ -53,6 +58,7 @@ class KVIngest:
         activity: SessionActivity | None = None,
         bridge=None,
         settle_s: float = 10.0,
+        session_ends: Callable[[list[str]], dict[str, float]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.writer = writer
@@ -60,12 +66,15 @@ class KVIngest:
         self.activity = activity
         self.bridge = bridge
         self.settle_s = settle_s
+        self.session_ends = session_ends
         self.clock = clock
         self.chains = ChainTracker()
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
         self._pending: deque[tuple[float, float, str]] = deque()  # (arrived, event ts, session) removals to classify
         self._changed: set[str] = set()
+        self._idle: dict[str, list[float]] = {}  # session -> event times of its removals with a pending verdict
+        self._latest_ts = float("-inf")  # stream time: the newest batch timestamp
         self._rows: list[KVEventRecord] = []  # this batch's kv_events records, written together
 
     # ---- batches --------------------------------------------------------------------------------------
@@ -73,6 +82,7 @@ class KVIngest:
         removed: Counter[str | None] = Counter()
         cleared: dict[str | None, int] = {}
         self._rows = []
+        self._latest_ts = max(self._latest_ts, batch.ts)
         for event in batch.events:
             if isinstance(event, wire.BlockStored):
                 self._stored(batch.ts, event)
@@ -139,6 +149,11 @@ class KVIngest:
         self._rows = []
 
     # ---- footprints -----------------------------------------------------------------------------------
+    @property
+    def num_pending_idle(self) -> int:
+        """(session, block) removals while idle whose verdict (tool pause or after the end) is not known yet."""
+        return sum(len(times) for times in list(self._idle.values()))
+
     def snapshot(self, *, final: bool = False) -> int:
         """Classify settled removals and write a footprint row per changed session; returns rows written."""
         now = self.clock()
@@ -153,6 +168,7 @@ class KVIngest:
                 session_blocks=fp.resident,
                 session_evicted_blocks=fp.removed + fp.cleared,
                 session_evicted_idle_blocks=fp.removed_idle,
+                session_pending_idle_blocks=len(self._idle.get(session, ())),
             ))  # fmt: skip
         return len(changed)
 
@@ -161,6 +177,23 @@ class KVIngest:
             self.activity.resolve_pending()
         while self._pending and self._pending[0][0] <= arrived_before:
             _, ts, session = self._pending.popleft()
-            if self.activity is not None and self.activity.is_idle(session, ts):
-                self.chains.footprints[session].removed_idle += 1
+            if self.activity is not None:
+                self._idle.setdefault(session, []).append(ts)
+        if self._idle:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Give each pending idle removal its verdict where one is known: a tool pause, or after the end."""
+        if self.session_ends is not None:
+            self.activity.ended_at.update(self.session_ends(list(self._idle)))
+        for session, times in list(self._idle.items()):
+            verdicts = [self.activity.idle_verdict(session, ts, now=self._latest_ts) for ts in times]
+            self.chains.footprints[session].removed_idle += verdicts.count(PAUSE)
+            self.chains.footprints[session].removed_after_end += verdicts.count(AFTER_END)
+            still = [ts for ts, verdict in zip(times, verdicts) if verdict == PENDING]
+            if len(still) != len(times):
                 self._changed.add(session)
+            if still:
+                self._idle[session] = still
+            else:
+                del self._idle[session]

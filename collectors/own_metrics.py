@@ -52,13 +52,17 @@ class CollectorMetrics(PromCollector):
         events = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS, (LABEL_INSTANCE,))
         lost = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST, (LABEL_INSTANCE,))
         prefix_lost = _counter(kvobs_metrics.SESSION_PREFIX_LOST)
+        pending = kvobs_metrics.SESSION_PREFIX_LOST_PENDING
+        prefix_pending = GaugeMetricFamily(pending.name, pending.description)
         if c.subscriber is not None:
             events.add_metric([c.kv_ingest.instance], c.subscriber.num_events)
             lost.add_metric([c.kv_ingest.instance], c.subscriber.num_lost)
             prefix_lost.add_metric([], sum(f.removed_idle for f in list(c.kv_ingest.chains.footprints.values())))
+            prefix_pending.add_metric([], c.kv_ingest.num_pending_idle)
         yield events
         yield lost
         yield prefix_lost
+        yield prefix_pending
         requests = _counter(kvobs_metrics.COLLECTOR_LLM_REQUESTS)
         requests.add_metric([], c.span_ingest.num_requests)
         yield requests

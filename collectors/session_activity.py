@@ -2,13 +2,16 @@
 
     activity = SessionActivity(resolve=store_trace_sessions)
     activity.add_request(trace_id, start, end, session_id=None)     # from each llm_request span
-    activity.is_idle("s1", ts)      # True / False, or None when no request of s1 is known
+    activity.idle_verdict("s1", ts, now=latest_event_ts)   # PAUSE, AFTER_END, PENDING, BUSY, BEFORE or UNKNOWN
 
 vLLM's `llm_request` span has no session; its trace id is the agent step's, so the session comes from the
 span's `session.id` (our engine sets it) or, lazily, from `resolve(trace_ids)` (the store's `steps` rows
 the agent SDK wrote; a span whose trace is still unknown after `unresolved_ttl_s` is given up, so each
 resolution pass asks about recent traces only). A session is idle at `ts` when `ts` falls after its first
-request started and inside none of its requests: between steps (a tool pause) or after its last one.
+request started and inside none of its requests: between steps (a tool pause) or after its last one. Which of
+the two it was needs hindsight (`idle_verdict`): a tool pause once a later request of the session is
+known; after its end once the session ended (`ended_at`, from the agent SDK's `sessions` rows) or stayed without a
+request for `end_after_s` of stream time; pending until then. Times are the events' own, never arrival times.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+
+DEFAULT_END_AFTER_S = 300.0  # as the engine's `--session-end-after-s`
+BUSY, BEFORE, UNKNOWN = "busy", "before", "unknown"  # no idle loss at all
+PAUSE, AFTER_END, PENDING = "pause", "after_end", "pending"  # idle losses, by hindsight
 
 Resolver = Callable[[Iterable[str]], dict[str, str]]
 
@@ -28,15 +35,19 @@ class SessionActivity:
     max_unresolved: spans waiting for their session at most.
     unresolved_ttl_s: how long a span waits for its trace's session (the agent SDK writes the step when the
         step ends, after its tool call) before it is given up.
+    end_after_s: a session with no request for this long (stream time) has ended.
     """
 
     def __init__(self, resolve: Resolver | None = None, *, max_sessions: int = 100_000,
                  max_unresolved: int = 100_000, unresolved_ttl_s: float = 300.0,
+                 end_after_s: float = DEFAULT_END_AFTER_S,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.resolve = resolve
         self.max_sessions = max_sessions
         self.max_unresolved = max_unresolved
         self.unresolved_ttl_s = unresolved_ttl_s
+        self.end_after_s = end_after_s
+        self.ended_at: dict[str, float] = {}  # sessions known to have ended (the SDK's sessions.ended_at)
         self.clock = clock
         self._intervals: OrderedDict[str, list[tuple[float, float]]] = OrderedDict()
         # trace id -> (when first seen, [(start, end, span id)]), oldest first
@@ -52,14 +63,20 @@ class SessionActivity:
             return
         self._add(session_id, start, end, trace_id, span_id)
 
-    def is_idle(self, session_id: str, ts: float) -> bool | None:
+    def idle_verdict(self, session_id: str, ts: float, *, now: float) -> str:
+        """What a loss of `session_id`'s block at `ts` was, as far as is known at stream time `now`."""
         intervals = self._intervals.get(session_id)
         if not intervals:
-            return None
+            return UNKNOWN
         if ts < intervals[0][0]:
-            return False  # before its first request: not a pause
-        i = bisect.bisect_right(intervals, (ts, float("inf")))
-        return not any(start <= ts <= end for start, end in intervals[:i])
+            return BEFORE
+        if any(start <= ts <= end for start, end in intervals):
+            return BUSY
+        if intervals[-1][0] > ts:
+            return PAUSE  # a request of the session began after the loss: it came back
+        if session_id in self.ended_at or now - max(end for _, end in intervals) >= self.end_after_s:
+            return AFTER_END
+        return PENDING
 
     def resolve_pending(self) -> None:
         """Attribute waiting spans to sessions through `resolve`; spans still unknown keep waiting until their TTL."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, failure_summary
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.chains import BlockGraph, eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
+from kvobs.analytics.step_causes import step_causes
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store import queries
 from kvobs.store.db import Store
@@ -34,7 +35,7 @@ def overview(store: Store, since: float, until: float, window_s: float) -> dict:
     reqs = queries.requests(store, since, until)
     steps = queries.steps(store, since, until)
     frame = pressure_windows(snaps, reqs, kv_counts, window_s=window_s)
-    losses = kv_counts[kv_counts["kind"].isin(queries.BLOCK_LOSS_KINDS)]
+    losses = queries.block_losses(store, since, until, bucket_s=window_s)
     evictions = losses.assign(reason=losses["reason"].fillna(losses["kind"])).pivot_table(
         index="bucket", columns="reason", values="blocks", aggfunc="sum", fill_value=0) / window_s  # fmt: skip
     failures = pd.DataFrame()
@@ -92,17 +93,8 @@ def session_detail(store: Store, session_id: str) -> dict:
 
 
 def failures(store: Store, since: float, until: float) -> pd.DataFrame:
-    """Failed steps in the window by attributed cause."""
-    steps = queries.steps(store, since, until)
-    failed = steps[steps["status"] == "error"]
-    if failed.empty:
-        return failure_summary(pd.DataFrame(columns=COLUMNS))
-    sessions_failed = set(failed["session_id"])
-    reqs = queries.requests(store, since - 3600, until)
-    events = queries.kv_events(store, since - 3600, until, kinds=ATTRIBUTION_KINDS)
-    events = events[events["session_id"].isin(sessions_failed) | (events["kind"] == KVEventKind.CLEARED.value)]
-    steps = steps[steps["session_id"].isin(sessions_failed)]
-    return failure_summary(attribute_steps(steps, reqs, events))
+    """Failed steps in the window by failure cause (model errors as model errors; KV causes for timeouts only)."""
+    return failure_summary(step_causes(store, since, until, failed_only=True))
 
 
 def kv_events_page(store: Store, since: float, until: float, window_s: float) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from instrumented_engine.engine.session_pauses import DEFAULT_END_AFTER_S
 from kvobs.semconv.reasons import EvictionPolicyName, names
 
 EVICTION_POLICIES = names(EvictionPolicyName)
@@ -36,6 +37,8 @@ class EngineConfig:
         enable_chunked_prefill: split prompts longer than the step budget across steps.
         eviction_policy: "lru" (vLLM's order) or "session_ttl".
         session_ttl_s: how long a session in a tool pause keeps its blocks protected (session_ttl).
+        session_end_after_s: a session idle this long after its last request has ended: what it lost while idle
+            was lost after its end, not in a tool pause (None: only a release ends a session).
         seed: seed for sampling when a request gives none.
     """
 
@@ -52,6 +55,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     eviction_policy: str = EvictionPolicyName.LRU.value
     session_ttl_s: float = 30.0
+    session_end_after_s: float | None = DEFAULT_END_AFTER_S
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -75,6 +79,8 @@ class EngineConfig:
             raise ValueError(
                 f"eviction_policy must be one of {', '.join(EVICTION_POLICIES)}; got {self.eviction_policy!r}"
             )
+        if self.session_end_after_s is not None and self.session_end_after_s <= 0:
+            raise ValueError(f"session_end_after_s must be positive; got {self.session_end_after_s}")
         if self.session_ttl_s < 0:
             raise ValueError(f"session_ttl_s must be >= 0; got {self.session_ttl_s}")
 

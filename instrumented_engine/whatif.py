@@ -7,8 +7,13 @@
 Each recorded request arrives when it was recorded looking its prefix up (arrival + queue time) with its rebuilt
 chain (see `kvobs.analytics.chains`), looks its prefix up, takes blocks for its whole length (prompt + output) and
 holds them until its recorded finish; then its blocks are freed in vLLM's order and the session counts as idle until
-its next request, which is what `session_ttl` protects. A request that finds no room waits (FCFS) until a finish
-frees enough. The block manager is the engine's own, so LRU order, hit caps and eviction reasons are the engine's.
+its next request, which is what `session_ttl` protects; after its last recorded request the session has ended (the
+replay knows the future: what it lost after that is lost after its end, and its blocks are no longer protected). A
+request that finds no room waits (FCFS) until a finish frees enough. The block manager is the engine's own, so LRU
+order, hit caps, eviction reasons and the tool-pause verdicts are the engine's.
+
+"Blocks lost" is one definition everywhere (`kvobs.store.queries.block_losses`): each lost block once (evictions,
+invalidations and vLLM's removals; a block several sessions owned counts once), resets not included.
 """
 
 from __future__ import annotations
@@ -83,17 +88,19 @@ class ReplayPlan:
 
 
 def observed_figures(store: Store, since, until, rates: pd.DataFrame) -> dict:
-    """What the recorded run achieved: hit rate, evicted blocks, blocks lost while idle, recompute tokens."""
-    counts = queries.kv_event_counts(store, since, until, bucket_s=1e12)
-    lost = counts[counts["kind"].isin(queries.BLOCK_LOSS_KINDS)]["blocks"].sum()
+    """What the recorded run achieved: hit rate (the requests' cached tokens, else vLLM's scraped prefix-cache
+    counters), blocks lost, blocks lost in tool pauses (settled) and still pending, recompute tokens."""
+    lost = queries.block_losses(store, since, until, bucket_s=1e12)["blocks"].sum()
     footprints = queries.session_footprints(store, since, until)
     snaps = queries.instance_snapshots(store, since, until)
     summary = hit_rate_summary(rates)
+    hit_rate = summary["achieved"] if summary["achieved"] is not None else queries.scraped_hit_rate(store, since, until)
     return {
         "num_blocks": int(snaps["blocks_total"].dropna().iloc[-1]) + 1 if snaps["blocks_total"].notna().any() else None,
-        "hit_rate": summary["achieved"],
+        "hit_rate": hit_rate,
         "evicted_blocks": int(lost),
         "lost_in_pause_blocks": int(footprints["session_evicted_idle_blocks"].fillna(0).sum()),
+        "pending_idle_blocks": int(footprints["session_pending_idle_blocks"].fillna(0).sum()),
         "recompute_tokens": summary["recompute_tokens"] if summary["achieved"] is not None else None,
     }
 
@@ -105,8 +112,9 @@ class WhatIfResult:
     requests: int = 0
     query_tokens: int = 0
     hit_tokens: int = 0
-    evicted_blocks: int = 0
-    lost_in_pause_blocks: int = 0
+    evicted_blocks: int = 0  # blocks lost, each once (as `queries.block_losses` counts the observed ones)
+    lost_in_pause_blocks: int = 0  # (session, block) losses in a tool pause: the session came back after
+    lost_after_end_blocks: int = 0  # ... after the session's last request
     recompute_tokens: int = 0
     waited: int = 0
     too_large: int = 0  # requests longer than the whole cache: not admitted
@@ -154,12 +162,15 @@ def simulate(
     losses = LossTally()
 
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
+    last_request = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
     index = 0
     while index < len(arrivals) or finishes:
         if finishes and (index >= len(arrivals) or finishes[0][0] <= arrivals[index].arrival_ts):
             clock.now, _, seq = heapq.heappop(finishes)
             manager.free(seq)
             manager.end_request(seq)
+            if seq.session_id is not None and last_request.get(seq.session_id) == seq.request_id:
+                manager.end_session(seq.session_id)  # hindsight: the session never comes back
             while waiting and admit(*waiting[0]):
                 waiting.popleft()
         else:
@@ -178,6 +189,7 @@ def simulate(
                 waiting.append((req, seq))
         losses.add(manager.take_events())
     result.evicted_blocks, result.lost_in_pause_blocks = losses.num_lost, losses.num_lost_in_pause
+    result.lost_after_end_blocks = losses.num_lost_after_end
     return result
 
 

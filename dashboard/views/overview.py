@@ -31,7 +31,10 @@ def render(ctx) -> None:
         else:
             shown = f"{value:,}"
         col.metric(name, shown)
-    st.caption(f"{ctx.window_s:g} s windows")
+    st.caption(
+        f"{ctx.window_s:g} s windows. blocks lost: each lost block once (evictions, invalidations, vLLM "
+        "removals; a block several sessions owned counts once; resets not included), as on the What-if page."
+    )
     snaps = data["snapshots"]
     windows = data["windows"]
     left, right = st.columns(2)

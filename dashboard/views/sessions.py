@@ -27,7 +27,8 @@ def render(ctx) -> None:
     detail = cache.session_detail(ctx.url, session_id)
     st.subheader("KV footprint")
     names = {"session_blocks": "cached blocks", "session_evicted_blocks": "lost",
-             "session_evicted_idle_blocks": "lost while idle"}  # fmt: skip
+             "session_evicted_idle_blocks": "lost in tool pauses",
+             "session_pending_idle_blocks": "lost while idle, pending"}  # fmt: skip
     footprint = detail["footprint"].set_index("ts")[list(names)].rename(columns=names)
     time_chart(st.line_chart, footprint, "No footprint snapshots for this session.")
     st.subheader("Steps and what explains them")
@@ -35,10 +36,16 @@ def render(ctx) -> None:
     if steps.empty:
         st.info("No agent steps recorded for this session (agents record them through the kvobs SDK).")
         return
-    shown = steps[["step_index", "status", "error_type", "e2e_s", "ttft_s", "cause", "evidence", "trace_id"]].copy()
+    columns = ["step_index", "status", "failure_cause", "slow_cause", "e2e_s", "ttft_s", "typical_s", "evidence",
+               "trace_id"]  # fmt: skip
+    shown = steps[columns].copy()
     shown["trace"] = [trace_link(ctx.jaeger_url, t) for t in shown.pop("trace_id")]
     st.dataframe(shown, hide_index=True, column_config={
         "trace": st.column_config.LinkColumn("trace", display_text="open in Jaeger"),
     })  # fmt: skip
+    st.caption("failure_cause: the error itself, except a timeout, which is given the KV or queue cause found. "
+               "slow_cause: what explains a step slower than its session's typical step (typical_s), none when it "
+               "was not slow. 'lost while idle, pending': a tool pause if the session comes back, after its end "
+               "if not.")  # fmt: skip
     if not ctx.jaeger_url:
         st.caption("Start the dashboard with --jaeger-url to link each step to its trace.")

@@ -17,12 +17,12 @@ def replay(url, since, until, sizes: tuple[int, ...], policy: str, ttl_s: float)
 
     plan = ReplayPlan.from_store(cache.get_store(url), since, until)
     rows = [{"configuration": "observed", "blocks": plan.observed.get("num_blocks"),
-             "hit rate": plan.observed.get("hit_rate"), "evicted blocks": plan.observed.get("evicted_blocks"),
+             "hit rate": plan.observed.get("hit_rate"), "blocks lost": plan.observed.get("evicted_blocks"),
              "lost in tool pauses": plan.observed.get("lost_in_pause_blocks"),
              "recompute tokens": plan.observed.get("recompute_tokens"), "waited": None}]  # fmt: skip
     for n in sizes:
         r = simulate(plan, num_blocks=n, policy=policy, ttl_s=ttl_s)
-        rows.append({"configuration": policy, "blocks": n, "hit rate": r.hit_rate, "evicted blocks": r.evicted_blocks,
+        rows.append({"configuration": policy, "blocks": n, "hit rate": r.hit_rate, "blocks lost": r.evicted_blocks,
                      "lost in tool pauses": r.lost_in_pause_blocks, "recompute tokens": r.recompute_tokens,
                      "waited": r.waited})  # fmt: skip
     return pd.DataFrame(rows), len(plan.requests), plan.skipped
@@ -54,3 +54,8 @@ def render(ctx) -> None:
         return
     st.caption(f"{replayed} requests replayed; {skipped} without a known block chain skipped.")
     st.dataframe(table, hide_index=True, column_config={"hit rate": st.column_config.NumberColumn(format="percent")})
+    st.caption(
+        "blocks lost: each lost block once (evictions, invalidations, vLLM removals; resets not included), "
+        "as on the Overview. lost in tool pauses: blocks a session lost while it waited on a tool, counted "
+        "once it came back; the replay knows each session's last request, so nothing is pending there."
+    )

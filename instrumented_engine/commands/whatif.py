@@ -61,6 +61,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+LEGEND = (
+    "blocks lost: each lost block once (evictions, invalidations, vLLM removals; resets not included). "
+    "lost in tool pauses: blocks a session lost while it waited on a tool, counted once it came back "
+    "(observed: {pending} more idle losses still pending; the replay knows each session's last request, so "
+    "nothing is pending there)."
+)
+
+
 def _pct(value) -> str:
     return "-" if value is None else f"{value:.1%}"
 
@@ -75,7 +83,7 @@ def format_table(plan, results) -> str:
         f"{len(plan.requests)} requests replayed ({plan.skipped} without a known chain skipped), "
         f"block size {plan.block_size}",
         "",
-        "| configuration | blocks | hit rate | evicted blocks | lost in tool pauses | recompute tokens | waited |",
+        "| configuration | blocks | hit rate | blocks lost | lost in tool pauses | recompute tokens | waited |",
         "|---|---|---|---|---|---|---|",
         f"| observed | {_num(obs.get('num_blocks'))} | {_pct(obs.get('hit_rate'))} | {_num(obs.get('evicted_blocks'))} "
         f"| {_num(obs.get('lost_in_pause_blocks'))} | {_num(obs.get('recompute_tokens'))} | - |",
@@ -83,6 +91,7 @@ def format_table(plan, results) -> str:
     for r in results:
         lines.append(f"| {r.policy} | {r.num_blocks:,} | {_pct(r.hit_rate)} | {r.evicted_blocks:,} | "
                      f"{r.lost_in_pause_blocks:,} | {r.recompute_tokens:,} | {r.waited:,} |")  # fmt: skip
+    lines += ["", LEGEND.format(pending=_num(obs.get("pending_idle_blocks")))]
     if any(r.too_large for r in results):
         lines.append("")
         lines.append("requests longer than the whole cache were not admitted: " +

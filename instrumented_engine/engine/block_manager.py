@@ -21,15 +21,17 @@ from collections.abc import Callable, Iterable
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.block import KVBlock
-from instrumented_engine.engine.eviction import EvictionPolicy, LRUPolicy, SessionPauses
+from instrumented_engine.engine.eviction import EvictionPolicy, LRUPolicy
 from instrumented_engine.engine.free_block_queue import FreeBlockQueue
 from instrumented_engine.engine.hashing import BlockHash, external_hash, hash_chain
 from instrumented_engine.engine.invalidation import Invalidation
 from instrumented_engine.engine.sequence import Sequence
-from kvobs.semconv.reasons import EvictionReason, InvalidationReason
+from instrumented_engine.engine.session_lifecycle import SessionLifecycle
+from instrumented_engine.engine.session_pauses import DEFAULT_END_AFTER_S, SessionPauses
+from kvobs.semconv.reasons import PRESSURE_REASONS, EvictionReason, InvalidationReason
 
 
-class BlockManager(Invalidation):
+class BlockManager(SessionLifecycle, Invalidation):
     """Allocates KV blocks to sequences and keeps the prefix cache.
 
     Args:
@@ -38,6 +40,7 @@ class BlockManager(Invalidation):
         enable_caching: prefix lookup and keeping freed blocks cached.
         policy: which free block to take next (default LRU, vLLM's order).
         clock: time source (epoch seconds) for events; tests inject a fake one.
+        session_end_after_s: an idle session has ended after this long without a request (see `SessionPauses`).
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class BlockManager(Invalidation):
         enable_caching: bool = True,
         policy: EvictionPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        session_end_after_s: float | None = DEFAULT_END_AFTER_S,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved); got {num_blocks}")
@@ -59,7 +63,7 @@ class BlockManager(Invalidation):
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[BlockHash, KVBlock] = {}
-        self.activity = SessionPauses()
+        self.activity = SessionPauses(session_end_after_s)
         self.weights_version = 0
         self.adapter_versions: dict[str, int] = {}
         self.session_roots: dict[str, BlockHash] = {}
@@ -253,13 +257,6 @@ class BlockManager(Invalidation):
         seq.block_table = []
         seq.num_registered_blocks = 0
 
-    # ---- sessions -----------------------------------------------------------------------------
-    def begin_request(self, seq: Sequence) -> None:
-        self.activity.begin(seq.session_id)
-
-    def end_request(self, seq: Sequence) -> None:
-        self.activity.end(seq.session_id, self.clock())
-
     # ---- internals ----------------------------------------------------------------------------
     def _evict(
         self,
@@ -271,6 +268,10 @@ class BlockManager(Invalidation):
         invalidation_reason: InvalidationReason | None = None,
     ) -> None:
         del self.cached[block.block_hash]
+        paused = tuple(s for s in sorted(block.sessions) if self.activity.is_pending_owner(s, now))
+        if reason in PRESSURE_REASONS:
+            for session_id in paused:
+                self.activity.lost(session_id)
         self._events.append(
             ev.BlockEvicted(
                 now,
@@ -284,7 +285,7 @@ class BlockManager(Invalidation):
                 lifetime_s=now - block.stored_ts,
                 idle_s=now - block.last_used_ts,
                 invalidation_reason=invalidation_reason,
-                paused_sessions=tuple(s for s in sorted(block.sessions) if s in self.activity.idle_since),
+                paused_sessions=paused,
             )
         )
         self._disown(block)

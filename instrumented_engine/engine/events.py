@@ -6,10 +6,12 @@ Every event carries `ts` (epoch seconds), the `request_id` and `session_id` it c
 no request caused it, e.g. an invalidation). Block hashes are the unsigned 64-bit ints vLLM publishes.
 
 Facts that more than one consumer needs are decided here, once, as properties of the event: whether a lost
-block was evicted or invalidated and under which reasons (`BlockEvicted.loss_kind`, `.store_reason`), whether
-its owners lost it while waiting on a tool (`.lost_in_pause`); a reset (`CacheCleared`) is a loss of every
-cached block with eviction reason `reset` and invalidation reason `manual_reset`. Metrics, spans, store rows
-and the vLLM-format publisher read these instead of deciding for themselves.
+block was evicted or invalidated and under which reasons (`BlockEvicted.loss_kind`, `.store_reason`), which
+idle owners lost it with the verdict pending (`.pending_owners`: pressure took it while they were between
+requests), and how those verdicts settle (`IdleLossesSettled`: in a tool pause when the session came back, after
+its end when it was released or stayed away). A reset (`CacheCleared`) is a loss of every cached block with
+eviction reason `reset` and invalidation reason `manual_reset`. Metrics, spans, store rows and the vLLM-format
+publisher read these instead of deciding for themselves.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ class BlockEvicted(KVEvent):
     """A cached block lost its content (vLLM's BlockRemoved).
 
     `request_id`/`session_id` name the request whose allocation caused a capacity eviction;
-    `owner_sessions` the sessions that had stored or hit the block; `paused_sessions` those of them
-    that were in a tool pause (no request in flight, not released) when the block was dropped.
+    `owner_sessions` the sessions that had stored or hit the block; `paused_sessions` those of them that
+    were idle (no request in flight, not released, idle for less than the session-end horizon) when the
+    block was dropped: whether that was a tool pause is settled later (`IdleLossesSettled`).
     """
 
     block_id: int
@@ -98,9 +101,22 @@ class BlockEvicted(KVEvent):
         return (self.invalidation_reason or self.reason).value
 
     @property
-    def lost_in_pause(self) -> bool:
-        """Pressure (capacity or TTL) took the block while a session that owned it waited on a tool."""
-        return bool(self.paused_sessions) and self.reason in PRESSURE_REASONS
+    def pending_owners(self) -> tuple[str, ...]:
+        """Idle owners that lost the block to pressure (capacity or TTL): a tool pause or the session's end,
+        settled by a later `IdleLossesSettled`. Invalidations and releases are never pause losses."""
+        return self.paused_sessions if self.reason in PRESSURE_REASONS else ()
+
+
+@dataclass(frozen=True)
+class IdleLossesSettled(KVEvent):
+    """Hindsight on a session's pending losses (`BlockEvicted.pending_owners`): `num_blocks` blocks it lost while
+    idle were lost in a tool pause (`in_pause`: its next request began) or after its end (released, or idle past
+    the session-end horizon)."""
+
+    num_blocks: int
+    in_pause: bool
+    session_blocks: int = 0  # cached blocks the session still stored or hit, now
+    kind = "idle_losses_settled"
 
 
 @dataclass(frozen=True)

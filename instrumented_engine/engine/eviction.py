@@ -9,39 +9,12 @@ plain LRU applies again.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Protocol
 
 from instrumented_engine.engine.block import KVBlock
 from instrumented_engine.engine.free_block_queue import FreeBlockQueue
+from instrumented_engine.engine.session_pauses import SessionPauses
 from kvobs.semconv.reasons import EvictionPolicyName, EvictionReason, names
-
-
-class SessionPauses:
-    """Which sessions have requests in flight, and since when the others have been paused (idle)."""
-
-    def __init__(self) -> None:
-        self._in_flight: Counter[str] = Counter()
-        self.idle_since: dict[str, float] = {}
-
-    def begin(self, session_id: str | None) -> None:
-        if session_id is not None:
-            self._in_flight[session_id] += 1
-            self.idle_since.pop(session_id, None)
-
-    def end(self, session_id: str | None, now: float) -> None:
-        if session_id is None or self._in_flight[session_id] == 0:
-            return
-        self._in_flight[session_id] -= 1
-        if self._in_flight[session_id] == 0:
-            del self._in_flight[session_id]
-            self.idle_since[session_id] = now
-
-    def release(self, session_id: str) -> None:
-        self.idle_since.pop(session_id, None)
-
-    def is_active(self, session_id: str) -> bool:
-        return session_id in self._in_flight
 
 
 class EvictionPolicy(Protocol):
@@ -60,7 +33,11 @@ class LRUPolicy:
 
 
 class SessionTTLPolicy:
-    """Skip blocks owned by a session paused less than `ttl_s` ago; fall back to the head."""
+    """Skip blocks owned by a session paused less than `ttl_s` ago; fall back to the head.
+
+    Only a session in a pause protects its blocks: an owner that has ended (released, or idle past the
+    session-end horizon, see `SessionPauses`) protects nothing, so its blocks go before any pausing session's.
+    """
 
     name = EvictionPolicyName.SESSION_TTL
 
@@ -71,7 +48,7 @@ class SessionTTLPolicy:
         for block in queue:
             if not block.is_cached:
                 return block, EvictionReason.CAPACITY
-            paused = [activity.idle_since[s] for s in block.sessions if s in activity.idle_since]
+            paused = [activity.idle_since[s] for s in block.sessions if activity.is_pending_owner(s, now)]
             if not paused:
                 return block, EvictionReason.CAPACITY
             if all(now - since >= self.ttl_s for since in paused):

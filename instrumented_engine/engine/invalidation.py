@@ -1,10 +1,8 @@
-"""Invalidation: the part of the block manager that drops cached blocks on purpose (an invalidation, a reset,
-a session's release).
+"""Invalidation: the part of the block manager that drops cached blocks on purpose (an invalidation, a reset).
 
 `BlockManager` inherits it; it works on the manager's cache (`cached`, `session_roots`, versions) and records
 what it dropped as events, exactly like capacity evictions: one `BlockEvicted` per block (eviction reason
-`invalidation`, with the invalidation's reason) and one summary `Invalidated`, one `CacheCleared` for a reset,
-one `BlockEvicted` (`session_release`) per block only a released session used.
+`invalidation`, with the invalidation's reason) and one summary `Invalidated`, or one `CacheCleared` for a reset.
 """
 
 from __future__ import annotations
@@ -18,17 +16,6 @@ NEEDS_SESSION = (InvalidationReason.SYSTEM_PROMPT_CHANGE, InvalidationReason.SES
 
 class Invalidation:
     """Mixed into `BlockManager` (which provides the attributes and `_evict`, `_to_head`, `clock`)."""
-
-    def release_session(self, session_id: str) -> int:
-        """The session is done: drop the cached free blocks only it used. Returns how many."""
-        self.activity.release(session_id)
-        self.session_roots.pop(session_id, None)
-        now = self.clock()
-        victims = [b for b in self.cached.values() if b.ref_cnt == 0 and b.sessions == {session_id}]
-        for block in victims:
-            self._evict(block, EvictionReason.SESSION_RELEASE, now)
-            self._to_head(block)
-        return len(victims)
 
     def invalidate(
         self, reason: str | InvalidationReason, *, session_id: str | None = None, adapter: str | None = None

@@ -79,6 +79,7 @@ class LLMEngine:
             enable_caching=config.enable_prefix_caching,
             policy=policy,
             clock=clock,
+            session_end_after_s=config.session_end_after_s,
         )
         self.scheduler = Scheduler(
             self.block_manager,

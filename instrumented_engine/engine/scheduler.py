@@ -91,6 +91,7 @@ class Scheduler:
 
     # ---- scheduling -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self.bm.expire_idle_sessions()
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0

@@ -5,9 +5,10 @@
     tally.num_lost, tally.num_lost_in_pause, tally.by_reason["capacity"]
 
 A lost block is one `BlockEvicted` (capacity, TTL, invalidation, release) or each block a reset (`CacheCleared`)
-dropped. `num_lost_in_pause` counts the blocks pressure took while an owning session waited on a tool
-(`BlockEvicted.lost_in_pause`), the same blocks `kvobs_session_prefix_lost_total` and the store's
-`session_evicted_idle_blocks` count.
+dropped. Idle losses count per (session, block) that pressure took from an idle owner, settled with hindsight
+(`IdleLossesSettled`): `num_lost_in_pause` (the session came back: the same losses as
+`kvobs_session_prefix_lost_total` and the store's `session_evicted_idle_blocks`), `num_lost_after_end` (released
+or idle past the horizon), and `num_pending` (not known yet).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class LossTally:
     def __init__(self) -> None:
         self.by_reason: Counter[str] = Counter()  # eviction reason -> blocks
         self.num_lost_in_pause = 0
+        self.num_lost_after_end = 0
+        self.num_pending = 0
 
     @property
     def num_lost(self) -> int:
@@ -37,9 +40,16 @@ class LossTally:
 
     def _evicted(self, event: ev.BlockEvicted) -> None:
         self.by_reason[event.reason.value] += 1
-        self.num_lost_in_pause += event.lost_in_pause
+        self.num_pending += len(event.pending_owners)
+
+    def _settled(self, event: ev.IdleLossesSettled) -> None:
+        self.num_pending -= event.num_blocks
+        if event.in_pause:
+            self.num_lost_in_pause += event.num_blocks
+        else:
+            self.num_lost_after_end += event.num_blocks
 
     def _cleared(self, event: ev.CacheCleared) -> None:
         self.by_reason[event.eviction_reason.value] += event.num_blocks
 
-    HANDLERS = {ev.BlockEvicted: _evicted, ev.CacheCleared: _cleared}
+    HANDLERS = {ev.BlockEvicted: _evicted, ev.CacheCleared: _cleared, ev.IdleLossesSettled: _settled}

@@ -8,6 +8,9 @@ turns outputs, stats and KV events into metric updates. Meanings follow vLLM V1:
   preemption are not counted again); hits are block-aligned and capped at num_tokens - 1;
 - `vllm:prompt_tokens` counts a request's prompt when its prefill completes; `vllm:generation_tokens`
   every sampled token;
+- `kvobs_session_prefix_lost_total` counts a session's idle losses once hindsight says they were in a tool pause
+  (its next request began); until then they are `kvobs_session_prefix_lost_pending`, and losses after a
+  session's end (release, or idle past the horizon) are never counted as pause losses;
 - the block-residency histograms are recorded for every evicted block (vLLM samples them);
 - a prefix-cache reset counts its blocks as evicted (`reset`) and invalidated (`manual_reset`), as every
   other invalidation counts its blocks under both.
@@ -50,6 +53,7 @@ ENGINE_METRICS = (
     kvobs_metrics.KV_CACHE_FREE_BLOCKS,
     kvobs_metrics.KV_CACHE_TOTAL_BLOCKS,
     kvobs_metrics.SESSION_PREFIX_LOST,
+    kvobs_metrics.SESSION_PREFIX_LOST_PENDING,
     kvobs_metrics.REQUESTS_REJECTED,
     kvobs_metrics.TELEMETRY_DROPPED,
 )
@@ -145,6 +149,7 @@ class EngineMetrics:
         self._drop_lock = threading.Lock()
         self._get(vllm.CACHE_CONFIG_INFO).info(cache_config)
         self._last_token_ts: dict[str, float] = {}
+        self._num_pending = 0  # (session, block) idle losses whose verdict is pending
         self._create_labelled_series()
 
     def _create_labelled_series(self) -> None:
@@ -216,8 +221,16 @@ class EngineMetrics:
         self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.reason.value).inc()
         self._get(vllm.KV_BLOCK_LIFETIME).observe(event.lifetime_s)
         self._get(vllm.KV_BLOCK_IDLE_BEFORE_EVICT).observe(event.idle_s)
-        if event.lost_in_pause:
-            self._get(kvobs_metrics.SESSION_PREFIX_LOST).inc()
+        if event.pending_owners:
+            self._num_pending += len(event.pending_owners)
+            self._get(kvobs_metrics.SESSION_PREFIX_LOST_PENDING).set(self._num_pending)
+
+    def _settled(self, event: ev.IdleLossesSettled) -> None:
+        """Hindsight: losses pending for a session were in a tool pause (counted) or after its end (not)."""
+        self._num_pending -= event.num_blocks
+        self._get(kvobs_metrics.SESSION_PREFIX_LOST_PENDING).set(self._num_pending)
+        if event.in_pause:
+            self._get(kvobs_metrics.SESSION_PREFIX_LOST).inc(event.num_blocks)
 
     def _invalidated(self, event: ev.Invalidated) -> None:
         self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=event.reason.value).inc(event.num_blocks)
@@ -236,6 +249,7 @@ class EngineMetrics:
         ev.Invalidated: _invalidated,
         ev.CacheCleared: _cleared,
         ev.Preempted: _preempted,
+        ev.IdleLossesSettled: _settled,
     }
 
     def _observe_output(self, out: RequestOutput, now: float) -> None:

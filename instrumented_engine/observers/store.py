@@ -11,7 +11,8 @@ Records (see `kvobs.store.rows`):
   `preempted` (`num_tokens` = computed tokens thrown away), `cleared` on a prefix-cache reset.
 - `requests`: one per finished request.
 - `snapshots`: one per session each time one of its requests finishes (blocks it has cached, from the request's
-  output; evicted so far, evicted while it sat in a tool pause, hit tokens), and one per instance every
+  output; evicted so far; lost in a tool pause, settled; lost while idle, still pending; hit tokens) and each time
+  hindsight settles its idle losses (a tool pause or its end), and one per instance every
   `snapshot_interval_s`.
 - `sessions`: a row (source `engine`) the first time a session is seen; the agent SDK's richer row wins.
 
@@ -41,7 +42,8 @@ class _SessionTally:
     query_tokens: int = 0
     hit_tokens: int = 0
     evicted: int = 0
-    evicted_idle: int = 0
+    evicted_idle: int = 0  # settled: lost in a tool pause
+    pending_idle: int = 0  # lost while idle, not settled yet
 
 
 class StoreRecorder:
@@ -79,9 +81,11 @@ class StoreRecorder:
         self._preemptions = 0
         self._evictions = 0
         self._last_snapshot_ts = float("-inf")
+        self._stats: SchedulerStats | None = None  # the step being recorded
 
     def on_step(self, result: StepResult) -> None:
         try:
+            self._stats = result.stats
             dispatch(self, self.HANDLERS, result.events)
             for out in result.outputs:
                 if out.finished:
@@ -130,7 +134,7 @@ class StoreRecorder:
             if owner is not None:
                 tally = self._tally(owner)
                 tally.evicted += 1
-                tally.evicted_idle += event.lost_in_pause and owner in event.paused_sessions
+                tally.pending_idle += owner in event.pending_owners
             self._kv(event, event.loss_kind, session_id=owner, block_hash=event.block_hash,
                      parent_hash=event.parent_block_hash, num_tokens=self.block_size,
                      reason=event.store_reason)  # fmt: skip
@@ -144,7 +148,15 @@ class StoreRecorder:
         self._kv(event, KVEventKind.CLEARED, num_tokens=event.num_blocks * self.block_size,
                  reason=event.eviction_reason.value)  # fmt: skip
 
+    def _settled(self, event: ev.IdleLossesSettled) -> None:
+        """Hindsight on a session's idle losses, and a snapshot that shows it."""
+        tally = self._tally(event.session_id)
+        tally.pending_idle -= event.num_blocks
+        tally.evicted_idle += event.num_blocks if event.in_pause else 0
+        self._session_snapshot(event.session_id, event.ts, self._stats, event.session_blocks)
+
     HANDLERS = {
+        ev.IdleLossesSettled: _settled,
         ev.BlocksStored: _stored,
         ev.PrefixLookup: _lookup,
         ev.BlocksAllocated: _allocated,
@@ -179,15 +191,19 @@ class StoreRecorder:
         ))  # fmt: skip
         if out.session_id is None:
             return
-        tally = self._tally(out.session_id)
         self.writer.insert_missing(SessionRecord(out.session_id, started_at=out.arrival_ts,
                                                  source=SessionSource.ENGINE.value))  # fmt: skip
+        self._session_snapshot(out.session_id, out.finished_ts or stats.ts, stats, out.session_blocks or 0)
+
+    def _session_snapshot(self, session_id: str, ts: float, stats: SchedulerStats, blocks: int | None) -> None:
+        tally = self._tally(session_id)
         self.writer.add(SnapshotRecord(
-            **{**self._engine_state(stats), "ts": out.finished_ts or stats.ts},
-            session_id=out.session_id,
-            session_blocks=out.session_blocks or 0,
+            **{**self._engine_state(stats), "ts": ts},
+            session_id=session_id,
+            session_blocks=blocks,
             session_evicted_blocks=tally.evicted,
             session_evicted_idle_blocks=tally.evicted_idle,
+            session_pending_idle_blocks=tally.pending_idle,
             session_hit_tokens=tally.hit_tokens,
             hit_rate=tally.hit_tokens / tally.query_tokens if tally.query_tokens else None,
         ))  # fmt: skip

@@ -90,6 +90,25 @@ def chat_completion(
         return result
 
 
+RELEASE_PATH = "kvobs/sessions/{session_id}/release"  # under the OpenAI base URL (/v1/): `kvobs serve` only
+
+
+def release_session(client, session_id: str, *, timeout_s: float = 5.0) -> bool:
+    """Tell the server the session is done (`POST /v1/kvobs/sessions/{id}/release`): its exclusive cached blocks
+    are freed and what it lost while idle since its last request is known to be lost after its end, not in a tool
+    pause. True when the server took it; a server without the endpoint (vLLM: 404) or an error is False, never
+    raised: the session is over either way."""
+    url = str(getattr(client, "base_url", "")).rstrip("/") + "/" + RELEASE_PATH.format(session_id=session_id)
+    try:
+        if isinstance(client, httpx.Client):
+            response = client.post(url, timeout=timeout_s)
+        else:
+            response = httpx.post(url, timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return response.is_success
+
+
 def _server_attributes(base_url: str) -> dict:
     parsed = urlparse(base_url)
     if not parsed.hostname:

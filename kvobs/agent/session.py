@@ -30,7 +30,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider, get_meter_provider
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider, get_tracer_provider
 
-from kvobs.agent.chat import ChatError, ChatResult, chat_completion
+from kvobs.agent.chat import ChatError, ChatResult, chat_completion, release_session
 from kvobs.semconv import attributes as a
 from kvobs.semconv.metrics import LABEL_ERROR_TYPE, LABEL_STATUS, kvobs_metrics
 from kvobs.semconv.spans import (
@@ -64,6 +64,8 @@ class AgentSession:
         session_id: `gen_ai.conversation.id` and the `X-Session-ID` every LLM call sends (default: a new uuid).
         tracer_provider, meter_provider: where spans and metrics go (default: the global ones).
         recorder: receives sessions and finished steps (`StoreStepRecorder` writes them to the store).
+        release_on_exit: when the session ends, tell the LLM server it is done (`kvobs serve` frees the blocks
+            only it used and settles its idle losses as after its end; other servers ignore it).
     """
 
     def __init__(
@@ -74,8 +76,11 @@ class AgentSession:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         recorder: StepRecorder | None = None,
+        release_on_exit: bool = True,
     ) -> None:
         self.agent_name = agent_name
+        self.release_on_exit = release_on_exit
+        self.client = None  # the LLM client of the latest step's call, for the release
         self.session_id = session_id or f"sess-{uuid.uuid4().hex[:16]}"
         self.tracer = (tracer_provider or get_tracer_provider()).get_tracer(SCOPE)
         meter = (meter_provider or get_meter_provider()).get_meter(SCOPE)
@@ -111,6 +116,8 @@ class AgentSession:
         otel_context.detach(self._token)
         if self.recorder is not None:
             self.recorder.session_ended(self)
+        if self.release_on_exit and self.client is not None:
+            release_session(self.client, self.session_id)
         return False
 
     def step(self, *, deadline_s: float | None = None) -> AgentStep:
@@ -210,6 +217,7 @@ class AgentStep:
         remaining = self.remaining_s()
         if remaining is not None and remaining <= 0:
             raise ChatError(StepErrorType.TIMEOUT.value, "the step's deadline passed before its LLM call")
+        self.session.client = client
         result = chat_completion(self.session.tracer, client, model=model, messages=messages,
                                  session_id=self.session.session_id, timeout_s=remaining, **params)  # fmt: skip
         self.chats.append(result)

@@ -1,7 +1,7 @@
 """Alert rules: YAML, validated at load with the rule's name and the field at fault.
 
 rules:
-  - name: KVCacheUsageSaturation   # unique
+  - name: KVCacheUsageHigh         # unique
     signal: kv_usage                # one of kvobs.alerts.signals.SIGNALS
     op: ">="                        # > >= < <= == !=
     threshold: 0.9

@@ -42,9 +42,27 @@ def preemptions_per_min(store: Store, since: float, until: float) -> list[Value]
     return out
 
 
-def hit_rate(store: Store, since: float, until: float) -> list[Value]:
+def _mean_hit_rate(store: Store, since: float, until: float) -> dict[str, float]:
     snaps = queries.instance_snapshots(store, since, until).dropna(subset=["hit_rate"])
-    return [(inst, None, float(v)) for inst, v in snaps.groupby("instance")["hit_rate"].mean().items()]
+    return {inst: float(v) for inst, v in snaps.groupby("instance")["hit_rate"].mean().items()}
+
+
+def hit_rate(store: Store, since: float, until: float, baseline_window_s: float | None = None,
+             baseline_min: float = 0.0) -> list[Value]:  # fmt: skip
+    """Per instance: the mean prefix-cache hit rate in the window; with `baseline_window_s`, only instances whose
+    hit rate over that long before the window was at least `baseline_min` (a collapse needs a level to fall from)."""
+    now = _mean_hit_rate(store, since, until)
+    if baseline_window_s is not None:
+        before = _mean_hit_rate(store, since - baseline_window_s, since)
+        now = {inst: v for inst, v in now.items() if before.get(inst, -1.0) >= baseline_min}
+    return [(inst, None, v) for inst, v in now.items()]
+
+
+def median_block_lifetime_s(store: Store, since: float, until: float) -> list[Value]:
+    """Per instance: the median time from a block's `stored` to its loss, over the blocks lost in the window
+    (vLLM's `vllm:kv_block_lifetime_seconds`, from the store's events)."""
+    lives = queries.block_lifetimes(store, since, until)
+    return [(inst, None, float(g["lifetime_s"].median())) for inst, g in lives.groupby("instance")]
 
 
 def eviction_churn(store: Store, since: float, until: float) -> list[Value]:
@@ -53,34 +71,53 @@ def eviction_churn(store: Store, since: float, until: float) -> list[Value]:
     return [(r.instance, None, float(r.restored or 0) / r.stored) for r in frame.itertuples() if r.stored]
 
 
-def session_prefix_lost_idle(store: Store, since: float, until: float) -> list[Value]:
-    """Per session: blocks lost while idle (in a tool pause) during the window."""
+def prefix_lost_in_pause_per_min(store: Store, since: float, until: float) -> list[Value]:
+    """Per instance: cached blocks sessions lost in tool pauses, per minute of the window.
+
+    Only settled losses count (`session_evicted_idle_blocks`: the session came back after the loss); losses still
+    pending, after a session's end, or during a request never do. Each session's increase inside the window is
+    its latest count in the window minus its latest before it.
+    """
     frame = queries.session_idle_losses(store, until)
-    out = []
-    for (session_id, instance), group in frame.groupby(["session_id", "instance"]):
+    per_instance: dict[str, float] = {}
+    for (_session_id, instance), group in frame.groupby(["session_id", "instance"]):
         inside, before = group[group["ts"] >= since], group[group["ts"] < since]
         if inside.empty:
             continue
         base = before.sort_values("ts")["session_evicted_idle_blocks"].iloc[-1] if not before.empty else 0
         lost = inside["session_evicted_idle_blocks"].max() - base
         if lost > 0:
-            out.append((instance, session_id, float(lost)))
-    return out
+            per_instance[instance] = per_instance.get(instance, 0.0) + float(lost)
+    minutes = max(until - since, 1e-9) / 60.0
+    return [(instance, None, lost / minutes) for instance, lost in sorted(per_instance.items())]
 
 
-def step_failure_rate(store: Store, since: float, until: float, min_steps: int = 5) -> list[Value]:
-    total, failed = queries.step_counts(store, since, until)
+def step_failure_rate(store: Store, since: float, until: float, min_steps: int = 5,
+                      exclude_errors: tuple[str, ...] = ()) -> list[Value]:  # fmt: skip
+    """Failed agent steps / steps started in the window (at least `min_steps`), failures of `exclude_errors` not
+    counted as failures (the model's output errors: the cache does not cause them)."""
+    total, failed = queries.step_counts(store, since, until, exclude_errors=tuple(exclude_errors))
     if not total or total < min_steps:
         return []
     return [(None, None, failed / total)]
 
 
-def ttft_slo_burn(store: Store, since: float, until: float, slo_s: float = 2.0, objective: float = 0.95):
-    """Per instance: the share of requests whose TTFT missed `slo_s`, over the error budget `1 - objective`."""
+def _burn(store: Store, since: float, until: float, slo_s: float, objective: float) -> dict[str, float]:
     reqs = queries.requests(store, since, until).dropna(subset=["ttft_s"])
     budget = max(1.0 - objective, 1e-9)
-    return [(inst, None, float((group["ttft_s"] > slo_s).mean()) / budget)
-            for inst, group in reqs.groupby("instance")]  # fmt: skip
+    return {inst: float((group["ttft_s"] > slo_s).mean()) / budget for inst, group in reqs.groupby("instance")}
+
+
+def ttft_slo_burn(store: Store, since: float, until: float, slo_s: float = 2.5, objective: float = 0.99,
+                  short_window_s: float | None = None) -> list[Value]:  # fmt: skip
+    """Per instance: the share of requests whose TTFT missed `slo_s`, over the error budget `1 - objective`; with
+    `short_window_s`, the lower of the window's burn and the last `short_window_s`'s (a multi-window burn-rate
+    alert: both must burn)."""
+    burn = _burn(store, since, until, slo_s, objective)
+    if short_window_s is not None:
+        short = _burn(store, until - short_window_s, until, slo_s, objective)
+        burn = {inst: min(v, short[inst]) for inst, v in burn.items() if inst in short}
+    return [(inst, None, v) for inst, v in burn.items()]
 
 
 def instance_up(store: Store, since: float, until: float) -> list[Value]:
@@ -92,10 +129,13 @@ def instance_up(store: Store, since: float, until: float) -> list[Value]:
 SIGNALS: dict[str, Signal] = {
     "kv_usage": Signal(kv_usage, (), "mean pinned KV usage per instance"),
     "preemptions_per_min": Signal(preemptions_per_min, (), "preemptions per minute per instance"),
-    "hit_rate": Signal(hit_rate, (), "mean prefix-cache hit rate per instance"),
+    "hit_rate": Signal(hit_rate, ("baseline_window_s", "baseline_min"), "mean prefix-cache hit rate per instance"),
+    "median_block_lifetime_s": Signal(median_block_lifetime_s, (), "median lifetime of blocks lost, per instance"),
     "eviction_churn": Signal(eviction_churn, (), "share of stored blocks that had been stored before"),
-    "session_prefix_lost_idle": Signal(session_prefix_lost_idle, (), "blocks a session lost while idle"),
-    "step_failure_rate": Signal(step_failure_rate, ("min_steps",), "failed agent steps / steps"),
-    "ttft_slo_burn": Signal(ttft_slo_burn, ("slo_s", "objective"), "TTFT SLO error-budget burn rate"),
+    "prefix_lost_in_pause_per_min": Signal(
+        prefix_lost_in_pause_per_min, (), "blocks sessions lost in tool pauses (settled) per minute, per instance"
+    ),
+    "step_failure_rate": Signal(step_failure_rate, ("min_steps", "exclude_errors"), "failed agent steps / steps"),
+    "ttft_slo_burn": Signal(ttft_slo_burn, ("slo_s", "objective", "short_window_s"), "TTFT SLO error-budget burn"),
     "instance_up": Signal(instance_up, (), "latest `up` scrape sample per instance"),
 }

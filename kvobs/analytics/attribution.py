@@ -1,10 +1,10 @@
-"""Why did an agent step fail or get slow? Per-step attribution with the evidence the store holds.
+"""Why did an agent step fail, and why did it get slow? Two questions, answered apart, with the store's evidence.
 
     frame = attribute_steps(steps, requests, kv_events(store, kinds=ATTRIBUTION_KINDS))
 
 A step's requests are those whose caller span is the step (`parent_span_id`), or, since the SDK's `chat` span sits
-between them, those of the step's session (or trace) that arrived while the step ran. The causes, checked in order,
-the first found being the step's `cause`:
+between them, those of the step's session (or trace) that arrived while the step ran. What the KV record shows about
+a step (`causes`, checked in this order; `cause` is the first found):
 
 - `invalidated`: the session's cached blocks were invalidated (or the whole cache cleared) between the session's
   previous request and the end of this step; evidence: the reasons.
@@ -13,6 +13,17 @@ the first found being the step's `cause`:
 - `preempted`: a request of the step was preempted (recomputed); evidence: how often.
 - `queue_wait`: a request waited at least `queue_wait_s` before being scheduled.
 - `none`: nothing in the KV record explains it.
+
+`slow_cause`: is the step slow against its own session's typical step (its TTFT, or end-to-end time when it got no
+first token, above `slow_factor` x the median of the session's other steps, and at least `slow_min_s` above it;
+a session with one step is measured against every step in the frame)? Then the first KV cause, else `cold_prefix`
+when its requests found nothing cached, else `none` (slow for a reason the KV record does not show). A step that is
+not slow has slow cause `none`, whatever the cache did.
+
+`failure_cause` (failed steps only): the error itself for model, output, tool or request errors (`invalid_response`,
+an HTTP status, a connection error): the cache does not make a model answer badly. Only a timeout is given a KV or
+queue cause, when one is found (else `timeout`). `failure_kind` groups them: `cache`, `queue` (the KV cause of a
+timeout), `timeout`, `model` (`invalid_response`), `request` (anything else).
 """
 
 from __future__ import annotations
@@ -22,14 +33,18 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from kvobs.semconv.spans import KVEventKind
+from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(k.value for k in (KVEventKind.EVICTED, KVEventKind.REMOVED, KVEventKind.INVALIDATED,
                                             KVEventKind.CLEARED, KVEventKind.PREEMPTED))  # fmt: skip
 CAUSES = ("invalidated", "prefix_evicted_in_pause", "preempted", "queue_wait", "none")
+SLOW_CAUSES = ("invalidated", "prefix_evicted_in_pause", "preempted", "queue_wait", "cold_prefix", "none")
+FAILURE_KINDS = ("cache", "queue", "timeout", "model", "request")
+MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
 COLUMNS = ["session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id",
            "span_id", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause", "preemptions",
-           "invalidation_reasons", "max_queue_s", "num_requests"]  # fmt: skip
+           "invalidation_reasons", "max_queue_s", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause",
+           "failure_cause", "failure_kind"]  # fmt: skip
 _EVICTION_KINDS = (KVEventKind.EVICTED.value, KVEventKind.REMOVED.value)
 
 
@@ -42,6 +57,7 @@ class _Requests:
         self.finished = frame["finished_ts"].to_numpy(float)
         self.queue = frame["queue_s"].to_numpy(float)
         self.preemptions = frame["num_preemptions"].fillna(0).to_numpy(float)
+        self.cached = frame["cached_tokens"].to_numpy(float)
         self.request_id = frame["request_id"].to_numpy(object)
         self.by_span = _positions(frame["parent_span_id"])
         self.by_session = _positions(frame["session_id"])
@@ -90,7 +106,13 @@ def _distinct_hashes(hashes) -> set:
 
 
 def attribute_steps(
-    steps: pd.DataFrame, requests: pd.DataFrame, events: pd.DataFrame, *, queue_wait_s: float = 1.0
+    steps: pd.DataFrame,
+    requests: pd.DataFrame,
+    events: pd.DataFrame,
+    *,
+    queue_wait_s: float = 1.0,
+    slow_factor: float = 1.5,
+    slow_min_s: float = 0.1,
 ) -> pd.DataFrame:
     """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`."""
     rows = []
@@ -109,7 +131,53 @@ def attribute_steps(
             ends = reqs.finished[sent]
             ends = ends[~np.isnan(ends)]
             previous_end = ends.max() if len(ends) else (step.ended_at if pd.notna(step.ended_at) else None)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    return _verdicts(frame, slow_factor, slow_min_s) if not frame.empty else frame
+
+
+def _step_latency(frame: pd.DataFrame) -> pd.Series:
+    """What a step's slowness is measured by: its TTFT (what the cache changes), else its end-to-end time."""
+    return frame["ttft_s"].astype(float).fillna(frame["e2e_s"].astype(float))
+
+
+def _typical(frame: pd.DataFrame, latency: pd.Series) -> pd.Series:
+    """Per step: the median latency of the session's other steps (every step's, for a session of one)."""
+    overall = latency.median()
+    typical = pd.Series(overall, index=frame.index, dtype=float)
+    for _, index in frame.groupby("session_id").groups.items():
+        values = latency[index]
+        if len(values) > 1:
+            typical[index] = [values.drop(i).median() for i in index]
+    return typical
+
+
+def _verdicts(frame: pd.DataFrame, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
+    latency = _step_latency(frame)
+    typical = _typical(frame, latency)
+    frame["typical_s"] = typical
+    frame["slow"] = (latency > typical * slow_factor) & (latency - typical >= slow_min_s)
+    cold = frame["cached_tokens"].fillna(0).eq(0) & frame["num_requests"].gt(0)
+    frame["slow_cause"] = [
+        ("cold_prefix" if is_cold else "none") if cause == "none" else cause
+        for cause, is_cold in zip(frame["cause"], cold)
+    ]
+    frame.loc[~frame["slow"], "slow_cause"] = "none"
+    failed = frame["status"] == StepStatus.ERROR.value
+    verdicts = [_failure(error, cause) if is_failed else (None, None)
+                for error, cause, is_failed in zip(frame["error_type"], frame["cause"], failed)]  # fmt: skip
+    frame["failure_cause"] = [v[0] for v in verdicts]
+    frame["failure_kind"] = [v[1] for v in verdicts]
+    return frame
+
+
+def _failure(error_type, kv_cause: str) -> tuple[str, str]:
+    """A failed step's cause and kind: only a timeout is blamed on the cache or the queue."""
+    error = "unknown" if _missing(error_type) else str(error_type)
+    if error == StepErrorType.TIMEOUT.value:
+        if kv_cause == "none":
+            return error, "timeout"
+        return kv_cause, "queue" if kv_cause == "queue_wait" else "cache"
+    return error, "model" if error in MODEL_ERRORS else "request"
 
 
 def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Events, resets: _Events,
@@ -169,13 +237,24 @@ def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Event
         "causes": ",".join(causes) or "none", "evidence": "; ".join(evidence),
         "blocks_lost_in_pause": lost_blocks, "tokens_lost_in_pause": lost_tokens, "preemptions": preemptions,
         "invalidation_reasons": ",".join(reasons), "max_queue_s": max_queue, "num_requests": len(sent),
+        "cached_tokens": float(np.nansum(reqs.cached[sent])) if len(sent) else None,
     }  # fmt: skip
 
 
 def failure_summary(attributed: pd.DataFrame) -> pd.DataFrame:
-    """Failed steps per cause: `cause`, `failed_steps`, `share`."""
-    failed = attributed[attributed["status"] == "error"]
-    counts = failed["cause"].value_counts().reindex(list(CAUSES), fill_value=0)
-    out = counts.rename("failed_steps").rename_axis("cause").reset_index()
-    out["share"] = out["failed_steps"] / max(len(failed), 1)
-    return out
+    """Failed steps per failure cause: `failure_kind`, `failure_cause`, `failed_steps`, `share` (of failed steps),
+    most first; model errors stay model errors, only timeouts carry a KV or queue cause."""
+    failed = attributed[attributed["status"] == StepStatus.ERROR.value]
+    columns = ["failure_kind", "failure_cause", "failed_steps", "share"]
+    if failed.empty:
+        return pd.DataFrame(columns=columns)
+    out = failed.groupby(["failure_kind", "failure_cause"]).size().rename("failed_steps").reset_index()
+    out["share"] = out["failed_steps"] / len(failed)
+    return out.sort_values(["failed_steps", "failure_cause"], ascending=[False, True]).reset_index(drop=True)[columns]
+
+
+def failure_split(attributed: pd.DataFrame) -> dict[str, int]:
+    """Failed steps by kind (`FAILURE_KINDS`): how many the cache or queue explains, how many are model errors."""
+    failed = attributed[attributed["status"] == StepStatus.ERROR.value]
+    counts = failed["failure_kind"].value_counts()
+    return {kind: int(counts.get(kind, 0)) for kind in FAILURE_KINDS}

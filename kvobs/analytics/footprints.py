@@ -1,7 +1,8 @@
 """Per-session KV footprints: how much of the cache a session held over time, and what it lost.
 
 Snapshots come from `kvobs serve` (one per finished request) or `kvobs collect` (one per session per interval):
-`session_blocks` cached, `session_evicted_blocks` lost so far, `session_evicted_idle_blocks` lost while idle.
+`session_blocks` cached, `session_evicted_blocks` lost so far, `session_evicted_idle_blocks` lost in tool pauses
+(settled: the session came back), `session_pending_idle_blocks` lost while idle with the verdict still pending.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 FOOTPRINT_COLUMNS = ["ts", "instance", "session_blocks", "session_evicted_blocks", "session_evicted_idle_blocks",
+                     "session_pending_idle_blocks",
                      "session_hit_tokens", "hit_rate"]  # fmt: skip
 
 
@@ -26,7 +28,8 @@ def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, steps: pd.Da
     if not footprints.empty:
         latest = footprints.groupby("session_id").agg(
             blocks=("session_blocks", "sum"), lost=("session_evicted_blocks", "sum"),
-            lost_idle=("session_evicted_idle_blocks", "sum"), hit_rate=("hit_rate", "mean"),
+            lost_idle=("session_evicted_idle_blocks", "sum"), pending_idle=("session_pending_idle_blocks", "sum"),
+            hit_rate=("hit_rate", "mean"),
         )  # fmt: skip
         table = table.join(latest, how="outer")
     if not steps.empty:

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvobs.alerts.evaluator import Evaluator
     from kvobs.alerts.rules import RuleError, load_rules
-    from kvobs.alerts.sinks import LogSink, WebhookSink
+    from kvobs.alerts.sinks import WebhookSink
     from kvobs.store import open_store
 
     try:
@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     store = start_or_report("alerts", lambda: open_store(args.store))
     if store is None:
         return 2
-    evaluator = Evaluator(store, rules, sinks=[LogSink(), *(WebhookSink(url) for url in args.webhook)])
+    # Each transition is printed once, below (a log sink beside it would tell it twice).
+    evaluator = Evaluator(store, rules, sinks=[WebhookSink(url) for url in args.webhook])
     stop = threading.Event()
     if args.watch:
         for sig in (signal.SIGINT, signal.SIGTERM):

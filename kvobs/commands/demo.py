@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_START_TIMEOUT_S = 900.0  # first load of the weights on a slow 2-core machine
 DASHBOARD_START_TIMEOUT_S = 120.0
+SETTLE_S = 1.5  # the engine's store writer flushes every 0.5 s
 
 
 def add_parser(sub) -> None:
@@ -192,20 +193,36 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
 def _print_round(result, store_url: str, started: float) -> None:
     from kvobs.alerts.evaluator import Evaluator
     from kvobs.alerts.rules import load_rules
+    from kvobs.analytics.step_causes import step_causes
     from kvobs.store import open_store, queries
 
     store = open_store(store_url)
     try:
+        time.sleep(SETTLE_S)  # the engine writes its requests and KV events in batches
         steps = queries.steps(store, since=started)
         prompt, cached = steps["prompt_tokens"].sum(), steps["cached_tokens"].sum()
         hit = f"{cached / prompt:.0%} of {int(prompt):,} prompt tokens" if prompt else "no prompt tokens"
-        print(f"  {result.steps} steps in {result.wall_s:.0f} s; failed steps: {result.failed_summary()}; "
-              f"prefix cache hits: {hit}")  # fmt: skip
+        print(f"  {result.steps} steps in {result.wall_s:.0f} s; prefix cache hits: {hit}")
+        print(f"  {_failures_line(step_causes(store, started, None))}")
         for t in Evaluator(store, load_rules(None)).evaluate(time.time()):
             print(f"  alert {t['state']} {t['severity']} {t['rule']}: {t['summary']}")
     finally:
         store.close()
     sys.stdout.flush()
+
+
+def _failures_line(causes) -> str:
+    """Failed steps split into what the cache (or queue) explains, model errors and the rest, with slow steps."""
+    from kvobs.analytics.attribution import failure_split
+
+    split = failure_split(causes)
+    slow = causes[causes["slow"].astype(bool)] if not causes.empty else causes
+    slow_by_cause = slow["slow_cause"].value_counts() if not slow.empty else {}
+    slow_text = ", ".join(f"{cause} {n}" for cause, n in slow_by_cause.items()) or "none"
+    failed = sum(split.values())
+    return (f"failed steps: {failed} (explained by the KV cache: {split['cache']}, by the queue: {split['queue']}, "
+            f"timeouts without a KV cause: {split['timeout']}, model errors: {split['model']}, request errors: "
+            f"{split['request']}); slow steps by cause: {slow_text}")  # fmt: skip
 
 
 def _stop_all(children: list[subprocess.Popen]) -> None:

@@ -24,6 +24,9 @@ LABEL_STATUS = "status"
 LABEL_ERROR_TYPE = "error_type"
 LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
+
+# `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`.
+INCREASE_SUFFIX = ":increase"
 ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
 
 FINISHED_ABORT = "abort"
@@ -155,7 +158,10 @@ kvobs_metrics = SimpleNamespace(
                                 "Usable KV blocks (the reserved null block excluded)."),
     SESSION_PREFIX_LOST=_spec("kvobs_session_prefix_lost", "counter", "blocks",
                               "Cached blocks evicted by capacity pressure or TTL while a session that owned them was "
-                              "in a tool pause (no request in flight)."),
+                              "in a tool pause, counted when the pause is known (its next request began)."),
+    SESSION_PREFIX_LOST_PENDING=_spec("kvobs_session_prefix_lost_pending", "gauge", "blocks",
+                                      "Cached blocks idle sessions lost whose verdict is pending: a tool pause if "
+                                      "the session comes back, after its end if it is released or stays away."),
     REQUESTS_REJECTED=_spec("kvobs_requests_rejected", "counter", "requests",
                             "Requests refused before admission, by reason (queue_full).", LABEL_REASON),
     AGENT_STEPS=_spec("kvobs_agent_steps", "counter", "steps", "Agent steps finished, by status (ok, error).",

@@ -1,9 +1,7 @@
-"""Read queries over the store, as pandas DataFrames: what analytics, alerts, what-if and the dashboard read.
+"""Every read of the store, as pandas DataFrames: what analytics, alerts, what-if, collectors and the dashboard read.
 
-    store = open_store("sqlite:///kvobs.db")
-    window = time_range(store)                        # (first, last) epoch seconds, None for an empty store
-    snaps = instance_snapshots(store, *window)        # one row per instance per interval
-    rates = kv_event_counts(store, *window, bucket_s=60)
+    window = time_range(store)                                # (first, last) epoch seconds, None when empty
+    snaps, rates = instance_snapshots(store, *window), kv_event_counts(store, *window, bucket_s=60)
 
 Every function takes `since`/`until` (epoch seconds, inclusive) where the table is large, filters in SQL on
 indexed columns, and returns plain columns (block hashes as Python ints). Aggregations over `kv_events` run
@@ -18,6 +16,7 @@ import pandas as pd
 from sqlalchemy import Select, and_, distinct, exists, func, select
 from sqlalchemy.orm import aliased
 
+from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
 from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.db import Store
 from kvobs.store.schema import AlertRow, KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
@@ -54,15 +53,11 @@ def _between(stmt: Select, column, since: float | None, until: float | None) -> 
 
 def time_range(store: Store) -> tuple[float, float] | None:
     """First and last timestamp of anything observed (snapshots, requests, KV events, steps); None when empty."""
-    bounds = []
     with store.engine.connect() as conn:
-        for column in (SnapshotRow.ts, RequestRow.arrival_ts, KVEventRow.ts, StepRow.started_at):
-            low, high = conn.execute(select(func.min(column), func.max(column))).one()
-            if low is not None:
-                bounds.append((low, high))
-    if not bounds:
-        return None
-    return min(b[0] for b in bounds), max(b[1] for b in bounds)
+        bounds = [conn.execute(select(func.min(column), func.max(column))).one()
+                  for column in (SnapshotRow.ts, RequestRow.arrival_ts, KVEventRow.ts, StepRow.started_at)]  # fmt: skip
+    bounds = [(low, high) for low, high in bounds if low is not None]
+    return (min(b[0] for b in bounds), max(b[1] for b in bounds)) if bounds else None
 
 
 def instances(store: Store) -> list[str]:
@@ -93,7 +88,7 @@ def session_footprints(store: Store, since=None, until=None) -> pd.DataFrame:
     stmt = select(*_columns(SnapshotRow, "id")).join(
         latest, (SnapshotRow.session_id == latest.c.session_id) & (SnapshotRow.instance == latest.c.instance)
         & (SnapshotRow.ts == latest.c.ts),
-    )  # fmt: skip
+    ).order_by(SnapshotRow.id)  # fmt: skip
     return read(store, stmt).drop_duplicates(["session_id", "instance"], keep="last")
 
 
@@ -135,6 +130,30 @@ def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 6
                   func.count(distinct(KVEventRow.block_hash)).label("blocks"))  # fmt: skip
     stmt = _between(stmt, KVEventRow.ts, since, until).group_by(bucket, KVEventRow.kind, KVEventRow.reason)
     return read(store, stmt.order_by(bucket))
+
+
+def block_losses(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
+    """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
+
+    "Blocks lost" everywhere (Overview, What-if): evictions, invalidations and vLLM's removals (`BLOCK_LOSS_KINDS`),
+    one per (instance, time, block) however many owning sessions recorded it, so a block lost twice counts twice.
+    Resets (`cleared`) are not included: they drop every cached block at once and are shown on their own.
+    """
+    losses = _between(select(KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, KVEventRow.kind,
+                             KVEventRow.reason).where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS)),
+                      KVEventRow.ts, since, until).distinct().subquery()  # fmt: skip
+    bucket = (func.floor(losses.c.ts / bucket_s) * bucket_s).label("bucket")
+    stmt = select(bucket, losses.c.kind, losses.c.reason, func.count().label("blocks"))
+    return read(store, stmt.group_by(bucket, losses.c.kind, losses.c.reason).order_by(bucket))
+
+
+def scraped_hit_rate(store: Store, since=None, until=None) -> float | None:
+    """Prefix-cache hit tokens / queried tokens from vLLM's scraped counters (their stored increases) in the range."""
+    names = [spec.name + INCREASE_SUFFIX for spec in (vllm.PREFIX_CACHE_HITS, vllm.PREFIX_CACHE_QUERIES)]
+    samples = metric_series(store, names, since, until)
+    totals = samples.groupby("name")["value"].sum()
+    queried = float(totals.get(names[1], 0.0))
+    return float(totals.get(names[0], 0.0)) / queried if queried else None
 
 
 def kv_events(
@@ -217,6 +236,21 @@ def restored_blocks(store: Store, since: float, until: float) -> pd.DataFrame:
     return read(store, stmt)
 
 
+def block_lifetimes(store: Store, since: float, until: float) -> pd.DataFrame:
+    """Blocks lost in the window (one per block and time, whatever the owners), with `lifetime_s`: the time since
+    the same block was last stored on the same instance."""
+    stored = aliased(KVEventRow)
+    last_stored = (select(func.max(stored.ts)).where(
+        stored.kind == KVEventKind.STORED.value, stored.block_hash == KVEventRow.block_hash,
+        stored.instance == KVEventRow.instance, stored.ts <= KVEventRow.ts,
+    ).scalar_subquery())  # fmt: skip
+    stmt = (select(KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, (KVEventRow.ts - last_stored)
+                   .label("lifetime_s"))
+            .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
+            .distinct())  # fmt: skip
+    return read(store, stmt).dropna(subset=["lifetime_s"])
+
+
 def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
     """Every session snapshot up to `until` with its running count of blocks lost while idle."""
     idle = SnapshotRow.session_evicted_idle_blocks
@@ -225,9 +259,12 @@ def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
     return read(store, stmt)
 
 
-def step_counts(store: Store, since: float, until: float) -> tuple[int, int]:
-    """(steps, failed steps) started in the window."""
-    failed = func.sum(func.cast(StepRow.status == StepStatus.ERROR.value, StepRow.step_index.type))
+def step_counts(store: Store, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
+    """(steps, failed steps) started in the window; failures whose `error_type` is in `exclude_errors` not counted."""
+    is_failed = StepRow.status == StepStatus.ERROR.value
+    if exclude_errors:
+        is_failed = and_(is_failed, func.coalesce(StepRow.error_type, "").not_in(list(exclude_errors)))
+    failed = func.sum(func.cast(is_failed, StepRow.step_index.type))
     stmt = select(func.count(), failed).where(StepRow.started_at >= since, StepRow.started_at <= until)
     with store.engine.connect() as conn:
         total, num_failed = conn.execute(stmt).one()
@@ -241,13 +278,23 @@ def latest_alert_states(store: Store) -> pd.DataFrame:
     return read(store, select(*_columns(AlertRow)).join(latest, AlertRow.id == latest.c.id))
 
 
+def session_ends(store: Store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
+    """session id -> `ended_at`, for the given sessions that have ended."""
+    ends = _lookup(
+        store, SessionRow.session_id, SessionRow.ended_at, session_ids, chunk, SessionRow.ended_at.is_not(None)
+    )
+    return {session_id: float(ended) for session_id, ended in ends.items()}
+
+
 def trace_sessions(store: Store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
     """trace id -> session id, from the agent steps recorded with those trace ids."""
-    trace_ids = list(trace_ids)
-    found: dict[str, str] = {}
+    return _lookup(store, StepRow.trace_id, StepRow.session_id, trace_ids, chunk)
+
+
+def _lookup(store: Store, key, value, keys: Iterable, chunk: int, *where) -> dict:
+    """key -> value for the given keys, `chunk` keys per query (an IN list stays within what databases take)."""
+    keys, found = list(keys), {}
     with store.engine.connect() as conn:
-        for i in range(0, len(trace_ids), chunk):
-            rows = conn.execute(select(StepRow.trace_id, StepRow.session_id)
-                                .where(StepRow.trace_id.in_(trace_ids[i : i + chunk])))  # fmt: skip
-            found.update((t, sid) for t, sid in rows)
+        for i in range(0, len(keys), chunk):
+            found.update(conn.execute(select(key, value).where(key.in_(keys[i : i + chunk]), *where)).all())
     return found

@@ -125,7 +125,8 @@ class SnapshotRecord(Record):
     blocks_resident: int | None = None
     session_blocks: int | None = None
     session_evicted_blocks: int | None = None
-    session_evicted_idle_blocks: int | None = None
+    session_evicted_idle_blocks: int | None = None  # lost in a tool pause (settled: the session came back)
+    session_pending_idle_blocks: int | None = None  # lost while idle, pause or end not known yet
     session_hit_tokens: int | None = None
     hit_rate: float | None = None
     num_running: int | None = None

@@ -148,7 +148,8 @@ class SnapshotRow(Base):
     blocks_resident: Mapped[int | None] = mapped_column(Integer)
     session_blocks: Mapped[int | None] = mapped_column(Integer)  # blocks the session holds or has cached
     session_evicted_blocks: Mapped[int | None] = mapped_column(Integer)  # evicted so far
-    session_evicted_idle_blocks: Mapped[int | None] = mapped_column(Integer)  # ... while in a tool pause
+    session_evicted_idle_blocks: Mapped[int | None] = mapped_column(Integer)  # ... in a tool pause (settled)
+    session_pending_idle_blocks: Mapped[int | None] = mapped_column(Integer)  # ... while idle, not yet settled
     session_hit_tokens: Mapped[int | None] = mapped_column(Integer)
     hit_rate: Mapped[float | None] = mapped_column(Float)
     num_running: Mapped[int | None] = mapped_column(Integer)

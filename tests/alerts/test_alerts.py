@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -19,8 +20,8 @@ from kvobs.store import queries
 
 def test_builtin_rules_cover_the_issue():
     signals = {r.signal for r in builtin_rules()}
-    assert signals == {"kv_usage", "preemptions_per_min", "hit_rate", "eviction_churn", "session_prefix_lost_idle",
-                       "step_failure_rate", "ttft_slo_burn", "instance_up"}  # fmt: skip
+    assert signals == {"kv_usage", "preemptions_per_min", "hit_rate", "median_block_lifetime_s",
+                       "prefix_lost_in_pause_per_min", "step_failure_rate", "ttft_slo_burn", "instance_up"}  # fmt: skip
 
 
 RULE = "rules: [{{name: {name}, signal: kv_usage, op: '>', threshold: 1, severity: info, {extra}}}]"
@@ -46,12 +47,12 @@ def test_malformed_rules_fail_at_load_naming_rule_and_field(body, message):
 
 def test_rule_file_overrides_builtin_by_name(tmp_path):
     path = tmp_path / "rules.yaml"
-    path.write_text("rules:\n  - {name: PreemptionStorm, signal: preemptions_per_min, op: '>=', threshold: 1,"
+    path.write_text("rules:\n  - {name: KVCachePreemptionStorm, signal: preemptions_per_min, op: '>=', threshold: 1,"
                     " severity: critical, window: 1h}\n")  # fmt: skip
     rules = {r.name: r for r in load_rules(path)}
-    assert rules["PreemptionStorm"].threshold == 1 and rules["PreemptionStorm"].window_s == 3600
+    assert rules["KVCachePreemptionStorm"].threshold == 1 and rules["KVCachePreemptionStorm"].window_s == 3600
     assert len(rules) == len(builtin_rules())
-    assert [r.name for r in load_rules(path, include_builtin=False)] == ["PreemptionStorm"]
+    assert [r.name for r in load_rules(path, include_builtin=False)] == ["KVCachePreemptionStorm"]
 
 
 class Hook(BaseHTTPRequestHandler):
@@ -87,21 +88,28 @@ def test_agent_run_fires_what_happened_once_then_resolves(agent_run, webhook, tm
     end = queries.time_range(agent_run.store)[1]
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")  # alerts go to a copy: the shared run stays as it was
     _copy(agent_run.store, store)
-    rules = [r for r in builtin_rules() if r.name in ("SessionPrefixLostInToolPause", "AgentStepFailureRate",
-                                                      "EvictionChurn", "InstanceDown")]  # fmt: skip
+    first = queries.time_range(store)[0]
+    window = end - first + 1
+    # The built-in rules with a window covering the whole 30 s run and no `for` (the run is shorter than theirs).
+    zero = ("SessionPrefixLostInToolPause", "AgentStepFailureRate")
+    rules = [replace(r, window_s=window, for_s=0.0, threshold=0.0 if r.name in zero else r.threshold)
+             for r in builtin_rules() if r.name in ("SessionPrefixLostInToolPause", "AgentStepFailureRate",
+                                                    "KVCacheEvictionChurn", "CollectorTargetDown")]  # fmt: skip
     sink = WebhookSink(webhook, backoff_s=0.01)
     evaluator = Evaluator(store, rules, sinks=[sink])
     fired = evaluator.evaluate(end)
     by_rule = {}
     for t in fired:
         by_rule.setdefault(t["rule"], []).append(t)
-    failure_rate = agent_run.result.num_failed / agent_run.result.steps
-    assert by_rule["AgentStepFailureRate"][0]["value"] == pytest.approx(failure_rate)
-    lost = queries.session_footprints(store).set_index("session_id")["session_evicted_idle_blocks"]
-    assert {t["session_id"]: t["value"] for t in by_rule["SessionPrefixLostInToolPause"]} == {
-        s: float(v) for s, v in lost.items() if v > 0
-    }  # the window covers the whole 30 s run
-    assert "InstanceDown" not in by_rule  # our engine is not scraped here: no `up` samples, nothing fires
+    not_model = agent_run.result.num_failed - agent_run.result.failed["invalid_response"]  # model output errors
+    assert agent_run.result.failed["invalid_response"] > 0  # ... happened, and are not counted as failures here
+    assert by_rule["AgentStepFailureRate"][0]["value"] == pytest.approx(not_model / agent_run.result.steps)
+    lost = queries.session_footprints(store)["session_evicted_idle_blocks"].fillna(0).sum()
+    assert lost > 0  # settled pause losses: sessions came back after losing blocks
+    (prefix,) = by_rule["SessionPrefixLostInToolPause"]  # one instance: a rate, per instance, not a session each
+    assert prefix["instance"] == "engine-test" and prefix["session_id"] is None
+    assert prefix["value"] == pytest.approx(lost * 60 / window)
+    assert "CollectorTargetDown" not in by_rule  # our engine is not scraped here: no `up` samples, nothing fires
     assert evaluator.evaluate(end) == []  # deduplicated: still firing, nothing new
     assert len(queries.alerts(store)) == len(fired)
     later = evaluator.evaluate(end + 3600)  # an hour on, no data: everything resolves

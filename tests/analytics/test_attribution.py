@@ -81,3 +81,46 @@ def test_vllm_steps_join_their_requests_by_caller_span(vllm_run):
     failed = frame[frame["status"] == "error"]
     assert list(failed["session_id"]) == ["sess-10"]  # HTTP 400: context outgrew 2,048 tokens (fixture README)
     assert frame["blocks_lost_in_pause"].sum() > 0  # 32 blocks for 12 sessions
+
+
+def test_failures_keep_their_own_error_and_only_timeouts_take_a_kv_cause(agent_run):
+    frame = attributed(agent_run)
+    failed = frame[frame["status"] == "error"]
+    not_timeouts = failed[failed["error_type"] != "timeout"]
+    assert not not_timeouts.empty  # the planner's invalid_response
+    assert (not_timeouts["failure_cause"] == not_timeouts["error_type"]).all()
+    assert set(not_timeouts["failure_kind"]) <= {"model", "request"}
+    assert (failed.loc[failed["error_type"] == "invalid_response", "failure_kind"] == "model").all()
+    for row in failed[failed["error_type"] == "timeout"].itertuples():
+        assert row.failure_cause == (row.cause if row.cause != "none" else "timeout")
+    assert frame.loc[frame["status"] == "ok", "failure_cause"].isna().all()
+    summary = failure_summary(frame)
+    assert summary["failed_steps"].sum() == len(failed)
+    assert "prefix_evicted_in_pause" not in set(summary.loc[summary["failure_kind"] == "model", "failure_cause"])
+    assert (frame.loc[~frame["slow"], "slow_cause"] == "none").all()
+
+
+def test_a_model_error_after_a_pause_that_lost_the_prefix_fails_for_the_model_and_is_slow_for_the_cache(agent_run):
+    """Scripted on a real session's rows: its second step lost its prefix in the tool pause before it, took four
+    times its usual TTFT, and then failed with invalid_response. It failed because of the model; it was slow
+    because of the eviction."""
+    store = agent_run.store
+    steps = queries.steps(store).sort_values(["session_id", "step_index"])
+    session = steps.groupby("session_id").size().idxmax()
+    mine = steps[steps["session_id"] == session].copy()
+    reqs = queries.requests(store, session_id=session)
+    first, second = reqs.iloc[0], reqs.iloc[1]
+    gap_ts = (first["finished_ts"] + second["arrival_ts"]) / 2
+    lost = pd.DataFrame([{"ts": gap_ts, "instance": "engine-test", "kind": "evicted", "block_hash": 1000 + i,
+                          "parent_hash": None, "num_tokens": 16, "session_id": session, "request_id": "other",
+                          "reason": "capacity", "medium": "CPU"} for i in range(3)])  # fmt: skip
+    typical = mine["ttft_s"].median()
+    mine.loc[mine["step_index"] == 1, ["status", "error_type", "ttft_s"]] = ["error", "invalid_response", 4 * typical]
+    frame = attribute_steps(mine, reqs, lost).set_index("step_index")
+    step = frame.loc[1]
+    assert step["blocks_lost_in_pause"] == 3 and step["cause"] == "prefix_evicted_in_pause"
+    assert (step["failure_cause"], step["failure_kind"]) == ("invalid_response", "model")
+    assert bool(step["slow"]) and step["slow_cause"] == "prefix_evicted_in_pause"
+    mine.loc[mine["step_index"] == 1, "error_type"] = "timeout"  # the same step timing out instead
+    timed_out = attribute_steps(mine, reqs, lost).set_index("step_index").loc[1]
+    assert (timed_out["failure_cause"], timed_out["failure_kind"]) == ("prefix_evicted_in_pause", "cache")

@@ -37,11 +37,14 @@ def request_intervals() -> dict[str, list[tuple[float, float]]]:
 
 
 def kv_outcome() -> dict:
-    """Rows per (kind, session), final resident blocks, blocks lost and lost-while-idle per session."""
+    """Rows per (kind, session), final resident blocks, blocks lost, and per session the removals while it was idle,
+    by hindsight from the request spans: `pause` (a later request of the session exists) or `after_end` (none:
+    every recorded session ended after its last step, as the agent SDK records)."""
     owners: dict[int, set] = {}
     rows: Counter = Counter()
     lost: Counter = Counter()
-    idle: Counter = Counter()
+    pause: Counter = Counter()
+    after_end: Counter = Counter()
     intervals = request_intervals()
     for ts, events in batches():
         for e in events:
@@ -56,7 +59,7 @@ def kv_outcome() -> dict:
                         lost[s] += 1
                         spans = intervals.get(s, [])
                         if spans and ts >= min(a for a, _ in spans) and not any(a <= ts <= b for a, b in spans):
-                            idle[s] += 1
+                            (pause if any(a > ts for a, _ in spans) else after_end)[s] += 1
             elif e["type"] == "AllBlocksCleared":
                 rows[("cleared", None)] += 1
                 for sessions in owners.values():
@@ -64,4 +67,4 @@ def kv_outcome() -> dict:
                         lost[s] += 1
                 owners.clear()
     resident = Counter(s for sessions in owners.values() for s in sessions)
-    return {"rows": rows, "resident": resident, "lost": lost, "idle": idle}
+    return {"rows": rows, "resident": resident, "lost": lost, "pause": pause, "after_end": after_end}

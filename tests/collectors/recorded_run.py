@@ -9,7 +9,9 @@ from contextlib import contextmanager
 import httpx
 
 from collectors.collector import Collector, CollectorOptions
-from kvobs.store.schema import StepRow
+from kvobs.semconv.spans import SessionSource
+from kvobs.store import StoreWriter
+from kvobs.store.rows import SessionRecord, StepRecord
 from tests.collectors.recorded import agent_steps, kv_messages, otlp_bodies, scrapes
 from tests.collectors.replay import metrics_server, publisher, wait_subscribed
 from tests.server.conftest import free_port
@@ -17,12 +19,18 @@ from tests.waiting import wait_for
 
 
 def record_agent_steps(store) -> None:
-    """What the agent SDK (StoreStepRecorder) would have written for the recorded workload."""
-    with store.session() as s, s.begin():
-        for step in agent_steps():
-            s.add(StepRow(session_id=step["session"], step_index=step["step"], trace_id=step["trace_id"],
-                          span_id=step["span_id"], started_at=step["start"], ended_at=step["end"],
-                          status="ok" if step["ok"] else "error"))  # fmt: skip
+    """What the agent SDK (StoreStepRecorder) would have written for the recorded workload: its steps, and each
+    session's row with `ended_at` (the end of its last step: the workload ended each session there)."""
+    writer = StoreWriter(store)
+    ended: dict[str, float] = {}
+    for step in agent_steps():
+        writer.add(StepRecord(session_id=step["session"], step_index=step["step"], trace_id=step["trace_id"],
+                              span_id=step["span_id"], started_at=step["start"], ended_at=step["end"],
+                              status="ok" if step["ok"] else "error"))  # fmt: skip
+        ended[step["session"]] = max(ended.get(step["session"], 0.0), step["end"])
+    for session, end in ended.items():
+        writer.upsert(SessionRecord(session, source=SessionSource.SDK.value, ended_at=end))
+    writer.close()
 
 
 @contextmanager

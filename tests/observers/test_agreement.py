@@ -1,6 +1,7 @@
-"""Every observer tells the same losses: one real engine run (capacity evictions while a session waits on a tool,
-an invalidation, a session's release, a prefix-cache reset) fed to the Prometheus metrics, the spans, the store
-recorder, the vLLM-format publisher and the loss tally. Each counts the same blocks under the same reasons."""
+"""Every observer tells the same losses: one real engine run (capacity evictions while sessions are idle, one of
+which comes back (a tool pause) and one of which is released (after its end), an invalidation, a prefix-cache
+reset) fed to the Prometheus metrics, the spans, the store recorder, the vLLM-format publisher and the loss tally.
+Each counts the same blocks under the same reasons, and the same idle losses as pause, after-end or pending."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.semconv import attributes as a
 from kvobs.semconv.reasons import EvictionReason, InvalidationReason
-from kvobs.store import StoreWriter
+from kvobs.store import StoreWriter, queries
 from kvobs.store.schema import KVEventRow
 from kvobs.vllm import kv_events as wire
 
@@ -50,7 +51,9 @@ def step_results(make_llm):
     llm = make_llm(num_blocks=14, block_size=BLOCK_SIZE, max_model_len=128)
     engine = llm.engine
     prompts = {f"s{i}": [100 + 50 * i + t for t in range(70)] for i in range(4)}  # 5 blocks each, no shared prefix
-    results = _run(engine, prompts)
+    results = _run(engine, prompts)  # s2 and s3 evict the idle s0's and s1's blocks: pending
+    results += _run(engine, {"s0": prompts["s0"] + [7, 8, 9]})  # s0 comes back: its losses were in a tool pause
+    results.append(_between_steps(engine, lambda e: e.release_session("s1")))  # s1 is done: lost after its end
     results.append(_between_steps(engine, lambda e: e.invalidate("session_forget", session_id="s3")))
     results += _run(engine, {"s4": [900 + t for t in range(40)]})
     results.append(_between_steps(engine, lambda e: e.release_session("s4")))
@@ -90,15 +93,15 @@ def test_every_observer_counts_the_same_losses_under_the_same_reasons(step_resul
     # The run produced each kind of loss (else the comparison below would prove little).
     assert evicted[EvictionReason.CAPACITY] > 0 and evicted[EvictionReason.INVALIDATION] > 0
     assert evicted[EvictionReason.SESSION_RELEASE] > 0 and evicted[EvictionReason.RESET] > 0
-    assert tally.num_lost_in_pause > 0
+    assert tally.num_lost_in_pause > 0 and tally.num_lost_after_end > 0
 
     # The loss tally (what-if) and Prometheus.
     assert Counter(tally.by_reason) == evicted
     assert invalidated == {InvalidationReason.SESSION_FORGET: evicted[EvictionReason.INVALIDATION],
                            InvalidationReason.MANUAL_RESET: evicted[EvictionReason.RESET]}  # fmt: skip
-    prom_pause = sum(s.value for f in metrics.registry.collect() for s in f.samples
-                     if s.name == "kvobs_session_prefix_lost_total")  # fmt: skip
-    assert prom_pause == tally.num_lost_in_pause
+    samples = {s.name: s.value for f in metrics.registry.collect() for s in f.samples if "prefix_lost" in s.name}
+    assert samples["kvobs_session_prefix_lost_total"] == tally.num_lost_in_pause
+    assert samples["kvobs_session_prefix_lost_pending"] == tally.num_pending
 
     # Store rows: one row per owner of a lost block; distinct (ts, block) per reason equals the counters.
     with store.session() as s:
@@ -111,6 +114,9 @@ def test_every_observer_counts_the_same_losses_under_the_same_reasons(step_resul
                          InvalidationReason.SESSION_FORGET: invalidated[InvalidationReason.SESSION_FORGET]}  # fmt: skip
     (cleared,) = [(reason, n) for kind, reason, _, _, n in rows if kind == "cleared"]
     assert cleared == (EvictionReason.RESET, evicted[EvictionReason.RESET] * BLOCK_SIZE)
+    latest = queries.session_footprints(store)  # each session's latest snapshot
+    assert latest["session_evicted_idle_blocks"].sum() == tally.num_lost_in_pause
+    assert latest["session_pending_idle_blocks"].sum() == tally.num_pending
 
     # Spans: request spans' kvcache.evict events (capacity), kvcache.evict spans (release), invalidate spans.
     span_evicted = Counter()
@@ -139,7 +145,7 @@ def test_a_session_that_lost_blocks_in_its_pause_is_told_so_by_spans_and_store(s
     _, spans, tally, _ = _observe(step_results, store)
     paused = {s for span in spans if span.name == "llm_request" for e in span.events if e.name == "kvcache.evict"
               for s in e.attributes[a.KV_SESSIONS_PAUSED]}  # fmt: skip
-    assert paused and paused <= {"s0", "s1", "s2"}  # only sessions that had finished a request were paused
+    assert paused and paused <= {"s0", "s1", "s2"}  # only sessions that had finished a request were idle
     with store.session() as s:
         owners = set(s.scalars(select(KVEventRow.session_id).where(KVEventRow.kind == "evicted",
                                                                      KVEventRow.reason == "capacity")))  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from instrumented_engine.whatif import ReplayPlan, simulate
+from instrumented_engine.whatif import ReplayPlan, ReplayRequest, simulate
 from tests.runs import NUM_BLOCKS
 
 
@@ -43,6 +43,30 @@ def test_session_ttl_protects_paused_sessions(agent_run):
     lru = simulate(plan, num_blocks=60, policy="lru")
     ttl = simulate(plan, num_blocks=60, policy="session_ttl", ttl_s=60)
     assert ttl.lost_in_pause_blocks <= lru.lost_in_pause_blocks
+
+
+def _request(rid: str, session: str, start: float, chain: range, tokens: int) -> ReplayRequest:
+    return ReplayRequest(rid, session, start, start + 1.0, tokens, tokens, tuple(chain))
+
+
+def test_session_ttl_longer_than_every_pause_loses_nothing_in_a_pause_when_the_cache_holds_the_pausing_sessions():
+    """Scripted: sessions a and b pause between two requests; one-shot sessions t1, t2 pass through in the meantime.
+    12 usable blocks hold both pausing sessions (4 blocks each) and one one-shot session. LRU takes the paused
+    sessions' blocks (they are the oldest); session_ttl with a TTL longer than the pauses takes the one-shot
+    sessions' (they have ended), so nothing is lost in a pause. TTL 0 protects nothing: it is LRU."""
+    plan = ReplayPlan([
+        _request("a1", "a", 0.0, range(100, 104), 16), _request("b1", "b", 2.0, range(200, 204), 16),
+        _request("t1", "t1", 4.0, range(300, 304), 16), _request("t2", "t2", 6.0, range(400, 404), 16),
+        _request("a2", "a", 8.0, range(100, 105), 20), _request("b2", "b", 10.0, range(200, 205), 20),
+    ], block_size=4)  # fmt: skip
+    lru = simulate(plan, num_blocks=13, policy="lru")
+    ttl = simulate(plan, num_blocks=13, policy="session_ttl", ttl_s=100.0)
+    zero = simulate(plan, num_blocks=13, policy="session_ttl", ttl_s=0.0)
+    assert lru.lost_in_pause_blocks > 0 and lru.hit_rate < ttl.hit_rate
+    assert ttl.lost_in_pause_blocks == 0 and ttl.evicted_blocks > 0  # it evicted, but only ended sessions' blocks
+    assert ttl.hit_tokens == 2 * 16  # a2 and b2 found their 4 blocks
+    assert (zero.evicted_blocks, zero.lost_in_pause_blocks, zero.hit_tokens) == (
+        lru.evicted_blocks, lru.lost_in_pause_blocks, lru.hit_tokens)  # fmt: skip
 
 
 def test_vllm_replay_and_cli(vllm_run):
