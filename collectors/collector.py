@@ -28,8 +28,9 @@ from collectors.otlp_forward import OTLPForwarder, check_forward_url
 from collectors.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.own_metrics import CollectorMetrics
 from collectors.scraper import Scraper, ScrapeTarget
-from collectors.session_activity import DEFAULT_END_AFTER_S, SessionActivity
+from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
+from kvobs.semconv.protocol import SESSION_END_AFTER_S
 from kvobs.store import queries
 from kvobs.store.db import Store, open_store
 from kvobs.store.writer import StoreWriter
@@ -58,7 +59,7 @@ class CollectorOptions:
     instance: str | None = None
     interval_s: float = 5.0
     settle_s: float = 10.0
-    session_end_after_s: float = DEFAULT_END_AFTER_S  # a session with no request this long (stream time) ended
+    session_end_after_s: float = SESSION_END_AFTER_S  # a session with no request this long (stream time) ended
     metrics_address: str | None = None  # host:port of the collector's own /metrics
 
     def __post_init__(self) -> None:

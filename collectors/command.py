@@ -14,8 +14,7 @@ import signal
 import sys
 import threading
 
-from collectors.session_activity import DEFAULT_END_AFTER_S
-from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.commands.common import add_session_end_flag, add_store_flag, start_or_report
 from kvobs.store.db import STORE_URL_ENV
 
 log = logging.getLogger(__name__)
@@ -63,12 +62,7 @@ def add_parser(sub) -> None:
         default=10.0,
         help="seconds an eviction waits for its session's request spans before it is classified idle/busy",
     )
-    p.add_argument(
-        "--session-end-after-s",
-        type=float,
-        default=DEFAULT_END_AFTER_S,
-        help="a session with no request this long has ended: blocks it loses after that are no tool-pause losses",
-    )
+    add_session_end_flag(p)
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
     p.set_defaults(func=run)  # fmt: skip
 

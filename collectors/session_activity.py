@@ -21,7 +21,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-DEFAULT_END_AFTER_S = 300.0  # as the engine's `--session-end-after-s`
+from kvobs.semconv.protocol import SESSION_END_AFTER_S
+
 BUSY, BEFORE, UNKNOWN = "busy", "before", "unknown"  # no idle loss at all
 PAUSE, AFTER_END, PENDING = "pause", "after_end", "pending"  # idle losses, by hindsight
 
@@ -40,7 +41,7 @@ class SessionActivity:
 
     def __init__(self, resolve: Resolver | None = None, *, max_sessions: int = 100_000,
                  max_unresolved: int = 100_000, unresolved_ttl_s: float = 300.0,
-                 end_after_s: float = DEFAULT_END_AFTER_S,
+                 end_after_s: float = SESSION_END_AFTER_S,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.resolve = resolve
         self.max_sessions = max_sessions

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from instrumented_engine.engine.session_pauses import DEFAULT_END_AFTER_S
+from kvobs.semconv.protocol import SESSION_END_AFTER_S
 from kvobs.semconv.reasons import EvictionPolicyName, names
 
 EVICTION_POLICIES = names(EvictionPolicyName)
@@ -55,7 +55,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     eviction_policy: str = EvictionPolicyName.LRU.value
     session_ttl_s: float = 30.0
-    session_end_after_s: float | None = DEFAULT_END_AFTER_S
+    session_end_after_s: float | None = SESSION_END_AFTER_S
     seed: int = 0
 
     def __post_init__(self) -> None:

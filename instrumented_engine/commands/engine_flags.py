@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from instrumented_engine.engine.session_pauses import DEFAULT_END_AFTER_S
+from kvobs.commands.common import add_session_end_flag
 from kvobs.semconv.reasons import EvictionPolicyName, names
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
@@ -33,12 +33,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--eviction-policy", default=EvictionPolicyName.LRU.value, choices=names(EvictionPolicyName))
     parser.add_argument("--session-ttl", type=float, default=30.0, help="session_ttl: seconds a paused session is kept")
-    parser.add_argument(
-        "--session-end-after-s",
-        type=float,
-        default=DEFAULT_END_AFTER_S,
-        help="a session idle this long has ended: what it loses after that is no tool-pause loss",
-    )
+    add_session_end_flag(parser)
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
 
 

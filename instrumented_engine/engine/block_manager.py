@@ -2,14 +2,13 @@
 
 Invariants:
 - Block 0 is a null placeholder, never allocated (padding in block tables points at it).
-- Every block with ref_cnt 0 is in the free queue, cached or not; a cached block stays in the hash
-  map until it is taken for new content (eviction) or invalidated.
+- Every block with ref_cnt 0 is in the free queue, cached or not; a cached block stays in the hash map until it
+  is taken for new content (eviction) or invalidated. Sessions and invalidation: `session_lifecycle`, `invalidation`.
 - Prefix lookup walks a request's full-block hashes from the start and stops at the first miss;
   at most num_tokens - 1 tokens can hit (the last token is recomputed for its logits).
 - Blocks are registered (hashed, `BlocksStored`) only after their KV has been written.
 - Freeing walks a block table in reverse, so a chain's tail is evicted before its head; uncached
   blocks go to the queue head (reused first), cached ones to the tail (LRU).
-
 The manager holds no tensors, so the same code runs the engine and the what-if simulator.
 """
 
@@ -27,7 +26,8 @@ from instrumented_engine.engine.hashing import BlockHash, external_hash, hash_ch
 from instrumented_engine.engine.invalidation import Invalidation
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.engine.session_lifecycle import SessionLifecycle
-from instrumented_engine.engine.session_pauses import DEFAULT_END_AFTER_S, SessionPauses
+from instrumented_engine.engine.session_pauses import SessionPauses
+from kvobs.semconv.protocol import SESSION_END_AFTER_S
 from kvobs.semconv.reasons import PRESSURE_REASONS, EvictionReason, InvalidationReason
 
 
@@ -51,7 +51,7 @@ class BlockManager(SessionLifecycle, Invalidation):
         enable_caching: bool = True,
         policy: EvictionPolicy | None = None,
         clock: Callable[[], float] = time.time,
-        session_end_after_s: float | None = DEFAULT_END_AFTER_S,
+        session_end_after_s: float | None = SESSION_END_AFTER_S,
     ) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved); got {num_blocks}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-DEFAULT_END_AFTER_S = 300.0
+from kvobs.semconv.protocol import SESSION_END_AFTER_S
 
 
 class SessionPauses:
@@ -27,7 +27,7 @@ class SessionPauses:
     end_after_s: a session idle this long after its last request has ended (None: only a release ends it).
     """
 
-    def __init__(self, end_after_s: float | None = DEFAULT_END_AFTER_S) -> None:
+    def __init__(self, end_after_s: float | None = SESSION_END_AFTER_S) -> None:
         if end_after_s is not None and end_after_s <= 0:
             raise ValueError(f"end_after_s must be positive; got {end_after_s}")
         self.end_after_s = end_after_s

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+from kvobs.semconv.protocol import SESSION_END_AFTER_S
 from kvobs.store.db import DEFAULT_STORE_URL, STORE_URL_ENV
 
 T = TypeVar("T")
@@ -17,6 +18,13 @@ def add_store_flag(parser: argparse.ArgumentParser, *, what: str = "", optional:
     default = f"{STORE_URL_ENV}, else none" if optional else f"{STORE_URL_ENV}, else {DEFAULT_STORE_URL}"
     examples = " (e.g. sqlite:///kvobs.db, postgresql://user@host/db)" if optional else ""
     parser.add_argument("--store", help=f"store URL{' for ' + what if what else ''}{examples}; default: {default}")
+
+
+def add_session_end_flag(parser: argparse.ArgumentParser) -> None:
+    """`--session-end-after-s S`: when an idle session counts as ended (engine and collector alike)."""
+    parser.add_argument("--session-end-after-s", type=float, default=SESSION_END_AFTER_S, metavar="S",
+                        help="a session with no request this long has ended: blocks it loses after that are no "
+                        "tool-pause losses (the agent SDK ends its sessions at once)")  # fmt: skip
 
 
 def start_or_report(command: str, start: Callable[[], T]) -> T | None:

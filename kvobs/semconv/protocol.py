@@ -10,5 +10,9 @@ SESSION_ID_HEADER = "X-Session-ID"
 ENGINE_PORT = 8000  # kvobs serve: OpenAI API, /metrics (vLLM's default too)
 DASHBOARD_PORT = 8501  # kvobs dashboard (Streamlit's default)
 
+# A session idle this long after its last request has ended (`--session-end-after-s` of `kvobs serve` and
+# `kvobs collect`): what it loses after that is lost after its end, never in a tool pause.
+SESSION_END_AFTER_S = 300.0
+
 # `kv_events.reason` of a `hit` row when a preempted request looked its prefix up again.
 READMISSION = "readmission"

@@ -38,8 +38,10 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
     if page == "sessions":
         assert len(at.selectbox(key="session").options) == 6
         steps = at.dataframe[1].value
-        assert len(steps) == 3 and set(steps["cause"]) <= {"invalidated", "prefix_evicted_in_pause", "preempted",
-                                                           "queue_wait", "none"}  # fmt: skip
+        assert len(steps) == 3 and set(steps["slow_cause"]) <= {"invalidated", "prefix_evicted_in_pause", "preempted",
+                                                                "queue_wait", "cold_prefix", "none"}  # fmt: skip
+        failed, ok = steps[steps["status"] == "error"], steps[steps["status"] == "ok"]
+        assert failed["failure_cause"].notna().all() and ok["failure_cause"].isna().all()
         assert steps["trace"].str.startswith("http://jaeger.example:16686/trace/").all()
     if page == "pressure":
         at.selectbox(key="pressure_y").set_value("ttft_p50").run()
