@@ -204,8 +204,13 @@ def _print_round(result, store_url: str, started: float) -> None:
         hit = f"{cached / prompt:.0%} of {int(prompt):,} prompt tokens" if prompt else "no prompt tokens"
         print(f"  {result.steps} steps in {result.wall_s:.0f} s; prefix cache hits: {hit}")
         print(f"  {_failures_line(step_causes(store, started, None))}")
-        for t in Evaluator(store, load_rules(None)).evaluate(time.time()):
+        transitions = Evaluator(store, load_rules(None)).evaluate(time.time())
+        for t in transitions:
             print(f"  alert {t['state']} {t['severity']} {t['rule']}: {t['summary']}")
+        if not transitions:
+            print(
+                "  alerts: no change (the built-in rules hold for minutes before they fire: kvobs alerts --list-rules)"
+            )
     finally:
         store.close()
     sys.stdout.flush()
