@@ -169,6 +169,8 @@ class AsyncEngine:
                 self._run_commands(block=not busy)
                 if self.engine.has_unfinished_requests():
                     self._publish(self.engine.step())
+                elif not busy:
+                    self._end_idle_sessions()
         except BaseException as exc:  # the loop must not die silently: fail every request
             log.exception("the engine loop stopped")
             self.error = exc
@@ -190,6 +192,13 @@ class AsyncEngine:
             except queue.Empty:
                 break
         events = self.engine.take_events()  # what aborts and admin calls did to the cache
+        if events:
+            self._publish(StepResult([], self.engine.current_stats(), events))
+
+    def _end_idle_sessions(self) -> None:
+        """An idle engine still ends sessions idle past the horizon (a step does it when requests run)."""
+        self.engine.block_manager.expire_idle_sessions()
+        events = self.engine.take_events()
         if events:
             self._publish(StepResult([], self.engine.current_stats(), events))
 

@@ -3,8 +3,8 @@
 `BlockManager` inherits it. A session's requests begin and end (`SessionPauses` tracks who is idle since when);
 losses while a session is idle are pending until hindsight settles them (`IdleLossesSettled`): in a tool pause when
 its next request begins, after its end when it is ended or released, or idle past the session-end horizon
-(checked before every schedule). Releasing a session also drops the cached free blocks only it used
-(`BlockEvicted`, reason `session_release`).
+(checked before every schedule, and by the idle engine loop). Releasing a session also drops the cached free
+blocks only it used (`BlockEvicted`, reason `session_release`).
 """
 
 from __future__ import annotations

@@ -90,3 +90,32 @@ def test_a_loss_during_a_running_request_or_an_invalidation_is_no_idle_loss():
     bm.invalidate("session_forget", session_id="c")  # c is idle, but an invalidation is no pressure
     tally.add(bm.take_events())
     assert tally.num_pending == 0 and tally.by_reason == {"invalidation": 2}
+
+
+def test_an_idle_engine_ends_sessions_past_the_horizon(smollm2_source):
+    """No request runs, so no step: the engine loop itself settles the pending losses once the horizon passes."""
+    from instrumented_engine.config import EngineConfig
+    from instrumented_engine.engine.async_engine import AsyncEngine
+    from instrumented_engine.engine.llm_engine import LLMEngine
+    from instrumented_engine.sampling_params import SamplingParams
+    from tests.waiting import wait_for
+
+    clock = FakeClock()
+    config = EngineConfig(num_blocks=10, block_size=16, max_model_len=128, session_end_after_s=60.0)
+    engine = LLMEngine(config, source=smollm2_source, progress=False, clock=clock)
+    params = SamplingParams(temperature=0, max_tokens=2)
+    tally = LossTally()
+    for session, first in (("a", 100), ("b", 500)):  # b's prompt needs the blocks a left cached: a is idle
+        engine.add_request(list(range(first, first + 100)), params, session_id=session)
+        while engine.has_unfinished_requests():
+            tally.add(engine.step().events)
+    assert tally.num_pending > 0
+    pending = tally.num_pending
+    async_engine = AsyncEngine(engine, observers=[tally])
+    async_engine.start()
+    try:
+        clock.advance(61)
+        wait_for(lambda: tally.num_lost_after_end == pending, timeout_s=10)
+    finally:
+        async_engine.stop()
+    assert tally.num_pending == 0 and tally.num_lost_in_pause == 0
