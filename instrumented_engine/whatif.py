@@ -4,8 +4,10 @@
     for n in (32, 64, 128):
         print(simulate(plan, num_blocks=n, policy="session_ttl", ttl_s=30).hit_rate)
 
-Each recorded request arrives when it was recorded looking its prefix up (arrival + queue time) with its rebuilt
-chain (see `kvobs.analytics.chains`), looks its prefix up, takes blocks for its whole length (prompt + output) and
+Our engine's data is replayed step for step from its recorded traffic (`recorded_replay`): at the observed size and
+policy that reproduces the run. Otherwise (vLLM's data, which has no allocations), each recorded request arrives
+when it was recorded looking its prefix up (arrival + queue time) with its rebuilt chain (see
+`kvobs.analytics.chains`), looks its prefix up, takes blocks for its whole length (prompt + output) and
 holds them until its recorded finish; then its blocks are freed in vLLM's order and the session counts as idle until
 its next request, which is what `session_ttl` protects; after its last recorded request the session has ended (the
 replay knows the future: what it lost after that is lost after its end, and its blocks are no longer protected). A
@@ -29,6 +31,7 @@ from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.eviction import make_eviction_policy
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.observers.losses import LossTally
+from instrumented_engine.recorded_replay import RecordedReplay, RecordedTraffic
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.semconv.reasons import EvictionPolicyName
@@ -45,6 +48,7 @@ class ReplayRequest:
     prompt_tokens: int
     total_tokens: int
     chain: tuple[int, ...]
+    received_ts: float | None = None  # when it reached the engine (arrival_ts is when it looked its prefix up)
 
 
 @dataclass
@@ -53,6 +57,7 @@ class ReplayPlan:
     block_size: int
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
+    recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
 
     @classmethod
     def from_store(cls, store: Store, since=None, until=None, *, block_size: int | None = None) -> ReplayPlan:
@@ -81,10 +86,13 @@ class ReplayPlan:
                     int(r.prompt_tokens),
                     int(r.prompt_tokens) + completion,
                     tuple(chain),
+                    float(r.arrival_ts),
                 )
             )
         rates = hit_rates(reqs, chains, graph, block_size=block_size)
-        return cls(plan, block_size, observed=observed_figures(store, since, until, rates), skipped=skipped)
+        recorded = RecordedTraffic.from_store(store, since, until, plan)
+        return cls(plan, block_size, observed=observed_figures(store, since, until, rates), skipped=skipped,
+                   recorded=recorded)  # fmt: skip
 
 
 def observed_figures(store: Store, since, until, rates: pd.DataFrame) -> dict:
@@ -113,10 +121,12 @@ class WhatIfResult:
     query_tokens: int = 0
     hit_tokens: int = 0
     evicted_blocks: int = 0  # blocks lost, each once (as `queries.block_losses` counts the observed ones)
+    by_reason: dict[str, int] = field(default_factory=dict)  # blocks lost per eviction reason
     lost_in_pause_blocks: int = 0  # (session, block) losses in a tool pause: the session came back after
     lost_after_end_blocks: int = 0  # ... after the session's last request
     recompute_tokens: int = 0
     waited: int = 0
+    preemptions: int = 0  # running requests the replay preempted to make room (the recorded replay only)
     too_large: int = 0  # requests longer than the whole cache: not admitted
 
     @property
@@ -135,10 +145,13 @@ class _Clock:
 def simulate(
     plan: ReplayPlan, *, num_blocks: int, policy: str = EvictionPolicyName.LRU.value, ttl_s: float = 30.0
 ) -> WhatIfResult:
-    """Replay `plan` through a `num_blocks` cache under `policy`."""
+    """Replay `plan` through a `num_blocks` cache under `policy`: our engine's recorded traffic step for step when
+    the plan has it (`recorded_replay`), else each request's whole length from its lookup to its finish."""
     clock = _Clock()
     manager = BlockManager(num_blocks, plan.block_size, policy=make_eviction_policy(policy, ttl_s=ttl_s), clock=clock)
     result = WhatIfResult(num_blocks, policy)
+    if plan.recorded is not None:
+        return _replay_recorded(plan, manager, clock, result)
     computed: set[int] = set()  # blocks computed at least once in this replay
     finishes: list[tuple[float, int, Sequence]] = []
     waiting: deque[tuple[ReplayRequest, Sequence]] = deque()
@@ -188,8 +201,28 @@ def simulate(
                 result.waited += 1
                 waiting.append((req, seq))
         losses.add(manager.take_events())
-    result.evicted_blocks, result.lost_in_pause_blocks = losses.num_lost, losses.num_lost_in_pause
-    result.lost_after_end_blocks = losses.num_lost_after_end
+    return _tally(result, losses)
+
+
+def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, result: WhatIfResult) -> WhatIfResult:
+    key = manager.hash_key(None)
+    sequences = {r.request_id: _sequence(r, key, plan.block_size) for r in plan.requests}
+    replay, losses = RecordedReplay(manager, sequences, result), LossTally()
+    result.requests = len(plan.requests)
+    result.query_tokens = sum(r.prompt_tokens for r in plan.requests)
+    for action in plan.recorded.actions:
+        clock.now = action.ts
+        replay.apply(action)
+        losses.add(manager.take_events())
+    for session_id in list(manager.activity.pending):  # hindsight: these sessions never came back
+        manager.end_session(session_id)
+    losses.add(manager.take_events())
+    return _tally(result, losses)
+
+
+def _tally(result: WhatIfResult, losses: LossTally) -> WhatIfResult:
+    result.evicted_blocks, result.by_reason = losses.num_lost, dict(losses.by_reason)
+    result.lost_in_pause_blocks, result.lost_after_end_blocks = losses.num_lost_in_pause, losses.num_lost_after_end
     return result
 
 

@@ -65,7 +65,8 @@ LEGEND = (
     "blocks lost: each lost block once (evictions, invalidations, vLLM removals; resets not included). "
     "lost in tool pauses: blocks a session lost while it waited on a tool, counted once it came back "
     "(observed: {pending} more idle losses still pending; the replay knows each session's last request, so "
-    "nothing is pending there)."
+    "nothing is pending there). Our engine's data is replayed step for step: at the observed size and policy the "
+    "replay is the run. vLLM's is replayed approximately (each request holds its length until it ends)."
 )
 
 
