@@ -31,11 +31,10 @@ def bucket_for(since: float, until: float, points: int = 120) -> float:
 
 def overview(store: Store, since: float, until: float, window_s: float) -> dict:
     snaps = queries.instance_snapshots(store, since, until)
-    kv_counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
+    losses = queries.block_losses(store, since, until, bucket_s=window_s)  # "blocks lost", one definition
     reqs = queries.requests(store, since, until)
     steps = queries.steps(store, since, until)
-    frame = pressure_windows(snaps, reqs, kv_counts, window_s=window_s)
-    losses = queries.block_losses(store, since, until, bucket_s=window_s)
+    frame = pressure_windows(snaps, reqs, losses, window_s=window_s)
     evictions = losses.assign(reason=losses["reason"].fillna(losses["kind"])).pivot_table(
         index="bucket", columns="reason", values="blocks", aggfunc="sum", fill_value=0) / window_s  # fmt: skip
     failures = pd.DataFrame()
@@ -61,8 +60,8 @@ def overview(store: Store, since: float, until: float, window_s: float) -> dict:
 
 def pressure(store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6) -> dict:
     snaps = queries.instance_snapshots(store, since, until)
-    kv_counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
-    frame = pressure_windows(snaps, queries.requests(store, since, until), kv_counts, window_s=window_s)
+    losses = queries.block_losses(store, since, until, bucket_s=window_s)
+    frame = pressure_windows(snaps, queries.requests(store, since, until), losses, window_s=window_s)
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 
@@ -100,7 +99,7 @@ def failures(store: Store, since: float, until: float) -> pd.DataFrame:
 def kv_events_page(store: Store, since: float, until: float, window_s: float) -> dict:
     counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
     lifecycle = counts.pivot_table(index="bucket", columns="kind", values="events", aggfunc="sum", fill_value=0)
-    losses = counts[counts["kind"].isin(queries.BLOCK_LOSS_KINDS)]
+    losses = queries.block_losses(store, since, until, bucket_s=window_s)
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
     stored = queries.stored_blocks(store, since, until).tail(PREFIX_ROWS)
     graph = BlockGraph.from_stored(stored)

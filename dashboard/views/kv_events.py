@@ -26,6 +26,7 @@ def render(ctx) -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("Blocks lost, by reason")
+        st.caption("Each lost block once (evictions, invalidations, vLLM removals; resets not included).")
         reasons = data["reasons"]
         if reasons.empty:
             st.info("No block was lost in this range.")

@@ -1,6 +1,6 @@
 """Cache pressure against latency, per time window, and their lagged correlation.
 
-    frame = pressure_windows(instance_snapshots, requests, kv_event_counts, window_s=30)
+    frame = pressure_windows(instance_snapshots, requests, block_losses, window_s=30)
     corr = lagged_correlation(frame, "evictions_per_s", "ttft_p99", max_lag=5)
 
 Pressure: pinned usage (vLLM's `kv_cache_usage_perc`), resident cached blocks, blocks lost per second (evicted,
@@ -36,7 +36,8 @@ def preemption_increase(snapshots: pd.DataFrame) -> pd.Series:
 def pressure_windows(
     snapshots: pd.DataFrame, requests: pd.DataFrame, kv_counts: pd.DataFrame, *, window_s: float = 60.0
 ) -> pd.DataFrame:
-    """One row per window (`window`, its start in epoch s) with pressure and latency columns; NaN where unknown."""
+    """One row per window (`window`, its start in epoch s) with pressure and latency columns; NaN where unknown.
+    `kv_counts`: `queries.block_losses` (or `kv_event_counts`) rows; `evictions_per_s` sums their loss kinds' blocks."""
     parts = []
     if not snapshots.empty:
         snaps = snapshots.assign(window=_bucket(snapshots["ts"], window_s),

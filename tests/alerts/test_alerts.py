@@ -152,3 +152,19 @@ def _copy(source, target) -> None:
             for row in src.scalars(select(row_class)).all():
                 src.expunge(row)
                 dst.merge(row)
+
+
+def test_vllm_run_pause_loss_alert_counts_pauses_not_losses_after_a_sessions_end(vllm_run, tmp_path):
+    from kvobs.store import open_store
+    from tests.collectors import expected
+
+    store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
+    _copy(vllm_run.store, store)
+    first, last = queries.time_range(store)
+    window = last - first + 1
+    rules = parse_rules("rules:\n  - {name: Pause, signal: prefix_lost_in_pause_per_min, op: '>', threshold: 0,"
+                        f" severity: warning, window: {window}}}\n")  # fmt: skip
+    outcome = expected.kv_outcome()
+    assert sum(outcome["after_end"].values()) > 0  # sessions that had ended lost blocks too
+    (fired,) = Evaluator(store, rules).evaluate(last)
+    assert fired["value"] == pytest.approx(sum(outcome["pause"].values()) * 60 / window)  # only the pauses

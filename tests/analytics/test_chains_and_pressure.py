@@ -62,13 +62,23 @@ def test_vllm_chains_from_session_and_time(vllm_run):
 def test_pressure_windows_from_the_engine_run(agent_run):
     store = agent_run.store
     frame = pressure_windows(queries.instance_snapshots(store), queries.requests(store),
-                             queries.kv_event_counts(store, bucket_s=5), window_s=5)  # fmt: skip
+                             queries.block_losses(store, bucket_s=5), window_s=5)  # fmt: skip
     assert {"usage_mean", "evictions_per_s", "ttft_p99", "itl_p50", "preemptions", "requests"} <= set(frame)
     assert frame["requests"].sum() == len(queries.requests(store))
-    counts = queries.kv_event_counts(store, bucket_s=5)
-    lost = counts[counts["kind"].isin(queries.BLOCK_LOSS_KINDS)]["blocks"].sum()
+    lost = queries.block_losses(store, bucket_s=5)["blocks"].sum()
     assert np.isclose(frame["evictions_per_s"].sum() * 5, lost)
     assert frame["preemptions"].sum() == len(queries.kv_events(store, kinds=["preempted"]))
+
+
+def test_blocks_lost_counts_each_lost_block_once_however_many_sessions_owned_it(agent_run):
+    """The one definition of "blocks lost": one per (instance, time, block) loss, whatever the owner rows."""
+    store = agent_run.store
+    rows = queries.kv_events(store, kinds=queries.BLOCK_LOSS_KINDS)
+    distinct = rows.drop_duplicates(["instance", "ts", "block_hash", "kind", "reason"])
+    assert len(rows) > len(distinct) > 0  # shared blocks are recorded once per owning session
+    assert queries.block_losses(store, bucket_s=1e12)["blocks"].sum() == len(distinct)
+    by_bucket = queries.block_losses(store, bucket_s=5)
+    assert by_bucket["blocks"].sum() == len(distinct)  # buckets only split it
 
 
 def test_lagged_correlation_finds_the_lead():
