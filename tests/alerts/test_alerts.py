@@ -168,3 +168,21 @@ def test_vllm_run_pause_loss_alert_counts_pauses_not_losses_after_a_sessions_end
     assert sum(outcome["after_end"].values()) > 0  # sessions that had ended lost blocks too
     (fired,) = Evaluator(store, rules).evaluate(last)
     assert fired["value"] == pytest.approx(sum(outcome["pause"].values()) * 60 / window)  # only the pauses
+
+
+def test_cli_tells_each_transition_once(vllm_run, tmp_path):
+    from kvobs.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
+    _copy(vllm_run.store, store)
+    first, last = queries.time_range(store)
+    store.close()
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - {name: Storm, signal: preemptions_per_min, op: '>', threshold: 0, severity: warning,"
+                     f" window: {last - first + 1}}}\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "alerts", "--store", f"sqlite:///{tmp_path / 'copy.db'}",
+                           "--rules", str(rules), "--no-builtin", "--at", str(last)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    told = [line for line in (done.stdout + done.stderr).splitlines() if "Storm" in line]
+    assert len(told) == 1 and told[0].startswith("firing")  # one line, not a log line and a table line
