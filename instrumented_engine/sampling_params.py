@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by them overflows to inf and NaN.
+SAMPLING_EPS = 1e-5
 
 
 @dataclass(frozen=True)
@@ -10,7 +14,7 @@ class SamplingParams:
     """How to pick the next token and when to stop.
 
     Args:
-        temperature: 0 means greedy; otherwise logits are divided by it before sampling.
+        temperature: 0 (or anything below `SAMPLING_EPS`) means greedy; otherwise logits are divided by it.
         top_p: nucleus sampling mass in (0, 1].
         top_k: keep the k most likely tokens; 0 or -1 disables.
         seed: per-request seed; None draws from the engine's generator.
@@ -30,8 +34,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 and finite; got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
         if self.top_k < -1:
@@ -43,4 +47,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS

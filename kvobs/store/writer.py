@@ -171,12 +171,9 @@ class StoreWriter:
                 self._write(batch)
                 self.num_written += _rows(batch)
                 return
-            except (ValueError, TypeError) as exc:  # a value no column type can bind (the SQLite fast path)
-                self._write_one_by_one(batch, exc)
-                return
-            except SQLAlchemyError as exc:
-                if not _is_connection_error(exc):
-                    self._write_one_by_one(batch, exc)
+            except Exception as exc:  # a row the database refuses (a constraint, a value no column can hold, ...)
+                if not (isinstance(exc, SQLAlchemyError) and _is_connection_error(exc)):
+                    self._write_one_by_one(batch, exc)  # isolates it, whatever its error type (OverflowError too)
                     return
                 self.num_failed_attempts += 1
                 if self._closed:  # shutting down: the database will not come back in time

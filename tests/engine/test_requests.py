@@ -80,6 +80,8 @@ def test_bad_requests_raise_clear_errors(llm, prompt, params, message):
     [
         (dict(max_tokens=0), "max_tokens must be at least 1"),
         (dict(temperature=-0.5), "temperature must be >= 0"),
+        (dict(temperature=float("nan")), "temperature must be >= 0 and finite"),
+        (dict(temperature=float("inf")), "temperature must be >= 0 and finite"),
         (dict(top_p=0), "top_p must be in"),
     ],
 )

@@ -58,3 +58,15 @@ def test_context_error_is_stated_in_tokens(server):
     r = httpx.post(server.url + COMPLETIONS, json={"model": SERVED, "prompt": "hi", "max_tokens": 600})
     assert "maximum context length is 512 tokens" in r.json()["error"]["message"]
     assert "lower max_tokens to at most" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-7, 5e-324])
+def test_a_tiny_temperature_is_greedy_and_never_stops_the_engine(server, temperature):
+    """Reliability probe F1: temperature 1e-40 passed validation, `logits / temperature` overflowed and
+    `torch.multinomial` raised on the engine thread: every later request got 503. Below vLLM's epsilon it is greedy."""
+    body = {"model": SERVED, "prompt": "The capital of France is", "max_tokens": 4}
+    r = httpx.post(server.url + COMPLETIONS, json={**body, "temperature": temperature}, timeout=60)
+    assert r.status_code == 200, r.text
+    greedy = httpx.post(server.url + COMPLETIONS, json={**body, "temperature": 0}, timeout=60)
+    assert r.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    assert httpx.get(server.url + "/health").status_code == 200

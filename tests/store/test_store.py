@@ -195,3 +195,15 @@ def test_plain_inserts_get_the_column_defaults(store):
     with store.session() as s:
         assert s.get(SessionRow, "d1").num_steps == 0
         assert s.scalars(select(RequestRow.num_preemptions)).all() == [0, 0, 0]
+
+
+def test_a_value_the_database_cannot_hold_is_dropped_alone(store):
+    """Reliability probe F2: one KV event with `num_tokens` >= 2**63 (a valid msgpack uint64 `block_size`) raised
+    OverflowError in the SQLite writer and took its whole batch with it (0 of 50 valid rows stored)."""
+    writer = StoreWriter(store)
+    good = [KVEventRecord(ts=float(i), instance="e", kind="stored", block_hash=i, num_tokens=16) for i in range(50)]
+    writer.add_many([*good[:25], KVEventRecord(ts=99.0, instance="e", kind="stored", num_tokens=2**63), *good[25:]])
+    writer.close()
+    assert (writer.num_written, writer.num_dropped) == (50, 1)
+    with store.session() as s:
+        assert s.scalar(select(func.count()).select_from(KVEventRow)) == 50
