@@ -28,7 +28,6 @@ class Footprint:
     stored: int = 0
     removed: int = 0
     removed_idle: int = 0  # in a tool pause (settled)
-    removed_after_end: int = 0  # while idle after the session's end (settled)
     cleared: int = 0
 
 

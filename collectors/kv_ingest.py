@@ -28,7 +28,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from collectors.kv_chains import ChainTracker
-from collectors.session_activity import AFTER_END, PAUSE, PENDING, SessionActivity
+from collectors.session_activity import PAUSE, PENDING, SessionActivity
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind, SessionSource
 from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
@@ -184,12 +184,11 @@ class KVIngest:
 
     def _settle(self) -> None:
         """Give each pending idle removal its verdict where one is known: a tool pause, or after the end."""
-        if self.session_ends is not None:
-            self.activity.ended_at.update(self.session_ends(list(self._idle)))
+        ended = self.session_ends(list(self._idle)) if self.session_ends is not None else {}
         for session, times in list(self._idle.items()):
-            verdicts = [self.activity.idle_verdict(session, ts, now=self._latest_ts) for ts in times]
+            verdicts = [self.activity.idle_verdict(session, ts, now=self._latest_ts, ended=session in ended)
+                        for ts in times]  # fmt: skip
             self.chains.footprints[session].removed_idle += verdicts.count(PAUSE)
-            self.chains.footprints[session].removed_after_end += verdicts.count(AFTER_END)
             still = [ts for ts, verdict in zip(times, verdicts) if verdict == PENDING]
             if len(still) != len(times):
                 self._changed.add(session)

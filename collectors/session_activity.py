@@ -10,7 +10,7 @@ the agent SDK wrote; a span whose trace is still unknown after `unresolved_ttl_s
 resolution pass asks about recent traces only). A session is idle at `ts` when `ts` falls after its first
 request started and inside none of its requests: between steps (a tool pause) or after its last one. Which of
 the two it was needs hindsight (`idle_verdict`): a tool pause once a later request of the session is
-known; after its end once the session ended (`ended_at`, from the agent SDK's `sessions` rows) or stayed without a
+known; after its end once the session ended (`ended=True`: the agent SDK's `sessions.ended_at`) or stayed without a
 request for `end_after_s` of stream time; pending until then. Times are the events' own, never arrival times.
 """
 
@@ -48,7 +48,6 @@ class SessionActivity:
         self.max_unresolved = max_unresolved
         self.unresolved_ttl_s = unresolved_ttl_s
         self.end_after_s = end_after_s
-        self.ended_at: dict[str, float] = {}  # sessions known to have ended (the SDK's sessions.ended_at)
         self.clock = clock
         self._intervals: OrderedDict[str, list[tuple[float, float]]] = OrderedDict()
         # trace id -> (when first seen, [(start, end, span id)]), oldest first
@@ -64,8 +63,9 @@ class SessionActivity:
             return
         self._add(session_id, start, end, trace_id, span_id)
 
-    def idle_verdict(self, session_id: str, ts: float, *, now: float) -> str:
-        """What a loss of `session_id`'s block at `ts` was, as far as is known at stream time `now`."""
+    def idle_verdict(self, session_id: str, ts: float, *, now: float, ended: bool = False) -> str:
+        """What a loss of `session_id`'s block at `ts` was, as far as is known at stream time `now` (`ended`: the
+        session is known to have ended)."""
         intervals = self._intervals.get(session_id)
         if not intervals:
             return UNKNOWN
@@ -75,7 +75,7 @@ class SessionActivity:
             return BUSY
         if intervals[-1][0] > ts:
             return PAUSE  # a request of the session began after the loss: it came back
-        if session_id in self.ended_at or now - max(end for _, end in intervals) >= self.end_after_s:
+        if ended or now - max(end for _, end in intervals) >= self.end_after_s:
             return AFTER_END
         return PENDING
 

@@ -254,6 +254,7 @@ class LLMEngine:
             num_prefill_tokens=scheduled - decode,
             num_decode_tokens=decode,
             num_preempted=len(batch.preempted),
+            num_idle_losses_pending=bm.activity.num_pending,
         )
 
     # ---- cache control -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ class SchedulerStats:
     num_prefill_tokens: int
     num_decode_tokens: int
     num_preempted: int
+    num_idle_losses_pending: int = 0  # (session, block) losses of idle sessions whose verdict is not known yet
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,6 @@ class EngineMetrics:
         self._drop_lock = threading.Lock()
         self._get(vllm.CACHE_CONFIG_INFO).info(cache_config)
         self._last_token_ts: dict[str, float] = {}
-        self._num_pending = 0  # (session, block) idle losses whose verdict is pending
         self._create_labelled_series()
 
     def _create_labelled_series(self) -> None:
@@ -205,6 +204,7 @@ class EngineMetrics:
         self._get(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS).set(stats.num_blocks_resident)
         self._get(kvobs_metrics.KV_CACHE_FREE_BLOCKS).set(stats.num_blocks_free)
         self._get(kvobs_metrics.KV_CACHE_TOTAL_BLOCKS).set(stats.num_blocks_total)
+        self._get(kvobs_metrics.SESSION_PREFIX_LOST_PENDING).set(stats.num_idle_losses_pending)
         if stats.num_scheduled_tokens:
             self._get(vllm.ITERATION_TOKENS).observe(stats.num_scheduled_tokens)
 
@@ -221,14 +221,9 @@ class EngineMetrics:
         self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.reason.value).inc()
         self._get(vllm.KV_BLOCK_LIFETIME).observe(event.lifetime_s)
         self._get(vllm.KV_BLOCK_IDLE_BEFORE_EVICT).observe(event.idle_s)
-        if event.pending_owners:
-            self._num_pending += len(event.pending_owners)
-            self._get(kvobs_metrics.SESSION_PREFIX_LOST_PENDING).set(self._num_pending)
 
     def _settled(self, event: ev.IdleLossesSettled) -> None:
         """Hindsight: losses pending for a session were in a tool pause (counted) or after its end (not)."""
-        self._num_pending -= event.num_blocks
-        self._get(kvobs_metrics.SESSION_PREFIX_LOST_PENDING).set(self._num_pending)
         if event.in_pause:
             self._get(kvobs_metrics.SESSION_PREFIX_LOST).inc(event.num_blocks)
 

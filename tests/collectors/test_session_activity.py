@@ -46,6 +46,5 @@ def test_idle_verdicts_need_hindsight_pause_after_end_pending():
     assert verdict("s", 13.0, now=20.0) == PAUSE  # a request began after the loss: it came back
     assert verdict("s", 17.0, now=20.0) == PENDING  # after its last request, and it may still come back
     assert verdict("s", 17.0, now=76.0) == AFTER_END  # 60 s of stream time without a request: it ended
-    activity.ended_at["s"] = 16.5  # the SDK recorded its end
-    assert verdict("s", 17.0, now=20.0) == AFTER_END
+    assert verdict("s", 17.0, now=20.0, ended=True) == AFTER_END  # the SDK recorded its end
     assert verdict("other", 17.0, now=20.0) == UNKNOWN
