@@ -1,11 +1,15 @@
-"""Open a store by URL: SQLite file by default (WAL mode), PostgreSQL at scale; migrate to the latest schema.
+"""Open a store by URL and migrate it to the latest schema.
 
-    store = open_store("sqlite:///kvobs.db")             # or postgresql+psycopg://user@host/db
-    with store.session() as s: s.scalars(select(StepRow)).all()
+    store = open_store("sqlite:///kvobs.db")      # the embedded default (a file, WAL mode)
+    store = open_store("postgresql://user@host/db")    # one server
+    store = open_store("clickhouse://user:pw@host:8123/kvobs")   # a fleet (kvobs.store.clickhouse)
+    store = open_store("chdb:///var/lib/kvobs/ch")     # ClickHouse's engine in this process (one process at a time)
 
 The URL comes from the caller, `--store`, or `KVOBS_STORE_URL`. `postgresql://` is read as
-`postgresql+psycopg://`. Opening runs Alembic's `upgrade head`, so a store is always at the
-schema this code expects.
+`postgresql+psycopg://`. Directory and file paths follow SQLAlchemy's SQLite form: three slashes and a relative
+path, four for an absolute one. Opening runs the migrations (Alembic's `upgrade head` on SQL, versioned DDL on
+ClickHouse), so a store is always at the schema this code expects. Every store answers `kvobs.store.queries` and
+takes batches from `kvobs.store.StoreWriter`; `Store.engine` (SQLAlchemy) exists on SQL stores only.
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
+from kvobs.store.sql_write import Batch, SqlBatchWriter, is_unreachable
+
 log = logging.getLogger(__name__)
 
 DEFAULT_STORE_URL = "sqlite:///kvobs.db"
 STORE_URL_ENV = "KVOBS_STORE_URL"
 MIGRATIONS = Path(__file__).with_name("migrations")
-SUPPORTED = ("sqlite", "postgresql", "postgresql+psycopg")
+SQL_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")
+CLICKHOUSE_SCHEMES = ("clickhouse", "chdb")
+EXAMPLES = "sqlite:///kvobs.db, postgresql://user@host/db, clickhouse://user@host:8123/db, chdb:///dir"
 
 
 def store_url(url: str | None = None) -> str:
@@ -43,11 +51,9 @@ def normalize_url(url: str) -> str:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise ValueError(f"not a store URL: {url!r} (examples: sqlite:///kvobs.db, postgresql://user@host/db)") from exc
-    if parsed.drivername not in SUPPORTED:
-        raise ValueError(
-            f"unsupported store {parsed.drivername!r} in {url!r}; use sqlite:///path.db or postgresql://user@host/db"
-        )
+        raise ValueError(f"not a store URL: {url!r} (examples: {EXAMPLES})") from exc
+    if parsed.drivername not in SQL_SCHEMES + CLICKHOUSE_SCHEMES:
+        raise ValueError(f"unsupported store {parsed.drivername!r} in {url!r}; use one of {EXAMPLES}")
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
@@ -55,26 +61,44 @@ def normalize_url(url: str) -> str:
 
 @dataclass
 class Store:
+    """A SQL store (SQLite, PostgreSQL) through SQLAlchemy."""
+
     url: str
     engine: Engine
     session: sessionmaker[Session]
+    batch_rows: int = 5000  # rows per transaction the writer aims at
+    flush_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._batches = SqlBatchWriter(self.engine)
 
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    def write(self, batch: Batch, *, token: str | None = None) -> None:
+        """Write a batch of (op, records) in one transaction (`token` is for stores that deduplicate retries)."""
+        self._batches.write(batch)
+
+    def is_unreachable(self, exc: BaseException) -> bool:
+        return is_unreachable(exc)
+
     def close(self) -> None:
         self.engine.dispose()
 
 
-def open_store(url: str | None = None, *, migrate: bool = True) -> Store:
-    """Connect, migrate to the latest schema, and return the store.
+def open_store(url: str | None = None, *, migrate: bool = True):
+    """Connect, migrate to the latest schema, and return the store (`Store`, or `ClickHouseStore`).
 
     Raises:
-        ValueError: unsupported URL scheme.
-        sqlalchemy.exc.OperationalError: the database cannot be reached.
+        ValueError: unsupported URL scheme; a chDB directory another process holds.
+        sqlalchemy.exc.OperationalError, kvobs.store.clickhouse.StoreUnreachable: the database cannot be reached.
     """
     url = normalize_url(store_url(url))
+    if make_url(url).drivername in CLICKHOUSE_SCHEMES:
+        from kvobs.store.clickhouse.store import open_clickhouse
+
+        return open_clickhouse(url, migrate=migrate)
     engine = create_engine(url, pool_pre_ping=True)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)

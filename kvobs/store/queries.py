@@ -13,44 +13,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pandas as pd
-from sqlalchemy import Select, and_, distinct, exists, func, select
+from sqlalchemy import and_, distinct, exists, func, select
 from sqlalchemy.orm import aliased
 
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
 from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.store.backends import per_backend
 from kvobs.store.db import Store
 from kvobs.store.schema import AlertRow, KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
+from kvobs.store.sql_read import _between, _columns, _lookup, read  # noqa: F401  (read: part of this module's interface)
 
 # Kinds that end a cached block's content: the engine's `evicted`/`invalidated`, vLLM's `removed`.
 BLOCK_LOSS_KINDS = (KVEventKind.EVICTED.value, KVEventKind.INVALIDATED.value, KVEventKind.REMOVED.value)
 
 
-def read(store: Store, stmt: Select) -> pd.DataFrame:
-    """Run `stmt`; one column per selected expression (result processors applied: hashes come back as ints).
-
-    Block-hash columns (`*_hash`) keep Python ints in an object column: pandas would turn a column of 64-bit
-    values with gaps into float64 and lose their low bits.
-    """
-    with store.engine.connect() as conn:
-        result = conn.execute(stmt)
-        names, rows = list(result.keys()), result.all()
-    columns = list(zip(*rows)) if rows else [()] * len(names)
-    return pd.DataFrame({name: pd.Series(values, dtype=object if name.endswith("_hash") else None)
-                         for name, values in zip(names, columns)}, columns=names)  # fmt: skip
-
-
-def _columns(row_class, *exclude: str) -> list:
-    return [c for c in row_class.__table__.columns if c.name not in exclude]
-
-
-def _between(stmt: Select, column, since: float | None, until: float | None) -> Select:
-    if since is not None:
-        stmt = stmt.where(column >= since)
-    if until is not None:
-        stmt = stmt.where(column <= until)
-    return stmt
-
-
+@per_backend
 def time_range(store: Store) -> tuple[float, float] | None:
     """First and last timestamp of anything observed (snapshots, requests, KV events, steps); None when empty."""
     with store.engine.connect() as conn:
@@ -60,11 +37,13 @@ def time_range(store: Store) -> tuple[float, float] | None:
     return (min(b[0] for b in bounds), max(b[1] for b in bounds)) if bounds else None
 
 
+@per_backend
 def instances(store: Store) -> list[str]:
     with store.engine.connect() as conn:
-        return sorted(conn.execute(select(distinct(SnapshotRow.instance))).scalars())
+        return sorted(conn.execute(select(SnapshotRow.instance).distinct()).scalars())
 
 
+@per_backend
 def instance_snapshots(store: Store, since=None, until=None, instance: str | None = None) -> pd.DataFrame:
     """Instance-level snapshots (`session_id` null), oldest first."""
     stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id.is_(None))
@@ -73,12 +52,14 @@ def instance_snapshots(store: Store, since=None, until=None, instance: str | Non
     return read(store, _between(stmt, SnapshotRow.ts, since, until).order_by(SnapshotRow.ts))
 
 
+@per_backend
 def session_snapshots(store: Store, session_id: str) -> pd.DataFrame:
     """One session's footprint over time: blocks cached, lost, lost while idle, hit tokens."""
     stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id == session_id)
     return read(store, stmt.order_by(SnapshotRow.ts))
 
 
+@per_backend
 def session_footprints(store: Store, since=None, until=None) -> pd.DataFrame:
     """Every session's latest footprint in the window: one row per (session, instance)."""
     latest = _between(
@@ -94,11 +75,15 @@ def session_footprints(store: Store, since=None, until=None) -> pd.DataFrame:
 
 def requests(store: Store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
     """Finished requests by arrival time, with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s` added."""
+    return with_latencies(request_rows(store, since, until, session_id))
+
+
+@per_backend
+def request_rows(store: Store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
     stmt = select(*_columns(RequestRow, "id"))
     if session_id is not None:
         stmt = stmt.where(RequestRow.session_id == session_id)
-    frame = read(store, _between(stmt, RequestRow.arrival_ts, since, until).order_by(RequestRow.arrival_ts))
-    return with_latencies(frame)
+    return read(store, _between(stmt, RequestRow.arrival_ts, since, until).order_by(RequestRow.arrival_ts))
 
 
 def with_latencies(frame: pd.DataFrame) -> pd.DataFrame:
@@ -110,6 +95,7 @@ def with_latencies(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+@per_backend
 def steps(store: Store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
     """Agent steps by start time."""
     stmt = select(*_columns(StepRow))
@@ -118,10 +104,12 @@ def steps(store: Store, since=None, until=None, session_id: str | None = None) -
     return read(store, _between(stmt, StepRow.started_at, since, until).order_by(StepRow.started_at))
 
 
+@per_backend
 def sessions(store: Store) -> pd.DataFrame:
     return read(store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))
 
 
+@per_backend
 def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
     """KV events per time bucket, kind and reason: `bucket` (its start, epoch s), `kind`, `reason`, `events`,
     `blocks` (distinct block hashes: an eviction recorded once per owning session counts once)."""
@@ -132,6 +120,7 @@ def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 6
     return read(store, stmt.order_by(bucket))
 
 
+@per_backend
 def block_losses(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
     """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
 
@@ -156,6 +145,7 @@ def scraped_hit_rate(store: Store, since=None, until=None) -> float | None:
     return float(totals.get(names[0], 0.0)) / queried if queried else None
 
 
+@per_backend
 def kv_events(
     store: Store,
     since=None,
@@ -175,6 +165,7 @@ def kv_events(
     return read(store, stmt if limit is None else stmt.limit(limit))
 
 
+@per_backend
 def stored_blocks(store: Store, since=None, until=None) -> pd.DataFrame:
     """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when."""
     stmt = select(KVEventRow.ts, KVEventRow.instance, KVEventRow.block_hash, KVEventRow.parent_hash,
@@ -183,6 +174,7 @@ def stored_blocks(store: Store, since=None, until=None) -> pd.DataFrame:
     return read(store, stmt.order_by(KVEventRow.ts, KVEventRow.id))
 
 
+@per_backend
 def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20) -> pd.DataFrame:
     """Blocks stored more than once in the window (evicted, then computed again): `block_hash`, `stores`,
     `sessions`, `first_ts`, `last_ts`, most-stored first."""
@@ -194,6 +186,7 @@ def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20
     return read(store, stmt.order_by(func.count().desc()).limit(limit))
 
 
+@per_backend
 def metric_series(store: Store, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
     """Scraped samples (`ts`, `instance`, `name`, `labels`, `value`) of the given names, oldest first."""
     stmt = select(*_columns(MetricSampleRow, "id")).where(MetricSampleRow.name.in_(list(names)))
@@ -202,6 +195,7 @@ def metric_series(store: Store, names: Iterable[str], since=None, until=None, in
     return read(store, _between(stmt, MetricSampleRow.ts, since, until).order_by(MetricSampleRow.ts))
 
 
+@per_backend
 def alerts(store: Store, since=None, until=None) -> pd.DataFrame:
     """Alert transitions (firing, resolved), newest first."""
     stmt = _between(select(*_columns(AlertRow)), AlertRow.ts, since, until)
@@ -209,6 +203,7 @@ def alerts(store: Store, since=None, until=None) -> pd.DataFrame:
 
 
 # ---- alert signals and the collector's lookups ----------------------------------------------------------------
+@per_backend
 def instance_counter_before(store: Store, column: str, ts: float) -> dict[str, float]:
     """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
     value = getattr(SnapshotRow, column)
@@ -222,6 +217,7 @@ def instance_counter_before(store: Store, column: str, ts: float) -> dict[str, f
     return dict(zip(frame["instance"], frame[column].astype(float)))
 
 
+@per_backend
 def restored_blocks(store: Store, since: float, until: float) -> pd.DataFrame:
     """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
     earlier = aliased(KVEventRow)
@@ -236,6 +232,7 @@ def restored_blocks(store: Store, since: float, until: float) -> pd.DataFrame:
     return read(store, stmt)
 
 
+@per_backend
 def block_lifetimes(store: Store, since: float, until: float) -> pd.DataFrame:
     """Blocks lost in the window (one per block and time, whatever the owners), with `lifetime_s`: the time since
     the same block was last stored on the same instance."""
@@ -251,6 +248,7 @@ def block_lifetimes(store: Store, since: float, until: float) -> pd.DataFrame:
     return read(store, stmt).dropna(subset=["lifetime_s"])
 
 
+@per_backend
 def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
     """Every session snapshot up to `until` with its running count of blocks lost while idle."""
     idle = SnapshotRow.session_evicted_idle_blocks
@@ -259,6 +257,7 @@ def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
     return read(store, stmt)
 
 
+@per_backend
 def step_counts(store: Store, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
     """(steps, failed steps) started in the window; failures whose `error_type` is in `exclude_errors` not counted."""
     is_failed = StepRow.status == StepStatus.ERROR.value
@@ -271,6 +270,7 @@ def step_counts(store: Store, since: float, until: float, *, exclude_errors: tup
     return int(total or 0), int(num_failed or 0)
 
 
+@per_backend
 def latest_alert_states(store: Store) -> pd.DataFrame:
     """The latest row of every (rule, instance, session) alert key."""
     latest = (select(func.max(AlertRow.id).label("id"))
@@ -278,6 +278,7 @@ def latest_alert_states(store: Store) -> pd.DataFrame:
     return read(store, select(*_columns(AlertRow)).join(latest, AlertRow.id == latest.c.id))
 
 
+@per_backend
 def session_ends(store: Store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
     """session id -> `ended_at`, for the given sessions that have ended."""
     ends = _lookup(
@@ -286,15 +287,7 @@ def session_ends(store: Store, session_ids: Iterable[str], *, chunk: int = 500) 
     return {session_id: float(ended) for session_id, ended in ends.items()}
 
 
+@per_backend
 def trace_sessions(store: Store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
     """trace id -> session id, from the agent steps recorded with those trace ids."""
     return _lookup(store, StepRow.trace_id, StepRow.session_id, trace_ids, chunk)
-
-
-def _lookup(store: Store, key, value, keys: Iterable, chunk: int, *where) -> dict:
-    """key -> value for the given keys, `chunk` keys per query (an IN list stays within what databases take)."""
-    keys, found = list(keys), {}
-    with store.engine.connect() as conn:
-        for i in range(0, len(keys), chunk):
-            found.update(conn.execute(select(key, value).where(key.in_(keys[i : i + chunk]), *where)).all())
-    return found

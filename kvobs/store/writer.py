@@ -9,10 +9,11 @@
     writer.close()                                             # flush, then stop
 
 Records (one frozen dataclass per table) are the only thing the writer takes, so a wrong column fails where the
-record is made. Rows go into a bounded queue; one thread writes them in batches, one transaction per batch, so a
-committed batch is never lost. When the database is unreachable the batch is retried with
-exponential backoff while new rows wait in the queue; once the queue is full, new rows are dropped
-and counted in `num_dropped`: the caller (an engine step, a collector) never blocks or crashes.
+record is made. Rows go into a bounded queue; one thread writes them in batches, one transaction per batch (on
+ClickHouse one insert per table, with a token so a retried batch is not stored twice), so a committed batch is never
+lost. When the database is unreachable the batch is retried with exponential backoff while new rows wait in the
+queue; once the queue is full, new rows are dropped and counted in `num_dropped`: the caller (an engine step, a
+collector) never blocks or crashes.
 """
 
 from __future__ import annotations
@@ -21,16 +22,10 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
-
-from sqlalchemy import insert
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+import uuid
 
 from kvobs.logs import worth_logging
-from kvobs.store.db import Store
 from kvobs.store.rows import Record
-from kvobs.store.schema import TABLES
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +37,27 @@ class StoreWriter:
     """Write rows to `store` from a background thread.
 
     Args:
-        store: an opened store.
+        store: an opened store (`kvobs.store.open_store`: SQL or ClickHouse).
         max_queue: rows waiting at most; beyond it rows are dropped and counted.
-        batch_size: rows per transaction (a list from `add_many` is never split, so a batch may hold more).
-        flush_interval_s: longest a row waits before its batch is written.
+        batch_size: rows per transaction (a list from `add_many` is never split, so a batch may hold more); by
+            default the store's own (`store.batch_rows`: 5,000 on SQL, 50,000 on ClickHouse).
+        flush_interval_s: longest a row waits before its batch is written; by default the store's own
+            (`store.flush_interval_s`: 0.5 s on SQL, 1 s on ClickHouse, which wants few large inserts).
         max_backoff_s: cap of the retry delay while the database is unreachable.
     """
 
     def __init__(
         self,
-        store: Store,
+        store,
         *,
         max_queue: int = 100_000,
-        batch_size: int = 5000,
-        flush_interval_s: float = 0.5,
+        batch_size: int | None = None,
+        flush_interval_s: float | None = None,
         max_backoff_s: float = 30.0,
     ) -> None:
         self.store = store
-        self.batch_size = batch_size
-        self.flush_interval_s = flush_interval_s
+        self.batch_size = batch_size or store.batch_rows
+        self.flush_interval_s = store.flush_interval_s if flush_interval_s is None else flush_interval_s
         self.max_backoff_s = max_backoff_s
         self.num_dropped = 0
         self.num_written = 0
@@ -69,7 +66,6 @@ class StoreWriter:
         self._queued_rows = 0  # rows put and not yet taken by the writer thread
         self._count_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
-        self._sqlite_inserts: dict[tuple, tuple[str, list, tuple]] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="kvobs-store-writer", daemon=True)
         self._thread.start()
@@ -166,13 +162,14 @@ class StoreWriter:
 
     def _write_with_retry(self, batch: list[tuple[str, list[Record]]]) -> None:
         delay = 0.5
+        token = uuid.uuid4().hex  # the same on every retry: a store that deduplicates (ClickHouse) never doubles it
         while True:
             try:
-                self._write(batch)
+                self.store.write(batch, token=token)
                 self.num_written += _rows(batch)
                 return
             except Exception as exc:  # a row the database refuses (a constraint, a value no column can hold, ...)
-                if not (isinstance(exc, SQLAlchemyError) and _is_connection_error(exc)):
+                if not self.store.is_unreachable(exc):
                     self._write_one_by_one(batch, exc)  # isolates it, whatever its error type (OverflowError too)
                     return
                 self.num_failed_attempts += 1
@@ -180,7 +177,8 @@ class StoreWriter:
                     log.error("store unreachable at shutdown; %d rows dropped", _rows(batch))
                     self.num_dropped += _rows(batch)
                     return
-                log.warning("store unreachable (%s); retrying in %.1f s", type(exc.orig).__name__, delay)
+                cause = type(getattr(exc, "orig", exc)).__name__
+                log.warning("store unreachable (%s); retrying in %.1f s", cause, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
 
@@ -191,70 +189,12 @@ class StoreWriter:
         for op, records in batch:
             for record in records:
                 try:
-                    self._write([(op, [record])])
+                    self.store.write([(op, [record])])
                     self.num_written += 1
                 except Exception as row_exc:  # the writer thread must outlive any one bad row
                     self.num_dropped += 1
                     log.error("store refused a %s row; dropped: %s", record.table, getattr(row_exc, "orig", row_exc))
 
-    def _write(self, batch: list[tuple[str, list[Record]]]) -> None:
-        grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
-        for op, records in batch:  # one executemany per table and column set (session upserts give some columns)
-            for record in records:
-                row = record.to_row()
-                grouped[(op, record.table, tuple(row))].append(row)
-        with self.store.engine.begin() as conn:
-            for (op, table, _), rows in grouped.items():
-                model = TABLES[table]
-                if op == "insert" and self.store.dialect == "sqlite":
-                    sql, processors, defaults = self._sqlite_insert(model, tuple(rows[0]))
-                    conn.exec_driver_sql(sql, [(*(r[c] if p is None else p(r[c]) for c, p in processors), *defaults)
-                                               for r in rows])  # fmt: skip
-                elif op == "insert":
-                    conn.execute(insert(model), rows)
-                else:
-                    for row in _merge_per_key(model, rows, first_wins=op == "insert_missing"):
-                        conn.execute(self._upsert_statement(model, row, update=op == "upsert"))
-
-    def _sqlite_insert(self, model, columns: tuple[str, ...]) -> tuple[str, list, tuple]:
-        """SQLite's fast path: one driver-level executemany of tuples (SQLAlchemy's per-row work skipped), with each
-        column's own bind processor (UInt64 -> text, JSON -> text) applied."""
-        key = (model.__tablename__, columns)
-        cached = self._sqlite_inserts.get(key)
-        if cached is None:
-            table, dialect = model.__table__, self.store.engine.dialect
-            defaults = {c.name: c.default.arg for c in table.columns  # Python-side defaults Core would have applied
-                        if c.name not in columns and c.default is not None and c.default.is_scalar}  # fmt: skip
-            names = [*columns, *defaults]
-            sql = f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
-            processors = [(c, table.c[c].type.bind_processor(dialect)) for c in columns]
-            cached = self._sqlite_inserts[key] = (sql, processors, tuple(defaults.values()))
-        return cached
-
-    def _upsert_statement(self, model, row: dict, *, update: bool):
-        dialect = postgresql if self.store.dialect == "postgresql" else sqlite
-        keys = [c.name for c in model.__table__.primary_key.columns]
-        stmt = dialect.insert(model).values(**row)
-        updates = {k: stmt.excluded[k] for k in row if k not in keys} if update else {}
-        return (
-            stmt.on_conflict_do_update(index_elements=keys, set_=updates) if updates else stmt.on_conflict_do_nothing()
-        )
-
 
 def _rows(batch: list[tuple[str, list[Record]]]) -> int:
     return sum(len(records) for _, records in batch)
-
-
-def _merge_per_key(model, rows: list[dict], *, first_wins: bool) -> list[dict]:
-    """Merge rows for the same primary key in order (later values win unless `first_wins`): one statement per key."""
-    keys = [c.name for c in model.__table__.primary_key.columns]
-    merged: dict[tuple, dict] = {}
-    for row in rows:
-        key = tuple(row.get(k) for k in keys)
-        earlier = merged.get(key, {})
-        merged[key] = {**row, **earlier} if first_wins else {**earlier, **row}
-    return list(merged.values())
-
-
-def _is_connection_error(exc: SQLAlchemyError) -> bool:
-    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)

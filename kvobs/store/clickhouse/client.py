@@ -1,0 +1,148 @@
+"""Two ways to reach ClickHouse, one interface: a server over HTTP (`clickhouse-connect`) and chDB in-process.
+
+    client = ChdbClient("/var/lib/kvobs/ch")                 # or HttpClient(host, port, user, password, database)
+    client.command("CREATE TABLE ...")
+    frame = client.query_df("SELECT count() AS n FROM kv_events WHERE ts >= {since:Float64}", {"since": 0.0})
+    client.insert("kv_events", arrow_table, token="writer-1-42")   # a retried token is not inserted twice
+
+Queries use ClickHouse's server-side parameters (`{name:Type}`), so values are never pasted into SQL. Inserts are
+column-oriented Arrow tables. A server that cannot be reached raises `StoreUnreachable` (the writer retries it);
+anything else ClickHouse refuses raises its own error.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+
+class StoreUnreachable(ConnectionError):
+    """The ClickHouse server cannot be reached (refused, timed out, gone away): worth retrying."""
+
+
+class ChdbClient:
+    """ClickHouse's engine in this process, on the data directory `path` (one process at a time per directory)."""
+
+    def __init__(self, path: str) -> None:
+        session = _require("chdb.session", "chdb:/// stores")
+
+        try:
+            self._session = session.Session(path)
+            self._session.query("SELECT 1")
+        except Exception as exc:  # chDB's own error only says it could not start; the lock is the usual cause
+            status = Path(path) / "status"
+            if _locked(status):
+                raise ValueError(
+                    f"chDB store {path!r} is open in another process (it holds the lock on {status}); stop that "
+                    "process, or share the store through a ClickHouse server (clickhouse://host:8123/db)"
+                ) from exc
+            raise
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        self._session.query(sql, "CSV", params=_chdb_params(params))
+
+    def query_df(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        return self._session.query(sql, "DataFrame", params=_chdb_params(params))
+
+    def insert(self, table: str, data: pa.Table, *, token: str | None = None) -> None:
+        settings = f" SETTINGS insert_deduplication_token='{_plain(token)}'" if token else ""
+        inserter = self._session.send_insert(f"INSERT INTO {table} ({', '.join(data.column_names)}){settings}",
+                                             "ArrowStream")  # fmt: skip
+        inserter.append(_arrow_stream(data))
+        inserter.finish()
+
+    def close(self) -> None:
+        self._session.close()
+
+
+class HttpClient:
+    """A ClickHouse server over HTTP, with the official `clickhouse-connect` client."""
+
+    def __init__(self, host: str, port: int, username: str, password: str, database: str) -> None:
+        clickhouse_connect = _require("clickhouse_connect", "clickhouse:// stores")
+        from clickhouse_connect.driver.exceptions import OperationalError
+
+        self._unreachable = OperationalError
+        try:
+            self._client = clickhouse_connect.get_client(host=host, port=port, username=username, password=password,
+                                                         database=database)  # fmt: skip
+        except OperationalError as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreUnreachable(f"ClickHouse at {host}:{port} cannot be reached: {first_line}") from exc
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        self._call(self._client.command, sql, parameters=params)
+
+    def query_df(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        return self._call(self._client.query_df, sql, parameters=params)
+
+    def insert(self, table: str, data: pa.Table, *, token: str | None = None) -> None:
+        self._call(self._client.insert_arrow, table, data, settings={"insert_deduplication_token": token} if token
+                   else None)  # fmt: skip
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method, *args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except self._unreachable as exc:
+            raise StoreUnreachable(str(exc)) from exc
+
+
+def _locked(status: Path) -> bool:
+    """Whether another process holds ClickHouse's lock on a data directory's `status` file (an exclusive flock)."""
+    if not status.exists():
+        return False
+    with open(status, "rb") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def _require(module: str, what: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"{what} need the ClickHouse extra: pip install 'kvobs[clickhouse]' ({exc})") from exc
+
+
+def _arrow_stream(data: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as stream:
+        stream.write_table(data)
+    return sink.getvalue().to_pybytes()
+
+
+def _plain(token: str) -> str:
+    if not token.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"insert token {token!r}: letters, digits, '-' and '_' only")
+    return token
+
+
+def _chdb_params(params: dict[str, Any] | None) -> dict[str, str] | None:
+    """chDB takes parameter values as ClickHouse text (the server's HTTP interface does the same)."""
+    return None if params is None else {name: _text(value) for name, value in params.items()}
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_quoted(v) if isinstance(v, str) else _text(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

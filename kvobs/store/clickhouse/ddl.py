@@ -1,0 +1,109 @@
+"""The ClickHouse schema, as versioned migrations run when a store is opened (Alembic's role on SQL backends).
+
+The public columns are the SQL schema's (`kvobs.store.schema`, the README's schema table), in ClickHouse types:
+- Events (`kv_events`, `snapshots`, `metric_samples`, `alerts`) are append-only MergeTree tables partitioned by day
+  (`intDiv(toUInt32(ts), 86400)`, so retention drops whole parts), sorted for the reads the pages make: `kv_events`
+  by `(instance, kind, ts)`, with `kv_event_sessions` (a materialized view: each session's first and last event
+  per instance) so one session's rows are a narrow read. Kinds, reasons and instance names are `LowCardinality`;
+  block hashes `UInt64`.
+- Rows that are updated (`sessions`, `steps`, `requests`) are `ReplacingMergeTree(version)`: an update inserts a
+  newer version; reads use `FINAL`. Nothing is ever `UPDATE`d.
+- `id` (events, steps, alerts) is assigned by the writer: unique and increasing in one writer's insert order, as
+  the SQL row id is; SQL's row id does not exist on `requests` and `sessions` here.
+Every table deduplicates a retried insert by its token (`non_replicated_deduplication_window`).
+
+A migration is never edited once released: a schema change is a new entry at the end of `MIGRATIONS`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+VERSIONS_TABLE = "kvobs_schema_versions"
+_DAY = "intDiv(toUInt32(ts), 86400)"
+_DEDUP = "SETTINGS non_replicated_deduplication_window = 1000"
+
+_INITIAL = [
+    f"""CREATE TABLE IF NOT EXISTS sessions (
+        session_id String, agent_name Nullable(String), started_at Nullable(Float64), ended_at Nullable(Float64),
+        num_steps Int32 DEFAULT 0, num_failed_steps Int32 DEFAULT 0, source LowCardinality(Nullable(String)),
+        version UInt64
+    ) ENGINE = ReplacingMergeTree(version) ORDER BY session_id {_DEDUP}""",
+    f"""CREATE TABLE IF NOT EXISTS steps (
+        id UInt64, session_id String, step_index Int32, trace_id Nullable(String), span_id Nullable(String),
+        started_at Float64, ended_at Nullable(Float64), status LowCardinality(String), error_type Nullable(String),
+        ttft_s Nullable(Float64), e2e_s Nullable(Float64), prompt_tokens Nullable(Int32),
+        cached_tokens Nullable(Int32), completion_tokens Nullable(Int32), version UInt64,
+        INDEX ix_trace_id trace_id TYPE bloom_filter GRANULARITY 4
+    ) ENGINE = ReplacingMergeTree(version) ORDER BY (session_id, step_index) {_DEDUP}""",
+    f"""CREATE TABLE IF NOT EXISTS requests (
+        request_id String, instance LowCardinality(String), session_id Nullable(String), trace_id Nullable(String),
+        span_id Nullable(String), parent_span_id Nullable(String), arrival_ts Float64,
+        first_token_ts Nullable(Float64), finished_ts Nullable(Float64), queue_s Nullable(Float64),
+        prompt_tokens Nullable(Int32), cached_tokens Nullable(Int32), completion_tokens Nullable(Int32),
+        num_preemptions Int32 DEFAULT 0, finish_reason LowCardinality(Nullable(String)), version UInt64,
+        INDEX ix_session_id session_id TYPE bloom_filter GRANULARITY 4
+    ) ENGINE = ReplacingMergeTree(version) ORDER BY (instance, request_id) {_DEDUP}""",
+    f"""CREATE TABLE IF NOT EXISTS kv_events (
+        id UInt64, ts Float64, instance LowCardinality(String), kind LowCardinality(String),
+        block_hash Nullable(UInt64), parent_hash Nullable(UInt64), num_tokens Nullable(Int32),
+        session_id Nullable(String), request_id Nullable(String), reason LowCardinality(Nullable(String)),
+        medium LowCardinality(Nullable(String)),
+        INDEX ix_session_id session_id TYPE bloom_filter GRANULARITY 4,
+        INDEX ix_block_hash block_hash TYPE bloom_filter GRANULARITY 4
+    ) ENGINE = MergeTree PARTITION BY {_DAY} ORDER BY (instance, kind, ts) {_DEDUP}""",
+    """CREATE TABLE IF NOT EXISTS kv_event_sessions (
+        session_id String, instance LowCardinality(String),
+        first_ts SimpleAggregateFunction(min, Float64), last_ts SimpleAggregateFunction(max, Float64)
+    ) ENGINE = AggregatingMergeTree ORDER BY (session_id, instance)""",
+    """CREATE MATERIALIZED VIEW IF NOT EXISTS kv_event_sessions_mv TO kv_event_sessions AS
+        SELECT assumeNotNull(session_id) AS session_id, instance, min(ts) AS first_ts, max(ts) AS last_ts
+        FROM kv_events WHERE session_id IS NOT NULL GROUP BY session_id, instance""",
+    f"""CREATE TABLE IF NOT EXISTS snapshots (
+        id UInt64, ts Float64, instance LowCardinality(String), session_id Nullable(String),
+        kv_usage Nullable(Float64), blocks_total Nullable(Int32), blocks_free Nullable(Int32),
+        blocks_resident Nullable(Int32), session_blocks Nullable(Int32), session_evicted_blocks Nullable(Int32),
+        session_evicted_idle_blocks Nullable(Int32), session_pending_idle_blocks Nullable(Int32),
+        session_hit_tokens Nullable(Int32), hit_rate Nullable(Float64), num_running Nullable(Int32),
+        num_waiting Nullable(Int32), preemptions_total Nullable(Int32), evictions_total Nullable(Int32),
+        INDEX ix_session_id session_id TYPE bloom_filter GRANULARITY 4
+    ) ENGINE = MergeTree PARTITION BY {_DAY} ORDER BY (instance, ts) {_DEDUP}""",
+    f"""CREATE TABLE IF NOT EXISTS metric_samples (
+        id UInt64, ts Float64, instance LowCardinality(String), name LowCardinality(String),
+        labels Map(LowCardinality(String), String), value Float64
+    ) ENGINE = MergeTree PARTITION BY {_DAY} ORDER BY (name, instance, ts) {_DEDUP}""",
+    f"""CREATE TABLE IF NOT EXISTS alerts (
+        id UInt64, ts Float64, rule LowCardinality(String), severity LowCardinality(String),
+        state LowCardinality(String), instance Nullable(String), session_id Nullable(String), value Nullable(Float64),
+        summary Nullable(String)
+    ) ENGINE = MergeTree ORDER BY (ts, id) {_DEDUP}""",
+]
+
+# (version, description, statements), oldest first.
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "initial schema", _INITIAL),
+]
+
+
+def migrate(client) -> int:
+    """Run every migration the store has not had; return the schema version it is at now."""
+    client.command(f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} (version UInt32, description String, "
+                   "applied_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY version")  # fmt: skip
+    done = client.query_df(f"SELECT max(version) AS v FROM {VERSIONS_TABLE}")["v"].iloc[0]
+    current = int(done) if done == done else 0  # NaN: an empty table
+    for version, description, statements in MIGRATIONS:
+        if version <= current:
+            continue
+        log.info("ClickHouse store: migrating to schema %d (%s)", version, description)
+        for statement in statements:
+            client.command(statement)
+        client.command(f"INSERT INTO {VERSIONS_TABLE} (version, description) VALUES ({{v:UInt32}}, {{d:String}})",
+                       {"v": version, "d": description})  # fmt: skip
+        current = version
+    return current
+
+
+def head() -> int:
+    return MIGRATIONS[-1][0]

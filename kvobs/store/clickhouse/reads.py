@@ -1,0 +1,224 @@
+"""`kvobs.store.queries` in ClickHouse SQL: each function here answers its namesake there on a ClickHouse store.
+
+Same arguments, same columns, same values (the contract tests load one recording into SQLite, PostgreSQL and
+chDB and compare every function). Updated tables are read with `FINAL`; one session's KV events are narrowed to
+its time range through `kv_event_sessions`. Values are bound as ClickHouse query parameters, never pasted in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+
+from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.store.schema import TABLES
+
+STORED = KVEventKind.STORED.value
+
+
+def _columns(table: str, *exclude: str) -> str:
+    return ", ".join(c.name for c in TABLES[table].__table__.columns if c.name not in exclude)
+
+
+class _Where:
+    """WHERE clauses and their parameters, built up one condition at a time."""
+
+    def __init__(self, *clauses: str, **params) -> None:
+        self.clauses, self.params = list(clauses), dict(params)
+
+    def add(self, clause: str, **params) -> _Where:
+        self.clauses.append(clause)
+        self.params.update(params)
+        return self
+
+    def window(self, column: str, since, until) -> _Where:
+        if since is not None:
+            self.add(f"{column} >= {{since:Float64}}", since=float(since))
+        if until is not None:
+            self.add(f"{column} <= {{until:Float64}}", until=float(until))
+        return self
+
+    def __str__(self) -> str:
+        return " WHERE " + " AND ".join(self.clauses) if self.clauses else ""
+
+
+def _losses() -> str:
+    from kvobs.store.queries import BLOCK_LOSS_KINDS
+
+    return "kind IN (" + ", ".join(f"'{kind}'" for kind in BLOCK_LOSS_KINDS) + ")"
+
+
+def time_range(store) -> tuple[float, float] | None:
+    bounds = store.frame("""SELECT minOrNull(low) AS low, maxOrNull(high) AS high FROM (
+        SELECT minOrNull(ts) AS low, maxOrNull(ts) AS high FROM snapshots
+        UNION ALL SELECT minOrNull(arrival_ts), maxOrNull(arrival_ts) FROM requests FINAL
+        UNION ALL SELECT minOrNull(ts), maxOrNull(ts) FROM kv_events
+        UNION ALL SELECT minOrNull(started_at), maxOrNull(started_at) FROM steps FINAL)""")
+    low, high = bounds["low"].iloc[0], bounds["high"].iloc[0]
+    return None if pd.isna(low) else (float(low), float(high))
+
+
+def instances(store) -> list[str]:
+    return sorted(store.frame("SELECT DISTINCT instance FROM snapshots")["instance"])
+
+
+def instance_snapshots(store, since=None, until=None, instance: str | None = None) -> pd.DataFrame:
+    where = _Where("session_id IS NULL").window("ts", since, until)
+    if instance is not None:
+        where.add("instance = {instance:String}", instance=instance)
+    return store.frame(f"SELECT {_columns('snapshots', 'id')} FROM snapshots{where} ORDER BY ts, id", where.params)
+
+
+def session_snapshots(store, session_id: str) -> pd.DataFrame:
+    return store.frame(f"SELECT {_columns('snapshots', 'id')} FROM snapshots WHERE session_id = {{sid:String}} "
+                       "ORDER BY ts, id", {"sid": session_id})  # fmt: skip
+
+
+def session_footprints(store, since=None, until=None) -> pd.DataFrame:
+    where = _Where("session_id IS NOT NULL").window("ts", since, until)
+    return store.frame(f"""SELECT {_columns('snapshots', 'id')} FROM (
+        SELECT * FROM snapshots{where} ORDER BY ts DESC, id DESC LIMIT 1 BY session_id, instance) ORDER BY id""",
+                       where.params)  # fmt: skip
+
+
+def request_rows(store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+    where = _Where().window("arrival_ts", since, until)
+    if session_id is not None:
+        where.add("session_id = {sid:String}", sid=session_id)
+    sql = f"SELECT {_columns('requests', 'id')} FROM requests FINAL{where} ORDER BY arrival_ts"
+    return store.frame(sql, where.params)
+
+
+def steps(store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+    where = _Where().window("started_at", since, until)
+    if session_id is not None:
+        where.add("session_id = {sid:String}", sid=session_id)
+    return store.frame(f"SELECT {_columns('steps')} FROM steps FINAL{where} ORDER BY started_at", where.params)
+
+
+def sessions(store) -> pd.DataFrame:
+    return store.frame(f"SELECT {_columns('sessions')} FROM sessions FINAL ORDER BY started_at")
+
+
+def kv_event_counts(store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
+    where = _Where().window("ts", since, until)
+    return store.frame(f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, kind, reason,
+        toInt64(count()) AS events, toInt64(uniqExact(block_hash)) AS blocks FROM kv_events{where}
+        GROUP BY bucket, kind, reason ORDER BY bucket""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
+
+
+def block_losses(store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
+    where = _Where(_losses()).window("ts", since, until)
+    return store.frame(f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, kind, reason,
+        toInt64(count()) AS blocks FROM (SELECT DISTINCT instance, ts, block_hash, kind, reason FROM kv_events{where})
+        GROUP BY bucket, kind, reason ORDER BY bucket""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
+
+
+def kv_events(store, since=None, until=None, *, kinds: Iterable[str] | None = None, session_id: str | None = None,
+              limit: int | None = None) -> pd.DataFrame:  # fmt: skip
+    where = _Where().window("ts", since, until)
+    if kinds is not None:
+        where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
+    if session_id is not None:  # the session's time range first: a narrow read of the (instance, kind, ts) order
+        where.add("session_id = {sid:String}", sid=session_id)
+        where.add("ts >= (SELECT min(first_ts) FROM kv_event_sessions WHERE session_id = {sid:String})")
+        where.add("ts <= (SELECT max(last_ts) FROM kv_event_sessions WHERE session_id = {sid:String})")
+    sql = f"SELECT {_columns('kv_events', 'id')} FROM kv_events{where} ORDER BY ts, id"
+    return store.frame(sql if limit is None else f"{sql} LIMIT {int(limit)}", where.params)
+
+
+def stored_blocks(store, since=None, until=None) -> pd.DataFrame:
+    where = _Where(f"kind = '{STORED}'").window("ts", since, until)
+    return store.frame("SELECT ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id "
+                       f"FROM kv_events{where} ORDER BY ts, id", where.params)  # fmt: skip
+
+
+def top_restored_blocks(store, since=None, until=None, *, limit: int = 20) -> pd.DataFrame:
+    where = _Where(f"kind = '{STORED}'").window("ts", since, until)
+    return store.frame(f"""SELECT block_hash, toInt64(count()) AS stores, toInt64(uniqExact(session_id)) AS sessions,
+        min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where} GROUP BY block_hash HAVING count() > 1
+        ORDER BY stores DESC, first_ts LIMIT {int(limit)}""", where.params)  # fmt: skip
+
+
+def metric_series(store, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
+    where = _Where("name IN {names:Array(String)}", names=list(names)).window("ts", since, until)
+    if instance is not None:
+        where.add("instance = {instance:String}", instance=instance)
+    sql = f"SELECT {_columns('metric_samples', 'id')} FROM metric_samples{where} ORDER BY ts, id"
+    return store.frame(sql, where.params)
+
+
+def alerts(store, since=None, until=None) -> pd.DataFrame:
+    where = _Where().window("ts", since, until)
+    return store.frame(f"SELECT {_columns('alerts')} FROM alerts{where} ORDER BY ts DESC, id DESC", where.params)
+
+
+def instance_counter_before(store, column: str, ts: float) -> dict[str, float]:
+    if column not in TABLES["snapshots"].__table__.columns:
+        raise ValueError(f"no snapshot column {column!r}")
+    frame = store.frame(
+        f"""SELECT instance, argMax({column}, (ts, id)) AS value FROM snapshots
+        WHERE session_id IS NULL AND ts < {{ts:Float64}} AND {column} IS NOT NULL GROUP BY instance""",
+        {"ts": ts},
+    )
+    return dict(zip(frame["instance"], frame["value"].astype(float)))
+
+
+def restored_blocks(store, since: float, until: float) -> pd.DataFrame:
+    params = {"since": float(since), "until": float(until)}
+    window = f"kind = '{STORED}' AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}"
+    return store.frame(f"""SELECT w.instance AS instance, toInt64(count()) AS stored,
+        toInt64(countIf(w.ts > f.first_ts)) AS restored
+        FROM (SELECT instance, block_hash, ts FROM kv_events WHERE {window}) AS w
+        LEFT JOIN (SELECT instance, block_hash, min(ts) AS first_ts FROM kv_events
+                   WHERE kind = '{STORED}' AND ts <= {{until:Float64}}
+                     AND block_hash IN (SELECT block_hash FROM kv_events WHERE {window})
+                   GROUP BY instance, block_hash) AS f
+        ON w.instance = f.instance AND w.block_hash = f.block_hash
+        GROUP BY w.instance""", params)  # fmt: skip
+
+
+def block_lifetimes(store, since: float, until: float) -> pd.DataFrame:
+    params = {"since": float(since), "until": float(until)}
+    return store.frame(f"""SELECT l.instance AS instance, l.ts AS ts, l.block_hash AS block_hash,
+        l.ts - s.ts AS lifetime_s
+        FROM (SELECT DISTINCT instance, ts, assumeNotNull(block_hash) AS block_hash FROM kv_events
+              WHERE {_losses()} AND block_hash IS NOT NULL AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}) AS l
+        ASOF JOIN (SELECT instance, assumeNotNull(block_hash) AS block_hash, ts FROM kv_events
+                   WHERE kind = '{STORED}' AND ts <= {{until:Float64}}) AS s
+        ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""", params)  # fmt: skip
+
+
+def session_idle_losses(store, until: float) -> pd.DataFrame:
+    return store.frame("""SELECT session_id, instance, ts, session_evicted_idle_blocks FROM snapshots
+        WHERE session_id IS NOT NULL AND ts <= {until:Float64} AND session_evicted_idle_blocks IS NOT NULL""",
+                       {"until": float(until)})  # fmt: skip
+
+
+def step_counts(store, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
+    frame = store.frame(f"""SELECT toInt64(count()) AS total, toInt64(countIf(status = '{StepStatus.ERROR.value}'
+        AND coalesce(error_type, '') NOT IN {{excluded:Array(String)}})) AS failed FROM steps FINAL
+        WHERE started_at >= {{since:Float64}} AND started_at <= {{until:Float64}}""",
+                        {"since": float(since), "until": float(until), "excluded": list(exclude_errors)})  # fmt: skip
+    return int(frame["total"].iloc[0]), int(frame["failed"].iloc[0])
+
+
+def latest_alert_states(store) -> pd.DataFrame:
+    return store.frame(f"""SELECT {_columns('alerts')} FROM (SELECT * FROM alerts ORDER BY id DESC
+        LIMIT 1 BY rule, instance, session_id)""")  # fmt: skip
+
+
+def session_ends(store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
+    frame = store.frame(
+        """SELECT session_id, ended_at FROM sessions FINAL
+        WHERE session_id IN {keys:Array(String)} AND ended_at IS NOT NULL""",
+        {"keys": list(session_ids)},
+    )
+    return {session_id: float(ended) for session_id, ended in zip(frame["session_id"], frame["ended_at"])}
+
+
+def trace_sessions(store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
+    frame = store.frame("SELECT trace_id, session_id FROM steps FINAL WHERE trace_id IN {keys:Array(String)}",
+                        {"keys": list(trace_ids)})  # fmt: skip
+    return dict(zip(frame["trace_id"], frame["session_id"]))

@@ -1,0 +1,162 @@
+"""A store on ClickHouse: a server (`clickhouse://`) or chDB in this process (`chdb:///dir`).
+
+    store = open_clickhouse("chdb:///var/lib/kvobs/ch")
+    store.write([("insert", [KVEventRecord(...), ...])], token="...")   # what StoreWriter calls
+    frame = store.frame("SELECT count() AS n FROM kv_events")           # what kvobs.store.clickhouse.reads calls
+
+Inserts are column-oriented (one Arrow table per table and batch, the types read from the database's own schema)
+and carry the batch's token, so a batch retried after a lost answer is not stored twice. Sessions are the one
+table that is updated column by column (the agent SDK, the engine and the collector each write some columns):
+the writer reads the current row (`FINAL`), merges the new columns into it and inserts the result as a newer
+version of the `ReplacingMergeTree` row. Two writers updating one session in the same instant may each miss the
+other's columns; each session's writers are normally one SDK and one engine or collector, which write at its start
+and its steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from sqlalchemy import make_url
+
+from kvobs.store.clickhouse import ddl
+from kvobs.store.clickhouse.client import ChdbClient, HttpClient, StoreUnreachable
+from kvobs.store.rows import Record
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HTTP_PORT = 8123
+_GENERATED = ("id", "version")  # columns the writer fills: the row id and the row version
+_ids = itertools.count(time.time_ns())  # unique and increasing within a process, far apart between processes
+
+
+def open_clickhouse(url: str, *, migrate: bool = True) -> ClickHouseStore:
+    """Connect to `clickhouse://[user[:password]@]host[:port]/database` or open `chdb:///dir`; migrate."""
+    parsed = make_url(url)
+    if parsed.drivername == "chdb":
+        if not parsed.database:
+            raise ValueError(f"chdb URL {url!r} names no directory: chdb:///relative/dir or chdb:////absolute/dir")
+        client = ChdbClient(parsed.database)
+    else:
+        client = HttpClient(parsed.host or "localhost", parsed.port or DEFAULT_HTTP_PORT, parsed.username or "default",
+                            parsed.password or "", parsed.database or "default")  # fmt: skip
+    if migrate:
+        ddl.migrate(client)
+    return ClickHouseStore(parsed.render_as_string(hide_password=True), client)
+
+
+@dataclass
+class ClickHouseStore:
+    url: str
+    client: Any  # ChdbClient | HttpClient
+    batch_rows: int = 50_000  # ClickHouse wants few, large inserts
+    flush_interval_s: float = 1.0
+    dialect: str = "clickhouse"
+    _types: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    # ---- writes ----------------------------------------------------------------------------------------------
+    def write(self, batch: list[tuple[str, list[Record]]], *, token: str | None = None) -> None:
+        """One insert per table; session upserts merged into their current rows first."""
+        rows: dict[str, list[dict]] = {}
+        sessions: list[tuple[str, Record]] = []
+        for op, records in batch:
+            for record in records:
+                if record.table == "sessions":
+                    sessions.append((op, record))
+                else:
+                    rows.setdefault(record.table, []).append(record.to_row())
+        if sessions:
+            rows["sessions"] = self._merged_sessions(sessions)
+        for table, table_rows in rows.items():
+            self.client.insert(table, self._arrow(table, table_rows), token=f"{token}-{table}" if token else None)
+
+    def _merged_sessions(self, items: list[tuple[str, Record]]) -> list[dict]:
+        keys = sorted({record.session_id for _, record in items})
+        current = {row["session_id"]: row for row in self.frame(
+            "SELECT * EXCEPT version FROM sessions FINAL WHERE session_id IN {keys:Array(String)}", {"keys": keys},
+        ).to_dict("records")}  # fmt: skip
+        changed: dict[str, dict] = {}
+        for op, record in items:
+            row = record.to_row()
+            if op == "insert_missing" and record.session_id in current:
+                continue
+            current[record.session_id] = changed[record.session_id] = {**current.get(record.session_id, {}), **row}
+        return list(changed.values())
+
+    def _arrow(self, table: str, rows: list[dict]) -> pa.Table:
+        columns = {}
+        for name, ch_type in self.column_types(table).items():
+            if name in _GENERATED:
+                columns[name] = pa.array([next(_ids) for _ in rows], pa.uint64())
+                continue
+            arrow_type = _arrow_type(ch_type)
+            values = [None if _missing(v := row.get(name)) else v for row in rows]
+            if not ch_type.startswith(("Nullable", "LowCardinality(Nullable")):
+                zero = {} if ch_type.startswith("Map") else ("" if "String" in ch_type else 0)
+                values = [zero if v is None else v for v in values]
+            columns[name] = pa.array(values, arrow_type)
+        return pa.table(columns)
+
+    def column_types(self, table: str) -> dict[str, str]:
+        """Column name -> ClickHouse type, as the database has the table (read once)."""
+        if table not in self._types:
+            described = self.client.query_df(f"DESCRIBE TABLE {table}")
+            self._types[table] = {n: t for n, t, kind in zip(described["name"], described["type"],
+                                                             described["default_type"]) if kind != "ALIAS"}  # fmt: skip
+        return self._types[table]
+
+    def is_unreachable(self, exc: BaseException) -> bool:
+        return isinstance(exc, StoreUnreachable)
+
+    # ---- reads -----------------------------------------------------------------------------------------------
+    def frame(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Run a query; columns as `kvobs.store.queries.read` gives them on SQL (see `_as_sql_frame`)."""
+        return _as_sql_frame(self.client.query_df(sql, params))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _as_sql_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The same values and dtypes a SQL store's read gives: hashes as Python ints (object), integers with gaps as
+    float64 with NaN, unsigned counts as int64, missing strings as None."""
+    out = {}
+    for name in frame.columns:
+        column = frame[name]
+        if name.endswith("_hash"):
+            out[name] = pd.Series([None if pd.isna(v) else int(v) for v in column], dtype=object)
+        elif pd.api.types.is_integer_dtype(column.dtype):
+            out[name] = column.astype("float64") if column.isna().any() else column.astype("int64")
+        elif pd.api.types.is_float_dtype(column.dtype):
+            out[name] = column.astype("float64")
+        elif pd.api.types.is_bool_dtype(column.dtype):
+            out[name] = column.astype(bool)
+        else:
+            out[name] = pd.Series([None if _missing(v) else v for v in column], dtype=object)
+            if out[name].map(lambda v: v is None or isinstance(v, str)).all():
+                out[name] = pd.Series(list(out[name]))  # what pandas makes of a SQL string column
+    return pd.DataFrame(out, columns=list(frame.columns))
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value) or value is pd.NA
+
+
+def _arrow_type(ch_type: str) -> pa.DataType:
+    inner = re.sub(r"^(LowCardinality\()?(Nullable\()?(.*?)\)*$", r"\3", ch_type) if "(" in ch_type else ch_type
+    if ch_type.startswith("Map"):
+        return pa.map_(pa.string(), pa.string())
+    if inner.startswith("SimpleAggregateFunction"):
+        inner = inner.split(",")[-1].strip().rstrip(")")
+    return _ARROW[inner]
+
+
+_ARROW = {"UInt64": pa.uint64(), "UInt32": pa.uint32(), "Int32": pa.int32(), "Int64": pa.int64(),
+          "Float64": pa.float64(), "String": pa.string()}  # fmt: skip

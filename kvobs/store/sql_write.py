@@ -1,0 +1,84 @@
+"""How a batch of records is written to a SQL store (SQLite, PostgreSQL): one transaction per batch.
+
+Inserts go as one executemany per table and column set (on SQLite a driver-level executemany of tuples); upserts
+and insert-if-missing as one `INSERT ... ON CONFLICT` per key. Used by `Store.write`, which `StoreWriter` calls.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import insert
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+
+from kvobs.store.rows import Record
+from kvobs.store.schema import TABLES
+
+Batch = list[tuple[str, list[Record]]]  # (op, records): op is insert | upsert | insert_missing
+
+
+class SqlBatchWriter:
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._sqlite_inserts: dict[tuple, tuple[str, list, tuple]] = {}
+
+    def write(self, batch: Batch) -> None:
+        grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
+        for op, records in batch:  # one executemany per table and column set (session upserts give some columns)
+            for record in records:
+                row = record.to_row()
+                grouped[(op, record.table, tuple(row))].append(row)
+        dialect = self.engine.dialect.name
+        with self.engine.begin() as conn:
+            for (op, table, _), rows in grouped.items():
+                model = TABLES[table]
+                if op == "insert" and dialect == "sqlite":
+                    sql, processors, defaults = self._sqlite_insert(model, tuple(rows[0]))
+                    conn.exec_driver_sql(sql, [(*(r[c] if p is None else p(r[c]) for c, p in processors), *defaults)
+                                               for r in rows])  # fmt: skip
+                elif op == "insert":
+                    conn.execute(insert(model), rows)
+                else:
+                    for row in _merge_per_key(model, rows, first_wins=op == "insert_missing"):
+                        conn.execute(_upsert_statement(dialect, model, row, update=op == "upsert"))
+
+    def _sqlite_insert(self, model, columns: tuple[str, ...]) -> tuple[str, list, tuple]:
+        """SQLite's fast path: one driver-level executemany of tuples (SQLAlchemy's per-row work skipped), with each
+        column's own bind processor (UInt64 -> text, JSON -> text) applied."""
+        key = (model.__tablename__, columns)
+        cached = self._sqlite_inserts.get(key)
+        if cached is None:
+            table, dialect = model.__table__, self.engine.dialect
+            defaults = {c.name: c.default.arg for c in table.columns  # Python-side defaults Core would have applied
+                        if c.name not in columns and c.default is not None and c.default.is_scalar}  # fmt: skip
+            names = [*columns, *defaults]
+            sql = f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+            processors = [(c, table.c[c].type.bind_processor(dialect)) for c in columns]
+            cached = self._sqlite_inserts[key] = (sql, processors, tuple(defaults.values()))
+        return cached
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True for errors worth retrying: the database cannot be reached, not a row it refuses."""
+    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated) \
+        if isinstance(exc, SQLAlchemyError) else False  # fmt: skip
+
+
+def _upsert_statement(dialect_name: str, model, row: dict, *, update: bool):
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    keys = [c.name for c in model.__table__.primary_key.columns]
+    stmt = dialect.insert(model).values(**row)
+    updates = {k: stmt.excluded[k] for k in row if k not in keys} if update else {}
+    return stmt.on_conflict_do_update(index_elements=keys, set_=updates) if updates else stmt.on_conflict_do_nothing()
+
+
+def _merge_per_key(model, rows: list[dict], *, first_wins: bool) -> list[dict]:
+    """Merge rows for the same primary key in order (later values win unless `first_wins`): one statement per key."""
+    keys = [c.name for c in model.__table__.primary_key.columns]
+    merged: dict[tuple, dict] = {}
+    for row in rows:
+        key = tuple(row.get(k) for k in keys)
+        earlier = merged.get(key, {})
+        merged[key] = {**row, **earlier} if first_wins else {**earlier, **row}
+    return list(merged.values())

@@ -1,0 +1,111 @@
+"""The ClickHouse store on chDB (ClickHouse's current engine, in-process): URLs, schema, migrations, writes that a
+retry cannot double, a refused row dropped alone, and the one-line errors for a locked directory or a server that
+is not there. What every read answers is `test_contract.py`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store.clickhouse import StoreUnreachable
+from kvobs.store.clickhouse.ddl import VERSIONS_TABLE, head
+from kvobs.store.rows import KVEventRecord, SessionRecord
+from tests.server.conftest import free_port
+
+
+@pytest.fixture
+def chdb_store(tmp_path):
+    store = open_store(f"chdb:///{tmp_path / 'ch'}")
+    yield store
+    store.close()
+
+
+def _events(n: int, **extra) -> list[KVEventRecord]:
+    return [KVEventRecord(ts=1000.0 + i, instance="e", kind="stored", block_hash=2**64 - 1 - i, **extra)
+            for i in range(n)]  # fmt: skip
+
+
+def test_chdb_urls_follow_sqlites_form(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    relative = open_store("chdb:///rel/ch")
+    relative.close()
+    assert (tmp_path / "rel" / "ch").is_dir()
+    absolute = open_store(f"chdb:///{tmp_path / 'abs'}")  # chdb:////tmp/...: four slashes
+    absolute.close()
+    assert (tmp_path / "abs").is_dir()
+    with pytest.raises(ValueError, match="names no directory"):
+        open_store("chdb://")
+
+
+def test_schema_is_made_for_the_workload_and_migrates_once(tmp_path):
+    url = f"chdb:///{tmp_path / 'ch'}"
+    open_store(url).close()
+    store = open_store(url)
+    versions = store.frame(f"SELECT version FROM {VERSIONS_TABLE}")
+    assert versions["version"].tolist() == [head()]
+    tables = store.frame("SELECT name, engine, sorting_key, partition_key FROM system.tables "
+                         "WHERE database = currentDatabase()").set_index("name")  # fmt: skip
+    assert tables.loc["kv_events", "engine"] == "MergeTree"
+    assert tables.loc["kv_events", "sorting_key"] == "instance, kind, ts"
+    assert "86400" in tables.loc["kv_events", "partition_key"]
+    assert tables.loc["sessions", "engine"] == "ReplacingMergeTree"
+    types = store.column_types("kv_events")
+    assert types["block_hash"] == "Nullable(UInt64)" and types["kind"] == "LowCardinality(String)"
+    assert types["instance"] == "LowCardinality(String)"
+    store.close()
+
+
+def test_a_retried_batch_is_stored_once(chdb_store):
+    batch = [("insert", _events(100))]
+    chdb_store.write(batch, token="batch-1")
+    chdb_store.write(batch, token="batch-1")  # the answer to the first was lost; the writer sends it again
+    chdb_store.write(batch, token="batch-2")  # a different batch with the same rows is stored
+    assert len(queries.kv_events(chdb_store)) == 200
+
+
+def test_a_refused_row_is_dropped_alone(chdb_store):
+    writer = StoreWriter(chdb_store)
+    writer.add_many(_events(50) + [KVEventRecord(ts=1.0, instance="e", kind="stored", block_hash=2**64)])
+    writer.close()
+    assert (writer.num_written, writer.num_dropped) == (50, 1)
+    assert len(queries.kv_events(chdb_store)) == 50
+
+
+def test_session_columns_merge_as_on_sql(chdb_store):
+    """The SDK, the engine and the collector each write some of a session's columns; none overwrites another's."""
+    writer = StoreWriter(chdb_store)
+    writer.insert_missing(SessionRecord("s1", source="engine", started_at=5.0))
+    writer.upsert(SessionRecord("s1", num_steps=2, source="sdk"))
+    writer.flush()
+    writer.insert_missing(SessionRecord("s1", source="vllm", started_at=9.0))  # exists: left as it is
+    writer.upsert(SessionRecord("s1", ended_at=20.0))
+    writer.close()
+    (row,) = queries.sessions(chdb_store).to_dict("records")
+    assert (row["source"], row["started_at"], row["num_steps"], row["ended_at"]) == ("sdk", 5.0, 2, 20.0)
+
+
+def test_a_chdb_store_open_in_another_process_is_a_one_line_error_naming_the_lock(tmp_path):
+    url = f"chdb:///{tmp_path / 'ch'}"
+    code = f"from kvobs.store import open_store; store = open_store({url!r}); print('open', flush=True); "
+    holder = subprocess.Popen([sys.executable, "-c", code + "import time; time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        result = subprocess.run([sys.executable, "-m", "kvobs.cli", "alerts", "--store", url], capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+    finally:
+        holder.kill()
+    assert result.returncode == 2
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("kvobs alerts:")]
+    assert "open in another process" in line and "status" in line and "clickhouse://" in line
+
+
+def test_an_unreachable_clickhouse_server_is_a_one_line_error():
+    start = time.monotonic()
+    with pytest.raises(StoreUnreachable, match=r"ClickHouse at 127\.0\.0\.1:\d+ cannot be reached") as caught:
+        open_store(f"clickhouse://default@127.0.0.1:{free_port()}/kvobs")
+    assert "\n" not in str(caught.value) and time.monotonic() - start < 30

@@ -1,0 +1,178 @@
+"""One read API, every backend: the same recorded data (the real vLLM run and our engine's run) loaded into SQLite,
+PostgreSQL and chDB gives the same answer from every function in `kvobs.store.queries`.
+
+Each run is copied row by row, in its original order, through `StoreWriter` into a fresh store of each backend;
+then every read function is called with the same arguments on all three and the answers compared value by value
+(the row `id`, which each database assigns its own way, aside). Set `KVOBS_TEST_CLICKHOUSE_URL` to a ClickHouse
+server's database (it is emptied) to run the same contract against the server.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+from sqlalchemy import create_engine, select, text
+
+from kvobs.alerts.evaluator import Evaluator
+from kvobs.alerts.rules import builtin_rules
+from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store.rows import RECORDS
+from kvobs.store.schema import TABLES
+from tests.stores import POSTGRES
+
+BACKENDS = ["sqlite", "postgresql", "chdb"] + (["clickhouse"] if os.environ.get("KVOBS_TEST_CLICKHOUSE_URL") else [])
+
+
+def _rows(source) -> dict[str, list]:
+    """Every row of every table of `source`, as records, in insertion order."""
+    records = {}
+    with source.engine.connect() as conn:
+        for name, model in TABLES.items():
+            columns = [c for c in model.__table__.columns if c.name != "id"]
+            order = model.__table__.c.id if "id" in model.__table__.c else list(model.__table__.primary_key)[0]
+            result = conn.execute(select(*columns).order_by(order))
+            records[name] = [RECORDS[name](**row._asdict()) for row in result]
+    return records
+
+
+def _open(backend: str, tmp_path):
+    if backend == "sqlite":
+        return open_store(f"sqlite:///{tmp_path / 'contract.db'}"), None
+    if backend == "chdb":
+        return open_store(f"chdb:///{tmp_path / 'contract-ch'}"), None
+    if backend == "clickhouse":
+        store = open_store(os.environ["KVOBS_TEST_CLICKHOUSE_URL"])
+        for table in ("sessions", "steps", "requests", "kv_events", "kv_event_sessions", "snapshots",
+                      "metric_samples", "alerts"):  # fmt: skip
+            store.client.command(f"TRUNCATE TABLE {table}")
+        return store, None
+    schema = f"kvobs_contract_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+
+    def drop():
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+    return open_store(f"{POSTGRES}?options=-csearch_path%3D{schema}"), drop
+
+
+@pytest.fixture(scope="module", params=["vllm_run", "agent_run"])
+def loaded(request, tmp_path_factory):
+    """(run, {backend: store}, {backend: alert transitions}): each backend holding the same run, and the built-in
+    alert rules evaluated on it at ten points through the run (their transitions stored in its `alerts`)."""
+    records = _rows(request.getfixturevalue(request.param).store)
+    assert sum(map(len, records.values())) > 400, "the recording is too small to test anything"
+    stores, cleanups = {}, []
+    for backend in BACKENDS:
+        store, cleanup = _open(backend, tmp_path_factory.mktemp(f"{request.param}-{backend}"))
+        writer = StoreWriter(store)
+        for table, table_records in records.items():
+            for record in table_records:
+                (writer.upsert if table == "sessions" else writer.add)(record)
+        writer.close()
+        assert (writer.num_written, writer.num_dropped) == (sum(map(len, records.values())), 0), backend
+        stores[backend] = store
+        cleanups += [cleanup] if cleanup else []
+    first, last = queries.time_range(stores["sqlite"])
+    # The built-in rules over a third of the run, without `for` (the runs are shorter), at any non-zero value.
+    rules = [replace(r, window_s=(last - first) / 3, for_s=0.0, threshold=0.0 if r.op in (">", ">=") else r.threshold)
+             for r in builtin_rules()]  # fmt: skip
+    transitions = {backend: [Evaluator(store, rules).evaluate(first + (last - first) * k / 9) for k in range(10)]
+                   for backend, store in stores.items()}  # fmt: skip
+    yield request.param, stores, transitions
+    for store in stores.values():
+        store.close()
+    for cleanup in cleanups:
+        cleanup()
+
+
+def _values(answer, *, ordered: bool):
+    """An answer as comparable plain values: NaN/NA are None, floats to 9 digits, the row id left out."""
+
+    def plain(value):
+        if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+            return None
+        if isinstance(value, float):
+            return round(value, 9)
+        return value.item() if hasattr(value, "item") else value
+
+    if isinstance(answer, pd.DataFrame):
+        frame = answer.drop(columns=[c for c in ("id",) if c in answer.columns])
+        rows = [tuple(plain(v) for v in row) for row in frame.itertuples(index=False)]
+        return list(frame.columns), rows if ordered else sorted(rows, key=repr)
+    if isinstance(answer, dict):
+        return sorted((k, plain(v)) for k, v in answer.items())
+    if isinstance(answer, (tuple, list)):
+        return [plain(v) for v in answer]
+    return plain(answer)
+
+
+def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
+    """(function, args, kwargs, ordered): every read, over the whole run and over a window inside it."""
+    first, last = queries.time_range(store)
+    middle = (first + (last - first) / 3, first + 2 * (last - first) / 3)
+    busiest = queries.kv_events(store).groupby("session_id").size().sort_values().index[-1]
+    some_session = queries.steps(store)["session_id"].iloc[0]
+    traces = list(queries.steps(store)["trace_id"].dropna()[:50])
+    calls = [("time_range", (), {}, True), ("instances", (), {}, True), ("sessions", (), {}, False),
+             ("session_snapshots", (busiest,), {}, True), ("kv_events", (), {"session_id": busiest}, True),
+             ("kv_events", (), {"kinds": ["stored"], "limit": 500}, True),
+             ("requests", (), {"session_id": busiest}, False),
+             ("steps", (), {"session_id": some_session}, False), ("latest_alert_states", (), {}, False),
+             ("session_ends", ([some_session, busiest, "no-such-session"],), {}, True),
+             ("trace_sessions", (traces + ["0" * 32],), {}, True), ("scraped_hit_rate", (), {}, True),
+             ("metric_series", (["vllm:num_requests_running", "vllm:kv_cache_usage_perc"],), {}, False),
+             ("session_idle_losses", (last,), {}, False)]  # fmt: skip
+    for since, until in ((None, None), middle):
+        window = () if since is None else (since, until)
+        calls += [(name, window, {}, False) for name in (
+            "instance_snapshots", "session_footprints", "requests", "steps", "kv_event_counts", "block_losses",
+            "stored_blocks", "alerts")]  # fmt: skip
+        calls += [("kv_events", window, {}, True), ("top_restored_blocks", window, {"limit": 10_000}, False),
+                  ("kv_event_counts", window, {"bucket_s": 5.0}, False)]  # fmt: skip
+    for since, until in ((first, last), middle):
+        calls += [(name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes")]
+        calls += [("step_counts", (since, until), {}, True),
+                  ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),
+                  ("instance_counter_before", ("preemptions_total", until), {}, True)]  # fmt: skip
+    return calls
+
+
+def test_every_read_gives_the_same_answer_on_every_backend(loaded):
+    run, stores, _ = loaded
+    reference = stores["sqlite"]
+    calls = _calls(reference)
+    assert {name for name, *_ in calls} >= {
+        name for name in dir(queries) if getattr(getattr(queries, name), "__wrapped__", None) is not None
+    } - {"request_rows"}, "a read function the contract does not call"
+    for name, args, kwargs, ordered in calls:
+        expected = _values(getattr(queries, name)(reference, *args, **kwargs), ordered=ordered)
+        for backend, store in stores.items():
+            answer = _values(getattr(queries, name)(store, *args, **kwargs), ordered=ordered)
+            assert answer == expected, f"{run}: {name}{args}{kwargs} differs on {backend}"
+
+
+def test_alert_rules_fire_and_resolve_alike_on_every_backend(loaded):
+    run, _, transitions = loaded
+    assert any(transitions["sqlite"]), f"{run}: no built-in rule fired; the comparison would be empty"
+    for backend, rounds in transitions.items():
+        assert rounds == transitions["sqlite"], f"{run}: alert transitions differ on {backend}"
+
+
+def test_the_contract_compares_something(loaded):
+    """The recordings exercise what the reads are for: losses, restores, lifetimes, sessions with steps."""
+    _, stores, _ = loaded
+    store = stores["chdb"]
+    first, last = queries.time_range(store)
+    assert queries.block_losses(store)["blocks"].sum() > 0
+    assert not queries.block_lifetimes(store, first, last).empty
+    assert queries.restored_blocks(store, first, last)["stored"].sum() > 0
+    assert queries.step_counts(store, first, last)[0] > 0
