@@ -71,11 +71,12 @@ def test_pressure_windows_from_the_engine_run(agent_run):
 
 
 def test_blocks_lost_counts_each_lost_block_once_however_many_sessions_owned_it(agent_run):
-    """The one definition of "blocks lost": one per (instance, time, block) loss, whatever the owner rows."""
+    """The one definition of "blocks lost": one per (instance, time, block) loss, whatever the owner rows. (Whether
+    this timed run evicts a block two sessions share varies; tests/observers/test_agreement.py makes it happen.)"""
     store = agent_run.store
     rows = queries.kv_events(store, kinds=queries.BLOCK_LOSS_KINDS)
     distinct = rows.drop_duplicates(["instance", "ts", "block_hash", "kind", "reason"])
-    assert len(rows) > len(distinct) > 0  # shared blocks are recorded once per owning session
+    assert len(rows) >= len(distinct) > 0  # shared blocks are recorded once per owning session
     assert queries.block_losses(store, bucket_s=1e12)["blocks"].sum() == len(distinct)
     by_bucket = queries.block_losses(store, bucket_s=5)
     assert by_bucket["blocks"].sum() == len(distinct)  # buckets only split it

@@ -150,3 +150,23 @@ def test_a_session_that_lost_blocks_in_its_pause_is_told_so_by_spans_and_store(s
         owners = set(s.scalars(select(KVEventRow.session_id).where(KVEventRow.kind == "evicted",
                                                                      KVEventRow.reason == "capacity")))  # fmt: skip
     assert paused <= owners
+
+
+def test_a_block_two_sessions_share_is_one_block_lost_however_many_rows_record_it(make_llm, store):
+    """The store records a lost block once per owning session (each session's footprint needs its row); "blocks
+    lost" (`queries.block_losses`) counts it once."""
+    engine = make_llm(num_blocks=11, block_size=BLOCK_SIZE, max_model_len=160).engine  # block 0 is reserved
+    shared = [500 + t for t in range(3 * BLOCK_SIZE)]  # three full blocks both sessions hold
+    results = _run(engine, {"a": shared + [1, 2, 3, 4] * 4, "b": shared + [5, 6, 7, 8] * 4})
+    results += _run(engine, {"c": [900 + t for t in range(150)]})  # needs all ten blocks: evicts every cached one
+    writer = StoreWriter(store)
+    recorder = StoreRecorder(writer, instance="e0", block_size=BLOCK_SIZE, medium="CPU")
+    for result in results:
+        recorder.on_step(result)
+    writer.close()
+    rows = queries.kv_events(store, kinds=queries.BLOCK_LOSS_KINDS)
+    distinct = rows.drop_duplicates(["instance", "ts", "block_hash", "kind", "reason"])
+    shared_rows = rows[rows.duplicated(["instance", "ts", "block_hash"], keep=False)]
+    assert set(shared_rows["session_id"]) == {"a", "b"} and len(shared_rows) == 2 * 3
+    assert len(rows) == len(distinct) + 3
+    assert queries.block_losses(store, bucket_s=1e12)["blocks"].sum() == len(distinct)
