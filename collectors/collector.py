@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, start_http_server
 
 from collectors.drops import DropCounter
 from collectors.kv_bridge import KVSpanBridge
 from collectors.kv_ingest import KVIngest
+from collectors.kv_streams import KVStreamSpec, parse_streams
 from collectors.kv_subscriber import KVEventSubscriber
 from collectors.otlp_forward import OTLPForwarder, check_forward_url
 from collectors.otlp_receiver import OTLPReceiver, split_host_port
@@ -30,7 +30,7 @@ from collectors.own_metrics import CollectorMetrics
 from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
-from kvobs.semconv.protocol import SESSION_END_AFTER_S
+from kvobs.semconv.protocol import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import queries
 from kvobs.store.db import Store, open_store
 from kvobs.store.writer import StoreWriter
@@ -48,9 +48,9 @@ class CollectorOptions:
 
     store_url: str | None = None
     vllm_urls: list[str] = field(default_factory=list)
-    kv_events: str | None = None
+    kv_events: list[str] = field(default_factory=list)  # [NAME=]ENDPOINT per stream
     kv_events_bind: bool = False
-    kv_events_replay: str | None = None
+    kv_events_replay: list[str] = field(default_factory=list)  # [NAME=]ENDPOINT
     kv_events_topic: str = ""
     otlp_grpc: str | None = None
     otlp_http: str | None = None
@@ -61,12 +61,15 @@ class CollectorOptions:
     settle_s: float = 10.0
     session_end_after_s: float = SESSION_END_AFTER_S  # a session with no request this long (stream time) ended
     metrics_address: str | None = None  # host:port of the collector's own /metrics
+    session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
 
     def __post_init__(self) -> None:
         if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http):
             raise ValueError("nothing to collect: give --vllm-url, --kv-events, --otlp-grpc or --otlp-http")
         if self.interval_s <= 0:
             raise ValueError(f"--interval must be positive; got {self.interval_s}")
+        if self.session_idle_s <= 0:
+            raise ValueError(f"--session-idle-s must be positive; got {self.session_idle_s}")
         if self.session_end_after_s <= 0:
             raise ValueError(f"--session-end-after-s must be positive; got {self.session_end_after_s}")
         for url in (self.forward_otlp, self.otlp_endpoint):
@@ -74,6 +77,7 @@ class CollectorOptions:
                 check_forward_url(url)
         for url in self.vllm_urls:
             ScrapeTarget.parse(url)
+        parse_streams(self.kv_events, self.kv_events_replay)
 
 
 class Collector:
@@ -92,12 +96,16 @@ class Collector:
         self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default)
         tracer = self.telemetry.tracer("kvobs.collector")
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
-        self.kv_ingest = KVIngest(self.writer, instance=default or _host_port(options.kv_events or ""),
-                                  activity=self.activity, bridge=bridge, settle_s=options.settle_s,
-                                  session_ends=lambda ids: queries.session_ends(self.store, ids))  # fmt: skip
+        self.streams = [KVStream(spec, KVIngest(self.writer, instance=spec.instance, activity=self.activity,
+                                                bridge=bridge, settle_s=options.settle_s,
+                                                session_idle_s=options.session_idle_s,
+                                                session_ends=lambda ids: queries.session_ends(self.store, ids)))
+                        for spec in parse_streams(options.kv_events, options.kv_events_replay,
+                                                  default_instance=default)]  # fmt: skip
         self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
             else None  # fmt: skip
-        self.subscriber = self._subscriber() if options.kv_events else None
+        for stream in self.streams:
+            stream.subscriber = self._subscriber(stream)
         self.receiver = None
         if options.otlp_grpc or options.otlp_http:
             self.receiver = OTLPReceiver(self._on_export, grpc_address=options.otlp_grpc,
@@ -117,19 +125,19 @@ class Collector:
         return setup_telemetry(TelemetryConfig(service_name=SERVICE_NAME, endpoint=endpoint, protocol=protocol,
                                                metrics=False))  # fmt: skip
 
-    def _subscriber(self) -> KVEventSubscriber:
-        o = self.options
-        return KVEventSubscriber(o.kv_events, self.kv_ingest.on_batch, self.drops,
-                                 bind=True if o.kv_events_bind else None, replay_endpoint=o.kv_events_replay,
-                                 topic=o.kv_events_topic, on_restart=self.kv_ingest.on_restart)  # fmt: skip
+    def _subscriber(self, stream: KVStream) -> KVEventSubscriber:
+        o, ingest = self.options, stream.ingest
+        return KVEventSubscriber(stream.spec.endpoint, ingest.on_batch, self.drops,
+                                 bind=True if o.kv_events_bind else None, replay_endpoint=stream.spec.replay,
+                                 topic=o.kv_events_topic, on_restart=ingest.on_restart)  # fmt: skip
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
         """Bind and connect everything; raises OSError when an address is taken or unusable."""
         if self.forwarder is not None:
             self.forwarder.start()
-        if self.subscriber is not None:
-            self.subscriber.start()
+        for stream in self.streams:
+            stream.subscriber.start()
         if self.receiver is not None:
             self.receiver.start()
         if self.scraper is not None:
@@ -142,8 +150,9 @@ class Collector:
 
     def describe(self) -> str:
         parts = [f"scrape {t.instance}={t.url}" for t in self.targets]
-        if self.subscriber is not None:
-            parts.append(f"KV events {'bind' if self.subscriber.bind else 'connect'} {self.options.kv_events}")
+        for stream in self.streams:
+            how = "bind" if stream.subscriber.bind else "connect"
+            parts.append(f"KV events {stream.spec.instance}: {how} {stream.spec.endpoint}")
         if self.receiver is not None:
             parts.append(f"OTLP gRPC :{self.receiver.grpc_port} HTTP :{self.receiver.http_port}")
         if self.forwarder is not None:
@@ -153,11 +162,12 @@ class Collector:
     def stop(self) -> None:
         """Stop receiving, then flush: pending classifications, forwarded exports, store rows, bridge spans."""
         self._stop.set()
-        for part in (self.scraper, self.subscriber, self.receiver):
+        for part in (self.scraper, *(s.subscriber for s in self.streams), self.receiver):
             if part is not None:
                 part.stop()
         self._ticker.join(self.options.interval_s + 5)
-        self.kv_ingest.snapshot(final=True)
+        for stream in self.streams:
+            stream.ingest.snapshot(final=True)
         if self.forwarder is not None:
             self.forwarder.close()
         self.writer.close()
@@ -175,10 +185,11 @@ class Collector:
 
     def _tick(self) -> None:
         while not self._stop.wait(self.options.interval_s):
-            try:
-                self.kv_ingest.snapshot()
-            except Exception:
-                log.exception("writing session footprints failed")
+            for stream in self.streams:
+                try:
+                    stream.ingest.snapshot()
+                except Exception:
+                    log.exception("writing session footprints of %s failed", stream.spec.instance)
 
     def _trace_sessions(self, trace_ids) -> dict[str, str]:
         """trace id -> session from the agent steps the SDK wrote to this store."""
@@ -197,5 +208,10 @@ class Collector:
         return dict(self.scraper.up) if self.scraper is not None else {}
 
 
-def _host_port(endpoint: str) -> str:
-    return urlsplit(endpoint).netloc or endpoint or "kv-events"
+@dataclass
+class KVStream:
+    """One `--kv-events` stream: its spec, its ingest (chains, footprints) and its subscriber (socket, sequence)."""
+
+    spec: KVStreamSpec
+    ingest: KVIngest
+    subscriber: KVEventSubscriber | None = None

@@ -15,6 +15,7 @@ import sys
 import threading
 
 from kvobs.commands.common import add_session_end_flag, add_store_flag, start_or_report
+from kvobs.semconv.protocol import SESSION_IDLE_S
 from kvobs.store.db import STORE_URL_ENV
 
 log = logging.getLogger(__name__)
@@ -31,15 +32,24 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--kv-events",
-        metavar="ENDPOINT",
-        help="vLLM's KV-event ZMQ endpoint: tcp://vllm:5557 (connect) or tcp://*:5557 (bind)",
+        action="append",
+        default=[],
+        metavar="[NAME=]ENDPOINT",
+        help="a vLLM's KV-event ZMQ endpoint: tcp://vllm:5557 (connect) or tcp://*:5557 (bind); repeat for several "
+        "replicas, each its own instance NAME (default: --instance, the only --vllm-url's name, or host:port)",
     )
     p.add_argument(
         "--kv-events-bind",
         action="store_true",
         help="bind ENDPOINT (vLLM was given a concrete address and connects to us)",
     )
-    p.add_argument("--kv-events-replay", metavar="ENDPOINT", help="vLLM's replay ROUTER endpoint, to fill gaps")
+    p.add_argument(
+        "--kv-events-replay",
+        action="append",
+        default=[],
+        metavar="[NAME=]ENDPOINT",
+        help="vLLM's replay ROUTER endpoint, to fill gaps; NAME picks the stream, else the --kv-events at its position",
+    )
     p.add_argument("--kv-events-topic", default="", help="topic prefix to subscribe to (vLLM's default: '')")
     p.add_argument("--otlp-grpc", metavar="HOST:PORT", help="receive OTLP traces over gRPC, e.g. 0.0.0.0:4317")
     p.add_argument("--otlp-http", metavar="HOST:PORT", help="receive OTLP traces over HTTP, e.g. 0.0.0.0:4318")
@@ -63,6 +73,13 @@ def add_parser(sub) -> None:
         help="seconds an eviction waits for its session's request spans before it is classified idle/busy",
     )
     add_session_end_flag(p)
+    p.add_argument(
+        "--session-idle-s",
+        type=float,
+        default=SESSION_IDLE_S,
+        help="forget a session's state after this long without a KV event (nothing resident, nothing pending), so "
+        "memory stays bounded; counted in kvobs_collector_sessions_forgotten_total",
+    )
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
     p.set_defaults(func=run)  # fmt: skip
 
@@ -82,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             kv_events_bind=args.kv_events_bind,
             kv_events_replay=args.kv_events_replay,
             kv_events_topic=args.kv_events_topic,
+            session_idle_s=args.session_idle_s,
             otlp_grpc=args.otlp_grpc,
             otlp_http=args.otlp_http,
             forward_otlp=args.forward_otlp,

@@ -24,11 +24,12 @@ first request, of sessions with no known request, or after a session's end are n
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 
 from collectors.kv_chains import ChainTracker
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
+from kvobs.semconv.protocol import SESSION_IDLE_S
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind, SessionSource
 from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
@@ -36,6 +37,10 @@ from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
 
 RESTART = "restart"
+# How long a batch's rows wait for room in a full store queue before they are dropped (and counted). Meanwhile the
+# ZMQ socket buffers what vLLM publishes (its high-water mark is vLLM's: 100,000 batches), so a burst is stored,
+# not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
+STORE_WAIT_S = 10.0
 STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
 
 
@@ -48,6 +53,9 @@ class KVIngest:
     settle_s: how long a removal waits for its session's request spans before it is classified.
     session_ends: session ids -> when they ended (the store's `sessions.ended_at`), for sessions with pending
         losses; None: only the stream-time horizon ends a session.
+    session_idle_s: a session with nothing resident, nothing pending and no event for this long (stream time) is
+        forgotten (`num_sessions_forgotten`), so memory does not grow with every session ever seen. If it comes
+        back, its footprint counts start again.
     """
 
     def __init__(
@@ -59,6 +67,7 @@ class KVIngest:
         bridge=None,
         settle_s: float = 10.0,
         session_ends: Callable[[list[str]], dict[str, float]] | None = None,
+        session_idle_s: float = SESSION_IDLE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.writer = writer
@@ -67,7 +76,13 @@ class KVIngest:
         self.bridge = bridge
         self.settle_s = settle_s
         self.session_ends = session_ends
+        self.session_idle_s = session_idle_s
         self.clock = clock
+        self.num_lost_in_pause = 0  # (session, block) removals settled as in a tool pause, ever (a counter)
+        self.num_sessions_forgotten = 0
+        self._last_seen: OrderedDict[str, float] = (
+            OrderedDict()
+        )  # session -> its latest event (stream time), oldest first
         self.chains = ChainTracker()
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
@@ -106,6 +121,7 @@ class KVIngest:
         self.block_size = event.block_size
         if session is not None:
             self._changed.add(session)
+            self._seen(session, ts)
             if session not in self._sessions_seen:
                 self._sessions_seen.add(session)
                 self.writer.insert_missing(SessionRecord(session, started_at=ts, source=SessionSource.VLLM.value))
@@ -125,6 +141,7 @@ class KVIngest:
             if owner is not None:
                 self._pending.append((arrived, ts, owner))
                 self._changed.add(owner)
+                self._seen(owner, ts)
         return owners
 
     def _cleared(self, ts: float, reason: str) -> dict[str | None, int]:
@@ -145,7 +162,7 @@ class KVIngest:
         ))  # fmt: skip
 
     def _flush_rows(self) -> None:
-        self.writer.add_many(self._rows)
+        self.writer.add_many(self._rows, wait_s=STORE_WAIT_S)
         self._rows = []
 
     # ---- footprints -----------------------------------------------------------------------------------
@@ -170,7 +187,32 @@ class KVIngest:
                 session_evicted_idle_blocks=fp.removed_idle,
                 session_pending_idle_blocks=len(self._idle.get(session, ())),
             ))  # fmt: skip
+        self.forget_idle_sessions()
         return len(changed)
+
+    def _seen(self, session: str, ts: float) -> None:
+        self._last_seen[session] = max(ts, self._last_seen.get(session, ts))
+        self._last_seen.move_to_end(session)
+
+    def forget_idle_sessions(self) -> int:
+        """Forget sessions idle past `session_idle_s` with nothing resident or pending; returns how many."""
+        horizon, forgotten, busy = self._latest_ts - self.session_idle_s, 0, []
+        while self._last_seen:
+            session, last = next(iter(self._last_seen.items()))
+            if last > horizon:
+                break
+            self._last_seen.popitem(last=False)
+            footprint = self.chains.footprints.get(session)
+            if (footprint is not None and footprint.resident > 0) or session in self._idle or session in self._changed:
+                busy.append((session, last))  # still holds blocks or awaits a verdict: looked at again later
+                continue
+            self.chains.footprints.pop(session, None)
+            self._sessions_seen.discard(session)
+            forgotten += 1
+        for session, last in busy:
+            self._last_seen[session] = last
+        self.num_sessions_forgotten += forgotten
+        return forgotten
 
     def _classify(self, arrived_before: float) -> None:
         if self.activity is not None and self._pending:
@@ -188,7 +230,8 @@ class KVIngest:
         for session, times in list(self._idle.items()):
             verdicts = [self.activity.idle_verdict(session, ts, now=self._latest_ts, ended=session in ended)
                         for ts in times]  # fmt: skip
-            self.chains.footprints[session].removed_idle += verdicts.count(PAUSE)
+            self.chains.footprint(session).removed_idle += verdicts.count(PAUSE)
+            self.num_lost_in_pause += verdicts.count(PAUSE)
             still = [ts for ts, verdict in zip(times, verdicts) if verdict == PENDING]
             if len(still) != len(times):
                 self._changed.add(session)

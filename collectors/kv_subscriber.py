@@ -8,12 +8,14 @@ Connect or bind: vLLM binds a wildcard endpoint (`tcp://*:5557`: we connect to `
 connects to a concrete one (then we bind it); `bind=None` follows vLLM's rule from the endpoint we are given
 (`tcp://*:5557` here means: bind).
 
-Sequence numbers: a jump forward is a gap; with a replay endpoint the subscriber asks the publisher's
-ROUTER for everything from the first missing number (both reply forms: `(topic, seq, payload)` of 0.33,
-`(seq, payload)` of 0.24 and earlier, until the end mark) and delivers it in order before going on; the
-live copies of replayed batches are then skipped. Batches the replay cannot supply are counted in
-`num_lost`. A number going backwards (not a replayed duplicate) means the publisher restarted:
-`on_restart()` is called and numbering starts over.
+Sequence numbers: a jump forward is a gap; with a replay endpoint the subscriber asks the publisher's ROUTER for
+everything from the first missing number (both reply forms: `(topic, seq, payload)` of 0.33, `(seq, payload)` of
+0.24 and earlier, until the end mark) and delivers it in order before going on; the live copies of replayed batches
+are then skipped. Batches the replay cannot supply are counted in `num_lost`. A lost tail (the last batches of a
+burst, with no later number to reveal the gap) is asked for once the stream has been quiet for `tail_check_s`: what
+the replay returns is delivered (`num_tail_recovered`); without a replay endpoint such a tail cannot be known. A
+number going backwards (not a replayed duplicate) means the publisher restarted: `on_restart()` is called and
+numbering starts over.
 
 Bad input (wrong frame count, a sequence frame that is not 8 bytes, a payload that is not a batch, unknown
 event types) is counted in `drops` under `kv_events` and skipped.
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "kv_events"
 POLL_MS = 100
+RCVHWM = 100_000  # batches ZMQ queues for us: vLLM's publisher keeps as many (its send high-water mark)
+TAIL_CHECK_S = 2.0
 
 BatchHandler = Callable[[int, wire.KVEventBatch], None]
 
@@ -49,6 +53,7 @@ class KVEventSubscriber:
     topic: subscribe to this topic prefix ("" = everything).
     replay_timeout_s: how long one replay may take before giving up on it.
     on_restart: called when the publisher's numbering starts over.
+    tail_check_s: quiet time after which the replay is asked for batches after the last one received.
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class KVEventSubscriber:
         topic: str = "",
         replay_timeout_s: float = 2.0,
         on_restart: Callable[[], None] | None = None,
+        tail_check_s: float = TAIL_CHECK_S,
     ) -> None:
         self.endpoint = endpoint
         self.handle = handle
@@ -71,7 +77,9 @@ class KVEventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout_s = replay_timeout_s
         self.on_restart = on_restart
+        self.tail_check_s = tail_check_s
         self.num_batches = 0
+        self.num_tail_recovered = 0
         self.num_events = 0
         self.num_gaps = 0
         self.num_replayed = 0
@@ -101,7 +109,7 @@ class KVEventSubscriber:
         try:
             sub = self._ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.RCVHWM, 100_000)
+            sub.setsockopt(zmq.RCVHWM, RCVHWM)
             sub.setsockopt(zmq.SUBSCRIBE, self.topic)
             sub.bind(self.endpoint) if self.bind else sub.connect(self.endpoint)
         except zmq.ZMQError as exc:
@@ -111,10 +119,15 @@ class KVEventSubscriber:
         self._ready.set()
         log.info("KV events: %s %s (replay: %s)", "bound" if self.bind else "connected to", self.endpoint,
                  self.replay_endpoint or "off")  # fmt: skip
+        tail_checked, last_received = True, time.monotonic()
         try:
             while not self._stop.is_set():
                 if sub.poll(POLL_MS):
                     self._receive(sub.recv_multipart())
+                    tail_checked, last_received = False, time.monotonic()
+                elif not tail_checked and time.monotonic() - last_received >= self.tail_check_s:
+                    tail_checked = True
+                    self._check_tail()
         finally:
             sub.close()
 
@@ -160,6 +173,16 @@ class KVEventSubscriber:
         self.handle(seq, batch)
 
     # ---- gaps -------------------------------------------------------------------------------------------
+    def _check_tail(self) -> None:
+        """After a quiet spell: batches published after the last one we received were lost on the way; replay them."""
+        if self.replay_endpoint is None or self._expected is None:
+            return
+        first = self._expected
+        got = self._replay(first, 2**63 - 1)
+        if got:
+            self.num_tail_recovered += got
+            log.warning("KV events: %d batches from %d on never arrived live; recovered by replay", got, first)
+
     def _fill_gap(self, first_missing: int, arrived: int) -> None:
         self.num_gaps += 1
         missing = arrived - first_missing

@@ -54,11 +54,15 @@ class CollectorMetrics(PromCollector):
         prefix_lost = _counter(kvobs_metrics.SESSION_PREFIX_LOST)
         pending = kvobs_metrics.SESSION_PREFIX_LOST_PENDING
         prefix_pending = GaugeMetricFamily(pending.name, pending.description)
-        if c.subscriber is not None:
-            events.add_metric([c.kv_ingest.instance], c.subscriber.num_events)
-            lost.add_metric([c.kv_ingest.instance], c.subscriber.num_lost)
-            prefix_lost.add_metric([], sum(f.removed_idle for f in list(c.kv_ingest.chains.footprints.values())))
-            prefix_pending.add_metric([], c.kv_ingest.num_pending_idle)
+        for stream in c.streams:
+            events.add_metric([stream.spec.instance], stream.subscriber.num_events)
+            lost.add_metric([stream.spec.instance], stream.subscriber.num_lost)
+        forgotten = _counter(kvobs_metrics.COLLECTOR_SESSIONS_FORGOTTEN)
+        if c.streams:
+            prefix_lost.add_metric([], sum(s.ingest.num_lost_in_pause for s in c.streams))
+            prefix_pending.add_metric([], sum(s.ingest.num_pending_idle for s in c.streams))
+            forgotten.add_metric([], sum(s.ingest.num_sessions_forgotten for s in c.streams))
+        yield forgotten
         yield events
         yield lost
         yield prefix_lost

@@ -177,6 +177,9 @@ kvobs_metrics = SimpleNamespace(
     COLLECTOR_KV_EVENTS_LOST=_spec("kvobs_collector_kv_event_batches_lost", "counter", "batches",
                                    "KV-event batches missing from the sequence that replay could not recover.",
                                    LABEL_INSTANCE),
+    COLLECTOR_SESSIONS_FORGOTTEN=_spec("kvobs_collector_sessions_forgotten", "counter", "sessions",
+                                       "Sessions whose state the collector let go after --session-idle-s without a "
+                                       "KV event (nothing resident, nothing pending)."),
     COLLECTOR_LLM_REQUESTS=_spec("kvobs_collector_llm_requests", "counter", "requests",
                                  "llm_request spans the collector stored as requests."),
 )  # fmt: skip

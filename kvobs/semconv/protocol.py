@@ -14,5 +14,9 @@ DASHBOARD_PORT = 8501  # kvobs dashboard (Streamlit's default)
 # `kvobs collect`): what it loses after that is lost after its end, never in a tool pause.
 SESSION_END_AFTER_S = 300.0
 
+# The collector forgets a session's state after this long without a KV event (`kvobs collect --session-idle-s`):
+# well past its end, so no pause is cut short; bounds memory however many sessions a fleet has seen.
+SESSION_IDLE_S = 3600.0
+
 # `kv_events.reason` of a `hit` row when a preempted request looked its prefix up again.
 READMISSION = "readmission"

@@ -65,6 +65,7 @@ class StoreWriter:
         self.max_queue = max_queue
         self._queued_rows = 0  # rows put and not yet taken by the writer thread
         self._count_lock = threading.Lock()
+        self._room = threading.Condition(self._count_lock)  # notified when the writer thread takes rows
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="kvobs-store-writer", daemon=True)
@@ -75,9 +76,12 @@ class StoreWriter:
         """Queue an insert; False (and counted) when the queue is full or the writer closed."""
         return self._put("insert", [record])
 
-    def add_many(self, records: list[Record]) -> bool:
-        """Queue inserts as one unit (all queued, or all dropped); records of one table write fastest."""
-        return self._put("insert", records) if records else True
+    def add_many(self, records: list[Record], *, wait_s: float = 0.0) -> bool:
+        """Queue inserts as one unit (all queued, or all dropped); records of one table write fastest.
+
+        `wait_s`: how long to wait for room when the queue is full (backpressure for a producer that can wait, such
+        as the KV-event subscriber, whose socket buffers meanwhile); 0, never (an engine step)."""
+        return self._put("insert", records, wait_s) if records else True
 
     def upsert(self, record: Record) -> bool:
         """Queue an insert that updates the row with the same primary key (the record's columns only)."""
@@ -87,11 +91,13 @@ class StoreWriter:
         """Queue an insert that leaves an existing row with the same primary key as it is."""
         return self._put("insert_missing", [record])
 
-    def _put(self, op: str, rows: list[Record]) -> bool:
+    def _put(self, op: str, rows: list[Record], wait_s: float = 0.0) -> bool:
         for record in rows:
             if not isinstance(record, Record):
                 raise TypeError(f"the store writer takes kvobs.store.rows records, not {type(record).__name__}")
-        with self._count_lock:
+        with self._room:
+            if wait_s > 0:
+                self._room.wait_for(lambda: self._closed or self._queued_rows + len(rows) <= self.max_queue, wait_s)
             full = self._closed or self._queued_rows + len(rows) > self.max_queue
             if full:
                 self.num_dropped += len(rows)
@@ -114,7 +120,9 @@ class StoreWriter:
         """Write what is queued, then stop the thread."""
         if self._closed:
             return
-        self._closed = True
+        with self._room:
+            self._closed = True
+            self._room.notify_all()
         self._queue.put((_STOP, None))
         self._thread.join(timeout_s)
 
@@ -156,8 +164,9 @@ class StoreWriter:
             rows += len(item[1])
             if deadline is None:
                 deadline = time.monotonic() + self.flush_interval_s
-        with self._count_lock:
+        with self._room:
             self._queued_rows -= rows
+            self._room.notify_all()
         return batch, markers, stop
 
     def _write_with_retry(self, batch: list[tuple[str, list[Record]]]) -> None:

@@ -39,7 +39,7 @@ def collect_recorded(store):
     record_agent_steps(store)
     port = free_port()
     with metrics_server([body for _, body in scrapes()]) as url:
-        options = CollectorOptions(vllm_urls=[f"vllm-cpu={url}"], kv_events=f"tcp://127.0.0.1:{port}",
+        options = CollectorOptions(vllm_urls=[f"vllm-cpu={url}"], kv_events=[f"tcp://127.0.0.1:{port}"],
                                    kv_events_bind=True, otlp_http="127.0.0.1:0", interval_s=3600)  # fmt: skip
         collector = Collector(options, store=store)
         collector.start()
@@ -54,7 +54,7 @@ def collect_recorded(store):
                 wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
                 for _ in scrapes()[1:]:
                     collector.scraper.scrape_all()
-                wait_for(lambda: collector.subscriber.num_batches == len(kv_messages()))
+                wait_for(lambda: collector.streams[0].subscriber.num_batches == len(kv_messages()))
         finally:
             collector.stop()
         yield collector

@@ -47,10 +47,12 @@ def metrics_server(responses: Sequence[str | tuple[int, str, str]]) -> Iterator[
 
 
 @contextmanager
-def publisher(endpoint: str, *, bind: bool) -> Iterator[zmq.Socket]:
-    """An XPUB socket (a PUB that also reports subscriptions); `wait_subscribed` before sending."""
+def publisher(endpoint: str, *, bind: bool, hwm: int = 1000) -> Iterator[zmq.Socket]:
+    """An XPUB socket (a PUB that also reports subscriptions); `wait_subscribed` before sending. `hwm`: messages it
+    queues per subscriber before dropping (ZMQ's default 1,000; vLLM's publisher sets 100,000)."""
     sock = zmq.Context.instance().socket(zmq.XPUB)
     sock.setsockopt(zmq.LINGER, 2000)
+    sock.setsockopt(zmq.SNDHWM, hwm)
     sock.bind(endpoint) if bind else sock.connect(endpoint)
     try:
         yield sock

@@ -42,7 +42,7 @@ def test_kv_events_are_stored_and_attributed_to_the_sessions_that_stored_the_blo
     hashes = {h for h, _ in chain}
     assert {p for _, p in chain if p is not None} <= hashes  # every chain is whole: recorded from vLLM's start
     assert max(hashes) > 2**63  # unsigned 64-bit hashes survive both backends
-    assert collector.drops.totals() == {} and collector.subscriber.num_lost == 0
+    assert collector.drops.totals() == {} and collector.streams[0].subscriber.num_lost == 0
 
 
 def test_session_footprints_match_the_event_stream(collected):

@@ -29,7 +29,7 @@ def test_exports_are_forwarded_unchanged_and_evictions_become_linked_spans(tmp_p
         target = (
             f"http://127.0.0.1:{jaeger.http_port}" if protocol == "http" else f"grpc://127.0.0.1:{jaeger.grpc_port}"
         )
-        options = CollectorOptions(kv_events=f"tcp://127.0.0.1:{port}", kv_events_bind=True, otlp_http="127.0.0.1:0",
+        options = CollectorOptions(kv_events=[f"tcp://127.0.0.1:{port}"], kv_events_bind=True, otlp_http="127.0.0.1:0",
                                    forward_otlp=target, interval_s=3600, settle_s=0)  # fmt: skip
         collector = Collector(options, store=store)
         collector.start()
@@ -43,7 +43,7 @@ def test_exports_are_forwarded_unchanged_and_evictions_become_linked_spans(tmp_p
                 wait_subscribed(pub)
                 for message in kv_messages():
                     pub.send_multipart(message.frames)
-                wait_for(lambda: collector.subscriber.num_batches == len(kv_messages()))
+                wait_for(lambda: collector.streams[0].subscriber.num_batches == len(kv_messages()))
         finally:
             collector.stop()
         forwarded = [

@@ -81,6 +81,19 @@ def test_dropped_frames_are_recovered_through_replay(form):
     assert subscriber.num_replayed == len(dropped) and drops.totals() == {}
 
 
+def test_a_lost_tail_no_later_batch_reveals_is_recovered_through_replay():
+    """The last batches of a burst never arrive and nothing comes after them: the quiet stream is checked."""
+    frames = [m.frames for m in kv_messages()]
+    replay, published = f"tcp://127.0.0.1:{free_port()}", []
+    tail = set(range(len(frames) - 4, len(frames)))
+    with replay_router(replay, published, form="0.33") as asked:
+        got, drops, subscriber = run(frames, bind_subscriber=True, replay=replay, expect=len(frames),
+                                     lost_in_transit=tail, published=published)  # fmt: skip
+    assert got.seqs == list(range(len(frames)))
+    assert asked == [min(tail)] and subscriber.num_tail_recovered == len(tail) == subscriber.num_replayed
+    assert subscriber.num_gaps == 0 and subscriber.num_lost == 0 and drops.totals() == {}
+
+
 def test_a_gap_without_replay_is_counted_as_lost():
     frames = [m.frames for m in kv_messages()][:20]
     live = frames[:3] + frames[6:]

@@ -32,7 +32,7 @@ def test_collector_on_a_live_vllm(store):
     venv = os.environ["KVOBS_VLLM_VENV"]
     port, kv, otlp = free_port(), free_port(), free_port()
     kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
-    collector = Collector(CollectorOptions(vllm_urls=[f"vllm=http://127.0.0.1:{port}"], kv_events=f"tcp://127.0.0.1:{kv}",
+    collector = Collector(CollectorOptions(vllm_urls=[f"vllm=http://127.0.0.1:{port}"], kv_events=[f"tcp://127.0.0.1:{kv}"],
                                            kv_events_bind=True, otlp_http=f"127.0.0.1:{otlp}", interval_s=1.0),
                           store=store)  # fmt: skip
     collector.start()

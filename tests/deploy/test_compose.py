@@ -12,14 +12,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sqlalchemy import make_url
 
 from kvobs.cli import build_parser
+from kvobs.store.db import normalize_url
 from tests.deploy.tools import REPO, needs
 
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy/Dockerfile"
-SERVICES = {"postgres", "jaeger", "collector", "engine", "agents", "dashboard", "prometheus", "alertmanager"}
+SERVICES = {"clickhouse", "jaeger", "collector", "engine", "agents", "dashboard", "prometheus", "alertmanager"}
 VLLM_PROFILE = {"vllm", "collector-vllm", "agents-vllm"}
+OPTIONAL = VLLM_PROFILE | {"postgres"}
 
 
 def _compose(*args: str) -> subprocess.CompletedProcess:
@@ -29,13 +32,13 @@ def _compose(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def resolved() -> dict:
-    done = _compose("--profile", "vllm", "config")
+    done = _compose("--profile", "vllm", "--profile", "postgres", "config")
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
 
 @needs("docker-compose", "docker-compose")
-@pytest.mark.parametrize("profile", [[], ["--profile", "vllm"]])
+@pytest.mark.parametrize("profile", [[], ["--profile", "vllm"], ["--profile", "postgres"]])
 def test_docker_compose_config_validates(profile):
     done = _compose(*profile, "config", "-q")
     assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
@@ -44,10 +47,11 @@ def test_docker_compose_config_validates(profile):
 @needs("docker-compose", "docker-compose")
 def test_the_stack_has_every_service_and_the_vllm_ones_only_under_their_profile(resolved):
     services = resolved["services"]
-    assert set(services) == SERVICES | VLLM_PROFILE
-    assert {name for name, s in services.items() if s.get("profiles")} == VLLM_PROFILE
+    assert set(services) == SERVICES | OPTIONAL
+    assert {name for name, s in services.items() if s.get("profiles")} == OPTIONAL
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")  # Jaeger v2 all-in-one
-    assert "kvobs-pgdata" in resolved["volumes"]
+    assert services["clickhouse"]["image"].startswith("clickhouse/clickhouse-server:")
+    assert {"kvobs-chdata", "kvobs-pgdata"} <= set(resolved["volumes"])
 
 
 @needs("docker-compose", "docker-compose")
@@ -62,7 +66,9 @@ def test_every_kvobs_command_parses_with_the_kvobs_cli(resolved):
         except SystemExit:
             pytest.fail(f"{name}: `kvobs {' '.join(argv)}` does not parse")
         assert args.command == argv[0]
-        assert service["environment"]["KVOBS_STORE_URL"].startswith("postgresql://")
+        url = service["environment"]["KVOBS_STORE_URL"]
+        assert url == "clickhouse://kvobs:kvobs@clickhouse:8123/kvobs", name  # the store: the clickhouse service
+        assert normalize_url(url) and make_url(url).host in resolved["services"]
     engine = parser.parse_args(shlex.split(kvobs["engine"]["command"]))
     assert engine.num_blocks >= -(-engine.max_model_len // engine.block_size) + 1  # + the null block
 
