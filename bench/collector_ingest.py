@@ -6,7 +6,8 @@ Stages, each timed on one thread over the same payloads:
 
 - decode: `decode_batch` (msgspec) only: the baseline the other stages are compared with;
 - decode + attribute: plus `KVIngest` (hash chains, session attribution, rows queued), writer not draining;
-- decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file).
+- decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file);
+- decode + attribute + chDB: the same into ClickHouse's engine in-process (`chdb:///dir`, Arrow inserts).
 
 Scrape: the recorded vLLM 0.32 `/metrics` body (cut to `--lines` lines at a family boundary) parsed with
 prometheus_client alone (baseline), then `parse_metrics` (checks, legacy names), then parse + derive.
@@ -58,8 +59,12 @@ def synthetic_payloads(num_batches: int, per_batch: int, sessions: int, seed: in
     return payloads, total
 
 
+STORES = {"SQLite": "sqlite:///{dir}/kv-{run}.db", "chDB": "chdb:///{dir}/kv-{run}.ch"}
+
+
 def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> float:
-    store = open_store(f"sqlite:///{store_dir / f'{stage[:6]}-{run}.db'}") if "SQLite" in stage else None
+    url = next((u for name, u in STORES.items() if stage.endswith(name)), None)
+    store = open_store(url.format(dir=store_dir, run=run)) if url else None
     writer = StoreWriter(store, max_queue=10_000_000) if store else _NullWriter()
     ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
     start = time.perf_counter()
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = parser.parse_args(argv)
 
     payloads, total = synthetic_payloads(args.batches, args.events, args.sessions)
-    stages = ["decode", "decode + attribute", "decode + attribute + SQLite"]
+    stages = ["decode", "decode + attribute", "decode + attribute + SQLite", "decode + attribute + chDB"]
     times: dict[str, list[float]] = {s: [] for s in stages}
     with tempfile.TemporaryDirectory() as tmp:
         for run in tqdm(range(args.repeats), desc="KV events", unit="round"):
@@ -121,11 +126,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 times[stage].append(time_kv(stage, payloads, Path(tmp), run))
     base = statistics.median(times["decode"])
     print(f"\nKV events: {total:,} events in {len(payloads):,} batches, median of {args.repeats}")
-    print(f"{'stage':<30} {'events/s':>12} {'time vs decode':>15}")
+    print(f"{'stage':<30} {'events/s':>12} {'time vs decode':>15} {'rate vs decode':>15}")
     rows = []
     for stage in stages:
         t = statistics.median(times[stage])
-        print(f"{stage:<30} {total / t:>12,.0f} {t / base:>14.2f}x")
+        print(f"{stage:<30} {total / t:>12,.0f} {t / base:>14.2f}x {base / t:>14.1%}")
         rows.append(Result("collector_ingest", f"KV events: {stage}", total / t, "events/s", base / t, "decode only"))
 
     body = scrape_body(args.lines)

@@ -33,6 +33,7 @@ from collectors.span_ingest import SpanIngest
 from kvobs.semconv.protocol import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import queries
 from kvobs.store.db import Store, open_store
+from kvobs.store.retention import Retention
 from kvobs.store.writer import StoreWriter
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
@@ -62,6 +63,7 @@ class CollectorOptions:
     session_end_after_s: float = SESSION_END_AFTER_S  # a session with no request this long (stream time) ended
     metrics_address: str | None = None  # host:port of the collector's own /metrics
     session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
+    retention_days: float | None = None  # drop the store's raw KV events older than this
 
     def __post_init__(self) -> None:
         if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http):
@@ -110,6 +112,7 @@ class Collector:
         if options.otlp_grpc or options.otlp_http:
             self.receiver = OTLPReceiver(self._on_export, grpc_address=options.otlp_grpc,
                                          http_address=options.otlp_http)  # fmt: skip
+        self.retention = Retention(self.store, options.retention_days) if options.retention_days is not None else None
         self.registry = CollectorRegistry()
         self.registry.register(CollectorMetrics(self))
         self._stop = threading.Event()
@@ -146,6 +149,8 @@ class Collector:
             host, port = split_host_port(self.options.metrics_address)
             self._metrics_server, _ = start_http_server(port, addr=host, registry=self.registry)
         self._ticker.start()
+        if self.retention is not None:
+            self.retention.start()
         log.info("collecting into %s: %s", self.store.url.split("@")[-1], self.describe())
 
     def describe(self) -> str:
@@ -166,6 +171,8 @@ class Collector:
             if part is not None:
                 part.stop()
         self._ticker.join(self.options.interval_s + 5)
+        if self.retention is not None:
+            self.retention.stop()
         for stream in self.streams:
             stream.ingest.snapshot(final=True)
         if self.forwarder is not None:

@@ -80,9 +80,7 @@ class KVIngest:
         self.clock = clock
         self.num_lost_in_pause = 0  # (session, block) removals settled as in a tool pause, ever (a counter)
         self.num_sessions_forgotten = 0
-        self._last_seen: OrderedDict[str, float] = (
-            OrderedDict()
-        )  # session -> its latest event (stream time), oldest first
+        self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
@@ -127,7 +125,7 @@ class KVIngest:
                 self.writer.insert_missing(SessionRecord(session, started_at=ts, source=SessionSource.VLLM.value))
         parent = event.parent_block_hash
         for block_hash in event.block_hashes:
-            self._row(ts, STORED, session, block_hash=block_hash, parent_hash=parent, medium=event.medium)
+            self._row(ts, STORED, session, block_hash=block_hash, parent_hash=parent, medium=event.medium, first=True)
             parent = block_hash
         self.chains.stored(event.block_hashes, event.parent_block_hash, session)
 
@@ -136,8 +134,8 @@ class KVIngest:
         owners = block.owners if block is not None else (None,)
         parent = block.parent if block is not None else None
         arrived = self.clock()
-        for owner in owners:
-            self._row(ts, REMOVED, owner, block_hash=block_hash, parent_hash=parent, medium=medium)
+        for index, owner in enumerate(owners):
+            self._row(ts, REMOVED, owner, block_hash=block_hash, parent_hash=parent, medium=medium, first=index == 0)
             if owner is not None:
                 self._pending.append((arrived, ts, owner))
                 self._changed.add(owner)
@@ -152,13 +150,15 @@ class KVIngest:
         return lost
 
     def _row(self, ts: float, kind: str, session: str | None, *, block_hash=None, parent_hash=None,
-             medium: str | None = None, num_tokens: int | None = None, reason: str | None = None) -> None:  # fmt: skip
+             medium: str | None = None, num_tokens: int | None = None, reason: str | None = None,
+             first: bool = False) -> None:  # fmt: skip
+        """One `kv_events` row; `first`: this row counts its block (`first_owner`), the other owners' rows do not."""
         self._rows.append(KVEventRecord(
             ts=ts, instance=self.instance, kind=kind, session_id=session,
             block_hash=None if block_hash is None else wire.as_uint64(block_hash),
             parent_hash=None if parent_hash is None else wire.as_uint64(parent_hash),
             num_tokens=self.block_size if num_tokens is None and block_hash is not None else num_tokens,
-            medium=medium, reason=reason,
+            medium=medium, reason=reason, first_owner=None if block_hash is None else int(first),
         ))  # fmt: skip
 
     def _flush_rows(self) -> None:

@@ -21,9 +21,11 @@ from kvobs.semconv.metrics import (
     LABEL_ERROR_TYPE,
     LABEL_INSTANCE,
     LABEL_STATUS,
+    LABEL_TABLE,
     MetricSpec,
     kvobs_metrics,
 )
+from kvobs.store.retention import EXPIRED_TABLE
 
 
 def _counter(spec: MetricSpec, labels: tuple[str, ...] = ()) -> CounterMetricFamily:
@@ -63,6 +65,10 @@ class CollectorMetrics(PromCollector):
             prefix_pending.add_metric([], sum(s.ingest.num_pending_idle for s in c.streams))
             forgotten.add_metric([], sum(s.ingest.num_sessions_forgotten for s in c.streams))
         yield forgotten
+        expired = _counter(kvobs_metrics.STORE_ROWS_EXPIRED, (LABEL_TABLE,))
+        if c.retention is not None:
+            expired.add_metric([EXPIRED_TABLE], c.retention.num_expired)
+        yield expired
         yield events
         yield lost
         yield prefix_lost

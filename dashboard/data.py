@@ -101,7 +101,7 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float) ->
     lifecycle = counts.pivot_table(index="bucket", columns="kind", values="events", aggfunc="sum", fill_value=0)
     losses = queries.block_losses(store, since, until, bucket_s=window_s)
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
-    stored = queries.stored_blocks(store, since, until).tail(PREFIX_ROWS)
+    stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS)
     graph = BlockGraph.from_stored(stored)
     return {
         "lifecycle": lifecycle,

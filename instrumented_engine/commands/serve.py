@@ -12,7 +12,7 @@ import os
 import sys
 
 from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config
-from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.commands.common import add_retention_flag, add_store_flag, start_or_report
 from kvobs.semconv.protocol import ENGINE_PORT
 from kvobs.store.db import STORE_URL_ENV
 
@@ -46,6 +46,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--trace-steps-every", type=int, default=0, help="a kvcache.step span every N engine steps")
     add_store_flag(p, what="requests, KV events and snapshots", optional=True)
+    add_retention_flag(p)
     p.add_argument("--instance", help="this engine's name in the store (default host:port)")
     p.add_argument("--snapshot-interval", type=float, default=5.0, help="seconds between instance snapshots")
     p.set_defaults(func=run)
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             store_url=args.store or os.environ.get(STORE_URL_ENV),
             instance=args.instance,
             snapshot_interval_s=args.snapshot_interval,
+            retention_days=args.retention_days,
         )
         return EngineServer(engine_config(args), options)
 

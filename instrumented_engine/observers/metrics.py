@@ -56,6 +56,7 @@ ENGINE_METRICS = (
     kvobs_metrics.SESSION_PREFIX_LOST_PENDING,
     kvobs_metrics.REQUESTS_REJECTED,
     kvobs_metrics.TELEMETRY_DROPPED,
+    kvobs_metrics.STORE_ROWS_EXPIRED,
 )
 
 
@@ -144,9 +145,9 @@ class EngineMetrics:
             for spec in ENGINE_METRICS
         }
         self._series: dict[tuple, Any] = {}
-        self._drop_sources: dict[str, Callable[[], int]] = {}
-        self._drops_seen: dict[str, int] = {}
-        self._drop_lock = threading.Lock()
+        self._total_sources: dict[tuple, tuple[MetricSpec, dict[str, str], Callable[[], int]]] = {}
+        self._totals_seen: dict[tuple, int] = {}
+        self._total_lock = threading.Lock()
         self._get(vllm.CACHE_CONFIG_INFO).info(cache_config)
         self._last_token_ts: dict[str, float] = {}
         self._create_labelled_series()
@@ -172,22 +173,27 @@ class EngineMetrics:
     # ---- telemetry loss ---------------------------------------------------------------------------
     def watch_dropped(self, component: str, total: Callable[[], int]) -> None:
         """Count what `component` drops (`kvobs_telemetry_dropped_total{component}`) from its running total."""
-        self._drop_sources[component] = total
-        self._drops_seen[component] = 0
-        self._get(kvobs_metrics.TELEMETRY_DROPPED, component=component)
+        self.watch_total(kvobs_metrics.TELEMETRY_DROPPED, total, component=component)
+
+    def watch_total(self, spec: MetricSpec, total: Callable[[], int], **labels: str) -> None:
+        """Count `spec` (a counter) from a running total another part keeps (e.g. rows retention dropped)."""
+        key = (spec.name, tuple(sorted(labels.items())))
+        self._total_sources[key] = (spec, labels, total)
+        self._totals_seen[key] = 0
+        self._get(spec, **labels)
 
     def sync_dropped(self) -> None:
-        """Bring the dropped counters up to the components' totals (after every step and before a scrape)."""
-        with self._drop_lock:
-            for component, total in self._drop_sources.items():
-                now, seen = total(), self._drops_seen[component]
+        """Bring the watched counters up to their running totals (after every step and before a scrape)."""
+        with self._total_lock:
+            for key, (spec, labels, total) in self._total_sources.items():
+                now, seen = total(), self._totals_seen[key]
                 if now > seen:
-                    self._get(kvobs_metrics.TELEMETRY_DROPPED, component=component).inc(now - seen)
-                    self._drops_seen[component] = now
+                    self._get(spec, **labels).inc(now - seen)
+                    self._totals_seen[key] = now
 
     # ---- the observer ---------------------------------------------------------------------------
     def on_step(self, result: StepResult) -> None:
-        if self._drop_sources:
+        if self._total_sources:
             self.sync_dropped()
         self._observe_stats(result.stats)
         dispatch(self, self.HANDLERS, result.events)

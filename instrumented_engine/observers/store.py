@@ -110,7 +110,8 @@ class StoreRecorder:
     def _stored(self, event: ev.BlocksStored) -> None:
         parent = event.parent_block_hash
         for block_hash in event.block_hashes:
-            self._kv(event, KVEventKind.STORED, block_hash=block_hash, parent_hash=parent, num_tokens=event.block_size)
+            self._kv(event, KVEventKind.STORED, block_hash=block_hash, parent_hash=parent, num_tokens=event.block_size,
+                     first_owner=1)  # fmt: skip
             parent = block_hash
 
     def _lookup(self, event: ev.PrefixLookup) -> None:
@@ -130,14 +131,14 @@ class StoreRecorder:
     def _evicted(self, event: ev.BlockEvicted) -> None:
         """One row per owner that lost the block (`session_id` = that owner, `request_id` = who took it)."""
         self._evictions += 1
-        for owner in event.owner_sessions or (None,):
+        for index, owner in enumerate(event.owner_sessions or (None,)):
             if owner is not None:
                 tally = self._tally(owner)
                 tally.evicted += 1
                 tally.pending_idle += owner in event.pending_owners
             self._kv(event, event.loss_kind, session_id=owner, block_hash=event.block_hash,
-                     parent_hash=event.parent_block_hash, num_tokens=self.block_size,
-                     reason=event.store_reason)  # fmt: skip
+                     parent_hash=event.parent_block_hash, num_tokens=self.block_size, reason=event.store_reason,
+                     first_owner=int(index == 0))  # fmt: skip
 
     def _preempted(self, event: ev.Preempted) -> None:
         self._preemptions += 1

@@ -36,7 +36,9 @@ from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.server.app import build_app
 from instrumented_engine.server.serving import ServedModel
 from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU
+from kvobs.semconv.metrics import kvobs_metrics
 from kvobs.store import StoreWriter, open_store
+from kvobs.store.retention import EXPIRED_TABLE, Retention
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class ServerOptions:
         store_url: write requests, KV events and snapshots to this store (None: no store).
         instance: this engine's name in the store (default host:port).
         snapshot_interval_s: seconds between instance snapshots in the store.
+        retention_days: drop the store's raw KV events older than this (None: keep everything).
     """
 
     host: str = "127.0.0.1"
@@ -78,6 +81,7 @@ class ServerOptions:
     store_url: str | None = None
     instance: str | None = None
     snapshot_interval_s: float = 5.0
+    retention_days: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -165,6 +169,11 @@ class EngineServer:
                                           snapshot_interval_s=options.snapshot_interval_s)  # fmt: skip
             observers.append(self.recorder)
             self.metrics.watch_dropped("store", lambda: self.writer.num_dropped)
+        self.retention = None
+        if self.store is not None and options.retention_days is not None:
+            self.retention = Retention(self.store, options.retention_days)
+            self.metrics.watch_total(kvobs_metrics.STORE_ROWS_EXPIRED, lambda: self.retention.num_expired,
+                                     table=EXPIRED_TABLE)  # fmt: skip
         self.engine = AsyncEngine(llm_engine, max_waiting=options.max_waiting, observers=observers)
         self.app = build_app(self.engine, self.served, self.metrics, lifespan=self._lifespan)
         self._uvicorn: uvicorn.Server | None = None
@@ -173,12 +182,16 @@ class EngineServer:
     @asynccontextmanager
     async def _lifespan(self, _app):
         self.engine.start()
+        if self.retention is not None:
+            self.retention.start()
         yield
         await asyncio.to_thread(self._stop_engine)
 
     def _stop_engine(self) -> None:
         """Stop the loop, then flush every output: KV events, store rows, spans and metrics."""
         self.engine.stop()
+        if self.retention is not None:
+            self.retention.stop()
         if self.publisher is not None:
             self.publisher.close()
         if self.writer is not None:

@@ -27,6 +27,13 @@ def add_session_end_flag(parser: argparse.ArgumentParser) -> None:
                         "tool-pause losses (the agent SDK ends its sessions at once)")  # fmt: skip
 
 
+def add_retention_flag(parser: argparse.ArgumentParser) -> None:
+    """`--retention-days N`: drop raw KV events older than N days from the store (serve and collect alike)."""
+    parser.add_argument("--retention-days", type=float, metavar="N",
+                        help="drop raw KV events older than N days from the store, at start and hourly (whole days "
+                        "on ClickHouse); other tables are kept; default: keep everything")  # fmt: skip
+
+
 def start_or_report(command: str, start: Callable[[], T]) -> T | None:
     """Run `start`; on a bad configuration, a taken address or an unreachable store print one line (no traceback)
     to stderr and return None, so the command exits 2."""

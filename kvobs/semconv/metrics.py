@@ -24,6 +24,7 @@ LABEL_STATUS = "status"
 LABEL_ERROR_TYPE = "error_type"
 LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
+LABEL_TABLE = "table"  # a store table
 
 # `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`.
 INCREASE_SUFFIX = ":increase"
@@ -170,6 +171,9 @@ kvobs_metrics = SimpleNamespace(
                               LABEL_ERROR_TYPE),
     TELEMETRY_DROPPED=_spec("kvobs_telemetry_dropped", "counter", "items",
                             "Telemetry items dropped (full queues, malformed input), by component.", LABEL_COMPONENT),
+    STORE_ROWS_EXPIRED=_spec("kvobs_store_rows_expired", "counter", "rows",
+                             "Store rows dropped by --retention-days (raw KV events older than the limit), by table.",
+                             LABEL_TABLE),
     COLLECTOR_TARGET_UP=_spec("kvobs_collector_target_up", "gauge", "1",
                               "1 when the collector's last scrape of the instance succeeded, else 0.", LABEL_INSTANCE),
     COLLECTOR_KV_EVENTS=_spec("kvobs_collector_kv_events", "counter", "events",

@@ -18,6 +18,7 @@ from sqlalchemy.orm import aliased
 
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
 from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.store import rollups
 from kvobs.store.backends import per_backend
 from kvobs.store.db import Store
 from kvobs.store.schema import AlertRow, KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
@@ -109,31 +110,21 @@ def sessions(store: Store) -> pd.DataFrame:
     return read(store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))
 
 
-@per_backend
 def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
-    """KV events per time bucket, kind and reason: `bucket` (its start, epoch s), `kind`, `reason`, `events`,
-    `blocks` (distinct block hashes: an eviction recorded once per owning session counts once)."""
-    bucket = (func.floor(KVEventRow.ts / bucket_s) * bucket_s).label("bucket")
-    stmt = select(bucket, KVEventRow.kind, KVEventRow.reason, func.count().label("events"),
-                  func.count(distinct(KVEventRow.block_hash)).label("blocks"))  # fmt: skip
-    stmt = _between(stmt, KVEventRow.ts, since, until).group_by(bucket, KVEventRow.kind, KVEventRow.reason)
-    return read(store, stmt.order_by(bucket))
+    """KV events per time bucket, kind and reason: `bucket` (its start, epoch s), `kind`, `reason`, `events` (rows),
+    `blocks` (block events: a block lost by several owning sessions, one row each, counts once). From the per-minute
+    rollup where the window holds whole minutes (`kvobs.store.rollups`), equal to counting the raw rows."""
+    return rollups.counts(store, since, until, bucket_s)
 
 
-@per_backend
 def block_losses(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
     """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
 
     "Blocks lost" everywhere (Overview, What-if): evictions, invalidations and vLLM's removals (`BLOCK_LOSS_KINDS`),
-    one per (instance, time, block) however many owning sessions recorded it, so a block lost twice counts twice.
-    Resets (`cleared`) are not included: they drop every cached block at once and are shown on their own.
-    """
-    losses = _between(select(KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, KVEventRow.kind,
-                             KVEventRow.reason).where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS)),
-                      KVEventRow.ts, since, until).distinct().subquery()  # fmt: skip
-    bucket = (func.floor(losses.c.ts / bucket_s) * bucket_s).label("bucket")
-    stmt = select(bucket, losses.c.kind, losses.c.reason, func.count().label("blocks"))
-    return read(store, stmt.group_by(bucket, losses.c.kind, losses.c.reason).order_by(bucket))
+    one per (instance, time, block) however many owning sessions recorded it (`first_owner`), so a block lost twice
+    counts twice. Resets (`cleared`) are not included: they drop every cached block at once and are shown on their
+    own. From the per-minute rollup where it can (`kvobs.store.rollups`)."""
+    return rollups.counts(store, since, until, bucket_s, kinds=BLOCK_LOSS_KINDS)[["bucket", "kind", "reason", "blocks"]]
 
 
 def scraped_hit_rate(store: Store, since=None, until=None) -> float | None:
@@ -166,12 +157,16 @@ def kv_events(
 
 
 @per_backend
-def stored_blocks(store: Store, since=None, until=None) -> pd.DataFrame:
-    """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when."""
+def stored_blocks(store: Store, since=None, until=None, *, latest: int | None = None) -> pd.DataFrame:
+    """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, oldest first;
+    `latest`: only the newest this many (chosen in SQL, by the `(kind, ts)` index)."""
     stmt = select(KVEventRow.ts, KVEventRow.instance, KVEventRow.block_hash, KVEventRow.parent_hash,
                   KVEventRow.num_tokens, KVEventRow.session_id, KVEventRow.request_id)  # fmt: skip
     stmt = _between(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.ts, since, until)
-    return read(store, stmt.order_by(KVEventRow.ts, KVEventRow.id))
+    if latest is None:
+        return read(store, stmt.order_by(KVEventRow.ts, KVEventRow.id))
+    newest = read(store, stmt.order_by(KVEventRow.ts.desc(), KVEventRow.id.desc()).limit(latest))
+    return newest.iloc[::-1].reset_index(drop=True)
 
 
 @per_backend

@@ -110,6 +110,7 @@ class KVEventRecord(Record):
     request_id: str | None = None
     reason: str | None = None
     medium: str | None = None
+    first_owner: int | None = None  # 1 on one row per block event, 0 on further owners' rows, None without a block
 
 
 @_record

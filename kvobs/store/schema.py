@@ -8,7 +8,7 @@ as Python ints. Schema changes go through Alembic (`kvobs/store/migrations`).
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, Index, Integer, Numeric, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, Index, Integer, Numeric, SmallInteger, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -127,6 +127,23 @@ class KVEventRow(Base):
     request_id: Mapped[str | None] = mapped_column(String(255))
     reason: Mapped[str | None] = mapped_column(String(32))
     medium: Mapped[str | None] = mapped_column(String(16))
+    # 1 on one row of each block event (the first owner's, when a lost block is recorded once per owning session),
+    # 0 on the others, NULL on rows without a block: "blocks" is a sum, so rollups stay additive.
+    first_owner: Mapped[int | None] = mapped_column(SmallInteger)
+
+
+class KVEventMinuteRow(Base):
+    """The per-minute rollup of `kv_events` (sums only), kept by the writer in the transaction of the raw rows:
+    `events` rows and `blocks` (sum of `first_owner`) per minute, instance, kind and reason ('' for none)."""
+
+    __tablename__ = "kv_event_minutes"
+
+    minute: Mapped[float] = mapped_column(Float, primary_key=True)  # the minute's start, UTC epoch s
+    instance: Mapped[str] = mapped_column(String(255), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(32), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger)
+    blocks: Mapped[int] = mapped_column(BigInteger)
 
 
 class SnapshotRow(Base):
@@ -186,5 +203,6 @@ class AlertRow(Base):
     summary: Mapped[str | None] = mapped_column(String(1024))
 
 
+# Tables written as records (`kvobs.store.rows`); rollups (`kv_event_minutes`) are kept by the writer.
 TABLES = {cls.__tablename__: cls for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow,
                                              AlertRow)}  # fmt: skip

@@ -1,14 +1,17 @@
 """How a batch of records is written to a SQL store (SQLite, PostgreSQL): one transaction per batch.
 
 Inserts go as one executemany per table and column set (on SQLite a driver-level executemany of tuples); upserts
-and insert-if-missing as one `INSERT ... ON CONFLICT` per key. Used by `Store.write`, which `StoreWriter` calls.
+and insert-if-missing as one `INSERT ... ON CONFLICT` per key. The per-minute rollup of the batch's `kv_events`
+(`kv_event_minutes`: sums only) is added in the same transaction, so it always equals the raw rows. Used by
+`Store.write`, which `StoreWriter` calls.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
@@ -30,6 +33,7 @@ class SqlBatchWriter:
                 row = record.to_row()
                 grouped[(op, record.table, tuple(row))].append(row)
         dialect = self.engine.dialect.name
+        minutes = minute_sums(grouped_rows(grouped, "kv_events"))
         with self.engine.begin() as conn:
             for (op, table, _), rows in grouped.items():
                 model = TABLES[table]
@@ -42,6 +46,8 @@ class SqlBatchWriter:
                 else:
                     for row in _merge_per_key(model, rows, first_wins=op == "insert_missing"):
                         conn.execute(_upsert_statement(dialect, model, row, update=op == "upsert"))
+            if minutes:
+                conn.execute(_ADD_MINUTES, minutes)
 
     def _sqlite_insert(self, model, columns: tuple[str, ...]) -> tuple[str, list, tuple]:
         """SQLite's fast path: one driver-level executemany of tuples (SQLAlchemy's per-row work skipped), with each
@@ -57,6 +63,31 @@ class SqlBatchWriter:
             processors = [(c, table.c[c].type.bind_processor(dialect)) for c in columns]
             cached = self._sqlite_inserts[key] = (sql, processors, tuple(defaults.values()))
         return cached
+
+
+_ADD_MINUTES = text(
+    "INSERT INTO kv_event_minutes (minute, instance, kind, reason, events, blocks) "
+    "VALUES (:minute, :instance, :kind, :reason, :events, :blocks) "
+    "ON CONFLICT (minute, instance, kind, reason) DO UPDATE SET "
+    "events = kv_event_minutes.events + excluded.events, blocks = kv_event_minutes.blocks + excluded.blocks"
+)
+
+
+def grouped_rows(grouped: dict[tuple, list[dict]], table: str) -> list[dict]:
+    return [row for (op, name, _), rows in grouped.items() if name == table and op == "insert" for row in rows]
+
+
+def minute_sums(rows: list[dict]) -> list[dict]:
+    """`kv_event_minutes` increments for these `kv_events` rows: events and blocks per minute, instance, kind and
+    reason (None as '')."""
+    sums: dict[tuple, list[int]] = {}
+    for row in rows:
+        key = (math.floor(row["ts"] / 60) * 60.0, row["instance"], row["kind"], row.get("reason") or "")
+        acc = sums.setdefault(key, [0, 0])
+        acc[0] += 1
+        acc[1] += row.get("first_owner") or 0
+    return [{"minute": m, "instance": i, "kind": k, "reason": r, "events": e, "blocks": b}
+            for (m, i, k, r), (e, b) in sums.items()]  # fmt: skip
 
 
 def is_unreachable(exc: BaseException) -> bool:

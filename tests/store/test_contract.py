@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, select, text
 
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store, queries, rollups
 from kvobs.store.rows import RECORDS
 from kvobs.store.schema import TABLES
 from tests.stores import POSTGRES
@@ -47,8 +47,8 @@ def _open(backend: str, tmp_path):
         return open_store(f"chdb:///{tmp_path / 'contract-ch'}"), None
     if backend == "clickhouse":
         store = open_store(os.environ["KVOBS_TEST_CLICKHOUSE_URL"])
-        for table in ("sessions", "steps", "requests", "kv_events", "kv_event_sessions", "snapshots",
-                      "metric_samples", "alerts"):  # fmt: skip
+        for table in ("sessions", "steps", "requests", "kv_events", "kv_event_sessions", "kv_event_minutes",
+                      "snapshots", "metric_samples", "alerts"):  # fmt: skip
             store.client.command(f"TRUNCATE TABLE {table}")
         return store, None
     schema = f"kvobs_contract_{uuid.uuid4().hex[:12]}"
@@ -137,6 +137,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
             "instance_snapshots", "session_footprints", "requests", "steps", "kv_event_counts", "block_losses",
             "stored_blocks", "alerts")]  # fmt: skip
         calls += [("kv_events", window, {}, True), ("top_restored_blocks", window, {"limit": 10_000}, False),
+                  ("stored_blocks", window, {"latest": 100}, True),
                   ("kv_event_counts", window, {"bucket_s": 5.0}, False)]  # fmt: skip
     for since, until in ((first, last), middle):
         calls += [(name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes")]
@@ -176,3 +177,19 @@ def test_the_contract_compares_something(loaded):
     assert not queries.block_lifetimes(store, first, last).empty
     assert queries.restored_blocks(store, first, last)["stored"].sum() > 0
     assert queries.step_counts(store, first, last)[0] > 0
+
+
+def test_the_rollup_answers_what_the_raw_rows_answer(loaded):
+    """Per-minute rollup plus raw edges (`rollups.counts`) equals counting the raw rows, on every backend, for windows
+    that start and end inside a minute, on one, and over everything."""
+    _, stores, _ = loaded
+    first, last = queries.time_range(stores["sqlite"])
+    minute = math.floor(first / 60) * 60.0
+    windows = [(None, None), (first + 7.3, last - 11.9), (minute + 60, minute + 180), (first + 1, first + 30)]
+    for backend, store in stores.items():
+        for since, until in windows:
+            for bucket in (60.0, 300.0, 3600.0):
+                rolled = rollups.counts(store, since, until, bucket)
+                raw = rollups._ordered(rollups.raw_counts(store, since, until, bucket, None))
+                assert _values(rolled, ordered=False) == _values(raw, ordered=False), (backend, since, until, bucket)
+                assert rolled["events"].sum() == len(queries.kv_events(store, since, until))

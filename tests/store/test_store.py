@@ -36,7 +36,7 @@ def test_open_migrates_to_the_documented_schema(store):
     for table, columns in REQUIRED.items():
         assert columns <= {c["name"] for c in inspector.get_columns(table)}, table
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0004"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
     open_store(store.url).close()  # opening again is a no-op upgrade
 
 

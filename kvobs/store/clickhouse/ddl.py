@@ -4,8 +4,9 @@ The public columns are the SQL schema's (`kvobs.store.schema`, the README's sche
 - Events (`kv_events`, `snapshots`, `metric_samples`, `alerts`) are append-only MergeTree tables partitioned by day
   (`intDiv(toUInt32(ts), 86400)`, so retention drops whole parts), sorted for the reads the pages make: `kv_events`
   by `(instance, kind, ts)`, with `kv_event_sessions` (a materialized view: each session's first and last event
-  per instance) so one session's rows are a narrow read. Kinds, reasons and instance names are `LowCardinality`;
-  block hashes `UInt64`.
+  per instance) so one session's rows are a narrow read, and `kv_event_minutes` (a materialized view into a
+  SummingMergeTree: events and blocks per minute, instance, kind and reason) for the time-series pages. Kinds,
+  reasons and instance names are `LowCardinality`; block hashes `UInt64`.
 - Rows that are updated (`sessions`, `steps`, `requests`) are `ReplacingMergeTree(version)`: an update inserts a
   newer version; reads use `FINAL`. Nothing is ever `UPDATE`d.
 - `id` (events, steps, alerts) is assigned by the writer: unique and increasing in one writer's insert order, as
@@ -50,10 +51,18 @@ _INITIAL = [
         id UInt64, ts Float64, instance LowCardinality(String), kind LowCardinality(String),
         block_hash Nullable(UInt64), parent_hash Nullable(UInt64), num_tokens Nullable(Int32),
         session_id Nullable(String), request_id Nullable(String), reason LowCardinality(Nullable(String)),
-        medium LowCardinality(Nullable(String)),
+        medium LowCardinality(Nullable(String)), first_owner Nullable(UInt8),
         INDEX ix_session_id session_id TYPE bloom_filter GRANULARITY 4,
         INDEX ix_block_hash block_hash TYPE bloom_filter GRANULARITY 4
     ) ENGINE = MergeTree PARTITION BY {_DAY} ORDER BY (instance, kind, ts) {_DEDUP}""",
+    """CREATE TABLE IF NOT EXISTS kv_event_minutes (
+        minute Float64, instance LowCardinality(String), kind LowCardinality(String), reason LowCardinality(String),
+        events UInt64, blocks UInt64
+    ) ENGINE = SummingMergeTree ORDER BY (instance, kind, reason, minute)""",
+    """CREATE MATERIALIZED VIEW IF NOT EXISTS kv_event_minutes_mv TO kv_event_minutes AS
+        SELECT floor(ts / 60) * 60 AS minute, instance, kind, coalesce(reason, '') AS reason, count() AS events,
+               sum(coalesce(first_owner, 0)) AS blocks
+        FROM kv_events GROUP BY minute, instance, kind, reason""",
     """CREATE TABLE IF NOT EXISTS kv_event_sessions (
         session_id String, instance LowCardinality(String),
         first_ts SimpleAggregateFunction(min, Float64), last_ts SimpleAggregateFunction(max, Float64)

@@ -101,18 +101,33 @@ def sessions(store) -> pd.DataFrame:
     return store.frame(f"SELECT {_columns('sessions')} FROM sessions FINAL ORDER BY started_at")
 
 
-def kv_event_counts(store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
-    where = _Where().window("ts", since, until)
+def raw_counts(store, since, until, bucket_s: float, kinds, *, upper_open: bool = False) -> pd.DataFrame:
+    where = _Where()
+    if since is not None:
+        where.add("ts >= {since:Float64}", since=float(since))
+    if until is not None:
+        where.add(f"ts {'<' if upper_open else '<='} {{until:Float64}}", until=float(until))
+    if kinds is not None:
+        where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
     return store.frame(f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, kind, reason,
-        toInt64(count()) AS events, toInt64(uniqExact(block_hash)) AS blocks FROM kv_events{where}
-        GROUP BY bucket, kind, reason ORDER BY bucket""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
+        toInt64(count()) AS events, toInt64(sum(coalesce(first_owner, 0))) AS blocks FROM kv_events{where}
+        GROUP BY bucket, kind, reason""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
 
 
-def block_losses(store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
-    where = _Where(_losses()).window("ts", since, until)
-    return store.frame(f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, kind, reason,
-        toInt64(count()) AS blocks FROM (SELECT DISTINCT instance, ts, block_hash, kind, reason FROM kv_events{where})
-        GROUP BY bucket, kind, reason ORDER BY bucket""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
+def minute_counts(store, low, high, bucket_s: float, kinds) -> pd.DataFrame:
+    where = _Where()
+    if low is not None:
+        where.add("minute >= {low:Float64}", low=float(low))
+    if high is not None:
+        where.add("minute < {high:Float64}", high=float(high))
+    if kinds is not None:
+        where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
+    return store.frame(
+        f"""SELECT floor(minute / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, kind,
+        nullIf(reason, '') AS reason, toInt64(sum(events)) AS events, toInt64(sum(blocks)) AS blocks
+        FROM kv_event_minutes{where} GROUP BY bucket, kind, reason""",
+        {**where.params, "bucket": float(bucket_s)},
+    )
 
 
 def kv_events(store, since=None, until=None, *, kinds: Iterable[str] | None = None, session_id: str | None = None,
@@ -128,10 +143,14 @@ def kv_events(store, since=None, until=None, *, kinds: Iterable[str] | None = No
     return store.frame(sql if limit is None else f"{sql} LIMIT {int(limit)}", where.params)
 
 
-def stored_blocks(store, since=None, until=None) -> pd.DataFrame:
+def stored_blocks(store, since=None, until=None, *, latest: int | None = None) -> pd.DataFrame:
     where = _Where(f"kind = '{STORED}'").window("ts", since, until)
-    return store.frame("SELECT ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id "
-                       f"FROM kv_events{where} ORDER BY ts, id", where.params)  # fmt: skip
+    columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id"
+    if latest is None:
+        return store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)
+    newest = store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts DESC, id DESC LIMIT {int(latest)}",
+                         where.params)  # fmt: skip
+    return newest.iloc[::-1].reset_index(drop=True)
 
 
 def top_restored_blocks(store, since=None, until=None, *, limit: int = 20) -> pd.DataFrame:

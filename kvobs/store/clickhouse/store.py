@@ -158,5 +158,5 @@ def _arrow_type(ch_type: str) -> pa.DataType:
     return _ARROW[inner]
 
 
-_ARROW = {"UInt64": pa.uint64(), "UInt32": pa.uint32(), "Int32": pa.int32(), "Int64": pa.int64(),
+_ARROW = {"UInt64": pa.uint64(), "UInt32": pa.uint32(), "UInt8": pa.uint8(), "Int32": pa.int32(), "Int64": pa.int64(),
           "Float64": pa.float64(), "String": pa.string()}  # fmt: skip
