@@ -81,7 +81,7 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> flo
 class _NullWriter:
     """Takes records and drops them: the attribution stage's cost without the store's."""
 
-    def add(self, records) -> bool:
+    def add(self, records, **_) -> bool:
         return True
 
     insert_missing = upsert = add_many = add

@@ -113,8 +113,11 @@ def attribute_steps(
     queue_wait_s: float = 1.0,
     slow_factor: float = 1.5,
     slow_min_s: float = 0.1,
+    failed_only: bool = False,
 ) -> pd.DataFrame:
-    """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`."""
+    """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`. `failed_only`: rows of
+    failed steps only, the others read just for what a failed step needs (its session's typical latency, the end
+    of the step before it), which spares the KV analysis of every step that did not fail."""
     rows = []
     reqs = _Requests(requests)
     empty = _Events(events.iloc[0:0])
@@ -125,14 +128,23 @@ def attribute_steps(
     for session_id, session_steps in steps.sort_values(["session_id", "step_index"]).groupby("session_id"):
         session_events = by_session.get(session_id, empty)
         previous_end = None
-        for step in session_steps.itertuples(index=False):
+        ordered = list(session_steps.itertuples(index=False))
+        failed = [step.status == StepStatus.ERROR.value for step in ordered] + [False]
+        for i, step in enumerate(ordered):
+            if failed_only and not failed[i]:
+                rows.append(_unattributed(step))
+                if not failed[i + 1]:  # nothing after it needs where it ended
+                    continue
             sent = reqs.of_step(step)
-            rows.append(_attribute(step, reqs, sent, previous_end, session_events, resets, preempted, queue_wait_s))
+            if not failed_only or failed[i]:
+                rows.append(_attribute(step, reqs, sent, previous_end, session_events, resets, preempted,
+                                       queue_wait_s))  # fmt: skip
             ends = reqs.finished[sent]
             ends = ends[~np.isnan(ends)]
             previous_end = ends.max() if len(ends) else (step.ended_at if pd.notna(step.ended_at) else None)
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    return _verdicts(frame, slow_factor, slow_min_s) if not frame.empty else frame
+    frame = _verdicts(frame, slow_factor, slow_min_s) if not frame.empty else frame
+    return frame[frame["status"] == StepStatus.ERROR.value].reset_index(drop=True) if failed_only else frame
 
 
 def _step_latency(frame: pd.DataFrame) -> pd.Series:
@@ -145,10 +157,33 @@ def _typical(frame: pd.DataFrame, latency: pd.Series) -> pd.Series:
     overall = latency.median()
     typical = pd.Series(overall, index=frame.index, dtype=float)
     for _, index in frame.groupby("session_id").groups.items():
-        values = latency[index]
-        if len(values) > 1:
-            typical[index] = [values.drop(i).median() for i in index]
+        if len(index) > 1:
+            typical[index] = leave_one_out_medians(latency[index].to_numpy(dtype=float))
     return typical
+
+
+def leave_one_out_medians(values: np.ndarray) -> np.ndarray:
+    """For each value, the median of all the others (NaN skipped, as pandas does; NaN when no other is known), in
+    O(n log n): after one sort, removing the value at rank p shifts the middle ranks at or after p by one."""
+    out = np.full(len(values), np.nan)
+    valid = ~np.isnan(values)
+    known = np.sort(values[valid])
+    m = len(known)
+    if m == 0:
+        return out
+    out[~valid] = np.median(known)  # a step without a latency: every known one is "another"
+    if m == 1:
+        return out
+    ranks = np.empty(m, dtype=int)
+    ranks[np.argsort(values[valid], kind="stable")] = np.arange(m)
+    rest = m - 1
+
+    def kth_without_own(k: int) -> np.ndarray:
+        return np.where(k < ranks, known[k], known[min(k + 1, m - 1)])
+
+    middle = rest // 2
+    out[valid] = kth_without_own(middle) if rest % 2 else (kth_without_own(middle - 1) + kth_without_own(middle)) / 2
+    return out
 
 
 def _verdicts(frame: pd.DataFrame, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
@@ -178,6 +213,14 @@ def _failure(error_type, kv_cause: str) -> tuple[str, str]:
             return error, "timeout"
         return kv_cause, "queue" if kv_cause == "queue_wait" else "cache"
     return error, "model" if error in MODEL_ERRORS else "request"
+
+
+def _unattributed(step) -> dict:
+    """A step read only for its latency (the typical latency of its session's failed steps)."""
+    return {"session_id": step.session_id, "step_index": step.step_index, "status": step.status,
+            "error_type": step.error_type, "started_at": step.started_at, "e2e_s": step.e2e_s, "ttft_s": step.ttft_s,
+            "trace_id": step.trace_id, "span_id": step.span_id, "cause": "none", "causes": "none", "evidence": "",
+            "num_requests": 0}  # fmt: skip
 
 
 def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Events, resets: _Events,

@@ -31,4 +31,4 @@ def step_causes(store: Store, since: float | None, until: float | None, *, faile
     events = queries.kv_events(store, start, until, kinds=ATTRIBUTION_KINDS)
     sessions = set(steps["session_id"])
     events = events[events["session_id"].isin(sessions) | (events["kind"] == KVEventKind.CLEARED.value)]
-    return attribute_steps(steps, reqs, events)
+    return attribute_steps(steps, reqs, events, failed_only=failed_only)

@@ -16,7 +16,8 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     table = done.stdout[done.stdout.index("| benchmark | case | value | vs baseline |") :].splitlines()
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:] if line.startswith("| ")]
-    assert {r[0] for r in rows} == {"engine_throughput", "telemetry_overhead", "collector_ingest", "dashboard_queries"}
+    assert {r[0] for r in rows} == {"engine_throughput", "telemetry_overhead", "collector_ingest", "collector_memory",
+                                    "dashboard_queries"}  # fmt: skip
     baselines = {(r[0], r[1]) for r in rows if r[3].startswith("1.00x")}
     for case in [("engine_throughput", "transformers generate (CPU, fp32)"), ("telemetry_overhead", "telemetry off"),
                  ("collector_ingest", "KV events: decode")]:  # fmt: skip
