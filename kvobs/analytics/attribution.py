@@ -142,7 +142,7 @@ def attribute_steps(
             ends = reqs.finished[sent]
             ends = ends[~np.isnan(ends)]
             previous_end = ends.max() if len(ends) else (step.ended_at if pd.notna(step.ended_at) else None)
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame = pd.DataFrame(rows, columns=COLUMNS).astype({"max_queue_s": float, "cached_tokens": float})
     frame = _verdicts(frame, slow_factor, slow_min_s) if not frame.empty else frame
     return frame[frame["status"] == StepStatus.ERROR.value].reset_index(drop=True) if failed_only else frame
 
@@ -220,7 +220,8 @@ def _unattributed(step) -> dict:
     return {"session_id": step.session_id, "step_index": step.step_index, "status": step.status,
             "error_type": step.error_type, "started_at": step.started_at, "e2e_s": step.e2e_s, "ttft_s": step.ttft_s,
             "trace_id": step.trace_id, "span_id": step.span_id, "cause": "none", "causes": "none", "evidence": "",
-            "num_requests": 0}  # fmt: skip
+            "blocks_lost_in_pause": 0, "tokens_lost_in_pause": 0, "preemptions": 0, "invalidation_reasons": "",
+            "max_queue_s": None, "num_requests": 0, "cached_tokens": None}  # fmt: skip
 
 
 def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Events, resets: _Events,

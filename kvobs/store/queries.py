@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pandas as pd
-from sqlalchemy import and_, distinct, exists, func, select
+from sqlalchemy import and_, distinct, exists, func, or_, select
 from sqlalchemy.orm import aliased
 
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
@@ -137,15 +137,8 @@ def scraped_hit_rate(store: Store, since=None, until=None) -> float | None:
 
 
 @per_backend
-def kv_events(
-    store: Store,
-    since=None,
-    until=None,
-    *,
-    kinds: Iterable[str] | None = None,
-    session_id: str | None = None,
-    limit: int | None = None,
-) -> pd.DataFrame:
+def kv_events(store: Store, since=None, until=None, *, kinds: Iterable[str] | None = None,
+              session_id: str | None = None, limit: int | None = None) -> pd.DataFrame:  # fmt: skip
     """KV event rows, oldest first (narrow them: a store may hold millions)."""
     stmt = select(*_columns(KVEventRow, "id"))
     if kinds is not None:
@@ -154,6 +147,23 @@ def kv_events(
         stmt = stmt.where(KVEventRow.session_id == session_id)
     stmt = _between(stmt, KVEventRow.ts, since, until).order_by(KVEventRow.ts, KVEventRow.id)
     return read(store, stmt if limit is None else stmt.limit(limit))
+
+
+@per_backend
+def session_events(store: Store, windows: list[tuple[str, float, float]], *, kinds: Iterable[str],
+                   chunk: int = 200) -> pd.DataFrame:  # fmt: skip
+    """KV event rows of `kinds` in any of the (session id, after, until] windows, each row once, oldest first: a
+    few steps' events out of millions, through the (session_id, ts) index."""
+    frames, kinds = [], list(kinds)
+    for i in range(0, len(windows), chunk):
+        ranges = [and_(KVEventRow.session_id == sid, KVEventRow.ts > low, KVEventRow.ts <= high)
+                  for sid, low, high in windows[i : i + chunk]]  # fmt: skip
+        frames.append(read(store, select(KVEventRow.id, *_columns(KVEventRow, "id")).where(
+            KVEventRow.kind.in_(kinds), or_(*ranges))))  # fmt: skip
+    if not frames:
+        return read(store, select(*_columns(KVEventRow, "id")).limit(0))
+    rows = pd.concat(frames).drop_duplicates("id").sort_values(["ts", "id"], kind="stable")
+    return rows.drop(columns="id").reset_index(drop=True)
 
 
 @per_backend

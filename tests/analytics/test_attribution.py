@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
+from kvobs.analytics.step_causes import step_causes
 from kvobs.store import queries
 
 
@@ -22,8 +24,11 @@ def test_every_step_is_attributed_and_the_workload_failed_for_real(agent_run):
     assert (frame["num_requests"] >= 1).all()  # every step found the request it sent
     failed = frame[frame["status"] == "error"]
     assert len(failed) == agent_run.result.num_failed > 0
-    # the planner must answer JSON; SmolLM2-135M in 16 tokens never does: every planner step fails so
-    assert set(failed[failed["session_id"].str.startswith("planner")]["error_type"]) == {"invalid_response"}
+    # the planner must answer JSON; SmolLM2-135M in 16 tokens never does: every planner step fails so, unless the
+    # 5 s step deadline of this timed run came first (a loaded machine)
+    planner = frame[frame["session_id"].str.startswith("planner")]
+    assert (planner["status"] == "error").all()
+    assert "invalid_response" in set(planner["error_type"]) <= {"invalid_response", "timeout"}
     summary = failure_summary(frame)
     assert summary["failed_steps"].sum() == len(failed)
 
@@ -124,3 +129,19 @@ def test_a_model_error_after_a_pause_that_lost_the_prefix_fails_for_the_model_an
     mine.loc[mine["step_index"] == 1, "error_type"] = "timeout"  # the same step timing out instead
     timed_out = attribute_steps(mine, reqs, lost).set_index("step_index").loc[1]
     assert (timed_out["failure_cause"], timed_out["failure_kind"]) == ("prefix_evicted_in_pause", "cache")
+
+
+@pytest.mark.parametrize("run", ["agent_run", "vllm_run"])
+def test_the_failure_table_reads_few_events_and_finds_what_the_full_analysis_finds(run, request):
+    """`failed_only` (the Overview) reads only the events around failed steps and attributes only them; each failed
+    step gets exactly the row, cause and evidence the analysis of every step and every event gives it."""
+    store = request.getfixturevalue(run).store
+    first, last = queries.time_range(store)
+    full = step_causes(store, first, last)
+    failed = full[full["status"] == "error"].reset_index(drop=True)
+    narrow = step_causes(store, first, last, failed_only=True)
+    assert len(failed) > 0, f"{run} has no failed step: nothing compared"
+    pd.testing.assert_frame_equal(
+        narrow.sort_values(["session_id", "step_index"]).reset_index(drop=True),
+        failed.sort_values(["session_id", "step_index"]).reset_index(drop=True),
+    )

@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, select, text
 
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS
 from kvobs.store import StoreWriter, open_store, queries, rollups
 from kvobs.store.rows import RECORDS
 from kvobs.store.schema import TABLES
@@ -122,6 +123,9 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
     busiest = queries.kv_events(store).groupby("session_id").size().sort_values().index[-1]
     some_session = queries.steps(store)["session_id"].iloc[0]
     traces = list(queries.steps(store)["trace_id"].dropna()[:50])
+    steps = queries.steps(store)
+    windows = [(sid, start - 5.0, end if end == end else last) for sid, start, end in
+               zip(steps["session_id"], steps["started_at"], steps["ended_at"])] + [(busiest, first, last)]  # fmt: skip
     calls = [("time_range", (), {}, True), ("instances", (), {}, True), ("sessions", (), {}, False),
              ("session_snapshots", (busiest,), {}, True), ("kv_events", (), {"session_id": busiest}, True),
              ("kv_events", (), {"kinds": ["stored"], "limit": 500}, True),
@@ -130,7 +134,10 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
              ("session_ends", ([some_session, busiest, "no-such-session"],), {}, True),
              ("trace_sessions", (traces + ["0" * 32],), {}, True), ("scraped_hit_rate", (), {}, True),
              ("metric_series", (["vllm:num_requests_running", "vllm:kv_cache_usage_perc"],), {}, False),
-             ("session_idle_losses", (last,), {}, False)]  # fmt: skip
+             ("session_idle_losses", (last,), {}, False),
+             ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS}, True),
+             ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS, "chunk": 3}, True),
+             ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True)]  # fmt: skip
     for since, until in ((None, None), middle):
         window = () if since is None else (since, until)
         calls += [(name, window, {}, False) for name in (

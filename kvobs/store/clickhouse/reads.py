@@ -143,6 +143,21 @@ def kv_events(store, since=None, until=None, *, kinds: Iterable[str] | None = No
     return store.frame(sql if limit is None else f"{sql} LIMIT {int(limit)}", where.params)
 
 
+def session_events(store, windows: list[tuple[str, float, float]], *, kinds, chunk: int = 200) -> pd.DataFrame:
+    """The windows as a table joined on the session, then the range: a narrow read of the (instance, kind, ts) order
+    per kind."""
+    sids, lows, highs = (list(column) for column in zip(*windows)) if windows else ([], [], [])
+    return store.frame(f"""SELECT {_columns('kv_events', 'id')} FROM (
+        SELECT DISTINCT e.* FROM kv_events AS e
+        INNER JOIN (SELECT w.1 AS sid, w.2 AS low, w.3 AS high FROM (
+            SELECT arrayJoin(arrayZip({{sids:Array(String)}}, {{lows:Array(Float64)}}, {{highs:Array(Float64)}})) AS w)
+        ) AS win ON assumeNotNull(e.session_id) = win.sid
+        WHERE e.kind IN {{kinds:Array(String)}} AND e.session_id IN {{sids:Array(String)}}
+          AND e.ts > win.low AND e.ts <= win.high) ORDER BY ts, id""",
+                       {"sids": sids, "lows": [float(x) for x in lows], "highs": [float(x) for x in highs],
+                        "kinds": list(kinds)})  # fmt: skip
+
+
 def stored_blocks(store, since=None, until=None, *, latest: int | None = None) -> pd.DataFrame:
     where = _Where(f"kind = '{STORED}'").window("ts", since, until)
     columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id"

@@ -126,22 +126,26 @@ class ClickHouseStore:
 
 def _as_sql_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """The same values and dtypes a SQL store's read gives: hashes as Python ints (object), integers with gaps as
-    float64 with NaN, unsigned counts as int64, missing strings as None."""
+    float64 with NaN, unsigned counts as int64, missing strings as pandas' missing value. Column-wise, no Python loop
+    over rows (a page may read millions)."""
     out = {}
     for name in frame.columns:
         column = frame[name]
         if name.endswith("_hash"):
-            out[name] = pd.Series([None if pd.isna(v) else int(v) for v in column], dtype=object)
+            out[name] = pd.Series(column.to_numpy(dtype=object, na_value=None), dtype=object)
         elif pd.api.types.is_integer_dtype(column.dtype):
             out[name] = column.astype("float64") if column.isna().any() else column.astype("int64")
         elif pd.api.types.is_float_dtype(column.dtype):
             out[name] = column.astype("float64")
         elif pd.api.types.is_bool_dtype(column.dtype):
             out[name] = column.astype(bool)
+        elif isinstance(column.dtype, pd.StringDtype):
+            out[name] = column  # pandas' string column, as a SQL read of strings gives
         else:
-            out[name] = pd.Series([None if _missing(v) else v for v in column], dtype=object)
-            if out[name].map(lambda v: v is None or isinstance(v, str)).all():
-                out[name] = pd.Series(list(out[name]))  # what pandas makes of a SQL string column
+            values = column.to_numpy(dtype=object, copy=True)
+            values[pd.isna(values)] = None
+            kind = pd.api.types.infer_dtype(values, skipna=True)
+            out[name] = pd.Series(values) if kind in ("string", "empty") else pd.Series(values, dtype=object)
     return pd.DataFrame(out, columns=list(frame.columns))
 
 
