@@ -33,6 +33,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
+from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(k.value for k in (KVEventKind.EVICTED, KVEventKind.REMOVED, KVEventKind.INVALIDATED,
@@ -160,30 +161,6 @@ def _typical(frame: pd.DataFrame, latency: pd.Series) -> pd.Series:
         if len(index) > 1:
             typical[index] = leave_one_out_medians(latency[index].to_numpy(dtype=float))
     return typical
-
-
-def leave_one_out_medians(values: np.ndarray) -> np.ndarray:
-    """For each value, the median of all the others (NaN skipped, as pandas does; NaN when no other is known), in
-    O(n log n): after one sort, removing the value at rank p shifts the middle ranks at or after p by one."""
-    out = np.full(len(values), np.nan)
-    valid = ~np.isnan(values)
-    known = np.sort(values[valid])
-    m = len(known)
-    if m == 0:
-        return out
-    out[~valid] = np.median(known)  # a step without a latency: every known one is "another"
-    if m == 1:
-        return out
-    ranks = np.empty(m, dtype=int)
-    ranks[np.argsort(values[valid], kind="stable")] = np.arange(m)
-    rest = m - 1
-
-    def kth_without_own(k: int) -> np.ndarray:
-        return np.where(k < ranks, known[k], known[min(k + 1, m - 1)])
-
-    middle = rest // 2
-    out[valid] = kth_without_own(middle) if rest % 2 else (kth_without_own(middle - 1) + kth_without_own(middle)) / 2
-    return out
 
 
 def _verdicts(frame: pd.DataFrame, slow_factor: float, slow_min_s: float) -> pd.DataFrame:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
+from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import queries
 
@@ -145,3 +147,13 @@ def test_the_failure_table_reads_few_events_and_finds_what_the_full_analysis_fin
         narrow.sort_values(["session_id", "step_index"]).reset_index(drop=True),
         failed.sort_values(["session_id", "step_index"]).reset_index(drop=True),
     )
+
+
+def test_leave_one_out_medians_equal_pandas_dropping_each_value():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        values = rng.integers(0, 5, rng.integers(1, 12)).astype(float)
+        values[rng.random(len(values)) < 0.3] = np.nan
+        series = pd.Series(values)
+        expected = [series.drop(i).median() for i in range(len(values))]
+        np.testing.assert_allclose(leave_one_out_medians(values), expected, equal_nan=True)
