@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pandas as pd
-from sqlalchemy import and_, distinct, exists, func, or_, select
+from sqlalchemy import and_, distinct, exists, func, select, union_all
 from sqlalchemy.orm import aliased
 
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
@@ -154,12 +154,11 @@ def session_events(store: Store, windows: list[tuple[str, float, float]], *, kin
                    chunk: int = 200) -> pd.DataFrame:  # fmt: skip
     """KV event rows of `kinds` in any of the (session id, after, until] windows, each row once, oldest first: a
     few steps' events out of millions, through the (session_id, ts) index."""
-    frames, kinds = [], list(kinds)
-    for i in range(0, len(windows), chunk):
-        ranges = [and_(KVEventRow.session_id == sid, KVEventRow.ts > low, KVEventRow.ts <= high)
-                  for sid, low, high in windows[i : i + chunk]]  # fmt: skip
-        frames.append(read(store, select(KVEventRow.id, *_columns(KVEventRow, "id")).where(
-            KVEventRow.kind.in_(kinds), or_(*ranges))))  # fmt: skip
+    frames, kinds, columns = [], list(kinds), (KVEventRow.id, *_columns(KVEventRow, "id"))
+    for i in range(0, len(windows), chunk):  # one indexed range read per window, a UNION ALL per chunk
+        frames.append(read(store, union_all(*(select(*columns).where(
+            KVEventRow.session_id == sid, KVEventRow.ts > low, KVEventRow.ts <= high, KVEventRow.kind.in_(kinds))
+            for sid, low, high in windows[i : i + chunk]))))  # fmt: skip
     if not frames:
         return read(store, select(*_columns(KVEventRow, "id")).limit(0))
     rows = pd.concat(frames).drop_duplicates("id").sort_values(["ts", "id"], kind="stable")
