@@ -67,6 +67,20 @@ def test_a_retried_batch_is_stored_once(chdb_store):
     assert len(queries.kv_events(chdb_store)) == 200
 
 
+def test_async_inserts_are_acknowledged_when_written_and_a_retry_is_still_stored_once(tmp_path):
+    store = open_store(f"chdb:///{tmp_path / 'ch'}?async_insert=1")
+    settings = {"async_insert": 1, "wait_for_async_insert": 1, "async_insert_deduplicate": 1}
+    assert store.client.insert_settings == settings
+    batch = [("insert", _events(100))]
+    store.write(batch, token="batch-1")
+    assert len(queries.kv_events(store)) == 100  # written when the insert returned
+    store.write(batch, token="batch-1")
+    assert len(queries.kv_events(store)) == 100
+    store.close()
+    with pytest.raises(ValueError, match="unknown option"):
+        open_store(f"chdb:///{tmp_path / 'other'}?asynk_insert=1")
+
+
 def test_a_refused_row_is_dropped_alone(chdb_store):
     writer = StoreWriter(chdb_store)
     writer.add_many(_events(50) + [KVEventRecord(ts=1.0, instance="e", kind="stored", block_hash=2**64)])

@@ -31,7 +31,8 @@ class StoreUnreachable(ConnectionError):
 class ChdbClient:
     """ClickHouse's engine in this process, on the data directory `path` (one process at a time per directory)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, insert_settings: dict[str, int] | None = None) -> None:
+        self.insert_settings = dict(insert_settings or {})
         session = _require("chdb.session", "chdb:/// stores")
 
         try:
@@ -53,7 +54,9 @@ class ChdbClient:
         return self._session.query(sql, "DataFrame", params=_chdb_params(params))
 
     def insert(self, table: str, data: pa.Table, *, token: str | None = None) -> None:
-        settings = f" SETTINGS insert_deduplication_token='{_plain(token)}'" if token else ""
+        given = [f"{name}={int(value)}" for name, value in self.insert_settings.items()]
+        given += [f"insert_deduplication_token='{_plain(token)}'"] if token else []
+        settings = f" SETTINGS {', '.join(given)}" if given else ""
         inserter = self._session.send_insert(f"INSERT INTO {table} ({', '.join(data.column_names)}){settings}",
                                              "ArrowStream")  # fmt: skip
         inserter.append(_arrow_stream(data))
@@ -66,7 +69,9 @@ class ChdbClient:
 class HttpClient:
     """A ClickHouse server over HTTP, with the official `clickhouse-connect` client."""
 
-    def __init__(self, host: str, port: int, username: str, password: str, database: str) -> None:
+    def __init__(self, host: str, port: int, username: str, password: str, database: str, *,
+                 insert_settings: dict[str, int] | None = None) -> None:  # fmt: skip
+        self.insert_settings = dict(insert_settings or {})
         clickhouse_connect = _require("clickhouse_connect", "clickhouse:// stores")
         from clickhouse_connect.driver.exceptions import OperationalError
 
@@ -85,8 +90,8 @@ class HttpClient:
         return self._call(self._client.query_df, sql, parameters=params)
 
     def insert(self, table: str, data: pa.Table, *, token: str | None = None) -> None:
-        self._call(self._client.insert_arrow, table, data, settings={"insert_deduplication_token": token} if token
-                   else None)  # fmt: skip
+        settings = {**self.insert_settings, **({"insert_deduplication_token": token} if token else {})}
+        self._call(self._client.insert_arrow, table, data, settings=settings or None)
 
     def close(self) -> None:
         self._client.close()

@@ -38,18 +38,34 @@ _ids = itertools.count(time.time_ns())  # unique and increasing within a process
 
 
 def open_clickhouse(url: str, *, migrate: bool = True) -> ClickHouseStore:
-    """Connect to `clickhouse://[user[:password]@]host[:port]/database` or open `chdb:///dir`; migrate."""
+    """Connect to `clickhouse://[user[:password]@]host[:port]/database` or open `chdb:///dir`; migrate.
+
+    `?async_insert=1`: the server buffers inserts from many small writers into few parts (ClickHouse's asynchronous
+    inserts); each insert still waits until its rows are written (`wait_for_async_insert`), and a retried batch is
+    still stored once (`async_insert_deduplicate`)."""
     parsed = make_url(url)
+    settings = _insert_settings(url, dict(parsed.query))
     if parsed.drivername == "chdb":
         if not parsed.database:
             raise ValueError(f"chdb URL {url!r} names no directory: chdb:///relative/dir or chdb:////absolute/dir")
-        client = ChdbClient(parsed.database)
+        client = ChdbClient(parsed.database, insert_settings=settings)
     else:
         client = HttpClient(parsed.host or "localhost", parsed.port or DEFAULT_HTTP_PORT, parsed.username or "default",
-                            parsed.password or "", parsed.database or "default")  # fmt: skip
+                            parsed.password or "", parsed.database or "default", insert_settings=settings)  # fmt: skip
     if migrate:
         ddl.migrate(client)
     return ClickHouseStore(parsed.render_as_string(hide_password=True), client)
+
+
+def _insert_settings(url: str, query: dict) -> dict[str, int]:
+    unknown = set(query) - {"async_insert"}
+    if unknown:
+        raise ValueError(f"store URL {url!r}: unknown option(s) {', '.join(sorted(unknown))}; known: async_insert=1")
+    if query.get("async_insert", "0") not in ("0", "1"):
+        raise ValueError(f"store URL {url!r}: async_insert must be 0 or 1")
+    if query.get("async_insert") == "1":
+        return {"async_insert": 1, "wait_for_async_insert": 1, "async_insert_deduplicate": 1}
+    return {}
 
 
 @dataclass
