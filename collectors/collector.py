@@ -98,16 +98,10 @@ class Collector:
         self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default)
         tracer = self.telemetry.tracer("kvobs.collector")
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
-        self.streams = [KVStream(spec, KVIngest(self.writer, instance=spec.instance, activity=self.activity,
-                                                bridge=bridge, settle_s=options.settle_s,
-                                                session_idle_s=options.session_idle_s,
-                                                session_ends=lambda ids: queries.session_ends(self.store, ids)))
-                        for spec in parse_streams(options.kv_events, options.kv_events_replay,
-                                                  default_instance=default)]  # fmt: skip
+        self.streams = [self._stream(spec, bridge) for spec in parse_streams(
+            options.kv_events, options.kv_events_replay, default_instance=default)]  # fmt: skip
         self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
             else None  # fmt: skip
-        for stream in self.streams:
-            stream.subscriber = self._subscriber(stream)
         self.receiver = None
         if options.otlp_grpc or options.otlp_http:
             self.receiver = OTLPReceiver(self._on_export, grpc_address=options.otlp_grpc,
@@ -128,11 +122,15 @@ class Collector:
         return setup_telemetry(TelemetryConfig(service_name=SERVICE_NAME, endpoint=endpoint, protocol=protocol,
                                                metrics=False))  # fmt: skip
 
-    def _subscriber(self, stream: KVStream) -> KVEventSubscriber:
-        o, ingest = self.options, stream.ingest
-        return KVEventSubscriber(stream.spec.endpoint, ingest.on_batch, self.drops,
-                                 bind=True if o.kv_events_bind else None, replay_endpoint=stream.spec.replay,
-                                 topic=o.kv_events_topic, on_restart=ingest.on_restart)  # fmt: skip
+    def _stream(self, spec: KVStreamSpec, bridge) -> KVStream:
+        o = self.options
+        ingest = KVIngest(self.writer, instance=spec.instance, activity=self.activity, bridge=bridge,
+                          settle_s=o.settle_s, session_idle_s=o.session_idle_s,
+                          session_ends=lambda ids: queries.session_ends(self.store, ids))  # fmt: skip
+        subscriber = KVEventSubscriber(spec.endpoint, ingest.on_batch, self.drops,
+                                       bind=True if o.kv_events_bind else None, replay_endpoint=spec.replay,
+                                       topic=o.kv_events_topic, on_restart=ingest.on_restart)  # fmt: skip
+        return KVStream(spec, ingest, subscriber)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -221,4 +219,4 @@ class KVStream:
 
     spec: KVStreamSpec
     ingest: KVIngest
-    subscriber: KVEventSubscriber | None = None
+    subscriber: KVEventSubscriber

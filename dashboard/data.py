@@ -99,7 +99,7 @@ def failures(store: Store, since: float, until: float) -> pd.DataFrame:
 def kv_events_page(store: Store, since: float, until: float, window_s: float) -> dict:
     counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
     lifecycle = counts.pivot_table(index="bucket", columns="kind", values="events", aggfunc="sum", fill_value=0)
-    losses = queries.block_losses(store, since, until, bucket_s=window_s)
+    losses = queries.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
     stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS)
     graph = BlockGraph.from_stored(stored)

@@ -3,9 +3,8 @@
     window = time_range(store)                                # (first, last) epoch seconds, None when empty
     snaps, rates = instance_snapshots(store, *window), kv_event_counts(store, *window, bucket_s=60)
 
-Every function takes `since`/`until` (epoch seconds, inclusive) where the table is large, filters in SQL on
-indexed columns, and returns plain columns (block hashes as Python ints). Aggregations over `kv_events` run
-in SQL, so a page never pulls a million rows.
+Every function takes `since`/`until` (epoch seconds, inclusive) where the table is large, filters and aggregates
+in SQL on indexed columns (a page never pulls a million rows) and returns plain columns (hashes as Python ints).
 """
 
 from __future__ import annotations
@@ -119,12 +118,16 @@ def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 6
 
 def block_losses(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
     """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
-
     "Blocks lost" everywhere (Overview, What-if): evictions, invalidations and vLLM's removals (`BLOCK_LOSS_KINDS`),
     one per (instance, time, block) however many owning sessions recorded it (`first_owner`), so a block lost twice
-    counts twice. Resets (`cleared`) are not included: they drop every cached block at once and are shown on their
-    own. From the per-minute rollup where it can (`kvobs.store.rollups`)."""
-    return rollups.counts(store, since, until, bucket_s, kinds=BLOCK_LOSS_KINDS)[["bucket", "kind", "reason", "blocks"]]
+    counts twice. Resets (`cleared`), dropping every cached block at once, are shown on their own. From the rollup."""
+    return losses_in(rollups.counts(store, since, until, bucket_s, kinds=BLOCK_LOSS_KINDS))
+
+
+def losses_in(counts: pd.DataFrame) -> pd.DataFrame:
+    """The "blocks lost" rows of `kv_event_counts` (what `block_losses` returns for the same window and bucket)."""
+    losses = counts.loc[counts["kind"].isin(BLOCK_LOSS_KINDS), ["bucket", "kind", "reason", "blocks"]]
+    return losses.reset_index(drop=True)
 
 
 def scraped_hit_rate(store: Store, since=None, until=None) -> float | None:

@@ -19,18 +19,17 @@ from collections.abc import Callable
 
 from sqlalchemy import delete, select
 
-from kvobs.store.schema import KVEventRow
+from kvobs.store.schema import DAY_S, KVEventRow
 
 log = logging.getLogger(__name__)
 
-DAY_S = 86_400.0
 EXPIRED_TABLE = "kv_events"
 
 
 def expire_kv_events(store, before_ts: float, *, chunk: int = 50_000) -> int:
     """Drop `kv_events` rows older than `before_ts` (whole days on ClickHouse); return how many were dropped."""
     if store.dialect == "clickhouse":
-        return _drop_day_partitions(store, before_ts)
+        return store.drop_days_before(EXPIRED_TABLE, before_ts)
     total = 0
     while True:
         with store.engine.begin() as conn:
@@ -39,21 +38,6 @@ def expire_kv_events(store, before_ts: float, *, chunk: int = 50_000) -> int:
         total += deleted
         if deleted < chunk:
             return total
-
-
-def _drop_day_partitions(store, before_ts: float) -> int:
-    """Partitions are day numbers (`intDiv(toUInt32(ts), 86400)`): drop those that end at or before `before_ts`."""
-    parts = store.frame(
-        """SELECT partition, toInt64(sum(rows)) AS rows FROM system.parts WHERE active
-        AND database = currentDatabase() AND table = {table:String} GROUP BY partition""",
-        {"table": EXPIRED_TABLE},
-    )
-    dropped = 0
-    for partition, rows in zip(parts["partition"], parts["rows"]):
-        if (int(partition) + 1) * DAY_S <= before_ts:
-            store.client.command(f"ALTER TABLE {EXPIRED_TABLE} DROP PARTITION {int(partition)}")
-            dropped += int(rows)
-    return dropped
 
 
 class Retention:

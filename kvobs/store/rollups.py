@@ -17,10 +17,9 @@ import pandas as pd
 from sqlalchemy import func, select
 
 from kvobs.store.backends import per_backend
-from kvobs.store.schema import KVEventMinuteRow, KVEventRow
+from kvobs.store.schema import MINUTE_S, KVEventMinuteRow, KVEventRow
 from kvobs.store.sql_read import read
 
-MINUTE_S = 60.0
 COLUMNS = ["bucket", "kind", "reason", "events", "blocks"]
 
 

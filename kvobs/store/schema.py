@@ -13,6 +13,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 MAX_UINT64 = 2**64 - 1
+MINUTE_S = 60.0  # the rollup's step (`kv_event_minutes.minute`)
+DAY_S = 86_400.0  # a retention day; ClickHouse partitions events by it
 ROW_ID = BigInteger().with_variant(Integer, "sqlite")  # SQLite auto-increments INTEGER PRIMARY KEY only
 
 

@@ -13,10 +13,10 @@ from collections import defaultdict
 
 from sqlalchemy import insert, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from kvobs.store.rows import Record
-from kvobs.store.schema import TABLES
+from kvobs.store.schema import MINUTE_S, TABLES
 
 Batch = list[tuple[str, list[Record]]]  # (op, records): op is insert | upsert | insert_missing
 
@@ -82,7 +82,7 @@ def minute_sums(rows: list[dict]) -> list[dict]:
     reason (None as '')."""
     sums: dict[tuple, list[int]] = {}
     for row in rows:
-        key = (math.floor(row["ts"] / 60) * 60.0, row["instance"], row["kind"], row.get("reason") or "")
+        key = (math.floor(row["ts"] / MINUTE_S) * MINUTE_S, row["instance"], row["kind"], row.get("reason") or "")
         acc = sums.setdefault(key, [0, 0])
         acc[0] += 1
         acc[1] += row.get("first_owner") or 0
@@ -92,8 +92,7 @@ def minute_sums(rows: list[dict]) -> list[dict]:
 
 def is_unreachable(exc: BaseException) -> bool:
     """True for errors worth retrying: the database cannot be reached, not a row it refuses."""
-    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated) \
-        if isinstance(exc, SQLAlchemyError) else False  # fmt: skip
+    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def _upsert_statement(dialect_name: str, model, row: dict, *, update: bool):

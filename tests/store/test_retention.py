@@ -8,8 +8,9 @@ from prometheus_client import generate_latest
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.store import StoreWriter, open_store, queries
-from kvobs.store.retention import DAY_S, Retention, expire_kv_events
+from kvobs.store.retention import Retention, expire_kv_events
 from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
+from kvobs.store.schema import DAY_S
 from tests.waiting import wait_for
 
 NOW = 1_795_000_000.0  # a day boundary plus 0.42 day: 1795000000 / 86400 = 20775.46

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import logging
 
+from kvobs.store.schema import DAY_S, MINUTE_S
+
 log = logging.getLogger(__name__)
 
 VERSIONS_TABLE = "kvobs_schema_versions"
-_DAY = "intDiv(toUInt32(ts), 86400)"
+_DAY = f"intDiv(toUInt32(ts), {int(DAY_S)})"  # a partition per day, named by its number
 _DEDUP = "SETTINGS non_replicated_deduplication_window = 1000"
 
 _INITIAL = [
@@ -59,9 +61,9 @@ _INITIAL = [
         minute Float64, instance LowCardinality(String), kind LowCardinality(String), reason LowCardinality(String),
         events UInt64, blocks UInt64
     ) ENGINE = SummingMergeTree ORDER BY (instance, kind, reason, minute)""",
-    """CREATE MATERIALIZED VIEW IF NOT EXISTS kv_event_minutes_mv TO kv_event_minutes AS
-        SELECT floor(ts / 60) * 60 AS minute, instance, kind, coalesce(reason, '') AS reason, count() AS events,
-               sum(coalesce(first_owner, 0)) AS blocks
+    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS kv_event_minutes_mv TO kv_event_minutes AS
+        SELECT floor(ts / {MINUTE_S:g}) * {MINUTE_S:g} AS minute, instance, kind, coalesce(reason, '') AS reason,
+               count() AS events, sum(coalesce(first_owner, 0)) AS blocks
         FROM kv_events GROUP BY minute, instance, kind, reason""",
     """CREATE TABLE IF NOT EXISTS kv_event_sessions (
         session_id String, instance LowCardinality(String),

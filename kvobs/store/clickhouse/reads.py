@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.store.queries import BLOCK_LOSS_KINDS
 from kvobs.store.schema import TABLES
 
 STORED = KVEventKind.STORED.value
@@ -43,10 +44,7 @@ class _Where:
         return " WHERE " + " AND ".join(self.clauses) if self.clauses else ""
 
 
-def _losses() -> str:
-    from kvobs.store.queries import BLOCK_LOSS_KINDS
-
-    return "kind IN (" + ", ".join(f"'{kind}'" for kind in BLOCK_LOSS_KINDS) + ")"
+LOSSES = "kind IN (" + ", ".join(f"'{kind}'" for kind in BLOCK_LOSS_KINDS) + ")"
 
 
 def time_range(store) -> tuple[float, float] | None:
@@ -218,7 +216,7 @@ def block_lifetimes(store, since: float, until: float) -> pd.DataFrame:
     return store.frame(f"""SELECT l.instance AS instance, l.ts AS ts, l.block_hash AS block_hash,
         l.ts - s.ts AS lifetime_s
         FROM (SELECT DISTINCT instance, ts, assumeNotNull(block_hash) AS block_hash FROM kv_events
-              WHERE {_losses()} AND block_hash IS NOT NULL AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}) AS l
+              WHERE {LOSSES} AND block_hash IS NOT NULL AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}) AS l
         ASOF JOIN (SELECT instance, assumeNotNull(block_hash) AS block_hash, ts FROM kv_events
                    WHERE kind = '{STORED}' AND ts <= {{until:Float64}}) AS s
         ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""", params)  # fmt: skip

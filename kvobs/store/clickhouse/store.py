@@ -29,6 +29,7 @@ from sqlalchemy import make_url
 from kvobs.store.clickhouse import ddl
 from kvobs.store.clickhouse.client import ChdbClient, HttpClient, StoreUnreachable
 from kvobs.store.rows import Record
+from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,20 @@ class ClickHouseStore:
 
     def is_unreachable(self, exc: BaseException) -> bool:
         return isinstance(exc, StoreUnreachable)
+
+    def drop_days_before(self, table: str, before_ts: float) -> int:
+        """Drop `table`'s day partitions (`ddl`: numbered by day) that end at or before `before_ts`; rows dropped."""
+        parts = self.frame(
+            """SELECT partition, toInt64(sum(rows)) AS rows FROM system.parts WHERE active
+            AND database = currentDatabase() AND table = {table:String} GROUP BY partition""",
+            {"table": table},
+        )
+        dropped = 0
+        for partition, rows in zip(parts["partition"], parts["rows"]):
+            if (int(partition) + 1) * DAY_S <= before_ts:
+                self.client.command(f"ALTER TABLE {table} DROP PARTITION {int(partition)}")
+                dropped += int(rows)
+        return dropped
 
     # ---- reads -----------------------------------------------------------------------------------------------
     def frame(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
