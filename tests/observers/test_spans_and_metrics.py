@@ -14,7 +14,11 @@ from instrumented_engine.observers.metrics import EngineMetrics
 from instrumented_engine.observers.otel_metrics import OTelMetricSink
 from instrumented_engine.observers.spans import EngineTracer
 from kvobs.semconv import attributes as a
-from kvobs.semconv.metrics import TTFT_BUCKETS
+from kvobs.semconv.metrics import TTFT_BUCKETS, kvobs_metrics
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.retention import EXPIRED_TABLE, Retention
+from kvobs.store.rows import KVEventRecord
+from kvobs.store.schema import DAY_S
 
 STATS = SchedulerStats(ts=10.0, num_running=1, num_waiting=2, num_blocks_total=63, num_blocks_free=40,
                        num_blocks_resident=12, kv_cache_usage=23 / 63, num_scheduled_tokens=48, num_prefill_tokens=47,
@@ -140,3 +144,21 @@ def test_step_spans_are_sampled_every_nth_step():
     steps = exporter.get_finished_spans()
     assert [s.name for s in steps] == ["kvcache.step"] * 2
     assert steps[0].attributes[a.KV_BATCH_TOKENS] == 48 and steps[0].attributes[a.KV_BLOCKS_FREE] == 40
+
+
+def test_rows_retention_dropped_are_counted_on_the_engines_metrics(tmp_path):
+    """What `kvobs serve --retention-days` wires: the retention's running total as kvobs_store_rows_expired_total."""
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    writer = StoreWriter(store)
+    writer.add_many([KVEventRecord(ts=1000.0 + i, instance="e", kind="stored", block_hash=i + 1) for i in range(5)])
+    writer.close()
+    retention = Retention(store, days=1.0, clock=lambda: 1000.0 + 2.5 + DAY_S)  # the first three are over a day old
+    metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=512)
+    metrics.watch_total(kvobs_metrics.STORE_ROWS_EXPIRED, lambda: retention.num_expired, table=EXPIRED_TABLE)
+    retention.run_once()
+    metrics.sync_dropped()
+    metrics.sync_dropped()  # no double counting
+    values = {s.labels["table"]: s.value for f in metrics.registry.collect() for s in f.samples
+              if s.name == "kvobs_store_rows_expired_total"}  # fmt: skip
+    assert values == {"kv_events": 3}
+    store.close()
