@@ -183,10 +183,11 @@ class Collector:
             self.store.close()
 
     # ---- internals ---------------------------------------------------------------------------------------
-    def _on_export(self, request) -> None:
+    def _on_export(self, request) -> int:
+        refused = self.span_ingest.handle(request)  # first: an export the store cannot take now (Busy) is not forwarded
         if self.forwarder is not None:
             self.forwarder.forward(request)
-        self.span_ingest.handle(request)
+        return refused
 
     def _tick(self) -> None:
         while not self._stop.wait(self.options.interval_s):
@@ -203,7 +204,7 @@ class Collector:
     def dropped_totals(self) -> dict[str, int]:
         totals = self.drops.totals()
         if self.receiver is not None:
-            totals["otlp"] = totals.get("otlp", 0) + self.receiver.num_malformed
+            totals["otlp"] = totals.get("otlp", 0) + self.receiver.num_malformed + self.receiver.num_spans_refused
         if self.telemetry.num_export_failures:
             totals["otlp_export"] = self.telemetry.num_export_failures
         totals["store"] = self.writer.num_dropped

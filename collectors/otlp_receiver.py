@@ -6,23 +6,30 @@
     receiver.stop()
 
 A body that is not an export request gets HTTP 400 (gRPC INVALID_ARGUMENT), is counted in `num_malformed`,
-and the receiver keeps serving. A handler that raises answers 500 (gRPC INTERNAL) and is counted in
-`num_handler_errors`; the exporter on the other side retries, as OTLP prescribes.
+and the receiver keeps serving. A body over `MAX_BODY_BYTES`, before or after gzip, gets 413 (decompressed in
+a stream that stops at the limit); a body that does not arrive within `READ_TIMEOUT_S` gets 408. The handler
+returns how many spans it refused (answered as OTLP partial success) or raises `Busy` when it cannot accept the
+export now (its store queue is full): HTTP 429 with `Retry-After`, gRPC RESOURCE_EXHAUSTED with `RetryInfo`, the
+OTLP backpressure every exporter honours by retrying later, so nothing is acknowledged that was not accepted.
+A handler that raises anything else answers 500 (gRPC INTERNAL), counted in `num_handler_errors`; the exporter
+retries, as OTLP prescribes.
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
 import threading
+import zlib
 from collections.abc import Callable
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
-from google.protobuf import json_format
+from google.protobuf import duration_pb2, json_format
+from google.protobuf.any_pb2 import Any as AnyProto
 from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from kvobs.logs import worth_logging
@@ -32,10 +39,24 @@ log = logging.getLogger(__name__)
 TRACES_PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024  # on the wire and after decompression
+READ_TIMEOUT_S = 30.0  # a client that stops sending its body holds no thread longer than this
 GRPC_WORKERS = 4
+EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
-Handler = Callable[[ExportTraceServiceRequest], None]
+Handler = Callable[[ExportTraceServiceRequest], "int | None"]  # -> spans refused (partial success), None = 0
+
+
+class Busy(Exception):
+    """Raised by a handler that cannot accept an export now; the exporter is told to retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class OTLPReceiver:
@@ -59,6 +80,8 @@ class OTLPReceiver:
         self.num_received = 0
         self.num_malformed = 0
         self.num_handler_errors = 0
+        self.num_busy = 0  # exports answered 429 / RESOURCE_EXHAUSTED (not acknowledged; the exporter retries)
+        self.num_spans_refused = 0  # spans the handler refused inside accepted exports (partial success)
         self._lock = threading.Lock()
         self._grpc: grpc.Server | None = None
         self._http: ThreadingHTTPServer | None = None
@@ -68,8 +91,8 @@ class OTLPReceiver:
     def start(self) -> None:
         """Bind and serve; raises OSError (RuntimeError from gRPC) when an address is taken."""
         if self.grpc_address is not None:
-            self._grpc = grpc.server(futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="otlp-grpc"))
-            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), self._grpc)
+            self._grpc = grpc.server(futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="otlp-grpc"),
+                                     handlers=[_grpc_handler(self)])  # fmt: skip
             self.grpc_port = self._grpc.add_insecure_port(self.grpc_address)
             self._grpc.start()
         if self.http_address is not None:
@@ -89,17 +112,31 @@ class OTLPReceiver:
             self._http.server_close()
 
     # ---- shared by both transports -----------------------------------------------------------------
-    def _deliver(self, request: ExportTraceServiceRequest) -> bool:
+    def _deliver(self, request: ExportTraceServiceRequest) -> trace_service_pb2.ExportTraceServiceResponse | None:
+        """The response to acknowledge `request` with; None when the handler failed (answer 500). Busy propagates."""
         with self._lock:
             self.num_received += 1
         try:
-            self.handle(request)
-            return True
+            refused = self.handle(request) or 0
+        except Busy:
+            with self._lock:
+                self.num_busy += 1
+                n = self.num_busy
+            if worth_logging(n):
+                log.warning("OTLP export refused for now, the store queue is full (%d so far); the exporter retries", n)
+            raise
         except Exception:
             with self._lock:
                 self.num_handler_errors += 1
             log.exception("the OTLP trace handler failed; the exporter will retry")
-            return False
+            return None
+        response = trace_service_pb2.ExportTraceServiceResponse()
+        if refused:
+            with self._lock:
+                self.num_spans_refused += refused
+            response.partial_success.rejected_spans = refused
+            response.partial_success.error_message = f"{refused} spans with attributes of the wrong type were dropped"
+        return response
 
     def _malformed(self, transport: str, why: str) -> None:
         with self._lock:
@@ -109,40 +146,81 @@ class OTLPReceiver:
             log.warning("malformed OTLP %s export skipped (%d so far): %s", transport, n, why)
 
 
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, receiver: OTLPReceiver) -> None:
-        self.receiver = receiver
+def _grpc_handler(receiver: OTLPReceiver) -> grpc.GenericRpcHandler:
+    """Export takes raw bytes, so a body that is not an export request is INVALID_ARGUMENT and counted (a generated
+    servicer's own deserializer would answer INTERNAL before any code of ours ran)."""
 
-    def Export(self, request, context):  # noqa: N802 (the generated service's name)
-        if not self.receiver._deliver(request):
+    def export(body: bytes, context: grpc.ServicerContext) -> bytes:
+        request = ExportTraceServiceRequest()
+        try:
+            request.ParseFromString(body)
+        except DecodeError as exc:
+            receiver._malformed("gRPC", repr(exc))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an OTLP ExportTraceServiceRequest: {exc}")
+        try:
+            response = receiver._deliver(request)
+        except Busy as busy:
+            context.set_trailing_metadata([("grpc-status-details-bin", _retry_status(busy).SerializeToString())])
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(busy))
+        if response is None:
             context.abort(grpc.StatusCode.INTERNAL, "the receiver could not store this export")
-        return trace_service_pb2.ExportTraceServiceResponse()
+        return response.SerializeToString()
+
+    method = grpc.unary_unary_rpc_method_handler(export)
+    return grpc.method_handlers_generic_handler(EXPORT_METHOD.split("/")[1], {EXPORT_METHOD.split("/")[2]: method})
+
+
+def _retry_status(busy: Busy) -> status_pb2.Status:
+    """google.rpc.Status with RetryInfo: how an OTLP/gRPC exporter learns the delay before its retry."""
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=busy.retry_after_s))
+    detail = AnyProto()
+    detail.Pack(info)
+    return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(busy), details=[detail])
 
 
 def _http_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
     class OTLPHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = READ_TIMEOUT_S  # the socket's: a stalled body (or an idle keep-alive) frees its thread
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.split("?")[0] != TRACES_PATH:
                 return self._reply(404, f"no OTLP endpoint at {self.path}; traces go to {TRACES_PATH}")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
+            length = self.headers.get("Content-Length")
+            if length is None or not length.strip().isdigit():
+                self.close_connection = True
+                return self._reply(411 if length is None else 400, f"send a Content-Length (got {length!r})")
+            if int(length) > MAX_BODY_BYTES:
+                self.close_connection = True
                 return self._reply(413, f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit")
-            body = self.rfile.read(length)
+            try:
+                body = self.rfile.read(int(length))
+            except TimeoutError:
+                self.close_connection = True
+                return self._reply(408, f"the body did not arrive within {READ_TIMEOUT_S:.0f} s")
+            if len(body) < int(length):
+                self.close_connection = True
+                return self._reply(400, f"the body ended after {len(body)} of {length} bytes")
             content_type = (self.headers.get("Content-Type") or PROTOBUF).split(";")[0].strip()
             try:
                 if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
+                    body = gunzip(body, MAX_BODY_BYTES)
                 request = _parse(body, content_type)
-            except (DecodeError, json_format.ParseError, OSError, EOFError, UnicodeDecodeError) as exc:
+            except _TooLarge as exc:
+                receiver._malformed("HTTP", str(exc))
+                return self._reply(413, str(exc))
+            except (DecodeError, json_format.ParseError, zlib.error, UnicodeDecodeError) as exc:
                 receiver._malformed("HTTP", repr(exc))
                 return self._reply(400, f"not an OTLP ExportTraceServiceRequest ({content_type}): {exc}")
             except ValueError as exc:
                 return self._reply(415, str(exc))
-            if not receiver._deliver(request):
+            try:
+                response = receiver._deliver(request)
+            except Busy as busy:
+                return self._send(429, str(busy).encode(), "text/plain; charset=utf-8",
+                                  {"Retry-After": str(busy.retry_after_s)})  # fmt: skip
+            if response is None:
                 return self._reply(500, "the receiver could not store this export")
-            response = trace_service_pb2.ExportTraceServiceResponse()
             if content_type == JSON:
                 self._send(200, json_format.MessageToJson(response).encode(), JSON)
             else:
@@ -151,9 +229,11 @@ def _http_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
         def _reply(self, status: int, message: str) -> None:
             self._send(status, message.encode(), "text/plain; charset=utf-8")
 
-        def _send(self, status: int, payload: bytes, content_type: str) -> None:
+        def _send(self, status: int, payload: bytes, content_type: str, headers: dict | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
@@ -162,6 +242,17 @@ def _http_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
             log.debug("OTLP HTTP: " + fmt, *args)
 
     return OTLPHandler
+
+
+def gunzip(body: bytes, limit: int) -> bytes:
+    """Decompress a gzip body, refusing (`_TooLarge`) once it grows past `limit`: a small bomb never expands."""
+    stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = stream.decompress(body, limit + 1)
+    if len(out) > limit:
+        raise _TooLarge(f"the body decompresses to more than the {limit}-byte limit")
+    if not stream.eof:
+        raise zlib.error("the gzip stream is cut off")
+    return out
 
 
 def _parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:

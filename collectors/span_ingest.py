@@ -7,7 +7,11 @@ One row per `llm_request` span: `gen_ai.request.id`, the span's start (vLLM's ar
 first token = start + `gen_ai.latency.time_to_first_token`, `gen_ai.latency.time_in_queue`, prompt and
 completion tokens; from our engine also `session.id`, cached tokens and preemptions. `trace_id` joins the
 agent step (`steps.trace_id`), `parent_span_id` its exact span. `instance` is the configured name, else the
-exporter's `service.name`. A span seen twice (an exporter retry) is stored once. The agent SDK's `agent_step`
+exporter's `service.name`. A span seen twice (an exporter retry) is stored once. An export is taken whole or not at
+all: when the store queue has no room, `handle` raises `Busy` (the exporter retries later) and nothing of it is
+counted or remembered. A span whose attributes have the wrong type (a string TTFT) is refused alone and counted
+(`num_refused`, answered as OTLP partial success); ids longer than `MAX_ID_BYTES` are cut (`clip_id`, counted in
+`num_ids_cut`). The agent SDK's `agent_step`
 spans sent through the collector are counted by status and error type (`kvobs_agent_steps_total`,
 `kvobs_agent_step_failures_total` on the collector's /metrics, what the step-failure alert rule reads); the
 steps themselves reach the store from the SDK's recorder. Other spans (vLLM's startup spans) are not stored;
@@ -17,13 +21,16 @@ steps themselves reach the store from the SDK's recorder. Other spans (vLLM's st
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter, OrderedDict
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from collectors.otlp_receiver import Busy
 from collectors.session_activity import SessionActivity
+from kvobs.identifiers import clip_id
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName, StepStatus
 from kvobs.store.rows import RequestRecord
@@ -35,6 +42,10 @@ SERVICE_NAME = "service.name"
 SEEN_SPANS = 100_000
 
 
+class BadSpan(ValueError):
+    """A span attribute of the wrong type: the span is refused alone."""
+
+
 class SpanIngest:
     def __init__(self, writer: StoreWriter, *, activity: SessionActivity | None = None,
                  instance: str | None = None) -> None:  # fmt: skip
@@ -43,65 +54,121 @@ class SpanIngest:
         self.instance = instance
         self.num_requests = 0
         self.num_duplicates = 0
+        self.num_refused = 0  # spans with attributes of the wrong type
+        self.num_ids_cut = 0  # session or request ids over MAX_ID_BYTES, cut
         self.agent_steps: Counter[str] = Counter()  # status -> steps
         self.agent_step_failures: Counter[str] = Counter()  # error type -> steps
         self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()  # exports arrive on several server threads
 
-    def handle(self, request: ExportTraceServiceRequest) -> None:
-        for resource_spans in request.resource_spans:
-            resource = attributes(resource_spans.resource.attributes)
-            instance = self.instance or str(resource.get(SERVICE_NAME, "unknown"))
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    if span.name == SpanName.LLM_REQUEST and self._first_time(span):
-                        self._request(instance, span)
-                    elif span.name == SpanName.AGENT_STEP and self._first_time(span):
-                        self._step(span)
+    def handle(self, request: ExportTraceServiceRequest) -> int:
+        """Store the export's `llm_request` spans and count its `agent_step` spans; the number of spans refused.
 
-    def _first_time(self, span) -> bool:
-        key = span.trace_id + span.span_id
-        if key in self._seen:
-            self.num_duplicates += 1
-            return False
-        self._seen[key] = None
-        if len(self._seen) > SEEN_SPANS:
+        Raises `Busy` when the store queue cannot take the export now (nothing of it is kept)."""
+        with self._lock:
+            records, steps, activity, keys, refused = [], [], [], {}, 0
+            for resource_spans in request.resource_spans:
+                resource = attributes(resource_spans.resource.attributes)
+                instance = self.instance or str(resource.get(SERVICE_NAME, "unknown"))
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        key = span.trace_id + span.span_id
+                        if span.name not in (SpanName.LLM_REQUEST, SpanName.AGENT_STEP):
+                            continue
+                        if key in self._seen or key in keys:
+                            self.num_duplicates += 1
+                            continue
+                        try:
+                            if span.name == SpanName.LLM_REQUEST:
+                                record = self._request(instance, span)
+                                records.append(record)
+                                activity.append(record)
+                            else:
+                                steps.append(_step_outcome(span))
+                        except BadSpan as exc:
+                            refused += 1
+                            log.debug("span %s refused: %s", span.span_id.hex(), exc)
+                            continue
+                        keys[key] = None
+            if records and not self.writer.offer(records):
+                raise Busy("the collector's store queue is full; retry later")
+            self._remember(keys)
+            self.num_refused += refused
+            self.num_requests += len(records)
+            for status, error_type in steps:
+                self.agent_steps[status] += 1
+                if error_type is not None:
+                    self.agent_step_failures[error_type] += 1
+        if self.activity is not None:
+            for r in activity:
+                self.activity.add_request(r.trace_id, r.span_id, r.arrival_ts, r.finished_ts, session_id=r.session_id)
+        if refused:
+            log.warning("%d spans with attributes of the wrong type refused (%d so far)", refused, self.num_refused)
+        return refused
+
+    def _remember(self, keys: dict[bytes, None]) -> None:
+        for key in keys:
+            self._seen[key] = None
+        while len(self._seen) > SEEN_SPANS:
             self._seen.popitem(last=False)
-        return True
 
-    def _step(self, span) -> None:
-        if span.status.code == Status.STATUS_CODE_ERROR:
-            self.agent_steps[StepStatus.ERROR.value] += 1
-            self.agent_step_failures[str(attributes(span.attributes).get(a.ERROR_TYPE, "unknown"))] += 1
-        else:
-            self.agent_steps[StepStatus.OK.value] += 1
-
-    def _request(self, instance: str, span) -> None:
+    def _request(self, instance: str, span) -> RequestRecord:
         attrs = attributes(span.attributes)
         start, end = span.start_time_unix_nano / 1e9, span.end_time_unix_nano / 1e9
-        ttft = attrs.get(a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)
+        ttft = _number(attrs, a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)
         trace_id, span_id = span.trace_id.hex(), span.span_id.hex()
-        session = attrs.get(a.SESSION_ID)
         reasons = attrs.get(a.GEN_AI_RESPONSE_FINISH_REASONS) or [None]
-        self.writer.add(RequestRecord(
-            request_id=str(attrs.get(a.GEN_AI_REQUEST_ID) or span_id),
+        if isinstance(reasons, str):
+            reasons = [reasons]
+        if not isinstance(reasons, list) or not isinstance(reasons[0], str | None):
+            raise BadSpan(f"{a.GEN_AI_RESPONSE_FINISH_REASONS} is {reasons!r}, not a list of strings")
+        return RequestRecord(
+            request_id=self._id(attrs.get(a.GEN_AI_REQUEST_ID) or span_id),
             instance=instance,
-            session_id=session,
+            session_id=self._id(attrs.get(a.SESSION_ID)),
             trace_id=trace_id,
             span_id=span_id,
             parent_span_id=span.parent_span_id.hex() or None,
             arrival_ts=start,
             first_token_ts=None if ttft is None else start + ttft,
             finished_ts=end,
-            queue_s=attrs.get(a.GEN_AI_LATENCY_TIME_IN_QUEUE),
-            prompt_tokens=attrs.get(a.GEN_AI_USAGE_PROMPT_TOKENS),
-            cached_tokens=attrs.get(a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
-            completion_tokens=attrs.get(a.GEN_AI_USAGE_COMPLETION_TOKENS),
-            num_preemptions=attrs.get(a.KV_REQUEST_NUM_PREEMPTIONS, 0),
+            queue_s=_number(attrs, a.GEN_AI_LATENCY_TIME_IN_QUEUE),
+            prompt_tokens=_number(attrs, a.GEN_AI_USAGE_PROMPT_TOKENS, int),
+            cached_tokens=_number(attrs, a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, int),
+            completion_tokens=_number(attrs, a.GEN_AI_USAGE_COMPLETION_TOKENS, int),
+            num_preemptions=_number(attrs, a.KV_REQUEST_NUM_PREEMPTIONS, int) or 0,
             finish_reason=reasons[0],
-        ))  # fmt: skip
-        self.num_requests += 1
-        if self.activity is not None:
-            self.activity.add_request(trace_id, span_id, start, end, session_id=session)
+        )  # fmt: skip
+
+    def _id(self, value) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise BadSpan(f"an id is {type(value).__name__}, not a string")
+        cut = clip_id(str(value))
+        if cut != str(value):
+            self.num_ids_cut += 1
+        return cut
+
+
+def _step_outcome(span) -> tuple[str, str | None]:
+    """(status, error type or None) of an `agent_step` span."""
+    if span.status.code == Status.STATUS_CODE_ERROR:
+        error_type = attributes(span.attributes).get(a.ERROR_TYPE, "unknown")
+        return StepStatus.ERROR.value, clip_id(str(error_type))
+    return StepStatus.OK.value, None
+
+
+def _number(attrs: dict, key: str, kind: type = float) -> float | int | None:
+    """A numeric attribute (None when absent); BadSpan when it is not a finite number of that kind."""
+    value = attrs.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
+        raise BadSpan(f"{key} is {value!r}, not {'an integer' if kind is int else 'a number'}")
+    if value != value or value in (float("inf"), float("-inf")) or abs(value) >= 2**63:
+        raise BadSpan(f"{key} is {value!r}, out of range")
+    return value
 
 
 def attributes(key_values) -> dict:

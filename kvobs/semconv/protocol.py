@@ -20,3 +20,8 @@ SESSION_IDLE_S = 3600.0
 
 # `kv_events.reason` of a `hit` row when a preempted request looked its prefix up again.
 READMISSION = "readmission"
+
+# The longest identifier from outside (session id, request id, adapter name, header value), in UTF-8 bytes: the
+# engine refuses longer ones with 400; the collector cuts longer ones from vLLM (`kvobs.identifiers.clip_id`),
+# since every store row of a session carries its id.
+MAX_ID_BYTES = 255  # = the store's id columns, VARCHAR(255) (kvobs/store/schema.py uses this)

@@ -12,6 +12,8 @@ from sqlalchemy import JSON, BigInteger, Float, Index, Integer, Numeric, SmallIn
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from kvobs.semconv.protocol import MAX_ID_BYTES
+
 MAX_UINT64 = 2**64 - 1
 MINUTE_S = 60.0  # the rollup's step (`kv_event_minutes.minute`)
 DAY_S = 86_400.0  # a retention day; ClickHouse partitions events by it
@@ -48,8 +50,8 @@ class Base(DeclarativeBase):
 class SessionRow(Base):
     __tablename__ = "sessions"
 
-    session_id: Mapped[str] = mapped_column(String(255), primary_key=True)
-    agent_name: Mapped[str | None] = mapped_column(String(255))
+    session_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    agent_name: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     started_at: Mapped[float | None] = mapped_column(Float)  # nullable: upserts may update counters only
     ended_at: Mapped[float | None] = mapped_column(Float)
     num_steps: Mapped[int] = mapped_column(Integer, default=0)
@@ -66,14 +68,14 @@ class StepRow(Base):
     )
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
-    session_id: Mapped[str] = mapped_column(String(255))
+    session_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
     step_index: Mapped[int] = mapped_column(Integer)
     trace_id: Mapped[str | None] = mapped_column(String(32))
     span_id: Mapped[str | None] = mapped_column(String(16))
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
     status: Mapped[str] = mapped_column(String(8))  # ok | error
-    error_type: Mapped[str | None] = mapped_column(String(255))
+    error_type: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     ttft_s: Mapped[float | None] = mapped_column(Float)
     e2e_s: Mapped[float | None] = mapped_column(Float)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
@@ -91,9 +93,9 @@ class RequestRow(Base):
     )
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
-    request_id: Mapped[str] = mapped_column(String(255))
-    instance: Mapped[str] = mapped_column(String(255))
-    session_id: Mapped[str | None] = mapped_column(String(255))
+    request_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
+    session_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     trace_id: Mapped[str | None] = mapped_column(String(32))
     span_id: Mapped[str | None] = mapped_column(String(16))
     parent_span_id: Mapped[str | None] = mapped_column(String(16))  # the caller's span (traceparent)
@@ -120,13 +122,13 @@ class KVEventRow(Base):
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
-    instance: Mapped[str] = mapped_column(String(255))
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
     kind: Mapped[str] = mapped_column(String(16))  # stored removed cleared hit allocated evicted preempted invalidated
     block_hash: Mapped[int | None] = mapped_column(UInt64)
     parent_hash: Mapped[int | None] = mapped_column(UInt64)
     num_tokens: Mapped[int | None] = mapped_column(Integer)
-    session_id: Mapped[str | None] = mapped_column(String(255))
-    request_id: Mapped[str | None] = mapped_column(String(255))
+    session_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    request_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     reason: Mapped[str | None] = mapped_column(String(32))
     medium: Mapped[str | None] = mapped_column(String(16))
     # 1 on one row of each block event (the first owner's, when a lost block is recorded once per owning session),
@@ -141,7 +143,7 @@ class KVEventMinuteRow(Base):
     __tablename__ = "kv_event_minutes"
 
     minute: Mapped[float] = mapped_column(Float, primary_key=True)  # the minute's start, UTC epoch s
-    instance: Mapped[str] = mapped_column(String(255), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16), primary_key=True)
     reason: Mapped[str] = mapped_column(String(32), primary_key=True)
     events: Mapped[int] = mapped_column(BigInteger)
@@ -159,8 +161,8 @@ class SnapshotRow(Base):
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
-    instance: Mapped[str] = mapped_column(String(255))
-    session_id: Mapped[str | None] = mapped_column(String(255))
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
+    session_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     kv_usage: Mapped[float | None] = mapped_column(Float)
     blocks_total: Mapped[int | None] = mapped_column(Integer)
     blocks_free: Mapped[int | None] = mapped_column(Integer)
@@ -184,8 +186,8 @@ class MetricSampleRow(Base):
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
-    instance: Mapped[str] = mapped_column(String(255))
-    name: Mapped[str] = mapped_column(String(255))
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
+    name: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
     labels: Mapped[dict] = mapped_column(JSON, default=dict)
     value: Mapped[float] = mapped_column(Float)
 
@@ -196,11 +198,11 @@ class AlertRow(Base):
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
-    rule: Mapped[str] = mapped_column(String(255))
+    rule: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
     severity: Mapped[str] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(16))  # firing | resolved
-    instance: Mapped[str | None] = mapped_column(String(255))
-    session_id: Mapped[str | None] = mapped_column(String(255))
+    instance: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    session_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     value: Mapped[float | None] = mapped_column(Float)
     summary: Mapped[str | None] = mapped_column(String(1024))
 

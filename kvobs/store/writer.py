@@ -3,6 +3,7 @@
     writer = StoreWriter(store)
     writer.add(KVEventRecord(ts=..., instance="engine-0", kind="evicted", ...))   # records: kvobs.store.rows
     writer.add_many(records)                                   # one unit: all queued, or all dropped
+    writer.offer(records)                                      # all queued, or False and the caller keeps them
     writer.upsert(SessionRecord("s1", num_steps=3))            # insert or update the columns given, by key
     writer.insert_missing(SessionRecord("s1", source="engine"))  # insert unless the key exists
     writer.flush()                                             # wait until written
@@ -83,6 +84,11 @@ class StoreWriter:
         as the KV-event subscriber, whose socket buffers meanwhile); 0, never (an engine step)."""
         return self._put("insert", records, wait_s) if records else True
 
+    def offer(self, records: list[Record]) -> bool:
+        """Queue inserts as one unit if there is room now; False otherwise, and nothing is dropped or counted: the
+        caller still holds them (an OTLP receiver answers 429 and the exporter sends them again)."""
+        return self._put("insert", records, count=False) if records else True
+
     def upsert(self, record: Record) -> bool:
         """Queue an insert that updates the row with the same primary key (the record's columns only)."""
         return self._put("upsert", [record])
@@ -91,7 +97,7 @@ class StoreWriter:
         """Queue an insert that leaves an existing row with the same primary key as it is."""
         return self._put("insert_missing", [record])
 
-    def _put(self, op: str, rows: list[Record], wait_s: float = 0.0) -> bool:
+    def _put(self, op: str, rows: list[Record], wait_s: float = 0.0, *, count: bool = True) -> bool:
         for record in rows:
             if not isinstance(record, Record):
                 raise TypeError(f"the store writer takes kvobs.store.rows records, not {type(record).__name__}")
@@ -99,12 +105,12 @@ class StoreWriter:
             if wait_s > 0:
                 self._room.wait_for(lambda: self._closed or self._queued_rows + len(rows) <= self.max_queue, wait_s)
             full = self._closed or self._queued_rows + len(rows) > self.max_queue
-            if full:
+            if full and count:
                 self.num_dropped += len(rows)
-            else:
+            elif not full:
                 self._queued_rows += len(rows)
         if full:
-            if not self._closed and worth_logging(self.num_dropped, every=10_000):
+            if count and not self._closed and worth_logging(self.num_dropped, every=10_000):
                 log.warning("store queue full: %d rows dropped so far", self.num_dropped)
             return False
         self._queue.put((op, rows))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import func, select
 
 from collectors.span_ingest import SpanIngest
+from kvobs.semconv.protocol import MAX_ID_BYTES
 from kvobs.store import StoreWriter
 from kvobs.store.schema import RequestRow
 from tests.collectors.recorded import otlp_bodies
@@ -53,3 +55,45 @@ def test_agent_step_spans_are_counted_by_status_and_error_type_once(store):
     assert ingest.agent_steps == {"ok": 2, "error": 3}
     assert ingest.agent_step_failures == {"timeout": 2, "invalid_response": 1}
     assert ingest.num_requests == 0
+
+
+def _llm_export(spans: list[dict]) -> ExportTraceServiceRequest:
+    """An export of `llm_request` spans with these attributes (as an exporter with a type bug would send them)."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    def value(v) -> AnyValue:
+        if isinstance(v, str):
+            return AnyValue(string_value=v)
+        if isinstance(v, bool):
+            return AnyValue(bool_value=v)
+        return AnyValue(int_value=v) if isinstance(v, int) else AnyValue(double_value=v)
+
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for i, attrs in enumerate(spans):
+        span = scope.spans.add(name="llm_request", trace_id=bytes([1] * 15 + [i + 1]), span_id=bytes([2] * 7 + [i + 1]),
+                               start_time_unix_nano=10**18, end_time_unix_nano=10**18 + 10**9)  # fmt: skip
+        span.attributes.extend(KeyValue(key=k, value=value(v)) for k, v in attrs.items())
+    return request
+
+
+def test_a_span_with_a_wrongly_typed_attribute_is_refused_alone_and_long_ids_are_cut(store):
+    """The probe's F15 and F5: a string TTFT used to fail the whole export with 500 (uncounted); a 1 MB session id
+    was copied into every row."""
+    long_session = "s" * 1_000_000
+    export = _llm_export([
+        {"gen_ai.request.id": "ok-1", "gen_ai.latency.time_to_first_token": 0.25, "session.id": long_session},
+        {"gen_ai.request.id": "bad", "gen_ai.latency.time_to_first_token": "fast"},
+        {"gen_ai.request.id": "bad-tokens", "gen_ai.usage.prompt_tokens": 1.5},
+        {"gen_ai.request.id": "ok-2", "gen_ai.usage.prompt_tokens": 12, "session.id": long_session + "x"},
+    ])  # fmt: skip
+    writer = StoreWriter(store)
+    ingest = SpanIngest(writer)
+    assert ingest.handle(export) == 2
+    writer.close()
+    with store.session() as s:
+        rows = {r.request_id: r for r in s.scalars(select(RequestRow))}
+    assert set(rows) == {"ok-1", "ok-2"} and ingest.num_refused == 2 and ingest.num_ids_cut == 2
+    first, second = rows["ok-1"].session_id, rows["ok-2"].session_id
+    assert len(first.encode()) == len(second.encode()) == MAX_ID_BYTES and "~cut:" in first and first != second
+    assert rows["ok-1"].first_token_ts == pytest.approx(1e9 + 0.25) and rows["ok-2"].prompt_tokens == 12
