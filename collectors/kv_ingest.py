@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from collectors.kv_chains import ChainTracker
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
+from kvobs.identifiers import clip_id
 from kvobs.semconv.protocol import SESSION_IDLE_S
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind, SessionSource
@@ -80,6 +81,7 @@ class KVIngest:
         self.clock = clock
         self.num_lost_in_pause = 0  # (session, block) removals settled as in a tool pause, ever (a counter)
         self.num_sessions_forgotten = 0
+        self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()
         self.block_size: int | None = None
@@ -115,7 +117,9 @@ class KVIngest:
         self._flush_rows()
 
     def _stored(self, ts: float, event: wire.BlockStored) -> None:
-        session = event.session_id
+        session = None if event.session_id is None else clip_id(event.session_id)  # every row of it carries it
+        if session is not event.session_id:
+            self.num_ids_cut += 1
         self.block_size = event.block_size
         if session is not None:
             self._changed.add(session)

@@ -13,9 +13,13 @@ everything from the first missing number (both reply forms: `(topic, seq, payloa
 0.24 and earlier, until the end mark) and delivers it in order before going on; the live copies of replayed batches
 are then skipped. Batches the replay cannot supply are counted in `num_lost`. A lost tail (the last batches of a
 burst, with no later number to reveal the gap) is asked for once the stream has been quiet for `tail_check_s`: what
-the replay returns is delivered (`num_tail_recovered`); without a replay endpoint such a tail cannot be known. A
-number going backwards (not a replayed duplicate) means the publisher restarted: `on_restart()` is called and
-numbering starts over.
+the replay returns is delivered (`num_tail_recovered`); without a replay endpoint such a tail cannot be known.
+
+A restart is told from a duplicate by what follows: a publisher that restarted numbers from 0 again, so a number
+going back to 0, or going back and then followed by its successor, means the publisher restarted (`on_restart()` is
+called and numbering starts over); a number going back that the stream then leaves behind (the next one is the
+expected one) was a duplicate, counted under `duplicate_sequence` and skipped. Until the next message decides, the
+backward batch is held.
 
 Bad input (wrong frame count, a sequence frame that is not 8 bytes, a payload that is not a batch, unknown
 event types) is counted in `drops` under `kv_events` and skipped.
@@ -87,6 +91,7 @@ class KVEventSubscriber:
         self.num_restarts = 0
         self._expected: int | None = None
         self._replayed: set[int] = set()
+        self._held: tuple[int, bytes] | None = None  # a batch whose number went back: a restart or a duplicate?
         self._ctx = zmq.Context.instance()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -144,12 +149,18 @@ class KVEventSubscriber:
         if seq in self._replayed:
             self._replayed.discard(seq)  # the live copy of a batch the replay already delivered
             return
+        if self._held is not None:
+            held, self._held = self._held, None
+            if seq == held[0] + 1:  # the lower numbering goes on: the publisher restarted
+                self._restarted(held[0])
+                self._deliver(*held)
+            else:
+                self.drops.count(COMPONENT, "duplicate_sequence", f"batch {held[0]} again, then {seq}")
         if self._expected is not None and seq < self._expected:
-            self.num_restarts += 1
-            self._replayed.clear()
-            log.warning("KV-event sequence went back from %d to %d: the publisher restarted", self._expected, seq)
-            if self.on_restart is not None:
-                self.on_restart()
+            if seq != 0:
+                self._held = (seq, frames[2])  # the next message tells a restart from a duplicate
+                return
+            self._restarted(seq)
         elif self._expected is not None and seq > self._expected:
             self._fill_gap(self._expected, seq)
             if seq in self._replayed:
@@ -159,15 +170,25 @@ class KVEventSubscriber:
             self._replayed = {s for s in self._replayed if s > seq}
         self._deliver(seq, frames[2])
 
+    def _restarted(self, seq: int) -> None:
+        self.num_restarts += 1
+        self._replayed.clear()
+        log.warning("KV-event sequence went back from %d to %d: the publisher restarted", self._expected, seq)
+        if self.on_restart is not None:
+            self.on_restart()
+
     def _deliver(self, seq: int, payload: bytes) -> None:
         self._expected = seq + 1
         try:
-            batch, unknown = wire.decode_batch(payload)
+            batch, unknown, refused = wire.decode_batch(payload)
         except wire.DecodeError as exc:
             self.drops.count(COMPONENT, "malformed_batch", str(exc))
             return
         if unknown:
             self.drops.count(COMPONENT, "unknown_event_type", f"{unknown} event(s) in batch {seq}", n=unknown)
+        if refused:
+            self.drops.count(COMPONENT, "bad_event", f"{refused} malformed or out-of-range event(s) in batch {seq}",
+                             n=refused)  # fmt: skip
         self.num_batches += 1
         self.num_events += len(batch.events)
         self.handle(seq, batch)

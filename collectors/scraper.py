@@ -10,12 +10,16 @@ it) and one instance `snapshots` row (usage, running, waiting, the interval's hi
 preemptions and evictions). A scrape fails when the server cannot be reached, answers non-200, or sends a
 body that is not a whole exposition (counted in `drops` under `scrape`); the instance is then marked down:
 `up` = 0 is written and the change logged once. What counters gained during an outage is counted by the next
-good scrape (or, if the server restarted meanwhile, what it counted since).
+good scrape (or, if the server restarted meanwhile, what it counted since). A body over `MAX_SCRAPE_BYTES` (70
+times vLLM's own, which is about 60 KB) is not read further and fails the scrape (`body_too_large`), so one server
+cannot stall the others; a NaN or infinite sample is skipped and counted (`non_finite_sample`), and the snapshot
+leaves that column empty.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +38,7 @@ log = logging.getLogger(__name__)
 
 UP = "up"
 COMPONENT = "scrape"
+MAX_SCRAPE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,11 +67,13 @@ class Scraper:
         *,
         interval_s: float = 5.0,
         timeout_s: float | None = None,
+        max_body_bytes: int = MAX_SCRAPE_BYTES,
     ) -> None:
         self.targets = targets
         self.writer = writer
         self.drops = drops
         self.interval_s = interval_s
+        self.max_body_bytes = max_body_bytes
         self.up: dict[str, bool] = {}
         self.num_scrapes = 0
         self._deriver = Deriver()
@@ -107,19 +114,30 @@ class Scraper:
             return False  # counters keep their last values: the next good scrape counts the outage's increase
         derived = self._deriver.derive(target.instance, parsed)
         for name, labels, value in derived.samples:
+            if not math.isfinite(value):
+                self.drops.count(COMPONENT, "non_finite_sample", f"{target.instance} {name} = {value}")
+                continue
             self.writer.add(MetricSampleRecord(ts=now, instance=target.instance, name=name, value=value, labels=labels))
         self.writer.add(_snapshot(now, target.instance, parsed, derived))
         return True
 
     def _fetch(self, target: ScrapeTarget) -> tuple[ParsedMetrics | None, str | None]:
         try:
-            response = self._client.get(target.url)
+            with self._client.stream("GET", target.url) as response:
+                if response.status_code != 200:
+                    return None, f"HTTP {response.status_code}"
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > self.max_body_bytes:
+                        why = f"{target.url}: the body is over the {self.max_body_bytes}-byte limit"
+                        self.drops.count(COMPONENT, "body_too_large", why)
+                        return None, why
+                text = body.decode(response.encoding or "utf-8", errors="replace")
         except httpx.HTTPError as exc:
             return None, f"{type(exc).__name__}: {exc}"
-        if response.status_code != 200:
-            return None, f"HTTP {response.status_code}"
         try:
-            return parse_metrics(response.text), None
+            return parse_metrics(text), None
         except MetricsParseError as exc:
             self.drops.count(COMPONENT, "malformed_body", f"{target.url}: {exc}")
             return None, str(exc)
@@ -136,10 +154,10 @@ class Scraper:
 
 
 def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived) -> SnapshotRecord:
-    usage = parsed.gauge(vllm.KV_CACHE_USAGE_PERC.name)
+    usage = _finite(parsed.gauge(vllm.KV_CACHE_USAGE_PERC.name))
     config = parsed.info.get(vllm.CACHE_CONFIG_INFO.name + "_info", {})
     total = int(config["num_gpu_blocks"]) - 1 if config.get("num_gpu_blocks", "").isdigit() else None  # null block
-    resident = parsed.gauge(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS.name)
+    resident = _finite(parsed.gauge(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS.name))
     evictions = derived.totals.get(kvobs_metrics.KV_BLOCKS_EVICTED.name)
     return SnapshotRecord(
         ts=ts,
@@ -148,7 +166,7 @@ def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived)
         blocks_total=total,
         blocks_free=round((1 - usage) * total) if usage is not None and total is not None else None,
         blocks_resident=None if resident is None else int(resident),
-        hit_rate=derived.hit_rate,
+        hit_rate=_finite(derived.hit_rate),
         num_running=_int(parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name)),
         num_waiting=_int(parsed.gauge(vllm.NUM_REQUESTS_WAITING.name)),
         preemptions_total=_int(derived.totals.get(vllm.NUM_PREEMPTIONS.name)),
@@ -156,5 +174,11 @@ def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived)
     )
 
 
+def _finite(value: float | None) -> float | None:
+    """The value, or None when it is missing, NaN or infinite (a column a snapshot cannot fill honestly)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def _int(value: float | None) -> int | None:
+    value = _finite(value)
     return None if value is None else int(value)

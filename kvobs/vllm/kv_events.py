@@ -9,6 +9,11 @@ The wire format (vLLM 0.24 and later, checked against frames recorded from vLLM 
   Releases up to 0.23 sent positional arrays `["BlockStored", hashes, parent, ...]` instead;
   `decode_batch` accepts both and ignores fields it does not know.
 
+Values are checked where they are decoded: sizes, ids and indexes are integers in [0, 2^63) and the batch time a
+finite, non-negative number, what every store column can hold. An event with a value out of range (or a known
+event that is malformed) is refused alone and counted; the batch's other events go on. A batch whose own time is
+out of range is refused whole.
+
 Block hashes are the unsigned low 64 bits of the block digest (`bytes` when vLLM runs with
 `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`). The structs below encode byte-for-byte as vLLM does, so a
 stock vLLM subscriber decodes what `encode_batch` produces.
@@ -20,7 +25,7 @@ from that number on, then `(b"", REPLAY_END, b"")`; releases up to 0.24 answered
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
@@ -28,6 +33,9 @@ MEDIUM_GPU = "GPU"
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
 BlockHash = int | bytes
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # what a signed 64-bit column holds
+Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]  # seconds since the epoch: finite, before year 5138
+UINT64_MASK = 2**64 - 1
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
@@ -40,14 +48,14 @@ class BlockStored(KVCacheEvent):
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None
     token_ids: list[int]
-    block_size: int
-    lora_id: int | None
+    block_size: Count
+    lora_id: Count | None
     medium: str | None
     lora_name: str | None
     extra_keys: list[Any] | None = None
-    group_idx: int | None = None
+    group_idx: Count | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: Count | None = None
     session_id: str | None = None
 
 
@@ -56,7 +64,7 @@ class BlockRemoved(KVCacheEvent):
 
     block_hashes: list[BlockHash]
     medium: str | None
-    group_idx: int | None = None
+    group_idx: Count | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -73,7 +81,7 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 class _RawBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
+    ts: Timestamp
     events: list[msgspec.Raw]
     data_parallel_rank: int | None = None
 
@@ -93,25 +101,35 @@ def encode_batch(batch: KVEventBatch) -> bytes:
     return _encoder.encode(batch)
 
 
-def decode_batch(payload: bytes) -> tuple[KVEventBatch, int]:
-    """Decode a payload; returns the batch and how many events in it were of an unknown type (skipped).
+class Decoded(NamedTuple):
+    batch: KVEventBatch
+    unknown: int  # events of a type this release does not know (skipped)
+    refused: int  # known events that were malformed or held a value out of range (dropped alone)
+
+
+def decode_batch(payload: bytes) -> Decoded:
+    """Decode a payload: the batch, and how many of its events were skipped as unknown or refused as bad.
 
     Raises:
-        DecodeError: the payload is not a batch, or a known event is malformed.
+        DecodeError: the payload is not a batch (or its time is out of range).
     """
     try:
         raw = _raw_batch_decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise DecodeError(f"not a KV-event batch: {exc}") from exc
     events: list[Event] = []
-    unknown = 0
+    unknown = refused = 0
     for item in raw.events:
-        event = _decode_event(bytes(item))
+        try:
+            event = _decode_event(bytes(item))
+        except DecodeError:
+            refused += 1
+            continue
         if event is None:
             unknown += 1
         else:
             events.append(event)
-    return KVEventBatch(raw.ts, events, raw.data_parallel_rank), unknown
+    return Decoded(KVEventBatch(raw.ts, events, raw.data_parallel_rank), unknown, refused)
 
 
 def _decode_event(data: bytes) -> Event | None:
@@ -158,8 +176,9 @@ def seq_from_bytes(data: bytes) -> int:
 
 
 def as_uint64(block_hash: BlockHash) -> int:
-    """A hash as the store keeps it: ints as they are; bytes (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`) reduced to
-    the low 64 bits, big-endian, which is the int vLLM would have published."""
+    """A hash as the store keeps it (UInt64): ints as they are, a negative one (Python's built-in `hash` of old
+    releases) as its two's complement; bytes (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`) reduced to the low 64 bits,
+    big-endian, which is the int vLLM would have published."""
     if isinstance(block_hash, bytes):
         return int.from_bytes(block_hash[-8:], "big")
-    return block_hash
+    return block_hash & UINT64_MASK

@@ -130,3 +130,22 @@ def test_a_publisher_restart_is_recognised():
     got, _, subscriber = run(stream, bind_subscriber=True, expect=len(stream))
     assert got.seqs == [*range(10), *range(5)]
     assert got.restarts == subscriber.num_restarts == 1
+
+
+def test_a_restart_that_missed_its_first_batches_is_recognised_by_what_follows():
+    """The subscriber joins the restarted publisher late: numbers go back to 3, then 4, 5 (not to 0)."""
+    frames = [m.frames for m in kv_messages()]
+    stream = frames[:10] + frames[3:8]
+    got, drops, subscriber = run(stream, bind_subscriber=True, expect=len(stream))
+    assert got.seqs == [*range(10), *range(3, 8)]
+    assert got.restarts == subscriber.num_restarts == 1 and drops.totals() == {}
+
+
+def test_a_duplicated_sequence_number_is_skipped_not_taken_for_a_restart():
+    """The probe's F8: one repeated number (5 after 9) used to clear every session's blocks and count false losses."""
+    frames = [m.frames for m in kv_messages()]
+    stream = frames[:10] + [frames[5]] + frames[10:15]
+    got, drops, subscriber = run(stream, bind_subscriber=True, expect=15)
+    assert got.seqs == list(range(15))
+    assert got.restarts == subscriber.num_restarts == 0 and subscriber.num_lost == subscriber.num_gaps == 0
+    assert drops.get("kv_events", "duplicate_sequence") == 1

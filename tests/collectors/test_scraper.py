@@ -169,3 +169,32 @@ def test_scrape_targets_parse_names_and_paths():
     )
     with pytest.raises(ValueError, match="not an http"):
         ScrapeTarget.parse("vllm:8000")
+
+
+def _with_gauges(body: str, **values: str) -> str:
+    """The recorded body with these gauges' values replaced (as a broken exporter would send them)."""
+    for name, value in values.items():
+        body = re.sub(rf"^(vllm:{name}(?:{{[^}}]*}})?) \S+$", rf"\g<1> {value}", body, flags=re.M)
+    return body
+
+
+def test_nan_and_infinite_gauges_are_skipped_and_counted_not_a_lost_snapshot(store):
+    """The probe's F11: `int(nan)` raised inside the snapshot on every such scrape; NaN samples hit NOT NULL."""
+    broken = _with_gauges(BODIES[12], kv_cache_usage_perc="NaN", num_requests_running="+Inf")
+    scraper, samples, snapshots = scrape_all(store, [BODIES[11], broken, BODIES[13]])
+    assert [v for n, v in samples if n == "up"] == [1, 1, 1] and len(snapshots) == 3
+    assert snapshots[1].kv_usage is None and snapshots[1].num_running is None
+    assert snapshots[1].num_waiting is not None and snapshots[2].kv_usage is not None
+    assert scraper.drops.get("scrape", "non_finite_sample") >= 2 and scraper.writer.num_dropped == 0
+    assert all(math.isfinite(v) for _, v in samples)
+
+
+def test_a_body_over_the_limit_is_not_read_and_the_target_is_down(store):
+    """The probe's F12: a 20 MB exposition stalled every target's scraping for 25 s."""
+    huge = "# TYPE junk gauge\n" + "".join(f'junk{{i="{i}"}} 1\n' for i in range(60_000))
+    writer, drops = StoreWriter(store), DropCounter()
+    with metrics_server([BODIES[10], huge, BODIES[11]]) as base:
+        scraper = Scraper([ScrapeTarget.parse(f"vllm={base}")], writer, drops, max_body_bytes=len(huge) // 4)
+        outcomes = [scraper.scrape(scraper.targets[0]) for _ in range(3)]
+    writer.close()
+    assert outcomes == [True, False, True] and drops.get("scrape", "body_too_large") == 1

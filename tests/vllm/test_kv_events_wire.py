@@ -25,7 +25,7 @@ def test_recorded_stream_decodes_with_the_counts_vllm_reported():
     for topic, seq, payload in recorded_frames():
         assert topic == b"kv"
         seqs.append(wire.seq_from_bytes(seq))
-        batch, unknown = wire.decode_batch(payload)
+        batch, unknown, _ = wire.decode_batch(payload)
         assert unknown == 0 and batch.data_parallel_rank == 0
         for event in batch.events:
             kinds[type(event).__name__] = kinds.get(type(event).__name__, 0) + 1
@@ -36,13 +36,13 @@ def test_recorded_stream_decodes_with_the_counts_vllm_reported():
 
 def test_our_structs_encode_vllm_frames_byte_for_byte():
     for _, _, payload in recorded_frames():
-        batch, _ = wire.decode_batch(payload)
+        batch = wire.decode_batch(payload).batch
         assert wire.encode_batch(batch) == payload
 
 
 def test_stored_event_fields_and_unsigned_hashes():
     _, _, payload = recorded_frames()[0]
-    batch, _ = wire.decode_batch(payload)
+    batch = wire.decode_batch(payload).batch
     stored = batch.events[0]
     assert isinstance(stored, wire.BlockStored)
     assert stored.session_id == "sess-00" and stored.block_size == 128 and stored.parent_block_hash is None
@@ -56,7 +56,7 @@ def test_positional_events_of_older_releases_decode():
                ["BlockStored", [9], 8, list(range(16)), 16, None, "GPU", None, None, 0, None, None, "s1", "future"],
                ["BlockRemoved", [7], "GPU"], ["AllBlocksCleared"]], None]
     )  # fmt: skip
-    batch, unknown = wire.decode_batch(older)
+    batch, unknown, _ = wire.decode_batch(older)
     assert unknown == 0 and batch.ts == 1.5 and batch.data_parallel_rank is None
     stored, later, removed, cleared = batch.events
     assert stored.block_hashes == [7, 8] and stored.block_size == 16 and stored.medium == "GPU"
@@ -69,15 +69,30 @@ def test_bytes_hashes_unknown_fields_and_unknown_types():
         [2.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01" * 32], "medium": "GPU", "new_field": 1},
                {"type": "BlockTransferred", "block_hashes": [1]}], 0]
     )  # fmt: skip
-    batch, unknown = wire.decode_batch(payload)
+    batch, unknown, _ = wire.decode_batch(payload)
     assert unknown == 1
     assert batch.events == [wire.BlockRemoved(block_hashes=[b"\x01" * 32], medium="GPU")]
 
 
+def test_a_bad_event_is_refused_alone_and_the_batch_goes_on():
+    """The probe's F2: block_size 2**63 is valid msgpack but no store column holds it; it took its batch with it."""
+
+    def stored(h: int, block_size: int) -> dict:
+        return {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": None, "token_ids": [],
+                "block_size": block_size, "lora_id": None, "medium": "GPU", "lora_name": None}  # fmt: skip
+
+    payload = msgspec.msgpack.encode([2.0, [stored(1, 16), stored(2, 2**63), {"type": "BlockStored"},
+                                            stored(3, -1), stored(-5, 16)], 0])  # fmt: skip
+    batch, unknown, refused = wire.decode_batch(payload)
+    assert (unknown, refused) == (0, 3) and [e.block_hashes for e in batch.events] == [[1], [-5]]
+    assert wire.as_uint64(-5) == 2**64 - 5  # an old release's signed hash, as the store's UInt64
+
+
 @pytest.mark.parametrize(
     "payload",
-    [b"\x00garbage", msgspec.msgpack.encode({"ts": 1}), msgspec.msgpack.encode([1.0, [{"type": "BlockStored"}], 0])],
-)
+    [b"\x00garbage", msgspec.msgpack.encode({"ts": 1}), msgspec.msgpack.encode([float("nan"), [], 0]),
+     msgspec.msgpack.encode([-1.0, [], 0])],
+)  # fmt: skip
 def test_malformed_payloads_raise_decode_error(payload):
     with pytest.raises(wire.DecodeError):
         wire.decode_batch(payload)
