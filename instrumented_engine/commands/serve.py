@@ -1,6 +1,6 @@
 """`kvobs serve`: the engine behind an OpenAI-compatible API, vLLM's /metrics and KV-event stream.
 
-kvobs serve --num-blocks 512 --port 8000 --kv-events-endpoint 'tcp://*:5557' \
+kvobs serve --num-blocks 512 --port 8000 --kv-events-endpoint tcp://127.0.0.1:5557 \
             --otlp-endpoint http://localhost:4317 --store sqlite:///kvobs.db
 """
 
@@ -11,12 +11,14 @@ import logging
 import os
 import sys
 
-from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config
+from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config, parse_size
 from kvobs.commands.common import add_retention_flag, add_store_flag, start_or_report
-from kvobs.semconv.protocol import ENGINE_PORT
+from kvobs.semconv.protocol import ENGINE_PORT, MAX_REQUEST_BYTES
 from kvobs.store.db import STORE_URL_ENV
 
 log = logging.getLogger(__name__)
+
+API_KEY_ENV = "KVOBS_API_KEY"
 
 
 def add_parser(sub) -> None:
@@ -26,9 +28,18 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=ENGINE_PORT)
     p.add_argument("--served-model-name", help="the model name clients send (default: --model)")
     p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before 429")
-    p.add_argument("--kv-events-endpoint", help="ZMQ endpoint for vLLM-format KV events, e.g. 'tcp://*:5557'")
-    p.add_argument("--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint for replay, e.g. 'tcp://*:5558'")
+    p.add_argument("--kv-events-endpoint",
+                   help="ZMQ endpoint for vLLM-format KV events: tcp://HOST:5557 connects to a collector that bound "
+                   "it; 'tcp://*:5557' binds every interface (the events carry prompt token ids)")  # fmt: skip
+    p.add_argument("--kv-events-replay-endpoint",
+                   help="ZMQ ROUTER endpoint for replay (always bound), e.g. tcp://127.0.0.1:5558")  # fmt: skip
     p.add_argument("--kv-events-topic", default="", help="topic frame of every KV-event message (vLLM: '')")
+    p.add_argument("--kv-events-omit-token-ids", action="store_true",
+                   help="publish KV events without the prompt's token ids (any subscriber can read them)")  # fmt: skip
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"bearer token the admin endpoints need (default: ${API_KEY_ENV}; unset: open)")  # fmt: skip
+    p.add_argument("--max-request-bytes", type=parse_size, default=MAX_REQUEST_BYTES,
+                   help="largest request body, e.g. 16MiB (413 beyond it)")  # fmt: skip
     p.add_argument(
         "--otlp-endpoint",
         help="OTLP endpoint for spans and metrics, e.g. http://localhost:4317 "
@@ -76,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
             instance=args.instance,
             snapshot_interval_s=args.snapshot_interval,
             retention_days=args.retention_days,
+            kv_events_omit_token_ids=args.kv_events_omit_token_ids,
+            api_key=args.api_key or None,
+            max_request_bytes=args.max_request_bytes,
         )
         return EngineServer(engine_config(args), options)
 

@@ -96,6 +96,7 @@ class AsyncEngine:
         self.max_waiting = max_waiting
         self.observers = list(observers)
         self.error: BaseException | None = None
+        self.draining = False  # abort_all() was called: the server is shutting down
         self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future]] = queue.SimpleQueue()
         self._requests: dict[str, RequestStream] = {}  # engine thread only
         self._stopping = threading.Event()
@@ -160,6 +161,13 @@ class AsyncEngine:
         """Abort from any thread; a no-op when the request already finished."""
         if self.is_alive:
             self._commands.put((lambda engine: self._abort(engine, request_id), Future()))
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (the server is shutting down): each ends with finish reason `abort`, so
+        its client gets an answer and the store its `requests` row, instead of a cancelled task."""
+        self.draining = True
+        if self.is_alive:
+            self._commands.put((lambda engine: [self._abort(engine, rid) for rid in list(self._requests)], Future()))
 
     # ---- the engine thread --------------------------------------------------------------------
     def _loop(self) -> None:

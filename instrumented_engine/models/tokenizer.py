@@ -61,7 +61,9 @@ class Tokenizer:
         return self.fast.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        ids = self.fast.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode holds it): a huge prompt tokenized on a server's worker
+        # thread then leaves the event loop free; the ids are the same.
+        ids = self.fast.encode_batch([text], add_special_tokens=False)[0].ids
         return [self.bos_token_id, *ids] if self.add_bos and self.bos_token_id is not None else ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

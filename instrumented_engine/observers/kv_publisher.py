@@ -34,11 +34,11 @@ log = logging.getLogger(__name__)
 POLL_MS = 100
 
 
-def _stored(event: ev.BlocksStored) -> wire.Event:
+def _stored(event: ev.BlocksStored, omit_token_ids: bool = False) -> wire.Event:
     return wire.BlockStored(
         block_hashes=list(event.block_hashes),
         parent_block_hash=event.parent_block_hash,
-        token_ids=list(event.token_ids),
+        token_ids=[] if omit_token_ids else list(event.token_ids),
         block_size=event.block_size,
         lora_id=None,
         medium=wire.MEDIUM_GPU,
@@ -50,11 +50,11 @@ def _stored(event: ev.BlocksStored) -> wire.Event:
     )
 
 
-def _removed(event: ev.BlockEvicted) -> wire.Event:
+def _removed(event: ev.BlockEvicted, _omit_token_ids: bool = False) -> wire.Event:
     return wire.BlockRemoved(block_hashes=[event.block_hash], medium=wire.MEDIUM_GPU, group_idx=0)
 
 
-def _cleared(_event: ev.CacheCleared) -> wire.Event:
+def _cleared(_event: ev.CacheCleared, _omit_token_ids: bool = False) -> wire.Event:
     return wire.AllBlocksCleared()
 
 
@@ -62,13 +62,14 @@ def _cleared(_event: ev.CacheCleared) -> wire.Event:
 WIRE_EVENTS = {ev.BlocksStored: _stored, ev.BlockEvicted: _removed, ev.CacheCleared: _cleared}
 
 
-def to_wire_events(events: list[ev.KVEvent]) -> list[wire.Event]:
-    """The vLLM events for a list of engine events, in order."""
+def to_wire_events(events: list[ev.KVEvent], *, omit_token_ids: bool = False) -> list[wire.Event]:
+    """The vLLM events for a list of engine events, in order; `omit_token_ids` sends `BlockStored` with an empty
+    `token_ids` (the prompt's tokens stay off the wire; consumers that only follow hashes lose nothing)."""
     out: list[wire.Event] = []
     for event in events:
         convert = WIRE_EVENTS.get(type(event))
         if convert is not None:
-            out.append(convert(event))
+            out.append(convert(event, omit_token_ids))
     return out
 
 
@@ -82,6 +83,8 @@ class KVEventPublisher:
         buffer_steps: batches kept for replay.
         max_queue: batches waiting to be sent; beyond it new batches are dropped and counted.
         data_parallel_rank: third field of every batch.
+        omit_token_ids: publish `BlockStored` without its token ids (they are the prompt's text, readable by any
+            subscriber of the socket).
     """
 
     def __init__(
@@ -94,11 +97,13 @@ class KVEventPublisher:
         max_queue: int = 100_000,
         data_parallel_rank: int | None = 0,
         clock=time.time,
+        omit_token_ids: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode()
         self.dp_rank = data_parallel_rank
+        self.omit_token_ids = omit_token_ids
         self.clock = clock
         self.num_dropped = 0
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_queue)
@@ -117,7 +122,7 @@ class KVEventPublisher:
             raise self._start_error
 
     def on_step(self, result: StepResult) -> None:
-        events = to_wire_events(result.events)
+        events = to_wire_events(result.events, omit_token_ids=self.omit_token_ids)
         if events:
             self.publish(events)
 

@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI endpoints, /health, /metrics, and the KV-cache admin endpoints.
 
     app = build_app(engine, served, metrics)     # engine: a started AsyncEngine
+    app = build_app(engine, served, metrics, api_key="s3cret", max_request_bytes=16 * 2**20)
 
 Routes
     POST /v1/completions, POST /v1/chat/completions   OpenAI-compatible, `stream: true` for SSE
@@ -10,14 +11,16 @@ Routes
     POST /v1/kvobs/sessions/{session_id}/release        drop the blocks only that session used
 
 Every error a client can cause is answered in OpenAI's shape
-`{"error": {"message", "type", "param", "code"}}`; 429 when the waiting queue is full.
+`{"error": {"message", "type", "param", "code"}}`; 429 when the waiting queue is full, 413 for a body over
+`max_request_bytes`. With `api_key` set, the endpoints that change the cache (`/reset_prefix_cache`,
+`/v1/kvobs/*`) need `Authorization: Bearer <key>` (401 otherwise).
 """
 
 from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
@@ -26,16 +29,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.observers.metrics import CONTENT_TYPE, EngineMetrics
-from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, InvalidateRequest
+from instrumented_engine.server.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, api_key_guard
+from instrumented_engine.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    InvalidateRequest,
+    check_id,
+)
 from instrumented_engine.server.serving import OpenAIServing, ServedModel
 
 log = logging.getLogger(__name__)
 
 
-def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, *, lifespan=None) -> FastAPI:
+def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, *, lifespan=None,
+              api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:  # fmt: skip
     app = FastAPI(title="kvobs engine", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     serving = OpenAIServing(engine, served)
     _install_error_handlers(app, metrics)
+    admin = [Depends(api_key_guard(api_key))]
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -62,12 +75,12 @@ def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, 
         metrics.sync_dropped()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE)
 
-    @app.post("/reset_prefix_cache")
+    @app.post("/reset_prefix_cache", dependencies=admin)
     async def reset_prefix_cache():
         success = await engine.call(LLMEngine.reset_prefix_cache)
         return {"success": success}
 
-    @app.post("/v1/kvobs/invalidate")
+    @app.post("/v1/kvobs/invalidate", dependencies=admin)
     async def invalidate(body: InvalidateRequest):
         def run(e: LLMEngine):
             return e.invalidate(body.reason, session_id=body.session_id, adapter=body.adapter)
@@ -84,8 +97,9 @@ def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, 
         return {"success": True, "reason": body.reason, "kind": event.kind, "num_blocks": num_blocks,
                 "sessions_affected": sessions}  # fmt: skip
 
-    @app.post("/v1/kvobs/sessions/{session_id}/release")
+    @app.post("/v1/kvobs/sessions/{session_id}/release", dependencies=admin)
     async def release_session(session_id: str):
+        check_id(session_id, "session_id")
         num_blocks = await engine.call(lambda e: e.release_session(session_id))
         return {"session_id": session_id, "num_blocks_released": num_blocks}
 
@@ -140,6 +154,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     param, _, rest = message.partition(": ")
     if rest and (not loc or param == name):  # our validators say "param: message"
         return APIError(rest, param=param)
+    if first.get("type") == "missing" and name is None:
+        return APIError("the request body is empty; send a JSON object")
     if first.get("type") == "missing":
         return APIError(f"you must provide a {name} parameter", param=name)
     return APIError(f"{name}: {message}" if name else message, param=name)

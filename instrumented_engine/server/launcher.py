@@ -34,6 +34,7 @@ from instrumented_engine.observers.otel_metrics import OTelMetricSink
 from instrumented_engine.observers.spans import EngineTracer
 from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.server.app import build_app
+from instrumented_engine.server.guards import DEFAULT_MAX_REQUEST_BYTES
 from instrumented_engine.server.serving import ServedModel
 from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU
 from kvobs.semconv.metrics import kvobs_metrics
@@ -44,6 +45,8 @@ from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 60.0
+GRACEFUL_SHUTDOWN_S = 5  # requests in flight at SIGTERM get this long to finish
+ABORT_BEFORE_S = 1.0  # ... less this much, after which they are aborted and answered
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class ServerOptions:
         instance: this engine's name in the store (default host:port).
         snapshot_interval_s: seconds between instance snapshots in the store.
         retention_days: drop the store's raw KV events older than this (None: keep everything).
+        kv_events_omit_token_ids: publish KV events without the prompt's token ids (hashes only).
+        api_key: the bearer token the admin endpoints need (None: open, as on loopback).
+        max_request_bytes: largest request body (413 beyond it).
     """
 
     host: str = "127.0.0.1"
@@ -82,6 +88,9 @@ class ServerOptions:
     instance: str | None = None
     snapshot_interval_s: float = 5.0
     retention_days: float | None = None
+    kv_events_omit_token_ids: bool = False
+    api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -149,6 +158,7 @@ class EngineServer:
                 options.kv_events_endpoint,
                 replay_endpoint=options.kv_events_replay_endpoint,
                 topic=options.kv_events_topic,
+                omit_token_ids=options.kv_events_omit_token_ids,
             )
             self.publisher.start()
             observers.append(self.publisher)
@@ -175,7 +185,8 @@ class EngineServer:
             self.metrics.watch_total(kvobs_metrics.STORE_ROWS_EXPIRED, lambda: self.retention.num_expired,
                                      table=EXPIRED_TABLE)  # fmt: skip
         self.engine = AsyncEngine(llm_engine, max_waiting=options.max_waiting, observers=observers)
-        self.app = build_app(self.engine, self.served, self.metrics, lifespan=self._lifespan)
+        self.app = build_app(self.engine, self.served, self.metrics, lifespan=self._lifespan, api_key=options.api_key,
+                             max_request_bytes=options.max_request_bytes)  # fmt: skip
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -203,8 +214,8 @@ class EngineServer:
 
     def _make_uvicorn(self) -> uvicorn.Server:
         config = uvicorn.Config(self.app, host=self.options.host, port=self.options.port, log_level="warning",
-                                timeout_graceful_shutdown=5)  # fmt: skip
-        return uvicorn.Server(config)
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+        return _DrainingServer(config, self.engine)
 
     @property
     def url(self) -> str:
@@ -251,6 +262,24 @@ class EngineServer:
             self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(30)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, with one step added to its graceful shutdown: requests still running shortly before the grace period
+    ends are aborted in the engine, so each client gets an answer (503, or an error event on a stream) and the store
+    an `abort` row, instead of uvicorn cancelling the task (a bare 500 and no row)."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine) -> None:
+        super().__init__(config)
+        self.engine = engine
+
+    async def shutdown(self, sockets=None) -> None:
+        grace = self.config.timeout_graceful_shutdown or 0
+        timer = asyncio.get_running_loop().call_later(max(0.0, grace - ABORT_BEFORE_S), self.engine.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
 
 
 def _default_instance(options: ServerOptions) -> str:

@@ -10,6 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kvobs.identifiers import id_bytes
+from kvobs.semconv.protocol import MAX_ID_BYTES
+
 
 class APIError(Exception):
     """An error for the client, rendered as `{"error": {"message", "type", "param", "code"}}`."""
@@ -28,6 +31,21 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def check_id(value: str | None, param: str) -> str | None:
+    """An identifier from the client (session id, adapter name): at most `MAX_ID_BYTES` UTF-8 bytes, else 400.
+
+    Every store row of a session carries its id, so one long id would be copied a hundred thousand times."""
+    if value is not None and id_bytes(value) > MAX_ID_BYTES:
+        raise APIError(f"{param} is {id_bytes(value):,} bytes; at most {MAX_ID_BYTES} are allowed", param=param)
+    return value
+
+
+def _id_field(value: str | None, info) -> str | None:
+    if value is not None and id_bytes(value) > MAX_ID_BYTES:
+        raise ValueError(f"{info.field_name}: {id_bytes(value):,} bytes; at most {MAX_ID_BYTES} are allowed")
+    return value
 
 
 class StreamOptions(BaseModel):
@@ -53,6 +71,8 @@ class _SamplingRequest(BaseModel):
     logprobs: Any = None
     session_id: str | None = None  # vLLM accepts the agent session here as well as in X-Session-ID
     user: str | None = None
+
+    _short_ids = field_validator("session_id", "user")(_id_field)
 
     @model_validator(mode="after")
     def _supported(self) -> _SamplingRequest:
@@ -134,3 +154,5 @@ class InvalidateRequest(BaseModel):
     reason: str
     session_id: str | None = None
     adapter: str | None = None
+
+    _short_ids = field_validator("reason", "session_id", "adapter")(_id_field)

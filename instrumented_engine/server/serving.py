@@ -3,7 +3,9 @@
 Streaming sends one chunk per new piece of text and ends with `data: [DONE]`. Text is held back while
 it could still be cut by a stop string or ends inside a multi-byte character, so a streamed answer
 always equals the non-streamed one. A client that disconnects aborts its request, which frees its
-blocks at once.
+blocks at once. Tokenizing runs on a worker thread, so one huge prompt never stalls the other endpoints (`/health`
+included); text that is not valid Unicode (a lone surrogate escape) is a 400, as is a session id over
+`MAX_ID_BYTES`. A request the server aborts because it is shutting down gets 503 (streams end with an error event).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from instrumented_engine.config import ContextLengthExceeded, check_context_leng
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.sampling_params import SamplingParams
-from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, check_id
 from kvobs.semconv.protocol import SESSION_ID_HEADER
 
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -67,15 +69,21 @@ class OpenAIServing:
 
     # ---- endpoints -----------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request):
-        prompt_ids = body.prompt if isinstance(body.prompt, list) else self.tokenizer.encode(body.prompt)
+        if isinstance(body.prompt, list):
+            prompt_ids = body.prompt
+        else:
+            prompt_ids = await asyncio.to_thread(self.tokenizer.encode, _unicode(body.prompt, "prompt"))
         return await self._serve(body, request, prompt_ids, body.max_tokens, "cmpl", chat=False)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
+        def tokenize(conversation: list[dict[str, str]]) -> list[int]:
+            return self.tokenizer.encode(_unicode(self.tokenizer.apply_chat_template(conversation), "messages"))
+
         try:
-            prompt = self.tokenizer.apply_chat_template(body.conversation())
+            prompt_ids = await asyncio.to_thread(tokenize, body.conversation())
         except ValueError as exc:
             raise APIError(str(exc), param="messages") from exc
-        return await self._serve(body, request, self.tokenizer.encode(prompt), body.token_limit, "chatcmpl", chat=True)
+        return await self._serve(body, request, prompt_ids, body.token_limit, "chatcmpl", chat=True)
 
     # ---- shared path ---------------------------------------------------------------------------
     async def _serve(self, body, request: Request, prompt_ids: list[int], max_tokens: int | None, prefix: str, *,
@@ -83,7 +91,7 @@ class OpenAIServing:
         self._check_model(body.model)
         params = self._sampling_params(body, prompt_ids, max_tokens)
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        session_id = request.headers.get(SESSION_ID_HEADER) or body.session_id
+        session_id = check_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.session_id
         trace = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
         stream = await self.engine.add_request(
             prompt_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace
@@ -97,6 +105,8 @@ class OpenAIServing:
                 headers={"x-request-id": request_id},
             )
         final = await _until_finished(stream, request)
+        if final.finish_reason == "abort" and self.engine.draining:
+            raise _shutting_down(len(final.output_token_ids))
         return JSONResponse(response.full(final), headers={"x-request-id": request_id})
 
     def _check_model(self, model: str | None) -> None:
@@ -147,6 +157,8 @@ class OpenAIServing:
                 final = out
         except EngineDeadError as exc:
             yield _event(APIError(str(exc), status=503, type="server_error").body())
+        if final is not None and final.finish_reason == "abort" and self.engine.draining:
+            yield _event(_shutting_down(len(final.output_token_ids)).body())
         if include_usage and final is not None:
             yield _event({**response.envelope(chunk=True), "choices": [], "usage": _usage(final)})
         yield "data: [DONE]\n\n"
@@ -185,6 +197,20 @@ def _usage(out: RequestOutput) -> dict:
         "total_tokens": out.num_prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
     }
+
+
+def _unicode(text: str, param: str) -> str:
+    """`text` if it can be encoded (JSON allows lone surrogate escapes such as "\\ud800"; no tokenizer does)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(f"{param}: not valid Unicode text ({exc.reason} at character {exc.start})", param=param) from exc
+    return text
+
+
+def _shutting_down(num_tokens: int) -> APIError:
+    return APIError(f"the server is shutting down; the request was stopped after {num_tokens} tokens; retry "
+                    "elsewhere", status=503, type="server_error", code="server_shutting_down")  # fmt: skip
 
 
 def _event(payload: dict) -> str:

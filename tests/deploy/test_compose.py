@@ -98,3 +98,13 @@ def test_every_mounted_file_and_every_copied_path_exists(resolved):
     for sources in copies:
         for source in sources.split():
             assert (REPO / source).exists(), source
+
+
+def test_every_published_port_is_on_the_hosts_loopback_only():
+    """The probe's F7: 5557/5558 carry prompt token ids and the admin endpoints change the cache; Docker publishes
+    a bare "8000:8000" on every interface of the host."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    published = [(name, str(p)) for name, s in services.items() for p in s.get("ports", [])]
+    assert published and all(p.startswith("127.0.0.1:") for _, p in published), published
+    engine = services["engine"]
+    assert "KVOBS_API_KEY" in engine["environment"]

@@ -33,6 +33,15 @@ def test_engine_events_map_to_vllm_events():
     assert isinstance(cleared, wire.AllBlocksCleared)
 
 
+def test_omit_token_ids_keeps_the_prompt_off_the_wire_and_everything_else():
+    """The probe's F7: a subscriber decoded a prompt with a password from the token ids."""
+    (full,) = to_wire_events([STORED])
+    (bare,) = to_wire_events([STORED], omit_token_ids=True)
+    assert bare.token_ids == [] and full.token_ids == list(range(8))
+    assert (bare.block_hashes, bare.parent_block_hash, bare.block_size, bare.session_id) == (
+        full.block_hashes, full.parent_block_hash, full.block_size, full.session_id)  # fmt: skip
+
+
 def _recv_batches(sock: zmq.Socket, count: int) -> list[tuple[bytes, int, wire.KVEventBatch]]:
     out = []
     for _ in range(count):
