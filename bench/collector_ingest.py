@@ -69,7 +69,7 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> flo
     ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
     start = time.perf_counter()
     for seq, payload in enumerate(payloads):
-        batch, _ = wire.decode_batch(payload)
+        batch = wire.decode_batch(payload).batch
         if ingest is not None:
             ingest.on_batch(seq, batch)
     if store is not None:

@@ -50,7 +50,7 @@ def stream(sessions: int, idle_s: float, store_dir: Path, *, report_every: int, 
     points, seq = [], 0
     for session in tqdm(range(sessions), desc=label, unit="session", mininterval=2):
         for payload in batches(session):
-            batch, _ = wire.decode_batch(payload)
+            batch = wire.decode_batch(payload).batch
             ingest.on_batch(seq, batch)
             seq += 1
         if (session + 1) % snapshot_every == 0:

@@ -34,6 +34,7 @@ from kvobs.semconv.protocol import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import queries
 from kvobs.store.db import Store, open_store
 from kvobs.store.retention import Retention
+from kvobs.store.spool import Spool
 from kvobs.store.writer import StoreWriter
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
@@ -64,6 +65,7 @@ class CollectorOptions:
     metrics_address: str | None = None  # host:port of the collector's own /metrics
     session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
     retention_days: float | None = None  # drop the store's raw KV events older than this
+    spool_dir: str | None = None  # keep the writer's queue on disk here (kvobs.store.spool)
 
     def __post_init__(self) -> None:
         if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http):
@@ -90,7 +92,7 @@ class Collector:
         default = options.instance or (self.targets[0].instance if len(self.targets) == 1 else None)
         self._owns_store = store is None
         self.store = store or open_store(options.store_url)
-        self.writer = StoreWriter(self.store)
+        self.writer = StoreWriter(self.store, spool=Spool(options.spool_dir) if options.spool_dir else None)
         self.drops = DropCounter()
         self.activity = SessionActivity(resolve=self._trace_sessions, end_after_s=options.session_end_after_s)
         self.telemetry = telemetry or self._telemetry()

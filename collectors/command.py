@@ -14,7 +14,13 @@ import signal
 import sys
 import threading
 
-from kvobs.commands.common import add_retention_flag, add_session_end_flag, add_store_flag, start_or_report
+from kvobs.commands.common import (
+    add_retention_flag,
+    add_session_end_flag,
+    add_spool_flag,
+    add_store_flag,
+    start_or_report,
+)
 from kvobs.semconv.protocol import SESSION_IDLE_S
 from kvobs.store.db import STORE_URL_ENV
 
@@ -81,6 +87,7 @@ def add_parser(sub) -> None:
         "memory stays bounded; counted in kvobs_collector_sessions_forgotten_total",
     )
     add_retention_flag(p)
+    add_spool_flag(p)
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
     p.set_defaults(func=run)  # fmt: skip
 
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             kv_events_topic=args.kv_events_topic,
             session_idle_s=args.session_idle_s,
             retention_days=args.retention_days,
+            spool_dir=args.spool_dir,
             otlp_grpc=args.otlp_grpc,
             otlp_http=args.otlp_http,
             forward_otlp=args.forward_otlp,

@@ -128,7 +128,11 @@ class KVEventSubscriber:
         try:
             while not self._stop.is_set():
                 if sub.poll(POLL_MS):
-                    self._receive(sub.recv_multipart())
+                    try:
+                        self._receive(sub.recv_multipart())
+                    except Exception as exc:  # one message must never end the stream
+                        log.exception("a KV-event message could not be handled; skipped")
+                        self.drops.count(COMPONENT, "handler_error", repr(exc))
                     tail_checked, last_received = False, time.monotonic()
                 elif not tail_checked and time.monotonic() - last_received >= self.tail_check_s:
                     tail_checked = True

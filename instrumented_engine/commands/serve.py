@@ -12,7 +12,7 @@ import os
 import sys
 
 from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config, parse_size
-from kvobs.commands.common import add_retention_flag, add_store_flag, start_or_report
+from kvobs.commands.common import add_retention_flag, add_spool_flag, add_store_flag, start_or_report
 from kvobs.semconv.protocol import ENGINE_PORT, MAX_REQUEST_BYTES
 from kvobs.store.db import STORE_URL_ENV
 
@@ -58,6 +58,7 @@ def add_parser(sub) -> None:
     p.add_argument("--trace-steps-every", type=int, default=0, help="a kvcache.step span every N engine steps")
     add_store_flag(p, what="requests, KV events and snapshots", optional=True)
     add_retention_flag(p)
+    add_spool_flag(p)
     p.add_argument("--instance", help="this engine's name in the store (default host:port)")
     p.add_argument("--snapshot-interval", type=float, default=5.0, help="seconds between instance snapshots")
     p.set_defaults(func=run)
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             instance=args.instance,
             snapshot_interval_s=args.snapshot_interval,
             retention_days=args.retention_days,
+            spool_dir=args.spool_dir,
             kv_events_omit_token_ids=args.kv_events_omit_token_ids,
             api_key=args.api_key or None,
             max_request_bytes=args.max_request_bytes,

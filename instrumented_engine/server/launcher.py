@@ -40,6 +40,7 @@ from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU
 from kvobs.semconv.metrics import kvobs_metrics
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.retention import EXPIRED_TABLE, Retention
+from kvobs.store.spool import Spool
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class ServerOptions:
         instance: this engine's name in the store (default host:port).
         snapshot_interval_s: seconds between instance snapshots in the store.
         retention_days: drop the store's raw KV events older than this (None: keep everything).
+        spool_dir: keep the store writer's queue on disk here (None: in memory).
         kv_events_omit_token_ids: publish KV events without the prompt's token ids (hashes only).
         api_key: the bearer token the admin endpoints need (None: open, as on loopback).
         max_request_bytes: largest request body (413 beyond it).
@@ -88,6 +90,7 @@ class ServerOptions:
     instance: str | None = None
     snapshot_interval_s: float = 5.0
     retention_days: float | None = None
+    spool_dir: str | None = None
     kv_events_omit_token_ids: bool = False
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -173,7 +176,7 @@ class EngineServer:
             self.metrics.watch_dropped("otlp", lambda: self.telemetry.num_export_failures)
         self.writer = self.recorder = None
         if self.store is not None:
-            self.writer = StoreWriter(self.store)
+            self.writer = StoreWriter(self.store, spool=Spool(options.spool_dir) if options.spool_dir else None)
             self.recorder = StoreRecorder(self.writer, instance=options.instance or _default_instance(options),
                                           block_size=layout.block_size, medium=medium,
                                           snapshot_interval_s=options.snapshot_interval_s)  # fmt: skip

@@ -34,6 +34,14 @@ def add_retention_flag(parser: argparse.ArgumentParser) -> None:
                         "on ClickHouse); other tables are kept; default: keep everything")  # fmt: skip
 
 
+def add_spool_flag(parser: argparse.ArgumentParser) -> None:
+    """`--spool-dir DIR`: the store writer's queue is also written to DIR (serve and collect alike)."""
+    parser.add_argument("--spool-dir", metavar="DIR",
+                        help="keep the store writer's queue on disk in DIR, so rows already accepted (OTLP spans "
+                        "answered 200) survive a SIGKILL or a shutdown while the store is down; written first on the "
+                        "next start (at least once); default: in memory")  # fmt: skip
+
+
 def start_or_report(command: str, start: Callable[[], T]) -> T | None:
     """Run `start`; on a bad configuration, a taken address or an unreachable store print one line (no traceback)
     to stderr and return None, so the command exits 2."""

@@ -15,6 +15,12 @@ ClickHouse one insert per table, with a token so a retried batch is not stored t
 lost. When the database is unreachable the batch is retried with exponential backoff while new rows wait in the
 queue; once the queue is full, new rows are dropped and counted in `num_dropped`: the caller (an engine step, a
 collector) never blocks or crashes.
+
+With a `spool` (`kvobs.store.spool.Spool`, `--spool-dir`), every queued item is first written to disk and marked
+committed once its batch is in the store; what an earlier process left uncommitted (a SIGKILL, or a shutdown while
+the store was unreachable) is written first when the writer starts. Without one, a SIGKILL loses the rows queued
+(at most `max_queue`, under steady load about `flush_interval_s` of them) and a shutdown during an outage drops
+the queue, counted.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class StoreWriter:
         flush_interval_s: longest a row waits before its batch is written; by default the store's own
             (`store.flush_interval_s`: 0.5 s on SQL, 1 s on ClickHouse, which wants few large inserts).
         max_backoff_s: cap of the retry delay while the database is unreachable.
+        spool: an on-disk spool that keeps what was queued across a kill or an outage at shutdown (None: memory).
     """
 
     def __init__(
@@ -55,8 +62,11 @@ class StoreWriter:
         batch_size: int | None = None,
         flush_interval_s: float | None = None,
         max_backoff_s: float = 30.0,
+        spool=None,
     ) -> None:
         self.store = store
+        self.spool = spool
+        self._held_in_spool = False
         self.batch_size = batch_size or store.batch_rows
         self.flush_interval_s = store.flush_interval_s if flush_interval_s is None else flush_interval_s
         self.max_backoff_s = max_backoff_s
@@ -109,12 +119,11 @@ class StoreWriter:
                 self.num_dropped += len(rows)
             elif not full:
                 self._queued_rows += len(rows)
-        if full:
-            if count and not self._closed and worth_logging(self.num_dropped, every=10_000):
-                log.warning("store queue full: %d rows dropped so far", self.num_dropped)
-            return False
-        self._queue.put((op, rows))
-        return True
+                seq = self.spool.append(op, rows) if self.spool is not None else 0  # in queue order, under the lock
+                self._queue.put((op, rows, seq))
+        if full and count and not self._closed and worth_logging(self.num_dropped, every=10_000):
+            log.warning("store queue full: %d rows dropped so far", self.num_dropped)
+        return not full
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued before this call is committed; False on timeout."""
@@ -134,20 +143,44 @@ class StoreWriter:
 
     # ---- the writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.spool is not None and self.spool.num_backlog:
+            self._write_backlog()
         while True:
             batch, markers, stop = self._collect()
             if batch:
-                try:
-                    self._write_with_retry(batch)
-                except Exception:  # never let the thread die: later rows must still be written
-                    self.num_dropped += _rows(batch)
-                    log.exception("writing a batch of %d rows failed; dropped", _rows(batch))
+                self._write_batch(batch)
             for marker in markers:
                 marker.set()
             if stop:
+                if self.spool is not None:
+                    self.spool.close()
                 return
 
-    def _collect(self) -> tuple[list[tuple[str, list[Record]]], list[threading.Event], bool]:
+    def _write_batch(self, batch: list[tuple[str, list[Record], int]]) -> None:
+        try:
+            kept = self._write_with_retry([(op, rows) for op, rows, _ in batch])
+        except Exception:  # never let the thread die: later rows must still be written
+            kept = False
+            self.num_dropped += _rows(batch)
+            log.exception("writing a batch of %d rows failed; dropped", _rows(batch))
+        if kept:
+            self._held_in_spool = True  # a later commit mark would cover this batch too: mark nothing more
+        if self.spool is not None and not self._held_in_spool:
+            self.spool.commit(batch[-1][2])
+
+    def _write_backlog(self) -> None:
+        """Write what an earlier process spooled and never committed, before anything new."""
+        log.info("store spool: writing %d items an earlier process accepted and did not commit", self.spool.num_backlog)
+        batch: list = []
+        for item in self.spool.backlog():
+            batch.append(item[1:] + item[:1])  # (op, records, seq)
+            if _rows(batch) >= self.batch_size:
+                self._write_batch(batch)
+                batch = []
+        if batch:
+            self._write_batch(batch)
+
+    def _collect(self) -> tuple[list[tuple[str, list[Record], int]], list[threading.Event], bool]:
         """Items until `batch_size` rows, a flush or stop marker, or `flush_interval_s` after the first one."""
         batch: list = []
         markers: list[threading.Event] = []
@@ -175,23 +208,29 @@ class StoreWriter:
             self._room.notify_all()
         return batch, markers, stop
 
-    def _write_with_retry(self, batch: list[tuple[str, list[Record]]]) -> None:
+    def _write_with_retry(self, batch: list[tuple[str, list[Record]]]) -> bool:
+        """Write the batch (a refused row alone is dropped); True when it was left in the spool (unreachable at
+        shutdown) for the next start."""
         delay = 0.5
         token = uuid.uuid4().hex  # the same on every retry: a store that deduplicates (ClickHouse) never doubles it
         while True:
             try:
                 self.store.write(batch, token=token)
                 self.num_written += _rows(batch)
-                return
+                return False
             except Exception as exc:  # a row the database refuses (a constraint, a value no column can hold, ...)
                 if not self.store.is_unreachable(exc):
                     self._write_one_by_one(batch, exc)  # isolates it, whatever its error type (OverflowError too)
-                    return
+                    return False
                 self.num_failed_attempts += 1
+                if self._closed and self.spool is not None:
+                    log.warning("store unreachable at shutdown; %d rows kept in the spool for the next start",
+                                _rows(batch))  # fmt: skip
+                    return True
                 if self._closed:  # shutting down: the database will not come back in time
                     log.error("store unreachable at shutdown; %d rows dropped", _rows(batch))
                     self.num_dropped += _rows(batch)
-                    return
+                    return False
                 cause = type(getattr(exc, "orig", exc)).__name__
                 log.warning("store unreachable (%s); retrying in %.1f s", cause, delay)
                 time.sleep(delay)
@@ -211,5 +250,5 @@ class StoreWriter:
                     log.error("store refused a %s row; dropped: %s", record.table, getattr(row_exc, "orig", row_exc))
 
 
-def _rows(batch: list[tuple[str, list[Record]]]) -> int:
-    return sum(len(records) for _, records in batch)
+def _rows(batch: list[tuple]) -> int:
+    return sum(len(item[1]) for item in batch)

@@ -115,7 +115,7 @@ def decode_batch(payload: bytes) -> Decoded:
     """
     try:
         raw = _raw_batch_decoder.decode(payload)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:
         raise DecodeError(f"not a KV-event batch: {exc}") from exc
     events: list[Event] = []
     unknown = refused = 0
@@ -136,12 +136,15 @@ def _decode_event(data: bytes) -> Event | None:
     try:
         return _map_event_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        value = _any_decoder.decode(data)
+        try:
+            value = _any_decoder.decode(data)
+        except (msgspec.DecodeError, ValueError) as inner:  # ValueError: a string that is not UTF-8
+            raise DecodeError(f"malformed KV event: {inner}") from inner
         if isinstance(value, dict) and value.get("type") not in _POSITIONAL:
             return None  # a newer event type: skip it
         if not isinstance(value, list):
             raise DecodeError(f"malformed KV event: {exc}") from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:
         raise DecodeError(f"malformed KV event: {exc}") from exc
     return _decode_positional(value)
 
