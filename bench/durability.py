@@ -61,12 +61,14 @@ def make_spans(n: int) -> list:
 
 
 class Collector:
-    def __init__(self, db: Path, port: int, spool: Path | None) -> None:
+    def __init__(self, db: Path, port: int, spool: Path | None, log: Path) -> None:
         cmd = [sys.executable, "-m", "kvobs.cli", "collect", "--otlp-http", f"127.0.0.1:{port}",
                "--store", f"sqlite:///{db}", "--interval", "3600"]  # fmt: skip
         if spool is not None:
             cmd += ["--spool-dir", str(spool)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = log
+        with log.open("a") as err:  # a file, not a pipe nobody reads: a chatty collector must never block on it
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -74,7 +76,7 @@ class Collector:
                 return
             except httpx.HTTPError:
                 time.sleep(0.2)
-        raise RuntimeError(f"the collector did not start: {self.proc.stderr.read()[-2000:]}")
+        raise RuntimeError(f"the collector did not start: {log.read_text()[-2000:]}")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -133,14 +135,15 @@ def case(spans: list, work: Path, name: str, *, batch: int, stall_s: float, spoo
     db, port = work / f"{name}.db", free_port()
     spool_dir = work / f"{name}-spool" if spool else None
     open_store(f"sqlite:///{db}").close()  # migrated before the lock is taken
-    collector = Collector(db, port, spool_dir)
+    log = work / f"{name}.log"
+    collector = Collector(db, port, spool_dir, log)
     stall(db, stall_s)
     t0 = time.perf_counter()
     acked, _ = send(spans, port, batch, kill_after=len(spans) // 2 if kill else None, on_kill=collector.kill)
     elapsed = time.perf_counter() - t0
     if kill:
         time.sleep(stall_s)  # the lock is gone; a new collector writes the spool's backlog
-        collector = Collector(db, port, spool_dir)
+        collector = Collector(db, port, spool_dir, log)
     collector.stop()
     return {"case": name, "sent": len(spans), "acknowledged": acked, "stored": stored(db), "s": elapsed}
 

@@ -247,7 +247,9 @@ class StoreWriter:
                     self.num_written += 1
                 except Exception as row_exc:  # the writer thread must outlive any one bad row
                     self.num_dropped += 1
-                    log.error("store refused a %s row; dropped: %s", record.table, getattr(row_exc, "orig", row_exc))
+                    if worth_logging(self.num_dropped):  # a replayed batch can hold thousands: 1, 10, 100, ...
+                        log.error("store refused a %s row; dropped (%d so far): %s", record.table, self.num_dropped,
+                                  getattr(row_exc, "orig", row_exc))  # fmt: skip
 
 
 def _rows(batch: list[tuple]) -> int:
