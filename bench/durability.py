@@ -11,7 +11,7 @@ stored, which must be 0.
   started on the same spool writes what the dead one had acknowledged.
 - baseline (same run): SIGKILL without a spool: what a kill loses when the queue lives in memory only.
 
-    python bench/durability.py [--spans 200000] [--batch 2000] [--stall-s 4]
+    python bench/durability.py [--spans 200000] [--batch 2000] [--stall-s 12]
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def make_spans(n: int) -> list:
 
 class Collector:
     def __init__(self, db: Path, port: int, spool: Path | None, log: Path) -> None:
+        self.metrics_port = free_port()
         cmd = [sys.executable, "-m", "kvobs.cli", "collect", "--otlp-http", f"127.0.0.1:{port}",
-               "--store", f"sqlite:///{db}", "--interval", "3600"]  # fmt: skip
+               "--store", f"sqlite:///{db}", "--interval", "3600",
+               "--metrics-address", f"127.0.0.1:{self.metrics_port}"]  # fmt: skip
         if spool is not None:
             cmd += ["--spool-dir", str(spool)]
         self.log = log
@@ -77,6 +79,12 @@ class Collector:
             except httpx.HTTPError:
                 time.sleep(0.2)
         raise RuntimeError(f"the collector did not start: {log.read_text()[-2000:]}")
+
+    def busy(self) -> int:
+        """Exports this collector answered 429 (its /metrics)."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
+        return int(next(float(line.split()[-1]) for line in text.splitlines()
+                        if line.startswith("kvobs_collector_otlp_exports_busy_total")))  # fmt: skip
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -141,18 +149,19 @@ def case(spans: list, work: Path, name: str, *, batch: int, stall_s: float, spoo
     t0 = time.perf_counter()
     acked, _ = send(spans, port, batch, kill_after=len(spans) // 2 if kill else None, on_kill=collector.kill)
     elapsed = time.perf_counter() - t0
+    busy = 0 if kill else collector.busy()
     if kill:
         time.sleep(stall_s)  # the lock is gone; a new collector writes the spool's backlog
         collector = Collector(db, port, spool_dir, log)
     collector.stop()
-    return {"case": name, "sent": len(spans), "acknowledged": acked, "stored": stored(db), "s": elapsed}
+    return {"case": name, "sent": len(spans), "acknowledged": acked, "stored": stored(db), "s": elapsed, "busy": busy}
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=2_000, help="spans per OTLP export")
-    parser.add_argument("--stall-s", type=float, default=4.0, help="seconds the store is held at the burst's start")
+    parser.add_argument("--stall-s", type=float, default=12.0, help="seconds the store is held at the burst's start")
     args = parser.parse_args(argv)
     spans = make_spans(args.spans)
     rows = []
@@ -166,11 +175,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
         f"\nOTLP durability: {args.spans:,} llm_request spans in exports of {args.batch:,} from {SENDERS} OTel "
         f"exporters; the store held for {args.stall_s:g} s at the start (SQLite, {os.cpu_count()} cores)"
     )
-    print("| case | sent | acknowledged | stored | acknowledged - stored | time |")
-    print("|---|---|---|---|---|---|")
+    print("| case | sent | acknowledged | stored | acknowledged - stored | exports answered 429 | time |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
+        busy = "n/a (killed)" if "SIGKILL" in r["case"] else f"{r['busy']:,}"
         print(f"| {r['case']} | {r['sent']:,} | {r['acknowledged']:,} | {r['stored']:,} | "
-              f"{r['acknowledged'] - r['stored']:,} | {r['s']:.1f} s |")  # fmt: skip
+              f"{r['acknowledged'] - r['stored']:,} | {busy} | {r['s']:.1f} s |")  # fmt: skip
     base = rows[0]
     lost_base = max(base["acknowledged"] - base["stored"], 0)
     return [Result("durability", r["case"] + ": acknowledged, not stored", max(r["acknowledged"] - r["stored"], 0),

@@ -6,7 +6,8 @@
 Counters are exposed from totals the components keep (so nothing is counted twice):
 `kvobs_telemetry_dropped_total{component}` (scrape, kv_events, otlp, otlp_forward, store),
 `kvobs_collector_kv_events_total{instance}`, `kvobs_collector_kv_event_batches_lost_total{instance}`,
-`kvobs_collector_llm_requests_total`, `kvobs_session_prefix_lost_total` (blocks removed while their session
+`kvobs_collector_llm_requests_total`, `kvobs_collector_otlp_exports_busy_total` (exports answered 429),
+`kvobs_collector_ids_cut_total`, `kvobs_session_prefix_lost_total` (blocks removed while their session
 was idle), `kvobs_agent_steps_total{status}` and `kvobs_agent_step_failures_total{error_type}` (the agent_step spans
 it received), and the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
 """
@@ -76,5 +77,11 @@ class CollectorMetrics(PromCollector):
         requests = _counter(kvobs_metrics.COLLECTOR_LLM_REQUESTS)
         requests.add_metric([], c.span_ingest.num_requests)
         yield requests
+        busy = _counter(kvobs_metrics.COLLECTOR_OTLP_BUSY)
+        busy.add_metric([], c.receiver.num_busy if c.receiver is not None else 0)
+        yield busy
+        cut = _counter(kvobs_metrics.COLLECTOR_IDS_CUT)
+        cut.add_metric([], c.span_ingest.num_ids_cut + sum(s.ingest.num_ids_cut for s in c.streams))
+        yield cut
         yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps)
         yield _by_label(kvobs_metrics.AGENT_STEP_FAILURES, LABEL_ERROR_TYPE, c.span_ingest.agent_step_failures)

@@ -186,4 +186,9 @@ kvobs_metrics = SimpleNamespace(
                                        "KV event (nothing resident, nothing pending)."),
     COLLECTOR_LLM_REQUESTS=_spec("kvobs_collector_llm_requests", "counter", "requests",
                                  "llm_request spans the collector stored as requests."),
+    COLLECTOR_OTLP_BUSY=_spec("kvobs_collector_otlp_exports_busy", "counter", "exports",
+                              "OTLP exports answered 429 / RESOURCE_EXHAUSTED because the store queue was full "
+                              "(not acknowledged: the exporter retries them)."),
+    COLLECTOR_IDS_CUT=_spec("kvobs_collector_ids_cut", "counter", "ids",
+                            "Session or request ids longer than 255 bytes that the collector cut to fit the store."),
 )  # fmt: skip

@@ -20,4 +20,5 @@ def test_acknowledged_spans_are_stored_through_a_burst_and_a_sigkill_with_a_spoo
     assert lost["burst beyond the queue"] == 0 and lost["SIGKILL mid-burst, --spool-dir"] == 0
     assert lost["SIGKILL, no spool (baseline)"] > 0  # the kill landed while rows were queued: the test can fail
     out = capsys.readouterr().out
-    assert "| SIGKILL mid-burst, --spool-dir | 4,000 | 2,000 | 2,000 | 0 |" in out
+    # a kill can land after an export was accepted and before its answer arrived: stored may exceed acknowledged
+    assert "| SIGKILL mid-burst, --spool-dir | 4,000 | 2,000 |" in out and "| n/a (killed) |" in out

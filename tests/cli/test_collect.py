@@ -81,6 +81,7 @@ def test_collect_runs_until_sigterm_and_flushes(tmp_path):
     assert own[("kvobs_telemetry_dropped_total", (("component", "scrape"),))] > 0
     assert own[("kvobs_telemetry_dropped_total", (("component", "otlp"),))] == 1
     assert own[("kvobs_collector_llm_requests_total", ())] == 54
+    assert own[("kvobs_collector_otlp_exports_busy_total", ())] == own[("kvobs_collector_ids_cut_total", ())] == 0
     assert "vllm is down" in output
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 54
