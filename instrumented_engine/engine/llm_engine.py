@@ -24,6 +24,7 @@ from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.engine.stats import RequestOutput, RequestStart, SchedulerStats, StepResult
 from instrumented_engine.models.loader import ModelSource, open_model
 from instrumented_engine.sampling_params import SamplingParams
+from kvobs.semconv.metrics import FINISHED_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class LLMEngine:
         started = [RequestStart(s.request_id, s.session_id, s.arrival_ts, s.trace_headers) for s in batch.started]
         return StepResult(outputs, self._stats(batch), self.scheduler.take_events(), started)
 
-    def _postprocess(self, batch: SchedulerOutput, sampled: dict[str, int]) -> list[RequestOutput]:
+    def _postprocess(self, batch: SchedulerOutput, sampled: dict[str, int | Exception]) -> list[RequestOutput]:
         outputs = []
         now = self.clock()
         for item in batch.scheduled:
@@ -177,10 +178,19 @@ class LLMEngine:
             token = sampled.get(seq.request_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the prompt's end
-            seq.token_ids.append(token)
-            if seq.first_token_ts is None:
-                seq.first_token_ts = now
-            text, reason = self._check_stop(seq, token)
+            try:
+                if isinstance(token, Exception):
+                    raise token
+                seq.token_ids.append(token)
+                if seq.first_token_ts is None:
+                    seq.first_token_ts = now
+                text, reason = self._check_stop(seq, token)
+            except Exception:  # sampling, detokenizing or a stop string failed for this request: it fails alone
+                log.exception("request %s failed in the engine; ending it alone", seq.request_id)
+                self.scheduler.finish(seq, FINISHED_ERROR)
+                self._forget(seq)
+                outputs.append(self._output(seq, [], ""))
+                continue
             if reason is not None:
                 self.scheduler.finish(seq, reason)
             outputs.append(self._output(seq, [token], text))

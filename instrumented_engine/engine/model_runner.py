@@ -57,8 +57,9 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: SchedulerOutput, generators: dict[str, torch.Generator]) -> dict[str, int]:
-        """Run one step; returns the sampled token per request id for chunks that reach the end."""
+    def run(self, batch: SchedulerOutput, generators: dict[str, torch.Generator]) -> dict[str, int | Exception]:
+        """Run one step; returns the sampled token per request id for chunks that reach the end (the exception for a
+        request whose sampling failed)."""
         items = sorted(batch.scheduled, key=lambda s: s.num_new_tokens != 1)  # decodes first, stable
         input_ids, positions, meta, sample_rows = self._prepare(items)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.backend)

@@ -7,15 +7,20 @@ import torch
 from instrumented_engine.sampling_params import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """logits (N, vocab) float32, one row per sequence -> N token ids."""
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int | Exception]:  # fmt: skip
+    """logits (N, vocab) float32, one row per sequence -> N token ids; a row whose sampling raised gets the exception
+    instead (that request fails alone; the others in the batch go on)."""
     greedy = logits.argmax(dim=-1).tolist()
-    out: list[int] = []
+    out: list[int | Exception] = []
     for i, sp in enumerate(params):
         if sp.greedy:
             out.append(greedy[i])
             continue
-        out.append(_sample_row(logits[i] / sp.temperature, sp, generators[i]))
+        try:
+            out.append(_sample_row(logits[i] / sp.temperature, sp, generators[i]))
+        except Exception as exc:  # noqa: BLE001 (one request's numbers must not stop the engine)
+            out.append(exc)
     return out
 
 

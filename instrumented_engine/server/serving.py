@@ -25,6 +25,7 @@ from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.sampling_params import SamplingParams
 from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, check_id
+from kvobs.semconv.metrics import FINISHED_ERROR
 from kvobs.semconv.protocol import SESSION_ID_HEADER
 
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -107,6 +108,8 @@ class OpenAIServing:
         final = await _until_finished(stream, request)
         if final.finish_reason == "abort" and self.engine.draining:
             raise _shutting_down(len(final.output_token_ids))
+        if final.finish_reason == FINISHED_ERROR:
+            raise _failed_alone(request_id)
         return JSONResponse(response.full(final), headers={"x-request-id": request_id})
 
     def _check_model(self, model: str | None) -> None:
@@ -159,6 +162,8 @@ class OpenAIServing:
             yield _event(APIError(str(exc), status=503, type="server_error").body())
         if final is not None and final.finish_reason == "abort" and self.engine.draining:
             yield _event(_shutting_down(len(final.output_token_ids)).body())
+        if final is not None and final.finish_reason == FINISHED_ERROR:
+            yield _event(_failed_alone(response.id).body())
         if include_usage and final is not None:
             yield _event({**response.envelope(chunk=True), "choices": [], "usage": _usage(final)})
         yield "data: [DONE]\n\n"
@@ -211,6 +216,12 @@ def _unicode(text: str, param: str) -> str:
 def _shutting_down(num_tokens: int) -> APIError:
     return APIError(f"the server is shutting down; the request was stopped after {num_tokens} tokens; retry "
                     "elsewhere", status=503, type="server_error", code="server_shutting_down")  # fmt: skip
+
+
+def _failed_alone(request_id: str) -> APIError:
+    return APIError(f"the engine failed on request {request_id} (its sampling or detokenizing raised; see the "
+                    "server log); other requests are unaffected", status=500, type="server_error",
+                    code="request_failed")  # fmt: skip
 
 
 def _event(payload: dict) -> str:

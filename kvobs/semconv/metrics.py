@@ -31,7 +31,8 @@ INCREASE_SUFFIX = ":increase"
 ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
 
 FINISHED_ABORT = "abort"
-FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, "error")  # vLLM's finished_reason label values
+FINISHED_ERROR = "error"  # the engine failed on this request alone (its sampling or detokenizing raised)
+FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, FINISHED_ERROR)  # vLLM's finished_reason label values
 REJECTED_QUEUE_FULL = "queue_full"  # kvobs_requests_rejected{reason}
 
 # vLLM's default buckets (vllm/v1/metrics/loggers.py); scrapers must never assume them.

@@ -119,3 +119,35 @@ def test_requests_in_flight_at_shutdown_get_503_and_an_abort_row(smollm2_source,
         reasons = list(s.scalars(select(RequestRow.finish_reason)))
     store.close()
     assert reasons.count("abort") == 6
+
+
+def test_a_request_whose_sampling_raises_fails_alone_and_the_engine_keeps_stepping(smollm2_source, monkeypatch):
+    """The issue's High finding, in general: any exception from one request's sampling (here a fault injected into
+    the sampler for requests with seed 666) fails that request alone, 500 to its client, blocks freed; the requests
+    beside it in the same batches finish, and the engine goes on."""
+    from instrumented_engine.layers import sampler
+
+    real = sampler._sample_row
+
+    def faulty(logits, sp, generator):
+        if sp.seed == 666:
+            raise RuntimeError("injected sampling fault")
+        return real(logits, sp, generator)
+
+    monkeypatch.setattr(sampler, "_sample_row", faulty)
+    body = {"model": SERVED, "prompt": "Tell me about lighthouses.", "max_tokens": 24, "temperature": 0.8,
+            "ignore_eos": True}  # fmt: skip
+    with running_server(smollm2_source) as server, ThreadPoolExecutor(4) as pool:
+        seeds = [1, 666, 2, 3]
+        answers = list(pool.map(lambda seed: httpx.post(server.url + COMPLETIONS, json={**body, "seed": seed},
+                                                        timeout=120), seeds))  # fmt: skip
+        stream = httpx.post(server.url + COMPLETIONS, json={**body, "seed": 666, "stream": True}, timeout=120)
+        engine = server.engine.engine
+        wait_for(lambda: not engine.has_unfinished_requests())
+        free, usable = engine.block_manager.num_free_blocks, engine.block_manager.num_usable_blocks
+        healthy = httpx.get(server.url + "/health").status_code
+    failed = answers[1]
+    assert _error(failed, 500)["code"] == "request_failed"
+    assert [a.json()["usage"]["completion_tokens"] for i, a in enumerate(answers) if i != 1] == [24, 24, 24]
+    assert '"code": "request_failed"' in stream.text and stream.text.rstrip().endswith("data: [DONE]")
+    assert free == usable and healthy == 200
