@@ -20,5 +20,6 @@ def table(results: list[Result]) -> str:
     lines = ["| benchmark | case | value | vs baseline |", "|---|---|---|---|"]
     for r in results:
         value = f"{r.value:,.0f}" if abs(r.value) >= 100 else f"{r.value:.3g}"
-        lines.append(f"| {r.benchmark} | {r.case} | {value} {r.unit} | {r.ratio:.2f}x {r.baseline} |")
+        ratio = f"{r.ratio:.2f}" if abs(r.ratio) >= 0.01 or r.ratio == 0 else f"{r.ratio:.2g}"  # 0.0038, not 0.00
+        lines.append(f"| {r.benchmark} | {r.case} | {value} {r.unit} | {ratio}x {r.baseline} |")
     return "\n".join(lines)

@@ -37,8 +37,9 @@ def agent_run(smollm2_source, tmp_path_factory) -> Run:
     with running_server(smollm2_source, options=options, num_blocks=NUM_BLOCKS, max_model_len=448) as server:
         store = open_store(url)
         writer = StoreWriter(store)
+        pause = PauseDistribution.parse("uniform:200-600")
         config = WorkloadConfig(base_url=server.url, sessions=6, concurrency=3, steps=3, max_tokens=16, seed=1,
-                                tool_pause=PauseDistribution.parse("uniform:200-600"), step_deadline_s=5.0)  # fmt: skip
+                                tool_pause=pause, step_deadline_s=30.0)  # fmt: skip
         with httpx.Client(base_url=server.url + "/v1", timeout=60) as client:
             result = Workload(config, client, tracer_provider=TracerProvider(),
                               recorder=StoreStepRecorder(writer)).run()  # fmt: skip
