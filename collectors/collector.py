@@ -159,7 +159,9 @@ class Collector:
             how = "bind" if stream.subscriber.bind else "connect"
             parts.append(f"KV events {stream.spec.instance}: {how} {stream.spec.endpoint}")
         if self.receiver is not None:
-            parts.append(f"OTLP gRPC :{self.receiver.grpc_port} HTTP :{self.receiver.http_port}")
+            listening = [f"{name} :{port}" for name, port in (("gRPC", self.receiver.grpc_port),
+                                                              ("HTTP", self.receiver.http_port)) if port]  # fmt: skip
+            parts.append("OTLP " + ", ".join(listening))
         if self.forwarder is not None:
             parts.append(f"forward to {self.forwarder.url}")
         return "; ".join(parts)

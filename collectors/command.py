@@ -21,8 +21,7 @@ from kvobs.commands.common import (
     add_store_flag,
     start_or_report,
 )
-from kvobs.semconv.protocol import SESSION_IDLE_S
-from kvobs.store.db import STORE_URL_ENV
+from kvobs.semconv.protocol import SESSION_IDLE_S, STORE_URL_ENV
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,8 @@ def command(args: argparse.Namespace) -> list[str]:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        "--client.toolbarMode",
+        "minimal",  # no "Deploy" button: this dashboard is served, not published to Streamlit's cloud
         "--",
     ]
     if args.store:

@@ -13,8 +13,7 @@ import sys
 
 from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config, parse_size
 from kvobs.commands.common import add_retention_flag, add_spool_flag, add_store_flag, start_or_report
-from kvobs.semconv.protocol import ENGINE_PORT, MAX_REQUEST_BYTES
-from kvobs.store.db import STORE_URL_ENV
+from kvobs.semconv.protocol import ENGINE_PORT, MAX_REQUEST_BYTES, STORE_URL_ENV
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from kvobs.semconv.protocol import SESSION_END_AFTER_S
-from kvobs.store.db import DEFAULT_STORE_URL, STORE_URL_ENV
+from kvobs.semconv.protocol import DEFAULT_STORE_URL, SESSION_END_AFTER_S, STORE_URL_ENV
 
 T = TypeVar("T")
 

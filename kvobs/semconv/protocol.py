@@ -6,6 +6,10 @@ from __future__ import annotations
 # The agent session an LLM request belongs to (HTTP header names are case-insensitive).
 SESSION_ID_HEADER = "X-Session-ID"
 
+# The store every command opens unless told (`--store`, else this environment variable, else the SQLite file).
+STORE_URL_ENV = "KVOBS_STORE_URL"
+DEFAULT_STORE_URL = "sqlite:///kvobs.db"
+
 # Default ports (each a flag's default; the README and docker-compose.yml use the same numbers).
 ENGINE_PORT = 8000  # kvobs serve: OpenAI API, /metrics (vLLM's default too)
 DASHBOARD_PORT = 8501  # kvobs dashboard (Streamlit's default)

@@ -25,12 +25,11 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
+from kvobs.semconv.protocol import DEFAULT_STORE_URL, STORE_URL_ENV  # noqa: F401 (re-exported)
 from kvobs.store.sql_write import Batch, SqlBatchWriter, is_unreachable
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STORE_URL = "sqlite:///kvobs.db"
-STORE_URL_ENV = "KVOBS_STORE_URL"
 MIGRATIONS = Path(__file__).with_name("migrations")
 SQL_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")
 CLICKHOUSE_SCHEMES = ("clickhouse", "chdb")

@@ -152,3 +152,18 @@ def test_an_export_the_store_queue_cannot_take_is_not_acknowledged_and_stored_on
     store.close()
     assert all(retried) and stored == sum(sizes) == ingest.num_requests
     assert writer.num_dropped == 0  # refused is not dropped: the exporter still held them
+
+
+def test_the_start_line_names_only_the_listeners_that_are_on(tmp_path):
+    """It read `OTLP gRPC :None HTTP :4318` with gRPC off."""
+    from collectors.collector import Collector, CollectorOptions
+
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    collector = Collector(CollectorOptions(otlp_http="127.0.0.1:0", interval_s=3600), store=store)
+    collector.start()
+    try:
+        line = collector.describe()
+    finally:
+        collector.stop()
+        store.close()
+    assert line == f"OTLP HTTP :{collector.receiver.http_port}" and "None" not in line
