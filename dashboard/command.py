@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from kvobs.store import open_store
 
-    store = start_or_report("dashboard", lambda: open_store(args.store))  # fail here, in one line, not in the page
+    # fail here, in one line, not in the page; a SQLite file that is not there is a misspelt URL, not a new store
+    store = start_or_report("dashboard", lambda: open_store(args.store, must_exist=True))
     if store is None:
         return 2
     store.close()

@@ -46,11 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     for command_parser in sub.choices.values():
         # Whole flag names only: a prefix that parses today (--round-pause) breaks silently when a flag is added.
         command_parser.allow_abbrev = False
+    parser.set_defaults(_commands=sub.choices)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's list of commands
+        args._commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

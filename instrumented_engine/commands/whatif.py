@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from kvobs.store import open_store
 
-    store = start_or_report("whatif", lambda: open_store(args.store))
+    store = start_or_report("whatif", lambda: open_store(args.store, must_exist=True))
     if store is None:
         return 2
     try:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             hold = f" for {rule.for_s:g}s" if rule.for_s else ""
             print(f"{rule.name:32} {rule.severity:8} {rule.signal} {rule.op} {rule.threshold:g}{hold}")
         return 0
-    store = start_or_report("alerts", lambda: open_store(args.store))
+    store = start_or_report("alerts", lambda: open_store(args.store, must_exist=True))
     if store is None:
         return 2
     # Each transition is printed once, below (a log sink beside it would tell it twice).

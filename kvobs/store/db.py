@@ -86,11 +86,15 @@ class Store:
         self.engine.dispose()
 
 
-def open_store(url: str | None = None, *, migrate: bool = True):
+def open_store(url: str | None = None, *, migrate: bool = True, must_exist: bool = False):
     """Connect, migrate to the latest schema, and return the store (`Store`, or `ClickHouseStore`).
 
+    `must_exist`: a reader's open (alerts, what-if, the dashboard): a SQLite file that is not there is an error, not
+    a new empty store (a misspelt `sqlite:///kvosb.db` would otherwise show nothing, silently).
+
     Raises:
-        ValueError: unsupported URL scheme; a chDB directory another process holds.
+        ValueError: unsupported URL scheme; a chDB directory another process holds; with `must_exist`, no such
+            SQLite file.
         sqlalchemy.exc.OperationalError, kvobs.store.clickhouse.StoreUnreachable: the database cannot be reached.
     """
     url = normalize_url(store_url(url))
@@ -98,6 +102,13 @@ def open_store(url: str | None = None, *, migrate: bool = True):
         from kvobs.store.clickhouse.store import open_clickhouse
 
         return open_clickhouse(url, migrate=migrate)
+    parsed = make_url(url)
+    file = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
+    if must_exist and file and not Path(file).exists():
+        raise ValueError(
+            f"no store at {url}: {Path(file).resolve()} does not exist (a misspelt URL? kvobs serve, "
+            "collect, agents and demo create it)"
+        )
     engine = create_engine(url, pool_pre_ping=True)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
