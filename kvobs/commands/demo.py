@@ -188,7 +188,11 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
         started = time.time()
         # Ctrl-C sets `stop`: each session ends after its current step, so what it did is recorded.
         result = run_workload(round_config, store_url=store_url, otlp_endpoint=args.otlp_endpoint, stop=stop)
-        if result is None or stop.is_set():
+        if result is None:
+            return
+        if stop.is_set():
+            print(f"  interrupted: {result.steps} of {config.sessions * config.steps} steps recorded in "
+                  f"{result.wall_s:.0f} s (each session ended after its current step)", flush=True)  # fmt: skip
             return
         _print_round(result, store_url, started)
 

@@ -112,3 +112,29 @@ def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
     assert "the KV cache has 8 blocks of 16 tokens" in done.stderr
     assert "the engine exited with status 2 before it was ready" in done.stderr
     assert "kvobs demo is up" not in done.stdout and time.monotonic() - started < 300
+
+
+def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_store(tmp_path):
+    store_url = f"sqlite:///{tmp_path / 'demo.db'}"
+    ports = ["--port", str(free_port()), "--dashboard-port", str(free_port())]
+    proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url, *ports,
+                             "--sessions", "2", "--concurrency", "2",
+                             "--steps", "50", "--tool-pause-ms", "300", "--max-tokens", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        out = _read_until(proc, "Round 1:", timeout_s=600)
+        assert "Round 1:" in out, (out, proc.poll())
+        time.sleep(4)  # some steps done, most not
+        proc.send_signal(signal.SIGINT)  # Ctrl-C mid-round
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    line = next(line for line in rest.splitlines() if "interrupted:" in line)
+    recorded = int(line.split("interrupted:")[1].split()[0])
+    assert 0 < recorded < 100 and "of 100 steps recorded" in line
+    store = open_store(store_url)
+    with store.engine.connect() as conn:
+        assert len(conn.execute(select(StepRow.session_id)).all()) == recorded
+    store.close()
