@@ -2,8 +2,9 @@
 
     KVOBS_STORE_URL=sqlite:///kvobs.db streamlit run dashboard/app.py
 
-Pages are chosen in the sidebar (or with `?page=sessions`); the time range is relative to the newest data in the
-store, so a recorded store reads the same as a live one.
+Pages are chosen in the sidebar (or with `?page=sessions`; `?session=ID&step=N` opens that step's story); the
+time range is relative to the newest data in the store, so a recorded store reads the same as a live one; times
+are shown in the browser's zone or UTC (`dashboard.clock`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
@@ -19,22 +19,12 @@ import streamlit as st
 if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dashboard.data import bucket_for  # noqa: E402
+from dashboard.context import Context, bucket_for, choose_clock, choose_range  # noqa: E402
 from dashboard.views import PAGES, cache  # noqa: E402
 from kvobs.store.db import store_url  # noqa: E402
 
 JAEGER_URL_ENV = "KVOBS_JAEGER_URL"
-RANGES = {"everything": None, "last 5 minutes": 300, "last 15 minutes": 900, "last hour": 3600,
-          "last 6 hours": 21600, "last 24 hours": 86400}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Context:
-    url: str
-    since: float
-    until: float
-    window_s: float
-    jaeger_url: str | None
+STORY_PARAMS = ("session", "step")  # `?session=...&step=...` opens one step's story (links from alerts, Jaeger)
 
 
 def _arguments() -> argparse.Namespace:
@@ -45,19 +35,24 @@ def _arguments() -> argparse.Namespace:
     return args
 
 
+def _requested_page(names: list[str]) -> str:
+    requested = st.query_params.get("page")
+    if requested is None and all(p in st.query_params for p in STORY_PARAMS):
+        requested = "step"
+    return requested if requested in names else names[0]
+
+
 def main() -> None:
     st.set_page_config(page_title="kvobs", page_icon=":material/memory:", layout="wide")
     args = _arguments()
     url = store_url(args.store)
     jaeger_url = args.jaeger_url or os.environ.get(JAEGER_URL_ENV)
     names = list(PAGES)
-    requested = st.query_params.get("page", names[0])
     with st.sidebar:
         st.title("kvobs")
-        page = st.radio("Page", names, index=names.index(requested) if requested in names else 0,
+        page = st.radio("Page", names, index=names.index(_requested_page(names)),
                         format_func=lambda key: PAGES[key].TITLE, key="page")  # fmt: skip
-        range_name = st.selectbox("Time range", list(RANGES), key="range")
-        st.caption(f"Store: `{_redact(url)}`")
+    clock = choose_clock()
     st.query_params["page"] = page
     try:
         cache.get_store(url)
@@ -66,14 +61,17 @@ def main() -> None:
         st.error(f"Cannot open the store `{_redact(url)}`: {exc}")
         st.stop()
     if bounds is None:
+        st.sidebar.caption(f"Store: `{_redact(url)}`")
         st.header(PAGES[page].TITLE)
         st.info("The store is empty. Fill it with `kvobs demo`, or run `kvobs serve --store URL` with "
                 "`kvobs agents`, or `kvobs collect` next to a vLLM; this page updates as data arrives.")  # fmt: skip
         return
-    first, last = bounds
-    span = RANGES[range_name]
-    since = first if span is None else max(first, last - span)
-    PAGES[page].render(Context(url, since, last, bucket_for(since, last), jaeger_url))
+    since, until = choose_range(*bounds, clock)
+    st.sidebar.caption(f"{clock.iso(since)} to {clock.iso(until)}")
+    st.sidebar.caption(f"Store: `{_redact(url)}`")
+    interval = cache.sample_interval(url, since, until)
+    window_s = bucket_for(since, until, at_least=interval)
+    PAGES[page].render(Context(url, since, until, window_s, jaeger_url, clock, interval))
 
 
 def _redact(url: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dashboard.series import fill_windows, per_window
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.chains import BlockGraph, eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
@@ -20,31 +21,48 @@ from kvobs.store.db import Store
 PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the latest in the window)
 
 
-def bucket_for(since: float, until: float, points: int = 120) -> float:
-    """A round window length giving about `points` points over the range."""
-    span = max(until - since, 1.0)
-    for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400):
-        if span / step <= points:
-            return float(step)
-    return 86400.0
+def observed_range(store: Store) -> tuple[float, float] | None:
+    """The store's time range, stretched to the newest alert evaluation (alerts are evaluated after the newest
+    observed row, and a page's range must hold them)."""
+    bounds = queries.time_range(store)
+    if bounds is None:
+        return None
+    later = queries.alerts(store, since=bounds[1])
+    return (bounds[0], max(bounds[1], float(later["ts"].max()))) if not later.empty else bounds
+
+
+def sample_interval(store: Store, since: float, until: float) -> float | None:
+    """The instances' reporting interval in the range (median gap between one instance's snapshots), or None."""
+    snaps = queries.instance_snapshots(store, since, until)
+    gaps = snaps.sort_values("ts").groupby("instance")["ts"].diff().dropna()
+    gaps = gaps[gaps > 0]
+    return float(gaps.median()) if not gaps.empty else None
 
 
 def overview(store: Store, since: float, until: float, window_s: float) -> dict:
+    """KPIs and the Overview's series on the window grid of [since, until]: counts 0 where their source watched and
+    saw nothing, sampled values NaN (a gap) where nothing was sampled."""
     snaps = queries.instance_snapshots(store, since, until)
-    losses = queries.block_losses(store, since, until, bucket_s=window_s)  # "blocks lost", one definition
+    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
+    losses = queries.losses_in(counts)  # "blocks lost", one definition
     reqs = queries.requests(store, since, until)
     steps = queries.steps(store, since, until)
-    frame = pressure_windows(snaps, reqs, losses, window_s=window_s)
+    frame = pressure_windows(snaps, reqs, losses, window_s=window_s).set_index("window")
+
+    def gaps(columns: list[str]) -> pd.DataFrame:
+        present = frame[[c for c in columns if c in frame]]
+        return fill_windows(present, since, until, window_s, value=np.nan) if len(present.columns) else pd.DataFrame()
+
     evictions = losses.assign(reason=losses["reason"].fillna(losses["kind"])).pivot_table(
         index="bucket", columns="reason", values="blocks", aggfunc="sum", fill_value=0) / window_s  # fmt: skip
-    failures = pd.DataFrame()
+    if not counts.empty:  # a KV event stream reported in this range: a window with no loss lost nothing
+        evictions = fill_windows(evictions, since, until, window_s, value=0.0)
+    step_windows = pd.DataFrame()
     if not steps.empty:
-        failures = (
-            steps.assign(window=np.floor(steps["started_at"] / window_s) * window_s, failed=steps["status"] == "error")
-            .groupby("window")["failed"]
-            .agg(["sum", "size"])
-        )
-        failures = failures.rename(columns={"sum": "failed steps", "size": "steps"})
+        failed = steps["status"] == "error"
+        step_windows = (pd.DataFrame({"ok steps": ~failed, "failed steps": failed})
+                        .groupby(np.floor(steps["started_at"] / window_s) * window_s).sum())  # fmt: skip
+        step_windows = fill_windows(step_windows, since, until, window_s, value=0.0)
     hit = snaps["hit_rate"].dropna()
     kpis = {
         "requests": len(reqs),
@@ -55,7 +73,22 @@ def overview(store: Store, since: float, until: float, window_s: float) -> dict:
         "preemptions": float(frame["preemptions"].sum()) if "preemptions" in frame else 0.0,
         "TTFT p99 (s)": float(reqs["ttft_s"].quantile(0.99)) if reqs["ttft_s"].notna().any() else None,
     }
-    return {"kpis": kpis, "snapshots": snaps, "windows": frame, "evictions": evictions, "failures": failures}
+    return {
+        "kpis": kpis,
+        "num_snapshots": len(snaps),
+        "watching_kv": not counts.empty,
+        "usage": fill_windows(
+            per_window(snaps, "ts", window_s, "kv_usage", "instance"), since, until, window_s, value=np.nan
+        ),  # fmt: skip
+        "resident": fill_windows(
+            per_window(snaps, "ts", window_s, "blocks_resident", "instance"), since, until, window_s, value=np.nan
+        ),  # fmt: skip
+        "hit_rate": gaps(["hit_rate"]),
+        "latency": gaps(["ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]),
+        "preemptions": gaps(["preemptions"]),
+        "evictions": evictions,
+        "steps": step_windows,
+    }
 
 
 def pressure(store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6) -> dict:
@@ -67,21 +100,47 @@ def pressure(store: Store, since: float, until: float, window_s: float, x: str, 
 
 
 def sessions(store: Store, since: float, until: float) -> pd.DataFrame:
+    """The range's sessions, worst first: most failed steps, then most blocks lost while idle."""
     steps = queries.steps(store, since, until)
     footprints = queries.session_footprints(store, since, until)
     table = session_table(queries.sessions(store), footprints, steps)
     if not steps.empty:
         table = table[table["session_id"].isin(set(steps["session_id"]) | set(footprints["session_id"]))]
-    return table
+    order = [c for c in ("failed", "lost_idle", "e2e_p50") if c in table]
+    return table.sort_values(order, ascending=False, kind="stable", na_position="last").reset_index(drop=True)
+
+
+def _worst_steps_first(steps: pd.DataFrame) -> pd.DataFrame:
+    latency = steps["ttft_s"].astype(float).fillna(steps["e2e_s"].astype(float))
+    ranked = steps.assign(failed=steps["status"] == "error", latency=latency)
+    return ranked.sort_values(["failed", "latency"], ascending=False, kind="stable", na_position="last")
+
+
+def steps_worst_first(store: Store, since: float, until: float) -> pd.DataFrame:
+    """Sessions of the range's steps, worst first (most failed steps, then slowest step): `session_id`, `failed`."""
+    steps = queries.steps(store, since, until)
+    if steps.empty:
+        return pd.DataFrame(columns=["session_id", "failed"])
+    ranked = _worst_steps_first(steps).groupby("session_id", sort=False).agg(failed=("failed", "sum"),
+                                                                          latency=("latency", "max"))  # fmt: skip
+    ranked = ranked.sort_values(["failed", "latency"], ascending=False, kind="stable", na_position="last")
+    return ranked.reset_index()[["session_id", "failed"]]
+
+
+def session_steps_worst_first(store: Store, session_id: str) -> list[int]:
+    """A session's step indexes: failed first, then the slowest (TTFT, else end-to-end)."""
+    return [int(i) for i in _worst_steps_first(queries.steps(store, session_id=session_id))["step_index"]]
 
 
 def session_detail(store: Store, session_id: str) -> dict:
     steps = queries.steps(store, session_id=session_id)
-    reqs = queries.requests(store, session_id=session_id)
     events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS, session_id=session_id)
+    reqs = queries.requests(store, session_id=session_id)
     if not steps.empty:
-        resets = queries.kv_events(store, steps["started_at"].min(), steps["ended_at"].max(),
-                                   kinds=[KVEventKind.CLEARED.value])  # fmt: skip
+        first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
+        # requests by time, not by session: vLLM's carry no session id (the attribution matches them by trace)
+        reqs = queries.requests(store, first, last)
+        resets = queries.kv_events(store, first, last, kinds=[KVEventKind.CLEARED.value])
         events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
     snaps = queries.session_snapshots(store, session_id)
     return {
@@ -99,6 +158,8 @@ def failures(store: Store, since: float, until: float) -> pd.DataFrame:
 def kv_events_page(store: Store, since: float, until: float, window_s: float) -> dict:
     counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
     lifecycle = counts.pivot_table(index="bucket", columns="kind", values="events", aggfunc="sum", fill_value=0)
+    if not lifecycle.empty:  # the stream reported in this range: a window without events had none
+        lifecycle = fill_windows(lifecycle, since, until, window_s, value=0.0)
     losses = queries.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
     stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS)

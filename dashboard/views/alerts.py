@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.tables import show_table
 
 TITLE = "Alerts"
 
@@ -16,12 +17,12 @@ def render(ctx) -> None:
     if data["active"].empty:
         st.success("Nothing is firing.")
     else:
-        st.dataframe(data["active"], hide_index=True)
+        show_table(data["active"], ctx.clock)
     st.subheader("History")
     if data["history"].empty:
         st.info("No alert transitions in this range. `kvobs alerts --store URL --watch 15` evaluates the rules.")
     else:
-        st.dataframe(data["history"], hide_index=True)
+        show_table(data["history"], ctx.clock)
     with st.expander("Rules"):
         from kvobs.alerts.rules import builtin_rules
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data
-from kvobs.store import open_store, queries
+from kvobs.store import open_store
 
 
 @st.cache_resource(show_spinner=False)
@@ -15,7 +15,12 @@ def get_store(url: str):
 
 @st.cache_data(ttl=10, show_spinner=False)
 def time_range(url: str):
-    return queries.time_range(get_store(url))
+    return data.observed_range(get_store(url))
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def sample_interval(url: str, since: float, until: float):
+    return data.sample_interval(get_store(url), since, until)
 
 
 @st.cache_data(ttl=10, show_spinner=False)
@@ -51,3 +56,20 @@ def kv_events(url, since, until, window_s):
 @st.cache_data(ttl=10, show_spinner=False)
 def alerts(url, since, until):
     return data.alerts_page(get_store(url), since, until)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def steps_worst_first(url, since, until):
+    return data.steps_worst_first(get_store(url), since, until)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def session_steps_worst_first(url, session_id):
+    return data.session_steps_worst_first(get_store(url), session_id)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def step_story(url, session_id, step_index):
+    from kvobs.analytics.step_story import step_story
+
+    return step_story(get_store(url), session_id, step_index)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.views import cache
-from dashboard.views.charts import by_time
+from dashboard.views.charts import time_chart
+from dashboard.views.tables import show_table
 
 TITLE = "KV events"
 
@@ -16,8 +17,9 @@ def render(ctx) -> None:
     if data["lifecycle"].empty:
         st.info("No KV events in this range.")
         return
-    st.subheader("Block lifecycle (events per window)")
-    st.area_chart(by_time(data["lifecycle"]))
+    st.subheader("Block lifecycle")
+    st.caption(ctx.window_caption())
+    time_chart(data["lifecycle"], ctx.axis, y_title="events / window", mark="area", empty="No KV events in this range.")
     churn = data["churn"]
     c1, c2, c3 = st.columns(3)
     c1.metric("distinct blocks stored", f"{churn['blocks']:,}")
@@ -34,7 +36,7 @@ def render(ctx) -> None:
             st.bar_chart(reasons, x="reason", y="blocks", color="kind")
     with right:
         st.subheader("Most recomputed blocks")
-        st.dataframe(data["restored"].astype({"block_hash": str}), hide_index=True)
+        show_table(data["restored"].astype({"block_hash": str}), ctx.clock)
     st.subheader("Top prefixes (by sessions building on them)")
     st.caption(f"From the latest {data['prefix_rows']:,} stored blocks in the range.")
-    st.dataframe(data["prefixes"].astype({"root_hash": str}), hide_index=True)
+    show_table(data["prefixes"].astype({"root_hash": str}), ctx.clock)

@@ -2,65 +2,73 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard.views import cache
 from dashboard.views.charts import time_chart
+from dashboard.views.tables import show_table
 
 TITLE = "Overview"
+KPI_HELP = {
+    "requests": "LLM requests that arrived in the range.",
+    "agent steps": "Agent steps (recorded by the kvobs SDK) that started in the range.",
+    "failed steps": "Agent steps that ended in an error (any error type).",
+    "hit rate": "Prefix-cache hit rate: mean of the instances' snapshots in the range.",
+    "blocks lost": "Cached blocks evicted, invalidated or removed (each lost block once; resets not included).",
+    "preemptions": "Increase of the instances' preemption counters over the range.",
+    "TTFT p99 (s)": "99th percentile time to first token of the requests in the range, in seconds.",
+}
 
 
-def _series(frame: pd.DataFrame, columns: list[str], index: str = "window") -> pd.DataFrame:
-    present = [c for c in columns if c in frame]
-    return frame.set_index(index)[present] if present else pd.DataFrame()
+def _shown(name: str, value) -> str:
+    if value is None:
+        return "-"
+    if name == "hit rate":
+        return f"{value:.1%}"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    return f"{value:,}"
 
 
 def render(ctx) -> None:
     st.header(TITLE)
     data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s)
     kpis = data["kpis"]
-    cols = st.columns(len(kpis))
-    for col, (name, value) in zip(cols, kpis.items()):
-        if value is None:
-            shown = "-"
-        elif name == "hit rate":
-            shown = f"{value:.1%}"
-        elif isinstance(value, float):
-            shown = f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
-        else:
-            shown = f"{value:,}"
-        col.metric(name, shown)
-    st.caption(
-        f"{ctx.window_s:g} s windows. blocks lost: each lost block once (evictions, invalidations, vLLM "
-        "removals; a block several sessions owned counts once; resets not included), as on the What-if page."
-    )
-    snaps = data["snapshots"]
-    windows = data["windows"]
+    for col, (name, value) in zip(st.columns(len(kpis)), kpis.items()):
+        col.metric(name, _shown(name, value), help=KPI_HELP[name])
+    st.caption(ctx.window_caption() + " Blocks lost: each lost block once (evictions, invalidations, vLLM removals; "
+               "a block several sessions owned counts once; resets not included), as on the What-if page.")  # fmt: skip
+    axis = ctx.axis
+    no_snaps = "No instance snapshots in this range."
     left, right = st.columns(2)
     with left:
-        st.subheader("KV cache usage and resident blocks")
-        none = "No instance snapshots in this range."
-        time_chart(st.line_chart, snaps.pivot_table(index="ts", columns="instance", values="kv_usage"), none,
-                   y_label="pinned usage")  # fmt: skip
-        resident = snaps.pivot_table(index="ts", columns="instance", values="blocks_resident")
-        if not resident.empty:
-            time_chart(st.line_chart, resident, none, y_label="resident cached blocks")
+        st.subheader("KV cache usage")
+        time_chart(data["usage"], axis, y_title="pinned KV usage", y_format="%", empty=no_snaps)
+        st.subheader("Resident cached blocks")
+        time_chart(data["resident"], axis, y_title="blocks", empty=no_snaps)
     with right:
         st.subheader("Hit rate")
-        time_chart(st.line_chart, _series(windows, ["hit_rate"]), "No hit-rate data in this range.")
+        no_hits = "No hit-rate samples in this range (an instance reports one once it has been queried)."
+        time_chart(data["hit_rate"], axis, y_title="hit rate", y_format="%", empty=no_hits)
         st.subheader("Blocks lost per second, by reason")
-        time_chart(st.area_chart, data["evictions"], "No evictions in this range.")
+        unknown = ("No KV events recorded in this range, so losses are unknown here (vLLM publishes them with "
+                   "--kv-events-config; see the README).")  # fmt: skip
+        time_chart(data["evictions"], axis, y_title="blocks / s", mark="area", zero_is_empty=True,
+                   empty="No block was lost in this range." if data["watching_kv"] else unknown)  # fmt: skip
     left, right = st.columns(2)
     with left:
-        st.subheader("TTFT and inter-token latency (s)")
-        latency = _series(windows, ["ttft_p50", "ttft_p99", "itl_p50", "itl_p99"])
-        time_chart(st.line_chart, latency, "No requests in this range.")
+        st.subheader("TTFT and inter-token latency")
+        time_chart(data["latency"], axis, y_title="seconds", empty="No requests in this range.")
         st.subheader("Preemptions")
-        time_chart(st.bar_chart, _series(windows, ["preemptions"]), "No preemption counts in this range.")
+        time_chart(data["preemptions"], axis, y_title="preemptions / window", mark="bar", window_s=ctx.window_s,
+                   zero_is_empty=True, empty=f"No preemptions in this range ({data['num_snapshots']:,} instance "
+                   "snapshots)." if data["num_snapshots"] else no_snaps)  # fmt: skip
     with right:
         st.subheader("Agent steps and failures")
-        failures = data["failures"]
-        time_chart(st.bar_chart, failures, "No agent steps in this range (agents report them through the kvobs SDK).")
-        if not failures.empty:
-            st.dataframe(cache.failures(ctx.url, ctx.since, ctx.until), hide_index=True)
+        no_steps = "No agent steps in this range (agents report them through the kvobs SDK)."
+        drawn = time_chart(
+            data["steps"], axis, y_title="steps / window", mark="bar", window_s=ctx.window_s, empty=no_steps
+        )
+        if drawn and kpis["failed steps"]:
+            st.caption("Failed steps by cause (with the evidence for each cause):")
+            show_table(cache.failures(ctx.url, ctx.since, ctx.until), ctx.clock)

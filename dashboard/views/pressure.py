@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.tables import show_table
 
 TITLE = "Pressure vs latency"
 PRESSURE = {
@@ -23,8 +24,10 @@ WINDOWS = (5, 10, 30, 60, 300, 900)
 def render(ctx) -> None:
     st.header(TITLE)
     c1, c2, c3 = st.columns(3)
-    default = min(range(len(WINDOWS)), key=lambda i: abs(WINDOWS[i] - ctx.window_s))
-    window_s = c1.selectbox("Window (s)", WINDOWS, index=default, key="pressure_window")
+    # never a window shorter than the instances' reporting interval (mostly empty windows correlate nothing)
+    windows = [w for w in WINDOWS if w >= (ctx.sample_interval_s or 0)] or [int(ctx.window_s)]
+    default = min(range(len(windows)), key=lambda i: abs(windows[i] - ctx.window_s))
+    window_s = c1.selectbox("Window (s)", windows, index=default, key="pressure_window")
     x = c2.selectbox("Pressure", list(PRESSURE), format_func=PRESSURE.get, index=3, key="pressure_x")
     y = c3.selectbox("Latency", list(LATENCY), format_func=LATENCY.get, key="pressure_y")
     data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y)
@@ -42,4 +45,4 @@ def render(ctx) -> None:
         st.write(f"Strongest: r = {best['r']:.2f} at lag {int(best['lag'])} ({best['lag_s']:g} s): "
                  f"{PRESSURE[x]} {lead} {LATENCY[y]}.")  # fmt: skip
     st.bar_chart(data["correlation"].set_index("lag_s")["r"], x_label="lag (s): pressure leads latency by", y_label="r")
-    st.dataframe(data["correlation"], hide_index=True)
+    show_table(data["correlation"], ctx.clock)

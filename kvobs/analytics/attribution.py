@@ -53,7 +53,7 @@ class _Requests:
     """Requests indexed for per-step lookup: by caller span, and by session and trace in arrival order."""
 
     def __init__(self, requests: pd.DataFrame) -> None:
-        frame = requests.sort_values("arrival_ts", kind="stable").reset_index(drop=True)
+        frame = self.frame = requests.sort_values("arrival_ts", kind="stable").reset_index(drop=True)
         self.arrival = frame["arrival_ts"].to_numpy(float)
         self.finished = frame["finished_ts"].to_numpy(float)
         self.queue = frame["queue_s"].to_numpy(float)
@@ -260,6 +260,12 @@ def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Event
         "invalidation_reasons": ",".join(reasons), "max_queue_s": max_queue, "num_requests": len(sent),
         "cached_tokens": float(np.nansum(reqs.cached[sent])) if len(sent) else None,
     }  # fmt: skip
+
+
+def step_requests(requests: pd.DataFrame, steps: pd.DataFrame) -> list[pd.DataFrame]:
+    """For each row of `steps`, in order, the requests it sent (the attribution's own matching), by arrival."""
+    index = _Requests(requests)
+    return [index.frame.iloc[index.of_step(step)] for step in steps.itertuples(index=False)]
 
 
 def failure_summary(attributed: pd.DataFrame) -> pd.DataFrame:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlalchemy import make_url
 from streamlit.testing.v1 import AppTest
 
 from dashboard.views import PAGES
@@ -81,3 +84,128 @@ def test_bad_whatif_sizes_get_a_message(monkeypatch, agent_run):
     at.text_input(key="whatif_sizes").set_value("30,big")
     at.button[0].click().run()
     assert not at.exception and "whole numbers" in at.error[0].value
+
+
+ISO = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?[+-]\d\d:\d\d$"
+
+
+def charts(at: AppTest) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
+
+
+def x_axes(spec: dict) -> list[dict]:
+    """The x encodings over time (a chart of categories, such as losses by reason, has none)."""
+    layers = spec.get("layer", [spec])
+    xs = [layer["encoding"]["x"] for layer in layers if "x" in layer.get("encoding", {})]
+    return [x for x in xs if x.get("type") not in ("nominal", "ordinal")]
+
+
+@pytest.mark.parametrize("page", ["overview", "sessions", "step", "kv_events", "alerts"])
+def test_times_are_iso_with_a_zone_and_axes_a_24_hour_clock(monkeypatch, agent_run, page):
+    at = open_page(monkeypatch, agent_run.url, page)
+    assert_clean(at)
+    for table in at.dataframe:
+        for column in set(table.value.columns) & {"started_at", "ended_at", "ts", "time", "arrival_ts"}:
+            values = table.value[column][table.value[column] != ""]
+            assert values.str.match(ISO).all(), (column, values.head(3).tolist())
+    specs = charts(at)
+    assert specs or page == "alerts"
+    for spec in specs:
+        for x in x_axes(spec):
+            assert x["axis"]["title"].startswith("time (") and "%H:%M" in x["axis"]["labelExpr"], x
+            assert "%I" not in x["axis"]["labelExpr"]  # never a 12-hour clock
+
+
+def test_utc_is_one_click_away(monkeypatch, agent_run):
+    at = open_page(monkeypatch, agent_run.url, "sessions")
+    at.radio(key="zone").set_value("UTC").run()
+    assert_clean(at)
+    assert at.dataframe[0].value["started_at"].str.endswith("+00:00").all()
+    assert all(x["axis"]["title"] == "time (UTC)" for spec in charts(at) for x in x_axes(spec))
+
+
+@pytest.mark.parametrize("run", ["agent_run", "vllm_run"])
+def test_overview_charts_share_one_x_range_and_no_kpi_sits_over_an_empty_chart(monkeypatch, request, run):
+    at = open_page(monkeypatch, request.getfixturevalue(run).url, "overview")
+    assert_clean(at)
+    domains = {tuple(x["scale"]["domain"]) for spec in charts(at) for x in x_axes(spec)}
+    assert len(domains) == 1
+    kpis = {m.label: m.value for m in at.metric}
+    infos = " ".join(i.value for i in at.info)
+    assert kpis["hit rate"] != "-" and "No hit-rate samples" not in infos
+    if kpis["preemptions"] not in ("0.00", "-"):
+        assert "No preemptions" not in infos
+    if kpis["blocks lost"] != "0":
+        assert "No block was lost" not in infos and "losses are unknown" not in infos
+    for spec in charts(at):
+        values = [row.get("value") for row in spec.get("data", {}).get("values", [])]
+        assert not values or any(v not in (None, 0) for v in values)  # no bare axis over zeros
+
+
+def test_a_step_story_opens_from_its_url(monkeypatch, agent_run):
+    from kvobs.store import queries
+
+    steps = queries.steps(agent_run.store)
+    step = steps[(steps["status"] == "error") & (steps["step_index"] > 0)].iloc[0]
+    monkeypatch.setenv("KVOBS_STORE_URL", agent_run.url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["session"] = step["session_id"]
+    at.query_params["step"] = str(step["step_index"])
+    at.run()
+    assert_clean(at)
+    assert at.header[0].value == "Step timeline"
+    assert at.selectbox(key="story_session").value == step["session_id"]
+    assert at.selectbox(key="story_step").value == step["step_index"]
+    events = at.dataframe[0].value
+    assert events["time"].tolist() == sorted(events["time"].tolist()) and events["time"].str.match(ISO).all()
+    told = " ".join(events["what"])
+    assert "tool pause began" in told and f"agent step {step['step_index']} ended error" in told
+    assert any(w.startswith("request ") and "arrived" in w for w in events["what"])
+    markdown = " ".join(m.value for m in at.markdown)
+    assert "failure cause" in markdown and "Evidence" in markdown
+
+
+def test_the_sessions_page_opens_on_the_worst_session_and_links_each_step(monkeypatch, agent_run):
+    at = open_page(monkeypatch, agent_run.url, "sessions")
+    table = at.dataframe[0].value
+    assert table["failed"].tolist() == sorted(table["failed"].tolist(), reverse=True)
+    assert at.selectbox(key="session").value == table["session_id"].iloc[0] and table["failed"].iloc[0] > 0
+    steps = at.dataframe[1].value
+    assert steps["story"].str.startswith(f"?page=step&session={table['session_id'].iloc[0]}&step=").all()
+
+
+def test_without_jaeger_the_steps_have_no_empty_trace_column(monkeypatch, agent_run):
+    at = open_page(monkeypatch, agent_run.url, "sessions")
+    assert "trace" not in at.dataframe[1].value.columns
+
+
+def test_alerts_evaluated_after_the_newest_row_are_in_the_range(monkeypatch, agent_run, tmp_path):
+    from kvobs.alerts.evaluator import Evaluator
+    from kvobs.alerts.rules import parse_rules
+    from kvobs.store import open_store, queries
+
+    copy = tmp_path / "copy.db"
+    source = sqlite3.connect(make_url(agent_run.url).database)
+    source.backup(target := sqlite3.connect(copy))
+    target.close()
+    source.close()
+    store = open_store(f"sqlite:///{copy}")
+    _, last = queries.time_range(store)
+    rules = parse_rules("rules:\n  - {name: Full, signal: kv_usage, op: '>', threshold: 0.1, severity: warning, "
+                        "window: 60}\n")  # fmt: skip
+    fired = Evaluator(store, rules).evaluate(last + 5)  # as `kvobs alerts --watch` does, after the newest row
+    assert [t["rule"] for t in fired] == ["Full"]
+    at = open_page(monkeypatch, f"sqlite:///{copy}", "alerts")
+    assert_clean(at)
+    assert len(at.dataframe[0].value) >= 1 and len(at.dataframe[1].value) == len(fired)
+    assert not any("No alert transitions" in i.value for i in at.info)
+
+
+def test_a_custom_range_narrows_every_table(monkeypatch, agent_run):
+    at = open_page(monkeypatch, agent_run.url, "sessions")
+    everything = len(at.dataframe[0].value)
+    at.selectbox(key="range").set_value("custom").run()
+    low, high = at.slider(key="custom_range").value
+    at.slider(key="custom_range").set_range(low, low + (high - low) / 4).run()
+    assert_clean(at)
+    assert 0 < len(at.dataframe[0].value) < everything

@@ -1,0 +1,174 @@
+"""One agent step's story, in time order: what the agent did, what its requests went through, and what happened to
+its session's cached blocks from the tool pause before it to its end, with who took them.
+
+    story = step_story(store, "coder-1-0001", 2)
+    story.step          # the step's verdict: status, failure_cause, slow_cause, evidence, typical_s (attribution)
+    story.timeline      # lane, phase, start, end: the step, the tool pause, each request's queue, prefill, decode
+    story.events        # ts, source, kind, blocks, tokens, request_id, what: everything above and the KV record
+
+The requests are the attribution's own (`attribution.step_requests`: by caller span, else the step's session or
+trace within its time), so the story and the verdict never disagree about which requests were the step's. The tool
+pause starts when the previous step's last request finished (its end, without requests) and ends when this step's
+first request arrived. A lost block's taker is the request the engine evicted it for (`request_id` on an `evicted`
+row) and that request's session; vLLM's `removed` events do not name one, and the story says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
+from kvobs.semconv.spans import KVEventKind
+from kvobs.store import queries
+from kvobs.store.db import Store
+
+K = KVEventKind
+TIMELINE = ["lane", "phase", "start", "end", "what"]
+EVENTS = ["ts", "source", "kind", "blocks", "tokens", "request_id", "by_session", "what"]
+
+
+@dataclass(frozen=True)
+class StepStory:
+    step: dict
+    requests: pd.DataFrame
+    pause: tuple[float, float] | None
+    timeline: pd.DataFrame
+    events: pd.DataFrame
+
+    @property
+    def span(self) -> tuple[float, float]:
+        """The story's time range: the start of the pause (else the step) to the last thing that happened."""
+        times = pd.concat([self.timeline["start"], self.timeline["end"], self.events["ts"]]).dropna()
+        return float(times.min()), float(times.max())
+
+
+def step_story(store: Store, session_id: str, step_index: int) -> StepStory | None:
+    """The story of step `step_index` of `session_id`; None when the store has no such step."""
+    steps = queries.steps(store, session_id=session_id).sort_values("step_index").reset_index(drop=True)
+    position = steps.index[steps["step_index"] == step_index]
+    if position.empty:
+        return None
+    i = int(position[0])
+    first, last = float(steps["started_at"].min()), _end(steps)
+    reqs = queries.requests(store, first, last)
+    sent = step_requests(reqs, steps)
+    session_kv = queries.kv_events(store, first, last, session_id=session_id)
+    resets = queries.kv_events(store, first, last, kinds=[K.CLEARED.value])
+    attributed = attribute_steps(steps, reqs, pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)],
+                                                         resets]))  # fmt: skip
+    step = steps.iloc[i]
+    verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()
+    mine = sent[i]
+    pause = None
+    if i > 0:
+        before = sent[i - 1]["finished_ts"].dropna()
+        pause_start = float(before.max()) if len(before) else steps["ended_at"].iloc[i - 1]
+        pause_end = float(mine["arrival_ts"].min()) if len(mine) else float(step["started_at"])
+        if pd.notna(pause_start):
+            pause = (float(pause_start), pause_end)
+    step_end = float(step["ended_at"]) if pd.notna(step["ended_at"]) else _end(mine)
+    start = pause[0] if pause else float(step["started_at"])
+    kv = pd.concat([session_kv[(session_kv["ts"] > start) & (session_kv["ts"] <= step_end)],
+                    resets[(resets["ts"] > start) & (resets["ts"] <= step_end)]])  # fmt: skip
+    takers = queries.requests(store, start - 600.0, step_end).set_index("request_id")["session_id"].to_dict()
+    timeline = _timeline(step, pause, mine)
+    events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
+    events = events.sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
+    return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS])
+
+
+def _end(frame: pd.DataFrame) -> float:
+    ends = pd.concat([frame[c] for c in ("ended_at", "finished_ts", "started_at", "arrival_ts") if c in frame])
+    return float(ends.max()) if ends.notna().any() else float("inf")
+
+
+def _short(request_id) -> str:
+    text = str(request_id)
+    return text if len(text) <= 14 else text[:6] + "…" + text[-6:]
+
+
+def _timeline(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
+    status = step["status"] if pd.isna(step["error_type"]) else f"{step['status']} ({step['error_type']})"
+    rows = [("agent step", "step", step["started_at"], step["ended_at"], f"step {step['step_index']}: {status}")]
+    if pause:
+        rows.append(("tool pause", "tool pause", pause[0], pause[1], f"tool pause of {pause[1] - pause[0]:.2f} s"))
+    for n, r in enumerate(requests.itertuples(index=False), 1):
+        lane = f"request {n} ({_short(r.request_id)})"
+        scheduled = r.arrival_ts + r.queue_s if pd.notna(r.queue_s) else None
+        phases = [("queue", r.arrival_ts, scheduled), ("prefill", scheduled, r.first_token_ts),
+                  ("decode", r.first_token_ts, r.finished_ts)]  # fmt: skip
+        for phase, begin, end in phases:
+            if begin is not None and end is not None and pd.notna(begin) and pd.notna(end):
+                rows.append((lane, phase, begin, end, f"{phase} {end - begin:.3f} s"))
+    return pd.DataFrame(rows, columns=TIMELINE).astype({"start": float, "end": float})
+
+
+def _lifecycle(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    if pause:
+        rows.append((pause[0], "step", "pause", "tool pause began (the previous step's last request finished)"))
+        rows.append((pause[1], "step", "pause", "tool pause ended"))
+    rows.append((step["started_at"], "step", "step", f"agent step {step['step_index']} started"))
+    if pd.notna(step["ended_at"]):
+        error = "" if pd.isna(step["error_type"]) else f": {step['error_type']}"
+        ended = f"agent step {step['step_index']} ended {step['status']}{error}"
+        rows.append((step["ended_at"], "step", "step", ended))
+    for r in requests.itertuples(index=False):
+        rid = r.request_id
+        cached = "" if pd.isna(r.cached_tokens) else f", {int(r.cached_tokens)} of them cached"
+        prompt = "" if pd.isna(r.prompt_tokens) else f" ({int(r.prompt_tokens)} prompt tokens{cached})"
+        rows.append((r.arrival_ts, "request", "arrived", f"request {rid} arrived{prompt}"))
+        if pd.notna(r.queue_s):
+            rows.append((r.arrival_ts + r.queue_s, "request", "scheduled", f"scheduled after {r.queue_s:.3f} s queued"))
+        if pd.notna(r.first_token_ts):
+            rows.append((r.first_token_ts, "request", "first token", "first token"))
+        if pd.notna(r.finished_ts):
+            out = "" if pd.isna(r.completion_tokens) else f", {int(r.completion_tokens)} tokens out"
+            reason = r.finish_reason if isinstance(r.finish_reason, str) else ""
+            detail = f" ({(reason + out).lstrip(', ')})" if reason or out else ""
+            rows.append((r.finished_ts, "request", "finished", f"request {rid} finished{detail}"))
+    frame = pd.DataFrame(rows, columns=["ts", "source", "kind", "what"])
+    return frame.assign(blocks=np.nan, tokens=np.nan, request_id=None, by_session=None)
+
+
+def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
+    """One row per (ts, kind, reason, request): the blocks each block event touched, once however many owners."""
+    if kv.empty:
+        return pd.DataFrame(columns=EVENTS)
+    frame = kv.assign(ms=(kv["ts"] * 1000).round(), key=kv["request_id"].fillna(""), why=kv["reason"].fillna(""))
+    rows = []
+    for (_, kind, why, rid), group in frame.groupby(["ms", "kind", "why", "key"], sort=False):
+        blocks = group["block_hash"].dropna().nunique() or len(group)
+        tokens = group.drop_duplicates("block_hash")["num_tokens"].sum(min_count=1)
+        rid = rid or None
+        taker = takers.get(rid) if rid else None
+        rows.append({"ts": float(group["ts"].min()), "source": "kv", "kind": kind, "blocks": blocks,
+                     "tokens": tokens, "request_id": rid, "by_session": taker,
+                     "what": _kv_text(kind, why, blocks, rid, taker, session_id)})  # fmt: skip
+    return pd.DataFrame(rows, columns=EVENTS)
+
+
+def _kv_text(kind: str, why: str, num: int, rid, taker, session_id: str) -> str:
+    reason = f" ({why})" if why else ""
+    blocks = f"{num} block" if num == 1 else f"{num} blocks"
+    if kind == K.EVICTED.value:
+        who = "this session's own" if taker == session_id else f"session {taker}'s" if taker else "another"
+        return f"{blocks} it had cached evicted{reason} to make room for {who} request {rid}"
+    if kind == K.REMOVED.value:
+        return f"{blocks} it had cached removed by vLLM (vLLM does not say which request needed the room)"
+    if kind == K.INVALIDATED.value:
+        return f"{blocks} it had cached invalidated{reason}"
+    if kind == K.CLEARED.value:
+        return f"the whole prefix cache was reset{reason}"
+    if kind == K.PREEMPTED.value:
+        return f"request {rid} preempted{reason}: its blocks freed, to be recomputed"
+    if kind == K.HIT.value:
+        return f"{blocks} found in the cache{reason} by request {rid}"
+    if kind == K.STORED.value:
+        return f"{blocks} stored in the prefix cache"
+    if kind == K.ALLOCATED.value:
+        return f"{blocks} allocated for request {rid}"
+    return f"{blocks} {kind}{reason}"
