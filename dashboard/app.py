@@ -61,17 +61,25 @@ def main() -> None:
         st.error(f"Cannot open the store `{_redact(url)}`: {exc}")
         st.stop()
     if bounds is None:
-        st.sidebar.caption(f"Store: `{_redact(url)}`")
+        _store_caption(url)
         st.header(PAGES[page].TITLE)
         st.info("The store is empty. Fill it with `kvobs demo`, or run `kvobs serve --store URL` with "
                 "`kvobs agents`, or `kvobs collect` next to a vLLM; this page updates as data arrives.")  # fmt: skip
         return
     since, until = choose_range(*bounds, clock)
     st.sidebar.caption(f"{clock.iso(since)} to {clock.iso(until)}")
-    st.sidebar.caption(f"Store: `{_redact(url)}`")
+    _store_caption(url)
     interval = cache.sample_interval(url, since, until)
     window_s = bucket_for(since, until, at_least=interval)
     PAGES[page].render(Context(url, since, until, window_s, jaeger_url, clock, interval))
+
+
+def _store_caption(url: str) -> None:
+    """The store in one short line (a SQLite file by its name; the whole URL, password hidden, on hover)."""
+    shown = _redact(url)
+    if url.startswith("sqlite:///"):
+        shown = "sqlite: " + Path(url.removeprefix("sqlite:///")).name
+    st.sidebar.caption(f"Store: `{shown}`", help=_redact(url))
 
 
 def _redact(url: str) -> str:

@@ -45,7 +45,9 @@ def render(ctx) -> None:
         st.subheader("KV cache usage")
         time_chart(data["usage"], axis, y_title="pinned KV usage", y_format="%", empty=no_snaps)
         st.subheader("Resident cached blocks")
-        time_chart(data["resident"], axis, y_title="blocks", empty=no_snaps)
+        no_resident = ("The instances report no resident cached blocks (vLLM's /metrics has no such gauge; its KV "
+                       "events do, on the KV events page)." if data["num_snapshots"] else no_snaps)  # fmt: skip
+        time_chart(data["resident"], axis, y_title="blocks", empty=no_resident)
     with right:
         st.subheader("Hit rate")
         no_hits = "No hit-rate samples in this range (an instance reports one once it has been queried)."

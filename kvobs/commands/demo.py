@@ -6,7 +6,9 @@ Starts `kvobs serve` on SmolLM2 with a KV cache small enough that sessions evict
 starts `kvobs dashboard`, prints the URLs, runs the `kvobs agents` workload against the engine (steps and the
 engine's requests, KV events and snapshots all land in the store), evaluates the built-in alert rules, and
 keeps the engine and dashboard up until Ctrl-C (or exits with `--exit-when-done`). Children get SIGTERM on the
-way out, so the engine flushes its store rows and spans.
+way out, so the engine flushes its store rows and spans. The engine's and the dashboard's own logs go to files
+in `--log-dir` (named when the demo starts; a child that fails shows the end of its log), so the terminal holds
+only the demo's lines.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from kvobs.commands.common import add_store_flag, start_or_report
 from kvobs.semconv.protocol import DASHBOARD_PORT, ENGINE_PORT
@@ -51,6 +54,7 @@ def add_parser(sub) -> None:
     p.add_argument("--otlp-endpoint", help="send engine and agent spans here, e.g. a local Jaeger's :4317")
     p.add_argument("--jaeger-url", help="Jaeger UI base URL for the dashboard's trace links")
     p.add_argument("--exit-when-done", action="store_true", help="stop everything after the last round")
+    p.add_argument("--log-dir", default="kvobs-demo-logs", help="where engine.log and dashboard.log are written")
     p.set_defaults(func=run)
 
 
@@ -76,12 +80,17 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     children: list[subprocess.Popen] = []
+    logs = start_or_report("demo", lambda: _log_files(args.log_dir))
+    if logs is None:
+        return 2
+    print(f"kvobs demo: engine and dashboard logs in {logs['engine'].parent}{os.sep} (engine.log, dashboard.log)",
+          flush=True)  # fmt: skip
     try:
-        engine = _start(children, _engine_command(args, store_url))
+        engine = _start(children, _engine_command(args, store_url), logs["engine"])
         if not _wait_ready(engine, f"{base_url}/health", ENGINE_START_TIMEOUT_S, stop, "the engine"):
             return 0 if stop.is_set() else 1
         dashboard_url = f"http://{args.host}:{args.dashboard_port}"
-        dashboard = _start(children, _dashboard_command(args, store_url))
+        dashboard = _start(children, _dashboard_command(args, store_url), logs["dashboard"])
         if not _wait_ready(dashboard, f"{dashboard_url}/_stcore/health", DASHBOARD_START_TIMEOUT_S, stop,
                            "the dashboard"):  # fmt: skip
             return 0 if stop.is_set() else 1
@@ -93,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):
             for child in children:
                 if child.poll() is not None:
-                    print(f"kvobs demo: kvobs {child.args[3]} exited with status {child.returncode}", file=sys.stderr)
+                    print(f"kvobs demo: kvobs {child.args[3]} exited with status {child.returncode}"
+                          f"{_log_tail(child)}", file=sys.stderr)  # fmt: skip
                     return 1
         return 0
     finally:
@@ -140,11 +150,30 @@ def _dashboard_command(args: argparse.Namespace, store_url: str) -> list[str]:
     return command
 
 
-def _start(children: list[subprocess.Popen], command: list[str]) -> subprocess.Popen:
+def _log_files(log_dir: str) -> dict[str, Path]:
+    folder = Path(log_dir).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return {name: folder / f"{name}.log" for name in ("engine", "dashboard")}
+
+
+def _start(children: list[subprocess.Popen], command: list[str], log_path: Path) -> subprocess.Popen:
     # A session of its own: Ctrl-C reaches only us, and we stop the children in order (the engine flushes).
-    child = subprocess.Popen(command, start_new_session=True)
+    with open(log_path, "ab") as log_file:  # the child holds its own descriptor
+        log_file.write(f"\n--- kvobs demo started: {' '.join(command[2:])}\n".encode())
+        log_file.flush()
+        child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log_file,
+                                 stderr=subprocess.STDOUT)  # fmt: skip
+    child.log_path = log_path
     children.append(child)
     return child
+
+
+def _log_tail(child: subprocess.Popen, num_lines: int = 15) -> str:
+    path = getattr(child, "log_path", None)
+    if path is None or not path.exists():
+        return ""
+    lines = path.read_text(errors="replace").splitlines()[-num_lines:]
+    return f"\nthe last lines of {path}:\n" + "\n".join("  " + line for line in lines)
 
 
 def _wait_ready(child: subprocess.Popen, url: str, timeout_s: float, stop: threading.Event, what: str) -> bool:
@@ -153,7 +182,8 @@ def _wait_ready(child: subprocess.Popen, url: str, timeout_s: float, stop: threa
     deadline = time.monotonic() + timeout_s
     while not stop.is_set():
         if child.poll() is not None:
-            print(f"kvobs demo: {what} exited with status {child.returncode} before it was ready", file=sys.stderr)
+            print(f"kvobs demo: {what} exited with status {child.returncode} before it was ready{_log_tail(child)}",
+                  file=sys.stderr)  # fmt: skip
             return False
         try:
             if httpx.get(url, timeout=2.0).status_code == 200:
@@ -161,7 +191,8 @@ def _wait_ready(child: subprocess.Popen, url: str, timeout_s: float, stop: threa
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            print(f"kvobs demo: {what} did not answer {url} within {timeout_s:.0f} s", file=sys.stderr)
+            print(f"kvobs demo: {what} did not answer {url} within {timeout_s:.0f} s{_log_tail(child)}",
+                  file=sys.stderr)  # fmt: skip
             return False
         stop.wait(0.5)
     return False

@@ -43,11 +43,18 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
     proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url, "--port", str(port),
                              "--dashboard-port", str(dashboard_port), "--sessions", "3", "--concurrency", "3",
-                             "--steps", "2", "--seed", "5", "--tool-pause-ms", "200"],
+                             "--steps", "2", "--seed", "5", "--tool-pause-ms", "200", "--log-dir",
+                             str(tmp_path / "logs")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         out = _read_until(proc, READY_LINE, timeout_s=600)
         assert READY_LINE in out, (out, proc.poll())
+        # the children's logs are in the files the demo named, not between its own lines
+        assert f"logs in {tmp_path / 'logs'}" in out
+        engine_log, dashboard_log = ((tmp_path / "logs" / f"{n}.log").read_text() for n in ("engine", "dashboard"))
+        assert "kvobs engine serving" in engine_log and f"kvobs dashboard on http://127.0.0.1:{dashboard_port}" in \
+            dashboard_log  # fmt: skip
+        assert "kvobs engine serving" not in out and "kvobs dashboard on" not in out
         assert f"dashboard   http://127.0.0.1:{dashboard_port}" in out
         assert f"engine API  http://127.0.0.1:{port}/v1" in out
         assert "6 steps in" in out and "prefix cache hits:" in out
@@ -58,7 +65,8 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
         assert "vllm:kv_cache_usage_perc" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         proc.send_signal(signal.SIGINT)  # Ctrl-C
-        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert proc.wait(timeout=60) == 0
+        assert "kvobs engine serving" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -97,7 +97,7 @@ class Page:
                 text = await self._call(
                     ws, "Runtime.evaluate", expression="document.body.innerText", returnByValue=True
                 )
-                shot = await self._call(ws, "Page.captureScreenshot", format="png", captureBeyondViewport=True)
+                shot = await self._call(ws, "Page.captureScreenshot", format="png", captureBeyondViewport=False)
                 return text["result"]["value"], base64.b64decode(shot["data"])
 
         return self.run(go())

@@ -1,16 +1,21 @@
-"""`kvobs dashboard` started for real (streamlit run on loopback) and every page opened in headless Chromium:
-the page's header must render, with no Streamlit exception box, and a screenshot is taken."""
+"""`kvobs dashboard` started for real (streamlit run on loopback) and every page opened in headless Chromium, on the
+engine run and on the recorded vLLM run: the page's header renders with no Streamlit exception box, times read in
+the browser's zone (Chromium runs in America/St_Johns, UTC-03:30, so a time in UTC or the server's zone shows),
+and a step's timeline opens from its URL. Screenshots go to $KVOBS_SCREENSHOTS when set (docs/screenshots is made
+so), else to the test's temporary folder."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from dashboard.views import PAGES
+from kvobs.store import queries
 from tests.dashboard.browser import chromium, chromium_binary
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
@@ -18,12 +23,17 @@ from tests.waiting import wait_for
 READY = ("[...document.querySelectorAll('h2')].some(h => h.innerText.trim() === {title!r}) && "
          "!document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')")  # fmt: skip
 EXCEPTION = "stException"
+BROWSER_ZONE, OFFSET = "America/St_Johns", "-03:30"  # an offset no CI machine has by accident
+
+pytestmark = pytest.mark.skipif(
+    chromium_binary() is None and not os.environ.get("CI"),
+    reason="needs Debian's chromium (.ci/run installs it; in CI its absence fails)",
+)
 
 
-@pytest.fixture
-def dashboard_url(agent_run):
+def dashboard(run) -> str:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "dashboard", "--store", agent_run.url, "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "dashboard", "--store", run.url, "--port",
                              str(port), "--jaeger-url", "http://127.0.0.1:16686"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -34,24 +44,42 @@ def dashboard_url(agent_run):
         except httpx.HTTPError:
             return proc.poll() is not None
 
+    wait_for(healthy, timeout_s=60)
+    assert proc.poll() is None, proc.stderr.read()
+    return url, proc
+
+
+@pytest.fixture(params=["agent_run", "vllm_run"])
+def served(request):
+    run = request.getfixturevalue(request.param)
+    url, proc = dashboard(run)
     try:
-        wait_for(healthy, timeout_s=60)
-        assert proc.poll() is None, proc.stderr.read()
-        yield url
+        yield request.param, run, url
     finally:
         proc.terminate()
         proc.wait(20)
 
 
-@pytest.mark.skipif(
-    chromium_binary() is None and not os.environ.get("CI"),
-    reason="needs Debian's chromium (.ci/run installs it; in CI its absence fails)",
-)
-def test_every_page_renders_in_chromium(dashboard_url, tmp_path):
+def test_every_page_renders_in_chromium(served, tmp_path, monkeypatch):
+    name, run, url = served
+    shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("TZ", BROWSER_ZONE)  # Chromium's zone: what "local" means in the page
+    steps = queries.steps(run.store)
+    worst = steps.sort_values(["status", "e2e_s"], ascending=[True, False]).iloc[0]  # "error" sorts first
+    visits = {key: f"?page={key}" for key in PAGES}
+    visits["step_url"] = f"?session={worst['session_id']}&step={worst['step_index']}"
     with chromium() as page:
-        for key, view in PAGES.items():
-            text, png = page.visit(f"{dashboard_url}/?page={key}", READY.format(title=view.TITLE))
-            (tmp_path / f"{key}.png").write_bytes(png)
+        for key, query in visits.items():
+            title = PAGES["step" if key == "step_url" else key].TITLE
+            text, png = page.visit(f"{url}/{query}", READY.format(title=title))
+            (shots / f"{name.split('_')[0]}-{key}.png").write_bytes(png)
             assert png.startswith(b"\x89PNG") and len(png) > 20_000, key  # a drawn page, not a blank one
-            assert view.TITLE in text and "Traceback" not in text and "Error" not in text.split("\n")[0]
+            assert title in text and "Traceback" not in text and "Error" not in text.split("\n")[0]
             assert not page.evaluate(f"Boolean(document.querySelector('[data-testid=\"{EXCEPTION}\"]'))"), key
+            assert OFFSET in text, key  # the range in the sidebar, and every table's times, in the browser's zone
+            if key == "step_url":
+                chosen = page.evaluate("[...document.querySelectorAll('[data-testid=\"stSelectbox\"]')]"
+                                       ".map(e => e.textContent + ' ' + [...e.querySelectorAll('input')].map(i => i.value).join(' '))"
+                                       ".join(' ')")  # fmt: skip
+                assert "What happened, in order" in text and worst["session_id"] in chosen, chosen
