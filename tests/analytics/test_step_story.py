@@ -17,8 +17,9 @@ def stories(run):
 
 def test_every_step_has_a_story_agreeing_with_its_verdict(agent_run):
     store = agent_run.store
-    verdicts = attribute_steps(queries.steps(store), queries.requests(store),
-                               queries.kv_events(store, kinds=ATTRIBUTION_KINDS)).set_index(["session_id", "step_index"])  # fmt: skip
+    events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+    verdicts = attribute_steps(queries.steps(store), queries.requests(store), events)
+    verdicts = verdicts.set_index(["session_id", "step_index"])
     told = stories(agent_run)
     assert len(told) == 18
     for step, story in told:

@@ -23,6 +23,9 @@ from tests.waiting import wait_for
 READY = ("[...document.querySelectorAll('h2')].some(h => h.innerText.trim() === {title!r}) && "
          "!document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')")  # fmt: skip
 EXCEPTION = "stException"
+# what every selectbox shows chosen (its text and its input's value)
+SELECTED = ("[...document.querySelectorAll('[data-testid=\"stSelectbox\"]')].map(e => e.textContent + ' ' + "
+            "[...e.querySelectorAll('input')].map(i => i.value).join(' ')).join(' ')")  # fmt: skip
 BROWSER_ZONE, OFFSET = "America/St_Johns", "-03:30"  # an offset no CI machine has by accident
 
 pytestmark = pytest.mark.skipif(
@@ -79,7 +82,5 @@ def test_every_page_renders_in_chromium(served, tmp_path, monkeypatch):
             assert not page.evaluate(f"Boolean(document.querySelector('[data-testid=\"{EXCEPTION}\"]'))"), key
             assert OFFSET in text, key  # the range in the sidebar, and every table's times, in the browser's zone
             if key == "step_url":
-                chosen = page.evaluate("[...document.querySelectorAll('[data-testid=\"stSelectbox\"]')]"
-                                       ".map(e => e.textContent + ' ' + [...e.querySelectorAll('input')].map(i => i.value).join(' '))"
-                                       ".join(' ')")  # fmt: skip
+                chosen = page.evaluate(SELECTED)
                 assert "What happened, in order" in text and worst["session_id"] in chosen, chosen
