@@ -97,11 +97,12 @@ class Collector:
         self.activity = SessionActivity(resolve=self._trace_sessions, end_after_s=options.session_end_after_s)
         self.telemetry = telemetry or self._telemetry()
         self.forwarder = OTLPForwarder(options.forward_otlp, self.drops) if options.forward_otlp else None
-        self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default)
         tracer = self.telemetry.tracer("kvobs.collector")
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
         self.streams = [self._stream(spec, bridge) for spec in parse_streams(
             options.kv_events, options.kv_events_replay, default_instance=default)]  # fmt: skip
+        replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
+        self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default, known_instances=replicas)
         self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
             else None  # fmt: skip
         self.receiver = None

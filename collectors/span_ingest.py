@@ -7,12 +7,13 @@ One row per `llm_request` span: `gen_ai.request.id`, the span's start (vLLM's ar
 first token = start + `gen_ai.latency.time_to_first_token`, `gen_ai.latency.time_in_queue`, prompt and
 completion tokens; from our engine also `session.id`, cached tokens and preemptions. `trace_id` joins the
 agent step (`steps.trace_id`), `parent_span_id` its exact span. `instance` is the configured name, else the
-exporter's `service.name`. A span seen twice (an exporter retry) is stored once. An export is taken whole or not at
-all: when the store queue has no room, `handle` raises `Busy` (the exporter retries later) and nothing of it is
-counted or remembered. A span whose attributes have the wrong type (a string TTFT) is refused alone and counted
-(`num_refused`, answered as OTLP partial success); ids longer than `MAX_ID_BYTES` are cut (`clip_id`, counted in
-`num_ids_cut`). The agent SDK's `agent_step`
-spans sent through the collector are counted by status and error type (`kvobs_agent_steps_total`,
+exporter's `service.instance.id` when it is one of the collector's replica names (`--vllm-url NAME=...`,
+`--kv-events NAME=...`; OTel SDKs make up a random id unless told one), else its `service.name`.
+A span seen twice (an exporter retry) is stored once. An export is taken whole or not at all: when the store
+queue has no room, `handle` raises `Busy` (the exporter retries later) and nothing of it is counted or remembered.
+A span whose attributes have the wrong type (a string TTFT) is refused alone and counted (`num_refused`, answered
+as OTLP partial success); ids longer than `MAX_ID_BYTES` are cut (`clip_id`, counted in `num_ids_cut`). The agent
+SDK's `agent_step` spans sent through the collector are counted by status and error type (`kvobs_agent_steps_total`,
 `kvobs_agent_step_failures_total` on the collector's /metrics, what the step-failure alert rule reads); the
 steps themselves reach the store from the SDK's recorder. Other spans (vLLM's startup spans) are not stored;
 `--forward-otlp` passes every span on.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -38,7 +40,6 @@ from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "service.name"
 SEEN_SPANS = 100_000
 
 
@@ -48,10 +49,11 @@ class BadSpan(ValueError):
 
 class SpanIngest:
     def __init__(self, writer: StoreWriter, *, activity: SessionActivity | None = None,
-                 instance: str | None = None) -> None:  # fmt: skip
+                 instance: str | None = None, known_instances: Iterable[str] = ()) -> None:  # fmt: skip
         self.writer = writer
         self.activity = activity
         self.instance = instance
+        self.known_instances = frozenset(known_instances)  # the collector's replicas (--vllm-url, --kv-events names)
         self.num_requests = 0
         self.num_duplicates = 0
         self.num_refused = 0  # spans with attributes of the wrong type
@@ -69,7 +71,7 @@ class SpanIngest:
             records, steps, activity, keys, refused = [], [], [], {}, 0
             for resource_spans in request.resource_spans:
                 resource = attributes(resource_spans.resource.attributes)
-                instance = self.instance or str(resource.get(SERVICE_NAME, "unknown"))
+                instance = self.instance or self._instance_of(resource)
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
                         key = span.trace_id + span.span_id
@@ -105,6 +107,14 @@ class SpanIngest:
         if refused:
             log.warning("%d spans with attributes of the wrong type refused (%d so far)", refused, self.num_refused)
         return refused
+
+    def _instance_of(self, resource: dict) -> str:
+        """The exporter's `service.instance.id` when it names one of the collector's replicas (OTel SDKs make up a
+        random one otherwise), else its `service.name`."""
+        replica = resource.get(a.SERVICE_INSTANCE_ID)
+        if isinstance(replica, str) and replica in self.known_instances:
+            return replica
+        return str(resource.get(a.SERVICE_NAME, "unknown"))
 
     def _remember(self, keys: dict[bytes, None]) -> None:
         for key in keys:

@@ -4,7 +4,8 @@
 
 Pages are chosen in the sidebar (or with `?page=sessions`; `?session=ID&step=N` opens that step's story); the
 time range is relative to the newest data in the store, so a recorded store reads the same as a live one; times
-are shown in the browser's zone or UTC (`dashboard.clock`).
+are shown in the browser's zone or UTC (`dashboard.clock`); a fleet's instances are chosen in the sidebar (or with
+`?instance=NAME`, repeatable).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import streamlit as st
 if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dashboard.context import Context, bucket_for, choose_clock, choose_range  # noqa: E402
+from dashboard.context import Context, bucket_for, choose_clock, choose_instances, choose_range  # noqa: E402
 from dashboard.views import PAGES, cache  # noqa: E402
 from kvobs.store.db import store_url  # noqa: E402
 
@@ -68,10 +69,12 @@ def main() -> None:
         return
     since, until = choose_range(*bounds, clock)
     st.sidebar.caption(f"{clock.iso(since)} to {clock.iso(until)}")
+    fleet = tuple(cache.instances(url))
+    instances = choose_instances(list(fleet))
     _store_caption(url)
-    interval = cache.sample_interval(url, since, until)
+    interval = cache.sample_interval(url, since, until, instances)
     window_s = bucket_for(since, until, at_least=interval)
-    PAGES[page].render(Context(url, since, until, window_s, jaeger_url, clock, interval))
+    PAGES[page].render(Context(url, since, until, window_s, jaeger_url, clock, interval, instances, fleet))
 
 
 def _store_caption(url: str) -> None:

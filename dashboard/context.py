@@ -1,5 +1,5 @@
-"""What every page is given: the store, the time range, its window, the clock, and the Jaeger link; and the
-sidebar's range and zone choices that make them.
+"""What every page is given: the store, the time range, its window, the clock, the instances, and the Jaeger link;
+and the sidebar's range, zone and instance choices that make them.
 
 The range is relative to the newest time in the store (an observed row or an alert evaluated after it), so a
 recorded store reads the same as a live one. A window is never shorter than the interval the instances report
@@ -30,6 +30,12 @@ class Context:
     jaeger_url: str | None
     clock: Clock
     sample_interval_s: float | None = None  # the instances' reporting interval (median), None without snapshots
+    instances: tuple[str, ...] | None = None  # the instances chosen; None: the whole fleet
+    fleet: tuple[str, ...] = ()  # every instance in the store
+
+    @property
+    def shown_instances(self) -> tuple[str, ...]:
+        return self.fleet if self.instances is None else self.instances
 
     @property
     def axis(self) -> TimeAxis:
@@ -39,7 +45,15 @@ class Context:
         text = f"{self.window_s:g} s windows"
         if self.sample_interval_s:
             text += f" (instances report every {self.sample_interval_s:.3g} s; no window is shorter)"
-        return text + f"; times in {self.clock.label(self.until)}."
+        return text + f"; times in {self.clock.label(self.until)}; {self.scope()}."
+
+    def scope(self) -> str:
+        """Which instances the page counts, in words."""
+        if len(self.fleet) <= 1:
+            return f"instance {self.fleet[0]}" if self.fleet else "no instance has reported"
+        if self.instances is None:
+            return f"all {len(self.fleet)} instances"
+        return f"{len(self.instances)} of {len(self.fleet)} instances ({', '.join(self.instances)})"
 
 
 def bucket_for(since: float, until: float, *, points: int = 120, at_least: float | None = None) -> float:
@@ -69,6 +83,20 @@ def choose_range(first: float, last: float, clock: Clock) -> tuple[float, float]
         return max(first, since), min(last, until)
     span = RANGES[name]
     return (first if span is None else max(first, last - span)), last
+
+
+def choose_instances(fleet: list[str]) -> tuple[str, ...] | None:
+    """The sidebar's instances (`?instance=a&instance=b` preselects); None when the whole fleet is chosen."""
+    if len(fleet) <= 1:
+        return None
+    asked = [name for name in st.query_params.get_all("instance") if name in fleet]
+    if "instances" not in st.session_state:
+        st.session_state["instances"] = asked or list(fleet)
+    chosen = st.sidebar.multiselect("Instances", fleet, key="instances", placeholder="all instances",
+                                    help="Count only these instances' snapshots, requests and KV events (agent "
+                                    "steps and sessions are the fleet's: a session may use any instance). "
+                                    "None chosen: all.")  # fmt: skip
+    return None if not chosen or set(chosen) == set(fleet) else tuple(name for name in fleet if name in chosen)
 
 
 def _wall(ts: float, clock: Clock) -> datetime:

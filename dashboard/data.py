@@ -1,6 +1,8 @@
 """What each dashboard page shows, computed from the store through `kvobs.store.queries` and `kvobs.analytics`.
 
 Plain functions of (store, window), no Streamlit: the pages cache them, `bench/dashboard_queries.py` times them.
+`instances` narrows snapshots, requests and KV events to those instances (None: the whole fleet); agent steps and
+sessions are the fleet's (a session's requests may go to any instance).
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ from dashboard.series import fill_windows, per_window
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.chains import BlockGraph, eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
-from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
+from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
 from kvobs.analytics.step_causes import step_causes
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store import queries
 from kvobs.store.db import Store
 
 PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the latest in the window)
+# per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
+FLEET_SERIES = {"usage_mean": ("KV cache usage", "pinned KV usage", "%"), "hit_rate": ("Hit rate", "hit rate", "%"),
+                "evictions_per_s": ("Blocks lost per second", "blocks / s", None),
+                "requests": ("Requests per window", "requests / window", None),
+                "ttft_p99": ("TTFT p99", "seconds", None)}  # fmt: skip
 
 
 def observed_range(store: Store) -> tuple[float, float] | None:
@@ -31,21 +38,21 @@ def observed_range(store: Store) -> tuple[float, float] | None:
     return (bounds[0], max(bounds[1], float(later["ts"].max()))) if not later.empty else bounds
 
 
-def sample_interval(store: Store, since: float, until: float) -> float | None:
+def sample_interval(store: Store, since: float, until: float, instances=None) -> float | None:
     """The instances' reporting interval in the range (median gap between one instance's snapshots), or None."""
-    snaps = queries.instance_snapshots(store, since, until)
+    snaps = queries.instance_snapshots(store, since, until, instances=instances)
     gaps = snaps.sort_values("ts").groupby("instance")["ts"].diff().dropna()
     gaps = gaps[gaps > 0]
     return float(gaps.median()) if not gaps.empty else None
 
 
-def overview(store: Store, since: float, until: float, window_s: float) -> dict:
+def overview(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
     """KPIs and the Overview's series on the window grid of [since, until]: counts 0 where their source watched and
     saw nothing, sampled values NaN (a gap) where nothing was sampled."""
-    snaps = queries.instance_snapshots(store, since, until)
-    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
+    snaps = queries.instance_snapshots(store, since, until, instances=instances)
+    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances)
     losses = queries.losses_in(counts)  # "blocks lost", one definition
-    reqs = queries.requests(store, since, until)
+    reqs = queries.requests(store, since, until, instances=instances)
     steps = queries.steps(store, since, until)
     frame = pressure_windows(snaps, reqs, losses, window_s=window_s).set_index("window")
 
@@ -91,18 +98,57 @@ def overview(store: Store, since: float, until: float, window_s: float) -> dict:
     }
 
 
-def pressure(store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6) -> dict:
-    snaps = queries.instance_snapshots(store, since, until)
-    losses = queries.block_losses(store, since, until, bucket_s=window_s)
-    frame = pressure_windows(snaps, queries.requests(store, since, until), losses, window_s=window_s)
+def fleet(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
+    """Per instance: a row of totals (`table`, most blocks lost first) and, for each `FLEET_SERIES` measure, a frame
+    of one column per instance on the window grid (`series`); an instance whose source did not report a measure
+    has no column there (unknown, not zero)."""
+    snaps = queries.instance_snapshots(store, since, until, instances=instances)
+    reqs = queries.requests(store, since, until, instances=instances)
+    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances, by_instance=True)
+    losses = queries.losses_in(counts)
+    rows, series = [], {column: {} for column in FLEET_SERIES}
+    for name in sorted(set(snaps["instance"]) | set(reqs["instance"]) | set(counts["instance"])):
+        mine = (snaps[snaps["instance"] == name], reqs[reqs["instance"] == name], losses[losses["instance"] == name])
+        frame = pressure_windows(*mine, window_s=window_s).set_index("window")
+        watched = {"evictions_per_s": (counts["instance"] == name).any(), "requests": not mine[1].empty}
+        for column in FLEET_SERIES:
+            if column in frame and frame[column].notna().any():
+                filled = fill_windows(frame[[column]], since, until, window_s,
+                                      value=0.0 if watched.get(column) else np.nan)  # fmt: skip
+                series[column][name] = filled[column]
+        rows.append(_instance_row(name, *mine))
+    table = pd.DataFrame(rows, columns=["instance", "blocks_lost", "preemptions", "requests", "ttft_p99_s", "hit_rate",
+                                        "kv_usage_max", "last_ts"])  # fmt: skip
+    table = table.sort_values(["blocks_lost", "instance"], ascending=[False, True], kind="stable", ignore_index=True)
+    return {"table": table, "series": {c: pd.DataFrame(cols) for c, cols in series.items()}}
+
+
+def _instance_row(name: str, snaps: pd.DataFrame, reqs: pd.DataFrame, losses: pd.DataFrame) -> dict:
+    ttft, hit, usage = reqs["ttft_s"].dropna(), snaps["hit_rate"].dropna(), snaps["kv_usage"].dropna()
+    seen = [frame[column].max() for frame, column in ((snaps, "ts"), (reqs, "finished_ts")) if not frame.empty]
+    return {"instance": name, "blocks_lost": int(losses["blocks"].sum()),
+            "preemptions": float(preemption_increase(snaps).sum()) if not snaps.empty else None,
+            "requests": len(reqs), "ttft_p99_s": float(ttft.quantile(0.99)) if not ttft.empty else None,
+            "hit_rate": float(hit.mean()) if not hit.empty else None,
+            "kv_usage_max": float(usage.max()) if not usage.empty else None,
+            "last_ts": max(seen) if seen else None}  # fmt: skip
+
+
+def pressure(store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6,
+             instances=None) -> dict:  # fmt: skip
+    snaps = queries.instance_snapshots(store, since, until, instances=instances)
+    losses = queries.block_losses(store, since, until, bucket_s=window_s, instances=instances)
+    frame = pressure_windows(snaps, queries.requests(store, since, until, instances=instances), losses,
+                             window_s=window_s)  # fmt: skip
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 
 
-def sessions(store: Store, since: float, until: float) -> pd.DataFrame:
-    """The range's sessions, worst first: most failed steps, then most blocks lost while idle."""
+def sessions(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
+    """The range's sessions, worst first: most failed steps, then most blocks lost while idle (footprints on
+    `instances` only)."""
     steps = queries.steps(store, since, until)
-    footprints = queries.session_footprints(store, since, until)
+    footprints = queries.session_footprints(store, since, until, instances=instances)
     table = session_table(queries.sessions(store), footprints, steps)
     if not steps.empty:
         table = table[table["session_id"].isin(set(steps["session_id"]) | set(footprints["session_id"]))]
@@ -155,26 +201,30 @@ def failures(store: Store, since: float, until: float) -> pd.DataFrame:
     return failure_summary(step_causes(store, since, until, failed_only=True))
 
 
-def kv_events_page(store: Store, since: float, until: float, window_s: float) -> dict:
-    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s)
+def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
+    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances)
     lifecycle = counts.pivot_table(index="bucket", columns="kind", values="events", aggfunc="sum", fill_value=0)
     if not lifecycle.empty:  # the stream reported in this range: a window without events had none
         lifecycle = fill_windows(lifecycle, since, until, window_s, value=0.0)
     losses = queries.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
-    stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS)
+    stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS, instances=instances)
     graph = BlockGraph.from_stored(stored)
     return {
         "lifecycle": lifecycle,
         "reasons": reasons.rename("blocks").reset_index(),
         "prefixes": prefix_reuse(stored, graph).head(20),
-        "restored": queries.top_restored_blocks(store, since, until, limit=20),
-        "churn": eviction_churn(graph),
+        "restored": queries.top_restored_blocks(store, since, until, limit=20, instances=instances),
+        "churn": eviction_churn(stored),
         "prefix_rows": len(stored),
     }
 
 
-def alerts_page(store: Store, since: float, until: float) -> dict:
+def alerts_page(store: Store, since: float, until: float, instances=None) -> dict:
+    """Alerts firing now and the range's transitions; with `instances`, those of these instances and those of no
+    instance (a session's, the fleet's)."""
     history = queries.alerts(store, since, until)
     latest = queries.alerts(store).drop_duplicates(["rule", "instance", "session_id"], keep="first")
+    if instances is not None:  # a few rows per rule and key: narrowed here
+        history, latest = (f[f["instance"].isna() | f["instance"].isin(instances)] for f in (history, latest))
     return {"active": latest[latest["state"] == "firing"], "history": history}

@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from tests.runs import agent_run, vllm_run  # noqa: E402,F401  (fixtures)
+from tests.runs import agent_run, fleet_run, vllm_run  # noqa: E402,F401  (fixtures)
 from tests.stores import store, store_url  # noqa: E402,F401  (fixtures)
 
 
@@ -28,6 +28,7 @@ def make_llm(smollm2_source):
 
     def build(**config):
         config.setdefault("max_model_len", 1024)
+        config.setdefault("dtype", "float32")  # "auto" depends on the CPU (engine.precision); tests pin it
         return LLM(source=smollm2_source, progress=False, **config)
 
     return build

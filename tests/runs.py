@@ -3,6 +3,8 @@
 - `agent_run`: our engine (real SmolLM2, 30 blocks of 16 tokens, so sessions evict each other, get preempted and
   time out) under the `kvobs agents` workload: 6 sessions, 3 at a time, 3 steps, 0.2-0.6 s tool pauses.
 - `vllm_run`: the recorded vLLM 0.32 run (../shared/fixtures) ingested by the collector.
+- `fleet_run`: the same recording as a fleet of two replicas behind one collector (`vllm-a` plays all of it,
+  `vllm-b` its second half and then goes down; requests dealt out between them).
 """
 
 from __future__ import annotations
@@ -54,5 +56,19 @@ def vllm_run(tmp_path_factory) -> Run:
     url = f"sqlite:///{tmp_path_factory.mktemp('vllm-run') / 'kvobs.db'}"
     store = open_store(url)
     with collect_recorded(store):
+        pass
+    return Run(url, store)
+
+
+FLEET = ("vllm-a", "vllm-b")
+
+
+@pytest.fixture(scope="session")
+def fleet_run(tmp_path_factory) -> Run:
+    from tests.collectors.recorded_run import collect_recorded
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('fleet-run') / 'kvobs.db'}"
+    store = open_store(url)
+    with collect_recorded(store, replicas=FLEET):
         pass
     return Run(url, store)

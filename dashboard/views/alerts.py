@@ -12,7 +12,9 @@ TITLE = "Alerts"
 
 def render(ctx) -> None:
     st.header(TITLE)
-    data = cache.alerts(ctx.url, ctx.since, ctx.until)
+    data = cache.alerts(ctx.url, ctx.since, ctx.until, ctx.instances)
+    if ctx.instances is not None:
+        st.caption(f"Alerts of {ctx.scope()}, and those of no instance (a session's, the fleet's).")
     st.subheader("Firing")
     if data["active"].empty:
         st.success("Nothing is firing.")

@@ -19,23 +19,35 @@ def time_range(url: str):
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def sample_interval(url: str, since: float, until: float):
-    return data.sample_interval(get_store(url), since, until)
+def instances(url: str):
+    from kvobs.store import queries
+
+    return queries.instances(get_store(url))
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def overview(url, since, until, window_s):
-    return data.overview(get_store(url), since, until, window_s)
+def sample_interval(url: str, since: float, until: float, instances=None):
+    return data.sample_interval(get_store(url), since, until, instances)
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def pressure(url, since, until, window_s, x, y):
-    return data.pressure(get_store(url), since, until, window_s, x, y)
+def overview(url, since, until, window_s, instances=None):
+    return data.overview(get_store(url), since, until, window_s, instances)
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def sessions(url, since, until):
-    return data.sessions(get_store(url), since, until)
+def fleet(url, since, until, window_s, instances=None):
+    return data.fleet(get_store(url), since, until, window_s, instances)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def pressure(url, since, until, window_s, x, y, instances=None):
+    return data.pressure(get_store(url), since, until, window_s, x, y, instances=instances)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def sessions(url, since, until, instances=None):
+    return data.sessions(get_store(url), since, until, instances)
 
 
 @st.cache_data(ttl=10, show_spinner=False)
@@ -49,13 +61,13 @@ def failures(url, since, until):
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def kv_events(url, since, until, window_s):
-    return data.kv_events_page(get_store(url), since, until, window_s)
+def kv_events(url, since, until, window_s, instances=None):
+    return data.kv_events_page(get_store(url), since, until, window_s, instances)
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def alerts(url, since, until):
-    return data.alerts_page(get_store(url), since, until)
+def alerts(url, since, until, instances=None):
+    return data.alerts_page(get_store(url), since, until, instances)
 
 
 @st.cache_data(ttl=10, show_spinner=False)

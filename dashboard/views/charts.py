@@ -78,6 +78,26 @@ def time_chart(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str,
     return True
 
 
+def small_multiples(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str, y_format: str | None = None,
+                    columns: int = 3, width: int = 300, height: int = 130) -> bool:  # fmt: skip
+    """One small line chart per column of `frame` (an instance), all on the page's x-range and one y-scale, so
+    the instances compare at a glance; or say `empty`. Returns whether a chart was drawn."""
+    if frame.empty or is_empty(frame):
+        st.info(empty)
+        return False
+    long = _long(frame, axis.clock, None)
+    tooltip = [alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"),
+               alt.Tooltip(f"{SERIES}:N", title="instance"),
+               alt.Tooltip(f"{VALUE}:Q", title=y_title, format=y_format or ",.4~g")]  # fmt: skip
+    y = alt.Y(f"{VALUE}:Q", title=y_title, axis=alt.Axis(format=y_format) if y_format else alt.Axis())
+    chart = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(x=axis.encoding(), y=y,
+                                                                                tooltip=tooltip)  # fmt: skip
+    header = alt.Header(labelFontSize=13, labelFontWeight="bold", labelOrient="top")
+    st.altair_chart(chart.properties(width=width, height=height).facet(
+        facet=alt.Facet(f"{SERIES}:N", title=None, header=header), columns=columns), width="content")  # fmt: skip
+    return True
+
+
 def _long(frame: pd.DataFrame, clock: Clock, window_s: float | None) -> pd.DataFrame:
     ts = frame.index.to_numpy(float)
     parts = []

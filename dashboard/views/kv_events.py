@@ -13,7 +13,7 @@ TITLE = "KV events"
 
 def render(ctx) -> None:
     st.header(TITLE)
-    data = cache.kv_events(ctx.url, ctx.since, ctx.until, ctx.window_s)
+    data = cache.kv_events(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances)
     if data["lifecycle"].empty:
         st.info("No KV events in this range.")
         return
@@ -23,7 +23,11 @@ def render(ctx) -> None:
     churn = data["churn"]
     c1, c2, c3 = st.columns(3)
     c1.metric("distinct blocks stored", f"{churn['blocks']:,}")
-    c2.metric("blocks stored again after loss", f"{churn['restored_blocks']:,}")
+    c2.metric(
+        "blocks stored again after loss",
+        f"{churn['restored_blocks']:,}",
+        help="Stored again on the same instance (the same block on two replicas is not a restore).",
+    )
     c3.metric("eviction churn", f"{churn['churn']:.1%}")
     left, right = st.columns(2)
     with left:

@@ -1,17 +1,20 @@
-"""Overview: KPIs and the time series of cache pressure, evictions, preemptions, latency and step failures."""
+"""Overview: KPIs and the time series of cache pressure, evictions, preemptions, latency and step failures; on a
+fleet, one row per instance and one measure as small multiples."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from dashboard.data import FLEET_SERIES
 from dashboard.views import cache
-from dashboard.views.charts import time_chart
+from dashboard.views.charts import small_multiples, time_chart
 from dashboard.views.tables import show_table
 
 TITLE = "Overview"
 KPI_HELP = {
     "requests": "LLM requests that arrived in the range.",
-    "agent steps": "Agent steps (recorded by the kvobs SDK) that started in the range.",
+    "agent steps": "Agent steps (recorded by the kvobs SDK) that started in the range: the fleet's, whatever "
+    "instances are chosen.",
     "failed steps": "Agent steps that ended in an error (any error type).",
     "hit rate": "Prefix-cache hit rate: mean of the instances' snapshots in the range.",
     "blocks lost": "Cached blocks evicted, invalidated or removed (each lost block once; resets not included).",
@@ -32,7 +35,7 @@ def _shown(name: str, value) -> str:
 
 def render(ctx) -> None:
     st.header(TITLE)
-    data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s)
+    data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances)
     kpis = data["kpis"]
     for col, (name, value) in zip(st.columns(len(kpis)), kpis.items()):
         col.metric(name, _shown(name, value), help=KPI_HELP[name])
@@ -74,3 +77,24 @@ def render(ctx) -> None:
         if drawn and kpis["failed steps"]:
             st.caption("Failed steps by cause (with the evidence for each cause):")
             show_table(cache.failures(ctx.url, ctx.since, ctx.until), ctx.clock)
+    if len(ctx.shown_instances) > 1:
+        render_fleet(ctx)
+
+
+def render_fleet(ctx) -> None:
+    """Per instance: a row each (most blocks lost first), then one measure as small multiples."""
+    st.subheader("Per instance")
+    data = cache.fleet(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances)
+    st.caption(f"{ctx.scope().capitalize()}, most blocks lost first. Requests come from each instance's traces "
+               "(`service.instance.id`), snapshots from its /metrics, losses from its KV-event stream; a dash: that "
+               "source reported nothing for the instance in this range.")  # fmt: skip
+    show_table(data["table"], ctx.clock)
+    measure = st.selectbox("Measure, per instance", list(FLEET_SERIES), key="fleet_measure",
+                           format_func=lambda c: FLEET_SERIES[c][0])  # fmt: skip
+    title, unit, fmt = FLEET_SERIES[measure]
+    frame = data["series"][measure]
+    silent = [name for name in data["table"]["instance"] if name not in frame.columns]
+    small_multiples(frame, ctx.axis, y_title=unit, y_format=fmt,
+                    empty=f"No instance reported {title.lower()} in this range.")  # fmt: skip
+    if silent and not frame.empty:
+        st.caption(f"No {title.lower()} from: {', '.join(silent)} (their source did not report it; unknown, not 0).")

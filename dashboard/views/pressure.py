@@ -30,8 +30,9 @@ def render(ctx) -> None:
     window_s = c1.selectbox("Window (s)", windows, index=default, key="pressure_window")
     x = c2.selectbox("Pressure", list(PRESSURE), format_func=PRESSURE.get, index=3, key="pressure_x")
     y = c3.selectbox("Latency", list(LATENCY), format_func=LATENCY.get, key="pressure_y")
-    data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y)
+    data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y, ctx.instances)
     frame = data["windows"]
+    st.caption(f"{window_s:g} s windows over {ctx.scope()}.")
     if x not in frame or y not in frame or frame[[x, y]].dropna().empty:
         st.info("Not enough data in this range for this pair: it needs instance snapshots or KV events, and requests.")
         return

@@ -20,11 +20,14 @@ STEP_COLUMNS = ["step_index", "status", "failure_cause", "slow_cause", "e2e_s", 
 
 def render(ctx) -> None:
     st.header(TITLE)
-    table = cache.sessions(ctx.url, ctx.since, ctx.until)
+    table = cache.sessions(ctx.url, ctx.since, ctx.until, ctx.instances)
     if table.empty:
         st.info("No sessions in this range.")
         return
-    st.caption("Worst first: most failed steps, then most blocks lost while idle.")
+    st.caption(
+        "Worst first: most failed steps, then most blocks lost while idle."
+        + (f" Footprints on {ctx.scope()}; steps are the fleet's." if ctx.instances is not None else "")
+    )
     show_table(table, ctx.clock)
     session_id = st.selectbox("Session", table["session_id"].tolist(), key="session")
     detail = cache.session_detail(ctx.url, session_id)

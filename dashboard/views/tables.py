@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboard.clock import Clock
 
-PERCENT_COLUMNS = ("hit_rate", "hit rate", "kv_usage", "churn")
+PERCENT_COLUMNS = ("hit_rate", "hit rate", "kv_usage", "kv_usage_max", "churn")
 WIDE_COLUMNS = ("evidence", "error_type", "summary", "what", "detail")
 
 

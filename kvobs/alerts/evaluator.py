@@ -69,10 +69,10 @@ class Evaluator:
             except Exception:
                 log.exception("evaluating rule %s failed; the other rules go on", rule.name)
                 continue
-            for (instance, session_id), value in firing.items():
+            for (instance, session_id), value in sorted(firing.items(), key=lambda item: _ordered(*item[0])):
                 if (rule.name, instance, session_id) not in active:
                     transitions.append(self._row(rule, "firing", now, instance, session_id, value))
-            for (name, instance, session_id), row in active.items():
+            for (name, instance, session_id), row in sorted(active.items(), key=lambda item: _ordered(*item[0][1:])):
                 if name == rule.name and (instance, session_id) not in firing:
                     transitions.append(self._row(rule, "resolved", now, instance, session_id, None,
                                                  summary=f"resolved: {row.summary}"))  # fmt: skip
@@ -100,3 +100,8 @@ class Evaluator:
         return {"ts": now, "rule": rule.name, "severity": rule.severity, "state": state, "instance": instance,
                 "session_id": session_id, "value": value,
                 "summary": (summary or rule.describe(value, instance, session_id))[:1024]}  # fmt: skip
+
+
+def _ordered(instance: str | None, session_id: str | None) -> tuple[str, str]:
+    """Transitions in one order on every backend (by instance, then session), whatever order the reads return."""
+    return instance or "", session_id or ""

@@ -13,8 +13,6 @@ session's previous request.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pandas as pd
 
 
@@ -24,7 +22,6 @@ class BlockGraph:
     def __init__(self) -> None:
         self.parent: dict[int, int | None] = {}
         self.first_stored: dict[int, float] = {}
-        self.times_stored: Counter[int] = Counter()
         self._roots: dict[int, int] = {}
 
     @classmethod
@@ -32,7 +29,6 @@ class BlockGraph:
         graph = cls()
         for ts, block_hash, parent in zip(stored["ts"], stored["block_hash"], stored["parent_hash"]):
             block_hash = int(block_hash)
-            graph.times_stored[block_hash] += 1
             if block_hash not in graph.first_stored:
                 graph.first_stored[block_hash] = ts
                 graph.parent[block_hash] = None if pd.isna(parent) else int(parent)
@@ -180,11 +176,11 @@ def prefix_reuse(stored: pd.DataFrame, graph: BlockGraph) -> pd.DataFrame:
     return out.sort_values(["sessions", "stores"], ascending=False).reset_index()
 
 
-def eviction_churn(graph: BlockGraph) -> dict:
-    """Blocks stored more than once (evicted, then computed again): `blocks`, `restored_blocks`, `extra_stores`,
-    `churn` = extra stores / all stores."""
-    stores = sum(graph.times_stored.values())
-    restored = [n for n in graph.times_stored.values() if n > 1]
-    extra = sum(n - 1 for n in restored)
-    return {"blocks": len(graph.times_stored), "restored_blocks": len(restored), "extra_stores": extra,
-            "churn": extra / stores if stores else 0.0}  # fmt: skip
+def eviction_churn(stored: pd.DataFrame) -> dict:
+    """Blocks stored more than once on one instance (lost, then computed again; the same block cached on two
+    replicas is two blocks, neither restored): `blocks`, `restored_blocks`, `extra_stores`, `churn` = extra stores /
+    all stores. `stored`: `stored_blocks` rows (`instance`, `block_hash`)."""
+    times = stored.groupby(["instance", "block_hash"]).size() if len(stored) else pd.Series(dtype="int64")
+    extra = int((times[times > 1] - 1).sum())
+    return {"blocks": len(times), "restored_blocks": int((times > 1).sum()), "extra_stores": extra,
+            "churn": extra / len(stored) if len(stored) else 0.0}  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.store.queries import BLOCK_LOSS_KINDS
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS
 
 LATENCIES = ("ttft", "itl", "queue")
 

@@ -25,6 +25,9 @@ ERROR_TYPE = "error.type"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 SESSION_ID = "session.id"
+# resource attributes: which replica exported a span (`OTEL_RESOURCE_ATTRIBUTES=service.instance.id=vllm-a`)
+SERVICE_NAME = "service.name"
+SERVICE_INSTANCE_ID = "service.instance.id"
 
 # ---- vLLM's llm_request keys ---------------------------------------------------------------------
 GEN_AI_REQUEST_ID = "gen_ai.request.id"

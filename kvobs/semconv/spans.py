@@ -77,6 +77,10 @@ class KVEventKind(Name):
     INVALIDATED = "invalidated"
 
 
+# Kinds that end a cached block's content: the engine's `evicted`/`invalidated`, vLLM's `removed`.
+BLOCK_LOSS_KINDS = (KVEventKind.EVICTED.value, KVEventKind.INVALIDATED.value, KVEventKind.REMOVED.value)
+
+
 class StepStatus(Name):
     OK = "ok"
     ERROR = "error"

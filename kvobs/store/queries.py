@@ -5,6 +5,7 @@
 
 Every function takes `since`/`until` (epoch seconds, inclusive) where the table is large, filters and aggregates
 in SQL on indexed columns (a page never pulls a million rows) and returns plain columns (hashes as Python ints).
+The per-instance tables (snapshots, requests, KV events) also take `instances`: only those (None: the whole fleet).
 """
 
 from __future__ import annotations
@@ -12,19 +13,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pandas as pd
-from sqlalchemy import and_, distinct, exists, func, select, union_all
-from sqlalchemy.orm import aliased
+from sqlalchemy import distinct, func, select, union_all
 
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
-from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import rollups
 from kvobs.store.backends import per_backend
 from kvobs.store.db import Store
-from kvobs.store.schema import AlertRow, KVEventRow, MetricSampleRow, RequestRow, SessionRow, SnapshotRow, StepRow
-from kvobs.store.sql_read import _between, _columns, _lookup, read  # noqa: F401  (read: part of this module's interface)
+from kvobs.store.schema import (
+    AlertRow,
+    KVEventMinuteRow,
+    KVEventRow,
+    MetricSampleRow,
+    RequestRow,
+    SessionRow,
+    SnapshotRow,
+    StepRow,
+)
+from kvobs.store.sql_read import _between, _columns, _of_instances, read  # noqa: F401  (read: part of the interface)
 
-# Kinds that end a cached block's content: the engine's `evicted`/`invalidated`, vLLM's `removed`.
-BLOCK_LOSS_KINDS = (KVEventKind.EVICTED.value, KVEventKind.INVALIDATED.value, KVEventKind.REMOVED.value)
+Instances = Iterable[str] | None  # which instances a read covers; None: all
 
 
 @per_backend
@@ -39,16 +47,18 @@ def time_range(store: Store) -> tuple[float, float] | None:
 
 @per_backend
 def instances(store: Store) -> list[str]:
+    """Every instance that reported anything: snapshots (scrapes, the engine), requests, KV events (the rollup)."""
+    names = union_all(*(select(column).distinct() for column in (SnapshotRow.instance, RequestRow.instance,
+                                                                   KVEventMinuteRow.instance)))  # fmt: skip
     with store.engine.connect() as conn:
-        return sorted(conn.execute(select(SnapshotRow.instance).distinct()).scalars())
+        return sorted(set(conn.execute(names).scalars()) - {None})
 
 
 @per_backend
-def instance_snapshots(store: Store, since=None, until=None, instance: str | None = None) -> pd.DataFrame:
+def instance_snapshots(store: Store, since=None, until=None, *, instances: Instances = None) -> pd.DataFrame:
     """Instance-level snapshots (`session_id` null), oldest first."""
     stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id.is_(None))
-    if instance is not None:
-        stmt = stmt.where(SnapshotRow.instance == instance)
+    stmt = _of_instances(stmt, SnapshotRow.instance, instances)
     return read(store, _between(stmt, SnapshotRow.ts, since, until).order_by(SnapshotRow.ts))
 
 
@@ -60,11 +70,11 @@ def session_snapshots(store: Store, session_id: str) -> pd.DataFrame:
 
 
 @per_backend
-def session_footprints(store: Store, since=None, until=None) -> pd.DataFrame:
+def session_footprints(store: Store, since=None, until=None, *, instances: Instances = None) -> pd.DataFrame:
     """Every session's latest footprint in the window: one row per (session, instance)."""
-    latest = _between(
+    latest = _between(_of_instances(
         select(SnapshotRow.session_id, SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
-        .where(SnapshotRow.session_id.is_not(None)), SnapshotRow.ts, since, until,
+        .where(SnapshotRow.session_id.is_not(None)), SnapshotRow.instance, instances), SnapshotRow.ts, since, until,
     ).group_by(SnapshotRow.session_id, SnapshotRow.instance).subquery()  # fmt: skip
     stmt = select(*_columns(SnapshotRow, "id")).join(
         latest, (SnapshotRow.session_id == latest.c.session_id) & (SnapshotRow.instance == latest.c.instance)
@@ -73,14 +83,16 @@ def session_footprints(store: Store, since=None, until=None) -> pd.DataFrame:
     return read(store, stmt).drop_duplicates(["session_id", "instance"], keep="last")
 
 
-def requests(store: Store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+def requests(store: Store, since=None, until=None, session_id: str | None = None, *,
+             instances: Instances = None) -> pd.DataFrame:  # fmt: skip
     """Finished requests by arrival time, with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s` added."""
-    return with_latencies(request_rows(store, since, until, session_id))
+    return with_latencies(request_rows(store, since, until, session_id, instances=instances))
 
 
 @per_backend
-def request_rows(store: Store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
-    stmt = select(*_columns(RequestRow, "id"))
+def request_rows(store: Store, since=None, until=None, session_id: str | None = None, *,
+                 instances: Instances = None) -> pd.DataFrame:  # fmt: skip
+    stmt = _of_instances(select(*_columns(RequestRow, "id")), RequestRow.instance, instances)
     if session_id is not None:
         stmt = stmt.where(RequestRow.session_id == session_id)
     return read(store, _between(stmt, RequestRow.arrival_ts, since, until).order_by(RequestRow.arrival_ts))
@@ -109,25 +121,29 @@ def sessions(store: Store) -> pd.DataFrame:
     return read(store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))
 
 
-def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
+def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 60.0, instances: Instances = None,
+                    by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
     """KV events per time bucket, kind and reason: `bucket` (its start, epoch s), `kind`, `reason`, `events` (rows),
-    `blocks` (block events: a block lost by several owning sessions, one row each, counts once). From the per-minute
-    rollup where the window holds whole minutes (`kvobs.store.rollups`), equal to counting the raw rows."""
-    return rollups.counts(store, since, until, bucket_s)
+    `blocks` (block events: a block lost by several owning sessions, one row each, counts once); per `instance`
+    too with `by_instance`. From the per-minute rollup where the window holds whole minutes (`kvobs.store.rollups`),
+    equal to counting the raw rows."""
+    return rollups.counts(store, since, until, bucket_s, instances=instances, by_instance=by_instance)
 
 
-def block_losses(store: Store, since=None, until=None, *, bucket_s: float = 60.0) -> pd.DataFrame:
+def block_losses(store: Store, since=None, until=None, *, bucket_s: float = 60.0,
+                 instances: Instances = None) -> pd.DataFrame:  # fmt: skip
     """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
     "Blocks lost" everywhere (Overview, What-if): evictions, invalidations and vLLM's removals (`BLOCK_LOSS_KINDS`),
     one per (instance, time, block) however many owning sessions recorded it (`first_owner`), so a block lost twice
     counts twice. Resets (`cleared`), dropping every cached block at once, are shown on their own. From the rollup."""
-    return losses_in(rollups.counts(store, since, until, bucket_s, kinds=BLOCK_LOSS_KINDS))
+    return losses_in(rollups.counts(store, since, until, bucket_s, kinds=BLOCK_LOSS_KINDS, instances=instances))
 
 
 def losses_in(counts: pd.DataFrame) -> pd.DataFrame:
-    """The "blocks lost" rows of `kv_event_counts` (what `block_losses` returns for the same window and bucket)."""
-    losses = counts.loc[counts["kind"].isin(BLOCK_LOSS_KINDS), ["bucket", "kind", "reason", "blocks"]]
-    return losses.reset_index(drop=True)
+    """The "blocks lost" rows of `kv_event_counts` (what `block_losses` returns for the same window and bucket;
+    with `instance` when the counts have it)."""
+    columns = ["bucket", *(["instance"] if "instance" in counts else []), "kind", "reason", "blocks"]
+    return counts.loc[counts["kind"].isin(BLOCK_LOSS_KINDS), columns].reset_index(drop=True)
 
 
 def scraped_hit_rate(store: Store, since=None, until=None) -> float | None:
@@ -169,12 +185,14 @@ def session_events(store: Store, windows: list[tuple[str, float, float]], *, kin
 
 
 @per_backend
-def stored_blocks(store: Store, since=None, until=None, *, latest: int | None = None) -> pd.DataFrame:
+def stored_blocks(store: Store, since=None, until=None, *, latest: int | None = None,
+                  instances: Instances = None) -> pd.DataFrame:  # fmt: skip
     """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, oldest first;
     `latest`: only the newest this many (chosen in SQL, by the `(kind, ts)` index)."""
     stmt = select(KVEventRow.ts, KVEventRow.instance, KVEventRow.block_hash, KVEventRow.parent_hash,
                   KVEventRow.num_tokens, KVEventRow.session_id, KVEventRow.request_id)  # fmt: skip
-    stmt = _between(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.ts, since, until)
+    stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
+    stmt = _between(stmt, KVEventRow.ts, since, until)
     if latest is None:
         return read(store, stmt.order_by(KVEventRow.ts, KVEventRow.id))
     newest = read(store, stmt.order_by(KVEventRow.ts.desc(), KVEventRow.id.desc()).limit(latest))
@@ -182,14 +200,17 @@ def stored_blocks(store: Store, since=None, until=None, *, latest: int | None = 
 
 
 @per_backend
-def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20) -> pd.DataFrame:
-    """Blocks stored more than once in the window (evicted, then computed again): `block_hash`, `stores`,
-    `sessions`, `first_ts`, `last_ts`, most-stored first."""
-    stmt = select(KVEventRow.block_hash, func.count().label("stores"),
+def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20,
+                        instances: Instances = None) -> pd.DataFrame:  # fmt: skip
+    """Blocks stored more than once on one instance in the window (lost, then computed again; the same block on two
+    replicas is not a restore): `instance`, `block_hash`, `stores`, `sessions`, `first_ts`, `last_ts`, most-stored
+    first."""
+    stmt = select(KVEventRow.instance, KVEventRow.block_hash, func.count().label("stores"),
                   func.count(distinct(KVEventRow.session_id)).label("sessions"),
                   func.min(KVEventRow.ts).label("first_ts"), func.max(KVEventRow.ts).label("last_ts"))  # fmt: skip
-    stmt = _between(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.ts, since, until)
-    stmt = stmt.group_by(KVEventRow.block_hash).having(func.count() > 1)
+    stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
+    stmt = _between(stmt, KVEventRow.ts, since, until).group_by(KVEventRow.instance, KVEventRow.block_hash)
+    stmt = stmt.having(func.count() > 1)
     return read(store, stmt.order_by(func.count().desc()).limit(limit))
 
 
@@ -209,92 +230,14 @@ def alerts(store: Store, since=None, until=None) -> pd.DataFrame:
     return read(store, stmt.order_by(AlertRow.ts.desc(), AlertRow.id.desc()))
 
 
-# ---- alert signals and the collector's lookups ----------------------------------------------------------------
-@per_backend
-def instance_counter_before(store: Store, column: str, ts: float) -> dict[str, float]:
-    """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
-    value = getattr(SnapshotRow, column)
-    latest = (select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
-              .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts, value.is_not(None))
-              .group_by(SnapshotRow.instance).subquery())  # fmt: skip
-    stmt = select(SnapshotRow.instance, value).join(
-        latest, (SnapshotRow.instance == latest.c.instance) & (SnapshotRow.ts == latest.c.ts)
-    )
-    frame = read(store, stmt.where(SnapshotRow.session_id.is_(None)))
-    return dict(zip(frame["instance"], frame[column].astype(float)))
-
-
-@per_backend
-def restored_blocks(store: Store, since: float, until: float) -> pd.DataFrame:
-    """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
-    earlier = aliased(KVEventRow)
-    seen_before = exists().where(and_(
-        earlier.kind == KVEventKind.STORED.value, earlier.block_hash == KVEventRow.block_hash,
-        earlier.instance == KVEventRow.instance, earlier.ts < KVEventRow.ts,
-    ))  # fmt: skip
-    stmt = (select(KVEventRow.instance, func.count().label("stored"),
-                   func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"))
-            .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
-            .group_by(KVEventRow.instance))  # fmt: skip
-    return read(store, stmt)
-
-
-@per_backend
-def block_lifetimes(store: Store, since: float, until: float) -> pd.DataFrame:
-    """Blocks lost in the window (one per block and time, whatever the owners), with `lifetime_s`: the time since
-    the same block was last stored on the same instance."""
-    stored = aliased(KVEventRow)
-    last_stored = (select(func.max(stored.ts)).where(
-        stored.kind == KVEventKind.STORED.value, stored.block_hash == KVEventRow.block_hash,
-        stored.instance == KVEventRow.instance, stored.ts <= KVEventRow.ts,
-    ).scalar_subquery())  # fmt: skip
-    stmt = (select(KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, (KVEventRow.ts - last_stored)
-                   .label("lifetime_s"))
-            .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
-            .distinct())  # fmt: skip
-    return read(store, stmt).dropna(subset=["lifetime_s"])
-
-
-@per_backend
-def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
-    """Every session snapshot up to `until` with its running count of blocks lost while idle."""
-    idle = SnapshotRow.session_evicted_idle_blocks
-    stmt = (select(SnapshotRow.session_id, SnapshotRow.instance, SnapshotRow.ts, idle)
-            .where(SnapshotRow.session_id.is_not(None), SnapshotRow.ts <= until, idle.is_not(None)))  # fmt: skip
-    return read(store, stmt)
-
-
-@per_backend
-def step_counts(store: Store, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
-    """(steps, failed steps) started in the window; failures whose `error_type` is in `exclude_errors` not counted."""
-    is_failed = StepRow.status == StepStatus.ERROR.value
-    if exclude_errors:
-        is_failed = and_(is_failed, func.coalesce(StepRow.error_type, "").not_in(list(exclude_errors)))
-    failed = func.sum(func.cast(is_failed, StepRow.step_index.type))
-    stmt = select(func.count(), failed).where(StepRow.started_at >= since, StepRow.started_at <= until)
-    with store.engine.connect() as conn:
-        total, num_failed = conn.execute(stmt).one()
-    return int(total or 0), int(num_failed or 0)
-
-
-@per_backend
-def latest_alert_states(store: Store) -> pd.DataFrame:
-    """The latest row of every (rule, instance, session) alert key."""
-    latest = (select(func.max(AlertRow.id).label("id"))
-              .group_by(AlertRow.rule, AlertRow.instance, AlertRow.session_id).subquery())  # fmt: skip
-    return read(store, select(*_columns(AlertRow)).join(latest, AlertRow.id == latest.c.id))
-
-
-@per_backend
-def session_ends(store: Store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
-    """session id -> `ended_at`, for the given sessions that have ended."""
-    ends = _lookup(
-        store, SessionRow.session_id, SessionRow.ended_at, session_ids, chunk, SessionRow.ended_at.is_not(None)
-    )
-    return {session_id: float(ended) for session_id, ended in ends.items()}
-
-
-@per_backend
-def trace_sessions(store: Store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
-    """trace id -> session id, from the agent steps recorded with those trace ids."""
-    return _lookup(store, StepRow.trace_id, StepRow.session_id, trace_ids, chunk)
+# Alert signals and the collector's lookups: part of this interface, defined in `kvobs.store.lookups`.
+from kvobs.store.lookups import (  # noqa: E402, F401  # noqa: E402, F401  # noqa: E402, F401
+    block_lifetimes,
+    instance_counter_before,
+    latest_alert_states,
+    restored_blocks,
+    session_ends,
+    session_idle_losses,
+    step_counts,
+    trace_sessions,
+)

@@ -43,3 +43,8 @@ def _lookup(store: Store, key, value, keys: Iterable, chunk: int, *where) -> dic
         for i in range(0, len(keys), chunk):
             found.update(conn.execute(select(key, value).where(key.in_(keys[i : i + chunk]), *where)).all())
     return found
+
+
+def _of_instances(stmt: Select, column, instances: Iterable[str] | None) -> Select:
+    """`stmt` narrowed to the rows of `instances` (None: every instance)."""
+    return stmt if instances is None else stmt.where(column.in_(list(instances)))

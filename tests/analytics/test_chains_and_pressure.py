@@ -46,8 +46,9 @@ def test_shared_system_prompt_is_the_top_prefix(agent_run):
     _, stored, graph, _, _ = chain_rates(agent_run.store, 16)
     reuse = prefix_reuse(stored, graph)
     assert reuse.iloc[0]["sessions"] >= 3  # every kind starts with the shared system prompt
-    churn = eviction_churn(graph)
+    churn = eviction_churn(stored)
     assert churn["restored_blocks"] > 0 and 0 < churn["churn"] < 1
+    assert churn["extra_stores"] == len(stored) - churn["blocks"]  # one engine: every store beyond the first
 
 
 def test_vllm_chains_from_session_and_time(vllm_run):

@@ -4,11 +4,13 @@ and, as a store built from a real vLLM, by the analytics, alert and dashboard te
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collectors.collector import Collector, CollectorOptions
+from kvobs.semconv.attributes import SERVICE_INSTANCE_ID
 from kvobs.semconv.spans import SessionSource
 from kvobs.store import StoreWriter
 from kvobs.store.rows import SessionRecord, StepRecord
@@ -34,27 +36,51 @@ def record_agent_steps(store) -> None:
 
 
 @contextmanager
-def collect_recorded(store):
-    """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the stopped collector."""
+def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",)):
+    """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the stopped collector.
+
+    Several `replicas` make a fleet behind one collector: each has its own /metrics and KV-event stream; the first
+    plays the whole recording, each later one its second half (a replica started later, whose /metrics answers 503
+    once its scrapes run out: it went down); the OTLP bodies are dealt out among them in turn, each tagged with its
+    replica's `service.instance.id`, as `OTEL_RESOURCE_ATTRIBUTES` would."""
     record_agent_steps(store)
-    port = free_port()
-    with metrics_server([body for _, body in scrapes()]) as url:
-        options = CollectorOptions(vllm_urls=[f"vllm-cpu={url}"], kv_events=[f"tcp://127.0.0.1:{port}"],
-                                   kv_events_bind=True, otlp_http="127.0.0.1:0", interval_s=3600)  # fmt: skip
+    half = len(kv_messages()) // 2
+    plays = [(kv_messages(), scrapes())] + [(kv_messages()[half:], scrapes()[len(scrapes()) // 2 :])] * (
+        len(replicas) - 1
+    )
+    ports = [free_port() for _ in replicas]
+    with ExitStack() as stack:
+        urls = [stack.enter_context(metrics_server([body for _, body in scraped])) for _, scraped in plays]
+        options = CollectorOptions(
+            vllm_urls=[f"{name}={url}" for name, url in zip(replicas, urls)],
+            kv_events=[f"{name}=tcp://127.0.0.1:{port}" for name, port in zip(replicas, ports)],
+            kv_events_bind=True, otlp_http="127.0.0.1:0", interval_s=3600,
+        )  # fmt: skip
         collector = Collector(options, store=store)
         collector.start()
         try:
-            with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:  # vLLM connected to us when recorded
+            for port, (messages, _) in zip(ports, plays):  # vLLM connected to us when recorded
+                pub = stack.enter_context(publisher(f"tcp://127.0.0.1:{port}", bind=False))
                 wait_subscribed(pub)
-                for message in kv_messages():
+                for message in messages:
                     pub.send_multipart(message.frames)
-                otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
-                for body in otlp_bodies():
-                    assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
-                wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
-                for _ in scrapes()[1:]:
-                    collector.scraper.scrape_all()
-                wait_for(lambda: collector.streams[0].subscriber.num_batches == len(kv_messages()))
+            otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
+            for i, body in enumerate(otlp_bodies()):
+                body = body if len(replicas) == 1 else _exported_by(body, replicas[i % len(replicas)])
+                assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
+            wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
+            for _ in scrapes()[1:]:
+                collector.scraper.scrape_all()
+            for stream, expected in zip(collector.streams, [len(messages) for messages, _ in plays]):
+                wait_for(lambda s=stream, n=expected: s.subscriber.num_batches == n)
         finally:
             collector.stop()
         yield collector
+
+
+def _exported_by(body: bytes, instance: str) -> bytes:
+    """The OTLP body as exported by the replica `instance` (`service.instance.id` on each resource)."""
+    export = ExportTraceServiceRequest.FromString(body)
+    for resource_spans in export.resource_spans:
+        resource_spans.resource.attributes.add(key=SERVICE_INSTANCE_ID).value.string_value = instance
+    return export.SerializeToString()

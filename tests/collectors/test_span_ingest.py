@@ -30,6 +30,30 @@ def test_retried_exports_are_stored_once_and_only_llm_request_spans(store):
     assert len(spans) > len(llm) and ingest.num_duplicates == retried > 0
 
 
+def test_a_replica_is_named_by_its_service_instance_id_only_when_the_collector_knows_it(store):
+    """vLLM's exporter carries a random `service.instance.id` unless told one: a known replica name wins, an unknown
+    id falls back to `service.name`."""
+    from kvobs.semconv.attributes import SERVICE_INSTANCE_ID
+
+    exports = [ExportTraceServiceRequest.FromString(b) for b in otlp_bodies()]
+    body, told = [e for e in exports if any(s.name == "llm_request" for rs in e.resource_spans
+                                            for ss in rs.scope_spans for s in ss.spans)][:2]  # fmt: skip
+    (random_id,) = {kv.value.string_value for rs in body.resource_spans for kv in rs.resource.attributes
+                    if kv.key == SERVICE_INSTANCE_ID}  # fmt: skip
+    assert random_id not in ("vllm", "vllm-b")
+    for rs in told.resource_spans:
+        for kv in rs.resource.attributes:
+            if kv.key == SERVICE_INSTANCE_ID:
+                kv.value.string_value = "vllm-b"  # OTEL_RESOURCE_ATTRIBUTES=service.instance.id=vllm-b
+    writer = StoreWriter(store)
+    ingest = SpanIngest(writer, known_instances=["vllm-a", "vllm-b"])
+    ingest.handle(body)
+    ingest.handle(told)
+    writer.close()
+    with store.session() as s:
+        assert set(s.scalars(select(RequestRow.instance))) == {"vllm", "vllm-b"}
+
+
 def test_agent_step_spans_are_counted_by_status_and_error_type_once(store):
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider

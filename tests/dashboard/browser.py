@@ -77,8 +77,10 @@ class Page:
 
         return self.run(go())
 
-    def visit(self, url: str, ready_js: str, *, timeout_s: float = 60.0, settle_s: float = 1.5) -> tuple[str, bytes]:
-        """Load `url`, wait until `ready_js` is true, then return (the page's text, a PNG screenshot)."""
+    def visit(self, url: str, ready_js: str, *, timeout_s: float = 60.0, settle_s: float = 1.5,
+              scroll_js: str | None = None) -> tuple[str, bytes]:  # fmt: skip
+        """Load `url`, wait until `ready_js` is true, run `scroll_js` (to bring a part of the page into view), then
+        return (the page's text, a PNG screenshot)."""
 
         async def go():
             async with connect(self.ws_url, max_size=64 * 2**20) as ws:
@@ -94,6 +96,9 @@ class Page:
                         raise TimeoutError(f"{url}: not ready after {timeout_s:.0f} s ({ready_js})")
                     await asyncio.sleep(0.25)
                 await asyncio.sleep(settle_s)  # charts draw after the elements appear
+                if scroll_js:
+                    await self._call(ws, "Runtime.evaluate", expression=scroll_js)
+                    await asyncio.sleep(0.5)
                 text = await self._call(
                     ws, "Runtime.evaluate", expression="document.body.innerText", returnByValue=True
                 )

@@ -84,3 +84,25 @@ def test_every_page_renders_in_chromium(served, tmp_path, monkeypatch):
             if key == "step_url":
                 chosen = page.evaluate(SELECTED)
                 assert "What happened, in order" in text and worst["session_id"] in chosen, chosen
+
+
+def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
+    """Two replicas: the sidebar offers both, the Overview draws one row and one small chart per instance."""
+    shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("TZ", BROWSER_ZONE)
+    url, proc = dashboard(fleet_run)
+    per_instance = ("[...document.querySelectorAll('h3')].find(h => h.innerText.trim() === 'Per instance')"
+                    "?.scrollIntoView()")  # fmt: skip
+    try:
+        with chromium() as page:
+            ready = READY.format(title="Overview") + " && " + per_instance.replace("?.scrollIntoView()", "")
+            text, png = page.visit(f"{url}/?page=overview", ready, scroll_js=per_instance, settle_s=3.0)
+            assert not page.evaluate(f"Boolean(document.querySelector('[data-testid=\"{EXCEPTION}\"]'))")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    (shots / "fleet-overview.png").write_bytes(png)
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    assert "Per instance" in text and "all 2 instances" in text
+    assert "vllm-a" in text and "vllm-b" in text and OFFSET in text

@@ -65,7 +65,7 @@ def _open(backend: str, tmp_path):
     return open_store(f"{POSTGRES}?options=-csearch_path%3D{schema}"), drop
 
 
-@pytest.fixture(scope="module", params=["vllm_run", "agent_run"])
+@pytest.fixture(scope="module", params=["vllm_run", "agent_run", "fleet_run"])
 def loaded(request, tmp_path_factory):
     """(run, {backend: store}, {backend: alert transitions}): each backend holding the same run, and the built-in
     alert rules evaluated on it at ten points through the run (their transitions stored in its `alerts`)."""
@@ -138,11 +138,19 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
              ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS}, True),
              ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS, "chunk": 3}, True),
              ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True)]  # fmt: skip
+    one, none = {"instances": queries.instances(store)[-1:]}, {"instances": []}
     for since, until in ((None, None), middle):
         window = () if since is None else (since, until)
         calls += [(name, window, {}, False) for name in (
             "instance_snapshots", "session_footprints", "requests", "steps", "kv_event_counts", "block_losses",
             "stored_blocks", "alerts")]  # fmt: skip
+        calls += [(name, window, scope, False) for scope in (one, none) for name in (
+            "instance_snapshots", "session_footprints", "requests", "kv_event_counts", "block_losses",
+            "stored_blocks")]  # fmt: skip
+        calls += [("top_restored_blocks", window, {**scope, "limit": 10_000}, False) for scope in (one, none)]
+        calls += [
+            ("kv_event_counts", window, {"by_instance": True, "bucket_s": bucket}, False) for bucket in (5.0, 60.0)
+        ] + [("kv_event_counts", window, {**one, "by_instance": True}, False)]
         calls += [("kv_events", window, {}, True), ("top_restored_blocks", window, {"limit": 10_000}, False),
                   ("stored_blocks", window, {"latest": 100}, True),
                   ("kv_event_counts", window, {"bucket_s": 5.0}, False)]  # fmt: skip
@@ -193,10 +201,15 @@ def test_the_rollup_answers_what_the_raw_rows_answer(loaded):
     first, last = queries.time_range(stores["sqlite"])
     minute = math.floor(first / 60) * 60.0
     windows = [(None, None), (first + 7.3, last - 11.9), (minute + 60, minute + 180), (first + 1, first + 30)]
+    fleet = queries.instances(stores["sqlite"])
+    scopes = [{}, {"by_instance": True}, {"instances": fleet[-1:], "by_instance": True}]
     for backend, store in stores.items():
         for since, until in windows:
             for bucket in (60.0, 300.0, 3600.0):
-                rolled = rollups.counts(store, since, until, bucket)
-                raw = rollups._ordered(rollups.raw_counts(store, since, until, bucket, None))
-                assert _values(rolled, ordered=False) == _values(raw, ordered=False), (backend, since, until, bucket)
-                assert rolled["events"].sum() == len(queries.kv_events(store, since, until))
+                for scope in scopes:
+                    rolled = rollups.counts(store, since, until, bucket, **scope)
+                    raw = rollups._ordered(rollups.raw_counts(store, since, until, bucket, None, **scope),
+                                           scope.get("by_instance", False))  # fmt: skip
+                    assert _values(rolled, ordered=False) == _values(raw, ordered=False), (backend, bucket, scope)
+                assert rolled["events"].sum() == len(queries.kv_events(store, since, until)[
+                    lambda e: e["instance"].isin(fleet[-1:])])  # fmt: skip

@@ -11,8 +11,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from kvobs.semconv.spans import KVEventKind, StepStatus
-from kvobs.store.queries import BLOCK_LOSS_KINDS
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
 from kvobs.store.schema import TABLES
 
 STORED = KVEventKind.STORED.value
@@ -40,6 +39,11 @@ class _Where:
             self.add(f"{column} <= {{until:Float64}}", until=float(until))
         return self
 
+    def instances(self, instances, column: str = "instance") -> _Where:
+        if instances is not None:
+            self.add(f"{column} IN {{instances:Array(String)}}", instances=list(instances))
+        return self
+
     def __str__(self) -> str:
         return " WHERE " + " AND ".join(self.clauses) if self.clauses else ""
 
@@ -58,13 +62,14 @@ def time_range(store) -> tuple[float, float] | None:
 
 
 def instances(store) -> list[str]:
-    return sorted(store.frame("SELECT DISTINCT instance FROM snapshots")["instance"])
+    return sorted(
+        store.frame("""SELECT DISTINCT instance FROM (SELECT instance FROM snapshots
+        UNION ALL SELECT instance FROM requests UNION ALL SELECT instance FROM kv_event_minutes)""")["instance"]
+    )
 
 
-def instance_snapshots(store, since=None, until=None, instance: str | None = None) -> pd.DataFrame:
-    where = _Where("session_id IS NULL").window("ts", since, until)
-    if instance is not None:
-        where.add("instance = {instance:String}", instance=instance)
+def instance_snapshots(store, since=None, until=None, *, instances=None) -> pd.DataFrame:
+    where = _Where("session_id IS NULL").window("ts", since, until).instances(instances)
     return store.frame(f"SELECT {_columns('snapshots', 'id')} FROM snapshots{where} ORDER BY ts, id", where.params)
 
 
@@ -73,15 +78,15 @@ def session_snapshots(store, session_id: str) -> pd.DataFrame:
                        "ORDER BY ts, id", {"sid": session_id})  # fmt: skip
 
 
-def session_footprints(store, since=None, until=None) -> pd.DataFrame:
-    where = _Where("session_id IS NOT NULL").window("ts", since, until)
+def session_footprints(store, since=None, until=None, *, instances=None) -> pd.DataFrame:
+    where = _Where("session_id IS NOT NULL").window("ts", since, until).instances(instances)
     return store.frame(f"""SELECT {_columns('snapshots', 'id')} FROM (
         SELECT * FROM snapshots{where} ORDER BY ts DESC, id DESC LIMIT 1 BY session_id, instance) ORDER BY id""",
                        where.params)  # fmt: skip
 
 
-def request_rows(store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
-    where = _Where().window("arrival_ts", since, until)
+def request_rows(store, since=None, until=None, session_id: str | None = None, *, instances=None) -> pd.DataFrame:
+    where = _Where().window("arrival_ts", since, until).instances(instances)
     if session_id is not None:
         where.add("session_id = {sid:String}", sid=session_id)
     sql = f"SELECT {_columns('requests', 'id')} FROM requests FINAL{where} ORDER BY arrival_ts"
@@ -99,21 +104,25 @@ def sessions(store) -> pd.DataFrame:
     return store.frame(f"SELECT {_columns('sessions')} FROM sessions FINAL ORDER BY started_at")
 
 
-def raw_counts(store, since, until, bucket_s: float, kinds, *, upper_open: bool = False) -> pd.DataFrame:
-    where = _Where()
+def raw_counts(store, since, until, bucket_s: float, kinds, *, upper_open: bool = False, instances=None,
+               by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
+    where = _Where().instances(instances)
     if since is not None:
         where.add("ts >= {since:Float64}", since=float(since))
     if until is not None:
         where.add(f"ts {'<' if upper_open else '<='} {{until:Float64}}", until=float(until))
     if kinds is not None:
         where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
-    return store.frame(f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, kind, reason,
+    keys = "bucket, instance, kind, reason" if by_instance else "bucket, kind, reason"
+    return store.frame(f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
+        {'instance,' if by_instance else ''} kind, reason,
         toInt64(count()) AS events, toInt64(sum(coalesce(first_owner, 0))) AS blocks FROM kv_events{where}
-        GROUP BY bucket, kind, reason""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
+        GROUP BY {keys}""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
 
 
-def minute_counts(store, low, high, bucket_s: float, kinds) -> pd.DataFrame:
-    where = _Where()
+def minute_counts(store, low, high, bucket_s: float, kinds, *, instances=None, by_instance: bool = False
+                  ) -> pd.DataFrame:  # fmt: skip
+    where = _Where().instances(instances)
     if low is not None:
         where.add("minute >= {low:Float64}", low=float(low))
     if high is not None:
@@ -121,9 +130,10 @@ def minute_counts(store, low, high, bucket_s: float, kinds) -> pd.DataFrame:
     if kinds is not None:
         where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
     return store.frame(
-        f"""SELECT floor(minute / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, kind,
+        f"""SELECT floor(minute / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
+        {"instance," if by_instance else ""} kind,
         nullIf(reason, '') AS reason, toInt64(sum(events)) AS events, toInt64(sum(blocks)) AS blocks
-        FROM kv_event_minutes{where} GROUP BY bucket, kind, reason""",
+        FROM kv_event_minutes{where} GROUP BY bucket, {"instance, " if by_instance else ""}kind, reason""",
         {**where.params, "bucket": float(bucket_s)},
     )
 
@@ -156,8 +166,8 @@ def session_events(store, windows: list[tuple[str, float, float]], *, kinds, chu
                         "kinds": list(kinds)})  # fmt: skip
 
 
-def stored_blocks(store, since=None, until=None, *, latest: int | None = None) -> pd.DataFrame:
-    where = _Where(f"kind = '{STORED}'").window("ts", since, until)
+def stored_blocks(store, since=None, until=None, *, latest: int | None = None, instances=None) -> pd.DataFrame:
+    where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
     columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id"
     if latest is None:
         return store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)
@@ -166,10 +176,11 @@ def stored_blocks(store, since=None, until=None, *, latest: int | None = None) -
     return newest.iloc[::-1].reset_index(drop=True)
 
 
-def top_restored_blocks(store, since=None, until=None, *, limit: int = 20) -> pd.DataFrame:
-    where = _Where(f"kind = '{STORED}'").window("ts", since, until)
-    return store.frame(f"""SELECT block_hash, toInt64(count()) AS stores, toInt64(uniqExact(session_id)) AS sessions,
-        min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where} GROUP BY block_hash HAVING count() > 1
+def top_restored_blocks(store, since=None, until=None, *, limit: int = 20, instances=None) -> pd.DataFrame:
+    where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
+    return store.frame(f"""SELECT instance, block_hash, toInt64(count()) AS stores,
+        toInt64(uniqExact(session_id)) AS sessions, min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where}
+        GROUP BY instance, block_hash HAVING count() > 1
         ORDER BY stores DESC, first_ts LIMIT {int(limit)}""", where.params)  # fmt: skip
 
 

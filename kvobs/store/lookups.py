@@ -1,0 +1,107 @@
+"""Reads for alert signals and the collector's lookups, part of `kvobs.store.queries` (imported there; call them
+from there): counters before a time, restored blocks, block lifetimes, idle losses, step counts, alert states,
+session ends and trace sessions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+from sqlalchemy import and_, exists, func, select
+from sqlalchemy.orm import aliased
+
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
+from kvobs.store.backends import per_backend
+from kvobs.store.db import Store
+from kvobs.store.schema import AlertRow, KVEventRow, SessionRow, SnapshotRow, StepRow
+from kvobs.store.sql_read import _columns, _lookup, read
+
+
+@per_backend
+def instance_counter_before(store: Store, column: str, ts: float) -> dict[str, float]:
+    """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
+    value = getattr(SnapshotRow, column)
+    latest = (select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
+              .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts, value.is_not(None))
+              .group_by(SnapshotRow.instance).subquery())  # fmt: skip
+    stmt = select(SnapshotRow.instance, value).join(
+        latest, (SnapshotRow.instance == latest.c.instance) & (SnapshotRow.ts == latest.c.ts)
+    )
+    frame = read(store, stmt.where(SnapshotRow.session_id.is_(None)))
+    return dict(zip(frame["instance"], frame[column].astype(float)))
+
+
+@per_backend
+def restored_blocks(store: Store, since: float, until: float) -> pd.DataFrame:
+    """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
+    earlier = aliased(KVEventRow)
+    seen_before = exists().where(and_(
+        earlier.kind == KVEventKind.STORED.value, earlier.block_hash == KVEventRow.block_hash,
+        earlier.instance == KVEventRow.instance, earlier.ts < KVEventRow.ts,
+    ))  # fmt: skip
+    stmt = (select(KVEventRow.instance, func.count().label("stored"),
+                   func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"))
+            .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
+            .group_by(KVEventRow.instance))  # fmt: skip
+    return read(store, stmt)
+
+
+@per_backend
+def block_lifetimes(store: Store, since: float, until: float) -> pd.DataFrame:
+    """Blocks lost in the window (one per block and time, whatever the owners), with `lifetime_s`: the time since
+    the same block was last stored on the same instance."""
+    stored = aliased(KVEventRow)
+    last_stored = (select(func.max(stored.ts)).where(
+        stored.kind == KVEventKind.STORED.value, stored.block_hash == KVEventRow.block_hash,
+        stored.instance == KVEventRow.instance, stored.ts <= KVEventRow.ts,
+    ).scalar_subquery())  # fmt: skip
+    stmt = (select(KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, (KVEventRow.ts - last_stored)
+                   .label("lifetime_s"))
+            .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
+            .distinct())  # fmt: skip
+    return read(store, stmt).dropna(subset=["lifetime_s"])
+
+
+@per_backend
+def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
+    """Every session snapshot up to `until` with its running count of blocks lost while idle."""
+    idle = SnapshotRow.session_evicted_idle_blocks
+    stmt = (select(SnapshotRow.session_id, SnapshotRow.instance, SnapshotRow.ts, idle)
+            .where(SnapshotRow.session_id.is_not(None), SnapshotRow.ts <= until, idle.is_not(None)))  # fmt: skip
+    return read(store, stmt)
+
+
+@per_backend
+def step_counts(store: Store, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
+    """(steps, failed steps) started in the window; failures whose `error_type` is in `exclude_errors` not counted."""
+    is_failed = StepRow.status == StepStatus.ERROR.value
+    if exclude_errors:
+        is_failed = and_(is_failed, func.coalesce(StepRow.error_type, "").not_in(list(exclude_errors)))
+    failed = func.sum(func.cast(is_failed, StepRow.step_index.type))
+    stmt = select(func.count(), failed).where(StepRow.started_at >= since, StepRow.started_at <= until)
+    with store.engine.connect() as conn:
+        total, num_failed = conn.execute(stmt).one()
+    return int(total or 0), int(num_failed or 0)
+
+
+@per_backend
+def latest_alert_states(store: Store) -> pd.DataFrame:
+    """The latest row of every (rule, instance, session) alert key."""
+    latest = (select(func.max(AlertRow.id).label("id"))
+              .group_by(AlertRow.rule, AlertRow.instance, AlertRow.session_id).subquery())  # fmt: skip
+    return read(store, select(*_columns(AlertRow)).join(latest, AlertRow.id == latest.c.id))
+
+
+@per_backend
+def session_ends(store: Store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
+    """session id -> `ended_at`, for the given sessions that have ended."""
+    ends = _lookup(
+        store, SessionRow.session_id, SessionRow.ended_at, session_ids, chunk, SessionRow.ended_at.is_not(None)
+    )
+    return {session_id: float(ended) for session_id, ended in ends.items()}
+
+
+@per_backend
+def trace_sessions(store: Store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
+    """trace id -> session id, from the agent steps recorded with those trace ids."""
+    return _lookup(store, StepRow.trace_id, StepRow.session_id, trace_ids, chunk)

@@ -1,0 +1,88 @@
+"""The fleet view: a store holding two vLLM replicas (`fleet_run`: the recorded run behind one collector as
+`vllm-a` and `vllm-b`). The sidebar chooses instances; every count on a page is of the chosen ones; the Overview
+shows one row per instance and a measure as small multiples on the page's x-range."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboard import data
+from dashboard.views import PAGES
+from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store.rows import AlertRecord
+from tests.dashboard.test_app import APP, assert_clean, charts, open_page, x_axes
+from tests.runs import FLEET
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_renders_on_a_fleet(monkeypatch, fleet_run, page):
+    at = open_page(monkeypatch, fleet_run.url, page)
+    assert_clean(at)
+    chooser = at.multiselect(key="instances")
+    assert chooser.options == list(FLEET) and chooser.value == list(FLEET)
+
+
+def _facets(at: AppTest) -> list[dict]:
+    return [spec for spec in charts(at) if "facet" in spec]
+
+
+def test_the_overview_has_a_row_and_a_small_chart_per_instance(monkeypatch, fleet_run):
+    at = open_page(monkeypatch, fleet_run.url, "overview")
+    assert_clean(at)
+    assert "Per instance" in [s.value for s in at.subheader]
+    table = at.dataframe[-1].value
+    assert sorted(table["instance"]) == list(FLEET)
+    first, last = queries.time_range(fleet_run.store)
+    for name, lost, requests in zip(table["instance"], table["blocks_lost"], table["requests"]):
+        assert lost == queries.block_losses(fleet_run.store, instances=[name])["blocks"].sum() > 0
+        assert requests == len(queries.requests(fleet_run.store, first, last, instances=[name])) > 0
+    assert list(table["blocks_lost"]) == sorted(table["blocks_lost"], reverse=True)  # most lost first
+    domain = {tuple(x["scale"]["domain"]) for spec in charts(at) for x in x_axes(spec)}
+    for measure in data.FLEET_SERIES:
+        at.selectbox(key="fleet_measure").set_value(measure).run()
+        assert_clean(at)
+        (facet,) = _facets(at)
+        shown = {row["series"] for row in facet["data"]["values"]} if "values" in facet.get("data", {}) else None
+        assert facet["spec"]["encoding"]["x"]["scale"]["domain"] == list(next(iter(domain)))  # the page's x-range
+        if shown is not None:
+            assert shown <= set(FLEET)
+
+
+def test_choosing_an_instance_narrows_every_count(monkeypatch, fleet_run):
+    at = open_page(monkeypatch, fleet_run.url, "overview")
+    whole = {m.label: m.value for m in at.metric}
+    at.multiselect(key="instances").set_value(["vllm-b"]).run()
+    assert_clean(at)
+    narrowed = {m.label: m.value for m in at.metric}
+    store = fleet_run.store
+    first, last = queries.time_range(store)
+    assert narrowed["requests"] == str(len(queries.requests(store, first, last, instances=["vllm-b"])))
+    assert narrowed["blocks lost"] == f"{queries.block_losses(store, instances=['vllm-b'])['blocks'].sum():,}"
+    assert int(narrowed["requests"]) < int(whole["requests"])
+    assert narrowed["agent steps"] == whole["agent steps"]  # steps are the fleet's (as the KPI's help says)
+    assert "Per instance" not in [s.value for s in at.subheader]  # one instance: nothing to compare
+    assert any("1 of 2 instances (vllm-b)" in c.value for c in at.caption)
+
+
+def test_an_instance_link_preselects_it(monkeypatch, fleet_run):
+    monkeypatch.setenv("KVOBS_STORE_URL", fleet_run.url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"] = "kv_events"
+    at.query_params["instance"] = "vllm-a"
+    at.run()
+    assert_clean(at)
+    assert at.multiselect(key="instances").value == ["vllm-a"]
+    restored = at.dataframe[0].value
+    assert set(restored["instance"]) <= {"vllm-a"}
+
+
+def test_alerts_of_other_instances_are_left_out(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'alerts.db'}")
+    writer = StoreWriter(store)
+    for i, instance in enumerate(["vllm-a", "vllm-b", None]):
+        writer.add(AlertRecord(ts=100.0 + i, rule=f"rule-{i}", severity="warning", state="firing", instance=instance))
+    writer.close()
+    page = data.alerts_page(store, 0.0, 200.0, ("vllm-a",))
+    assert set(page["history"]["rule"]) == set(page["active"]["rule"]) == {"rule-0", "rule-2"}
+    assert len(data.alerts_page(store, 0.0, 200.0)["history"]) == 3
