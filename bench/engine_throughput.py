@@ -1,11 +1,13 @@
-"""Output tokens/s of the engine against Hugging Face transformers' batched `generate`.
+"""Output tokens/s of the engine, offline and as `kvobs serve` over HTTP, against Hugging Face transformers'
+batched `generate` and, given one, a running vLLM, at each dtype asked for.
 
-Workload: 16 concurrent prompts of ~300 tokens, 128 new tokens each (greedy, EOS ignored), on the
-same SmolLM2 weights, measured in one run. `--vllm-url` adds a running vLLM (e.g. one started
-with ../shared/scripts/vllm-cpu.sh) to the table. On CUDA the table also reports GPU tokens/s and the
-Triton decode kernel's achieved memory bandwidth.
+Workload: 16 prompts of ~300 tokens, 128 new tokens each (greedy, EOS ignored), on the same SmolLM2 weights,
+measured in one run; the servers get 16 concurrent clients on `/v1/completions`. `--vllm-url` adds a running vLLM
+(../shared/scripts/vllm-cpu.sh serves bf16) and makes it the baseline of the ratio column; without it the
+baseline is transformers at fp32. On CUDA the table also reports GPU tokens/s and the Triton decode kernel's
+achieved memory bandwidth.
 
-    python bench/engine_throughput.py [--prompts 16] [--prompt-tokens 300] [--new-tokens 128]
+    python bench/engine_throughput.py [--dtypes float32,bfloat16] [--vllm-url http://127.0.0.1:8011]
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -21,6 +27,8 @@ from results import Result  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from instrumented_engine import LLM, SamplingParams
+from instrumented_engine.kernels import select_backend
+from instrumented_engine.kernels.cpu_kernels import CHOICE_ENV
 from instrumented_engine.models.loader import open_model
 
 WORDS = [
@@ -97,6 +105,47 @@ def bench_transformers(prompts, new_tokens: int, device: str, dtype: torch.dtype
     return (out.shape[1] - width) * len(prompts) / elapsed
 
 
+def with_env(name: str, value: str, fn, *args):
+    """`fn(*args)` with the environment variable `name` set to `value`."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn(*args)
+    finally:
+        if before is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = before
+
+
+def bench_serve(prompts, new_tokens: int, dtype: str) -> float:
+    """`kvobs serve` started for real on a free port, then the same HTTP load as vLLM gets."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "kvobs.cli", "serve", "--port", str(port), "--dtype", dtype, "--device", "cpu",
+           "--max-model-len", "1024", "--kv-cache-memory", "1G", "--max-num-seqs", str(len(prompts))]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"kvobs serve exited: {proc.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        return bench_vllm(url, prompts, new_tokens, "smollm2")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def bench_vllm(url: str, prompts, new_tokens: int, model: str) -> float:
     def one(p: list[int]) -> int:
         body = json.dumps(
@@ -143,46 +192,52 @@ def main(argv: list[str] | None = None) -> list[Result]:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=300)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="dtypes to measure transformers and the engine at")
+    ap.add_argument("--no-serve", action="store_true", help="skip `kvobs serve` over HTTP")
     ap.add_argument("--vllm-url", help="also measure a running vLLM (OpenAI API), e.g. http://127.0.0.1:8011")
     ap.add_argument("--vllm-model", default="smollm2")
+    ap.add_argument("--vllm-dtype", default="bfloat16", help="the dtype that vLLM serves (vllm-cpu.sh: bfloat16)")
     args = ap.parse_args(argv)
 
     source = open_model("smollm2").materialize()
     prompts = make_prompts(source.tokenizer, args.prompts, args.prompt_tokens)
-    rows: list[tuple[str, float]] = []
-    runs = [
-        (
-            "transformers generate (CPU, fp32)",
-            lambda: bench_transformers(prompts, args.new_tokens, "cpu", torch.float32),
-        ),
-        ("kvobs engine (CPU, fp32)", lambda: bench_engine(source, prompts, args.new_tokens, "cpu", "float32")),
-    ]
+    n, k = args.prompts, args.new_tokens
+    runs: list[tuple[str, str, object]] = []  # (system, dtype, measure)
     if args.vllm_url:
+        vllm = lambda: bench_vllm(args.vllm_url, prompts, k, args.vllm_model)  # noqa: E731
+        runs.append(("vLLM-cpu (HTTP)", args.vllm_dtype, vllm))
+    for dtype in args.dtypes.split(","):
         runs.append(
-            (f"vLLM at {args.vllm_url}", lambda: bench_vllm(args.vllm_url, prompts, args.new_tokens, args.vllm_model))
+            ("transformers generate", dtype, lambda d=dtype: bench_transformers(prompts, k, "cpu", getattr(torch, d)))
         )
+        runs.append(("kvobs engine, offline", dtype, lambda d=dtype: bench_engine(source, prompts, k, "cpu", d)))
+        if dtype == "float32":  # the decode kernel's share, measured in the same run: the pure-torch reference
+            runs.append(
+                (
+                    "kvobs engine, offline, torch attn",
+                    dtype,
+                    lambda d=dtype: with_env(CHOICE_ENV, "torch", bench_engine, source, prompts, k, "cpu", d),
+                )
+            )
+        if not args.no_serve:
+            runs.append(("kvobs serve (HTTP)", dtype, lambda d=dtype: bench_serve(prompts, k, d)))
     if torch.cuda.is_available():
-        runs.append(
-            (
-                "transformers generate (CUDA, bf16)",
-                lambda: bench_transformers(prompts, args.new_tokens, "cuda", torch.bfloat16),
-            )
-        )
-        runs.append(
-            (
-                "kvobs engine (CUDA, bf16, Triton)",
-                lambda: bench_engine(source, prompts, args.new_tokens, "cuda", "bfloat16"),
-            )
-        )
-    for name, fn in tqdm(runs, desc="benchmarks", unit="run"):
-        rows.append((name, fn()))
-    baseline = rows[0][1]
-    print(f"\nworkload: {args.prompts} prompts x {args.prompt_tokens} tokens, {args.new_tokens} new tokens each")
-    print(f"{'system':40} {'output tok/s':>14} {'vs transformers CPU':>20}")
-    for name, tps in rows:
-        print(f"{name:40} {tps:14.1f} {tps / baseline:19.2f}x")
-    results = [Result("engine_throughput", name, tps, "tok/s", tps / baseline, "transformers CPU")
-               for name, tps in rows]  # fmt: skip
+        runs.append(("transformers generate (CUDA)", "bfloat16",
+                     lambda: bench_transformers(prompts, k, "cuda", torch.bfloat16)))  # fmt: skip
+        runs.append(("kvobs engine (CUDA, Triton)", "bfloat16",
+                     lambda: bench_engine(source, prompts, k, "cuda", "bfloat16")))  # fmt: skip
+    rows = [(name, dtype, fn()) for name, dtype, fn in tqdm(runs, desc="benchmarks", unit="run")]
+    base_name = "vLLM-cpu" if args.vllm_url else "transformers fp32"
+    baseline = rows[0][2] if args.vllm_url else next(t for name, d, t in rows if name.startswith("transformers")
+                                                       and d == "float32")  # fmt: skip
+    kernel = select_backend(torch.device("cpu")).name
+    print(f"\nworkload: {n} prompts x {args.prompt_tokens} tokens, {k} new tokens each; {torch.get_num_threads()} "
+          f"threads; CPU kernel: {kernel}; {os.cpu_count()} CPUs")  # fmt: skip
+    print(f"{'system':32} {'dtype':9} {'output tok/s':>13} {'vs ' + base_name:>22}")
+    for name, dtype, tps in rows:
+        print(f"{name:32} {dtype:9} {tps:13.1f} {tps / baseline:21.2f}x")
+    results = [Result("engine_throughput", f"{name} ({dtype})", tps, "tok/s", tps / baseline, base_name)
+               for name, dtype, tps in rows]  # fmt: skip
     if torch.cuda.is_available():
         triton_bw, ref_bw = bench_triton_bandwidth()
         print(

@@ -28,7 +28,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
     if not quick:
         return []
     sizes = {
-        "engine_throughput": ["--prompts", "2", "--prompt-tokens", "48", "--new-tokens", "8"],
+        "engine_throughput": ["--prompts", "2", "--prompt-tokens", "48", "--new-tokens", "8", "--dtypes", "float32"],
         "telemetry_overhead": ["--sessions", "4", "--new-tokens", "4", "--repeats", "1"],
         "collector_ingest": ["--batches", "40", "--events", "25", "--lines", "100", "--repeats", "1"],
         "collector_memory": ["--sessions", "2000", "--session-idle-s", "5", "--report-every", "500"],

@@ -4,8 +4,10 @@ Workload: `--sessions` agent-like requests sharing a long system prompt, each wi
 cache small enough to evict (so eviction events and span links are produced too), `--new-tokens` greedy tokens
 each. Every configuration runs on a fresh engine over the same weights; configurations are interleaved
 `--repeats` times (in a rotating order) and the median is reported, with the ratio to "off" measured in the same run.
-"time in telemetry" is the share of the engine loop spent inside the observers (span building, metric updates):
-the overhead itself, free of the run-to-run noise that tokens/s carries on a busy 2-core machine.
+"time in telemetry" is the share of the engine loop's wall time spent inside the observers (span building, metric
+updates), plus the CPU time of the span export thread (batching, serializing, sending: `OtelBatchSpanRecordProcessor`,
+read from /proc; the in-process OTLP receiver, the far end, is not counted): the overhead itself, free of the
+run-to-run noise that tokens/s carries on a busy 2-core machine.
 
 - off: no observer at all (what `kvobs serve` does without an OTLP endpoint, minus /metrics)
 - metrics: /metrics (Prometheus) plus the same values through an OTel MeterProvider
@@ -21,8 +23,11 @@ the overhead itself, free of the run-to-run noise that tokens/s carries on a bus
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import threading
 import time
+from pathlib import Path
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -69,9 +74,28 @@ def observers_for(config: str, engine: LLMEngine, otlp_port: int) -> tuple[list,
     return [metrics, tracer], [telemetry]
 
 
+EXPORT_THREAD = "OtelBatch"  # the SDK's batch span processor thread: its name starts so
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def export_cpu_s() -> float:
+    """CPU seconds used so far by the live span export threads (utime + stime in /proc/self/task/TID/stat)."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread.name.startswith(EXPORT_THREAD) and thread.native_id is not None:
+            try:
+                stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime: fields 14 and 15 of stat
+    return total
+
+
 def run_once(source, config: str, prompts: list[list[int]], new_tokens: int, num_blocks: int,
              otlp_port: int) -> tuple[float, float]:  # fmt: skip
-    """Output tokens/s, and the share of the loop's time spent inside telemetry observers."""
+    """Output tokens/s, and the share of the loop's time spent in telemetry: inside the observers, and the export
+    thread's CPU (its spans flushed before it is read)."""
     config_ = EngineConfig(num_blocks=num_blocks, max_model_len=1024, max_num_seqs=len(prompts))
     engine = LLMEngine(config_, source=source, progress=False)
     observers, closers = observers_for(config, engine, otlp_port)
@@ -81,6 +105,7 @@ def run_once(source, config: str, prompts: list[list[int]], new_tokens: int, num
         engine.add_request(prompt, params, session_id=f"s{i}", trace_headers=headers)
     generated = 0
     in_observers = 0.0
+    exported_before = export_cpu_s()
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         result = engine.step()
@@ -91,8 +116,12 @@ def run_once(source, config: str, prompts: list[list[int]], new_tokens: int, num
         generated += sum(len(o.new_token_ids) for o in result.outputs)
     elapsed = time.perf_counter() - start
     for closer in closers:
+        if hasattr(closer, "force_flush"):
+            closer.force_flush()
+    exporting = export_cpu_s() - exported_before
+    for closer in closers:
         closer.shutdown()
-    return generated / elapsed, in_observers / elapsed
+    return generated / elapsed, (in_observers + exporting) / elapsed
 
 
 def main(argv: list[str] | None = None) -> list[Result]:

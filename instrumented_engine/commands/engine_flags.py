@@ -35,6 +35,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-ttl", type=float, default=30.0, help="session_ttl: seconds a paused session is kept")
     add_session_end_flag(parser)
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
+    parser.add_argument("--num-threads", type=int, help="CPU threads the model computes on (default: torch's, one per "
+                        "physical core)")  # fmt: skip
 
 
 def engine_config(args: argparse.Namespace):
@@ -54,4 +56,5 @@ def engine_config(args: argparse.Namespace):
         eviction_policy=args.eviction_policy,
         session_ttl_s=args.session_ttl,
         session_end_after_s=args.session_end_after_s,
+        num_threads=args.num_threads,
     )

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -30,6 +31,7 @@ from instrumented_engine.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5  # how long the idle loop blocks on its command queue before checking for shutdown
+BATCH_WINDOW_S = 0.005  # an idle engine woken by a request waits this long for others arriving with it
 
 
 class QueueFullError(RuntimeError):
@@ -87,14 +89,18 @@ class AsyncEngine:
         engine: the engine to own; nothing else may call it once `start()` ran.
         max_waiting: most requests waiting for admission; more are refused with `QueueFullError`.
         observers: called with every `StepResult` on the engine thread (metrics, event publishers).
+        batch_window_s: when a request wakes an idle engine, how long it waits for more before its first step, so
+            clients that arrive together are prefilled together (0: no wait).
     """
 
-    def __init__(self, engine: LLMEngine, *, max_waiting: int = 256, observers: Sequence[StepObserver] = ()) -> None:
+    def __init__(self, engine: LLMEngine, *, max_waiting: int = 256, observers: Sequence[StepObserver] = (),
+                 batch_window_s: float = BATCH_WINDOW_S) -> None:  # fmt: skip
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1; got {max_waiting}")
         self.engine = engine
         self.max_waiting = max_waiting
         self.observers = list(observers)
+        self.batch_window_s = batch_window_s
         self.error: BaseException | None = None
         self.draining = False  # abort_all() was called: the server is shutting down
         self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], Future]] = queue.SimpleQueue()
@@ -174,7 +180,10 @@ class AsyncEngine:
         try:
             while not self._stopping.is_set():
                 busy = self.engine.has_unfinished_requests()
-                self._run_commands(block=not busy)
+                if busy:
+                    self._run_commands()
+                else:  # idle: wait for work, then for whatever arrives with it (clients sent together)
+                    self._run_commands(first_wait_s=IDLE_WAIT_S, gather_s=self.batch_window_s)
                 if self.engine.has_unfinished_requests():
                     self._publish(self.engine.step())
                 elif not busy:
@@ -185,18 +194,22 @@ class AsyncEngine:
         finally:
             self._fail_all(self.error or EngineDeadError("the engine was stopped"))
 
-    def _run_commands(self, *, block: bool) -> None:
+    def _run_commands(self, *, first_wait_s: float | None = None, gather_s: float = 0.0) -> None:
+        """Run the queued commands: wait up to `first_wait_s` for the first (None: none queued, return), then take
+        those that arrive until `gather_s` after it."""
         try:
-            fn, future = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+            fn, future = self._commands.get(timeout=first_wait_s) if first_wait_s else self._commands.get_nowait()
         except queue.Empty:
             return
+        deadline = time.monotonic() + gather_s
         while True:
             try:
                 future.set_result(fn(self.engine))
             except Exception as exc:  # the caller's error (bad request, refused reset) goes back to it
                 future.set_exception(exc)
             try:
-                fn, future = self._commands.get_nowait()
+                left = deadline - time.monotonic()
+                fn, future = self._commands.get(timeout=left) if left > 0 else self._commands.get_nowait()
             except queue.Empty:
                 break
         events = self.engine.take_events()  # what aborts and admin calls did to the cache

@@ -16,9 +16,11 @@ import torch
 
 from instrumented_engine.config import CacheLayout, EngineConfig, check_context_length
 from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.detokenizer import IncrementalText
 from instrumented_engine.engine.events import CacheCleared, Invalidated
 from instrumented_engine.engine.eviction import make_eviction_policy
 from instrumented_engine.engine.model_runner import ModelRunner
+from instrumented_engine.engine.precision import choose_dtype
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.engine.stats import RequestOutput, RequestStart, SchedulerStats, StepResult
@@ -35,11 +37,10 @@ def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtyp
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but no CUDA device is available")
-    name = config.dtype
-    if name == "auto":
-        name = "bfloat16" if device == "cuda" else "float32"
+    name, why = choose_dtype(config.dtype, torch.device(device))
     if device == "cpu" and name == "float16":
         raise ValueError("float16 is not supported on CPU; use float32 or bfloat16")
+    log.info("computing in %s on %s: %s", name, device, why)
     return torch.device(device), getattr(torch, name)
 
 
@@ -64,6 +65,9 @@ class LLMEngine:
         self.config = config
         self.clock = clock
         device, dtype = resolve_device_dtype(config)
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        log.info("%d compute threads", torch.get_num_threads())
         source = source or open_model(config.model)
         self.model_config = source.config
         self.model_name = source.name
@@ -92,6 +96,7 @@ class LLMEngine:
         self.runner = ModelRunner(source, self.layout, dtype=dtype, device=device, progress=progress)
         self.sequences: dict[str, Sequence] = {}
         self._generators: dict[str, torch.Generator] = {}
+        self._texts: dict[str, IncrementalText] = {}  # request id -> its output text so far
         self._default_generator = torch.Generator(device=device).manual_seed(config.seed)
         self._ids = itertools.count()
 
@@ -200,15 +205,19 @@ class LLMEngine:
 
     def _check_stop(self, seq: Sequence, token: int) -> tuple[str, str | None]:
         sp = seq.sampling_params
-        text = self.tokenizer.decode(seq.output_token_ids)
+        texts = self._texts.get(seq.request_id)
+        if texts is None:
+            texts = self._texts[seq.request_id] = IncrementalText(self.tokenizer)
+        output = seq.output_token_ids
+        text = texts.extend(output)
         if (not sp.ignore_eos and token == self.tokenizer.eos_token_id) or token in sp.stop_token_ids:
-            return text, "stop"
+            return texts.final(output), "stop"
         for stop in sp.stop:
             cut = text.find(stop)
             if cut != -1:
                 return text[:cut], "stop"
-        if len(seq.output_token_ids) >= sp.max_tokens:
-            return text, "length"
+        if len(output) >= sp.max_tokens:
+            return texts.final(output), "length"
         return text, None
 
     def _output(self, seq: Sequence, new_tokens: list[int], text: str) -> RequestOutput:
@@ -243,6 +252,7 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         self.sequences.pop(seq.request_id, None)
         self._generators.pop(seq.request_id, None)
+        self._texts.pop(seq.request_id, None)
 
     def current_stats(self) -> SchedulerStats:
         """The engine's state between steps (nothing scheduled)."""

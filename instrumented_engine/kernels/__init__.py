@@ -1,5 +1,5 @@
-"""Paged-attention kernels. `select_backend(device)` picks Triton on CUDA and the torch reference
-elsewhere; both share one contract (see `reference`)."""
+"""Paged-attention kernels. `select_backend(device)` picks Triton on CUDA, the C++ decode kernel on the CPU
+(`cpu_kernels`; the torch reference where it cannot be built); all share one contract (see `reference`)."""
 
 from __future__ import annotations
 
@@ -26,4 +26,9 @@ def select_backend(device: torch.device) -> KernelBackend:
         )
 
         return KernelBackend("triton", store_kv_triton, paged_decode_attention_triton)
-    return KernelBackend("torch", store_kv_ref, paged_decode_attention_ref)
+    from instrumented_engine.kernels.cpu_kernels import load_decode
+
+    decode, why = load_decode()
+    if decode is None:
+        return KernelBackend(f"torch ({why})", store_kv_ref, paged_decode_attention_ref)
+    return KernelBackend("cpp", store_kv_ref, decode)

@@ -81,17 +81,19 @@ def paged_prefill_attention_ref(
 def causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *, kvh: int, offset: int
 ) -> torch.Tensor:
-    """q (Tq, H, D) at positions offset.. over k, v (KVH, L, D); returns (Tq, H, D)."""
+    """q (Tq, H, D) at positions offset.. over k, v (KVH, L, D); returns (Tq, H, D).
+
+    K and V are repeated to the query heads (head i reads KV head i // (H / KVH)) rather than passed with
+    `enable_gqa`, which on the CPU takes a slower path (measured 2.0 vs 1.2 ms per sequence and layer)."""
     tq, h, d = q.shape
     qh = q.transpose(0, 1)  # (H, Tq, D)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    if h != kvh:
+        k, v = k.repeat_interleave(h // kvh, dim=0), v.repeat_interleave(h // kvh, dim=0)
     if offset == 0:
-        out = torch.nn.functional.scaled_dot_product_attention(
-            qh, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale, enable_gqa=h != kvh
-        )
+        out = torch.nn.functional.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
     else:
         rows = torch.arange(tq, device=q.device)[:, None] + offset
         mask = torch.arange(k.shape[1], device=q.device)[None, :] <= rows  # (Tq, L)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            qh, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=h != kvh
-        )
+        out = torch.nn.functional.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
     return out.transpose(0, 1)

@@ -19,7 +19,8 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
     assert {r[0] for r in rows} == {"engine_throughput", "telemetry_overhead", "collector_ingest", "collector_memory",
                                     "dashboard_queries"}  # fmt: skip
     baselines = {(r[0], r[1]) for r in rows if r[3].startswith("1.00x")}
-    for case in [("engine_throughput", "transformers generate (CPU, fp32)"), ("telemetry_overhead", "telemetry off"),
+    assert ("engine_throughput", "kvobs serve (HTTP) (float32)") in {(r[0], r[1]) for r in rows}
+    for case in [("engine_throughput", "transformers generate (float32)"), ("telemetry_overhead", "telemetry off"),
                  ("collector_ingest", "KV events: decode")]:  # fmt: skip
         assert case in baselines
     for row in rows:

@@ -1,0 +1,64 @@
+"""The C++ CPU decode kernel (`csrc/paged_decode_cpu.cpp`): built once per machine with
+`torch.utils.cpp_extension` (`scripts/install.sh` builds it; otherwise the first engine start does, about a minute)
+and loaded from torch's extension cache after that. Where it cannot be built (no C++ compiler) the engine uses
+the pure-torch reference and says why. `KVOBS_CPU_KERNEL=torch` chooses the reference on purpose.
+
+    python -m instrumented_engine.kernels.cpu_kernels      # build now; prints where and how long
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.cpp"
+CHOICE_ENV = "KVOBS_CPU_KERNEL"  # "cpp" (default) or "torch"
+# Vector flags by what torch found the CPU to have; the build is named after them, so a cache shared between
+# machines never loads code built for instructions this one lacks.
+ARCH_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl"], "AVX2": ["-mavx2", "-mfma"]}
+# -ffast-math lets the compiler vectorise the dot products (sums in another order: float32 rounding, tested) and
+# exp (glibc's vector math); the kernel never meets an infinity or a NaN of its own making.
+MATH_FLAGS = ["-O3", "-ffast-math"]
+
+_loaded: dict[str, object] = {}
+
+
+def _build(verbose: bool = False):
+    from torch.utils.cpp_extension import load
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = ARCH_FLAGS.get(capability, [])
+    name = f"kvobs_paged_decode_cpu_{capability.lower()}"
+    return load(name=name, sources=[str(SOURCE)], extra_cflags=MATH_FLAGS + flags, verbose=verbose)
+
+
+def load_decode() -> tuple[Callable[..., torch.Tensor] | None, str]:
+    """(the C++ decode attention, "cpp") or (None, why the reference is used instead)."""
+    if os.environ.get(CHOICE_ENV, "cpp") == "torch":
+        return None, f"{CHOICE_ENV}=torch"
+    if "module" not in _loaded:
+        try:
+            _loaded["module"] = _build()
+        except Exception as exc:  # no compiler, no headers: the reference runs everywhere
+            _loaded["module"] = None
+            _loaded["why"] = f"the C++ kernel could not be built ({str(exc).splitlines()[0][:200]})"
+            log.warning("%s: decode attention runs on the pure-torch reference", _loaded["why"])
+    module = _loaded["module"]
+    return (module.paged_decode_attention, "cpp") if module is not None else (None, _loaded["why"])
+
+
+def main() -> None:
+    started = time.perf_counter()
+    module = _build(verbose=False)
+    print(f"built {module.__name__} in {time.perf_counter() - started:.1f} s ({module.__file__})")
+
+
+if __name__ == "__main__":
+    main()
