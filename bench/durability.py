@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -35,17 +34,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from results import Result  # bench/ is on sys.path when a script in it runs
+from ports import free_port  # bench/ is on sys.path when a script in it runs
+from results import Result
 
 from kvobs.store import open_store
 
 SENDERS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_spans(n: int) -> list:

@@ -16,14 +16,15 @@ import argparse
 import concurrent.futures
 import json
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
 import torch
-from results import Result  # bench/ is on sys.path when a script in it runs
+from ports import free_port  # bench/ is on sys.path when a script in it runs
+from results import Result
 from tqdm.auto import tqdm
 
 from instrumented_engine import LLM, SamplingParams
@@ -120,30 +121,34 @@ def with_env(name: str, value: str, fn, *args):
 
 def bench_serve(prompts, new_tokens: int, dtype: str) -> float:
     """`kvobs serve` started for real on a free port, then the same HTTP load as vLLM gets."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "kvobs.cli", "serve", "--port", str(port), "--dtype", dtype, "--device", "cpu",
            "--max-model-len", "1024", "--kv-cache-memory", "1G", "--max-num-seqs", str(len(prompts))]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kvobs serve exited: {proc.stderr.read()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        return bench_vllm(url, prompts, new_tokens, "smollm2")
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe nobody reads: a chatty server never blocks on it
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_healthy(proc, f"http://127.0.0.1:{port}", log)
+            return bench_vllm(f"http://127.0.0.1:{port}", prompts, new_tokens, "smollm2")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log, timeout_s: float = 300) -> None:
+    """Until `url`/health answers 200; the server's log tail in the error if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"kvobs serve exited: {log.read()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def bench_vllm(url: str, prompts, new_tokens: int, model: str) -> float:

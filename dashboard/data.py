@@ -46,11 +46,14 @@ def sample_interval(store: Store, since: float, until: float, instances=None) ->
     return float(gaps.median()) if not gaps.empty else None
 
 
-def overview(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
+def overview(store: Store, since: float, until: float, window_s: float, instances=None, *,
+             per_instance: bool = False) -> dict:  # fmt: skip
     """KPIs and the Overview's series on the window grid of [since, until]: counts 0 where their source watched and
-    saw nothing, sampled values NaN (a gap) where nothing was sampled."""
+    saw nothing, sampled values NaN (a gap) where nothing was sampled. With `per_instance`, also `fleet`: the same
+    reads split by instance (`_fleet`)."""
     snaps = queries.instance_snapshots(store, since, until, instances=instances)
-    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances)
+    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances,
+                                     by_instance=per_instance)  # fmt: skip
     losses = queries.losses_in(counts)  # "blocks lost", one definition
     reqs = queries.requests(store, since, until, instances=instances)
     steps = queries.steps(store, since, until)
@@ -82,6 +85,7 @@ def overview(store: Store, since: float, until: float, window_s: float, instance
     }
     return {
         "kpis": kpis,
+        "fleet": _fleet(snaps, reqs, counts, since, until, window_s) if per_instance else None,
         "num_snapshots": len(snaps),
         "watching_kv": not counts.empty,
         "usage": fill_windows(
@@ -98,13 +102,11 @@ def overview(store: Store, since: float, until: float, window_s: float, instance
     }
 
 
-def fleet(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
-    """Per instance: a row of totals (`table`, most blocks lost first) and, for each `FLEET_SERIES` measure, a frame
-    of one column per instance on the window grid (`series`); an instance whose source did not report a measure
-    has no column there (unknown, not zero)."""
-    snaps = queries.instance_snapshots(store, since, until, instances=instances)
-    reqs = queries.requests(store, since, until, instances=instances)
-    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances, by_instance=True)
+def _fleet(snaps: pd.DataFrame, reqs: pd.DataFrame, counts: pd.DataFrame, since: float, until: float,
+           window_s: float) -> dict:  # fmt: skip
+    """Per instance, from the Overview's own reads (`counts` by instance): a row of totals (`table`, most blocks
+    lost first) and, for each `FLEET_SERIES` measure, a frame of one column per instance on the window grid
+    (`series`); an instance whose source did not report a measure has no column there (unknown, not zero)."""
     losses = queries.losses_in(counts)
     rows, series = [], {column: {} for column in FLEET_SERIES}
     for name in sorted(set(snaps["instance"]) | set(reqs["instance"]) | set(counts["instance"])):

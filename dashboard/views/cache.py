@@ -31,13 +31,8 @@ def sample_interval(url: str, since: float, until: float, instances=None):
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def overview(url, since, until, window_s, instances=None):
-    return data.overview(get_store(url), since, until, window_s, instances)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def fleet(url, since, until, window_s, instances=None):
-    return data.fleet(get_store(url), since, until, window_s, instances)
+def overview(url, since, until, window_s, instances=None, per_instance=False):
+    return data.overview(get_store(url), since, until, window_s, instances, per_instance=per_instance)
 
 
 @st.cache_data(ttl=10, show_spinner=False)

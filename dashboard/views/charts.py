@@ -61,11 +61,7 @@ def time_chart(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str,
         st.info(empty)
         return False
     long = _long(frame, axis.clock, window_s)
-    y = alt.Y(f"{VALUE}:Q", title=y_title, stack="zero" if mark in ("area", "bar") else None,
-              axis=alt.Axis(format=y_format) if y_format else alt.Axis())  # fmt: skip
-    tooltip = [alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"), alt.Tooltip(f"{SERIES}:N", title="series"),
-               alt.Tooltip(f"{VALUE}:Q", title=y_title, format=y_format or ",.4~g")]  # fmt: skip
-    encodings = {"x": axis.encoding(), "y": y, "tooltip": tooltip}
+    encodings = _encodings(axis, y_title, y_format, series="series", stack=mark in ("area", "bar"))
     if len(frame.columns) > 1 or mark != "line":
         encodings["color"] = alt.Color(f"{SERIES}:N", title=None, legend=alt.Legend(orient="bottom"))
     if mark == "bar":
@@ -86,16 +82,22 @@ def small_multiples(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty:
         st.info(empty)
         return False
     long = _long(frame, axis.clock, None)
-    tooltip = [alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"),
-               alt.Tooltip(f"{SERIES}:N", title="instance"),
-               alt.Tooltip(f"{VALUE}:Q", title=y_title, format=y_format or ",.4~g")]  # fmt: skip
-    y = alt.Y(f"{VALUE}:Q", title=y_title, axis=alt.Axis(format=y_format) if y_format else alt.Axis())
-    chart = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(x=axis.encoding(), y=y,
-                                                                                tooltip=tooltip)  # fmt: skip
+    encodings = _encodings(axis, y_title, y_format, series="instance", stack=False)
+    chart = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(**encodings)
     header = alt.Header(labelFontSize=13, labelFontWeight="bold", labelOrient="top")
     st.altair_chart(chart.properties(width=width, height=height).facet(
         facet=alt.Facet(f"{SERIES}:N", title=None, header=header), columns=columns), width="content")  # fmt: skip
     return True
+
+
+def _encodings(axis: TimeAxis, y_title: str, y_format: str | None, *, series: str, stack: bool) -> dict:
+    """x on the page's axis, y with its unit (stacked or not), and the tooltip: time, the series (named `series`),
+    the value."""
+    y = alt.Y(f"{VALUE}:Q", title=y_title, stack="zero" if stack else None,
+              axis=alt.Axis(format=y_format) if y_format else alt.Axis())  # fmt: skip
+    tooltip = [alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"), alt.Tooltip(f"{SERIES}:N", title=series),
+               alt.Tooltip(f"{VALUE}:Q", title=y_title, format=y_format or ",.4~g")]  # fmt: skip
+    return {"x": axis.encoding(), "y": y, "tooltip": tooltip}
 
 
 def _long(frame: pd.DataFrame, clock: Clock, window_s: float | None) -> pd.DataFrame:

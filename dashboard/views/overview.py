@@ -35,7 +35,8 @@ def _shown(name: str, value) -> str:
 
 def render(ctx) -> None:
     st.header(TITLE)
-    data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances)
+    per_instance = len(ctx.shown_instances) > 1
+    data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance)
     kpis = data["kpis"]
     for col, (name, value) in zip(st.columns(len(kpis)), kpis.items()):
         col.metric(name, _shown(name, value), help=KPI_HELP[name])
@@ -77,14 +78,13 @@ def render(ctx) -> None:
         if drawn and kpis["failed steps"]:
             st.caption("Failed steps by cause (with the evidence for each cause):")
             show_table(cache.failures(ctx.url, ctx.since, ctx.until), ctx.clock)
-    if len(ctx.shown_instances) > 1:
-        render_fleet(ctx)
+    if per_instance:
+        render_fleet(ctx, data["fleet"])
 
 
-def render_fleet(ctx) -> None:
+def render_fleet(ctx, data: dict) -> None:
     """Per instance: a row each (most blocks lost first), then one measure as small multiples."""
     st.subheader("Per instance")
-    data = cache.fleet(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances)
     st.caption(f"{ctx.scope().capitalize()}, most blocks lost first. Requests come from each instance's traces "
                "(`service.instance.id`), snapshots from its /metrics, losses from its KV-event stream; a dash: that "
                "source reported nothing for the instance in this range.")  # fmt: skip

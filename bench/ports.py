@@ -1,0 +1,11 @@
+"""A free loopback port, for the benchmarks that start a real server."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
