@@ -103,7 +103,7 @@ def save_tiny_hf(tmp_path, smollm2_source, arch: str):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_hf_folder_greedy_equals_transformers(tmp_path, smollm2_source, arch):
     path, hf = save_tiny_hf(tmp_path, smollm2_source, arch)
-    llm = LLM(str(path), progress=False, num_blocks=64, max_model_len=256)
+    llm = LLM(str(path), progress=False, num_blocks=64, max_model_len=256, dtype="float32")  # as the HF model
     assert llm.engine.model_config.architecture == arch
     prompts = [[1, 200, 300, 400, 500, 600], [7, 8, 9] * 7]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
@@ -172,7 +172,8 @@ def test_cache_too_small_for_one_sequence(smollm2_source):
 
 
 def test_memory_budget_derives_num_blocks(smollm2_source):
-    engine = LLMEngine(EngineConfig(kv_cache_memory=64 << 20, max_model_len=512), source=smollm2_source, progress=False)
-    per_block = 30 * 2 * 3 * 64 * 4 * 16  # fp32 on CPU
+    config = EngineConfig(kv_cache_memory=64 << 20, max_model_len=512, dtype="float32")  # "auto" depends on the CPU
+    engine = LLMEngine(config, source=smollm2_source, progress=False)
+    per_block = 30 * 2 * 3 * 64 * 4 * 16  # layers x (K, V) x kv heads x head dim x 4 bytes x block size
     assert engine.layout.num_blocks == (64 << 20) // per_block
     assert engine.runner.kv_caches[0][0].shape == (engine.layout.num_blocks, 16, 3, 64)
