@@ -1,21 +1,24 @@
 """Output tokens/s of the engine, offline and as `kvobs serve` over HTTP, against Hugging Face transformers'
-batched `generate` and, given one, a running vLLM, at each dtype asked for.
+batched `generate` and, given one, vLLM's CPU build, at each dtype asked for.
 
 Workload: 16 prompts of ~300 tokens, 128 new tokens each (greedy, EOS ignored), on the same SmolLM2 weights,
-measured in one run; the servers get 16 concurrent clients on `/v1/completions`. `--vllm-url` adds a running vLLM
-(../shared/scripts/vllm-cpu.sh serves bf16) and makes it the baseline of the ratio column; without it the
-baseline is transformers at fp32. On CUDA the table also reports GPU tokens/s and the Triton decode kernel's
-achieved memory bandwidth.
+measured in one run; the servers get 16 concurrent clients on `/v1/completions`. `--vllm-venv VENV` (made by
+../shared/scripts/vllm-cpu.sh setup) starts vLLM at each dtype in turn, measures it and stops it before the
+others run, and makes it the baseline of that dtype's rows; `--vllm-url` measures an already running vLLM at
+`--vllm-dtype` instead. Without either the baseline is transformers at the same dtype. On CUDA the table also
+reports GPU tokens/s and the Triton decode kernel's achieved memory bandwidth.
 
-    python bench/engine_throughput.py [--dtypes float32,bfloat16] [--vllm-url http://127.0.0.1:8011]
+    python bench/engine_throughput.py [--dtypes bfloat16,float32] [--vllm-venv /tmp/vllm-venv]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +33,10 @@ from tqdm.auto import tqdm
 from instrumented_engine import LLM, SamplingParams
 from instrumented_engine.kernels import select_backend
 from instrumented_engine.kernels.cpu_kernels import CHOICE_ENV
+from instrumented_engine.layers.linear import PREPACK_ENV
 from instrumented_engine.models.loader import open_model
+
+VLLM_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "scripts", "vllm-cpu.sh")
 
 WORDS = [
     "agent",
@@ -127,20 +133,20 @@ def bench_serve(prompts, new_tokens: int, dtype: str) -> float:
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe nobody reads: a chatty server never blocks on it
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            wait_healthy(proc, f"http://127.0.0.1:{port}", log)
+            wait_healthy(proc, f"http://127.0.0.1:{port}", log, "kvobs serve")
             return bench_vllm(f"http://127.0.0.1:{port}", prompts, new_tokens, "smollm2")
         finally:
             proc.terminate()
             proc.wait(30)
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, log, timeout_s: float = 300) -> None:
+def wait_healthy(proc: subprocess.Popen, url: str, log, name: str, timeout_s: float = 600) -> None:
     """Until `url`/health answers 200; the server's log tail in the error if it exits first."""
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
             log.seek(0)
-            raise RuntimeError(f"kvobs serve exited: {log.read()[-2000:]}")
+            raise RuntimeError(f"{name} exited: {log.read()[-2000:]}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -149,6 +155,26 @@ def wait_healthy(proc: subprocess.Popen, url: str, log, timeout_s: float = 300) 
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def vllm_server(script: str, venv: str, dtype: str):
+    """vLLM's CPU build serving SmolLM2 at `dtype` on a free port (`vllm-cpu.sh serve`); its URL while inside."""
+    port = free_port()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(["bash", script, "serve", venv, str(port), "--dtype", dtype], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            wait_healthy(proc, f"http://127.0.0.1:{port}", log, "vLLM")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)  # the script's exec'd Python and vLLM's engine process with it
+            proc.wait(60)
+
+
+def bench_vllm_started(script: str, venv: str, prompts, new_tokens: int, dtype: str) -> float:
+    with vllm_server(script, venv, dtype) as url:
+        return bench_vllm(url, prompts, new_tokens, "smollm2")
 
 
 def bench_vllm(url: str, prompts, new_tokens: int, model: str) -> float:
@@ -197,8 +223,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=300)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="dtypes to measure transformers and the engine at")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="dtypes to measure transformers and the engine at")
     ap.add_argument("--no-serve", action="store_true", help="skip `kvobs serve` over HTTP")
+    ap.add_argument("--vllm-venv", help="start vLLM's CPU build from this venv (vllm-cpu.sh setup) at each dtype")
+    ap.add_argument("--vllm-script", default=VLLM_SCRIPT, help="the vllm-cpu.sh that starts it")
     ap.add_argument("--vllm-url", help="also measure a running vLLM (OpenAI API), e.g. http://127.0.0.1:8011")
     ap.add_argument("--vllm-model", default="smollm2")
     ap.add_argument("--vllm-dtype", default="bfloat16", help="the dtype that vLLM serves (vllm-cpu.sh: bfloat16)")
@@ -212,16 +240,27 @@ def main(argv: list[str] | None = None) -> list[Result]:
         vllm = lambda: bench_vllm(args.vllm_url, prompts, k, args.vllm_model)  # noqa: E731
         runs.append(("vLLM-cpu (HTTP)", args.vllm_dtype, vllm))
     for dtype in args.dtypes.split(","):
+        if args.vllm_venv:
+            vllm = lambda d=dtype: bench_vllm_started(args.vllm_script, args.vllm_venv, prompts, k, d)  # noqa: E731
+            runs.append(("vLLM-cpu (HTTP)", dtype, vllm))
         runs.append(
             ("transformers generate", dtype, lambda d=dtype: bench_transformers(prompts, k, "cpu", getattr(torch, d)))
         )
         runs.append(("kvobs engine, offline", dtype, lambda d=dtype: bench_engine(source, prompts, k, "cpu", d)))
-        if dtype == "float32":  # the decode kernel's share, measured in the same run: the pure-torch reference
+        if dtype == "float32":  # the C++ operations' share, measured in the same run: their pure-torch versions
             runs.append(
                 (
-                    "kvobs engine, offline, torch attn",
+                    "kvobs engine, offline, torch ops",
                     dtype,
                     lambda d=dtype: with_env(CHOICE_ENV, "torch", bench_engine, source, prompts, k, "cpu", d),
+                )
+            )
+        if dtype == "bfloat16":  # the share of prepacked weights: nn.Linear, in the same run
+            runs.append(
+                (
+                    "kvobs engine, offline, nn.Linear",
+                    dtype,
+                    lambda d=dtype: with_env(PREPACK_ENV, "0", bench_engine, source, prompts, k, "cpu", d),
                 )
             )
         if not args.no_serve:
@@ -232,16 +271,22 @@ def main(argv: list[str] | None = None) -> list[Result]:
         runs.append(("kvobs engine (CUDA, Triton)", "bfloat16",
                      lambda: bench_engine(source, prompts, k, "cuda", "bfloat16")))  # fmt: skip
     rows = [(name, dtype, fn()) for name, dtype, fn in tqdm(runs, desc="benchmarks", unit="run")]
-    base_name = "vLLM-cpu" if args.vllm_url else "transformers fp32"
-    baseline = rows[0][2] if args.vllm_url else next(t for name, d, t in rows if name.startswith("transformers")
-                                                       and d == "float32")  # fmt: skip
+    vllm_rows = {d: t for name, d, t in rows if name.startswith("vLLM")}
+    base_name = "vLLM-cpu" if vllm_rows else "transformers"
+
+    def baseline(dtype: str) -> float:
+        """vLLM at the same dtype (else the only vLLM measured), or transformers at the same dtype."""
+        if vllm_rows:
+            return vllm_rows.get(dtype, next(iter(vllm_rows.values())))
+        return next(t for name, d, t in rows if name.startswith("transformers") and d == dtype)
+
     kernel = select_backend(torch.device("cpu")).name
     print(f"\nworkload: {n} prompts x {args.prompt_tokens} tokens, {k} new tokens each; {torch.get_num_threads()} "
           f"threads; CPU kernel: {kernel}; {os.cpu_count()} CPUs")  # fmt: skip
-    print(f"{'system':32} {'dtype':9} {'output tok/s':>13} {'vs ' + base_name:>22}")
+    print(f"{'system':32} {'dtype':9} {'output tok/s':>13} {'vs ' + base_name + ' (same dtype)':>30}")
     for name, dtype, tps in rows:
-        print(f"{name:32} {dtype:9} {tps:13.1f} {tps / baseline:21.2f}x")
-    results = [Result("engine_throughput", f"{name} ({dtype})", tps, "tok/s", tps / baseline, base_name)
+        print(f"{name:32} {dtype:9} {tps:13.1f} {tps / baseline(dtype):29.2f}x")
+    results = [Result("engine_throughput", f"{name} ({dtype})", tps, "tok/s", tps / baseline(dtype), base_name)
                for name, dtype, tps in rows]  # fmt: skip
     if torch.cuda.is_available():
         triton_bw, ref_bw = bench_triton_bandwidth()

@@ -93,7 +93,9 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             clock=clock,
         )
-        self.runner = ModelRunner(source, self.layout, dtype=dtype, device=device, progress=progress)
+        self.runner = ModelRunner(
+            source, self.layout, dtype=dtype, device=device, progress=progress, batch_hint=config.max_num_seqs
+        )
         self.sequences: dict[str, Sequence] = {}
         self._generators: dict[str, torch.Generator] = {}
         self._texts: dict[str, IncrementalText] = {}  # request id -> its output text so far

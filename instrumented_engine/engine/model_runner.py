@@ -16,6 +16,7 @@ from instrumented_engine.engine.scheduler import ScheduledSeq, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.kernels import select_backend
 from instrumented_engine.layers.attention import AttentionMetadata, PrefillChunk
+from instrumented_engine.layers.linear import can_prepack, prepack_linears
 from instrumented_engine.layers.sampler import sample
 from instrumented_engine.models.llama import LlamaForCausalLM
 from instrumented_engine.models.loader import ModelSource
@@ -32,6 +33,7 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         progress: bool = True,
+        batch_hint: int = 16,
     ) -> None:
         self.layout = layout
         self.dtype, self.device = dtype, device
@@ -42,6 +44,9 @@ class ModelRunner:
         model = model.to_empty(device=device).to(dtype)
         model.load_weights(source.tensors(progress=progress))
         model.rotary.build(device)
+        packable, why_not = can_prepack(device, dtype)
+        packed = prepack_linears(model, batch_hint) if packable else 0
+        self.linears = f"{packed} prepacked (oneDNN)" if packed else f"nn.Linear ({why_not})"
         self.model = model.eval()
         shape = (layout.num_blocks, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [
@@ -49,11 +54,12 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         log.info(
-            "KV cache: %d blocks x %d tokens, %.1f MiB, kernels=%s",
+            "KV cache: %d blocks x %d tokens, %.1f MiB, kernels=%s, linears: %s",
             layout.num_blocks,
             layout.block_size,
             layout.num_blocks * layout.bytes_per_block / 2**20,
             self.backend.name,
+            self.linears,
         )
 
     @torch.inference_mode()

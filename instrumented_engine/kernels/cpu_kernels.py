@@ -1,7 +1,9 @@
-"""The C++ CPU decode kernel (`csrc/paged_decode_cpu.cpp`): built once per machine with
-`torch.utils.cpp_extension` (`scripts/install.sh` builds it; otherwise the first engine start does, about a minute)
+"""The C++ CPU operations (`csrc/`: the paged decode kernel, `paged_decode_cpu.cpp`, and the fused elementwise
+layers, `fused_cpu.cpp`): built once per machine with
+`torch.utils.cpp_extension` (`scripts/install.sh` builds it; otherwise the first engine start does, about 30 s)
 and loaded from torch's extension cache after that. Where it cannot be built (no C++ compiler) the engine uses
-the pure-torch reference and says why. `KVOBS_CPU_KERNEL=torch` chooses the reference on purpose.
+the pure-torch reference and fused.py's torch layers, and says why. `KVOBS_CPU_KERNEL=torch` chooses them on
+purpose.
 
     python -m instrumented_engine.kernels.cpu_kernels      # build now; prints where and how long
 """
@@ -18,7 +20,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.cpp"
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = [CSRC / name for name in ("paged_decode_cpu.cpp", "fused_cpu.cpp", "bindings.cpp")]
 CHOICE_ENV = "KVOBS_CPU_KERNEL"  # "cpp" (default) or "torch"
 # Vector flags by what torch found the CPU to have; the build is named after them, so a cache shared between
 # machines never loads code built for instructions this one lacks.
@@ -35,12 +38,12 @@ def _build(verbose: bool = False):
 
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ARCH_FLAGS.get(capability, [])
-    name = f"kvobs_paged_decode_cpu_{capability.lower()}"
-    return load(name=name, sources=[str(SOURCE)], extra_cflags=MATH_FLAGS + flags, verbose=verbose)
+    name = f"kvobs_cpu_ops_{capability.lower()}"
+    return load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=MATH_FLAGS + flags, verbose=verbose)
 
 
-def load_decode() -> tuple[Callable[..., torch.Tensor] | None, str]:
-    """(the C++ decode attention, "cpp") or (None, why the reference is used instead)."""
+def load_ops():
+    """(the built module, "cpp") or (None, why the torch versions are used instead)."""
     if os.environ.get(CHOICE_ENV, "cpp") == "torch":
         return None, f"{CHOICE_ENV}=torch"
     if "module" not in _loaded:
@@ -48,10 +51,16 @@ def load_decode() -> tuple[Callable[..., torch.Tensor] | None, str]:
             _loaded["module"] = _build()
         except Exception as exc:  # no compiler, no headers: the reference runs everywhere
             _loaded["module"] = None
-            _loaded["why"] = f"the C++ kernel could not be built ({str(exc).splitlines()[0][:200]})"
-            log.warning("%s: decode attention runs on the pure-torch reference", _loaded["why"])
+            _loaded["why"] = f"the C++ operations could not be built ({str(exc).splitlines()[0][:200]})"
+            log.warning("%s: decode attention and the fused layers run on pure torch", _loaded["why"])
     module = _loaded["module"]
-    return (module.paged_decode_attention, "cpp") if module is not None else (None, _loaded["why"])
+    return (module, "cpp") if module is not None else (None, _loaded["why"])
+
+
+def load_decode() -> tuple[Callable[..., torch.Tensor] | None, str]:
+    """(the C++ decode attention, "cpp") or (None, why the reference is used instead)."""
+    module, why = load_ops()
+    return (module.paged_decode_attention, why) if module is not None else (None, why)
 
 
 def main() -> None:

@@ -83,17 +83,20 @@ def causal_attention(
 ) -> torch.Tensor:
     """q (Tq, H, D) at positions offset.. over k, v (KVH, L, D); returns (Tq, H, D).
 
-    K and V are repeated to the query heads (head i reads KV head i // (H / KVH)) rather than passed with
-    `enable_gqa`, which on the CPU takes a slower path (measured 2.0 vs 1.2 ms per sequence and layer)."""
+    Called with a batch dimension and `enable_gqa` (head i reads KV head i // (H / KVH)): on the CPU, 4-D inputs
+    take torch's flash-attention kernel, while 3-D ones fall back to the unfused math path (measured for one
+    sequence of 300 tokens and one layer, bf16: 1.65 ms against 3.9 ms with K/V repeated in 3-D)."""
     tq, h, d = q.shape
-    qh = q.transpose(0, 1)  # (H, Tq, D)
-    k, v = k.to(q.dtype), v.to(q.dtype)
-    if h != kvh:
-        k, v = k.repeat_interleave(h // kvh, dim=0), v.repeat_interleave(h // kvh, dim=0)
+    qh = q.transpose(0, 1)[None]  # (1, H, Tq, D)
+    k, v = k.to(q.dtype)[None], v.to(q.dtype)[None]
     if offset == 0:
-        out = torch.nn.functional.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qh, k, v, is_causal=True, scale=scale, enable_gqa=kvh != h
+        )
     else:
         rows = torch.arange(tq, device=q.device)[:, None] + offset
-        mask = torch.arange(k.shape[1], device=q.device)[None, :] <= rows  # (Tq, L)
-        out = torch.nn.functional.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
-    return out.transpose(0, 1)
+        mask = torch.arange(k.shape[2], device=q.device)[None, :] <= rows  # (Tq, L)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qh, k, v, attn_mask=mask, scale=scale, enable_gqa=kvh != h
+        )
+    return out[0].transpose(0, 1)

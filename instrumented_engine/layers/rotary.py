@@ -1,4 +1,5 @@
-"""Rotary position embedding, Hugging Face's rotate_half layout over the full head dim."""
+"""Rotary position embedding, Hugging Face's rotate_half layout over the full head dim: the cos/sin table. The
+rotation itself is `backend.ops.rotary_` (kernels/fused.py), in place on the QKV projection's output."""
 
 from __future__ import annotations
 
@@ -18,15 +19,3 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos_sin = torch.stack([emb.cos(), emb.sin()], dim=1).to(device)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q (T, H, D), k (T, KVH, D) at `positions` (T,) -> rotated q, k."""
-        cs = self.cos_sin[positions]  # (T, 2, D)
-        cos = cs[:, 0, None, :].to(q.dtype)
-        sin = cs[:, 1, None, :].to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

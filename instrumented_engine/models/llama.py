@@ -40,11 +40,12 @@ class LlamaAttention(nn.Module):
         backend: KernelBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        backend.ops.rotary_(qkv, positions, rotary.cos_sin, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)  # (T, H, D)
         k = k.view(t, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, backend)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -56,9 +57,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+    def forward(self, x: torch.Tensor, backend: KernelBackend) -> torch.Tensor:
+        return self.down_proj(backend.ops.silu_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -70,8 +70,11 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(self, x, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        ops, eps = backend.ops, self.input_layernorm.eps
+        attn = self.self_attn(ops.rms_norm(x, self.input_layernorm.weight, eps), positions, rotary, kv_cache,
+                              meta, backend)  # fmt: skip
+        normed, x = ops.add_rms_norm(x, attn, self.post_attention_layernorm.weight, eps)
+        return x + self.mlp(normed, backend)
 
 
 class LlamaModel(nn.Module):

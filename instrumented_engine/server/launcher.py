@@ -26,6 +26,7 @@ import uvicorn
 
 from instrumented_engine.config import EngineConfig
 from instrumented_engine.engine.async_engine import AsyncEngine
+from instrumented_engine.engine.helper_thread import on_helper_thread
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.models.loader import ModelSource
 from instrumented_engine.observers.kv_publisher import KVEventPublisher
@@ -138,7 +139,8 @@ class EngineServer:
                 sample_ratio=options.trace_sample_ratio,
             )
         )
-        llm_engine = LLMEngine(config, source=source, progress=progress)
+        # off the main thread: the HTTP side must never start an OpenMP team of its own (see helper_thread)
+        llm_engine = on_helper_thread(lambda: LLMEngine(config, source=source, progress=progress), name="kvobs-load")
         layout = llm_engine.layout
         self.served = ServedModel(options.served_model_name or llm_engine.model_name, layout.max_model_len,
                                   int(time.time()))  # fmt: skip

@@ -3,6 +3,7 @@ otherwise; read off the machine, and said in the startup log with the reason."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import pytest
@@ -44,3 +45,20 @@ def test_the_engine_says_which_dtype_and_why(make_llm, caplog):
     expected, why = choose_dtype("auto", CPU)
     assert llm.engine.runner.dtype == getattr(torch, expected)
     assert f"computing in {expected} on cpu: {why}" in caplog.text
+
+
+def test_num_threads_sets_the_compute_threads(make_llm, caplog):
+    """`--num-threads N` (EngineConfig.num_threads) is torch's intra-op thread count for the process."""
+    from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config(parser.parse_args(["--num-threads", "1"])).num_threads == 1
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO, logger="instrumented_engine.engine.llm_engine"):
+            make_llm(num_blocks=16, max_model_len=128, num_threads=1)
+        assert torch.get_num_threads() == 1
+        assert "1 compute threads" in caplog.text
+    finally:
+        torch.set_num_threads(before)
