@@ -27,13 +27,13 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 
-from collectors.kv_chains import ChainTracker
+from collectors.kv_chains import OWNERS, PARENT, ChainTracker
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
 from kvobs.identifiers import clip_id
 from kvobs.semconv.protocol import SESSION_IDLE_S
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind, SessionSource
-from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
+from kvobs.store.rows import KVEventColumns, SessionRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
 
@@ -42,6 +42,7 @@ RESTART = "restart"
 # ZMQ socket buffers what vLLM publishes (its high-water mark is vLLM's: 100,000 batches), so a burst is stored,
 # not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
 STORE_WAIT_S = 10.0
+UINT64_MASK = wire.UINT64_MASK
 STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
 
 
@@ -86,88 +87,105 @@ class KVIngest:
         self.chains = ChainTracker()
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
-        self._pending: deque[tuple[float, float, str]] = deque()  # (arrived, event ts, session) removals to classify
+        # removals to classify, a batch at a time: (arrived, event ts, sessions that lost blocks, blocks per session)
+        self._pending: deque[tuple[float, float, list[str], Counter]] = deque()
         self._changed: set[str] = set()
         self._idle: dict[str, list[float]] = {}  # session -> event times of its removals with a pending verdict
         self._latest_ts = float("-inf")  # stream time: the newest batch timestamp
-        self._rows: list[KVEventRecord] = []  # this batch's kv_events records, written together
 
     # ---- batches --------------------------------------------------------------------------------------
     def on_batch(self, seq: int, batch: wire.KVEventBatch) -> None:
-        removed: Counter[str | None] = Counter()
+        """The batch's rows go to the writer as one `KVEventColumns` (no object per row: thousands a second)."""
+        ts = batch.ts
+        rows = _BatchRows()
         cleared: dict[str | None, int] = {}
-        self._rows = []
-        self._latest_ts = max(self._latest_ts, batch.ts)
+        touched: set[str] = set()  # sessions with an event in this batch
+        self._latest_ts = max(self._latest_ts, ts)
         for event in batch.events:
-            if isinstance(event, wire.BlockStored):
-                self._stored(batch.ts, event)
-            elif isinstance(event, wire.BlockRemoved):
-                for block_hash in event.block_hashes:
-                    for owner in self._removed(batch.ts, block_hash, event.medium):
-                        removed[owner] += 1
-            elif isinstance(event, wire.AllBlocksCleared):
-                cleared = self._cleared(batch.ts, EvictionReason.RESET.value)
-        self._flush_rows()
+            kind = type(event)
+            if kind is wire.BlockRemoved:
+                self._removed(event, rows)
+            elif kind is wire.BlockStored:
+                self._stored(ts, event, rows, touched)
+            elif kind is wire.AllBlocksCleared:
+                cleared = self._cleared(rows, EvictionReason.RESET.value)
+        removed = Counter(rows.losers)  # owner -> blocks it lost in this batch (None: owner unknown)
+        losers = [owner for owner in removed if owner is not None]
+        if losers:
+            self._pending.append((self.clock(), ts, losers, removed))
+        touched.update(losers)
+        for session in touched:
+            self._seen(session, ts)
+        self._changed |= touched
+        self._flush(ts, rows)
         if self.bridge is not None and (removed or cleared):
-            self.bridge.on_batch(self.instance, batch.ts, removed, cleared)
+            self.bridge.on_batch(self.instance, ts, removed, cleared)
 
     def on_restart(self) -> None:
         """The publisher restarted: its cache is empty, every chain we track has ended."""
-        self._cleared(self.clock(), RESTART)
-        self._flush_rows()
+        rows = _BatchRows()
+        self._cleared(rows, RESTART)
+        self._flush(self.clock(), rows)
 
-    def _stored(self, ts: float, event: wire.BlockStored) -> None:
+    def _stored(self, ts: float, event: wire.BlockStored, rows: _BatchRows, touched: set[str]) -> None:
         session = None if event.session_id is None else clip_id(event.session_id)  # every row of it carries it
         if session is not event.session_id:
             self.num_ids_cut += 1
         self.block_size = event.block_size
         if session is not None:
-            self._changed.add(session)
-            self._seen(session, ts)
+            touched.add(session)
             if session not in self._sessions_seen:
                 self._sessions_seen.add(session)
                 self.writer.insert_missing(SessionRecord(session, started_at=ts, source=SessionSource.VLLM.value))
-        parent = event.parent_block_hash
+        hashes = event.block_hashes
+        if not hashes:
+            return
+        n, parent = len(hashes), event.parent_block_hash
+        stored = [h & UINT64_MASK for h in hashes] if type(hashes[0]) is int else [wire.as_uint64(h) for h in hashes]
+        rows.kind += [STORED] * n
+        rows.block_hash += stored
+        rows.parent_hash.append(None if parent is None else parent & UINT64_MASK if type(parent) is int
+                                else wire.as_uint64(parent))  # fmt: skip
+        rows.parent_hash += stored[:-1]
+        rows.session_id += [session] * n
+        rows.medium += [event.medium] * n
+        rows.first_owner += [1] * n
+        rows.num_tokens += [event.block_size] * n
+        rows.reason += [None] * n
+        self.chains.stored(hashes, parent, session)
+
+    def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
+        medium, tokens, removed = event.medium, self.block_size, self.chains.removed
         for block_hash in event.block_hashes:
-            self._row(ts, STORED, session, block_hash=block_hash, parent_hash=parent, medium=event.medium, first=True)
-            parent = block_hash
-        self.chains.stored(event.block_hashes, event.parent_block_hash, session)
+            block = removed(block_hash)
+            stored_as = block_hash & UINT64_MASK if type(block_hash) is int else wire.as_uint64(block_hash)
+            if block is None:
+                owners, parent = (None,), None
+            else:
+                owners, parent = block[OWNERS], block[PARENT]
+                parent = (
+                    None if parent is None else parent & UINT64_MASK if type(parent) is int else wire.as_uint64(parent)
+                )
+            first = 1
+            for owner in owners:
+                rows.add(REMOVED, stored_as, parent, owner, medium, first, tokens, None)
+                rows.losers.append(owner)
+                first = 0
 
-    def _removed(self, ts: float, block_hash, medium: str | None) -> tuple[str | None, ...]:
-        block = self.chains.removed(block_hash)
-        owners = block.owners if block is not None else (None,)
-        parent = block.parent if block is not None else None
-        arrived = self.clock()
-        for index, owner in enumerate(owners):
-            self._row(ts, REMOVED, owner, block_hash=block_hash, parent_hash=parent, medium=medium, first=index == 0)
-            if owner is not None:
-                self._pending.append((arrived, ts, owner))
-                self._changed.add(owner)
-                self._seen(owner, ts)
-        return owners
-
-    def _cleared(self, ts: float, reason: str) -> dict[str | None, int]:
+    def _cleared(self, rows: _BatchRows, reason: str) -> dict[str | None, int]:
         lost = self.chains.cleared()
         self._changed.update(s for s in lost if s is not None)
-        tokens = sum(lost.values()) * (self.block_size or 0)
-        self._row(ts, CLEARED, None, num_tokens=tokens, reason=reason)
+        rows.add(CLEARED, None, None, None, None, None, sum(lost.values()) * (self.block_size or 0), reason)
         return lost
 
-    def _row(self, ts: float, kind: str, session: str | None, *, block_hash=None, parent_hash=None,
-             medium: str | None = None, num_tokens: int | None = None, reason: str | None = None,
-             first: bool = False) -> None:  # fmt: skip
-        """One `kv_events` row; `first`: this row counts its block (`first_owner`), the other owners' rows do not."""
-        self._rows.append(KVEventRecord(
-            ts=ts, instance=self.instance, kind=kind, session_id=session,
-            block_hash=None if block_hash is None else wire.as_uint64(block_hash),
-            parent_hash=None if parent_hash is None else wire.as_uint64(parent_hash),
-            num_tokens=self.block_size if num_tokens is None and block_hash is not None else num_tokens,
-            medium=medium, reason=reason, first_owner=None if block_hash is None else int(first),
-        ))  # fmt: skip
-
-    def _flush_rows(self) -> None:
-        self.writer.add_many(self._rows, wait_s=STORE_WAIT_S)
-        self._rows = []
+    def _flush(self, ts: float, rows: _BatchRows) -> None:
+        n = len(rows.kind)
+        if n:
+            columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, kind=rows.kind,
+                                     block_hash=rows.block_hash, parent_hash=rows.parent_hash,
+                                     session_id=rows.session_id, medium=rows.medium, first_owner=rows.first_owner,
+                                     num_tokens=rows.num_tokens, reason=rows.reason)  # fmt: skip
+            self.writer.add_many(columns, wait_s=STORE_WAIT_S)
 
     # ---- footprints -----------------------------------------------------------------------------------
     @property
@@ -222,9 +240,10 @@ class KVIngest:
         if self.activity is not None and self._pending:
             self.activity.resolve_pending()
         while self._pending and self._pending[0][0] <= arrived_before:
-            _, ts, session = self._pending.popleft()
+            _, ts, sessions, blocks = self._pending.popleft()
             if self.activity is not None:
-                self._idle.setdefault(session, []).append(ts)
+                for session in sessions:
+                    self._idle.setdefault(session, []).extend([ts] * blocks[session])
         if self._idle:
             self._settle()
 
@@ -243,3 +262,29 @@ class KVIngest:
                 self._idle[session] = still
             else:
                 del self._idle[session]
+
+
+class _BatchRows:
+    """One batch's `kv_events` rows as columns, in event order (`ts` and `instance` are the batch's own)."""
+
+    def __init__(self) -> None:
+        self.kind: list[str] = []
+        self.block_hash: list[int | None] = []
+        self.parent_hash: list[int | None] = []
+        self.session_id: list[str | None] = []
+        self.medium: list[str | None] = []
+        self.first_owner: list[int | None] = []
+        self.num_tokens: list[int | None] = []
+        self.reason: list[str | None] = []
+        self.losers: list[str | None] = []  # the owner of each removed row (not a column)
+
+    def add(self, kind, block_hash, parent_hash, session_id, medium, first_owner, num_tokens, reason) -> None:
+        """One row (the `stored` rows of a chain are added a column at a time, in `KVIngest._stored`)."""
+        self.kind.append(kind)
+        self.block_hash.append(block_hash)
+        self.parent_hash.append(parent_hash)
+        self.session_id.append(session_id)
+        self.medium.append(medium)
+        self.first_owner.append(first_owner)
+        self.num_tokens.append(num_tokens)
+        self.reason.append(reason)

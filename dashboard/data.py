@@ -12,7 +12,7 @@ import pandas as pd
 
 from dashboard.series import fill_windows, per_window
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
-from kvobs.analytics.chains import BlockGraph, eviction_churn, prefix_reuse
+from kvobs.analytics.chains import eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
 from kvobs.analytics.step_causes import step_causes
@@ -211,11 +211,10 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
     losses = queries.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
     stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS, instances=instances)
-    graph = BlockGraph.from_stored(stored)
     return {
         "lifecycle": lifecycle,
         "reasons": reasons.rename("blocks").reset_index(),
-        "prefixes": prefix_reuse(stored, graph).head(20),
+        "prefixes": prefix_reuse(stored).head(20),
         "restored": queries.top_restored_blocks(store, since, until, limit=20, instances=instances),
         "churn": eviction_churn(stored),
         "prefix_rows": len(stored),

@@ -1,10 +1,11 @@
 """Store fixtures on both backends: a SQLite file, and a fresh schema in the local PostgreSQL (database `test`).
 
-Registered for every test directory by tests/conftest.py."""
+Registered for every test directory by tests/conftest.py; `any_store` adds chDB."""
 
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -19,16 +20,39 @@ def store_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'kvobs.db'}"
         return
+    with postgres_schema() as schema:
+        yield f"{POSTGRES}?options=-csearch_path%3D{schema}"
+
+
+@contextmanager
+def postgres_schema():
+    """A fresh schema in the local PostgreSQL, dropped afterwards."""
     schema = f"kvobs_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(POSTGRES)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
     try:
-        yield f"{POSTGRES}?options=-csearch_path%3D{schema}"
+        yield schema
     finally:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "chdb"])
+def any_store(request, tmp_path):
+    """A fresh store on each of the three backends: SQLite, the local PostgreSQL, chDB."""
+    if request.param == "postgresql":
+        with postgres_schema() as schema:
+            store = open_store(f"{POSTGRES}?options=-csearch_path%3D{schema}")
+            yield store
+            store.close()
+        return
+    store = open_store(
+        f"sqlite:///{tmp_path / 'kvobs.db'}" if request.param == "sqlite" else f"chdb:///{tmp_path / 'ch'}"
+    )
+    yield store
+    store.close()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ session's previous request.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 
@@ -161,26 +162,63 @@ def recompute_by_session(rates: pd.DataFrame, preempted: pd.DataFrame) -> pd.Dat
     return out.sort_values("total", ascending=False).rename_axis("session_id").reset_index()
 
 
-def prefix_reuse(stored: pd.DataFrame, graph: BlockGraph) -> pd.DataFrame:
+def prefix_reuse(stored: pd.DataFrame) -> pd.DataFrame:
     """Prefixes (chains by their root block) ranked by the sessions that built on them: `root_hash`, `sessions`,
     `blocks` (distinct blocks chained from it), `stores` (store events: above `blocks` means recomputation),
     `first_ts`, `last_ts`."""
     if stored.empty:
         return pd.DataFrame(columns=["root_hash", "sessions", "blocks", "stores", "first_ts", "last_ts"])
-    roots = stored["block_hash"].map(lambda h: graph.root(int(h)))
-    frame = stored.assign(root_hash=roots)
+    hashes, _ = _as_uint64(stored["block_hash"])
+    frame = pd.DataFrame({"root_hash": chain_roots(hashes, *_as_uint64(stored["parent_hash"])), "block": hashes,
+                          "session_id": stored["session_id"].to_numpy(), "ts": stored["ts"].to_numpy()})  # fmt: skip
     out = frame.groupby("root_hash").agg(
-        sessions=("session_id", "nunique"), blocks=("block_hash", "nunique"), stores=("block_hash", "size"),
+        sessions=("session_id", "nunique"), blocks=("block", "nunique"), stores=("block", "size"),
         first_ts=("ts", "min"), last_ts=("ts", "max"),
     )  # fmt: skip
-    return out.sort_values(["sessions", "stores"], ascending=False).reset_index()
+    out = out.sort_values(["sessions", "stores"], ascending=False).reset_index()
+    out["root_hash"] = out["root_hash"].astype(object)  # hashes as Python ints, as every read gives them
+    return out
+
+
+def chain_roots(hashes: np.ndarray, parents: np.ndarray, no_parent: np.ndarray) -> np.ndarray:
+    """Each block's root: `BlockGraph.root` for every row at once (a block's parent is the one its first store
+    named; a chain stops at a parent never stored). Pointer jumping over the parent links, so n blocks cost
+    O(n log depth) in numpy; a cycle (which real hashes cannot make) falls back to `BlockGraph`."""
+    distinct, first_row = np.unique(hashes, return_index=True)
+    parent, known = parents[first_row], ~no_parent[first_row]
+    at = np.minimum(np.searchsorted(distinct, parent), max(len(distinct) - 1, 0))
+    self_index = np.arange(len(distinct))
+    parent_of = up = np.where(known & (distinct[at] == parent), at, self_index)
+    for _ in range(64):  # the distance covered doubles each round: 2^64 is past any chain
+        jumped = up[up]
+        if np.array_equal(jumped, up):
+            if np.array_equal(parent_of[up], up):  # every pointer ends at a block without a parent: no cycle
+                return distinct[up][np.searchsorted(distinct, hashes)]
+            break
+        up = jumped
+    graph = BlockGraph.from_stored(pd.DataFrame({
+        "ts": 0.0, "block_hash": hashes.astype(object),
+        "parent_hash": np.where(no_parent, None, parents.astype(object)),
+    }))  # fmt: skip
+    return np.array([graph.root(int(h)) for h in hashes], dtype=np.uint64)
+
+
+def _as_uint64(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes (Python ints, None for none) as uint64 values (0 where missing) and the missing mask."""
+    values = column.to_numpy(dtype=object)
+    missing = pd.isna(values)
+    return np.where(missing, 0, values).astype(np.uint64), missing
 
 
 def eviction_churn(stored: pd.DataFrame) -> dict:
     """Blocks stored more than once on one instance (lost, then computed again; the same block cached on two
     replicas is two blocks, neither restored): `blocks`, `restored_blocks`, `extra_stores`, `churn` = extra stores /
     all stores. `stored`: `stored_blocks` rows (`instance`, `block_hash`)."""
-    times = stored.groupby(["instance", "block_hash"]).size() if len(stored) else pd.Series(dtype="int64")
+    if len(stored):  # grouped as uint64, not Python ints: ten times faster at 100,000 blocks
+        times = pd.DataFrame({"instance": stored["instance"].to_numpy(), "block": _as_uint64(stored["block_hash"])[0]})
+        times = times.groupby(["instance", "block"]).size()
+    else:
+        times = pd.Series(dtype="int64")
     extra = int((times[times > 1] - 1).sum())
     return {"blocks": len(times), "restored_blocks": int((times > 1).sum()), "extra_stores": extra,
             "churn": extra / len(stored) if len(stored) else 0.0}  # fmt: skip

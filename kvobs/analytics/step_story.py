@@ -55,8 +55,12 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
     first, last = float(steps["started_at"].min()), _end(steps)
     reqs = queries.requests(store, first, last)
     sent = step_requests(reqs, steps)
-    session_kv = queries.kv_events(store, first, last, session_id=session_id)
-    resets = queries.kv_events(store, first, last, kinds=[K.CLEARED.value])
+    # The KV events this step's verdict and story can involve: from the start of the step before it (its tool pause
+    # begins when that step's requests end, never earlier) to its end; not the session's whole history.
+    low = float(steps["started_at"].iloc[max(i - 1, 0)])
+    high = _end(steps.iloc[i : i + 2]) if i + 1 < len(steps) else last
+    session_kv = queries.kv_events(store, low, high, session_id=session_id)
+    resets = queries.kv_events(store, low, high, kinds=[K.CLEARED.value])
     attributed = attribute_steps(steps, reqs, pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)],
                                                          resets]))  # fmt: skip
     step = steps.iloc[i]

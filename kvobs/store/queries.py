@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pandas as pd
-from sqlalchemy import distinct, func, select, union_all
+from sqlalchemy import distinct, func, select, tuple_, union_all
 
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
@@ -21,11 +21,13 @@ from kvobs.store import rollups
 from kvobs.store.backends import per_backend
 from kvobs.store.db import Store
 from kvobs.store.schema import (
+    FOOTPRINT_COLUMNS,
     AlertRow,
     KVEventMinuteRow,
     KVEventRow,
     MetricSampleRow,
     RequestRow,
+    SessionFootprintRow,
     SessionRow,
     SnapshotRow,
     StepRow,
@@ -71,16 +73,28 @@ def session_snapshots(store: Store, session_id: str) -> pd.DataFrame:
 
 @per_backend
 def session_footprints(store: Store, since=None, until=None, *, instances: Instances = None) -> pd.DataFrame:
-    """Every session's latest footprint in the window: one row per (session, instance)."""
-    latest = _between(_of_instances(
+    """Every session's latest footprint in the window: one row per (session, instance).
+
+    Read from the rollup (`session_footprints`, a row per session) for the sessions whose latest footprint falls in
+    the window, which is every session when the window reaches the present; from the raw snapshots only for those
+    whose latest footprint came after `until` (a window in the past)."""
+    rollup = SessionFootprintRow.__table__.c
+    stmt = _of_instances(select(*(rollup[c] for c in FOOTPRINT_COLUMNS)), rollup.instance, instances)
+    frame = read(store, _between(stmt, rollup.ts, since, until))
+    if until is None:
+        return frame
+    later = _of_instances(select(rollup.session_id, rollup.instance).where(rollup.ts > until), rollup.instance,
+                          instances)  # fmt: skip
+    latest = _between(
         select(SnapshotRow.session_id, SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
-        .where(SnapshotRow.session_id.is_not(None)), SnapshotRow.instance, instances), SnapshotRow.ts, since, until,
+        .where(tuple_(SnapshotRow.session_id, SnapshotRow.instance).in_(later)), SnapshotRow.ts, since, until,
     ).group_by(SnapshotRow.session_id, SnapshotRow.instance).subquery()  # fmt: skip
     stmt = select(*_columns(SnapshotRow, "id")).join(
         latest, (SnapshotRow.session_id == latest.c.session_id) & (SnapshotRow.instance == latest.c.instance)
         & (SnapshotRow.ts == latest.c.ts),
     ).order_by(SnapshotRow.id)  # fmt: skip
-    return read(store, stmt).drop_duplicates(["session_id", "instance"], keep="last")
+    earlier = read(store, stmt).drop_duplicates(["session_id", "instance"], keep="last")
+    return frame if earlier.empty else pd.concat([frame, earlier], ignore_index=True)
 
 
 def requests(store: Store, since=None, until=None, session_id: str | None = None, *,
@@ -204,13 +218,23 @@ def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20
                         instances: Instances = None) -> pd.DataFrame:  # fmt: skip
     """Blocks stored more than once on one instance in the window (lost, then computed again; the same block on two
     replicas is not a restore): `instance`, `block_hash`, `stores`, `sessions`, `first_ts`, `last_ts`, most-stored
-    first."""
+    first.
+
+    Two steps in one query: the hashes stored more than once in scope (a GROUP BY of one integer column), then
+    the per-instance detail of those only, through the hash index (at 1M events: 0.9 s as one GROUP BY, less than
+    half as two)."""
+
+    def in_scope(stmt):
+        stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
+        return _between(stmt, KVEventRow.ts, since, until)
+
+    again = in_scope(select(KVEventRow.block_hash.label("again"))).group_by(KVEventRow.block_hash)
+    again = again.having(func.count() > 1).subquery()
     stmt = select(KVEventRow.instance, KVEventRow.block_hash, func.count().label("stores"),
                   func.count(distinct(KVEventRow.session_id)).label("sessions"),
                   func.min(KVEventRow.ts).label("first_ts"), func.max(KVEventRow.ts).label("last_ts"))  # fmt: skip
-    stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
-    stmt = _between(stmt, KVEventRow.ts, since, until).group_by(KVEventRow.instance, KVEventRow.block_hash)
-    stmt = stmt.having(func.count() > 1)
+    stmt = in_scope(stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again))
+    stmt = stmt.group_by(KVEventRow.instance, KVEventRow.block_hash).having(func.count() > 1)
     return read(store, stmt.order_by(func.count().desc()).limit(limit))
 
 

@@ -1,4 +1,4 @@
-"""One frozen record per store table: the only way rows are written.
+"""One frozen record per store table, and one column batch for KV events: the only ways rows are written.
 
     writer.add(KVEventRecord(ts=now, instance="engine-0", kind=KVEventKind.EVICTED, block_hash=h, reason="capacity"))
     writer.upsert(SessionRecord("s1", num_steps=3))          # only the columns given are written
@@ -9,6 +9,13 @@ row id the database assigns. A misspelt or missing column is a `TypeError` when 
 record leaves out are NULL (or the column's default), except on `SessionRecord`, whose columns default to
 `UNSET`: an upsert of a session writes only the columns it was given, so the agent SDK's counters and the
 engine's first sighting of a session never overwrite each other.
+
+`KVEventColumns` holds many `kv_events` rows as one list per column, for producers that write thousands of KV
+events a second (the collector): no object per row is made, SQL stores insert it with one driver-level executemany
+and ClickHouse as one Arrow table. It takes the same column names (a misspelt one is a `TypeError`), and iterating
+it gives its rows as `KVEventRecord`s, which is how a refused row is found and dropped alone.
+
+    writer.add_many(KVEventColumns(ts=[t, t], instance=["vllm-a"] * 2, kind=["stored"] * 2, block_hash=[h1, h2]))
 """
 
 from __future__ import annotations
@@ -111,6 +118,37 @@ class KVEventRecord(Record):
     reason: str | None = None
     medium: str | None = None
     first_owner: int | None = None  # 1 on one row per block event, 0 on further owners' rows, None without a block
+
+
+class KVEventColumns:
+    """`kv_events` rows as columns: equal-length lists named like `KVEventRecord`'s fields (one left out is all
+    NULL). Treat it as frozen once handed to the writer."""
+
+    __slots__ = ("columns", "num_rows")
+    table: ClassVar[str] = "kv_events"
+
+    def __init__(self, **columns: list) -> None:
+        names = KVEventRecord._columns
+        unknown = set(columns) - set(names)
+        if unknown:
+            raise TypeError(f"KVEventColumns got unknown column(s) {', '.join(sorted(unknown))}")
+        lengths = {len(values) for values in columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"KVEventColumns columns differ in length: {sorted(lengths)}")
+        self.num_rows = lengths.pop() if lengths else 0
+        for required in ("ts", "instance", "kind"):
+            if required not in columns and self.num_rows:
+                raise TypeError(f"KVEventColumns needs the column {required!r}")
+        none = [None] * self.num_rows
+        self.columns: dict[str, list] = {name: columns.get(name, none) for name in names}
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __iter__(self):
+        """The rows as records (for isolating a refused row; the fast paths read `columns`)."""
+        for values in zip(*self.columns.values()):
+            yield KVEventRecord(*values)
 
 
 @_record

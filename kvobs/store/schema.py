@@ -1,46 +1,83 @@
 """The store's tables: a public interface (users query it from Grafana, notebooks, plain SQL).
 
 Times are UTC epoch seconds (float). `instance` names an engine or vLLM endpoint. Block hashes are the
-unsigned 64-bit values vLLM publishes: NUMERIC(20) on PostgreSQL; on SQLite, whose integers are
-signed 64-bit, the decimal text of the value (compare with `block_hash = '1844...'`). Both read back
-as Python ints. Schema changes go through Alembic (`kvobs/store/migrations`).
+unsigned 64-bit values vLLM publishes: NUMERIC(20) on PostgreSQL; on SQLite, whose integers are signed
+64-bit, the same 8 bytes read as a signed integer (a value of 2^63 or more is stored as value - 2^64:
+in SQL, `CASE WHEN block_hash < 0 THEN block_hash + 18446744073709551616 ...` gives it back, as a REAL).
+Both read back as Python ints through kvobs. Schema changes go through Alembic (`kvobs/store/migrations`).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, Index, Integer, Numeric, SmallInteger, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    Index,
+    Integer,
+    Numeric,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    String,
+    Table,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from kvobs.semconv.protocol import MAX_ID_BYTES
 
 MAX_UINT64 = 2**64 - 1
+MAX_INT64 = 2**63 - 1
+TWO_64 = 2**64
 MINUTE_S = 60.0  # the rollup's step (`kv_event_minutes.minute`)
 DAY_S = 86_400.0  # a retention day; ClickHouse partitions events by it
 ROW_ID = BigInteger().with_variant(Integer, "sqlite")  # SQLite auto-increments INTEGER PRIMARY KEY only
 
 
 class UInt64(TypeDecorator):
-    """An unsigned 64-bit integer stored losslessly on every backend."""
+    """An unsigned 64-bit integer stored losslessly on every backend: NUMERIC(20) on PostgreSQL, the signed 64-bit
+    integer with the same bits on SQLite (8 bytes; equality, GROUP BY and joins work on it unchanged)."""
 
-    impl = String(20)
+    impl = BigInteger
     cache_ok = True
 
     def load_dialect_impl(self, dialect):
         if dialect.name == "postgresql":
             return dialect.type_descriptor(Numeric(20, 0))
-        return dialect.type_descriptor(String(20))
+        return dialect.type_descriptor(BigInteger())
 
     def process_bind_param(self, value, dialect):
         if value is None:
             return None
         value = int(value)
-        if not 0 <= value <= MAX_UINT64:
-            raise ValueError(f"block hash {value} is not an unsigned 64-bit integer")
-        return value if dialect.name == "postgresql" else str(value)
+        return value if dialect.name == "postgresql" and 0 <= value <= MAX_UINT64 else as_int64(value)
 
     def process_result_value(self, value, dialect):
-        return None if value is None else int(value)
+        if value is None:
+            return None
+        value = int(value)
+        return value + TWO_64 if value < 0 else value
+
+    @staticmethod
+    def column_from_db(values) -> list:
+        """`process_result_value` of a whole column read from any SQL backend (SQLite's signed int, PostgreSQL's
+        Decimal)."""
+        return [v if v is None or type(v) is int and v >= 0 else int(v) + TWO_64 if v < 0 else int(v) for v in values]
+
+
+def as_int64(value: int) -> int:
+    """An unsigned 64-bit value as SQLite stores it: the signed integer with the same 64 bits."""
+    if 0 <= value <= MAX_INT64:
+        return value
+    if MAX_INT64 < value <= MAX_UINT64:
+        return value - TWO_64
+    raise ValueError(f"block hash {value} is not an unsigned 64-bit integer")
+
+
+def as_int64_column(values: list) -> list:
+    """`as_int64` of a column at once (None stays None): how a column of hashes is bound on SQLite."""
+    return [v if v is None or 0 <= v <= MAX_INT64 else as_int64(v) for v in values]
 
 
 class Base(DeclarativeBase):
@@ -179,6 +216,24 @@ class SnapshotRow(Base):
     evictions_total: Mapped[int | None] = mapped_column(Integer)
 
 
+class SessionFootprintRow(Base):
+    """The rollup of `snapshots`' session rows: each session's latest footprint on each instance (the row with the
+    latest `ts`; of rows with equal `ts`, the one written last), kept by the writer in the transaction of the raw
+    rows, so the Sessions page reads a row per session, not every snapshot ever taken. Same columns as `snapshots`
+    without `id`."""
+
+    __table__ = Table(
+        "session_footprints",
+        Base.metadata,
+        *(column._copy() for column in SnapshotRow.__table__.columns if column.name != "id"),
+        PrimaryKeyConstraint("session_id", "instance"),
+        Index("ix_session_footprints_ts", "ts"),
+    )
+
+
+FOOTPRINT_COLUMNS = tuple(c.name for c in SessionFootprintRow.__table__.columns)  # snapshots' order, without id
+
+
 class MetricSampleRow(Base):
     __tablename__ = "metric_samples"
     __table_args__ = (Index("ix_metric_samples_name_ts", "name", "ts"), Index("ix_metric_samples_instance_ts",
@@ -210,3 +265,5 @@ class AlertRow(Base):
 # Tables written as records (`kvobs.store.rows`); rollups (`kv_event_minutes`) are kept by the writer.
 TABLES = {cls.__tablename__: cls for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow,
                                              AlertRow)}  # fmt: skip
+# Tables the writer keeps from the raw rows in the same transaction; a copy of a store copies them too.
+ROLLUPS = {cls.__table__.name: cls for cls in (KVEventMinuteRow, SessionFootprintRow)}

@@ -7,7 +7,8 @@
         ...
 
 Like the OpenTelemetry Collector's persistent queue: a write-ahead log of the writer's queue, in segment files
-(`seg-<first seq>.log`) of length-prefixed msgpack frames `[seq, op, table, [row, ...]]`, and a `committed` file
+(`seg-<first seq>.log`) of length-prefixed msgpack frames `[seq, op, table, [row, ...]]` (`KVEventColumns`:
+`[seq, op, "kv_events", {column: [value, ...]}]`), and a `committed` file
 holding the last sequence number the store committed (replaced atomically). Segments wholly committed are deleted.
 A frame cut off by a kill was still being written, so its producer was never told it was accepted: it is ignored.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 
-from kvobs.store.rows import RECORDS, Record
+from kvobs.store.rows import RECORDS, KVEventColumns, Record
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,16 @@ class Spool:
         self.num_backlog = sum(1 for _ in self._frames(after=self.committed))  # items left by an earlier process
 
     # ---- the producer side -------------------------------------------------------------------------
-    def append(self, op: str, records: list[Record]) -> int:
+    def append(self, op: str, records: list[Record] | KVEventColumns) -> int:
         """Write one queued item; its sequence number (increasing: call in queue order)."""
+        if isinstance(records, KVEventColumns):
+            frame = [op, records.table, records.columns]  # the columns as they are: a map of lists
+        else:
+            frame = [op, records[0].table, [r.to_row() for r in records]]
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
-            payload = _encode([seq, op, records[0].table, [r.to_row() for r in records]])
+            payload = _encode([seq, *frame])
             if self._file is None or self._file_bytes >= self.segment_bytes:
                 self._roll(seq)
             self._file.write(_LENGTH.pack(len(payload)) + payload)  # unbuffered: one write() reaches the OS
@@ -80,11 +85,14 @@ class Spool:
             while len(self._segments) > 1 and _first_seq(self._segments[1]) <= seq + 1:
                 self._segments.pop(0).unlink(missing_ok=True)
 
-    def backlog(self) -> Iterator[tuple[int, str, list[Record]]]:
+    def backlog(self) -> Iterator[tuple[int, str, list[Record] | KVEventColumns]]:
         """The items an earlier process accepted and the store never committed, oldest first."""
         for seq, op, table, rows in self._frames(after=self.committed):
-            cls = RECORDS[table]
-            yield seq, op, [cls(**row) for row in rows]
+            if isinstance(rows, dict):
+                yield seq, op, KVEventColumns(**rows)
+            else:
+                cls = RECORDS[table]
+                yield seq, op, [cls(**row) for row in rows]
 
     def close(self) -> None:
         with self._lock:

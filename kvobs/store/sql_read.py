@@ -8,6 +8,7 @@ import pandas as pd
 from sqlalchemy import Select, select
 
 from kvobs.store.db import Store
+from kvobs.store.schema import UInt64
 
 
 def read(store: Store, stmt: Select) -> pd.DataFrame:
@@ -15,13 +16,29 @@ def read(store: Store, stmt: Select) -> pd.DataFrame:
 
     Block-hash columns (`*_hash`) keep Python ints in an object column: pandas would turn a column of 64-bit
     values with gaps into float64 and lose their low bits.
+
+    Rows are fetched from the driver's cursor and each column's result processor (the hash type's, JSON's) is
+    applied a column at a time, only where the type has one: SQLAlchemy's row objects cost as much as the query
+    itself when a page reads 100,000 rows.
     """
+    dialect = store.engine.dialect
     with store.engine.connect() as conn:
         result = conn.execute(stmt)
-        names, rows = list(result.keys()), result.all()
+        names, rows = list(result.keys()), result.cursor.fetchall()
+        result.close()
     columns = list(zip(*rows)) if rows else [()] * len(names)
-    return pd.DataFrame({name: pd.Series(values, dtype=object if name.endswith("_hash") else None)
-                         for name, values in zip(names, columns)}, columns=names)  # fmt: skip
+    out = {}
+    for name, column, values in zip(names, stmt.selected_columns, columns):
+        out[name] = pd.Series(_processed(column.type, dialect, values),
+                              dtype=object if name.endswith("_hash") else None)  # fmt: skip
+    return pd.DataFrame(out, columns=names)
+
+
+def _processed(column_type, dialect, values: tuple) -> list | tuple:
+    if isinstance(column_type, UInt64):
+        return UInt64.column_from_db(values)
+    process = column_type.result_processor(dialect, None)
+    return values if process is None else [process(v) for v in values]
 
 
 def _columns(row_class, *exclude: str) -> list:

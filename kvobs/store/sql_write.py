@@ -4,23 +4,28 @@ Inserts go as one executemany per table and column set (on SQLite a driver-level
 and insert-if-missing are merged per key (later columns win, or the first for insert-if-missing), then sent as one
 executemany of `INSERT ... ON CONFLICT` per column set (a session upsert per row once capped the writer at about
 7k rows/s). The per-minute rollup of the batch's `kv_events`
-(`kv_event_minutes`: sums only) is added in the same transaction, so it always equals the raw rows. Used by
+(`kv_event_minutes`: sums only) is added in the same transaction, so it always equals the raw rows, and so is the
+latest footprint of each session the batch's snapshots name (`session_footprints`). Used by
 `Store.write`, which `StoreWriter` calls.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+from collections.abc import Iterable
+from itertools import chain
+from math import floor
 
+import msgspec
 from sqlalchemy import insert, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from kvobs.store.rows import Record
-from kvobs.store.schema import MINUTE_S, TABLES
+from kvobs.store.rows import KVEventColumns, KVEventRecord, Record
+from kvobs.store.schema import FOOTPRINT_COLUMNS, MINUTE_S, TABLES, SessionFootprintRow, as_int64_column
 
-Batch = list[tuple[str, list[Record]]]  # (op, records): op is insert | upsert | insert_missing
+Batch = list[tuple[str, list[Record] | KVEventColumns]]  # (op, records): op is insert | upsert | insert_missing
+_KV_COLUMNS = KVEventRecord._columns
 
 
 class SqlBatchWriter:
@@ -30,13 +35,23 @@ class SqlBatchWriter:
 
     def write(self, batch: Batch) -> None:
         grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
+        columns: list[KVEventColumns] = []
         for op, records in batch:  # one executemany per table and column set (session upserts give some columns)
+            if isinstance(records, KVEventColumns):
+                columns.append(records)
+                continue
             for record in records:
                 row = record.to_row()
                 grouped[(op, record.table, tuple(row))].append(row)
         dialect = self.engine.dialect.name
-        minutes = minute_sums(grouped_rows(grouped, "kv_events"))
+        kv_rows = grouped_rows(grouped, "kv_events")
+        minutes = minute_sums(chain(
+            ((r["ts"], r["instance"], r["kind"], r.get("reason"), r.get("first_owner")) for r in kv_rows),
+            *(zip(*(c.columns[n] for n in _MINUTE_KEYS)) for c in columns),
+        ))  # fmt: skip
         with self.engine.begin() as conn:
+            if columns:
+                self._insert_columns(conn, dialect, columns)
             for (op, table, _), rows in grouped.items():
                 model = TABLES[table]
                 if op == "insert" and dialect == "sqlite":
@@ -50,6 +65,23 @@ class SqlBatchWriter:
                     conn.execute(_upsert_statement(dialect, model, tuple(merged[0]), update=op == "upsert"), merged)
             if minutes:
                 conn.execute(_ADD_MINUTES, minutes)
+            footprints = latest_footprints(grouped_rows(grouped, "snapshots"))
+            if footprints:
+                conn.execute(_footprint_upsert(dialect), footprints)
+
+    def _insert_columns(self, conn, dialect: str, batches: list[KVEventColumns]) -> None:
+        """KV events held as columns. On SQLite: one statement that reads the rows from a JSON array bound as one
+        value (`json_each`), so the whole insert runs inside SQLite without Python's lock. An executemany takes
+        and gives back that lock once per row, and a writer thread doing so next to a busy producer thread (the
+        collector decoding the next batches) waits a thread switch interval for every row: measured, 182k rows
+        took minutes instead of 3 s. Elsewhere: row dicts through SQLAlchemy."""
+        if dialect != "sqlite":
+            conn.execute(insert(TABLES["kv_events"]), [dict(zip(_KV_COLUMNS, row)) for c in batches
+                                                       for row in zip(*c.columns.values())])  # fmt: skip
+            return
+        rows = [row for c in batches for row in zip(*(as_int64_column(values) if name.endswith("_hash") else values
+                                                      for name, values in c.columns.items()))]  # fmt: skip
+        conn.exec_driver_sql(_SQLITE_JSON_INSERT, (_json(rows),))
 
     def _sqlite_insert(self, model, columns: tuple[str, ...]) -> tuple[str, list, tuple]:
         """SQLite's fast path: one driver-level executemany of tuples (SQLAlchemy's per-row work skipped), with each
@@ -67,6 +99,10 @@ class SqlBatchWriter:
         return cached
 
 
+_FROM_JSON = ", ".join("json_extract(value, '$[%d]')" % i for i in range(len(_KV_COLUMNS)))  # noqa: UP031
+_SQLITE_JSON_INSERT = f"INSERT INTO kv_events ({', '.join(_KV_COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
+_json = msgspec.json.Encoder().encode
+
 _ADD_MINUTES = text(
     "INSERT INTO kv_event_minutes (minute, instance, kind, reason, events, blocks) "
     "VALUES (:minute, :instance, :kind, :reason, :events, :blocks) "
@@ -75,19 +111,49 @@ _ADD_MINUTES = text(
 )
 
 
+def latest_footprints(rows: list[dict]) -> list[dict]:
+    """The batch's latest session snapshot per (session, instance) (of equal times, the later row), with every
+    footprint column (a column the row left out is NULL, as in `snapshots`)."""
+    latest: dict[tuple, dict] = {}
+    for row in rows:
+        if row.get("session_id") is None:
+            continue
+        key = (row["session_id"], row["instance"])
+        if key not in latest or row["ts"] >= latest[key]["ts"]:
+            latest[key] = row
+    return [{c: row.get(c) for c in FOOTPRINT_COLUMNS} for row in latest.values()]
+
+
+def _footprint_upsert(dialect_name: str):
+    """Insert a footprint, or replace the stored one unless it is newer (`ts`), on SQLite and PostgreSQL alike."""
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    table = SessionFootprintRow.__table__
+    stmt = dialect.insert(table)
+    return stmt.on_conflict_do_update(
+        index_elements=["session_id", "instance"],
+        set_={c: stmt.excluded[c] for c in FOOTPRINT_COLUMNS if c not in ("session_id", "instance")},
+        where=stmt.excluded.ts >= table.c.ts,
+    )
+
+
 def grouped_rows(grouped: dict[tuple, list[dict]], table: str) -> list[dict]:
     return [row for (op, name, _), rows in grouped.items() if name == table and op == "insert" for row in rows]
 
 
-def minute_sums(rows: list[dict]) -> list[dict]:
-    """`kv_event_minutes` increments for these `kv_events` rows: events and blocks per minute, instance, kind and
-    reason (None as '')."""
+_MINUTE_KEYS = ("ts", "instance", "kind", "reason", "first_owner")
+
+
+def minute_sums(rows: Iterable[tuple]) -> list[dict]:
+    """`kv_event_minutes` increments for `kv_events` rows given as (ts, instance, kind, reason, first_owner): events
+    and blocks per minute, instance, kind and reason (None as '')."""
     sums: dict[tuple, list[int]] = {}
-    for row in rows:
-        key = (math.floor(row["ts"] / MINUTE_S) * MINUTE_S, row["instance"], row["kind"], row.get("reason") or "")
-        acc = sums.setdefault(key, [0, 0])
+    for ts, instance, kind, reason, first_owner in rows:
+        key = (floor(ts / MINUTE_S) * MINUTE_S, instance, kind, reason or "")  # as the reads cut minutes
+        acc = sums.get(key)
+        if acc is None:
+            acc = sums[key] = [0, 0]
         acc[0] += 1
-        acc[1] += row.get("first_owner") or 0
+        acc[1] += first_owner or 0
     return [{"minute": m, "instance": i, "kind": k, "reason": r, "events": e, "blocks": b}
             for (m, i, k, r), (e, b) in sums.items()]  # fmt: skip
 

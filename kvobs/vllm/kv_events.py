@@ -86,7 +86,14 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
+class _CheckedBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: Timestamp
+    events: list[Event]
+    data_parallel_rank: int | None = None
+
+
 _encoder = msgspec.msgpack.Encoder()
+_batch_decoder = msgspec.msgpack.Decoder(_CheckedBatch)  # the common case: every event known and valid
 _raw_batch_decoder = msgspec.msgpack.Decoder(_RawBatch)
 _map_event_decoder = msgspec.msgpack.Decoder(Event)
 _any_decoder = msgspec.msgpack.Decoder()
@@ -113,6 +120,11 @@ def decode_batch(payload: bytes) -> Decoded:
     Raises:
         DecodeError: the payload is not a batch (or its time is out of range).
     """
+    try:  # all in one pass when every event is a known, valid map (what vLLM 0.24+ sends): about 3x faster
+        whole = _batch_decoder.decode(payload)
+        return Decoded(KVEventBatch(whole.ts, whole.events, whole.data_parallel_rank), 0, 0)
+    except (msgspec.DecodeError, ValueError):
+        pass  # an unknown, positional or bad event among them (or not a batch): event by event, to say which
     try:
         raw = _raw_batch_decoder.decode(payload)
     except (msgspec.DecodeError, ValueError) as exc:

@@ -44,7 +44,7 @@ def test_unlimited_cache_hits_at_least_what_the_engine_hit(agent_run):
 
 def test_shared_system_prompt_is_the_top_prefix(agent_run):
     _, stored, graph, _, _ = chain_rates(agent_run.store, 16)
-    reuse = prefix_reuse(stored, graph)
+    reuse = prefix_reuse(stored)
     assert reuse.iloc[0]["sessions"] >= 3  # every kind starts with the shared system prompt
     churn = eviction_churn(stored)
     assert churn["restored_blocks"] > 0 and 0 < churn["churn"] < 1
@@ -119,3 +119,32 @@ def test_available_counts_blocks_stored_while_a_request_waited_in_the_queue():
     no_wait = reqs.assign(queue_s=[0.0, 0.0])
     rates = hit_rates(no_wait, request_chains(no_wait, stored, graph), graph, block_size=16).set_index("request_id")
     assert rates.loc["B", "available_tokens"] == 0  # looked up at 1.0, before the block existed
+
+
+def test_vectorized_roots_equal_the_walk_on_random_forests():
+    """`chain_roots` (numpy pointer jumping) = `BlockGraph.root` (the walk), on forests with repeated stores, parents
+    never stored, missing parents, the edges of 64 bits, and a cycle (which takes the walk's fallback)."""
+    import numpy as np
+
+    from kvobs.analytics.chains import chain_roots
+
+    rng = np.random.default_rng(7)
+    for case in range(40):
+        n = int(rng.integers(1, 400))
+        edges = np.array([0, 1, 2**63 - 1, 2**63, 2**64 - 1], dtype=np.uint64)
+        pool = rng.choice(np.concatenate([edges, rng.integers(0, 2**63, 600).astype(np.uint64)]), size=n)
+        hashes = pool[rng.integers(0, n, n)]
+        parents = pool[rng.integers(0, n, n)]
+        no_parent = rng.random(n) < 0.3
+        if case % 10 == 0 and n > 2:  # a two-block cycle
+            hashes[:2], parents[:2], no_parent[:2] = [5, 6], [6, 5], False
+        else:  # forests: a block's parent is stored before it
+            order = {int(h): i for i, h in reversed(list(enumerate(hashes)))}
+            for i in range(n):
+                if order.get(int(parents[i]), n) >= order[int(hashes[i])]:
+                    no_parent[i] = True
+        stored = pd.DataFrame({"ts": np.arange(n, dtype=float), "block_hash": hashes.astype(object),
+                               "parent_hash": np.where(no_parent, None, parents.astype(object))})  # fmt: skip
+        graph = BlockGraph.from_stored(stored)
+        expected = [graph.root(int(h)) for h in hashes]
+        assert chain_roots(hashes, parents, no_parent).tolist() == expected, case

@@ -65,6 +65,14 @@ def test_the_pause_losses_told_are_the_verdicts_and_their_takers_were_running(ag
 
 def test_vllm_steps_find_their_requests_by_trace_and_say_removals_name_no_taker(vllm_run):
     told = stories(vllm_run)
+    store = vllm_run.store  # each story reads only its step's window, and still gives the whole run's verdict
+    verdicts = attribute_steps(
+        queries.steps(store), queries.requests(store), queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+    ).set_index(["session_id", "step_index"])
+    for step, story in told:
+        verdict = verdicts.loc[(step.session_id, step.step_index)]
+        for column in ("cause", "slow_cause", "failure_cause", "evidence", "blocks_lost_in_pause"):
+            assert story.step[column] == verdict[column] or (pd.isna(story.step[column]) and pd.isna(verdict[column]))
     # vLLM's requests carry no session id; every step that succeeded sent one (one recorded step failed in 15 ms,
     # before its request reached vLLM: its story has none)
     assert all(len(story.requests) >= 1 for step, story in told if step.status == "ok")

@@ -46,7 +46,7 @@ def test_schema_is_made_for_the_workload_and_migrates_once(tmp_path):
     open_store(url).close()
     store = open_store(url)
     versions = store.frame(f"SELECT version FROM {VERSIONS_TABLE}")
-    assert versions["version"].tolist() == [head()]
+    assert sorted(versions["version"].tolist()) == list(range(1, head() + 1))  # each migration once
     tables = store.frame("SELECT name, engine, sorting_key, partition_key FROM system.tables "
                          "WHERE database = currentDatabase()").set_index("name")  # fmt: skip
     assert tables.loc["kv_events", "engine"] == "MergeTree"

@@ -11,6 +11,8 @@ The public columns are the SQL schema's (`kvobs.store.schema`, the README's sche
   newer version; reads use `FINAL`. Nothing is ever `UPDATE`d.
 - `id` (events, steps, alerts) is assigned by the writer: unique and increasing in one writer's insert order, as
   the SQL row id is; SQL's row id does not exist on `requests` and `sessions` here.
+- `session_footprints` (version 2; a materialized view into an AggregatingMergeTree) keeps each session's latest
+  footprint per instance, the rollup the Sessions page reads.
 Every table deduplicates a retried insert by its token (`non_replicated_deduplication_window`).
 
 A migration is never edited once released: a schema change is a new entry at the end of `MIGRATIONS`.
@@ -92,20 +94,48 @@ _INITIAL = [
     ) ENGINE = MergeTree ORDER BY (ts, id) {_DEDUP}""",
 ]
 
+# `session_footprints`: each session's latest footprint per instance, as one argMax state of the snapshot's values
+# (a tuple, so NULL values are kept, not skipped) by (ts, id): the latest row, of equal times the last written.
+_FOOTPRINT = [("ts", "Float64"), ("kv_usage", "Nullable(Float64)"), *((name, "Nullable(Int32)") for name in (
+    "blocks_total", "blocks_free", "blocks_resident", "session_blocks", "session_evicted_blocks",
+    "session_evicted_idle_blocks", "session_pending_idle_blocks", "session_hit_tokens")),
+    ("hit_rate", "Nullable(Float64)"), *((name, "Nullable(Int32)") for name in (
+        "num_running", "num_waiting", "preemptions_total", "evictions_total"))]  # fmt: skip
+FOOTPRINT_VALUES = [name for name, _ in _FOOTPRINT]  # the tuple's elements, in order
+_FOOTPRINT_STATE = (f"AggregateFunction(argMax, Tuple({', '.join(t for _, t in _FOOTPRINT)}), "
+                    "Tuple(Float64, UInt64))")  # fmt: skip
+# (the filter in a subquery: in the outer WHERE, ClickHouse would read `session_id` as the assumeNotNull alias)
+_FOOTPRINT_SELECT = (f"SELECT assumeNotNull(session_id) AS session_id, instance, argMaxState(tuple("
+                     f"{', '.join(FOOTPRINT_VALUES)}), (ts, id)) AS latest FROM (SELECT * FROM snapshots "
+                     "WHERE session_id IS NOT NULL) GROUP BY session_id, instance")  # fmt: skip
+_SESSION_FOOTPRINTS = [
+    f"""CREATE TABLE IF NOT EXISTS session_footprints (
+        session_id String, instance LowCardinality(String), latest {_FOOTPRINT_STATE}
+    ) ENGINE = AggregatingMergeTree ORDER BY (session_id, instance)""",
+    f"CREATE MATERIALIZED VIEW IF NOT EXISTS session_footprints_mv TO session_footprints AS {_FOOTPRINT_SELECT}",
+    f"INSERT INTO session_footprints {_FOOTPRINT_SELECT}",  # the snapshots stored before (argMax: twice is once)
+]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
+    (2, "session_footprints: each session's latest footprint per instance", _SESSION_FOOTPRINTS),
 ]
 
 
 def migrate(client) -> int:
     """Run every migration the store has not had; return the schema version it is at now."""
+    return migrate_to(client, head())
+
+
+def migrate_to(client, target: int) -> int:
+    """Run the migrations the store has not had, up to `target`; return the schema version it is at now."""
     client.command(f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} (version UInt32, description String, "
                    "applied_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY version")  # fmt: skip
     done = client.query_df(f"SELECT max(version) AS v FROM {VERSIONS_TABLE}")["v"].iloc[0]
     current = int(done) if done == done else 0  # NaN: an empty table
     for version, description, statements in MIGRATIONS:
-        if version <= current:
+        if version <= current or version > target:
             continue
         log.info("ClickHouse store: migrating to schema %d (%s)", version, description)
         for statement in statements:

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 import pandas as pd
 
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
-from kvobs.store.schema import TABLES
+from kvobs.store.clickhouse.ddl import FOOTPRINT_VALUES
+from kvobs.store.schema import FOOTPRINT_COLUMNS, TABLES
 
 STORED = KVEventKind.STORED.value
 
@@ -79,10 +80,24 @@ def session_snapshots(store, session_id: str) -> pd.DataFrame:
 
 
 def session_footprints(store, since=None, until=None, *, instances=None) -> pd.DataFrame:
-    where = _Where("session_id IS NOT NULL").window("ts", since, until).instances(instances)
-    return store.frame(f"""SELECT {_columns('snapshots', 'id')} FROM (
-        SELECT * FROM snapshots{where} ORDER BY ts DESC, id DESC LIMIT 1 BY session_id, instance) ORDER BY id""",
-                       where.params)  # fmt: skip
+    """From the rollup (`session_footprints`) for sessions whose latest footprint is in the window; from the raw
+    snapshots for those whose latest came after `until`."""
+    values = ", ".join(f"latest.{i} AS {name}" for i, name in enumerate(FOOTPRINT_VALUES, start=1))
+    scope = _Where().instances(instances)
+    rollup = f"""SELECT {", ".join(FOOTPRINT_COLUMNS)} FROM (SELECT session_id, instance, {values} FROM (
+        SELECT session_id, instance, argMaxMerge(latest) AS latest FROM session_footprints{scope}
+        GROUP BY session_id, instance))"""
+    where = _Where().window("ts", since, until)
+    frame = store.frame(f"{rollup}{where}", {**where.params, **scope.params})
+    if until is None:
+        return frame
+    raw = (_Where("session_id IS NOT NULL").window("ts", since, until).instances(instances)
+           .add(f"(assumeNotNull(session_id), instance) IN (SELECT session_id, instance FROM ({rollup}) "
+                "WHERE ts > {until:Float64})"))  # fmt: skip
+    earlier = store.frame(f"""SELECT {_columns('snapshots', 'id')} FROM (
+        SELECT * FROM snapshots{raw} ORDER BY ts DESC, id DESC LIMIT 1 BY session_id, instance) ORDER BY id""",
+                          raw.params)  # fmt: skip
+    return frame if earlier.empty else pd.concat([frame, earlier], ignore_index=True)
 
 
 def request_rows(store, since=None, until=None, session_id: str | None = None, *, instances=None) -> pd.DataFrame:
@@ -177,10 +192,12 @@ def stored_blocks(store, since=None, until=None, *, latest: int | None = None, i
 
 
 def top_restored_blocks(store, since=None, until=None, *, limit: int = 20, instances=None) -> pd.DataFrame:
+    """Two steps, as on SQL: the hashes stored twice in scope (one UInt64 key), then the detail of those only."""
     where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
+    again = f"SELECT block_hash FROM kv_events{where} GROUP BY block_hash HAVING count() > 1"
     return store.frame(f"""SELECT instance, block_hash, toInt64(count()) AS stores,
         toInt64(uniqExact(session_id)) AS sessions, min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where}
-        GROUP BY instance, block_hash HAVING count() > 1
+        AND block_hash IN ({again}) GROUP BY instance, block_hash HAVING count() > 1
         ORDER BY stores DESC, first_ts LIMIT {int(limit)}""", where.params)  # fmt: skip
 
 

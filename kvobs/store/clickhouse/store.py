@@ -15,27 +15,29 @@ and its steps.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from sqlalchemy import make_url
 
 from kvobs.store.clickhouse import ddl
 from kvobs.store.clickhouse.client import ChdbClient, HttpClient, StoreUnreachable
-from kvobs.store.rows import Record
+from kvobs.store.rows import KVEventColumns, Record
 from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HTTP_PORT = 8123
 _GENERATED = ("id", "version")  # columns the writer fills: the row id and the row version
-_ids = itertools.count(time.time_ns())  # unique and increasing within a process, far apart between processes
+_next_id = [time.time_ns()]  # row ids: unique and increasing within a process, far apart between processes
+_id_lock = threading.Lock()
 
 
 def open_clickhouse(url: str, *, migrate: bool = True) -> ClickHouseStore:
@@ -83,7 +85,11 @@ class ClickHouseStore:
         """One insert per table; session upserts merged into their current rows first."""
         rows: dict[str, list[dict]] = {}
         sessions: list[tuple[str, Record]] = []
+        kv_columns: list[KVEventColumns] = []
         for op, records in batch:
+            if isinstance(records, KVEventColumns):
+                kv_columns.append(records)
+                continue
             for record in records:
                 if record.table == "sessions":
                     sessions.append((op, record))
@@ -91,8 +97,11 @@ class ClickHouseStore:
                     rows.setdefault(record.table, []).append(record.to_row())
         if sessions:
             rows["sessions"] = self._merged_sessions(sessions)
-        for table, table_rows in rows.items():
-            self.client.insert(table, self._arrow(table, table_rows), token=f"{token}-{table}" if token else None)
+        tables = {table: _columns_of(table_rows) for table, table_rows in rows.items()}
+        if kv_columns:  # KV events held as columns, with any given as records: one insert
+            tables["kv_events"] = _joined([c.columns for c in kv_columns] + [tables.get("kv_events", {})])
+        for table, columns in tables.items():
+            self.client.insert(table, self._arrow(table, columns), token=f"{token}-{table}" if token else None)
 
     def _merged_sessions(self, items: list[tuple[str, Record]]) -> list[dict]:
         keys = sorted({record.session_id for _, record in items})
@@ -107,18 +116,23 @@ class ClickHouseStore:
             current[record.session_id] = changed[record.session_id] = {**current.get(record.session_id, {}), **row}
         return list(changed.values())
 
-    def _arrow(self, table: str, rows: list[dict]) -> pa.Table:
+    def _arrow(self, table: str, given: dict[str, list]) -> pa.Table:
+        """The insert's Arrow table from column lists: a column not given is all NULL; NaN and pandas' NA are NULL;
+        a NULL in a column that cannot hold one is the type's zero."""
+        n = len(next(iter(given.values()))) if given else 0
         columns = {}
         for name, ch_type in self.column_types(table).items():
             if name in _GENERATED:
-                columns[name] = pa.array([next(_ids) for _ in rows], pa.uint64())
+                start = _take_ids(n)
+                columns[name] = pa.array(range(start, start + n), pa.uint64())
                 continue
-            arrow_type = _arrow_type(ch_type)
-            values = [None if _missing(v := row.get(name)) else v for row in rows]
-            if not ch_type.startswith(("Nullable", "LowCardinality(Nullable")):
-                zero = {} if ch_type.startswith("Map") else ("" if "String" in ch_type else 0)
-                values = [zero if v is None else v for v in values]
-            columns[name] = pa.array(values, arrow_type)
+            column = pa.array(given.get(name, [None] * n), _arrow_type(ch_type), from_pandas=True)
+            if column.null_count and not ch_type.startswith(("Nullable", "LowCardinality(Nullable")):
+                if ch_type.startswith("Map"):
+                    column = pa.array([{} if v is None else v for v in column.to_pylist()], column.type)
+                else:
+                    column = pc.fill_null(column, "" if "String" in ch_type else 0)
+            columns[name] = column
         return pa.table(columns)
 
     def column_types(self, table: str) -> dict[str, str]:
@@ -180,8 +194,29 @@ def _as_sql_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(frame.columns))
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and value != value) or value is pd.NA
+def _take_ids(n: int) -> int:
+    """The first of `n` consecutive row ids, taken from the process's counter."""
+    with _id_lock:
+        start = _next_id[0]
+        _next_id[0] += n
+    return start
+
+
+def _columns_of(rows: list[dict]) -> dict[str, list]:
+    names = dict.fromkeys(name for row in rows for name in row)
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+def _joined(parts: list[dict[str, list]]) -> dict[str, list]:
+    """Column lists appended part after part (a column a part lacks is None there)."""
+    parts = [p for p in parts if p]
+    names = dict.fromkeys(name for part in parts for name in part)
+    joined: dict[str, list] = {name: [] for name in names}
+    for part in parts:
+        n = len(next(iter(part.values())))
+        for name in names:
+            joined[name] += part.get(name) or [None] * n
+    return joined
 
 
 def _arrow_type(ch_type: str) -> pa.DataType:

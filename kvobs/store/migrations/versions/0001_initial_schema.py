@@ -10,7 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import kvobs.store.schema
+# Block hashes as this revision created them (0006 made them 8-byte integers on SQLite).
+_UINT64_TEXT = sa.String(20).with_variant(sa.Numeric(20, 0), "postgresql")
 
 revision = "0001"
 down_revision = None
@@ -42,8 +43,8 @@ def upgrade() -> None:
         sa.Column("ts", sa.Float(), nullable=False),
         sa.Column("instance", sa.String(length=255), nullable=False),
         sa.Column("kind", sa.String(length=16), nullable=False),
-        sa.Column("block_hash", kvobs.store.schema.UInt64(), nullable=True),
-        sa.Column("parent_hash", kvobs.store.schema.UInt64(), nullable=True),
+        sa.Column("block_hash", _UINT64_TEXT, nullable=True),
+        sa.Column("parent_hash", _UINT64_TEXT, nullable=True),
         sa.Column("num_tokens", sa.Integer(), nullable=True),
         sa.Column("session_id", sa.String(length=255), nullable=True),
         sa.Column("request_id", sa.String(length=255), nullable=True),

@@ -1,0 +1,73 @@
+"""`KVEventColumns`: KV events handed to the writer as columns are stored exactly as the same rows given as records
+(values, hashes at the edges of 64 bits, NULLs, the per-minute rollup) on SQLite, PostgreSQL and chDB; a refused
+row among them is dropped alone; the spool keeps them across a restart; a misspelt or ragged column fails at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvobs.store import StoreWriter, queries
+from kvobs.store.rows import KVEventColumns, KVEventRecord
+from kvobs.store.spool import Spool
+
+HASHES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, None]
+
+
+def _records(instance: str) -> list[KVEventRecord]:
+    rows = []
+    for i, block in enumerate(HASHES):
+        rows.append(KVEventRecord(ts=59.5 + i * 0.25, instance=instance, kind="stored" if i % 2 else "removed",
+                                  block_hash=block, parent_hash=HASHES[i - 1] if i else None, num_tokens=16,
+                                  session_id=f"s{i % 2}", medium="GPU", first_owner=None if block is None else 1,
+                                  reason="capacity" if i == 5 else None))  # fmt: skip
+    return rows
+
+
+def _columns(records: list[KVEventRecord]) -> KVEventColumns:
+    names = KVEventRecord._columns
+    return KVEventColumns(**{name: [getattr(r, name) for r in records] for name in names})
+
+
+def test_columns_store_what_the_same_records_store(any_store, caplog):
+    writer = StoreWriter(any_store)
+    writer.add_many(_records("as-records"))
+    writer.add_many(_columns(_records("as-columns")))
+    writer.close()
+    assert "refused" not in caplog.text  # written in one batch, not row by row after a failure
+    events = queries.kv_events(any_store).drop(columns=["id"], errors="ignore")
+    given = events[events["instance"] == "as-records"].drop(columns="instance").reset_index(drop=True)
+    columns = events[events["instance"] == "as-columns"].drop(columns="instance").reset_index(drop=True)
+    assert len(given) == len(HASHES) and given.astype(str).equals(columns.astype(str))
+    assert [None if h != h else h for h in columns["block_hash"]] == HASHES  # every edge of 64 bits, and NULL
+    counts = queries.kv_event_counts(any_store, bucket_s=60.0, by_instance=True)
+    per = {inst: frame.drop(columns="instance").reset_index(drop=True) for inst, frame in counts.groupby("instance")}
+    assert per["as-records"].equals(per["as-columns"]) and per["as-columns"]["events"].sum() == len(HASHES)
+
+
+def test_a_refused_row_among_columns_is_dropped_alone(any_store):
+    writer = StoreWriter(any_store)
+    records = _records("e")
+    bad = KVEventRecord(ts=61.0, instance="e", kind="stored", block_hash=2**64)  # no column holds it
+    writer.add_many(_columns([*records[:3], bad, *records[3:]]))
+    writer.close()
+    assert (writer.num_written, writer.num_dropped) == (len(HASHES), 1)
+    assert len(queries.kv_events(any_store)) == len(HASHES)
+
+
+def test_the_spool_keeps_columns_across_a_restart(tmp_path):
+    spool = Spool(tmp_path / "spool")
+    spool.append("insert", _columns(_records("e")))
+    spool.close()
+    (seq, op, columns), *rest = list(Spool(tmp_path / "spool").backlog())
+    assert not rest and op == "insert" and isinstance(columns, KVEventColumns)
+    assert list(columns) == _records("e")
+
+
+def test_columns_are_checked_when_made():
+    with pytest.raises(TypeError, match="blok_hash"):
+        KVEventColumns(ts=[1.0], instance=["e"], kind=["stored"], blok_hash=[1])
+    with pytest.raises(ValueError, match="differ in length"):
+        KVEventColumns(ts=[1.0, 2.0], instance=["e"], kind=["stored"])
+    with pytest.raises(TypeError, match="'kind'"):
+        KVEventColumns(ts=[1.0], instance=["e"])
+    assert len(KVEventColumns()) == 0
