@@ -3,14 +3,15 @@
 `torch.nn.functional.linear` on the CPU reorders the weight into oneDNN's blocked layout on every call; for a
 decode batch (a few rows against a 576 x 3072 weight) that reorder costs as much as the product. Packed once at
 load, a decode step's linears take 1.3-2.4x less time (bf16 and fp32; `bench/engine_throughput.py` measures the
-whole engine with and without, `KVOBS_PREPACK=0`). Where oneDNN is absent or cannot pack (a non-x86 build, a GPU)
-the model keeps `nn.Linear`.
+whole engine with and without, `KVOBS_PREPACK=0`). Where oneDNN is absent or cannot pack (a non-x86 build, a GPU,
+bfloat16 on a CPU without avx512bw/vl/dq or avx_ne_convert, which oneDNN refuses) the model keeps `nn.Linear`.
 
     n = prepack_linears(model, batch_hint=16)   # how many nn.Linear were replaced (0: none could be)
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -49,7 +50,22 @@ def can_prepack(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
         return False, f"oneDNN packing is used for float32 and bfloat16, not {dtype}"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False, "this PyTorch build has no oneDNN linear"
+    refused = packing_refused(dtype)
+    if refused:
+        return False, f"oneDNN cannot pack {dtype} on this CPU ({refused})"
     return True, ""
+
+
+@functools.cache
+def packing_refused(dtype: torch.dtype) -> str:
+    """Why oneDNN refuses to pack a `dtype` weight on this CPU ("" when it packs one): tried on a small weight, not
+    guessed from CPU flags (bfloat16 needs avx512bw/vl/dq or avx_ne_convert, which CPUs of one family may lack)."""
+    try:
+        with torch.no_grad():
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError as error:
+        return str(error).splitlines()[0]
+    return ""
 
 
 def prepack_linears(model: nn.Module, batch_hint: int) -> int:

@@ -7,13 +7,18 @@ import pytest
 import torch
 from torch import nn
 
+from instrumented_engine.layers import linear as linear_module
 from instrumented_engine.layers.linear import PREPACK_ENV, PrepackedLinear, can_prepack, prepack_linears
+
+packing_refused = linear_module.packing_refused
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 16, 300])
 def test_prepacked_equals_nn_linear(dtype, bias, rows):
+    if packing_refused(dtype):  # bfloat16 on a CPU without avx512bw/vl/dq: the next test covers what happens there
+        pytest.skip(f"oneDNN cannot pack {dtype} on this CPU: {packing_refused(dtype)}")
     torch.manual_seed(rows)
     linear = nn.Linear(576, 960, bias=bias).to(dtype)
     x = torch.randn(rows, 576).to(dtype)
@@ -51,8 +56,28 @@ def test_every_linear_is_replaced_and_the_outputs_stay():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_packing_refused_says_what_oneDNN_does_on_this_cpu():
+    for dtype in (torch.float32, torch.bfloat16):
+        linear = nn.Linear(64, 32).to(dtype)
+        if packing_refused(dtype):
+            with pytest.raises(RuntimeError):
+                PrepackedLinear(linear, batch_hint=4)
+            assert can_prepack(torch.device("cpu"), dtype)[0] is False
+        else:
+            PrepackedLinear(linear, batch_hint=4)
+            assert can_prepack(torch.device("cpu"), dtype) == (True, "")
+    assert packing_refused(torch.float32) == ""  # fp32 packs wherever oneDNN runs
+
+
+def test_a_cpu_that_cannot_pack_bfloat16_keeps_nn_linear(monkeypatch):
+    refusal = "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."
+    monkeypatch.setattr(linear_module, "packing_refused", lambda dtype: refusal if dtype == torch.bfloat16 else "")
+    ok, why = can_prepack(torch.device("cpu"), torch.bfloat16)
+    assert not ok and "cannot pack torch.bfloat16 on this CPU" in why and "avx512bw" in why
+    assert can_prepack(torch.device("cpu"), torch.float32) == (True, "")
+
+
 def test_where_prepacking_is_not_used(monkeypatch):
-    assert can_prepack(torch.device("cpu"), torch.bfloat16) == (True, "")
     assert can_prepack(torch.device("cuda"), torch.bfloat16)[0] is False
     assert can_prepack(torch.device("cpu"), torch.float16)[0] is False
     monkeypatch.setenv(PREPACK_ENV, "0")
