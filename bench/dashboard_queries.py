@@ -37,6 +37,7 @@ SESSIONS = [f"sess-{i:03d}" for i in range(64)]
 KINDS = ["stored"] * 40 + ["hit"] * 20 + ["allocated"] * 20 + ["evicted"] * 17 + ["preempted"] * 1 + ["invalidated"] * 2
 REASONS = {"evicted": "capacity", "invalidated": "weights_update", "preempted": "capacity"}
 CHUNK = 200_000
+FAILURES = ("timeout", "invalid_response", "503")
 
 
 def build(store, events: int, snapshots: int, seed: int = 0) -> None:
@@ -81,10 +82,18 @@ def build(store, events: int, snapshots: int, seed: int = 0) -> None:
                                   cached_tokens=rng.randint(0, 1500), completion_tokens=64, num_preemptions=0,
                                   finish_reason="length"))  # fmt: skip
         rows.append(StepRecord(session_id=session, step_index=i // 64, started_at=ts - 0.01, ended_at=ts + 3,
-                               status="error" if rng.random() < 0.05 else "ok", e2e_s=3.0))  # fmt: skip
+                               e2e_s=3.0, **failure(rng)))  # fmt: skip
     store.write([("insert", rows)])
     store.write([("upsert", [SessionRecord(s, agent_name="bench", started_at=T0, num_steps=0, num_failed_steps=0,
                                            source="sdk") for s in SESSIONS])])  # fmt: skip
+
+
+def failure(rng: random.Random) -> dict:
+    """A step's outcome: 5% fail, a third each by timeout (the one failure a KV cause can explain, so the Overview
+    attributes it), invalid response and HTTP 503."""
+    if rng.random() >= 0.05:
+        return {"status": "ok"}
+    return {"status": "error", "error_type": rng.choice(FAILURES)}
 
 
 def count_events(store) -> int:

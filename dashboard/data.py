@@ -15,7 +15,7 @@ from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, fail
 from kvobs.analytics.chains import eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
-from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.step_causes import failure_verdicts
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store import queries
 from kvobs.store.db import Store
@@ -200,7 +200,7 @@ def session_detail(store: Store, session_id: str) -> dict:
 
 def failures(store: Store, since: float, until: float) -> pd.DataFrame:
     """Failed steps in the window by failure cause (model errors as model errors; KV causes for timeouts only)."""
-    return failure_summary(step_causes(store, since, until, failed_only=True))
+    return failure_summary(failure_verdicts(store, since, until))
 
 
 def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:

@@ -60,3 +60,16 @@ def store(store_url):
     s = open_store(store_url)
     yield s
     s.close()
+
+
+def copy_store(source, target) -> None:
+    """Every row of `source`'s tables and rollups into `target` (SQL stores), for a test that changes a copy."""
+    from sqlalchemy import select
+
+    from kvobs.store.schema import ROLLUPS, TABLES
+
+    with source.session() as src, target.session() as dst, dst.begin():
+        for row_class in (*TABLES.values(), *ROLLUPS.values()):  # the rollups are what the pages read
+            for row in src.scalars(select(row_class)).all():
+                src.expunge(row)
+                dst.merge(row)

@@ -2,30 +2,47 @@
 
     frame = step_causes(store, since, until)                 # one row per step started in the range
     failure_split(frame)                                     # {"cache": 0, "queue": 0, "timeout": 1, "model": 6, ...}
+    failure_summary(failure_verdicts(store, since, until))   # the Overview's failure table: timeouts attributed only
 
 Requests and KV events are read from an hour before the range, so a step's previous request (the start of its
-tool pause) is found. With `failed_only` (the Overview's failure table) only the KV events a failed step can be
-blamed on are read: its session's, from the start of the step before it to its own end (`queries.session_events`),
-and the resets; a few thousand rows where the range may hold millions.
+tool pause) is found. With `failed_only` only the KV events a failed step can be blamed on are read: its
+session's, from the start of the step before it to its own end (`queries.session_events`), and the resets; a few
+thousand rows where the range may hold millions. The Overview's failure table (`failure_verdicts`) goes further:
+only a timeout can have a KV cause, so only timeouts are attributed, and a range whose failures are model or request
+errors reads no KV event at all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pandas as pd
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps
-from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, attributed_mask, failure_verdict
+from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 from kvobs.store import queries
 from kvobs.store.db import Store
 
 LOOKBACK_S = 3600.0
+VERDICT_COLUMNS = ["session_id", "step_index", "status", "error_type", "started_at", "trace_id", "span_id",
+                   "failure_cause", "failure_kind", "evidence"]  # fmt: skip
 
 
-def step_causes(store: Store, since: float | None, until: float | None, *, failed_only: bool = False) -> pd.DataFrame:
-    steps = queries.steps(store, since, until)
+def step_causes(
+    store: Store,
+    since: float | None,
+    until: float | None,
+    *,
+    failed_only: bool = False,
+    error_types: Collection[str] | None = None,
+    steps: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per step started in the range (`steps`, when the caller has read them already); with `failed_only`,
+    per failed step (of `error_types`, when given)."""
+    steps = queries.steps(store, since, until) if steps is None else steps
     if failed_only:
-        failed = steps[steps["status"] == StepStatus.ERROR.value]
-        steps = steps[steps["session_id"].isin(set(failed["session_id"]))]
+        steps = steps.assign(wanted=attributed_mask(steps, error_types))
+        steps = steps[steps["session_id"].isin(set(steps.loc[steps["wanted"], "session_id"]))]
     if steps.empty:
         return pd.DataFrame(columns=COLUMNS)
     start = None if since is None else since - LOOKBACK_S
@@ -39,7 +56,27 @@ def step_causes(store: Store, since: float | None, until: float | None, *, faile
         events = queries.kv_events(store, start, until, kinds=ATTRIBUTION_KINDS)
         sessions = set(steps["session_id"])
         events = events[events["session_id"].isin(sessions) | (events["kind"] == KVEventKind.CLEARED.value)]
-    return attribute_steps(steps, reqs, events, failed_only=failed_only)
+    return attribute_steps(steps, reqs, events, failed_only=failed_only, error_types=error_types)
+
+
+def failure_verdicts(store: Store, since: float | None, until: float | None) -> pd.DataFrame:
+    """Each failed step started in the range, with its `failure_cause` and `failure_kind` (columns
+    `VERDICT_COLUMNS`; what `failure_summary` counts). Only a timeout is given a KV or queue cause, so only timeouts
+    are attributed against their requests and the KV events around them; any other failure's verdict is its error,
+    exactly as the analysis of every step gives it, and costs no read of KV events."""
+    steps = queries.steps(store, since, until)
+    failed = steps[steps["status"] == StepStatus.ERROR.value]
+    timeout = failed["error_type"] == StepErrorType.TIMEOUT.value
+    others = failed[~timeout]
+    verdicts = [failure_verdict(error, "none") for error in others["error_type"]]
+    others = others.assign(failure_cause=[v[0] for v in verdicts], failure_kind=[v[1] for v in verdicts], evidence="")
+    parts = [others[VERDICT_COLUMNS]]
+    if timeout.any():
+        attributed = step_causes(store, since, until, failed_only=True, error_types=[StepErrorType.TIMEOUT.value],
+                                 steps=steps)  # fmt: skip
+        parts.append(attributed[VERDICT_COLUMNS])
+    frame = pd.concat([p for p in parts if not p.empty] or parts[:1])
+    return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
 
 
 def _failed_step_windows(steps: pd.DataFrame, until: float | None) -> list[tuple[str, float, float]]:
@@ -48,7 +85,7 @@ def _failed_step_windows(steps: pd.DataFrame, until: float | None) -> list[tuple
     windows = []
     for session_id, group in steps.sort_values(["session_id", "step_index"]).groupby("session_id"):
         starts, ends = group["started_at"].to_numpy(float), group["ended_at"].to_numpy(float)
-        failed = (group["status"] == StepStatus.ERROR.value).to_numpy()
+        failed = group["wanted"].to_numpy(bool)
         for i in range(1, len(group)):  # a session's first step in the range has no pause before it to look at
             if failed[i]:
                 end = ends[i] if ends[i] == ends[i] else starts[i + 1] if i + 1 < len(group) else until

@@ -16,6 +16,7 @@ from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import RuleError, builtin_rules, load_rules, parse_rules
 from kvobs.alerts.sinks import WebhookSink
 from kvobs.store import queries
+from tests.stores import copy_store
 
 
 def test_builtin_rules_cover_the_issue():
@@ -87,7 +88,7 @@ def test_agent_run_fires_what_happened_once_then_resolves(agent_run, webhook, tm
 
     end = queries.time_range(agent_run.store)[1]
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")  # alerts go to a copy: the shared run stays as it was
-    _copy(agent_run.store, store)
+    copy_store(agent_run.store, store)
     first = queries.time_range(store)[0]
     window = end - first + 1
     # The built-in rules with a window covering the whole 30 s run and no `for` (the run is shorter than theirs).
@@ -122,7 +123,7 @@ def test_vllm_run_preemption_storm_and_instance_up(vllm_run, tmp_path):
     from kvobs.store import open_store
 
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
-    _copy(vllm_run.store, store)
+    copy_store(vllm_run.store, store)
     first, last = queries.time_range(store)
     rules = parse_rules(
         "rules:\n  - {name: Storm, signal: preemptions_per_min, op: '>', threshold: 0,"
@@ -142,24 +143,12 @@ def test_cli_bad_rules_exit_2(tmp_path):
     assert done.returncode == 2 and "rule 'X': field 'severity'" in done.stderr and "Traceback" not in done.stderr
 
 
-def _copy(source, target) -> None:
-    from sqlalchemy import select
-
-    from kvobs.store.schema import ROLLUPS, TABLES
-
-    with source.session() as src, target.session() as dst, dst.begin():
-        for row_class in (*TABLES.values(), *ROLLUPS.values()):  # the rollups are what the pages read
-            for row in src.scalars(select(row_class)).all():
-                src.expunge(row)
-                dst.merge(row)
-
-
 def test_vllm_run_pause_loss_alert_counts_pauses_not_losses_after_a_sessions_end(vllm_run, tmp_path):
     from kvobs.store import open_store
     from tests.collectors import expected
 
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
-    _copy(vllm_run.store, store)
+    copy_store(vllm_run.store, store)
     first, last = queries.time_range(store)
     window = last - first + 1
     rules = parse_rules("rules:\n  - {name: Pause, signal: prefix_lost_in_pause_per_min, op: '>', threshold: 0,"
@@ -174,7 +163,7 @@ def test_cli_tells_each_transition_once(vllm_run, tmp_path):
     from kvobs.store import open_store
 
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
-    _copy(vllm_run.store, store)
+    copy_store(vllm_run.store, store)
     first, last = queries.time_range(store)
     store.close()
     rules = tmp_path / "rules.yaml"

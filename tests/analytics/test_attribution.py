@@ -8,8 +8,9 @@ import pytest
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.medians import leave_one_out_medians
-from kvobs.analytics.step_causes import step_causes
-from kvobs.store import queries
+from kvobs.analytics.step_causes import VERDICT_COLUMNS, failure_verdicts, step_causes
+from kvobs.store import open_store, queries
+from tests.stores import copy_store
 
 
 def attributed(run):
@@ -148,6 +149,36 @@ def test_the_failure_table_reads_few_events_and_finds_what_the_full_analysis_fin
         narrow.sort_values(["session_id", "step_index"]).reset_index(drop=True),
         failed.sort_values(["session_id", "step_index"]).reset_index(drop=True),
     )
+
+
+@pytest.mark.parametrize("run", ["agent_run", "vllm_run"])
+@pytest.mark.parametrize("as_timeouts", [False, True])
+def test_failure_verdicts_equal_the_full_analysis(run, as_timeouts, request, tmp_path):
+    """The Overview's failure table attributes timeouts only (the one failure a KV cause can explain); every failed
+    step's verdict equals what the analysis of every step and event gives it. Once as recorded (model and request
+    errors: no KV read), once with every failure turned into a timeout (each one attributed from its window)."""
+    from sqlalchemy import update
+
+    from kvobs.store.schema import StepRow
+
+    store = request.getfixturevalue(run).store
+    if as_timeouts:
+        source, store = store, open_store(f"sqlite:///{tmp_path / 'timeouts.db'}")
+        copy_store(source, store)
+        with store.session() as session, session.begin():
+            session.execute(update(StepRow).where(StepRow.status == "error").values(error_type="timeout"))
+    first, last = queries.time_range(store)
+    full = step_causes(store, first, last)
+    want = full.loc[full["status"] == "error", VERDICT_COLUMNS]
+    want.loc[want["error_type"] != "timeout", "evidence"] = ""  # a model or request error's KV story is not its cause
+    got = failure_verdicts(store, first, last)
+    assert len(want) > 0, f"{run} has no failed step: nothing compared"
+    if as_timeouts:
+        assert set(got["failure_kind"]) & {"cache", "queue", "timeout"} == set(got["failure_kind"])
+    else:
+        assert set(got["failure_kind"]) <= {"model", "request"}
+    pd.testing.assert_frame_equal(got, want.sort_values(["session_id", "step_index"]).reset_index(drop=True))
+    assert failure_summary(got).equals(failure_summary(full))
 
 
 def test_leave_one_out_medians_equal_pandas_dropping_each_value():
