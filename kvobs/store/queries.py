@@ -221,19 +221,24 @@ def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20
     first.
 
     Two steps in one query: the hashes stored more than once in scope (a GROUP BY of one integer column), then
-    the per-instance detail of those only, through the hash index (at 1M events: 0.9 s as one GROUP BY, less than
-    half as two)."""
+    the per-instance detail of those only, through the hash index (at 1M events: 0.9 s as one GROUP BY, 0.4 s as
+    two)."""
 
-    def in_scope(stmt):
-        stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
-        return _between(stmt, KVEventRow.ts, since, until)
+    def in_scope(stmt, kind=KVEventRow.kind, instance=KVEventRow.instance, ts=KVEventRow.ts):
+        stmt = _of_instances(stmt.where(kind == KVEventKind.STORED.value), instance, instances)
+        return _between(stmt, ts, since, until)
 
     again = in_scope(select(KVEventRow.block_hash.label("again"))).group_by(KVEventRow.block_hash)
     again = again.having(func.count() > 1).subquery()
     stmt = select(KVEventRow.instance, KVEventRow.block_hash, func.count().label("stores"),
                   func.count(distinct(KVEventRow.session_id)).label("sessions"),
                   func.min(KVEventRow.ts).label("first_ts"), func.max(KVEventRow.ts).label("last_ts"))  # fmt: skip
-    stmt = in_scope(stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again))
+    # The detail's filters on `kind || ''`, `instance || ''` and `ts + 0`: the same values, but no index on them, so
+    # the planner reaches the rows through the hash index, not by walking the (kind, ts) range a second time
+    # (SQLite, 1M events, no restores:
+    # 0.54 -> 0.40 s, median of 5 interleaved runs; what is left is the first step's GROUP BY).
+    stmt = in_scope(stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again),
+                    KVEventRow.kind.concat(""), KVEventRow.instance.concat(""), KVEventRow.ts + 0)  # fmt: skip
     stmt = stmt.group_by(KVEventRow.instance, KVEventRow.block_hash).having(func.count() > 1)
     return read(store, stmt.order_by(func.count().desc()).limit(limit))
 
