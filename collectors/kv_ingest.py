@@ -42,7 +42,6 @@ RESTART = "restart"
 # ZMQ socket buffers what vLLM publishes (its high-water mark is vLLM's: 100,000 batches), so a burst is stored,
 # not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
 STORE_WAIT_S = 10.0
-UINT64_MASK = wire.UINT64_MASK
 STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
 
 
@@ -141,11 +140,10 @@ class KVIngest:
         if not hashes:
             return
         n, parent = len(hashes), event.parent_block_hash
-        stored = [h & UINT64_MASK for h in hashes] if type(hashes[0]) is int else [wire.as_uint64(h) for h in hashes]
+        stored = wire.as_uint64_list(hashes)
         rows.kind += [STORED] * n
         rows.block_hash += stored
-        rows.parent_hash.append(None if parent is None else parent & UINT64_MASK if type(parent) is int
-                                else wire.as_uint64(parent))  # fmt: skip
+        rows.parent_hash.append(None if parent is None else wire.as_uint64(parent))
         rows.parent_hash += stored[:-1]
         rows.session_id += [session] * n
         rows.medium += [event.medium] * n
@@ -158,14 +156,12 @@ class KVIngest:
         medium, tokens, removed = event.medium, self.block_size, self.chains.removed
         for block_hash in event.block_hashes:
             block = removed(block_hash)
-            stored_as = block_hash & UINT64_MASK if type(block_hash) is int else wire.as_uint64(block_hash)
+            stored_as = wire.as_uint64(block_hash)
             if block is None:
                 owners, parent = (None,), None
             else:
                 owners, parent = block[OWNERS], block[PARENT]
-                parent = (
-                    None if parent is None else parent & UINT64_MASK if type(parent) is int else wire.as_uint64(parent)
-                )
+                parent = None if parent is None else wire.as_uint64(parent)
             first = 1
             for owner in owners:
                 rows.add(REMOVED, stored_as, parent, owner, medium, first, tokens, None)

@@ -137,15 +137,15 @@ def attribute_steps(
         session_events = by_session.get(session_id, empty)
         previous_end = None
         ordered = list(session_steps)
-        failed = [bool(step.wanted) for step in ordered] + [False]
-        keep += failed[:-1]
+        wanted = [bool(step.wanted) for step in ordered] + [False]
+        keep += wanted[:-1]
         for i, step in enumerate(ordered):
-            if failed_only and not failed[i]:
+            if failed_only and not wanted[i]:
                 rows.append(_unattributed(step))
-                if not failed[i + 1]:  # nothing after it needs where it ended
+                if not wanted[i + 1]:  # nothing after it needs where it ended
                     continue
             sent = reqs.of_step(step)
-            if not failed_only or failed[i]:
+            if not failed_only or wanted[i]:
                 rows.append(_attribute(step, reqs, sent, previous_end, session_events, resets, preempted,
                                        queue_wait_s))  # fmt: skip
             ends = reqs.finished[sent]

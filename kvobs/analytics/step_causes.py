@@ -70,12 +70,11 @@ def failure_verdicts(store: Store, since: float | None, until: float | None) -> 
     others = failed[~timeout]
     verdicts = [failure_verdict(error, "none") for error in others["error_type"]]
     others = others.assign(failure_cause=[v[0] for v in verdicts], failure_kind=[v[1] for v in verdicts], evidence="")
-    parts = [others[VERDICT_COLUMNS]]
+    frame = others[VERDICT_COLUMNS]
     if timeout.any():
         attributed = step_causes(store, since, until, failed_only=True, error_types=[StepErrorType.TIMEOUT.value],
-                                 steps=steps)  # fmt: skip
-        parts.append(attributed[VERDICT_COLUMNS])
-    frame = pd.concat([p for p in parts if not p.empty] or parts[:1])
+                                 steps=steps)[VERDICT_COLUMNS]  # fmt: skip
+        frame = attributed if frame.empty else pd.concat([frame, attributed])
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
 
 

@@ -235,8 +235,8 @@ def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20
                   func.min(KVEventRow.ts).label("first_ts"), func.max(KVEventRow.ts).label("last_ts"))  # fmt: skip
     # The detail's filters on `kind || ''`, `instance || ''` and `ts + 0`: the same values, but no index on them, so
     # the planner reaches the rows through the hash index, not by walking the (kind, ts) range a second time
-    # (SQLite, 1M events, no restores:
-    # 0.54 -> 0.40 s, median of 5 interleaved runs; what is left is the first step's GROUP BY).
+    # (SQLite, 1M events, no restores: 0.54 -> 0.40 s, median of 5 interleaved runs; what is left is the first
+    # step's GROUP BY).
     stmt = in_scope(stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again),
                     KVEventRow.kind.concat(""), KVEventRow.instance.concat(""), KVEventRow.ts + 0)  # fmt: skip
     stmt = stmt.group_by(KVEventRow.instance, KVEventRow.block_hash).having(func.count() > 1)

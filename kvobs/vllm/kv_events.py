@@ -197,3 +197,11 @@ def as_uint64(block_hash: BlockHash) -> int:
     if isinstance(block_hash, bytes):
         return int.from_bytes(block_hash[-8:], "big")
     return block_hash & UINT64_MASK
+
+
+def as_uint64_list(block_hashes: list) -> list[int]:
+    """`as_uint64` of each hash of an event (all ints, or all bytes), ints masked in one comprehension: a stored
+    event carries up to thousands of hashes, and a call per hash would cost as much as the rest of their ingest."""
+    if block_hashes and type(block_hashes[0]) is int:
+        return [h & UINT64_MASK for h in block_hashes]
+    return [as_uint64(h) for h in block_hashes]

@@ -74,6 +74,14 @@ def test_bytes_hashes_unknown_fields_and_unknown_types():
     assert batch.events == [wire.BlockRemoved(block_hashes=[b"\x01" * 32], medium="GPU")]
 
 
+def test_a_list_of_hashes_maps_as_each_hash_does():
+    ints = [0, 7, 2**63, 2**64 - 1, -1, -(2**63)]  # negatives: Python's built-in hash of old releases
+    assert wire.as_uint64_list(ints) == [wire.as_uint64(h) for h in ints] == [0, 7, 2**63, 2**64 - 1, 2**64 - 1, 2**63]
+    digests = [b"\x01" * 32, bytes(range(32))]
+    assert wire.as_uint64_list(digests) == [int.from_bytes(d[-8:], "big") for d in digests]
+    assert wire.as_uint64_list([]) == []
+
+
 def test_a_bad_event_is_refused_alone_and_the_batch_goes_on():
     """The probe's F2: block_size 2**63 is valid msgpack but no store column holds it; it took its batch with it."""
 
