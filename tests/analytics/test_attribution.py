@@ -157,7 +157,7 @@ def test_failure_verdicts_equal_the_full_analysis(run, as_timeouts, request, tmp
     """The Overview's failure table attributes timeouts only (the one failure a KV cause can explain); every failed
     step's verdict equals what the analysis of every step and event gives it. Once as recorded (model and request
     errors: no KV read), once with every failure turned into a timeout (each one attributed from its window)."""
-    from sqlalchemy import update
+    from sqlalchemy import event, update
 
     from kvobs.store.schema import StepRow
 
@@ -168,10 +168,21 @@ def test_failure_verdicts_equal_the_full_analysis(run, as_timeouts, request, tmp
         with store.session() as session, session.begin():
             session.execute(update(StepRow).where(StepRow.status == "error").values(error_type="timeout"))
     first, last = queries.time_range(store)
+    statements: list[str] = []
+
+    def record(_conn, _cursor, sql, *_):
+        statements.append(sql)
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        got = failure_verdicts(store, first, last)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    timeouts = bool((got["error_type"] == "timeout").any())
+    assert any("kv_events" in sql for sql in statements) == timeouts  # KV events are read for timeouts, only then
     full = step_causes(store, first, last)
     want = full.loc[full["status"] == "error", VERDICT_COLUMNS]
     want.loc[want["error_type"] != "timeout", "evidence"] = ""  # a model or request error's KV story is not its cause
-    got = failure_verdicts(store, first, last)
     assert len(want) > 0, f"{run} has no failed step: nothing compared"
     if as_timeouts:
         assert set(got["failure_kind"]) & {"cache", "queue", "timeout"} == set(got["failure_kind"])
