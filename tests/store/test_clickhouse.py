@@ -59,6 +59,41 @@ def test_schema_is_made_for_the_workload_and_migrates_once(tmp_path):
     store.close()
 
 
+def _session_ranges(store) -> dict[str, tuple[float, float]]:
+    frame = store.frame("SELECT session_id, min(first_ts) AS first, max(last_ts) AS last FROM kv_event_sessions "
+                        "GROUP BY session_id")  # fmt: skip
+    return {sid: (first, last) for sid, first, last in zip(frame["session_id"], frame["first"], frame["last"])}
+
+
+def test_events_without_a_session_leave_no_row_in_the_session_lookup_after_schema_3(tmp_path):
+    from kvobs.store.clickhouse import ddl
+
+    def write(store, ts: float, session_id: str | None) -> None:
+        writer = StoreWriter(store)
+        writer.add_many([KVEventRecord(ts=ts, instance="e", kind="cleared", session_id=session_id)])
+        writer.close()
+
+    url = f"chdb:///{tmp_path / 'ch'}"
+    old = open_store(url, migrate=False)
+    ddl.migrate_to(old.client, 2)
+    write(old, 10.0, None)
+    write(old, 11.0, "s1")
+    write(old, 12.0, "")  # an empty session id is a value, not "no session"
+    assert _session_ranges(old)[""] == (10.0, 12.0)  # schema 2: the session-less row counted as session ''
+    old.close()
+
+    store = open_store(url)  # migrates to 3
+    assert _session_ranges(store) == {"s1": (11.0, 11.0), "": (12.0, 12.0)}
+    write(store, 20.0, None)
+    write(store, 21.0, "s1")
+    assert _session_ranges(store) == {"s1": (11.0, 21.0), "": (12.0, 12.0)}
+    assert queries.kv_events(store, session_id="s1")["ts"].tolist() == [11.0, 21.0]
+    views = set(store.frame("SELECT name FROM system.tables WHERE engine = 'MaterializedView' "
+                            "AND database = currentDatabase()")["name"])  # fmt: skip
+    assert "kv_event_sessions_mv" not in views and "kv_event_session_ranges_mv" in views
+    store.close()
+
+
 def test_a_retried_batch_is_stored_once(chdb_store):
     batch = [("insert", _events(100))]
     chdb_store.write(batch, token="batch-1")

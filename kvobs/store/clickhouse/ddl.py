@@ -116,10 +116,28 @@ _SESSION_FOOTPRINTS = [
     f"INSERT INTO session_footprints {_FOOTPRINT_SELECT}",  # the snapshots stored before (argMax: twice is once)
 ]
 
+# Version 1's `kv_event_sessions_mv` filtered `session_id IS NOT NULL` in the outer WHERE, where ClickHouse reads
+# `session_id` as the `assumeNotNull` alias: rows without a session went into `kv_event_sessions` as session ''.
+# Version 3 feeds the lookup from a view that filters in a subquery (made before the old one is dropped, so no
+# insert meanwhile is missed; min and max are idempotent), then rebuilds the '' rows from the events that really
+# carry an empty session id (filtered in a subquery too: beside `'' AS session_id`, the outer WHERE would compare
+# the constant).
+_SESSION_RANGES = [
+    """CREATE MATERIALIZED VIEW IF NOT EXISTS kv_event_session_ranges_mv TO kv_event_sessions AS
+        SELECT assumeNotNull(session_id) AS session_id, instance, min(ts) AS first_ts, max(ts) AS last_ts
+        FROM (SELECT session_id, instance, ts FROM kv_events WHERE session_id IS NOT NULL)
+        GROUP BY session_id, instance""",
+    "DROP VIEW IF EXISTS kv_event_sessions_mv",
+    "ALTER TABLE kv_event_sessions DELETE WHERE session_id = '' SETTINGS mutations_sync = 2",
+    """INSERT INTO kv_event_sessions SELECT '' AS session_id, instance, min(ts) AS first_ts, max(ts) AS last_ts
+        FROM (SELECT instance, ts FROM kv_events WHERE session_id = '') GROUP BY instance""",
+]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
     (2, "session_footprints: each session's latest footprint per instance", _SESSION_FOOTPRINTS),
+    (3, "kv_event_sessions: no row for events without a session", _SESSION_RANGES),
 ]
 
 
