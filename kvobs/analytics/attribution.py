@@ -122,7 +122,7 @@ def attribute_steps(
     """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`. `failed_only`: rows of
     failed steps only (of `error_types`, when given), the others read just for what a failed step needs (its
     session's typical latency, the end of the step before it), which spares the KV analysis of every other step."""
-    rows, keep = [], []
+    rows = []
     steps = steps.assign(wanted=attributed_mask(steps, error_types))
     reqs = _Requests(requests)
     empty = _Events(events.iloc[0:0])
@@ -130,7 +130,10 @@ def attribute_steps(
     resets = _Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty
     preempted = Counter(events.loc[events["kind"] == KVEventKind.PREEMPTED.value, "request_id"]) if not events.empty \
         else Counter()  # fmt: skip
-    in_order = steps.sort_values(["session_id", "step_index"], kind="stable")
+    in_order = steps.sort_values(["session_id", "step_index"], kind="stable").reset_index(drop=True)
+    typical = _typical(in_order, _step_latency(in_order)).to_numpy(float)  # from every step, attributed or not
+    if failed_only:
+        typical = typical[in_order["wanted"].to_numpy(bool)]
     in_order = in_order.astype({c: object for c in in_order.columns if pd.api.types.is_string_dtype(in_order[c])})
     in_order = in_order.itertuples(index=False)  # from numpy objects: iterating Arrow strings costs ~1 us a value
     for session_id, session_steps in itertools.groupby(in_order, key=lambda step: step.session_id):
@@ -138,12 +141,9 @@ def attribute_steps(
         previous_end = None
         ordered = list(session_steps)
         wanted = [bool(step.wanted) for step in ordered] + [False]
-        keep += wanted[:-1]
         for i, step in enumerate(ordered):
-            if failed_only and not wanted[i]:
-                rows.append(_unattributed(step))
-                if not wanted[i + 1]:  # nothing after it needs where it ended
-                    continue
+            if failed_only and not wanted[i] and not wanted[i + 1]:
+                continue  # neither attributed nor needed for where the next one's pause begins
             sent = reqs.of_step(step)
             if not failed_only or wanted[i]:
                 rows.append(_attribute(step, reqs, sent, previous_end, session_events, resets, preempted,
@@ -152,8 +152,7 @@ def attribute_steps(
             ends = ends[~np.isnan(ends)]
             previous_end = ends.max() if len(ends) else (step.ended_at if pd.notna(step.ended_at) else None)
     frame = pd.DataFrame(rows, columns=COLUMNS).astype({"max_queue_s": float, "cached_tokens": float})
-    frame = _verdicts(frame, slow_factor, slow_min_s) if not frame.empty else frame
-    return frame[np.array(keep, dtype=bool)].reset_index(drop=True) if failed_only else frame
+    return _verdicts(frame, typical, slow_factor, slow_min_s) if not frame.empty else frame
 
 
 def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = None) -> pd.Series:
@@ -177,9 +176,9 @@ def _typical(frame: pd.DataFrame, latency: pd.Series) -> pd.Series:
     return typical
 
 
-def _verdicts(frame: pd.DataFrame, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
-    latency = _step_latency(frame)
-    typical = _typical(frame, latency)
+def _verdicts(frame: pd.DataFrame, typical: np.ndarray, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
+    """`typical`: each row's typical latency (`_typical` over every step of its session, attributed or not)."""
+    latency = _step_latency(frame).to_numpy(float)
     frame["typical_s"] = typical
     frame["slow"] = (latency > typical * slow_factor) & (latency - typical >= slow_min_s)
     cold = frame["cached_tokens"].fillna(0).eq(0) & frame["num_requests"].gt(0)
@@ -202,15 +201,6 @@ def failure_verdict(error_type, kv_cause: str) -> tuple[str, str]:
             return error, "timeout"
         return kv_cause, "queue" if kv_cause == "queue_wait" else "cache"
     return error, "model" if error in MODEL_ERRORS else "request"
-
-
-def _unattributed(step) -> dict:
-    """A step read only for its latency (the typical latency of its session's failed steps)."""
-    return {"session_id": step.session_id, "step_index": step.step_index, "status": step.status,
-            "error_type": step.error_type, "started_at": step.started_at, "e2e_s": step.e2e_s, "ttft_s": step.ttft_s,
-            "trace_id": step.trace_id, "span_id": step.span_id, "cause": "none", "causes": "none", "evidence": "",
-            "blocks_lost_in_pause": 0, "tokens_lost_in_pause": 0, "preemptions": 0, "invalidation_reasons": "",
-            "max_queue_s": None, "num_requests": 0, "cached_tokens": None}  # fmt: skip
 
 
 def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Events, resets: _Events,
