@@ -9,6 +9,11 @@ Stages, each timed on one thread over the same payloads:
 - decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file);
 - decode + attribute + chDB: the same into ClickHouse's engine in-process (`chdb:///dir`, Arrow inserts).
 
+Each stage also prints the block rows it makes per second (a `BlockStored` of n blocks is n `kv_events` rows), and
+the process's CPU time over the stage (user + system, every thread: the writer's, SQLite's, chDB's own pool) as CPU
+cores busy and CPU microseconds per event: on a 2-core machine, a stage whose CPU per event times the target rate
+exceeds 2 core-seconds a second cannot reach it however its threads overlap.
+
 Scrape: the recorded vLLM 0.32 `/metrics` body (cut to `--lines` lines at a family boundary) parsed with
 prometheus_client alone (baseline), then `parse_metrics` (checks, legacy names), then parse + derive.
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import tempfile
 import time
@@ -32,6 +38,7 @@ from collectors.derive import Deriver
 from collectors.kv_ingest import KVIngest
 from collectors.prom_text import parse_metrics
 from kvobs.store import StoreWriter, open_store
+from kvobs.store.rows import KVEventColumns
 from kvobs.vllm import kv_events as wire
 
 RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu" / "metrics" / "scrape_084.txt"
@@ -62,29 +69,54 @@ def synthetic_payloads(num_batches: int, per_batch: int, sessions: int, seed: in
 STORES = {"SQLite": "sqlite:///{dir}/kv-{run}.db", "chDB": "chdb:///{dir}/kv-{run}.ch"}
 
 
-def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> float:
+def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one stage over every payload."""
     url = next((u for name, u in STORES.items() if stage.endswith(name)), None)
     store = open_store(url.format(dir=store_dir, run=run)) if url else None
     writer = StoreWriter(store, max_queue=10_000_000) if store else _NullWriter()
     ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
-    start = time.perf_counter()
+    cpu, start = _cpu_s(), time.perf_counter()
     for seq, payload in enumerate(payloads):
         batch = wire.decode_batch(payload).batch
         if ingest is not None:
             ingest.on_batch(seq, batch)
     if store is not None:
         writer.close(timeout_s=600)
+    wall, cpu = time.perf_counter() - start, _cpu_s() - cpu
+    if store is not None:
         store.close()
-    return time.perf_counter() - start
+    return wall, cpu
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def block_rows(payloads: list[bytes]) -> int:
+    """The `kv_events` rows the payloads make (the same in every stage)."""
+    writer = _NullWriter()
+    ingest = KVIngest(writer, instance="bench")
+    for seq, payload in enumerate(payloads):
+        ingest.on_batch(seq, wire.decode_batch(payload).batch)
+    return writer.kv_rows
 
 
 class _NullWriter:
-    """Takes records and drops them: the attribution stage's cost without the store's."""
+    """Takes records and drops them (counting `kv_events` rows): the attribution stage's cost without the store's."""
+
+    def __init__(self) -> None:
+        self.kv_rows = 0
 
     def add(self, records, **_) -> bool:
         return True
 
-    insert_missing = upsert = add_many = add
+    def add_many(self, records, **_) -> bool:
+        if isinstance(records, KVEventColumns):
+            self.kv_rows += len(records.columns["kind"])
+        return True
+
+    insert_missing = upsert = add
 
 
 def scrape_body(lines: int) -> str:
@@ -119,18 +151,22 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
     payloads, total = synthetic_payloads(args.batches, args.events, args.sessions)
     stages = ["decode", "decode + attribute", "decode + attribute + SQLite", "decode + attribute + chDB"]
-    times: dict[str, list[float]] = {s: [] for s in stages}
+    times: dict[str, list[tuple[float, float]]] = {s: [] for s in stages}
     with tempfile.TemporaryDirectory() as tmp:
         for run in tqdm(range(args.repeats), desc="KV events", unit="round"):
             for stage in stages:
                 times[stage].append(time_kv(stage, payloads, Path(tmp), run))
-    base = statistics.median(times["decode"])
-    print(f"\nKV events: {total:,} events in {len(payloads):,} batches, median of {args.repeats}")
-    print(f"{'stage':<30} {'events/s':>12} {'time vs decode':>15} {'rate vs decode':>15}")
+    num_rows = block_rows(payloads)
+    base = statistics.median(wall for wall, _ in times["decode"])
+    print(f"\nKV events: {total:,} events ({num_rows:,} block rows) in {len(payloads):,} batches, median of "
+          f"{args.repeats}; CPU: the process's, every thread")  # fmt: skip
+    print(f"{'stage':<30} {'events/s':>12} {'block rows/s':>13} {'time vs decode':>15} {'rate vs decode':>15} "
+          f"{'CPU cores busy':>15} {'CPU us/event':>13}")  # fmt: skip
     rows = []
     for stage in stages:
-        t = statistics.median(times[stage])
-        print(f"{stage:<30} {total / t:>12,.0f} {t / base:>14.2f}x {base / t:>14.1%}")
+        t, cpu = sorted(times[stage])[len(times[stage]) // 2]  # the median run by wall time, with its CPU
+        print(f"{stage:<30} {total / t:>12,.0f} {num_rows / t:>13,.0f} {t / base:>14.2f}x {base / t:>14.1%} "
+              f"{cpu / t:>15.2f} {cpu / total * 1e6:>13.2f}")  # fmt: skip
         rows.append(Result("collector_ingest", f"KV events: {stage}", total / t, "events/s", base / t, "decode only"))
 
     body = scrape_body(args.lines)
