@@ -200,8 +200,12 @@ def as_uint64(block_hash: BlockHash) -> int:
 
 
 def as_uint64_list(block_hashes: list) -> list[int]:
-    """`as_uint64` of each hash of an event (all ints, or all bytes), ints masked in one comprehension: a stored
-    event carries up to thousands of hashes, and a call per hash would cost as much as the rest of their ingest."""
+    """`as_uint64` of each hash of an event, ints masked in one comprehension: a stored event carries up to
+    thousands of hashes, and a call per hash would cost as much as the rest of their ingest. The wire allows ints
+    and bytes in one list: one that is not all ints goes hash by hash."""
     if block_hashes and type(block_hashes[0]) is int:
-        return [h & UINT64_MASK for h in block_hashes]
+        try:
+            return [h & UINT64_MASK for h in block_hashes]
+        except TypeError:  # bytes among the ints
+            pass
     return [as_uint64(h) for h in block_hashes]

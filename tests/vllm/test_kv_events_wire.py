@@ -80,6 +80,8 @@ def test_a_list_of_hashes_maps_as_each_hash_does():
     digests = [b"\x01" * 32, bytes(range(32))]
     assert wire.as_uint64_list(digests) == [int.from_bytes(d[-8:], "big") for d in digests]
     assert wire.as_uint64_list([]) == []
+    mixed = [5, b"\x02" * 32, 2**64 - 1]  # the wire's `list[int | bytes]` allows both in one event
+    assert wire.as_uint64_list(mixed) == [wire.as_uint64(h) for h in mixed]
 
 
 def test_a_bad_event_is_refused_alone_and_the_batch_goes_on():
