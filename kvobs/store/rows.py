@@ -11,9 +11,10 @@ record leaves out are NULL (or the column's default), except on `SessionRecord`,
 engine's first sighting of a session never overwrite each other.
 
 `KVEventColumns` holds many `kv_events` rows as one list per column, for producers that write thousands of KV
-events a second (the collector): no object per row is made, SQL stores insert it with one driver-level executemany
-and ClickHouse as one Arrow table. It takes the same column names (a misspelt one is a `TypeError`), and iterating
-it gives its rows as `KVEventRecord`s, which is how a refused row is found and dropped alone.
+events a second (the collector): no object per row is made; SQLite inserts it in one statement (`json_each`),
+PostgreSQL in one executemany, ClickHouse as one Arrow table. It takes the same column names (a misspelt one is a
+`TypeError`), and iterating it gives its rows as `KVEventRecord`s, which is how a refused row is found and dropped
+alone.
 
     writer.add_many(KVEventColumns(ts=[t, t], instance=["vllm-a"] * 2, kind=["stored"] * 2, block_hash=[h1, h2]))
 """

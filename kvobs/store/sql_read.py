@@ -32,22 +32,21 @@ def read(store: Store, stmt: Select) -> pd.DataFrame:
                             columns=names)  # fmt: skip
     frame = pd.DataFrame.from_records(rows, columns=names)
     for i, (name, column) in enumerate(zip(names, stmt.selected_columns)):
-        if name.endswith("_hash") or _has_processor(column.type, dialect):  # the raw values, not the inferred column
+        process = _column_processor(column.type, dialect)
+        if process is not None or name.endswith("_hash"):  # from the raw values, not the inferred column
             values = [row[i] for row in rows]
-            frame[name] = pd.Series(_processed(column.type, dialect, values),
+            frame[name] = pd.Series(values if process is None else process(values),
                                     dtype=object if name.endswith("_hash") else None)  # fmt: skip
     return frame
 
 
-def _has_processor(column_type, dialect) -> bool:
-    return isinstance(column_type, UInt64) or column_type.result_processor(dialect, None) is not None
-
-
-def _processed(column_type, dialect, values: tuple) -> list | tuple:
+def _column_processor(column_type, dialect):
+    """What turns a column's raw values into Python values (the hash type's, JSON's); None where they are used as
+    they come."""
     if isinstance(column_type, UInt64):
-        return UInt64.column_from_db(values)
+        return UInt64.column_from_db
     process = column_type.result_processor(dialect, None)
-    return values if process is None else [process(v) for v in values]
+    return None if process is None else (lambda values: [process(v) for v in values])
 
 
 def _columns(row_class, *exclude: str) -> list:

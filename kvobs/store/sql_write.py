@@ -1,6 +1,7 @@
 """How a batch of records is written to a SQL store (SQLite, PostgreSQL): one transaction per batch.
 
-Inserts go as one executemany per table and column set (on SQLite a driver-level executemany of tuples); upserts
+Inserts go as one executemany per table and column set (on SQLite a driver-level executemany of tuples; KV events
+held as columns, `KVEventColumns`, as one `json_each` statement there: see `_insert_columns`); upserts
 and insert-if-missing are merged per key (later columns win, or the first for insert-if-missing), then sent as one
 executemany of `INSERT ... ON CONFLICT` per column set (a session upsert per row once capped the writer at about
 7k rows/s). The per-minute rollup of the batch's `kv_events`
