@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file
 
 from dashboard.context import Context, bucket_for, choose_clock, choose_instances, choose_range  # noqa: E402
 from dashboard.views import PAGES, cache  # noqa: E402
+from kvobs.store.db import redacted_url as _redact  # noqa: E402
 from kvobs.store.db import store_url  # noqa: E402
 
 JAEGER_URL_ENV = "KVOBS_JAEGER_URL"
@@ -83,15 +84,6 @@ def _store_caption(url: str) -> None:
     if url.startswith("sqlite:///"):
         shown = "sqlite: " + Path(url.removeprefix("sqlite:///")).name
     st.sidebar.caption(f"Store: `{shown}`", help=_redact(url))
-
-
-def _redact(url: str) -> str:
-    from sqlalchemy import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
 
 
 main()

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report
 from kvobs.semconv.protocol import DASHBOARD_PORT
 
 
@@ -60,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from kvobs.store import open_store
 
-    # fail here, in one line, not in the page; a SQLite file that is not there is a misspelt URL, not a new store
-    store = start_or_report("dashboard", lambda: open_store(args.store, must_exist=True))
+    def check():
+        refuse_ports_in_use([("--port", args.host, args.port)], "another dashboard? stop it or pass another --port")
+        # a SQLite file that is not there is a misspelt URL, not a new store
+        return open_store(args.store, must_exist=True)
+
+    store = start_or_report("dashboard", check)  # fail here, in one line, not after Streamlit printed its URL
     if store is None:
         return 2
     store.close()

@@ -46,8 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
     for command_parser in sub.choices.values():
         # Whole flag names only: a prefix that parses today (--round-pause) breaks silently when a flag is added.
         command_parser.allow_abbrev = False
+        show_defaults(command_parser)
     parser.set_defaults(_commands=sub.choices)
     return parser
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every flag's `--help` line ends with its default (`default: 8000`), unless the flag has none (None, off) or its
+    help already says what it is."""
+    for action in parser._actions:
+        default = action.default
+        if not action.option_strings or default is None or default is False or default == argparse.SUPPRESS:
+            continue
+        if action.help == argparse.SUPPRESS or "default" in (action.help or ""):
+            continue
+        shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+        if not shown:
+            continue
+        text = f"default: {shown}".replace("%", "%%")
+        action.help = f"{action.help}; {text}" if action.help else text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,13 @@ import os
 import sys
 
 from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config, parse_size
-from kvobs.commands.common import add_retention_flag, add_spool_flag, add_store_flag, start_or_report
+from kvobs.commands.common import (
+    add_retention_flag,
+    add_spool_flag,
+    add_store_flag,
+    refuse_ports_in_use,
+    start_or_report,
+)
 from kvobs.semconv.protocol import ENGINE_PORT, MAX_REQUEST_BYTES, STORE_URL_ENV
 
 log = logging.getLogger(__name__)
@@ -64,6 +70,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    hint = "another kvobs serve or vLLM? stop it or pass another --port"
+    if start_or_report("serve", lambda: refuse_ports_in_use(listeners(args), hint) or True) is None:
+        return 2  # before torch is imported, the model loaded or a store file made
     try:
         from instrumented_engine.server.launcher import EngineServer, ServerOptions
     except ImportError as exc:
@@ -97,5 +106,26 @@ def run(args: argparse.Namespace) -> int:
     server = start_or_report("serve", start)
     if server is None:
         return 2
-    server.run()
+    try:
+        server.run()
+    except OSError as exc:  # the port was taken while the model loaded
+        print(f"kvobs serve: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def listeners(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(flag, host, port) of every socket `kvobs serve` will listen on: HTTP, and the KV-event endpoints it binds
+    (a wildcard publisher endpoint; the replay endpoint always)."""
+    from kvobs.vllm.kv_events import should_bind
+
+    found = [("--port", args.host, args.port)]
+    bound = [("--kv-events-replay-endpoint", args.kv_events_replay_endpoint)]
+    if args.kv_events_endpoint and should_bind(args.kv_events_endpoint):
+        bound.append(("--kv-events-endpoint", args.kv_events_endpoint))
+    for flag, endpoint in bound:
+        if endpoint and endpoint.startswith("tcp://"):
+            host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+            if port.isdigit():
+                found.append((flag, "0.0.0.0" if host in ("*", "[::]", "::") else host.strip("[]"), int(port)))
+    return found

@@ -235,11 +235,21 @@ class EngineServer:
 
         uvicorn re-raises the signal it caught once it has shut down; the handlers installed here
         receive it, so a graceful stop ends the process with status 0.
+
+        Raises:
+            OSError: HTTP could not listen (the engine is stopped and the store flushed first).
         """
         self._uvicorn = self._make_uvicorn()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: log.debug("signal %d after shutdown", signum))
-        asyncio.run(self._serve_and_announce())
+        try:
+            asyncio.run(self._serve_and_announce())
+        except SystemExit:  # uvicorn exits when it cannot listen, after stopping the engine (the store flushed)
+            if self._uvicorn.started:
+                raise
+            raise OSError(
+                f"cannot listen on {self.options.host}:{self.options.port} (uvicorn's reason above)"
+            ) from None
         log.info("kvobs engine stopped")
 
     async def _serve_and_announce(self) -> None:

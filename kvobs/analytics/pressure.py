@@ -1,11 +1,13 @@
 """Cache pressure against latency, per time window, and their lagged correlation.
 
     frame = pressure_windows(instance_snapshots, requests, block_losses, window_s=30)
-    corr = lagged_correlation(frame, "evictions_per_s", "ttft_p99", max_lag=5)
+    corr = lagged_correlation(frame, "evictions_per_s", "ttft_p90", max_lag=5)
+    strongest_lag(corr)        # the lag to look at, or None: too few windows, or no lag beyond chance
 
 Pressure: pinned usage (vLLM's `kv_cache_usage_perc`), resident cached blocks, blocks lost per second (evicted,
 invalidated or removed), preemptions (increase of the instances' cumulative counts). Latency: TTFT, inter-token
-latency and queue time of the requests that *arrived* in the window, p50 and p99.
+latency and queue time of the requests that *arrived* in the window, p50, p90 and p99, each only for a window with
+enough requests for it (`kvobs.analytics.samples`: p99 needs 100); `requests` says how many.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvobs.analytics.samples import ALPHA, MIN_PAIRS, correlation, grouped_quantile
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
 
 LATENCIES = ("ttft", "itl", "queue")
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
 def _bucket(ts: pd.Series, window_s: float) -> pd.Series:
@@ -57,8 +61,8 @@ def pressure_windows(
         grouped = reqs.groupby("window")
         latency = {"requests": grouped.size()}
         for name in LATENCIES:
-            latency[f"{name}_p50"] = grouped[name].quantile(0.5)
-            latency[f"{name}_p99"] = grouped[name].quantile(0.99)
+            for label, q in QUANTILES.items():
+                latency[f"{name}_{label}"] = grouped_quantile(grouped[name], q)
         parts.append(pd.DataFrame(latency))
     if not parts:
         return pd.DataFrame(columns=["window"])
@@ -71,27 +75,40 @@ def pressure_windows(
 def lagged_correlation(frame: pd.DataFrame, x: str, y: str, *, max_lag: int = 5, window_s: float | None = None):
     """Pearson r between `x` shifted by each lag and `y`: lag k > 0 means x leads y by k windows.
 
-    Returns a DataFrame `lag`, `lag_s` (if `window_s` given), `r` (NaN when fewer than 3 pairs or no variance),
-    `pairs`.
+    Returns a DataFrame `lag`, `lag_s` (if `window_s` given), `r` (NaN with fewer than `MIN_PAIRS` pairs or a series
+    that does not vary), `pairs`, `ci_low`, `ci_high` (its 95% interval), `p` (two-sided, this lag alone).
     """
     rows = []
     if x in frame and y in frame:
         series_x, series_y = frame[x].astype(float), frame[y].astype(float)
         for lag in range(-max_lag, max_lag + 1):
-            pairs = pd.concat([series_x.shift(lag), series_y], axis=1).dropna()
-            r = np.nan
-            if len(pairs) >= 3 and pairs.iloc[:, 0].std() > 0 and pairs.iloc[:, 1].std() > 0:
-                r = float(np.corrcoef(pairs.iloc[:, 0], pairs.iloc[:, 1])[0, 1])
-            rows.append({"lag": lag, "r": r, "pairs": len(pairs)})
-    out = pd.DataFrame(rows, columns=["lag", "r", "pairs"])
+            c = correlation(series_x.shift(lag), series_y)
+            rows.append({"lag": lag, "r": c.r, "pairs": c.n, "ci_low": c.ci_low, "ci_high": c.ci_high, "p": c.p})
+    out = pd.DataFrame(rows, columns=["lag", "r", "pairs", "ci_low", "ci_high", "p"])
     if window_s is not None:
         out.insert(1, "lag_s", out["lag"] * window_s)
     return out
 
 
 def strongest_lag(correlation: pd.DataFrame) -> dict | None:
-    """The lag with the largest |r|, or None when no lag has a defined correlation."""
+    """The lag with the largest |r| among those shown, when it is beyond chance after testing every lag shown
+    (Bonferroni: p x lags tested < `ALPHA`), with `p_adjusted`; else None (`why_no_lag` says why)."""
     defined = correlation.dropna(subset=["r"])
     if defined.empty:
         return None
-    return defined.loc[defined["r"].abs().idxmax()].to_dict()
+    best = defined.loc[defined["r"].abs().idxmax()].to_dict()
+    best["p_adjusted"] = min(1.0, float(best["p"]) * len(defined))
+    return best if best["p_adjusted"] < ALPHA else None
+
+
+def why_no_lag(correlation: pd.DataFrame) -> str:
+    """Why `strongest_lag` names none, in one sentence."""
+    defined = correlation.dropna(subset=["r"])
+    if defined.empty:
+        most = int(correlation["pairs"].max()) if not correlation.empty else 0
+        return (f"Not enough windows: at most {most} with both values known; a correlation needs at least "
+                f"{MIN_PAIRS} (or one of the two did not vary).")  # fmt: skip
+    best = defined.loc[defined["r"].abs().idxmax()]
+    adjusted = min(1.0, float(best["p"]) * len(defined))
+    return (f"No lag stands out from chance: the largest |r| is {best['r']:.2f} ({int(best['pairs'])} windows), "
+            f"p = {adjusted:.2f} after testing {len(defined)} lags.")  # fmt: skip

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.commands.common import add_store_flag, local_time, start_or_report
 
 
 def add_parser(sub) -> None:
@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from kvobs.alerts.rules import RuleError, load_rules
     from kvobs.alerts.sinks import WebhookSink
     from kvobs.store import open_store
+    from kvobs.store.db import redacted_url
 
     try:
         rules = load_rules(args.rules, include_builtin=not args.no_builtin)
@@ -53,12 +54,34 @@ def run(args: argparse.Namespace) -> int:
     if args.watch:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+    if args.watch:
+        shown = redacted_url(store.url)
+        print(
+            f"kvobs alerts: evaluating {len(rules)} rules every {args.watch:g} s over {shown}; Ctrl-C stops", flush=True
+        )
+    rounds = 0
     try:
         while True:
             now = args.at if args.at is not None else time.time()
-            for t in evaluator.evaluate(now):
-                print(f"{t['state']:8} {t['severity']:8} {t['rule']}: {t['summary']}")
-            if not args.watch or stop.wait(args.watch):
+            transitions = evaluator.evaluate(now)
+            rounds += 1
+            for t in transitions:
+                print(f"{t['state']:8} {t['severity']:8} {t['rule']}: {t['summary']}", flush=True)
+            if not args.watch:
+                if not transitions:
+                    print(f"kvobs alerts: no change: {len(rules)} rules evaluated at {local_time(now)} over "
+                          f"{store.url}", flush=True)  # fmt: skip
+                print(f"firing now: {_firing_now(evaluator)}")
+                return 0
+            if stop.wait(args.watch):
+                print(f"kvobs alerts: stopped after {rounds} rounds; firing now: {_firing_now(evaluator)}")
                 return 0
     finally:
         store.close()
+
+
+def _firing_now(evaluator) -> str:
+    """The alerts firing after this round, in one line: `Rule (instance)`, or `none`."""
+    keys = sorted(evaluator.active(), key=lambda key: tuple(part or "" for part in key))
+    names = [f"{rule} ({instance or session or 'fleet'})" for rule, instance, session in keys]
+    return ", ".join(names) or "none"

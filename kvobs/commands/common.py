@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import TypeVar
 
 from kvobs.semconv.protocol import DEFAULT_STORE_URL, SESSION_END_AFTER_S, STORE_URL_ENV
@@ -53,3 +55,33 @@ def start_or_report(command: str, start: Callable[[], T]) -> T | None:
     except OperationalError as exc:
         print(f"kvobs {command}: cannot reach the store: {exc.orig}", file=sys.stderr)
     return None
+
+
+def ports_in_use(listeners: Iterable[tuple[str, str, int]]) -> list[str]:
+    """Of `(flag, host, port)` listeners, those a server of ours could not listen on now, as `host:port (flag)` (port
+    0 picks a free one, so it is never in use). Checked before any heavy work (a model load, a store file), so a
+    taken port costs a line, not minutes."""
+    return [f"{host}:{port} ({flag})" for flag, host, port in listeners if port and not _is_free(host, port)]
+
+
+def refuse_ports_in_use(listeners: Iterable[tuple[str, str, int]], hint: str = "stop it or pass other ports") -> None:
+    """`OSError` naming every taken listener in one message (for `start_or_report`), or nothing."""
+    taken = ports_in_use(listeners)
+    if taken:
+        raise OSError(f"already in use: {', '.join(taken)}; {hint}")
+
+
+def _is_free(host: str, port: int) -> bool:
+    """Whether we could bind `host:port` now (a server already there would also answer our readiness checks)."""
+    bind_host = "" if host in ("0.0.0.0", "*") else host
+    with socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET) as probe:
+        try:
+            probe.bind((bind_host, port))
+        except OSError:
+            return False
+    return True
+
+
+def local_time(ts: float) -> str:
+    """A time as people read it on a terminal: local ISO 8601 with the zone's offset (`2026-11-24T23:06:40+01:00`)."""
+    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")

@@ -18,14 +18,13 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report
 from kvobs.semconv.protocol import DASHBOARD_PORT, ENGINE_PORT
 
 log = logging.getLogger(__name__)
@@ -61,6 +60,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvobs.agent.workload import PauseDistribution, WorkloadConfig
     from kvobs.store import open_store
+    from kvobs.store.db import redacted_url
 
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     base_url = f"http://{args.host}:{args.port}"
@@ -107,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
                     return 1
         return 0
     finally:
-        _stop_all(children)
+        stopped = _stop_all(children)
+        if stopped:
+            why = "Ctrl-C" if stop.is_set() else "done"
+            print(f"kvobs demo: {why}: stopped {' and '.join(stopped)}; the store {redacted_url(store_url)} keeps "
+                  "what they recorded", flush=True)  # fmt: skip
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -117,20 +121,10 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
     check_rounds(args.rounds)
-    taken = [f"{args.host}:{port} ({flag})" for flag, port in (("--port", args.port),
-             ("--dashboard-port", args.dashboard_port)) if not _is_free(args.host, port)]  # fmt: skip
-    if taken:  # every taken port in one message, not one per attempt
-        raise OSError(f"already in use: {', '.join(taken)} (another kvobs demo?); stop it or pass other ports")
-
-
-def _is_free(host: str, port: int) -> bool:
-    """A server already on the port would answer our readiness checks in place of the one we start."""
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+    refuse_ports_in_use(
+        [("--port", args.host, args.port), ("--dashboard-port", args.host, args.dashboard_port)],
+        "another kvobs demo? stop it or pass other ports",
+    )  # every taken port in one message
 
 
 def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
@@ -268,8 +262,11 @@ def _failures_line(causes) -> str:
             f"{split['request']}); slow steps by cause: {slow_text}")  # fmt: skip
 
 
-def _stop_all(children: list[subprocess.Popen]) -> None:
-    for child in reversed(children):  # the dashboard first, the engine last (it flushes)
+def _stop_all(children: list[subprocess.Popen]) -> list[str]:
+    """Stop the children still running, the dashboard first, the engine last (it flushes); return what was stopped,
+    in words."""
+    stopped = [_NAMES.get(child.args[3], child.args[3]) for child in reversed(children) if child.poll() is None]
+    for child in reversed(children):
         if child.poll() is None:
             _signal_group(child, signal.SIGTERM)  # its whole session: nothing it started outlives the demo
     for child in reversed(children):
@@ -279,6 +276,10 @@ def _stop_all(children: list[subprocess.Popen]) -> None:
             log.warning("kvobs %s did not stop within 30 s; killing it", child.args[3])
             _signal_group(child, signal.SIGKILL)
             child.wait()
+    return stopped
+
+
+_NAMES = {"serve": "the engine", "dashboard": "the dashboard"}
 
 
 def _signal_group(child: subprocess.Popen, sig: int) -> None:

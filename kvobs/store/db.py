@@ -58,6 +58,14 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def redacted_url(url: str) -> str:
+    """The URL as shown to people: its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
 @dataclass
 class Store:
     """A SQL store (SQLite, PostgreSQL) through SQLAlchemy."""
