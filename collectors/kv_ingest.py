@@ -8,7 +8,8 @@ Rows (`kv_events`, times are vLLM's batch timestamps):
 - `stored` per block, with its parent hash (the chain) and the session that stored it;
 - `removed` per block and per owning session (the session(s) whose `BlockStored` introduced it; no
   session when it was stored before the collector subscribed);
-- `cleared` per `AllBlocksCleared` (`num_tokens`: the resident tokens it dropped, `reason` `reset`), and per
+- `cleared` per `AllBlocksCleared` (`num_blocks`: the resident blocks it dropped, each once; `num_tokens` theirs,
+  `reason` `reset`), and per
   publisher restart (`reason` `restart`): a new vLLM process starts with an empty cache.
 
 Footprint snapshots (`snapshots` with `session_id`): blocks resident now, blocks lost so far (removed or
@@ -150,6 +151,7 @@ class KVIngest:
         rows.first_owner += [1] * n
         rows.num_tokens += [event.block_size] * n
         rows.reason += [None] * n
+        rows.num_blocks += [None] * n
         self.chains.stored(hashes, parent, session)
 
     def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
@@ -169,9 +171,10 @@ class KVIngest:
                 first = 0
 
     def _cleared(self, rows: _BatchRows, reason: str) -> dict[str | None, int]:
+        num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
         self._changed.update(s for s in lost if s is not None)
-        rows.add(CLEARED, None, None, None, None, None, sum(lost.values()) * (self.block_size or 0), reason)
+        rows.add(CLEARED, None, None, None, None, None, num_blocks * (self.block_size or 0), reason, num_blocks)
         return lost
 
     def _flush(self, ts: float, rows: _BatchRows) -> None:
@@ -180,7 +183,8 @@ class KVIngest:
             columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, kind=rows.kind,
                                      block_hash=rows.block_hash, parent_hash=rows.parent_hash,
                                      session_id=rows.session_id, medium=rows.medium, first_owner=rows.first_owner,
-                                     num_tokens=rows.num_tokens, reason=rows.reason)  # fmt: skip
+                                     num_tokens=rows.num_tokens, reason=rows.reason,
+                                     num_blocks=rows.num_blocks)  # fmt: skip
             self.writer.add_many(columns, wait_s=STORE_WAIT_S)
 
     # ---- footprints -----------------------------------------------------------------------------------
@@ -272,9 +276,11 @@ class _BatchRows:
         self.first_owner: list[int | None] = []
         self.num_tokens: list[int | None] = []
         self.reason: list[str | None] = []
+        self.num_blocks: list[int | None] = []
         self.losers: list[str | None] = []  # the owner of each removed row (not a column)
 
-    def add(self, kind, block_hash, parent_hash, session_id, medium, first_owner, num_tokens, reason) -> None:
+    def add(self, kind, block_hash, parent_hash, session_id, medium, first_owner, num_tokens, reason,
+            num_blocks=None) -> None:  # fmt: skip
         """One row (the `stored` rows of a chain are added a column at a time, in `KVIngest._stored`)."""
         self.kind.append(kind)
         self.block_hash.append(block_hash)
@@ -284,3 +290,4 @@ class _BatchRows:
         self.first_owner.append(first_owner)
         self.num_tokens.append(num_tokens)
         self.reason.append(reason)
+        self.num_blocks.append(num_blocks)

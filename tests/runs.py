@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -28,6 +28,23 @@ class Run:
     url: str
     store: Store
     result: WorkloadResult | None = None
+    engine_counts: EngineCounts | None = None  # the engine's own events, for runs of our engine
+
+
+@dataclass
+class EngineCounts:
+    """What the block manager itself said, per request, in time order: each prefix lookup's blocks hit and each
+    allocation's blocks (an observer on the engine thread, beside the store's)."""
+
+    hits: list[tuple[float, str, int]] = field(default_factory=list)  # (ts, request_id, hit_blocks)
+    allocations: list[tuple[float, str, int]] = field(default_factory=list)  # (ts, request_id, blocks)
+
+    def on_step(self, result) -> None:
+        for event in result.events:
+            if event.kind == "prefix_lookup":
+                self.hits.append((event.ts, event.request_id, event.hit_blocks))
+            elif event.kind == "allocated":
+                self.allocations.append((event.ts, event.request_id, len(event.block_ids)))
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +53,9 @@ def agent_run(smollm2_source, tmp_path_factory) -> Run:
 
     url = f"sqlite:///{tmp_path_factory.mktemp('agent-run') / 'kvobs.db'}"
     options = {"store_url": url, "snapshot_interval_s": 0.5, "instance": "engine-test"}
+    counts = EngineCounts()
     with running_server(smollm2_source, options=options, num_blocks=NUM_BLOCKS, max_model_len=448) as server:
+        server.engine.observers.append(counts)
         store = open_store(url)
         writer = StoreWriter(store)
         pause = PauseDistribution.parse("uniform:200-600")
@@ -46,7 +65,7 @@ def agent_run(smollm2_source, tmp_path_factory) -> Run:
             result = Workload(config, client, tracer_provider=TracerProvider(),
                               recorder=StoreStepRecorder(writer)).run()  # fmt: skip
         writer.close()
-    return Run(url, store, result)
+    return Run(url, store, result, counts)
 
 
 @pytest.fixture(scope="session")

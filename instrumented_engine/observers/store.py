@@ -4,11 +4,13 @@
     AsyncEngine(llm_engine, observers=[..., recorder])
 
 Records (see `kvobs.store.rows`):
-- `kv_events`: `stored` per block with its parent hash (the chain), `hit` per prefix lookup (`num_tokens` hit,
-  `reason` `readmission` after a preemption), `allocated` per allocation (`num_tokens` = blocks x block size),
+- `kv_events`: `stored` per block with its parent hash (the chain), `hit` per prefix lookup (`num_tokens` and
+  `num_blocks` hit, `reason` `readmission` after a preemption), `allocated` per allocation (`num_blocks`,
+  `num_tokens` = blocks x block size),
   `evicted` / `invalidated` per block and per session that owned it (`session_id` = the owner that lost it,
   `request_id` = the request whose allocation took it, `reason` = eviction or invalidation reason),
-  `preempted` (`num_tokens` = computed tokens thrown away), `cleared` on a prefix-cache reset.
+  `preempted` (`num_tokens` = computed tokens thrown away, `num_blocks` freed), `cleared` on a prefix-cache reset
+  (`num_blocks` dropped).
 - `requests`: one per finished request.
 - `snapshots`: one per session each time one of its requests finishes (blocks it has cached, from the request's
   output; evicted so far; lost in a tool pause, settled; lost while idle, still pending; hit tokens) and each time
@@ -122,11 +124,12 @@ class StoreRecorder:
                 tally = self._tally(event.session_id)
                 tally.query_tokens += event.query_tokens
                 tally.hit_tokens += event.hit_tokens
-        self._kv(event, KVEventKind.HIT, num_tokens=event.hit_tokens,
+        self._kv(event, KVEventKind.HIT, num_tokens=event.hit_tokens, num_blocks=event.hit_blocks,
                  reason=READMISSION if event.readmission else None)  # fmt: skip
 
     def _allocated(self, event: ev.BlocksAllocated) -> None:
-        self._kv(event, KVEventKind.ALLOCATED, num_tokens=len(event.block_ids) * self.block_size)
+        num = len(event.block_ids)
+        self._kv(event, KVEventKind.ALLOCATED, num_tokens=num * self.block_size, num_blocks=num)
 
     def _evicted(self, event: ev.BlockEvicted) -> None:
         """One row per owner that lost the block (`session_id` = that owner, `request_id` = who took it)."""
@@ -142,12 +145,13 @@ class StoreRecorder:
 
     def _preempted(self, event: ev.Preempted) -> None:
         self._preemptions += 1
-        self._kv(event, KVEventKind.PREEMPTED, num_tokens=event.num_computed_tokens_lost, reason=event.reason.value)
+        self._kv(event, KVEventKind.PREEMPTED, num_tokens=event.num_computed_tokens_lost,
+                 num_blocks=event.num_blocks_freed, reason=event.reason.value)  # fmt: skip
 
     def _cleared(self, event: ev.CacheCleared) -> None:
         self._evictions += event.num_blocks
         self._kv(event, KVEventKind.CLEARED, num_tokens=event.num_blocks * self.block_size,
-                 reason=event.eviction_reason.value)  # fmt: skip
+                 num_blocks=event.num_blocks, reason=event.eviction_reason.value)  # fmt: skip
 
     def _settled(self, event: ev.IdleLossesSettled) -> None:
         """Hindsight on a session's idle losses, and a snapshot that shows it."""

@@ -139,25 +139,46 @@ def _lifecycle(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
-    """One row per (ts, kind, reason, request): the blocks each block event touched, once however many owners."""
+    """One row per (ts, kind, reason, request), counting blocks: a block's own rows (a hash) once per distinct block
+    however many owners recorded it; an event without a hash (a hit, an allocation, a preemption, a reset) by the
+    blocks it covers (`num_blocks`; unknown, NaN, on rows stored before that column existed)."""
     if kv.empty:
         return pd.DataFrame(columns=EVENTS)
     frame = kv.assign(ms=(kv["ts"] * 1000).round(), key=kv["request_id"].fillna(""), why=kv["reason"].fillna(""))
+    if "num_blocks" not in frame:
+        frame["num_blocks"] = np.nan
     rows = []
     for (_, kind, why, rid), group in frame.groupby(["ms", "kind", "why", "key"], sort=False):
-        blocks = group["block_hash"].dropna().nunique() or len(group)
-        tokens = group.drop_duplicates("block_hash")["num_tokens"].sum(min_count=1)
+        blocks, tokens = _blocks_and_tokens(group)
         rid = rid or None
         taker = takers.get(rid) if rid else None
         rows.append({"ts": float(group["ts"].min()), "source": "kv", "kind": kind, "blocks": blocks,
                      "tokens": tokens, "request_id": rid, "by_session": taker,
-                     "what": _kv_text(kind, why, blocks, rid, taker, session_id)})  # fmt: skip
+                     "what": _kv_text(kind, why, blocks, tokens, rid, taker, session_id)})  # fmt: skip
     return pd.DataFrame(rows, columns=EVENTS)
 
 
-def _kv_text(kind: str, why: str, num: int, rid, taker, session_id: str) -> str:
+def _blocks_and_tokens(group: pd.DataFrame) -> tuple[float, float]:
+    """Blocks and tokens of one group of rows: distinct hashes for block rows, `num_blocks` for the others."""
+    per_block = group[group["block_hash"].notna()].drop_duplicates("block_hash")
+    covering = group[group["block_hash"].isna()]
+    blocks = float(len(per_block))
+    tokens = float(per_block["num_tokens"].sum())
+    if not covering.empty:
+        counts = pd.to_numeric(covering["num_blocks"], errors="coerce")
+        blocks = blocks + counts.sum() if counts.notna().all() else np.nan
+        tokens += float(covering["num_tokens"].sum())
+    return blocks, tokens if group["num_tokens"].notna().any() else np.nan
+
+
+def _kv_text(kind: str, why: str, num: float, tokens: float, rid, taker, session_id: str) -> str:
     reason = f" ({why})" if why else ""
-    blocks = f"{num} block" if num == 1 else f"{num} blocks"
+    if num != num:  # NaN: an event stored before events said how many blocks they cover
+        blocks = f"blocks ({int(tokens)} tokens)" if tokens == tokens else "blocks"
+    else:
+        blocks = f"{int(num)} block" if num == 1 else f"{int(num)} blocks"
+        if tokens == tokens and kind in (K.HIT.value, K.ALLOCATED.value, K.CLEARED.value):
+            blocks += f" ({int(tokens)} tokens)"
     if kind == K.EVICTED.value:
         who = "this session's own" if taker == session_id else f"session {taker}'s" if taker else "another"
         return f"{blocks} it had cached evicted{reason} to make room for {who} request {rid}"
@@ -166,9 +187,10 @@ def _kv_text(kind: str, why: str, num: int, rid, taker, session_id: str) -> str:
     if kind == K.INVALIDATED.value:
         return f"{blocks} it had cached invalidated{reason}"
     if kind == K.CLEARED.value:
-        return f"the whole prefix cache was reset{reason}"
+        return f"the whole prefix cache was reset{reason}: {blocks} dropped"
     if kind == K.PREEMPTED.value:
-        return f"request {rid} preempted{reason}: its blocks freed, to be recomputed"
+        lost = f"{int(tokens)} computed tokens" if tokens == tokens else "its computed tokens"
+        return f"request {rid} preempted{reason}: {blocks} freed, {lost} to recompute"
     if kind == K.HIT.value:
         return f"{blocks} found in the cache{reason} by request {rid}"
     if kind == K.STORED.value:

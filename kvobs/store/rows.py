@@ -119,6 +119,7 @@ class KVEventRecord(Record):
     reason: str | None = None
     medium: str | None = None
     first_owner: int | None = None  # 1 on one row per block event, 0 on further owners' rows, None without a block
+    num_blocks: int | None = None  # blocks an event without a block hash covers (hit, allocated, preempted, cleared)
 
 
 class KVEventColumns:

@@ -171,6 +171,9 @@ class KVEventRow(Base):
     # 1 on one row of each block event (the first owner's, when a lost block is recorded once per owning session),
     # 0 on the others, NULL on rows without a block: "blocks" is a sum, so rollups stay additive.
     first_owner: Mapped[int | None] = mapped_column(SmallInteger)
+    # The blocks an event without a block hash covers (a prefix hit, an allocation, a preemption, a reset); NULL on
+    # a block's own row (one block: `block_hash`), and on rows written before schema 0008 (unknown).
+    num_blocks: Mapped[int | None] = mapped_column(Integer)
 
 
 class KVEventMinuteRow(Base):

@@ -33,6 +33,23 @@ def test_every_step_has_a_story_agreeing_with_its_verdict(agent_run):
         assert "agent step" in lanes and ("tool pause" in lanes) == (story.pause is not None)
 
 
+def test_blocks_told_are_the_block_managers_own_counts(agent_run):
+    """A hit or an allocation covers several blocks: the story counts them as the block manager did (it once said
+    "1 block found in the cache" of a 10-block hit), and sizes its markers by them."""
+    counts = agent_run.engine_counts
+    checked = {"hit": 0, "allocated": 0}
+    for _, story in stories(agent_run):
+        low, high = story.span
+        for kind, engine in (("hit", counts.hits), ("allocated", counts.allocations)):
+            told = story.events[(story.events["source"] == "kv") & (story.events["kind"] == kind)]
+            for request_id, rows in told.groupby("request_id"):
+                own = [n for ts, rid, n in engine if rid == request_id and low <= ts <= high]
+                assert rows["blocks"].sum() == sum(own), (kind, request_id)
+                assert all(f"{int(n)} block" in what for n, what in zip(rows["blocks"], rows["what"]))
+                checked[kind] += int(sum(own) > len(own))  # a row that covers more than one block
+    assert checked["hit"] > 0 and checked["allocated"] > 0, checked
+
+
 def test_a_requests_lifecycle_is_told_in_order(agent_run):
     for _, story in stories(agent_run):
         for request in story.requests.itertuples():

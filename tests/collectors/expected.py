@@ -37,7 +37,8 @@ def request_intervals() -> dict[str, list[tuple[float, float]]]:
 
 
 def kv_outcome() -> dict:
-    """Rows per (kind, session), final resident blocks, blocks lost, and per session the removals while it was idle,
+    """Rows per (kind, session), final resident blocks, blocks lost, blocks each reset dropped, and per session the
+    removals while it was idle,
     by hindsight from the request spans: `pause` (a later request of the session exists) or `after_end` (none:
     every recorded session ended after its last step, as the agent SDK records)."""
     owners: dict[int, set] = {}
@@ -45,6 +46,7 @@ def kv_outcome() -> dict:
     lost: Counter = Counter()
     pause: Counter = Counter()
     after_end: Counter = Counter()
+    cleared_blocks: list[int] = []
     intervals = request_intervals()
     for ts, events in batches():
         for e in events:
@@ -62,9 +64,17 @@ def kv_outcome() -> dict:
                             (pause if any(a > ts for a, _ in spans) else after_end)[s] += 1
             elif e["type"] == "AllBlocksCleared":
                 rows[("cleared", None)] += 1
+                cleared_blocks.append(len(owners))  # each resident block once, however many sessions owned it
                 for sessions in owners.values():
                     for s in sessions:
                         lost[s] += 1
                 owners.clear()
     resident = Counter(s for sessions in owners.values() for s in sessions)
-    return {"rows": rows, "resident": resident, "lost": lost, "pause": pause, "after_end": after_end}
+    return {
+        "rows": rows,
+        "resident": resident,
+        "lost": lost,
+        "pause": pause,
+        "after_end": after_end,
+        "cleared_blocks": cleared_blocks,
+    }

