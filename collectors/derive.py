@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 from collectors.counters import CounterTracker
 from collectors.prom_text import Labels, ParsedMetrics
-from kvobs.semconv.metrics import ENGINE_LABELS, INCREASE_SUFFIX, kvobs_metrics, vllm
+from kvobs.semconv.metrics import COUNT_SUFFIX, ENGINE_LABELS, INCREASE_SUFFIX, SUM_SUFFIX, kvobs_metrics, vllm
 
 KNOWN = {spec.name: spec for spec in (*vars(vllm).values(), *vars(kvobs_metrics).values())}
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 HIT_RATE = "vllm:prefix_cache_hit_rate"
-INCREASE, COUNT, SUM = INCREASE_SUFFIX, ":count", ":sum"
+INCREASE, COUNT, SUM = INCREASE_SUFFIX, COUNT_SUFFIX, SUM_SUFFIX
 
 
 @dataclass

@@ -194,16 +194,18 @@ class KVIngest:
         return sum(len(times) for times in list(self._idle.values()))
 
     def snapshot(self, *, final: bool = False) -> int:
-        """Classify settled removals and write a footprint row per changed session; returns rows written."""
+        """Classify settled removals and write a footprint row per changed session, stamped with the stream's own
+        time (the latest batch's timestamp, as its events are); returns rows written."""
         now = self.clock()
         self._classify(now if final else now - self.settle_s)
+        stamp = self._latest_ts if self._latest_ts > float("-inf") else now
         changed, self._changed = self._changed, set()
         for session in sorted(changed):
             fp = self.chains.footprints.get(session)
             if fp is None:
                 continue
             self.writer.add(SnapshotRecord(
-                ts=now, instance=self.instance, session_id=session,
+                ts=stamp, instance=self.instance, session_id=session,
                 session_blocks=fp.resident,
                 session_evicted_blocks=fp.removed + fp.cleared,
                 session_evicted_idle_blocks=fp.removed_idle,

@@ -22,6 +22,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -68,8 +69,10 @@ class Scraper:
         interval_s: float = 5.0,
         timeout_s: float | None = None,
         max_body_bytes: int = MAX_SCRAPE_BYTES,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.targets = targets
+        self.clock = clock  # stamps each scrape (a replay gives the recorded scrape times)
         self.writer = writer
         self.drops = drops
         self.interval_s = interval_s
@@ -106,7 +109,7 @@ class Scraper:
 
     def scrape(self, target: ScrapeTarget) -> bool:
         """One scrape; True when it succeeded."""
-        now = time.time()
+        now = self.clock()
         self.num_scrapes += 1
         parsed, error = self._fetch(target)
         self._set_up(target, error, now)

@@ -14,6 +14,7 @@ from dashboard.series import fill_windows, per_window
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.chains import eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
+from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
 from kvobs.analytics.step_causes import failure_verdicts
 from kvobs.semconv.spans import KVEventKind
@@ -25,7 +26,7 @@ PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the lat
 FLEET_SERIES = {"usage_mean": ("KV cache usage", "pinned KV usage", "%"), "hit_rate": ("Hit rate", "hit rate", "%"),
                 "evictions_per_s": ("Blocks lost per second", "blocks / s", None),
                 "requests": ("Requests per window", "requests / window", None),
-                "ttft_p99": ("TTFT p99", "seconds", None)}  # fmt: skip
+                "ttft_mean": ("TTFT, mean of the window's requests", "seconds", None)}  # fmt: skip
 
 
 def observed_range(store: Store) -> tuple[float, float] | None:
@@ -184,16 +185,19 @@ def session_detail(store: Store, session_id: str) -> dict:
     steps = queries.steps(store, session_id=session_id)
     events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS, session_id=session_id)
     reqs = queries.requests(store, session_id=session_id)
+    rates = None
     if not steps.empty:
         first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
-        # requests by time, not by session: vLLM's carry no session id (the attribution matches them by trace)
-        reqs = queries.requests(store, first, last)
+        # requests by time, not by session: vLLM's carry no session id (the attribution matches them by trace);
+        # from the prefill rate's window before the first step
+        reqs = queries.requests(store, first - RATE_WINDOW_S, last)
+        rates = PrefillRates.from_store(store, first - RATE_WINDOW_S, last, requests=reqs)
         resets = queries.kv_events(store, first, last, kinds=[KVEventKind.CLEARED.value])
         events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
     snaps = queries.session_snapshots(store, session_id)
     return {
         "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
-        "steps": attribute_steps(steps, reqs, events) if not steps.empty else pd.DataFrame(),
+        "steps": attribute_steps(steps, reqs, events, rates=rates) if not steps.empty else pd.DataFrame(),
         "requests": reqs,
     }
 

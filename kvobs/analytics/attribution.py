@@ -1,10 +1,10 @@
 """Why did an agent step fail, and why did it get slow? Two questions, answered apart, with the store's evidence.
 
-    frame = attribute_steps(steps, requests, kv_events(store, kinds=ATTRIBUTION_KINDS))
+    frame = attribute_steps(steps, requests, kv_events(store, kinds=ATTRIBUTION_KINDS), rates=PrefillRates(...))
 
 A step's requests are those whose caller span is the step (`parent_span_id`), or, since the SDK's `chat` span sits
 between them, those of the step's session (or trace) that arrived while the step ran. What the KV record shows about
-a step (`causes`, checked in this order; `cause` is the first found):
+a step (`causes`, the facts found, in this order):
 
 - `invalidated`: the session's cached blocks were invalidated (or the whole cache cleared) between the session's
   previous request and the end of this step; evidence: the reasons.
@@ -12,43 +12,55 @@ a step (`causes`, checked in this order; `cause` is the first found):
   request's end and this step's first request (the tool pause); evidence: blocks and tokens lost.
 - `preempted`: a request of the step was preempted (recomputed); evidence: how often.
 - `queue_wait`: a request waited at least `queue_wait_s` before being scheduled.
-- `none`: nothing in the KV record explains it.
+
+Each fact comes with what it cost in seconds (`kvobs.analytics.latency_parts`: the step's latency split into queue,
+prefill, decode and the rest, the KV facts estimated at the instance's measured prefill rate,
+`kvobs.analytics.prefill_rates`). `cause` is the fact that cost the most time over the session's typical step
+(`none` when none cost any).
 
 `slow_cause`: is the step slow against its own session's typical step (its TTFT, or end-to-end time when it got no
 first token, above `slow_factor` x the median of the session's other steps, and at least `slow_min_s` above it;
-a session with one step is measured against every step in the frame)? Then the first KV cause, else `cold_prefix`
-when its requests found nothing cached, else `none` (slow for a reason the KV record does not show). A step that is
-not slow has slow cause `none`, whatever the cache did.
+a session with one step is measured against every step in the frame)? Then the part of its latency that explains
+most of the excess (`latency_parts.EXCESS_CAUSES`: `queue_wait`, `prefix_evicted_in_pause`, `invalidated`,
+`preempted`, `cold_prefix`, `long_prefill`, `long_decode`, `outside_server`), with its share in the evidence; else
+`none`. A step that is not slow has slow cause `none`, whatever the cache did.
 
 `failure_cause` (failed steps only): the error itself for model, output, tool or request errors (`invalid_response`,
 an HTTP status, a connection error): the cache does not make a model answer badly. Only a timeout is given a KV or
-queue cause, when one is found (else `timeout`). `failure_kind` groups them: `cache`, `queue` (the KV cause of a
-timeout), `timeout`, `model` (`invalid_response`), `request` (anything else).
+queue cause (`cause`), when one cost it time (else `timeout`). `failure_kind` groups them: `cache`, `queue` (the
+KV cause of a timeout), `timeout`, `model` (`invalid_response`), `request` (anything else).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Collection
 
 import numpy as np
 import pandas as pd
 
+from kvobs.analytics.latency_parts import ESTIMATES, EXCESS_CAUSES, PARTS, excess_words, explain_excess, server_parts
 from kvobs.analytics.medians import leave_one_out_medians
+from kvobs.analytics.prefill_rates import PrefillRates
+from kvobs.analytics.step_facts import Events, missing, step_facts
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(k.value for k in (KVEventKind.EVICTED, KVEventKind.REMOVED, KVEventKind.INVALIDATED,
                                             KVEventKind.CLEARED, KVEventKind.PREEMPTED))  # fmt: skip
 CAUSES = ("invalidated", "prefix_evicted_in_pause", "preempted", "queue_wait", "none")
-SLOW_CAUSES = ("invalidated", "prefix_evicted_in_pause", "preempted", "queue_wait", "cold_prefix", "none")
+SLOW_CAUSES = (*dict.fromkeys(cause for cause, _ in EXCESS_CAUSES.values()), "none")
 FAILURE_KINDS = ("cache", "queue", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
+# each fact's part of the excess (`latency_parts.explain_excess` candidates)
+_FACT_PART = {"invalidated": "invalidated", "prefix_evicted_in_pause": "lost", "preempted": "preempted",
+              "queue_wait": "queue"}  # fmt: skip
 COLUMNS = ["session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id",
            "span_id", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause", "preemptions",
            "invalidation_reasons", "max_queue_s", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause",
-           "failure_cause", "failure_kind"]  # fmt: skip
-_EVICTION_KINDS = (KVEventKind.EVICTED.value, KVEventKind.REMOVED.value)
+           "failure_cause", "failure_kind", "latency_s", "excess_s", *PARTS, *(f"typical_{p}" for p in PARTS),
+           *ESTIMATES, "prefill_rate", *(f"{part}_excess_s" for part in EXCESS_CAUSES), "dominant",
+           "dominant_share"]  # fmt: skip
 
 
 class _Requests:
@@ -57,11 +69,14 @@ class _Requests:
     def __init__(self, requests: pd.DataFrame) -> None:
         frame = self.frame = requests.sort_values("arrival_ts", kind="stable").reset_index(drop=True)
         self.arrival = frame["arrival_ts"].to_numpy(float)
+        self.first_token = frame["first_token_ts"].to_numpy(float)
         self.finished = frame["finished_ts"].to_numpy(float)
         self.queue = frame["queue_s"].to_numpy(float)
         self.preemptions = frame["num_preemptions"].fillna(0).to_numpy(float)
+        self.prompt = frame["prompt_tokens"].to_numpy(float)
         self.cached = frame["cached_tokens"].to_numpy(float)
         self.request_id = frame["request_id"].to_numpy(object)
+        self.instance = frame["instance"].to_numpy(object)
         self.by_span = _positions(frame["parent_span_id"])
         self.by_session = _positions(frame["session_id"])
         self.by_trace = _positions(frame["trace_id"])
@@ -78,21 +93,6 @@ class _Requests:
         return candidates[(arrival >= step.started_at) & (arrival <= ended)]
 
 
-class _Events:
-    """One session's KV events (or the instance-wide resets) in time order, sliced by (after, until] windows."""
-
-    def __init__(self, events: pd.DataFrame) -> None:
-        frame = events.sort_values("ts", kind="stable")
-        self.ts = frame["ts"].to_numpy(float)
-        self.kind = frame["kind"].to_numpy(object)
-        self.block_hash = frame["block_hash"].to_numpy(object)
-        self.num_tokens = frame["num_tokens"].to_numpy(float)
-        self.reason = frame["reason"].to_numpy(object)
-
-    def window(self, after: float, until: float) -> slice:
-        return slice(*np.searchsorted(self.ts, [after, until], side="right"))
-
-
 _NONE = np.empty(0, dtype=np.int64)
 
 
@@ -100,59 +100,63 @@ def _positions(column: pd.Series) -> dict:
     return {key: np.asarray(idx, dtype=np.int64) for key, idx in column.groupby(column, sort=False).indices.items()}
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
-
-
-def _distinct_hashes(hashes) -> set:
-    return {h for h in hashes if not _missing(h)}
-
-
 def attribute_steps(
     steps: pd.DataFrame,
     requests: pd.DataFrame,
     events: pd.DataFrame,
     *,
+    rates: PrefillRates | None = None,
     queue_wait_s: float = 1.0,
     slow_factor: float = 1.5,
     slow_min_s: float = 0.1,
     failed_only: bool = False,
     error_types: Collection[str] | None = None,
 ) -> pd.DataFrame:
-    """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`. `failed_only`: rows of
-    failed steps only (of `error_types`, when given), the others read just for what a failed step needs (its
-    session's typical latency, the end of the step before it), which spares the KV analysis of every other step."""
-    rows = []
+    """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`; `rates`: the instances'
+    measured prefill rates (default: from `requests`, which then should reach `prefill_rates.RATE_WINDOW_S` before
+    the first step). `failed_only`: rows of failed steps only (of `error_types`, when given), the others read just
+    for what a failed step needs (its session's typical step, the end of the step before it), which spares the KV
+    analysis of every other step."""
     steps = steps.assign(wanted=attributed_mask(steps, error_types))
     reqs = _Requests(requests)
-    empty = _Events(events.iloc[0:0])
-    by_session = {sid: _Events(group) for sid, group in events.groupby("session_id")} if not events.empty else {}
-    resets = _Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty
-    preempted = Counter(events.loc[events["kind"] == KVEventKind.PREEMPTED.value, "request_id"]) if not events.empty \
-        else Counter()  # fmt: skip
+    rates = PrefillRates(requests) if rates is None else rates
+    empty = Events(events.iloc[0:0])
+    by_session = {sid: Events(group) for sid, group in events.groupby("session_id")} if not events.empty else {}
+    resets = Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty
+    preempted = defaultdict(list)  # request id -> (ts, computed tokens lost) of each preemption
+    if not events.empty:
+        rows = events[events["kind"] == KVEventKind.PREEMPTED.value]
+        for rid, ts, tokens in zip(rows["request_id"], rows["ts"], rows["num_tokens"].astype(float)):
+            preempted[rid].append((ts, 0.0 if tokens != tokens else tokens))
     in_order = steps.sort_values(["session_id", "step_index"], kind="stable").reset_index(drop=True)
-    typical = _typical(in_order, _step_latency(in_order)).to_numpy(float)  # from every step, attributed or not
-    if failed_only:
-        typical = typical[in_order["wanted"].to_numpy(bool)]
     in_order = in_order.astype({c: object for c in in_order.columns if pd.api.types.is_string_dtype(in_order[c])})
-    in_order = in_order.itertuples(index=False)  # from numpy objects: iterating Arrow strings costs ~1 us a value
-    for session_id, session_steps in itertools.groupby(in_order, key=lambda step: step.session_id):
+    latency = _step_latency(in_order).to_numpy(float)
+    parts, rows = [], []  # parts of every step (its session's typical step needs them); rows of the attributed
+    for session_id, session_steps in itertools.groupby(
+        zip(in_order.itertuples(index=False), latency), key=lambda item: item[0].session_id
+    ):  # from numpy objects: iterating Arrow strings costs ~1 us a value
         session_events = by_session.get(session_id, empty)
         previous_end = None
-        ordered = list(session_steps)
-        wanted = [bool(step.wanted) for step in ordered] + [False]
-        for i, step in enumerate(ordered):
-            if failed_only and not wanted[i] and not wanted[i + 1]:
-                continue  # neither attributed nor needed for where the next one's pause begins
+        for step, step_latency in session_steps:
             sent = reqs.of_step(step)
-            if not failed_only or wanted[i]:
-                rows.append(_attribute(step, reqs, sent, previous_end, session_events, resets, preempted,
-                                       queue_wait_s))  # fmt: skip
+            by_ttft = pd.notna(step.ttft_s)
+            own = server_parts(step_latency, by_ttft, reqs.queue[sent], reqs.arrival[sent], reqs.first_token[sent],
+                               reqs.finished[sent])  # fmt: skip
+            parts.append(own)
+            if not failed_only or step.wanted:
+                rows.append(step_facts(step, step_latency, own, reqs, sent, previous_end, session_events, resets,
+                                       preempted, rates, queue_wait_s))  # fmt: skip
             ends = reqs.finished[sent]
             ends = ends[~np.isnan(ends)]
             previous_end = ends.max() if len(ends) else (step.ended_at if pd.notna(step.ended_at) else None)
-    frame = pd.DataFrame(rows, columns=COLUMNS).astype({"max_queue_s": float, "cached_tokens": float})
-    return _verdicts(frame, typical, slow_factor, slow_min_s) if not frame.empty else frame
+    floats = {"max_queue_s": float, "cached_tokens": float, "prefill_rate": float, **dict.fromkeys(ESTIMATES, float)}
+    frame = pd.DataFrame(rows).astype(floats) if rows else pd.DataFrame()
+    if frame.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    keep = in_order["wanted"].to_numpy(bool) if failed_only else np.ones(len(in_order), bool)
+    measured = pd.DataFrame(parts, index=in_order.index).assign(latency_s=latency)
+    typical = {c: _typical(in_order, measured[c]).to_numpy(float)[keep] for c in ("latency_s", *PARTS)}
+    return _verdicts(frame, typical, slow_factor, slow_min_s)
 
 
 def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = None) -> pd.Series:
@@ -162,106 +166,82 @@ def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = N
 
 
 def _step_latency(frame: pd.DataFrame) -> pd.Series:
-    """What a step's slowness is measured by: its TTFT (what the cache changes), else its end-to-end time."""
-    return frame["ttft_s"].astype(float).fillna(frame["e2e_s"].astype(float))
+    """What a step's slowness is measured by: its TTFT (what the cache changes), else its end-to-end time (recorded,
+    else from its start and end)."""
+    e2e = frame["e2e_s"].astype(float).fillna(frame["ended_at"].astype(float) - frame["started_at"].astype(float))
+    return frame["ttft_s"].astype(float).fillna(e2e)
 
 
-def _typical(frame: pd.DataFrame, latency: pd.Series) -> pd.Series:
-    """Per step: the median latency of the session's other steps (every step's, for a session of one)."""
-    overall = latency.median()
-    typical = pd.Series(overall, index=frame.index, dtype=float)
+def _typical(frame: pd.DataFrame, values: pd.Series) -> pd.Series:
+    """Per step: the median of the session's other steps' `values` (every step's, for a session of one)."""
+    values = values.astype(float)
+    typical = pd.Series(values.median(), index=frame.index, dtype=float)
     for _, index in frame.groupby("session_id").groups.items():
         if len(index) > 1:
-            typical[index] = leave_one_out_medians(latency[index].to_numpy(dtype=float))
+            typical[index] = leave_one_out_medians(values[index].to_numpy(dtype=float))
     return typical
 
 
-def _verdicts(frame: pd.DataFrame, typical: np.ndarray, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
-    """`typical`: each row's typical latency (`_typical` over every step of its session, attributed or not)."""
-    latency = _step_latency(frame).to_numpy(float)
-    frame["typical_s"] = typical
-    frame["slow"] = (latency > typical * slow_factor) & (latency - typical >= slow_min_s)
-    cold = frame["cached_tokens"].fillna(0).eq(0) & frame["num_requests"].gt(0)
-    cause = frame["cause"].to_numpy(object)
-    slow_cause = np.where(cause == "none", np.where(cold.to_numpy(bool), "cold_prefix", "none"), cause)
-    frame["slow_cause"] = np.where(frame["slow"].to_numpy(bool), slow_cause, "none").astype(object)
+def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
+    """The slow and failure verdicts from each row's parts and their typical values (`_typical` over every step of
+    its session, attributed or not)."""
+    frame = explain_excess(frame, typical)
+    latency, typical_s = frame["latency_s"].to_numpy(float), typical["latency_s"]
+    frame["typical_s"] = typical_s
+    for part in PARTS:
+        frame[f"typical_{part}"] = typical[part]
+    frame["slow"] = (latency > typical_s * slow_factor) & (latency - typical_s >= slow_min_s)
+    dominant = frame["dominant"].to_numpy(object)
+    slow = frame["slow"].to_numpy(bool)
+    _queue_as_fact(frame, typical["queue_s"], slow_min_s)
+    frame["slow_cause"] = [EXCESS_CAUSES[d][0] if s and d is not None else "none" for s, d in zip(slow, dominant)]
+    frame["cause"] = [_costliest(row) for row in frame[["causes", *(f"{p}_excess_s" for p in _FACT_PART.values())]]
+                      .itertuples(index=False)]  # fmt: skip
+    frame["evidence"] = [
+        "; ".join([excess_words(row, t)] + facts) if s and row["dominant"] is not None else "; ".join(facts)
+        for row, t, s, facts in zip(frame.to_dict("records"), typical_s, slow, frame["facts"])
+    ]
     failed = (frame["status"] == StepStatus.ERROR.value).to_numpy(bool)
     failure_cause, failure_kind = np.full(len(frame), None, dtype=object), np.full(len(frame), None, dtype=object)
+    cause = frame["cause"].to_numpy(object)
     for i, error in zip(np.flatnonzero(failed), frame["error_type"].to_numpy(object)[failed]):
         failure_cause[i], failure_kind[i] = failure_verdict(error, cause[i])
     frame["failure_cause"], frame["failure_kind"] = failure_cause, failure_kind
-    return frame
+    return frame[COLUMNS]
+
+
+def _queue_as_fact(frame: pd.DataFrame, typical_queue: np.ndarray, slow_min_s: float) -> None:
+    """A queue wait shorter than `queue_wait_s` is a fact too when it cost at least `slow_min_s` over the session's
+    typical queue: a 0.75 s wait is what made a 0.16 s step take 1 s."""
+    extra = frame["queue_excess_s"].to_numpy(float) >= slow_min_s
+    for i in np.flatnonzero(extra & ~frame["causes"].str.contains("queue_wait").to_numpy(bool)):
+        causes = frame.at[i, "causes"]
+        frame.at[i, "causes"] = "queue_wait" if causes == "none" else f"{causes},queue_wait"
+        frame.at[i, "facts"] = [*frame.at[i, "facts"], f"waited {frame.at[i, 'queue_s']:.2f} s in the queue "
+                                f"(typically {typical_queue[i]:.2f} s)"]  # fmt: skip
+
+
+def _costliest(row) -> str:
+    """Of the facts found, the one whose part of the excess is largest and positive (unknown costs count as
+    possible, after known ones); `none` when no fact cost the step any time over its typical step."""
+    found = [c for c in row[0].split(",") if c in _FACT_PART]
+    costs = dict(zip(_FACT_PART.values(), row[1:]))
+    known = [(costs[_FACT_PART[c]], c) for c in found if costs[_FACT_PART[c]] == costs[_FACT_PART[c]]]
+    positive = [(cost, c) for cost, c in known if cost > 0]
+    if positive:
+        return max(positive, key=lambda item: (item[0], -found.index(item[1])))[1]
+    unknown = [c for c in found if costs[_FACT_PART[c]] != costs[_FACT_PART[c]]]
+    return unknown[0] if unknown else "none"
 
 
 def failure_verdict(error_type, kv_cause: str) -> tuple[str, str]:
     """A failed step's cause and kind: only a timeout is blamed on the cache or the queue."""
-    error = "unknown" if _missing(error_type) else str(error_type)
+    error = "unknown" if missing(error_type) else str(error_type)
     if error == StepErrorType.TIMEOUT.value:
         if kv_cause == "none":
             return error, "timeout"
         return kv_cause, "queue" if kv_cause == "queue_wait" else "cache"
     return error, "model" if error in MODEL_ERRORS else "request"
-
-
-def _attribute(step, reqs: _Requests, sent, previous_end, session_events: _Events, resets: _Events,
-               preempted: Counter, queue_wait_s: float) -> dict:  # fmt: skip
-    first_arrival = reqs.arrival[sent].min() if len(sent) else step.started_at
-    step_end = step.ended_at if pd.notna(step.ended_at) else first_arrival
-    causes, evidence = [], []
-
-    reasons: list[str] = []
-    if previous_end is not None:
-        window = session_events.window(previous_end, step_end)
-        invalidated = session_events.kind[window] == KVEventKind.INVALIDATED.value
-        reset_reasons = resets.reason[resets.window(previous_end, step_end)]
-        reasons = sorted({r for r in session_events.reason[window][invalidated] if not _missing(r)}
-                         | {str(r) for r in reset_reasons if not _missing(r)})  # fmt: skip
-        if invalidated.any() or len(reset_reasons):
-            causes.append("invalidated")
-            blocks = len(_distinct_hashes(session_events.block_hash[window][invalidated]))
-            evidence.append(f"cache invalidated ({', '.join(reasons) or 'reset'}): {blocks} of its blocks")
-
-    lost_blocks = lost_tokens = 0
-    if previous_end is not None:
-        pause = session_events.window(previous_end, first_arrival)
-        evicted = np.isin(session_events.kind[pause], _EVICTION_KINDS)
-        seen = set()
-        for block_hash, tokens in zip(
-            session_events.block_hash[pause][evicted], session_events.num_tokens[pause][evicted]
-        ):
-            key = None if _missing(block_hash) else block_hash
-            if key not in seen:  # one count per block, however many rows (owners) recorded its loss
-                seen.add(key)
-                lost_tokens += 0 if np.isnan(tokens) else int(tokens)
-        lost_blocks = len(seen - {None})
-        if lost_blocks:
-            causes.append("prefix_evicted_in_pause")
-            evidence.append(f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the "
-                            f"{first_arrival - previous_end:.2f} s pause before it")  # fmt: skip
-
-    preemptions = int(reqs.preemptions[sent].sum())
-    if preempted and len(sent):
-        preemptions = max(preemptions, sum(preempted[rid] for rid in set(reqs.request_id[sent])))
-    if preemptions:
-        causes.append("preempted")
-        evidence.append(f"preempted {preemptions} time{'s' if preemptions > 1 else ''} (recomputed)")
-
-    queue = reqs.queue[sent]
-    queue = queue[~np.isnan(queue)]
-    max_queue = float(queue.max()) if len(queue) else None
-    if max_queue is not None and max_queue >= queue_wait_s:
-        causes.append("queue_wait")
-        evidence.append(f"waited {max_queue:.2f} s in the queue")
-
-    return {
-        "session_id": step.session_id, "step_index": step.step_index, "status": step.status,
-        "error_type": step.error_type, "started_at": step.started_at, "e2e_s": step.e2e_s, "ttft_s": step.ttft_s,
-        "trace_id": step.trace_id, "span_id": step.span_id, "cause": causes[0] if causes else "none",
-        "causes": ",".join(causes) or "none", "evidence": "; ".join(evidence),
-        "blocks_lost_in_pause": lost_blocks, "tokens_lost_in_pause": lost_tokens, "preemptions": preemptions,
-        "invalidation_reasons": ",".join(reasons), "max_queue_s": max_queue, "num_requests": len(sent),
-        "cached_tokens": float(np.nansum(reqs.cached[sent])) if len(sent) else None,
-    }  # fmt: skip
 
 
 def step_requests(requests: pd.DataFrame, steps: pd.DataFrame) -> list[pd.DataFrame]:

@@ -6,8 +6,8 @@
 
 Pressure: pinned usage (vLLM's `kv_cache_usage_perc`), resident cached blocks, blocks lost per second (evicted,
 invalidated or removed), preemptions (increase of the instances' cumulative counts). Latency: TTFT, inter-token
-latency and queue time of the requests that *arrived* in the window, p50, p90 and p99, each only for a window with
-enough requests for it (`kvobs.analytics.samples`: p99 needs 100); `requests` says how many.
+latency and queue time of the requests that *arrived* in the window: the mean, and p50, p90 and p99, each only for a
+window with enough requests for it (`kvobs.analytics.samples`: p99 needs 100); `requests` says how many.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def pressure_windows(
         grouped = reqs.groupby("window")
         latency = {"requests": grouped.size()}
         for name in LATENCIES:
+            latency[f"{name}_mean"] = grouped[name].mean()  # defined for one request: its own
             for label, q in QUANTILES.items():
                 latency[f"{name}_{label}"] = grouped_quantile(grouped[name], q)
         parts.append(pd.DataFrame(latency))

@@ -19,6 +19,7 @@ from collections.abc import Collection
 import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, attributed_mask, failure_verdict
+from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 from kvobs.store import queries
 from kvobs.store.db import Store
@@ -45,8 +46,9 @@ def step_causes(
         steps = steps[steps["session_id"].isin(set(steps.loc[steps["wanted"], "session_id"]))]
     if steps.empty:
         return pd.DataFrame(columns=COLUMNS)
-    start = None if since is None else since - LOOKBACK_S
+    start = None if since is None else since - LOOKBACK_S  # >= prefill_rates.RATE_WINDOW_S
     reqs = queries.requests(store, start, until)
+    rates = PrefillRates.from_store(store, start, until, requests=reqs)
     if failed_only:
         cleared = KVEventKind.CLEARED.value
         events = pd.concat([queries.session_events(store, _failed_step_windows(steps, until),
@@ -56,7 +58,7 @@ def step_causes(
         events = queries.kv_events(store, start, until, kinds=ATTRIBUTION_KINDS)
         sessions = set(steps["session_id"])
         events = events[events["session_id"].isin(sessions) | (events["kind"] == KVEventKind.CLEARED.value)]
-    return attribute_steps(steps, reqs, events, failed_only=failed_only, error_types=error_types)
+    return attribute_steps(steps, reqs, events, rates=rates, failed_only=failed_only, error_types=error_types)
 
 
 def failure_verdicts(store: Store, since: float | None, until: float | None) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
+from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store import queries
 from kvobs.store.db import Store
@@ -53,7 +54,8 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
         return None
     i = int(position[0])
     first, last = float(steps["started_at"].min()), _end(steps)
-    reqs = queries.requests(store, first, last)
+    reqs = queries.requests(store, first - RATE_WINDOW_S, last)  # from before: the prefill rate's window
+    rates = PrefillRates.from_store(store, first - RATE_WINDOW_S, last, requests=reqs)
     sent = step_requests(reqs, steps)
     # The KV events this step's verdict and story can involve: from the start of the step before it (its tool pause
     # begins when that step's requests end, never earlier) to its end; not the session's whole history.
@@ -62,7 +64,7 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
     session_kv = queries.kv_events(store, low, high, session_id=session_id)
     resets = queries.kv_events(store, low, high, kinds=[K.CLEARED.value])
     attributed = attribute_steps(steps, reqs, pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)],
-                                                         resets]))  # fmt: skip
+                                                         resets]), rates=rates)  # fmt: skip
     step = steps.iloc[i]
     verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()
     mine = sent[i]

@@ -26,8 +26,10 @@ LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
 LABEL_TABLE = "table"  # a store table
 
-# `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`.
+# `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`; of a
+# histogram's count and sum increases: `<name>:count`, `<name>:sum`.
 INCREASE_SUFFIX = ":increase"
+COUNT_SUFFIX, SUM_SUFFIX = ":count", ":sum"
 ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
 
 FINISHED_ABORT = "abort"

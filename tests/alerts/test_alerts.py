@@ -174,4 +174,5 @@ def test_cli_tells_each_transition_once(vllm_run, tmp_path):
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     told = [line for line in (done.stdout + done.stderr).splitlines() if "Storm" in line]
-    assert len(told) == 1 and told[0].startswith("firing")  # one line, not a log line and a table line
+    # one transition line (not a log line and a table line), then what fires now
+    assert len(told) == 2 and told[0].startswith("firing ") and told[1] == "firing now: Storm (vllm-cpu)"

@@ -108,33 +108,6 @@ def test_failures_keep_their_own_error_and_only_timeouts_take_a_kv_cause(agent_r
     assert (frame.loc[~frame["slow"], "slow_cause"] == "none").all()
 
 
-def test_a_model_error_after_a_pause_that_lost_the_prefix_fails_for_the_model_and_is_slow_for_the_cache(agent_run):
-    """Scripted on a real session's rows: its second step lost its prefix in the tool pause before it, took four
-    times its usual TTFT, and then failed with invalid_response. It failed because of the model; it was slow
-    because of the eviction."""
-    store = agent_run.store
-    steps = queries.steps(store).sort_values(["session_id", "step_index"])
-    session = steps.groupby("session_id").size().idxmax()
-    mine = steps[steps["session_id"] == session].copy()
-    reqs = queries.requests(store, session_id=session)
-    first, second = reqs.iloc[0], reqs.iloc[1]
-    gap_ts = (first["finished_ts"] + second["arrival_ts"]) / 2
-    lost = pd.DataFrame([{"ts": gap_ts, "instance": "engine-test", "kind": "evicted", "block_hash": 1000 + i,
-                          "parent_hash": None, "num_tokens": 16, "session_id": session, "request_id": "other",
-                          "reason": "capacity", "medium": "CPU"} for i in range(3)])  # fmt: skip
-    others = mine[mine["step_index"] != 1]
-    typical = others["ttft_s"].astype(float).fillna(others["e2e_s"].astype(float)).median()  # what the analysis uses
-    mine.loc[mine["step_index"] == 1, ["status", "error_type", "ttft_s"]] = ["error", "invalid_response", 4 * typical]
-    frame = attribute_steps(mine, reqs, lost).set_index("step_index")
-    step = frame.loc[1]
-    assert step["blocks_lost_in_pause"] == 3 and step["cause"] == "prefix_evicted_in_pause"
-    assert (step["failure_cause"], step["failure_kind"]) == ("invalid_response", "model")
-    assert bool(step["slow"]) and step["slow_cause"] == "prefix_evicted_in_pause"
-    mine.loc[mine["step_index"] == 1, "error_type"] = "timeout"  # the same step timing out instead
-    timed_out = attribute_steps(mine, reqs, lost).set_index("step_index").loc[1]
-    assert (timed_out["failure_cause"], timed_out["failure_kind"]) == ("prefix_evicted_in_pause", "cache")
-
-
 @pytest.mark.parametrize("run", ["agent_run", "vllm_run"])
 def test_the_failure_table_reads_few_events_and_finds_what_the_full_analysis_finds(run, request):
     """`failed_only` (the Overview) reads only the events around failed steps and attributes only them; each failed

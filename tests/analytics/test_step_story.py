@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.analytics.step_story import step_story
 from kvobs.store import queries
 
@@ -84,7 +85,10 @@ def test_vllm_steps_find_their_requests_by_trace_and_say_removals_name_no_taker(
     told = stories(vllm_run)
     store = vllm_run.store  # each story reads only its step's window, and still gives the whole run's verdict
     verdicts = attribute_steps(
-        queries.steps(store), queries.requests(store), queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+        queries.steps(store),
+        queries.requests(store),
+        queries.kv_events(store, kinds=ATTRIBUTION_KINDS),
+        rates=PrefillRates.from_store(store, None, None),  # vLLM's rate: from its scraped counters
     ).set_index(["session_id", "step_index"])
     for step, story in told:
         verdict = verdicts.loc[(step.session_id, step.step_index)]

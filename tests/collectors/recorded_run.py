@@ -4,6 +4,7 @@ and, as a store built from a real vLLM, by the analytics, alert and dashboard te
 
 from __future__ import annotations
 
+import itertools
 from contextlib import ExitStack, contextmanager
 
 import httpx
@@ -26,9 +27,14 @@ def record_agent_steps(store) -> None:
     writer = StoreWriter(store)
     ended: dict[str, float] = {}
     for step in agent_steps():
+        usage = step["usage"] or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         writer.add(StepRecord(session_id=step["session"], step_index=step["step"], trace_id=step["trace_id"],
                               span_id=step["span_id"], started_at=step["start"], ended_at=step["end"],
-                              status="ok" if step["ok"] else "error"))  # fmt: skip
+                              status="ok" if step["ok"] else "error", e2e_s=step["end"] - step["start"],
+                              error_type=None if step["ok"] else "400",  # the fixture README: HTTP 400
+                              prompt_tokens=usage.get("prompt_tokens"), cached_tokens=cached,
+                              completion_tokens=usage.get("completion_tokens")))  # fmt: skip
         ended[step["session"]] = max(ended.get(step["session"], 0.0), step["end"])
     for session, end in ended.items():
         writer.upsert(SessionRecord(session, source=SessionSource.SDK.value, ended_at=end))
@@ -42,7 +48,8 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",)):
     Several `replicas` make a fleet behind one collector: each has its own /metrics and KV-event stream; the first
     plays the whole recording, each later one its second half (a replica started later, whose /metrics answers 503
     once its scrapes run out: it went down); the OTLP bodies are dealt out among them in turn, each tagged with its
-    replica's `service.instance.id`, as `OTEL_RESOURCE_ATTRIBUTES` would."""
+    replica's `service.instance.id`, as `OTEL_RESOURCE_ATTRIBUTES` would. Every row keeps its recorded time:
+    each scrape is stamped with the time it was recorded at, as the KV events and spans carry theirs."""
     record_agent_steps(store)
     half = len(kv_messages()) // 2
     plays = [(kv_messages(), scrapes())] + [(kv_messages()[half:], scrapes()[len(scrapes()) // 2 :])] * (
@@ -57,6 +64,7 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",)):
             kv_events_bind=True, otlp_http="127.0.0.1:0", interval_s=3600,
         )  # fmt: skip
         collector = Collector(options, store=store)
+        collector.scraper.clock = _recorded_clock([[ts for ts, _ in scraped] for _, scraped in plays])
         collector.start()
         try:
             for port, (messages, _) in zip(ports, plays):  # vLLM connected to us when recorded
@@ -76,6 +84,20 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",)):
         finally:
             collector.stop()
         yield collector
+
+
+def _recorded_clock(times: list[list[float]]):
+    """The scraper's clock over a replay: scrapes go round the replicas in order, and the k-th scrape of a replica
+    is stamped with its k-th recorded time (after its recording ran out, 2 s a round later: it is down)."""
+    rounds = itertools.count()
+
+    def clock() -> float:
+        n = next(rounds)
+        replica, k = n % len(times), n // len(times)
+        recorded = times[replica]
+        return recorded[k] if k < len(recorded) else recorded[-1] + 2.0 * (k - len(recorded) + 1)
+
+    return clock
 
 
 def _exported_by(body: bytes, instance: str) -> bytes:

@@ -1,0 +1,136 @@
+"""Slow causes weighed by what they cost, on scripted runs of the real engine whose truth is known.
+
+Session A builds a long context over three steps (the first cold, the next two hitting the cache), pauses, and
+meanwhile session B's request needs the room and evicts most of A's cached prefix. Then A's fourth step:
+- `prefix_lost`: B has finished when A comes back: A's step waits for nothing and recomputes the lost prefix;
+- `queue_behind`: the engine runs one request at a time and B is still decoding a long reply when A comes back:
+  A's step waits seconds in the queue, then recomputes the same lost prefix in a fraction of a second.
+Both steps lost their prefix in the pause; only the first was slow because of it. The verdict must say so, with the
+recompute estimate close to the prefill time the loss really added.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from instrumented_engine.observers.store import StoreRecorder
+from instrumented_engine.sampling_params import SamplingParams
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.analytics.prefill_rates import PrefillRates
+from kvobs.analytics.step_causes import step_causes
+from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store.rows import StepRecord
+
+BLOCK = 16
+CONTEXT = [200 + (i * 7) % 5000 for i in range(400)]  # A's context: 25 blocks
+OTHER = [6000 + (i * 11) % 3000 for i in range(480)]  # B's prompt: nothing in common with A's
+
+
+def _run(make_llm, tmp_path, *, queue_behind: bool):
+    llm = make_llm(num_blocks=44, block_size=BLOCK, max_model_len=640,
+                   max_num_seqs=1 if queue_behind else 8)  # fmt: skip
+    engine = llm.engine
+    store = open_store(f"sqlite:///{tmp_path / 'run.db'}")
+    writer = StoreWriter(store)
+    recorder = StoreRecorder(writer, instance="scripted", block_size=BLOCK, medium="CPU")
+    outputs = {}
+
+    def step() -> None:
+        result = engine.step()
+        recorder.on_step(result)
+        for out in result.outputs:
+            if out.finished:
+                outputs[out.request_id] = out
+
+    def request(rid: str, session: str, tokens: list[int], max_tokens: int) -> None:
+        engine.add_request(tokens, SamplingParams(temperature=0, max_tokens=max_tokens), request_id=rid,
+                           session_id=session)  # fmt: skip
+
+    def finish() -> None:
+        while engine.has_unfinished_requests():
+            step()
+
+    context = list(CONTEXT)
+    for i in range(3):  # A's first three steps: cold, then its prefix hits
+        request(f"a{i}", "A", context, 4)
+        finish()
+        context = context + outputs[f"a{i}"].output_token_ids + [300 + i] * 12
+    request("b", "B", OTHER, 120 if queue_behind else 4)  # B needs the room A left cached
+    if queue_behind:
+        for _ in range(6):  # B admitted and decoding when A comes back
+            step()
+    else:
+        finish()
+    request("a3", "A", context, 4)
+    finish()
+    for i in range(4):  # A's steps as its agent saw them: started when it sent the request, ended at the reply
+        out = outputs[f"a{i}"]
+        writer.add(StepRecord(session_id="A", step_index=i, started_at=out.arrival_ts, ended_at=out.finished_ts,
+                              status="ok", ttft_s=out.first_token_ts - out.arrival_ts,
+                              e2e_s=out.finished_ts - out.arrival_ts))  # fmt: skip
+    writer.close()
+    return store, outputs
+
+
+@pytest.fixture(scope="module", params=["prefix_lost", "queue_behind"])
+def scripted(request, make_llm, tmp_path_factory):
+    store, outputs = _run(
+        make_llm, tmp_path_factory.mktemp(request.param), queue_behind=request.param == "queue_behind"
+    )
+    frame = step_causes(store, None, None).set_index("step_index")
+    return request.param, store, outputs, frame
+
+
+def test_both_scripts_lost_the_prefix_in_the_pause(scripted):
+    name, store, outputs, frame = scripted
+    last = frame.loc[3]
+    assert last["blocks_lost_in_pause"] >= 10  # B evicted most of A's cached context while A was idle
+    assert "prefix_evicted_in_pause" in last["causes"].split(",")
+    assert outputs["a3"].num_cached_tokens < outputs["a2"].num_cached_tokens  # it really recomputed
+
+
+def test_the_slow_cause_is_the_part_that_cost_the_time(scripted):
+    name, store, outputs, frame = scripted
+    last = frame.loc[3]
+    a3 = queries.requests(store).set_index("request_id").loc["a3"]
+    assert bool(last["slow"])
+    if name == "prefix_lost":
+        assert a3["queue_s"] < 0.05  # truth: nothing to wait for
+        assert last["slow_cause"] == "prefix_evicted_in_pause"
+        assert last["evidence"].startswith("slow: recomputing the prefix lost in the tool pause: ")
+    else:
+        assert a3["queue_s"] > 1.0  # truth: it waited behind B's reply
+        assert last["slow_cause"] == "queue_wait" and last["cause"] == "queue_wait"
+        assert last["evidence"].startswith("slow: waiting in the queue: ")
+        assert last["lost_recompute_s"] < 0.5 * a3["queue_s"]  # the loss was real, and cost far less
+    assert "to recompute at" in last["evidence"] and "tokens/s" in last["evidence"]  # the measured rate, said
+
+
+def test_the_recompute_estimate_is_close_to_the_prefill_the_loss_added(scripted):
+    """The estimate comes from the instance's measured prefill cost; the truth is what A's prefill took beyond the
+    prefill of its earlier cache-hitting steps."""
+    name, store, outputs, frame = scripted
+    last = frame.loc[3]
+    reqs = queries.requests(store).set_index("request_id")
+    prefill = reqs["first_token_ts"] - (reqs["arrival_ts"] + reqs["queue_s"])
+    added = prefill["a3"] - prefill[["a1", "a2"]].mean()
+    assert added > 0.02
+    assert 0.4 * added <= last["lost_recompute_s"] <= 2.5 * added, (last["lost_recompute_s"], added)
+
+
+def test_a_model_error_after_the_lost_prefix_fails_for_the_model_and_is_slow_for_the_cache(scripted):
+    """The same step failing: with invalid_response it failed because of the model and was slow because of what cost
+    it time; timing out instead, the part that cost the time is its failure cause."""
+    name, store, outputs, frame = scripted
+    steps, reqs = queries.steps(store), queries.requests(store)
+    events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+    rates = PrefillRates(reqs)
+    for error, cause, kind in (
+        ("invalid_response", "invalid_response", "model"),
+        ("timeout", frame.loc[3, "slow_cause"], "queue" if name == "queue_behind" else "cache"),
+    ):
+        failed = steps.assign(status=["error" if i == 3 else "ok" for i in steps["step_index"]],
+                              error_type=[error if i == 3 else None for i in steps["step_index"]])  # fmt: skip
+        row = attribute_steps(failed, reqs, events, rates=rates).set_index("step_index").loc[3]
+        assert (row["failure_cause"], row["failure_kind"]) == (cause, kind)
+        assert row["slow_cause"] == frame.loc[3, "slow_cause"]  # slow for the same reason either way
