@@ -231,14 +231,9 @@ class EngineServer:
         return f"http://{self.options.host}:{port}"
 
     def run(self) -> None:
-        """Serve until interrupted (Ctrl-C / SIGTERM), then stop the engine and flush events.
-
-        uvicorn re-raises the signal it caught once it has shut down; the handlers installed here
-        receive it, so a graceful stop ends the process with status 0.
-
-        Raises:
-            OSError: HTTP could not listen (the engine is stopped and the store flushed first).
-        """
+        """Serve until interrupted (Ctrl-C / SIGTERM), then stop the engine and flush events. uvicorn re-raises the
+        signal it caught once it has shut down; the handlers installed here receive it, so a graceful stop ends the
+        process with status 0. Raises `OSError` when HTTP cannot listen (the engine stopped, the store flushed)."""
         self._uvicorn = self._make_uvicorn()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: log.debug("signal %d after shutdown", signum))
@@ -247,9 +242,8 @@ class EngineServer:
         except SystemExit:  # uvicorn exits when it cannot listen, after stopping the engine (the store flushed)
             if self._uvicorn.started:
                 raise
-            raise OSError(
-                f"cannot listen on {self.options.host}:{self.options.port} (uvicorn's reason above)"
-            ) from None
+            where = f"{self.options.host}:{self.options.port}"
+            raise OSError(f"cannot listen on {where} (uvicorn's reason above)") from None
         log.info("kvobs engine stopped")
 
     async def _serve_and_announce(self) -> None:
