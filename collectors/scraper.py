@@ -7,7 +7,8 @@
 
 Each scrape writes `metric_samples` (see `collectors.derive`; plus `up` = 1 or 0 as Prometheus records
 it) and one instance `snapshots` row (usage, running, waiting, the interval's hit rate, cumulative
-preemptions and evictions). A scrape fails when the server cannot be reached, answers non-200, or sends a
+preemptions and evictions), and a `runs` row when the target's run is new (`collectors.runs`). A scrape fails
+when the server cannot be reached, answers non-200, or sends a
 body that is not a whole exposition (counted in `drops` under `scrape`); the instance is then marked down:
 `up` = 0 is written and the change logged once. What counters gained during an outage is counted by the next
 good scrape (or, if the server restarted meanwhile, what it counted since). A body over `MAX_SCRAPE_BYTES` (70
@@ -31,6 +32,7 @@ import httpx
 from collectors.derive import Derived, Deriver
 from collectors.drops import DropCounter
 from collectors.prom_text import MetricsParseError, ParsedMetrics, parse_metrics
+from collectors.runs import RunWatcher
 from kvobs.semconv.metrics import kvobs_metrics, vllm
 from kvobs.store.rows import MetricSampleRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
@@ -80,6 +82,7 @@ class Scraper:
         self.up: dict[str, bool] = {}
         self.num_scrapes = 0
         self._deriver = Deriver()
+        self.runs = RunWatcher(writer)
         self._client = httpx.Client(timeout=timeout_s or max(1.0, min(10.0, interval_s)))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -115,6 +118,7 @@ class Scraper:
         self._set_up(target, error, now)
         if parsed is None:
             return False  # counters keep their last values: the next good scrape counts the outage's increase
+        self.runs.on_scrape(target.instance, parsed)
         derived = self._deriver.derive(target.instance, parsed)
         for name, labels, value in derived.samples:
             if not math.isfinite(value):

@@ -5,7 +5,7 @@
 Pages are chosen in the sidebar (or with `?page=sessions`; `?session=ID&step=N` opens that step's story); the
 time range is relative to the newest data in the store, so a recorded store reads the same as a live one; times
 are shown in the browser's zone or UTC (`dashboard.clock`); a fleet's instances are chosen in the sidebar (or with
-`?instance=NAME`, repeatable).
+`?instance=NAME`, repeatable); when the range spans an engine restart, one run or all (`?run=ID`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,16 @@ import streamlit as st
 if __package__ in (None, ""):  # `streamlit run dashboard/app.py` runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dashboard.context import Context, bucket_for, choose_clock, choose_instances, choose_range  # noqa: E402
+from dashboard.context import (  # noqa: E402
+    Context,
+    bucket_for,
+    choose_clock,
+    choose_instances,
+    choose_range,
+    choose_run,
+)
 from dashboard.views import PAGES, cache  # noqa: E402
+from kvobs.analytics.runs import overlapping  # noqa: E402
 from kvobs.store.db import redacted_url as _redact  # noqa: E402
 from kvobs.store.db import store_url  # noqa: E402
 
@@ -69,13 +77,22 @@ def main() -> None:
                 "`kvobs agents`, or `kvobs collect` next to a vLLM; this page updates as data arrives.")  # fmt: skip
         return
     since, until = choose_range(*bounds, clock)
-    st.sidebar.caption(f"{clock.iso(since)} to {clock.iso(until)}")
     fleet = tuple(cache.instances(url))
     instances = choose_instances(list(fleet))
+    shown = list(fleet if instances is None else instances)
+    runs = overlapping(cache.runs(url), since, until, shown or None)
+    run = choose_run(runs, clock, single_instance=len(shown) <= 1)
+    if run is not None:  # one run: its stretch of the range, on its instance
+        since, until = max(since, run["started_at"]), until if run["ended_at"] != run["ended_at"] else min(
+            until, run["ended_at"])  # fmt: skip
+        instances = (run["instance"],) if len(fleet) > 1 else instances
+        runs = overlapping(cache.runs(url), since, until, [run["instance"]])
+    st.sidebar.caption(f"{clock.iso(since)} to {clock.iso(until)}")
     _store_caption(url)
     interval = cache.sample_interval(url, since, until, instances)
     window_s = bucket_for(since, until, at_least=interval)
-    PAGES[page].render(Context(url, since, until, window_s, jaeger_url, clock, interval, instances, fleet))
+    PAGES[page].render(Context(url, since, until, window_s, jaeger_url, clock, interval, instances, fleet, runs,
+                               run is not None))  # fmt: skip
 
 
 def _store_caption(url: str) -> None:

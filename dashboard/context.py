@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import pandas as pd
 import streamlit as st
 
 from dashboard.clock import ZONES, Clock
 from dashboard.views.charts import TimeAxis
+from kvobs.analytics.runs import describe, restarted
 
 RANGES = {"everything": None, "last 15 minutes": 900, "last hour": 3600, "last 6 hours": 21600,
           "last 24 hours": 86400, "custom": None}  # fmt: skip
@@ -32,6 +34,8 @@ class Context:
     sample_interval_s: float | None = None  # the instances' reporting interval (median), None without snapshots
     instances: tuple[str, ...] | None = None  # the instances chosen; None: the whole fleet
     fleet: tuple[str, ...] = ()  # every instance in the store
+    runs: pd.DataFrame | None = None  # the engine runs the range holds, of the instances shown (`analytics.runs`)
+    run_chosen: bool = False  # the sidebar narrowed the range to one run
 
     @property
     def shown_instances(self) -> tuple[str, ...]:
@@ -46,6 +50,18 @@ class Context:
         if self.sample_interval_s:
             text += f" (instances report every {self.sample_interval_s:.3g} s; no window is shorter)"
         return text + f"; times in {self.clock.label(self.until)}; {self.scope()}."
+
+    def restarted(self) -> list[str]:
+        """Instances that restarted inside the range (more than one run of theirs in it)."""
+        return restarted(self.runs) if self.runs is not None and not self.run_chosen else []
+
+    def runs_note(self) -> None:
+        """Say so when the range spans a restart: counts add over the runs, a replay takes them one by one."""
+        if self.restarted():
+            shown = self.runs[self.runs["instance"].isin(self.restarted())]
+            st.warning(f"This range spans engine restarts: {describe(shown, self.clock.iso)}. Each run began with an "
+                       "empty cache: counts and the hit rate add over the runs, What-if replays each run on its own. "
+                       "Choose one run in the sidebar to look at it alone.")  # fmt: skip
 
     def scope(self) -> str:
         """Which instances the page counts, in words."""
@@ -105,3 +121,34 @@ def _wall(ts: float, clock: Clock) -> datetime:
 
 def _epoch(wall: datetime, clock: Clock) -> float:
     return wall.replace(tzinfo=clock.zone).timestamp()
+
+
+ALL_RUNS = "all runs in the range"
+
+
+def choose_run(runs: pd.DataFrame, clock: Clock, single_instance: bool) -> pd.Series | None:
+    """The sidebar's run, when some instance restarted in the range (`runs`: those it holds): one run, or all of them.
+    A single instance's latest run is the default (one cache, one story); a fleet's, all runs. `?run=ID`
+    preselects."""
+    if runs is None or not restarted(runs):
+        return None
+    ordered = runs.sort_values("started_at", ascending=False).reset_index(drop=True)
+    options = [ALL_RUNS, *ordered["run_id"]]
+    asked = st.query_params.get("run")
+    default = options.index(asked) if asked in options else (1 if single_instance else 0)
+    latest = set(ordered.groupby("instance")["run_id"].first())
+
+    one_day = len({clock.at(t).date() for t in ordered["started_at"]}) == 1
+    short = "%H:%M:%S" if one_day else "%m-%d %H:%M"
+
+    def named(option: str) -> str:
+        if option == ALL_RUNS:
+            return f"all {len(ordered)} runs in the range"
+        row = ordered[ordered["run_id"] == option].iloc[0]
+        started = clock.at(row["started_at"]).strftime(short)
+        return f"{row['instance']} from {started}" + (" (latest)" if option in latest else "")
+
+    choice = st.sidebar.selectbox("Run", options, index=default, format_func=named, key="run",
+                                  help="Each engine start (a replica restart) began with an empty cache: a run. "
+                                  "One run at a time reads as one cache; all runs add their counts.")  # fmt: skip
+    return None if choice == ALL_RUNS else ordered[ordered["run_id"] == choice].iloc[0]

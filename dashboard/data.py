@@ -10,20 +10,26 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dashboard.series import fill_windows, per_window
+from dashboard.series import activity, fill_windows, per_window, unwatched
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.chains import eviction_churn, prefix_reuse
 from kvobs.analytics.footprints import footprint_timeline, session_table
+from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
+from kvobs.analytics.runs import overlapping, run_table
+from kvobs.analytics.samples import quantile
 from kvobs.analytics.step_causes import failure_verdicts
-from kvobs.semconv.spans import KVEventKind
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import queries
 from kvobs.store.db import Store
 
 PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the latest in the window)
+BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
+MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
-FLEET_SERIES = {"usage_mean": ("KV cache usage", "pinned KV usage", "%"), "hit_rate": ("Hit rate", "hit rate", "%"),
+FLEET_SERIES = {"usage_mean": ("KV cache usage", "pinned KV usage", "%"),
+                "hit_rate": ("Prefix-cache hit rate", "hit rate (cached / prompt tokens)", "%"),
                 "evictions_per_s": ("Blocks lost per second", "blocks / s", None),
                 "requests": ("Requests per window", "requests / window", None),
                 "ttft_mean": ("TTFT, mean of the window's requests", "seconds", None)}  # fmt: skip
@@ -50,14 +56,18 @@ def sample_interval(store: Store, since: float, until: float, instances=None) ->
 def overview(store: Store, since: float, until: float, window_s: float, instances=None, *,
              per_instance: bool = False) -> dict:  # fmt: skip
     """KPIs and the Overview's series on the window grid of [since, until]: counts 0 where their source watched and
-    saw nothing, sampled values NaN (a gap) where nothing was sampled. With `per_instance`, also `fleet`: the same
-    reads split by instance (`_fleet`)."""
+    saw nothing, NaN where nothing was watching (between runs); sampled values NaN (a gap) where nothing was
+    sampled; percentiles only for windows with enough requests (`kvobs.analytics.samples`). With `per_instance`,
+    also `fleet`: the same reads split by instance (`_fleet`)."""
     snaps = queries.instance_snapshots(store, since, until, instances=instances)
     counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances,
                                      by_instance=per_instance)  # fmt: skip
     losses = queries.losses_in(counts)  # "blocks lost", one definition
     reqs = queries.requests(store, since, until, instances=instances)
+    counters = _hit_counters(store, since, until, instances)
     steps = queries.steps(store, since, until)
+    runs = run_table(queries.runs(store, instances=instances))
+    watched = activity([snaps["ts"], reqs["arrival_ts"], reqs["finished_ts"], steps["started_at"]], runs)
     frame = pressure_windows(snaps, reqs, losses, window_s=window_s).set_index("window")
 
     def gaps(columns: list[str]) -> pd.DataFrame:
@@ -67,26 +77,27 @@ def overview(store: Store, since: float, until: float, window_s: float, instance
     evictions = losses.assign(reason=losses["reason"].fillna(losses["kind"])).pivot_table(
         index="bucket", columns="reason", values="blocks", aggfunc="sum", fill_value=0) / window_s  # fmt: skip
     if not counts.empty:  # a KV event stream reported in this range: a window with no loss lost nothing
-        evictions = fill_windows(evictions, since, until, window_s, value=0.0)
+        evictions = unwatched(fill_windows(evictions, since, until, window_s, value=0.0), window_s, watched)
     step_windows = pd.DataFrame()
     if not steps.empty:
         failed = steps["status"] == "error"
         step_windows = (pd.DataFrame({"ok steps": ~failed, "failed steps": failed})
                         .groupby(np.floor(steps["started_at"] / window_s) * window_s).sum())  # fmt: skip
-        step_windows = fill_windows(step_windows, since, until, window_s, value=0.0)
-    hit = snaps["hit_rate"].dropna()
+        step_windows = unwatched(fill_windows(step_windows, since, until, window_s, value=0.0), window_s, watched)
+    hit_windows = hit_rate_windows(reqs, counters, window_s)
+    ttft = reqs["ttft_s"].dropna()
     kpis = {
         "requests": len(reqs),
         "agent steps": len(steps),
         "failed steps": int((steps["status"] == "error").sum()) if not steps.empty else 0,
-        "hit rate": float(hit.mean()) if not hit.empty else None,
+        "hit rate": hit_rate(reqs, counters),
         "blocks lost": int(losses["blocks"].sum()),
-        "preemptions": float(frame["preemptions"].sum()) if "preemptions" in frame else 0.0,
-        "TTFT p99 (s)": float(reqs["ttft_s"].quantile(0.99)) if reqs["ttft_s"].notna().any() else None,
+        "preemptions": int(frame["preemptions"].sum()) if "preemptions" in frame else None,
+        "TTFT p90 (s)": (quantile(ttft, 0.9), len(ttft)),
     }
     return {
         "kpis": kpis,
-        "fleet": _fleet(snaps, reqs, counts, since, until, window_s) if per_instance else None,
+        "fleet": _fleet(snaps, reqs, counts, counters, since, until, window_s) if per_instance else None,
         "num_snapshots": len(snaps),
         "watching_kv": not counts.empty,
         "usage": fill_windows(
@@ -95,16 +106,26 @@ def overview(store: Store, since: float, until: float, window_s: float, instance
         "resident": fill_windows(
             per_window(snaps, "ts", window_s, "blocks_resident", "instance"), since, until, window_s, value=np.nan
         ),  # fmt: skip
-        "hit_rate": gaps(["hit_rate"]),
-        "latency": gaps(["ttft_p50", "ttft_p99", "itl_p50", "itl_p99"]),
+        "hit_rate": fill_windows(hit_windows.rename("hit rate").to_frame(), since, until, window_s, value=np.nan)
+        if not hit_windows.empty
+        else pd.DataFrame(),
+        "latency": gaps(["ttft_p50", "ttft_p90"]),
+        "ttft_points": reqs[["arrival_ts", "ttft_s"]].dropna() if len(reqs) <= MAX_POINTS else None,
         "preemptions": gaps(["preemptions"]),
         "evictions": evictions,
         "steps": step_windows,
+        "runs": overlapping(runs, since, until),
     }
 
 
-def _fleet(snaps: pd.DataFrame, reqs: pd.DataFrame, counts: pd.DataFrame, since: float, until: float,
-           window_s: float) -> dict:  # fmt: skip
+def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
+    """The scraped prefix-cache counters (`kvobs.analytics.hit_rate`'s other source), of `instances` only."""
+    counters = queries.metric_series(store, [HITS, QUERIES], since, until)
+    return counters if instances is None else counters[counters["instance"].isin(list(instances))]
+
+
+def _fleet(snaps: pd.DataFrame, reqs: pd.DataFrame, counts: pd.DataFrame, counters: pd.DataFrame, since: float,
+           until: float, window_s: float) -> dict:  # fmt: skip
     """Per instance, from the Overview's own reads (`counts` by instance): a row of totals (`table`, most blocks
     lost first) and, for each `FLEET_SERIES` measure, a frame of one column per instance on the window grid
     (`series`); an instance whose source did not report a measure has no column there (unknown, not zero)."""
@@ -113,26 +134,28 @@ def _fleet(snaps: pd.DataFrame, reqs: pd.DataFrame, counts: pd.DataFrame, since:
     for name in sorted(set(snaps["instance"]) | set(reqs["instance"]) | set(counts["instance"])):
         mine = (snaps[snaps["instance"] == name], reqs[reqs["instance"] == name], losses[losses["instance"] == name])
         frame = pressure_windows(*mine, window_s=window_s).set_index("window")
+        frame["hit_rate"] = hit_rate_windows(mine[1], counters[counters["instance"] == name], window_s)
         watched = {"evictions_per_s": (counts["instance"] == name).any(), "requests": not mine[1].empty}
         for column in FLEET_SERIES:
             if column in frame and frame[column].notna().any():
                 filled = fill_windows(frame[[column]], since, until, window_s,
                                       value=0.0 if watched.get(column) else np.nan)  # fmt: skip
                 series[column][name] = filled[column]
-        rows.append(_instance_row(name, *mine))
-    table = pd.DataFrame(rows, columns=["instance", "blocks_lost", "preemptions", "requests", "ttft_p99_s", "hit_rate",
+        rows.append(_instance_row(name, *mine, counters[counters["instance"] == name]))
+    table = pd.DataFrame(rows, columns=["instance", "blocks_lost", "preemptions", "requests", "ttft_p90_s", "hit_rate",
                                         "kv_usage_max", "last_ts"])  # fmt: skip
     table = table.sort_values(["blocks_lost", "instance"], ascending=[False, True], kind="stable", ignore_index=True)
     return {"table": table, "series": {c: pd.DataFrame(cols) for c, cols in series.items()}}
 
 
-def _instance_row(name: str, snaps: pd.DataFrame, reqs: pd.DataFrame, losses: pd.DataFrame) -> dict:
-    ttft, hit, usage = reqs["ttft_s"].dropna(), snaps["hit_rate"].dropna(), snaps["kv_usage"].dropna()
+def _instance_row(name: str, snaps: pd.DataFrame, reqs: pd.DataFrame, losses: pd.DataFrame,
+                  counters: pd.DataFrame) -> dict:  # fmt: skip
+    usage = snaps["kv_usage"].dropna()
     seen = [frame[column].max() for frame, column in ((snaps, "ts"), (reqs, "finished_ts")) if not frame.empty]
     return {"instance": name, "blocks_lost": int(losses["blocks"].sum()),
-            "preemptions": float(preemption_increase(snaps).sum()) if not snaps.empty else None,
-            "requests": len(reqs), "ttft_p99_s": float(ttft.quantile(0.99)) if not ttft.empty else None,
-            "hit_rate": float(hit.mean()) if not hit.empty else None,
+            "preemptions": int(preemption_increase(snaps).sum()) if not snaps.empty else None,
+            "requests": len(reqs), "ttft_p90_s": quantile(reqs["ttft_s"], 0.9),
+            "hit_rate": hit_rate(reqs, counters).rate,
             "kv_usage_max": float(usage.max()) if not usage.empty else None,
             "last_ts": max(seen) if seen else None}  # fmt: skip
 
@@ -148,37 +171,37 @@ def pressure(store: Store, since: float, until: float, window_s: float, x: str, 
 
 
 def sessions(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
-    """The range's sessions, worst first: most failed steps, then most blocks lost while idle (footprints on
-    `instances` only)."""
+    """The range's sessions, by what the cache cost them (`footprints.session_table`: blocks lost in tool pauses,
+    then lost, then failed steps; footprints on `instances` only)."""
     steps = queries.steps(store, since, until)
     footprints = queries.session_footprints(store, since, until, instances=instances)
     table = session_table(queries.sessions(store), footprints, steps)
     if not steps.empty:
         table = table[table["session_id"].isin(set(steps["session_id"]) | set(footprints["session_id"]))]
-    order = [c for c in ("failed", "lost_idle", "e2e_p50") if c in table]
-    return table.sort_values(order, ascending=False, kind="stable", na_position="last").reset_index(drop=True)
+    return table.reset_index(drop=True)
 
 
-def _worst_steps_first(steps: pd.DataFrame) -> pd.DataFrame:
-    latency = steps["ttft_s"].astype(float).fillna(steps["e2e_s"].astype(float))
-    ranked = steps.assign(failed=steps["status"] == "error", latency=latency)
-    return ranked.sort_values(["failed", "latency"], ascending=False, kind="stable", na_position="last")
-
-
-def steps_worst_first(store: Store, since: float, until: float) -> pd.DataFrame:
-    """Sessions of the range's steps, worst first (most failed steps, then slowest step): `session_id`, `failed`."""
-    steps = queries.steps(store, since, until)
-    if steps.empty:
+def steps_worst_first(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
+    """The range's sessions with steps, in the Sessions page's order (what the cache cost them first): `session_id`,
+    `failed`."""
+    table = sessions(store, since, until, instances)
+    if table.empty or "steps" not in table:
         return pd.DataFrame(columns=["session_id", "failed"])
-    ranked = _worst_steps_first(steps).groupby("session_id", sort=False).agg(failed=("failed", "sum"),
-                                                                          latency=("latency", "max"))  # fmt: skip
-    ranked = ranked.sort_values(["failed", "latency"], ascending=False, kind="stable", na_position="last")
-    return ranked.reset_index()[["session_id", "failed"]]
+    table = table[table["steps"].fillna(0) > 0]
+    return table.assign(failed=table["failed"].fillna(0).astype(int))[["session_id", "failed"]].reset_index(drop=True)
 
 
 def session_steps_worst_first(store: Store, session_id: str) -> list[int]:
-    """A session's step indexes: failed first, then the slowest (TTFT, else end-to-end)."""
-    return [int(i) for i in _worst_steps_first(queries.steps(store, session_id=session_id))["step_index"]]
+    """A session's step indexes, by what the cache cost each (time lost to the cache over its typical step), then
+    the most slowed, then the failed ones."""
+    steps = session_detail(store, session_id)["steps"]
+    if steps.empty:
+        return []
+    cost = steps[["lost_excess_s", "invalidated_excess_s", "preempted_excess_s"]].clip(lower=0).sum(axis=1)
+    ranked = steps.assign(cost=cost, excess=steps["excess_s"].where(steps["slow"], 0.0),
+                          failed=steps["status"] == "error")  # fmt: skip
+    ranked = ranked.sort_values(["cost", "excess", "failed"], ascending=False, kind="stable", na_position="last")
+    return [int(i) for i in ranked["step_index"]]
 
 
 def session_detail(store: Store, session_id: str) -> dict:
@@ -203,15 +226,47 @@ def session_detail(store: Store, session_id: str) -> dict:
 
 
 def failures(store: Store, since: float, until: float) -> pd.DataFrame:
-    """Failed steps in the window by failure cause (model errors as model errors; KV causes for timeouts only)."""
-    return failure_summary(failure_verdicts(store, since, until))
+    """Failed steps in the window by failure cause (model errors as model errors; KV causes for timeouts only), each
+    with the evidence of its latest step (`example`, `evidence`, `story`: the URL of that step's timeline)."""
+    verdicts = failure_verdicts(store, since, until)
+    summary = failure_summary(verdicts)
+    if summary.empty:
+        return summary
+    latest = verdicts.sort_values("started_at").groupby(["failure_kind", "failure_cause"]).tail(1)
+    latest = latest.set_index(["failure_kind", "failure_cause"])
+    rows = []
+    for row in summary.itertuples(index=False):
+        step = latest.loc[(row.failure_kind, row.failure_cause)]
+        rows.append({"example": f"{step['session_id']} step {int(step['step_index'])}",
+                     "evidence": step["evidence"] or FAILURE_WORDS[row.failure_kind].format(error=step["error_type"]),
+                     "story": story_url(step["session_id"], int(step["step_index"]))})  # fmt: skip
+    return pd.concat([summary, pd.DataFrame(rows)], axis=1)
+
+
+FAILURE_WORDS = {
+    "model": "the model answered, but not as the agent needs ({error}): the KV cache does not cause this",
+    "request": "the request failed ({error}) before the cache had a part in it",
+    "timeout": "it timed out; nothing in the KV record or the queue cost it time beyond its usual",
+    "cache": "{error}", "queue": "{error}",
+}  # fmt: skip
+
+
+def story_url(session_id: str, step_index: int) -> str:
+    """The URL (a query string) that opens a step's timeline."""
+    from urllib.parse import urlencode
+
+    return "?" + urlencode({"page": "step", "session": session_id, "step": int(step_index)})
 
 
 def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
     counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances)
-    lifecycle = counts.pivot_table(index="bucket", columns="kind", values="events", aggfunc="sum", fill_value=0)
+    per_block = counts[counts["kind"].isin(BLOCK_KINDS)]  # rows of one block each: their `blocks` count blocks
+    lifecycle = per_block.pivot_table(index="bucket", columns="kind", values="blocks", aggfunc="sum", fill_value=0)
     if not lifecycle.empty:  # the stream reported in this range: a window without events had none
-        lifecycle = fill_windows(lifecycle, since, until, window_s, value=0.0)
+        snaps = queries.instance_snapshots(store, since, until, instances=instances)  # when each run last reported
+        runs = run_table(queries.runs(store, instances=instances))
+        watched = activity([snaps["ts"]], runs) or [(since, until)]
+        lifecycle = unwatched(fill_windows(lifecycle, since, until, window_s, value=0.0), window_s, watched)
     losses = queries.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
     stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS, instances=instances)

@@ -34,6 +34,7 @@ from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.recorded_replay import RecordedReplay, RecordedTraffic
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
+from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.store import queries
 from kvobs.store.db import Store
@@ -58,11 +59,16 @@ class ReplayPlan:
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
     recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
+    span: object = None  # the run it replays (a `kvobs.analytics.runs.Span`; None: a range, runs unknown)
 
     @classmethod
-    def from_store(cls, store: Store, since=None, until=None, *, block_size: int | None = None) -> ReplayPlan:
-        reqs = with_sessions(queries.requests(store, since, until), queries.steps(store, since, until))
-        stored = queries.stored_blocks(store, since, until)
+    def from_store(cls, store: Store, since=None, until=None, *, block_size: int | None = None,
+                   instances=None) -> ReplayPlan:  # fmt: skip
+        """The requests of [since, until] on `instances` (None: all) as one cache saw them: ask it of one run
+        (`whatif_runs.replay_plans` cuts a range at each restart)."""
+        reqs = with_sessions(queries.requests(store, since, until, instances=instances),
+                             queries.steps(store, since, until))  # fmt: skip
+        stored = queries.stored_blocks(store, since, until, instances=instances)
         if block_size is None:
             sizes = stored["num_tokens"].dropna()
             if sizes.empty:
@@ -91,21 +97,21 @@ class ReplayPlan:
             )
         rates = hit_rates(reqs, chains, graph, block_size=block_size)
         recorded = RecordedTraffic.from_store(store, since, until, plan)
-        return cls(plan, block_size, observed=observed_figures(store, since, until, rates), skipped=skipped,
-                   recorded=recorded)  # fmt: skip
+        observed = observed_figures(store, since, until, rates, instances=instances, requests=reqs)
+        return cls(plan, block_size, observed=observed, skipped=skipped, recorded=recorded)
 
 
-def observed_figures(store: Store, since, until, rates: pd.DataFrame) -> dict:
-    """What the recorded run achieved: hit rate (the requests' cached tokens, else vLLM's scraped prefix-cache
-    counters), blocks lost, blocks lost in tool pauses (settled) and still pending, recompute tokens."""
-    lost = queries.block_losses(store, since, until, bucket_s=1e12)["blocks"].sum()
-    footprints = queries.session_footprints(store, since, until)
-    snaps = queries.instance_snapshots(store, since, until)
+def observed_figures(store: Store, since, until, rates: pd.DataFrame, *, instances=None,
+                     requests: pd.DataFrame | None = None) -> dict:  # fmt: skip
+    """What the recorded run achieved: hit rate (`kvobs.analytics.hit_rate`, as everywhere), blocks lost, blocks
+    lost in tool pauses (settled) and still pending, recompute tokens."""
+    lost = queries.block_losses(store, since, until, bucket_s=1e12, instances=instances)["blocks"].sum()
+    footprints = queries.session_footprints(store, since, until, instances=instances)
+    snaps = queries.instance_snapshots(store, since, until, instances=instances)
     summary = hit_rate_summary(rates)
-    hit_rate = summary["achieved"] if summary["achieved"] is not None else queries.scraped_hit_rate(store, since, until)
     return {
         "num_blocks": int(snaps["blocks_total"].dropna().iloc[-1]) + 1 if snaps["blocks_total"].notna().any() else None,
-        "hit_rate": hit_rate,
+        "hit_rate": hit_rate_in(store, since, until, instances, requests=requests).rate,
         "evicted_blocks": int(lost),
         "lost_in_pause_blocks": int(footprints["session_evicted_idle_blocks"].fillna(0).sum()),
         "pending_idle_blocks": int(footprints["session_pending_idle_blocks"].fillna(0).sum()),

@@ -5,6 +5,8 @@
 - `vllm_run`: the recorded vLLM 0.32 run (../shared/fixtures) ingested by the collector.
 - `fleet_run`: the same recording as a fleet of two replicas behind one collector (`vllm-a` plays all of it,
   `vllm-b` its second half and then goes down; requests dealt out between them).
+- `two_runs`: our engine started twice under one instance name into one store (as `kvobs demo` run twice into
+  the default `kvobs.db`), a round of the workload each; `result.rounds` holds each round's (start, end).
 """
 
 from __future__ import annotations
@@ -91,3 +93,46 @@ def fleet_run(tmp_path_factory) -> Run:
     with collect_recorded(store, replicas=FLEET):
         pass
     return Run(url, store)
+
+
+TWO_RUNS_INSTANCE = "engine-twice"
+
+
+@dataclass
+class TwoRuns:
+    url: str
+    store: Store
+    rounds: list[tuple[float, float]]  # each engine run's workload: (start, end), epoch s
+
+
+@pytest.fixture(scope="session")
+def two_runs(smollm2_source, tmp_path_factory) -> TwoRuns:
+    import time
+
+    from tests.server.conftest import running_server
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('two-runs') / 'kvobs.db'}"
+    rounds = []
+    for seed in (1, 2):  # two engine starts: each begins with an empty cache
+        options = {"store_url": url, "snapshot_interval_s": 0.5, "instance": TWO_RUNS_INSTANCE}
+        with running_server(smollm2_source, options=options, num_blocks=NUM_BLOCKS, max_model_len=448) as server:
+            store = open_store(url)
+            writer = StoreWriter(store)
+            config = WorkloadConfig(
+                base_url=server.url,
+                sessions=4,
+                concurrency=2,
+                steps=2,
+                max_tokens=12,
+                seed=seed,
+                tool_pause=PauseDistribution.parse("uniform:200-500"),
+                step_deadline_s=30.0,
+            )
+            started = time.time()
+            with httpx.Client(base_url=server.url + "/v1", timeout=60) as client:
+                Workload(config, client, tracer_provider=TracerProvider(), recorder=StoreStepRecorder(writer)).run()
+            writer.close()
+            store.close()
+        rounds.append((started, time.time()))
+        time.sleep(3.0)  # the engine is down a while before it starts again: a gap nothing watched
+    return TwoRuns(url, open_store(url), rounds)

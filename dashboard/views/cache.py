@@ -26,6 +26,14 @@ def instances(url: str):
 
 
 @st.cache_data(ttl=10, show_spinner=False)
+def runs(url: str):
+    from kvobs.analytics.runs import run_table
+    from kvobs.store import queries
+
+    return run_table(queries.runs(get_store(url)))
+
+
+@st.cache_data(ttl=10, show_spinner=False)
 def sample_interval(url: str, since: float, until: float, instances=None):
     return data.sample_interval(get_store(url), since, until, instances)
 
@@ -66,8 +74,8 @@ def alerts(url, since, until, instances=None):
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def steps_worst_first(url, since, until):
-    return data.steps_worst_first(get_store(url), since, until)
+def steps_worst_first(url, since, until, instances=None):
+    return data.steps_worst_first(get_store(url), since, until, instances)
 
 
 @st.cache_data(ttl=10, show_spinner=False)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dashboard import glossary
 from dashboard.clock import Clock, axis_format
 from dashboard.series import is_empty
 
@@ -54,24 +55,74 @@ def time_x(field: str, clock: Clock, since: float, until: float, *, ticks: int =
 
 def time_chart(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str, mark: str = "line",
                window_s: float | None = None, zero_is_empty: bool = False, y_format: str | None = None,
-               height: int = 220) -> bool:  # fmt: skip
-    """Draw `frame` (mark: line, area (stacked), bar (one bar per window, `window_s` wide)); or say `empty`.
-    Returns whether a chart was drawn."""
-    if frame.empty or is_empty(frame, zero_is_empty=zero_is_empty):
+               height: int = 280, points: pd.Series | None = None) -> bool:  # fmt: skip
+    """Draw `frame` (mark: line, step (a value held until the next sample), area (stacked), bar (stacked, one bar per
+    window, `window_s` wide)), with `points` (values indexed by epoch s: one dot each) over it; or say `empty`.
+    Returns whether a chart was drawn.
+
+    For counts (bar, area), a window whose value is 0 was watched and nothing happened: it is drawn as a grey tick on
+    the axis, not as a bar; a window that is NaN was not watched and is left blank."""
+    has_points = points is not None and not points.dropna().empty
+    if (frame.empty or is_empty(frame, zero_is_empty=zero_is_empty)) and not has_points:
         st.info(empty)
         return False
-    long = _long(frame, axis.clock, window_s)
-    encodings = _encodings(axis, y_title, y_format, series="series", stack=mark in ("area", "bar"))
-    if len(frame.columns) > 1 or mark != "line":
-        encodings["color"] = alt.Color(f"{SERIES}:N", title=None, legend=alt.Legend(orient="bottom"))
-    if mark == "bar":
-        chart = alt.Chart(long).mark_bar().encode(x2=f"{END}:Q", **encodings)
+    frame = frame.rename(columns=series_name)
+    long = _long(frame, axis.clock, window_s) if len(frame.columns) else pd.DataFrame(columns=[WALL, SERIES, VALUE])
+    encodings = _encodings(axis, y_title, y_format, series="series", stack=mark == "area")
+    if len(frame.columns) > 1 or mark in ("area", "bar") or has_points:
+        encodings["color"] = alt.Color(f"{SERIES}:N", title=None, legend=alt.Legend(orient="top", labelLimit=400))
+    layers, ticks = [], None
+    if has_points:
+        dots = _long(points.dropna().rename(series_name(points.name)).to_frame(), axis.clock, None)
+        layers.append(alt.Chart(dots).mark_circle(size=26, opacity=0.55).encode(**encodings))
+    if mark in ("bar", "area"):
+        ticks = _quiet_windows(long, axis)
+    if mark == "bar":  # stacked here: Vega-Lite draws a bar with x and x2 as a thin ranged bar, not from zero
+        long = long[long[VALUE].fillna(0) != 0].copy()
+        long["top"] = long.groupby(WALL)[VALUE].cumsum()
+        long["bottom"] = long["top"] - long[VALUE]
+        encodings.update(
+            y=_encodings(axis, y_title, y_format, series="series", stack=False, field="top")["y"], y2="bottom:Q"
+        )
+        chart = alt.Chart(long).mark_rect(opacity=0.9).encode(x2=f"{END}:Q", **encodings)
     elif mark == "area":
         chart = alt.Chart(long).mark_area(interpolate="step-after", opacity=0.8).encode(**encodings)
     else:
-        chart = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=16)).encode(**encodings)
-    st.altair_chart(chart.properties(height=height), width="stretch")
+        interpolate = "step-after" if mark == "step" else "linear"
+        chart = (
+            alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=16), interpolate=interpolate).encode(**encodings)
+        )
+    st.altair_chart(alt.layer(chart, *layers, *([ticks] if ticks else [])).properties(height=height), width="stretch")
+    if ticks:
+        st.caption("Grey ticks on the axis: windows watched with nothing in them; a blank window was not watched.")
     return True
+
+
+def _quiet_windows(long: pd.DataFrame, axis: TimeAxis):
+    """A layer of grey ticks at 0 for the windows whose counts are all 0 (watched, nothing happened), or None."""
+    totals = long.groupby(WALL, as_index=False).agg(
+        total=(VALUE, lambda v: v.sum(min_count=1)), **{WHEN: (WHEN, "first")}
+    )
+    quiet = totals[totals["total"] == 0]
+    if quiet.empty:
+        return None
+    return (
+        alt.Chart(quiet.assign(zero=0.0))
+        .mark_tick(color="#9e9e9e", thickness=2, size=8)
+        .encode(
+            x=axis.encoding(),
+            y=alt.Y("zero:Q"),
+            tooltip=[
+                alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"),
+                alt.Tooltip("zero:Q", title="watched, nothing happened"),
+            ],
+        )
+    )
+
+
+def series_name(name) -> str:
+    """A legend's name for a series (a column of a page's frame)."""
+    return glossary.series(name)
 
 
 def small_multiples(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str, y_format: str | None = None,
@@ -90,11 +141,14 @@ def small_multiples(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty:
     return True
 
 
-def _encodings(axis: TimeAxis, y_title: str, y_format: str | None, *, series: str, stack: bool) -> dict:
-    """x on the page's axis, y with its unit (stacked or not), and the tooltip: time, the series (named `series`),
-    the value."""
-    y = alt.Y(f"{VALUE}:Q", title=y_title, stack="zero" if stack else None,
-              axis=alt.Axis(format=y_format) if y_format else alt.Axis())  # fmt: skip
+def _encodings(axis: TimeAxis, y_title: str, y_format: str | None, *, series: str, stack: bool,
+               field: str = VALUE) -> dict:  # fmt: skip
+    """x on the page's axis, y with its unit (stacked or not; the title above the axis, level, so it is never cut
+    to the plot's height), and the tooltip: time, the series (named `series`), the value."""
+    title = {"title": y_title, "titleAngle": 0, "titleAlign": "left", "titleAnchor": "end", "titleY": -12,
+             "titleX": 0, "titleLimit": 0}  # fmt: skip
+    y = alt.Y(f"{field}:Q", stack="zero" if stack else None,
+              axis=alt.Axis(format=y_format, **title) if y_format else alt.Axis(**title))  # fmt: skip
     tooltip = [alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"), alt.Tooltip(f"{SERIES}:N", title=series),
                alt.Tooltip(f"{VALUE}:Q", title=y_title, format=y_format or ",.4~g")]  # fmt: skip
     return {"x": axis.encoding(), "y": y, "tooltip": tooltip}

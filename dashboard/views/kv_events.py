@@ -1,9 +1,12 @@
-"""KV events: block lifecycle over time, eviction reasons, the most reused prefixes and the most recomputed blocks."""
+"""KV events: blocks stored and lost over time, why they were lost, the most reused prefixes and the most
+recomputed blocks."""
 
 from __future__ import annotations
 
+import altair as alt
 import streamlit as st
 
+from dashboard import glossary
 from dashboard.views import cache
 from dashboard.views.charts import time_chart
 from dashboard.views.tables import show_table
@@ -17,18 +20,29 @@ def render(ctx) -> None:
     if data["lifecycle"].empty:
         st.info("No KV events in this range.")
         return
-    st.subheader("Block lifecycle")
-    st.caption(ctx.window_caption())
-    time_chart(data["lifecycle"], ctx.axis, y_title="events / window", mark="area", empty="No KV events in this range.")
+    ctx.runs_note()
+    st.subheader("Blocks stored and lost")
+    st.caption(
+        ctx.window_caption() + " Each block once per event (a block several sessions owned counts once). "
+        "Prefix hits and allocations cover many blocks each: each step's story counts them."
+    )
+    time_chart(
+        data["lifecycle"],
+        ctx.axis,
+        y_title="blocks / window",
+        mark="area",
+        window_s=ctx.window_s,
+        empty="No block was stored or lost in this range.",
+    )
     churn = data["churn"]
     c1, c2, c3 = st.columns(3)
-    c1.metric("distinct blocks stored", f"{churn['blocks']:,}")
+    c1.metric("distinct blocks stored", f"{churn['blocks']:,}", help="Distinct block hashes stored in the range.")
     c2.metric(
         "blocks stored again after loss",
         f"{churn['restored_blocks']:,}",
         help="Stored again on the same instance (the same block on two replicas is not a restore).",
     )
-    c3.metric("eviction churn", f"{churn['churn']:.1%}")
+    c3.metric("eviction churn", f"{churn['churn']:.1%}", help="Blocks stored again after a loss / distinct blocks.")
     left, right = st.columns(2)
     with left:
         st.subheader("Blocks lost, by reason")
@@ -37,7 +51,21 @@ def render(ctx) -> None:
         if reasons.empty:
             st.info("No block was lost in this range.")
         else:
-            st.bar_chart(reasons, x="reason", y="blocks", color="kind")
+            shown = reasons.assign(
+                reason=[glossary.series(r) for r in reasons["reason"]],
+                kind=[glossary.series(k) for k in reasons["kind"]],
+            )
+            chart = (
+                alt.Chart(shown)
+                .mark_bar()
+                .encode(
+                    y=alt.Y("reason:N", title=None, sort="-x", axis=alt.Axis(labelLimit=260)),
+                    x=alt.X("blocks:Q", title="blocks lost"),
+                    color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top")),
+                    tooltip=["reason", "kind", alt.Tooltip("blocks:Q", format=",")],
+                )
+            )
+            st.altair_chart(chart.properties(height=alt.Step(36)), width="stretch")
     with right:
         st.subheader("Most recomputed blocks")
         show_table(data["restored"].astype({"block_hash": str}), ctx.clock)

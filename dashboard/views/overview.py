@@ -8,40 +8,62 @@ import streamlit as st
 from dashboard.data import FLEET_SERIES
 from dashboard.views import cache
 from dashboard.views.charts import small_multiples, time_chart
-from dashboard.views.tables import show_table
+from dashboard.views.tables import show_table, show_text_table
+from kvobs.analytics.samples import min_sample
 
 TITLE = "Overview"
-KPI_HELP = {
-    "requests": "LLM requests that arrived in the range.",
-    "agent steps": "Agent steps (recorded by the kvobs SDK) that started in the range: the fleet's, whatever "
-    "instances are chosen.",
-    "failed steps": "Agent steps that ended in an error (any error type).",
-    "hit rate": "Prefix-cache hit rate: mean of the instances' snapshots in the range.",
-    "blocks lost": "Cached blocks evicted, invalidated or removed (each lost block once; resets not included).",
-    "preemptions": "Increase of the instances' preemption counters over the range.",
-    "TTFT p99 (s)": "99th percentile time to first token of the requests in the range, in seconds.",
-}
 
 
-def _shown(name: str, value) -> str:
-    if value is None:
-        return "-"
-    if name == "hit rate":
-        return f"{value:.1%}"
-    if isinstance(value, float):
-        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
-    return f"{value:,}"
+def _kpis(kpis: dict) -> list[tuple[str, str, str]]:
+    """(label, value, what it counts) of each KPI, as shown."""
+    hit, (ttft, n) = kpis["hit rate"], kpis["TTFT p90 (s)"]
+    need = min_sample(0.9)
+    return [
+        ("requests", f"{kpis['requests']:,}", "LLM requests that arrived in the range."),
+        (
+            "agent steps",
+            f"{kpis['agent steps']:,}",
+            "Agent steps that started in the range: the fleet's, whatever instances are chosen.",
+        ),
+        ("failed steps", f"{kpis['failed steps']:,}", "Agent steps that ended in an error (any error type)."),
+        (
+            "hit rate",
+            "-" if hit.rate is None else f"{hit.rate:.1%}",
+            "Prefix-cache hit rate: prompt tokens served "
+            f"from the prefix cache / prompt tokens ({hit.describe()}, from the {hit.source}), as in the terminal "
+            "and on the What-if page.",
+        ),
+        (
+            "blocks lost",
+            f"{kpis['blocks lost']:,}",
+            "Cached blocks evicted, invalidated or removed (each lost block once; resets not included).",
+        ),
+        (
+            "preemptions",
+            "-" if kpis["preemptions"] is None else f"{kpis['preemptions']:,}",
+            "Increase of the instances' preemption counters over the range.",
+        ),
+        (
+            "TTFT p90 (s)",
+            "-" if ttft != ttft else f"{ttft:.2f}",
+            f"90th percentile time to first token of the {n:,} "
+            f"requests in the range" + (f" (not shown under {need}: too few to speak of a p90)." if n < need else "."),
+        ),
+    ]
 
 
 def render(ctx) -> None:
     st.header(TITLE)
     per_instance = len(ctx.shown_instances) > 1
     data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance)
-    kpis = data["kpis"]
-    for col, (name, value) in zip(st.columns(len(kpis)), kpis.items()):
-        col.metric(name, _shown(name, value), help=KPI_HELP[name])
-    st.caption(ctx.window_caption() + " Blocks lost: each lost block once (evictions, invalidations, vLLM removals; "
-               "a block several sessions owned counts once; resets not included), as on the What-if page.")  # fmt: skip
+    shown = _kpis(data["kpis"])
+    for col, (name, value, help_text) in zip(st.columns(len(shown)), shown):
+        col.metric(name, value, help=help_text)
+    ctx.runs_note()
+    st.caption(
+        ctx.window_caption() + " Blocks lost: each lost block once (evictions, invalidations, vLLM removals; "
+        "a block several sessions owned counts once; resets not included), as on the What-if page."
+    )
     axis = ctx.axis
     no_snaps = "No instance snapshots in this range."
     left, right = st.columns(2)
@@ -49,52 +71,97 @@ def render(ctx) -> None:
         st.subheader("KV cache usage")
         time_chart(data["usage"], axis, y_title="pinned KV usage", y_format="%", empty=no_snaps)
         st.subheader("Resident cached blocks")
-        no_resident = ("The instances report no resident cached blocks (vLLM's /metrics has no such gauge; its KV "
-                       "events do, on the KV events page)." if data["num_snapshots"] else no_snaps)  # fmt: skip
+        no_resident = (
+            "The instances report no resident cached blocks (vLLM's /metrics has no such gauge; its KV "
+            "events do, on the KV events page)."
+            if data["num_snapshots"]
+            else no_snaps
+        )
         time_chart(data["resident"], axis, y_title="blocks", empty=no_resident)
     with right:
-        st.subheader("Hit rate")
-        no_hits = "No hit-rate samples in this range (an instance reports one once it has been queried)."
-        time_chart(data["hit_rate"], axis, y_title="hit rate", y_format="%", empty=no_hits)
+        st.subheader("Prefix-cache hit rate")
+        no_hits = "No prompt tokens were queried in this range."
+        time_chart(data["hit_rate"], axis, y_title="cached / prompt tokens", y_format="%", empty=no_hits)
         st.subheader("Blocks lost per second, by reason")
-        unknown = ("No KV events recorded in this range, so losses are unknown here (vLLM publishes them with "
-                   "--kv-events-config; see the README).")  # fmt: skip
-        time_chart(data["evictions"], axis, y_title="blocks / s", mark="area", zero_is_empty=True,
-                   empty="No block was lost in this range." if data["watching_kv"] else unknown)  # fmt: skip
+        unknown = (
+            "No KV events recorded in this range, so losses are unknown here (vLLM publishes them with "
+            "--kv-events-config; see the README)."
+        )
+        time_chart(
+            data["evictions"],
+            axis,
+            y_title="blocks / s",
+            mark="area",
+            zero_is_empty=True,
+            empty="No block was lost in this range." if data["watching_kv"] else unknown,
+        )
     left, right = st.columns(2)
     with left:
-        st.subheader("TTFT and inter-token latency")
-        time_chart(data["latency"], axis, y_title="seconds", empty="No requests in this range.")
+        st.subheader("Time to first token")
+        _latency(ctx, data)
         st.subheader("Preemptions")
-        time_chart(data["preemptions"], axis, y_title="preemptions / window", mark="bar", window_s=ctx.window_s,
-                   zero_is_empty=True, empty=f"No preemptions in this range ({data['num_snapshots']:,} instance "
-                   "snapshots)." if data["num_snapshots"] else no_snaps)  # fmt: skip
+        time_chart(
+            data["preemptions"],
+            axis,
+            y_title="preemptions / window",
+            mark="bar",
+            window_s=ctx.window_s,
+            zero_is_empty=True,
+            empty=f"No preemptions in this range ({data['num_snapshots']:,} instance snapshots)."
+            if data["num_snapshots"]
+            else no_snaps,
+        )
     with right:
         st.subheader("Agent steps and failures")
         no_steps = "No agent steps in this range (agents report them through the kvobs SDK)."
         drawn = time_chart(
             data["steps"], axis, y_title="steps / window", mark="bar", window_s=ctx.window_s, empty=no_steps
         )
-        if drawn and kpis["failed steps"]:
-            st.caption("Failed steps by cause (with the evidence for each cause):")
-            show_table(cache.failures(ctx.url, ctx.since, ctx.until), ctx.clock)
+    if drawn and data["kpis"]["failed steps"]:
+        st.subheader("Failed steps by cause")
+        st.caption(
+            "Model and request errors are theirs; only a timeout is given the KV or queue cause that cost it "
+            "time. The evidence is that of the latest step of each cause."
+        )
+        table = cache.failures(ctx.url, ctx.since, ctx.until)
+        table = table.assign(story=[f"[open]({url})" for url in table["story"]])
+        show_text_table(
+            table[["failure_kind", "failure_cause", "failed_steps", "share", "example", "evidence", "story"]], ctx.clock
+        )
     if per_instance:
         render_fleet(ctx, data["fleet"])
+
+
+def _latency(ctx, data: dict) -> None:
+    """Each request's TTFT as a dot (up to `MAX_POINTS` requests), and each window's p50 and p90 where the window has
+    enough requests for them (5 and 10)."""
+    points = data["ttft_points"]
+    dots = None if points is None else points.set_index("arrival_ts")["ttft_s"].rename("request's TTFT")
+    drawn = time_chart(data["latency"], ctx.axis, y_title="seconds", points=dots, empty="No requests in this range.")
+    if drawn:
+        st.caption(
+            ("Dots: each request's time to first token, at its arrival. " if dots is not None else "")
+            + "Lines: each window's p50 and p90, where the window holds 5 and 10 requests or more."
+        )
 
 
 def render_fleet(ctx, data: dict) -> None:
     """Per instance: a row each (most blocks lost first), then one measure as small multiples."""
     st.subheader("Per instance")
-    st.caption(f"{ctx.scope().capitalize()}, most blocks lost first. Requests come from each instance's traces "
-               "(`service.instance.id`), snapshots from its /metrics, losses from its KV-event stream; a dash: that "
-               "source reported nothing for the instance in this range.")  # fmt: skip
+    st.caption(
+        f"{ctx.scope().capitalize()}, most blocks lost first. Requests come from each instance's traces "
+        "(`service.instance.id`), snapshots from its /metrics, losses from its KV-event stream; a blank: that "
+        "source reported nothing for the instance in this range."
+    )
     show_table(data["table"], ctx.clock)
-    measure = st.selectbox("Measure, per instance", list(FLEET_SERIES), key="fleet_measure",
-                           format_func=lambda c: FLEET_SERIES[c][0])  # fmt: skip
+    measure = st.selectbox(
+        "Measure, per instance", list(FLEET_SERIES), key="fleet_measure", format_func=lambda c: FLEET_SERIES[c][0]
+    )
     title, unit, fmt = FLEET_SERIES[measure]
     frame = data["series"][measure]
     silent = [name for name in data["table"]["instance"] if name not in frame.columns]
-    small_multiples(frame, ctx.axis, y_title=unit, y_format=fmt,
-                    empty=f"No instance reported {title.lower()} in this range.")  # fmt: skip
+    small_multiples(
+        frame, ctx.axis, y_title=unit, y_format=fmt, empty=f"No instance reported {title.lower()} in this range."
+    )
     if silent and not frame.empty:
         st.caption(f"No {title.lower()} from: {', '.join(silent)} (their source did not report it; unknown, not 0).")

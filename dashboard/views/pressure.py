@@ -1,23 +1,33 @@
-"""Pressure vs latency: a scatter of one pressure measure against one latency, and their lagged correlation."""
+"""Pressure vs latency: a scatter of one pressure measure against one latency per window, and their lagged
+correlation, named only when enough windows make it more than chance (`kvobs.analytics.samples`)."""
 
 from __future__ import annotations
 
+import altair as alt
 import streamlit as st
 
 from dashboard.views import cache
 from dashboard.views.tables import show_table
+from kvobs.analytics.pressure import why_no_lag
+from kvobs.analytics.samples import MIN_PAIRS
 
 TITLE = "Pressure vs latency"
 PRESSURE = {
-    "usage_mean": "KV usage (mean)",
-    "usage_max": "KV usage (max)",
-    "resident_blocks": "resident blocks",
-    "evictions_per_s": "blocks lost / s",
-    "preemptions": "preemptions",
+    "usage_mean": "KV usage, mean (pinned share)",
+    "usage_max": "KV usage, peak (pinned share)",
+    "resident_blocks": "resident cached blocks",
+    "evictions_per_s": "blocks lost per second",
+    "preemptions": "preemptions per window",
     "waiting": "waiting requests",
 }
-LATENCY = {"ttft_p99": "TTFT p99", "ttft_p50": "TTFT p50", "itl_p99": "ITL p99", "itl_p50": "ITL p50",
-           "queue_p99": "queue p99"}  # fmt: skip
+LATENCY = {
+    "ttft_mean": "TTFT, mean (s)",
+    "ttft_p90": "TTFT p90 (s)",
+    "ttft_p50": "TTFT p50 (s)",
+    "itl_p90": "inter-token p90 (s)",
+    "itl_p50": "inter-token p50 (s)",
+    "queue_p90": "queue p90 (s)",
+}
 WINDOWS = (5, 10, 30, 60, 300, 900)
 
 
@@ -32,18 +42,54 @@ def render(ctx) -> None:
     y = c3.selectbox("Latency", list(LATENCY), format_func=LATENCY.get, key="pressure_y")
     data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y, ctx.instances)
     frame = data["windows"]
-    st.caption(f"{window_s:g} s windows over {ctx.scope()}.")
+    ctx.runs_note()
+    st.caption(
+        f"{window_s:g} s windows over {ctx.scope()}. A latency percentile is shown for a window with enough "
+        "requests for it (p50: 5, p90: 10, p99: 100); a mean for any."
+    )
     if x not in frame or y not in frame or frame[[x, y]].dropna().empty:
-        st.info("Not enough data in this range for this pair: it needs instance snapshots or KV events, and requests.")
+        st.info(
+            "Not enough data in this range for this pair: it needs instance snapshots or KV events, and windows "
+            "with enough requests for this latency."
+        )
         return
-    st.scatter_chart(frame[[x, y]].dropna(), x=x, y=y, x_label=PRESSURE[x], y_label=LATENCY[y])
+    pairs = frame[[x, y, "requests"]].dropna(subset=[x, y]) if "requests" in frame else frame[[x, y]].dropna()
+    scatter = (
+        alt.Chart(pairs)
+        .mark_circle(size=60, opacity=0.7)
+        .encode(
+            x=alt.X(f"{x}:Q", title=PRESSURE[x]),
+            y=alt.Y(f"{y}:Q", title=LATENCY[y]),
+            tooltip=[
+                alt.Tooltip(f"{x}:Q", title=PRESSURE[x], format=".3g"),
+                alt.Tooltip(f"{y}:Q", title=LATENCY[y], format=".3f"),
+                *([alt.Tooltip("requests:Q", title="requests in the window")] if "requests" in pairs else []),
+            ],
+        )
+    )
+    st.altair_chart(scatter.properties(height=300), width="stretch")
+    st.caption(f"{len(pairs):,} windows with both values.")
     st.subheader("Lagged correlation")
-    best = data["strongest"]
+    correlation, best = data["correlation"], data["strongest"]
     if best is None:
-        st.info("The correlation is undefined here (fewer than 3 windows, or a constant series).")
+        st.info(why_no_lag(correlation))
     else:
         lead = "leads" if best["lag"] > 0 else "follows" if best["lag"] < 0 else "moves with"
-        st.write(f"Strongest: r = {best['r']:.2f} at lag {int(best['lag'])} ({best['lag_s']:g} s): "
-                 f"{PRESSURE[x]} {lead} {LATENCY[y]}.")  # fmt: skip
-    st.bar_chart(data["correlation"].set_index("lag_s")["r"], x_label="lag (s): pressure leads latency by", y_label="r")
-    show_table(data["correlation"], ctx.clock)
+        st.markdown(
+            f"**Strongest:** r = {best['r']:.2f} (95% interval {best['ci_low']:.2f} to {best['ci_high']:.2f}; "
+            f"p = {best['p_adjusted']:.3f} after testing {int(correlation['r'].notna().sum())} lags; "
+            f"{int(best['pairs'])} windows) at lag {int(best['lag']):+d} ({best['lag_s']:+g} s): "
+            f"{PRESSURE[x]} {lead} {LATENCY[y]}."
+        )
+        st.caption("Consecutive windows are not independent: read this as a lead to look at, not proof.")
+    shown = correlation.dropna(subset=["r"])
+    if not shown.empty:
+        base = alt.Chart(shown).encode(x=alt.X("lag_s:O", title="lag (s): positive, pressure leads latency"))
+        bars = base.mark_bar().encode(
+            y=alt.Y("r:Q", title="r", scale=alt.Scale(domain=[-1, 1])),
+            tooltip=["lag_s", alt.Tooltip("r:Q", format=".2f"), "pairs"],
+        )
+        ranges = base.mark_rule(color="#555").encode(y="ci_low:Q", y2="ci_high:Q")
+        st.altair_chart(alt.layer(bars, ranges).properties(height=220), width="stretch")
+        st.caption(f"Bars: r at each lag with at least {MIN_PAIRS} windows; lines: its 95% interval.")
+    show_table(correlation, ctx.clock)

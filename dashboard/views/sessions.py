@@ -1,21 +1,39 @@
-"""Sessions: the table (failed first), then one session's footprint, its steps with their causes, and the story of
-one step (the same view as the Step timeline page)."""
+"""Sessions: the table (what the cache cost them first), then one session's footprint, its steps with what explains
+them, and the story of one step (the same view as the Step timeline page)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from dashboard.data import story_url
 from dashboard.views import cache
 from dashboard.views.charts import TimeAxis, time_chart
-from dashboard.views.step import render_story, story_url, trace_link
-from dashboard.views.tables import show_table
+from dashboard.views.step import render_story, trace_link
+from dashboard.views.tables import show_table, show_text_table
 
 TITLE = "Sessions"
-FOOTPRINT = {"session_blocks": "cached blocks", "session_evicted_blocks": "lost",
-             "session_evicted_idle_blocks": "lost in tool pauses",
-             "session_pending_idle_blocks": "lost while idle, pending"}  # fmt: skip
-STEP_COLUMNS = ["step_index", "status", "failure_cause", "slow_cause", "e2e_s", "ttft_s", "typical_s", "evidence",
-                "error_type"]  # fmt: skip
+FOOTPRINT = {
+    "session_blocks": "cached blocks",
+    "session_evicted_blocks": "lost",
+    "session_evicted_idle_blocks": "lost in tool pauses",
+    "session_pending_idle_blocks": "lost while idle, pending",
+}
+STEP_COLUMNS = ["step_index", "status", "failure_cause", "slow_cause", "latency_s", "typical_s", "evidence"]
+TABLE_COLUMNS = [
+    "session_id",
+    "agent_name",
+    "source",
+    "started_at",
+    "ended_at",
+    "steps",
+    "failed",
+    "lost_idle",
+    "pending_idle",
+    "lost",
+    "blocks",
+    "hit_rate",
+    "e2e_p50",
+]
 
 
 def render(ctx) -> None:
@@ -24,11 +42,13 @@ def render(ctx) -> None:
     if table.empty:
         st.info("No sessions in this range.")
         return
+    ctx.runs_note()
     st.caption(
-        "Worst first: most failed steps, then most blocks lost while idle."
+        "By what the cache cost them: most blocks lost in tool pauses first, then most lost at all, then most failed "
+        "steps. Hit rate: cached prompt tokens / prompt tokens of the session's steps."
         + (f" Footprints on {ctx.scope()}; steps are the fleet's." if ctx.instances is not None else "")
     )
-    show_table(table, ctx.clock)
+    show_table(table[[c for c in TABLE_COLUMNS if c in table]], ctx.clock)
     session_id = st.selectbox("Session", table["session_id"].tolist(), key="session")
     detail = cache.session_detail(ctx.url, session_id)
     st.subheader("KV footprint")
@@ -38,23 +58,28 @@ def render(ctx) -> None:
     else:
         series = footprint.set_index("ts")[list(FOOTPRINT)].rename(columns=FOOTPRINT)
         axis = TimeAxis(ctx.clock, float(series.index.min()), float(series.index.max()))
-        time_chart(series, axis, y_title="blocks", empty="No footprint snapshots for this session.")
+        time_chart(series, axis, y_title="blocks", mark="step", empty="No footprint snapshots for this session.")
+        st.caption(
+            "Each line holds its value until the next snapshot. Lost while idle, pending: a tool pause if the "
+            "session comes back, after its end if not."
+        )
     st.subheader("Steps and what explains them")
     steps = detail["steps"]
     if steps.empty:
         st.info("No agent steps recorded for this session (agents record them through the kvobs SDK).")
         return
     shown = steps[STEP_COLUMNS].copy()
-    shown["story"] = [story_url(session_id, i) for i in steps["step_index"]]
-    config = {"story": st.column_config.LinkColumn("story", display_text="open the step's timeline")}
+    shown["story"] = [f"[open]({story_url(session_id, i)})" for i in steps["step_index"]]
     if ctx.jaeger_url:
-        shown["trace"] = [trace_link(ctx.jaeger_url, t) for t in steps["trace_id"]]
-        config["trace"] = st.column_config.LinkColumn("trace", display_text="open in Jaeger")
-    show_table(shown, ctx.clock, column_config=config)
-    st.caption("failure_cause: the error itself, except a timeout, which is given the KV or queue cause found. "
-               "slow_cause: what explains a step slower than its session's typical step (typical), none when it "
-               "was not slow. 'lost while idle, pending': a tool pause if the session comes back, after its end "
-               "if not.")  # fmt: skip
+        shown["trace"] = [
+            f"[Jaeger]({link})" if (link := trace_link(ctx.jaeger_url, t)) else "" for t in steps["trace_id"]
+        ]
+    show_text_table(shown, ctx.clock)
+    st.caption(
+        "Why it failed: the error itself, except a timeout, which is given the KV or queue cause that cost it "
+        "time. Why it was slow: the part of its latency (TTFT, else end to end) that explains most of its "
+        "excess over the session's typical step; blank when it was not slow."
+    )
     indexes = cache.session_steps_worst_first(ctx.url, session_id)
-    step_index = st.selectbox("Step (failed or slowest first)", indexes, key="session_step")
+    step_index = st.selectbox("Step (what the cache cost it first)", indexes, key="session_step")
     render_story(ctx, session_id, int(step_index))

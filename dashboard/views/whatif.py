@@ -1,41 +1,98 @@
-"""What-if: replay the range's requests through other cache sizes and policies, next to what was observed."""
+"""What-if: replay the range's requests through other cache sizes and policies, run by run, next to what was
+observed: a chart of the hit rate and the tool-pause losses by cache size, and the table. A range of up to an hour is
+replayed at the default sizes (the observed one among them) as the page opens; a longer one when asked."""
 
 from __future__ import annotations
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.tables import show_text_table
 from kvobs.semconv.reasons import EvictionPolicyName, names
 
 TITLE = "What-if"
+AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default sizes as the page opens
+COLUMNS = ["configuration", "blocks", "hit rate", "blocks lost", "lost in tool pauses", "recompute tokens", "waited"]
+
+
+def _row(configuration: str, blocks, hit_rate, lost, in_pause, recompute, waited) -> dict:
+    return dict(zip(COLUMNS, (configuration, blocks, hit_rate, lost, in_pause, recompute, waited)))
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying...")
-def replay(url, since, until, sizes: tuple[int, ...], policy: str, ttl_s: float):
-    from instrumented_engine.whatif import ReplayPlan, simulate
+def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float):
+    """(table of the runs together, [(run label, its table)] when several, requests replayed, skipped)."""
+    from dashboard.clock import Clock
+    from instrumented_engine.whatif_runs import observed_total, replay_plans, run_label, simulate_runs
 
-    plan = ReplayPlan.from_store(cache.get_store(url), since, until)
-    rows = [{"configuration": "observed", "blocks": plan.observed.get("num_blocks"),
-             "hit rate": plan.observed.get("hit_rate"), "blocks lost": plan.observed.get("evicted_blocks"),
-             "lost in tool pauses": plan.observed.get("lost_in_pause_blocks"),
-             "recompute tokens": plan.observed.get("recompute_tokens"), "waited": None}]  # fmt: skip
-    for n in sizes:
-        r = simulate(plan, num_blocks=n, policy=policy, ttl_s=ttl_s)
-        rows.append({"configuration": policy, "blocks": n, "hit rate": r.hit_rate, "blocks lost": r.evicted_blocks,
-                     "lost in tool pauses": r.lost_in_pause_blocks, "recompute tokens": r.recompute_tokens,
-                     "waited": r.waited})  # fmt: skip
-    return pd.DataFrame(rows), len(plan.requests), plan.skipped
+    store = cache.get_store(url)
+    plans = replay_plans(store, since, until, instances=instances)
+    results = [simulate_runs(plans, num_blocks=n, policy=policy, ttl_s=ttl_s) for n in sizes]
+
+    def table(observed: dict, replays) -> pd.DataFrame:
+        rows = [
+            _row(
+                "observed",
+                observed.get("num_blocks"),
+                observed.get("hit_rate"),
+                observed.get("evicted_blocks"),
+                observed.get("lost_in_pause_blocks"),
+                observed.get("recompute_tokens"),
+                None,
+            )
+        ]
+        rows += [
+            _row(policy, n, r.hit_rate, r.evicted_blocks, r.lost_in_pause_blocks, r.recompute_tokens, r.waited)
+            for n, r in zip(sizes, replays)
+        ]
+        return pd.DataFrame(rows, columns=COLUMNS)
+
+    total = table(observed_total(plans, store, since, until, instances), [t for t, _ in results])
+    per_run = []
+    if len(plans) > 1:
+        iso = Clock.server_local().iso
+        per_run = [(run_label(p.span, iso), table(p.observed, [r[i] for _, r in results])) for i, p in enumerate(plans)]
+    note = "" if plans[0].span is None or plans[0].span.run_id is not None else "no engine runs are recorded"
+    return total, per_run, sum(len(p.requests) for p in plans), sum(p.skipped for p in plans), note
+
+
+def _observed_size(ctx) -> int | None:
+    """The cache size the range's runs had (blocks, the reserved one included), when they all had the same."""
+    runs = ctx.runs
+    sizes = set() if runs is None else {int(n) + 1 for n in runs["num_blocks"].dropna()}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def render(ctx) -> None:
     st.header(TITLE)
-    with st.form("whatif"):
-        c1, c2, c3 = st.columns(3)
-        sizes_text = c1.text_input("Cache sizes (blocks)", "32,64,128,256", key="whatif_sizes")
-        policy = c2.selectbox("Policy", names(EvictionPolicyName), key="whatif_policy")
-        ttl_s = c3.number_input("session_ttl TTL (s)", min_value=0.0, value=30.0, key="whatif_ttl")
-        submitted = st.form_submit_button("Replay")
+    ctx.runs_note()
+    observed = _observed_size(ctx)
+    defaults = sorted({max(2, observed // 2), observed, observed * 2, observed * 4}) if observed else [32, 64, 128, 256]
+    c1, c2, c3 = st.columns(3)
+    policy = c2.selectbox(
+        "Policy",
+        names(EvictionPolicyName),
+        key="whatif_policy",
+        help="lru: the least recently used cached block goes first (vLLM's). session_ttl: blocks of a "
+        "session paused for less than the TTL are kept while anything else can go.",
+    )
+    sizes_text = c1.text_input(
+        "Cache sizes (blocks)",
+        ",".join(map(str, defaults)),
+        key="whatif_sizes",
+        help=f"Blocks of the engine's block size{'; observed: ' + str(observed) if observed else ''}.",
+    )
+    ttl_s = 30.0
+    if policy == EvictionPolicyName.SESSION_TTL.value:
+        ttl_s = c3.number_input(
+            "Session TTL (s)",
+            min_value=0.0,
+            value=30.0,
+            key="whatif_ttl",
+            help="How long a paused session's blocks are protected.",
+        )
     try:
         sizes = tuple(int(s) for s in sizes_text.split(",") if s.strip())
         if not sizes or min(sizes) < 2:
@@ -43,19 +100,70 @@ def render(ctx) -> None:
     except ValueError:
         st.error(f"Cache sizes must be whole numbers of at least 2, separated by commas; got {sizes_text!r}.")
         return
-    if not submitted and "whatif_ran" not in st.session_state:
-        st.info("Choose sizes and a policy, then Replay.")
+    clicked = st.button("Replay", key="whatif_go")
+    if not clicked and "whatif_ran" not in st.session_state and ctx.until - ctx.since > AUTO_REPLAY_S:
+        st.info(
+            "Choose sizes and a policy, then Replay." + (f" The runs here had {observed} blocks." if observed else "")
+        )
         return
     st.session_state["whatif_ran"] = True
     try:
-        table, replayed, skipped = replay(ctx.url, ctx.since, ctx.until, sizes, policy, float(ttl_s))
+        table, per_run, replayed, skipped, note = replay(
+            ctx.url, ctx.since, ctx.until, ctx.instances, sizes, policy, float(ttl_s)
+        )
     except ValueError as exc:
         st.warning(str(exc))
         return
-    st.caption(f"{replayed} requests replayed; {skipped} without a known block chain skipped.")
-    st.dataframe(table, hide_index=True, column_config={"hit rate": st.column_config.NumberColumn(format="percent")})
+    runs = f"{len(per_run)} runs, each replayed through a cache of its own (a restart empties it); " if per_run else ""
     st.caption(
-        "blocks lost: each lost block once (evictions, invalidations, vLLM removals; resets not included), "
-        "as on the Overview. lost in tool pauses: blocks a session lost while it waited on a tool, counted "
-        "once it came back; the replay knows each session's last request, so nothing is pending there."
+        f"{runs}{replayed:,} requests replayed; {skipped:,} without a known block chain skipped."
+        + (f" {note.capitalize()}: the range is replayed as one run." if note else "")
     )
+    _chart(table)
+    show_text_table(table, ctx.clock)
+    st.caption(
+        "Hit rate: cached prompt tokens / prompt tokens, as on the Overview and in the terminal. Blocks lost: "
+        "each lost block once (evictions, invalidations, vLLM removals; resets not included). Lost in tool "
+        "pauses: blocks a session lost while it waited on a tool, counted once it came back; the replay knows "
+        "each session's last request, so nothing is pending there. Our engine's runs are replayed step for "
+        "step, so at the observed size and policy the replay is the run; vLLM's approximately."
+    )
+    for label, run_table in per_run:
+        with st.expander(label):
+            show_text_table(run_table, ctx.clock)
+
+
+def _chart(table: pd.DataFrame) -> None:
+    long = table.melt(
+        id_vars=["configuration", "blocks"],
+        value_vars=["hit rate", "lost in tool pauses"],
+        var_name="measure",
+        value_name="value",
+    ).dropna(subset=["blocks", "value"])
+    if long.empty:
+        return
+    long["observed"] = long["configuration"] == "observed"
+    charts = []
+    for measure, fmt in (("hit rate", "%"), ("lost in tool pauses", ",d")):
+        mine = long[long["measure"] == measure]
+        replayed = (
+            alt.Chart(mine[~mine["observed"]])
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("blocks:Q", title="cache size (blocks)"),
+                y=alt.Y("value:Q", title=measure + (" (blocks)" if fmt == ",d" else ""), axis=alt.Axis(format=fmt)),
+                tooltip=["blocks", alt.Tooltip("value:Q", title=measure, format=".1%" if fmt == "%" else ",d")],
+            )
+        )
+        seen = (
+            alt.Chart(mine[mine["observed"]])
+            .mark_point(shape="diamond", size=160, filled=True, color="#d62728")
+            .encode(
+                x="blocks:Q",
+                y="value:Q",
+                tooltip=[alt.Tooltip("value:Q", title=f"observed {measure}", format=".1%" if fmt == "%" else ",d")],
+            )
+        )
+        charts.append(alt.layer(replayed, seen).properties(height=220, width=360))
+    st.altair_chart(alt.hconcat(*charts), width="content")
+    st.caption("Line: the replay at each size; red diamond: what was observed.")

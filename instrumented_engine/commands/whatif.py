@@ -36,28 +36,25 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from instrumented_engine.whatif import ReplayPlan, simulate
-    except ImportError as exc:  # pragma: no cover - pandas and the block manager ship with the base install
-        print(f"kvobs whatif cannot import the replay ({exc})", file=sys.stderr)
-        return 2
+    from instrumented_engine.whatif_runs import observed_total, replay_plans, simulate_runs
     from kvobs.store import open_store
 
     store = start_or_report("whatif", lambda: open_store(args.store, must_exist=True))
     if store is None:
         return 2
     try:
-        plan = start_or_report("whatif", lambda: ReplayPlan.from_store(store, args.since, args.until,
-                                                                       block_size=args.block_size))  # fmt: skip
-        if plan is None:
+        plans = start_or_report("whatif", lambda: replay_plans(store, args.since, args.until,
+                                                               block_size=args.block_size))  # fmt: skip
+        if plans is None:
             return 2
-        if not plan.requests:
+        if not any(plan.requests for plan in plans):
             print("kvobs whatif: no recorded request has a known block chain to replay", file=sys.stderr)
             return 2
-        results = [simulate(plan, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in args.num_blocks]
+        runs = [simulate_runs(plans, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in args.num_blocks]
+        observed = observed_total(plans, store, args.since, args.until)
     finally:
         store.close()
-    print(format_table(plan, results))
+    print(format_table(plans, observed, runs))
     return 0
 
 
@@ -78,12 +75,35 @@ def _num(value) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def format_table(plan, results) -> str:
-    obs = plan.observed
+def format_table(plans, observed: dict, runs: list) -> str:
+    """The replay's table: observed, then each size (every run replayed through its own cache, added up); with
+    several runs, each run's own rows after."""
+    from instrumented_engine.whatif_runs import run_label
+    from kvobs.commands.common import local_time
+
+    replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
+    lines = [f"{replayed} requests replayed ({skipped} without a known chain skipped), block size "
+             f"{', '.join(sorted({str(p.block_size) for p in plans}))}"]  # fmt: skip
+    if len(plans) > 1:
+        lines.append(f"{len(plans)} runs, replayed one by one (each began with an empty cache): "
+                     + "; ".join(run_label(p.span, local_time) for p in plans))  # fmt: skip
+    elif plans[0].span is not None and plans[0].span.run_id is None:
+        lines.append("no engine runs are recorded in this store: the range is replayed as one run")
+    lines += ["", *_rows(observed, [total for total, _ in runs])]
+    if len(plans) > 1:
+        for i, plan in enumerate(plans):
+            lines += ["", f"{run_label(plan.span, local_time)}:", *_rows(plan.observed, [per[i] for _, per in runs])]
+    lines += ["", LEGEND.format(pending=_num(observed.get("pending_idle_blocks")))]
+    too_large = [(total.num_blocks, total.too_large) for total, _ in runs if total.too_large]
+    if too_large:
+        lines.append("")
+        lines.append("requests longer than the whole cache were not admitted: " +
+                     ", ".join(f"{n} blocks: {count}" for n, count in too_large))  # fmt: skip
+    return "\n".join(lines)
+
+
+def _rows(obs: dict, results) -> list[str]:
     lines = [
-        f"{len(plan.requests)} requests replayed ({plan.skipped} without a known chain skipped), "
-        f"block size {plan.block_size}",
-        "",
         "| configuration | blocks | hit rate | blocks lost | lost in tool pauses | recompute tokens | waited |",
         "|---|---|---|---|---|---|---|",
         f"| observed | {_num(obs.get('num_blocks'))} | {_pct(obs.get('hit_rate'))} | {_num(obs.get('evicted_blocks'))} "
@@ -92,9 +112,4 @@ def format_table(plan, results) -> str:
     for r in results:
         lines.append(f"| {r.policy} | {r.num_blocks:,} | {_pct(r.hit_rate)} | {r.evicted_blocks:,} | "
                      f"{r.lost_in_pause_blocks:,} | {r.recompute_tokens:,} | {r.waited:,} |")  # fmt: skip
-    lines += ["", LEGEND.format(pending=_num(obs.get("pending_idle_blocks")))]
-    if any(r.too_large for r in results):
-        lines.append("")
-        lines.append("requests longer than the whole cache were not admitted: " +
-                     ", ".join(f"{r.num_blocks} blocks: {r.too_large}" for r in results if r.too_large))  # fmt: skip
-    return "\n".join(lines)
+    return lines

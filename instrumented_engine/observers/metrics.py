@@ -22,10 +22,11 @@ OpenTelemetry instruments (`instrumented_engine.observers.otel_metrics.OTelMetri
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
@@ -52,6 +53,7 @@ ENGINE_METRICS = (
     kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS,
     kvobs_metrics.KV_CACHE_FREE_BLOCKS,
     kvobs_metrics.KV_CACHE_TOTAL_BLOCKS,
+    kvobs_metrics.ENGINE_START_TIME,
     kvobs_metrics.SESSION_PREFIX_LOST,
     kvobs_metrics.SESSION_PREFIX_LOST_PENDING,
     kvobs_metrics.REQUESTS_REJECTED,
@@ -109,6 +111,7 @@ class EngineMetrics:
         max_model_len: upper end of the token-count buckets.
         registry: where to register (a fresh one by default).
         extra_sinks: more places every value goes (OpenTelemetry instruments).
+        started_at: when this engine's run began (`kvobs_engine_start_time_seconds`; default now).
     """
 
     def __init__(
@@ -120,8 +123,11 @@ class EngineMetrics:
         registry: CollectorRegistry | None = None,
         engine_index: str = "0",
         extra_sinks: Sequence[MetricSink] = (),
+        started_at: float | None = None,
     ) -> None:
         self.registry = registry or CollectorRegistry()
+        if registry is None:  # process_start_time_seconds and the rest, as vLLM's /metrics has them
+            ProcessCollector(registry=self.registry)
         sinks = [PrometheusSink(self.registry), *extra_sinks]
         self._labels = {m.LABEL_MODEL_NAME: model_name, m.LABEL_ENGINE: engine_index}
         tokens = m.token_buckets(max_model_len)
@@ -149,6 +155,7 @@ class EngineMetrics:
         self._totals_seen: dict[tuple, int] = {}
         self._total_lock = threading.Lock()
         self._get(vllm.CACHE_CONFIG_INFO).info(cache_config)
+        self._get(kvobs_metrics.ENGINE_START_TIME).set(time.time() if started_at is None else started_at)
         self._last_token_ts: dict[str, float] = {}
         self._create_labelled_series()
 

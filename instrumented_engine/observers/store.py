@@ -17,6 +17,7 @@ Records (see `kvobs.store.rows`):
   hindsight settles its idle losses (a tool pause or its end), and one per instance every
   `snapshot_interval_s`.
 - `sessions`: a row (source `engine`) the first time a session is seen; the agent SDK's richer row wins.
+- `runs`: this engine's run, once, at its start (`record_run`).
 
 The writer never blocks the engine thread; an error here is logged and counted, never raised.
 """
@@ -32,8 +33,8 @@ from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, Step
 from instrumented_engine.observers.dispatch import dispatch
 from kvobs.logs import worth_logging
 from kvobs.semconv.protocol import READMISSION
-from kvobs.semconv.spans import KVEventKind, SessionSource
-from kvobs.store.rows import KVEventRecord, RequestRecord, SessionRecord, SnapshotRecord
+from kvobs.semconv.spans import KVEventKind, RunSource, SessionSource
+from kvobs.store.rows import KVEventRecord, RequestRecord, RunRecord, SessionRecord, SnapshotRecord, run_id
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,16 @@ class StoreRecorder:
             self.num_errors += 1
             if worth_logging(self.num_errors):
                 log.exception("recording a step in the store failed (%d so far); the engine goes on", self.num_errors)
+
+    def record_run(self, started_at: float, model: str, stats: SchedulerStats, config) -> RunRecord:
+        """This engine's run (`runs`): it began at `started_at` (as its /metrics says in
+        `kvobs_engine_start_time_seconds`, so a collector scraping it names the same run) with an empty cache of
+        `stats.num_blocks_total` usable blocks, under `config.eviction_policy` (an `EngineConfig`)."""
+        run = RunRecord(run_id(self.instance, started_at), self.instance, started_at, RunSource.ENGINE.value,
+                        model=model, num_blocks=stats.num_blocks_total, block_size=self.block_size,
+                        eviction_policy=config.eviction_policy)  # fmt: skip
+        self.writer.insert_missing(run)
+        return run
 
     def instance_snapshot(self, stats: SchedulerStats) -> None:
         self._last_snapshot_ts = stats.ts

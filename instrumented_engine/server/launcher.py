@@ -142,8 +142,9 @@ class EngineServer:
         # off the main thread: the HTTP side must never start an OpenMP team of its own (see helper_thread)
         llm_engine = on_helper_thread(lambda: LLMEngine(config, source=source, progress=progress), name="kvobs-load")
         layout = llm_engine.layout
+        self.started_at = time.time()  # this run's start: the cache is empty (`runs`, kvobs_engine_start_time)
         self.served = ServedModel(options.served_model_name or llm_engine.model_name, layout.max_model_len,
-                                  int(time.time()))  # fmt: skip
+                                  int(self.started_at))  # fmt: skip
         self.metrics = EngineMetrics(
             self.served.name,
             cache_config={
@@ -155,6 +156,7 @@ class EngineServer:
             },
             max_model_len=layout.max_model_len,
             extra_sinks=[OTelMetricSink(m)] if (m := self.telemetry.meter("kvobs.engine")) else [],
+            started_at=self.started_at,
         )
         observers = [self.metrics]
         self.publisher = None
@@ -183,6 +185,7 @@ class EngineServer:
                                           block_size=layout.block_size, medium=medium,
                                           snapshot_interval_s=options.snapshot_interval_s)  # fmt: skip
             observers.append(self.recorder)
+            self.recorder.record_run(self.started_at, self.served.name, llm_engine.current_stats(), config)
             self.metrics.watch_dropped("store", lambda: self.writer.num_dropped)
         self.retention = None
         if self.store is not None and options.retention_days is not None:

@@ -23,21 +23,26 @@ def footprint_timeline(snapshots: pd.DataFrame) -> pd.DataFrame:
 
 
 def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Sessions with their latest footprint and step outcomes: one row per session, most lost while idle first."""
+    """Sessions with their latest footprint and step outcomes, one row per session, ordered by what the cache cost
+    them: most blocks lost in tool pauses, then most lost at all, then most failed steps. `hit_rate` is the one
+    definition (`kvobs.analytics.hit_rate`) over the session's steps: cached prompt tokens / prompt tokens, as the
+    server reported them to the agent."""
     table = sessions.set_index("session_id")[["agent_name", "source", "started_at", "ended_at"]]
     if not footprints.empty:
         latest = footprints.groupby("session_id").agg(
             blocks=("session_blocks", "sum"), lost=("session_evicted_blocks", "sum"),
             lost_idle=("session_evicted_idle_blocks", "sum"), pending_idle=("session_pending_idle_blocks", "sum"),
-            hit_rate=("hit_rate", "mean"),
         )  # fmt: skip
         table = table.join(latest, how="outer")
     if not steps.empty:
+        known = steps.dropna(subset=["prompt_tokens", "cached_tokens"])
+        tokens = known.groupby("session_id")[["cached_tokens", "prompt_tokens"]].sum()
         outcome = steps.groupby("session_id").agg(
             steps=("step_index", "size"), failed=("status", lambda s: int((s == "error").sum())),
             e2e_p50=("e2e_s", "median"),
         )  # fmt: skip
+        outcome["hit_rate"] = tokens["cached_tokens"] / tokens["prompt_tokens"].where(tokens["prompt_tokens"] > 0)
         table = table.join(outcome, how="outer")
-    order = [c for c in ("lost_idle", "failed") if c in table]
-    table = table.sort_values(order, ascending=False) if order else table
+    order = [c for c in ("lost_idle", "lost", "failed") if c in table]
+    table = table.sort_values(order, ascending=False, kind="stable", na_position="last") if order else table
     return table.rename_axis("session_id").reset_index()

@@ -46,6 +46,17 @@ EXCESS_CAUSES = {
     ),
 }
 KV_QUEUE_CAUSES = ("queue_wait", "prefix_evicted_in_pause", "invalidated", "preempted")
+# each slow cause in a few words, for tables, legends and the terminal (one definition)
+CAUSE_LABELS = {
+    "queue_wait": "waiting in the queue",
+    "prefix_evicted_in_pause": "prefix lost in the tool pause",
+    "invalidated": "cache invalidated",
+    "preempted": "preempted",
+    "cold_prefix": "nothing cached (cold prefix)",
+    "long_prefill": "more new prompt tokens than usual",
+    "long_decode": "a longer reply than usual",
+    "outside_server": "outside the engine (client, network, tokenizing)",
+}
 
 
 def server_parts(latency: float, by_ttft: bool, queue, arrival, first_token, finished) -> dict:
@@ -60,22 +71,36 @@ def server_parts(latency: float, by_ttft: bool, queue, arrival, first_token, fin
                 i = int(got[0])
                 parts.update(queue_s=queue[i], prefill_s=first_token[i] - scheduled[i], measured=i)
         else:
-            parts.update(queue_s=float(np.nansum(queue)) if (~np.isnan(queue)).any() else nan,
-                         prefill_s=float(np.nansum(first_token - scheduled)),
-                         decode_s=float(np.nansum(finished - first_token)), measured=0)  # fmt: skip
+            parts.update(
+                queue_s=float(np.nansum(queue)) if (~np.isnan(queue)).any() else nan,
+                prefill_s=float(np.nansum(first_token - scheduled)),
+                decode_s=float(np.nansum(finished - first_token)),
+                measured=0,
+            )
     known = [parts[p] for p in ("queue_s", "prefill_s", "decode_s") if parts[p] == parts[p]]
     parts["other_s"] = latency - sum(known) if latency == latency else nan
     return parts
 
 
-def kv_estimates(parts: dict, *, rate, uncached: float, lost_tokens: float, invalidated_tokens: float,
-                 preempted_before_first: bool, preempted_after_tokens: float) -> dict:  # fmt: skip
+def kv_estimates(
+    parts: dict,
+    *,
+    rate,
+    uncached: float,
+    lost_tokens: float,
+    invalidated_tokens: float,
+    preempted_before_first: bool,
+    preempted_after_tokens: float,
+) -> dict:
     """Seconds of the step's prefill (or decode) that the KV record explains, at the instance's measured prefill
     cost (`rate`, a `prefill_rates.Rate`; None: unknown, NaN wherever a fact needs it)."""
     if rate is None:
         nan = float("nan")
-        return {"lost_recompute_s": nan if lost_tokens else 0.0, "invalidated_recompute_s": nan if invalidated_tokens
-                else 0.0, "preempted_s": nan if preempted_before_first or preempted_after_tokens else 0.0}  # fmt: skip
+        return {
+            "lost_recompute_s": nan if lost_tokens else 0.0,
+            "invalidated_recompute_s": nan if invalidated_tokens else 0.0,
+            "preempted_s": nan if preempted_before_first or preempted_after_tokens else 0.0,
+        }
     room = uncached if uncached == uncached else float("inf")  # cached tokens unknown: the lost ones bound it
     lost = min(lost_tokens, room)
     invalidated = min(invalidated_tokens, max(room - lost, 0.0))
@@ -84,8 +109,11 @@ def kv_estimates(parts: dict, *, rate, uncached: float, lost_tokens: float, inva
         needed = rate.overhead_s + rate.seconds(uncached if uncached == uncached else lost + invalidated)
         preempted = max(0.0, parts["prefill_s"] - needed)  # its prefill beyond one: the wait and the recompute
     preempted += rate.seconds(preempted_after_tokens)
-    return {"lost_recompute_s": rate.seconds(lost), "invalidated_recompute_s": rate.seconds(invalidated),
-            "preempted_s": preempted}  # fmt: skip
+    return {
+        "lost_recompute_s": rate.seconds(lost),
+        "invalidated_recompute_s": rate.seconds(invalidated),
+        "preempted_s": preempted,
+    }
 
 
 def _split(excess: np.ndarray, estimates: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
@@ -109,24 +137,30 @@ def explain_excess(frame: pd.DataFrame, typical: dict[str, np.ndarray]) -> pd.Da
     in_decode = frame["preempted_in_decode"].to_numpy(bool)
     before = np.where(in_decode, 0.0, preempted)
     (lost, invalidated, pre_prefill), prefill_rest = _split(
-        part_x["prefill_s"], [frame["lost_recompute_s"].to_numpy(float),
-                              frame["invalidated_recompute_s"].to_numpy(float), before])  # fmt: skip
+        part_x["prefill_s"],
+        [frame["lost_recompute_s"].to_numpy(float), frame["invalidated_recompute_s"].to_numpy(float), before],
+    )
     (pre_decode,), decode_rest = _split(part_x["decode_s"], [np.where(in_decode, preempted, 0.0)])
     cold = frame["cached_tokens"].fillna(-1).to_numpy(float) == 0
     candidates = {
-        "queue": part_x["queue_s"], "lost": lost, "invalidated": invalidated,
+        "queue": part_x["queue_s"],
+        "lost": lost,
+        "invalidated": invalidated,
         "preempted": np.nan_to_num(pre_prefill) + np.nan_to_num(pre_decode),
-        "prefill": np.where(cold, np.nan, prefill_rest), "cold": np.where(cold, prefill_rest, np.nan),
-        "decode": decode_rest, "other": np.where(frame["num_requests"].to_numpy() > 0, part_x["other_s"], np.nan),
-    }  # fmt: skip
+        "prefill": np.where(cold, np.nan, prefill_rest),
+        "cold": np.where(cold, prefill_rest, np.nan),
+        "decode": decode_rest,
+        "other": np.where(frame["num_requests"].to_numpy() > 0, part_x["other_s"], np.nan),
+    }
     names = list(candidates)
     stacked = np.vstack([np.nan_to_num(candidates[n], nan=-np.inf) for n in names])
     best = stacked.argmax(axis=0)
     best_x = stacked[best, np.arange(len(frame))]
     out = frame.assign(excess_s=excess, **{f"{n}_excess_s": candidates[n] for n in names})
     found = best_x > 0
-    out["dominant"] = pd.Series(np.where(found, np.array(names, dtype=object)[best], None), index=out.index,
-                                dtype=object)  # fmt: skip
+    out["dominant"] = pd.Series(
+        np.where(found, np.array(names, dtype=object)[best], None), index=out.index, dtype=object
+    )
     out["dominant_s"] = np.where(found, best_x, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["dominant_share"] = np.where(found & (excess > 0), best_x / excess, np.nan)
@@ -139,5 +173,7 @@ def excess_words(row, typical_s: float) -> str:
     x, excess, share = row["dominant_s"], row["excess_s"], row["dominant_share"]
     if share == share and share <= 1.0:
         return f"slow: {words}: {x:.2f} s of the {excess:.2f} s over its typical {typical_s:.2f} s ({share:.0%})"
-    return (f"slow: {words}: {x:.2f} s more than usual, more than the whole {excess:.2f} s over its typical "
-            f"{typical_s:.2f} s (its other parts were quicker than usual)")  # fmt: skip
+    return (
+        f"slow: {words}: {x:.2f} s more than usual, more than the whole {excess:.2f} s over its typical "
+        f"{typical_s:.2f} s (its other parts were quicker than usual)"
+    )

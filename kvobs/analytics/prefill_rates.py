@@ -53,8 +53,10 @@ class Rate:
         return tokens / self.tokens_per_s
 
     def describe(self, instance: str) -> str:
-        return (f"{self.tokens_per_s:,.0f} tokens/s ({instance}'s prefill cost per token, measured over "
-                f"{self.num_requests} requests of the {RATE_WINDOW_S / 60:g} minutes before)")  # fmt: skip
+        return (
+            f"{self.tokens_per_s:,.0f} tokens/s ({instance}'s prefill cost per token, measured over "
+            f"{self.num_requests} requests of the {RATE_WINDOW_S / 60:g} minutes before)"
+        )
 
 
 class _Series:
@@ -93,8 +95,9 @@ class PrefillRates:
         if not requests.empty:
             measured = _measured_prefills(requests)
             for instance, group in measured.groupby("instance"):
-                self._series[instance] = _Series(group["arrival_ts"], group["uncached"], group["prefill_s"],
-                                                 np.ones(len(group)), "requests")  # fmt: skip
+                self._series[instance] = _Series(
+                    group["arrival_ts"], group["uncached"], group["prefill_s"], np.ones(len(group)), "requests"
+                )
         if counters is not None and not counters.empty:
             for instance, group in counters.groupby("instance"):
                 if instance in self._series:
@@ -103,8 +106,9 @@ class PrefillRates:
                 if not set(COUNTERS.values()) <= set(wide.columns):
                     continue  # without its cached tokens the uncached ones are unknown: no rate
                 uncached = wide[COUNTERS["prompt"]] - wide[COUNTERS["cached"]]
-                self._series[instance] = _Series(wide.index, uncached, wide[COUNTERS["seconds"]],
-                                                 wide[COUNTERS["count"]], "counters")  # fmt: skip
+                self._series[instance] = _Series(
+                    wide.index, uncached, wide[COUNTERS["seconds"]], wide[COUNTERS["count"]], "counters"
+                )
 
     @classmethod
     def from_store(cls, store, since, until, requests: pd.DataFrame | None = None) -> PrefillRates:

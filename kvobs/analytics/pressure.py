@@ -48,8 +48,8 @@ def pressure_windows(
                                  preemptions=preemption_increase(snapshots))  # fmt: skip
         parts.append(snaps.groupby("window").agg(
             usage_mean=("kv_usage", "mean"), usage_max=("kv_usage", "max"),
-            resident_blocks=("blocks_resident", "mean"), hit_rate=("hit_rate", "mean"),
-            waiting=("num_waiting", "mean"), preemptions=("preemptions", "sum"),
+            resident_blocks=("blocks_resident", "mean"), waiting=("num_waiting", "mean"),
+            preemptions=("preemptions", "sum"),
         ))  # fmt: skip
     if not kv_counts.empty:
         losses = kv_counts[kv_counts["kind"].isin(BLOCK_LOSS_KINDS)]

@@ -61,8 +61,9 @@ class Correlation:
 
 def correlation(x, y) -> Correlation:
     """Pearson's r of the pairs where both `x` and `y` are known, with Fisher's 95% interval and p-value."""
-    pairs = pd.concat([pd.Series(x, dtype=float).reset_index(drop=True),
-                       pd.Series(y, dtype=float).reset_index(drop=True)], axis=1).dropna()  # fmt: skip
+    pairs = pd.concat(
+        [pd.Series(x, dtype=float).reset_index(drop=True), pd.Series(y, dtype=float).reset_index(drop=True)], axis=1
+    ).dropna()
     n = len(pairs)
     nan = float("nan")
     if n < MIN_PAIRS or pairs.iloc[:, 0].std() == 0 or pairs.iloc[:, 1].std() == 0:

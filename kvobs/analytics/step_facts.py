@@ -41,8 +41,19 @@ def missing(value) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
 
 
-def step_facts(step, latency: float, parts: dict, reqs, sent, previous_end, session_events: Events,
-               resets: Events, preempted: dict, rates: PrefillRates, queue_wait_s: float) -> dict:  # fmt: skip
+def step_facts(
+    step,
+    latency: float,
+    parts: dict,
+    reqs,
+    sent,
+    previous_end,
+    session_events: Events,
+    resets: Events,
+    preempted: dict,
+    rates: PrefillRates,
+    queue_wait_s: float,
+) -> dict:
     """One attributed step's row: its facts (`causes`, `facts`: the evidence, each with what it cost), its latency
     parts (`parts`, `latency_parts.server_parts`) and the KV estimates. `sent`: its requests' positions in `reqs`
     (the attribution's `_Requests`); `previous_end`: when the session's previous step's requests ended (None for
@@ -58,8 +69,10 @@ def step_facts(step, latency: float, parts: dict, reqs, sent, previous_end, sess
         if not tokens:
             return ""
         if rate is None:
-            return (f", recompute time unknown (no measured prefill rate: fewer than {MIN_RATE_REQUESTS} requests on "
-                    f"{instance or 'its instance'} in the minutes before)")  # fmt: skip
+            return (
+                f", recompute time unknown (no measured prefill rate: fewer than {MIN_RATE_REQUESTS} requests on "
+                f"{instance or 'its instance'} in the minutes before)"
+            )
         return f", about {seconds:.2f} s to recompute at {rate.describe(instance)}"
 
     reasons: list[str] = []
@@ -68,11 +81,14 @@ def step_facts(step, latency: float, parts: dict, reqs, sent, previous_end, sess
         window = session_events.window(previous_end, step_end)
         invalidated = session_events.kind[window] == KVEventKind.INVALIDATED.value
         reset_reasons = resets.reason[resets.window(previous_end, step_end)]
-        reasons = sorted({r for r in session_events.reason[window][invalidated] if not missing(r)}
-                         | {str(r) for r in reset_reasons if not missing(r)})  # fmt: skip
+        reasons = sorted(
+            {r for r in session_events.reason[window][invalidated] if not missing(r)}
+            | {str(r) for r in reset_reasons if not missing(r)}
+        )
         if invalidated.any() or len(reset_reasons):
-            blocks, invalidated_tokens = _distinct(session_events.block_hash[window][invalidated],
-                                                   session_events.num_tokens[window][invalidated])  # fmt: skip
+            blocks, invalidated_tokens = _distinct(
+                session_events.block_hash[window][invalidated], session_events.num_tokens[window][invalidated]
+            )
             causes.append("invalidated")
             facts.append(f"cache invalidated ({', '.join(reasons) or 'reset'}): {blocks} of its blocks{{invalidated}}")
 
@@ -80,12 +96,15 @@ def step_facts(step, latency: float, parts: dict, reqs, sent, previous_end, sess
     if previous_end is not None:
         pause = session_events.window(previous_end, first_arrival)
         evicted = np.isin(session_events.kind[pause], EVICTION_KINDS)
-        lost_blocks, lost_tokens = _distinct(session_events.block_hash[pause][evicted],
-                                             session_events.num_tokens[pause][evicted])  # fmt: skip
+        lost_blocks, lost_tokens = _distinct(
+            session_events.block_hash[pause][evicted], session_events.num_tokens[pause][evicted]
+        )
         if lost_blocks:
             causes.append("prefix_evicted_in_pause")
-            facts.append(f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the "
-                         f"{first_arrival - previous_end:.2f} s pause before it{{lost}}")  # fmt: skip
+            facts.append(
+                f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the "
+                f"{first_arrival - previous_end:.2f} s pause before it{{lost}}"
+            )
 
     preemptions = int(reqs.preemptions[sent].sum())
     own_preemptions = [p for rid in dict.fromkeys(reqs.request_id[sent]) for p in preempted.get(rid, ())]
@@ -105,26 +124,48 @@ def step_facts(step, latency: float, parts: dict, reqs, sent, previous_end, sess
         facts.append(f"waited {max_queue:.2f} s in the queue")
 
     uncached = reqs.prompt[measured] - reqs.cached[measured] if measured is not None else np.nan
-    estimates = kv_estimates(parts, rate=rate, uncached=uncached,
-                             lost_tokens=lost_tokens, invalidated_tokens=invalidated_tokens,
-                             preempted_before_first=before and bool(own_preemptions),
-                             preempted_after_tokens=after_tokens)  # fmt: skip
-    words = {"lost": cost(estimates["lost_recompute_s"], lost_tokens),
-             "invalidated": cost(estimates["invalidated_recompute_s"], invalidated_tokens),
-             "preempted": "" if not own_preemptions or rate is None or not estimates["preempted_s"] else
-             f", about {estimates['preempted_s']:.2f} s of its latency"}  # fmt: skip
+    estimates = kv_estimates(
+        parts,
+        rate=rate,
+        uncached=uncached,
+        lost_tokens=lost_tokens,
+        invalidated_tokens=invalidated_tokens,
+        preempted_before_first=before and bool(own_preemptions),
+        preempted_after_tokens=after_tokens,
+    )
+    words = {
+        "lost": cost(estimates["lost_recompute_s"], lost_tokens),
+        "invalidated": cost(estimates["invalidated_recompute_s"], invalidated_tokens),
+        "preempted": ""
+        if not own_preemptions or rate is None or not estimates["preempted_s"]
+        else f", about {estimates['preempted_s']:.2f} s of its latency",
+    }
     facts = [fact.format(**words) for fact in facts]
     return {
-        "session_id": step.session_id, "step_index": step.step_index, "status": step.status,
-        "error_type": step.error_type, "started_at": step.started_at, "e2e_s": step.e2e_s, "ttft_s": step.ttft_s,
-        "trace_id": step.trace_id, "span_id": step.span_id, "causes": ",".join(causes) or "none", "facts": facts,
-        "blocks_lost_in_pause": lost_blocks, "tokens_lost_in_pause": lost_tokens, "preemptions": preemptions,
-        "invalidation_reasons": ",".join(reasons), "max_queue_s": max_queue, "num_requests": len(sent),
+        "session_id": step.session_id,
+        "step_index": step.step_index,
+        "status": step.status,
+        "error_type": step.error_type,
+        "started_at": step.started_at,
+        "e2e_s": step.e2e_s,
+        "ttft_s": step.ttft_s,
+        "trace_id": step.trace_id,
+        "span_id": step.span_id,
+        "causes": ",".join(causes) or "none",
+        "facts": facts,
+        "blocks_lost_in_pause": lost_blocks,
+        "tokens_lost_in_pause": lost_tokens,
+        "preemptions": preemptions,
+        "invalidation_reasons": ",".join(reasons),
+        "max_queue_s": max_queue,
+        "num_requests": len(sent),
         "cached_tokens": float(np.nansum(reqs.cached[sent])) if (~np.isnan(reqs.cached[sent])).any() else None,
         "latency_s": latency,
-        **{p: parts[p] for p in PARTS}, **estimates, "preempted_in_decode": bool(own_preemptions) and not before,
+        **{p: parts[p] for p in PARTS},
+        **estimates,
+        "preempted_in_decode": bool(own_preemptions) and not before,
         "prefill_rate": np.nan if rate is None else rate.tokens_per_s,
-    }  # fmt: skip
+    }
 
 
 def _distinct(hashes, tokens) -> tuple[int, int]:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 ENGINE_START_TIMEOUT_S = 900.0  # first load of the weights on a slow 2-core machine
 DASHBOARD_START_TIMEOUT_S = 120.0
 SETTLE_S = 1.5  # the engine's store writer flushes every 0.5 s
+DEMO_INSTANCE = "demo-engine"  # the engine's name in the store
 
 
 def add_parser(sub) -> None:
@@ -130,7 +131,7 @@ def _check(args: argparse.Namespace) -> None:
 def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
     command = [sys.executable, "-m", "kvobs.cli", "serve", "--host", args.host, "--port", str(args.port),
                "--num-blocks", str(args.num_blocks), "--max-model-len", str(args.max_model_len),
-               "--store", store_url, "--instance", "demo-engine", "--snapshot-interval", "1"]  # fmt: skip
+               "--store", store_url, "--instance", DEMO_INSTANCE, "--snapshot-interval", "1"]  # fmt: skip
     if args.otlp_endpoint:
         command += ["--otlp-endpoint", args.otlp_endpoint]
     return command
@@ -226,15 +227,12 @@ def _print_round(result, store_url: str, started: float) -> None:
     from kvobs.alerts.evaluator import Evaluator
     from kvobs.alerts.rules import load_rules
     from kvobs.analytics.step_causes import step_causes
-    from kvobs.store import open_store, queries
+    from kvobs.store import open_store
 
     store = open_store(store_url)
     try:
         time.sleep(SETTLE_S)  # the engine writes its requests and KV events in batches
-        steps = queries.steps(store, since=started)
-        prompt, cached = steps["prompt_tokens"].sum(), steps["cached_tokens"].sum()
-        hit = f"{cached / prompt:.0%} of {int(prompt):,} prompt tokens" if prompt else "no prompt tokens"
-        print(f"  {result.steps} steps in {result.wall_s:.0f} s; prefix cache hits: {hit}")
+        print(f"  {result.steps} steps in {result.wall_s:.0f} s; {hit_rate_line(store, started, time.time())}")
         print(f"  {_failures_line(step_causes(store, started, None))}")
         transitions = Evaluator(store, load_rules(None)).evaluate(time.time())
         for t in transitions:
@@ -248,18 +246,27 @@ def _print_round(result, store_url: str, started: float) -> None:
     sys.stdout.flush()
 
 
+def hit_rate_line(store, since: float, until: float, instance: str = DEMO_INSTANCE) -> str:
+    """The round's prefix-cache hit rate as the terminal says it: the one definition, as the Overview and What-if."""
+    from kvobs.analytics.hit_rate import hit_rate_in
+
+    return f"prefix cache hit rate: {hit_rate_in(store, since, until, instances=[instance]).describe()} ({instance})"
+
+
 def _failures_line(causes) -> str:
     """Failed steps split into what the cache (or queue) explains, model errors and the rest, with slow steps."""
     from kvobs.analytics.attribution import failure_split
+    from kvobs.analytics.latency_parts import CAUSE_LABELS
 
     split = failure_split(causes)
     slow = causes[causes["slow"].astype(bool)] if not causes.empty else causes
     slow_by_cause = slow["slow_cause"].value_counts() if not slow.empty else {}
-    slow_text = ", ".join(f"{cause} {n}" for cause, n in slow_by_cause.items()) or "none"
+    slow_text = ", ".join(f"{CAUSE_LABELS.get(cause, 'not explained')} {n}" for cause, n in slow_by_cause.items())
     failed = sum(split.values())
     return (f"failed steps: {failed} (explained by the KV cache: {split['cache']}, by the queue: {split['queue']}, "
             f"timeouts without a KV cause: {split['timeout']}, model errors: {split['model']}, request errors: "
-            f"{split['request']}); slow steps by cause: {slow_text}")  # fmt: skip
+            f"{split['request']})\n  slow steps: {len(slow)}" + (f" (what cost the time: {slow_text})" if len(slow)
+                                                                  else ""))  # fmt: skip
 
 
 def _stop_all(children: list[subprocess.Popen]) -> list[str]:

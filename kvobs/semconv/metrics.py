@@ -31,6 +31,10 @@ LABEL_TABLE = "table"  # a store table
 INCREASE_SUFFIX = ":increase"
 COUNT_SUFFIX, SUM_SUFFIX = ":count", ":sum"
 ENGINE_LABELS = (LABEL_MODEL_NAME, LABEL_ENGINE)
+# prometheus_client's process collector (vLLM and `kvobs serve` export it): when the serving process started. A
+# collector takes it for the start of a vLLM's run (an empty KV cache); `kvobs serve` says its own
+# (`kvobs_engine_start_time_seconds`).
+PROCESS_START_TIME = "process_start_time_seconds"
 
 FINISHED_ABORT = "abort"
 FINISHED_ERROR = "error"  # the engine failed on this request alone (its sampling or detokenizing raised)
@@ -160,6 +164,8 @@ kvobs_metrics = SimpleNamespace(
                                "Blocks with no request holding them (cached or not): what allocation can take."),
     KV_CACHE_TOTAL_BLOCKS=_spec("kvobs_kv_cache_total_blocks", "gauge", "blocks",
                                 "Usable KV blocks (the reserved null block excluded)."),
+    ENGINE_START_TIME=_spec("kvobs_engine_start_time_seconds", "gauge", "s",
+                            "When this engine's run began, its KV cache empty (epoch s): its run in the store."),
     SESSION_PREFIX_LOST=_spec("kvobs_session_prefix_lost", "counter", "blocks",
                               "Cached blocks evicted by capacity pressure or TTL while a session that owned them was "
                               "in a tool pause, counted when the pause is known (its next request began)."),

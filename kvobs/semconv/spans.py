@@ -94,6 +94,13 @@ class SessionSource(Name):
     VLLM = "vllm"
 
 
+class RunSource(Name):
+    """`runs.source`: who recorded the run."""
+
+    ENGINE = "engine"  # kvobs serve, at its start
+    COLLECTOR = "collector"  # kvobs collect, from the replica's /metrics (its process start)
+
+
 class StepErrorType(Name):
     """`error.type` values the SDK sets itself (HTTP failures use the status code, others the exception type)."""
 

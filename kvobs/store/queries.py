@@ -27,6 +27,7 @@ from kvobs.store.schema import (
     KVEventRow,
     MetricSampleRow,
     RequestRow,
+    RunRow,
     SessionFootprintRow,
     SessionRow,
     SnapshotRow,
@@ -133,6 +134,13 @@ def steps(store: Store, since=None, until=None, session_id: str | None = None) -
 @per_backend
 def sessions(store: Store) -> pd.DataFrame:
     return read(store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))
+
+
+@per_backend
+def runs(store: Store, *, instances: Instances = None) -> pd.DataFrame:
+    """Every recorded engine run (`runs`), by instance and start: a small table (a row per engine start)."""
+    stmt = _of_instances(select(*_columns(RunRow)), RunRow.instance, instances)
+    return read(store, stmt.order_by(RunRow.instance, RunRow.started_at))
 
 
 def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 60.0, instances: Instances = None,

@@ -177,6 +177,29 @@ class SnapshotRecord(Record):
 
 
 @_record
+class RunRecord(Record):
+    """One run of an engine: from its start (an empty cache) to the next run's start on the same instance.
+    `run_id` is `run_id(instance, started_at)`, so whoever sees the same start (the engine itself, a collector
+    scraping it) writes the same row."""
+
+    table: ClassVar[str] = "runs"
+
+    run_id: str
+    instance: str
+    started_at: float
+    source: str  # engine (kvobs serve itself) | collector (seen from the replica's /metrics or KV events)
+    model: str | None = None
+    num_blocks: int | None = None  # usable KV blocks
+    block_size: int | None = None
+    eviction_policy: str | None = None
+
+
+def run_id(instance: str, started_at: float) -> str:
+    """The id of `instance`'s run that started at `started_at` (epoch s, to the millisecond)."""
+    return f"{instance}@{started_at:.3f}"
+
+
+@_record
 class MetricSampleRecord(Record):
     table: ClassVar[str] = "metric_samples"
 
@@ -211,5 +234,6 @@ RECORDS: dict[str, type[Record]] = {
         SnapshotRecord,
         MetricSampleRecord,
         AlertRecord,
+        RunRecord,
     )  # fmt: skip
 }

@@ -265,8 +265,25 @@ class AlertRow(Base):
     summary: Mapped[str | None] = mapped_column(String(1024))
 
 
+class RunRow(Base):
+    """Each engine run: a start with an empty cache (an engine start; a replica's restart, seen by a collector).
+    A run lasts until the next run of the same instance starts."""
+
+    __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_instance_started_at", "instance", "started_at"),)
+
+    run_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
+    started_at: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16))  # engine | collector
+    model: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    num_blocks: Mapped[int | None] = mapped_column(Integer)
+    block_size: Mapped[int | None] = mapped_column(Integer)
+    eviction_policy: Mapped[str | None] = mapped_column(String(32))
+
+
 # Tables written as records (`kvobs.store.rows`); rollups (`kv_event_minutes`) are kept by the writer.
 TABLES = {cls.__tablename__: cls for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow,
-                                             AlertRow)}  # fmt: skip
+                                             AlertRow, RunRow)}  # fmt: skip
 # Tables the writer keeps from the raw rows in the same transaction; a copy of a store copies them too.
 ROLLUPS = {cls.__table__.name: cls for cls in (KVEventMinuteRow, SessionFootprintRow)}

@@ -16,10 +16,17 @@ from kvobs.store import queries
 def _requests(tokens, seconds, *, start=1000.0, instance="e0", cached=0):
     n = len(tokens)
     arrival = start + np.arange(n, dtype=float)
-    return pd.DataFrame({"instance": instance, "arrival_ts": arrival, "queue_s": 0.01,
-                         "first_token_ts": arrival + 0.01 + np.asarray(seconds, float),
-                         "prompt_tokens": np.asarray(tokens) + (cached or 0), "cached_tokens": cached,
-                         "num_preemptions": 0})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "instance": instance,
+            "arrival_ts": arrival,
+            "queue_s": 0.01,
+            "first_token_ts": arrival + 0.01 + np.asarray(seconds, float),
+            "prompt_tokens": np.asarray(tokens) + (cached or 0),
+            "cached_tokens": cached,
+            "num_preemptions": 0,
+        }
+    )
 
 
 def test_the_fit_separates_the_fixed_part_from_the_cost_per_token():
@@ -53,9 +60,13 @@ def test_only_the_window_before_counts_and_unclean_prefills_are_left_out():
 
 def test_counters_give_the_rate_where_requests_do_not_say_what_was_cached():
     requests = _requests([400] * 5, [0.4] * 5, cached=None)  # vLLM's spans carry no cached tokens
-    counters = pd.DataFrame([{"ts": 1000.0 + 2 * k, "instance": "e0", "name": COUNTERS[key], "value": value}
-                             for k in range(4) for key, value in (("prompt", 900.0), ("cached", 100.0),
-                                                                 ("seconds", 0.4), ("count", 2.0))])  # fmt: skip
+    counters = pd.DataFrame(
+        [
+            {"ts": 1000.0 + 2 * k, "instance": "e0", "name": COUNTERS[key], "value": value}
+            for k in range(4)
+            for key, value in (("prompt", 900.0), ("cached", 100.0), ("seconds", 0.4), ("count", 2.0))
+        ]
+    )
     rate = PrefillRates(requests, counters).at("e0", 1010.0)
     assert rate.source == "counters" and rate.num_requests == 8 and rate.tokens_per_s == pytest.approx(2000.0)
     incomplete = counters[counters["name"] != COUNTERS["cached"]]
@@ -69,8 +80,9 @@ def test_the_recorded_vllm_run_is_costed_from_its_own_counters(vllm_run):
     assert len(lost) > 0 and lost["prefill_rate"].notna().all()  # every loss has a cost, from the counters
     # whatever the estimate, it never takes more of a step's excess than its prefill really took beyond usual
     prefill_excess = (lost["prefill_s"] - lost["typical_prefill_s"]).clip(lower=0)
-    without = attribute_steps(queries.steps(store), queries.requests(store),
-                              queries.kv_events(store, kinds=ATTRIBUTION_KINDS))  # fmt: skip
+    without = attribute_steps(
+        queries.steps(store), queries.requests(store), queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+    )
     assert without["prefill_rate"].isna().all()  # the request rows alone cannot say (no cached tokens)
     assert (lost["lost_recompute_s"] > 0).all()
     assert (lost["lost_excess_s"] <= prefill_excess + 1e-9).all()

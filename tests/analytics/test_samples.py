@@ -32,8 +32,9 @@ def test_three_strongly_correlated_points_are_not_a_correlation():
     table = lagged_correlation(frame, "evictions_per_s", "ttft_p90", max_lag=2, window_s=5)
     assert table["r"].isna().all() and table["pairs"].max() == 3
     assert strongest_lag(table) is None
-    assert why_no_lag(table).startswith(f"Not enough windows: at most 3 with both values known; a correlation needs "
-                                        f"at least {MIN_PAIRS}")  # fmt: skip
+    assert why_no_lag(table).startswith(
+        f"Not enough windows: at most 3 with both values known; a correlation needs at least {MIN_PAIRS}"
+    )
 
 
 def test_fisher_interval_and_p_value_match_the_textbook_formulas():
@@ -66,8 +67,9 @@ def test_a_real_lead_is_crowned_and_chance_is_not():
 
 def test_window_latencies_need_enough_requests_per_window():
     arrivals = [0.5] * 3 + [10.5] * 12  # window 0: 3 requests, window 10: 12 requests
-    requests = pd.DataFrame({"arrival_ts": arrivals, "queue_s": 0.01, "ttft_s": np.linspace(0.1, 1.5, 15),
-                             "itl_s": 0.02})  # fmt: skip
+    requests = pd.DataFrame(
+        {"arrival_ts": arrivals, "queue_s": 0.01, "ttft_s": np.linspace(0.1, 1.5, 15), "itl_s": 0.02}
+    )
     frame = pressure_windows(pd.DataFrame(), requests, pd.DataFrame(), window_s=10).set_index("window")
     assert frame.loc[0.0, "requests"] == 3 and math.isnan(frame.loc[0.0, "ttft_p50"])
     assert frame.loc[10.0, "requests"] == 12

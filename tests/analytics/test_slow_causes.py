@@ -27,8 +27,7 @@ OTHER = [6000 + (i * 11) % 3000 for i in range(480)]  # B's prompt: nothing in c
 
 
 def _run(make_llm, tmp_path, *, queue_behind: bool):
-    llm = make_llm(num_blocks=44, block_size=BLOCK, max_model_len=640,
-                   max_num_seqs=1 if queue_behind else 8)  # fmt: skip
+    llm = make_llm(num_blocks=44, block_size=BLOCK, max_model_len=640, max_num_seqs=1 if queue_behind else 8)
     engine = llm.engine
     store = open_store(f"sqlite:///{tmp_path / 'run.db'}")
     writer = StoreWriter(store)
@@ -43,8 +42,9 @@ def _run(make_llm, tmp_path, *, queue_behind: bool):
                 outputs[out.request_id] = out
 
     def request(rid: str, session: str, tokens: list[int], max_tokens: int) -> None:
-        engine.add_request(tokens, SamplingParams(temperature=0, max_tokens=max_tokens), request_id=rid,
-                           session_id=session)  # fmt: skip
+        engine.add_request(
+            tokens, SamplingParams(temperature=0, max_tokens=max_tokens), request_id=rid, session_id=session
+        )
 
     def finish() -> None:
         while engine.has_unfinished_requests():
@@ -65,9 +65,17 @@ def _run(make_llm, tmp_path, *, queue_behind: bool):
     finish()
     for i in range(4):  # A's steps as its agent saw them: started when it sent the request, ended at the reply
         out = outputs[f"a{i}"]
-        writer.add(StepRecord(session_id="A", step_index=i, started_at=out.arrival_ts, ended_at=out.finished_ts,
-                              status="ok", ttft_s=out.first_token_ts - out.arrival_ts,
-                              e2e_s=out.finished_ts - out.arrival_ts))  # fmt: skip
+        writer.add(
+            StepRecord(
+                session_id="A",
+                step_index=i,
+                started_at=out.arrival_ts,
+                ended_at=out.finished_ts,
+                status="ok",
+                ttft_s=out.first_token_ts - out.arrival_ts,
+                e2e_s=out.finished_ts - out.arrival_ts,
+            )
+        )
     writer.close()
     return store, outputs
 
@@ -129,8 +137,10 @@ def test_a_model_error_after_the_lost_prefix_fails_for_the_model_and_is_slow_for
         ("invalid_response", "invalid_response", "model"),
         ("timeout", frame.loc[3, "slow_cause"], "queue" if name == "queue_behind" else "cache"),
     ):
-        failed = steps.assign(status=["error" if i == 3 else "ok" for i in steps["step_index"]],
-                              error_type=[error if i == 3 else None for i in steps["step_index"]])  # fmt: skip
+        failed = steps.assign(
+            status=["error" if i == 3 else "ok" for i in steps["step_index"]],
+            error_type=[error if i == 3 else None for i in steps["step_index"]],
+        )
         row = attribute_steps(failed, reqs, events, rates=rates).set_index("step_index").loc[3]
         assert (row["failure_cause"], row["failure_kind"]) == (cause, kind)
         assert row["slow_cause"] == frame.loc[3, "slow_cause"]  # slow for the same reason either way

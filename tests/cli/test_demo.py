@@ -57,7 +57,7 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
         assert "kvobs engine serving" not in out and "kvobs dashboard on" not in out
         assert f"dashboard   http://127.0.0.1:{dashboard_port}" in out
         assert f"engine API  http://127.0.0.1:{port}/v1" in out
-        assert "6 steps in" in out and "prefix cache hits:" in out
+        assert "6 steps in" in out and "prefix cache hit rate: " in out
         # While it stays up, both answer on the printed URLs.
         assert httpx.get(f"http://127.0.0.1:{dashboard_port}/_stcore/health", timeout=10).text == "ok"
         page = httpx.get(f"http://127.0.0.1:{dashboard_port}/", timeout=10)

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 
 from tests.server.conftest import free_port
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--window-size=1400,1100"]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--window-size=1400,1800"]
 
 
 def chromium_binary() -> str | None:

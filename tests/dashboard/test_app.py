@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import make_url
 from streamlit.testing.v1 import AppTest
 
+from dashboard import glossary
 from dashboard.views import PAGES
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
@@ -40,22 +41,26 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
         assert metrics["failed steps"] == str(agent_run.result.num_failed)
     if page == "sessions":
         assert len(at.selectbox(key="session").options) == 6
-        steps = at.dataframe[1].value
-        assert len(steps) == 3 and set(steps["slow_cause"]) <= {"invalidated", "prefix_evicted_in_pause", "preempted",
-                                                                "queue_wait", "cold_prefix", "none"}  # fmt: skip
+        steps = at.table[0].value  # the steps with their evidence: text that wraps, headers from the glossary
+        assert len(steps) == 3 and set(steps["why it was slow"]) <= set(glossary.CAUSES.values()) | {""}
         failed, ok = steps[steps["status"] == "error"], steps[steps["status"] == "ok"]
-        assert failed["failure_cause"].notna().all() and ok["failure_cause"].isna().all()
-        assert steps["trace"].str.startswith("http://jaeger.example:16686/trace/").all()
+        assert (failed["why it failed"] != "").all() and (ok["why it failed"] == "").all()
+        assert steps["trace"].str.startswith("[Jaeger](http://jaeger.example:16686/trace/").all()
+        assert steps["timeline"].str.startswith("[open](?page=step&session=").all()
+        assert "None" not in steps.to_string() and "_" not in " ".join(steps.columns)
     if page == "pressure":
         at.selectbox(key="pressure_y").set_value("ttft_p50").run()
         assert_clean(at)
         assert len(at.dataframe[0].value) == 13  # lags -6..6
     if page == "whatif":
         at.text_input(key="whatif_sizes").set_value("30,60")
-        at.button[0].click().run()
+        at.button(key="whatif_go").click().run()
         assert_clean(at)
-        table = at.dataframe[0].value
-        assert list(table["configuration"]) == ["observed", "lru", "lru"] and list(table["blocks"][1:]) == [30, 60]
+        table = at.table[0].value
+        assert list(table["configuration"]) == ["observed", "lru", "lru"] and list(table["blocks"][1:]) == ["30", "60"]
+        assert not at.number_input  # lru: no TTL box
+        at.selectbox(key="whatif_policy").set_value("session_ttl").run()
+        assert [n.key for n in at.number_input] == ["whatif_ttl"]  # the TTL box only where it applies
 
 
 @pytest.mark.parametrize("page", ["overview", "sessions", "kv_events", "whatif"])
@@ -93,19 +98,23 @@ def charts(at: AppTest) -> list[dict]:
     return [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
 
 
+TIME_FIELDS = ("wall_ms", "start_ms", "at_ms")  # what `dashboard.views.charts.time_x` draws over
+
+
 def x_axes(spec: dict) -> list[dict]:
-    """The x encodings over time (a chart of categories, such as losses by reason, has none)."""
+    """The x encodings over time (a chart of categories or sizes, such as losses by reason, has none)."""
     layers = spec.get("layer", [spec])
     xs = [layer["encoding"]["x"] for layer in layers if "x" in layer.get("encoding", {})]
-    return [x for x in xs if x.get("type") not in ("nominal", "ordinal")]
+    return [x for x in xs if x.get("field") in TIME_FIELDS]
 
 
 @pytest.mark.parametrize("page", ["overview", "sessions", "step", "kv_events", "alerts"])
 def test_times_are_iso_with_a_zone_and_axes_a_24_hour_clock(monkeypatch, agent_run, page):
     at = open_page(monkeypatch, agent_run.url, page)
     assert_clean(at)
-    for table in at.dataframe:
-        for column in set(table.value.columns) & {"started_at", "ended_at", "ts", "time", "arrival_ts"}:
+    for table in [*at.dataframe, *at.table]:  # raw column names in grids, the glossary's in text tables
+        for column in set(table.value.columns) & {"started_at", "ended_at", "ts", "time", "arrival_ts", "started",
+                                                  "ended", "first seen", "last seen"}:  # fmt: skip
             values = table.value[column][table.value[column] != ""]
             assert values.str.match(ISO).all(), (column, values.head(3).tolist())
     specs = charts(at)
@@ -156,27 +165,30 @@ def test_a_step_story_opens_from_its_url(monkeypatch, agent_run):
     assert at.header[0].value == "Step timeline"
     assert at.selectbox(key="story_session").value == step["session_id"]
     assert at.selectbox(key="story_step").value == step["step_index"]
-    events = at.dataframe[0].value
+    events = at.table[0].value  # text that wraps, blank where a value does not apply
     assert events["time"].tolist() == sorted(events["time"].tolist()) and events["time"].str.match(ISO).all()
-    told = " ".join(events["what"])
+    told = " ".join(events["what happened"])
     assert "tool pause began" in told and f"agent step {step['step_index']} ended error" in told
-    assert any(w.startswith("request ") and "arrived" in w for w in events["what"])
+    assert any(w.startswith("request ") and "arrived" in w for w in events["what happened"])
+    assert "None" not in events.to_string()
     markdown = " ".join(m.value for m in at.markdown)
-    assert "failure cause" in markdown and "Evidence" in markdown
+    assert "why it failed" in markdown and "Evidence" in markdown
 
 
 def test_the_sessions_page_opens_on_the_worst_session_and_links_each_step(monkeypatch, agent_run):
     at = open_page(monkeypatch, agent_run.url, "sessions")
     table = at.dataframe[0].value
-    assert table["failed"].tolist() == sorted(table["failed"].tolist(), reverse=True)
-    assert at.selectbox(key="session").value == table["session_id"].iloc[0] and table["failed"].iloc[0] > 0
-    steps = at.dataframe[1].value
-    assert steps["story"].str.startswith(f"?page=step&session={table['session_id'].iloc[0]}&step=").all()
+    # by what the cache cost: blocks lost in tool pauses, then lost, then failed steps (model errors come after)
+    order = list(zip(table["lost_idle"].fillna(0), table["lost"].fillna(0), table["failed"].fillna(0)))
+    assert order == sorted(order, reverse=True) and table["lost_idle"].iloc[0] > 0
+    assert at.selectbox(key="session").value == table["session_id"].iloc[0]
+    steps = at.table[0].value
+    assert steps["timeline"].str.startswith(f"[open](?page=step&session={table['session_id'].iloc[0]}&step=").all()
 
 
 def test_without_jaeger_the_steps_have_no_empty_trace_column(monkeypatch, agent_run):
     at = open_page(monkeypatch, agent_run.url, "sessions")
-    assert "trace" not in at.dataframe[1].value.columns
+    assert "trace" not in at.table[0].value.columns
 
 
 def test_alerts_evaluated_after_the_newest_row_are_in_the_range(monkeypatch, agent_run, tmp_path):

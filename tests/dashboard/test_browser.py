@@ -52,7 +52,7 @@ def dashboard(run) -> str:
     return url, proc
 
 
-@pytest.fixture(params=["agent_run", "vllm_run"])
+@pytest.fixture(params=["agent_run", "vllm_run", "fleet_run"])
 def served(request):
     run = request.getfixturevalue(request.param)
     url, proc = dashboard(run)
@@ -102,7 +102,7 @@ def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
     finally:
         proc.terminate()
         proc.wait(20)
-    (shots / "fleet-overview.png").write_bytes(png)
+    (shots / "fleet-per_instance.png").write_bytes(png)
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
     assert "Per instance" in text and "all 2 instances" in text
     assert "vllm-a" in text and "vllm-b" in text and OFFSET in text

@@ -136,12 +136,22 @@ _SESSION_RANGES = [
 # Version 4: the blocks an event without a block hash covers (SQL revision 0008).
 _NUM_BLOCKS = ["ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS num_blocks Nullable(Int32) AFTER first_owner"]
 
+# Version 5: engine runs (SQL revision 0009); the same run written twice (an engine and a collector) is one row.
+_RUNS = [
+    f"""CREATE TABLE IF NOT EXISTS runs (
+        run_id String, instance LowCardinality(String), started_at Float64, source LowCardinality(String),
+        model Nullable(String), num_blocks Nullable(Int32), block_size Nullable(Int32),
+        eviction_policy LowCardinality(Nullable(String))
+    ) ENGINE = ReplacingMergeTree ORDER BY run_id {_DEDUP}""",
+]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
     (2, "session_footprints: each session's latest footprint per instance", _SESSION_FOOTPRINTS),
     (3, "kv_event_sessions: no row for events without a session", _SESSION_RANGES),
     (4, "kv_events.num_blocks: the blocks a hit, an allocation, a preemption or a reset covers", _NUM_BLOCKS),
+    (5, "runs: each engine run, from a start with an empty cache", _RUNS),
 ]
 
 

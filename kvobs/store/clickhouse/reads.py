@@ -119,6 +119,11 @@ def sessions(store) -> pd.DataFrame:
     return store.frame(f"SELECT {_columns('sessions')} FROM sessions FINAL ORDER BY started_at")
 
 
+def runs(store, *, instances=None) -> pd.DataFrame:
+    where = _Where().instances(instances)
+    return store.frame(f"SELECT {_columns('runs')} FROM runs FINAL{where} ORDER BY instance, started_at", where.params)
+
+
 def raw_counts(store, since, until, bucket_s: float, kinds, *, upper_open: bool = False, instances=None,
                by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
     where = _Where().instances(instances)

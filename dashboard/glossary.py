@@ -1,0 +1,171 @@
+"""Every name a page shows, in one place: the column, series and cause names of the store and the analytics, as
+people read them, with their unit and what they count.
+
+    label("e2e_p50")         # 'end to end, median (s)'
+    describe("blocks_lost")  # the tooltip: what the number counts
+    cause("prefix_evicted_in_pause")   # 'prefix lost in the tool pause'
+
+Tables (`views.tables.show_table`) and charts (`views.charts`) read their headers, legends and tooltips here, so a
+name a page shows never is a code name, and one thing is called the same on every page.
+"""
+
+from __future__ import annotations
+
+from kvobs.analytics.latency_parts import CAUSE_LABELS
+
+# name -> (label with its unit, what it counts)
+TERMS: dict[str, tuple[str, str]] = {
+    # who and when
+    "session_id": ("session", "The agent session (conversation)."),
+    "agent_name": ("agent", "The agent's name."),
+    "source": ("recorded by", "Who recorded it: sdk (the agent SDK), engine (kvobs serve), vllm (kvobs collect)."),
+    "instance": ("instance", "The engine or vLLM replica."),
+    "run_id": ("run", "An engine run: from a start with an empty cache to the next start."),
+    "started_at": ("started", "When it started."),
+    "ended_at": ("ended", "When it ended."),
+    "ts": ("time", "When it happened."),
+    "time": ("time", "When it happened."),
+    "first_ts": ("first seen", "The earliest time in the range."),
+    "last_ts": ("last seen", "The latest time in the range."),
+    "step_index": ("step", "The step's number in its session, from 0."),
+    "status": ("status", "ok, or error."),
+    "error_type": ("error", "What failed: an HTTP status, timeout, invalid_response (the model's output), ..."),
+    "trace_id": ("trace", "The step's trace id."),
+    "request_id": ("request", "The engine's request id."),
+    # blocks and tokens
+    "blocks": ("blocks", "KV blocks."),
+    "tokens": ("tokens", "Tokens."),
+    "lost": ("blocks lost", "Cached blocks the session lost so far (evicted, invalidated, removed, reset)."),
+    "lost_idle": (
+        "lost in tool pauses (blocks)",
+        "Cached blocks the session lost while it waited on a tool, counted once it came back.",
+    ),
+    "pending_idle": (
+        "lost while idle, pending (blocks)",
+        "Blocks lost while the session was idle: a tool pause if it comes back, after its end if not.",
+    ),
+    "blocks_lost": ("blocks lost", "Cached blocks evicted, invalidated or removed, each lost block once."),
+    "blocks_lost_in_pause": (
+        "lost in the pause (blocks)",
+        "Cached blocks the session lost in the tool pause before this step.",
+    ),
+    "by_session": ("taken by session", "The session whose request the engine evicted the block for."),
+    "stores": ("times stored", "How often the block was stored (computed)."),
+    "sessions": ("sessions", "Distinct sessions."),
+    "root_hash": ("prefix (root block hash)", "The first block of the chain: one prefix."),
+    "block_hash": ("block hash", "vLLM's 64-bit block hash."),
+    "restored": ("stored again", "Stores after the first: the block was lost, then computed again."),
+    # steps and requests
+    "steps": ("steps", "Agent steps."),
+    "failed": ("failed steps", "Steps that ended in an error."),
+    "failed_steps": ("failed steps", "Steps that ended in an error."),
+    "share": ("share of failures", "Of the failed steps in the range."),
+    "requests": ("requests", "LLM requests."),
+    "preemptions": ("preemptions", "Requests preempted (their KV freed, to be recomputed)."),
+    "hit_rate": ("prefix-cache hit rate", "Prompt tokens served from the prefix cache / prompt tokens."),
+    "kv_usage_max": ("peak KV usage", "The highest pinned KV-cache usage sampled."),
+    "e2e_p50": ("end to end, median (s)", "Median end-to-end time of the session's steps (5 or more)."),
+    "e2e_s": ("end to end (s)", "From the step's start to its end."),
+    "ttft_s": ("TTFT (s)", "Time to the first token, as the agent saw it."),
+    "ttft_p90_s": ("TTFT p90 (s)", "90th percentile time to first token (shown with 10 requests or more)."),
+    "latency_s": ("latency (s)", "What the step is measured by: its TTFT, else its end-to-end time."),
+    "typical_s": ("typical (s)", "The median latency of the session's other steps."),
+    "excess_s": ("over typical (s)", "How much longer than its typical step it took."),
+    "queue_s": ("queue (s)", "Waiting for the engine to schedule the request."),
+    "prefill_s": ("prefill (s)", "From scheduled to the first token: computing the prompt."),
+    "decode_s": ("decode (s)", "From the first token to the end (steps measured end to end)."),
+    "other_s": ("outside the engine (s)", "Client, network, tokenizing: the latency not spent in the engine."),
+    "lost_recompute_s": (
+        "recomputing the lost prefix (s)",
+        "Estimated at the instance's measured prefill cost per token.",
+    ),
+    "prefill_rate": ("prefill rate (tokens/s)", "The instance's measured prefill cost per token, 10 minutes before."),
+    "evidence": ("evidence", "What the store shows, with what it cost."),
+    "failure_cause": ("why it failed", "The error itself; for a timeout, the KV or queue cause that cost it time."),
+    "failure_kind": ("kind of failure", "cache, queue, timeout, model (its output), request (anything else)."),
+    "slow_cause": (
+        "why it was slow",
+        "The part of its latency that explains most of its excess over its typical step (none: not slow).",
+    ),
+    "what": ("what happened", ""),
+    "story": ("timeline", "The step's story: its pause, its requests' phases and what happened to its blocks."),
+    # what-if
+    "configuration": ("configuration", "observed: what the run did; else the policy replayed."),
+    "hit rate": ("hit rate", "Cached prompt tokens / prompt tokens."),
+    "blocks lost": ("blocks lost", "Each lost block once (evictions, invalidations, removals; resets not included)."),
+    "lost in tool pauses": ("lost in tool pauses (blocks)", "Blocks a session lost while it waited on a tool."),
+    "recompute tokens": ("recomputed tokens", "Prompt tokens computed again after their blocks were lost."),
+    "waited": ("requests that waited", "Requests the replay could not admit at once (no room)."),
+    # alerts
+    "rule": ("rule", ""),
+    "severity": ("severity", ""),
+    "state": ("state", "firing or resolved."),
+    "value": ("value", "The rule's signal when it changed state."),
+    "summary": ("summary", ""),
+    # correlation
+    "lag": ("lag (windows)", "Pressure shifted by this many windows: positive, pressure leads latency."),
+    "lag_s": ("lag (s)", "The same lag in seconds."),
+    "r": ("r", "Pearson's correlation (shown from 10 windows)."),
+    "pairs": ("windows", "Windows where both values are known."),
+    "ci_low": ("95% CI, low", "Fisher's 95% interval of r."),
+    "ci_high": ("95% CI, high", "Fisher's 95% interval of r."),
+    "p": ("p (this lag alone)", "Two-sided p-value of r at this lag; consecutive windows are not independent."),
+}
+
+# series and cause names in legends and verdicts
+SERIES: dict[str, str] = {
+    "ttft_p50": "TTFT p50",
+    "ttft_p90": "TTFT p90",
+    "ttft_p99": "TTFT p99",
+    "ttft_mean": "TTFT, mean",
+    "itl_p50": "inter-token p50",
+    "itl_p90": "inter-token p90",
+    "itl_mean": "inter-token, mean",
+    "queue_p50": "queue p50",
+    "queue_p90": "queue p90",
+    "capacity": "capacity (evicted for room)",
+    "session_release": "session released",
+    "ttl": "session TTL",
+    "invalidation": "invalidated",
+    "reset": "reset",
+    "removed": "removed by vLLM",
+    "weights_update": "weights update",
+    "adapter_swap": "adapter swap",
+    "system_prompt_change": "system prompt change",
+    "session_forget": "session forgotten",
+    "manual_reset": "manual reset",
+    "stored": "stored",
+    "evicted": "evicted",
+    "hit": "found in the cache",
+    "allocated": "allocated",
+    "preempted": "preempted",
+    "invalidated": "invalidated",
+    "cleared": "cache reset",
+    "ok steps": "ok steps",
+    "failed steps": "failed steps",
+}
+CAUSES: dict[str, str] = {
+    **CAUSE_LABELS,
+    "timeout": "timeout (no KV cause)",
+    "invalid_response": "the model's output (invalid_response)",
+    "none": "",
+}
+
+
+def label(name: str) -> str:
+    """The header a column is shown under."""
+    return TERMS[name][0] if name in TERMS else SERIES.get(name, name.replace("_", " "))
+
+
+def describe(name: str) -> str | None:
+    return TERMS[name][1] or None if name in TERMS else None
+
+
+def series(name) -> str:
+    return SERIES.get(str(name), str(name).replace("_", " "))
+
+
+def cause(name) -> str:
+    if name is None or name != name:
+        return ""
+    return CAUSES.get(str(name), str(name).replace("_", " "))

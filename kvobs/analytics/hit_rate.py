@@ -1,0 +1,104 @@
+"""The prefix-cache hit rate: one definition for the terminal, the Overview, the fleet table and What-if.
+
+    hit = hit_rate_in(store, since, until, instances=["demo-engine"])
+    hit.rate, hit.hit_tokens, hit.query_tokens, hit.num_requests, hit.source
+    hit_rate_windows(requests, counters, window_s=60)      # the same, per window (the Overview's chart)
+
+Prompt tokens served from the prefix cache over prompt tokens, for the requests that arrived in the range: vLLM's
+`prefix_cache_hits / prefix_cache_queries` (tokens, each request's first admission; a re-admission after a
+preemption is not a query). Per instance, from its request rows where they say how many prompt tokens were cached
+(our engine), else from its scraped counters' increases in the range (vLLM's spans do not say). Not a mean of
+hit rates: a mean of snapshots, or of cumulative rates since an engine started, weighs the wrong things and mixes
+runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
+
+HITS = vllm.PREFIX_CACHE_HITS.name + INCREASE_SUFFIX
+QUERIES = vllm.PREFIX_CACHE_QUERIES.name + INCREASE_SUFFIX
+
+
+@dataclass(frozen=True)
+class HitRate:
+    hit_tokens: float
+    query_tokens: float
+    num_requests: int | None  # None: from counters (they count tokens, not requests)
+    source: str  # "requests", "counters", "requests and counters" (a fleet of both), or "none"
+
+    @property
+    def rate(self) -> float | None:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else None
+
+    def describe(self) -> str:
+        """`66% of 6,703 prompt tokens` (or what is missing)."""
+        if self.rate is None:
+            return "no prompt tokens"
+        return f"{self.rate:.0%} of {self.query_tokens:,.0f} prompt tokens"
+
+
+def hit_rate(requests: pd.DataFrame, counters: pd.DataFrame | None = None) -> HitRate:
+    """The hit rate of these requests (`queries.requests` rows), and of the instances whose requests do not say what
+    was cached, of their counters (`queries.metric_series` of `HITS`, `QUERIES`)."""
+    by_requests, known = _split(requests)
+    hits, queries = float(by_requests["cached_tokens"].sum()), float(by_requests["prompt_tokens"].sum())
+    sources = ["requests"] if len(by_requests) else []
+    if counters is not None and not counters.empty:
+        mine = counters[~counters["instance"].isin(known)]
+        if not mine.empty:
+            totals = mine.groupby("name")["value"].sum()
+            hits, queries = hits + float(totals.get(HITS, 0.0)), queries + float(totals.get(QUERIES, 0.0))
+            sources.append("counters")
+    return HitRate(
+        hits, queries, len(by_requests) if sources == ["requests"] else None, " and ".join(sources) or "none"
+    )
+
+
+def hit_rate_windows(requests: pd.DataFrame, counters: pd.DataFrame | None, window_s: float) -> pd.Series:
+    """`hit_rate` per window (its start, epoch s) of arrival (requests) or scrape (counters) time; NaN where no
+    prompt token was queried."""
+    by_requests, known = _split(requests)
+    parts = []
+    if len(by_requests):
+        window = np.floor(by_requests["arrival_ts"].astype(float) / window_s) * window_s
+        parts.append(
+            by_requests.groupby(window)[["cached_tokens", "prompt_tokens"]].sum().set_axis(["hits", "queries"], axis=1)
+        )
+    if counters is not None and not counters.empty:
+        mine = counters[~counters["instance"].isin(known)]
+        if not mine.empty:
+            window = np.floor(mine["ts"].astype(float) / window_s) * window_s
+            wide = mine.assign(window=window).pivot_table(
+                index="window", columns="name", values="value", aggfunc="sum", fill_value=0.0
+            )
+            parts.append(pd.DataFrame({"hits": wide.get(HITS, 0.0), "queries": wide.get(QUERIES, 0.0)}))
+    if not parts:
+        return pd.Series(dtype=float, name="hit_rate")
+    sums = pd.concat(parts).groupby(level=0).sum()
+    return (sums["hits"] / sums["queries"].where(sums["queries"] > 0)).rename("hit_rate").rename_axis("window")
+
+
+def hit_rate_in(store, since, until, instances=None, *, requests: pd.DataFrame | None = None) -> HitRate:
+    """`hit_rate` of the store's requests that arrived in [since, until] (or those given), on `instances`."""
+    from kvobs.store import queries
+
+    requests = queries.requests(store, since, until, instances=instances) if requests is None else requests
+    counters = queries.metric_series(store, [HITS, QUERIES], since, until)
+    if instances is not None:
+        counters = counters[counters["instance"].isin(list(instances))]
+    return hit_rate(requests, counters)
+
+
+def _split(requests: pd.DataFrame) -> tuple[pd.DataFrame, set]:
+    """The requests of instances whose rows say what was cached, and those instances (the others' counters count)."""
+    if requests.empty:
+        return requests.iloc[0:0], set()
+    says = requests.groupby("instance")["cached_tokens"].transform(lambda c: c.notna().any()).astype(bool)
+    known = requests[says & requests["cached_tokens"].notna() & requests["prompt_tokens"].notna()]
+    return known, set(known["instance"])
