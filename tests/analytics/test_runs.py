@@ -26,7 +26,7 @@ def test_each_engine_start_is_a_run_with_its_start_and_cache(two_runs):
     assert (runs["source"] == "engine").all() and (runs["num_blocks"] == NUM_BLOCKS - 1).all()  # the null block
     first, second = runs.itertuples()
     assert first.ended_at == second.started_at and np.isnan(second.ended_at)
-    for (start, end), run in zip(two_runs.rounds, runs.itertuples()):
+    for (start, _), run in zip(two_runs.rounds, runs.itertuples()):
         assert run.started_at <= start  # the run began before its workload did
     reqs = queries.requests(two_runs.store)
     owners = run_of(runs, reqs["instance"], reqs["arrival_ts"])
