@@ -110,9 +110,14 @@ def pages(store, since, until) -> dict:
     step = int(queries.steps(store, session_id=session)["step_index"].iloc[0])
     return {
         "Overview": lambda: (data.overview(store, since, until, window), data.failures(store, since, until)),
-        "Pressure vs latency": lambda: data.pressure(store, since, until, window, "evictions_per_s", "ttft_p99"),
+        "Pressure vs latency": lambda: data.pressure(store, since, until, window, "evictions_per_s", "ttft_mean"),
         "Sessions": lambda: (data.sessions(store, since, until), data.session_detail(store, session)),
-        "Step timeline": lambda: step_story(store, session, step),
+        # the page: its sessions by what the cache cost them, the session's steps likewise, the step's story
+        "Step timeline": lambda: (
+            data.steps_worst_first(store, since, until),
+            data.steps_by_cache_cost(data.session_detail(store, session)["steps"]),
+            step_story(store, session, step),
+        ),
         "KV events": lambda: data.kv_events_page(store, since, until, window),
         "Alerts": lambda: data.alerts_page(store, since, until),
     }

@@ -191,10 +191,9 @@ def steps_worst_first(store: Store, since: float, until: float, instances=None) 
     return table.assign(failed=table["failed"].fillna(0).astype(int))[["session_id", "failed"]].reset_index(drop=True)
 
 
-def session_steps_worst_first(store: Store, session_id: str) -> list[int]:
-    """A session's step indexes, by what the cache cost each (time lost to the cache over its typical step), then
-    the most slowed, then the failed ones."""
-    steps = session_detail(store, session_id)["steps"]
+def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
+    """A session's step indexes (its attributed `session_detail` steps), by what the cache cost each (time lost to
+    the cache over its typical step), then the most slowed, then the failed ones."""
     if steps.empty:
         return []
     cost = steps[["lost_excess_s", "invalidated_excess_s", "preempted_excess_s"]].clip(lower=0).sum(axis=1)

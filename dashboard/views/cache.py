@@ -78,9 +78,9 @@ def steps_worst_first(url, since, until, instances=None):
     return data.steps_worst_first(get_store(url), since, until, instances)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
 def session_steps_worst_first(url, session_id):
-    return data.session_steps_worst_first(get_store(url), session_id)
+    """The session's steps by what the cache cost them (from its cached detail: one attribution a session)."""
+    return data.steps_by_cache_cost(session_detail(url, session_id)["steps"])
 
 
 @st.cache_data(ttl=10, show_spinner=False)

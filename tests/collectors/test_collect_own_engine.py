@@ -43,12 +43,19 @@ def test_collector_reads_kvobs_serve_like_a_vllm(smollm2_source, store):
         try:
             wait_for(lambda: collector.scraper.num_scrapes >= 1)
             replies = [chat(server.url, s, turn) for turn in range(2) for s in sessions]
+            before = collector.scraper.num_scrapes  # (counted as a scrape begins: two more, one of them whole)
+            wait_for(lambda: collector.scraper.num_scrapes >= before + 2)  # a scrape after the last eviction
             server.shutdown()  # flushes the engine's spans and KV events
             wait_for(lambda: collector.span_ingest.num_requests == len(replies))
             scrapes = collector.scraper.num_scrapes
             wait_for(lambda: collector.scraper.num_scrapes >= scrapes + 1)
         finally:
             collector.stop()
+    from kvobs.store import queries
+    from kvobs.store.rows import run_id
+
+    runs = queries.runs(store)  # the collector names the engine's run as the engine does (its start on /metrics)
+    assert list(runs["run_id"]) == [run_id("engine", server.started_at)] and list(runs["num_blocks"]) == [23]
     with store.session() as s:
         requests = s.scalars(select(RequestRow)).all()
         stored = s.execute(select(KVEventRow.session_id).where(KVEventRow.kind == "stored")).scalars().all()

@@ -137,7 +137,8 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
              ("session_idle_losses", (last,), {}, False),
              ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS}, True),
              ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS, "chunk": 3}, True),
-             ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True)]  # fmt: skip
+             ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True), ("runs", (), {}, True),
+             ("runs", (), {"instances": queries.instances(store)[-1:]}, True)]  # fmt: skip
     one, none = {"instances": queries.instances(store)[-1:]}, {"instances": []}
     for since, until in ((None, None), middle):
         window = () if since is None else (since, until)
