@@ -60,23 +60,22 @@ CAUSE_LABELS = {
 
 
 def server_parts(latency: float, by_ttft: bool, queue, arrival, first_token, finished) -> dict:
-    """The parts of one step's latency from its requests' columns (arrays, in arrival order)."""
+    """The parts of one step's latency from its requests' columns (arrays, in arrival order; a step sends one or a
+    few, so plain floats, not numpy reductions)."""
     nan = float("nan")
     parts = {"queue_s": nan, "prefill_s": nan, "decode_s": 0.0, "measured": -1, "by_ttft": by_ttft}
-    if len(arrival):
-        scheduled = arrival + queue
-        if by_ttft:
-            got = np.flatnonzero(~np.isnan(first_token))
-            if len(got):
-                i = int(got[0])
-                parts.update(queue_s=queue[i], prefill_s=first_token[i] - scheduled[i], measured=i)
-        else:
+    n = len(arrival)
+    if n and by_ttft:
+        got = next((i for i in range(n) if first_token[i] == first_token[i]), None)
+        if got is not None:
             parts.update(
-                queue_s=float(np.nansum(queue)) if (~np.isnan(queue)).any() else nan,
-                prefill_s=float(np.nansum(first_token - scheduled)),
-                decode_s=float(np.nansum(finished - first_token)),
-                measured=0,
+                queue_s=float(queue[got]), prefill_s=float(first_token[got] - arrival[got] - queue[got]), measured=got
             )
+    elif n:
+        queues = [float(q) for q in queue if q == q]
+        prefill = [float(f - a - q) for f, a, q in zip(first_token, arrival, queue) if f == f and q == q]
+        decode = [float(e - f) for e, f in zip(finished, first_token) if e == e and f == f]
+        parts.update(queue_s=sum(queues) if queues else nan, prefill_s=sum(prefill), decode_s=sum(decode), measured=0)
     known = [parts[p] for p in ("queue_s", "prefill_s", "decode_s") if parts[p] == parts[p]]
     parts["other_s"] = latency - sum(known) if latency == latency else nan
     return parts
