@@ -81,8 +81,15 @@ class Clock:
         """`frame` with its epoch-seconds columns (`TIME_COLUMNS`) as ISO strings in this zone."""
         out = frame.copy()
         for column in TIME_COLUMNS:
-            if column in out and pd.api.types.is_numeric_dtype(out[column]):
-                out[column] = [self.iso(v, ms=ms) if pd.notna(v) else "" for v in out[column]]
+            if column not in out:
+                continue
+            values = out[column]
+            if not pd.api.types.is_numeric_dtype(values):  # numbers held as objects (a frame concatenated from parts)
+                numbers = pd.to_numeric(values, errors="coerce")
+                if numbers.notna().sum() != values.notna().sum():
+                    continue  # text already
+                values = numbers
+            out[column] = [self.iso(v, ms=ms) if pd.notna(v) else "" for v in values]
         return out
 
 

@@ -66,7 +66,7 @@ def time_chart(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str,
     if (frame.empty or is_empty(frame, zero_is_empty=zero_is_empty)) and not has_points:
         st.info(empty)
         return False
-    frame = frame.rename(columns=series_name)
+    frame = frame.loc[:, frame.notna().any()].rename(columns=series_name)  # a series with no value: no legend entry
     long = _long(frame, axis.clock, window_s) if len(frame.columns) else pd.DataFrame(columns=[WALL, SERIES, VALUE])
     encodings = _encodings(axis, y_title, y_format, series="series", stack=mark == "area")
     if len(frame.columns) > 1 or mark in ("area", "bar") or has_points:

@@ -137,11 +137,17 @@ def _latency(ctx, data: dict) -> None:
     enough requests for them (5 and 10)."""
     points = data["ttft_points"]
     dots = None if points is None else points.set_index("arrival_ts")["ttft_s"].rename("request's TTFT")
-    drawn = time_chart(data["latency"], ctx.axis, y_title="seconds", points=dots, empty="No requests in this range.")
+    latency = data["latency"]
+    drawn = time_chart(latency, ctx.axis, y_title="seconds", points=dots, empty="No requests in this range.")
     if drawn:
+        lines = bool(latency.notna().any().any()) if not latency.empty else False
         st.caption(
             ("Dots: each request's time to first token, at its arrival. " if dots is not None else "")
-            + "Lines: each window's p50 and p90, where the window holds 5 and 10 requests or more."
+            + (
+                "Lines: each window's p50 and p90, where the window holds 5 and 10 requests or more."
+                if lines
+                else "No window holds the 5 requests a p50 needs, so no percentile is drawn."
+            )
         )
 
 

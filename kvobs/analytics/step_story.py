@@ -82,7 +82,7 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
     takers = queries.requests(store, start - 600.0, step_end).set_index("request_id")["session_id"].to_dict()
     timeline = _timeline(step, pause, mine)
     events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
-    events = events.sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
+    events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
     return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS])
 
 

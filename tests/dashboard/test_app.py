@@ -71,6 +71,18 @@ def test_pages_on_the_vllm_run(monkeypatch, vllm_run, page):
         assert "sess-00" in at.selectbox(key="session").options
 
 
+def test_the_failed_vllm_steps_story_tells_its_times_as_times(monkeypatch, vllm_run):
+    """sess-10 step 5 failed with HTTP 400 before any request was recorded: its story has only the step's own rows,
+    and their times still read as ISO times (a frame of step rows alone once showed them as 1.8e+09)."""
+    monkeypatch.setenv("KVOBS_STORE_URL", vllm_run.url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["session"], at.query_params["step"] = "sess-10", "5"
+    at.run()
+    assert_clean(at)
+    events = at.table[0].value
+    assert len(events) > 0 and events["time"].str.match(ISO).all(), events["time"].tolist()
+
+
 @pytest.mark.parametrize("page", list(PAGES))
 def test_empty_store_shows_an_empty_state(monkeypatch, tmp_path, page):
     at = open_page(monkeypatch, f"sqlite:///{tmp_path / 'empty.db'}", page)
