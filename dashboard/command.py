@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     add_store_flag(p)
     p.add_argument("--jaeger-url", help="Jaeger UI base URL: each agent step links to its trace there")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
-    p.add_argument("--port", type=int, default=DASHBOARD_PORT)
+    p.add_argument("--port", type=int, default=DASHBOARD_PORT, help="port the dashboard listens on")
     p.set_defaults(func=run)
 
 

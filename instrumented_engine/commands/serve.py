@@ -29,8 +29,8 @@ API_KEY_ENV = "KVOBS_API_KEY"
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the instrumented engine (OpenAI API, /metrics, KV events)")
     add_engine_arguments(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=ENGINE_PORT)
+    p.add_argument("--host", default="127.0.0.1", help="address HTTP listens on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=ENGINE_PORT, help="HTTP port: the OpenAI API, /metrics, /health")
     p.add_argument("--served-model-name", help="the model name clients send (default: --model)")
     p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before 429")
     p.add_argument("--kv-events-endpoint",

@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     add_store_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="address the engine and dashboard listen on")
     p.add_argument("--port", type=int, default=ENGINE_PORT, help="the engine's port")
-    p.add_argument("--dashboard-port", type=int, default=DASHBOARD_PORT)
+    p.add_argument("--dashboard-port", type=int, default=DASHBOARD_PORT, help="the dashboard's port")
     p.add_argument("--num-blocks", type=int, default=48, help="KV blocks of 16 tokens: small, so sessions compete")
     p.add_argument("--max-model-len", type=int, default=640, help="longest prompt + reply the engine accepts")
     p.add_argument("--sessions", type=int, default=8, help="agent sessions per round")
