@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from collectors.drops import DropCounter
 from collectors.kv_bridge import KVSpanBridge
 from collectors.kv_ingest import KVIngest
+from collectors.kv_silence import SILENCE_S, KVSilenceWatch
 from collectors.kv_streams import KVStreamSpec, parse_streams
 from collectors.kv_subscriber import KVEventSubscriber
 from collectors.otlp_forward import OTLPForwarder, check_forward_url
@@ -66,6 +67,7 @@ class CollectorOptions:
     session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
     retention_days: float | None = None  # drop the store's raw KV events older than this
     spool_dir: str | None = None  # keep the writer's queue on disk here (kvobs.store.spool)
+    kv_silence_s: float = SILENCE_S  # a KV stream silent this long while its replica serves is told (kv_silence)
 
     def __post_init__(self) -> None:
         if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http):
@@ -74,6 +76,8 @@ class CollectorOptions:
             raise ValueError(f"--interval must be positive; got {self.interval_s}")
         if self.session_idle_s <= 0:
             raise ValueError(f"--session-idle-s must be positive; got {self.session_idle_s}")
+        if self.kv_silence_s <= 0:
+            raise ValueError(f"--kv-silence-s must be positive; got {self.kv_silence_s}")
         if self.session_end_after_s <= 0:
             raise ValueError(f"--session-end-after-s must be positive; got {self.session_end_after_s}")
         for url in (self.forward_otlp, self.otlp_endpoint):
@@ -105,6 +109,7 @@ class Collector:
         self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default, known_instances=replicas)
         self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
             else None  # fmt: skip
+        self.kv_silence = KVSilenceWatch(self.streams, self.scraper, silence_s=options.kv_silence_s)
         self.receiver = None
         if options.otlp_grpc or options.otlp_http:
             self.receiver = OTLPReceiver(self._on_export, grpc_address=options.otlp_grpc,
@@ -201,6 +206,7 @@ class Collector:
                     stream.ingest.snapshot()
                 except Exception:
                     log.exception("writing session footprints of %s failed", stream.spec.instance)
+            self.kv_silence.check()
 
     def _trace_sessions(self, trace_ids) -> dict[str, str]:
         """trace id -> session from the agent steps the SDK wrote to this store."""

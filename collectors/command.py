@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from collectors.kv_silence import SILENCE_S as KV_SILENCE_S
 from kvobs.commands.common import (
     add_retention_flag,
     add_session_end_flag,
@@ -85,6 +86,14 @@ def add_parser(sub) -> None:
         help="forget a session's state after this long without a KV event (nothing resident, nothing pending), so "
         "memory stays bounded; counted in kvobs_collector_sessions_forgotten_total",
     )
+    p.add_argument(
+        "--kv-silence-s",
+        type=float,
+        default=KV_SILENCE_S,
+        metavar="S",
+        help="warn (and count kvobs_collector_kv_streams_silent_total) when a KV stream delivers nothing this long "
+        "while its replica's /metrics counts prefix-cache queries: both sides connecting, nobody binding",
+    )
     add_retention_flag(p)
     add_spool_flag(p)
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
@@ -107,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             kv_events_replay=args.kv_events_replay,
             kv_events_topic=args.kv_events_topic,
             session_idle_s=args.session_idle_s,
+            kv_silence_s=args.kv_silence_s,
             retention_days=args.retention_days,
             spool_dir=args.spool_dir,
             otlp_grpc=args.otlp_grpc,

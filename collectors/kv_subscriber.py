@@ -83,6 +83,7 @@ class KVEventSubscriber:
         self.on_restart = on_restart
         self.tail_check_s = tail_check_s
         self.num_batches = 0
+        self.last_batch_at: float | None = None  # monotonic time of the latest batch delivered (None: none yet)
         self.num_tail_recovered = 0
         self.num_events = 0
         self.num_gaps = 0
@@ -194,6 +195,7 @@ class KVEventSubscriber:
             self.drops.count(COMPONENT, "bad_event", f"{refused} malformed or out-of-range event(s) in batch {seq}",
                              n=refused)  # fmt: skip
         self.num_batches += 1
+        self.last_batch_at = time.monotonic()
         self.num_events += len(batch.events)
         self.handle(seq, batch)
 

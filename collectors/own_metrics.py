@@ -6,6 +6,7 @@
 Counters are exposed from totals the components keep (so nothing is counted twice):
 `kvobs_telemetry_dropped_total{component}` (scrape, kv_events, otlp, otlp_forward, store),
 `kvobs_collector_kv_events_total{instance}`, `kvobs_collector_kv_event_batches_lost_total{instance}`,
+`kvobs_collector_kv_streams_silent_total{instance}` (a stream silent while its replica served: `kv_silence`),
 `kvobs_collector_llm_requests_total`, `kvobs_collector_otlp_exports_busy_total` (exports answered 429),
 `kvobs_collector_ids_cut_total`, `kvobs_session_prefix_lost_total` (blocks removed while their session
 was idle), `kvobs_agent_steps_total{status}` and `kvobs_agent_step_failures_total{error_type}` (the agent_step spans
@@ -83,5 +84,9 @@ class CollectorMetrics(PromCollector):
         cut = _counter(kvobs_metrics.COLLECTOR_IDS_CUT)
         cut.add_metric([], c.span_ingest.num_ids_cut + sum(s.ingest.num_ids_cut for s in c.streams))
         yield cut
+        silent = _counter(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT, (LABEL_INSTANCE,))
+        for stream in c.streams:
+            silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])
+        yield silent
         yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps)
         yield _by_label(kvobs_metrics.AGENT_STEP_FAILURES, LABEL_ERROR_TYPE, c.span_ingest.agent_step_failures)

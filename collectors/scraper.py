@@ -83,6 +83,7 @@ class Scraper:
         self.num_scrapes = 0
         self._deriver = Deriver()
         self.runs = RunWatcher(writer)
+        self.queries_rose_at: dict[str, float] = {}  # instance -> when (monotonic) its prefix-cache queries last rose
         self._client = httpx.Client(timeout=timeout_s or max(1.0, min(10.0, interval_s)))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -120,6 +121,8 @@ class Scraper:
             return False  # counters keep their last values: the next good scrape counts the outage's increase
         self.runs.on_scrape(target.instance, parsed)
         derived = self._deriver.derive(target.instance, parsed)
+        if derived.increases.get(vllm.PREFIX_CACHE_QUERIES.name, 0) > 0:  # it served (see collectors.kv_silence)
+            self.queries_rose_at[target.instance] = time.monotonic()
         for name, labels, value in derived.samples:
             if not math.isfinite(value):
                 self.drops.count(COMPONENT, "non_finite_sample", f"{target.instance} {name} = {value}")

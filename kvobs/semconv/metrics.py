@@ -193,6 +193,10 @@ kvobs_metrics = SimpleNamespace(
     COLLECTOR_SESSIONS_FORGOTTEN=_spec("kvobs_collector_sessions_forgotten", "counter", "sessions",
                                        "Sessions whose state the collector let go after --session-idle-s without a "
                                        "KV event (nothing resident, nothing pending)."),
+    COLLECTOR_KV_STREAMS_SILENT=_spec("kvobs_collector_kv_streams_silent", "counter", "silences",
+                                      "Times a KV-event stream delivered nothing for --kv-silence-s while the same "
+                                      "replica's /metrics counted prefix-cache queries (both sides connecting: "
+                                      "nobody binds).", LABEL_INSTANCE),
     COLLECTOR_LLM_REQUESTS=_spec("kvobs_collector_llm_requests", "counter", "requests",
                                  "llm_request spans the collector stored as requests."),
     COLLECTOR_OTLP_BUSY=_spec("kvobs_collector_otlp_exports_busy", "counter", "exports",
