@@ -45,7 +45,6 @@ EXCESS_CAUSES = {
         "the network, the server's tokenizing)",
     ),
 }
-KV_QUEUE_CAUSES = ("queue_wait", "prefix_evicted_in_pause", "invalidated", "preempted")
 # each slow cause in a few words, for tables, legends and the terminal (one definition)
 CAUSE_LABELS = {
     "queue_wait": "waiting in the queue",
