@@ -53,8 +53,7 @@ SLOW_CAUSES = (*dict.fromkeys(cause for cause, _ in EXCESS_CAUSES.values()), "no
 FAILURE_KINDS = ("cache", "queue", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
 # each fact's part of the excess (`latency_parts.explain_excess` candidates)
-_FACT_PART = {"invalidated": "invalidated", "prefix_evicted_in_pause": "lost", "preempted": "preempted",
-              "queue_wait": "queue"}  # fmt: skip
+_FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
 COLUMNS = ["session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id",
            "span_id", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause", "preemptions",
            "invalidation_reasons", "max_queue_s", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause",
@@ -88,7 +87,7 @@ class _Requests:
         direct = self.by_span.get(step.span_id)
         if direct is not None:
             return direct
-        ended = step.ended_at if _known(step.ended_at) else np.inf
+        ended = step.ended_at if not missing(step.ended_at) else np.inf
         found = [
             self._within(group.get(key), step.started_at, ended)
             for group, key in ((self.by_session, step.session_id), (self.by_trace, step.trace_id))
@@ -107,11 +106,6 @@ class _Requests:
 
 
 _NONE = np.empty(0, dtype=np.int64)
-
-
-def _known(value) -> bool:
-    """Not None and not NaN (cheaper than `pd.notna` on one value, which a loop over every step pays)."""
-    return value is not None and value == value
 
 
 def _positions(column: pd.Series) -> dict:
@@ -158,14 +152,14 @@ def attribute_steps(
         for step, step_latency in session_steps:
             sent = reqs.of_step(step)
             finished = reqs.finished[sent]
-            own = server_parts(step_latency, _known(step.ttft_s), reqs.queue[sent], reqs.arrival[sent],
+            own = server_parts(step_latency, not missing(step.ttft_s), reqs.queue[sent], reqs.arrival[sent],
                                reqs.first_token[sent], finished)  # fmt: skip
             parts.append(own)
             if not failed_only or step.wanted:
                 rows.append(step_facts(step, step_latency, own, reqs, sent, previous_end, session_events, resets,
                                        preempted, rates, queue_wait_s))  # fmt: skip
             ends = [end for end in finished.tolist() if end == end]
-            previous_end = max(ends) if ends else (step.ended_at if _known(step.ended_at) else None)
+            previous_end = max(ends) if ends else (step.ended_at if not missing(step.ended_at) else None)
     floats = {"max_queue_s": float, "cached_tokens": float, "prefill_rate": float, **dict.fromkeys(ESTIMATES, float)}
     frame = pd.DataFrame(rows).astype(floats) if rows else pd.DataFrame()
     if frame.empty:

@@ -59,7 +59,7 @@ def step_facts(
     (the attribution's `_Requests`); `previous_end`: when the session's previous step's requests ended (None for
     its first step); `preempted`: request id -> (ts, tokens lost) of each preemption."""
     first_arrival = reqs.arrival[sent].min() if len(sent) else step.started_at
-    step_end = step.ended_at if pd.notna(step.ended_at) else first_arrival
+    step_end = step.ended_at if not missing(step.ended_at) else first_arrival
     measured = sent[parts["measured"]] if parts["measured"] >= 0 else None
     instance = reqs.instance[measured] if measured is not None else None
     rate = rates.at(instance, reqs.arrival[measured]) if measured is not None else None
