@@ -94,22 +94,27 @@ def lagged_correlation(frame: pd.DataFrame, x: str, y: str, *, max_lag: int = 5,
 def strongest_lag(correlation: pd.DataFrame) -> dict | None:
     """The lag with the largest |r| among those shown, when it is beyond chance after testing every lag shown
     (Bonferroni: p x lags tested < `ALPHA`), with `p_adjusted`; else None (`why_no_lag` says why)."""
-    defined = correlation.dropna(subset=["r"])
-    if defined.empty:
-        return None
-    best = defined.loc[defined["r"].abs().idxmax()].to_dict()
-    best["p_adjusted"] = min(1.0, float(best["p"]) * len(defined))
-    return best if best["p_adjusted"] < ALPHA else None
+    best, _ = _largest_r(correlation)
+    return best if best is not None and best["p_adjusted"] < ALPHA else None
 
 
 def why_no_lag(correlation: pd.DataFrame) -> str:
     """Why `strongest_lag` names none, in one sentence."""
-    defined = correlation.dropna(subset=["r"])
-    if defined.empty:
+    best, tested = _largest_r(correlation)
+    if best is None:
         most = int(correlation["pairs"].max()) if not correlation.empty else 0
         return (f"Not enough windows: at most {most} with both values known; a correlation needs at least "
                 f"{MIN_PAIRS} (or one of the two did not vary).")  # fmt: skip
-    best = defined.loc[defined["r"].abs().idxmax()]
-    adjusted = min(1.0, float(best["p"]) * len(defined))
     return (f"No lag stands out from chance: the largest |r| is {best['r']:.2f} ({int(best['pairs'])} windows), "
-            f"p = {adjusted:.2f} after testing {len(defined)} lags.")  # fmt: skip
+            f"p = {best['p_adjusted']:.2f} after testing {tested} lags.")  # fmt: skip
+
+
+def _largest_r(correlation: pd.DataFrame) -> tuple[dict | None, int]:
+    """The row with the largest |r| (None when no lag has one) with its `p_adjusted` for the lags tested, and how
+    many lags were tested (those with an r)."""
+    defined = correlation.dropna(subset=["r"])
+    if defined.empty:
+        return None, 0
+    best = defined.loc[defined["r"].abs().idxmax()].to_dict()
+    best["p_adjusted"] = min(1.0, float(best["p"]) * len(defined))
+    return best, len(defined)
