@@ -83,10 +83,11 @@ def main() -> None:
     runs = overlapping(cache.runs(url), since, until, shown or None)
     run = choose_run(runs, clock, single_instance=len(shown) <= 1)
     if run is not None:  # one run: its stretch of the range, on its instance
-        since, until = max(since, run["started_at"]), until if run["ended_at"] != run["ended_at"] else min(
-            until, run["ended_at"])  # fmt: skip
+        since = max(since, run["started_at"])
+        if run["ended_at"] == run["ended_at"]:  # ended (NaN: still running)
+            until = min(until, run["ended_at"])
         instances = (run["instance"],) if len(fleet) > 1 else instances
-        runs = overlapping(cache.runs(url), since, until, [run["instance"]])
+        runs = overlapping(runs, since, until, [run["instance"]])
     st.sidebar.caption(f"{clock.iso(since)} to {clock.iso(until)}")
     _store_caption(url)
     interval = cache.sample_interval(url, since, until, instances)

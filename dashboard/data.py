@@ -17,7 +17,7 @@ from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
-from kvobs.analytics.runs import overlapping, run_table
+from kvobs.analytics.runs import run_table
 from kvobs.analytics.samples import quantile
 from kvobs.analytics.step_causes import failure_verdicts
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
@@ -114,7 +114,6 @@ def overview(store: Store, since: float, until: float, window_s: float, instance
         "preemptions": gaps(["preemptions"]),
         "evictions": evictions,
         "steps": step_windows,
-        "runs": overlapping(runs, since, until),
     }
 
 
