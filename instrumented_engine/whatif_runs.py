@@ -3,6 +3,7 @@
     plans = replay_plans(store, since, until)                 # one ReplayPlan per run in the range (`plan.span`)
     total, per_run = simulate_runs(plans, num_blocks=64, policy="lru")
     observed = observed_total(plans, store, since, until)     # what the runs achieved, together
+    rows = comparison(observed, [total])                       # the table: observed, then each replay
 
 Each run began with an empty cache of its own (`kvobs.analytics.runs`): its requests are replayed through a cache of
 their own, and the results add up. On a fleet each replica's run is its own cache too. Without recorded runs (a
@@ -15,11 +16,13 @@ from dataclasses import fields
 
 from instrumented_engine.whatif import ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.hit_rate import hit_rate_in
-from kvobs.analytics.runs import Span, run_table, spans
+from kvobs.analytics.runs import run_table, spans
 from kvobs.store import queries
 from kvobs.store.db import Store
 
 _SUMMED = ("evicted_blocks", "lost_in_pause_blocks", "pending_idle_blocks", "recompute_tokens")
+# the what-if table's columns, in the terminal and on the page (`comparison`)
+COMPARISON = ("configuration", "blocks", "hit rate", "blocks lost", "lost in tool pauses", "recompute tokens", "waited")
 
 
 def replay_plans(
@@ -71,11 +74,16 @@ def observed_total(plans: list[ReplayPlan], store: Store, since, until, instance
     return observed
 
 
-def run_label(span: Span, iso) -> str:
-    """`demo-engine, run started 2026-11-24T23:06:24+01:00` (`iso`: epoch s to text); `the range` without runs."""
-    if span.run_id is None:
-        return "the range (no recorded runs)"
-    return f"{span.instance}, run started {iso(span.started_at)}"
+def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
+    """The what-if table's rows (keys `COMPARISON`): what was observed (`observed_total`'s, or a plan's
+    `observed`), then each replay in `results`; None where a value is unknown."""
+    rows = [(
+        "observed", observed.get("num_blocks"), observed.get("hit_rate"), observed.get("evicted_blocks"),
+        observed.get("lost_in_pause_blocks"), observed.get("recompute_tokens"), None,
+    )]  # fmt: skip
+    rows += [(r.policy, r.num_blocks, r.hit_rate, r.evicted_blocks, r.lost_in_pause_blocks, r.recompute_tokens,
+              r.waited) for r in results]  # fmt: skip
+    return [dict(zip(COMPARISON, row)) for row in rows]
 
 
 def _sum(values):

@@ -14,46 +14,24 @@ from kvobs.semconv.reasons import EvictionPolicyName, names
 
 TITLE = "What-if"
 AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default sizes as the page opens
-COLUMNS = ["configuration", "blocks", "hit rate", "blocks lost", "lost in tool pauses", "recompute tokens", "waited"]
-
-
-def _row(configuration: str, blocks, hit_rate, lost, in_pause, recompute, waited) -> dict:
-    return dict(zip(COLUMNS, (configuration, blocks, hit_rate, lost, in_pause, recompute, waited)))
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying...")
 def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float):
-    """(table of the runs together, [(run label, its table)] when several, requests replayed, skipped)."""
-    from dashboard.clock import Clock
-    from instrumented_engine.whatif_runs import observed_total, replay_plans, run_label, simulate_runs
+    """(table of the runs together, [(run's span, its table)] when several, requests replayed, skipped, note)."""
+    from instrumented_engine.whatif_runs import COMPARISON, comparison, observed_total, replay_plans, simulate_runs
 
     store = cache.get_store(url)
     plans = replay_plans(store, since, until, instances=instances)
     results = [simulate_runs(plans, num_blocks=n, policy=policy, ttl_s=ttl_s) for n in sizes]
 
     def table(observed: dict, replays) -> pd.DataFrame:
-        rows = [
-            _row(
-                "observed",
-                observed.get("num_blocks"),
-                observed.get("hit_rate"),
-                observed.get("evicted_blocks"),
-                observed.get("lost_in_pause_blocks"),
-                observed.get("recompute_tokens"),
-                None,
-            )
-        ]
-        rows += [
-            _row(policy, n, r.hit_rate, r.evicted_blocks, r.lost_in_pause_blocks, r.recompute_tokens, r.waited)
-            for n, r in zip(sizes, replays)
-        ]
-        return pd.DataFrame(rows, columns=COLUMNS)
+        return pd.DataFrame(comparison(observed, replays), columns=list(COMPARISON))
 
     total = table(observed_total(plans, store, since, until, instances), [t for t, _ in results])
     per_run = []
     if len(plans) > 1:
-        iso = Clock.server_local().iso
-        per_run = [(run_label(p.span, iso), table(p.observed, [r[i] for _, r in results])) for i, p in enumerate(plans)]
+        per_run = [(p.span, table(p.observed, [r[i] for _, r in results])) for i, p in enumerate(plans)]
     note = "" if plans[0].span is None or plans[0].span.run_id is not None else "no engine runs are recorded"
     return total, per_run, sum(len(p.requests) for p in plans), sum(p.skipped for p in plans), note
 
@@ -128,8 +106,8 @@ def render(ctx) -> None:
         "each session's last request, so nothing is pending there. Our engine's runs are replayed step for "
         "step, so at the observed size and policy the replay is the run; vLLM's approximately."
     )
-    for label, run_table in per_run:
-        with st.expander(label):
+    for span, run_table in per_run:
+        with st.expander(span.label(ctx.clock.iso)):
             show_text_table(run_table, ctx.clock)
 
 

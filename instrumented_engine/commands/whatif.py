@@ -78,7 +78,6 @@ def _num(value) -> str:
 def format_table(plans, observed: dict, runs: list) -> str:
     """The replay's table: observed, then each size (every run replayed through its own cache, added up); with
     several runs, each run's own rows after."""
-    from instrumented_engine.whatif_runs import run_label
     from kvobs.commands.common import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
@@ -86,13 +85,13 @@ def format_table(plans, observed: dict, runs: list) -> str:
              f"{', '.join(sorted({str(p.block_size) for p in plans}))}"]  # fmt: skip
     if len(plans) > 1:
         lines.append(f"{len(plans)} runs, replayed one by one (each began with an empty cache): "
-                     + "; ".join(run_label(p.span, local_time) for p in plans))  # fmt: skip
+                     + "; ".join(p.span.label(local_time) for p in plans))  # fmt: skip
     elif plans[0].span is not None and plans[0].span.run_id is None:
         lines.append("no engine runs are recorded in this store: the range is replayed as one run")
     lines += ["", *_rows(observed, [total for total, _ in runs])]
     if len(plans) > 1:
         for i, plan in enumerate(plans):
-            lines += ["", f"{run_label(plan.span, local_time)}:", *_rows(plan.observed, [per[i] for _, per in runs])]
+            lines += ["", f"{plan.span.label(local_time)}:", *_rows(plan.observed, [per[i] for _, per in runs])]
     lines += ["", LEGEND.format(pending=_num(observed.get("pending_idle_blocks")))]
     too_large = [(total.num_blocks, total.too_large) for total, _ in runs if total.too_large]
     if too_large:
@@ -103,13 +102,10 @@ def format_table(plans, observed: dict, runs: list) -> str:
 
 
 def _rows(obs: dict, results) -> list[str]:
-    lines = [
-        "| configuration | blocks | hit rate | blocks lost | lost in tool pauses | recompute tokens | waited |",
-        "|---|---|---|---|---|---|---|",
-        f"| observed | {_num(obs.get('num_blocks'))} | {_pct(obs.get('hit_rate'))} | {_num(obs.get('evicted_blocks'))} "
-        f"| {_num(obs.get('lost_in_pause_blocks'))} | {_num(obs.get('recompute_tokens'))} | - |",
-    ]
-    for r in results:
-        lines.append(f"| {r.policy} | {r.num_blocks:,} | {_pct(r.hit_rate)} | {r.evicted_blocks:,} | "
-                     f"{r.lost_in_pause_blocks:,} | {r.recompute_tokens:,} | {r.waited:,} |")  # fmt: skip
+    from instrumented_engine.whatif_runs import COMPARISON, comparison
+
+    lines = ["| " + " | ".join(COMPARISON) + " |", "|" + "---|" * len(COMPARISON)]
+    for row in comparison(obs, results):
+        cells = [row["configuration"], _num(row["blocks"]), _pct(row["hit rate"]), *map(_num, list(row.values())[3:])]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -82,6 +82,13 @@ class Span:
     until: float | None
     started_at: float | None = None  # the run's own start (before `since` when the range begins inside it)
 
+    def label(self, clock_iso) -> str:
+        """`demo-engine, run started 2026-11-24T23:06:24+01:00` (`clock_iso`: epoch s to text); `the range (no
+        recorded runs)` for the span of a store without runs."""
+        if self.run_id is None:
+            return "the range (no recorded runs)"
+        return f"{self.instance}, run started {clock_iso(self.started_at)}"
+
 
 def spans(table: pd.DataFrame, since: float | None, until: float | None, instances=None) -> list[Span]:
     """The range cut at every run start inside it, per run (oldest first): what a per-run question (a replay) asks

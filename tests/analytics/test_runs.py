@@ -5,6 +5,8 @@ a run, and the terminal, the Overview and What-if give one hit rate."""
 from __future__ import annotations
 
 import re
+import time
+from datetime import datetime, timezone
 
 import numpy as np
 import pytest
@@ -101,3 +103,21 @@ def test_between_runs_nothing_was_watching(two_runs):
     assert len(gap) > 0 and gap.isna().all().all()
     inside = frame[(frame.index >= s2) & (frame.index <= e2)]
     assert inside.notna().all().all()
+
+
+def test_what_if_on_every_run_shows_each_runs_table_labelled_in_the_pages_zone(monkeypatch, two_runs):
+    """The per-run tables' labels use the zone chosen in the sidebar, not the server's (here +05:30)."""
+    with monkeypatch.context() as env:
+        env.setenv("TZ", "Asia/Kolkata")
+        time.tzset()
+        at = open_page(monkeypatch, two_runs.url, "whatif")
+        at.selectbox(key="run").set_value("all runs in the range").run()
+        at.radio(key="zone").set_value("UTC").run()
+    time.tzset()
+    assert_clean(at)
+    runs = run_table(queries.runs(two_runs.store))
+    utc = [datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds") for t in runs["started_at"]]
+    assert [e.label for e in at.expander] == [f"{TWO_RUNS_INSTANCE}, run started {t}" for t in utc]
+    assert "2 runs, each replayed through a cache of its own" in at.caption[0].value
+    total, first, second = (t.value for t in at.table)
+    assert list(first["configuration"]) == list(second["configuration"]) == list(total["configuration"])
