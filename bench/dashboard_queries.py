@@ -114,7 +114,7 @@ def pages(store, since, until) -> dict:
         "Sessions": lambda: (data.sessions(store, since, until), data.session_detail(store, session)),
         # the page: its sessions by what the cache cost them, the session's steps likewise, the step's story
         "Step timeline": lambda: (
-            data.steps_worst_first(store, since, until),
+            data.sessions_with_steps(store, since, until),
             data.steps_by_cache_cost(data.session_detail(store, session)["steps"]),
             step_story(store, session, step),
         ),

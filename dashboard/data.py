@@ -180,7 +180,7 @@ def sessions(store: Store, since: float, until: float, instances=None) -> pd.Dat
     return table.reset_index(drop=True)
 
 
-def steps_worst_first(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
+def sessions_with_steps(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
     """The range's sessions with steps, in the Sessions page's order (what the cache cost them first): `session_id`,
     `failed`."""
     table = sessions(store, since, until, instances)

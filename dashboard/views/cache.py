@@ -74,11 +74,11 @@ def alerts(url, since, until, instances=None):
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def steps_worst_first(url, since, until, instances=None):
-    return data.steps_worst_first(get_store(url), since, until, instances)
+def sessions_with_steps(url, since, until, instances=None):
+    return data.sessions_with_steps(get_store(url), since, until, instances)
 
 
-def session_steps_worst_first(url, session_id):
+def session_steps_by_cache_cost(url, session_id):
     """The session's steps by what the cache cost them (from its cached detail: one attribution a session)."""
     return data.steps_by_cache_cost(session_detail(url, session_id)["steps"])
 

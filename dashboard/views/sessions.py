@@ -80,6 +80,6 @@ def render(ctx) -> None:
         "time. Why it was slow: the part of its latency (TTFT, else end to end) that explains most of its "
         "excess over the session's typical step; blank when it was not slow."
     )
-    indexes = cache.session_steps_worst_first(ctx.url, session_id)
+    indexes = cache.session_steps_by_cache_cost(ctx.url, session_id)
     step_index = st.selectbox("Step (what the cache cost it first)", indexes, key="session_step")
     render_story(ctx, session_id, int(step_index))

@@ -40,15 +40,15 @@ def trace_link(jaeger_url: str | None, trace_id) -> str | None:
 
 def render(ctx) -> None:
     st.header(TITLE)
-    steps = cache.steps_worst_first(ctx.url, ctx.since, ctx.until, ctx.instances)
+    ranked = cache.sessions_with_steps(ctx.url, ctx.since, ctx.until, ctx.instances)
     requested_session = st.query_params.get("session")
-    sessions = list(dict.fromkeys(([requested_session] if requested_session else []) + steps["session_id"].tolist()))
+    sessions = list(dict.fromkeys(([requested_session] if requested_session else []) + ranked["session_id"].tolist()))
     if not sessions:
         st.info("No agent steps in this range (agents report them through the kvobs SDK).")
         return
     c1, c2 = st.columns(2)
     session_id = c1.selectbox("Session (what the cache cost it first)", sessions, key="story_session")
-    indexes = cache.session_steps_worst_first(ctx.url, session_id)
+    indexes = cache.session_steps_by_cache_cost(ctx.url, session_id)
     requested_step = st.query_params.get("step")
     if session_id == requested_session and requested_step is not None and requested_step.isdigit():
         indexes = list(dict.fromkeys([int(requested_step), *indexes]))
