@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     where = Path(args.dir) / f"bench-dashboard-{args.events}"
+    where.parent.mkdir(parents=True, exist_ok=True)
     url = args.store or (f"sqlite:///{where}.db" if args.backend == "sqlite" else f"chdb:///{where}.ch")
     store = open_store(url)
     have = count_events(store)
