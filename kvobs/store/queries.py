@@ -15,7 +15,6 @@ from collections.abc import Iterable
 import pandas as pd
 from sqlalchemy import distinct, func, select, tuple_, union_all
 
-from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import rollups
 from kvobs.store.backends import per_backend
@@ -166,15 +165,6 @@ def losses_in(counts: pd.DataFrame) -> pd.DataFrame:
     with `instance` when the counts have it)."""
     columns = ["bucket", *(["instance"] if "instance" in counts else []), "kind", "reason", "blocks"]
     return counts.loc[counts["kind"].isin(BLOCK_LOSS_KINDS), columns].reset_index(drop=True)
-
-
-def scraped_hit_rate(store: Store, since=None, until=None) -> float | None:
-    """Prefix-cache hit tokens / queried tokens from vLLM's scraped counters (their stored increases) in the range."""
-    names = [spec.name + INCREASE_SUFFIX for spec in (vllm.PREFIX_CACHE_HITS, vllm.PREFIX_CACHE_QUERIES)]
-    samples = metric_series(store, names, since, until)
-    totals = samples.groupby("name")["value"].sum()
-    queried = float(totals.get(names[1], 0.0))
-    return float(totals.get(names[0], 0.0)) / queried if queried else None
 
 
 @per_backend
