@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvobs.analytics.hit_rate import hit_rates_in
 from kvobs.analytics.pressure import preemption_increase
 from kvobs.store import queries
 from kvobs.store.db import Store
@@ -42,18 +43,19 @@ def preemptions_per_min(store: Store, since: float, until: float) -> list[Value]
     return out
 
 
-def _mean_hit_rate(store: Store, since: float, until: float) -> dict[str, float]:
-    snaps = queries.instance_snapshots(store, since, until).dropna(subset=["hit_rate"])
-    return {inst: float(v) for inst, v in snaps.groupby("instance")["hit_rate"].mean().items()}
+def _hit_rates(store: Store, since: float, until: float) -> dict[str, float]:
+    return {inst: hit.rate for inst, hit in hit_rates_in(store, since, until).items() if hit.rate is not None}
 
 
 def hit_rate(store: Store, since: float, until: float, baseline_window_s: float | None = None,
              baseline_min: float = 0.0) -> list[Value]:  # fmt: skip
-    """Per instance: the mean prefix-cache hit rate in the window; with `baseline_window_s`, only instances whose
-    hit rate over that long before the window was at least `baseline_min` (a collapse needs a level to fall from)."""
-    now = _mean_hit_rate(store, since, until)
+    """Per instance: the prefix-cache hit rate of the requests that arrived in the window (the one hit rate,
+    `kvobs.analytics.hit_rate`: cached / prompt tokens, else vLLM's counters); with `baseline_window_s`, only
+    instances whose hit rate over that long before the window was at least `baseline_min` (a collapse needs a level
+    to fall from)."""
+    now = _hit_rates(store, since, until)
     if baseline_window_s is not None:
-        before = _mean_hit_rate(store, since - baseline_window_s, since)
+        before = _hit_rates(store, since - baseline_window_s, since)
         now = {inst: v for inst, v in now.items() if before.get(inst, -1.0) >= baseline_min}
     return [(inst, None, v) for inst, v in now.items()]
 
@@ -129,7 +131,9 @@ def instance_up(store: Store, since: float, until: float) -> list[Value]:
 SIGNALS: dict[str, Signal] = {
     "kv_usage": Signal(kv_usage, (), "mean pinned KV usage per instance"),
     "preemptions_per_min": Signal(preemptions_per_min, (), "preemptions per minute per instance"),
-    "hit_rate": Signal(hit_rate, ("baseline_window_s", "baseline_min"), "mean prefix-cache hit rate per instance"),
+    "hit_rate": Signal(
+        hit_rate, ("baseline_window_s", "baseline_min"), "prefix-cache hit rate per instance (cached / prompt tokens)"
+    ),
     "median_block_lifetime_s": Signal(median_block_lifetime_s, (), "median lifetime of blocks lost, per instance"),
     "eviction_churn": Signal(eviction_churn, (), "share of stored blocks that had been stored before"),
     "prefix_lost_in_pause_per_min": Signal(

@@ -1,8 +1,10 @@
-"""The prefix-cache hit rate: one definition for the terminal, the Overview, the fleet table and What-if.
+"""The prefix-cache hit rate: one definition for the terminal, the Overview, the fleet table, What-if and the alert
+rules.
 
     hit = hit_rate_in(store, since, until, instances=["demo-engine"])
     hit.rate, hit.hit_tokens, hit.query_tokens, hit.num_requests, hit.source
     hit_rate_windows(requests, counters, window_s=60)      # the same, per window (the Overview's chart)
+    hit_rates_in(store, since, until)                       # per instance: {instance: HitRate} (the alert rule's)
 
 Prompt tokens served from the prefix cache over prompt tokens, for the requests that arrived in the range: vLLM's
 `prefix_cache_hits / prefix_cache_queries` (tokens, each request's first admission; a re-admission after a
@@ -46,18 +48,44 @@ class HitRate:
 def hit_rate(requests: pd.DataFrame, counters: pd.DataFrame | None = None) -> HitRate:
     """The hit rate of these requests (`queries.requests` rows), and of the instances whose requests do not say what
     was cached, of their counters (`queries.metric_series` of `HITS`, `QUERIES`)."""
-    by_requests, known = _split(requests)
-    hits, queries = float(by_requests["cached_tokens"].sum()), float(by_requests["prompt_tokens"].sum())
-    sources = ["requests"] if len(by_requests) else []
+    return _combine(request_sums(requests), counters)
+
+
+def request_sums(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per instance whose rows say what was cached: `instance`, `requests`, `cached_tokens`, `prompt_tokens` (their
+    sums), as `queries.cached_prompt_tokens` reads them from the store."""
+    known, _ = _split(requests)
+    sums = known.groupby("instance", sort=True).agg(
+        requests=("cached_tokens", "size"),
+        cached_tokens=("cached_tokens", "sum"),
+        prompt_tokens=("prompt_tokens", "sum"),
+    )
+    return sums.reset_index()
+
+
+def hit_rates_in(store, since: float, until: float) -> dict[str, HitRate]:
+    """Per instance: `hit_rate` of the requests that arrived in [since, until], summed in the store (no rows
+    pulled), else its counters; the instances with neither are left out."""
+    from kvobs.store import queries
+
+    sums = queries.cached_prompt_tokens(store, since, until)
+    counters = queries.metric_series(store, [HITS, QUERIES], since, until)
+    names = sorted(set(sums["instance"]) | set(counters["instance"]))
+    return {name: _combine(sums[sums["instance"] == name], counters[counters["instance"] == name]) for name in names}
+
+
+def _combine(sums: pd.DataFrame, counters: pd.DataFrame | None) -> HitRate:
+    """The hit rate of `request_sums`' instances, and of the other instances' `counters`."""
+    hits, queries = float(sums["cached_tokens"].sum()), float(sums["prompt_tokens"].sum())
+    sources = ["requests"] if len(sums) else []
     if counters is not None and not counters.empty:
-        mine = counters[~counters["instance"].isin(known)]
+        mine = counters[~counters["instance"].isin(set(sums["instance"]))]
         if not mine.empty:
             totals = mine.groupby("name")["value"].sum()
             hits, queries = hits + float(totals.get(HITS, 0.0)), queries + float(totals.get(QUERIES, 0.0))
             sources.append("counters")
-    return HitRate(
-        hits, queries, len(by_requests) if sources == ["requests"] else None, " and ".join(sources) or "none"
-    )
+    num_requests = int(sums["requests"].sum()) if sources == ["requests"] else None
+    return HitRate(hits, queries, num_requests, " and ".join(sources) or "none")
 
 
 def hit_rate_windows(requests: pd.DataFrame, counters: pd.DataFrame | None, window_s: float) -> pd.Series:

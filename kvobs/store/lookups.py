@@ -13,7 +13,7 @@ from sqlalchemy.orm import aliased
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
 from kvobs.store.backends import per_backend
 from kvobs.store.db import Store
-from kvobs.store.schema import AlertRow, KVEventRow, SessionRow, SnapshotRow, StepRow
+from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow
 from kvobs.store.sql_read import _columns, _lookup, read
 
 
@@ -60,6 +60,20 @@ def block_lifetimes(store: Store, since: float, until: float) -> pd.DataFrame:
             .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
             .distinct())  # fmt: skip
     return read(store, stmt).dropna(subset=["lifetime_s"])
+
+
+@per_backend
+def cached_prompt_tokens(store: Store, since: float, until: float) -> pd.DataFrame:
+    """Per instance, the requests that arrived in the window and say how many prompt tokens were cached (our
+    engine's; vLLM's spans do not): `instance`, `requests`, `cached_tokens`, `prompt_tokens` (their sums), what
+    `kvobs.analytics.hit_rate` reads without pulling the rows."""
+    stmt = (select(RequestRow.instance, func.count().label("requests"),
+                   func.sum(RequestRow.cached_tokens).label("cached_tokens"),
+                   func.sum(RequestRow.prompt_tokens).label("prompt_tokens"))
+            .where(RequestRow.arrival_ts >= since, RequestRow.arrival_ts <= until,
+                   RequestRow.cached_tokens.is_not(None), RequestRow.prompt_tokens.is_not(None))
+            .group_by(RequestRow.instance).order_by(RequestRow.instance))  # fmt: skip
+    return read(store, stmt)
 
 
 @per_backend

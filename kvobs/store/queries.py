@@ -258,8 +258,9 @@ def alerts(store: Store, since=None, until=None) -> pd.DataFrame:
 
 
 # Alert signals and the collector's lookups: part of this interface, defined in `kvobs.store.lookups`.
-from kvobs.store.lookups import (  # noqa: E402, F401  # noqa: E402, F401  # noqa: E402, F401
+from kvobs.store.lookups import (  # noqa: E402, F401
     block_lifetimes,
+    cached_prompt_tokens,
     instance_counter_before,
     latest_alert_states,
     restored_blocks,

@@ -11,11 +11,14 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from kvobs.alerts import signals
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import RuleError, builtin_rules, load_rules, parse_rules
 from kvobs.alerts.sinks import WebhookSink
 from kvobs.store import queries
+from tests.collectors.recorded import scrapes
 from tests.stores import copy_store
 
 
@@ -176,3 +179,31 @@ def test_cli_tells_each_transition_once(vllm_run, tmp_path):
     told = [line for line in (done.stdout + done.stderr).splitlines() if "Storm" in line]
     # one transition line (not a log line and a table line), then what fires now
     assert len(told) == 2 and told[0].startswith("firing ") and told[1] == "firing now: Storm (vllm-cpu)"
+
+
+def _recorded_counter(body: str, name: str) -> float:
+    """A counter's cumulative value in a recorded /metrics body, read by prometheus_client's own parser."""
+    return sum(s.value for f in text_string_to_metric_families(body) for s in f.samples if s.name == name)
+
+
+def test_the_hit_rate_rule_counts_the_windows_tokens(agent_run, vllm_run):
+    """The collapse rule's value is the hit rate of the requests that arrived in its window: on our engine, their
+    cached / prompt tokens (its snapshots carry the run's cumulative rate, which a collapse barely moves); on vLLM,
+    its recorded counters' increase over the window's scrapes."""
+    first, last = queries.time_range(agent_run.store)
+    since = first + (last - first) / 2
+    reqs = queries.requests(agent_run.store, since, last)
+    assert len(reqs) > 0
+    ((instance, _, value),) = signals.hit_rate(agent_run.store, since, last)
+    assert instance == "engine-test" and value == pytest.approx(
+        reqs["cached_tokens"].sum() / reqs["prompt_tokens"].sum()
+    )
+
+    recorded = scrapes()
+    half = len(recorded) // 2
+    before, end = recorded[half - 1][1], recorded[-1][1]
+    names = [f"vllm:prefix_cache_{c}_total" for c in ("hits", "queries")]
+    hits, asked = (_recorded_counter(end, name) - _recorded_counter(before, name) for name in names)
+    assert asked > 0
+    ((instance, _, value),) = signals.hit_rate(vllm_run.store, recorded[half][0], recorded[-1][0])
+    assert instance == "vllm-cpu" and value == pytest.approx(hits / asked)

@@ -156,7 +156,9 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
                   ("stored_blocks", window, {"latest": 100}, True),
                   ("kv_event_counts", window, {"bucket_s": 5.0}, False)]  # fmt: skip
     for since, until in ((first, last), middle):
-        calls += [(name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes")]
+        calls += [
+            (name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes", "cached_prompt_tokens")
+        ]
         calls += [("step_counts", (since, until), {}, True),
                   ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),
                   ("instance_counter_before", ("preemptions_total", until), {}, True)]  # fmt: skip

@@ -255,6 +255,16 @@ def block_lifetimes(store, since: float, until: float) -> pd.DataFrame:
         ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""", params)  # fmt: skip
 
 
+def cached_prompt_tokens(store, since: float, until: float) -> pd.DataFrame:
+    # the sums' aliases are the columns' names: filter in a subquery (ClickHouse resolves WHERE to the aliases)
+    return store.frame("""SELECT instance, toInt64(count()) AS requests, sum(cached) AS cached_tokens,
+        sum(prompt) AS prompt_tokens
+        FROM (SELECT instance, cached_tokens AS cached, prompt_tokens AS prompt FROM requests FINAL
+              WHERE arrival_ts >= {since:Float64} AND arrival_ts <= {until:Float64}
+                AND cached_tokens IS NOT NULL AND prompt_tokens IS NOT NULL)
+        GROUP BY instance ORDER BY instance""", {"since": float(since), "until": float(until)})  # fmt: skip
+
+
 def session_idle_losses(store, until: float) -> pd.DataFrame:
     return store.frame("""SELECT session_id, instance, ts, session_evicted_idle_blocks FROM snapshots
         WHERE session_id IS NOT NULL AND ts <= {until:Float64} AND session_evicted_idle_blocks IS NOT NULL""",
