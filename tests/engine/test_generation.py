@@ -91,9 +91,10 @@ def test_greedy_equals_transformers_in_bfloat16(make_llm, smollm2_source):
     bf16 keeps 8 significant bits, so logits near 20 are 0.125 apart and two implementations summing in another
     order (fused QKV, another attention kernel) differ by a few of those after 30 layers; two tokens often tie
     exactly (transformers' own cached and uncached passes then disagree too). As vLLM compares bf16 models with
-    transformers: each output equals transformers' token for token until a step where our token is transformers'
-    second choice within half a logit of its first; from there the texts may part. A quarter at least match to the
-    end (measured: 4 of 11 to 32 tokens; the others part at a gap of 0 to 0.25)."""
+    transformers: each output equals transformers' token for token until a step where our token's logit is within
+    half a logit of transformers' first choice (its second choice, or a third where three tie within one bf16 step:
+    seen on an AMX CPU, 'The three primary colors are' parts at rank 2, 0.125 below); from there the texts may part.
+    A quarter at least match to the end (measured: 4 of 11 to 32 tokens; the others part at a gap of 0 to 0.25)."""
     llm = make_llm(num_blocks=256, dtype="bfloat16")
     assert llm.engine.runner.dtype == torch.bfloat16
     hf = hf_llama_from(smollm2_source, torch.bfloat16)
@@ -115,7 +116,12 @@ def test_greedy_equals_transformers_in_bfloat16(make_llm, smollm2_source):
             logits = hf(torch.tensor([ids + want[:part]])).logits[0, -1].float()
         gap = float(logits[want[part]] - logits[got[part]])
         rank = int((logits > logits[got[part]]).sum())
-        assert rank <= 1 and gap <= 0.5, (llm.tokenizer.decode(ids), part, rank, gap)
+        assert gap <= 0.5 and float(logits.max() - logits[got[part]]) <= 0.5, (
+            llm.tokenizer.decode(ids),
+            part,
+            rank,
+            gap,
+        )
     assert whole >= len(prompts) // 4, whole
 
 
