@@ -37,13 +37,20 @@ class SqlBatchWriter:
     def write(self, batch: Batch) -> None:
         grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
         columns: list[KVEventColumns] = []
+        keyed: dict[tuple[str, str], list[dict]] = defaultdict(list)  # upserts and insert_missing, in queue order
         for op, records in batch:  # one executemany per table and column set (session upserts give some columns)
             if isinstance(records, KVEventColumns):
                 columns.append(records)
                 continue
             for record in records:
                 row = record.to_row()
-                grouped[(op, record.table, tuple(row))].append(row)
+                if op == "insert":
+                    grouped[(op, record.table, tuple(row))].append(row)
+                else:
+                    keyed[(op, record.table)].append(row)
+        for (op, table), rows in keyed.items():  # merged per key first, so grouping by columns cannot reorder them
+            for row in _merge_per_key(TABLES[table], rows, first_wins=op == "insert_missing"):
+                grouped[(op, table, tuple(row))].append(row)
         dialect = self.engine.dialect.name
         kv_rows = grouped_rows(grouped, "kv_events")
         minutes = minute_sums(chain(
@@ -62,8 +69,7 @@ class SqlBatchWriter:
                 elif op == "insert":
                     conn.execute(insert(model), rows)
                 else:
-                    merged = _merge_per_key(model, rows, first_wins=op == "insert_missing")
-                    conn.execute(_upsert_statement(dialect, model, tuple(merged[0]), update=op == "upsert"), merged)
+                    conn.execute(_upsert_statement(dialect, model, tuple(rows[0]), update=op == "upsert"), rows)
             if minutes:
                 conn.execute(_ADD_MINUTES, minutes)
             footprints = latest_footprints(grouped_rows(grouped, "snapshots"))

@@ -10,7 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
-from kvobs.store import StoreWriter, open_store
+from kvobs.store import StoreWriter, open_store, queries
 from kvobs.store.rows import RECORDS, AlertRecord, KVEventRecord, RequestRecord, SessionRecord, StepRecord
 from kvobs.store.schema import TABLES, Base, KVEventRow, RequestRow, SessionRow, StepRow
 
@@ -77,6 +77,24 @@ def test_writer_batches_flushes_and_upserts(store):
         row = s.get(SessionRow, "s1")
         assert (row.started_at, row.num_steps, row.num_failed_steps, row.ended_at, row.source) == (1.0, 3, 1, 9.0,
                                                                                                    "sdk")  # fmt: skip
+
+
+def test_upserts_of_one_batch_keep_their_order_whatever_columns_each_gives(any_store):
+    """Upserts with different column sets in one batch: the later value of a column wins. (The SQL writer grouped
+    them by column set and ran the groups in the order each set first appeared: a session's first upsert, with
+    `started_at`, ran after its later ones when another session's plain upsert came first, so a span-derived
+    session of 3 steps read `num_steps` 1.)"""
+    any_store.write([
+        ("upsert", [SessionRecord("x", num_steps=3, num_failed_steps=0)]),
+        ("upsert", [SessionRecord("y", started_at=1.0, num_steps=1, num_failed_steps=0, source="otel-genai")]),
+        ("upsert", [SessionRecord("y", num_steps=2, num_failed_steps=0)]),
+        ("upsert", [SessionRecord("y", num_steps=3, num_failed_steps=1)]),
+        ("insert_missing", [SessionRecord("y", started_at=0.5, source="vllm")]),
+    ])  # fmt: skip
+    sessions = queries.sessions(any_store).set_index("session_id")
+    assert sessions.loc["y", ["started_at", "num_steps", "num_failed_steps", "source"]].tolist() == [
+        1.0, 3, 1, "otel-genai"]  # fmt: skip
+    assert sessions.loc["x", "num_steps"] == 3
 
 
 def test_committed_rows_survive_a_reopen(store_url):
