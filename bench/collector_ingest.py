@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, process_cpu_s  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from collectors.derive import Deriver
@@ -75,22 +74,17 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
     store = open_store(url.format(dir=store_dir, run=run)) if url else None
     writer = StoreWriter(store, max_queue=10_000_000) if store else _NullWriter()
     ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
-    cpu, start = _cpu_s(), time.perf_counter()
+    cpu, start = process_cpu_s(), time.perf_counter()
     for seq, payload in enumerate(payloads):
         batch = wire.decode_batch(payload).batch
         if ingest is not None:
             ingest.on_batch(seq, batch)
     if store is not None:
         writer.close(timeout_s=600)
-    wall, cpu = time.perf_counter() - start, _cpu_s() - cpu
+    wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu
     if store is not None:
         store.close()
     return wall, cpu
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def block_rows(payloads: list[bytes]) -> int:

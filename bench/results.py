@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 
@@ -23,3 +24,9 @@ def table(results: list[Result]) -> str:
         ratio = f"{r.ratio:.2f}" if abs(r.ratio) >= 0.01 or r.ratio == 0 else f"{r.ratio:.2g}"  # 0.0038, not 0.00
         lines.append(f"| {r.benchmark} | {r.case} | {value} {r.unit} | {ratio}x {r.baseline} |")
     return "\n".join(lines)
+
+
+def process_cpu_s() -> float:
+    """This process's CPU time so far, user + system, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

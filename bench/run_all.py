@@ -20,7 +20,14 @@ from results import Result, table  # bench/ is on sys.path when a script in it r
 
 log = logging.getLogger("bench")
 
-BENCHMARKS = ("engine_throughput", "telemetry_overhead", "collector_ingest", "collector_memory", "dashboard_queries")
+BENCHMARKS = (
+    "engine_throughput",
+    "telemetry_overhead",
+    "collector_ingest",
+    "span_steps",
+    "collector_memory",
+    "dashboard_queries",
+)
 
 
 def arguments(name: str, quick: bool, workdir: str) -> list[str]:
@@ -31,6 +38,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
         "engine_throughput": ["--prompts", "2", "--prompt-tokens", "48", "--new-tokens", "8", "--dtypes", "float32"],
         "telemetry_overhead": ["--sessions", "4", "--new-tokens", "4", "--repeats", "1"],
         "collector_ingest": ["--batches", "40", "--events", "25", "--lines", "100", "--repeats", "1"],
+        "span_steps": ["--conversations", "50", "--steps", "3", "--repeats", "1"],
         "collector_memory": ["--sessions", "2000", "--session-idle-s", "5", "--report-every", "500"],
         "dashboard_queries": [
             "--events",

@@ -31,6 +31,7 @@ from collectors.own_metrics import CollectorMetrics
 from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
+from collectors.span_steps import SpanSteps
 from kvobs.semconv.protocol import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import queries
 from kvobs.store.db import Store, open_store
@@ -106,7 +107,10 @@ class Collector:
         self.streams = [self._stream(spec, bridge) for spec in parse_streams(
             options.kv_events, options.kv_events_replay, default_instance=default)]  # fmt: skip
         replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
-        self.span_ingest = SpanIngest(self.writer, activity=self.activity, instance=default, known_instances=replicas)
+        self.span_steps = SpanSteps(self.writer, activity=self.activity, settle_s=options.settle_s,
+                                    step_counts=lambda ids: queries.session_step_counts(self.store, ids))  # fmt: skip
+        self.span_ingest = SpanIngest(self.writer, activity=self.activity, steps=self.span_steps, instance=default,
+                                      known_instances=replicas)  # fmt: skip
         self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
             else None  # fmt: skip
         self.kv_silence = KVSilenceWatch(self.streams, self.scraper, silence_s=options.kv_silence_s)
@@ -181,6 +185,7 @@ class Collector:
         self._ticker.join(self.options.interval_s + 5)
         if self.retention is not None:
             self.retention.stop()
+        self.span_steps.settle(final=True)
         for stream in self.streams:
             stream.ingest.snapshot(final=True)
         if self.forwarder is not None:
@@ -201,6 +206,10 @@ class Collector:
 
     def _tick(self) -> None:
         while not self._stop.wait(self.options.interval_s):
+            try:
+                self.span_steps.settle()
+            except Exception:
+                log.exception("making steps of agent spans failed")
             for stream in self.streams:
                 try:
                     stream.ingest.snapshot()

@@ -76,7 +76,8 @@ def add_parser(sub) -> None:
         "--settle",
         type=float,
         default=10.0,
-        help="seconds an eviction waits for its session's request spans before it is classified idle/busy",
+        help="seconds an eviction waits for its session's request spans before it is classified idle/busy, and an "
+        "agent's LLM call waits for its parent spans before it is made a step",
     )
     add_session_end_flag(p)
     p.add_argument(

@@ -9,8 +9,10 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 `kvobs_collector_kv_streams_silent_total{instance}` (a stream silent while its replica served: `kv_silence`),
 `kvobs_collector_llm_requests_total`, `kvobs_collector_otlp_exports_busy_total` (exports answered 429),
 `kvobs_collector_ids_cut_total`, `kvobs_session_prefix_lost_total` (blocks removed while their session
-was idle), `kvobs_agent_steps_total{status}` and `kvobs_agent_step_failures_total{error_type}` (the agent_step spans
-it received), and the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
+was idle), `kvobs_agent_steps_total{status}` and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step
+spans it received and the steps it made of agent frameworks' spans), `kvobs_collector_span_steps_total{source}`
+(those steps by convention), and the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a
+vLLM that is down.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kvobs.semconv.metrics import (
     LABEL_COMPONENT,
     LABEL_ERROR_TYPE,
     LABEL_INSTANCE,
+    LABEL_SOURCE,
     LABEL_STATUS,
     LABEL_TABLE,
     MetricSpec,
@@ -88,5 +91,7 @@ class CollectorMetrics(PromCollector):
         for stream in c.streams:
             silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])
         yield silent
-        yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps)
-        yield _by_label(kvobs_metrics.AGENT_STEP_FAILURES, LABEL_ERROR_TYPE, c.span_ingest.agent_step_failures)
+        yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps + c.span_steps.statuses)
+        yield _by_label(kvobs_metrics.AGENT_STEP_FAILURES, LABEL_ERROR_TYPE,
+                        c.span_ingest.agent_step_failures + c.span_steps.failures)  # fmt: skip
+        yield _by_label(kvobs_metrics.COLLECTOR_SPAN_STEPS, LABEL_SOURCE, c.span_steps.by_source)

@@ -5,13 +5,14 @@
     activity.idle_verdict("s1", ts, now=latest_event_ts)   # PAUSE, AFTER_END, PENDING, BUSY, BEFORE or UNKNOWN
 
 vLLM's `llm_request` span has no session; its trace id is the agent step's, so the session comes from the
-span's `session.id` (our engine sets it) or, lazily, from `resolve(trace_ids)` (the store's `steps` rows
-the agent SDK wrote; a span whose trace is still unknown after `unresolved_ttl_s` is given up, so each
-resolution pass asks about recent traces only). A session is idle at `ts` when `ts` falls after its first
-request started and inside none of its requests: between steps (a tool pause) or after its last one. Which of
-the two it was needs hindsight (`idle_verdict`): a tool pause once a later request of the session is
-known; after its end once the session ended (`ended=True`: the agent SDK's `sessions.ended_at`) or stayed without a
-request for `end_after_s` of stream time; pending until then. Times are the events' own, never arrival times.
+span's `session.id` (our engine sets it), from a step made of the agent's spans that claimed the request by its
+trace or its response id (`claim`, before or after the request arrives), or, lazily, from `resolve(trace_ids)`
+(the store's `steps` rows the agent SDK wrote; a span whose trace is still unknown after `unresolved_ttl_s` is
+given up, so each resolution pass asks about recent traces only). A session is idle at `ts` when `ts` falls
+after its first request started and inside none of its requests: between steps (a tool pause) or after its last
+one. Which of the two it was needs hindsight (`idle_verdict`): a tool pause once a later request of the session is
+known; after its end once the session ended (`ended=True`: the agent SDK's `sessions.ended_at`) or stayed without
+a request for `end_after_s` of stream time; pending until then. Times are the events' own, never arrival times.
 """
 
 from __future__ import annotations
@@ -50,18 +51,52 @@ class SessionActivity:
         self.end_after_s = end_after_s
         self.clock = clock
         self._intervals: OrderedDict[str, list[tuple[float, float]]] = OrderedDict()
-        # trace id -> (when first seen, [(start, end, span id)]), oldest first
-        self._unresolved: OrderedDict[str, tuple[float, list[tuple[float, float, str]]]] = OrderedDict()
+        # trace id -> (when first seen, [(start, end, span id, request id)]), oldest first
+        self._unresolved: OrderedDict[str, tuple[float, list[tuple[float, float, str, str | None]]]] = OrderedDict()
+        self._unresolved_requests: dict[str, str] = {}  # request id -> its trace id, while unresolved
+        self._claims: OrderedDict[str, str] = OrderedDict()  # "t:<trace id>" / "r:<request id>" -> session
         self.latest_span: dict[str, tuple[str, str]] = {}  # session -> (trace id, span id) of its latest request
 
-    def add_request(self, trace_id: str, span_id: str, start: float, end: float,
-                    session_id: str | None = None) -> None:  # fmt: skip
+    def add_request(self, trace_id: str, span_id: str, start: float, end: float, session_id: str | None = None,
+                    request_id: str | None = None) -> None:  # fmt: skip
+        session_id = session_id or self.claimed(trace_id, request_id)
         if session_id is None:
-            self._unresolved.setdefault(trace_id, (self.clock(), []))[1].append((start, end, span_id))
+            self._unresolved.setdefault(trace_id, (self.clock(), []))[1].append((start, end, span_id, request_id))
+            if request_id is not None:
+                self._unresolved_requests[request_id] = trace_id
             while len(self._unresolved) > self.max_unresolved:
-                self._unresolved.popitem(last=False)
+                self._forget(*self._unresolved.popitem(last=False))
             return
         self._add(session_id, start, end, trace_id, span_id)
+
+    def claimed(self, trace_id: str | None, request_id: str | None) -> str | None:
+        """The session a step claimed this request for (by response id first, then by trace), if any."""
+        return self._claims.get(f"r:{request_id}") or self._claims.get(f"t:{trace_id}")
+
+    def claim(self, session_id: str, *, trace_id: str | None = None, request_id: str | None = None) -> None:
+        """A step of `session_id` sent the request `request_id` (its response id), or a request in `trace_id`
+        (trace context reached the server): its requests, seen or still to come, are the session's."""
+        for key in ((f"t:{trace_id}",) if trace_id else ()) + ((f"r:{request_id}",) if request_id else ()):
+            self._claims[key] = session_id
+            self._claims.move_to_end(key)
+        while len(self._claims) > self.max_unresolved:
+            self._claims.popitem(last=False)
+        if request_id is not None and request_id in self._unresolved_requests:
+            trace = self._unresolved_requests.pop(request_id)
+            spans = self._unresolved[trace][1]
+            self._settle(session_id, trace, [s for s in spans if s[3] == request_id])
+            spans[:] = [s for s in spans if s[3] != request_id]
+        if trace_id is not None and trace_id in self._unresolved:
+            self._settle(session_id, trace_id, self._forget(trace_id, self._unresolved.pop(trace_id))[1])
+
+    def _settle(self, session_id: str, trace_id: str, spans) -> None:
+        for start, end, span_id, _ in spans:
+            self._add(session_id, start, end, trace_id, span_id)
+
+    def _forget(self, trace_id: str, entry):
+        for *_, request_id in entry[1]:
+            self._unresolved_requests.pop(request_id, None)
+        return entry
 
     def idle_verdict(self, session_id: str, ts: float, *, now: float, ended: bool = False) -> str:
         """What a loss of `session_id`'s block at `ts` was, as far as is known at stream time `now` (`ended`: the
@@ -85,12 +120,11 @@ class SessionActivity:
             return
         found = self.resolve(list(self._unresolved))
         for trace_id, session_id in found.items():
-            _, spans = self._unresolved.pop(trace_id, (0.0, ()))
-            for start, end, span_id in spans:
-                self._add(session_id, start, end, trace_id, span_id)
+            if trace_id in self._unresolved:
+                self._settle(session_id, trace_id, self._forget(trace_id, self._unresolved.pop(trace_id))[1])
         expired = self.clock() - self.unresolved_ttl_s
         while self._unresolved and next(iter(self._unresolved.values()))[0] < expired:
-            self._unresolved.popitem(last=False)
+            self._forget(*self._unresolved.popitem(last=False))
 
     def _add(self, session_id: str, start: float, end: float, trace_id: str, span_id: str) -> None:
         intervals = self._intervals.setdefault(session_id, [])

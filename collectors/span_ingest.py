@@ -15,8 +15,9 @@ A span whose attributes have the wrong type (a string TTFT) is refused alone and
 as OTLP partial success); ids longer than `MAX_ID_BYTES` are cut (`clip_id`, counted in `num_ids_cut`). The agent
 SDK's `agent_step` spans sent through the collector are counted by status and error type (`kvobs_agent_steps_total`,
 `kvobs_agent_step_failures_total` on the collector's /metrics, what the step-failure alert rule reads); the
-steps themselves reach the store from the SDK's recorder. Other spans (vLLM's startup spans) are not stored;
-`--forward-otlp` passes every span on.
+steps themselves reach the store from the SDK's recorder. Every other span goes to `steps` (when given,
+`collectors.span_steps`): agent frameworks' LLM calls become steps there. A request span whose session a step
+already claimed (by trace or response id) is stored with that session. `--forward-otlp` passes every span on.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from collectors.agent_spans import read_span
 from collectors.otlp_receiver import Busy
 from collectors.session_activity import SessionActivity
+from collectors.span_steps import SpanSteps
 from kvobs.identifiers import clip_id
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName, StepStatus
@@ -48,10 +51,11 @@ class BadSpan(ValueError):
 
 
 class SpanIngest:
-    def __init__(self, writer: StoreWriter, *, activity: SessionActivity | None = None,
+    def __init__(self, writer: StoreWriter, *, activity: SessionActivity | None = None, steps: SpanSteps | None = None,
                  instance: str | None = None, known_instances: Iterable[str] = ()) -> None:  # fmt: skip
         self.writer = writer
         self.activity = activity
+        self.steps = steps
         self.instance = instance
         self.known_instances = frozenset(known_instances)  # the collector's replicas (--vllm-url, --kv-events names)
         self.num_requests = 0
@@ -68,15 +72,13 @@ class SpanIngest:
 
         Raises `Busy` when the store queue cannot take the export now (nothing of it is kept)."""
         with self._lock:
-            records, steps, activity, keys, refused = [], [], [], {}, 0
+            records, steps, activity, keys, refused, agent_spans = [], [], [], {}, 0, []
             for resource_spans in request.resource_spans:
                 resource = attributes(resource_spans.resource.attributes)
                 instance = self.instance or self._instance_of(resource)
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
                         key = span.trace_id + span.span_id
-                        if span.name not in (SpanName.LLM_REQUEST, SpanName.AGENT_STEP):
-                            continue
                         if key in self._seen or key in keys:
                             self.num_duplicates += 1
                             continue
@@ -85,7 +87,9 @@ class SpanIngest:
                                 record = self._request(instance, span)
                                 records.append(record)
                                 activity.append(record)
-                            else:
+                            elif self.steps is not None:
+                                agent_spans.append(read_span(span, attributes(span.attributes)))
+                            if span.name == SpanName.AGENT_STEP:
                                 steps.append(_step_outcome(span))
                         except BadSpan as exc:
                             refused += 1
@@ -101,9 +105,12 @@ class SpanIngest:
                 self.agent_steps[status] += 1
                 if error_type is not None:
                     self.agent_step_failures[error_type] += 1
+        if self.steps is not None and agent_spans:
+            self.steps.add(agent_spans)
         if self.activity is not None:
             for r in activity:
-                self.activity.add_request(r.trace_id, r.span_id, r.arrival_ts, r.finished_ts, session_id=r.session_id)
+                self.activity.add_request(r.trace_id, r.span_id, r.arrival_ts, r.finished_ts, session_id=r.session_id,
+                                          request_id=r.request_id)  # fmt: skip
         if refused:
             log.warning("%d spans with attributes of the wrong type refused (%d so far)", refused, self.num_refused)
         return refused
@@ -132,10 +139,14 @@ class SpanIngest:
             reasons = [reasons]
         if not isinstance(reasons, list) or not isinstance(reasons[0], str | None):
             raise BadSpan(f"{a.GEN_AI_RESPONSE_FINISH_REASONS} is {reasons!r}, not a list of strings")
+        request_id = self._id(attrs.get(a.GEN_AI_REQUEST_ID) or span_id)
+        session_id = self._id(attrs.get(a.SESSION_ID))
+        if session_id is None and self.activity is not None:
+            session_id = self.activity.claimed(trace_id, request_id)  # an agent step already named it
         return RequestRecord(
-            request_id=self._id(attrs.get(a.GEN_AI_REQUEST_ID) or span_id),
+            request_id=request_id,
             instance=instance,
-            session_id=self._id(attrs.get(a.SESSION_ID)),
+            session_id=session_id,
             trace_id=trace_id,
             span_id=span_id,
             parent_span_id=span.parent_span_id.hex() or None,

@@ -18,7 +18,7 @@ from dashboard.views.charts import time_x
 from dashboard.views.tables import show_text_table
 
 TITLE = "Step timeline"
-PHASES = ["step", "tool pause", "queue", "prefill", "decode"]
+PHASES = ["step", "tool pause", "tool", "queue", "prefill", "decode"]
 KV_LANE = "KV: {}"
 # the latency's parts, in the order they happen; the prefill split into what the KV record explains and the rest
 PARTS = [
@@ -202,4 +202,17 @@ def _timeline(ctx, story) -> None:
     if story.pause is None:
         st.caption("No tool pause before it: the session's first step.")
     if story.requests.empty:
-        st.caption("None of this step's requests reached a server the store hears from (none is recorded).")
+        st.info(_no_request(story.step))
+
+
+def _no_request(step: dict) -> str:
+    """What the page says of a step whose server request the store does not hold: never a guess at one."""
+    answered = step.get("response_id")
+    if isinstance(answered, str) and answered:
+        why = (f"the server answered `{answered}`, and no request with that id reached the store (is the collector "
+               "receiving that server's spans?)")  # fmt: skip
+    elif step.get("status") == "error":
+        why = "the call failed without an answer, so it names no request, and no trace context reached a server"
+    else:
+        why = "no trace context reached a server the store hears from, and the step names no response id"
+    return f"No server request found for this step: {why}. Its KV record and latency split are unknown."

@@ -54,12 +54,16 @@ FAILURE_KINDS = ("cache", "queue", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
 # each fact's part of the excess (`latency_parts.explain_excess` candidates)
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
-COLUMNS = ["session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id",
-           "span_id", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause", "preemptions",
-           "invalidation_reasons", "max_queue_s", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause",
-           "failure_cause", "failure_kind", "latency_s", "excess_s", *PARTS, *(f"typical_{p}" for p in PARTS),
-           *ESTIMATES, "prefill_rate", *(f"{part}_excess_s" for part in EXCESS_CAUSES), "dominant",
-           "dominant_share"]  # fmt: skip
+# the column names read better filled than one per line:
+# fmt: off
+COLUMNS = [
+    "session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id", "span_id",
+    "response_id", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause", "preemptions",
+    "invalidation_reasons", "max_queue_s", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause",
+    "failure_cause", "failure_kind", "latency_s", "excess_s", *PARTS, *(f"typical_{p}" for p in PARTS), *ESTIMATES,
+    "prefill_rate", *(f"{part}_excess_s" for part in EXCESS_CAUSES), "dominant", "dominant_share",
+]
+# fmt: on
 
 
 class _Requests:
@@ -77,14 +81,19 @@ class _Requests:
         self.request_id = frame["request_id"].to_numpy(object)
         self.instance = frame["instance"].to_numpy(object)
         self.by_span = _positions(frame["parent_span_id"])
+        self.by_request = _positions(frame["request_id"])
         self.by_session = _positions(frame["session_id"])
         self.by_trace = _positions(frame["trace_id"])
         # each group's arrivals (ascending, as the positions are), to cut a step's time out by bisection
         self._arrivals = {id(p): self.arrival[p] for group in (self.by_session, self.by_trace) for p in group.values()}
 
     def of_step(self, step) -> np.ndarray:
-        """Positions of the requests a step sent: by caller span, else by session or trace within the step's time."""
-        direct = self.by_span.get(step.span_id)
+        """Positions of the requests a step sent: by the response id it got (a step made of an agent's spans), by
+        caller span, else by session or trace within the step's time."""
+        response_id = getattr(step, "response_id", None)
+        direct = self.by_request.get(response_id) if isinstance(response_id, str) else None
+        if direct is None:
+            direct = self.by_span.get(step.span_id)
         if direct is not None:
             return direct
         ended = step.ended_at if not missing(step.ended_at) else np.inf

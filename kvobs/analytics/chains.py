@@ -64,14 +64,19 @@ class BlockGraph:
 
 
 def with_sessions(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Fill a request's missing `session_id` from the agent step that sent it (by caller span, else by trace):
-    vLLM's spans carry no session, the SDK's steps do."""
+    """Fill a request's missing `session_id` from the agent step that sent it (by the response id the step got,
+    by caller span, else by trace): vLLM's spans carry no session, the steps do."""
     if requests.empty or steps.empty or requests["session_id"].notna().all():
         return requests
+    by_response = {}
+    if "response_id" in steps:
+        answered = steps[steps["response_id"].notna()]
+        by_response = dict(zip(answered["response_id"], answered["session_id"]))
     by_span = dict(zip(steps["span_id"], steps["session_id"]))
     by_trace = dict(zip(steps["trace_id"], steps["session_id"]))
     missing = requests["session_id"].isna()
-    found = requests["parent_span_id"].map(by_span).fillna(requests["trace_id"].map(by_trace))
+    found = (requests["request_id"].map(by_response).fillna(requests["parent_span_id"].map(by_span))
+             .fillna(requests["trace_id"].map(by_trace)))  # fmt: skip
     return requests.assign(session_id=requests["session_id"].where(~missing, found))
 
 

@@ -151,6 +151,7 @@ def step_facts(
         "ttft_s": step.ttft_s,
         "trace_id": step.trace_id,
         "span_id": step.span_id,
+        "response_id": getattr(step, "response_id", None),
         "causes": ",".join(causes) or "none",
         "facts": facts,
         "blocks_lost_in_pause": lost_blocks,

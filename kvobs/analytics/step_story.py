@@ -3,7 +3,7 @@ its session's cached blocks from the tool pause before it to its end, with who t
 
     story = step_story(store, "coder-1-0001", 2)
     story.step          # the step's verdict: status, failure_cause, slow_cause, evidence, typical_s (attribution)
-    story.timeline      # lane, phase, start, end: the step, the tool pause, each request's queue, prefill, decode
+    story.timeline      # lane, phase, start, end: the step, the tool pause and its tool calls, each request's phases
     story.events        # ts, source, kind, blocks, tokens, request_id, what: everything above and the KV record
 
 The requests are the attribution's own (`attribution.step_requests`: by caller span, else the step's session or
@@ -15,6 +15,7 @@ row) and that request's session; vLLM's `removed` events do not name one, and th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
-from kvobs.semconv.spans import KVEventKind
+from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store import queries
 from kvobs.store.db import Store
 
@@ -96,11 +97,25 @@ def _short(request_id) -> str:
     return text if len(text) <= 14 else text[:6] + "…" + text[-6:]
 
 
+def tool_calls(step) -> list[dict]:
+    """The tool calls recorded in the pause before a step (a step made of an agent's spans): name, start, end,
+    status, error_type; [] when none were recorded."""
+    tools = step.get("tools") if hasattr(step, "get") else None
+    return json.loads(tools) if isinstance(tools, str) and tools else []
+
+
+def _tool_what(tool: dict) -> str:
+    failed = f", failed: {tool['error_type']}" if tool.get("status") == StepStatus.ERROR.value else ""
+    return f"tool {tool['name']} ran {tool['end'] - tool['start']:.2f} s{failed}"
+
+
 def _timeline(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
     status = step["status"] if pd.isna(step["error_type"]) else f"{step['status']} ({step['error_type']})"
     rows = [("agent step", "step", step["started_at"], step["ended_at"], f"step {step['step_index']}: {status}")]
     if pause:
         rows.append(("tool pause", "tool pause", pause[0], pause[1], f"tool pause of {pause[1] - pause[0]:.2f} s"))
+    for tool in tool_calls(step):
+        rows.append((f"tool {tool['name']}", "tool", tool["start"], tool["end"], _tool_what(tool)))
     for n, r in enumerate(requests.itertuples(index=False), 1):
         lane = f"request {n} ({_short(r.request_id)})"
         scheduled = r.arrival_ts + r.queue_s if pd.notna(r.queue_s) else None
@@ -117,6 +132,7 @@ def _lifecycle(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
     if pause:
         rows.append((pause[0], "step", "pause", "tool pause began (the previous step's last request finished)"))
         rows.append((pause[1], "step", "pause", "tool pause ended"))
+    rows.extend((tool["start"], "step", "tool", _tool_what(tool)) for tool in tool_calls(step))
     rows.append((step["started_at"], "step", "step", f"agent step {step['step_index']} started"))
     if pd.notna(step["ended_at"]):
         error = "" if pd.isna(step["error_type"]) else f": {step['error_type']}"

@@ -197,6 +197,9 @@ kvobs_metrics = SimpleNamespace(
                                       "Times a KV-event stream delivered nothing for --kv-silence-s while the same "
                                       "replica's /metrics counted prefix-cache queries (both sides connecting: "
                                       "nobody binds).", LABEL_INSTANCE),
+    COLLECTOR_SPAN_STEPS=_spec("kvobs_collector_span_steps", "counter", "steps",
+                               "Agent steps made from agent frameworks' spans (one per LLM call), by the convention "
+                               "they were written in (otel-genai, openinference, openllmetry).", LABEL_SOURCE),
     COLLECTOR_LLM_REQUESTS=_spec("kvobs_collector_llm_requests", "counter", "requests",
                                  "llm_request spans the collector stored as requests."),
     COLLECTOR_OTLP_BUSY=_spec("kvobs_collector_otlp_exports_busy", "counter", "exports",

@@ -92,6 +92,9 @@ class SessionSource(Name):
     SDK = "sdk"
     ENGINE = "engine"
     VLLM = "vllm"
+    OTEL_GENAI = "otel-genai"  # steps from OpenTelemetry GenAI spans (kvobs.semconv.agent_traces)
+    OPENINFERENCE = "openinference"
+    OPENLLMETRY = "openllmetry"
 
 
 class RunSource(Name):

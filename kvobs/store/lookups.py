@@ -116,6 +116,19 @@ def session_ends(store: Store, session_ids: Iterable[str], *, chunk: int = 500) 
 
 
 @per_backend
+def session_step_counts(store: Store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, tuple[int, int]]:
+    """session id -> (the next step index, failed steps so far), for the given sessions that have steps."""
+    failed = func.sum(func.cast(StepRow.status == StepStatus.ERROR.value, StepRow.step_index.type))
+    stmt = select(StepRow.session_id, func.max(StepRow.step_index) + 1, failed).group_by(StepRow.session_id)
+    keys, found = list(session_ids), {}
+    with store.engine.connect() as conn:
+        for i in range(0, len(keys), chunk):
+            rows = conn.execute(stmt.where(StepRow.session_id.in_(keys[i : i + chunk]))).all()
+            found.update((sid, (int(n), int(f or 0))) for sid, n, f in rows)
+    return found
+
+
+@per_backend
 def trace_sessions(store: Store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
     """trace id -> session id, from the agent steps recorded with those trace ids."""
     return _lookup(store, StepRow.trace_id, StepRow.session_id, trace_ids, chunk)

@@ -266,6 +266,7 @@ from kvobs.store.lookups import (  # noqa: E402, F401
     restored_blocks,
     session_ends,
     session_idle_losses,
+    session_step_counts,
     step_counts,
     trace_sessions,
 )

@@ -81,6 +81,8 @@ class StepRecord(Record):
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    response_id: str | None = None  # the id the server answered (joins requests.request_id when no trace did)
+    tools: str | None = None  # JSON list of the tool calls in the pause before the step: name, start, end, status
 
 
 @_record

@@ -20,6 +20,7 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Table,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -118,6 +119,8 @@ class StepRow(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    response_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))  # the reply's id: joins requests.request_id
+    tools: Mapped[str | None] = mapped_column(Text)  # JSON: the tool calls in the pause before this step
 
 
 class RequestRow(Base):

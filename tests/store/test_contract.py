@@ -133,6 +133,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
              ("steps", (), {"session_id": some_session}, False), ("latest_alert_states", (), {}, False),
              ("session_ends", ([some_session, busiest, "no-such-session"],), {}, True),
              ("trace_sessions", (traces + ["0" * 32],), {}, True),
+             ("session_step_counts", ([some_session, busiest, "no-such-session"],), {}, True),
              ("metric_series", (["vllm:num_requests_running", "vllm:kv_cache_usage_perc"],), {}, False),
              ("session_idle_losses", (last,), {}, False),
              ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS}, True),

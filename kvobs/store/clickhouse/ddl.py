@@ -145,6 +145,12 @@ _RUNS = [
     ) ENGINE = ReplacingMergeTree ORDER BY run_id {_DEDUP}""",
 ]
 
+# Version 6: steps from agent spans (SQL revision 0010): the server's response id, the tool calls before the step.
+_STEP_JOIN = [
+    "ALTER TABLE steps ADD COLUMN IF NOT EXISTS response_id Nullable(String) AFTER completion_tokens",
+    "ALTER TABLE steps ADD COLUMN IF NOT EXISTS tools Nullable(String) AFTER response_id",
+]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
@@ -152,6 +158,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (3, "kv_event_sessions: no row for events without a session", _SESSION_RANGES),
     (4, "kv_events.num_blocks: the blocks a hit, an allocation, a preemption or a reset covers", _NUM_BLOCKS),
     (5, "runs: each engine run, from a start with an empty cache", _RUNS),
+    (6, "steps.response_id and steps.tools: steps from agent spans", _STEP_JOIN),
 ]
 
 

@@ -1,8 +1,8 @@
 """`kvobs.store.queries` in ClickHouse SQL: each function here answers its namesake there on a ClickHouse store.
 
-Same arguments, same columns, same values (the contract tests load one recording into SQLite, PostgreSQL and
-chDB and compare every function). Updated tables are read with `FINAL`; one session's KV events are narrowed to
-its time range through `kv_event_sessions`. Values are bound as ClickHouse query parameters, never pasted in.
+Same arguments, columns and values (the contract tests compare every function on SQLite, PostgreSQL and chDB).
+Updated tables are read with `FINAL`; one session's KV events are narrowed to its time range through
+`kv_event_sessions`. Values are bound as ClickHouse query parameters, never pasted in.
 """
 
 from __future__ import annotations
@@ -282,18 +282,3 @@ def step_counts(store, since: float, until: float, *, exclude_errors: tuple[str,
 def latest_alert_states(store) -> pd.DataFrame:
     return store.frame(f"""SELECT {_columns('alerts')} FROM (SELECT * FROM alerts ORDER BY id DESC
         LIMIT 1 BY rule, instance, session_id)""")  # fmt: skip
-
-
-def session_ends(store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
-    frame = store.frame(
-        """SELECT session_id, ended_at FROM sessions FINAL
-        WHERE session_id IN {keys:Array(String)} AND ended_at IS NOT NULL""",
-        {"keys": list(session_ids)},
-    )
-    return {session_id: float(ended) for session_id, ended in zip(frame["session_id"], frame["ended_at"])}
-
-
-def trace_sessions(store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
-    frame = store.frame("SELECT trace_id, session_id FROM steps FINAL WHERE trace_id IN {keys:Array(String)}",
-                        {"keys": list(trace_ids)})  # fmt: skip
-    return dict(zip(frame["trace_id"], frame["session_id"]))

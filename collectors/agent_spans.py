@@ -1,0 +1,187 @@
+"""One OTLP span of an agent's trace -> what a step is made of: an LLM call, a tool call, an agent, or a plain span
+kept only to know its parent, read by the convention it was written in (`kvobs.semconv.agent_traces`).
+
+    span = read_span(otlp_span)
+    span.role        # "llm" | "tool" | "agent" | None
+    span.convention  # "otel-genai" | "openinference" | "openllmetry" | None (a plain span)
+
+Which convention: OpenInference when `openinference.span.kind` is set, OpenLLMetry when a `traceloop.*` key or
+`llm.request.type` is, OpenTelemetry GenAI when `gen_ai.operation.name` is (OpenLLMetry's LLM spans carry
+`gen_ai.*` keys too, so it is asked first; its instrumentations used without its SDK write GenAI's names alone,
+and are read as what they wrote). A session named on a span (`session.id`, `gen_ai.conversation.id`, a
+Traceloop association property) is kept whatever the span is: frameworks put it on the agent or workflow span
+only, or on every span. A failed span's `error_type` is its `error.type`, else its `exception` event's type; the
+OpenAI client's status errors become the HTTP status (`BadRequestError` -> `400`), timeouts `timeout`, as the
+kvobs SDK records them. The kvobs SDK's own `agent_step` spans are marked (`sdk_step`): their LLM calls are
+steps the SDK records itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from kvobs.identifiers import clip_id
+from kvobs.semconv import agent_traces as c
+from kvobs.semconv import attributes as a
+from kvobs.semconv.spans import SessionSource, SpanName, StepErrorType
+
+LLM, TOOL, AGENT = "llm", "tool", "agent"
+_OI_ROLES = {c.OI_LLM: LLM, c.OI_TOOL: TOOL, c.OI_AGENT: AGENT}
+_TL_ROLES = {c.TL_TOOL: TOOL, c.TL_AGENT: AGENT, c.TL_WORKFLOW: AGENT}
+
+
+@dataclass(slots=True)
+class TraceSpan:
+    """What a step needs of one span. Plain spans (`role` None) keep their ids, times and any session named."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    start: float
+    end: float
+    role: str | None = None
+    convention: str | None = None
+    session_id: str | None = None
+    agent_name: str | None = None
+    tool_name: str | None = None
+    response_id: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    error_type: str | None = None  # None: the span did not fail
+    sdk_step: bool = False
+
+
+def read_span(span: Span, attrs: dict) -> TraceSpan:
+    """`attrs`: the span's attributes as a plain dict (`collectors.span_ingest.attributes`)."""
+    out = TraceSpan(
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_id=span.parent_span_id.hex() or None,
+        name=span.name,
+        start=span.start_time_unix_nano / 1e9,
+        end=span.end_time_unix_nano / 1e9,
+    )
+    out.sdk_step = span.name == SpanName.AGENT_STEP
+    out.session_id = _text(_session(attrs))
+    if c.OPENINFERENCE_SPAN_KIND in attrs:
+        _openinference(out, attrs)
+    elif _is_openllmetry(attrs):
+        _openllmetry(out, attrs)
+    elif a.GEN_AI_OPERATION_NAME in attrs:
+        _genai(out, attrs)
+    if out.role is not None and span.status.code == Status.STATUS_CODE_ERROR:
+        out.error_type = _error_type(attrs, span)
+    return out
+
+
+def _session(attrs: dict):
+    for key in (c.OI_SESSION_ID, a.GEN_AI_CONVERSATION_ID):
+        if attrs.get(key) is not None:
+            return attrs[key]
+    for key in c.TRACELOOP_SESSION_KEYS:
+        if attrs.get(c.TRACELOOP_ASSOCIATION + key) is not None:
+            return attrs[c.TRACELOOP_ASSOCIATION + key]
+    return None
+
+
+def _openinference(out: TraceSpan, attrs: dict) -> None:
+    out.convention = SessionSource.OPENINFERENCE.value
+    out.role = _OI_ROLES.get(attrs[c.OPENINFERENCE_SPAN_KIND])
+    if out.role == LLM:
+        out.response_id = _reply_id(attrs.get(c.OI_OUTPUT_VALUE))
+        out.prompt_tokens = _count(attrs.get(c.OI_TOKENS_PROMPT))
+        out.cached_tokens = _count(attrs.get(c.OI_TOKENS_CACHE_READ))
+        out.completion_tokens = _count(attrs.get(c.OI_TOKENS_COMPLETION))
+    elif out.role == TOOL:
+        out.tool_name = _text(attrs.get(c.OI_TOOL_NAME)) or out.name
+    elif out.role == AGENT:
+        out.agent_name = _text(attrs.get(c.OI_AGENT_NAME)) or out.name
+
+
+def _is_openllmetry(attrs: dict) -> bool:
+    """Traceloop's own keys: its span kind, its LLM request type, or what its SDK copies onto every span."""
+    return (
+        c.TRACELOOP_SPAN_KIND in attrs
+        or attrs.get(c.LLM_REQUEST_TYPE) in c.TL_LLM_REQUEST_TYPES
+        or any(key.startswith(c.TRACELOOP_PREFIX) for key in attrs)
+    )
+
+
+def _openllmetry(out: TraceSpan, attrs: dict) -> None:
+    out.convention = SessionSource.OPENLLMETRY.value
+    if attrs.get(c.LLM_REQUEST_TYPE) in c.TL_LLM_REQUEST_TYPES or (
+        attrs.get(a.GEN_AI_OPERATION_NAME) in c.GENAI_LLM_OPERATIONS
+    ):
+        out.role = LLM
+        _genai_usage(out, attrs)
+        return
+    out.role = _TL_ROLES.get(attrs.get(c.TRACELOOP_SPAN_KIND))
+    name = _text(attrs.get(c.TRACELOOP_ENTITY_NAME)) or out.name
+    if out.role == TOOL:
+        out.tool_name = name
+    elif out.role == AGENT:
+        out.agent_name = name
+
+
+def _genai(out: TraceSpan, attrs: dict) -> None:
+    out.convention = SessionSource.OTEL_GENAI.value
+    operation = attrs[a.GEN_AI_OPERATION_NAME]
+    if operation in c.GENAI_LLM_OPERATIONS:
+        out.role = LLM
+        _genai_usage(out, attrs)
+    elif operation == c.GENAI_TOOL_OPERATION:
+        out.role, out.tool_name = TOOL, _text(attrs.get(a.GEN_AI_TOOL_NAME)) or out.name
+    elif operation in c.GENAI_AGENT_OPERATIONS:
+        out.role, out.agent_name = AGENT, _text(attrs.get(a.GEN_AI_AGENT_NAME)) or out.name
+
+
+def _genai_usage(out: TraceSpan, attrs: dict) -> None:
+    """GenAI's usage keys, else the older ones OpenLLMetry and vLLM still write."""
+    out.response_id = _text(attrs.get(a.GEN_AI_RESPONSE_ID))
+    out.prompt_tokens = _count(attrs.get(a.GEN_AI_USAGE_INPUT_TOKENS, attrs.get(a.GEN_AI_USAGE_PROMPT_TOKENS)))
+    out.completion_tokens = _count(attrs.get(a.GEN_AI_USAGE_OUTPUT_TOKENS, attrs.get(a.GEN_AI_USAGE_COMPLETION_TOKENS)))
+    out.cached_tokens = _count(attrs.get(a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
+
+
+def _error_type(attrs: dict, span: Span) -> str:
+    """What failed: `error.type`, else the `exception` event's type, else `error`; status errors as the status."""
+    found = attrs.get(a.ERROR_TYPE)
+    if found is None:
+        for event in span.events:
+            if event.name == c.EXCEPTION_EVENT:
+                found = next((kv.value.string_value for kv in event.attributes if kv.key == c.EXCEPTION_TYPE), None)
+                break
+    if found is None:
+        return "error"
+    name = str(found).rsplit(".", 1)[-1]  # "openai.BadRequestError" -> "BadRequestError"
+    if name in c.OPENAI_STATUS_ERRORS:
+        return c.OPENAI_STATUS_ERRORS[name]
+    if "timeout" in name.lower():
+        return StepErrorType.TIMEOUT.value
+    return clip_id(str(found))
+
+
+def _reply_id(output) -> str | None:
+    """The `id` of a reply kept as JSON (OpenInference's `output.value`); None when it is not one."""
+    if not isinstance(output, str) or not output.startswith("{"):
+        return None
+    try:
+        reply = json.loads(output)
+    except ValueError:
+        return None
+    return _text(reply.get("id")) if isinstance(reply, dict) else None
+
+
+def _text(value) -> str | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return clip_id(str(value)) or None
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None

@@ -1,0 +1,259 @@
+"""Agent steps from agent frameworks' spans: one step per LLM call, in the session its trace names.
+
+    steps = SpanSteps(writer, activity=activity, step_counts=lambda ids: queries.session_step_counts(store, ids))
+    steps.add(spans)          # every span of an export (collectors.agent_spans.TraceSpan), as it arrives
+    steps.settle()            # each tick: write the calls that are ready; settle(final=True) at shutdown
+
+Spans of one trace arrive in several exports, children before their parents (a parent ends last), and an
+exporter's retry sends some twice (span ingest drops those). An LLM call is decided once every ancestor up to its
+trace's root has arrived, or `settle_s` after it arrived (a parent in a process that exports elsewhere never
+comes); then it is one `steps` row, written once:
+- session: the nearest session named on the call or an ancestor (`session.id`, `gen_ai.conversation.id`, a
+  Traceloop association property), else the call's trace id (the trace of its outermost agent span, or of the
+  call alone); once a call of a trace fell back to its trace id, the trace's later calls do too, so a
+  conversation is never split. `sessions.source` says which convention the call was written in; `agent_name`
+  the outermost agent (written when its span arrives, usually after the calls inside it).
+- index: the session's next (calls decided together in start order; a session seen before this collector
+  started continues from the store's count).
+- status and `error_type` from the call's span (`collectors.agent_spans`), kept apart from slowness.
+- the tool pause before it: from the end of the session's previous call to this call's start; `tools` lists the
+  tool spans of the same trace and session inside it (name, start, end, status, error type) as JSON.
+- `response_id`: the id the server answered; the step claims its server request by that id and by its trace
+  (`SessionActivity.claim`), so vLLM's request rows and idle losses are the session's. A step whose request is
+  never found stays unjoined: the step page says "no server request found".
+Calls under a kvobs SDK `agent_step` span are not made into steps here: the SDK records those itself.
+Traces are kept until `keep_s` after their last span (bounded by `max_traces`, oldest dropped first).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from collectors.agent_spans import AGENT, LLM, TOOL, TraceSpan
+from collectors.session_activity import SessionActivity
+from kvobs.semconv.spans import StepStatus
+from kvobs.store.rows import SessionRecord, StepRecord
+from kvobs.store.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 10.0
+KEEP_S = 600.0
+MAX_TRACES = 20_000
+EPSILON_S = 1e-3  # clocks of one process: a tool that ends as the next call starts is inside the pause
+
+
+@dataclass
+class _Trace:
+    spans: dict[str, TraceSpan] = field(default_factory=dict)
+    waiting: dict[str, float] = field(default_factory=dict)  # LLM call span id -> when it arrived
+    last_seen: float = 0.0
+    fallback: str | None = None  # set once a call of it was decided with no session named: then all its calls
+    agents: list[TraceSpan] = field(default_factory=list)  # agent spans arrived since the last settle
+
+
+@dataclass
+class _Session:
+    next_index: int
+    num_failed: int
+    last_end: float | None = None
+    agent_name: str | None = None
+
+
+class SpanSteps:
+    def __init__(
+        self,
+        writer: StoreWriter,
+        *,
+        activity: SessionActivity | None = None,
+        step_counts: Callable[[list[str]], dict[str, tuple[int, int]]] | None = None,
+        settle_s: float = SETTLE_S,
+        keep_s: float = KEEP_S,
+        max_traces: int = MAX_TRACES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.writer = writer
+        self.activity = activity
+        self.step_counts = step_counts
+        self.settle_s = settle_s
+        self.keep_s = keep_s
+        self.max_traces = max_traces
+        self.clock = clock
+        self.statuses: Counter[str] = Counter()  # steps written, by status (with the SDK's on kvobs_agent_steps_total)
+        self.failures: Counter[str] = Counter()  # failed steps written, by error type
+        self.num_sdk_calls = 0  # LLM calls under the kvobs SDK's agent_step spans (the SDK writes those)
+        self.num_traces_dropped = 0  # traces dropped with calls still waiting (over max_traces)
+        self.by_source: Counter[str] = Counter()  # steps written, by convention (sessions.source)
+        self._traces: OrderedDict[str, _Trace] = OrderedDict()
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+
+    def add(self, spans: Iterable[TraceSpan]) -> None:
+        now = self.clock()
+        with self._lock:
+            for span in spans:
+                trace = self._traces.get(span.trace_id)
+                if trace is None:
+                    trace = self._traces[span.trace_id] = _Trace()
+                trace.spans[span.span_id] = span
+                trace.last_seen = now
+                self._traces.move_to_end(span.trace_id)
+                if span.role == LLM:
+                    trace.waiting[span.span_id] = now
+                elif span.role == AGENT:
+                    trace.agents.append(span)
+            while len(self._traces) > self.max_traces:
+                _, dropped = self._traces.popitem(last=False)
+                if dropped.waiting:
+                    self.num_traces_dropped += 1
+                    log.warning(
+                        "a trace with %d LLM calls not yet decided dropped (over %d traces kept)",
+                        len(dropped.waiting),
+                        self.max_traces,
+                    )
+
+    def settle(self, *, final: bool = False) -> int:
+        """Write the steps of every call that is ready (all when `final`); returns how many were written."""
+        now = self.clock()
+        with self._lock:
+            ready = []
+            for trace in self._traces.values():
+                for span_id, arrived in list(trace.waiting.items()):
+                    if final or now - arrived >= self.settle_s or self._rooted(trace, span_id):
+                        ready.append((trace, trace.spans[span_id]))
+                        del trace.waiting[span_id]
+            written = self._decide(sorted(ready, key=lambda r: r[1].start))
+            self._name_agents()
+            horizon = now - self.keep_s
+            while self._traces and (t := next(iter(self._traces.values()))).last_seen < horizon and not t.waiting:
+                self._traces.popitem(last=False)
+        return written
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _ancestors(trace: _Trace, span: TraceSpan) -> list[TraceSpan]:
+        found, parent = [], span.parent_id
+        while parent is not None and parent in trace.spans and len(found) < 256:
+            found.append(trace.spans[parent])
+            parent = found[-1].parent_id
+        return found
+
+    def _rooted(self, trace: _Trace, span_id: str) -> bool:
+        span = trace.spans[span_id]
+        chain = self._ancestors(trace, span)
+        return (chain[-1] if chain else span).parent_id is None
+
+    def _session_of(self, trace: _Trace, span: TraceSpan, chain: list[TraceSpan], *, decide: bool = True) -> str:
+        """The session named on the span, else on its nearest ancestor, else the trace id. Once a call of the trace
+        was decided without a session named (its parent came after `settle_s`), every later call of the trace
+        without one on itself takes the trace id too: a conversation is never split in two."""
+        if span.session_id:
+            return span.session_id
+        named = next((s.session_id for s in chain if s.session_id), None)
+        if named is not None and trace.fallback is None:
+            return named
+        if decide:  # (a tool span is only compared, never decides)
+            trace.fallback = span.trace_id
+        return span.trace_id
+
+    def _name_agents(self) -> None:
+        """Agent spans end after the calls inside them: a session's agent name is written when its span arrives."""
+        for trace in self._traces.values():
+            if not trace.agents:
+                continue
+            outermost = min(trace.agents, key=lambda s: s.start)
+            trace.agents.clear()
+            session_id = trace.fallback or outermost.session_id
+            state = self._sessions.get(session_id) if session_id else None
+            if state is not None and state.agent_name is None and outermost.agent_name:
+                state.agent_name = outermost.agent_name
+                self.writer.upsert(SessionRecord(session_id, agent_name=outermost.agent_name))
+
+    def _decide(self, ready: list[tuple[_Trace, TraceSpan]]) -> int:
+        calls = []
+        for trace, call in ready:
+            chain = self._ancestors(trace, call)
+            if any(s.sdk_step for s in chain):
+                self.num_sdk_calls += 1
+                continue
+            calls.append((trace, call, chain, self._session_of(trace, call, chain)))
+        self._seed({session for *_, session in calls})
+        for trace, call, chain, session_id in calls:
+            self._write(trace, call, chain, session_id)
+        return len(calls)
+
+    def _seed(self, sessions: set[str]) -> None:
+        new = [s for s in sessions if s not in self._sessions]
+        known = self.step_counts(new) if new and self.step_counts is not None else {}
+        for session_id in new:
+            self._sessions[session_id] = _Session(*known.get(session_id, (0, 0)))
+
+    def _write(self, trace: _Trace, call: TraceSpan, chain: list[TraceSpan], session_id: str) -> None:
+        state = self._sessions[session_id]
+        tools = self._tools(trace, session_id, state.last_end, call.start) if state.last_end is not None else []
+        failed = call.error_type is not None
+        self.writer.add(
+            StepRecord(
+                session_id=session_id,
+                step_index=state.next_index,
+                trace_id=call.trace_id,
+                span_id=call.span_id,
+                started_at=call.start,
+                ended_at=call.end,
+                status=(StepStatus.ERROR if failed else StepStatus.OK).value,
+                error_type=call.error_type,
+                e2e_s=call.end - call.start,
+                prompt_tokens=call.prompt_tokens,
+                cached_tokens=call.cached_tokens,
+                completion_tokens=call.completion_tokens,
+                response_id=call.response_id,
+                tools=json.dumps(tools) if tools else None,
+            )
+        )
+        state.next_index += 1
+        state.num_failed += failed
+        state.last_end = max(call.end, state.last_end or call.end)
+        agents = [s for s in chain if s.role == AGENT and s.agent_name]
+        if agents and state.agent_name is None:
+            state.agent_name = agents[-1].agent_name  # the outermost
+        self.writer.upsert(
+            SessionRecord(
+                session_id,
+                source=call.convention,
+                num_steps=state.next_index,
+                num_failed_steps=state.num_failed,
+                **({"agent_name": state.agent_name} if state.agent_name else {}),
+                **({"started_at": call.start} if state.next_index == 1 else {}),
+            )
+        )
+        if self.activity is not None:
+            self.activity.claim(session_id, trace_id=call.trace_id, request_id=call.response_id)
+        self.statuses[StepStatus.ERROR.value if failed else StepStatus.OK.value] += 1
+        if failed:
+            self.failures[call.error_type] += 1
+        self.by_source[call.convention] += 1
+
+    def _tools(self, trace: _Trace, session_id: str, since: float, until: float) -> list[dict]:
+        """The tool calls of the session in this trace between its previous call's end and this call's start."""
+        tools = []
+        for span in trace.spans.values():
+            if span.role != TOOL or span.start < since - EPSILON_S or span.end > until + EPSILON_S:
+                continue
+            if self._session_of(trace, span, self._ancestors(trace, span), decide=False) != session_id:
+                continue
+            tools.append(
+                {
+                    "name": span.tool_name,
+                    "start": span.start,
+                    "end": span.end,
+                    "status": (StepStatus.ERROR if span.error_type else StepStatus.OK).value,
+                    "error_type": span.error_type,
+                }
+            )
+        return sorted(tools, key=lambda t: t["start"])

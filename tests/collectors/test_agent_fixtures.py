@@ -1,0 +1,91 @@
+"""The recorded agent runs (tests/fixtures/agents: OTLP exports of OpenInference, pydantic-ai and openai-v2 agents
+and of the `kvobs serve` they called, as a real collector received them) replayed into every backend: the same
+sessions and steps come out of SQLite, PostgreSQL and chDB, whether each export arrives once or twice (an
+exporter's retry) and whether the server's request spans arrive before or after the agent's."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collectors.session_activity import SessionActivity
+from collectors.span_ingest import SpanIngest
+from collectors.span_steps import SpanSteps
+from kvobs.analytics.attribution import attribute_steps
+from kvobs.store import queries
+from kvobs.store.writer import StoreWriter
+from tests.collectors.agent_harness import FIXTURES, STEP_COLUMNS
+
+RECORDINGS = sorted(p.name for p in FIXTURES.iterdir() if (p / "steps.json").exists())
+
+
+def exports(name: str) -> list[ExportTraceServiceRequest]:
+    with open(FIXTURES / name / "otlp_traces.jsonl") as f:
+        return [ExportTraceServiceRequest.FromString(base64.b64decode(json.loads(line)["body_b64"])) for line in f]
+
+
+def _is_server(request: ExportTraceServiceRequest) -> bool:
+    return any(
+        kv.value.string_value == "kvobs-engine"
+        for rs in request.resource_spans
+        for kv in rs.resource.attributes
+        if kv.key == "service.name"
+    )
+
+
+def replay(store, requests: list[ExportTraceServiceRequest]) -> SpanIngest:
+    """Feed the exports to span ingest and the step maker as the collector does, deciding after each export."""
+    clock = iter(float(t) for t in range(10**6))
+    writer = StoreWriter(store)
+    activity = SessionActivity()
+    steps = SpanSteps(
+        writer,
+        activity=activity,
+        step_counts=lambda ids: queries.session_step_counts(store, ids),
+        clock=lambda: next(clock),
+    )
+    ingest = SpanIngest(writer, activity=activity, steps=steps, instance="engine")
+    for request in requests:
+        ingest.handle(request)
+        steps.settle()
+    steps.settle(final=True)
+    writer.close()
+    return ingest
+
+
+def _tool_names(tools) -> list:
+    return [(t["name"], t["status"]) for t in json.loads(tools)] if isinstance(tools, str) else []
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+@pytest.mark.parametrize("order", ["as_received", "each_twice", "server_last"])
+def test_recorded_agent_runs_make_the_same_steps_on_every_backend(any_store, name, order):
+    truth = json.loads((FIXTURES / name / "steps.json").read_text())
+    requests = exports(name)
+    if order == "each_twice":
+        requests = [r for r in requests for _ in range(2)]
+    elif order == "server_last":
+        requests = [r for r in requests if not _is_server(r)] + [r for r in requests if _is_server(r)]
+    ingest = replay(any_store, requests)
+
+    steps = queries.steps(any_store).sort_values(["session_id", "step_index"])[STEP_COLUMNS]
+    got = json.loads(steps.to_json(orient="records"))
+    want = [{c: s[c] for c in STEP_COLUMNS} for s in truth["steps"]]
+    assert [{**s, "tools": _tool_names(s["tools"])} for s in got] == [
+        {**s, "tools": _tool_names(s["tools"])} for s in want
+    ]
+    assert [s["tools"] for s in got] == [s["tools"] for s in want]  # the tool spans' own times
+    sessions = queries.sessions(any_store).sort_values("session_id")
+    assert json.loads(sessions[list(truth["sessions"][0])].to_json(orient="records")) == truth["sessions"]
+    assert ingest.num_duplicates == (
+        sum(len(s.spans) for r in exports(name) for rs in r.resource_spans for s in rs.scope_spans)
+        if order == "each_twice"
+        else 0
+    )
+    # every step the live run joined to a request is joined again (by response id or trace), the others to none
+    verdicts = attribute_steps(queries.steps(any_store), queries.requests(any_store), queries.kv_events(any_store))
+    joined = verdicts.set_index(["session_id", "step_index"])["num_requests"].to_dict()
+    assert joined == {(s["session_id"], s["step_index"]): int(s["joined"]) for s in truth["steps"]}
