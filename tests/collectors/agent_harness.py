@@ -6,8 +6,9 @@
 
 With `KVOBS_RECORD_AGENT_FIXTURES=1` in the environment, a run given `record=NAME` writes what it received to
 `tests/fixtures/agents/NAME/otlp_traces.jsonl` (the shared fixtures' format: one base64 protobuf body a line;
-this machine's install paths in exception stack traces rewritten to /opt/venv and /opt/kvobs) and the steps the
-collector made of it, once the live test's checks against the agent's own record passed, to `steps.json`.
+this machine's install paths in span attributes and stack traces rewritten to /opt/venv and /opt/kvobs) and the
+steps the collector made of it, once the live test's checks against the agent's own record passed, to
+`steps.json`.
 
 Each agent runs in a process of its own, as a user's agent does (an instrumentation patches the OpenAI client for
 its whole process, and not every one undoes that: OpenLLMetry's keeps injecting `traceparent`), and exports
@@ -115,10 +116,10 @@ def served_and_collected(
         finally:
             collector.stop()
     if record is not None and os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
-        _record(FIXTURES / record, harness.bodies, store)
+        record_fixture(FIXTURES / record, harness.bodies, store)
 
 
-def _record(folder: Path, bodies: list[bytes], store) -> None:
+def record_fixture(folder: Path, bodies: list[bytes], store) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "otlp_traces.jsonl", "w") as out:
         for body in bodies:
@@ -143,15 +144,18 @@ def _record(folder: Path, bodies: list[bytes], store) -> None:
 
 
 def _without_paths(body: bytes) -> bytes:
-    """The export with this machine's paths (in span events' stack traces) rewritten."""
+    """The export with this machine's install paths (vLLM's `code.filepath`, stack traces) rewritten."""
     request = ExportTraceServiceRequest.FromString(body)
     here = {sys.prefix: "/opt/venv", str(ROOT): "/opt/kvobs"}
+    if os.environ.get("KVOBS_VLLM_VENV"):
+        here[os.environ["KVOBS_VLLM_VENV"].rstrip("/")] = "/opt/venv"
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                for kv in (kv for event in span.events for kv in event.attributes):
-                    if kv.value.WhichOneof("value") != "string_value":
-                        continue
-                    for path, replacement in here.items():
-                        kv.value.string_value = kv.value.string_value.replace(path, replacement)
+                values = [kv.value for kv in span.attributes]
+                values += [kv.value for event in span.events for kv in event.attributes]
+                for value in values:
+                    if value.WhichOneof("value") == "string_value":
+                        for path, replacement in here.items():
+                            value.string_value = value.string_value.replace(path, replacement)
     return request.SerializeToString()

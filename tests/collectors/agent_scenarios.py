@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 SERVED = "smollm2"
 SYSTEM = "You are the booking agent of a travel company. Plan the trip, then call tools to book it. " * 4
 TOOL_S = {"search_flights": 0.45, "book_hotel": 0.3}
-TOO_LONG = "again " * 600  # more tokens than the test server's context
+TOO_LONG = "again " * 1500  # more tokens than the test servers' contexts (512 here, 1024 in the live vLLM test)
 SESSION_HEADER = "X-Session-ID"  # the session header vLLM 0.32+ (and kvobs serve) put on their KV events
 
 

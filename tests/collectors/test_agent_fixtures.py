@@ -1,7 +1,8 @@
-"""The recorded agent runs (tests/fixtures/agents: OTLP exports of OpenInference, pydantic-ai and openai-v2 agents
-and of the `kvobs serve` they called, as a real collector received them) replayed into every backend: the same
-sessions and steps come out of SQLite, PostgreSQL and chDB, whether each export arrives once or twice (an
-exporter's retry) and whether the server's request spans arrive before or after the agent's."""
+"""The recorded agent runs (tests/fixtures/agents: OTLP exports of OpenInference, pydantic-ai, openai-v2 and
+OpenLLMetry-instrumented agents and of the `kvobs serve` or vLLM 0.32 they called, as a real collector received
+them) replayed into every backend: the same sessions and steps come out of SQLite, PostgreSQL and chDB, whether
+each export arrives once or twice (an exporter's retry) and whether the server's request spans arrive before or
+after the agent's."""
 
 from __future__ import annotations
 
@@ -28,11 +29,9 @@ def exports(name: str) -> list[ExportTraceServiceRequest]:
 
 
 def _is_server(request: ExportTraceServiceRequest) -> bool:
+    """An export of the server's (`kvobs serve`'s or vLLM's): it holds `llm_request` spans."""
     return any(
-        kv.value.string_value == "kvobs-engine"
-        for rs in request.resource_spans
-        for kv in rs.resource.attributes
-        if kv.key == "service.name"
+        span.name == "llm_request" for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
     )
 
 

@@ -12,13 +12,17 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
 from collectors.collector import Collector, CollectorOptions
+from kvobs.analytics.attribution import attribute_steps
+from kvobs.store import queries
 from kvobs.store.schema import KVEventRow, RequestRow, SnapshotRow
+from tests.collectors.agent_harness import FIXTURES, Harness, record_fixture
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
 
@@ -72,3 +76,58 @@ def _healthy(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_agents_traced_by_their_frameworks_on_a_live_vllm(store):
+    """An OpenInference agent (one conversation with the session header, one without, one call refused as too
+    long) and a pydantic-ai agent against vLLM through the collector: vLLM's `llm_request` span names the id it
+    answered (`gen_ai.request.id`), so every answered step is joined to its vLLM request by that id, without
+    trace context. With KVOBS_RECORD_AGENT_FIXTURES=1 the exports become tests/fixtures/agents/vllm-*."""
+    venv = os.environ["KVOBS_VLLM_VENV"]
+    port, kv, otlp = free_port(), free_port(), free_port()
+    kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
+    collector = Collector(CollectorOptions(vllm_urls=[f"vllm=http://127.0.0.1:{port}"], kv_events=[f"tcp://127.0.0.1:{kv}"],
+                                           kv_events_bind=True, kv_events_topic="kv", otlp_http=f"127.0.0.1:{otlp}",
+                                           interval_s=1.0, settle_s=2.0), store=store)  # fmt: skip
+    harness = Harness(SimpleNamespace(url=f"http://127.0.0.1:{port}"), collector,
+                      f"http://127.0.0.1:{otlp}/v1/traces", "travel-agent")  # fmt: skip
+    receive = collector.receiver.handle
+    collector.receiver.handle = lambda request: harness.bodies.append(request.SerializeToString()) or receive(request)
+    collector.start()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    vllm = subprocess.Popen(["bash", str(SCRIPT), "serve", venv, str(port), "--num-gpu-blocks-override", "24",
+                             "--max-model-len", "1024", "--enable-prompt-tokens-details",
+                             "--kv-events-config", json.dumps(kv_config),
+                             "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces"], env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not _healthy(port):
+            assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
+            time.sleep(2)
+        oi = harness.agent("openinference", conversations={"with-header": "session", "without": None},
+                           too_long="without")["answered"]  # fmt: skip
+        harness.service = "pydantic-agent"
+        pai = harness.agent("pydantic_ai")["answered"]
+        wait_for(lambda: collector.span_ingest.num_requests >= harness.served, timeout_s=60)
+        time.sleep(3)
+    finally:
+        vllm.terminate()
+        vllm.wait(60)
+        collector.stop()
+    answered = {**oi, **pai}
+    steps = queries.steps(store).sort_values(["session_id", "step_index"])
+    assert set(steps["session_id"]) == set(answered)
+    ok = steps[steps["status"] == "ok"]
+    assert ok.groupby("session_id")["response_id"].apply(list).to_dict() == answered
+    failed = steps[steps["status"] == "error"]
+    assert failed[["session_id", "error_type"]].values.tolist() == [["without", "400"]]
+    requests = queries.requests(store)
+    assert set(ok["response_id"]) <= set(requests["request_id"])  # vLLM's gen_ai.request.id is the id it answered
+    verdicts = attribute_steps(steps, requests, queries.kv_events(store)).set_index(["session_id", "step_index"])
+    assert verdicts["num_requests"].to_dict() == {
+        (s, i): int(st == "ok") for s, i, st in zip(steps["session_id"], steps["step_index"], steps["status"])
+    }
+    owners = set(queries.kv_events(store, kinds=["stored"])["session_id"].dropna())
+    assert "with-header" in owners and "without" not in owners  # KV events name a session only from the header
+    if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
+        record_fixture(FIXTURES / "vllm-openinference-pydantic-ai", harness.bodies, store)
