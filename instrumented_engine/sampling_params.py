@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by them overflows to inf and NaN.
 SAMPLING_EPS = 1e-5
@@ -22,6 +23,8 @@ class SamplingParams:
         stop_token_ids: token ids that end the sequence (the model's EOS is added unless ignore_eos).
         stop: strings that end the sequence; the matched string is cut from the text.
         ignore_eos: keep generating past EOS until max_tokens.
+        constraint: the grammar the output must follow (`instrumented_engine.structured.Constraint`: tool calls,
+            JSON); None: free text. It holds the request's grammar state, so each request has its own.
     """
 
     temperature: float = 1.0
@@ -32,6 +35,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    constraint: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:

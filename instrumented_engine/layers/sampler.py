@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with per-request generators for seeds."""
+"""Token sampling: greedy, temperature, top-k, top-p, with per-request generators for seeds; a request with a
+grammar (`SamplingParams.constraint`) samples only among the tokens it allows next, and tells it the token taken."""
 
 from __future__ import annotations
 
@@ -11,14 +12,24 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int | Exception]:  # fmt: skip
     """logits (N, vocab) float32, one row per sequence -> N token ids; a row whose sampling raised gets the exception
     instead (that request fails alone; the others in the batch go on)."""
+    failed: dict[int, Exception] = {}
+    for i, sp in enumerate(params):
+        if sp.constraint is not None:
+            try:
+                sp.constraint.mask(logits[i])  # the tokens its grammar forbids next: -inf
+            except Exception as exc:  # noqa: BLE001 (one request's grammar must not stop the engine)
+                failed[i] = exc
     greedy = logits.argmax(dim=-1).tolist()
     out: list[int | Exception] = []
     for i, sp in enumerate(params):
-        if sp.greedy:
-            out.append(greedy[i])
+        if i in failed:
+            out.append(failed[i])
             continue
         try:
-            out.append(_sample_row(logits[i] / sp.temperature, sp, generators[i]))
+            token = greedy[i] if sp.greedy else _sample_row(logits[i] / sp.temperature, sp, generators[i])
+            if sp.constraint is not None:
+                sp.constraint.accept(token)
+            out.append(token)
         except Exception as exc:  # noqa: BLE001 (one request's numbers must not stop the engine)
             out.append(exc)
     return out

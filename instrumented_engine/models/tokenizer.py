@@ -72,8 +72,15 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.fast.id_to_token(token_id) or ""
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render OpenAI-style messages into the model's prompt text.
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders a request's tools itself (it names `tools`)."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:  # fmt: skip
+        """Render OpenAI-style messages (and, for a template that takes them, the request's tools) into the model's
+        prompt text.
 
         Raises:
             ValueError: when the model has no chat template or the messages break it.
@@ -84,6 +91,7 @@ class Tokenizer:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools or None,
                 bos_token=self.token_text(self.bos_token_id) if self.bos_token_id is not None else "",
                 eos_token=self.token_text(self.eos_token_id),
             )

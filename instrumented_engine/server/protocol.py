@@ -1,7 +1,9 @@
 """OpenAI request bodies (with vLLM's extensions) and the OpenAI error shape.
 
 Fields the engine cannot honour (`n` > 1, `logprobs`, `echo`, `best_of`, penalties) are refused with a
-400 naming the parameter rather than silently ignored. Unknown fields are ignored, as vLLM does.
+400 naming the parameter rather than silently ignored. Unknown fields are ignored, as vLLM does. Chat requests
+take `tools`, `tool_choice` and `response_format` (`server/tools.py`, `structured.py`); an assistant message may
+carry `tool_calls` and a `tool` message its `tool_call_id`.
 """
 
 from __future__ import annotations
@@ -117,11 +119,52 @@ class CompletionRequest(_SamplingRequest):
         return self
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Function(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: Function
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None  # {"name": ..., "schema": {...}, "strict": ...}
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and not isinstance((self.json_schema or {}).get("schema"), dict):
+            raise ValueError("response_format: json_schema needs json_schema.schema, a JSON schema object")
+        return self
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # on a tool's result: the call it answers
 
     def text(self) -> str:
         """The content as one string (text parts joined; other part types refused)."""
@@ -139,13 +182,51 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        names = {t.function.name for t in self.tools or ()}
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice: 'required' needs tools")
+        if isinstance(self.tool_choice, dict):
+            name = (self.tool_choice.get("function") or {}).get("name")
+            if self.tool_choice.get("type") != "function" or name not in names:
+                raise ValueError(f"tool_choice: names no tool of this request ({name!r}; tools: {sorted(names)})")
+        return self
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    @property
+    def tool_list(self) -> list[dict]:
+        """The request's tools as plain dicts: in the prompt whatever tool_choice says (as vLLM renders them, so
+        the prompt's prefix, and its cache, stays the same across turns)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools or ()]
+
+    @property
+    def callable_tools(self) -> list[dict]:
+        """The tools a reply may call (none when tool_choice is 'none')."""
+        return [] if self.tool_choice == "none" else self.tool_list
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The tool a named tool_choice forces."""
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
+
+    def conversation(self) -> list[dict[str, Any]]:
+        out = []
+        for m in self.messages:
+            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            out.append(message)
+        return out
 
 
 class InvalidateRequest(BaseModel):

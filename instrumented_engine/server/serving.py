@@ -6,12 +6,14 @@ always equals the non-streamed one. A client that disconnects aborts its request
 blocks at once. Tokenizing runs on a worker thread, so one huge prompt never stalls the other endpoints (`/health`
 included); text that is not valid Unicode (a lone surrogate escape) is a 400, as is a session id over
 `MAX_ID_BYTES`. A request the server aborts because it is shutting down gets 503 (streams end with an error event).
+A chat request with tools gets a reply in their call syntax back as `tool_calls` (`finish_reason` `tool_calls`); its
+stream sends that reply in one delta at the end, since a call cannot be told from text before it is whole. With
+`tool_choice` `required` or a named tool, or a JSON `response_format`, decoding follows a grammar (`structured`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,11 +22,14 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from instrumented_engine import structured
 from instrumented_engine.config import ContextLengthExceeded, check_context_length
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.sampling_params import SamplingParams
 from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, check_id
+from instrumented_engine.server.responses import Response, event, streamed, usage
+from instrumented_engine.server.tools import prompt_messages
 from kvobs.semconv.metrics import FINISHED_ERROR
 from kvobs.semconv.protocol import SESSION_ID_HEADER
 
@@ -67,6 +72,7 @@ class OpenAIServing:
         self.engine = engine
         self.served = served
         self.tokenizer = engine.engine.tokenizer
+        self._grammars = None  # compiled against the tokenizer on the first request that needs a grammar
 
     # ---- endpoints -----------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request):
@@ -77,27 +83,56 @@ class OpenAIServing:
         return await self._serve(body, request, prompt_ids, body.max_tokens, "cmpl", chat=False)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
-        def tokenize(conversation: list[dict[str, str]]) -> list[int]:
-            return self.tokenizer.encode(_unicode(self.tokenizer.apply_chat_template(conversation), "messages"))
+        tools, takes_tools = body.tool_list, self.tokenizer.template_takes_tools
+
+        def tokenize(conversation: list[dict]) -> list[int]:
+            messages = prompt_messages(conversation, tools, template_takes_tools=takes_tools)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools if takes_tools else None)
+            return self.tokenizer.encode(_unicode(text, "messages"))
 
         try:
             prompt_ids = await asyncio.to_thread(tokenize, body.conversation())
         except ValueError as exc:
             raise APIError(str(exc), param="messages") from exc
-        return await self._serve(body, request, prompt_ids, body.token_limit, "chatcmpl", chat=True)
+        constraint = await asyncio.to_thread(self._constraint, body)
+        return await self._serve(body, request, prompt_ids, body.token_limit, "chatcmpl", chat=True,
+                                 constraint=constraint, tools=body.callable_tools)  # fmt: skip
+
+    def _constraint(self, body: ChatCompletionRequest):
+        """The grammar a chat request's output must follow: a tool call when tool_choice requires one (or names
+        one), JSON when response_format asks for it; None for free text."""
+        tools, fmt = body.callable_tools, body.response_format
+        wanted = (tools and (body.tool_choice == "required" or body.forced_tool)) or (fmt and fmt.type != "text")
+        if not wanted:
+            return None
+        if not structured.available():
+            raise APIError(
+                "tool_choice 'required' or a named tool, and response_format json_object or json_schema, "
+                "need constrained decoding: pip install 'kvobs[server]' (xgrammar)",
+                param="tool_choice",
+            )
+        if self._grammars is None:
+            self._grammars = structured.Grammars(self.tokenizer)
+        try:
+            if tools and (body.tool_choice == "required" or body.forced_tool):
+                return self._grammars.tool_call(tools, name=body.forced_tool)
+            return self._grammars.json(fmt.json_schema["schema"] if fmt.type == "json_schema" else None)
+        except Exception as exc:  # xgrammar refuses a schema it cannot compile: the client's to fix
+            param = "tools" if tools else "response_format"
+            raise APIError(f"{param}: the schema cannot be used for constrained decoding: {exc}", param=param) from exc
 
     # ---- shared path ---------------------------------------------------------------------------
     async def _serve(self, body, request: Request, prompt_ids: list[int], max_tokens: int | None, prefix: str, *,
-                     chat: bool):  # fmt: skip
+                     chat: bool, constraint=None, tools: list[dict] | None = None):  # fmt: skip
         self._check_model(body.model)
-        params = self._sampling_params(body, prompt_ids, max_tokens)
+        params = self._sampling_params(body, prompt_ids, max_tokens, constraint)
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         session_id = check_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.session_id
         trace = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
         stream = await self.engine.add_request(
             prompt_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace
         )
-        response = _Response(request_id, self.served.name, int(time.time()), chat)
+        response = Response(request_id, self.served.name, int(time.time()), chat, tools or [])
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
@@ -121,7 +156,7 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    def _sampling_params(self, body, prompt_ids: list[int], max_tokens: int | None) -> SamplingParams:
+    def _sampling_params(self, body, prompt_ids: list[int], max_tokens: int | None, constraint=None) -> SamplingParams:
         limit = self.served.max_model_len
         if max_tokens is None:
             max_tokens = max(limit - len(prompt_ids), 1)
@@ -143,65 +178,36 @@ class OpenAIServing:
             stop=tuple(body.stop_list),
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
+            constraint=constraint,
         )
 
     async def _sse(
-        self, stream: RequestStream, response: _Response, deltas: TextDeltas, include_usage: bool
+        self, stream: RequestStream, response: Response, deltas: TextDeltas, include_usage: bool
     ) -> AsyncIterator[str]:
         if response.chat:
-            yield _event(response.chunk({"role": "assistant", "content": ""}, None))
+            yield event(response.chunk({"role": "assistant", "content": ""}, None))
         final = None
         try:
             async for out in stream:
+                final = out
+                if response.tools:  # a reply that may be a tool call is sent whole, once it is known which
+                    if out.finished:
+                        delta, finish_reason = response.reply(out)
+                        yield event(response.chunk(streamed(delta), finish_reason))
+                    continue
                 text = deltas.next(out.text, out.finished)
                 if text or out.finished:
                     payload = {"content": text} if response.chat else text
-                    yield _event(response.chunk(payload if text or not response.chat else {}, out.finish_reason))
-                final = out
+                    yield event(response.chunk(payload if text or not response.chat else {}, out.finish_reason))
         except EngineDeadError as exc:
-            yield _event(APIError(str(exc), status=503, type="server_error").body())
+            yield event(APIError(str(exc), status=503, type="server_error").body())
         if final is not None and final.finish_reason == "abort" and self.engine.draining:
-            yield _event(_shutting_down(len(final.output_token_ids)).body())
+            yield event(_shutting_down(len(final.output_token_ids)).body())
         if final is not None and final.finish_reason == FINISHED_ERROR:
-            yield _event(_failed_alone(response.id).body())
+            yield event(_failed_alone(response.id).body())
         if include_usage and final is not None:
-            yield _event({**response.envelope(chunk=True), "choices": [], "usage": _usage(final)})
+            yield event({**response.envelope(chunk=True), "choices": [], "usage": usage(final)})
         yield "data: [DONE]\n\n"
-
-
-@dataclass
-class _Response:
-    id: str
-    model: str
-    created: int
-    chat: bool
-
-    def envelope(self, *, chunk: bool) -> dict:
-        kind = "text_completion" if not self.chat else "chat.completion.chunk" if chunk else "chat.completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def chunk(self, delta: dict | str, finish_reason: str | None) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-        choice.update({"delta": delta} if self.chat else {"text": delta})
-        return {**self.envelope(chunk=True), "choices": [choice]}
-
-    def full(self, out: RequestOutput) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": out.text}
-        else:
-            choice["text"] = out.text
-        return {**self.envelope(chunk=False), "choices": [choice], "usage": _usage(out)}
-
-
-def _usage(out: RequestOutput) -> dict:
-    completion = len(out.output_token_ids)
-    return {
-        "prompt_tokens": out.num_prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": out.num_prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
-    }
 
 
 def _unicode(text: str, param: str) -> str:
@@ -222,10 +228,6 @@ def _failed_alone(request_id: str) -> APIError:
     return APIError(f"the engine failed on request {request_id} (its sampling or detokenizing raised; see the "
                     "server log); other requests are unaffected", status=500, type="server_error",
                     code="request_failed")  # fmt: skip
-
-
-def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 async def _until_finished(stream: RequestStream, request: Request) -> RequestOutput:
