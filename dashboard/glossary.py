@@ -18,7 +18,12 @@ TERMS: dict[str, tuple[str, str]] = {
     # who and when
     "session_id": ("session", "The agent session (conversation)."),
     "agent_name": ("agent", "The agent's name."),
-    "source": ("recorded by", "Who recorded it: sdk (the agent SDK), engine (kvobs serve), vllm (kvobs collect)."),
+    "source": (
+        "recorded by",
+        "Who recorded it: sdk (the agent SDK), engine (kvobs serve), vllm (kvobs collect "
+        "from vLLM's KV events), or the convention of the agent's own spans it was made from: otel-genai, "
+        "openinference, openllmetry.",
+    ),
     "instance": ("instance", "The engine or vLLM replica."),
     "run_id": ("run", "An engine run: from a start with an empty cache to the next start."),
     "started_at": ("started", "When it started."),
