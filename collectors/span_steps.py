@@ -22,7 +22,9 @@ comes); then it is one `steps` row, written once:
   (`SessionActivity.claim`), so vLLM's request rows and idle losses are the session's. A step whose request is
   never found stays unjoined: the step page says "no server request found".
 Calls under a kvobs SDK `agent_step` span are not made into steps here: the SDK records those itself.
-Traces are kept until `keep_s` after their last span (bounded by `max_traces`, oldest dropped first).
+Traces are kept until `keep_s` after their last span (bounded by `max_traces`, oldest dropped first). A plain span
+(no LLM call, tool or agent) opening a trace is not kept: spans end children first, so the parents that matter
+arrive after the calls; the rest of the world's spans (a server's, an HTTP client's) never fill the memory.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class SpanSteps:
         self.failures: Counter[str] = Counter()  # failed steps written, by error type
         self.num_sdk_calls = 0  # LLM calls under the kvobs SDK's agent_step spans (the SDK writes those)
         self.num_traces_dropped = 0  # traces dropped with calls still waiting (over max_traces)
+        self.num_plain_skipped = 0  # plain spans of traces with no agent span (not kept)
         self.by_source: Counter[str] = Counter()  # steps written, by convention (sessions.source)
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
         self._sessions: dict[str, _Session] = {}
@@ -100,6 +103,9 @@ class SpanSteps:
             for span in spans:
                 trace = self._traces.get(span.trace_id)
                 if trace is None:
+                    if span.role is None:  # a parent ends after its children: a trace with no call yet has none
+                        self.num_plain_skipped += 1  # (a server's own spans, kvcache spans, an agent's HTTP spans)
+                        continue
                     trace = self._traces[span.trace_id] = _Trace()
                 trace.spans[span.span_id] = span
                 trace.last_seen = now

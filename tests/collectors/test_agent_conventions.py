@@ -244,3 +244,20 @@ def test_a_conversation_whose_agent_span_comes_late_is_one_session_and_gets_its_
     assert "conv-9" not in set(made["session_id"])
     sessions = queries.sessions(store).set_index("session_id")
     assert sessions.loc[trace_id, "agent_name"] == "planner" and sessions.loc[trace_id, "num_steps"] == 2
+
+
+def test_spans_of_traces_without_agent_spans_are_not_kept(store):
+    """A server's or an HTTP client's own traces (no LLM call, tool or agent in them) never fill the buffer; a
+    plain parent of a call, ending after it, is still kept."""
+    ingest, steps, writer, _ = steps_maker(store, max_traces=3)
+    for _ in range(10):
+        other = Agent()
+        with other.tracer.start_as_current_span("kvcache.evict"):
+            pass
+        ingest.handle(other.export())
+    assert steps.num_plain_skipped == 10 and not steps._traces
+    agent = Agent()
+    agent.call_under("conversation")
+    ingest.handle(agent.export())
+    assert steps.settle() == 1 and steps.num_plain_skipped == 10  # the parent came with its child: kept, rooted
+    writer.close()
