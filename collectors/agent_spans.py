@@ -12,8 +12,9 @@ and are read as what they wrote). A session named on a span (`session.id`, `gen_
 Traceloop association property) is kept whatever the span is: frameworks put it on the agent or workflow span
 only, or on every span. A failed span's `error_type` is its `error.type`, else its `exception` event's type; the
 OpenAI client's status errors become the HTTP status (`BadRequestError` -> `400`), timeouts `timeout`, as the
-kvobs SDK records them. The kvobs SDK's own `agent_step` spans are marked (`sdk_step`): their LLM calls are
-steps the SDK records itself.
+kvobs SDK records them. The kvobs SDK's own `agent_step` spans are marked (`sdk_step`, with their index, TTFT and
+token totals): an SDK step is one step whatever calls it made, and where no recorder of the SDK wrote it to a
+store (`kvobs.agent.recorded` false) the collector makes it of that span.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class TraceSpan:
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     error_type: str | None = None  # None: the span did not fail
-    sdk_step: bool = False
+    sdk_step: bool = False  # a kvobs SDK `agent_step` span
+    sdk_unrecorded: bool = False  # a kvobs SDK session or step span no recorder wrote: the collector makes it
+    step_index: int | None = None  # an SDK step's own index
+    ttft_s: float | None = None  # an SDK step's first call's TTFT
 
 
 def read_span(span: Span, attrs: dict) -> TraceSpan:
@@ -74,9 +78,22 @@ def read_span(span: Span, attrs: dict) -> TraceSpan:
         _openllmetry(out, attrs)
     elif a.GEN_AI_OPERATION_NAME in attrs:
         _genai(out, attrs)
-    if out.role is not None and span.status.code == Status.STATUS_CODE_ERROR:
+    out.sdk_unrecorded = attrs.get(a.AGENT_RECORDED) is False  # (absent: an SDK before the flag, which records)
+    if out.sdk_step:
+        _sdk_step(out, attrs)
+    if (out.role is not None or out.sdk_step) and span.status.code == Status.STATUS_CODE_ERROR:
         out.error_type = _error_type(attrs, span)
     return out
+
+
+def _sdk_step(out: TraceSpan, attrs: dict) -> None:
+    """The kvobs SDK's step: its index, its first call's TTFT and its calls' token totals are on its span."""
+    out.convention = SessionSource.SDK.value
+    index = attrs.get(a.AGENT_STEP_INDEX)
+    out.step_index = index if isinstance(index, int) and not isinstance(index, bool) else None
+    ttft = attrs.get(a.AGENT_STEP_TTFT)
+    out.ttft_s = float(ttft) if isinstance(ttft, int | float) and not isinstance(ttft, bool) else None
+    _genai_usage(out, attrs)
 
 
 def _session(attrs: dict):

@@ -15,8 +15,9 @@ A span whose attributes have the wrong type (a string TTFT) is refused alone and
 as OTLP partial success); ids longer than `MAX_ID_BYTES` are cut (`clip_id`, counted in `num_ids_cut`). The agent
 SDK's `agent_step` spans sent through the collector are counted by status and error type (`kvobs_agent_steps_total`,
 `kvobs_agent_step_failures_total` on the collector's /metrics, what the step-failure alert rule reads); the
-steps themselves reach the store from the SDK's recorder. Every other span goes to `steps` (when given,
-`collectors.span_steps`): agent frameworks' LLM calls become steps there. A request span whose session a step
+steps themselves reach the store from the SDK's recorder, or, for an SDK run with no recorder, from
+`collectors.span_steps`, which every span but `llm_request` goes to (when given): agent frameworks' LLM calls
+become steps there too. A request span whose session a step
 already claimed (by trace or response id) is stored with that session. `--forward-otlp` passes every span on.
 """
 

@@ -21,7 +21,9 @@ comes); then it is one `steps` row, written once:
 - `response_id`: the id the server answered; the step claims its server request by that id and by its trace
   (`SessionActivity.claim`), so vLLM's request rows and idle losses are the session's. A step whose request is
   never found stays unjoined: the step page says "no server request found".
-Calls under a kvobs SDK `agent_step` span are not made into steps here: the SDK records those itself.
+Calls under a kvobs SDK `agent_step` span are not steps of their own: the SDK's step is. Where the SDK runs with no
+recorder (its spans say `kvobs.agent.recorded` false: the agent has an OTLP endpoint and no store), its steps and
+session ends are written from its spans here, as its recorder would have written them (source `sdk`).
 Traces are kept until `keep_s` after their last span (bounded by `max_traces`, oldest dropped first). A plain span
 (no LLM call, tool or agent) opening a trace is not kept: spans end children first, so the parents that matter
 arrive after the calls; the rest of the world's spans (a server's, an HTTP client's) never fill the memory.
@@ -35,11 +37,12 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from collectors.agent_spans import AGENT, LLM, TOOL, TraceSpan
+from collectors.agent_spans import AGENT, LLM, TraceSpan
+from collectors.agent_trace import Trace
 from collectors.session_activity import SessionActivity
-from kvobs.semconv.spans import StepStatus
+from kvobs.semconv.spans import SessionSource, StepStatus
 from kvobs.store.rows import SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter
 
@@ -48,16 +51,6 @@ log = logging.getLogger(__name__)
 SETTLE_S = 10.0
 KEEP_S = 600.0
 MAX_TRACES = 20_000
-EPSILON_S = 1e-3  # clocks of one process: a tool that ends as the next call starts is inside the pause
-
-
-@dataclass
-class _Trace:
-    spans: dict[str, TraceSpan] = field(default_factory=dict)
-    waiting: dict[str, float] = field(default_factory=dict)  # LLM call span id -> when it arrived
-    last_seen: float = 0.0
-    fallback: str | None = None  # set once a call of it was decided with no session named: then all its calls
-    agents: list[TraceSpan] = field(default_factory=list)  # agent spans arrived since the last settle
 
 
 @dataclass
@@ -93,20 +86,24 @@ class SpanSteps:
         self.num_traces_dropped = 0  # traces dropped with calls still waiting (over max_traces)
         self.num_plain_skipped = 0  # plain spans of traces with no agent span (not kept)
         self.by_source: Counter[str] = Counter()  # steps written, by convention (sessions.source)
-        self._traces: OrderedDict[str, _Trace] = OrderedDict()
+        self._traces: OrderedDict[str, Trace] = OrderedDict()
         self._sessions: dict[str, _Session] = {}
+        self._sdk_steps: list[TraceSpan] = []  # the SDK's step spans to write (no recorder did)
+        self._sdk_sessions: list[TraceSpan] = []  # the SDK's ended session spans to write
         self._lock = threading.Lock()
 
     def add(self, spans: Iterable[TraceSpan]) -> None:
         now = self.clock()
         with self._lock:
             for span in spans:
+                if span.sdk_unrecorded:  # the SDK's own step or session, written by no recorder: ours to make
+                    (self._sdk_steps if span.sdk_step else self._sdk_sessions).append(span)
                 trace = self._traces.get(span.trace_id)
                 if trace is None:
                     if span.role is None:  # a parent ends after its children: a trace with no call yet has none
                         self.num_plain_skipped += 1  # (a server's own spans, kvcache spans, an agent's HTTP spans)
                         continue
-                    trace = self._traces[span.trace_id] = _Trace()
+                    trace = self._traces[span.trace_id] = Trace()
                 trace.spans[span.span_id] = span
                 trace.last_seen = now
                 self._traces.move_to_end(span.trace_id)
@@ -131,10 +128,10 @@ class SpanSteps:
             ready = []
             for trace in self._traces.values():
                 for span_id, arrived in list(trace.waiting.items()):
-                    if final or now - arrived >= self.settle_s or self._rooted(trace, span_id):
+                    if final or now - arrived >= self.settle_s or trace.rooted(span_id):
                         ready.append((trace, trace.spans[span_id]))
                         del trace.waiting[span_id]
-            written = self._decide(sorted(ready, key=lambda r: r[1].start))
+            written = self._decide(sorted(ready, key=lambda r: r[1].start)) + self._write_sdk()
             self._name_agents()
             horizon = now - self.keep_s
             while self._traces and (t := next(iter(self._traces.values()))).last_seen < horizon and not t.waiting:
@@ -142,32 +139,6 @@ class SpanSteps:
         return written
 
     # ---- internals -------------------------------------------------------------------------------------------
-    @staticmethod
-    def _ancestors(trace: _Trace, span: TraceSpan) -> list[TraceSpan]:
-        found, parent = [], span.parent_id
-        while parent is not None and parent in trace.spans and len(found) < 256:
-            found.append(trace.spans[parent])
-            parent = found[-1].parent_id
-        return found
-
-    def _rooted(self, trace: _Trace, span_id: str) -> bool:
-        span = trace.spans[span_id]
-        chain = self._ancestors(trace, span)
-        return (chain[-1] if chain else span).parent_id is None
-
-    def _session_of(self, trace: _Trace, span: TraceSpan, chain: list[TraceSpan], *, decide: bool = True) -> str:
-        """The session named on the span, else on its nearest ancestor, else the trace id. Once a call of the trace
-        was decided without a session named (its parent came after `settle_s`), every later call of the trace
-        without one on itself takes the trace id too: a conversation is never split in two."""
-        if span.session_id:
-            return span.session_id
-        named = next((s.session_id for s in chain if s.session_id), None)
-        if named is not None and trace.fallback is None:
-            return named
-        if decide:  # (a tool span is only compared, never decides)
-            trace.fallback = span.trace_id
-        return span.trace_id
-
     def _name_agents(self) -> None:
         """Agent spans end after the calls inside them: a session's agent name is written when its span arrives."""
         for trace in self._traces.values():
@@ -181,18 +152,66 @@ class SpanSteps:
                 state.agent_name = outermost.agent_name
                 self.writer.upsert(SessionRecord(session_id, agent_name=outermost.agent_name))
 
-    def _decide(self, ready: list[tuple[_Trace, TraceSpan]]) -> int:
+    def _decide(self, ready: list[tuple[Trace, TraceSpan]]) -> int:
         calls = []
         for trace, call in ready:
-            chain = self._ancestors(trace, call)
+            chain = trace.ancestors(call)
             if any(s.sdk_step for s in chain):
                 self.num_sdk_calls += 1
                 continue
-            calls.append((trace, call, chain, self._session_of(trace, call, chain)))
+            calls.append((trace, call, chain, trace.session_of(call, chain)))
         self._seed({session for *_, session in calls})
         for trace, call, chain, session_id in calls:
             self._write(trace, call, chain, session_id)
         return len(calls)
+
+    def _write_sdk(self) -> int:
+        """The kvobs SDK's steps and ended sessions that no recorder wrote: as its recorder would have, from the
+        spans (the step's index, TTFT and token totals are on its span; the session ends with its span)."""
+        steps, sessions, self._sdk_steps, self._sdk_sessions = self._sdk_steps, self._sdk_sessions, [], []
+        self._seed({s.session_id or s.trace_id for s in steps + sessions})
+        for span in sorted(steps, key=lambda s: s.start):
+            session_id = span.session_id or span.trace_id
+            state = self._sessions[session_id]
+            index = span.step_index if span.step_index is not None else state.next_index
+            failed = span.error_type is not None
+            self.writer.add(
+                StepRecord(
+                    session_id=session_id,
+                    step_index=index,
+                    trace_id=span.trace_id,
+                    span_id=span.span_id,
+                    started_at=span.start,
+                    ended_at=span.end,
+                    status=(StepStatus.ERROR if failed else StepStatus.OK).value,
+                    error_type=span.error_type,
+                    ttft_s=span.ttft_s,
+                    e2e_s=span.end - span.start,
+                    prompt_tokens=span.prompt_tokens,
+                    cached_tokens=span.cached_tokens,
+                    completion_tokens=span.completion_tokens,
+                )
+            )
+            state.next_index, state.num_failed = max(state.next_index, index + 1), state.num_failed + failed
+            self.writer.upsert(
+                SessionRecord(
+                    session_id, source=span.convention, num_steps=state.next_index, num_failed_steps=state.num_failed
+                )
+            )
+            if self.activity is not None:
+                self.activity.claim(session_id, trace_id=span.trace_id)
+            self.by_source[span.convention] += 1  # (kvobs_agent_steps_total counts the SDK's step spans already)
+        for span in sessions:
+            self.writer.upsert(
+                SessionRecord(
+                    span.session_id or span.trace_id,
+                    agent_name=span.agent_name,
+                    started_at=span.start,
+                    ended_at=span.end,
+                    source=SessionSource.SDK.value,
+                )
+            )
+        return len(steps)
 
     def _seed(self, sessions: set[str]) -> None:
         new = [s for s in sessions if s not in self._sessions]
@@ -200,9 +219,9 @@ class SpanSteps:
         for session_id in new:
             self._sessions[session_id] = _Session(*known.get(session_id, (0, 0)))
 
-    def _write(self, trace: _Trace, call: TraceSpan, chain: list[TraceSpan], session_id: str) -> None:
+    def _write(self, trace: Trace, call: TraceSpan, chain: list[TraceSpan], session_id: str) -> None:
         state = self._sessions[session_id]
-        tools = self._tools(trace, session_id, state.last_end, call.start) if state.last_end is not None else []
+        tools = trace.tools(session_id, state.last_end, call.start) if state.last_end is not None else []
         failed = call.error_type is not None
         self.writer.add(
             StepRecord(
@@ -244,22 +263,3 @@ class SpanSteps:
         if failed:
             self.failures[call.error_type] += 1
         self.by_source[call.convention] += 1
-
-    def _tools(self, trace: _Trace, session_id: str, since: float, until: float) -> list[dict]:
-        """The tool calls of the session in this trace between its previous call's end and this call's start."""
-        tools = []
-        for span in trace.spans.values():
-            if span.role != TOOL or span.start < since - EPSILON_S or span.end > until + EPSILON_S:
-                continue
-            if self._session_of(trace, span, self._ancestors(trace, span), decide=False) != session_id:
-                continue
-            tools.append(
-                {
-                    "name": span.tool_name,
-                    "start": span.start,
-                    "end": span.end,
-                    "status": (StepStatus.ERROR if span.error_type else StepStatus.OK).value,
-                    "error_type": span.error_type,
-                }
-            )
-        return sorted(tools, key=lambda t: t["start"])

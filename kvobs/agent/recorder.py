@@ -22,21 +22,7 @@ class StoreStepRecorder:
         self.writer.upsert(self._session_record(session, started_at=session.started_at))
 
     def step_finished(self, session: AgentSession, step: AgentStep) -> None:
-        self.writer.add(StepRecord(
-            session_id=session.session_id,
-            step_index=step.index,
-            trace_id=step.trace_id,
-            span_id=step.span_id,
-            started_at=step.started_at,
-            ended_at=step.ended_at,
-            status=step.status.value,
-            error_type=step.error_type,
-            ttft_s=step.ttft_s,
-            e2e_s=step.ended_at - step.started_at,
-            prompt_tokens=step.total("prompt_tokens"),
-            cached_tokens=step.total("cached_tokens"),
-            completion_tokens=step.total("completion_tokens"),
-        ))  # fmt: skip
+        self.writer.add(step_record(session, step))
         self.writer.upsert(self._session_record(session))
 
     def session_ended(self, session: AgentSession) -> None:
@@ -52,3 +38,22 @@ class StoreStepRecorder:
             num_failed_steps=session.num_failed_steps,
             **times,
         )
+
+
+def step_record(session: AgentSession, step: AgentStep) -> StepRecord:
+    """The `steps` row of a finished step (what `kvobs collect` makes of its span when no recorder runs)."""
+    return StepRecord(
+        session_id=session.session_id,
+        step_index=step.index,
+        trace_id=step.trace_id,
+        span_id=step.span_id,
+        started_at=step.started_at,
+        ended_at=step.ended_at,
+        status=step.status.value,
+        error_type=step.error_type,
+        ttft_s=step.ttft_s,
+        e2e_s=step.ended_at - step.started_at,
+        prompt_tokens=step.total("prompt_tokens"),
+        cached_tokens=step.total("cached_tokens"),
+        completion_tokens=step.total("completion_tokens"),
+    )

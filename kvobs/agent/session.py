@@ -1,4 +1,5 @@
-"""Agent sessions, steps and tool calls as spans, recorded into the store.
+"""Agent sessions, steps and tool calls as spans; recorded into the store by a recorder, or by `kvobs collect`
+from the spans alone (an agent then needs only an OTLP endpoint).
 
     with AgentSession("researcher", recorder=StoreStepRecorder(writer)) as session:   # invoke_agent researcher
         with session.step(deadline_s=30) as step:                                    # agent_step
@@ -22,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Protocol
 
 from opentelemetry import context as otel_context
@@ -31,6 +31,7 @@ from opentelemetry.metrics import MeterProvider, get_meter_provider
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider, get_tracer_provider
 
 from kvobs.agent.chat import ChatError, ChatResult, chat_completion, release_session
+from kvobs.agent.tools import CURRENT_STEP, SCOPE, error_type_of, tool_span
 from kvobs.semconv import attributes as a
 from kvobs.semconv.metrics import LABEL_ERROR_TYPE, LABEL_STATUS, kvobs_metrics
 from kvobs.semconv.spans import (
@@ -38,12 +39,8 @@ from kvobs.semconv.spans import (
     SpanName,
     StepErrorType,
     StepStatus,
-    execute_tool_span,
     invoke_agent_span,
 )
-
-SCOPE = "kvobs.agent"
-_current_step: ContextVar[AgentStep | None] = ContextVar("kvobs_agent_step", default=None)
 
 
 class StepRecorder(Protocol):
@@ -101,6 +98,7 @@ class AgentSession:
             a.GEN_AI_OPERATION_NAME: GenAIOperation.INVOKE_AGENT.value,
             a.GEN_AI_AGENT_NAME: self.agent_name,
             a.GEN_AI_CONVERSATION_ID: self.session_id,
+            a.AGENT_RECORDED: self.recorder is not None,
         })  # fmt: skip
         self._token = otel_context.attach(trace.set_span_in_context(self.span))
         if self.recorder is not None:
@@ -111,7 +109,7 @@ class AgentSession:
         self.ended_at = time.time()
         if exc is not None:
             self.span.set_status(Status(StatusCode.ERROR, str(exc)))
-            self.span.set_attribute(a.ERROR_TYPE, _error_type(exc))
+            self.span.set_attribute(a.ERROR_TYPE, error_type_of(exc))
         self.span.end()
         otel_context.detach(self._token)
         if self.recorder is not None:
@@ -170,26 +168,28 @@ class AgentStep:
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> AgentStep:
         self.started_at, self._start = time.time(), time.perf_counter()
-        attrs = {a.AGENT_STEP_INDEX: self.index, a.GEN_AI_CONVERSATION_ID: self.session.session_id}
+        attrs = {a.AGENT_STEP_INDEX: self.index, a.GEN_AI_CONVERSATION_ID: self.session.session_id,
+                 a.AGENT_RECORDED: self.session.recorder is not None}  # fmt: skip
         if self.deadline_s is not None:
             attrs[a.AGENT_STEP_DEADLINE] = self.deadline_s
         self.span = self.session.tracer.start_span(SpanName.AGENT_STEP, kind=SpanKind.INTERNAL, attributes=attrs)
         self._context_token = otel_context.attach(trace.set_span_in_context(self.span))
-        self._step_token = _current_step.set(self)
+        self._step_token = CURRENT_STEP.set(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.ended_at = time.time()
         if exc is not None:
-            self.fail(_error_type(exc), str(exc))
+            self.fail(error_type_of(exc), str(exc))
         elif self.deadline_s is not None and self.elapsed_s > self.deadline_s:
             self.fail(StepErrorType.TIMEOUT.value, f"the step took {self.elapsed_s:.2f} s; its deadline is "
                       f"{self.deadline_s:.2f} s")  # fmt: skip
         if self.status is StepStatus.ERROR:
             self.span.set_status(Status(StatusCode.ERROR, self.error_message))
             self.span.set_attribute(a.ERROR_TYPE, self.error_type)
+        self.span.set_attributes(self._record_attributes())
         self.span.end()
-        _current_step.reset(self._step_token)
+        CURRENT_STEP.reset(self._step_token)
         otel_context.detach(self._context_token)
         self.session._step_finished(self)
         return False
@@ -226,7 +226,7 @@ class AgentStep:
     @contextmanager
     def tool(self, name: str):
         """An `execute_tool {name}` span: the pause the session's cached prefix must survive."""
-        with _tool_span(self.session.tracer, name) as span:
+        with tool_span(self.session.tracer, name) as span:
             yield span
 
     def call_tool(self, name: str, fn: Callable, *args, **kwargs):
@@ -246,50 +246,14 @@ class AgentStep:
     def ttft_s(self) -> float | None:
         return self.chats[0].ttft_s if self.chats else None
 
+    def _record_attributes(self) -> dict:
+        """What the store records of the step, on its span (the collector makes the step of it when no recorder
+        writes it): its first call's TTFT and its calls' token totals."""
+        values = {a.AGENT_STEP_TTFT: self.ttft_s, a.GEN_AI_USAGE_INPUT_TOKENS: self.total("prompt_tokens"),
+                  a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: self.total("cached_tokens"),
+                  a.GEN_AI_USAGE_OUTPUT_TOKENS: self.total("completion_tokens")}  # fmt: skip
+        return {key: value for key, value in values.items() if value is not None}
+
     def total(self, field: str) -> int | None:
         values = [getattr(c, field) for c in self.chats if getattr(c, field) is not None]
         return sum(values) if values else None
-
-
-def current_step() -> AgentStep | None:
-    """The step running in this context, if any."""
-    return _current_step.get()
-
-
-def tool(name: str | None = None):
-    """Decorator: run the function inside an `execute_tool {name}` span (default name: the function's)."""
-
-    def wrap(fn: Callable) -> Callable:
-        tool_name = name or fn.__name__
-
-        @functools.wraps(fn)
-        def run(*args, **kwargs):
-            step = current_step()
-            tracer = step.session.tracer if step is not None else get_tracer_provider().get_tracer(SCOPE)
-            with _tool_span(tracer, tool_name):
-                return fn(*args, **kwargs)
-
-        return run
-
-    return wrap
-
-
-@contextmanager
-def _tool_span(tracer: trace.Tracer, name: str):
-    attrs = {a.GEN_AI_OPERATION_NAME: GenAIOperation.EXECUTE_TOOL.value, a.GEN_AI_TOOL_NAME: name}
-    with tracer.start_as_current_span(execute_tool_span(name), kind=SpanKind.INTERNAL, attributes=attrs,
-                                      record_exception=True, set_status_on_exception=False) as span:  # fmt: skip
-        try:
-            yield span
-        except Exception as exc:
-            span.set_status(Status(StatusCode.ERROR, str(exc)))
-            span.set_attribute(a.ERROR_TYPE, _error_type(exc))
-            raise
-
-
-def _error_type(exc: BaseException) -> str:
-    if isinstance(exc, ChatError):
-        return exc.error_type
-    if isinstance(exc, TimeoutError):
-        return StepErrorType.TIMEOUT.value
-    return type(exc).__qualname__

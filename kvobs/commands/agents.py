@@ -3,6 +3,9 @@
 kvobs agents --base-url http://127.0.0.1:8000 --sessions 16 --concurrency 4 --steps 6 \\
              --tool-pause-ms exp:800 --step-deadline-s 20 --store sqlite:///kvobs.db --otlp-endpoint http://jaeger:4317
 
+With `--no-store` the agents write nothing themselves: their spans, sent to a `kvobs collect` at `--otlp-endpoint`,
+carry the sessions and steps, and the collector writes them (the agents hold no store credentials).
+
 `--rounds 0` keeps running rounds (round r uses seed + r, so every round has new sessions) until SIGINT or
 SIGTERM; then each session ends after its current step and the store and spans are flushed.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -41,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--rounds", type=int, default=1, help="workload rounds (0: until SIGINT/SIGTERM)")
     p.add_argument("--round-pause-s", type=float, default=10.0, help="seconds between rounds")
     add_store_flag(p, what="sessions and steps")
+    p.add_argument("--no-store", action="store_true",
+                   help="write nothing to a store: the agents' spans carry their steps to `kvobs collect` at "
+                   "--otlp-endpoint, which writes them (the agents then need no store credentials)")  # fmt: skip
     p.add_argument("--otlp-endpoint", help="send the agents' spans here (default: OTEL_EXPORTER_OTLP_* if set)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -65,12 +72,18 @@ def run(args: argparse.Namespace) -> int:
     ))  # fmt: skip
     if config is None:
         return 2
+    if args.no_store and not (args.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                              or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):  # fmt: skip
+        print("kvobs agents: --no-store needs --otlp-endpoint (a kvobs collect): the steps would go nowhere",
+              file=sys.stderr)  # fmt: skip
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     for round_config in round_configs(config, args.rounds, args.round_pause_s, stop):
-        result = run_workload(round_config, store_url=args.store, otlp_endpoint=args.otlp_endpoint,
-                              progress=not args.no_progress, stop=stop)  # fmt: skip
+        result = run_workload(round_config, store_url=None if args.no_store else args.store,
+                              otlp_endpoint=args.otlp_endpoint, progress=not args.no_progress, stop=stop,
+                              record=not args.no_store)  # fmt: skip
         if result is None:
             return 2
         print(f"seed {round_config.seed}: {result.sessions} sessions, {result.steps} steps in {result.wall_s:.1f} s; "
@@ -78,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, progress: bool = True, stop=None):
-    """Run the workload with telemetry and a store recorder; None (after one line on stderr) when it cannot start."""
+def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, progress: bool = True, stop=None,
+                 record: bool = True):  # fmt: skip
+    """Run the workload with telemetry and (`record`) a store recorder; None (after one line on stderr) when it
+    cannot start."""
     import httpx
     from opentelemetry.sdk.trace import TracerProvider
     from tqdm import tqdm
@@ -88,12 +103,12 @@ def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, pr
     from kvobs.store import StoreWriter, open_store
     from kvobs.telemetry import TelemetryConfig, setup_telemetry
 
-    store = start_or_report("agents", lambda: open_store(store_url))
-    if store is None:
+    store = start_or_report("agents", lambda: open_store(store_url)) if record else None
+    if record and store is None:
         return None
     telemetry = setup_telemetry(TelemetryConfig(service_name="kvobs-agents", endpoint=otlp_endpoint, metrics=False))
     tracer_provider = telemetry.tracer_provider or TracerProvider()  # real ids even unexported: steps join requests
-    writer = StoreWriter(store)
+    writer = StoreWriter(store) if store is not None else None
     client = httpx.Client(base_url=api_root(config.base_url), timeout=config.timeout_s)
     bar = tqdm(total=config.sessions * config.steps, unit="step", desc="agent steps", disable=not progress,
                file=sys.stderr)  # fmt: skip
@@ -107,8 +122,9 @@ def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, pr
         bar.close()
         client.close()
         telemetry.shutdown()
-        writer.close()
-        store.close()
+        if store is not None:
+            writer.close()
+            store.close()
 
 
 def _workload(cls, config, client, tracer_provider, writer, bar, stop):
@@ -117,7 +133,8 @@ def _workload(cls, config, client, tracer_provider, writer, bar, stop):
     from kvobs.agent.recorder import StoreStepRecorder
 
     try:
-        return cls(config, client, tracer_provider=tracer_provider, recorder=StoreStepRecorder(writer),
+        recorder = StoreStepRecorder(writer) if writer is not None else None
+        return cls(config, client, tracer_provider=tracer_provider, recorder=recorder,
                    on_step=lambda step: bar.update(1), stop=stop)  # fmt: skip
     except httpx.HTTPError as exc:
         raise OSError(f"cannot reach {config.base_url}: {exc}") from exc

@@ -47,6 +47,10 @@ GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference
 # ---- kvobs agent -----------------------------------------------------------------------------
 AGENT_STEP_INDEX = "kvobs.agent.step.index"
 AGENT_STEP_DEADLINE = "kvobs.agent.step.deadline_s"
+AGENT_STEP_TTFT = "kvobs.agent.step.ttft_s"  # the step's first LLM call's time to first token
+# on the SDK's session and step spans: true when the SDK writes them to a store itself (a recorder), so the
+# collector does not make them again from the spans
+AGENT_RECORDED = "kvobs.agent.recorded"
 
 # ---- KV cache ---------------------------------------------------------------------------------
 KV_BLOCK_SIZE = "kvcache.block.size"
