@@ -175,23 +175,7 @@ class SpanSteps:
             state = self._sessions[session_id]
             index = span.step_index if span.step_index is not None else state.next_index
             failed = span.error_type is not None
-            self.writer.add(
-                StepRecord(
-                    session_id=session_id,
-                    step_index=index,
-                    trace_id=span.trace_id,
-                    span_id=span.span_id,
-                    started_at=span.start,
-                    ended_at=span.end,
-                    status=(StepStatus.ERROR if failed else StepStatus.OK).value,
-                    error_type=span.error_type,
-                    ttft_s=span.ttft_s,
-                    e2e_s=span.end - span.start,
-                    prompt_tokens=span.prompt_tokens,
-                    cached_tokens=span.cached_tokens,
-                    completion_tokens=span.completion_tokens,
-                )
-            )
+            self.writer.add(_step_record(span, session_id, index, ttft_s=span.ttft_s))
             state.next_index, state.num_failed = max(state.next_index, index + 1), state.num_failed + failed
             self.writer.upsert(
                 SessionRecord(
@@ -224,19 +208,10 @@ class SpanSteps:
         tools = trace.tools(session_id, state.last_end, call.start) if state.last_end is not None else []
         failed = call.error_type is not None
         self.writer.add(
-            StepRecord(
-                session_id=session_id,
-                step_index=state.next_index,
-                trace_id=call.trace_id,
-                span_id=call.span_id,
-                started_at=call.start,
-                ended_at=call.end,
-                status=(StepStatus.ERROR if failed else StepStatus.OK).value,
-                error_type=call.error_type,
-                e2e_s=call.end - call.start,
-                prompt_tokens=call.prompt_tokens,
-                cached_tokens=call.cached_tokens,
-                completion_tokens=call.completion_tokens,
+            _step_record(
+                call,
+                session_id,
+                state.next_index,
                 response_id=call.response_id,
                 tools=json.dumps(tools) if tools else None,
             )
@@ -263,3 +238,23 @@ class SpanSteps:
         if failed:
             self.failures[call.error_type] += 1
         self.by_source[call.convention] += 1
+
+
+def _step_record(span: TraceSpan, session_id: str, index: int, **extra) -> StepRecord:
+    """The `steps` row of a call's (or an SDK step's) span."""
+    failed = span.error_type is not None
+    return StepRecord(
+        session_id=session_id,
+        step_index=index,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        started_at=span.start,
+        ended_at=span.end,
+        error_type=span.error_type,
+        status=(StepStatus.ERROR if failed else StepStatus.OK).value,
+        e2e_s=span.end - span.start,
+        prompt_tokens=span.prompt_tokens,
+        cached_tokens=span.cached_tokens,
+        completion_tokens=span.completion_tokens,
+        **extra,
+    )

@@ -15,6 +15,14 @@ from kvobs.store.schema import StepRow
 from tests.server.conftest import free_port, running_server
 from tests.waiting import wait_for
 
+AGENTS = [sys.executable, "-m", "kvobs.cli", "agents"]
+SMALL_RUN = "--sessions 2 --steps 2 --max-tokens 2 --tool-pause-ms 50 --seed 3"  # two sessions of two short steps
+
+
+def agents(*flags: str, **kwargs) -> subprocess.CompletedProcess:
+    """`kvobs agents FLAGS --no-progress` in a process of its own, to its end."""
+    return subprocess.run([*AGENTS, *flags, "--no-progress"], capture_output=True, text=True, **kwargs)
+
 
 @pytest.mark.parametrize(
     ("flags", "message"),
@@ -29,21 +37,12 @@ from tests.waiting import wait_for
     ],
 )
 def test_bad_flags_and_unreachable_server_exit_2(tmp_path, flags, message):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvobs.cli",
-            "agents",
-            "--base-url",
-            f"http://127.0.0.1:{free_port()}",
-            "--store",
-            f"sqlite:///{tmp_path / 's.db'}",
-            "--no-progress",
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
+    done = agents(
+        "--base-url",
+        f"http://127.0.0.1:{free_port()}",
+        "--store",
+        f"sqlite:///{tmp_path / 's.db'}",
+        *flags,
         timeout=120,
     )
     assert done.returncode == 2, done.stderr
@@ -59,32 +58,9 @@ def test_rounds_until_sigterm_give_each_round_new_sessions_and_flush(smollm2_sou
             return [tuple(row) for row in conn.execute(select(StepRow.session_id, StepRow.step_index))]
 
     with running_server(smollm2_source) as server:
+        rounds = "--rounds 0 --round-pause-s 0.1 --sessions 1 --steps 2 --max-tokens 2 --tool-pause-ms 50 --seed 7"
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvobs.cli",
-                "agents",
-                "--base-url",
-                server.url,
-                "--store",
-                url,
-                "--rounds",
-                "0",
-                "--round-pause-s",
-                "0.1",
-                "--sessions",
-                "1",
-                "--steps",
-                "2",
-                "--max-tokens",
-                "2",
-                "--tool-pause-ms",
-                "50",
-                "--seed",
-                "7",
-                "--no-progress",
-            ],
+            [*AGENTS, "--base-url", server.url, "--store", url, *rounds.split(), "--no-progress"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -108,23 +84,8 @@ def test_rounds_until_sigterm_give_each_round_new_sessions_and_flush(smollm2_sou
 
 
 def test_no_store_needs_an_otlp_endpoint(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvobs.cli",
-            "agents",
-            "--base-url",
-            "http://127.0.0.1:1",
-            "--no-store",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = agents("--base-url", "http://127.0.0.1:1", "--no-store", timeout=120, cwd=tmp_path, env=environment)
     assert done.returncode == 2 and "--no-store needs --otlp-endpoint" in done.stderr, done.stderr
 
 
@@ -139,31 +100,13 @@ def test_no_store_agents_reach_the_store_through_the_collector(smollm2_source, s
     collector.start()
     try:
         with running_server(smollm2_source) as server:
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "kvobs.cli",
-                    "agents",
-                    "--base-url",
-                    server.url,
-                    "--no-store",
-                    "--otlp-endpoint",
-                    f"http://127.0.0.1:{grpc}",
-                    "--sessions",
-                    "2",
-                    "--steps",
-                    "2",
-                    "--max-tokens",
-                    "2",
-                    "--tool-pause-ms",
-                    "50",
-                    "--seed",
-                    "3",
-                    "--no-progress",
-                ],
-                capture_output=True,
-                text=True,
+            done = agents(
+                "--base-url",
+                server.url,
+                "--no-store",
+                "--otlp-endpoint",
+                f"http://127.0.0.1:{grpc}",
+                *SMALL_RUN.split(),
                 timeout=300,
                 cwd=here,
             )
