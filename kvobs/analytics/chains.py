@@ -75,8 +75,8 @@ def with_sessions(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     by_span = dict(zip(steps["span_id"], steps["session_id"]))
     by_trace = dict(zip(steps["trace_id"], steps["session_id"]))
     missing = requests["session_id"].isna()
-    found = (requests["request_id"].map(by_response).fillna(requests["parent_span_id"].map(by_span))
-             .fillna(requests["trace_id"].map(by_trace)))  # fmt: skip
+    found = requests["request_id"].map(by_response).astype(object)  # (object: no float NaN column to fill with text)
+    found = found.fillna(requests["parent_span_id"].map(by_span)).fillna(requests["trace_id"].map(by_trace))
     return requests.assign(session_id=requests["session_id"].where(~missing, found))
 
 

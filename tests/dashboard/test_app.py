@@ -49,7 +49,9 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
         assert steps["timeline"].str.startswith("[open](?page=step&session=").all()
         assert "None" not in steps.to_string() and "_" not in " ".join(steps.columns)
     if page == "pressure":
-        at.selectbox(key="pressure_y").set_value("ttft_p50").run()
+        # the mean, shown for any window with a request (a p50 needs 5 requests a window, which a run on a busy
+        # machine may not have: the page then says so instead of a table, and this test failed once in CI)
+        at.selectbox(key="pressure_y").set_value("ttft_mean").run()
         assert_clean(at)
         assert len(at.dataframe[0].value) == 13  # lags -6..6
     if page == "whatif":
