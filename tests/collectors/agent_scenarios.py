@@ -55,7 +55,8 @@ def openinference(provider, config: dict) -> dict:
     answered = {}
     for conversation, headers in config["conversations"].items():
         answered[conversation] = []
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Trip {conversation}"}]
+        brief = f"Trip {conversation}: plan every leg, every hotel and every meal for the whole family. " * 6
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": brief}]
         with using_session(conversation), tracer.start_as_current_span("travel-agent", openinference_span_kind="agent"):
             for tool in (search_flights, book_hotel, None):
                 extra = {}

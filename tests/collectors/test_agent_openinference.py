@@ -18,7 +18,10 @@ from tests.dashboard.test_app import APP
 
 def test_openinference_agent_is_sessions_steps_tools_and_joined_requests(smollm2_source, store, monkeypatch):
     conversations = ["trip-a", "trip-b", "trip-c"]
-    with served_and_collected(smollm2_source, store, record="openinference-openai") as h:
+    # 24 usable blocks of 16 tokens: the conversations' prefixes evict each other while their tools run
+    with served_and_collected(
+        smollm2_source, store, num_blocks=25, max_model_len=384, record="openinference-openai"
+    ) as h:
         # the session header gives vLLM's (and kvobs serve's) KV events their owner: one line in the recipe
         answered = h.agent("openinference", conversations=dict.fromkeys(conversations, "session"), too_long="trip-c")[
             "answered"
@@ -56,6 +59,10 @@ def test_openinference_agent_is_sessions_steps_tools_and_joined_requests(smollm2
     assert set(requests["session_id"]) == set(conversations)
     stored = queries.kv_events(store, kinds=["stored"])
     assert set(stored["session_id"].dropna()) == set(conversations)  # KV events owned by the conversations
+    removed = queries.kv_events(store, kinds=["removed"])
+    assert len(removed) and set(removed["session_id"].dropna()) <= set(conversations)  # and their losses
+    footprints = queries.session_snapshots(store, "trip-a")
+    assert footprints["session_evicted_blocks"].max() > 0  # a conversation's own footprint counts its losses
 
     story = step_story(store, "trip-a", 1)  # the step page's story: the tool in its pause, its request
     assert len(story.requests) == 1 and story.requests["request_id"].iloc[0] == answered["trip-a"][1]
