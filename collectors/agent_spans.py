@@ -55,6 +55,7 @@ class TraceSpan:
     completion_tokens: int | None = None
     error_type: str | None = None  # None: the span did not fail
     sdk_step: bool = False  # a kvobs SDK `agent_step` span
+    sdk_call: bool = False  # an LLM call the kvobs SDK made inside a step (never a step of its own)
     sdk_unrecorded: bool = False  # a kvobs SDK session or step span no recorder wrote: the collector makes it
     step_index: int | None = None  # an SDK step's own index
     ttft_s: float | None = None  # an SDK step's first call's TTFT
@@ -71,6 +72,7 @@ def read_span(span: Span, attrs: dict) -> TraceSpan:
         end=span.end_time_unix_nano / 1e9,
     )
     out.sdk_step = span.name == SpanName.AGENT_STEP
+    out.sdk_call = not out.sdk_step and a.AGENT_STEP_INDEX in attrs  # an LLM call of an SDK step: part of that step
     out.session_id = _text(_session(attrs))
     if c.OPENINFERENCE_SPAN_KIND in attrs:
         _openinference(out, attrs)

@@ -156,7 +156,7 @@ class SpanSteps:
         calls = []
         for trace, call in ready:
             chain = trace.ancestors(call)
-            if any(s.sdk_step for s in chain):
+            if call.sdk_call or any(s.sdk_step for s in chain):
                 self.num_sdk_calls += 1
                 continue
             calls.append((trace, call, chain, trace.session_of(call, chain)))

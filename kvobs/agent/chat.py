@@ -51,9 +51,11 @@ def chat_completion(
     messages: list[dict],
     session_id: str | None,
     timeout_s: float | None = None,
+    step_index: int | None = None,
     **params,
 ) -> ChatResult:
-    """POST a streaming chat completion inside a `chat {model}` span.
+    """POST a streaming chat completion inside a `chat {model}` span (`step_index`: the SDK step it belongs to, on
+    the span, so the collector counts it in that step and never as a step of its own).
 
     Raises:
         ChatError: HTTP error status (`error_type` = the code), timeout, connection failure, or a broken stream.
@@ -67,6 +69,8 @@ def chat_completion(
     }
     if session_id is not None:
         attributes[a.GEN_AI_CONVERSATION_ID] = session_id
+    if step_index is not None:
+        attributes[a.AGENT_STEP_INDEX] = step_index
     for key, name in ((a.GEN_AI_REQUEST_MAX_TOKENS, "max_tokens"), (a.GEN_AI_REQUEST_TEMPERATURE, "temperature")):
         if params.get(name) is not None:
             attributes[key] = params[name]

@@ -219,7 +219,8 @@ class AgentStep:
             raise ChatError(StepErrorType.TIMEOUT.value, "the step's deadline passed before its LLM call")
         self.session.client = client
         result = chat_completion(self.session.tracer, client, model=model, messages=messages,
-                                 session_id=self.session.session_id, timeout_s=remaining, **params)  # fmt: skip
+                                 session_id=self.session.session_id, timeout_s=remaining, step_index=self.index,
+                                 **params)  # fmt: skip
         self.chats.append(result)
         return result
 

@@ -261,3 +261,20 @@ def test_spans_of_traces_without_agent_spans_are_not_kept(store):
     ingest.handle(agent.export())
     assert steps.settle() == 1 and steps.num_plain_skipped == 10  # the parent came with its child: kept, rooted
     writer.close()
+
+
+def test_an_sdk_call_is_never_a_step_of_its_own_even_when_its_step_span_comes_late(store):
+    """The SDK marks its LLM calls with their step's index: one whose `agent_step` span has not arrived when
+    `settle_s` passes is still left to that step (the SDK's recorder, or its span, makes it)."""
+    agent = Agent()
+    session = agent.tracer.start_as_current_span("invoke_agent", attributes={genai.GEN_AI_CONVERSATION_ID: "s"})
+    with session, agent.tracer.start_as_current_span(SpanName.AGENT_STEP):
+        attributes = {**CHAT, a.AGENT_STEP_INDEX: 0, genai.GEN_AI_CONVERSATION_ID: "s"}
+        with agent.tracer.start_as_current_span("chat smollm2", attributes=attributes):
+            pass
+    ingest, steps, writer, clock = steps_maker(store, settle_s=10.0)
+    ingest.handle(agent.export(only={"chat smollm2"}))
+    clock.now = 10.0
+    assert steps.settle() == 0 and steps.num_sdk_calls == 1
+    writer.close()
+    assert queries.steps(store).empty
