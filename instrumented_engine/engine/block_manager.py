@@ -27,6 +27,7 @@ from instrumented_engine.engine.invalidation import Invalidation
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.engine.session_lifecycle import SessionLifecycle
 from instrumented_engine.engine.session_pauses import SessionPauses
+from kvobs.semconv.attributes import MEDIUM_GPU
 from kvobs.semconv.protocol import SESSION_END_AFTER_S
 from kvobs.semconv.reasons import PRESSURE_REASONS, EvictionReason, InvalidationReason
 
@@ -41,6 +42,11 @@ class BlockManager(SessionLifecycle, Invalidation):
         policy: which free block to take next (default LRU, vLLM's order).
         clock: time source (epoch seconds) for events; tests inject a fake one.
         session_end_after_s: an idle session has ended after this long without a request (see `SessionPauses`).
+
+    `medium` is the tier the blocks live in, as vLLM's events name it: this pool is the primary cache the model
+    attends from, `GPU` in vLLM's words on any device (vLLM's BlockPool publishes `GPU` on its CPU build too: the
+    recorded 0.32 capture); an offload tier would publish its own (`CPU`, as vLLM's offloading connector does). It
+    is set on every `BlocksStored` and `BlockEvicted`, and the publisher, spans and store rows read it from here.
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class BlockManager(SessionLifecycle, Invalidation):
         self.enable_caching = enable_caching
         self.policy = policy or LRUPolicy()
         self.clock = clock
+        self.medium = MEDIUM_GPU  # on every BlocksStored / BlockEvicted; see the class docstring
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[BlockHash, KVBlock] = {}
@@ -227,6 +234,7 @@ class BlockManager(SessionLifecycle, Invalidation):
                 token_ids=tuple(self._tokens_of(seq, stored_ids)),
                 block_size=self.block_size,
                 adapter=seq.adapter,
+                medium=self.medium,
             )
 
     def _tokens_of(self, seq: Sequence, block_ids: list[int]) -> list[int]:
@@ -286,6 +294,7 @@ class BlockManager(SessionLifecycle, Invalidation):
                 idle_s=now - block.last_used_ts,
                 invalidation_reason=invalidation_reason,
                 paused_sessions=paused,
+                medium=self.medium,
             )
         )
         self._disown(block)

@@ -61,6 +61,7 @@ class BlocksStored(KVEvent):
     token_ids: tuple[int, ...]  # all stored blocks' tokens, in order
     block_size: int
     adapter: str | None = None
+    medium: str | None = None  # the tier the blocks live in, as vLLM names it (`BlockManager.medium`)
     kind = "stored"
 
 
@@ -83,6 +84,7 @@ class BlockEvicted(KVEvent):
     idle_s: float
     invalidation_reason: InvalidationReason | None = None
     paused_sessions: tuple[str, ...] = ()
+    medium: str | None = None  # the tier the block lived in, as vLLM names it (`BlockManager.medium`)
     kind = "evicted"
 
     def __post_init__(self) -> None:

@@ -41,7 +41,7 @@ def _stored(event: ev.BlocksStored, omit_token_ids: bool = False) -> wire.Event:
         token_ids=[] if omit_token_ids else list(event.token_ids),
         block_size=event.block_size,
         lora_id=None,
-        medium=wire.MEDIUM_GPU,
+        medium=event.medium,
         lora_name=event.adapter,
         extra_keys=[None] * len(event.block_hashes),
         group_idx=0,
@@ -51,7 +51,7 @@ def _stored(event: ev.BlocksStored, omit_token_ids: bool = False) -> wire.Event:
 
 
 def _removed(event: ev.BlockEvicted, _omit_token_ids: bool = False) -> wire.Event:
-    return wire.BlockRemoved(block_hashes=[event.block_hash], medium=wire.MEDIUM_GPU, group_idx=0)
+    return wire.BlockRemoved(block_hashes=[event.block_hash], medium=event.medium, group_idx=0)
 
 
 def _cleared(_event: ev.CacheCleared, _omit_token_ids: bool = False) -> wire.Event:

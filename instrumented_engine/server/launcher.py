@@ -37,7 +37,6 @@ from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.server.app import build_app
 from instrumented_engine.server.guards import DEFAULT_MAX_REQUEST_BYTES
 from instrumented_engine.server.serving import ServedModel
-from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU
 from kvobs.semconv.metrics import kvobs_metrics
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.retention import EXPIRED_TABLE, Retention
@@ -170,7 +169,7 @@ class EngineServer:
             self.publisher.start()
             observers.append(self.publisher)
             self.metrics.watch_dropped("kv_events", lambda: self.publisher.num_dropped)
-        medium = MEDIUM_GPU if llm_engine.runner.device.type == "cuda" else MEDIUM_CPU
+        medium = llm_engine.block_manager.medium  # one decision: the wire's, the spans' and the store's medium
         self.tracer = None
         if self.telemetry.tracer_provider is not None:
             self.tracer = EngineTracer(self.telemetry.tracer_provider, model_name=self.served.name,

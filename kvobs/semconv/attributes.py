@@ -87,5 +87,4 @@ KV_REQUESTS_WAITING = "kvcache.requests.waiting"
 LINK_EVICTED_FROM = "evicted_from"  # the linked session's blocks were evicted by this span's request
 LINK_INVALIDATED = "invalidated"  # the linked session's blocks were invalidated by this span
 
-MEDIUM_GPU = "GPU"
-MEDIUM_CPU = "CPU"
+MEDIUM_GPU = "GPU"  # vLLM's name for the primary KV cache, the one the model attends from, on any device

@@ -29,7 +29,6 @@ from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
-MEDIUM_GPU = "GPU"
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
 BlockHash = int | bytes

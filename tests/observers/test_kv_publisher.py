@@ -15,9 +15,9 @@ from tests.server.conftest import free_port
 
 STATS = SchedulerStats(0.0, 0, 0, 10, 10, 0, 0.0, 0, 0, 0, 0)
 STORED = ev.BlocksStored(1.0, "r1", "s1", block_ids=(1, 2), block_hashes=(2**64 - 5, 17), parent_block_hash=None,
-                         token_ids=tuple(range(8)), block_size=4)  # fmt: skip
+                         token_ids=tuple(range(8)), block_size=4, medium="GPU")  # fmt: skip
 EVICTED = ev.BlockEvicted(2.0, "r2", "s2", block_id=2, block_hash=17, parent_block_hash=2**64 - 5, reason="capacity",
-                          owner_sessions=("s1",), lifetime_s=1.0, idle_s=0.5)  # fmt: skip
+                          owner_sessions=("s1",), lifetime_s=1.0, idle_s=0.5, medium="CPU")  # fmt: skip
 LOOKUP = ev.PrefixLookup(1.0, "r1", "s1", query_tokens=9, hit_tokens=0, hit_blocks=0)
 CLEARED = ev.CacheCleared(3.0, None, None, num_blocks=1)
 
@@ -29,7 +29,7 @@ def test_engine_events_map_to_vllm_events():
         medium="GPU", lora_name=None, extra_keys=[None, None], group_idx=0, kv_cache_spec_kind="full_attention",
         session_id="s1",
     )  # fmt: skip
-    assert removed == wire.BlockRemoved(block_hashes=[17], medium="GPU", group_idx=0)
+    assert removed == wire.BlockRemoved(block_hashes=[17], medium="CPU", group_idx=0)  # each event's own tier
     assert isinstance(cleared, wire.AllBlocksCleared)
 
 
