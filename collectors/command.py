@@ -11,7 +11,6 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 
 from collectors.kv_silence import SILENCE_S as KV_SILENCE_S
@@ -20,6 +19,7 @@ from kvobs.commands.common import (
     add_session_end_flag,
     add_spool_flag,
     add_store_flag,
+    lacks_extra,
     start_or_report,
 )
 from kvobs.semconv.protocol import SESSION_IDLE_S, STORE_URL_ENV
@@ -102,11 +102,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from collectors.collector import Collector, CollectorOptions
-    except ImportError as exc:
-        print(f"kvobs collect needs the collectors extra: pip install 'kvobs[collectors]' ({exc})", file=sys.stderr)
+    if lacks_extra("collect", "collectors", "collectors.collector"):
         return 2
+    from collectors.collector import Collector, CollectorOptions
 
     def start() -> Collector:
         options = CollectorOptions(

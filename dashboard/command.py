@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report
+from kvobs.commands.common import add_store_flag, lacks_extra, refuse_ports_in_use, start_or_report
 from kvobs.semconv.protocol import DASHBOARD_PORT
 
 
@@ -55,8 +55,7 @@ def command(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Check the store, then replace this process with `streamlit run` (never returns when it starts)."""
-    if importlib.util.find_spec("streamlit") is None:
-        print("kvobs dashboard needs the dashboard extra: pip install 'kvobs[dashboard]'", file=sys.stderr)
+    if lacks_extra("dashboard", "dashboard", "streamlit", find_only=True):
         return 2
     from kvobs.store import open_store
 

@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 
 from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config
+from kvobs.commands.common import lacks_extra
 
 
 def add_parser(sub) -> None:
@@ -25,11 +26,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from instrumented_engine import LLM, SamplingParams
-    except ImportError as exc:
-        print(f"kvobs generate needs the engine extra: pip install 'kvobs[engine]' ({exc})", file=sys.stderr)
+    if lacks_extra("generate", "engine", "instrumented_engine.llm"):
         return 2
+    from instrumented_engine import LLM, SamplingParams
+
     try:
         config = engine_config(args)
         llm = LLM(**vars(config))

@@ -16,6 +16,7 @@ from kvobs.commands.common import (
     add_retention_flag,
     add_spool_flag,
     add_store_flag,
+    lacks_extra,
     refuse_ports_in_use,
     start_or_report,
 )
@@ -73,11 +74,9 @@ def run(args: argparse.Namespace) -> int:
     hint = "another kvobs serve or vLLM? stop it or pass another --port"
     if start_or_report("serve", lambda: refuse_ports_in_use(listeners(args), hint) or True) is None:
         return 2  # before torch is imported, the model loaded or a store file made
-    try:
-        from instrumented_engine.server.launcher import EngineServer, ServerOptions
-    except ImportError as exc:
-        print(f"kvobs serve needs the server extra: pip install 'kvobs[server]' ({exc})", file=sys.stderr)
+    if lacks_extra("serve", "server", "instrumented_engine.server.launcher"):
         return 2
+    from instrumented_engine.server.launcher import EngineServer, ServerOptions
 
     def start() -> EngineServer:
         options = ServerOptions(

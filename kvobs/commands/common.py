@@ -1,8 +1,10 @@
-"""What several `kvobs` commands share: the store flag, and reporting a failed start in one line."""
+"""What several `kvobs` commands share: the store flag, the extras guard, and reporting a failed start in one line."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import socket
 import sys
 from collections.abc import Callable, Iterable
@@ -41,6 +43,22 @@ def add_spool_flag(parser: argparse.ArgumentParser) -> None:
                         help="keep the store writer's queue on disk in DIR, so rows already accepted (OTLP spans "
                         "answered 200) survive a SIGKILL or a shutdown while the store is down; written first on the "
                         "next start (at least once); default: in memory")  # fmt: skip
+
+
+def lacks_extra(command: str, extra: str, module: str, *, find_only: bool = False) -> bool:
+    """Whether `module` (what `kvobs <command>` runs on) cannot be imported for want of the optional dependencies
+    in `extra`; if so, one line on stderr names the pip command, so the command exits 2 without a traceback.
+    `find_only` only looks the module up (for a program run in another process, such as Streamlit)."""
+    try:
+        if find_only:
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(f"No module named {module!r}")
+        else:
+            importlib.import_module(module)
+    except ImportError as exc:
+        print(f"kvobs {command} needs the {extra} extra: pip install 'kvobs[{extra}]' ({exc})", file=sys.stderr)
+        return True
+    return False
 
 
 def start_or_report(command: str, start: Callable[[], T]) -> T | None:

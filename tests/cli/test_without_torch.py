@@ -9,6 +9,8 @@ import sys
 import time
 from importlib.metadata import entry_points
 
+import pytest
+
 from tests.server.conftest import free_port
 
 NO_TORCH = "import sys; sys.modules['torch'] = None; from kvobs.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -26,10 +28,13 @@ def test_help_lists_every_registered_command_without_torch():
     assert all(name in done.stdout for name in names) and "cannot be loaded" not in done.stderr
 
 
-def test_serve_without_torch_names_the_extra_to_install():
-    done = subprocess.run(kvobs("serve", "--port", str(free_port())), capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(("command", "extra"), [("serve", "server"), ("generate", "engine")])
+def test_engine_commands_without_torch_name_the_extra_to_install(command, extra):
+    done = subprocess.run(kvobs(command, "--port", str(free_port())) if command == "serve" else kvobs(command, "hi"),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
-    assert "pip install 'kvobs[server]'" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"kvobs {command} needs the {extra} extra: pip install 'kvobs[{extra}]' (")
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_collect_runs_without_torch(tmp_path):
