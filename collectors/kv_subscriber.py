@@ -258,4 +258,4 @@ def _replay_body(frames: list[bytes]) -> tuple[int, bytes] | None:
         frames = frames[1:]  # 0.33: topic, seq, payload
     if len(frames) != 2 or len(frames[0]) != 8:
         return None
-    return int.from_bytes(frames[0], "big", signed=True), frames[1]
+    return wire.seq_from_bytes(frames[0]), frames[1]

@@ -194,7 +194,7 @@ class KVEventPublisher:
         if len(body) != 1 or len(body[0]) != 8:
             log.warning("malformed replay request (%d frames); ignored", len(frames))
             return
-        start = int.from_bytes(body[0], "big")
+        start = wire.seq_from_bytes(body[0])
         for seq, payload in list(self._buffer):
             if seq >= start:
                 replay.send_multipart((*envelope, self.topic, wire.seq_bytes(seq), payload))

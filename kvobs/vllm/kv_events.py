@@ -180,10 +180,13 @@ def should_bind(endpoint: str) -> bool:
 
 
 def seq_bytes(seq: int) -> bytes:
+    """A sequence number as vLLM sends it: 8 bytes, big-endian."""
     return seq.to_bytes(8, "big")
 
 
 def seq_from_bytes(data: bytes) -> int:
+    """The one decoder of a sequence frame (a batch's, a replay request's or reply's): signed, so the end mark
+    `REPLAY_END` reads -1; DecodeError unless 8 bytes."""
     if len(data) != 8:
         raise DecodeError(f"sequence frame must be 8 bytes; got {len(data)}")
     return int.from_bytes(data, "big", signed=True)
