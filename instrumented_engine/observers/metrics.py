@@ -160,7 +160,12 @@ class EngineMetrics:
         self._create_labelled_series()
 
     def _create_labelled_series(self) -> None:
-        """Every known label value exists from the start at 0, as in vLLM, so rate() sees the first increase."""
+        """Every counter and histogram series with known labels exists from the start at 0, as in vLLM (its
+        `vllm:num_preemptions_total` reads 0 before the first preemption), so rate() sees the first increase. Gauges
+        are not: a 0 before the first step would be a false reading (total blocks 0); the first step sets them."""
+        for spec in ENGINE_METRICS:
+            if spec.type in ("counter", "histogram") and not spec.labels:
+                self._get(spec)
         for reason in FINISHED_REASONS:
             self._get(vllm.REQUEST_SUCCESS, finished_reason=reason)
         for reason in EvictionReason:
