@@ -91,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, progress: bool = True, stop=None,
-                 record: bool = True):  # fmt: skip
-    """Run the workload with telemetry and (`record`) a store recorder; None (after one line on stderr) when it
-    cannot start."""
+def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, otlp_protocol: str | None = None,
+                 progress: bool = True, stop=None, record: bool = True):  # fmt: skip
+    """Run the workload with telemetry (`otlp_protocol`: None reads `OTEL_EXPORTER_OTLP_*`) and (`record`) a store
+    recorder; None (after one line on stderr) when it cannot start."""
     import httpx
     from opentelemetry.sdk.trace import TracerProvider
     from tqdm import tqdm
@@ -106,7 +106,9 @@ def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, pr
     store = start_or_report("agents", lambda: open_store(store_url)) if record else None
     if record and store is None:
         return None
-    telemetry = setup_telemetry(TelemetryConfig(service_name="kvobs-agents", endpoint=otlp_endpoint, metrics=False))
+    telemetry = setup_telemetry(
+        TelemetryConfig(service_name="kvobs-agents", endpoint=otlp_endpoint, protocol=otlp_protocol, metrics=False)
+    )
     tracer_provider = telemetry.tracer_provider or TracerProvider()  # real ids even unexported: steps join requests
     writer = StoreWriter(store) if store is not None else None
     client = httpx.Client(base_url=api_root(config.base_url), timeout=config.timeout_s)

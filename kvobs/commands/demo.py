@@ -2,13 +2,16 @@
 
     kvobs demo                         # engine + agent workload + dashboard on sqlite:///kvobs.db, Ctrl-C stops
 
-Starts `kvobs serve` on SmolLM2 with a KV cache small enough that sessions evict each other, waits for it,
-starts `kvobs dashboard`, prints the URLs, runs the `kvobs agents` workload against the engine (steps and the
-engine's requests, KV events and snapshots all land in the store), evaluates the built-in alert rules, and
-keeps the engine and dashboard up until Ctrl-C (or exits with `--exit-when-done`). Children get SIGTERM on the
-way out, so the engine flushes its store rows and spans. The engine's and the dashboard's own logs go to files
-in `--log-dir` (named when the demo starts; a child that fails shows the end of its log), so the terminal holds
-only the demo's lines.
+Starts `kvobs serve` on SmolLM2 with a KV cache small enough that sessions evict each other, `kvobs collect`
+taking OTLP/HTTP on `--collector-port`, and `kvobs dashboard`, prints the URLs, and runs the `kvobs agents`
+workload against the engine the way a user's agents run: with no store, only an OTLP endpoint. The agents'
+spans go to the collector, which makes them the sessions and steps in the store (and passes them on to
+`--otlp-endpoint`, if given); the engine writes its requests, KV events and snapshots itself, as in
+docker-compose.yml. After each round the demo waits (bounded) until the collector has stored the round's steps,
+then prints its hit rate, failures and the built-in alert rules' verdicts. Everything stays up until Ctrl-C (or
+exits with `--exit-when-done`). Children get SIGTERM on the way out, so the engine and the collector flush their
+store rows and spans. Their logs go to files in `--log-dir` (named when the demo starts; a child that fails
+shows the end of its log), so the terminal holds only the demo's lines.
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ import time
 from pathlib import Path
 
 from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report
-from kvobs.semconv.protocol import DASHBOARD_PORT, ENGINE_PORT
+from kvobs.semconv.protocol import DASHBOARD_PORT, DEMO_COLLECTOR_PORT, ENGINE_PORT
 
 log = logging.getLogger(__name__)
 
 ENGINE_START_TIMEOUT_S = 900.0  # first load of the weights on a slow 2-core machine
 DASHBOARD_START_TIMEOUT_S = 120.0
+COLLECTOR_START_TIMEOUT_S = 60.0
 SETTLE_S = 1.5  # the engine's store writer flushes every 0.5 s
+COLLECTOR_INTERVAL_S = 1.0  # the demo's collector decides steps every second
+STEPS_WAIT_S = 30.0  # how long a round's summary waits for the collector to store its steps
 DEMO_INSTANCE = "demo-engine"  # the engine's name in the store
 
 
@@ -41,6 +47,12 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address the engine and dashboard listen on")
     p.add_argument("--port", type=int, default=ENGINE_PORT, help="the engine's port")
     p.add_argument("--dashboard-port", type=int, default=DASHBOARD_PORT, help="the dashboard's port")
+    p.add_argument(
+        "--collector-port",
+        type=int,
+        default=DEMO_COLLECTOR_PORT,
+        help="the collector's OTLP/HTTP port, where the agents send their spans",
+    )
     p.add_argument("--num-blocks", type=int, default=48, help="KV blocks of 16 tokens: small, so sessions compete")
     p.add_argument("--max-model-len", type=int, default=640, help="longest prompt + reply the engine accepts")
     p.add_argument("--sessions", type=int, default=8, help="agent sessions per round")
@@ -51,10 +63,15 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="reply tokens per step")
     p.add_argument("--seed", type=int, help="workload seed (default: from the clock, so reruns add new sessions)")
     p.add_argument("--rounds", type=int, default=1, help="workload rounds (0: until Ctrl-C)")
-    p.add_argument("--otlp-endpoint", help="send engine and agent spans here, e.g. a local Jaeger's :4317")
+    p.add_argument(
+        "--otlp-endpoint",
+        help="send engine and agent spans (through the collector) here, e.g. a local Jaeger's http://localhost:4317",
+    )
     p.add_argument("--jaeger-url", help="Jaeger UI base URL for the dashboard's trace links")
     p.add_argument("--exit-when-done", action="store_true", help="stop everything after the last round")
-    p.add_argument("--log-dir", default="kvobs-demo-logs", help="where engine.log and dashboard.log are written")
+    p.add_argument(
+        "--log-dir", default="kvobs-demo-logs", help="where engine.log, collector.log and dashboard.log are written"
+    )
     p.set_defaults(func=run)
 
 
@@ -84,11 +101,20 @@ def run(args: argparse.Namespace) -> int:
     logs = start_or_report("demo", lambda: _log_files(args.log_dir))
     if logs is None:
         return 2
-    print(f"kvobs demo: engine and dashboard logs in {logs['engine'].parent}{os.sep} (engine.log, dashboard.log)",
-          flush=True)  # fmt: skip
+    print(f"kvobs demo: logs in {logs['engine'].parent}{os.sep} (engine.log, collector.log, dashboard.log)", flush=True)
     try:
         engine = _start(children, _engine_command(args, store_url), logs["engine"])
         if not _wait_ready(engine, f"{base_url}/health", ENGINE_START_TIMEOUT_S, stop, "the engine"):
+            return 0 if stop.is_set() else 1
+        collector = _start(children, _collector_command(args, store_url), logs["collector"])
+        if not _wait_ready(
+            collector,
+            f"{_collector_url(args)}/v1/traces",
+            COLLECTOR_START_TIMEOUT_S,
+            stop,
+            "the collector",
+            method="POST",
+        ):
             return 0 if stop.is_set() else 1
         dashboard_url = f"http://{args.host}:{args.dashboard_port}"
         dashboard = _start(children, _dashboard_command(args, store_url), logs["dashboard"])
@@ -122,9 +148,13 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
     check_rounds(args.rounds)
+    ports = [
+        ("--port", args.port),
+        ("--dashboard-port", args.dashboard_port),
+        ("--collector-port", args.collector_port),
+    ]
     refuse_ports_in_use(
-        [("--port", args.host, args.port), ("--dashboard-port", args.host, args.dashboard_port)],
-        "another kvobs demo? stop it or pass other ports",
+        [(flag, args.host, port) for flag, port in ports], "another kvobs demo? stop it or pass other ports"
     )  # every taken port in one message
 
 
@@ -134,6 +164,31 @@ def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
                "--store", store_url, "--instance", DEMO_INSTANCE, "--snapshot-interval", "1"]  # fmt: skip
     if args.otlp_endpoint:
         command += ["--otlp-endpoint", args.otlp_endpoint]
+    return command
+
+
+def _collector_url(args: argparse.Namespace) -> str:
+    return f"http://{args.host}:{args.collector_port}"
+
+
+def _collector_command(args: argparse.Namespace, store_url: str) -> list[str]:
+    """`kvobs collect` as docker-compose.yml runs it for the agents: OTLP in, sessions and steps to the store."""
+    from kvobs.telemetry.providers import traces_target
+
+    command = [
+        sys.executable,
+        "-m",
+        "kvobs.cli",
+        "collect",
+        "--otlp-http",
+        f"{args.host}:{args.collector_port}",
+        "--store",
+        store_url,
+        "--interval",
+        str(COLLECTOR_INTERVAL_S),
+    ]
+    if args.otlp_endpoint:
+        command += ["--forward-otlp", traces_target(args.otlp_endpoint)]
     return command
 
 
@@ -148,7 +203,7 @@ def _dashboard_command(args: argparse.Namespace, store_url: str) -> list[str]:
 def _log_files(log_dir: str) -> dict[str, Path]:
     folder = Path(log_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    return {name: folder / f"{name}.log" for name in ("engine", "dashboard")}
+    return {name: folder / f"{name}.log" for name in ("engine", "collector", "dashboard")}
 
 
 def _start(children: list[subprocess.Popen], command: list[str], log_path: Path) -> subprocess.Popen:
@@ -171,7 +226,10 @@ def _log_tail(child: subprocess.Popen, num_lines: int = 15) -> str:
     return f"\nthe last lines of {path}:\n" + "\n".join("  " + line for line in lines)
 
 
-def _wait_ready(child: subprocess.Popen, url: str, timeout_s: float, stop: threading.Event, what: str) -> bool:
+def _wait_ready(
+    child: subprocess.Popen, url: str, timeout_s: float, stop: threading.Event, what: str, method: str = "GET"
+) -> bool:
+    """Whether `child` answers `url` (any HTTP answer to a POST: an empty export gets 400 from a ready collector)."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -181,7 +239,8 @@ def _wait_ready(child: subprocess.Popen, url: str, timeout_s: float, stop: threa
                   file=sys.stderr)  # fmt: skip
             return False
         try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
+            status = httpx.request(method, url, timeout=2.0).status_code
+            if status == 200 or method == "POST":
                 return True
         except httpx.HTTPError:
             pass
@@ -197,6 +256,7 @@ def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, sto
     lines = [
         f"  dashboard   {dashboard_url}",
         f"  engine API  {base_url}/v1   (OpenAI-compatible; /metrics in vLLM's names)",
+        f"  collector   {_collector_url(args)}   (OTLP/HTTP: the agents' spans become sessions and steps)",
         f"  store       {store_url}",
     ]
     if args.jaeger_url:
@@ -207,20 +267,53 @@ def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, sto
 def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threading.Event) -> None:
     from kvobs.agent.workload import round_configs
     from kvobs.commands.agents import run_workload
+    from kvobs.telemetry.providers import PROTOCOL_HTTP
 
     for number, round_config in enumerate(round_configs(config, args.rounds, 0.0, stop), start=1):
         print(f"Round {number}: {config.sessions} agent sessions (seed {round_config.seed}), "
               f"{config.concurrency} at a time, {config.steps} steps each", flush=True)  # fmt: skip
         started = time.time()
-        # Ctrl-C sets `stop`: each session ends after its current step, so what it did is recorded.
-        result = run_workload(round_config, store_url=store_url, otlp_endpoint=args.otlp_endpoint, stop=stop)
+        # Like a user's agents: no store, an OTLP endpoint (the collector's). Ctrl-C sets `stop`: each session ends
+        # after its current step, and its spans are sent, so what it did is recorded.
+        result = run_workload(
+            round_config,
+            store_url=None,
+            otlp_endpoint=_collector_url(args),
+            otlp_protocol=PROTOCOL_HTTP,
+            stop=stop,
+            record=False,
+        )
         if result is None:
             return
+        stored = _wait_for_steps(store_url, result.steps, started)
         if stop.is_set():
-            print(f"  interrupted: {result.steps} of {config.sessions * config.steps} steps recorded in "
+            print(f"  interrupted: {stored} of {config.sessions * config.steps} steps recorded in "
                   f"{result.wall_s:.0f} s (each session ended after its current step)", flush=True)  # fmt: skip
             return
+        if stored < result.steps:
+            print(
+                f"  the collector stored {stored} of the round's {result.steps} steps within {STEPS_WAIT_S:.0f} s "
+                f"(see {Path(args.log_dir) / 'collector.log'}); the summary counts what is stored",
+                flush=True,
+            )
         _print_round(result, store_url, started)
+
+
+def _wait_for_steps(store_url: str, expected: int, since: float, timeout_s: float = STEPS_WAIT_S) -> int:
+    """The steps started since `since` in the store, once the collector has written `expected` or `timeout_s` has
+    passed."""
+    from kvobs.store import open_store, queries
+
+    store = open_store(store_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stored, _ = queries.step_counts(store, since, time.time())
+            if stored >= expected or time.monotonic() > deadline:
+                return stored
+            time.sleep(0.25)
+    finally:
+        store.close()
 
 
 def _print_round(result, store_url: str, started: float) -> None:
@@ -286,7 +379,7 @@ def _stop_all(children: list[subprocess.Popen]) -> list[str]:
     return stopped
 
 
-_NAMES = {"serve": "the engine", "dashboard": "the dashboard"}
+_NAMES = {"serve": "the engine", "collect": "the collector", "dashboard": "the dashboard"}
 
 
 def _signal_group(child: subprocess.Popen, sig: int) -> None:

@@ -13,6 +13,8 @@ DEFAULT_STORE_URL = "sqlite:///kvobs.db"
 # Default ports (each a flag's default; the README and docker-compose.yml use the same numbers).
 ENGINE_PORT = 8000  # kvobs serve: OpenAI API, /metrics (vLLM's default too)
 DASHBOARD_PORT = 8501  # kvobs dashboard (Streamlit's default)
+# kvobs demo's collector takes the agents' OTLP/HTTP here: not 4317/4318, which a local Jaeger or OTel Collector holds.
+DEMO_COLLECTOR_PORT = 4328
 
 # A session idle this long after its last request has ended (`--session-end-after-s` of `kvobs serve` and
 # `kvobs collect`): what it loses after that is lost after its end, never in a tool pause.

@@ -181,6 +181,14 @@ def protocol_for(config: TelemetryConfig, signal: str) -> str:
     return protocol
 
 
+def traces_target(endpoint: str, protocol: str | None = None) -> str:
+    """Where `endpoint` sends spans, as one URL whose scheme says the protocol (what `kvobs collect --forward-otlp`
+    takes): `grpc://host:port`, or the HTTP traces URL with `/v1/traces`. The protocol as an exporter would pick it."""
+    if protocol_for(TelemetryConfig(endpoint=endpoint, protocol=protocol), "TRACES") == PROTOCOL_GRPC:
+        return f"grpc://{urlparse(endpoint).netloc}"
+    return _signal_url(endpoint, "/v1/traces")
+
+
 def _signal_url(endpoint: str | None, path: str) -> str | None:
     """An explicit HTTP endpoint names the collector's base URL; the signal's path is appended, as the spec says."""
     if endpoint is None:

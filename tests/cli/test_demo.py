@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from kvobs.store import open_store
-from kvobs.store.schema import RequestRow, StepRow
+from kvobs.store.schema import RequestRow, SessionRow, StepRow
 from tests.server.conftest import free_port
 
 READY_LINE = "The engine and the dashboard stay up"
@@ -39,10 +39,11 @@ def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
 
 
 def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_path):
-    port, dashboard_port = free_port(), free_port()
+    port, dashboard_port, collector_port = free_port(), free_port(), free_port()
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
     proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url, "--port", str(port),
-                             "--dashboard-port", str(dashboard_port), "--sessions", "3", "--concurrency", "3",
+                             "--dashboard-port", str(dashboard_port), "--collector-port", str(collector_port),
+                             "--sessions", "3", "--concurrency", "3",
                              "--steps", "2", "--seed", "5", "--tool-pause-ms", "200", "--log-dir",
                              str(tmp_path / "logs")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -51,12 +52,17 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
         assert READY_LINE in out, (out, proc.poll())
         # the children's logs are in the files the demo named, not between its own lines
         assert f"logs in {tmp_path / 'logs'}" in out
-        engine_log, dashboard_log = ((tmp_path / "logs" / f"{n}.log").read_text() for n in ("engine", "dashboard"))
-        assert "kvobs engine serving" in engine_log and f"kvobs dashboard on http://127.0.0.1:{dashboard_port}" in \
-            dashboard_log  # fmt: skip
-        assert "kvobs engine serving" not in out and "kvobs dashboard on" not in out
+        engine_log, collector_log, dashboard_log = (
+            (tmp_path / "logs" / f"{n}.log").read_text() for n in ("engine", "collector", "dashboard")
+        )
+        assert "kvobs engine serving" in engine_log
+        assert f"kvobs dashboard on http://127.0.0.1:{dashboard_port}" in dashboard_log
+        # the agents' spans reach the store the way a user's do: through the collector, which the demo started
+        assert f"collecting into {store_url}: OTLP HTTP :{collector_port}" in collector_log
+        assert "kvobs engine serving" not in out and "kvobs dashboard on" not in out and "collecting into" not in out
         assert f"dashboard   http://127.0.0.1:{dashboard_port}" in out
         assert f"engine API  http://127.0.0.1:{port}/v1" in out
+        assert f"collector   http://127.0.0.1:{collector_port}   (OTLP/HTTP" in out
         assert "6 steps in" in out and "prefix cache hit rate: " in out
         # While it stays up, both answer on the printed URLs.
         assert httpx.get(f"http://127.0.0.1:{dashboard_port}/_stcore/health", timeout=10).text == "ok"
@@ -67,22 +73,30 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
         proc.send_signal(signal.SIGINT)  # Ctrl-C on an idle demo says what it stopped
         rest, err = proc.communicate(timeout=60)
         assert proc.returncode == 0
-        assert f"kvobs demo: Ctrl-C: stopped the dashboard and the engine; the store {store_url} keeps what they " \
-            "recorded" in rest  # fmt: skip
+        assert (
+            "kvobs demo: Ctrl-C: stopped the dashboard and the collector and the engine; the store "
+            f"{store_url} keeps what they recorded"
+        ) in rest
         assert "kvobs engine serving" not in err
     finally:
         if proc.poll() is None:
             proc.kill()
-    for url in (f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{dashboard_port}/_stcore/health"):
+    for url in (
+        f"http://127.0.0.1:{port}/health",
+        f"http://127.0.0.1:{dashboard_port}/_stcore/health",
+        f"http://127.0.0.1:{collector_port}/v1/traces",
+    ):
         with pytest.raises(httpx.ConnectError):
             httpx.get(url, timeout=5)  # the children are gone
     store = open_store(store_url)
     with store.engine.connect() as conn:
         steps = conn.execute(select(StepRow.session_id, StepRow.trace_id)).all()
         request_traces = set(conn.execute(select(RequestRow.trace_id)).scalars())
+        sources = dict(conn.execute(select(SessionRow.session_id, SessionRow.source)).all())
     store.close()
     assert sorted({s for s, _ in steps}) == ["coder-5-0001", "planner-5-0002", "researcher-5-0000"]
     assert len(steps) == 6
+    assert sources == dict.fromkeys(["coder-5-0001", "planner-5-0002", "researcher-5-0000"], "sdk")
     assert {t for _, t in steps} <= request_traces  # the engine flushed a request for every step, in its trace
 
 
@@ -106,7 +120,8 @@ def test_ports_already_in_use_stop_the_demo_before_it_starts_anything_all_named_
             taken.listen()
             ports.append(taken.getsockname()[1])
         done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
-                               "--port", str(ports[0]), "--dashboard-port", str(ports[1])],
+                               "--port", str(ports[0]), "--dashboard-port", str(ports[1]), "--collector-port",
+                               str(free_port())],
                               capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
     assert (f"already in use: 127.0.0.1:{ports[0]} (--port), 127.0.0.1:{ports[1]} (--dashboard-port); another kvobs "
@@ -117,7 +132,8 @@ def test_ports_already_in_use_stop_the_demo_before_it_starts_anything_all_named_
 def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
-                           "--port", str(free_port()), "--num-blocks", "8"],
+                           "--port", str(free_port()), "--dashboard-port", str(free_port()), "--collector-port",
+                           str(free_port()), "--num-blocks", "8"],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 1
     assert "the KV cache has 8 blocks of 16 tokens" in done.stderr
@@ -127,7 +143,7 @@ def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
 
 def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_store(tmp_path):
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
-    ports = ["--port", str(free_port()), "--dashboard-port", str(free_port())]
+    ports = ["--port", str(free_port()), "--dashboard-port", str(free_port()), "--collector-port", str(free_port())]
     proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url, *ports,
                              "--sessions", "2", "--concurrency", "2",
                              "--steps", "50", "--tool-pause-ms", "300", "--max-tokens", "4"],

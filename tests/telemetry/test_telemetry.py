@@ -92,3 +92,30 @@ def test_bad_protocol_variable_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
     with pytest.raises(ValueError, match="unknown OTLP protocol 'carrier-pigeon'"):
         setup_telemetry(TelemetryConfig(endpoint="http://127.0.0.1:4317"))
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_traces_target_is_where_an_exporter_with_that_endpoint_sends(monkeypatch, protocol):
+    """`kvobs demo --otlp-endpoint E` has the collector forward agents' spans to `traces_target(E)`: the same receiver,
+    by the same protocol, as the engine's exporter given E reaches."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from collectors.drops import DropCounter
+    from collectors.otlp_forward import OTLPForwarder
+    from kvobs.telemetry.providers import traces_target
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    with otlp_receiver() as (receiver, received):
+        port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+        target = traces_target(f"http://127.0.0.1:{port}")
+        assert target == (f"grpc://127.0.0.1:{port}" if protocol == "grpc" else f"http://127.0.0.1:{port}/v1/traces")
+        request = ExportTraceServiceRequest()
+        request.resource_spans.add().scope_spans.add().spans.add(name="forwarded", trace_id=b"\1" * 16,
+                                                                 span_id=b"\2" * 8)  # fmt: skip
+        drops = DropCounter()
+        forwarder = OTLPForwarder(target, drops)
+        forwarder.start()
+        forwarder.forward(request)
+        forwarder.close()
+        assert [s.name for s in received.spans] == ["forwarded"] and not drops.totals()
+    assert traces_target("http://h:4318/custom/path", "http/protobuf") == "http://h:4318/custom/path"
