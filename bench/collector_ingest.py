@@ -55,9 +55,18 @@ def synthetic_payloads(num_batches: int, per_batch: int, sessions: int, seed: in
                 continue
             session = rng.choice(list(tips))
             hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 4))]
-            events.append(wire.BlockStored(block_hashes=hashes, parent_block_hash=tips[session],
-                                           token_ids=[1] * 16 * len(hashes), block_size=16, lora_id=None, medium="GPU",
-                                           lora_name=None, session_id=session))  # fmt: skip
+            events.append(
+                wire.BlockStored(
+                    block_hashes=hashes,
+                    parent_block_hash=tips[session],
+                    token_ids=[1] * 16 * len(hashes),
+                    block_size=16,
+                    lora_id=None,
+                    medium="GPU",
+                    lora_name=None,
+                    session_id=session,
+                )
+            )
             tips[session] = hashes[-1]
             resident += hashes
         total += len(events)
@@ -152,15 +161,21 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 times[stage].append(time_kv(stage, payloads, Path(tmp), run))
     num_rows = block_rows(payloads)
     base = statistics.median(wall for wall, _ in times["decode"])
-    print(f"\nKV events: {total:,} events ({num_rows:,} block rows) in {len(payloads):,} batches, median of "
-          f"{args.repeats}; CPU: the process's, every thread")  # fmt: skip
-    print(f"{'stage':<30} {'events/s':>12} {'block rows/s':>13} {'time vs decode':>15} {'rate vs decode':>15} "
-          f"{'CPU cores busy':>15} {'CPU us/event':>13}")  # fmt: skip
+    print(
+        f"\nKV events: {total:,} events ({num_rows:,} block rows) in {len(payloads):,} batches, median of "
+        f"{args.repeats}; CPU: the process's, every thread"
+    )
+    print(
+        f"{'stage':<30} {'events/s':>12} {'block rows/s':>13} {'time vs decode':>15} {'rate vs decode':>15} "
+        f"{'CPU cores busy':>15} {'CPU us/event':>13}"
+    )
     rows = []
     for stage in stages:
         t, cpu = sorted(times[stage])[len(times[stage]) // 2]  # the median run by wall time, with its CPU
-        print(f"{stage:<30} {total / t:>12,.0f} {num_rows / t:>13,.0f} {t / base:>14.2f}x {base / t:>14.1%} "
-              f"{cpu / t:>15.2f} {cpu / total * 1e6:>13.2f}")  # fmt: skip
+        print(
+            f"{stage:<30} {total / t:>12,.0f} {num_rows / t:>13,.0f} {t / base:>14.2f}x {base / t:>14.1%} "
+            f"{cpu / t:>15.2f} {cpu / total * 1e6:>13.2f}"
+        )
         rows.append(Result("collector_ingest", f"KV events: {stage}", total / t, "events/s", base / t, "decode only"))
 
     body = scrape_body(args.lines)
@@ -171,8 +186,16 @@ def main(argv: list[str] | None = None) -> list[Result]:
     print(f"{'stage':<30} {'ms/scrape':>12} {'vs prometheus_client':>21}")
     for stage in scrape_stages:
         print(f"{stage:<30} {results[stage] * 1000:>12.2f} {results[stage] / results[scrape_stages[0]]:>20.2f}x")
-        rows.append(Result("collector_ingest", f"/metrics: {stage}", results[stage] * 1000, "ms",
-                           results[stage] / results[scrape_stages[0]], "prometheus_client parse"))  # fmt: skip
+        rows.append(
+            Result(
+                "collector_ingest",
+                f"/metrics: {stage}",
+                results[stage] * 1000,
+                "ms",
+                results[stage] / results[scrape_stages[0]],
+                "prometheus_client parse",
+            )
+        )
     return rows
 
 

@@ -36,14 +36,23 @@ def rss_mb() -> float:
 
 def batches(session: int) -> tuple[bytes, bytes]:
     ts, hashes = 1.8e9 + session * 0.01, [session * 2 + 1, session * 2 + 2]
-    stored = wire.BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                              medium="GPU", lora_name=None, session_id=f"agent-session-{session:08d}")  # fmt: skip
+    stored = wire.BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=16,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        session_id=f"agent-session-{session:08d}",
+    )
     removed = wire.BlockRemoved(block_hashes=hashes, medium="GPU")
     return tuple(wire.encode_batch(wire.KVEventBatch(t, [event])) for t, event in ((ts, stored), (ts + 0.005, removed)))
 
 
-def stream(sessions: int, idle_s: float, store_dir: Path, *, report_every: int, snapshot_every: int,
-           label: str) -> list[tuple[int, float]]:  # fmt: skip
+def stream(
+    sessions: int, idle_s: float, store_dir: Path, *, report_every: int, snapshot_every: int, label: str
+) -> list[tuple[int, float]]:
     store = open_store(f"sqlite:///{store_dir / f'{label}.db'}")
     writer = StoreWriter(store)
     ingest = KVIngest(writer, instance="bench", session_idle_s=idle_s, settle_s=0.0)
@@ -72,10 +81,22 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = parser.parse_args(argv)
     report = min(args.report_every, args.sessions)
     with tempfile.TemporaryDirectory() as tmp:
-        kept = stream(args.sessions, 1e12, Path(tmp), report_every=report, snapshot_every=args.snapshot_every,
-                      label="forgetting off")  # fmt: skip
-        forgot = stream(args.sessions, args.session_idle_s, Path(tmp), report_every=report,
-                        snapshot_every=args.snapshot_every, label="forgetting on")  # fmt: skip
+        kept = stream(
+            args.sessions,
+            1e12,
+            Path(tmp),
+            report_every=report,
+            snapshot_every=args.snapshot_every,
+            label="forgetting off",
+        )
+        forgot = stream(
+            args.sessions,
+            args.session_idle_s,
+            Path(tmp),
+            report_every=report,
+            snapshot_every=args.snapshot_every,
+            label="forgetting on",
+        )
     print(
         f"\nCollector RSS (MB) as distinct sessions stream through the KV-event path; --session-idle-s "
         f"{args.session_idle_s:g} (about {args.session_idle_s / 0.01:,.0f} sessions)"
@@ -89,12 +110,32 @@ def main(argv: list[str] | None = None) -> list[Result]:
         previous = on
     # Flat after warm-up: the end against the halfway point, with and without forgetting.
     half = len(forgot) // 2
-    return [Result("collector_memory", f"RSS at {args.sessions:,} sessions, --session-idle-s "
-                   f"{args.session_idle_s:g}", forgot[-1][1], "MB", forgot[-1][1] / kept[-1][1], "forgetting off"),
-            Result("collector_memory", "RSS at the end / at half the sessions, --session-idle-s", forgot[-1][1],
-                   "MB", forgot[-1][1] / forgot[half][1], "RSS at half"),
-            Result("collector_memory", "RSS at the end / at half the sessions, forgetting off", kept[-1][1], "MB",
-                   kept[-1][1] / kept[half][1], "RSS at half")]  # fmt: skip
+    return [
+        Result(
+            "collector_memory",
+            f"RSS at {args.sessions:,} sessions, --session-idle-s {args.session_idle_s:g}",
+            forgot[-1][1],
+            "MB",
+            forgot[-1][1] / kept[-1][1],
+            "forgetting off",
+        ),
+        Result(
+            "collector_memory",
+            "RSS at the end / at half the sessions, --session-idle-s",
+            forgot[-1][1],
+            "MB",
+            forgot[-1][1] / forgot[half][1],
+            "RSS at half",
+        ),
+        Result(
+            "collector_memory",
+            "RSS at the end / at half the sessions, forgetting off",
+            kept[-1][1],
+            "MB",
+            kept[-1][1] / kept[half][1],
+            "RSS at half",
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -57,35 +57,88 @@ def build(store, events: int, snapshots: int, seed: int = 0) -> None:
                 chain.append(block)
                 if len(chain) > 40:
                     chain.clear()
-        chunk.append(KVEventRecord(ts=T0 + span * i / events, instance="engine-0", kind=kind, block_hash=block,
-                                   parent_hash=parent, num_tokens=16, session_id=session, request_id=f"req-{i // 20}",
-                                   reason=REASONS.get(kind), medium="CPU",
-                                   first_owner=None if block is None else 1))  # fmt: skip
+        chunk.append(
+            KVEventRecord(
+                ts=T0 + span * i / events,
+                instance="engine-0",
+                kind=kind,
+                block_hash=block,
+                parent_hash=parent,
+                num_tokens=16,
+                session_id=session,
+                request_id=f"req-{i // 20}",
+                reason=REASONS.get(kind),
+                medium="CPU",
+                first_owner=None if block is None else 1,
+            )
+        )
         if len(chunk) == CHUNK:
             store.write([("insert", chunk)])
             chunk = []
     rows = chunk
     for i in range(snapshots):
         session = None if i % 2 else rng.choice(SESSIONS)
-        extra = dict(session_blocks=rng.randint(0, 50), session_evicted_blocks=i // 1000,
-                     session_evicted_idle_blocks=i // 4000) if session else {}  # fmt: skip
-        rows.append(SnapshotRecord(ts=T0 + span * i / snapshots, instance="engine-0", session_id=session,
-                                   kv_usage=rng.random(), blocks_total=511, blocks_free=rng.randint(0, 511),
-                                   blocks_resident=rng.randint(0, 300), hit_rate=rng.random(),
-                                   num_running=rng.randint(0, 8), num_waiting=rng.randint(0, 4),
-                                   preemptions_total=i // 500, evictions_total=i // 10, **extra))  # fmt: skip
+        extra = (
+            dict(
+                session_blocks=rng.randint(0, 50),
+                session_evicted_blocks=i // 1000,
+                session_evicted_idle_blocks=i // 4000,
+            )
+            if session
+            else {}
+        )
+        rows.append(
+            SnapshotRecord(
+                ts=T0 + span * i / snapshots,
+                instance="engine-0",
+                session_id=session,
+                kv_usage=rng.random(),
+                blocks_total=511,
+                blocks_free=rng.randint(0, 511),
+                blocks_resident=rng.randint(0, 300),
+                hit_rate=rng.random(),
+                num_running=rng.randint(0, 8),
+                num_waiting=rng.randint(0, 4),
+                preemptions_total=i // 500,
+                evictions_total=i // 10,
+                **extra,
+            )
+        )
     for i in range(20_000):
         ts, session = T0 + span * i / 20_000, SESSIONS[i % 64]
-        rows.append(RequestRecord(request_id=f"req-{i}", instance="engine-0", session_id=session, arrival_ts=ts,
-                                  first_token_ts=ts + rng.random(), finished_ts=ts + 2 + rng.random(),
-                                  queue_s=rng.random() * 0.5, prompt_tokens=rng.randint(200, 2000),
-                                  cached_tokens=rng.randint(0, 1500), completion_tokens=64, num_preemptions=0,
-                                  finish_reason="length"))  # fmt: skip
-        rows.append(StepRecord(session_id=session, step_index=i // 64, started_at=ts - 0.01, ended_at=ts + 3,
-                               e2e_s=3.0, **failure(rng)))  # fmt: skip
+        rows.append(
+            RequestRecord(
+                request_id=f"req-{i}",
+                instance="engine-0",
+                session_id=session,
+                arrival_ts=ts,
+                first_token_ts=ts + rng.random(),
+                finished_ts=ts + 2 + rng.random(),
+                queue_s=rng.random() * 0.5,
+                prompt_tokens=rng.randint(200, 2000),
+                cached_tokens=rng.randint(0, 1500),
+                completion_tokens=64,
+                num_preemptions=0,
+                finish_reason="length",
+            )
+        )
+        rows.append(
+            StepRecord(
+                session_id=session, step_index=i // 64, started_at=ts - 0.01, ended_at=ts + 3, e2e_s=3.0, **failure(rng)
+            )
+        )
     store.write([("insert", rows)])
-    store.write([("upsert", [SessionRecord(s, agent_name="bench", started_at=T0, num_steps=0, num_failed_steps=0,
-                                           source="sdk") for s in SESSIONS])])  # fmt: skip
+    store.write(
+        [
+            (
+                "upsert",
+                [
+                    SessionRecord(s, agent_name="bench", started_at=T0, num_steps=0, num_failed_steps=0, source="sdk")
+                    for s in SESSIONS
+                ],
+            )
+        ]
+    )
 
 
 def failure(rng: random.Random) -> dict:
@@ -123,8 +176,14 @@ def pages(store, since, until) -> dict:
     }
 
 
-PAGE_KEYS = {"Overview": "overview", "Pressure vs latency": "pressure", "Sessions": "sessions",
-             "Step timeline": "step", "KV events": "kv_events", "Alerts": "alerts"}  # fmt: skip
+PAGE_KEYS = {
+    "Overview": "overview",
+    "Pressure vs latency": "pressure",
+    "Sessions": "sessions",
+    "Step timeline": "step",
+    "KV events": "kv_events",
+    "Alerts": "alerts",
+}
 
 
 def first_render(url: str, page: str) -> float:
@@ -177,8 +236,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
     base = timed(lambda: count_events(store), args.repeats)
     first, last = queries.time_range(store)
-    print(f"store: {store.dialect}, {args.events:,} kv_events, {args.snapshots:,} snapshots, 20,000 requests and "
-          f"steps over {HOURS} h; median of {args.repeats}")  # fmt: skip
+    print(
+        f"store: {store.dialect}, {args.events:,} kv_events, {args.snapshots:,} snapshots, 20,000 requests and "
+        f"steps over {HOURS} h; median of {args.repeats}"
+    )
     print()
     print("| page | data, everything (s) | data, last hour (s) | vs count() (everything) | first render, AppTest (s) |")
     print("|---|---|---|---|---|")

@@ -61,8 +61,16 @@ def main(argv: list[str] | None = None) -> list[Result]:
             cpp.append(timed(kernel, args_))
         r, c = statistics.median(ref), statistics.median(cpp)
         print(f"{f'{batch} x {context}':>20} {r:16.3f} {c:11.3f} {r / c:8.2f}x")
-        results.append(Result("decode_attention", f"C++ kernel, {batch} x {context}, {args.dtype}", c, "ms",
-                              r / c, "torch reference (speed-up)"))  # fmt: skip
+        results.append(
+            Result(
+                "decode_attention",
+                f"C++ kernel, {batch} x {context}, {args.dtype}",
+                c,
+                "ms",
+                r / c,
+                "torch reference (speed-up)",
+            )
+        )
     return results
 
 

@@ -49,17 +49,34 @@ def make_spans(n: int) -> list:
     tracer = provider.get_tracer("bench")
     for i in range(n):
         with tracer.start_as_current_span("llm_request") as span:
-            span.set_attributes({"gen_ai.request.id": f"r{i}", "gen_ai.usage.prompt_tokens": 100,
-                                 "gen_ai.latency.time_to_first_token": 0.05, "session.id": f"s{i % 500}"})  # fmt: skip
+            span.set_attributes(
+                {
+                    "gen_ai.request.id": f"r{i}",
+                    "gen_ai.usage.prompt_tokens": 100,
+                    "gen_ai.latency.time_to_first_token": 0.05,
+                    "session.id": f"s{i % 500}",
+                }
+            )
     return exporter.get_finished_spans()
 
 
 class Collector:
     def __init__(self, db: Path, port: int, spool: Path | None, log: Path) -> None:
         self.metrics_port = free_port()
-        cmd = [sys.executable, "-m", "kvobs.cli", "collect", "--otlp-http", f"127.0.0.1:{port}",
-               "--store", f"sqlite:///{db}", "--interval", "3600",
-               "--metrics-address", f"127.0.0.1:{self.metrics_port}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "collect",
+            "--otlp-http",
+            f"127.0.0.1:{port}",
+            "--store",
+            f"sqlite:///{db}",
+            "--interval",
+            "3600",
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
+        ]
         if spool is not None:
             cmd += ["--spool-dir", str(spool)]
         self.log = log
@@ -77,8 +94,13 @@ class Collector:
     def busy(self) -> int:
         """Exports this collector answered 429 (its /metrics)."""
         text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
-        return int(next(float(line.split()[-1]) for line in text.splitlines()
-                        if line.startswith("kvobs_collector_otlp_exports_busy_total")))  # fmt: skip
+        return int(
+            next(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("kvobs_collector_otlp_exports_busy_total")
+            )
+        )
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -173,13 +195,23 @@ def main(argv: list[str] | None = None) -> list[Result]:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         busy = "n/a (killed)" if "SIGKILL" in r["case"] else f"{r['busy']:,}"
-        print(f"| {r['case']} | {r['sent']:,} | {r['acknowledged']:,} | {r['stored']:,} | "
-              f"{r['acknowledged'] - r['stored']:,} | {busy} | {r['s']:.1f} s |")  # fmt: skip
+        print(
+            f"| {r['case']} | {r['sent']:,} | {r['acknowledged']:,} | {r['stored']:,} | "
+            f"{r['acknowledged'] - r['stored']:,} | {busy} | {r['s']:.1f} s |"
+        )
     base = rows[0]
     lost_base = max(base["acknowledged"] - base["stored"], 0)
-    return [Result("durability", r["case"] + ": acknowledged, not stored", max(r["acknowledged"] - r["stored"], 0),
-                   "spans", (max(r["acknowledged"] - r["stored"], 0) / lost_base) if lost_base else 1.0,
-                   "of SIGKILL without a spool") for r in rows]  # fmt: skip
+    return [
+        Result(
+            "durability",
+            r["case"] + ": acknowledged, not stored",
+            max(r["acknowledged"] - r["stored"], 0),
+            "spans",
+            (max(r["acknowledged"] - r["stored"], 0) / lost_base) if lost_base else 1.0,
+            "of SIGKILL without a spool",
+        )
+        for r in rows
+    ]
 
 
 if __name__ == "__main__":

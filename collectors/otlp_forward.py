@@ -84,8 +84,9 @@ class OTLPForwarder:
         client = httpx.Client(timeout=TIMEOUT_S)
 
         def send(request: ExportTraceServiceRequest) -> None:
-            response = client.post(self._http_url, content=request.SerializeToString(),
-                                   headers={"Content-Type": PROTOBUF})  # fmt: skip
+            response = client.post(
+                self._http_url, content=request.SerializeToString(), headers={"Content-Type": PROTOBUF}
+            )
             if response.status_code >= 300:
                 raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
 

@@ -68,8 +68,13 @@ class OTLPReceiver:
         http_address: `host:port` for `POST /v1/traces` (port 0 picks one; None: off).
     """
 
-    def __init__(self, handle: Handler, *, grpc_address: str | None = "127.0.0.1:4317",
-                 http_address: str | None = "127.0.0.1:4318") -> None:  # fmt: skip
+    def __init__(
+        self,
+        handle: Handler,
+        *,
+        grpc_address: str | None = "127.0.0.1:4317",
+        http_address: str | None = "127.0.0.1:4318",
+    ) -> None:
         if grpc_address is None and http_address is None:
             raise ValueError("an OTLP receiver needs a gRPC address, an HTTP address, or both")
         self.handle = handle
@@ -91,8 +96,9 @@ class OTLPReceiver:
     def start(self) -> None:
         """Bind and serve; raises OSError (RuntimeError from gRPC) when an address is taken."""
         if self.grpc_address is not None:
-            self._grpc = grpc.server(futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="otlp-grpc"),
-                                     handlers=[_grpc_handler(self)])  # fmt: skip
+            self._grpc = grpc.server(
+                futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="otlp-grpc"), handlers=[_grpc_handler(self)]
+            )
             self.grpc_port = self._grpc.add_insecure_port(self.grpc_address)
             self._grpc.start()
         if self.http_address is not None:
@@ -217,8 +223,9 @@ def _http_handler(receiver: OTLPReceiver) -> type[BaseHTTPRequestHandler]:
             try:
                 response = receiver._deliver(request)
             except Busy as busy:
-                return self._send(429, str(busy).encode(), "text/plain; charset=utf-8",
-                                  {"Retry-After": str(busy.retry_after_s)})  # fmt: skip
+                return self._send(
+                    429, str(busy).encode(), "text/plain; charset=utf-8", {"Retry-After": str(busy.retry_after_s)}
+                )
             if response is None:
                 return self._reply(500, "the receiver could not store this export")
             if content_type == JSON:

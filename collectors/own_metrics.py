@@ -51,8 +51,11 @@ class CollectorMetrics(PromCollector):
     def collect(self):
         c = self.collector
         yield _by_label(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT, c.dropped_totals())
-        up = GaugeMetricFamily(kvobs_metrics.COLLECTOR_TARGET_UP.name, kvobs_metrics.COLLECTOR_TARGET_UP.description,
-                               labels=[LABEL_INSTANCE])  # fmt: skip
+        up = GaugeMetricFamily(
+            kvobs_metrics.COLLECTOR_TARGET_UP.name,
+            kvobs_metrics.COLLECTOR_TARGET_UP.description,
+            labels=[LABEL_INSTANCE],
+        )
         for instance, is_up in sorted(c.targets_up().items()):
             up.add_metric([instance], 1.0 if is_up else 0.0)
         yield up
@@ -92,6 +95,9 @@ class CollectorMetrics(PromCollector):
             silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])
         yield silent
         yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps + c.span_steps.statuses)
-        yield _by_label(kvobs_metrics.AGENT_STEP_FAILURES, LABEL_ERROR_TYPE,
-                        c.span_ingest.agent_step_failures + c.span_steps.failures)  # fmt: skip
+        yield _by_label(
+            kvobs_metrics.AGENT_STEP_FAILURES,
+            LABEL_ERROR_TYPE,
+            c.span_ingest.agent_step_failures + c.span_steps.failures,
+        )
         yield _by_label(kvobs_metrics.COLLECTOR_SPAN_STEPS, LABEL_SOURCE, c.span_steps.by_source)

@@ -40,10 +40,16 @@ class SessionActivity:
     end_after_s: a session with no request for this long (stream time) has ended.
     """
 
-    def __init__(self, resolve: Resolver | None = None, *, max_sessions: int = 100_000,
-                 max_unresolved: int = 100_000, unresolved_ttl_s: float = 300.0,
-                 end_after_s: float = SESSION_END_AFTER_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        resolve: Resolver | None = None,
+        *,
+        max_sessions: int = 100_000,
+        max_unresolved: int = 100_000,
+        unresolved_ttl_s: float = 300.0,
+        end_after_s: float = SESSION_END_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.resolve = resolve
         self.max_sessions = max_sessions
         self.max_unresolved = max_unresolved
@@ -57,8 +63,15 @@ class SessionActivity:
         self._claims: OrderedDict[str, str] = OrderedDict()  # "t:<trace id>" / "r:<request id>" -> session
         self.latest_span: dict[str, tuple[str, str]] = {}  # session -> (trace id, span id) of its latest request
 
-    def add_request(self, trace_id: str, span_id: str, start: float, end: float, session_id: str | None = None,
-                    request_id: str | None = None) -> None:  # fmt: skip
+    def add_request(
+        self,
+        trace_id: str,
+        span_id: str,
+        start: float,
+        end: float,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
         session_id = session_id or self.claimed(trace_id, request_id)
         if session_id is None:
             self._unresolved.setdefault(trace_id, (self.clock(), []))[1].append((start, end, span_id, request_id))

@@ -52,8 +52,15 @@ class BadSpan(ValueError):
 
 
 class SpanIngest:
-    def __init__(self, writer: StoreWriter, *, activity: SessionActivity | None = None, steps: SpanSteps | None = None,
-                 instance: str | None = None, known_instances: Iterable[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        writer: StoreWriter,
+        *,
+        activity: SessionActivity | None = None,
+        steps: SpanSteps | None = None,
+        instance: str | None = None,
+        known_instances: Iterable[str] = (),
+    ) -> None:
         self.writer = writer
         self.activity = activity
         self.steps = steps
@@ -110,8 +117,9 @@ class SpanIngest:
             self.steps.add(agent_spans)
         if self.activity is not None:
             for r in activity:
-                self.activity.add_request(r.trace_id, r.span_id, r.arrival_ts, r.finished_ts, session_id=r.session_id,
-                                          request_id=r.request_id)  # fmt: skip
+                self.activity.add_request(
+                    r.trace_id, r.span_id, r.arrival_ts, r.finished_ts, session_id=r.session_id, request_id=r.request_id
+                )
         if refused:
             log.warning("%d spans with attributes of the wrong type refused (%d so far)", refused, self.num_refused)
         return refused
@@ -160,7 +168,7 @@ class SpanIngest:
             completion_tokens=_number(attrs, a.GEN_AI_USAGE_COMPLETION_TOKENS, int),
             num_preemptions=_number(attrs, a.KV_REQUEST_NUM_PREEMPTIONS, int) or 0,
             finish_reason=reasons[0],
-        )  # fmt: skip
+        )
 
     def _id(self, value) -> str | None:
         if value is None:

@@ -60,8 +60,13 @@ def main() -> None:
     names = list(PAGES)
     with st.sidebar:
         st.title("kvobs")
-        page = st.radio("Page", names, index=names.index(_requested_page(names)),
-                        format_func=lambda key: PAGES[key].TITLE, key="page")  # fmt: skip
+        page = st.radio(
+            "Page",
+            names,
+            index=names.index(_requested_page(names)),
+            format_func=lambda key: PAGES[key].TITLE,
+            key="page",
+        )
     clock = choose_clock()
     st.query_params["page"] = page
     try:
@@ -73,8 +78,10 @@ def main() -> None:
     if bounds is None:
         _store_caption(url)
         st.header(PAGES[page].TITLE)
-        st.info("The store is empty. Fill it with `kvobs demo`, or run `kvobs serve --store URL` with "
-                "`kvobs agents`, or `kvobs collect` next to a vLLM; this page updates as data arrives.")  # fmt: skip
+        st.info(
+            "The store is empty. Fill it with `kvobs demo`, or run `kvobs serve --store URL` with "
+            "`kvobs agents`, or `kvobs collect` next to a vLLM; this page updates as data arrives."
+        )
         return
     since, until = choose_range(*bounds, clock)
     fleet = tuple(cache.instances(url))
@@ -92,8 +99,9 @@ def main() -> None:
     _store_caption(url)
     interval = cache.sample_interval(url, since, until, instances)
     window_s = bucket_for(since, until, at_least=interval)
-    PAGES[page].render(Context(url, since, until, window_s, jaeger_url, clock, interval, instances, fleet, runs,
-                               run is not None))  # fmt: skip
+    PAGES[page].render(
+        Context(url, since, until, window_s, jaeger_url, clock, interval, instances, fleet, runs, run is not None)
+    )
 
 
 def _store_caption(url: str) -> None:

@@ -20,8 +20,19 @@ import pandas as pd
 
 ZONES = ("local", "UTC")
 # Columns holding epoch seconds in the frames pages show (schema columns and the analytics' own).
-TIME_COLUMNS = ("ts", "started_at", "ended_at", "arrival_ts", "first_token_ts", "finished_ts", "first_ts", "last_ts",
-                "since", "until", "time")  # fmt: skip
+TIME_COLUMNS = (
+    "ts",
+    "started_at",
+    "ended_at",
+    "arrival_ts",
+    "first_token_ts",
+    "finished_ts",
+    "first_ts",
+    "last_ts",
+    "since",
+    "until",
+    "time",
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +84,9 @@ class Clock:
         """Wall-clock time in this zone as milliseconds since 1970 read as UTC: what a chart drawn on a UTC time
         scale shows as this zone's clock, whatever the browser's own zone."""
         seconds = np.atleast_1d(np.asarray(ts, dtype=float))
-        offsets = np.array([(self.at(s).utcoffset() or timedelta(0)).total_seconds() if np.isfinite(s) else 0.0
-                            for s in seconds])  # fmt: skip
+        offsets = np.array(
+            [(self.at(s).utcoffset() or timedelta(0)).total_seconds() if np.isfinite(s) else 0.0 for s in seconds]
+        )
         return (seconds + offsets) * 1000.0
 
     def table(self, frame: pd.DataFrame, *, ms: bool = False) -> pd.DataFrame:

@@ -18,8 +18,14 @@ from dashboard.clock import ZONES, Clock
 from dashboard.views.charts import TimeAxis
 from kvobs.analytics.runs import describe, restarted
 
-RANGES = {"everything": None, "last 15 minutes": 900, "last hour": 3600, "last 6 hours": 21600,
-          "last 24 hours": 86400, "custom": None}  # fmt: skip
+RANGES = {
+    "everything": None,
+    "last 15 minutes": 900,
+    "last hour": 3600,
+    "last 6 hours": 21600,
+    "last 24 hours": 86400,
+    "custom": None,
+}
 STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -59,9 +65,11 @@ class Context:
         """Say so when the range spans a restart: counts add over the runs, a replay takes them one by one."""
         if self.restarted():
             shown = self.runs[self.runs["instance"].isin(self.restarted())]
-            st.warning(f"This range spans engine restarts: {describe(shown, self.clock.iso)}. Each run began with an "
-                       "empty cache: counts and the hit rate add over the runs, What-if replays each run on its own. "
-                       "Choose one run in the sidebar to look at it alone.")  # fmt: skip
+            st.warning(
+                f"This range spans engine restarts: {describe(shown, self.clock.iso)}. Each run began with an "
+                "empty cache: counts and the hit rate add over the runs, What-if replays each run on its own. "
+                "Choose one run in the sidebar to look at it alone."
+            )
 
     def scope(self) -> str:
         """Which instances the page counts, in words."""
@@ -83,8 +91,13 @@ def bucket_for(since: float, until: float, *, points: int = 120, at_least: float
 
 
 def choose_clock() -> Clock:
-    choice = st.sidebar.radio("Times in", ZONES, horizontal=True, key="zone",
-                              help="local: this browser's time zone. Every time on every page uses it.")  # fmt: skip
+    choice = st.sidebar.radio(
+        "Times in",
+        ZONES,
+        horizontal=True,
+        key="zone",
+        help="local: this browser's time zone. Every time on every page uses it.",
+    )
     return Clock.choose(choice, st.context.timezone)
 
 
@@ -93,8 +106,15 @@ def choose_range(first: float, last: float, clock: Clock) -> tuple[float, float]
     name = st.sidebar.selectbox("Time range", list(RANGES), key="range")
     if name == "custom":
         low, high = _wall(first, clock), _wall(last, clock) + timedelta(seconds=1)
-        chosen = st.sidebar.slider("From, to", min_value=low, max_value=high, value=(low, high), key="custom_range",
-                                   step=timedelta(seconds=1), format="YYYY-MM-DD HH:mm:ss")  # fmt: skip
+        chosen = st.sidebar.slider(
+            "From, to",
+            min_value=low,
+            max_value=high,
+            value=(low, high),
+            key="custom_range",
+            step=timedelta(seconds=1),
+            format="YYYY-MM-DD HH:mm:ss",
+        )
         since, until = (_epoch(w, clock) for w in chosen)
         return max(first, since), min(last, until)
     span = RANGES[name]
@@ -108,10 +128,15 @@ def choose_instances(fleet: list[str]) -> tuple[str, ...] | None:
     asked = [name for name in st.query_params.get_all("instance") if name in fleet]
     if "instances" not in st.session_state:
         st.session_state["instances"] = asked or list(fleet)
-    chosen = st.sidebar.multiselect("Instances", fleet, key="instances", placeholder="all instances",
-                                    help="Count only these instances' snapshots, requests and KV events (agent "
-                                    "steps and sessions are the fleet's: a session may use any instance). "
-                                    "None chosen: all.")  # fmt: skip
+    chosen = st.sidebar.multiselect(
+        "Instances",
+        fleet,
+        key="instances",
+        placeholder="all instances",
+        help="Count only these instances' snapshots, requests and KV events (agent "
+        "steps and sessions are the fleet's: a session may use any instance). "
+        "None chosen: all.",
+    )
     return None if not chosen or set(chosen) == set(fleet) else tuple(name for name in fleet if name in chosen)
 
 
@@ -148,7 +173,13 @@ def choose_run(runs: pd.DataFrame, clock: Clock, single_instance: bool) -> pd.Se
         started = clock.at(row["started_at"]).strftime(short)
         return f"{row['instance']} from {started}" + (" (latest)" if option in latest else "")
 
-    choice = st.sidebar.selectbox("Run", options, index=default, format_func=named, key="run",
-                                  help="Each engine start (a replica restart) began with an empty cache: a run. "
-                                  "One run at a time reads as one cache; all runs add their counts.")  # fmt: skip
+    choice = st.sidebar.selectbox(
+        "Run",
+        options,
+        index=default,
+        format_func=named,
+        key="run",
+        help="Each engine start (a replica restart) began with an empty cache: a run. "
+        "One run at a time reads as one cache; all runs add their counts.",
+    )
     return None if choice == ALL_RUNS else ordered[ordered["run_id"] == choice].iloc[0]

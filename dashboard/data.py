@@ -28,11 +28,13 @@ PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the lat
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
-FLEET_SERIES = {"usage_mean": ("KV cache usage", "pinned KV usage", "%"),
-                "hit_rate": ("Prefix-cache hit rate", "hit rate (cached / prompt tokens)", "%"),
-                "evictions_per_s": ("Blocks lost per second", "blocks / s", None),
-                "requests": ("Requests per window", "requests / window", None),
-                "ttft_mean": ("TTFT, mean of the window's requests", "seconds", None)}  # fmt: skip
+FLEET_SERIES = {
+    "usage_mean": ("KV cache usage", "pinned KV usage", "%"),
+    "hit_rate": ("Prefix-cache hit rate", "hit rate (cached / prompt tokens)", "%"),
+    "evictions_per_s": ("Blocks lost per second", "blocks / s", None),
+    "requests": ("Requests per window", "requests / window", None),
+    "ttft_mean": ("TTFT, mean of the window's requests", "seconds", None),
+}
 
 
 def observed_range(store: Store) -> tuple[float, float] | None:
@@ -53,15 +55,17 @@ def sample_interval(store: Store, since: float, until: float, instances=None) ->
     return float(gaps.median()) if not gaps.empty else None
 
 
-def overview(store: Store, since: float, until: float, window_s: float, instances=None, *,
-             per_instance: bool = False) -> dict:  # fmt: skip
+def overview(
+    store: Store, since: float, until: float, window_s: float, instances=None, *, per_instance: bool = False
+) -> dict:
     """KPIs and the Overview's series on the window grid of [since, until]: counts 0 where their source watched and
     saw nothing, NaN where nothing was watching (between runs); sampled values NaN (a gap) where nothing was
     sampled; percentiles only for windows with enough requests (`kvobs.analytics.samples`). With `per_instance`,
     also `fleet`: the same reads split by instance (`_fleet`)."""
     snaps = queries.instance_snapshots(store, since, until, instances=instances)
-    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances,
-                                     by_instance=per_instance)  # fmt: skip
+    counts = queries.kv_event_counts(
+        store, since, until, bucket_s=window_s, instances=instances, by_instance=per_instance
+    )
     losses = queries.losses_in(counts)  # "blocks lost", one definition
     reqs = queries.requests(store, since, until, instances=instances)
     counters = _hit_counters(store, since, until, instances)
@@ -74,15 +78,22 @@ def overview(store: Store, since: float, until: float, window_s: float, instance
         present = frame[[c for c in columns if c in frame]]
         return fill_windows(present, since, until, window_s, value=np.nan) if len(present.columns) else pd.DataFrame()
 
-    evictions = losses.assign(reason=losses["reason"].fillna(losses["kind"])).pivot_table(
-        index="bucket", columns="reason", values="blocks", aggfunc="sum", fill_value=0) / window_s  # fmt: skip
+    evictions = (
+        losses.assign(reason=losses["reason"].fillna(losses["kind"])).pivot_table(
+            index="bucket", columns="reason", values="blocks", aggfunc="sum", fill_value=0
+        )
+        / window_s
+    )
     if not counts.empty:  # a KV event stream reported in this range: a window with no loss lost nothing
         evictions = unwatched(fill_windows(evictions, since, until, window_s, value=0.0), window_s, watched)
     step_windows = pd.DataFrame()
     if not steps.empty:
         failed = steps["status"] == "error"
-        step_windows = (pd.DataFrame({"ok steps": ~failed, "failed steps": failed})
-                        .groupby(np.floor(steps["started_at"] / window_s) * window_s).sum())  # fmt: skip
+        step_windows = (
+            pd.DataFrame({"ok steps": ~failed, "failed steps": failed})
+            .groupby(np.floor(steps["started_at"] / window_s) * window_s)
+            .sum()
+        )
         step_windows = unwatched(fill_windows(step_windows, since, until, window_s, value=0.0), window_s, watched)
     hit_windows = hit_rate_windows(reqs, counters, window_s)
     ttft = reqs["ttft_s"].dropna()
@@ -102,10 +113,10 @@ def overview(store: Store, since: float, until: float, window_s: float, instance
         "watching_kv": not counts.empty,
         "usage": fill_windows(
             per_window(snaps, "ts", window_s, "kv_usage", "instance"), since, until, window_s, value=np.nan
-        ),  # fmt: skip
+        ),
         "resident": fill_windows(
             per_window(snaps, "ts", window_s, "blocks_resident", "instance"), since, until, window_s, value=np.nan
-        ),  # fmt: skip
+        ),
         "hit_rate": fill_windows(hit_windows.rename("hit rate").to_frame(), since, until, window_s, value=np.nan)
         if not hit_windows.empty
         else pd.DataFrame(),
@@ -123,8 +134,15 @@ def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
     return counters if instances is None else counters[counters["instance"].isin(list(instances))]
 
 
-def _fleet(snaps: pd.DataFrame, reqs: pd.DataFrame, counts: pd.DataFrame, counters: pd.DataFrame, since: float,
-           until: float, window_s: float) -> dict:  # fmt: skip
+def _fleet(
+    snaps: pd.DataFrame,
+    reqs: pd.DataFrame,
+    counts: pd.DataFrame,
+    counters: pd.DataFrame,
+    since: float,
+    until: float,
+    window_s: float,
+) -> dict:
     """Per instance, from the Overview's own reads (`counts` by instance): a row of totals (`table`, most blocks
     lost first) and, for each `FLEET_SERIES` measure, a frame of one column per instance on the window grid
     (`series`); an instance whose source did not report a measure has no column there (unknown, not zero)."""
@@ -137,34 +155,53 @@ def _fleet(snaps: pd.DataFrame, reqs: pd.DataFrame, counts: pd.DataFrame, counte
         watched = {"evictions_per_s": (counts["instance"] == name).any(), "requests": not mine[1].empty}
         for column in FLEET_SERIES:
             if column in frame and frame[column].notna().any():
-                filled = fill_windows(frame[[column]], since, until, window_s,
-                                      value=0.0 if watched.get(column) else np.nan)  # fmt: skip
+                filled = fill_windows(
+                    frame[[column]], since, until, window_s, value=0.0 if watched.get(column) else np.nan
+                )
                 series[column][name] = filled[column]
         rows.append(_instance_row(name, *mine, counters[counters["instance"] == name]))
-    table = pd.DataFrame(rows, columns=["instance", "blocks_lost", "preemptions", "requests", "ttft_p90_s", "hit_rate",
-                                        "kv_usage_max", "last_ts"])  # fmt: skip
+    table = pd.DataFrame(
+        rows,
+        columns=[
+            "instance",
+            "blocks_lost",
+            "preemptions",
+            "requests",
+            "ttft_p90_s",
+            "hit_rate",
+            "kv_usage_max",
+            "last_ts",
+        ],
+    )
     table = table.sort_values(["blocks_lost", "instance"], ascending=[False, True], kind="stable", ignore_index=True)
     return {"table": table, "series": {c: pd.DataFrame(cols) for c, cols in series.items()}}
 
 
-def _instance_row(name: str, snaps: pd.DataFrame, reqs: pd.DataFrame, losses: pd.DataFrame,
-                  counters: pd.DataFrame) -> dict:  # fmt: skip
+def _instance_row(
+    name: str, snaps: pd.DataFrame, reqs: pd.DataFrame, losses: pd.DataFrame, counters: pd.DataFrame
+) -> dict:
     usage = snaps["kv_usage"].dropna()
     seen = [frame[column].max() for frame, column in ((snaps, "ts"), (reqs, "finished_ts")) if not frame.empty]
-    return {"instance": name, "blocks_lost": int(losses["blocks"].sum()),
-            "preemptions": int(preemption_increase(snaps).sum()) if not snaps.empty else None,
-            "requests": len(reqs), "ttft_p90_s": quantile(reqs["ttft_s"], 0.9),
-            "hit_rate": hit_rate(reqs, counters).rate,
-            "kv_usage_max": float(usage.max()) if not usage.empty else None,
-            "last_ts": max(seen) if seen else None}  # fmt: skip
+    return {
+        "instance": name,
+        "blocks_lost": int(losses["blocks"].sum()),
+        "preemptions": int(preemption_increase(snaps).sum()) if not snaps.empty else None,
+        "requests": len(reqs),
+        "ttft_p90_s": quantile(reqs["ttft_s"], 0.9),
+        "hit_rate": hit_rate(reqs, counters).rate,
+        "kv_usage_max": float(usage.max()) if not usage.empty else None,
+        "last_ts": max(seen) if seen else None,
+    }
 
 
-def pressure(store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6,
-             instances=None) -> dict:  # fmt: skip
+def pressure(
+    store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6, instances=None
+) -> dict:
     snaps = queries.instance_snapshots(store, since, until, instances=instances)
     losses = queries.block_losses(store, since, until, bucket_s=window_s, instances=instances)
-    frame = pressure_windows(snaps, queries.requests(store, since, until, instances=instances), losses,
-                             window_s=window_s)  # fmt: skip
+    frame = pressure_windows(
+        snaps, queries.requests(store, since, until, instances=instances), losses, window_s=window_s
+    )
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 
@@ -196,8 +233,9 @@ def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
     if steps.empty:
         return []
     cost = steps[["lost_excess_s", "invalidated_excess_s", "preempted_excess_s"]].clip(lower=0).sum(axis=1)
-    ranked = steps.assign(cost=cost, excess=steps["excess_s"].where(steps["slow"], 0.0),
-                          failed=steps["status"] == "error")  # fmt: skip
+    ranked = steps.assign(
+        cost=cost, excess=steps["excess_s"].where(steps["slow"], 0.0), failed=steps["status"] == "error"
+    )
     ranked = ranked.sort_values(["cost", "excess", "failed"], ascending=False, kind="stable", na_position="last")
     return [int(i) for i in ranked["step_index"]]
 
@@ -235,9 +273,13 @@ def failures(store: Store, since: float, until: float) -> pd.DataFrame:
     rows = []
     for row in summary.itertuples(index=False):
         step = latest.loc[(row.failure_kind, row.failure_cause)]
-        rows.append({"example": f"{step['session_id']} step {int(step['step_index'])}",
-                     "evidence": step["evidence"] or FAILURE_WORDS[row.failure_kind].format(error=step["error_type"]),
-                     "story": story_url(step["session_id"], int(step["step_index"]))})  # fmt: skip
+        rows.append(
+            {
+                "example": f"{step['session_id']} step {int(step['step_index'])}",
+                "evidence": step["evidence"] or FAILURE_WORDS[row.failure_kind].format(error=step["error_type"]),
+                "story": story_url(step["session_id"], int(step["step_index"])),
+            }
+        )
     return pd.concat([summary, pd.DataFrame(rows)], axis=1)
 
 
@@ -245,8 +287,9 @@ FAILURE_WORDS = {
     "model": "the model answered, but not as the agent needs ({error}): the KV cache does not cause this",
     "request": "the request failed ({error}) before the cache had a part in it",
     "timeout": "it timed out; nothing in the KV record or the queue cost it time beyond its usual",
-    "cache": "{error}", "queue": "{error}",
-}  # fmt: skip
+    "cache": "{error}",
+    "queue": "{error}",
+}
 
 
 def story_url(session_id: str, step_index: int) -> str:

@@ -140,8 +140,10 @@ class ContextLengthExceeded(ValueError):
             message = f"prompt has {num_prompt_tokens:,} tokens; this model's context is {limit:,}"
         else:
             room = limit - num_prompt_tokens
-            message = (f"prompt has {num_prompt_tokens:,} tokens and max_tokens is {max_tokens:,}: together more "
-                       f"than this model's context of {limit:,}; lower max_tokens to at most {room:,}")  # fmt: skip
+            message = (
+                f"prompt has {num_prompt_tokens:,} tokens and max_tokens is {max_tokens:,}: together more "
+                f"than this model's context of {limit:,}; lower max_tokens to at most {room:,}"
+            )
         super().__init__(message)
 
 

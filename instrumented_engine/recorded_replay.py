@@ -53,8 +53,16 @@ class RecordedTraffic:
         rows = rows[rows["request_id"].isin(wanted)]
         if not (rows["kind"] == KVEventKind.ALLOCATED.value).any():
             return None
-        actions = [Action(r.received_ts if r.received_ts is not None else r.arrival_ts, ARRIVE, "arrive", r.request_id,
-                          r.session_id) for r in requests]  # fmt: skip
+        actions = [
+            Action(
+                r.received_ts if r.received_ts is not None else r.arrival_ts,
+                ARRIVE,
+                "arrive",
+                r.request_id,
+                r.session_id,
+            )
+            for r in requests
+        ]
         actions += [Action(r.finished_ts, FINISH, "finish", r.request_id, r.session_id) for r in requests]
         for row in rows.itertuples(index=False):  # kv_events come in (ts, id) order: the engine's own
             tokens = 0 if pd.isna(row.num_tokens) else int(row.num_tokens)

@@ -62,12 +62,14 @@ class ReplayPlan:
     span: object = None  # the run it replays (a `kvobs.analytics.runs.Span`; None: a range, runs unknown)
 
     @classmethod
-    def from_store(cls, store: Store, since=None, until=None, *, block_size: int | None = None,
-                   instances=None) -> ReplayPlan:  # fmt: skip
+    def from_store(
+        cls, store: Store, since=None, until=None, *, block_size: int | None = None, instances=None
+    ) -> ReplayPlan:
         """The requests of [since, until] on `instances` (None: all) as one cache saw them: ask it of one run
         (`whatif_runs.replay_plans` cuts a range at each restart)."""
-        reqs = with_sessions(queries.requests(store, since, until, instances=instances),
-                             queries.steps(store, since, until))  # fmt: skip
+        reqs = with_sessions(
+            queries.requests(store, since, until, instances=instances), queries.steps(store, since, until)
+        )
         stored = queries.stored_blocks(store, since, until, instances=instances)
         if block_size is None:
             sizes = stored["num_tokens"].dropna()
@@ -101,8 +103,9 @@ class ReplayPlan:
         return cls(plan, block_size, observed=observed, skipped=skipped, recorded=recorded)
 
 
-def observed_figures(store: Store, since, until, rates: pd.DataFrame, *, instances=None,
-                     requests: pd.DataFrame | None = None) -> dict:  # fmt: skip
+def observed_figures(
+    store: Store, since, until, rates: pd.DataFrame, *, instances=None, requests: pd.DataFrame | None = None
+) -> dict:
     """What the recorded run achieved: hit rate (`kvobs.analytics.hit_rate`, as everywhere), blocks lost, blocks
     lost in tool pauses (settled) and still pending, recompute tokens."""
     lost = queries.block_losses(store, since, until, bucket_s=1e12, instances=instances)["blocks"].sum()
@@ -234,8 +237,9 @@ def _tally(result: WhatIfResult, losses: LossTally) -> WhatIfResult:
 
 def _sequence(req: ReplayRequest, key: tuple, block_size: int) -> Sequence:
     """A tensor-free sequence whose block hashes are the recorded chain (unknown tail blocks get unique hashes)."""
-    seq = Sequence(req.request_id, [0] * req.prompt_tokens, SamplingParams(max_tokens=1), req.arrival_ts,
-                   session_id=req.session_id)  # fmt: skip
+    seq = Sequence(
+        req.request_id, [0] * req.prompt_tokens, SamplingParams(max_tokens=1), req.arrival_ts, session_id=req.session_id
+    )
     seq.hash_key = key
     hashes = [h.to_bytes(8, "big") for h in req.chain[: req.total_tokens // block_size]]
     for i in range(len(hashes), req.total_tokens // block_size):

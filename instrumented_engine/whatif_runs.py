@@ -77,12 +77,21 @@ def observed_total(plans: list[ReplayPlan], store: Store, since, until, instance
 def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
     """The what-if table's rows (keys `COMPARISON`): what was observed (`observed_total`'s, or a plan's
     `observed`), then each replay in `results`; None where a value is unknown."""
-    rows = [(
-        "observed", observed.get("num_blocks"), observed.get("hit_rate"), observed.get("evicted_blocks"),
-        observed.get("lost_in_pause_blocks"), observed.get("recompute_tokens"), None,
-    )]  # fmt: skip
-    rows += [(r.policy, r.num_blocks, r.hit_rate, r.evicted_blocks, r.lost_in_pause_blocks, r.recompute_tokens,
-              r.waited) for r in results]  # fmt: skip
+    rows = [
+        (
+            "observed",
+            observed.get("num_blocks"),
+            observed.get("hit_rate"),
+            observed.get("evicted_blocks"),
+            observed.get("lost_in_pause_blocks"),
+            observed.get("recompute_tokens"),
+            None,
+        )
+    ]
+    rows += [
+        (r.policy, r.num_blocks, r.hit_rate, r.evicted_blocks, r.lost_in_pause_blocks, r.recompute_tokens, r.waited)
+        for r in results
+    ]
     return [dict(zip(COMPARISON, row)) for row in rows]
 
 

@@ -37,8 +37,9 @@ def command_modules() -> dict[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvobs", description="KV-cache observability for LLM agents",
-                                     allow_abbrev=False)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="kvobs", description="KV-cache observability for LLM agents", allow_abbrev=False
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in command_modules().values():

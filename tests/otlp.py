@@ -40,12 +40,22 @@ class Received:
             service = _attrs(rs.resource.attributes).get("service.name", "")
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    flat.append(Span(
-                        service, s.name, s.kind, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
-                        _attrs(s.attributes), [(e.name, _attrs(e.attributes)) for e in s.events],
-                        [(ln.trace_id.hex(), ln.span_id.hex(), _attrs(ln.attributes)) for ln in s.links],
-                        s.status.code, s.start_time_unix_nano, s.end_time_unix_nano,
-                    ))  # fmt: skip
+                    flat.append(
+                        Span(
+                            service,
+                            s.name,
+                            s.kind,
+                            s.trace_id.hex(),
+                            s.span_id.hex(),
+                            s.parent_span_id.hex(),
+                            _attrs(s.attributes),
+                            [(e.name, _attrs(e.attributes)) for e in s.events],
+                            [(ln.trace_id.hex(), ln.span_id.hex(), _attrs(ln.attributes)) for ln in s.links],
+                            s.status.code,
+                            s.start_time_unix_nano,
+                            s.end_time_unix_nano,
+                        )
+                    )
         with self.lock:
             self.spans.extend(flat)
 

@@ -61,11 +61,20 @@ def agent_run(smollm2_source, tmp_path_factory) -> Run:
         store = open_store(url)
         writer = StoreWriter(store)
         pause = PauseDistribution.parse("uniform:200-600")
-        config = WorkloadConfig(base_url=server.url, sessions=6, concurrency=3, steps=3, max_tokens=16, seed=1,
-                                tool_pause=pause, step_deadline_s=30.0)  # fmt: skip
+        config = WorkloadConfig(
+            base_url=server.url,
+            sessions=6,
+            concurrency=3,
+            steps=3,
+            max_tokens=16,
+            seed=1,
+            tool_pause=pause,
+            step_deadline_s=30.0,
+        )
         with httpx.Client(base_url=server.url + "/v1", timeout=60) as client:
-            result = Workload(config, client, tracer_provider=TracerProvider(),
-                              recorder=StoreStepRecorder(writer)).run()  # fmt: skip
+            result = Workload(
+                config, client, tracer_provider=TracerProvider(), recorder=StoreStepRecorder(writer)
+            ).run()
         writer.close()
     return Run(url, store, result, counts)
 

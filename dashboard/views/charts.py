@@ -36,8 +36,28 @@ class TimeAxis:
         return time_x(field, self.clock, self.since, self.until)
 
 
-TICK_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800,
-                604800)  # fmt: skip
+TICK_STEPS_S = (
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+    172800,
+    604800,
+)
 
 
 def time_x(field: str, clock: Clock, since: float, until: float, *, ticks: int = 7, ms: bool = False) -> alt.X:
@@ -53,9 +73,19 @@ def time_x(field: str, clock: Clock, since: float, until: float, *, ticks: int =
     return alt.X(f"{field}:Q", scale=alt.Scale(domain=[low, high], nice=False, zero=False), axis=axis)
 
 
-def time_chart(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str, mark: str = "line",
-               window_s: float | None = None, zero_is_empty: bool = False, y_format: str | None = None,
-               height: int = 280, points: pd.Series | None = None) -> bool:  # fmt: skip
+def time_chart(
+    frame: pd.DataFrame,
+    axis: TimeAxis,
+    *,
+    y_title: str,
+    empty: str,
+    mark: str = "line",
+    window_s: float | None = None,
+    zero_is_empty: bool = False,
+    y_format: str | None = None,
+    height: int = 280,
+    points: pd.Series | None = None,
+) -> bool:
     """Draw `frame` (mark: line, step (a value held until the next sample), area (stacked), bar (stacked, one bar per
     window, `window_s` wide)), with `points` (values indexed by epoch s: one dot each) over it; or say `empty`.
     Returns whether a chart was drawn.
@@ -125,8 +155,17 @@ def series_name(name) -> str:
     return glossary.series(name)
 
 
-def small_multiples(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty: str, y_format: str | None = None,
-                    columns: int = 3, width: int = 300, height: int = 130) -> bool:  # fmt: skip
+def small_multiples(
+    frame: pd.DataFrame,
+    axis: TimeAxis,
+    *,
+    y_title: str,
+    empty: str,
+    y_format: str | None = None,
+    columns: int = 3,
+    width: int = 300,
+    height: int = 130,
+) -> bool:
     """One small line chart per column of `frame` (an instance), all on the page's x-range and one y-scale, so
     the instances compare at a glance; or say `empty`. Returns whether a chart was drawn."""
     if frame.empty or is_empty(frame):
@@ -136,21 +175,39 @@ def small_multiples(frame: pd.DataFrame, axis: TimeAxis, *, y_title: str, empty:
     encodings = _encodings(axis, y_title, y_format, series="instance", stack=False)
     chart = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(**encodings)
     header = alt.Header(labelFontSize=13, labelFontWeight="bold", labelOrient="top")
-    st.altair_chart(chart.properties(width=width, height=height).facet(
-        facet=alt.Facet(f"{SERIES}:N", title=None, header=header), columns=columns), width="content")  # fmt: skip
+    st.altair_chart(
+        chart.properties(width=width, height=height).facet(
+            facet=alt.Facet(f"{SERIES}:N", title=None, header=header), columns=columns
+        ),
+        width="content",
+    )
     return True
 
 
-def _encodings(axis: TimeAxis, y_title: str, y_format: str | None, *, series: str, stack: bool,
-               field: str = VALUE) -> dict:  # fmt: skip
+def _encodings(
+    axis: TimeAxis, y_title: str, y_format: str | None, *, series: str, stack: bool, field: str = VALUE
+) -> dict:
     """x on the page's axis, y with its unit (stacked or not; the title above the axis, level, so it is never cut
     to the plot's height), and the tooltip: time, the series (named `series`), the value."""
-    title = {"title": y_title, "titleAngle": 0, "titleAlign": "left", "titleAnchor": "end", "titleY": -12,
-             "titleX": 0, "titleLimit": 0}  # fmt: skip
-    y = alt.Y(f"{field}:Q", stack="zero" if stack else None,
-              axis=alt.Axis(format=y_format, **title) if y_format else alt.Axis(**title))  # fmt: skip
-    tooltip = [alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"), alt.Tooltip(f"{SERIES}:N", title=series),
-               alt.Tooltip(f"{VALUE}:Q", title=y_title, format=y_format or ",.4~g")]  # fmt: skip
+    title = {
+        "title": y_title,
+        "titleAngle": 0,
+        "titleAlign": "left",
+        "titleAnchor": "end",
+        "titleY": -12,
+        "titleX": 0,
+        "titleLimit": 0,
+    }
+    y = alt.Y(
+        f"{field}:Q",
+        stack="zero" if stack else None,
+        axis=alt.Axis(format=y_format, **title) if y_format else alt.Axis(**title),
+    )
+    tooltip = [
+        alt.Tooltip(f"{WHEN}:N", title=f"time ({axis.clock.name})"),
+        alt.Tooltip(f"{SERIES}:N", title=series),
+        alt.Tooltip(f"{VALUE}:Q", title=y_title, format=y_format or ",.4~g"),
+    ]
     return {"x": axis.encoding(), "y": y, "tooltip": tooltip}
 
 

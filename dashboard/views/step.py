@@ -209,8 +209,10 @@ def _no_request(step: dict) -> str:
     """What the page says of a step whose server request the store does not hold: never a guess at one."""
     answered = step.get("response_id")
     if isinstance(answered, str) and answered:
-        why = (f"the server answered `{answered}`, and no request with that id reached the store (is the collector "
-               "receiving that server's spans?)")  # fmt: skip
+        why = (
+            f"the server answered `{answered}`, and no request with that id reached the store (is the collector "
+            "receiving that server's spans?)"
+        )
     elif step.get("status") == "error":
         why = "the call failed without an answer, so it names no request, and no trace context reached a server"
     else:

@@ -35,8 +35,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-ttl", type=float, default=30.0, help="session_ttl: seconds a paused session is kept")
     add_session_end_flag(parser)
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
-    parser.add_argument("--num-threads", type=int, help="CPU threads the model computes on (default: torch's, one per "
-                        "physical core)")  # fmt: skip
+    parser.add_argument(
+        "--num-threads", type=int, help="CPU threads the model computes on (default: torch's, one per physical core)"
+    )
 
 
 def engine_config(args: argparse.Namespace):

@@ -34,18 +34,31 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=ENGINE_PORT, help="HTTP port: the OpenAI API, /metrics, /health")
     p.add_argument("--served-model-name", help="the model name clients send (default: --model)")
     p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before 429")
-    p.add_argument("--kv-events-endpoint",
-                   help="ZMQ endpoint for vLLM-format KV events: tcp://HOST:5557 connects to a collector that bound "
-                   "it; 'tcp://*:5557' binds every interface (the events carry prompt token ids)")  # fmt: skip
-    p.add_argument("--kv-events-replay-endpoint",
-                   help="ZMQ ROUTER endpoint for replay (always bound), e.g. tcp://127.0.0.1:5558")  # fmt: skip
+    p.add_argument(
+        "--kv-events-endpoint",
+        help="ZMQ endpoint for vLLM-format KV events: tcp://HOST:5557 connects to a collector that bound "
+        "it; 'tcp://*:5557' binds every interface (the events carry prompt token ids)",
+    )
+    p.add_argument(
+        "--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint for replay (always bound), e.g. tcp://127.0.0.1:5558"
+    )
     p.add_argument("--kv-events-topic", default="", help="topic frame of every KV-event message (vLLM: '')")
-    p.add_argument("--kv-events-omit-token-ids", action="store_true",
-                   help="publish KV events without the prompt's token ids (any subscriber can read them)")  # fmt: skip
-    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                   help=f"bearer token the admin endpoints need (default: ${API_KEY_ENV}; unset: open)")  # fmt: skip
-    p.add_argument("--max-request-bytes", type=parse_size, default=MAX_REQUEST_BYTES,
-                   help="largest request body, e.g. 16MiB (413 beyond it)")  # fmt: skip
+    p.add_argument(
+        "--kv-events-omit-token-ids",
+        action="store_true",
+        help="publish KV events without the prompt's token ids (any subscriber can read them)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"bearer token the admin endpoints need (default: ${API_KEY_ENV}; unset: open)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=parse_size,
+        default=MAX_REQUEST_BYTES,
+        help="largest request body, e.g. 16MiB (413 beyond it)",
+    )
     p.add_argument(
         "--otlp-endpoint",
         help="OTLP endpoint for spans and metrics, e.g. http://localhost:4317 "

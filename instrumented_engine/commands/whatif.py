@@ -26,8 +26,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("whatif", help="replay recorded traffic through other KV cache sizes and eviction policies")
     add_store_flag(p)
     p.add_argument("--num-blocks", type=_sizes, required=True, metavar="N[,N...]", help="cache sizes in blocks")
-    p.add_argument("--policy", default=EvictionPolicyName.LRU.value, choices=names(EvictionPolicyName),
-                   help="eviction policy to replay")  # fmt: skip
+    p.add_argument(
+        "--policy",
+        default=EvictionPolicyName.LRU.value,
+        choices=names(EvictionPolicyName),
+        help="eviction policy to replay",
+    )
     p.add_argument("--ttl", type=float, default=30.0, help="session_ttl: seconds a paused session is protected")
     p.add_argument("--since", type=float, metavar="EPOCH_S", help="replay requests from this time")
     p.add_argument("--until", type=float, metavar="EPOCH_S", help="... up to this time")
@@ -43,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     if store is None:
         return 2
     try:
-        plans = start_or_report("whatif", lambda: replay_plans(store, args.since, args.until,
-                                                               block_size=args.block_size))  # fmt: skip
+        plans = start_or_report(
+            "whatif", lambda: replay_plans(store, args.since, args.until, block_size=args.block_size)
+        )
         if plans is None:
             return 2
         if not any(plan.requests for plan in plans):
@@ -81,11 +86,15 @@ def format_table(plans, observed: dict, runs: list) -> str:
     from kvobs.commands.common import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
-    lines = [f"{replayed} requests replayed ({skipped} without a known chain skipped), block size "
-             f"{', '.join(sorted({str(p.block_size) for p in plans}))}"]  # fmt: skip
+    lines = [
+        f"{replayed} requests replayed ({skipped} without a known chain skipped), block size "
+        f"{', '.join(sorted({str(p.block_size) for p in plans}))}"
+    ]
     if len(plans) > 1:
-        lines.append(f"{len(plans)} runs, replayed one by one (each began with an empty cache): "
-                     + "; ".join(p.span.label(local_time) for p in plans))  # fmt: skip
+        lines.append(
+            f"{len(plans)} runs, replayed one by one (each began with an empty cache): "
+            + "; ".join(p.span.label(local_time) for p in plans)
+        )
     elif plans[0].span is not None and plans[0].span.run_id is None:
         lines.append("no engine runs are recorded in this store: the range is replayed as one run")
     lines += ["", *_rows(observed, [total for total, _ in runs])]
@@ -96,8 +105,10 @@ def format_table(plans, observed: dict, runs: list) -> str:
     too_large = [(total.num_blocks, total.too_large) for total, _ in runs if total.too_large]
     if too_large:
         lines.append("")
-        lines.append("requests longer than the whole cache were not admitted: " +
-                     ", ".join(f"{n} blocks: {count}" for n, count in too_large))  # fmt: skip
+        lines.append(
+            "requests longer than the whole cache were not admitted: "
+            + ", ".join(f"{n} blocks: {count}" for n, count in too_large)
+        )
     return "\n".join(lines)
 
 

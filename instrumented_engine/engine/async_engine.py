@@ -93,8 +93,14 @@ class AsyncEngine:
             clients that arrive together are prefilled together (0: no wait).
     """
 
-    def __init__(self, engine: LLMEngine, *, max_waiting: int = 256, observers: Sequence[StepObserver] = (),
-                 batch_window_s: float = BATCH_WINDOW_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: LLMEngine,
+        *,
+        max_waiting: int = 256,
+        observers: Sequence[StepObserver] = (),
+        batch_window_s: float = BATCH_WINDOW_S,
+    ) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1; got {max_waiting}")
         self.engine = engine

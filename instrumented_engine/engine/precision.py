@@ -28,8 +28,9 @@ def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
     return frozenset()
 
 
-def choose_dtype(requested: str, device: torch.device, *, flags: frozenset[str] | None = None,
-                 cuda_bf16: bool | None = None) -> tuple[str, str]:  # fmt: skip
+def choose_dtype(
+    requested: str, device: torch.device, *, flags: frozenset[str] | None = None, cuda_bf16: bool | None = None
+) -> tuple[str, str]:
     """(dtype name, why) for `requested` ("auto" or a dtype name) on `device`."""
     if requested != "auto":
         return requested, f"--dtype {requested}"

@@ -31,8 +31,11 @@ class SessionLifecycle:
 
     def _settle(self, session_id: str | None, num_blocks: int, *, in_pause: bool) -> None:
         if num_blocks:
-            self._events.append(ev.IdleLossesSettled(self.clock(), None, session_id, num_blocks, in_pause,
-                                                     self.session_blocks.get(session_id, 0)))  # fmt: skip
+            self._events.append(
+                ev.IdleLossesSettled(
+                    self.clock(), None, session_id, num_blocks, in_pause, self.session_blocks.get(session_id, 0)
+                )
+            )
 
     def end_session(self, session_id: str) -> None:
         """The session is done, its blocks kept: what it lost while idle since its last request was lost after its

@@ -8,8 +8,9 @@ import torch
 from instrumented_engine.sampling_params import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int | Exception]:  # fmt: skip
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int | Exception]:
     """logits (N, vocab) float32, one row per sequence -> N token ids; a row whose sampling raised gets the exception
     instead (that request fails alone; the others in the batch go on)."""
     failed: dict[int, Exception] = {}

@@ -71,8 +71,9 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, x, positions, rotary, kv_cache, meta, backend) -> torch.Tensor:
         ops, eps = backend.ops, self.input_layernorm.eps
-        attn = self.self_attn(ops.rms_norm(x, self.input_layernorm.weight, eps), positions, rotary, kv_cache,
-                              meta, backend)  # fmt: skip
+        attn = self.self_attn(
+            ops.rms_norm(x, self.input_layernorm.weight, eps), positions, rotary, kv_cache, meta, backend
+        )
         normed, x = ops.add_rms_norm(x, attn, self.post_attention_layernorm.weight, eps)
         return x + self.mlp(normed, backend)
 

@@ -77,8 +77,9 @@ class Tokenizer:
         """Whether the chat template renders a request's tools itself (it names `tools`)."""
         return bool(self.chat_template) and "tools" in self.chat_template
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:  # fmt: skip
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         """Render OpenAI-style messages (and, for a template that takes them, the request's tools) into the model's
         prompt text.
 

@@ -143,8 +143,13 @@ class EngineMetrics:
             vllm.KV_BLOCK_IDLE_BEFORE_EVICT: m.BLOCK_RESIDENCY_BUCKETS,
             vllm.KV_BLOCK_REUSE_GAP: m.BLOCK_RESIDENCY_BUCKETS,
         }
-        for spec in (vllm.E2E_REQUEST_LATENCY, vllm.REQUEST_QUEUE_TIME, vllm.REQUEST_PREFILL_TIME,
-                     vllm.REQUEST_DECODE_TIME, vllm.REQUEST_INFERENCE_TIME):  # fmt: skip
+        for spec in (
+            vllm.E2E_REQUEST_LATENCY,
+            vllm.REQUEST_QUEUE_TIME,
+            vllm.REQUEST_PREFILL_TIME,
+            vllm.REQUEST_DECODE_TIME,
+            vllm.REQUEST_INFERENCE_TIME,
+        ):
             buckets[spec] = m.REQUEST_LATENCY_BUCKETS
         self._instruments = {
             spec.name: [sink.create(spec, (*ENGINE_LABELS, *spec.labels), buckets.get(spec)) for sink in sinks]
@@ -287,9 +292,13 @@ class EngineMetrics:
         num_generated = len(out.output_token_ids)
         self._get(vllm.REQUEST_GENERATION_TOKENS).observe(num_generated)
         lat = out.latencies()  # phases a request never reached (aborted while waiting) are None
-        for spec, value in ((vllm.E2E_REQUEST_LATENCY, lat.e2e), (vllm.REQUEST_QUEUE_TIME, lat.queue),
-                            (vllm.REQUEST_INFERENCE_TIME, lat.inference), (vllm.REQUEST_PREFILL_TIME, lat.prefill),
-                            (vllm.REQUEST_DECODE_TIME, lat.decode)):  # fmt: skip
+        for spec, value in (
+            (vllm.E2E_REQUEST_LATENCY, lat.e2e),
+            (vllm.REQUEST_QUEUE_TIME, lat.queue),
+            (vllm.REQUEST_INFERENCE_TIME, lat.inference),
+            (vllm.REQUEST_PREFILL_TIME, lat.prefill),
+            (vllm.REQUEST_DECODE_TIME, lat.decode),
+        ):
             if value is not None:
                 self._get(spec).observe(value)
         if lat.decode is not None and num_generated > 1:

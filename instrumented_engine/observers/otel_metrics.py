@@ -25,8 +25,9 @@ class OTelMetricSink:
         if spec.type == "counter":
             return _OTelInstrument(self.meter.create_counter(name, unit, spec.description), "add")
         if spec.type == "histogram":
-            hist = self.meter.create_histogram(name, unit, spec.description,
-                                               explicit_bucket_boundaries_advisory=buckets)  # fmt: skip
+            hist = self.meter.create_histogram(
+                name, unit, spec.description, explicit_bucket_boundaries_advisory=buckets
+            )
             return _OTelInstrument(hist, "record")
         return _OTelInstrument(self.meter.create_gauge(name, unit, spec.description), "set")  # gauge and info
 

@@ -9,8 +9,17 @@ from kvobs.semconv import attributes as a
 from kvobs.telemetry.kv_spans import MAX_LISTED
 
 
-def request_attributes(out: RequestOutput, *, model_name: str, block_size: int, medium: str, query_tokens: int,
-                       hit_tokens: int, blocks_allocated: int, blocks_evicted: int) -> dict:  # fmt: skip
+def request_attributes(
+    out: RequestOutput,
+    *,
+    model_name: str,
+    block_size: int,
+    medium: str,
+    query_tokens: int,
+    hit_tokens: int,
+    blocks_allocated: int,
+    blocks_evicted: int,
+) -> dict:
     """A finished request's span attributes (`query_tokens`...: what its KV events told)."""
     completion = len(out.output_token_ids)
     attrs = {

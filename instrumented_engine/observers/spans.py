@@ -123,8 +123,9 @@ class EngineTracer:
 
     def _start(self, start: RequestStart) -> None:
         parent = extract(start.trace_headers) if start.trace_headers else None
-        span = self.tracer.start_span(SpanName.LLM_REQUEST, context=parent, kind=SpanKind.SERVER,
-                                      start_time=ns(start.arrival_ts))  # fmt: skip
+        span = self.tracer.start_span(
+            SpanName.LLM_REQUEST, context=parent, kind=SpanKind.SERVER, start_time=ns(start.arrival_ts)
+        )
         if span.is_recording():
             self._requests[start.request_id] = _RequestTrace(span)
         else:
@@ -146,19 +147,30 @@ class EngineTracer:
             return
         if not event.readmission:
             trace.query_tokens, trace.hit_tokens = event.query_tokens, event.hit_tokens
-        trace.events.append((SpanEvent.PREFIX_LOOKUP, event.ts, {
-            a.KV_PREFIX_QUERY_TOKENS: event.query_tokens,
-            a.KV_PREFIX_HIT_TOKENS: event.hit_tokens,
-            a.KV_BLOCKS_HIT: event.hit_blocks,
-            a.KV_PREFIX_READMISSION: event.readmission,
-        }))  # fmt: skip
+        trace.events.append(
+            (
+                SpanEvent.PREFIX_LOOKUP,
+                event.ts,
+                {
+                    a.KV_PREFIX_QUERY_TOKENS: event.query_tokens,
+                    a.KV_PREFIX_HIT_TOKENS: event.hit_tokens,
+                    a.KV_BLOCKS_HIT: event.hit_blocks,
+                    a.KV_PREFIX_READMISSION: event.readmission,
+                },
+            )
+        )
 
     def _allocated(self, event: ev.BlocksAllocated) -> None:
         if (trace := self._trace(event)) is None:
             return
         trace.blocks_allocated += len(event.block_ids)
-        trace.events.append((SpanEvent.ALLOCATE, event.ts, {
-            a.KV_BLOCKS_ALLOCATED: len(event.block_ids), a.KV_BLOCKS_FREE: event.num_free_after}))  # fmt: skip
+        trace.events.append(
+            (
+                SpanEvent.ALLOCATE,
+                event.ts,
+                {a.KV_BLOCKS_ALLOCATED: len(event.block_ids), a.KV_BLOCKS_FREE: event.num_free_after},
+            )
+        )
 
     def _evicted(self, event: ev.BlockEvicted) -> None:
         if event.loss_kind is not KVEventKind.EVICTED:
@@ -171,11 +183,17 @@ class EngineTracer:
     def _preempted(self, event: ev.Preempted) -> None:
         if (trace := self._trace(event)) is None:
             return
-        trace.events.append((SpanEvent.PREEMPT, event.ts, {
-            a.KV_BLOCKS_FREED: event.num_blocks_freed,
-            a.KV_TOKENS_LOST: event.num_computed_tokens_lost,
-            a.KV_PREEMPTION_REASON: event.reason.value,
-        }))  # fmt: skip
+        trace.events.append(
+            (
+                SpanEvent.PREEMPT,
+                event.ts,
+                {
+                    a.KV_BLOCKS_FREED: event.num_blocks_freed,
+                    a.KV_TOKENS_LOST: event.num_computed_tokens_lost,
+                    a.KV_PREEMPTION_REASON: event.reason.value,
+                },
+            )
+        )
 
     def _resumed(self, event: ev.Resumed) -> None:
         if (trace := self._trace(event)) is None:
@@ -216,17 +234,28 @@ class EngineTracer:
             extend_unique(attrs, a.KV_SESSIONS_AFFECTED, event.owner_sessions)
             extend_unique(attrs, a.KV_SESSIONS_PAUSED, event.paused_sessions)
             return
-        trace.events.append((SpanEvent.EVICT, event.ts, {
-            a.KV_BLOCKS_EVICTED: 1,
-            a.KV_EVICTION_REASONS: [event.reason.value],
-            a.KV_SESSIONS_AFFECTED: list(event.owner_sessions),
-            a.KV_SESSIONS_PAUSED: list(event.paused_sessions),
-        }))  # fmt: skip
+        trace.events.append(
+            (
+                SpanEvent.EVICT,
+                event.ts,
+                {
+                    a.KV_BLOCKS_EVICTED: 1,
+                    a.KV_EVICTION_REASONS: [event.reason.value],
+                    a.KV_SESSIONS_AFFECTED: list(event.owner_sessions),
+                    a.KV_SESSIONS_PAUSED: list(event.paused_sessions),
+                },
+            )
+        )
 
     def _evict_span(self, evictions: list[ev.BlockEvicted]) -> None:
         per_session = Counter(s for e in evictions for s in e.owner_sessions)
-        self.loss_spans.evict(evictions[0].ts, evictions[-1].ts, per_session, num_blocks=len(evictions),
-                              reasons=(e.reason.value for e in evictions))  # fmt: skip
+        self.loss_spans.evict(
+            evictions[0].ts,
+            evictions[-1].ts,
+            per_session,
+            num_blocks=len(evictions),
+            reasons=(e.reason.value for e in evictions),
+        )
 
     # ---- request spans -------------------------------------------------------------------------------
     def _output(self, out: RequestOutput) -> None:
@@ -248,20 +277,30 @@ class EngineTracer:
         span = trace.span
         if span is None:  # never started (aborted while waiting, or a hand-made step result): start it now
             parent = extract(out.trace_headers) if out.trace_headers else None
-            span = self.tracer.start_span(SpanName.LLM_REQUEST, context=parent, kind=SpanKind.SERVER,
-                                          start_time=ns(out.arrival_ts))  # fmt: skip
+            span = self.tracer.start_span(
+                SpanName.LLM_REQUEST, context=parent, kind=SpanKind.SERVER, start_time=ns(out.arrival_ts)
+            )
         end = ns(out.finished_ts or out.arrival_ts)
         if not span.is_recording():
             span.end(end_time=end)
             return
-        span.set_attributes(request_attributes(out, model_name=self.model_name, block_size=self.block_size,
-                                               medium=self.medium, query_tokens=trace.query_tokens,
-                                               hit_tokens=trace.hit_tokens, blocks_allocated=trace.blocks_allocated,
-                                               blocks_evicted=trace.blocks_evicted))  # fmt: skip
+        span.set_attributes(
+            request_attributes(
+                out,
+                model_name=self.model_name,
+                block_size=self.block_size,
+                medium=self.medium,
+                query_tokens=trace.query_tokens,
+                hit_tokens=trace.hit_tokens,
+                blocks_allocated=trace.blocks_allocated,
+                blocks_evicted=trace.blocks_evicted,
+            )
+        )
         for session, n in trace.evicted_from.items():
             if (ctx := self._latest.get(session)) is not None:
-                span.add_link(ctx, {a.KV_LINK_RELATION: a.LINK_EVICTED_FROM, a.SESSION_ID: session,
-                                    a.KV_BLOCKS_EVICTED: n})  # fmt: skip
+                span.add_link(
+                    ctx, {a.KV_LINK_RELATION: a.LINK_EVICTED_FROM, a.SESSION_ID: session, a.KV_BLOCKS_EVICTED: n}
+                )
         for name, ts, attrs in trace.events:
             span.add_event(name, attrs, timestamp=ns(ts))
         span.end(end_time=end)
@@ -272,14 +311,16 @@ class EngineTracer:
         start = self._last_step_ts if self._last_step_ts is not None else stats.ts
         span = self.tracer.start_span(SpanName.KV_STEP, kind=SpanKind.INTERNAL, start_time=ns(start))
         if span.is_recording():
-            span.set_attributes({
-                a.KV_BATCH_REQUESTS: stats.num_running,
-                a.KV_BATCH_TOKENS: stats.num_scheduled_tokens,
-                a.KV_REQUESTS_WAITING: stats.num_waiting,
-                a.KV_BLOCKS_FREE: stats.num_blocks_free,
-                a.KV_BLOCKS_RESIDENT: stats.num_blocks_resident,
-                a.KV_BLOCKS_TOTAL: stats.num_blocks_total,
-            })  # fmt: skip
+            span.set_attributes(
+                {
+                    a.KV_BATCH_REQUESTS: stats.num_running,
+                    a.KV_BATCH_TOKENS: stats.num_scheduled_tokens,
+                    a.KV_REQUESTS_WAITING: stats.num_waiting,
+                    a.KV_BLOCKS_FREE: stats.num_blocks_free,
+                    a.KV_BLOCKS_RESIDENT: stats.num_blocks_resident,
+                    a.KV_BLOCKS_TOTAL: stats.num_blocks_total,
+                }
+            )
         span.end(end_time=ns(stats.ts))
 
     def _remember(self, session_id: str, ctx: SpanContext) -> None:

@@ -104,27 +104,42 @@ class StoreRecorder:
         """This engine's run (`runs`): it began at `started_at` (as its /metrics says in
         `kvobs_engine_start_time_seconds`, so a collector scraping it names the same run) with an empty cache of
         `stats.num_blocks_total` usable blocks, under `config.eviction_policy` (an `EngineConfig`)."""
-        run = RunRecord(run_id(self.instance, started_at), self.instance, started_at, RunSource.ENGINE.value,
-                        model=model, num_blocks=stats.num_blocks_total, block_size=self.block_size,
-                        eviction_policy=config.eviction_policy)  # fmt: skip
+        run = RunRecord(
+            run_id(self.instance, started_at),
+            self.instance,
+            started_at,
+            RunSource.ENGINE.value,
+            model=model,
+            num_blocks=stats.num_blocks_total,
+            block_size=self.block_size,
+            eviction_policy=config.eviction_policy,
+        )
         self.writer.insert_missing(run)
         return run
 
     def instance_snapshot(self, stats: SchedulerStats) -> None:
         self._last_snapshot_ts = stats.ts
-        self.writer.add(SnapshotRecord(
-            **self._engine_state(stats),
-            hit_rate=self._hit_tokens / self._query_tokens if self._query_tokens else None,
-            preemptions_total=self._preemptions,
-            evictions_total=self._evictions,
-        ))  # fmt: skip
+        self.writer.add(
+            SnapshotRecord(
+                **self._engine_state(stats),
+                hit_rate=self._hit_tokens / self._query_tokens if self._query_tokens else None,
+                preemptions_total=self._preemptions,
+                evictions_total=self._evictions,
+            )
+        )
 
     # ---- event handlers (one table, below) ----------------------------------------------------------
     def _stored(self, event: ev.BlocksStored) -> None:
         parent = event.parent_block_hash
         for block_hash in event.block_hashes:
-            self._kv(event, KVEventKind.STORED, block_hash=block_hash, parent_hash=parent, num_tokens=event.block_size,
-                     first_owner=1)  # fmt: skip
+            self._kv(
+                event,
+                KVEventKind.STORED,
+                block_hash=block_hash,
+                parent_hash=parent,
+                num_tokens=event.block_size,
+                first_owner=1,
+            )
             parent = block_hash
 
     def _lookup(self, event: ev.PrefixLookup) -> None:
@@ -135,8 +150,13 @@ class StoreRecorder:
                 tally = self._tally(event.session_id)
                 tally.query_tokens += event.query_tokens
                 tally.hit_tokens += event.hit_tokens
-        self._kv(event, KVEventKind.HIT, num_tokens=event.hit_tokens, num_blocks=event.hit_blocks,
-                 reason=READMISSION if event.readmission else None)  # fmt: skip
+        self._kv(
+            event,
+            KVEventKind.HIT,
+            num_tokens=event.hit_tokens,
+            num_blocks=event.hit_blocks,
+            reason=READMISSION if event.readmission else None,
+        )
 
     def _allocated(self, event: ev.BlocksAllocated) -> None:
         num = len(event.block_ids)
@@ -150,19 +170,36 @@ class StoreRecorder:
                 tally = self._tally(owner)
                 tally.evicted += 1
                 tally.pending_idle += owner in event.pending_owners
-            self._kv(event, event.loss_kind, session_id=owner, block_hash=event.block_hash,
-                     parent_hash=event.parent_block_hash, num_tokens=self.block_size, reason=event.store_reason,
-                     first_owner=int(index == 0))  # fmt: skip
+            self._kv(
+                event,
+                event.loss_kind,
+                session_id=owner,
+                block_hash=event.block_hash,
+                parent_hash=event.parent_block_hash,
+                num_tokens=self.block_size,
+                reason=event.store_reason,
+                first_owner=int(index == 0),
+            )
 
     def _preempted(self, event: ev.Preempted) -> None:
         self._preemptions += 1
-        self._kv(event, KVEventKind.PREEMPTED, num_tokens=event.num_computed_tokens_lost,
-                 num_blocks=event.num_blocks_freed, reason=event.reason.value)  # fmt: skip
+        self._kv(
+            event,
+            KVEventKind.PREEMPTED,
+            num_tokens=event.num_computed_tokens_lost,
+            num_blocks=event.num_blocks_freed,
+            reason=event.reason.value,
+        )
 
     def _cleared(self, event: ev.CacheCleared) -> None:
         self._evictions += event.num_blocks
-        self._kv(event, KVEventKind.CLEARED, num_tokens=event.num_blocks * self.block_size,
-                 num_blocks=event.num_blocks, reason=event.eviction_reason.value)  # fmt: skip
+        self._kv(
+            event,
+            KVEventKind.CLEARED,
+            num_tokens=event.num_blocks * self.block_size,
+            num_blocks=event.num_blocks,
+            reason=event.eviction_reason.value,
+        )
 
     def _settled(self, event: ev.IdleLossesSettled) -> None:
         """Hindsight on a session's idle losses, and a snapshot that shows it."""
@@ -183,46 +220,59 @@ class StoreRecorder:
 
     def _kv(self, event: ev.KVEvent, kind: KVEventKind, **fields) -> None:
         fields.setdefault("session_id", event.session_id)
-        self.writer.add(KVEventRecord(ts=event.ts, instance=self.instance, kind=kind.value, medium=self.medium,
-                                      request_id=event.request_id, **fields))  # fmt: skip
+        self.writer.add(
+            KVEventRecord(
+                ts=event.ts,
+                instance=self.instance,
+                kind=kind.value,
+                medium=self.medium,
+                request_id=event.request_id,
+                **fields,
+            )
+        )
 
     # ---- finished requests ---------------------------------------------------------------------------
     def _finished(self, out: RequestOutput, stats: SchedulerStats) -> None:
         trace_id, parent_span_id = parse_traceparent(out.trace_headers)
-        self.writer.add(RequestRecord(
-            request_id=out.request_id,
-            instance=self.instance,
-            session_id=out.session_id,
-            trace_id=trace_id,
-            parent_span_id=parent_span_id,
-            arrival_ts=out.arrival_ts,
-            first_token_ts=out.first_token_ts,
-            finished_ts=out.finished_ts,
-            queue_s=out.latencies().queue,
-            prompt_tokens=out.num_prompt_tokens,
-            cached_tokens=out.num_cached_tokens,
-            completion_tokens=len(out.output_token_ids),
-            num_preemptions=out.num_preemptions,
-            finish_reason=out.finish_reason,
-        ))  # fmt: skip
+        self.writer.add(
+            RequestRecord(
+                request_id=out.request_id,
+                instance=self.instance,
+                session_id=out.session_id,
+                trace_id=trace_id,
+                parent_span_id=parent_span_id,
+                arrival_ts=out.arrival_ts,
+                first_token_ts=out.first_token_ts,
+                finished_ts=out.finished_ts,
+                queue_s=out.latencies().queue,
+                prompt_tokens=out.num_prompt_tokens,
+                cached_tokens=out.num_cached_tokens,
+                completion_tokens=len(out.output_token_ids),
+                num_preemptions=out.num_preemptions,
+                finish_reason=out.finish_reason,
+            )
+        )
         if out.session_id is None:
             return
-        self.writer.insert_missing(SessionRecord(out.session_id, started_at=out.arrival_ts,
-                                                 source=SessionSource.ENGINE.value))  # fmt: skip
+        self.writer.insert_missing(
+            SessionRecord(out.session_id, started_at=out.arrival_ts, source=SessionSource.ENGINE.value)
+        )
         self._session_snapshot(out.session_id, out.finished_ts or stats.ts, stats, out.session_blocks or 0)
 
     def _session_snapshot(self, session_id: str, ts: float, stats: SchedulerStats, blocks: int | None) -> None:
         tally = self._tally(session_id)
-        self.writer.add(SnapshotRecord(
-            **{**self._engine_state(stats), "ts": ts},
-            session_id=session_id,
-            session_blocks=blocks,
-            session_evicted_blocks=tally.evicted,
-            session_evicted_idle_blocks=tally.evicted_idle,
-            session_pending_idle_blocks=tally.pending_idle,
-            session_hit_tokens=tally.hit_tokens,
-            hit_rate=tally.hit_tokens / tally.query_tokens if tally.query_tokens else None,
-        ))  # fmt: skip
+        self.writer.add(
+            SnapshotRecord(
+                **{**self._engine_state(stats), "ts": ts},
+                session_id=session_id,
+                session_blocks=blocks,
+                session_evicted_blocks=tally.evicted,
+                session_evicted_idle_blocks=tally.evicted_idle,
+                session_pending_idle_blocks=tally.pending_idle,
+                session_hit_tokens=tally.hit_tokens,
+                hit_rate=tally.hit_tokens / tally.query_tokens if tally.query_tokens else None,
+            )
+        )
 
     def _engine_state(self, stats: SchedulerStats) -> dict:
         return {

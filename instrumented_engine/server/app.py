@@ -42,8 +42,15 @@ from instrumented_engine.server.serving import OpenAIServing, ServedModel
 log = logging.getLogger(__name__)
 
 
-def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, *, lifespan=None,
-              api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:  # fmt: skip
+def build_app(
+    engine: AsyncEngine,
+    served: ServedModel,
+    metrics: EngineMetrics,
+    *,
+    lifespan=None,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
     app = FastAPI(title="kvobs engine", version="0.1.0", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     serving = OpenAIServing(engine, served)
@@ -60,8 +67,14 @@ def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, 
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": served.name, "object": "model", "created": served.created, "owned_by": "kvobs",
-                "root": engine.engine.model_name, "max_model_len": served.max_model_len}  # fmt: skip
+        card = {
+            "id": served.name,
+            "object": "model",
+            "created": served.created,
+            "owned_by": "kvobs",
+            "root": engine.engine.model_name,
+            "max_model_len": served.max_model_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.get("/health")
@@ -90,12 +103,18 @@ def build_app(engine: AsyncEngine, served: ServedModel, metrics: EngineMetrics, 
         except ValueError as exc:
             raise APIError(str(exc), param="reason") from exc
         if event is None:
-            raise APIError("the prefix cache is in use by running requests; retry when idle", status=409,
-                           code="cache_in_use")  # fmt: skip
+            raise APIError(
+                "the prefix cache is in use by running requests; retry when idle", status=409, code="cache_in_use"
+            )
         num_blocks = event.num_blocks
         sessions = list(event.sessions_affected)
-        return {"success": True, "reason": body.reason, "kind": event.kind, "num_blocks": num_blocks,
-                "sessions_affected": sessions}  # fmt: skip
+        return {
+            "success": True,
+            "reason": body.reason,
+            "kind": event.kind,
+            "num_blocks": num_blocks,
+            "sessions_affected": sessions,
+        }
 
     @app.post("/v1/kvobs/sessions/{session_id}/release", dependencies=admin)
     async def release_session(session_id: str):

@@ -55,9 +55,17 @@ class BodyLimit:
 
 async def _too_large(send: Send, message: str) -> None:
     body = json.dumps(APIError(message, status=413).body()).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -69,7 +77,11 @@ def api_key_guard(api_key: str | None):
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), api_key.encode()):
-            raise APIError("this endpoint needs the server's API key (Authorization: Bearer <key>)", status=401,
-                           type="authentication_error", code="invalid_api_key")  # fmt: skip
+            raise APIError(
+                "this endpoint needs the server's API key (Authorization: Bearer <key>)",
+                status=401,
+                type="authentication_error",
+                code="invalid_api_key",
+            )
 
     return guard

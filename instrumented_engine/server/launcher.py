@@ -142,8 +142,9 @@ class EngineServer:
         llm_engine = on_helper_thread(lambda: LLMEngine(config, source=source, progress=progress), name="kvobs-load")
         layout = llm_engine.layout
         self.started_at = time.time()  # this run's start: the cache is empty (`runs`, kvobs_engine_start_time)
-        self.served = ServedModel(options.served_model_name or llm_engine.model_name, layout.max_model_len,
-                                  int(self.started_at))  # fmt: skip
+        self.served = ServedModel(
+            options.served_model_name or llm_engine.model_name, layout.max_model_len, int(self.started_at)
+        )
         self.metrics = EngineMetrics(
             self.served.name,
             cache_config={
@@ -172,28 +173,43 @@ class EngineServer:
         medium = llm_engine.block_manager.medium  # one decision: the wire's, the spans' and the store's medium
         self.tracer = None
         if self.telemetry.tracer_provider is not None:
-            self.tracer = EngineTracer(self.telemetry.tracer_provider, model_name=self.served.name,
-                                       block_size=layout.block_size, medium=medium,
-                                       step_sample_every=options.trace_steps_every)  # fmt: skip
+            self.tracer = EngineTracer(
+                self.telemetry.tracer_provider,
+                model_name=self.served.name,
+                block_size=layout.block_size,
+                medium=medium,
+                step_sample_every=options.trace_steps_every,
+            )
             observers.append(self.tracer)
             self.metrics.watch_dropped("otlp", lambda: self.telemetry.num_export_failures)
         self.writer = self.recorder = None
         if self.store is not None:
             self.writer = StoreWriter(self.store, spool=Spool(options.spool_dir) if options.spool_dir else None)
-            self.recorder = StoreRecorder(self.writer, instance=options.instance or _default_instance(options),
-                                          block_size=layout.block_size, medium=medium,
-                                          snapshot_interval_s=options.snapshot_interval_s)  # fmt: skip
+            self.recorder = StoreRecorder(
+                self.writer,
+                instance=options.instance or _default_instance(options),
+                block_size=layout.block_size,
+                medium=medium,
+                snapshot_interval_s=options.snapshot_interval_s,
+            )
             observers.append(self.recorder)
             self.recorder.record_run(self.started_at, self.served.name, llm_engine.current_stats(), config)
             self.metrics.watch_dropped("store", lambda: self.writer.num_dropped)
         self.retention = None
         if self.store is not None and options.retention_days is not None:
             self.retention = Retention(self.store, options.retention_days)
-            self.metrics.watch_total(kvobs_metrics.STORE_ROWS_EXPIRED, lambda: self.retention.num_expired,
-                                     table=EXPIRED_TABLE)  # fmt: skip
+            self.metrics.watch_total(
+                kvobs_metrics.STORE_ROWS_EXPIRED, lambda: self.retention.num_expired, table=EXPIRED_TABLE
+            )
         self.engine = AsyncEngine(llm_engine, max_waiting=options.max_waiting, observers=observers)
-        self.app = build_app(self.engine, self.served, self.metrics, lifespan=self._lifespan, api_key=options.api_key,
-                             max_request_bytes=options.max_request_bytes)  # fmt: skip
+        self.app = build_app(
+            self.engine,
+            self.served,
+            self.metrics,
+            lifespan=self._lifespan,
+            api_key=options.api_key,
+            max_request_bytes=options.max_request_bytes,
+        )
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -220,8 +236,13 @@ class EngineServer:
         self.telemetry.shutdown()
 
     def _make_uvicorn(self) -> uvicorn.Server:
-        config = uvicorn.Config(self.app, host=self.options.host, port=self.options.port, log_level="warning",
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+        config = uvicorn.Config(
+            self.app,
+            host=self.options.host,
+            port=self.options.port,
+            log_level="warning",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
         return _DrainingServer(config, self.engine)
 
     @property

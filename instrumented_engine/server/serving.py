@@ -95,8 +95,16 @@ class OpenAIServing:
         except ValueError as exc:
             raise APIError(str(exc), param="messages") from exc
         constraint = await asyncio.to_thread(self._constraint, body)
-        return await self._serve(body, request, prompt_ids, body.token_limit, "chatcmpl", chat=True,
-                                 constraint=constraint, tools=body.callable_tools)  # fmt: skip
+        return await self._serve(
+            body,
+            request,
+            prompt_ids,
+            body.token_limit,
+            "chatcmpl",
+            chat=True,
+            constraint=constraint,
+            tools=body.callable_tools,
+        )
 
     def _constraint(self, body: ChatCompletionRequest):
         """The grammar a chat request's output must follow: a tool call when tool_choice requires one (or names
@@ -122,8 +130,18 @@ class OpenAIServing:
             raise APIError(f"{param}: the schema cannot be used for constrained decoding: {exc}", param=param) from exc
 
     # ---- shared path ---------------------------------------------------------------------------
-    async def _serve(self, body, request: Request, prompt_ids: list[int], max_tokens: int | None, prefix: str, *,
-                     chat: bool, constraint=None, tools: list[dict] | None = None):  # fmt: skip
+    async def _serve(
+        self,
+        body,
+        request: Request,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        prefix: str,
+        *,
+        chat: bool,
+        constraint=None,
+        tools: list[dict] | None = None,
+    ):
         self._check_model(body.model)
         params = self._sampling_params(body, prompt_ids, max_tokens, constraint)
         request_id = f"{prefix}-{uuid.uuid4().hex}"
@@ -220,14 +238,22 @@ def _unicode(text: str, param: str) -> str:
 
 
 def _shutting_down(num_tokens: int) -> APIError:
-    return APIError(f"the server is shutting down; the request was stopped after {num_tokens} tokens; retry "
-                    "elsewhere", status=503, type="server_error", code="server_shutting_down")  # fmt: skip
+    return APIError(
+        f"the server is shutting down; the request was stopped after {num_tokens} tokens; retry elsewhere",
+        status=503,
+        type="server_error",
+        code="server_shutting_down",
+    )
 
 
 def _failed_alone(request_id: str) -> APIError:
-    return APIError(f"the engine failed on request {request_id} (its sampling or detokenizing raised; see the "
-                    "server log); other requests are unaffected", status=500, type="server_error",
-                    code="request_failed")  # fmt: skip
+    return APIError(
+        f"the engine failed on request {request_id} (its sampling or detokenizing raised; see the "
+        "server log); other requests are unaffected",
+        status=500,
+        type="server_error",
+        code="request_failed",
+    )
 
 
 async def _until_finished(stream: RequestStream, request: Request) -> RequestOutput:

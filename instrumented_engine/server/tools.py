@@ -48,8 +48,10 @@ def prompt_messages(messages: list[dict], tools: list[dict] | None, *, template_
         out.append({"role": "system", "content": system})
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            shown = [{"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}
-                     for c in m["tool_calls"]]  # fmt: skip
+            shown = [
+                {"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}
+                for c in m["tool_calls"]
+            ]
             text = f"{TOOL_CALL_START}{json.dumps(shown, ensure_ascii=False)}{TOOL_CALL_END}"
             out.append({"role": "assistant", "content": f"{m.get('content') or ''}{text}"})
         elif m["role"] == "tool":
@@ -78,11 +80,13 @@ def parse_tool_calls(text: str, tools: list[dict]) -> tuple[str | None, list[dic
         if not isinstance(entry, dict) or entry.get("name") not in names:
             return text, None
         arguments = entry.get("arguments", {})
-        calls.append({
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": entry["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
-        })  # fmt: skip
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": entry["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
+            }
+        )
     if not calls:
         return text, None
     return text[:start].strip() or None, calls

@@ -74,14 +74,24 @@ def chat_completion(
     for key, name in ((a.GEN_AI_REQUEST_MAX_TOKENS, "max_tokens"), (a.GEN_AI_REQUEST_TEMPERATURE, "temperature")):
         if params.get(name) is not None:
             attributes[key] = params[name]
-    with tracer.start_as_current_span(chat_span(model), kind=SpanKind.CLIENT, attributes=attributes,
-                                      record_exception=False, set_status_on_exception=False) as span:  # fmt: skip
+    with tracer.start_as_current_span(
+        chat_span(model),
+        kind=SpanKind.CLIENT,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
         headers: dict[str, str] = {}
         inject(headers)  # traceparent of this span
         if session_id is not None:
             headers[SESSION_ID_HEADER] = session_id
-        body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
-                **params}  # fmt: skip
+        body = {
+            "model": model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **params,
+        }
         start = time.perf_counter()
         try:
             chunks = _stream(client, body, headers, timeout_s)
@@ -123,10 +133,12 @@ def _server_attributes(base_url: str) -> dict:
 
 def _usage_attributes(result: ChatResult) -> dict:
     attrs = {a.GEN_AI_RESPONSE_FINISH_REASONS: [result.finish_reason or "unknown"]}
-    for key, value in ((a.GEN_AI_USAGE_INPUT_TOKENS, result.prompt_tokens),
-                       (a.GEN_AI_USAGE_OUTPUT_TOKENS, result.completion_tokens),
-                       (a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, result.cached_tokens),
-                       (a.GEN_AI_RESPONSE_ID, result.response_id)):  # fmt: skip
+    for key, value in (
+        (a.GEN_AI_USAGE_INPUT_TOKENS, result.prompt_tokens),
+        (a.GEN_AI_USAGE_OUTPUT_TOKENS, result.completion_tokens),
+        (a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, result.cached_tokens),
+        (a.GEN_AI_RESPONSE_ID, result.response_id),
+    ):
         if value is not None:
             attrs[key] = value
     return attrs
@@ -169,9 +181,15 @@ def _stream_openai(client, body: dict, headers: dict[str, str], timeout_s: float
     extra_body = {k: kwargs.pop(k) for k in list(kwargs) if k not in known}
     try:
         stream = client.chat.completions.create(
-            model=body["model"], messages=body["messages"], stream=True, stream_options={"include_usage": True},
-            extra_headers=headers, extra_body=extra_body or None, timeout=timeout_s, **kwargs,
-        )  # fmt: skip
+            model=body["model"],
+            messages=body["messages"],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers=headers,
+            extra_body=extra_body or None,
+            timeout=timeout_s,
+            **kwargs,
+        )
         for chunk in stream:
             yield chunk.model_dump()
     except openai.APITimeoutError as exc:

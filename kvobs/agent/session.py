@@ -94,12 +94,16 @@ class AgentSession:
 
     def __enter__(self) -> AgentSession:
         self.started_at = time.time()
-        self.span = self.tracer.start_span(invoke_agent_span(self.agent_name), kind=SpanKind.INTERNAL, attributes={
-            a.GEN_AI_OPERATION_NAME: GenAIOperation.INVOKE_AGENT.value,
-            a.GEN_AI_AGENT_NAME: self.agent_name,
-            a.GEN_AI_CONVERSATION_ID: self.session_id,
-            a.AGENT_RECORDED: self.recorder is not None,
-        })  # fmt: skip
+        self.span = self.tracer.start_span(
+            invoke_agent_span(self.agent_name),
+            kind=SpanKind.INTERNAL,
+            attributes={
+                a.GEN_AI_OPERATION_NAME: GenAIOperation.INVOKE_AGENT.value,
+                a.GEN_AI_AGENT_NAME: self.agent_name,
+                a.GEN_AI_CONVERSATION_ID: self.session_id,
+                a.AGENT_RECORDED: self.recorder is not None,
+            },
+        )
         self._token = otel_context.attach(trace.set_span_in_context(self.span))
         if self.recorder is not None:
             self.recorder.session_started(self)
@@ -168,8 +172,11 @@ class AgentStep:
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> AgentStep:
         self.started_at, self._start = time.time(), time.perf_counter()
-        attrs = {a.AGENT_STEP_INDEX: self.index, a.GEN_AI_CONVERSATION_ID: self.session.session_id,
-                 a.AGENT_RECORDED: self.session.recorder is not None}  # fmt: skip
+        attrs = {
+            a.AGENT_STEP_INDEX: self.index,
+            a.GEN_AI_CONVERSATION_ID: self.session.session_id,
+            a.AGENT_RECORDED: self.session.recorder is not None,
+        }
         if self.deadline_s is not None:
             attrs[a.AGENT_STEP_DEADLINE] = self.deadline_s
         self.span = self.session.tracer.start_span(SpanName.AGENT_STEP, kind=SpanKind.INTERNAL, attributes=attrs)
@@ -182,8 +189,10 @@ class AgentStep:
         if exc is not None:
             self.fail(error_type_of(exc), str(exc))
         elif self.deadline_s is not None and self.elapsed_s > self.deadline_s:
-            self.fail(StepErrorType.TIMEOUT.value, f"the step took {self.elapsed_s:.2f} s; its deadline is "
-                      f"{self.deadline_s:.2f} s")  # fmt: skip
+            self.fail(
+                StepErrorType.TIMEOUT.value,
+                f"the step took {self.elapsed_s:.2f} s; its deadline is {self.deadline_s:.2f} s",
+            )
         if self.status is StepStatus.ERROR:
             self.span.set_status(Status(StatusCode.ERROR, self.error_message))
             self.span.set_attribute(a.ERROR_TYPE, self.error_type)
@@ -218,9 +227,16 @@ class AgentStep:
         if remaining is not None and remaining <= 0:
             raise ChatError(StepErrorType.TIMEOUT.value, "the step's deadline passed before its LLM call")
         self.session.client = client
-        result = chat_completion(self.session.tracer, client, model=model, messages=messages,
-                                 session_id=self.session.session_id, timeout_s=remaining, step_index=self.index,
-                                 **params)  # fmt: skip
+        result = chat_completion(
+            self.session.tracer,
+            client,
+            model=model,
+            messages=messages,
+            session_id=self.session.session_id,
+            timeout_s=remaining,
+            step_index=self.index,
+            **params,
+        )
         self.chats.append(result)
         return result
 
@@ -250,9 +266,12 @@ class AgentStep:
     def _record_attributes(self) -> dict:
         """What the store records of the step, on its span (the collector makes the step of it when no recorder
         writes it): its first call's TTFT and its calls' token totals."""
-        values = {a.AGENT_STEP_TTFT: self.ttft_s, a.GEN_AI_USAGE_INPUT_TOKENS: self.total("prompt_tokens"),
-                  a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: self.total("cached_tokens"),
-                  a.GEN_AI_USAGE_OUTPUT_TOKENS: self.total("completion_tokens")}  # fmt: skip
+        values = {
+            a.AGENT_STEP_TTFT: self.ttft_s,
+            a.GEN_AI_USAGE_INPUT_TOKENS: self.total("prompt_tokens"),
+            a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: self.total("cached_tokens"),
+            a.GEN_AI_USAGE_OUTPUT_TOKENS: self.total("completion_tokens"),
+        }
         return {key: value for key, value in values.items() if value is not None}
 
     def total(self, field: str) -> int | None:

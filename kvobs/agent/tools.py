@@ -49,8 +49,13 @@ def tool(name: str | None = None):
 @contextmanager
 def tool_span(tracer: trace.Tracer, name: str):
     attrs = {a.GEN_AI_OPERATION_NAME: GenAIOperation.EXECUTE_TOOL.value, a.GEN_AI_TOOL_NAME: name}
-    with tracer.start_as_current_span(execute_tool_span(name), kind=SpanKind.INTERNAL, attributes=attrs,
-                                      record_exception=True, set_status_on_exception=False) as span:  # fmt: skip
+    with tracer.start_as_current_span(
+        execute_tool_span(name),
+        kind=SpanKind.INTERNAL,
+        attributes=attrs,
+        record_exception=True,
+        set_status_on_exception=False,
+    ) as span:
         try:
             yield span
         except Exception as exc:

@@ -51,13 +51,24 @@ class AgentKind:
 
 
 KINDS = (
-    AgentKind("researcher", "You research destinations: sights, opening hours, events. Answer as "
-              "'Thought: ... Action: tool(input)'.", ("search", "weather")),
-    AgentKind("coder", "You write small Python programs that compare prices and schedules. Answer as "
-              "'Thought: ... Action: code(program)'.", ("code", "flights")),
-    AgentKind("planner", 'You plan itineraries. Answer only with a JSON object: {"thought": "...", "tool": "...", '
-              '"input": "..."}.', ("calendar", "flights", "weather"), requires_json=True),
-)  # fmt: skip
+    AgentKind(
+        "researcher",
+        "You research destinations: sights, opening hours, events. Answer as 'Thought: ... Action: tool(input)'.",
+        ("search", "weather"),
+    ),
+    AgentKind(
+        "coder",
+        "You write small Python programs that compare prices and schedules. Answer as "
+        "'Thought: ... Action: code(program)'.",
+        ("code", "flights"),
+    ),
+    AgentKind(
+        "planner",
+        'You plan itineraries. Answer only with a JSON object: {"thought": "...", "tool": "...", "input": "..."}.',
+        ("calendar", "flights", "weather"),
+        requires_json=True,
+    ),
+)
 TASKS = (
     "a weekend in Lisbon",
     "a conference trip to Berlin",
@@ -68,8 +79,28 @@ TASKS = (
     "a client visit in Chicago",
     "a stopover in Singapore",
 )
-WORDS = ("gate", "delayed", "sunny", "museum", "closed", "price", "EUR", "direct", "transfer", "rain", "hotel",
-         "booked", "open", "ticket", "platform", "window", "seat", "late", "early", "confirmed")  # fmt: skip
+WORDS = (
+    "gate",
+    "delayed",
+    "sunny",
+    "museum",
+    "closed",
+    "price",
+    "EUR",
+    "direct",
+    "transfer",
+    "rain",
+    "hotel",
+    "booked",
+    "open",
+    "ticket",
+    "platform",
+    "window",
+    "seat",
+    "late",
+    "early",
+    "confirmed",
+)
 _PAUSE = re.compile(r"^(?:(const|uniform|exp|lognormal):)?([\d.]+)(?:[-,]([\d.]+))?$")
 
 
@@ -86,8 +117,10 @@ class PauseDistribution:
     def parse(cls, text: str) -> PauseDistribution:
         match = _PAUSE.match(text.strip())
         if match is None:
-            raise ValueError(f"not a pause distribution: {text!r} (examples: 300, uniform:100-900, exp:500, "
-                             "lognormal:500,0.8; milliseconds)")  # fmt: skip
+            raise ValueError(
+                f"not a pause distribution: {text!r} (examples: 300, uniform:100-900, exp:500, "
+                "lognormal:500,0.8; milliseconds)"
+            )
         kind, a, b = match.group(1) or "const", float(match.group(2)), match.group(3)
         if kind in ("uniform", "lognormal") and b is None:
             raise ValueError(
@@ -153,8 +186,9 @@ def check_rounds(rounds: int, round_pause_s: float = 0.0) -> None:
         raise ValueError(f"--round-pause-s must not be negative; got {round_pause_s}")
 
 
-def round_configs(config: WorkloadConfig, rounds: int, round_pause_s: float,
-                  stop: threading.Event) -> Iterator[WorkloadConfig]:  # fmt: skip
+def round_configs(
+    config: WorkloadConfig, rounds: int, round_pause_s: float, stop: threading.Event
+) -> Iterator[WorkloadConfig]:
     """Each round's config: round r runs seed + r, so every round has new sessions; `rounds` 0 means until `stop`.
     Waits `round_pause_s` between rounds and ends as soon as `stop` is set."""
     index = 0
@@ -207,9 +241,16 @@ def tool_result(rng: random.Random, tool: str) -> str:
 class Workload:
     """Runs `config.sessions` sessions, `config.concurrency` at a time, through `client`."""
 
-    def __init__(self, config: WorkloadConfig, client: httpx.Client, *, tracer_provider: TracerProvider,
-                 recorder: StepRecorder | None = None, on_step=None,
-                 stop: threading.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: WorkloadConfig,
+        client: httpx.Client,
+        *,
+        tracer_provider: TracerProvider,
+        recorder: StepRecorder | None = None,
+        on_step=None,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.config = config
         self.stop = stop or threading.Event()  # set: each session ends after its current step
         self.client = client
@@ -236,8 +277,9 @@ class Workload:
             {"role": "system", "content": SHARED_SYSTEM + kind.instructions},
             {"role": "user", "content": f"Plan {rng.choice(TASKS)} for customer {rng.randint(1000, 9999)}."},
         ]
-        with AgentSession(kind.name, session_id=session_id, tracer_provider=self.tracer_provider,
-                          recorder=self.recorder) as session:  # fmt: skip
+        with AgentSession(
+            kind.name, session_id=session_id, tracer_provider=self.tracer_provider, recorder=self.recorder
+        ) as session:
             for _ in range(self.config.steps):
                 if self.stop.is_set():
                     break
@@ -258,8 +300,9 @@ class Workload:
             self.result.sessions += 1
 
     def _think(self, step: AgentStep, kind: AgentKind, messages: list[dict]) -> str:
-        reply = step.chat(self.client, model=self.model, messages=messages, max_tokens=self.config.max_tokens,
-                          temperature=0.0)  # fmt: skip
+        reply = step.chat(
+            self.client, model=self.model, messages=messages, max_tokens=self.config.max_tokens, temperature=0.0
+        )
         if kind.requires_json and parse_json_reply(reply.text) is None:
             step.fail(StepErrorType.INVALID_RESPONSE.value, f"the reply is not a JSON object: {reply.text[:120]!r}")
         return reply.text

@@ -74,8 +74,9 @@ class Evaluator:
                     transitions.append(self._row(rule, "firing", now, instance, session_id, value))
             for (name, instance, session_id), row in sorted(active.items(), key=lambda item: _ordered(*item[0][1:])):
                 if name == rule.name and (instance, session_id) not in firing:
-                    transitions.append(self._row(rule, "resolved", now, instance, session_id, None,
-                                                 summary=f"resolved: {row.summary}"))  # fmt: skip
+                    transitions.append(
+                        self._row(rule, "resolved", now, instance, session_id, None, summary=f"resolved: {row.summary}")
+                    )
         if transitions:
             self._store(transitions)
             for sink in self.sinks:
@@ -97,9 +98,16 @@ class Evaluator:
 
     @staticmethod
     def _row(rule: Rule, state: str, now: float, instance, session_id, value, summary: str | None = None) -> dict:
-        return {"ts": now, "rule": rule.name, "severity": rule.severity, "state": state, "instance": instance,
-                "session_id": session_id, "value": value,
-                "summary": (summary or rule.describe(value, instance, session_id))[:1024]}  # fmt: skip
+        return {
+            "ts": now,
+            "rule": rule.name,
+            "severity": rule.severity,
+            "state": state,
+            "instance": instance,
+            "session_id": session_id,
+            "value": value,
+            "summary": (summary or rule.describe(value, instance, session_id))[:1024],
+        }
 
 
 def _ordered(instance: str | None, session_id: str | None) -> tuple[str, str]:

@@ -51,8 +51,9 @@ class Rule:
 
     def describe(self, value: float, instance: str | None, session_id: str | None) -> str:
         try:
-            return self.summary.format(value=value, instance=instance or "all instances",
-                                       session_id=session_id or "-", rule=self.name)  # fmt: skip
+            return self.summary.format(
+                value=value, instance=instance or "all instances", session_id=session_id or "-", rule=self.name
+            )
         except (KeyError, IndexError, ValueError):
             return f"{self.name}: {value}"
 
@@ -86,8 +87,9 @@ def parse_rule(raw, index: int) -> Rule:
         if required not in raw:
             raise RuleError(f"{where}: field {required!r} is required")
     if raw["signal"] not in SIGNALS:
-        raise RuleError(f"{where}: field 'signal': unknown signal {raw['signal']!r}; choose one of "
-                        f"{', '.join(sorted(SIGNALS))}")  # fmt: skip
+        raise RuleError(
+            f"{where}: field 'signal': unknown signal {raw['signal']!r}; choose one of {', '.join(sorted(SIGNALS))}"
+        )
     if raw["op"] not in OPS:
         raise RuleError(f"{where}: field 'op': {raw['op']!r} is not one of {' '.join(OPS)}")
     threshold = raw["threshold"]
@@ -110,9 +112,17 @@ def parse_rule(raw, index: int) -> Rule:
     summary = raw.get("summary", "{rule}: {value}")
     if not isinstance(summary, str):
         raise RuleError(f"{where}: field 'summary': expected a string")
-    return Rule(name=name, signal=raw["signal"], op=raw["op"], threshold=float(threshold), severity=raw["severity"],
-                for_s=parse_duration(raw.get("for", 0), f"{where}: field 'for'"), window_s=window,
-                params=dict(params), summary=summary)  # fmt: skip
+    return Rule(
+        name=name,
+        signal=raw["signal"],
+        op=raw["op"],
+        threshold=float(threshold),
+        severity=raw["severity"],
+        for_s=parse_duration(raw.get("for", 0), f"{where}: field 'for'"),
+        window_s=window,
+        params=dict(params),
+        summary=summary,
+    )
 
 
 def parse_rules(text: str, source: str = "rules") -> list[Rule]:

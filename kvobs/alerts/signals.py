@@ -47,8 +47,9 @@ def _hit_rates(store: Store, since: float, until: float) -> dict[str, float]:
     return {inst: hit.rate for inst, hit in hit_rates_in(store, since, until).items() if hit.rate is not None}
 
 
-def hit_rate(store: Store, since: float, until: float, baseline_window_s: float | None = None,
-             baseline_min: float = 0.0) -> list[Value]:  # fmt: skip
+def hit_rate(
+    store: Store, since: float, until: float, baseline_window_s: float | None = None, baseline_min: float = 0.0
+) -> list[Value]:
     """Per instance: the prefix-cache hit rate of the requests that arrived in the window (the one hit rate,
     `kvobs.analytics.hit_rate`: cached / prompt tokens, else vLLM's counters); with `baseline_window_s`, only
     instances whose hit rate over that long before the window was at least `baseline_min` (a collapse needs a level
@@ -94,8 +95,9 @@ def prefix_lost_in_pause_per_min(store: Store, since: float, until: float) -> li
     return [(instance, None, lost / minutes) for instance, lost in sorted(per_instance.items())]
 
 
-def step_failure_rate(store: Store, since: float, until: float, min_steps: int = 5,
-                      exclude_errors: tuple[str, ...] = ()) -> list[Value]:  # fmt: skip
+def step_failure_rate(
+    store: Store, since: float, until: float, min_steps: int = 5, exclude_errors: tuple[str, ...] = ()
+) -> list[Value]:
     """Failed agent steps / steps started in the window (at least `min_steps`), failures of `exclude_errors` not
     counted as failures (the model's output errors: the cache does not cause them)."""
     total, failed = queries.step_counts(store, since, until, exclude_errors=tuple(exclude_errors))
@@ -110,8 +112,14 @@ def _burn(store: Store, since: float, until: float, slo_s: float, objective: flo
     return {inst: float((group["ttft_s"] > slo_s).mean()) / budget for inst, group in reqs.groupby("instance")}
 
 
-def ttft_slo_burn(store: Store, since: float, until: float, slo_s: float = 2.5, objective: float = 0.99,
-                  short_window_s: float | None = None) -> list[Value]:  # fmt: skip
+def ttft_slo_burn(
+    store: Store,
+    since: float,
+    until: float,
+    slo_s: float = 2.5,
+    objective: float = 0.99,
+    short_window_s: float | None = None,
+) -> list[Value]:
     """Per instance: the share of requests whose TTFT missed `slo_s`, over the error budget `1 - objective`; with
     `short_window_s`, the lower of the window's burn and the last `short_window_s`'s (a multi-window burn-rate
     alert: both must burn)."""

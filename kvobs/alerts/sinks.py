@@ -19,10 +19,15 @@ def alert_payload(alerts: list[dict]) -> dict:
         for key in ("instance", "session_id"):
             if alert.get(key):
                 labels[key] = alert[key]
-        items.append({
-            "status": alert["state"], "labels": labels, "annotations": {"summary": alert["summary"]},
-            "startsAt": datetime.fromtimestamp(alert["ts"], timezone.utc).isoformat(), "value": alert["value"],
-        })  # fmt: skip
+        items.append(
+            {
+                "status": alert["state"],
+                "labels": labels,
+                "annotations": {"summary": alert["summary"]},
+                "startsAt": datetime.fromtimestamp(alert["ts"], timezone.utc).isoformat(),
+                "value": alert["value"],
+            }
+        )
     status = "firing" if any(a["state"] == "firing" for a in alerts) else "resolved"
     return {"version": "4", "status": status, "receiver": "kvobs", "alerts": items}
 
@@ -60,5 +65,10 @@ class WebhookSink:
             if attempt < self.tries:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
         self.num_failed += 1
-        log.error("webhook %s failed %d times (last: %s); %d alert transitions not delivered", self.url, self.tries,
-                  error, len(alerts))  # fmt: skip
+        log.error(
+            "webhook %s failed %d times (last: %s); %d alert transitions not delivered",
+            self.url,
+            self.tries,
+            error,
+            len(alerts),
+        )

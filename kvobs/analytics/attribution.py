@@ -46,15 +46,23 @@ from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.analytics.step_facts import Events, missing, step_facts
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
-ATTRIBUTION_KINDS = tuple(k.value for k in (KVEventKind.EVICTED, KVEventKind.REMOVED, KVEventKind.INVALIDATED,
-                                            KVEventKind.CLEARED, KVEventKind.PREEMPTED))  # fmt: skip
+ATTRIBUTION_KINDS = tuple(
+    k.value
+    for k in (
+        KVEventKind.EVICTED,
+        KVEventKind.REMOVED,
+        KVEventKind.INVALIDATED,
+        KVEventKind.CLEARED,
+        KVEventKind.PREEMPTED,
+    )
+)
 CAUSES = ("invalidated", "prefix_evicted_in_pause", "preempted", "queue_wait", "none")
 SLOW_CAUSES = (*dict.fromkeys(cause for cause, _ in EXCESS_CAUSES.values()), "none")
 FAILURE_KINDS = ("cache", "queue", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
 # each fact's part of the excess (`latency_parts.explain_excess` candidates)
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
-# the column names read better filled than one per line:
+# aligned: the column names read better filled than one per line
 # fmt: off
 COLUMNS = [
     "session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id", "span_id",
@@ -161,12 +169,31 @@ def attribute_steps(
         for step, step_latency in session_steps:
             sent = reqs.of_step(step)
             finished = reqs.finished[sent]
-            own = server_parts(step_latency, not missing(step.ttft_s), reqs.queue[sent], reqs.arrival[sent],
-                               reqs.first_token[sent], finished)  # fmt: skip
+            own = server_parts(
+                step_latency,
+                not missing(step.ttft_s),
+                reqs.queue[sent],
+                reqs.arrival[sent],
+                reqs.first_token[sent],
+                finished,
+            )
             parts.append(own)
             if not failed_only or step.wanted:
-                rows.append(step_facts(step, step_latency, own, reqs, sent, previous_end, session_events, resets,
-                                       preempted, rates, queue_wait_s))  # fmt: skip
+                rows.append(
+                    step_facts(
+                        step,
+                        step_latency,
+                        own,
+                        reqs,
+                        sent,
+                        previous_end,
+                        session_events,
+                        resets,
+                        preempted,
+                        rates,
+                        queue_wait_s,
+                    )
+                )
             ends = [end for end in finished.tolist() if end == end]
             previous_end = max(ends) if ends else (step.ended_at if not missing(step.ended_at) else None)
     floats = {"max_queue_s": float, "cached_tokens": float, "prefill_rate": float, **dict.fromkeys(ESTIMATES, float)}
@@ -215,8 +242,10 @@ def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s
     slow = frame["slow"].to_numpy(bool)
     _queue_as_fact(frame, typical["queue_s"], slow_min_s)
     frame["slow_cause"] = [EXCESS_CAUSES[d][0] if s and d is not None else "none" for s, d in zip(slow, dominant)]
-    frame["cause"] = [_costliest(row) for row in frame[["causes", *(f"{p}_excess_s" for p in _FACT_PART.values())]]
-                      .itertuples(index=False)]  # fmt: skip
+    frame["cause"] = [
+        _costliest(row)
+        for row in frame[["causes", *(f"{p}_excess_s" for p in _FACT_PART.values())]].itertuples(index=False)
+    ]
     frame["evidence"] = [
         "; ".join([excess_words(row, t)] + facts) if s and row["dominant"] is not None else "; ".join(facts)
         for row, t, s, facts in zip(frame.to_dict("records"), typical_s, slow, frame["facts"])
@@ -237,8 +266,10 @@ def _queue_as_fact(frame: pd.DataFrame, typical_queue: np.ndarray, slow_min_s: f
     for i in np.flatnonzero(extra & ~frame["causes"].str.contains("queue_wait").to_numpy(bool)):
         causes = frame.at[i, "causes"]
         frame.at[i, "causes"] = "queue_wait" if causes == "none" else f"{causes},queue_wait"
-        frame.at[i, "facts"] = [*frame.at[i, "facts"], f"waited {frame.at[i, 'queue_s']:.2f} s in the queue "
-                                f"(typically {typical_queue[i]:.2f} s)"]  # fmt: skip
+        frame.at[i, "facts"] = [
+            *frame.at[i, "facts"],
+            f"waited {frame.at[i, 'queue_s']:.2f} s in the queue (typically {typical_queue[i]:.2f} s)",
+        ]
 
 
 def _costliest(row) -> str:

@@ -139,8 +139,18 @@ def hit_rates(requests: pd.DataFrame, chains: dict[str, list[int]], graph: Block
                 "recompute_tokens": None if cached is None else max(available * block_size - cached, 0),
             }
         )
-    return pd.DataFrame(rows, columns=["request_id", "session_id", "arrival_ts", "prompt_tokens", "cached_tokens",
-                                       "available_tokens", "recompute_tokens"])  # fmt: skip
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "request_id",
+            "session_id",
+            "arrival_ts",
+            "prompt_tokens",
+            "cached_tokens",
+            "available_tokens",
+            "recompute_tokens",
+        ],
+    )
 
 
 def hit_rate_summary(rates: pd.DataFrame) -> dict:
@@ -174,12 +184,21 @@ def prefix_reuse(stored: pd.DataFrame) -> pd.DataFrame:
     if stored.empty:
         return pd.DataFrame(columns=["root_hash", "sessions", "blocks", "stores", "first_ts", "last_ts"])
     hashes, _ = _as_uint64(stored["block_hash"])
-    frame = pd.DataFrame({"root_hash": chain_roots(hashes, *_as_uint64(stored["parent_hash"])), "block": hashes,
-                          "session_id": stored["session_id"].to_numpy(), "ts": stored["ts"].to_numpy()})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "root_hash": chain_roots(hashes, *_as_uint64(stored["parent_hash"])),
+            "block": hashes,
+            "session_id": stored["session_id"].to_numpy(),
+            "ts": stored["ts"].to_numpy(),
+        }
+    )
     out = frame.groupby("root_hash").agg(
-        sessions=("session_id", "nunique"), blocks=("block", "nunique"), stores=("block", "size"),
-        first_ts=("ts", "min"), last_ts=("ts", "max"),
-    )  # fmt: skip
+        sessions=("session_id", "nunique"),
+        blocks=("block", "nunique"),
+        stores=("block", "size"),
+        first_ts=("ts", "min"),
+        last_ts=("ts", "max"),
+    )
     out = out.sort_values(["sessions", "stores"], ascending=False).reset_index()
     out["root_hash"] = out["root_hash"].astype(object)  # hashes as Python ints, as every read gives them
     return out
@@ -201,10 +220,15 @@ def chain_roots(hashes: np.ndarray, parents: np.ndarray, no_parent: np.ndarray) 
                 return distinct[up][np.searchsorted(distinct, hashes)]
             break
         up = jumped
-    graph = BlockGraph.from_stored(pd.DataFrame({
-        "ts": 0.0, "block_hash": hashes.astype(object),
-        "parent_hash": np.where(no_parent, None, parents.astype(object)),
-    }))  # fmt: skip
+    graph = BlockGraph.from_stored(
+        pd.DataFrame(
+            {
+                "ts": 0.0,
+                "block_hash": hashes.astype(object),
+                "parent_hash": np.where(no_parent, None, parents.astype(object)),
+            }
+        )
+    )
     return np.array([graph.root(int(h)) for h in hashes], dtype=np.uint64)
 
 
@@ -225,5 +249,9 @@ def eviction_churn(stored: pd.DataFrame) -> dict:
     else:
         times = pd.Series(dtype="int64")
     extra = int((times[times > 1] - 1).sum())
-    return {"blocks": len(times), "restored_blocks": int((times > 1).sum()), "extra_stores": extra,
-            "churn": extra / len(stored) if len(stored) else 0.0}  # fmt: skip
+    return {
+        "blocks": len(times),
+        "restored_blocks": int((times > 1).sum()),
+        "extra_stores": extra,
+        "churn": extra / len(stored) if len(stored) else 0.0,
+    }

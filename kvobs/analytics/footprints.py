@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-FOOTPRINT_COLUMNS = ["ts", "instance", "session_blocks", "session_evicted_blocks", "session_evicted_idle_blocks",
-                     "session_pending_idle_blocks",
-                     "session_hit_tokens", "hit_rate"]  # fmt: skip
+FOOTPRINT_COLUMNS = [
+    "ts",
+    "instance",
+    "session_blocks",
+    "session_evicted_blocks",
+    "session_evicted_idle_blocks",
+    "session_pending_idle_blocks",
+    "session_hit_tokens",
+    "hit_rate",
+]
 
 
 def footprint_timeline(snapshots: pd.DataFrame) -> pd.DataFrame:
@@ -30,17 +37,20 @@ def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, steps: pd.Da
     table = sessions.set_index("session_id")[["agent_name", "source", "started_at", "ended_at"]]
     if not footprints.empty:
         latest = footprints.groupby("session_id").agg(
-            blocks=("session_blocks", "sum"), lost=("session_evicted_blocks", "sum"),
-            lost_idle=("session_evicted_idle_blocks", "sum"), pending_idle=("session_pending_idle_blocks", "sum"),
-        )  # fmt: skip
+            blocks=("session_blocks", "sum"),
+            lost=("session_evicted_blocks", "sum"),
+            lost_idle=("session_evicted_idle_blocks", "sum"),
+            pending_idle=("session_pending_idle_blocks", "sum"),
+        )
         table = table.join(latest, how="outer")
     if not steps.empty:
         known = steps.dropna(subset=["prompt_tokens", "cached_tokens"])
         tokens = known.groupby("session_id")[["cached_tokens", "prompt_tokens"]].sum()
         outcome = steps.groupby("session_id").agg(
-            steps=("step_index", "size"), failed=("status", lambda s: int((s == "error").sum())),
+            steps=("step_index", "size"),
+            failed=("status", lambda s: int((s == "error").sum())),
             e2e_p50=("e2e_s", "median"),
-        )  # fmt: skip
+        )
         outcome["hit_rate"] = tokens["cached_tokens"] / tokens["prompt_tokens"].where(tokens["prompt_tokens"] > 0)
         table = table.join(outcome, how="outer")
     order = [c for c in ("lost_idle", "lost", "failed") if c in table]

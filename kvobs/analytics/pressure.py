@@ -44,20 +44,27 @@ def pressure_windows(
     `kv_counts`: `queries.block_losses` (or `kv_event_counts`) rows; `evictions_per_s` sums their loss kinds' blocks."""
     parts = []
     if not snapshots.empty:
-        snaps = snapshots.assign(window=_bucket(snapshots["ts"], window_s),
-                                 preemptions=preemption_increase(snapshots))  # fmt: skip
-        parts.append(snaps.groupby("window").agg(
-            usage_mean=("kv_usage", "mean"), usage_max=("kv_usage", "max"),
-            resident_blocks=("blocks_resident", "mean"), waiting=("num_waiting", "mean"),
-            preemptions=("preemptions", "sum"),
-        ))  # fmt: skip
+        snaps = snapshots.assign(window=_bucket(snapshots["ts"], window_s), preemptions=preemption_increase(snapshots))
+        parts.append(
+            snaps.groupby("window").agg(
+                usage_mean=("kv_usage", "mean"),
+                usage_max=("kv_usage", "max"),
+                resident_blocks=("blocks_resident", "mean"),
+                waiting=("num_waiting", "mean"),
+                preemptions=("preemptions", "sum"),
+            )
+        )
     if not kv_counts.empty:
         losses = kv_counts[kv_counts["kind"].isin(BLOCK_LOSS_KINDS)]
         lost = losses.assign(window=_bucket(losses["bucket"], window_s)).groupby("window")["blocks"].sum()
         parts.append((lost / window_s).rename("evictions_per_s").to_frame())
     if not requests.empty:
-        reqs = requests.assign(window=_bucket(requests["arrival_ts"], window_s), queue=requests["queue_s"],
-                               ttft=requests["ttft_s"], itl=requests["itl_s"])  # fmt: skip
+        reqs = requests.assign(
+            window=_bucket(requests["arrival_ts"], window_s),
+            queue=requests["queue_s"],
+            ttft=requests["ttft_s"],
+            itl=requests["itl_s"],
+        )
         grouped = reqs.groupby("window")
         latency = {"requests": grouped.size()}
         for name in LATENCIES:
@@ -103,10 +110,14 @@ def why_no_lag(correlation: pd.DataFrame) -> str:
     best, tested = _largest_r(correlation)
     if best is None:
         most = int(correlation["pairs"].max()) if not correlation.empty else 0
-        return (f"Not enough windows: at most {most} with both values known; a correlation needs at least "
-                f"{MIN_PAIRS} (or one of the two did not vary).")  # fmt: skip
-    return (f"No lag stands out from chance: the largest |r| is {best['r']:.2f} ({int(best['pairs'])} windows), "
-            f"p = {best['p_adjusted']:.2f} after testing {tested} lags.")  # fmt: skip
+        return (
+            f"Not enough windows: at most {most} with both values known; a correlation needs at least "
+            f"{MIN_PAIRS} (or one of the two did not vary)."
+        )
+    return (
+        f"No lag stands out from chance: the largest |r| is {best['r']:.2f} ({int(best['pairs'])} windows), "
+        f"p = {best['p_adjusted']:.2f} after testing {tested} lags."
+    )
 
 
 def _largest_r(correlation: pd.DataFrame) -> tuple[dict | None, int]:

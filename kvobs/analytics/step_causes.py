@@ -25,8 +25,18 @@ from kvobs.store import queries
 from kvobs.store.db import Store
 
 LOOKBACK_S = 3600.0
-VERDICT_COLUMNS = ["session_id", "step_index", "status", "error_type", "started_at", "trace_id", "span_id",
-                   "failure_cause", "failure_kind", "evidence"]  # fmt: skip
+VERDICT_COLUMNS = [
+    "session_id",
+    "step_index",
+    "status",
+    "error_type",
+    "started_at",
+    "trace_id",
+    "span_id",
+    "failure_cause",
+    "failure_kind",
+    "evidence",
+]
 
 
 def step_causes(
@@ -51,9 +61,14 @@ def step_causes(
     rates = PrefillRates.from_store(store, start, until, requests=reqs)
     if failed_only:
         cleared = KVEventKind.CLEARED.value
-        events = pd.concat([queries.session_events(store, _failed_step_windows(steps, until),
-                                                   kinds=[k for k in ATTRIBUTION_KINDS if k != cleared]),
-                            queries.kv_events(store, start, until, kinds=[cleared])])  # fmt: skip
+        events = pd.concat(
+            [
+                queries.session_events(
+                    store, _failed_step_windows(steps, until), kinds=[k for k in ATTRIBUTION_KINDS if k != cleared]
+                ),
+                queries.kv_events(store, start, until, kinds=[cleared]),
+            ]
+        )
     else:
         events = queries.kv_events(store, start, until, kinds=ATTRIBUTION_KINDS)
         sessions = set(steps["session_id"])
@@ -74,8 +89,9 @@ def failure_verdicts(store: Store, since: float | None, until: float | None) -> 
     others = others.assign(failure_cause=[v[0] for v in verdicts], failure_kind=[v[1] for v in verdicts], evidence="")
     frame = others[VERDICT_COLUMNS]
     if timeout.any():
-        attributed = step_causes(store, since, until, failed_only=True, error_types=[StepErrorType.TIMEOUT.value],
-                                 steps=steps)[VERDICT_COLUMNS]  # fmt: skip
+        attributed = step_causes(
+            store, since, until, failed_only=True, error_types=[StepErrorType.TIMEOUT.value], steps=steps
+        )[VERDICT_COLUMNS]
         frame = attributed if frame.empty else pd.concat([frame, attributed])
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
 

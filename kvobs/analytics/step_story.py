@@ -64,8 +64,9 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
     high = _end(steps.iloc[i : i + 2]) if i + 1 < len(steps) else last
     session_kv = queries.kv_events(store, low, high, session_id=session_id)
     resets = queries.kv_events(store, low, high, kinds=[K.CLEARED.value])
-    attributed = attribute_steps(steps, reqs, pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)],
-                                                         resets]), rates=rates)  # fmt: skip
+    attributed = attribute_steps(
+        steps, reqs, pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], resets]), rates=rates
+    )
     step = steps.iloc[i]
     verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()
     mine = sent[i]
@@ -78,8 +79,12 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
             pause = (float(pause_start), pause_end)
     step_end = float(step["ended_at"]) if pd.notna(step["ended_at"]) else _end(mine)
     start = pause[0] if pause else float(step["started_at"])
-    kv = pd.concat([session_kv[(session_kv["ts"] > start) & (session_kv["ts"] <= step_end)],
-                    resets[(resets["ts"] > start) & (resets["ts"] <= step_end)]])  # fmt: skip
+    kv = pd.concat(
+        [
+            session_kv[(session_kv["ts"] > start) & (session_kv["ts"] <= step_end)],
+            resets[(resets["ts"] > start) & (resets["ts"] <= step_end)],
+        ]
+    )
     takers = queries.requests(store, start - 600.0, step_end).set_index("request_id")["session_id"].to_dict()
     timeline = _timeline(step, pause, mine)
     events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
@@ -119,8 +124,11 @@ def _timeline(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
     for n, r in enumerate(requests.itertuples(index=False), 1):
         lane = f"request {n} ({_short(r.request_id)})"
         scheduled = r.arrival_ts + r.queue_s if pd.notna(r.queue_s) else None
-        phases = [("queue", r.arrival_ts, scheduled), ("prefill", scheduled, r.first_token_ts),
-                  ("decode", r.first_token_ts, r.finished_ts)]  # fmt: skip
+        phases = [
+            ("queue", r.arrival_ts, scheduled),
+            ("prefill", scheduled, r.first_token_ts),
+            ("decode", r.first_token_ts, r.finished_ts),
+        ]
         for phase, begin, end in phases:
             if begin is not None and end is not None and pd.notna(begin) and pd.notna(end):
                 rows.append((lane, phase, begin, end, f"{phase} {end - begin:.3f} s"))
@@ -170,9 +178,18 @@ def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
         blocks, tokens = _blocks_and_tokens(group)
         rid = rid or None
         taker = takers.get(rid) if rid else None
-        rows.append({"ts": float(group["ts"].min()), "source": "kv", "kind": kind, "blocks": blocks,
-                     "tokens": tokens, "request_id": rid, "by_session": taker,
-                     "what": _kv_text(kind, why, blocks, tokens, rid, taker, session_id)})  # fmt: skip
+        rows.append(
+            {
+                "ts": float(group["ts"].min()),
+                "source": "kv",
+                "kind": kind,
+                "blocks": blocks,
+                "tokens": tokens,
+                "request_id": rid,
+                "by_session": taker,
+                "what": _kv_text(kind, why, blocks, tokens, rid, taker, session_id),
+            }
+        )
     return pd.DataFrame(rows, columns=EVENTS)
 
 

@@ -31,8 +31,12 @@ def add_parser(sub) -> None:
     p.add_argument("--sessions", type=int, default=8, help="agent sessions in all")
     p.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
     p.add_argument("--steps", type=int, default=4, help="steps per session")
-    p.add_argument("--tool-pause-ms", default="exp:500", metavar="DIST",
-                   help="tool pause in ms: 300, uniform:100-900, exp:500 (mean), lognormal:500,0.8")  # fmt: skip
+    p.add_argument(
+        "--tool-pause-ms",
+        default="exp:500",
+        metavar="DIST",
+        help="tool pause in ms: 300, uniform:100-900, exp:500 (mean), lognormal:500,0.8",
+    )
     p.add_argument("--step-deadline-s", type=float, default=30.0, help="a step fails when it takes longer")
     p.add_argument("--max-tokens", type=int, default=48, help="reply tokens per step")
     p.add_argument("--model", help="model name (default: the first one the server lists)")
@@ -45,9 +49,12 @@ def add_parser(sub) -> None:
     p.add_argument("--rounds", type=int, default=1, help="workload rounds (0: until SIGINT/SIGTERM)")
     p.add_argument("--round-pause-s", type=float, default=10.0, help="seconds between rounds")
     add_store_flag(p, what="sessions and steps")
-    p.add_argument("--no-store", action="store_true",
-                   help="write nothing to a store: the agents' spans carry their steps to `kvobs collect` at "
-                   "--otlp-endpoint, which writes them (the agents then need no store credentials)")  # fmt: skip
+    p.add_argument(
+        "--no-store",
+        action="store_true",
+        help="write nothing to a store: the agents' spans carry their steps to `kvobs collect` at "
+        "--otlp-endpoint, which writes them (the agents then need no store credentials)",
+    )
     p.add_argument("--otlp-endpoint", help="send the agents' spans here (default: OTEL_EXPORTER_OTLP_* if set)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -65,34 +72,67 @@ def _seed(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from kvobs.agent.workload import PauseDistribution, WorkloadConfig, check_rounds, round_configs
 
-    config = start_or_report("agents", lambda: check_rounds(args.rounds, args.round_pause_s) or WorkloadConfig(
-        base_url=args.base_url, sessions=args.sessions, concurrency=args.concurrency, steps=args.steps,
-        tool_pause=PauseDistribution.parse(args.tool_pause_ms), step_deadline_s=args.step_deadline_s,
-        max_tokens=args.max_tokens, seed=args.seed, model=args.model,
-    ))  # fmt: skip
+    config = start_or_report(
+        "agents",
+        lambda: (
+            check_rounds(args.rounds, args.round_pause_s)
+            or WorkloadConfig(
+                base_url=args.base_url,
+                sessions=args.sessions,
+                concurrency=args.concurrency,
+                steps=args.steps,
+                tool_pause=PauseDistribution.parse(args.tool_pause_ms),
+                step_deadline_s=args.step_deadline_s,
+                max_tokens=args.max_tokens,
+                seed=args.seed,
+                model=args.model,
+            )
+        ),
+    )
     if config is None:
         return 2
-    if args.no_store and not (args.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                              or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):  # fmt: skip
-        print("kvobs agents: --no-store needs --otlp-endpoint (a kvobs collect): the steps would go nowhere",
-              file=sys.stderr)  # fmt: skip
+    if args.no_store and not (
+        args.otlp_endpoint
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    ):
+        print(
+            "kvobs agents: --no-store needs --otlp-endpoint (a kvobs collect): the steps would go nowhere",
+            file=sys.stderr,
+        )
         return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     for round_config in round_configs(config, args.rounds, args.round_pause_s, stop):
-        result = run_workload(round_config, store_url=None if args.no_store else args.store,
-                              otlp_endpoint=args.otlp_endpoint, progress=not args.no_progress, stop=stop,
-                              record=not args.no_store)  # fmt: skip
+        result = run_workload(
+            round_config,
+            store_url=None if args.no_store else args.store,
+            otlp_endpoint=args.otlp_endpoint,
+            progress=not args.no_progress,
+            stop=stop,
+            record=not args.no_store,
+        )
         if result is None:
             return 2
-        print(f"seed {round_config.seed}: {result.sessions} sessions, {result.steps} steps in {result.wall_s:.1f} s; "
-              f"failed steps: {result.failed_summary()}", flush=True)  # fmt: skip
+        print(
+            f"seed {round_config.seed}: {result.sessions} sessions, {result.steps} steps in {result.wall_s:.1f} s; "
+            f"failed steps: {result.failed_summary()}",
+            flush=True,
+        )
     return 0
 
 
-def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, otlp_protocol: str | None = None,
-                 progress: bool = True, stop=None, record: bool = True):  # fmt: skip
+def run_workload(
+    config,
+    *,
+    store_url: str | None,
+    otlp_endpoint: str | None,
+    otlp_protocol: str | None = None,
+    progress: bool = True,
+    stop=None,
+    record: bool = True,
+):
     """Run the workload with telemetry (`otlp_protocol`: None reads `OTEL_EXPORTER_OTLP_*`) and (`record`) a store
     recorder; None (after one line on stderr) when it cannot start."""
     import httpx
@@ -112,11 +152,13 @@ def run_workload(config, *, store_url: str | None, otlp_endpoint: str | None, ot
     tracer_provider = telemetry.tracer_provider or TracerProvider()  # real ids even unexported: steps join requests
     writer = StoreWriter(store) if store is not None else None
     client = httpx.Client(base_url=api_root(config.base_url), timeout=config.timeout_s)
-    bar = tqdm(total=config.sessions * config.steps, unit="step", desc="agent steps", disable=not progress,
-               file=sys.stderr)  # fmt: skip
+    bar = tqdm(
+        total=config.sessions * config.steps, unit="step", desc="agent steps", disable=not progress, file=sys.stderr
+    )
     try:
-        workload = start_or_report("agents", lambda: _workload(Workload, config, client, tracer_provider, writer, bar,
-                                                               stop))  # fmt: skip
+        workload = start_or_report(
+            "agents", lambda: _workload(Workload, config, client, tracer_provider, writer, bar, stop)
+        )
         if workload is None:
             return None
         return workload.run()
@@ -136,7 +178,13 @@ def _workload(cls, config, client, tracer_provider, writer, bar, stop):
 
     try:
         recorder = StoreStepRecorder(writer) if writer is not None else None
-        return cls(config, client, tracer_provider=tracer_provider, recorder=recorder,
-                   on_step=lambda step: bar.update(1), stop=stop)  # fmt: skip
+        return cls(
+            config,
+            client,
+            tracer_provider=tracer_provider,
+            recorder=recorder,
+            on_step=lambda step: bar.update(1),
+            stop=stop,
+        )
     except httpx.HTTPError as exc:
         raise OSError(f"cannot reach {config.base_url}: {exc}") from exc

@@ -69,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{t['state']:8} {t['severity']:8} {t['rule']}: {t['summary']}", flush=True)
             if not args.watch:
                 if not transitions:
-                    print(f"kvobs alerts: no change: {len(rules)} rules evaluated at {local_time(now)} over "
-                          f"{store.url}", flush=True)  # fmt: skip
+                    print(
+                        f"kvobs alerts: no change: {len(rules)} rules evaluated at {local_time(now)} over {store.url}",
+                        flush=True,
+                    )
                 print(f"firing now: {_firing_now(evaluator)}")
                 return 0
             if stop.wait(args.watch):

@@ -25,24 +25,36 @@ def add_store_flag(parser: argparse.ArgumentParser, *, what: str = "", optional:
 
 def add_session_end_flag(parser: argparse.ArgumentParser) -> None:
     """`--session-end-after-s S`: when an idle session counts as ended (engine and collector alike)."""
-    parser.add_argument("--session-end-after-s", type=float, default=SESSION_END_AFTER_S, metavar="S",
-                        help="a session with no request this long has ended: blocks it loses after that are no "
-                        "tool-pause losses (the agent SDK ends its sessions at once)")  # fmt: skip
+    parser.add_argument(
+        "--session-end-after-s",
+        type=float,
+        default=SESSION_END_AFTER_S,
+        metavar="S",
+        help="a session with no request this long has ended: blocks it loses after that are no "
+        "tool-pause losses (the agent SDK ends its sessions at once)",
+    )
 
 
 def add_retention_flag(parser: argparse.ArgumentParser) -> None:
     """`--retention-days N`: drop raw KV events older than N days from the store (serve and collect alike)."""
-    parser.add_argument("--retention-days", type=float, metavar="N",
-                        help="drop raw KV events older than N days from the store, at start and hourly (whole days "
-                        "on ClickHouse); other tables are kept; default: keep everything")  # fmt: skip
+    parser.add_argument(
+        "--retention-days",
+        type=float,
+        metavar="N",
+        help="drop raw KV events older than N days from the store, at start and hourly (whole days "
+        "on ClickHouse); other tables are kept; default: keep everything",
+    )
 
 
 def add_spool_flag(parser: argparse.ArgumentParser) -> None:
     """`--spool-dir DIR`: the store writer's queue is also written to DIR (serve and collect alike)."""
-    parser.add_argument("--spool-dir", metavar="DIR",
-                        help="keep the store writer's queue on disk in DIR, so rows already accepted (OTLP spans "
-                        "answered 200) survive a SIGKILL or a shutdown while the store is down; written first on the "
-                        "next start (at least once); default: in memory")  # fmt: skip
+    parser.add_argument(
+        "--spool-dir",
+        metavar="DIR",
+        help="keep the store writer's queue on disk in DIR, so rows already accepted (OTLP spans "
+        "answered 200) survive a SIGKILL or a shutdown while the store is down; written first on the "
+        "next start (at least once); default: in memory",
+    )
 
 
 def lacks_extra(command: str, extra: str, module: str, *, find_only: bool = False) -> bool:

@@ -82,11 +82,22 @@ def run(args: argparse.Namespace) -> int:
 
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     base_url = f"http://{args.host}:{args.port}"
-    config = start_or_report("demo", lambda: _check(args) or WorkloadConfig(
-        base_url=base_url, sessions=args.sessions, concurrency=args.concurrency, steps=args.steps,
-        tool_pause=PauseDistribution.parse(args.tool_pause_ms), step_deadline_s=args.step_deadline_s,
-        max_tokens=args.max_tokens, seed=seed,
-    ))  # fmt: skip
+    config = start_or_report(
+        "demo",
+        lambda: (
+            _check(args)
+            or WorkloadConfig(
+                base_url=base_url,
+                sessions=args.sessions,
+                concurrency=args.concurrency,
+                steps=args.steps,
+                tool_pause=PauseDistribution.parse(args.tool_pause_ms),
+                step_deadline_s=args.step_deadline_s,
+                max_tokens=args.max_tokens,
+                seed=seed,
+            )
+        ),
+    )
     if config is None:
         return 2
     store = start_or_report("demo", lambda: open_store(args.store))
@@ -118,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
             return 0 if stop.is_set() else 1
         dashboard_url = f"http://{args.host}:{args.dashboard_port}"
         dashboard = _start(children, _dashboard_command(args, store_url), logs["dashboard"])
-        if not _wait_ready(dashboard, f"{dashboard_url}/_stcore/health", DASHBOARD_START_TIMEOUT_S, stop,
-                           "the dashboard"):  # fmt: skip
+        if not _wait_ready(
+            dashboard, f"{dashboard_url}/_stcore/health", DASHBOARD_START_TIMEOUT_S, stop, "the dashboard"
+        ):
             return 0 if stop.is_set() else 1
         _print_urls(args, base_url, dashboard_url, store_url)
         _run_rounds(args, config, store_url, stop)
@@ -129,16 +141,21 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):
             for child in children:
                 if child.poll() is not None:
-                    print(f"kvobs demo: kvobs {child.args[3]} exited with status {child.returncode}"
-                          f"{_log_tail(child)}", file=sys.stderr)  # fmt: skip
+                    print(
+                        f"kvobs demo: kvobs {child.args[3]} exited with status {child.returncode}{_log_tail(child)}",
+                        file=sys.stderr,
+                    )
                     return 1
         return 0
     finally:
         stopped = _stop_all(children)
         if stopped:
             why = "Ctrl-C" if stop.is_set() else "done"
-            print(f"kvobs demo: {why}: stopped {' and '.join(stopped)}; the store {redacted_url(store_url)} keeps "
-                  "what they recorded", flush=True)  # fmt: skip
+            print(
+                f"kvobs demo: {why}: stopped {' and '.join(stopped)}; the store {redacted_url(store_url)} keeps "
+                "what they recorded",
+                flush=True,
+            )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -159,9 +176,26 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
-    command = [sys.executable, "-m", "kvobs.cli", "serve", "--host", args.host, "--port", str(args.port),
-               "--num-blocks", str(args.num_blocks), "--max-model-len", str(args.max_model_len),
-               "--store", store_url, "--instance", DEMO_INSTANCE, "--snapshot-interval", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "kvobs.cli",
+        "serve",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--num-blocks",
+        str(args.num_blocks),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--store",
+        store_url,
+        "--instance",
+        DEMO_INSTANCE,
+        "--snapshot-interval",
+        "1",
+    ]
     if args.otlp_endpoint:
         command += ["--otlp-endpoint", args.otlp_endpoint]
     return command
@@ -193,8 +227,18 @@ def _collector_command(args: argparse.Namespace, store_url: str) -> list[str]:
 
 
 def _dashboard_command(args: argparse.Namespace, store_url: str) -> list[str]:
-    command = [sys.executable, "-m", "kvobs.cli", "dashboard", "--host", args.host, "--port",
-               str(args.dashboard_port), "--store", store_url]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "kvobs.cli",
+        "dashboard",
+        "--host",
+        args.host,
+        "--port",
+        str(args.dashboard_port),
+        "--store",
+        store_url,
+    ]
     if args.jaeger_url:
         command += ["--jaeger-url", args.jaeger_url]
     return command
@@ -211,8 +255,9 @@ def _start(children: list[subprocess.Popen], command: list[str], log_path: Path)
     with open(log_path, "ab") as log_file:  # the child holds its own descriptor
         log_file.write(f"\n--- kvobs demo started: {' '.join(command[2:])}\n".encode())
         log_file.flush()
-        child = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log_file,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
+        child = subprocess.Popen(
+            command, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+        )
     child.log_path = log_path
     children.append(child)
     return child
@@ -235,8 +280,10 @@ def _wait_ready(
     deadline = time.monotonic() + timeout_s
     while not stop.is_set():
         if child.poll() is not None:
-            print(f"kvobs demo: {what} exited with status {child.returncode} before it was ready{_log_tail(child)}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"kvobs demo: {what} exited with status {child.returncode} before it was ready{_log_tail(child)}",
+                file=sys.stderr,
+            )
             return False
         try:
             status = httpx.request(method, url, timeout=2.0).status_code
@@ -245,8 +292,9 @@ def _wait_ready(
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            print(f"kvobs demo: {what} did not answer {url} within {timeout_s:.0f} s{_log_tail(child)}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"kvobs demo: {what} did not answer {url} within {timeout_s:.0f} s{_log_tail(child)}", file=sys.stderr
+            )
             return False
         stop.wait(0.5)
     return False
@@ -270,8 +318,11 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
     from kvobs.telemetry.providers import PROTOCOL_HTTP
 
     for number, round_config in enumerate(round_configs(config, args.rounds, 0.0, stop), start=1):
-        print(f"Round {number}: {config.sessions} agent sessions (seed {round_config.seed}), "
-              f"{config.concurrency} at a time, {config.steps} steps each", flush=True)  # fmt: skip
+        print(
+            f"Round {number}: {config.sessions} agent sessions (seed {round_config.seed}), "
+            f"{config.concurrency} at a time, {config.steps} steps each",
+            flush=True,
+        )
         started = time.time()
         # Like a user's agents: no store, an OTLP endpoint (the collector's). Ctrl-C sets `stop`: each session ends
         # after its current step, and its spans are sent, so what it did is recorded.
@@ -287,8 +338,11 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
             return
         stored = _wait_for_steps(store_url, result.steps, started)
         if stop.is_set():
-            print(f"  interrupted: {stored} of {config.sessions * config.steps} steps recorded in "
-                  f"{result.wall_s:.0f} s (each session ended after its current step)", flush=True)  # fmt: skip
+            print(
+                f"  interrupted: {stored} of {config.sessions * config.steps} steps recorded in "
+                f"{result.wall_s:.0f} s (each session ended after its current step)",
+                flush=True,
+            )
             return
         if stored < result.steps:
             print(
@@ -356,10 +410,11 @@ def _failures_line(causes) -> str:
     slow_by_cause = slow["slow_cause"].value_counts() if not slow.empty else {}
     slow_text = ", ".join(f"{CAUSE_LABELS.get(cause, 'not explained')} {n}" for cause, n in slow_by_cause.items())
     failed = sum(split.values())
-    return (f"failed steps: {failed} (explained by the KV cache: {split['cache']}, by the queue: {split['queue']}, "
-            f"timeouts without a KV cause: {split['timeout']}, model errors: {split['model']}, request errors: "
-            f"{split['request']})\n  slow steps: {len(slow)}" + (f" (what cost the time: {slow_text})" if len(slow)
-                                                                  else ""))  # fmt: skip
+    return (
+        f"failed steps: {failed} (explained by the KV cache: {split['cache']}, by the queue: {split['queue']}, "
+        f"timeouts without a KV cause: {split['timeout']}, model errors: {split['model']}, request errors: "
+        f"{split['request']})\n  slow steps: {len(slow)}" + (f" (what cost the time: {slow_text})" if len(slow) else "")
+    )
 
 
 def _stop_all(children: list[subprocess.Popen]) -> list[str]:

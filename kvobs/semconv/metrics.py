@@ -42,14 +42,97 @@ FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, FINISHED_ERROR)  # vLLM's 
 REJECTED_QUEUE_FULL = "queue_full"  # kvobs_requests_rejected{reason}
 
 # vLLM's default buckets (vllm/v1/metrics/loggers.py); scrapers must never assume them.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-               80.0)  # fmt: skip
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                           240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
-BLOCK_RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0,
-                           120.0, 300.0, 600.0, 1200.0, 1800.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+BLOCK_RESIDENCY_BUCKETS = (
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1200.0,
+    1800.0,
+)
 PREEMPTION_BUCKETS = (0, 1, 2, 3, 4, 5, 10, 20)
 
 
@@ -92,57 +175,99 @@ def _spec(name: str, type_: str, unit: str, description: str, *labels: str) -> M
 
 
 vllm = SimpleNamespace(
-    NUM_REQUESTS_RUNNING=_spec("vllm:num_requests_running", "gauge", "requests",
-                               "Number of requests in model execution batches."),
-    NUM_REQUESTS_WAITING=_spec("vllm:num_requests_waiting", "gauge", "requests",
-                               "Number of requests waiting to be processed."),
-    KV_CACHE_USAGE_PERC=_spec("vllm:kv_cache_usage_perc", "gauge", "1",
-                              "KV-cache usage. 1 means 100 percent usage (pinned blocks; cached free blocks count as "
-                              "free)."),
-    PREFIX_CACHE_QUERIES=_spec("vllm:prefix_cache_queries", "counter", "tokens",
-                               "Prefix cache queries, in terms of number of queried tokens (once per request, at "
-                               "admission)."),
-    PREFIX_CACHE_HITS=_spec("vllm:prefix_cache_hits", "counter", "tokens",
-                            "Prefix cache hits, in terms of number of cached tokens."),
+    NUM_REQUESTS_RUNNING=_spec(
+        "vllm:num_requests_running", "gauge", "requests", "Number of requests in model execution batches."
+    ),
+    NUM_REQUESTS_WAITING=_spec(
+        "vllm:num_requests_waiting", "gauge", "requests", "Number of requests waiting to be processed."
+    ),
+    KV_CACHE_USAGE_PERC=_spec(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "1",
+        "KV-cache usage. 1 means 100 percent usage (pinned blocks; cached free blocks count as free).",
+    ),
+    PREFIX_CACHE_QUERIES=_spec(
+        "vllm:prefix_cache_queries",
+        "counter",
+        "tokens",
+        "Prefix cache queries, in terms of number of queried tokens (once per request, at admission).",
+    ),
+    PREFIX_CACHE_HITS=_spec(
+        "vllm:prefix_cache_hits", "counter", "tokens", "Prefix cache hits, in terms of number of cached tokens."
+    ),
     NUM_PREEMPTIONS=_spec("vllm:num_preemptions", "counter", "preemptions", "Cumulative number of preemptions."),
     PROMPT_TOKENS=_spec("vllm:prompt_tokens", "counter", "tokens", "Number of prefill tokens processed."),
-    PROMPT_TOKENS_CACHED=_spec("vllm:prompt_tokens_cached", "counter", "tokens",
-                               "Number of cached prompt tokens (local prefix cache hits)."),
+    PROMPT_TOKENS_CACHED=_spec(
+        "vllm:prompt_tokens_cached", "counter", "tokens", "Number of cached prompt tokens (local prefix cache hits)."
+    ),
     GENERATION_TOKENS=_spec("vllm:generation_tokens", "counter", "tokens", "Number of generation tokens processed."),
-    REQUEST_SUCCESS=_spec("vllm:request_success", "counter", "requests", "Count of successfully processed requests.",
-                          LABEL_FINISHED_REASON),
+    REQUEST_SUCCESS=_spec(
+        "vllm:request_success",
+        "counter",
+        "requests",
+        "Count of successfully processed requests.",
+        LABEL_FINISHED_REASON,
+    ),
     CACHE_CONFIG_INFO=_spec("vllm:cache_config", "info", "1", "Information of the LLMEngine CacheConfig"),
-    TIME_TO_FIRST_TOKEN=_spec("vllm:time_to_first_token_seconds", "histogram", "s",
-                              "Histogram of time to first token in seconds."),
-    INTER_TOKEN_LATENCY=_spec("vllm:inter_token_latency_seconds", "histogram", "s",
-                              "Histogram of inter-token latency in seconds."),
-    REQUEST_TIME_PER_OUTPUT_TOKEN=_spec("vllm:request_time_per_output_token_seconds", "histogram", "s",
-                                        "Histogram of time_per_output_token_seconds per request."),
-    E2E_REQUEST_LATENCY=_spec("vllm:e2e_request_latency_seconds", "histogram", "s",
-                              "Histogram of e2e request latency in seconds."),
-    REQUEST_QUEUE_TIME=_spec("vllm:request_queue_time_seconds", "histogram", "s",
-                             "Histogram of time spent in WAITING phase for request."),
-    REQUEST_PREFILL_TIME=_spec("vllm:request_prefill_time_seconds", "histogram", "s",
-                               "Histogram of time spent in PREFILL phase for request."),
-    REQUEST_DECODE_TIME=_spec("vllm:request_decode_time_seconds", "histogram", "s",
-                              "Histogram of time spent in DECODE phase for request."),
-    REQUEST_INFERENCE_TIME=_spec("vllm:request_inference_time_seconds", "histogram", "s",
-                                 "Histogram of time spent in RUNNING phase for request."),
-    REQUEST_PROMPT_TOKENS=_spec("vllm:request_prompt_tokens", "histogram", "tokens",
-                                "Number of prefill tokens processed."),
-    REQUEST_GENERATION_TOKENS=_spec("vllm:request_generation_tokens", "histogram", "tokens",
-                                    "Number of generation tokens processed."),
-    REQUEST_NUM_PREEMPTIONS=_spec("vllm:request_num_preemptions", "histogram", "preemptions",
-                                  "Number of preemptions per request."),
-    ITERATION_TOKENS=_spec("vllm:iteration_tokens_total", "histogram", "tokens",
-                           "Histogram of number of tokens per engine_step."),
-    KV_BLOCK_LIFETIME=_spec("vllm:kv_block_lifetime_seconds", "histogram", "s",
-                            "Histogram of KV cache block lifetime from allocation to eviction."),
-    KV_BLOCK_IDLE_BEFORE_EVICT=_spec("vllm:kv_block_idle_before_evict_seconds", "histogram", "s",
-                                     "Histogram of idle time before KV cache block eviction."),
-    KV_BLOCK_REUSE_GAP=_spec("vllm:kv_block_reuse_gap_seconds", "histogram", "s",
-                             "Histogram of time gaps between consecutive KV cache block accesses."),
-)  # fmt: skip
+    TIME_TO_FIRST_TOKEN=_spec(
+        "vllm:time_to_first_token_seconds", "histogram", "s", "Histogram of time to first token in seconds."
+    ),
+    INTER_TOKEN_LATENCY=_spec(
+        "vllm:inter_token_latency_seconds", "histogram", "s", "Histogram of inter-token latency in seconds."
+    ),
+    REQUEST_TIME_PER_OUTPUT_TOKEN=_spec(
+        "vllm:request_time_per_output_token_seconds",
+        "histogram",
+        "s",
+        "Histogram of time_per_output_token_seconds per request.",
+    ),
+    E2E_REQUEST_LATENCY=_spec(
+        "vllm:e2e_request_latency_seconds", "histogram", "s", "Histogram of e2e request latency in seconds."
+    ),
+    REQUEST_QUEUE_TIME=_spec(
+        "vllm:request_queue_time_seconds", "histogram", "s", "Histogram of time spent in WAITING phase for request."
+    ),
+    REQUEST_PREFILL_TIME=_spec(
+        "vllm:request_prefill_time_seconds", "histogram", "s", "Histogram of time spent in PREFILL phase for request."
+    ),
+    REQUEST_DECODE_TIME=_spec(
+        "vllm:request_decode_time_seconds", "histogram", "s", "Histogram of time spent in DECODE phase for request."
+    ),
+    REQUEST_INFERENCE_TIME=_spec(
+        "vllm:request_inference_time_seconds", "histogram", "s", "Histogram of time spent in RUNNING phase for request."
+    ),
+    REQUEST_PROMPT_TOKENS=_spec(
+        "vllm:request_prompt_tokens", "histogram", "tokens", "Number of prefill tokens processed."
+    ),
+    REQUEST_GENERATION_TOKENS=_spec(
+        "vllm:request_generation_tokens", "histogram", "tokens", "Number of generation tokens processed."
+    ),
+    REQUEST_NUM_PREEMPTIONS=_spec(
+        "vllm:request_num_preemptions", "histogram", "preemptions", "Number of preemptions per request."
+    ),
+    ITERATION_TOKENS=_spec(
+        "vllm:iteration_tokens_total", "histogram", "tokens", "Histogram of number of tokens per engine_step."
+    ),
+    KV_BLOCK_LIFETIME=_spec(
+        "vllm:kv_block_lifetime_seconds",
+        "histogram",
+        "s",
+        "Histogram of KV cache block lifetime from allocation to eviction.",
+    ),
+    KV_BLOCK_IDLE_BEFORE_EVICT=_spec(
+        "vllm:kv_block_idle_before_evict_seconds",
+        "histogram",
+        "s",
+        "Histogram of idle time before KV cache block eviction.",
+    ),
+    KV_BLOCK_REUSE_GAP=_spec(
+        "vllm:kv_block_reuse_gap_seconds",
+        "histogram",
+        "s",
+        "Histogram of time gaps between consecutive KV cache block accesses.",
+    ),
+)
 
 # Names older vLLM releases emit -> the current metric they became; scrapers map them.
 VLLM_LEGACY_NAMES = {
@@ -153,58 +278,141 @@ VLLM_LEGACY_NAMES = {
 }
 
 kvobs_metrics = SimpleNamespace(
-    KV_BLOCKS_EVICTED=_spec("kvobs_kv_blocks_evicted", "counter", "blocks",
-                            "Cached KV blocks whose content was dropped, by reason (capacity, invalidation, reset, "
-                            "session_release, ttl).", LABEL_REASON),
-    KV_BLOCKS_INVALIDATED=_spec("kvobs_kv_blocks_invalidated", "counter", "blocks",
-                                "Cached KV blocks dropped by an invalidation, by invalidation reason.", LABEL_REASON),
-    KV_CACHE_RESIDENT_BLOCKS=_spec("kvobs_kv_cache_resident_blocks", "gauge", "blocks",
-                                   "Cached blocks no request holds: prefix content kept for reuse."),
-    KV_CACHE_FREE_BLOCKS=_spec("kvobs_kv_cache_free_blocks", "gauge", "blocks",
-                               "Blocks with no request holding them (cached or not): what allocation can take."),
-    KV_CACHE_TOTAL_BLOCKS=_spec("kvobs_kv_cache_total_blocks", "gauge", "blocks",
-                                "Usable KV blocks (the reserved null block excluded)."),
-    ENGINE_START_TIME=_spec("kvobs_engine_start_time_seconds", "gauge", "s",
-                            "When this engine's run began, its KV cache empty (epoch s): its run in the store."),
-    SESSION_PREFIX_LOST=_spec("kvobs_session_prefix_lost", "counter", "blocks",
-                              "Cached blocks evicted by capacity pressure or TTL while a session that owned them was "
-                              "in a tool pause, counted when the pause is known (its next request began)."),
-    SESSION_PREFIX_LOST_PENDING=_spec("kvobs_session_prefix_lost_pending", "gauge", "blocks",
-                                      "Cached blocks idle sessions lost whose verdict is pending: a tool pause if "
-                                      "the session comes back, after its end if it is released or stays away."),
-    REQUESTS_REJECTED=_spec("kvobs_requests_rejected", "counter", "requests",
-                            "Requests refused before admission, by reason (queue_full).", LABEL_REASON),
-    AGENT_STEPS=_spec("kvobs_agent_steps", "counter", "steps", "Agent steps finished, by status (ok, error).",
-                      LABEL_STATUS),
-    AGENT_STEP_FAILURES=_spec("kvobs_agent_step_failures", "counter", "steps", "Failed agent steps, by error type.",
-                              LABEL_ERROR_TYPE),
-    TELEMETRY_DROPPED=_spec("kvobs_telemetry_dropped", "counter", "items",
-                            "Telemetry items dropped (full queues, malformed input), by component.", LABEL_COMPONENT),
-    STORE_ROWS_EXPIRED=_spec("kvobs_store_rows_expired", "counter", "rows",
-                             "Store rows dropped by --retention-days (raw KV events older than the limit), by table.",
-                             LABEL_TABLE),
-    COLLECTOR_TARGET_UP=_spec("kvobs_collector_target_up", "gauge", "1",
-                              "1 when the collector's last scrape of the instance succeeded, else 0.", LABEL_INSTANCE),
-    COLLECTOR_KV_EVENTS=_spec("kvobs_collector_kv_events", "counter", "events",
-                              "KV events the collector received and decoded, by instance.", LABEL_INSTANCE),
-    COLLECTOR_KV_EVENTS_LOST=_spec("kvobs_collector_kv_event_batches_lost", "counter", "batches",
-                                   "KV-event batches missing from the sequence that replay could not recover.",
-                                   LABEL_INSTANCE),
-    COLLECTOR_SESSIONS_FORGOTTEN=_spec("kvobs_collector_sessions_forgotten", "counter", "sessions",
-                                       "Sessions whose state the collector let go after --session-idle-s without a "
-                                       "KV event (nothing resident, nothing pending)."),
-    COLLECTOR_KV_STREAMS_SILENT=_spec("kvobs_collector_kv_streams_silent", "counter", "silences",
-                                      "Times a KV-event stream delivered nothing for --kv-silence-s while the same "
-                                      "replica's /metrics counted prefix-cache queries (both sides connecting: "
-                                      "nobody binds).", LABEL_INSTANCE),
-    COLLECTOR_SPAN_STEPS=_spec("kvobs_collector_span_steps", "counter", "steps",
-                               "Agent steps made from agent frameworks' spans (one per LLM call), by the convention "
-                               "they were written in (otel-genai, openinference, openllmetry).", LABEL_SOURCE),
-    COLLECTOR_LLM_REQUESTS=_spec("kvobs_collector_llm_requests", "counter", "requests",
-                                 "llm_request spans the collector stored as requests."),
-    COLLECTOR_OTLP_BUSY=_spec("kvobs_collector_otlp_exports_busy", "counter", "exports",
-                              "OTLP exports answered 429 / RESOURCE_EXHAUSTED because the store queue was full "
-                              "(not acknowledged: the exporter retries them)."),
-    COLLECTOR_IDS_CUT=_spec("kvobs_collector_ids_cut", "counter", "ids",
-                            "Session or request ids longer than 255 bytes that the collector cut to fit the store."),
-)  # fmt: skip
+    KV_BLOCKS_EVICTED=_spec(
+        "kvobs_kv_blocks_evicted",
+        "counter",
+        "blocks",
+        "Cached KV blocks whose content was dropped, by reason (capacity, invalidation, reset, session_release, ttl).",
+        LABEL_REASON,
+    ),
+    KV_BLOCKS_INVALIDATED=_spec(
+        "kvobs_kv_blocks_invalidated",
+        "counter",
+        "blocks",
+        "Cached KV blocks dropped by an invalidation, by invalidation reason.",
+        LABEL_REASON,
+    ),
+    KV_CACHE_RESIDENT_BLOCKS=_spec(
+        "kvobs_kv_cache_resident_blocks",
+        "gauge",
+        "blocks",
+        "Cached blocks no request holds: prefix content kept for reuse.",
+    ),
+    KV_CACHE_FREE_BLOCKS=_spec(
+        "kvobs_kv_cache_free_blocks",
+        "gauge",
+        "blocks",
+        "Blocks with no request holding them (cached or not): what allocation can take.",
+    ),
+    KV_CACHE_TOTAL_BLOCKS=_spec(
+        "kvobs_kv_cache_total_blocks", "gauge", "blocks", "Usable KV blocks (the reserved null block excluded)."
+    ),
+    ENGINE_START_TIME=_spec(
+        "kvobs_engine_start_time_seconds",
+        "gauge",
+        "s",
+        "When this engine's run began, its KV cache empty (epoch s): its run in the store.",
+    ),
+    SESSION_PREFIX_LOST=_spec(
+        "kvobs_session_prefix_lost",
+        "counter",
+        "blocks",
+        "Cached blocks evicted by capacity pressure or TTL while a session that owned them was "
+        "in a tool pause, counted when the pause is known (its next request began).",
+    ),
+    SESSION_PREFIX_LOST_PENDING=_spec(
+        "kvobs_session_prefix_lost_pending",
+        "gauge",
+        "blocks",
+        "Cached blocks idle sessions lost whose verdict is pending: a tool pause if "
+        "the session comes back, after its end if it is released or stays away.",
+    ),
+    REQUESTS_REJECTED=_spec(
+        "kvobs_requests_rejected",
+        "counter",
+        "requests",
+        "Requests refused before admission, by reason (queue_full).",
+        LABEL_REASON,
+    ),
+    AGENT_STEPS=_spec(
+        "kvobs_agent_steps", "counter", "steps", "Agent steps finished, by status (ok, error).", LABEL_STATUS
+    ),
+    AGENT_STEP_FAILURES=_spec(
+        "kvobs_agent_step_failures", "counter", "steps", "Failed agent steps, by error type.", LABEL_ERROR_TYPE
+    ),
+    TELEMETRY_DROPPED=_spec(
+        "kvobs_telemetry_dropped",
+        "counter",
+        "items",
+        "Telemetry items dropped (full queues, malformed input), by component.",
+        LABEL_COMPONENT,
+    ),
+    STORE_ROWS_EXPIRED=_spec(
+        "kvobs_store_rows_expired",
+        "counter",
+        "rows",
+        "Store rows dropped by --retention-days (raw KV events older than the limit), by table.",
+        LABEL_TABLE,
+    ),
+    COLLECTOR_TARGET_UP=_spec(
+        "kvobs_collector_target_up",
+        "gauge",
+        "1",
+        "1 when the collector's last scrape of the instance succeeded, else 0.",
+        LABEL_INSTANCE,
+    ),
+    COLLECTOR_KV_EVENTS=_spec(
+        "kvobs_collector_kv_events",
+        "counter",
+        "events",
+        "KV events the collector received and decoded, by instance.",
+        LABEL_INSTANCE,
+    ),
+    COLLECTOR_KV_EVENTS_LOST=_spec(
+        "kvobs_collector_kv_event_batches_lost",
+        "counter",
+        "batches",
+        "KV-event batches missing from the sequence that replay could not recover.",
+        LABEL_INSTANCE,
+    ),
+    COLLECTOR_SESSIONS_FORGOTTEN=_spec(
+        "kvobs_collector_sessions_forgotten",
+        "counter",
+        "sessions",
+        "Sessions whose state the collector let go after --session-idle-s without a "
+        "KV event (nothing resident, nothing pending).",
+    ),
+    COLLECTOR_KV_STREAMS_SILENT=_spec(
+        "kvobs_collector_kv_streams_silent",
+        "counter",
+        "silences",
+        "Times a KV-event stream delivered nothing for --kv-silence-s while the same "
+        "replica's /metrics counted prefix-cache queries (both sides connecting: "
+        "nobody binds).",
+        LABEL_INSTANCE,
+    ),
+    COLLECTOR_SPAN_STEPS=_spec(
+        "kvobs_collector_span_steps",
+        "counter",
+        "steps",
+        "Agent steps made from agent frameworks' spans (one per LLM call), by the convention "
+        "they were written in (otel-genai, openinference, openllmetry).",
+        LABEL_SOURCE,
+    ),
+    COLLECTOR_LLM_REQUESTS=_spec(
+        "kvobs_collector_llm_requests", "counter", "requests", "llm_request spans the collector stored as requests."
+    ),
+    COLLECTOR_OTLP_BUSY=_spec(
+        "kvobs_collector_otlp_exports_busy",
+        "counter",
+        "exports",
+        "OTLP exports answered 429 / RESOURCE_EXHAUSTED because the store queue was full "
+        "(not acknowledged: the exporter retries them).",
+    ),
+    COLLECTOR_IDS_CUT=_spec(
+        "kvobs_collector_ids_cut",
+        "counter",
+        "ids",
+        "Session or request ids longer than 255 bytes that the collector cut to fit the store.",
+    ),
+)

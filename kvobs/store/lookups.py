@@ -21,9 +21,12 @@ from kvobs.store.sql_read import _columns, _lookup, read
 def instance_counter_before(store: Store, column: str, ts: float) -> dict[str, float]:
     """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
     value = getattr(SnapshotRow, column)
-    latest = (select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
-              .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts, value.is_not(None))
-              .group_by(SnapshotRow.instance).subquery())  # fmt: skip
+    latest = (
+        select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
+        .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts, value.is_not(None))
+        .group_by(SnapshotRow.instance)
+        .subquery()
+    )
     stmt = select(SnapshotRow.instance, value).join(
         latest, (SnapshotRow.instance == latest.c.instance) & (SnapshotRow.ts == latest.c.ts)
     )
@@ -35,14 +38,23 @@ def instance_counter_before(store: Store, column: str, ts: float) -> dict[str, f
 def restored_blocks(store: Store, since: float, until: float) -> pd.DataFrame:
     """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
     earlier = aliased(KVEventRow)
-    seen_before = exists().where(and_(
-        earlier.kind == KVEventKind.STORED.value, earlier.block_hash == KVEventRow.block_hash,
-        earlier.instance == KVEventRow.instance, earlier.ts < KVEventRow.ts,
-    ))  # fmt: skip
-    stmt = (select(KVEventRow.instance, func.count().label("stored"),
-                   func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"))
-            .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
-            .group_by(KVEventRow.instance))  # fmt: skip
+    seen_before = exists().where(
+        and_(
+            earlier.kind == KVEventKind.STORED.value,
+            earlier.block_hash == KVEventRow.block_hash,
+            earlier.instance == KVEventRow.instance,
+            earlier.ts < KVEventRow.ts,
+        )
+    )
+    stmt = (
+        select(
+            KVEventRow.instance,
+            func.count().label("stored"),
+            func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"),
+        )
+        .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
+        .group_by(KVEventRow.instance)
+    )
     return read(store, stmt)
 
 
@@ -51,14 +63,23 @@ def block_lifetimes(store: Store, since: float, until: float) -> pd.DataFrame:
     """Blocks lost in the window (one per block and time, whatever the owners), with `lifetime_s`: the time since
     the same block was last stored on the same instance."""
     stored = aliased(KVEventRow)
-    last_stored = (select(func.max(stored.ts)).where(
-        stored.kind == KVEventKind.STORED.value, stored.block_hash == KVEventRow.block_hash,
-        stored.instance == KVEventRow.instance, stored.ts <= KVEventRow.ts,
-    ).scalar_subquery())  # fmt: skip
-    stmt = (select(KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, (KVEventRow.ts - last_stored)
-                   .label("lifetime_s"))
-            .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
-            .distinct())  # fmt: skip
+    last_stored = (
+        select(func.max(stored.ts))
+        .where(
+            stored.kind == KVEventKind.STORED.value,
+            stored.block_hash == KVEventRow.block_hash,
+            stored.instance == KVEventRow.instance,
+            stored.ts <= KVEventRow.ts,
+        )
+        .scalar_subquery()
+    )
+    stmt = (
+        select(
+            KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, (KVEventRow.ts - last_stored).label("lifetime_s")
+        )
+        .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
+        .distinct()
+    )
     return read(store, stmt).dropna(subset=["lifetime_s"])
 
 
@@ -67,12 +88,22 @@ def cached_prompt_tokens(store: Store, since: float, until: float) -> pd.DataFra
     """Per instance, the requests that arrived in the window and say how many prompt tokens were cached (our
     engine's; vLLM's spans do not): `instance`, `requests`, `cached_tokens`, `prompt_tokens` (their sums), what
     `kvobs.analytics.hit_rate` reads without pulling the rows."""
-    stmt = (select(RequestRow.instance, func.count().label("requests"),
-                   func.sum(RequestRow.cached_tokens).label("cached_tokens"),
-                   func.sum(RequestRow.prompt_tokens).label("prompt_tokens"))
-            .where(RequestRow.arrival_ts >= since, RequestRow.arrival_ts <= until,
-                   RequestRow.cached_tokens.is_not(None), RequestRow.prompt_tokens.is_not(None))
-            .group_by(RequestRow.instance).order_by(RequestRow.instance))  # fmt: skip
+    stmt = (
+        select(
+            RequestRow.instance,
+            func.count().label("requests"),
+            func.sum(RequestRow.cached_tokens).label("cached_tokens"),
+            func.sum(RequestRow.prompt_tokens).label("prompt_tokens"),
+        )
+        .where(
+            RequestRow.arrival_ts >= since,
+            RequestRow.arrival_ts <= until,
+            RequestRow.cached_tokens.is_not(None),
+            RequestRow.prompt_tokens.is_not(None),
+        )
+        .group_by(RequestRow.instance)
+        .order_by(RequestRow.instance)
+    )
     return read(store, stmt)
 
 
@@ -80,8 +111,9 @@ def cached_prompt_tokens(store: Store, since: float, until: float) -> pd.DataFra
 def session_idle_losses(store: Store, until: float) -> pd.DataFrame:
     """Every session snapshot up to `until` with its running count of blocks lost while idle."""
     idle = SnapshotRow.session_evicted_idle_blocks
-    stmt = (select(SnapshotRow.session_id, SnapshotRow.instance, SnapshotRow.ts, idle)
-            .where(SnapshotRow.session_id.is_not(None), SnapshotRow.ts <= until, idle.is_not(None)))  # fmt: skip
+    stmt = select(SnapshotRow.session_id, SnapshotRow.instance, SnapshotRow.ts, idle).where(
+        SnapshotRow.session_id.is_not(None), SnapshotRow.ts <= until, idle.is_not(None)
+    )
     return read(store, stmt)
 
 
@@ -101,8 +133,11 @@ def step_counts(store: Store, since: float, until: float, *, exclude_errors: tup
 @per_backend
 def latest_alert_states(store: Store) -> pd.DataFrame:
     """The latest row of every (rule, instance, session) alert key."""
-    latest = (select(func.max(AlertRow.id).label("id"))
-              .group_by(AlertRow.rule, AlertRow.instance, AlertRow.session_id).subquery())  # fmt: skip
+    latest = (
+        select(func.max(AlertRow.id).label("id"))
+        .group_by(AlertRow.rule, AlertRow.instance, AlertRow.session_id)
+        .subquery()
+    )
     return read(store, select(*_columns(AlertRow)).join(latest, AlertRow.id == latest.c.id))
 
 

@@ -41,8 +41,10 @@ Instances = Iterable[str] | None  # which instances a read covers; None: all
 def time_range(store: Store) -> tuple[float, float] | None:
     """First and last timestamp of anything observed (snapshots, requests, KV events, steps); None when empty."""
     with store.engine.connect() as conn:
-        bounds = [conn.execute(select(func.min(column), func.max(column))).one()
-                  for column in (SnapshotRow.ts, RequestRow.arrival_ts, KVEventRow.ts, StepRow.started_at)]  # fmt: skip
+        bounds = [
+            conn.execute(select(func.min(column), func.max(column))).one()
+            for column in (SnapshotRow.ts, RequestRow.arrival_ts, KVEventRow.ts, StepRow.started_at)
+        ]
     bounds = [(low, high) for low, high in bounds if low is not None]
     return (min(b[0] for b in bounds), max(b[1] for b in bounds)) if bounds else None
 
@@ -50,8 +52,12 @@ def time_range(store: Store) -> tuple[float, float] | None:
 @per_backend
 def instances(store: Store) -> list[str]:
     """Every instance that reported anything: snapshots (scrapes, the engine), requests, KV events (the rollup)."""
-    names = union_all(*(select(column).distinct() for column in (SnapshotRow.instance, RequestRow.instance,
-                                                                   KVEventMinuteRow.instance)))  # fmt: skip
+    names = union_all(
+        *(
+            select(column).distinct()
+            for column in (SnapshotRow.instance, RequestRow.instance, KVEventMinuteRow.instance)
+        )
+    )
     with store.engine.connect() as conn:
         return sorted(set(conn.execute(names).scalars()) - {None})
 
@@ -83,29 +89,46 @@ def session_footprints(store: Store, since=None, until=None, *, instances: Insta
     frame = read(store, _between(stmt, rollup.ts, since, until))
     if until is None:
         return frame
-    later = _of_instances(select(rollup.session_id, rollup.instance).where(rollup.ts > until), rollup.instance,
-                          instances)  # fmt: skip
-    latest = _between(
-        select(SnapshotRow.session_id, SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
-        .where(tuple_(SnapshotRow.session_id, SnapshotRow.instance).in_(later)), SnapshotRow.ts, since, until,
-    ).group_by(SnapshotRow.session_id, SnapshotRow.instance).subquery()  # fmt: skip
-    stmt = select(*_columns(SnapshotRow, "id")).join(
-        latest, (SnapshotRow.session_id == latest.c.session_id) & (SnapshotRow.instance == latest.c.instance)
-        & (SnapshotRow.ts == latest.c.ts),
-    ).order_by(SnapshotRow.id)  # fmt: skip
+    later = _of_instances(
+        select(rollup.session_id, rollup.instance).where(rollup.ts > until), rollup.instance, instances
+    )
+    latest = (
+        _between(
+            select(SnapshotRow.session_id, SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts")).where(
+                tuple_(SnapshotRow.session_id, SnapshotRow.instance).in_(later)
+            ),
+            SnapshotRow.ts,
+            since,
+            until,
+        )
+        .group_by(SnapshotRow.session_id, SnapshotRow.instance)
+        .subquery()
+    )
+    stmt = (
+        select(*_columns(SnapshotRow, "id"))
+        .join(
+            latest,
+            (SnapshotRow.session_id == latest.c.session_id)
+            & (SnapshotRow.instance == latest.c.instance)
+            & (SnapshotRow.ts == latest.c.ts),
+        )
+        .order_by(SnapshotRow.id)
+    )
     earlier = read(store, stmt).drop_duplicates(["session_id", "instance"], keep="last")
     return frame if earlier.empty else pd.concat([frame, earlier], ignore_index=True)
 
 
-def requests(store: Store, since=None, until=None, session_id: str | None = None, *,
-             instances: Instances = None) -> pd.DataFrame:  # fmt: skip
+def requests(
+    store: Store, since=None, until=None, session_id: str | None = None, *, instances: Instances = None
+) -> pd.DataFrame:
     """Finished requests by arrival time, with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s` added."""
     return with_latencies(request_rows(store, since, until, session_id, instances=instances))
 
 
 @per_backend
-def request_rows(store: Store, since=None, until=None, session_id: str | None = None, *,
-                 instances: Instances = None) -> pd.DataFrame:  # fmt: skip
+def request_rows(
+    store: Store, since=None, until=None, session_id: str | None = None, *, instances: Instances = None
+) -> pd.DataFrame:
     stmt = _of_instances(select(*_columns(RequestRow, "id")), RequestRow.instance, instances)
     if session_id is not None:
         stmt = stmt.where(RequestRow.session_id == session_id)
@@ -142,8 +165,15 @@ def runs(store: Store, *, instances: Instances = None) -> pd.DataFrame:
     return read(store, stmt.order_by(RunRow.instance, RunRow.started_at))
 
 
-def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 60.0, instances: Instances = None,
-                    by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
+def kv_event_counts(
+    store: Store,
+    since=None,
+    until=None,
+    *,
+    bucket_s: float = 60.0,
+    instances: Instances = None,
+    by_instance: bool = False,
+) -> pd.DataFrame:
     """KV events per time bucket, kind and reason: `bucket` (its start, epoch s), `kind`, `reason`, `events` (rows),
     `blocks` (block events: a block lost by several owning sessions, one row each, counts once); per `instance`
     too with `by_instance`. From the per-minute rollup where the window holds whole minutes (`kvobs.store.rollups`),
@@ -151,8 +181,9 @@ def kv_event_counts(store: Store, since=None, until=None, *, bucket_s: float = 6
     return rollups.counts(store, since, until, bucket_s, instances=instances, by_instance=by_instance)
 
 
-def block_losses(store: Store, since=None, until=None, *, bucket_s: float = 60.0,
-                 instances: Instances = None) -> pd.DataFrame:  # fmt: skip
+def block_losses(
+    store: Store, since=None, until=None, *, bucket_s: float = 60.0, instances: Instances = None
+) -> pd.DataFrame:
     """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
     "Blocks lost" everywhere (Overview, What-if): evictions, invalidations and vLLM's removals (`BLOCK_LOSS_KINDS`),
     one per (instance, time, block) however many owning sessions recorded it (`first_owner`), so a block lost twice
@@ -168,8 +199,15 @@ def losses_in(counts: pd.DataFrame) -> pd.DataFrame:
 
 
 @per_backend
-def kv_events(store: Store, since=None, until=None, *, kinds: Iterable[str] | None = None,
-              session_id: str | None = None, limit: int | None = None) -> pd.DataFrame:  # fmt: skip
+def kv_events(
+    store: Store,
+    since=None,
+    until=None,
+    *,
+    kinds: Iterable[str] | None = None,
+    session_id: str | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
     """KV event rows, oldest first (narrow them: a store may hold millions)."""
     stmt = select(*_columns(KVEventRow, "id"))
     if kinds is not None:
@@ -181,15 +219,29 @@ def kv_events(store: Store, since=None, until=None, *, kinds: Iterable[str] | No
 
 
 @per_backend
-def session_events(store: Store, windows: list[tuple[str, float, float]], *, kinds: Iterable[str],
-                   chunk: int = 200) -> pd.DataFrame:  # fmt: skip
+def session_events(
+    store: Store, windows: list[tuple[str, float, float]], *, kinds: Iterable[str], chunk: int = 200
+) -> pd.DataFrame:
     """KV event rows of `kinds` in any of the (session id, after, until] windows, each row once, oldest first: a
     few steps' events out of millions, through the (session_id, ts) index."""
     frames, kinds, columns = [], list(kinds), (KVEventRow.id, *_columns(KVEventRow, "id"))
     for i in range(0, len(windows), chunk):  # one indexed range read per window, a UNION ALL per chunk
-        frames.append(read(store, union_all(*(select(*columns).where(
-            KVEventRow.session_id == sid, KVEventRow.ts > low, KVEventRow.ts <= high, KVEventRow.kind.in_(kinds))
-            for sid, low, high in windows[i : i + chunk]))))  # fmt: skip
+        frames.append(
+            read(
+                store,
+                union_all(
+                    *(
+                        select(*columns).where(
+                            KVEventRow.session_id == sid,
+                            KVEventRow.ts > low,
+                            KVEventRow.ts <= high,
+                            KVEventRow.kind.in_(kinds),
+                        )
+                        for sid, low, high in windows[i : i + chunk]
+                    )
+                ),
+            )
+        )
     if not frames:
         return read(store, select(*_columns(KVEventRow, "id")).limit(0))
     rows = pd.concat(frames).drop_duplicates("id").sort_values(["ts", "id"], kind="stable")
@@ -197,12 +249,20 @@ def session_events(store: Store, windows: list[tuple[str, float, float]], *, kin
 
 
 @per_backend
-def stored_blocks(store: Store, since=None, until=None, *, latest: int | None = None,
-                  instances: Instances = None) -> pd.DataFrame:  # fmt: skip
+def stored_blocks(
+    store: Store, since=None, until=None, *, latest: int | None = None, instances: Instances = None
+) -> pd.DataFrame:
     """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, oldest first;
     `latest`: only the newest this many (chosen in SQL, by the `(kind, ts)` index)."""
-    stmt = select(KVEventRow.ts, KVEventRow.instance, KVEventRow.block_hash, KVEventRow.parent_hash,
-                  KVEventRow.num_tokens, KVEventRow.session_id, KVEventRow.request_id)  # fmt: skip
+    stmt = select(
+        KVEventRow.ts,
+        KVEventRow.instance,
+        KVEventRow.block_hash,
+        KVEventRow.parent_hash,
+        KVEventRow.num_tokens,
+        KVEventRow.session_id,
+        KVEventRow.request_id,
+    )
     stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
     stmt = _between(stmt, KVEventRow.ts, since, until)
     if latest is None:
@@ -212,8 +272,9 @@ def stored_blocks(store: Store, since=None, until=None, *, latest: int | None = 
 
 
 @per_backend
-def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20,
-                        instances: Instances = None) -> pd.DataFrame:  # fmt: skip
+def top_restored_blocks(
+    store: Store, since=None, until=None, *, limit: int = 20, instances: Instances = None
+) -> pd.DataFrame:
     """Blocks stored more than once on one instance in the window (lost, then computed again; the same block on two
     replicas is not a restore): `instance`, `block_hash`, `stores`, `sessions`, `first_ts`, `last_ts`, most-stored
     first.
@@ -228,15 +289,24 @@ def top_restored_blocks(store: Store, since=None, until=None, *, limit: int = 20
 
     again = in_scope(select(KVEventRow.block_hash.label("again"))).group_by(KVEventRow.block_hash)
     again = again.having(func.count() > 1).subquery()
-    stmt = select(KVEventRow.instance, KVEventRow.block_hash, func.count().label("stores"),
-                  func.count(distinct(KVEventRow.session_id)).label("sessions"),
-                  func.min(KVEventRow.ts).label("first_ts"), func.max(KVEventRow.ts).label("last_ts"))  # fmt: skip
+    stmt = select(
+        KVEventRow.instance,
+        KVEventRow.block_hash,
+        func.count().label("stores"),
+        func.count(distinct(KVEventRow.session_id)).label("sessions"),
+        func.min(KVEventRow.ts).label("first_ts"),
+        func.max(KVEventRow.ts).label("last_ts"),
+    )
     # The detail's filters on `kind || ''`, `instance || ''` and `ts + 0`: the same values, but no index on them, so
     # the planner reaches the rows through the hash index, not by walking the (kind, ts) range a second time
     # (SQLite, 1M events, no restores: 0.54 -> 0.40 s, median of 5 interleaved runs; what is left is the first
     # step's GROUP BY).
-    stmt = in_scope(stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again),
-                    KVEventRow.kind.concat(""), KVEventRow.instance.concat(""), KVEventRow.ts + 0)  # fmt: skip
+    stmt = in_scope(
+        stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again),
+        KVEventRow.kind.concat(""),
+        KVEventRow.instance.concat(""),
+        KVEventRow.ts + 0,
+    )
     stmt = stmt.group_by(KVEventRow.instance, KVEventRow.block_hash).having(func.count() > 1)
     return read(store, stmt.order_by(func.count().desc()).limit(limit))
 

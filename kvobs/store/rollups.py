@@ -24,8 +24,16 @@ from kvobs.store.sql_read import _of_instances, read
 COLUMNS = ["bucket", "kind", "reason", "events", "blocks"]
 
 
-def counts(store, since=None, until=None, bucket_s: float = 60.0, kinds: Iterable[str] | None = None, *,
-           instances: Iterable[str] | None = None, by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
+def counts(
+    store,
+    since=None,
+    until=None,
+    bucket_s: float = 60.0,
+    kinds: Iterable[str] | None = None,
+    *,
+    instances: Iterable[str] | None = None,
+    by_instance: bool = False,
+) -> pd.DataFrame:
     """Events and blocks per bucket (its start, epoch s), kind and reason (and `instance`, `by_instance`), oldest
     first; of `instances` only (None: all)."""
     kinds = None if kinds is None else list(kinds)
@@ -62,13 +70,23 @@ def _ordered(frame: pd.DataFrame, by_instance: bool = False) -> pd.DataFrame:
 
 
 @per_backend
-def raw_counts(store, since, until, bucket_s: float, kinds: list[str] | None, *, upper_open: bool = False,
-               instances: list[str] | None = None, by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
+def raw_counts(
+    store,
+    since,
+    until,
+    bucket_s: float,
+    kinds: list[str] | None,
+    *,
+    upper_open: bool = False,
+    instances: list[str] | None = None,
+    by_instance: bool = False,
+) -> pd.DataFrame:
     """From `kv_events`: rows with `since <= ts <= until` (`< until` when `upper_open`)."""
     bucket = (func.floor(KVEventRow.ts / bucket_s) * bucket_s).label("bucket")
     keys = [bucket, *([KVEventRow.instance] if by_instance else []), KVEventRow.kind, KVEventRow.reason]
-    stmt = select(*keys, func.count().label("events"),
-                  func.coalesce(func.sum(KVEventRow.first_owner), 0).label("blocks"))  # fmt: skip
+    stmt = select(
+        *keys, func.count().label("events"), func.coalesce(func.sum(KVEventRow.first_owner), 0).label("blocks")
+    )
     if since is not None:
         stmt = stmt.where(KVEventRow.ts >= since)
     if until is not None:
@@ -79,8 +97,16 @@ def raw_counts(store, since, until, bucket_s: float, kinds: list[str] | None, *,
 
 
 @per_backend
-def minute_counts(store, low, high, bucket_s: float, kinds: list[str] | None, *, instances: list[str] | None = None,
-                  by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
+def minute_counts(
+    store,
+    low,
+    high,
+    bucket_s: float,
+    kinds: list[str] | None,
+    *,
+    instances: list[str] | None = None,
+    by_instance: bool = False,
+) -> pd.DataFrame:
     """From `kv_event_minutes`: the minutes starting in [low, high)."""
     m = KVEventMinuteRow
     bucket = (func.floor(m.minute / bucket_s) * bucket_s).label("bucket")

@@ -237,5 +237,5 @@ RECORDS: dict[str, type[Record]] = {
         MetricSampleRecord,
         AlertRecord,
         RunRecord,
-    )  # fmt: skip
+    )
 }

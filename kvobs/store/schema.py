@@ -242,8 +242,10 @@ FOOTPRINT_COLUMNS = tuple(c.name for c in SessionFootprintRow.__table__.columns)
 
 class MetricSampleRow(Base):
     __tablename__ = "metric_samples"
-    __table_args__ = (Index("ix_metric_samples_name_ts", "name", "ts"), Index("ix_metric_samples_instance_ts",
-                                                                               "instance", "ts"))  # fmt: skip
+    __table_args__ = (
+        Index("ix_metric_samples_name_ts", "name", "ts"),
+        Index("ix_metric_samples_instance_ts", "instance", "ts"),
+    )
 
     id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
@@ -286,7 +288,9 @@ class RunRow(Base):
 
 
 # Tables written as records (`kvobs.store.rows`); rollups (`kv_event_minutes`) are kept by the writer.
-TABLES = {cls.__tablename__: cls for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow,
-                                             AlertRow, RunRow)}  # fmt: skip
+TABLES = {
+    cls.__tablename__: cls
+    for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow, AlertRow, RunRow)
+}
 # Tables the writer keeps from the raw rows in the same transaction; a copy of a store copies them too.
 ROLLUPS = {cls.__table__.name: cls for cls in (KVEventMinuteRow, SessionFootprintRow)}

@@ -28,15 +28,17 @@ def read(store: Store, stmt: Select) -> pd.DataFrame:
         names, rows = list(result.keys()), result.cursor.fetchall()
         result.close()
     if not rows:
-        return pd.DataFrame({name: pd.Series((), dtype=object if name.endswith("_hash") else None) for name in names},
-                            columns=names)  # fmt: skip
+        return pd.DataFrame(
+            {name: pd.Series((), dtype=object if name.endswith("_hash") else None) for name in names}, columns=names
+        )
     frame = pd.DataFrame.from_records(rows, columns=names)
     for i, (name, column) in enumerate(zip(names, stmt.selected_columns)):
         process = _column_processor(column.type, dialect)
         if process is not None or name.endswith("_hash"):  # from the raw values, not the inferred column
             values = [row[i] for row in rows]
-            frame[name] = pd.Series(values if process is None else process(values),
-                                    dtype=object if name.endswith("_hash") else None)  # fmt: skip
+            frame[name] = pd.Series(
+                values if process is None else process(values), dtype=object if name.endswith("_hash") else None
+            )
     return frame
 
 

@@ -53,10 +53,12 @@ class SqlBatchWriter:
                 grouped[(op, table, tuple(row))].append(row)
         dialect = self.engine.dialect.name
         kv_rows = grouped_rows(grouped, "kv_events")
-        minutes = minute_sums(chain(
-            ((r["ts"], r["instance"], r["kind"], r.get("reason"), r.get("first_owner")) for r in kv_rows),
-            *(zip(*(c.columns[n] for n in _MINUTE_KEYS)) for c in columns),
-        ))  # fmt: skip
+        minutes = minute_sums(
+            chain(
+                ((r["ts"], r["instance"], r["kind"], r.get("reason"), r.get("first_owner")) for r in kv_rows),
+                *(zip(*(c.columns[n] for n in _MINUTE_KEYS)) for c in columns),
+            )
+        )
         with self.engine.begin() as conn:
             if columns:
                 self._insert_columns(conn, dialect, columns)
@@ -64,8 +66,9 @@ class SqlBatchWriter:
                 model = TABLES[table]
                 if op == "insert" and dialect == "sqlite":
                     sql, processors, defaults = self._sqlite_insert(model, tuple(rows[0]))
-                    conn.exec_driver_sql(sql, [(*(r[c] if p is None else p(r[c]) for c, p in processors), *defaults)
-                                               for r in rows])  # fmt: skip
+                    conn.exec_driver_sql(
+                        sql, [(*(r[c] if p is None else p(r[c]) for c, p in processors), *defaults) for r in rows]
+                    )
                 elif op == "insert":
                     conn.execute(insert(model), rows)
                 else:
@@ -83,11 +86,18 @@ class SqlBatchWriter:
         collector decoding the next batches) waits a thread switch interval for every row: measured, 182k rows
         took minutes instead of 3 s. Elsewhere: row dicts through SQLAlchemy."""
         if dialect != "sqlite":
-            conn.execute(insert(TABLES["kv_events"]), [dict(zip(_KV_COLUMNS, row)) for c in batches
-                                                       for row in zip(*c.columns.values())])  # fmt: skip
+            conn.execute(
+                insert(TABLES["kv_events"]),
+                [dict(zip(_KV_COLUMNS, row)) for c in batches for row in zip(*c.columns.values())],
+            )
             return
-        rows = [row for c in batches for row in zip(*(as_int64_column(values) if name.endswith("_hash") else values
-                                                      for name, values in c.columns.items()))]  # fmt: skip
+        rows = [
+            row
+            for c in batches
+            for row in zip(
+                *(as_int64_column(values) if name.endswith("_hash") else values for name, values in c.columns.items())
+            )
+        ]
         conn.exec_driver_sql(_SQLITE_JSON_INSERT, (_json(rows),))
 
     def _sqlite_insert(self, model, columns: tuple[str, ...]) -> tuple[str, list, tuple]:
@@ -97,8 +107,11 @@ class SqlBatchWriter:
         cached = self._sqlite_inserts.get(key)
         if cached is None:
             table, dialect = model.__table__, self.engine.dialect
-            defaults = {c.name: c.default.arg for c in table.columns  # Python-side defaults Core would have applied
-                        if c.name not in columns and c.default is not None and c.default.is_scalar}  # fmt: skip
+            defaults = {
+                c.name: c.default.arg
+                for c in table.columns  # Python-side defaults Core would have applied
+                if c.name not in columns and c.default is not None and c.default.is_scalar
+            }
             names = [*columns, *defaults]
             sql = f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
             processors = [(c, table.c[c].type.bind_processor(dialect)) for c in columns]
@@ -161,8 +174,10 @@ def minute_sums(rows: Iterable[tuple]) -> list[dict]:
             acc = sums[key] = [0, 0]
         acc[0] += 1
         acc[1] += first_owner or 0
-    return [{"minute": m, "instance": i, "kind": k, "reason": r, "events": e, "blocks": b}
-            for (m, i, k, r), (e, b) in sums.items()]  # fmt: skip
+    return [
+        {"minute": m, "instance": i, "kind": k, "reason": r, "events": e, "blocks": b}
+        for (m, i, k, r), (e, b) in sums.items()
+    ]
 
 
 def is_unreachable(exc: BaseException) -> bool:

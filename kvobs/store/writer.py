@@ -227,8 +227,9 @@ class StoreWriter:
                     return False
                 self.num_failed_attempts += 1
                 if self._closed and self.spool is not None:
-                    log.warning("store unreachable at shutdown; %d rows kept in the spool for the next start",
-                                _rows(batch))  # fmt: skip
+                    log.warning(
+                        "store unreachable at shutdown; %d rows kept in the spool for the next start", _rows(batch)
+                    )
                     return True
                 if self._closed:  # shutting down: the database will not come back in time
                     log.error("store unreachable at shutdown; %d rows dropped", _rows(batch))
@@ -241,8 +242,7 @@ class StoreWriter:
 
     def _write_one_by_one(self, batch: list[tuple[str, list[Record]]], exc: Exception) -> None:
         """A row the database refuses (constraint, type) must not take its batch with it."""
-        log.warning("store refused a batch of %d rows (%s); writing them one by one", _rows(batch),
-                    type(exc).__name__)  # fmt: skip
+        log.warning("store refused a batch of %d rows (%s); writing them one by one", _rows(batch), type(exc).__name__)
         for op, records in batch:
             for record in records:
                 try:
@@ -251,8 +251,12 @@ class StoreWriter:
                 except Exception as row_exc:  # the writer thread must outlive any one bad row
                     self.num_dropped += 1
                     if worth_logging(self.num_dropped):  # a replayed batch can hold thousands: 1, 10, 100, ...
-                        log.error("store refused a %s row; dropped (%d so far): %s", record.table, self.num_dropped,
-                                  getattr(row_exc, "orig", row_exc))  # fmt: skip
+                        log.error(
+                            "store refused a %s row; dropped (%d so far): %s",
+                            record.table,
+                            self.num_dropped,
+                            getattr(row_exc, "orig", row_exc),
+                        )
 
 
 def _rows(batch: list[tuple]) -> int:

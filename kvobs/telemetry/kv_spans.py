@@ -51,26 +51,47 @@ class KVLossSpans:
         self.latest = latest
         self.num_spans = 0
 
-    def evict(self, start_ts: float, end_ts: float, blocks_per_session: Mapping[str | None, int | None], *,
-              num_blocks: int | None = None, reasons: Iterable[str] = (),
-              instance: str | None = None) -> bool:  # fmt: skip
+    def evict(
+        self,
+        start_ts: float,
+        end_ts: float,
+        blocks_per_session: Mapping[str | None, int | None],
+        *,
+        num_blocks: int | None = None,
+        reasons: Iterable[str] = (),
+        instance: str | None = None,
+    ) -> bool:
         """A `kvcache.evict` span; `num_blocks` defaults to the sum of the per-session counts. True if kept.
 
         `blocks_per_session` may count blocks no known session owned under `None`."""
         if num_blocks is None:
             num_blocks = sum(n or 0 for n in blocks_per_session.values())
         attrs = {a.KV_BLOCKS_EVICTED: num_blocks, a.KV_EVICTION_REASONS: listed(reasons)}
-        return self._span(SpanName.KV_EVICT, start_ts, end_ts, blocks_per_session, a.LINK_EVICTED_FROM, attrs,
-                          instance)  # fmt: skip
+        return self._span(SpanName.KV_EVICT, start_ts, end_ts, blocks_per_session, a.LINK_EVICTED_FROM, attrs, instance)
 
-    def invalidate(self, ts: float, reason: str, num_blocks: int, blocks_per_session: Mapping[str | None, int | None],
-                   *, instance: str | None = None) -> bool:  # fmt: skip
+    def invalidate(
+        self,
+        ts: float,
+        reason: str,
+        num_blocks: int,
+        blocks_per_session: Mapping[str | None, int | None],
+        *,
+        instance: str | None = None,
+    ) -> bool:
         """A `kvcache.invalidate` span. True if kept."""
         attrs = {a.KV_INVALIDATION_REASON: str(reason), a.KV_BLOCKS_INVALIDATED: num_blocks}
         return self._span(SpanName.KV_INVALIDATE, ts, ts, blocks_per_session, a.LINK_INVALIDATED, attrs, instance)
 
-    def _span(self, name: str, start_ts: float, end_ts: float, per_session: Mapping[str | None, int | None],
-              relation: str, attrs: dict, instance: str | None) -> bool:  # fmt: skip
+    def _span(
+        self,
+        name: str,
+        start_ts: float,
+        end_ts: float,
+        per_session: Mapping[str | None, int | None],
+        relation: str,
+        attrs: dict,
+        instance: str | None,
+    ) -> bool:
         span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, start_time=ns(start_ts))
         if not span.is_recording():
             span.end(end_time=ns(end_ts))

@@ -80,8 +80,9 @@ class TelemetryConfig:
 class Telemetry:
     """The providers one component uses; either may be None (that signal is off)."""
 
-    def __init__(self, tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None,
-                 exporters: list[_Counting]) -> None:  # fmt: skip
+    def __init__(
+        self, tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None, exporters: list[_Counting]
+    ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self._exporters = exporters
@@ -162,20 +163,31 @@ def setup_telemetry(config: TelemetryConfig | None = None) -> Telemetry:
                 readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms))
             meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     if tracer_provider is not None or meter_provider is not None:
-        log.info("telemetry on: traces %s, metrics %s (OTLP %s)", "on" if tracer_provider else "off",
-                 "on" if meter_provider else "off", _describe_endpoint(config))  # fmt: skip
+        log.info(
+            "telemetry on: traces %s, metrics %s (OTLP %s)",
+            "on" if tracer_provider else "off",
+            "on" if meter_provider else "off",
+            _describe_endpoint(config),
+        )
     return Telemetry(tracer_provider, meter_provider, exporters)
 
 
 # ---- OTLP exporters --------------------------------------------------------------------------------
 def _endpoint_configured(config: TelemetryConfig, signal: str) -> bool:
-    return bool(config.endpoint or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))  # fmt: skip
+    return bool(
+        config.endpoint
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
 
 
 def protocol_for(config: TelemetryConfig, signal: str) -> str:
-    protocol = (config.protocol or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or PROTOCOL_GRPC)  # fmt: skip
+    protocol = (
+        config.protocol
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or PROTOCOL_GRPC
+    )
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown OTLP protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
     return protocol
@@ -268,8 +280,9 @@ class _CountingSpanExporter(_Counting, SpanExporter):
 class _CountingMetricExporter(_Counting, MetricExporter):
     def __init__(self, inner: MetricExporter) -> None:
         _Counting.__init__(self, inner)
-        MetricExporter.__init__(self, preferred_temporality=inner._preferred_temporality,
-                                preferred_aggregation=inner._preferred_aggregation)  # fmt: skip
+        MetricExporter.__init__(
+            self, preferred_temporality=inner._preferred_temporality, preferred_aggregation=inner._preferred_aggregation
+        )
 
     def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
         try:

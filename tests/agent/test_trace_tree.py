@@ -36,8 +36,13 @@ def run_noisy_session(url: str, tracer_provider, recorder) -> None:
     with AgentSession("loader", session_id="noisy", tracer_provider=tracer_provider, recorder=recorder) as s:
         for i in range(2):
             with s.step() as step:
-                step.chat(client, model=SERVED, messages=[{"role": "user", "content": noisy_prompt(i)}],
-                          max_tokens=2, temperature=0)  # fmt: skip
+                step.chat(
+                    client,
+                    model=SERVED,
+                    messages=[{"role": "user", "content": noisy_prompt(i)}],
+                    max_tokens=2,
+                    temperature=0,
+                )
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -46,18 +51,21 @@ def test_agent_trace_reaches_kv_blocks(smollm2_source, tmp_path, protocol):
     with otlp_receiver() as (receiver, received):
         port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
         endpoint = f"http://127.0.0.1:{port}"
-        engine_telemetry = setup_telemetry(TelemetryConfig(service_name="kvobs-engine", endpoint=endpoint,
-                                                           protocol=protocol, metrics=False))  # fmt: skip
-        agent_telemetry = setup_telemetry(TelemetryConfig(service_name="agents", endpoint=endpoint,
-                                                          protocol=protocol, metrics=False))  # fmt: skip
+        engine_telemetry = setup_telemetry(
+            TelemetryConfig(service_name="kvobs-engine", endpoint=endpoint, protocol=protocol, metrics=False)
+        )
+        agent_telemetry = setup_telemetry(
+            TelemetryConfig(service_name="agents", endpoint=endpoint, protocol=protocol, metrics=False)
+        )
         writer = StoreWriter(open_store(store_url))
         recorder = StoreStepRecorder(writer)
         options = {"store_url": store_url, "instance": "engine-test"}
         with running_server(smollm2_source, num_blocks=48, options=options, telemetry=engine_telemetry) as server:
             client = httpx.Client(base_url=server.url + "/v1", timeout=120)
             history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Is flight KV12 late?"}]
-            with AgentSession("ops", session_id="victim", tracer_provider=agent_telemetry.tracer_provider,
-                              recorder=recorder) as victim:  # fmt: skip
+            with AgentSession(
+                "ops", session_id="victim", tracer_provider=agent_telemetry.tracer_provider, recorder=recorder
+            ) as victim:
                 with victim.step() as step:
                     first = step.chat(client, model=SERVED, messages=history, max_tokens=4, temperature=0)
                     with step.tool("flight_status"):  # while the agent waits, another session fills the cache
@@ -80,11 +88,14 @@ def test_agent_trace_reaches_kv_blocks(smollm2_source, tmp_path, protocol):
 
     # ---- the trace tree: invoke_agent > agent_step > chat > llm_request ------------------------------------
     by_id = {s.span_id: s for s in received.spans}
-    (session_span,) = [s for s in received.named(SpanName.INVOKE_AGENT) if s.attributes[a.GEN_AI_CONVERSATION_ID]
-                       == "victim"]  # fmt: skip
+    (session_span,) = [
+        s for s in received.named(SpanName.INVOKE_AGENT) if s.attributes[a.GEN_AI_CONVERSATION_ID] == "victim"
+    ]
     assert session_span.name == "invoke_agent ops" and session_span.service == "agents"
-    steps = sorted((s for s in received.named(SpanName.AGENT_STEP) if s.parent_span_id == session_span.span_id),
-                   key=lambda s: s.attributes[a.AGENT_STEP_INDEX])  # fmt: skip
+    steps = sorted(
+        (s for s in received.named(SpanName.AGENT_STEP) if s.parent_span_id == session_span.span_id),
+        key=lambda s: s.attributes[a.AGENT_STEP_INDEX],
+    )
     assert [s.attributes[a.AGENT_STEP_INDEX] for s in steps] == [0, 1]
     requests = []
     for step_span in steps:
@@ -104,8 +115,11 @@ def test_agent_trace_reaches_kv_blocks(smollm2_source, tmp_path, protocol):
     assert [t.name for t in tool] == ["execute_tool flight_status"]
 
     # ---- the eviction: noisy's request evicted victim's blocks during the tool pause, and links to it --------
-    evicting = [s for s in received.named(SpanName.LLM_REQUEST) if s.attributes.get(a.SESSION_ID) == "noisy"
-                and any(e[0] == SpanEvent.EVICT for e in s.events)]  # fmt: skip
+    evicting = [
+        s
+        for s in received.named(SpanName.LLM_REQUEST)
+        if s.attributes.get(a.SESSION_ID) == "noisy" and any(e[0] == SpanEvent.EVICT for e in s.events)
+    ]
     assert evicting, "the noisy session must have evicted cached blocks"
     evict = next(e[1] for s in evicting for e in s.events if e[0] == SpanEvent.EVICT)
     assert evict[a.KV_EVICTION_REASONS] == ["capacity"] and "victim" in evict[a.KV_SESSIONS_AFFECTED]
@@ -119,14 +133,16 @@ def test_agent_trace_reaches_kv_blocks(smollm2_source, tmp_path, protocol):
     assert inval.attributes[a.KV_INVALIDATION_REASON] == "session_forget"
     assert inval.attributes[a.KV_BLOCKS_INVALIDATED] > 0 and "victim" in inval.attributes[a.KV_SESSIONS_AFFECTED]
     assert [(ln[1], ln[2][a.KV_LINK_RELATION]) for ln in inval.links if ln[2][a.SESSION_ID] == "victim"] == [
-        (requests[1].span_id, a.LINK_INVALIDATED)]  # fmt: skip
+        (requests[1].span_id, a.LINK_INVALIDATED)
+    ]
 
     # ---- the store holds the same story -------------------------------------------------------------------
     store = open_store(store_url)
     with store.session() as db:
         step_rows = db.scalars(select(StepRow).where(StepRow.session_id == "victim").order_by(StepRow.step_index)).all()
         assert [(r.trace_id, r.span_id, r.status) for r in step_rows] == [
-            (session_span.trace_id, s.span_id, "ok") for s in steps]  # fmt: skip
+            (session_span.trace_id, s.span_id, "ok") for s in steps
+        ]
         assert step_rows[1].cached_tokens == second.cached_tokens and step_rows[0].ttft_s > 0
         req_rows = db.scalars(select(RequestRow).where(RequestRow.session_id == "victim")).all()
         assert {r.trace_id for r in req_rows} == {session_span.trace_id} and len(req_rows) == 2
@@ -134,8 +150,9 @@ def test_agent_trace_reaches_kv_blocks(smollm2_source, tmp_path, protocol):
             select(KVEventRow).where(KVEventRow.session_id == "victim", KVEventRow.kind == "evicted")
         ).all()
         assert lost and all(r.reason == "capacity" and r.block_hash is not None for r in lost)
-        assert db.scalars(select(KVEventRow).where(KVEventRow.kind == "invalidated",
-                                                   KVEventRow.reason == "session_forget")).all()  # fmt: skip
+        assert db.scalars(
+            select(KVEventRow).where(KVEventRow.kind == "invalidated", KVEventRow.reason == "session_forget")
+        ).all()
         snaps = db.scalars(select(SnapshotRow).where(SnapshotRow.session_id == "victim").order_by(SnapshotRow.ts)).all()
         # One per finished request, and one when its second request began: hindsight, its losses were in a pause.
         assert len(snaps) == 3 and snaps[-1].session_evicted_blocks == len(lost)

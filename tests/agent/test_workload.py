@@ -27,10 +27,16 @@ def test_seed_fixes_sessions_tasks_pauses_and_tool_results():
     assert [kind for _, kind, _, _ in draw(7)][:3] == ["researcher", "coder", "planner"]
 
 
-@pytest.mark.parametrize(("text", "low", "high"), [
-    ("250", 0.25, 0.25), ("const:250", 0.25, 0.25), ("uniform:100-300", 0.1, 0.3), ("exp:200", 0.0, 10.0),
-    ("lognormal:200,0.5", 0.0, 10.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "low", "high"),
+    [
+        ("250", 0.25, 0.25),
+        ("const:250", 0.25, 0.25),
+        ("uniform:100-300", 0.1, 0.3),
+        ("exp:200", 0.0, 10.0),
+        ("lognormal:200,0.5", 0.0, 10.0),
+    ],
+)
 def test_pause_distributions_draw_in_range(text, low, high):
     dist, rng = PauseDistribution.parse(text), random.Random(0)
     draws = [dist.sample_s(rng) for _ in range(2000)]
@@ -49,8 +55,15 @@ def test_json_replies():
 def test_run_workload_records_steps_that_join_the_engines_requests(smollm2_source, tmp_path):
     url = f"sqlite:///{tmp_path / 'kvobs.db'}"
     with running_server(smollm2_source, options={"store_url": url, "instance": "engine-wl"}) as server:
-        config = WorkloadConfig(base_url=server.url, sessions=2, concurrency=2, steps=2, max_tokens=4, seed=3,
-                                tool_pause=PauseDistribution.parse("50"))  # fmt: skip
+        config = WorkloadConfig(
+            base_url=server.url,
+            sessions=2,
+            concurrency=2,
+            steps=2,
+            max_tokens=4,
+            seed=3,
+            tool_pause=PauseDistribution.parse("50"),
+        )
         result = run_workload(config, store_url=url, otlp_endpoint=None, progress=False)
     assert result.sessions == 2 and result.steps == 4
     store = open_store(url)

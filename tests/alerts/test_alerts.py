@@ -24,26 +24,40 @@ from tests.stores import copy_store
 
 def test_builtin_rules_cover_the_issue():
     signals = {r.signal for r in builtin_rules()}
-    assert signals == {"kv_usage", "preemptions_per_min", "hit_rate", "median_block_lifetime_s",
-                       "prefix_lost_in_pause_per_min", "step_failure_rate", "ttft_slo_burn", "instance_up"}  # fmt: skip
+    assert signals == {
+        "kv_usage",
+        "preemptions_per_min",
+        "hit_rate",
+        "median_block_lifetime_s",
+        "prefix_lost_in_pause_per_min",
+        "step_failure_rate",
+        "ttft_slo_burn",
+        "instance_up",
+    }
 
 
 RULE = "rules: [{{name: {name}, signal: kv_usage, op: '>', threshold: 1, severity: info, {extra}}}]"
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ("rules: [{name: A, signal: kv_usage, op: '>', severity: warning}]", "rule 'A': field 'threshold' is required"),
-    ("rules: [{name: B, signal: nope, op: '>', threshold: 1, severity: warning}]", "rule 'B': field 'signal'"),
-    ("rules: [{name: C, signal: kv_usage, op: '=>', threshold: 1, severity: warning}]", "rule 'C': field 'op'"),
-    (RULE.format(name="D", extra="threshold: high").replace("threshold: 1, ", ""), "rule 'D': field 'threshold'"),
-    ("rules: [{name: E, signal: kv_usage, op: '>', threshold: 1, severity: loud}]", "rule 'E': field 'severity'"),
-    ("rules: [{name: F, signal: kv_usage, op: '>', threshold: 1, severity: info, for: soon}]", "rule 'F': field 'for'"),
-    (RULE.format(name="G", extra="params: {x: 1}"), "rule 'G': field 'params'"),
-    (RULE.format(name="H", extra="colour: red"), "rule 'H': unknown field 'colour'"),
-    ("rules: [{signal: kv_usage}]", "rule #1: field 'name' is required"),
-    ("rules: {name: I}", "expected a mapping with a 'rules' list"),
-    ("rules: [", "not valid YAML"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("rules: [{name: A, signal: kv_usage, op: '>', severity: warning}]", "rule 'A': field 'threshold' is required"),
+        ("rules: [{name: B, signal: nope, op: '>', threshold: 1, severity: warning}]", "rule 'B': field 'signal'"),
+        ("rules: [{name: C, signal: kv_usage, op: '=>', threshold: 1, severity: warning}]", "rule 'C': field 'op'"),
+        (RULE.format(name="D", extra="threshold: high").replace("threshold: 1, ", ""), "rule 'D': field 'threshold'"),
+        ("rules: [{name: E, signal: kv_usage, op: '>', threshold: 1, severity: loud}]", "rule 'E': field 'severity'"),
+        (
+            "rules: [{name: F, signal: kv_usage, op: '>', threshold: 1, severity: info, for: soon}]",
+            "rule 'F': field 'for'",
+        ),
+        (RULE.format(name="G", extra="params: {x: 1}"), "rule 'G': field 'params'"),
+        (RULE.format(name="H", extra="colour: red"), "rule 'H': unknown field 'colour'"),
+        ("rules: [{signal: kv_usage}]", "rule #1: field 'name' is required"),
+        ("rules: {name: I}", "expected a mapping with a 'rules' list"),
+        ("rules: [", "not valid YAML"),
+    ],
+)
 def test_malformed_rules_fail_at_load_naming_rule_and_field(body, message):
     with pytest.raises(RuleError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_rules(body)
@@ -51,8 +65,10 @@ def test_malformed_rules_fail_at_load_naming_rule_and_field(body, message):
 
 def test_rule_file_overrides_builtin_by_name(tmp_path):
     path = tmp_path / "rules.yaml"
-    path.write_text("rules:\n  - {name: KVCachePreemptionStorm, signal: preemptions_per_min, op: '>=', threshold: 1,"
-                    " severity: critical, window: 1h}\n")  # fmt: skip
+    path.write_text(
+        "rules:\n  - {name: KVCachePreemptionStorm, signal: preemptions_per_min, op: '>=', threshold: 1,"
+        " severity: critical, window: 1h}\n"
+    )
     rules = {r.name: r for r in load_rules(path)}
     assert rules["KVCachePreemptionStorm"].threshold == 1 and rules["KVCachePreemptionStorm"].window_s == 3600
     assert len(rules) == len(builtin_rules())
@@ -96,9 +112,12 @@ def test_agent_run_fires_what_happened_once_then_resolves(agent_run, webhook, tm
     window = end - first + 1
     # The built-in rules with a window covering the whole 30 s run and no `for` (the run is shorter than theirs).
     zero = ("SessionPrefixLostInToolPause", "AgentStepFailureRate")
-    rules = [replace(r, window_s=window, for_s=0.0, threshold=0.0 if r.name in zero else r.threshold)
-             for r in builtin_rules() if r.name in ("SessionPrefixLostInToolPause", "AgentStepFailureRate",
-                                                    "KVCacheEvictionChurn", "CollectorTargetDown")]  # fmt: skip
+    rules = [
+        replace(r, window_s=window, for_s=0.0, threshold=0.0 if r.name in zero else r.threshold)
+        for r in builtin_rules()
+        if r.name
+        in ("SessionPrefixLostInToolPause", "AgentStepFailureRate", "KVCacheEvictionChurn", "CollectorTargetDown")
+    ]
     sink = WebhookSink(webhook, backoff_s=0.01)
     evaluator = Evaluator(store, rules, sinks=[sink])
     fired = evaluator.evaluate(end)
@@ -141,8 +160,20 @@ def test_vllm_run_preemption_storm_and_instance_up(vllm_run, tmp_path):
 def test_cli_bad_rules_exit_2(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("rules: [{name: X, signal: kv_usage, op: '>', threshold: 1, severity: loud}]\n")
-    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "alerts", "--rules", str(path), "--store",
-                           f"sqlite:///{tmp_path / 's.db'}"], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "alerts",
+            "--rules",
+            str(path),
+            "--store",
+            f"sqlite:///{tmp_path / 's.db'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "rule 'X': field 'severity'" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -154,8 +185,10 @@ def test_vllm_run_pause_loss_alert_counts_pauses_not_losses_after_a_sessions_end
     copy_store(vllm_run.store, store)
     first, last = queries.time_range(store)
     window = last - first + 1
-    rules = parse_rules("rules:\n  - {name: Pause, signal: prefix_lost_in_pause_per_min, op: '>', threshold: 0,"
-                        f" severity: warning, window: {window}}}\n")  # fmt: skip
+    rules = parse_rules(
+        "rules:\n  - {name: Pause, signal: prefix_lost_in_pause_per_min, op: '>', threshold: 0,"
+        f" severity: warning, window: {window}}}\n"
+    )
     outcome = expected.kv_outcome()
     assert sum(outcome["after_end"].values()) > 0  # sessions that had ended lost blocks too
     (fired,) = Evaluator(store, rules).evaluate(last)
@@ -170,11 +203,28 @@ def test_cli_tells_each_transition_once(vllm_run, tmp_path):
     first, last = queries.time_range(store)
     store.close()
     rules = tmp_path / "rules.yaml"
-    rules.write_text("rules:\n  - {name: Storm, signal: preemptions_per_min, op: '>', threshold: 0, severity: warning,"
-                     f" window: {last - first + 1}}}\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "alerts", "--store", f"sqlite:///{tmp_path / 'copy.db'}",
-                           "--rules", str(rules), "--no-builtin", "--at", str(last)], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    rules.write_text(
+        "rules:\n  - {name: Storm, signal: preemptions_per_min, op: '>', threshold: 0, severity: warning,"
+        f" window: {last - first + 1}}}\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "alerts",
+            "--store",
+            f"sqlite:///{tmp_path / 'copy.db'}",
+            "--rules",
+            str(rules),
+            "--no-builtin",
+            "--at",
+            str(last),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     told = [line for line in (done.stdout + done.stderr).splitlines() if "Storm" in line]
     # one transition line (not a log line and a table line), then what fires now

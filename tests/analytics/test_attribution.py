@@ -73,9 +73,22 @@ def test_invalidation_is_named_with_its_reason(agent_run):
     reqs = queries.requests(store, session_id=session)
     gap_ts = (reqs["finished_ts"].iloc[0] + reqs["arrival_ts"].iloc[1]) / 2
     events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
-    extra = pd.DataFrame([{"ts": gap_ts, "instance": "engine-test", "kind": "invalidated", "block_hash": 7,
-                           "parent_hash": None, "num_tokens": 16, "session_id": session, "request_id": None,
-                           "reason": "system_prompt_change", "medium": "CPU"}])  # fmt: skip
+    extra = pd.DataFrame(
+        [
+            {
+                "ts": gap_ts,
+                "instance": "engine-test",
+                "kind": "invalidated",
+                "block_hash": 7,
+                "parent_hash": None,
+                "num_tokens": 16,
+                "session_id": session,
+                "request_id": None,
+                "reason": "system_prompt_change",
+                "medium": "CPU",
+            }
+        ]
+    )
     frame = attribute_steps(mine, reqs, pd.concat([events, extra], ignore_index=True))
     second = frame[frame["step_index"] == 1].iloc[0]
     assert second["cause"] == "invalidated" and second["invalidation_reasons"] == "system_prompt_change"

@@ -11,7 +11,7 @@ from kvobs.analytics.chains import (
     hit_rate_summary,
     hit_rates,
     prefix_reuse,
-    recompute_by_session,  # fmt: skip
+    recompute_by_session,
     request_chains,
     with_sessions,
 )
@@ -62,8 +62,9 @@ def test_vllm_chains_from_session_and_time(vllm_run):
 
 def test_pressure_windows_from_the_engine_run(agent_run):
     store = agent_run.store
-    frame = pressure_windows(queries.instance_snapshots(store), queries.requests(store),
-                             queries.block_losses(store, bucket_s=5), window_s=5)  # fmt: skip
+    frame = pressure_windows(
+        queries.instance_snapshots(store), queries.requests(store), queries.block_losses(store, bucket_s=5), window_s=5
+    )
     assert {"usage_mean", "evictions_per_s", "ttft_p99", "itl_p50", "preemptions", "requests"} <= set(frame)
     assert frame["requests"].sum() == len(queries.requests(store))
     lost = queries.block_losses(store, bucket_s=5)["blocks"].sum()
@@ -107,11 +108,27 @@ def test_footprints_and_session_table(agent_run):
 
 def test_available_counts_blocks_stored_while_a_request_waited_in_the_queue():
     """B arrives at t=1 and waits 1 s; A stores the shared block at t=1.5: B's lookup (t=2) could hit it."""
-    stored = pd.DataFrame({"ts": [1.5, 2.5], "block_hash": [11, 12], "parent_hash": [None, 11], "num_tokens": [16, 16],
-                           "session_id": ["a", "b"], "request_id": ["A", "B"]})  # fmt: skip
-    reqs = pd.DataFrame({"request_id": ["A", "B"], "session_id": ["a", "b"], "arrival_ts": [0.0, 1.0],
-                         "queue_s": [0.0, 1.0], "finished_ts": [1.6, 3.0], "prompt_tokens": [20, 40],
-                         "cached_tokens": [0, 16]})  # fmt: skip
+    stored = pd.DataFrame(
+        {
+            "ts": [1.5, 2.5],
+            "block_hash": [11, 12],
+            "parent_hash": [None, 11],
+            "num_tokens": [16, 16],
+            "session_id": ["a", "b"],
+            "request_id": ["A", "B"],
+        }
+    )
+    reqs = pd.DataFrame(
+        {
+            "request_id": ["A", "B"],
+            "session_id": ["a", "b"],
+            "arrival_ts": [0.0, 1.0],
+            "queue_s": [0.0, 1.0],
+            "finished_ts": [1.6, 3.0],
+            "prompt_tokens": [20, 40],
+            "cached_tokens": [0, 16],
+        }
+    )
     graph = BlockGraph.from_stored(stored)
     rates = hit_rates(reqs, request_chains(reqs, stored, graph), graph, block_size=16).set_index("request_id")
     assert rates.loc["B", "available_tokens"] == 16 == rates.loc["B", "cached_tokens"]
@@ -143,8 +160,13 @@ def test_vectorized_roots_equal_the_walk_on_random_forests():
             for i in range(n):
                 if order.get(int(parents[i]), n) >= order[int(hashes[i])]:
                     no_parent[i] = True
-        stored = pd.DataFrame({"ts": np.arange(n, dtype=float), "block_hash": hashes.astype(object),
-                               "parent_hash": np.where(no_parent, None, parents.astype(object))})  # fmt: skip
+        stored = pd.DataFrame(
+            {
+                "ts": np.arange(n, dtype=float),
+                "block_hash": hashes.astype(object),
+                "parent_hash": np.where(no_parent, None, parents.astype(object)),
+            }
+        )
         graph = BlockGraph.from_stored(stored)
         expected = [graph.root(int(h)) for h in hashes]
         assert chain_roots(hashes, parents, no_parent).tolist() == expected, case

@@ -54,8 +54,10 @@ def test_blocks_told_are_the_block_managers_own_counts(agent_run):
 def test_a_requests_lifecycle_is_told_in_order(agent_run):
     for _, story in stories(agent_run):
         for request in story.requests.itertuples():
-            told = story.events[story.events["what"].str.contains(request.request_id, regex=False)
-                                & (story.events["source"] == "request")]  # fmt: skip
+            told = story.events[
+                story.events["what"].str.contains(request.request_id, regex=False)
+                & (story.events["source"] == "request")
+            ]
             assert told["kind"].tolist() == ["arrived", "finished"]
         phases = story.timeline[story.timeline["lane"].str.startswith("request")]
         assert (phases["end"] >= phases["start"]).all()

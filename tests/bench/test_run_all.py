@@ -11,17 +11,31 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
-    done = subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick"], capture_output=True, text=True,
-                          timeout=900, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     table = done.stdout[done.stdout.index("| benchmark | case | value | vs baseline |") :].splitlines()
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:] if line.startswith("| ")]
-    assert {r[0] for r in rows} == {"engine_throughput", "telemetry_overhead", "collector_ingest", "span_steps",
-                                    "collector_memory", "dashboard_queries"}  # fmt: skip
+    assert {r[0] for r in rows} == {
+        "engine_throughput",
+        "telemetry_overhead",
+        "collector_ingest",
+        "span_steps",
+        "collector_memory",
+        "dashboard_queries",
+    }
     baselines = {(r[0], r[1]) for r in rows if r[3].startswith("1.00x")}
     assert ("engine_throughput", "kvobs serve (HTTP) (float32)") in {(r[0], r[1]) for r in rows}
-    for case in [("engine_throughput", "transformers generate (float32)"), ("telemetry_overhead", "telemetry off"),
-                 ("collector_ingest", "KV events: decode")]:  # fmt: skip
+    for case in [
+        ("engine_throughput", "transformers generate (float32)"),
+        ("telemetry_overhead", "telemetry off"),
+        ("collector_ingest", "KV events: decode"),
+    ]:
         assert case in baselines
     for row in rows:
         value = float(row[2].split()[0].replace(",", ""))

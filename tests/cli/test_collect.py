@@ -53,23 +53,50 @@ def test_collect_runs_until_sigterm_and_flushes(tmp_path):
     bodies = [body for _, body in scrapes()][:30]
     with metrics_server(bodies + ["<html>down for maintenance</html>\n"] * 100) as url:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvobs.cli", "collect", "--vllm-url", f"vllm={url}", "--otlp-http",
-             f"127.0.0.1:{otlp}", "--store", f"sqlite:///{db}", "--interval", "0.1", "--metrics-address",
-             f"127.0.0.1:{metrics}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kvobs.cli",
+                "collect",
+                "--vllm-url",
+                f"vllm={url}",
+                "--otlp-http",
+                f"127.0.0.1:{otlp}",
+                "--store",
+                f"sqlite:///{db}",
+                "--interval",
+                "0.1",
+                "--metrics-address",
+                f"127.0.0.1:{metrics}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             wait_http(f"http://127.0.0.1:{metrics}/metrics")
             for body in otlp_bodies():
-                r = httpx.post(f"http://127.0.0.1:{otlp}/v1/traces", content=body,
-                               headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+                r = httpx.post(
+                    f"http://127.0.0.1:{otlp}/v1/traces",
+                    content=body,
+                    headers={"Content-Type": "application/x-protobuf"},
+                )
                 assert r.status_code == 200
             export_agent_steps(f"http://127.0.0.1:{otlp}/v1/traces", ["ok", "ok", "timeout"])
-            assert httpx.post(f"http://127.0.0.1:{otlp}/v1/traces", content=b"not protobuf",
-                              headers={"Content-Type": "application/x-protobuf"}).status_code == 400  # fmt: skip
+            assert (
+                httpx.post(
+                    f"http://127.0.0.1:{otlp}/v1/traces",
+                    content=b"not protobuf",
+                    headers={"Content-Type": "application/x-protobuf"},
+                ).status_code
+                == 400
+            )
             time.sleep(5)  # the recorded scrapes run out; the HTML pages mark vLLM down
-            own = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(
-                httpx.get(f"http://127.0.0.1:{metrics}/metrics").text) for s in f.samples}  # fmt: skip
+            own = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(httpx.get(f"http://127.0.0.1:{metrics}/metrics").text)
+                for s in f.samples
+            }
         finally:
             proc.send_signal(signal.SIGTERM)
             output = proc.communicate(timeout=60)[0]
@@ -92,12 +119,16 @@ def test_collect_runs_until_sigterm_and_flushes(tmp_path):
 
 @pytest.mark.parametrize(
     "args, message",
-    [([], "nothing to collect"), (["--vllm-url", "vllm:8000"], "not an http"),
-     (["--otlp-http", "127.0.0.1:0", "--store", "mysql://x/y"], "unsupported store"),
-     (["--otlp-http", "127.0.0.1:0", "--forward-otlp", "jaeger:4317"], "--forward-otlp needs")],
-)  # fmt: skip
+    [
+        ([], "nothing to collect"),
+        (["--vllm-url", "vllm:8000"], "not an http"),
+        (["--otlp-http", "127.0.0.1:0", "--store", "mysql://x/y"], "unsupported store"),
+        (["--otlp-http", "127.0.0.1:0", "--forward-otlp", "jaeger:4317"], "--forward-otlp needs"),
+    ],
+)
 def test_bad_flags_fail_at_start_with_one_line(tmp_path, args, message):
-    out = subprocess.run([sys.executable, "-m", "kvobs.cli", "collect", *args], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "collect", *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []  # refused before any store file was created

@@ -41,12 +41,37 @@ def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
 def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_path):
     port, dashboard_port, collector_port = free_port(), free_port(), free_port()
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
-    proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url, "--port", str(port),
-                             "--dashboard-port", str(dashboard_port), "--collector-port", str(collector_port),
-                             "--sessions", "3", "--concurrency", "3",
-                             "--steps", "2", "--seed", "5", "--tool-pause-ms", "200", "--log-dir",
-                             str(tmp_path / "logs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "demo",
+            "--store",
+            store_url,
+            "--port",
+            str(port),
+            "--dashboard-port",
+            str(dashboard_port),
+            "--collector-port",
+            str(collector_port),
+            "--sessions",
+            "3",
+            "--concurrency",
+            "3",
+            "--steps",
+            "2",
+            "--seed",
+            "5",
+            "--tool-pause-ms",
+            "200",
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out = _read_until(proc, READY_LINE, timeout_s=600)
         assert READY_LINE in out, (out, proc.poll())
@@ -100,14 +125,21 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
     assert {t for _, t in steps} <= request_traces  # the engine flushed a request for every step, in its trace
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--num-blocks", "0"], "--num-blocks must be positive"),
-    (["--sessions", "0"], "--sessions must be at least 1"),
-    (["--store", "mysql+nodriver://x/y"], "kvobs demo:"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num-blocks", "0"], "--num-blocks must be positive"),
+        (["--sessions", "0"], "--sessions must be at least 1"),
+        (["--store", "mysql+nodriver://x/y"], "kvobs demo:"),
+    ],
+)
 def test_bad_flags_exit_2_in_one_line(tmp_path, flags, message):
-    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
-                           *flags], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
 
@@ -119,22 +151,56 @@ def test_ports_already_in_use_stop_the_demo_before_it_starts_anything_all_named_
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             ports.append(taken.getsockname()[1])
-        done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
-                               "--port", str(ports[0]), "--dashboard-port", str(ports[1]), "--collector-port",
-                               str(free_port())],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvobs.cli",
+                "demo",
+                "--store",
+                f"sqlite:///{tmp_path / 's.db'}",
+                "--port",
+                str(ports[0]),
+                "--dashboard-port",
+                str(ports[1]),
+                "--collector-port",
+                str(free_port()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 2
-    assert (f"already in use: 127.0.0.1:{ports[0]} (--port), 127.0.0.1:{ports[1]} (--dashboard-port); another kvobs "
-            "demo? stop it or pass other ports") in done.stderr  # fmt: skip
+    assert (
+        f"already in use: 127.0.0.1:{ports[0]} (--port), 127.0.0.1:{ports[1]} (--dashboard-port); another kvobs "
+        "demo? stop it or pass other ports"
+    ) in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "s.db").exists()
 
 
 def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "demo", "--store", f"sqlite:///{tmp_path / 's.db'}",
-                           "--port", str(free_port()), "--dashboard-port", str(free_port()), "--collector-port",
-                           str(free_port()), "--num-blocks", "8"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "demo",
+            "--store",
+            f"sqlite:///{tmp_path / 's.db'}",
+            "--port",
+            str(free_port()),
+            "--dashboard-port",
+            str(free_port()),
+            "--collector-port",
+            str(free_port()),
+            "--num-blocks",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1
     assert "the KV cache has 8 blocks of 16 tokens" in done.stderr
     assert "the engine exited with status 2 before it was ready" in done.stderr
@@ -144,10 +210,30 @@ def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
 def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_store(tmp_path):
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
     ports = ["--port", str(free_port()), "--dashboard-port", str(free_port()), "--collector-port", str(free_port())]
-    proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url, *ports,
-                             "--sessions", "2", "--concurrency", "2",
-                             "--steps", "50", "--tool-pause-ms", "300", "--max-tokens", "4"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "demo",
+            "--store",
+            store_url,
+            *ports,
+            "--sessions",
+            "2",
+            "--concurrency",
+            "2",
+            "--steps",
+            "50",
+            "--tool-pause-ms",
+            "300",
+            "--max-tokens",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out = _read_until(proc, "Round 1:", timeout_s=600)
         assert "Round 1:" in out, (out, proc.poll())

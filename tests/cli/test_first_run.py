@@ -16,8 +16,9 @@ from kvobs.cli import build_parser
 
 
 def _kvobs(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvobs.cli", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
 
 
 @pytest.mark.parametrize("command", [["alerts"], ["whatif", "--num-blocks", "64"], ["dashboard"]])
@@ -53,9 +54,11 @@ def test_a_taken_port_stops_a_server_in_one_line_before_any_heavy_work(tmp_path,
         took = time.monotonic() - started
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert lines == [f"kvobs {command[0]}: already in use: 127.0.0.1:{port} (--port); another "
-                     f"{'kvobs serve or vLLM' if command[0] == 'serve' else 'dashboard'}? stop it or pass another "
-                     "--port"], done.stderr  # fmt: skip
+    assert lines == [
+        f"kvobs {command[0]}: already in use: 127.0.0.1:{port} (--port); another "
+        f"{'kvobs serve or vLLM' if command[0] == 'serve' else 'dashboard'}? stop it or pass another "
+        "--port"
+    ], done.stderr
     assert store.exists() == existed  # serve made no store file
     assert "loading" not in done.stderr and took < 30, took  # no model loaded (that takes seconds on this machine)
 

@@ -7,13 +7,28 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = {"sqlalchemy", "alembic", "torch", "streamlit", "pandas", "numpy", "grpc", "zmq", "fastapi", "uvicorn",
-         "opentelemetry", "chdb", "clickhouse_connect"}  # fmt: skip
+HEAVY = {
+    "sqlalchemy",
+    "alembic",
+    "torch",
+    "streamlit",
+    "pandas",
+    "numpy",
+    "grpc",
+    "zmq",
+    "fastapi",
+    "uvicorn",
+    "opentelemetry",
+    "chdb",
+    "clickhouse_connect",
+}
 
 
 def test_building_every_parser_imports_no_heavy_library():
-    code = ("import sys, kvobs.cli; kvobs.cli.build_parser(); "
-            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(HEAVY)!r})))")  # fmt: skip
+    code = (
+        "import sys, kvobs.cli; kvobs.cli.build_parser(); "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(HEAVY)!r})))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", f"imported at --help: {done.stdout.strip()}"

@@ -20,8 +20,19 @@ from tests.server.conftest import free_port
 
 def serve_and_complete(port: int, *extra: str, headers: dict | None = None) -> tuple[subprocess.Popen, str]:
     """Start `kvobs serve`, wait for /health, complete one prompt, stop it with SIGTERM; returns (proc, output)."""
-    cmd = [sys.executable, "-m", "kvobs.cli", "serve", "--port", str(port), "--num-blocks", "64",
-           "--max-model-len", "512", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvobs.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--num-blocks",
+        "64",
+        "--max-model-len",
+        "512",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -57,9 +68,18 @@ def test_sigterm_flushes_spans_and_store_rows(tmp_path):
     traceparent = f"00-{trace_id}-00f067aa0ba902b7-01"
     with otlp_receiver() as (receiver, received):
         endpoint = f"http://127.0.0.1:{receiver.http_port}"
-        proc, out = serve_and_complete(free_port(), "--store", url, "--otlp-endpoint", endpoint, "--otlp-protocol",
-                                       "http/protobuf", "--instance", "cli-engine",
-                                       headers={"traceparent": traceparent, "X-Session-ID": "cli"})  # fmt: skip
+        proc, out = serve_and_complete(
+            free_port(),
+            "--store",
+            url,
+            "--otlp-endpoint",
+            endpoint,
+            "--otlp-protocol",
+            "http/protobuf",
+            "--instance",
+            "cli-engine",
+            headers={"traceparent": traceparent, "X-Session-ID": "cli"},
+        )
         assert proc.returncode == 0, out
         (span,) = received.named("llm_request")  # exported at shutdown at the latest
     assert span.trace_id == trace_id and span.parent_span_id == "00f067aa0ba902b7" and span.service == "kvobs-engine"
@@ -77,14 +97,22 @@ BAD_STORES = [("mysql://db/kvobs", "unsupported store 'mysql'"), ("postgresql://
 
 @pytest.mark.parametrize(("url", "message"), BAD_STORES)
 def test_serve_refuses_a_bad_store_at_start(url, message):
-    out = subprocess.run([sys.executable, "-m", "kvobs.cli", "serve", "--num-blocks", "64", "--store", url],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "serve", "--num-blocks", "64", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
 def test_serve_reports_bad_configuration_without_a_traceback():
-    out = subprocess.run([sys.executable, "-m", "kvobs.cli", "serve", "--num-blocks", "8", "--max-model-len", "2048"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "serve", "--num-blocks", "8", "--max-model-len", "2048"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "needs 129 (block 0 is reserved)" in out.stderr
     assert "Traceback" not in out.stderr
 

@@ -30,8 +30,12 @@ def test_help_lists_every_registered_command_without_torch():
 
 @pytest.mark.parametrize(("command", "extra"), [("serve", "server"), ("generate", "engine")])
 def test_engine_commands_without_torch_name_the_extra_to_install(command, extra):
-    done = subprocess.run(kvobs(command, "--port", str(free_port())) if command == "serve" else kvobs(command, "hi"),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        kvobs(command, "--port", str(free_port())) if command == "serve" else kvobs(command, "hi"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith(f"kvobs {command} needs the {extra} extra: pip install 'kvobs[{extra}]' (")
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -39,8 +43,11 @@ def test_engine_commands_without_torch_name_the_extra_to_install(command, extra)
 
 def test_collect_runs_without_torch(tmp_path):
     port = free_port()
-    proc = subprocess.Popen(kvobs("collect", "--otlp-http", f"127.0.0.1:{port}", "--store",
-                                  f"sqlite:///{tmp_path / 'kvobs.db'}"), stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        kvobs("collect", "--otlp-http", f"127.0.0.1:{port}", "--store", f"sqlite:///{tmp_path / 'kvobs.db'}"),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines = []
     try:
         for line in proc.stderr:  # until the collector says it is collecting (or exits)

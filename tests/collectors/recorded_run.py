@@ -29,12 +29,22 @@ def record_agent_steps(store) -> None:
     for step in agent_steps():
         usage = step["usage"] or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        writer.add(StepRecord(session_id=step["session"], step_index=step["step"], trace_id=step["trace_id"],
-                              span_id=step["span_id"], started_at=step["start"], ended_at=step["end"],
-                              status="ok" if step["ok"] else "error", e2e_s=step["end"] - step["start"],
-                              error_type=None if step["ok"] else "400",  # the fixture README: HTTP 400
-                              prompt_tokens=usage.get("prompt_tokens"), cached_tokens=cached,
-                              completion_tokens=usage.get("completion_tokens")))  # fmt: skip
+        writer.add(
+            StepRecord(
+                session_id=step["session"],
+                step_index=step["step"],
+                trace_id=step["trace_id"],
+                span_id=step["span_id"],
+                started_at=step["start"],
+                ended_at=step["end"],
+                status="ok" if step["ok"] else "error",
+                e2e_s=step["end"] - step["start"],
+                error_type=None if step["ok"] else "400",  # the fixture README: HTTP 400
+                prompt_tokens=usage.get("prompt_tokens"),
+                cached_tokens=cached,
+                completion_tokens=usage.get("completion_tokens"),
+            )
+        )
         ended[step["session"]] = max(ended.get(step["session"], 0.0), step["end"])
     for session, end in ended.items():
         writer.upsert(SessionRecord(session, source=SessionSource.SDK.value, ended_at=end))
@@ -61,8 +71,10 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",)):
         options = CollectorOptions(
             vllm_urls=[f"{name}={url}" for name, url in zip(replicas, urls)],
             kv_events=[f"{name}=tcp://127.0.0.1:{port}" for name, port in zip(replicas, ports)],
-            kv_events_bind=True, otlp_http="127.0.0.1:0", interval_s=3600,
-        )  # fmt: skip
+            kv_events_bind=True,
+            otlp_http="127.0.0.1:0",
+            interval_s=3600,
+        )
         collector = Collector(options, store=store)
         collector.scraper.clock = _recorded_clock([[ts for ts, _ in scraped] for _, scraped in plays])
         collector.start()

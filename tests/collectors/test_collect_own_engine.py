@@ -31,14 +31,23 @@ def chat(url: str, session: str, turn: int) -> dict:
 
 def test_collector_reads_kvobs_serve_like_a_vllm(smollm2_source, store):
     kv, replay, otlp = free_port(), free_port(), free_port()
-    options = {"kv_events_endpoint": f"tcp://*:{kv}", "kv_events_replay_endpoint": f"tcp://*:{replay}",
-               "otlp_endpoint": f"http://127.0.0.1:{otlp}"}  # fmt: skip
+    options = {
+        "kv_events_endpoint": f"tcp://*:{kv}",
+        "kv_events_replay_endpoint": f"tcp://*:{replay}",
+        "otlp_endpoint": f"http://127.0.0.1:{otlp}",
+    }
     sessions = ["own-a", "own-b", "own-c"]
     with running_server(smollm2_source, options=options, num_blocks=24, max_model_len=256) as server:
-        collector = Collector(CollectorOptions(
-            vllm_urls=[f"engine={server.url}"], kv_events=[f"tcp://127.0.0.1:{kv}"],
-            kv_events_replay=[f"tcp://127.0.0.1:{replay}"], otlp_grpc=f"127.0.0.1:{otlp}", interval_s=0.5,
-        ), store=store)  # fmt: skip
+        collector = Collector(
+            CollectorOptions(
+                vllm_urls=[f"engine={server.url}"],
+                kv_events=[f"tcp://127.0.0.1:{kv}"],
+                kv_events_replay=[f"tcp://127.0.0.1:{replay}"],
+                otlp_grpc=f"127.0.0.1:{otlp}",
+                interval_s=0.5,
+            ),
+            store=store,
+        )
         collector.start()
         try:
             wait_for(lambda: collector.scraper.num_scrapes >= 1)

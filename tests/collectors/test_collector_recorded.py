@@ -33,8 +33,9 @@ def test_kv_events_are_stored_and_attributed_to_the_sessions_that_stored_the_blo
     with store.session() as s:
         rows = Counter(s.execute(select(KVEventRow.kind, KVEventRow.session_id)).all())
         cleared = s.scalars(select(KVEventRow.reason).where(KVEventRow.kind == "cleared")).all()
-        cleared_blocks = s.execute(select(KVEventRow.num_blocks, KVEventRow.num_tokens)
-                                   .where(KVEventRow.kind == "cleared")).all()  # fmt: skip
+        cleared_blocks = s.execute(
+            select(KVEventRow.num_blocks, KVEventRow.num_tokens).where(KVEventRow.kind == "cleared")
+        ).all()
         chain = s.execute(
             select(KVEventRow.block_hash, KVEventRow.parent_hash).where(KVEventRow.kind == "stored")
         ).all()
@@ -75,8 +76,9 @@ def test_llm_request_spans_become_requests_joined_to_agent_steps(collected):
     spans = expected.llm_request_spans()
     with store.session() as s:
         requests = s.scalars(select(RequestRow)).all()
-        joined = s.execute(select(func.count()).select_from(RequestRow).join(
-            StepRow, StepRow.span_id == RequestRow.parent_span_id)).scalar()  # fmt: skip
+        joined = s.execute(
+            select(func.count()).select_from(RequestRow).join(StepRow, StepRow.span_id == RequestRow.parent_span_id)
+        ).scalar()
     assert len(requests) == len(spans) == 54
     by_id = {r.span_id: r for r in requests}
     for span in spans:
@@ -105,7 +107,8 @@ def test_scrapes_give_snapshots_and_interval_samples(collected):
         first, "vllm:prefix_cache_hits_total"
     )
     assert queries == counter_value(last, "vllm:prefix_cache_queries_total") - counter_value(
-        first, "vllm:prefix_cache_queries_total")  # fmt: skip
+        first, "vllm:prefix_cache_queries_total"
+    )
     assert (hits, queries) == (13952, 47210)
     assert all(v >= 0 for n, v in samples if n.endswith((":increase", ":count")))
     assert [v for n, v in samples if n == "up"] == [1.0] * len(bodies)

@@ -29,8 +29,14 @@ def test_exports_are_forwarded_unchanged_and_evictions_become_linked_spans(tmp_p
         target = (
             f"http://127.0.0.1:{jaeger.http_port}" if protocol == "http" else f"grpc://127.0.0.1:{jaeger.grpc_port}"
         )
-        options = CollectorOptions(kv_events=[f"tcp://127.0.0.1:{port}"], kv_events_bind=True, otlp_http="127.0.0.1:0",
-                                   forward_otlp=target, interval_s=3600, settle_s=0)  # fmt: skip
+        options = CollectorOptions(
+            kv_events=[f"tcp://127.0.0.1:{port}"],
+            kv_events_bind=True,
+            otlp_http="127.0.0.1:0",
+            forward_otlp=target,
+            interval_s=3600,
+            settle_s=0,
+        )
         collector = Collector(options, store=store)
         collector.start()
         try:

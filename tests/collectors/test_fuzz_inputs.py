@@ -34,8 +34,21 @@ def _flip(rng: random.Random, data: bytes) -> bytes:
 
 
 def _junk(rng: random.Random) -> object:
-    return rng.choice([None, -1, 2**64 - 1, 1.5, float("nan"), "x" * rng.randint(0, 300), b"\xc1", [], {},
-                       [1.0, [{"type": "BlockStored", "block_hashes": "abc"}], 0], {"ts": 1}])  # fmt: skip
+    return rng.choice(
+        [
+            None,
+            -1,
+            2**64 - 1,
+            1.5,
+            float("nan"),
+            "x" * rng.randint(0, 300),
+            b"\xc1",
+            [],
+            {},
+            [1.0, [{"type": "BlockStored", "block_hashes": "abc"}], 0],
+            {"ts": 1},
+        ]
+    )
 
 
 def _kv_garbage(rng: random.Random, seq: int, valid: bytes) -> list[bytes]:
@@ -52,8 +65,16 @@ def _kv_garbage(rng: random.Random, seq: int, valid: bytes) -> list[bytes]:
 
 
 def _stored_batch(h: int) -> bytes:
-    event = wire.BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[1, 2], block_size=16, lora_id=None,
-                             medium="GPU", lora_name=None, session_id=f"s{h % 7}")  # fmt: skip
+    event = wire.BlockStored(
+        block_hashes=[h],
+        parent_block_hash=None,
+        token_ids=[1, 2],
+        block_size=16,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        session_id=f"s{h % 7}",
+    )
     return wire.encode_batch(wire.KVEventBatch(1.7e9 + h, [event]))
 
 
@@ -67,7 +88,8 @@ def _otlp_garbage(rng: random.Random, valid: bytes) -> tuple[bytes, dict]:
         return _flip(rng, valid), PROTOBUF
     if kind == 3:
         return msgspec.json.encode(_junk(rng) if rng.random() < 0.5 else {"resourceSpans": _junk(rng)}), {
-            "Content-Type": "application/json"}  # fmt: skip
+            "Content-Type": "application/json"
+        }
     return os.urandom(64), {**PROTOBUF, "Content-Encoding": "gzip"}
 
 
@@ -92,14 +114,22 @@ def test_garbage_on_every_input_is_counted_and_every_valid_item_around_it_is_sto
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
     kv_port = free_port()
     bodies = [body for _, body in scrapes()][:12]
-    responses = [b if i % 2 == 0 else rng.choice(["<html>", "\x00" * 100, "x 1 2 3\n", b[: len(b) // 3],
-                                                  b.replace(" ", "")]) for i, b in enumerate(bodies)]  # fmt: skip
-    base = next(ExportTraceServiceRequest.FromString(b) for b in reversed(otlp_bodies())
-                if b"llm_request" in b)  # fmt: skip
+    responses = [
+        b if i % 2 == 0 else rng.choice(["<html>", "\x00" * 100, "x 1 2 3\n", b[: len(b) // 3], b.replace(" ", "")])
+        for i, b in enumerate(bodies)
+    ]
+    base = next(ExportTraceServiceRequest.FromString(b) for b in reversed(otlp_bodies()) if b"llm_request" in b)
     with metrics_server(responses) as metrics_url:
-        collector = Collector(CollectorOptions(kv_events=[f"tcp://127.0.0.1:{kv_port}"], kv_events_bind=True,
-                                               otlp_http="127.0.0.1:0", vllm_urls=[f"vllm={metrics_url}"],
-                                               interval_s=3600), store=store)  # fmt: skip
+        collector = Collector(
+            CollectorOptions(
+                kv_events=[f"tcp://127.0.0.1:{kv_port}"],
+                kv_events_bind=True,
+                otlp_http="127.0.0.1:0",
+                vllm_urls=[f"vllm={metrics_url}"],
+                interval_s=3600,
+            ),
+            store=store,
+        )
         collector.start()
         try:
             valid_hashes, valid_spans, seq, statuses = set(), set(), 0, []

@@ -17,15 +17,24 @@ from tests.waiting import wait_for
 
 
 def _stored(h: int, block_size: int = 16, session: str | None = "s") -> wire.BlockStored:
-    return wire.BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], block_size=block_size,
-                            lora_id=None, medium="GPU", lora_name=None, session_id=session)  # fmt: skip
+    return wire.BlockStored(
+        block_hashes=[h],
+        parent_block_hash=None,
+        token_ids=[],
+        block_size=block_size,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        session_id=session,
+    )
 
 
 def test_one_out_of_range_event_takes_no_good_rows_with_it(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
     port = free_port()
-    collector = Collector(CollectorOptions(kv_events=[f"tcp://127.0.0.1:{port}"], kv_events_bind=True,
-                                           interval_s=3600), store=store)  # fmt: skip
+    collector = Collector(
+        CollectorOptions(kv_events=[f"tcp://127.0.0.1:{port}"], kv_events_bind=True, interval_s=3600), store=store
+    )
     long_session = "x" * 1_000_000
     batches = [[_stored(seq + 1)] for seq in range(50)]
     batches.append([_stored(999, block_size=2**63), _stored(1000)])  # the poison beside a good event

@@ -22,8 +22,15 @@ def _burst() -> list[tuple[bytes, bytes, bytes]]:
     frames = []
     for seq in range(BATCHES):
         hashes = [seq * HASHES + i + 1 for i in range(HASHES)]
-        event = wire.BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[], block_size=16,
-                                 lora_id=None, medium="GPU", lora_name=None)  # fmt: skip
+        event = wire.BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=16,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+        )
         payload = wire.encode_batch(wire.KVEventBatch(ts=1000.0 + seq, events=[event]))
         frames.append((b"", wire.seq_bytes(seq), payload))
     return frames
@@ -32,8 +39,9 @@ def _burst() -> list[tuple[bytes, bytes, bytes]]:
 def test_a_burst_is_stored_or_counted_never_silently_lost(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
     port = free_port()
-    collector = Collector(CollectorOptions(kv_events=[f"tcp://127.0.0.1:{port}"], kv_events_bind=True,
-                                           interval_s=3600), store=store)  # fmt: skip
+    collector = Collector(
+        CollectorOptions(kv_events=[f"tcp://127.0.0.1:{port}"], kv_events_bind=True, interval_s=3600), store=store
+    )
     frames = _burst()
     collector.start()
     try:

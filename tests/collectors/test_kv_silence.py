@@ -28,8 +28,13 @@ def _serving_bodies() -> list[str]:
 def test_a_kv_stream_that_hears_nothing_while_its_replica_serves_is_told_once(store, caplog, bound):
     port = free_port()
     with metrics_server(_serving_bodies()) as url:
-        options = CollectorOptions(vllm_urls=[f"vllm={url}"], kv_events=[f"vllm=tcp://127.0.0.1:{port}"],
-                                   kv_events_bind=bound, interval_s=0.2, kv_silence_s=1.0)  # fmt: skip
+        options = CollectorOptions(
+            vllm_urls=[f"vllm={url}"],
+            kv_events=[f"vllm=tcp://127.0.0.1:{port}"],
+            kv_events_bind=bound,
+            interval_s=0.2,
+            kv_silence_s=1.0,
+        )
         collector = Collector(options, store=store)
         collector.start()
         try:
@@ -63,8 +68,9 @@ def test_a_kv_stream_that_hears_nothing_while_its_replica_serves_is_told_once(st
 def test_a_silent_stream_without_a_scrape_of_its_replica_is_not_judged(store, caplog):
     """No /metrics to tell an idle replica from a misconfigured one: no warning, however long the silence."""
     port = free_port()
-    collector = Collector(CollectorOptions(kv_events=[f"vllm=tcp://127.0.0.1:{port}"], interval_s=0.1,
-                                           kv_silence_s=0.2), store=store)  # fmt: skip
+    collector = Collector(
+        CollectorOptions(kv_events=[f"vllm=tcp://127.0.0.1:{port}"], interval_s=0.1, kv_silence_s=0.2), store=store
+    )
     collector.start()
     try:
         with caplog.at_level(logging.WARNING):

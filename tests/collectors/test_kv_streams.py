@@ -20,7 +20,8 @@ def test_streams_are_named_and_replays_paired():
     specs = parse_streams(["gpu-0=tcp://a:5557", "tcp://b:5557"], ["gpu-0=tcp://a:5558"])
     assert specs == [KVStreamSpec("gpu-0", "tcp://a:5557", "tcp://a:5558"), KVStreamSpec("b:5557", "tcp://b:5557")]
     assert parse_streams(["tcp://a:5557"], ["tcp://a:5558"], default_instance="vllm") == [
-        KVStreamSpec("vllm", "tcp://a:5557", "tcp://a:5558")]  # fmt: skip
+        KVStreamSpec("vllm", "tcp://a:5557", "tcp://a:5558")
+    ]
     with pytest.raises(ValueError, match="unknown stream"):
         parse_streams(["gpu-0=tcp://a:5557"], ["gpu-9=tcp://a:5558"])
     with pytest.raises(ValueError, match="share an instance name"):
@@ -34,14 +35,17 @@ def test_two_replicas_into_one_collector_each_tagged_with_its_instance(tmp_path)
     sequence (both start at 0: neither is a restart of the other) and the same counts."""
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
     ports = [free_port(), free_port()]
-    options = CollectorOptions(kv_events=[f"gpu-{i}=tcp://127.0.0.1:{p}" for i, p in enumerate(ports)],
-                               kv_events_bind=True, interval_s=3600)  # fmt: skip
+    options = CollectorOptions(
+        kv_events=[f"gpu-{i}=tcp://127.0.0.1:{p}" for i, p in enumerate(ports)], kv_events_bind=True, interval_s=3600
+    )
     collector = Collector(options, store=store)
     collector.start()
     messages = kv_messages()
     try:
-        with publisher(f"tcp://127.0.0.1:{ports[0]}", bind=False) as a, \
-                publisher(f"tcp://127.0.0.1:{ports[1]}", bind=False) as b:  # fmt: skip
+        with (
+            publisher(f"tcp://127.0.0.1:{ports[0]}", bind=False) as a,
+            publisher(f"tcp://127.0.0.1:{ports[1]}", bind=False) as b,
+        ):
             wait_subscribed(a)
             wait_subscribed(b)
             for message in messages:
@@ -59,9 +63,21 @@ def test_two_replicas_into_one_collector_each_tagged_with_its_instance(tmp_path)
 
 
 def _stored(ts: float, session: str, first_hash: int) -> wire.KVEventBatch:
-    return wire.KVEventBatch(ts=ts, events=[wire.BlockStored(block_hashes=[first_hash, first_hash + 1],
-                             parent_block_hash=None, token_ids=[], block_size=16, lora_id=None, medium="GPU",
-                             lora_name=None, session_id=session)])  # fmt: skip
+    return wire.KVEventBatch(
+        ts=ts,
+        events=[
+            wire.BlockStored(
+                block_hashes=[first_hash, first_hash + 1],
+                parent_block_hash=None,
+                token_ids=[],
+                block_size=16,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+                session_id=session,
+            )
+        ],
+    )
 
 
 def _removed(ts: float, *hashes: int) -> wire.KVEventBatch:

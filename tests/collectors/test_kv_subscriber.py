@@ -35,15 +35,23 @@ def recorded_event_count() -> int:
     return sum(len(msgspec.msgpack.decode(m.frames[2])[1]) for m in kv_messages())
 
 
-def run(frames: list[tuple[bytes, ...]], *, bind_subscriber: bool, replay: str | None = None, expect: int,
-        lost_in_transit: set[int] = frozenset(), published: list | None = None) -> tuple:  # fmt: skip
+def run(
+    frames: list[tuple[bytes, ...]],
+    *,
+    bind_subscriber: bool,
+    replay: str | None = None,
+    expect: int,
+    lost_in_transit: set[int] = frozenset(),
+    published: list | None = None,
+) -> tuple:
     """Publish `frames` (those at `lost_in_transit` indexes never reach the subscriber, but count as published
     for replay); return what the subscriber delivered."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     got, drops = Received(), DropCounter()
     with publisher(endpoint, bind=not bind_subscriber) as pub:
-        subscriber = KVEventSubscriber(endpoint, got, drops, bind=bind_subscriber, replay_endpoint=replay,
-                                       on_restart=got.restarted)  # fmt: skip
+        subscriber = KVEventSubscriber(
+            endpoint, got, drops, bind=bind_subscriber, replay_endpoint=replay, on_restart=got.restarted
+        )
         subscriber.start()
         try:
             wait_subscribed(pub)
@@ -73,8 +81,14 @@ def test_dropped_frames_are_recovered_through_replay(form):
     dropped = {5, 6, 7, 40, 100}
     replay, published = f"tcp://127.0.0.1:{free_port()}", []
     with replay_router(replay, published, form=form) as asked:
-        got, drops, subscriber = run(frames, bind_subscriber=True, replay=replay, expect=len(frames),
-                                     lost_in_transit=dropped, published=published)  # fmt: skip
+        got, drops, subscriber = run(
+            frames,
+            bind_subscriber=True,
+            replay=replay,
+            expect=len(frames),
+            lost_in_transit=dropped,
+            published=published,
+        )
     assert got.seqs == list(range(len(frames)))  # every batch once, in order
     assert got.num_events == recorded_event_count()
     assert asked == [5, 40, 100] and subscriber.num_gaps == 3 and subscriber.num_lost == 0
@@ -87,8 +101,9 @@ def test_a_lost_tail_no_later_batch_reveals_is_recovered_through_replay():
     replay, published = f"tcp://127.0.0.1:{free_port()}", []
     tail = set(range(len(frames) - 4, len(frames)))
     with replay_router(replay, published, form="0.33") as asked:
-        got, drops, subscriber = run(frames, bind_subscriber=True, replay=replay, expect=len(frames),
-                                     lost_in_transit=tail, published=published)  # fmt: skip
+        got, drops, subscriber = run(
+            frames, bind_subscriber=True, replay=replay, expect=len(frames), lost_in_transit=tail, published=published
+        )
     assert got.seqs == list(range(len(frames)))
     assert asked == [min(tail)] and subscriber.num_tail_recovered == len(tail) == subscriber.num_replayed
     assert subscriber.num_gaps == 0 and subscriber.num_lost == 0 and drops.totals() == {}

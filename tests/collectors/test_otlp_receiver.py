@@ -30,8 +30,11 @@ def test_json_and_grpc_exports_are_received():
     request = ExportTraceServiceRequest()
     request.ParseFromString(recorded_bodies()[-1])
     with otlp_receiver() as (receiver, received):
-        r = httpx.post(f"http://127.0.0.1:{receiver.http_port}/v1/traces", content=json_format.MessageToJson(request),
-                       headers={"Content-Type": "application/json"})  # fmt: skip
+        r = httpx.post(
+            f"http://127.0.0.1:{receiver.http_port}/v1/traces",
+            content=json_format.MessageToJson(request),
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 200 and r.headers["content-type"] == "application/json"
         with grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as channel:
             trace_service_pb2_grpc.TraceServiceStub(channel).Export(request, timeout=10)
@@ -42,13 +45,17 @@ def test_json_and_grpc_exports_are_received():
 def test_bad_bodies_get_4xx_are_counted_and_the_receiver_keeps_serving():
     with otlp_receiver() as (receiver, received):
         base = f"http://127.0.0.1:{receiver.http_port}"
-        garbage = httpx.post(base + "/v1/traces", content=b"\xff\x00 not protobuf \x13\x37",
-                             headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        garbage = httpx.post(
+            base + "/v1/traces",
+            content=b"\xff\x00 not protobuf \x13\x37",
+            headers={"Content-Type": "application/x-protobuf"},
+        )
         bad_json = httpx.post(base + "/v1/traces", content=b"{not json", headers={"Content-Type": "application/json"})
         wrong_type = httpx.post(base + "/v1/traces", content=b"x", headers={"Content-Type": "text/html"})
         wrong_path = httpx.post(base + "/v1/logs", content=b"", headers={"Content-Type": "application/x-protobuf"})
-        good = httpx.post(base + "/v1/traces", content=recorded_bodies()[-1],
-                          headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        good = httpx.post(
+            base + "/v1/traces", content=recorded_bodies()[-1], headers={"Content-Type": "application/x-protobuf"}
+        )
     assert (garbage.status_code, bad_json.status_code) == (400, 400) and "not an OTLP" in garbage.text
     assert (wrong_type.status_code, wrong_path.status_code, good.status_code) == (415, 404, 200)
     assert receiver.num_malformed == 2 and received.named("llm_request")

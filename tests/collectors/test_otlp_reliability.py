@@ -88,11 +88,11 @@ def test_busy_is_429_with_retry_after_over_http_and_resource_exhausted_with_retr
     receiver = OTLPReceiver(handle, grpc_address="127.0.0.1:0", http_address="127.0.0.1:0")
     receiver.start()
     try:
-        r = httpx.post(f"http://127.0.0.1:{receiver.http_port}/v1/traces", content=otlp_bodies()[-1],
-                       headers=PROTOBUF)  # fmt: skip
+        r = httpx.post(f"http://127.0.0.1:{receiver.http_port}/v1/traces", content=otlp_bodies()[-1], headers=PROTOBUF)
         with grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}") as channel:
-            export = channel.unary_unary(EXPORT_METHOD, request_serializer=lambda b: b,
-                                         response_deserializer=lambda b: b)  # fmt: skip
+            export = channel.unary_unary(
+                EXPORT_METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b
+            )
             with pytest.raises(grpc.RpcError) as refused:
                 export(otlp_bodies()[-1], timeout=10)
     finally:

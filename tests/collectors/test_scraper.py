@@ -58,8 +58,11 @@ def test_legacy_names_read_as_the_current_ones():
     assert "vllm:gpu_cache_usage_perc" in as_legacy(BODIES[60])
     assert legacy.gauge("vllm:kv_cache_usage_perc") == current.gauge("vllm:kv_cache_usage_perc") is not None
     for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
-        assert [c.value for (n, _), c in legacy.counters.items() if n == name] == \
-               [c.value for (n, _), c in current.counters.items() if n == name] != []  # fmt: skip
+        assert (
+            [c.value for (n, _), c in legacy.counters.items() if n == name]
+            == [c.value for (n, _), c in current.counters.items() if n == name]
+            != []
+        )
     itl = [h.count for (n, _), h in legacy.histograms.items() if n == "vllm:inter_token_latency_seconds"]
     assert itl == [h.count for (n, _), h in current.histograms.items() if n == "vllm:inter_token_latency_seconds"]
 
@@ -69,8 +72,11 @@ def test_a_release_emitting_both_names_is_read_by_the_current_one():
         BODIES[60]
         + '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0",model_name="x"} 0.77\n'
     )
-    assert parse_metrics(body).gauge("vllm:kv_cache_usage_perc") == parse_metrics(BODIES[60]).gauge(
-        "vllm:kv_cache_usage_perc") != 0.77  # fmt: skip
+    assert (
+        parse_metrics(body).gauge("vllm:kv_cache_usage_perc")
+        == parse_metrics(BODIES[60]).gauge("vllm:kv_cache_usage_perc")
+        != 0.77
+    )
 
 
 def test_a_moved_created_timestamp_is_a_restart_even_when_the_value_grew():
@@ -102,8 +108,11 @@ def test_quantiles_use_the_buckets_the_server_reports():
     def p50(a: str, b: str) -> float:
         deriver = Deriver()
         deriver.derive("x", parse_metrics(a))
-        return next(v for n, _, v in deriver.derive("x", parse_metrics(b)).samples
-                    if n == "vllm:time_to_first_token_seconds:p50")  # fmt: skip
+        return next(
+            v
+            for n, _, v in deriver.derive("x", parse_metrics(b)).samples
+            if n == "vllm:time_to_first_token_seconds:p50"
+        )
 
     assert p50(rescale(first), rescale(last)) == pytest.approx(10 * p50(first, last))
 
@@ -117,10 +126,14 @@ def test_histogram_quantile_interpolates_like_promql():
 
 @pytest.mark.parametrize(
     "body",
-    ["<html><body>502 Bad Gateway</body></html>\n", BODIES[-1][: len(BODIES[-1]) // 2], "",
-     BODIES[-1].split('le="+Inf"')[0].rsplit("\n", 1)[0] + "\n"],
+    [
+        "<html><body>502 Bad Gateway</body></html>\n",
+        BODIES[-1][: len(BODIES[-1]) // 2],
+        "",
+        BODIES[-1].split('le="+Inf"')[0].rsplit("\n", 1)[0] + "\n",
+    ],
     ids=["html", "cut-mid-line", "empty", "cut-before-inf-bucket"],
-)  # fmt: skip
+)
 def test_bodies_that_are_not_a_whole_exposition_are_refused(body):
     with pytest.raises(MetricsParseError):
         parse_metrics(body)
@@ -145,8 +158,14 @@ def test_a_server_restart_gives_no_negative_increase_and_no_double_count(store):
 
 
 def test_bad_bodies_and_dead_servers_mark_the_instance_down_and_scraping_goes_on(store):
-    responses = [BODIES[10], "<html>oops</html>\n", (500, "internal error", "text/plain"), BODIES[11][:5000],
-                 BODIES[12], BODIES[13]]  # fmt: skip
+    responses = [
+        BODIES[10],
+        "<html>oops</html>\n",
+        (500, "internal error", "text/plain"),
+        BODIES[11][:5000],
+        BODIES[12],
+        BODIES[13],
+    ]
     scraper, samples, snapshots = scrape_all(store, responses)
     assert [v for n, v in samples if n == "up"] == [1, 0, 0, 0, 1, 1]
     assert scraper.drops.get("scrape", "malformed_body") == 2  # the HTTP 500 is a failure, not a malformed body

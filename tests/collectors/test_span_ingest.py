@@ -22,8 +22,14 @@ def test_retried_exports_are_stored_once_and_only_llm_request_spans(store):
     for request in requests + requests[-5:]:  # the exporter retried the last five exports
         ingest.handle(request)
     writer.close()
-    retried = sum(1 for r in requests[-5:] for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans
-                  if s.name == "llm_request")  # fmt: skip
+    retried = sum(
+        1
+        for r in requests[-5:]
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+        if s.name == "llm_request"
+    )
     with store.session() as s:
         assert s.scalar(select(func.count()).select_from(RequestRow)) == len(llm) == ingest.num_requests
         assert set(s.scalars(select(RequestRow.instance))) == {"vllm"}  # the exporter's service.name
@@ -36,10 +42,17 @@ def test_a_replica_is_named_by_its_service_instance_id_only_when_the_collector_k
     from kvobs.semconv.attributes import SERVICE_INSTANCE_ID
 
     exports = [ExportTraceServiceRequest.FromString(b) for b in otlp_bodies()]
-    body, told = [e for e in exports if any(s.name == "llm_request" for rs in e.resource_spans
-                                            for ss in rs.scope_spans for s in ss.spans)][:2]  # fmt: skip
-    (random_id,) = {kv.value.string_value for rs in body.resource_spans for kv in rs.resource.attributes
-                    if kv.key == SERVICE_INSTANCE_ID}  # fmt: skip
+    body, told = [
+        e
+        for e in exports
+        if any(s.name == "llm_request" for rs in e.resource_spans for ss in rs.scope_spans for s in ss.spans)
+    ][:2]
+    (random_id,) = {
+        kv.value.string_value
+        for rs in body.resource_spans
+        for kv in rs.resource.attributes
+        if kv.key == SERVICE_INSTANCE_ID
+    }
     assert random_id not in ("vllm", "vllm-b")
     for rs in told.resource_spans:
         for kv in rs.resource.attributes:
@@ -95,8 +108,13 @@ def _llm_export(spans: list[dict]) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     scope = request.resource_spans.add().scope_spans.add()
     for i, attrs in enumerate(spans):
-        span = scope.spans.add(name="llm_request", trace_id=bytes([1] * 15 + [i + 1]), span_id=bytes([2] * 7 + [i + 1]),
-                               start_time_unix_nano=10**18, end_time_unix_nano=10**18 + 10**9)  # fmt: skip
+        span = scope.spans.add(
+            name="llm_request",
+            trace_id=bytes([1] * 15 + [i + 1]),
+            span_id=bytes([2] * 7 + [i + 1]),
+            start_time_unix_nano=10**18,
+            end_time_unix_nano=10**18 + 10**9,
+        )
         span.attributes.extend(KeyValue(key=k, value=value(v)) for k, v in attrs.items())
     return request
 
@@ -105,12 +123,14 @@ def test_a_span_with_a_wrongly_typed_attribute_is_refused_alone_and_long_ids_are
     """The probe's F15 and F5: a string TTFT used to fail the whole export with 500 (uncounted); a 1 MB session id
     was copied into every row."""
     long_session = "s" * 1_000_000
-    export = _llm_export([
-        {"gen_ai.request.id": "ok-1", "gen_ai.latency.time_to_first_token": 0.25, "session.id": long_session},
-        {"gen_ai.request.id": "bad", "gen_ai.latency.time_to_first_token": "fast"},
-        {"gen_ai.request.id": "bad-tokens", "gen_ai.usage.prompt_tokens": 1.5},
-        {"gen_ai.request.id": "ok-2", "gen_ai.usage.prompt_tokens": 12, "session.id": long_session + "x"},
-    ])  # fmt: skip
+    export = _llm_export(
+        [
+            {"gen_ai.request.id": "ok-1", "gen_ai.latency.time_to_first_token": 0.25, "session.id": long_session},
+            {"gen_ai.request.id": "bad", "gen_ai.latency.time_to_first_token": "fast"},
+            {"gen_ai.request.id": "bad-tokens", "gen_ai.usage.prompt_tokens": 1.5},
+            {"gen_ai.request.id": "ok-2", "gen_ai.usage.prompt_tokens": 12, "session.id": long_session + "x"},
+        ]
+    )
     writer = StoreWriter(store)
     ingest = SpanIngest(writer)
     assert ingest.handle(export) == 2

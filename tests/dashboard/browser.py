@@ -29,8 +29,11 @@ def chromium_binary() -> str | None:
 def chromium():
     port = free_port()
     profile = tempfile.mkdtemp(prefix="kvobs-chromium-")
-    proc = subprocess.Popen([chromium_binary(), *FLAGS, f"--remote-debugging-port={port}", f"--user-data-dir={profile}",
-                             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [chromium_binary(), *FLAGS, f"--remote-debugging-port={port}", f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -77,8 +80,9 @@ class Page:
 
         return self.run(go())
 
-    def visit(self, url: str, ready_js: str, *, timeout_s: float = 60.0, settle_s: float = 1.5,
-              scroll_js: str | None = None) -> tuple[str, bytes]:  # fmt: skip
+    def visit(
+        self, url: str, ready_js: str, *, timeout_s: float = 60.0, settle_s: float = 1.5, scroll_js: str | None = None
+    ) -> tuple[str, bytes]:
         """Load `url`, wait until `ready_js` is true, run `scroll_js` (to bring a part of the page into view), then
         return (the page's text, a PNG screenshot)."""
 
@@ -88,8 +92,9 @@ class Page:
                 await self._call(ws, "Page.navigate", url=url)
                 deadline = time.monotonic() + timeout_s
                 while True:
-                    result = await self._call(ws, "Runtime.evaluate", expression=f"Boolean({ready_js})",
-                                              returnByValue=True)  # fmt: skip
+                    result = await self._call(
+                        ws, "Runtime.evaluate", expression=f"Boolean({ready_js})", returnByValue=True
+                    )
                     if result["result"].get("value"):
                         break
                     if time.monotonic() > deadline:

@@ -127,8 +127,17 @@ def test_times_are_iso_with_a_zone_and_axes_a_24_hour_clock(monkeypatch, agent_r
     at = open_page(monkeypatch, agent_run.url, page)
     assert_clean(at)
     for table in [*at.dataframe, *at.table]:  # raw column names in grids, the glossary's in text tables
-        for column in set(table.value.columns) & {"started_at", "ended_at", "ts", "time", "arrival_ts", "started",
-                                                  "ended", "first seen", "last seen"}:  # fmt: skip
+        for column in set(table.value.columns) & {
+            "started_at",
+            "ended_at",
+            "ts",
+            "time",
+            "arrival_ts",
+            "started",
+            "ended",
+            "first seen",
+            "last seen",
+        }:
             values = table.value[column][table.value[column] != ""]
             assert values.str.match(ISO).all(), (column, values.head(3).tolist())
     specs = charts(at)
@@ -217,8 +226,9 @@ def test_alerts_evaluated_after_the_newest_row_are_in_the_range(monkeypatch, age
     source.close()
     store = open_store(f"sqlite:///{copy}")
     _, last = queries.time_range(store)
-    rules = parse_rules("rules:\n  - {name: Full, signal: kv_usage, op: '>', threshold: 0.1, severity: warning, "
-                        "window: 60}\n")  # fmt: skip
+    rules = parse_rules(
+        "rules:\n  - {name: Full, signal: kv_usage, op: '>', threshold: 0.1, severity: warning, window: 60}\n"
+    )
     fired = Evaluator(store, rules).evaluate(last + 5)  # as `kvobs alerts --watch` does, after the newest row
     assert [t["rule"] for t in fired] == ["Full"]
     at = open_page(monkeypatch, f"sqlite:///{copy}", "alerts")

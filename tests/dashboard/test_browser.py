@@ -20,12 +20,16 @@ from tests.dashboard.browser import chromium, chromium_binary
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
 
-READY = ("[...document.querySelectorAll('h2')].some(h => h.innerText.trim() === {title!r}) && "
-         "!document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')")  # fmt: skip
+READY = (
+    "[...document.querySelectorAll('h2')].some(h => h.innerText.trim() === {title!r}) && "
+    "!document.querySelector('[data-testid=\"stStatusWidgetRunningIcon\"]')"
+)
 EXCEPTION = "stException"
 # what every selectbox shows chosen (its text and its input's value)
-SELECTED = ("[...document.querySelectorAll('[data-testid=\"stSelectbox\"]')].map(e => e.textContent + ' ' + "
-            "[...e.querySelectorAll('input')].map(i => i.value).join(' ')).join(' ')")  # fmt: skip
+SELECTED = (
+    "[...document.querySelectorAll('[data-testid=\"stSelectbox\"]')].map(e => e.textContent + ' ' + "
+    "[...e.querySelectorAll('input')].map(i => i.value).join(' ')).join(' ')"
+)
 BROWSER_ZONE, OFFSET = "America/St_Johns", "-03:30"  # an offset no CI machine has by accident
 
 pytestmark = pytest.mark.skipif(
@@ -36,9 +40,23 @@ pytestmark = pytest.mark.skipif(
 
 def dashboard(run) -> str:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvobs.cli", "dashboard", "--store", run.url, "--port",
-                             str(port), "--jaeger-url", "http://127.0.0.1:16686"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "dashboard",
+            "--store",
+            run.url,
+            "--port",
+            str(port),
+            "--jaeger-url",
+            "http://127.0.0.1:16686",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -92,8 +110,9 @@ def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
     shots.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TZ", BROWSER_ZONE)
     url, proc = dashboard(fleet_run)
-    per_instance = ("[...document.querySelectorAll('h3')].find(h => h.innerText.trim() === 'Per instance')"
-                    "?.scrollIntoView()")  # fmt: skip
+    per_instance = (
+        "[...document.querySelectorAll('h3')].find(h => h.innerText.trim() === 'Per instance')?.scrollIntoView()"
+    )
     try:
         with chromium() as page:
             ready = READY.format(title="Overview") + " && " + per_instance.replace("?.scrollIntoView()", "")

@@ -51,8 +51,14 @@ def test_tables_show_times_as_iso_strings_and_leave_other_columns():
 
 def test_axis_formats_are_24_hour_and_durations_have_units():
     assert all("%H" in axis_format(span) and "%I" not in axis_format(span) for span in (60, 7200, 86400, 10 * 86400))
-    assert [duration(x) for x in (0.0123, 2.414, 185, 7380, None, math.nan)] == \
-        ["12 ms", "2.41 s", "3 min 05 s", "2 h 03 min", "", ""]  # fmt: skip
+    assert [duration(x) for x in (0.0123, 2.414, 185, 7380, None, math.nan)] == [
+        "12 ms",
+        "2.41 s",
+        "3 min 05 s",
+        "2 h 03 min",
+        "",
+        "",
+    ]
 
 
 def test_windows_are_never_shorter_than_the_reporting_interval():

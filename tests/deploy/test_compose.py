@@ -26,8 +26,9 @@ OPTIONAL = VLLM_PROFILE | {"postgres"}
 
 
 def _compose(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker-compose", "-f", str(COMPOSE), *args], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), *args], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,12 @@ def test_promtool_checks_the_rules_and_the_prometheus_config():
 def test_promtool_unit_tests_pass_and_cover_every_alert():
     done = _promtool("test", "rules", str(RULE_TESTS))
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
-    tested = {t["alertname"] for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]
-              for t in case.get("alert_rule_test", []) if t["exp_alerts"]}  # fmt: skip
+    tested = {
+        t["alertname"]
+        for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+        for t in case.get("alert_rule_test", [])
+        if t["exp_alerts"]
+    }
     assert tested == _alerts()
 
 

@@ -55,8 +55,9 @@ def test_the_check_catches_a_changed_threshold():
 
 
 def test_list_rules_prints_each_rule_once():
-    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "alerts", "--list-rules"], capture_output=True,
-                          text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "alerts", "--list-rules"], capture_output=True, text=True, check=True
+    )
     names = [rule.name for rule in builtin_rules()]
     for name in names:
         assert done.stdout.count(name) == 1, name

@@ -26,8 +26,9 @@ class FirstSteps:
 async def _send_together(engine: AsyncEngine, n: int, pause_s: float) -> list[str]:
     async def one(i: int) -> str:
         await asyncio.sleep(i * pause_s)  # clients a little apart, as over HTTP
-        stream = await engine.add_request([1, 2, 3, 4 + i], SamplingParams(temperature=0, max_tokens=2),
-                                          request_id=f"r{i}")  # fmt: skip
+        stream = await engine.add_request(
+            [1, 2, 3, 4 + i], SamplingParams(temperature=0, max_tokens=2), request_id=f"r{i}"
+        )
         return "".join([out.text async for out in stream])
 
     return await asyncio.gather(*(one(i) for i in range(n)))

@@ -55,8 +55,13 @@ def assert_greedy_equal(llm, hf_model, prompts, params) -> None:
     eos = llm.tokenizer.eos_token_id
     for ids, out in zip(prompts, outs):
         with torch.no_grad():
-            ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=params.max_tokens, do_sample=False,
-                                    eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+            ref = hf_model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=params.max_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
         want = ref[0, len(ids) :].tolist()
         assert out.output_token_ids == want, llm.tokenizer.decode(ids)
     assert {o.finish_reason for o in outs} <= {"stop", "length"}
@@ -74,11 +79,20 @@ def hf_llama_from(source, dtype: torch.dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = source.config
-    config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-                         num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-                         rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings,
-                         tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings,
+        attention_bias=c.attention_bias,
+    )
     model = LlamaForCausalLM(config)
     missing, unexpected = model.load_state_dict(dict(source.tensors(progress=False)), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
@@ -104,8 +118,9 @@ def test_greedy_equals_transformers_in_bfloat16(make_llm, smollm2_source):
     eos, whole = llm.tokenizer.eos_token_id, 0
     for ids, out in zip(prompts, outs):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=eos,
-                               pad_token_id=eos)[0, len(ids) :].tolist()  # fmt: skip
+            want = hf.generate(
+                torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=eos, pad_token_id=eos
+            )[0, len(ids) :].tolist()
         got = out.output_token_ids
         part = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         if part is None:

@@ -14,12 +14,15 @@ from instrumented_engine.engine.precision import choose_dtype, cpu_flags
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    ({"fpu", "avx2", "avx512f", "avx512_bf16"}, "bfloat16"),
-    ({"avx2", "amx_tile", "amx_bf16"}, "bfloat16"),
-    ({"fpu", "avx2", "avx512f"}, "float32"),  # AVX-512 without its bf16 extension: emulated
-    (set(), "float32"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"fpu", "avx2", "avx512f", "avx512_bf16"}, "bfloat16"),
+        ({"avx2", "amx_tile", "amx_bf16"}, "bfloat16"),
+        ({"fpu", "avx2", "avx512f"}, "float32"),  # AVX-512 without its bf16 extension: emulated
+        (set(), "float32"),
+    ],
+)
 def test_auto_follows_the_cpu_flags(flags, expected):
     name, why = choose_dtype("auto", CPU, flags=frozenset(flags))
     assert name == expected

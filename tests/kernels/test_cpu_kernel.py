@@ -22,13 +22,16 @@ def decode():
     return kernel
 
 
-@pytest.mark.parametrize("block_size,h,kvh,d,lens", [
-    (16, 9, 3, 64, [1, 17, 40, 100, 301]),  # SmolLM2's shape, GQA 3:1
-    (8, 8, 8, 32, [3, 8, 9, 31]),  # no GQA
-    (32, 16, 2, 64, [64, 1, 33]),  # GQA 8:1
-    (4, 4, 1, 16, [2, 13]),  # MQA, tiny blocks
-    (16, 15, 5, 128, [7, 250]),  # wider heads
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "block_size,h,kvh,d,lens",
+    [
+        (16, 9, 3, 64, [1, 17, 40, 100, 301]),  # SmolLM2's shape, GQA 3:1
+        (8, 8, 8, 32, [3, 8, 9, 31]),  # no GQA
+        (32, 16, 2, 64, [64, 1, 33]),  # GQA 8:1
+        (4, 4, 1, 16, [2, 13]),  # MQA, tiny blocks
+        (16, 15, 5, 128, [7, 250]),  # wider heads
+    ],
+)
 def test_cpp_decode_equals_the_reference(decode, block_size, h, kvh, d, lens):
     for seed in range(3):  # a new shuffle of blocks each time
         k_cache, v_cache, tables, _ = random_paged(lens, block_size, kvh, d, seed=seed)

@@ -81,8 +81,14 @@ def _observe(step_results, store):
 
 
 def _prometheus(metrics: EngineMetrics, name: str) -> Counter[str]:
-    return Counter({s.labels["reason"]: s.value for f in metrics.registry.collect() for s in f.samples
-                    if s.name == name and s.value})  # fmt: skip
+    return Counter(
+        {
+            s.labels["reason"]: s.value
+            for f in metrics.registry.collect()
+            for s in f.samples
+            if s.name == name and s.value
+        }
+    )
 
 
 def test_every_observer_counts_the_same_losses_under_the_same_reasons(step_results, store):
@@ -97,21 +103,26 @@ def test_every_observer_counts_the_same_losses_under_the_same_reasons(step_resul
 
     # The loss tally (what-if) and Prometheus.
     assert Counter(tally.by_reason) == evicted
-    assert invalidated == {InvalidationReason.SESSION_FORGET: evicted[EvictionReason.INVALIDATION],
-                           InvalidationReason.MANUAL_RESET: evicted[EvictionReason.RESET]}  # fmt: skip
+    assert invalidated == {
+        InvalidationReason.SESSION_FORGET: evicted[EvictionReason.INVALIDATION],
+        InvalidationReason.MANUAL_RESET: evicted[EvictionReason.RESET],
+    }
     samples = {s.name: s.value for f in metrics.registry.collect() for s in f.samples if "prefix_lost" in s.name}
     assert samples["kvobs_session_prefix_lost_total"] == tally.num_lost_in_pause
     assert samples["kvobs_session_prefix_lost_pending"] == tally.num_pending
 
     # Store rows: one row per owner of a lost block; distinct (ts, block) per reason equals the counters.
     with store.session() as s:
-        rows = s.execute(select(KVEventRow.kind, KVEventRow.reason, KVEventRow.ts, KVEventRow.block_hash,
-                                KVEventRow.num_tokens)).all()  # fmt: skip
+        rows = s.execute(
+            select(KVEventRow.kind, KVEventRow.reason, KVEventRow.ts, KVEventRow.block_hash, KVEventRow.num_tokens)
+        ).all()
     lost = {(kind, reason, ts, h) for kind, reason, ts, h, _ in rows if kind in ("evicted", "invalidated")}
     by_reason = Counter(reason for _, reason, _, _ in lost)
-    assert by_reason == {EvictionReason.CAPACITY: evicted[EvictionReason.CAPACITY],
-                         EvictionReason.SESSION_RELEASE: evicted[EvictionReason.SESSION_RELEASE],
-                         InvalidationReason.SESSION_FORGET: invalidated[InvalidationReason.SESSION_FORGET]}  # fmt: skip
+    assert by_reason == {
+        EvictionReason.CAPACITY: evicted[EvictionReason.CAPACITY],
+        EvictionReason.SESSION_RELEASE: evicted[EvictionReason.SESSION_RELEASE],
+        InvalidationReason.SESSION_FORGET: invalidated[InvalidationReason.SESSION_FORGET],
+    }
     (cleared,) = [(reason, n) for kind, reason, _, _, n in rows if kind == "cleared"]
     assert cleared == (EvictionReason.RESET, evicted[EvictionReason.RESET] * BLOCK_SIZE)
     latest = queries.session_footprints(store)  # each session's latest snapshot
@@ -129,10 +140,17 @@ def test_every_observer_counts_the_same_losses_under_the_same_reasons(step_resul
         elif span.name == "kvcache.evict":
             (reason,) = span.attributes[a.KV_EVICTION_REASONS]
             span_evicted[reason] += span.attributes[a.KV_BLOCKS_EVICTED]
-    span_invalidated = Counter({s.attributes[a.KV_INVALIDATION_REASON]: s.attributes[a.KV_BLOCKS_INVALIDATED]
-                                for s in spans if s.name == "kvcache.invalidate"})  # fmt: skip
-    assert span_evicted == {EvictionReason.CAPACITY: evicted[EvictionReason.CAPACITY],
-                            EvictionReason.SESSION_RELEASE: evicted[EvictionReason.SESSION_RELEASE]}  # fmt: skip
+    span_invalidated = Counter(
+        {
+            s.attributes[a.KV_INVALIDATION_REASON]: s.attributes[a.KV_BLOCKS_INVALIDATED]
+            for s in spans
+            if s.name == "kvcache.invalidate"
+        }
+    )
+    assert span_evicted == {
+        EvictionReason.CAPACITY: evicted[EvictionReason.CAPACITY],
+        EvictionReason.SESSION_RELEASE: evicted[EvictionReason.SESSION_RELEASE],
+    }
     assert span_invalidated == invalidated
 
     # vLLM's wire format: one BlockRemoved hash per lost block whatever the reason, and one AllBlocksCleared.
@@ -143,12 +161,21 @@ def test_every_observer_counts_the_same_losses_under_the_same_reasons(step_resul
 
 def test_a_session_that_lost_blocks_in_its_pause_is_told_so_by_spans_and_store(step_results, store):
     _, spans, tally, _ = _observe(step_results, store)
-    paused = {s for span in spans if span.name == "llm_request" for e in span.events if e.name == "kvcache.evict"
-              for s in e.attributes[a.KV_SESSIONS_PAUSED]}  # fmt: skip
+    paused = {
+        s
+        for span in spans
+        if span.name == "llm_request"
+        for e in span.events
+        if e.name == "kvcache.evict"
+        for s in e.attributes[a.KV_SESSIONS_PAUSED]
+    }
     assert paused and paused <= {"s0", "s1", "s2"}  # only sessions that had finished a request were idle
     with store.session() as s:
-        owners = set(s.scalars(select(KVEventRow.session_id).where(KVEventRow.kind == "evicted",
-                                                                     KVEventRow.reason == "capacity")))  # fmt: skip
+        owners = set(
+            s.scalars(
+                select(KVEventRow.session_id).where(KVEventRow.kind == "evicted", KVEventRow.reason == "capacity")
+            )
+        )
     assert paused <= owners
 
 

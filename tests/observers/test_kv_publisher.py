@@ -14,10 +14,30 @@ from kvobs.vllm import kv_events as wire
 from tests.server.conftest import free_port
 
 STATS = SchedulerStats(0.0, 0, 0, 10, 10, 0, 0.0, 0, 0, 0, 0)
-STORED = ev.BlocksStored(1.0, "r1", "s1", block_ids=(1, 2), block_hashes=(2**64 - 5, 17), parent_block_hash=None,
-                         token_ids=tuple(range(8)), block_size=4, medium="GPU")  # fmt: skip
-EVICTED = ev.BlockEvicted(2.0, "r2", "s2", block_id=2, block_hash=17, parent_block_hash=2**64 - 5, reason="capacity",
-                          owner_sessions=("s1",), lifetime_s=1.0, idle_s=0.5, medium="CPU")  # fmt: skip
+STORED = ev.BlocksStored(
+    1.0,
+    "r1",
+    "s1",
+    block_ids=(1, 2),
+    block_hashes=(2**64 - 5, 17),
+    parent_block_hash=None,
+    token_ids=tuple(range(8)),
+    block_size=4,
+    medium="GPU",
+)
+EVICTED = ev.BlockEvicted(
+    2.0,
+    "r2",
+    "s2",
+    block_id=2,
+    block_hash=17,
+    parent_block_hash=2**64 - 5,
+    reason="capacity",
+    owner_sessions=("s1",),
+    lifetime_s=1.0,
+    idle_s=0.5,
+    medium="CPU",
+)
 LOOKUP = ev.PrefixLookup(1.0, "r1", "s1", query_tokens=9, hit_tokens=0, hit_blocks=0)
 CLEARED = ev.CacheCleared(3.0, None, None, num_blocks=1)
 
@@ -25,10 +45,18 @@ CLEARED = ev.CacheCleared(3.0, None, None, num_blocks=1)
 def test_engine_events_map_to_vllm_events():
     stored, removed, cleared = to_wire_events([LOOKUP, STORED, EVICTED, CLEARED])
     assert stored == wire.BlockStored(
-        block_hashes=[2**64 - 5, 17], parent_block_hash=None, token_ids=list(range(8)), block_size=4, lora_id=None,
-        medium="GPU", lora_name=None, extra_keys=[None, None], group_idx=0, kv_cache_spec_kind="full_attention",
+        block_hashes=[2**64 - 5, 17],
+        parent_block_hash=None,
+        token_ids=list(range(8)),
+        block_size=4,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        extra_keys=[None, None],
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
         session_id="s1",
-    )  # fmt: skip
+    )
     assert removed == wire.BlockRemoved(block_hashes=[17], medium="CPU", group_idx=0)  # each event's own tier
     assert isinstance(cleared, wire.AllBlocksCleared)
 
@@ -39,7 +67,11 @@ def test_omit_token_ids_keeps_the_prompt_off_the_wire_and_everything_else():
     (bare,) = to_wire_events([STORED], omit_token_ids=True)
     assert bare.token_ids == [] and full.token_ids == list(range(8))
     assert (bare.block_hashes, bare.parent_block_hash, bare.block_size, bare.session_id) == (
-        full.block_hashes, full.parent_block_hash, full.block_size, full.session_id)  # fmt: skip
+        full.block_hashes,
+        full.parent_block_hash,
+        full.block_size,
+        full.session_id,
+    )
 
 
 def _recv_batches(sock: zmq.Socket, count: int) -> list[tuple[bytes, int, wire.KVEventBatch]]:
@@ -57,8 +89,9 @@ def test_connects_to_a_bound_subscriber_and_replays_both_envelopes():
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 5000)
     sub.bind(f"tcp://127.0.0.1:{port}")  # a concrete address: the publisher must connect (vLLM's rule)
-    publisher = KVEventPublisher(f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
-                                 topic="kv", clock=lambda: 42.0)  # fmt: skip
+    publisher = KVEventPublisher(
+        f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv", clock=lambda: 42.0
+    )
     publisher.start()
     try:
         time.sleep(0.3)  # let the connection settle (a PUB drops what it sends before that)

@@ -24,26 +24,44 @@ MSG = [{"role": "user", "content": "hi"}]
         (COMPLETIONS, {"model": SERVED, "prompt": 42}, 400, "prompt", None),
         (COMPLETIONS, {"model": "gpt-9", "prompt": "hi"}, 404, "model", "model_not_found"),
         (COMPLETIONS, {"model": SERVED, "prompt": "hi " * 600}, 400, "prompt", "context_length_exceeded"),
-        (CHAT, {"model": SERVED, "messages": [{"role": "user", "content": "hi " * 600}]}, 400, "messages",
-         "context_length_exceeded"),
+        (
+            CHAT,
+            {"model": SERVED, "messages": [{"role": "user", "content": "hi " * 600}]},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
         (COMPLETIONS, {"model": SERVED, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens", None),
-        (COMPLETIONS, {"model": SERVED, "prompt": "hi", "max_tokens": 600}, 400, "max_tokens",
-         "context_length_exceeded"),
+        (
+            COMPLETIONS,
+            {"model": SERVED, "prompt": "hi", "max_tokens": 600},
+            400,
+            "max_tokens",
+            "context_length_exceeded",
+        ),
         (COMPLETIONS, {"model": SERVED, "prompt": "hi", "max_tokens": "many"}, 400, "max_tokens", None),
         (CHAT, {"model": SERVED, "messages": MSG, "n": 2}, 400, "n", None),
         (CHAT, {"model": SERVED, "messages": MSG, "temperature": -0.5}, 400, "temperature", None),
         (COMPLETIONS, {"model": SERVED, "prompt": ["a", "b"]}, 400, "prompt", None),
         (COMPLETIONS, {"model": SERVED, "prompt": [999999999]}, 400, None, None),
-        (CHAT, {"model": SERVED, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-         "messages", None),
+        (
+            CHAT,
+            {"model": SERVED, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages",
+            None,
+        ),
         ("/v1/kvobs/invalidate", {"reason": "bogus"}, 400, "reason", None),
         ("/v1/kvobs/invalidate", {"reason": "session_forget"}, 400, "reason", None),
         ("/v1/nothing-here", {}, 404, None, None),
     ],
-)  # fmt: skip
+)
 def test_bad_request_gets_openai_error_shape(server, path, body, status, param, code):
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {
-        "json": body}  # fmt: skip
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     r = httpx.post(server.url + path, **kwargs)
     assert r.status_code == status, r.text
     error = r.json()["error"]

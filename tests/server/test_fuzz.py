@@ -15,12 +15,47 @@ from tests.server.conftest import SERVED, running_server
 
 REQUESTS = int(os.environ.get("KVOBS_FUZZ_REQUESTS", "300"))
 SEED = int(os.environ.get("KVOBS_FUZZ_SEED", "20261123"))
-ODD_TEXT = ["", "hi", "\x00", "\ud800", "\udfff x", "e\u0301", "\u202eevil", "🦙" * 50, "\uffff", "a" * 20_000,
-            "{}", "\\u0000", "\n" * 500, "Ω≈ç√", " "]  # fmt: skip
+ODD_TEXT = [
+    "",
+    "hi",
+    "\x00",
+    "\ud800",
+    "\udfff x",
+    "e\u0301",
+    "\u202eevil",
+    "🦙" * 50,
+    "\uffff",
+    "a" * 20_000,
+    "{}",
+    "\\u0000",
+    "\n" * 500,
+    "Ω≈ç√",
+    " ",
+]
 NUMBERS = [0, 1, -1, 2, 3, 0.5, -0.0, 1e-40, 1e-5, 1e308, -1e308, 2**31, 2**63, 2**70, -(2**70), 3.7, True, False]
-FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-          "seed", "stop", "stop_token_ids", "stream", "stream_options", "n", "logprobs", "echo", "session_id",
-          "ignore_eos", "presence_penalty", "user", "best_of"]  # fmt: skip
+FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+    "echo",
+    "session_id",
+    "ignore_eos",
+    "presence_penalty",
+    "user",
+    "best_of",
+]
 
 
 def _value(rng: random.Random, depth: int = 0):
@@ -35,8 +70,10 @@ def _value(rng: random.Random, depth: int = 0):
         return [rng.choice([1, 2, 50, 49151, 49152, -3, 10**9]) for _ in range(rng.randint(0, 5))]
     if kind == "list":
         return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {rng.choice(["role", "content", "type", "text", "include_usage"]): _value(rng, depth + 1)
-            for _ in range(rng.randint(0, 3))}  # fmt: skip
+    return {
+        rng.choice(["role", "content", "type", "text", "include_usage"]): _value(rng, depth + 1)
+        for _ in range(rng.randint(0, 3))
+    }
 
 
 def _message(rng: random.Random):

@@ -53,21 +53,29 @@ def test_a_body_over_the_limit_is_413_whether_announced_or_streamed(guarded):
         (COMPLETIONS, {"prompt": "hi", "session_id": "s" * 1_000_000}, {}, "session_id"),
         (COMPLETIONS, {"prompt": "hi"}, {"X-Session-ID": "h" * 300}, "X-Session-ID"),
         (f"/v1/kvobs/sessions/{'r' * 300}/release", None, {"Authorization": f"Bearer {KEY}"}, "session_id"),
-        ("/v1/kvobs/invalidate", {"reason": "weights_update", "adapter": "a" * 300},
-         {"Authorization": f"Bearer {KEY}"}, "adapter"),
+        (
+            "/v1/kvobs/invalidate",
+            {"reason": "weights_update", "adapter": "a" * 300},
+            {"Authorization": f"Bearer {KEY}"},
+            "adapter",
+        ),
     ],
-)  # fmt: skip
+)
 def test_ids_longer_than_the_store_holds_are_400(guarded, path, body, headers, param):
     r = httpx.post(guarded.url + path, json=body, headers=headers, timeout=60)
     assert _error(r, 400)["param"] == param
 
 
 def test_a_lone_surrogate_and_an_empty_body_are_400_in_openai_shape(guarded):
-    surrogate = httpx.post(guarded.url + COMPLETIONS, content=b'{"prompt": "\\ud800abc", "max_tokens": 2}',
-                           headers={"content-type": "application/json"})  # fmt: skip
+    surrogate = httpx.post(
+        guarded.url + COMPLETIONS,
+        content=b'{"prompt": "\\ud800abc", "max_tokens": 2}',
+        headers={"content-type": "application/json"},
+    )
     chat_body = b'{"messages": [{"role": "user", "content": "x\\udfffy"}], "max_tokens": 2}'
-    chat = httpx.post(guarded.url + "/v1/chat/completions", content=chat_body,
-                      headers={"content-type": "application/json"})  # fmt: skip
+    chat = httpx.post(
+        guarded.url + "/v1/chat/completions", content=chat_body, headers={"content-type": "application/json"}
+    )
     empty = httpx.post(guarded.url + COMPLETIONS, content=b"", headers={"content-type": "application/json"})
     assert _error(surrogate, 400)["param"] == "prompt" and _error(chat, 400)["param"] == "messages"
     assert "empty" in _error(empty, 400)["message"] and "None" not in _error(empty, 400)["message"]
@@ -105,8 +113,13 @@ def test_admin_endpoints_need_the_api_key_and_the_openai_api_does_not(guarded):
 
 def test_requests_in_flight_at_shutdown_get_503_and_an_abort_row(smollm2_source, tmp_path):
     url = f"sqlite:///{tmp_path / 'kvobs.db'}"
-    long = {"model": SERVED, "prompt": "Write a very long story about a lighthouse.", "max_tokens": 480,
-            "ignore_eos": True, "temperature": 0}  # fmt: skip
+    long = {
+        "model": SERVED,
+        "prompt": "Write a very long story about a lighthouse.",
+        "max_tokens": 480,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     with running_server(smollm2_source, options={"store_url": url}) as server, ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(httpx.post, server.url + COMPLETIONS, json=long, timeout=60) for _ in range(6)]
         wait_for(lambda: len(server.engine.engine.sequences) == 6, timeout_s=30)
@@ -135,12 +148,18 @@ def test_a_request_whose_sampling_raises_fails_alone_and_the_engine_keeps_steppi
         return real(logits, sp, generator)
 
     monkeypatch.setattr(sampler, "_sample_row", faulty)
-    body = {"model": SERVED, "prompt": "Tell me about lighthouses.", "max_tokens": 24, "temperature": 0.8,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": SERVED,
+        "prompt": "Tell me about lighthouses.",
+        "max_tokens": 24,
+        "temperature": 0.8,
+        "ignore_eos": True,
+    }
     with running_server(smollm2_source) as server, ThreadPoolExecutor(4) as pool:
         seeds = [1, 666, 2, 3]
-        answers = list(pool.map(lambda seed: httpx.post(server.url + COMPLETIONS, json={**body, "seed": seed},
-                                                        timeout=120), seeds))  # fmt: skip
+        answers = list(
+            pool.map(lambda seed: httpx.post(server.url + COMPLETIONS, json={**body, "seed": seed}, timeout=120), seeds)
+        )
         stream = httpx.post(server.url + COMPLETIONS, json={**body, "seed": 666, "stream": True}, timeout=120)
         engine = server.engine.engine
         wait_for(lambda: not engine.has_unfinished_requests())

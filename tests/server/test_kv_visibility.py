@@ -12,8 +12,13 @@ SYSTEM = "You are a careful assistant for an airline. Answer questions about bag
 
 
 def chat(url: str, question: str, session: str, **extra) -> dict:
-    body = {"model": SERVED, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-            "max_tokens": 3, "temperature": 0, **extra}  # fmt: skip
+    body = {
+        "model": SERVED,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        "max_tokens": 3,
+        "temperature": 0,
+        **extra,
+    }
     r = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
@@ -33,8 +38,10 @@ def test_shared_system_prompt_shows_hits_in_metrics_and_events(server, subscribe
     assert cached >= 128 and cached % 16 == 0 and first["usage"]["prompt_tokens_details"]["cached_tokens"] <= cached
     prompt_tokens = first["usage"]["prompt_tokens"] + second["usage"]["prompt_tokens"]
     assert delta(after, before, "vllm:prefix_cache_queries_total") == prompt_tokens
-    assert delta(after, before, "vllm:prefix_cache_hits_total") == first["usage"]["prompt_tokens_details"][
-        "cached_tokens"] + cached  # fmt: skip
+    assert (
+        delta(after, before, "vllm:prefix_cache_hits_total")
+        == first["usage"]["prompt_tokens_details"]["cached_tokens"] + cached
+    )
     assert delta(after, before, "vllm:request_success_total", finished_reason="length") == 2
 
     stored = [e for _, e in receive_events(subscriber) if isinstance(e, wire.BlockStored)]
@@ -112,9 +119,12 @@ def test_session_id_from_the_body_reaches_the_events(server, subscriber):
     chat(server.url, "Pets in the cabin?", "ignored-header-less", session_id="body-sess")
     stored = [e for _, e in receive_events(subscriber) if isinstance(e, wire.BlockStored)]
     assert stored and {e.session_id for e in stored} == {"ignored-header-less"}  # the header wins
-    body = {"model": SERVED, "messages": [{"role": "system", "content": SYSTEM + " Be terse."},
-                                          {"role": "user", "content": "Pets?"}], "max_tokens": 2,
-            "session_id": "body-sess"}  # fmt: skip
+    body = {
+        "model": SERVED,
+        "messages": [{"role": "system", "content": SYSTEM + " Be terse."}, {"role": "user", "content": "Pets?"}],
+        "max_tokens": 2,
+        "session_id": "body-sess",
+    }
     assert httpx.post(server.url + "/v1/chat/completions", json=body).status_code == 200
     stored = [e for _, e in receive_events(subscriber) if isinstance(e, wire.BlockStored)]
     assert stored and {e.session_id for e in stored} == {"body-sess"}

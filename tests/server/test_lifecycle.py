@@ -11,8 +11,13 @@ import pytest
 from tests.server.conftest import SERVED, running_server, scrape
 from tests.waiting import wait_for
 
-LONG = {"model": SERVED, "prompt": "Write a very long story about a lighthouse.", "max_tokens": 400,
-        "ignore_eos": True, "temperature": 0}  # fmt: skip
+LONG = {
+    "model": SERVED,
+    "prompt": "Write a very long story about a lighthouse.",
+    "max_tokens": 400,
+    "ignore_eos": True,
+    "temperature": 0,
+}
 
 
 def assert_idle(server) -> None:

@@ -27,9 +27,11 @@ def test_models_and_health(server, client):
 
 def test_chat_answers_from_the_model_with_usage(client):
     reply = client.chat.completions.create(
-        model=SERVED, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=12,
+        model=SERVED,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
         temperature=0,
-    )  # fmt: skip
+    )
     assert "Paris" in reply.choices[0].message.content and reply.choices[0].message.role == "assistant"
     assert reply.object == "chat.completion" and reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.prompt_tokens > 10 and 1 <= reply.usage.completion_tokens <= 12
@@ -48,8 +50,13 @@ def test_streamed_completion_equals_the_plain_one(client):
 
 
 def test_streamed_chat_with_stop_string_equals_the_plain_one(client):
-    kwargs = dict(model=SERVED, messages=[{"role": "user", "content": "Count from 1 to 10, comma separated."}],
-                  max_tokens=40, temperature=0, stop=["5"])  # fmt: skip
+    kwargs = dict(
+        model=SERVED,
+        messages=[{"role": "user", "content": "Count from 1 to 10, comma separated."}],
+        max_tokens=40,
+        temperature=0,
+        stop=["5"],
+    )
     plain = client.chat.completions.create(**kwargs).choices[0]
     chunks = list(client.chat.completions.create(**kwargs, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -68,9 +75,12 @@ def test_raw_sse_ends_with_done(server):
 def test_shared_system_prompt_hits_the_prefix_cache(client):
     def ask(question: str, session: str):
         return client.chat.completions.create(
-            model=SERVED, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-            max_tokens=4, temperature=0, extra_headers={"X-Session-ID": session},
-        )  # fmt: skip
+            model=SERVED,
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            max_tokens=4,
+            temperature=0,
+            extra_headers={"X-Session-ID": session},
+        )
 
     first = ask("A day in Rome?", "trip-a")
     second = ask("A day in Lisbon?", "trip-b")

@@ -25,8 +25,9 @@ def chdb_store(tmp_path):
 
 
 def _events(n: int, **extra) -> list[KVEventRecord]:
-    return [KVEventRecord(ts=1000.0 + i, instance="e", kind="stored", block_hash=2**64 - 1 - i, **extra)
-            for i in range(n)]  # fmt: skip
+    return [
+        KVEventRecord(ts=1000.0 + i, instance="e", kind="stored", block_hash=2**64 - 1 - i, **extra) for i in range(n)
+    ]
 
 
 def test_chdb_urls_follow_sqlites_form(tmp_path, monkeypatch):
@@ -47,8 +48,9 @@ def test_schema_is_made_for_the_workload_and_migrates_once(tmp_path):
     store = open_store(url)
     versions = store.frame(f"SELECT version FROM {VERSIONS_TABLE}")
     assert sorted(versions["version"].tolist()) == list(range(1, head() + 1))  # each migration once
-    tables = store.frame("SELECT name, engine, sorting_key, partition_key FROM system.tables "
-                         "WHERE database = currentDatabase()").set_index("name")  # fmt: skip
+    tables = store.frame(
+        "SELECT name, engine, sorting_key, partition_key FROM system.tables WHERE database = currentDatabase()"
+    ).set_index("name")
     assert tables.loc["kv_events", "engine"] == "MergeTree"
     assert tables.loc["kv_events", "sorting_key"] == "instance, kind, ts"
     assert "86400" in tables.loc["kv_events", "partition_key"]
@@ -60,8 +62,9 @@ def test_schema_is_made_for_the_workload_and_migrates_once(tmp_path):
 
 
 def _session_ranges(store) -> dict[str, tuple[float, float]]:
-    frame = store.frame("SELECT session_id, min(first_ts) AS first, max(last_ts) AS last FROM kv_event_sessions "
-                        "GROUP BY session_id")  # fmt: skip
+    frame = store.frame(
+        "SELECT session_id, min(first_ts) AS first, max(last_ts) AS last FROM kv_event_sessions GROUP BY session_id"
+    )
     return {sid: (first, last) for sid, first, last in zip(frame["session_id"], frame["first"], frame["last"])}
 
 
@@ -88,8 +91,11 @@ def test_events_without_a_session_leave_no_row_in_the_session_lookup_after_schem
     write(store, 21.0, "s1")
     assert _session_ranges(store) == {"s1": (11.0, 21.0), "": (12.0, 12.0)}
     assert queries.kv_events(store, session_id="s1")["ts"].tolist() == [11.0, 21.0]
-    views = set(store.frame("SELECT name FROM system.tables WHERE engine = 'MaterializedView' "
-                            "AND database = currentDatabase()")["name"])  # fmt: skip
+    views = set(
+        store.frame(
+            "SELECT name FROM system.tables WHERE engine = 'MaterializedView' AND database = currentDatabase()"
+        )["name"]
+    )
     assert "kv_event_sessions_mv" not in views and "kv_event_session_ranges_mv" in views
     store.close()
 
@@ -140,12 +146,14 @@ def test_session_columns_merge_as_on_sql(chdb_store):
 def test_a_chdb_store_open_in_another_process_is_a_one_line_error_naming_the_lock(tmp_path):
     url = f"chdb:///{tmp_path / 'ch'}"
     code = f"from kvobs.store import open_store; store = open_store({url!r}); print('open', flush=True); "
-    holder = subprocess.Popen([sys.executable, "-c", code + "import time; time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code + "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
-        result = subprocess.run([sys.executable, "-m", "kvobs.cli", "alerts", "--store", url], capture_output=True,
-                                text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "kvobs.cli", "alerts", "--store", url], capture_output=True, text=True, timeout=120
+        )
     finally:
         holder.kill()
     assert result.returncode == 2

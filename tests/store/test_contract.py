@@ -48,8 +48,17 @@ def _open(backend: str, tmp_path):
         return open_store(f"chdb:///{tmp_path / 'contract-ch'}"), None
     if backend == "clickhouse":
         store = open_store(os.environ["KVOBS_TEST_CLICKHOUSE_URL"])
-        for table in ("sessions", "steps", "requests", "kv_events", "kv_event_sessions", "kv_event_minutes",
-                      "snapshots", "metric_samples", "alerts"):  # fmt: skip
+        for table in (
+            "sessions",
+            "steps",
+            "requests",
+            "kv_events",
+            "kv_event_sessions",
+            "kv_event_minutes",
+            "snapshots",
+            "metric_samples",
+            "alerts",
+        ):
             store.client.command(f"TRUNCATE TABLE {table}")
         return store, None
     schema = f"kvobs_contract_{uuid.uuid4().hex[:12]}"
@@ -84,10 +93,14 @@ def loaded(request, tmp_path_factory):
         cleanups += [cleanup] if cleanup else []
     first, last = queries.time_range(stores["sqlite"])
     # The built-in rules over a third of the run, without `for` (the runs are shorter), at any non-zero value.
-    rules = [replace(r, window_s=(last - first) / 3, for_s=0.0, threshold=0.0 if r.op in (">", ">=") else r.threshold)
-             for r in builtin_rules()]  # fmt: skip
-    transitions = {backend: [Evaluator(store, rules).evaluate(first + (last - first) * k / 9) for k in range(10)]
-                   for backend, store in stores.items()}  # fmt: skip
+    rules = [
+        replace(r, window_s=(last - first) / 3, for_s=0.0, threshold=0.0 if r.op in (">", ">=") else r.threshold)
+        for r in builtin_rules()
+    ]
+    transitions = {
+        backend: [Evaluator(store, rules).evaluate(first + (last - first) * k / 9) for k in range(10)]
+        for backend, store in stores.items()
+    }
     yield request.param, stores, transitions
     for store in stores.values():
         store.close()
@@ -124,45 +137,78 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
     some_session = queries.steps(store)["session_id"].iloc[0]
     traces = list(queries.steps(store)["trace_id"].dropna()[:50])
     steps = queries.steps(store)
-    windows = [(sid, start - 5.0, end if end == end else last) for sid, start, end in
-               zip(steps["session_id"], steps["started_at"], steps["ended_at"])] + [(busiest, first, last)]  # fmt: skip
-    calls = [("time_range", (), {}, True), ("instances", (), {}, True), ("sessions", (), {}, False),
-             ("session_snapshots", (busiest,), {}, True), ("kv_events", (), {"session_id": busiest}, True),
-             ("kv_events", (), {"kinds": ["stored"], "limit": 500}, True),
-             ("requests", (), {"session_id": busiest}, False),
-             ("steps", (), {"session_id": some_session}, False), ("latest_alert_states", (), {}, False),
-             ("session_ends", ([some_session, busiest, "no-such-session"],), {}, True),
-             ("trace_sessions", (traces + ["0" * 32],), {}, True),
-             ("session_step_counts", ([some_session, busiest, "no-such-session"],), {}, True),
-             ("metric_series", (["vllm:num_requests_running", "vllm:kv_cache_usage_perc"],), {}, False),
-             ("session_idle_losses", (last,), {}, False),
-             ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS}, True),
-             ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS, "chunk": 3}, True),
-             ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True), ("runs", (), {}, True),
-             ("runs", (), {"instances": queries.instances(store)[-1:]}, True)]  # fmt: skip
+    windows = [
+        (sid, start - 5.0, end if end == end else last)
+        for sid, start, end in zip(steps["session_id"], steps["started_at"], steps["ended_at"])
+    ] + [(busiest, first, last)]
+    calls = [
+        ("time_range", (), {}, True),
+        ("instances", (), {}, True),
+        ("sessions", (), {}, False),
+        ("session_snapshots", (busiest,), {}, True),
+        ("kv_events", (), {"session_id": busiest}, True),
+        ("kv_events", (), {"kinds": ["stored"], "limit": 500}, True),
+        ("requests", (), {"session_id": busiest}, False),
+        ("steps", (), {"session_id": some_session}, False),
+        ("latest_alert_states", (), {}, False),
+        ("session_ends", ([some_session, busiest, "no-such-session"],), {}, True),
+        ("trace_sessions", (traces + ["0" * 32],), {}, True),
+        ("session_step_counts", ([some_session, busiest, "no-such-session"],), {}, True),
+        ("metric_series", (["vllm:num_requests_running", "vllm:kv_cache_usage_perc"],), {}, False),
+        ("session_idle_losses", (last,), {}, False),
+        ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS}, True),
+        ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS, "chunk": 3}, True),
+        ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True),
+        ("runs", (), {}, True),
+        ("runs", (), {"instances": queries.instances(store)[-1:]}, True),
+    ]
     one, none = {"instances": queries.instances(store)[-1:]}, {"instances": []}
     for since, until in ((None, None), middle):
         window = () if since is None else (since, until)
-        calls += [(name, window, {}, False) for name in (
-            "instance_snapshots", "session_footprints", "requests", "steps", "kv_event_counts", "block_losses",
-            "stored_blocks", "alerts")]  # fmt: skip
-        calls += [(name, window, scope, False) for scope in (one, none) for name in (
-            "instance_snapshots", "session_footprints", "requests", "kv_event_counts", "block_losses",
-            "stored_blocks")]  # fmt: skip
+        calls += [
+            (name, window, {}, False)
+            for name in (
+                "instance_snapshots",
+                "session_footprints",
+                "requests",
+                "steps",
+                "kv_event_counts",
+                "block_losses",
+                "stored_blocks",
+                "alerts",
+            )
+        ]
+        calls += [
+            (name, window, scope, False)
+            for scope in (one, none)
+            for name in (
+                "instance_snapshots",
+                "session_footprints",
+                "requests",
+                "kv_event_counts",
+                "block_losses",
+                "stored_blocks",
+            )
+        ]
         calls += [("top_restored_blocks", window, {**scope, "limit": 10_000}, False) for scope in (one, none)]
         calls += [
             ("kv_event_counts", window, {"by_instance": True, "bucket_s": bucket}, False) for bucket in (5.0, 60.0)
         ] + [("kv_event_counts", window, {**one, "by_instance": True}, False)]
-        calls += [("kv_events", window, {}, True), ("top_restored_blocks", window, {"limit": 10_000}, False),
-                  ("stored_blocks", window, {"latest": 100}, True),
-                  ("kv_event_counts", window, {"bucket_s": 5.0}, False)]  # fmt: skip
+        calls += [
+            ("kv_events", window, {}, True),
+            ("top_restored_blocks", window, {"limit": 10_000}, False),
+            ("stored_blocks", window, {"latest": 100}, True),
+            ("kv_event_counts", window, {"bucket_s": 5.0}, False),
+        ]
     for since, until in ((first, last), middle):
         calls += [
             (name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes", "cached_prompt_tokens")
         ]
-        calls += [("step_counts", (since, until), {}, True),
-                  ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),
-                  ("instance_counter_before", ("preemptions_total", until), {}, True)]  # fmt: skip
+        calls += [
+            ("step_counts", (since, until), {}, True),
+            ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),
+            ("instance_counter_before", ("preemptions_total", until), {}, True),
+        ]
     return calls
 
 
@@ -212,8 +258,10 @@ def test_the_rollup_answers_what_the_raw_rows_answer(loaded):
             for bucket in (60.0, 300.0, 3600.0):
                 for scope in scopes:
                     rolled = rollups.counts(store, since, until, bucket, **scope)
-                    raw = rollups._ordered(rollups.raw_counts(store, since, until, bucket, None, **scope),
-                                           scope.get("by_instance", False))  # fmt: skip
+                    raw = rollups._ordered(
+                        rollups.raw_counts(store, since, until, bucket, None, **scope), scope.get("by_instance", False)
+                    )
                     assert _values(rolled, ordered=False) == _values(raw, ordered=False), (backend, bucket, scope)
-                assert rolled["events"].sum() == len(queries.kv_events(store, since, until)[
-                    lambda e: e["instance"].isin(fleet[-1:])])  # fmt: skip
+                assert rolled["events"].sum() == len(
+                    queries.kv_events(store, since, until)[lambda e: e["instance"].isin(fleet[-1:])]
+                )

@@ -19,9 +19,13 @@ def test_every_source_names_its_replica(fleet_run):
 
 def test_the_parts_add_up_to_the_fleet(fleet_run):
     store = fleet_run.store
-    for read, column in ((queries.instance_snapshots, None), (queries.requests, None),
-                         (queries.stored_blocks, None), (queries.kv_event_counts, "events"),
-                         (queries.block_losses, "blocks")):  # fmt: skip
+    for read, column in (
+        (queries.instance_snapshots, None),
+        (queries.requests, None),
+        (queries.stored_blocks, None),
+        (queries.kv_event_counts, "events"),
+        (queries.block_losses, "blocks"),
+    ):
         whole = read(store)
         parts = [read(store, instances=[name]) for name in FLEET]
         size = (lambda f: len(f)) if column is None else (lambda f, c=column: int(f[c].sum()))
@@ -39,8 +43,9 @@ def test_counts_by_instance_sum_to_the_fleet_counts(fleet_run):
         keys = ["bucket", "kind", "reason"]
         summed = each.fillna({"reason": ""}).groupby(keys, as_index=False)[["events", "blocks"]].sum()
         whole = queries.kv_event_counts(store, first + 3.3, last, bucket_s=bucket).fillna({"reason": ""})
-        pd.testing.assert_frame_equal(summed.sort_values(keys, ignore_index=True),
-                                      whole.sort_values(keys, ignore_index=True), check_dtype=False)  # fmt: skip
+        pd.testing.assert_frame_equal(
+            summed.sort_values(keys, ignore_index=True), whole.sort_values(keys, ignore_index=True), check_dtype=False
+        )
 
 
 def test_a_block_on_two_replicas_is_not_a_restore(fleet_run):
@@ -52,7 +57,8 @@ def test_a_block_on_two_replicas_is_not_a_restore(fleet_run):
     restored = queries.top_restored_blocks(store, limit=10_000)
     assert not restored.empty
     assert {(i, h): s for i, h, s in zip(restored["instance"], restored["block_hash"], restored["stores"])} == {
-        key: int(n) for key, n in per_instance[per_instance > 1].items()}  # fmt: skip
+        key: int(n) for key, n in per_instance[per_instance > 1].items()
+    }
     on_both = stored.groupby("block_hash")["instance"].nunique()
     assert (on_both == 2).any(), "the replicas share no block: the test would not tell"
 

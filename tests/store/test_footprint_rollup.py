@@ -22,9 +22,17 @@ def _snapshots(seed: int = 3) -> list[SnapshotRecord]:
         ts = 1000.0 + (i // 2) * 0.5  # two rows at each time: the later-written one is the latest
         session = None if i % 7 == 0 else f"s{rng.randrange(12)}"
         pending = None if rng.random() < 0.3 else rng.randrange(5)
-        rows.append(SnapshotRecord(ts=ts, instance=rng.choice(["a", "b"]), session_id=session,
-                                   kv_usage=None if session else rng.random(), session_blocks=rng.randrange(50),
-                                   session_evicted_blocks=i, session_pending_idle_blocks=pending))  # fmt: skip
+        rows.append(
+            SnapshotRecord(
+                ts=ts,
+                instance=rng.choice(["a", "b"]),
+                session_id=session,
+                kv_usage=None if session else rng.random(),
+                session_blocks=rng.randrange(50),
+                session_evicted_blocks=i,
+                session_pending_idle_blocks=pending,
+            )
+        )
     for blocks in (7, 8):  # a session's latest two rows at one time: the one written last is its footprint
         rows.append(SnapshotRecord(ts=1200.0, instance="a", session_id="s0", session_blocks=blocks))
     return rows
@@ -46,8 +54,10 @@ def _expected(rows: list[SnapshotRecord], since=None, until=None, instances=None
 
 def _answer(frame: pd.DataFrame) -> list[tuple]:
     assert list(frame.columns) == list(FOOTPRINT_COLUMNS)
-    return sorted(tuple(None if pd.isna(v) else v.item() if hasattr(v, "item") else v for v in row)
-                  for row in frame.itertuples(index=False))  # fmt: skip
+    return sorted(
+        tuple(None if pd.isna(v) else v.item() if hasattr(v, "item") else v for v in row)
+        for row in frame.itertuples(index=False)
+    )
 
 
 def test_the_rollup_answers_what_the_raw_snapshots_answer(any_store):
@@ -56,8 +66,14 @@ def test_the_rollup_answers_what_the_raw_snapshots_answer(any_store):
     for row in rows:
         writer.add(row)
     writer.close()
-    for since, until, instances in [(None, None, None), (1040.0, None, None), (1010.0, 1060.5, None),
-                                    (None, 1030.0, ["b"]), (1000.0, 1099.5, ["a"]), (None, None, [])]:  # fmt: skip
+    for since, until, instances in [
+        (None, None, None),
+        (1040.0, None, None),
+        (1010.0, 1060.5, None),
+        (None, 1030.0, ["b"]),
+        (1000.0, 1099.5, ["a"]),
+        (None, None, []),
+    ]:
         answer = queries.session_footprints(any_store, since, until, instances=instances)
         assert _answer(answer) == _expected(rows, since, until, instances), (since, until, instances)
     assert _expected(rows, None, 1030.0)  # the past window holds sessions whose latest came later

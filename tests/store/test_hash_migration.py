@@ -16,12 +16,20 @@ def test_upgrading_turns_text_hashes_into_integers_with_the_same_values(store_ur
     upgrade(store.engine, "0005")
     with store.engine.begin() as conn:
         for i, block in enumerate(EDGES):
-            conn.execute(text("INSERT INTO kv_events (ts, instance, kind, block_hash, parent_hash, session_id) "
-                              "VALUES (:ts, 'e', 'stored', :block, :parent, 's')"),
-                         {"ts": 100.0 + i, "block": str(block),
-                          "parent": str(EDGES[i - 1]) if i else None})  # fmt: skip
-        conn.execute(text("INSERT INTO kv_events (ts, instance, kind, block_hash, session_id) "
-                          "VALUES (200.0, 'e', 'stored', :block, 's')"), {"block": str(2**64 - 1)})  # fmt: skip
+            conn.execute(
+                text(
+                    "INSERT INTO kv_events (ts, instance, kind, block_hash, parent_hash, session_id) "
+                    "VALUES (:ts, 'e', 'stored', :block, :parent, 's')"
+                ),
+                {"ts": 100.0 + i, "block": str(block), "parent": str(EDGES[i - 1]) if i else None},
+            )
+        conn.execute(
+            text(
+                "INSERT INTO kv_events (ts, instance, kind, block_hash, session_id) "
+                "VALUES (200.0, 'e', 'stored', :block, 's')"
+            ),
+            {"block": str(2**64 - 1)},
+        )
     indexes = {ix["name"] for ix in inspect(store.engine).get_indexes("kv_events")}
     upgrade(store.engine)
     assert {ix["name"] for ix in inspect(store.engine).get_indexes("kv_events")} >= indexes  # the rebuild keeps them

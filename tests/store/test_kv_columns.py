@@ -16,10 +16,20 @@ HASHES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, None]
 def _records(instance: str) -> list[KVEventRecord]:
     rows = []
     for i, block in enumerate(HASHES):
-        rows.append(KVEventRecord(ts=59.5 + i * 0.25, instance=instance, kind="stored" if i % 2 else "removed",
-                                  block_hash=block, parent_hash=HASHES[i - 1] if i else None, num_tokens=16,
-                                  session_id=f"s{i % 2}", medium="GPU", first_owner=None if block is None else 1,
-                                  reason="capacity" if i == 5 else None))  # fmt: skip
+        rows.append(
+            KVEventRecord(
+                ts=59.5 + i * 0.25,
+                instance=instance,
+                kind="stored" if i % 2 else "removed",
+                block_hash=block,
+                parent_hash=HASHES[i - 1] if i else None,
+                num_tokens=16,
+                session_id=f"s{i % 2}",
+                medium="GPU",
+                first_owner=None if block is None else 1,
+                reason="capacity" if i == 5 else None,
+            )
+        )
     return rows
 
 

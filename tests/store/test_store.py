@@ -16,19 +16,69 @@ from kvobs.store.schema import TABLES, Base, KVEventRow, RequestRow, SessionRow,
 
 REQUIRED = {
     "sessions": {"session_id", "agent_name", "started_at", "ended_at", "num_steps", "num_failed_steps", "source"},
-    "steps": {"id", "session_id", "step_index", "trace_id", "span_id", "started_at", "ended_at", "status",
-              "error_type", "ttft_s", "e2e_s", "prompt_tokens", "cached_tokens", "completion_tokens"},
-    "requests": {"request_id", "instance", "session_id", "trace_id", "arrival_ts", "first_token_ts", "finished_ts",
-                 "queue_s", "prompt_tokens", "cached_tokens", "completion_tokens", "num_preemptions",
-                 "finish_reason"},
-    "kv_events": {"id", "ts", "instance", "kind", "block_hash", "parent_hash", "num_tokens", "session_id",
-                  "request_id", "reason", "medium"},
-    "snapshots": {"id", "ts", "instance", "session_id", "kv_usage", "blocks_total", "blocks_free", "blocks_resident",
-                  "session_blocks", "hit_rate", "num_running", "num_waiting", "preemptions_total",
-                  "evictions_total"},
+    "steps": {
+        "id",
+        "session_id",
+        "step_index",
+        "trace_id",
+        "span_id",
+        "started_at",
+        "ended_at",
+        "status",
+        "error_type",
+        "ttft_s",
+        "e2e_s",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+    },
+    "requests": {
+        "request_id",
+        "instance",
+        "session_id",
+        "trace_id",
+        "arrival_ts",
+        "first_token_ts",
+        "finished_ts",
+        "queue_s",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "num_preemptions",
+        "finish_reason",
+    },
+    "kv_events": {
+        "id",
+        "ts",
+        "instance",
+        "kind",
+        "block_hash",
+        "parent_hash",
+        "num_tokens",
+        "session_id",
+        "request_id",
+        "reason",
+        "medium",
+    },
+    "snapshots": {
+        "id",
+        "ts",
+        "instance",
+        "session_id",
+        "kv_usage",
+        "blocks_total",
+        "blocks_free",
+        "blocks_resident",
+        "session_blocks",
+        "hit_rate",
+        "num_running",
+        "num_waiting",
+        "preemptions_total",
+        "evictions_total",
+    },
     "metric_samples": {"ts", "instance", "name", "labels", "value"},
     "alerts": {"id", "ts", "rule", "severity", "state", "instance", "session_id", "value", "summary"},
-}  # fmt: skip
+}
 
 
 def test_open_migrates_to_the_documented_schema(store):
@@ -75,8 +125,13 @@ def test_writer_batches_flushes_and_upserts(store):
     with store.session() as s:
         assert s.scalar(select(func.count()).select_from(StepRow)) == 2500
         row = s.get(SessionRow, "s1")
-        assert (row.started_at, row.num_steps, row.num_failed_steps, row.ended_at, row.source) == (1.0, 3, 1, 9.0,
-                                                                                                   "sdk")  # fmt: skip
+        assert (row.started_at, row.num_steps, row.num_failed_steps, row.ended_at, row.source) == (
+            1.0,
+            3,
+            1,
+            9.0,
+            "sdk",
+        )
 
 
 def test_upserts_of_one_batch_keep_their_order_whatever_columns_each_gives(any_store):
@@ -84,16 +139,22 @@ def test_upserts_of_one_batch_keep_their_order_whatever_columns_each_gives(any_s
     them by column set and ran the groups in the order each set first appeared: a session's first upsert, with
     `started_at`, ran after its later ones when another session's plain upsert came first, so a span-derived
     session of 3 steps read `num_steps` 1.)"""
-    any_store.write([
-        ("upsert", [SessionRecord("x", num_steps=3, num_failed_steps=0)]),
-        ("upsert", [SessionRecord("y", started_at=1.0, num_steps=1, num_failed_steps=0, source="otel-genai")]),
-        ("upsert", [SessionRecord("y", num_steps=2, num_failed_steps=0)]),
-        ("upsert", [SessionRecord("y", num_steps=3, num_failed_steps=1)]),
-        ("insert_missing", [SessionRecord("y", started_at=0.5, source="vllm")]),
-    ])  # fmt: skip
+    any_store.write(
+        [
+            ("upsert", [SessionRecord("x", num_steps=3, num_failed_steps=0)]),
+            ("upsert", [SessionRecord("y", started_at=1.0, num_steps=1, num_failed_steps=0, source="otel-genai")]),
+            ("upsert", [SessionRecord("y", num_steps=2, num_failed_steps=0)]),
+            ("upsert", [SessionRecord("y", num_steps=3, num_failed_steps=1)]),
+            ("insert_missing", [SessionRecord("y", started_at=0.5, source="vllm")]),
+        ]
+    )
     sessions = queries.sessions(any_store).set_index("session_id")
     assert sessions.loc["y", ["started_at", "num_steps", "num_failed_steps", "source"]].tolist() == [
-        1.0, 3, 1, "otel-genai"]  # fmt: skip
+        1.0,
+        3,
+        1,
+        "otel-genai",
+    ]
     assert sessions.loc["x", "num_steps"] == 3
 
 

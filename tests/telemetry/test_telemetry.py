@@ -63,8 +63,9 @@ def test_sampler_variables_are_honoured(monkeypatch):
 
 def test_unreachable_collector_is_counted_not_raised(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
-    telemetry = setup_telemetry(TelemetryConfig(endpoint=f"http://127.0.0.1:{free_port()}", protocol="http/protobuf",
-                                                metrics=False))  # fmt: skip
+    telemetry = setup_telemetry(
+        TelemetryConfig(endpoint=f"http://127.0.0.1:{free_port()}", protocol="http/protobuf", metrics=False)
+    )
     tracer = telemetry.tracer("t")
     for i in range(50):
         tracer.start_span(f"s{i}").end()  # returns at once: spans wait in the batch queue
@@ -78,11 +79,14 @@ def test_sdk_disabled_variable_turns_everything_off(monkeypatch):
     assert not setup_telemetry(TelemetryConfig(endpoint="http://127.0.0.1:4317")).enabled
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ({"protocol": "thrift"}, "unknown OTLP protocol"),
-    ({"endpoint": "localhost:4317"}, "must be an http"),
-    ({"sample_ratio": 1.5}, "sample_ratio"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"protocol": "thrift"}, "unknown OTLP protocol"),
+        ({"endpoint": "localhost:4317"}, "must be an http"),
+        ({"sample_ratio": 1.5}, "sample_ratio"),
+    ],
+)
 def test_bad_configuration_is_a_clear_error(config, message):
     with pytest.raises(ValueError, match=message):
         TelemetryConfig(**config)
@@ -110,8 +114,9 @@ def test_traces_target_is_where_an_exporter_with_that_endpoint_sends(monkeypatch
         target = traces_target(f"http://127.0.0.1:{port}")
         assert target == (f"grpc://127.0.0.1:{port}" if protocol == "grpc" else f"http://127.0.0.1:{port}/v1/traces")
         request = ExportTraceServiceRequest()
-        request.resource_spans.add().scope_spans.add().spans.add(name="forwarded", trace_id=b"\1" * 16,
-                                                                 span_id=b"\2" * 8)  # fmt: skip
+        request.resource_spans.add().scope_spans.add().spans.add(
+            name="forwarded", trace_id=b"\1" * 16, span_id=b"\2" * 8
+        )
         drops = DropCounter()
         forwarder = OTLPForwarder(target, drops)
         forwarder.start()

@@ -52,10 +52,17 @@ def test_stored_event_fields_and_unsigned_hashes():
 
 def test_positional_events_of_older_releases_decode():
     older = msgspec.msgpack.encode(
-        [1.5, [["BlockStored", [7, 8], None, list(range(32)), 16, None, "GPU", None],
-               ["BlockStored", [9], 8, list(range(16)), 16, None, "GPU", None, None, 0, None, None, "s1", "future"],
-               ["BlockRemoved", [7], "GPU"], ["AllBlocksCleared"]], None]
-    )  # fmt: skip
+        [
+            1.5,
+            [
+                ["BlockStored", [7, 8], None, list(range(32)), 16, None, "GPU", None],
+                ["BlockStored", [9], 8, list(range(16)), 16, None, "GPU", None, None, 0, None, None, "s1", "future"],
+                ["BlockRemoved", [7], "GPU"],
+                ["AllBlocksCleared"],
+            ],
+            None,
+        ]
+    )
     batch, unknown, _ = wire.decode_batch(older)
     assert unknown == 0 and batch.ts == 1.5 and batch.data_parallel_rank is None
     stored, later, removed, cleared = batch.events
@@ -66,9 +73,15 @@ def test_positional_events_of_older_releases_decode():
 
 def test_bytes_hashes_unknown_fields_and_unknown_types():
     payload = msgspec.msgpack.encode(
-        [2.0, [{"type": "BlockRemoved", "block_hashes": [b"\x01" * 32], "medium": "GPU", "new_field": 1},
-               {"type": "BlockTransferred", "block_hashes": [1]}], 0]
-    )  # fmt: skip
+        [
+            2.0,
+            [
+                {"type": "BlockRemoved", "block_hashes": [b"\x01" * 32], "medium": "GPU", "new_field": 1},
+                {"type": "BlockTransferred", "block_hashes": [1]},
+            ],
+            0,
+        ]
+    )
     batch, unknown, _ = wire.decode_batch(payload)
     assert unknown == 1
     assert batch.events == [wire.BlockRemoved(block_hashes=[b"\x01" * 32], medium="GPU")]
@@ -88,11 +101,20 @@ def test_a_bad_event_is_refused_alone_and_the_batch_goes_on():
     """The probe's F2: block_size 2**63 is valid msgpack but no store column holds it; it took its batch with it."""
 
     def stored(h: int, block_size: int) -> dict:
-        return {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": None, "token_ids": [],
-                "block_size": block_size, "lora_id": None, "medium": "GPU", "lora_name": None}  # fmt: skip
+        return {
+            "type": "BlockStored",
+            "block_hashes": [h],
+            "parent_block_hash": None,
+            "token_ids": [],
+            "block_size": block_size,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+        }
 
-    payload = msgspec.msgpack.encode([2.0, [stored(1, 16), stored(2, 2**63), {"type": "BlockStored"},
-                                            stored(3, -1), stored(-5, 16)], 0])  # fmt: skip
+    payload = msgspec.msgpack.encode(
+        [2.0, [stored(1, 16), stored(2, 2**63), {"type": "BlockStored"}, stored(3, -1), stored(-5, 16)], 0]
+    )
     batch, unknown, refused = wire.decode_batch(payload)
     assert (unknown, refused) == (0, 3) and [e.block_hashes for e in batch.events] == [[1], [-5]]
     assert wire.as_uint64(-5) == 2**64 - 5  # an old release's signed hash, as the store's UInt64
@@ -100,9 +122,13 @@ def test_a_bad_event_is_refused_alone_and_the_batch_goes_on():
 
 @pytest.mark.parametrize(
     "payload",
-    [b"\x00garbage", msgspec.msgpack.encode({"ts": 1}), msgspec.msgpack.encode([float("nan"), [], 0]),
-     msgspec.msgpack.encode([-1.0, [], 0])],
-)  # fmt: skip
+    [
+        b"\x00garbage",
+        msgspec.msgpack.encode({"ts": 1}),
+        msgspec.msgpack.encode([float("nan"), [], 0]),
+        msgspec.msgpack.encode([-1.0, [], 0]),
+    ],
+)
 def test_malformed_payloads_raise_decode_error(payload):
     with pytest.raises(wire.DecodeError):
         wire.decode_batch(payload)
@@ -110,8 +136,14 @@ def test_malformed_payloads_raise_decode_error(payload):
 
 @pytest.mark.parametrize(
     ("endpoint", "binds"),
-    [("tcp://*:5557", True), ("tcp://[::]:5557", True), ("ipc:///tmp/kv", True), ("inproc://kv", True),
-     ("tcp://127.0.0.1:5557", False), ("tcp://collector:5557", False)],
-)  # fmt: skip
+    [
+        ("tcp://*:5557", True),
+        ("tcp://[::]:5557", True),
+        ("ipc:///tmp/kv", True),
+        ("inproc://kv", True),
+        ("tcp://127.0.0.1:5557", False),
+        ("tcp://collector:5557", False),
+    ],
+)
 def test_bind_or_connect_follows_vllms_rule(endpoint, binds):
     assert wire.should_bind(endpoint) is binds

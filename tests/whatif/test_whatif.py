@@ -65,11 +65,17 @@ def test_session_ttl_longer_than_every_pause_loses_nothing_in_a_pause_when_the_c
     12 usable blocks hold both pausing sessions (4 blocks each) and one one-shot session. LRU takes the paused
     sessions' blocks (they are the oldest); session_ttl with a TTL longer than the pauses takes the one-shot
     sessions' (they have ended), so nothing is lost in a pause. TTL 0 protects nothing: it is LRU."""
-    plan = ReplayPlan([
-        _request("a1", "a", 0.0, range(100, 104), 16), _request("b1", "b", 2.0, range(200, 204), 16),
-        _request("t1", "t1", 4.0, range(300, 304), 16), _request("t2", "t2", 6.0, range(400, 404), 16),
-        _request("a2", "a", 8.0, range(100, 105), 20), _request("b2", "b", 10.0, range(200, 205), 20),
-    ], block_size=4)  # fmt: skip
+    plan = ReplayPlan(
+        [
+            _request("a1", "a", 0.0, range(100, 104), 16),
+            _request("b1", "b", 2.0, range(200, 204), 16),
+            _request("t1", "t1", 4.0, range(300, 304), 16),
+            _request("t2", "t2", 6.0, range(400, 404), 16),
+            _request("a2", "a", 8.0, range(100, 105), 20),
+            _request("b2", "b", 10.0, range(200, 205), 20),
+        ],
+        block_size=4,
+    )
     lru = simulate(plan, num_blocks=13, policy="lru")
     ttl = simulate(plan, num_blocks=13, policy="session_ttl", ttl_s=100.0)
     zero = simulate(plan, num_blocks=13, policy="session_ttl", ttl_s=0.0)
@@ -77,7 +83,10 @@ def test_session_ttl_longer_than_every_pause_loses_nothing_in_a_pause_when_the_c
     assert ttl.lost_in_pause_blocks == 0 and ttl.evicted_blocks > 0  # it evicted, but only ended sessions' blocks
     assert ttl.hit_tokens == 2 * 16  # a2 and b2 found their 4 blocks
     assert (zero.evicted_blocks, zero.lost_in_pause_blocks, zero.hit_tokens) == (
-        lru.evicted_blocks, lru.lost_in_pause_blocks, lru.hit_tokens)  # fmt: skip
+        lru.evicted_blocks,
+        lru.lost_in_pause_blocks,
+        lru.hit_tokens,
+    )
 
 
 def test_vllm_replay_and_cli(vllm_run):
@@ -85,18 +94,37 @@ def test_vllm_replay_and_cli(vllm_run):
     assert plan.block_size == 128 and len(plan.requests) >= 40
     small, large = simulate(plan, num_blocks=33), simulate(plan, num_blocks=400)
     assert large.hit_rate >= small.hit_rate and large.evicted_blocks == 0
-    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "whatif", "--store", vllm_run.url, "--num-blocks",
-                           "33,400", "--policy", "session_ttl"], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvobs.cli",
+            "whatif",
+            "--store",
+            vllm_run.url,
+            "--num-blocks",
+            "33,400",
+            "--policy",
+            "session_ttl",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "| observed | 32 |" in done.stdout and "| session_ttl | 400 |" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "kvobs.cli", "whatif", "--store", vllm_run.url, "--num-blocks", "1,x"],
-                         capture_output=True, text=True)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "whatif", "--store", vllm_run.url, "--num-blocks", "1,x"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "block counts" in bad.stderr
 
 
 def test_whatif_and_analytics_import_without_torch():
     """The block manager holds no tensors: replay (and kvobs' analytics and alerts) must not pull torch in."""
-    code = ("import sys, instrumented_engine.whatif, kvobs.analytics.chains, kvobs.alerts.evaluator; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")  # fmt: skip
+    code = (
+        "import sys, instrumented_engine.whatif, kvobs.analytics.chains, kvobs.alerts.evaluator; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -57,8 +57,9 @@ class ChdbClient:
         given = [f"{name}={int(value)}" for name, value in self.insert_settings.items()]
         given += [f"insert_deduplication_token='{_plain(token)}'"] if token else []
         settings = f" SETTINGS {', '.join(given)}" if given else ""
-        inserter = self._session.send_insert(f"INSERT INTO {table} ({', '.join(data.column_names)}){settings}",
-                                             "ArrowStream")  # fmt: skip
+        inserter = self._session.send_insert(
+            f"INSERT INTO {table} ({', '.join(data.column_names)}){settings}", "ArrowStream"
+        )
         inserter.append(_arrow_stream(data))
         inserter.finish()
 
@@ -69,16 +70,25 @@ class ChdbClient:
 class HttpClient:
     """A ClickHouse server over HTTP, with the official `clickhouse-connect` client."""
 
-    def __init__(self, host: str, port: int, username: str, password: str, database: str, *,
-                 insert_settings: dict[str, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        username: str,
+        password: str,
+        database: str,
+        *,
+        insert_settings: dict[str, int] | None = None,
+    ) -> None:
         self.insert_settings = dict(insert_settings or {})
         clickhouse_connect = _require("clickhouse_connect", "clickhouse:// stores")
         from clickhouse_connect.driver.exceptions import OperationalError
 
         self._unreachable = OperationalError
         try:
-            self._client = clickhouse_connect.get_client(host=host, port=port, username=username, password=password,
-                                                         database=database)  # fmt: skip
+            self._client = clickhouse_connect.get_client(
+                host=host, port=port, username=username, password=password, database=database
+            )
         except OperationalError as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StoreUnreachable(f"ClickHouse at {host}:{port} cannot be reached: {first_line}") from exc

@@ -96,18 +96,33 @@ _INITIAL = [
 
 # `session_footprints`: each session's latest footprint per instance, as one argMax state of the snapshot's values
 # (a tuple, so NULL values are kept, not skipped) by (ts, id): the latest row, of equal times the last written.
-_FOOTPRINT = [("ts", "Float64"), ("kv_usage", "Nullable(Float64)"), *((name, "Nullable(Int32)") for name in (
-    "blocks_total", "blocks_free", "blocks_resident", "session_blocks", "session_evicted_blocks",
-    "session_evicted_idle_blocks", "session_pending_idle_blocks", "session_hit_tokens")),
-    ("hit_rate", "Nullable(Float64)"), *((name, "Nullable(Int32)") for name in (
-        "num_running", "num_waiting", "preemptions_total", "evictions_total"))]  # fmt: skip
+_FOOTPRINT = [
+    ("ts", "Float64"),
+    ("kv_usage", "Nullable(Float64)"),
+    *(
+        (name, "Nullable(Int32)")
+        for name in (
+            "blocks_total",
+            "blocks_free",
+            "blocks_resident",
+            "session_blocks",
+            "session_evicted_blocks",
+            "session_evicted_idle_blocks",
+            "session_pending_idle_blocks",
+            "session_hit_tokens",
+        )
+    ),
+    ("hit_rate", "Nullable(Float64)"),
+    *((name, "Nullable(Int32)") for name in ("num_running", "num_waiting", "preemptions_total", "evictions_total")),
+]
 FOOTPRINT_VALUES = [name for name, _ in _FOOTPRINT]  # the tuple's elements, in order
-_FOOTPRINT_STATE = (f"AggregateFunction(argMax, Tuple({', '.join(t for _, t in _FOOTPRINT)}), "
-                    "Tuple(Float64, UInt64))")  # fmt: skip
+_FOOTPRINT_STATE = f"AggregateFunction(argMax, Tuple({', '.join(t for _, t in _FOOTPRINT)}), Tuple(Float64, UInt64))"
 # (the filter in a subquery: in the outer WHERE, ClickHouse would read `session_id` as the assumeNotNull alias)
-_FOOTPRINT_SELECT = (f"SELECT assumeNotNull(session_id) AS session_id, instance, argMaxState(tuple("
-                     f"{', '.join(FOOTPRINT_VALUES)}), (ts, id)) AS latest FROM (SELECT * FROM snapshots "
-                     "WHERE session_id IS NOT NULL) GROUP BY session_id, instance")  # fmt: skip
+_FOOTPRINT_SELECT = (
+    f"SELECT assumeNotNull(session_id) AS session_id, instance, argMaxState(tuple("
+    f"{', '.join(FOOTPRINT_VALUES)}), (ts, id)) AS latest FROM (SELECT * FROM snapshots "
+    "WHERE session_id IS NOT NULL) GROUP BY session_id, instance"
+)
 _SESSION_FOOTPRINTS = [
     f"""CREATE TABLE IF NOT EXISTS session_footprints (
         session_id String, instance LowCardinality(String), latest {_FOOTPRINT_STATE}
@@ -169,8 +184,10 @@ def migrate(client) -> int:
 
 def migrate_to(client, target: int) -> int:
     """Run the migrations the store has not had, up to `target`; return the schema version it is at now."""
-    client.command(f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} (version UInt32, description String, "
-                   "applied_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY version")  # fmt: skip
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} (version UInt32, description String, "
+        "applied_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY version"
+    )
     done = client.query_df(f"SELECT max(version) AS v FROM {VERSIONS_TABLE}")["v"].iloc[0]
     current = int(done) if done == done else 0  # NaN: an empty table
     for version, description, statements in MIGRATIONS:
@@ -179,8 +196,10 @@ def migrate_to(client, target: int) -> int:
         log.info("ClickHouse store: migrating to schema %d (%s)", version, description)
         for statement in statements:
             client.command(statement)
-        client.command(f"INSERT INTO {VERSIONS_TABLE} (version, description) VALUES ({{v:UInt32}}, {{d:String}})",
-                       {"v": version, "d": description})  # fmt: skip
+        client.command(
+            f"INSERT INTO {VERSIONS_TABLE} (version, description) VALUES ({{v:UInt32}}, {{d:String}})",
+            {"v": version, "d": description},
+        )
         current = version
     return current
 

@@ -75,8 +75,10 @@ def instance_snapshots(store, since=None, until=None, *, instances=None) -> pd.D
 
 
 def session_snapshots(store, session_id: str) -> pd.DataFrame:
-    return store.frame(f"SELECT {_columns('snapshots', 'id')} FROM snapshots WHERE session_id = {{sid:String}} "
-                       "ORDER BY ts, id", {"sid": session_id})  # fmt: skip
+    return store.frame(
+        f"SELECT {_columns('snapshots', 'id')} FROM snapshots WHERE session_id = {{sid:String}} ORDER BY ts, id",
+        {"sid": session_id},
+    )
 
 
 def session_footprints(store, since=None, until=None, *, instances=None) -> pd.DataFrame:
@@ -91,12 +93,20 @@ def session_footprints(store, since=None, until=None, *, instances=None) -> pd.D
     frame = store.frame(f"{rollup}{where}", {**where.params, **scope.params})
     if until is None:
         return frame
-    raw = (_Where("session_id IS NOT NULL").window("ts", since, until).instances(instances)
-           .add(f"(assumeNotNull(session_id), instance) IN (SELECT session_id, instance FROM ({rollup}) "
-                "WHERE ts > {until:Float64})"))  # fmt: skip
-    earlier = store.frame(f"""SELECT {_columns('snapshots', 'id')} FROM (
+    raw = (
+        _Where("session_id IS NOT NULL")
+        .window("ts", since, until)
+        .instances(instances)
+        .add(
+            f"(assumeNotNull(session_id), instance) IN (SELECT session_id, instance FROM ({rollup}) "
+            "WHERE ts > {until:Float64})"
+        )
+    )
+    earlier = store.frame(
+        f"""SELECT {_columns("snapshots", "id")} FROM (
         SELECT * FROM snapshots{raw} ORDER BY ts DESC, id DESC LIMIT 1 BY session_id, instance) ORDER BY id""",
-                          raw.params)  # fmt: skip
+        raw.params,
+    )
     return frame if earlier.empty else pd.concat([frame, earlier], ignore_index=True)
 
 
@@ -124,8 +134,9 @@ def runs(store, *, instances=None) -> pd.DataFrame:
     return store.frame(f"SELECT {_columns('runs')} FROM runs FINAL{where} ORDER BY instance, started_at", where.params)
 
 
-def raw_counts(store, since, until, bucket_s: float, kinds, *, upper_open: bool = False, instances=None,
-               by_instance: bool = False) -> pd.DataFrame:  # fmt: skip
+def raw_counts(
+    store, since, until, bucket_s: float, kinds, *, upper_open: bool = False, instances=None, by_instance: bool = False
+) -> pd.DataFrame:
     where = _Where().instances(instances)
     if since is not None:
         where.add("ts >= {since:Float64}", since=float(since))
@@ -134,14 +145,18 @@ def raw_counts(store, since, until, bucket_s: float, kinds, *, upper_open: bool 
     if kinds is not None:
         where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
     keys = "bucket, instance, kind, reason" if by_instance else "bucket, kind, reason"
-    return store.frame(f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
-        {'instance,' if by_instance else ''} kind, reason,
+    return store.frame(
+        f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
+        {"instance," if by_instance else ""} kind, reason,
         toInt64(count()) AS events, toInt64(sum(coalesce(first_owner, 0))) AS blocks FROM kv_events{where}
-        GROUP BY {keys}""", {**where.params, "bucket": float(bucket_s)})  # fmt: skip
+        GROUP BY {keys}""",
+        {**where.params, "bucket": float(bucket_s)},
+    )
 
 
-def minute_counts(store, low, high, bucket_s: float, kinds, *, instances=None, by_instance: bool = False
-                  ) -> pd.DataFrame:  # fmt: skip
+def minute_counts(
+    store, low, high, bucket_s: float, kinds, *, instances=None, by_instance: bool = False
+) -> pd.DataFrame:
     where = _Where().instances(instances)
     if low is not None:
         where.add("minute >= {low:Float64}", low=float(low))
@@ -158,8 +173,15 @@ def minute_counts(store, low, high, bucket_s: float, kinds, *, instances=None, b
     )
 
 
-def kv_events(store, since=None, until=None, *, kinds: Iterable[str] | None = None, session_id: str | None = None,
-              limit: int | None = None) -> pd.DataFrame:  # fmt: skip
+def kv_events(
+    store,
+    since=None,
+    until=None,
+    *,
+    kinds: Iterable[str] | None = None,
+    session_id: str | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
     where = _Where().window("ts", since, until)
     if kinds is not None:
         where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
@@ -175,15 +197,16 @@ def session_events(store, windows: list[tuple[str, float, float]], *, kinds, chu
     """The windows as a table joined on the session, then the range: a narrow read of the (instance, kind, ts) order
     per kind."""
     sids, lows, highs = (list(column) for column in zip(*windows)) if windows else ([], [], [])
-    return store.frame(f"""SELECT {_columns('kv_events', 'id')} FROM (
+    return store.frame(
+        f"""SELECT {_columns("kv_events", "id")} FROM (
         SELECT DISTINCT e.* FROM kv_events AS e
         INNER JOIN (SELECT w.1 AS sid, w.2 AS low, w.3 AS high FROM (
             SELECT arrayJoin(arrayZip({{sids:Array(String)}}, {{lows:Array(Float64)}}, {{highs:Array(Float64)}})) AS w)
         ) AS win ON assumeNotNull(e.session_id) = win.sid
         WHERE e.kind IN {{kinds:Array(String)}} AND e.session_id IN {{sids:Array(String)}}
           AND e.ts > win.low AND e.ts <= win.high) ORDER BY ts, id""",
-                       {"sids": sids, "lows": [float(x) for x in lows], "highs": [float(x) for x in highs],
-                        "kinds": list(kinds)})  # fmt: skip
+        {"sids": sids, "lows": [float(x) for x in lows], "highs": [float(x) for x in highs], "kinds": list(kinds)},
+    )
 
 
 def stored_blocks(store, since=None, until=None, *, latest: int | None = None, instances=None) -> pd.DataFrame:
@@ -191,8 +214,9 @@ def stored_blocks(store, since=None, until=None, *, latest: int | None = None, i
     columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id"
     if latest is None:
         return store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)
-    newest = store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts DESC, id DESC LIMIT {int(latest)}",
-                         where.params)  # fmt: skip
+    newest = store.frame(
+        f"SELECT {columns} FROM kv_events{where} ORDER BY ts DESC, id DESC LIMIT {int(latest)}", where.params
+    )
     return newest.iloc[::-1].reset_index(drop=True)
 
 
@@ -200,10 +224,13 @@ def top_restored_blocks(store, since=None, until=None, *, limit: int = 20, insta
     """Two steps, as on SQL: the hashes stored twice in scope (one UInt64 key), then the detail of those only."""
     where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
     again = f"SELECT block_hash FROM kv_events{where} GROUP BY block_hash HAVING count() > 1"
-    return store.frame(f"""SELECT instance, block_hash, toInt64(count()) AS stores,
+    return store.frame(
+        f"""SELECT instance, block_hash, toInt64(count()) AS stores,
         toInt64(uniqExact(session_id)) AS sessions, min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where}
         AND block_hash IN ({again}) GROUP BY instance, block_hash HAVING count() > 1
-        ORDER BY stores DESC, first_ts LIMIT {int(limit)}""", where.params)  # fmt: skip
+        ORDER BY stores DESC, first_ts LIMIT {int(limit)}""",
+        where.params,
+    )
 
 
 def metric_series(store, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
@@ -233,7 +260,8 @@ def instance_counter_before(store, column: str, ts: float) -> dict[str, float]:
 def restored_blocks(store, since: float, until: float) -> pd.DataFrame:
     params = {"since": float(since), "until": float(until)}
     window = f"kind = '{STORED}' AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}"
-    return store.frame(f"""SELECT w.instance AS instance, toInt64(count()) AS stored,
+    return store.frame(
+        f"""SELECT w.instance AS instance, toInt64(count()) AS stored,
         toInt64(countIf(w.ts > f.first_ts)) AS restored
         FROM (SELECT instance, block_hash, ts FROM kv_events WHERE {window}) AS w
         LEFT JOIN (SELECT instance, block_hash, min(ts) AS first_ts FROM kv_events
@@ -241,44 +269,56 @@ def restored_blocks(store, since: float, until: float) -> pd.DataFrame:
                      AND block_hash IN (SELECT block_hash FROM kv_events WHERE {window})
                    GROUP BY instance, block_hash) AS f
         ON w.instance = f.instance AND w.block_hash = f.block_hash
-        GROUP BY w.instance""", params)  # fmt: skip
+        GROUP BY w.instance""",
+        params,
+    )
 
 
 def block_lifetimes(store, since: float, until: float) -> pd.DataFrame:
     params = {"since": float(since), "until": float(until)}
-    return store.frame(f"""SELECT l.instance AS instance, l.ts AS ts, l.block_hash AS block_hash,
+    return store.frame(
+        f"""SELECT l.instance AS instance, l.ts AS ts, l.block_hash AS block_hash,
         l.ts - s.ts AS lifetime_s
         FROM (SELECT DISTINCT instance, ts, assumeNotNull(block_hash) AS block_hash FROM kv_events
               WHERE {LOSSES} AND block_hash IS NOT NULL AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}) AS l
         ASOF JOIN (SELECT instance, assumeNotNull(block_hash) AS block_hash, ts FROM kv_events
                    WHERE kind = '{STORED}' AND ts <= {{until:Float64}}) AS s
-        ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""", params)  # fmt: skip
+        ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""",
+        params,
+    )
 
 
 def cached_prompt_tokens(store, since: float, until: float) -> pd.DataFrame:
     # the sums' aliases are the columns' names: filter in a subquery (ClickHouse resolves WHERE to the aliases)
-    return store.frame("""SELECT instance, toInt64(count()) AS requests, sum(cached) AS cached_tokens,
+    return store.frame(
+        """SELECT instance, toInt64(count()) AS requests, sum(cached) AS cached_tokens,
         sum(prompt) AS prompt_tokens
         FROM (SELECT instance, cached_tokens AS cached, prompt_tokens AS prompt FROM requests FINAL
               WHERE arrival_ts >= {since:Float64} AND arrival_ts <= {until:Float64}
                 AND cached_tokens IS NOT NULL AND prompt_tokens IS NOT NULL)
-        GROUP BY instance ORDER BY instance""", {"since": float(since), "until": float(until)})  # fmt: skip
+        GROUP BY instance ORDER BY instance""",
+        {"since": float(since), "until": float(until)},
+    )
 
 
 def session_idle_losses(store, until: float) -> pd.DataFrame:
-    return store.frame("""SELECT session_id, instance, ts, session_evicted_idle_blocks FROM snapshots
+    return store.frame(
+        """SELECT session_id, instance, ts, session_evicted_idle_blocks FROM snapshots
         WHERE session_id IS NOT NULL AND ts <= {until:Float64} AND session_evicted_idle_blocks IS NOT NULL""",
-                       {"until": float(until)})  # fmt: skip
+        {"until": float(until)},
+    )
 
 
 def step_counts(store, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
-    frame = store.frame(f"""SELECT toInt64(count()) AS total, toInt64(countIf(status = '{StepStatus.ERROR.value}'
+    frame = store.frame(
+        f"""SELECT toInt64(count()) AS total, toInt64(countIf(status = '{StepStatus.ERROR.value}'
         AND coalesce(error_type, '') NOT IN {{excluded:Array(String)}})) AS failed FROM steps FINAL
         WHERE started_at >= {{since:Float64}} AND started_at <= {{until:Float64}}""",
-                        {"since": float(since), "until": float(until), "excluded": list(exclude_errors)})  # fmt: skip
+        {"since": float(since), "until": float(until), "excluded": list(exclude_errors)},
+    )
     return int(frame["total"].iloc[0]), int(frame["failed"].iloc[0])
 
 
 def latest_alert_states(store) -> pd.DataFrame:
-    return store.frame(f"""SELECT {_columns('alerts')} FROM (SELECT * FROM alerts ORDER BY id DESC
-        LIMIT 1 BY rule, instance, session_id)""")  # fmt: skip
+    return store.frame(f"""SELECT {_columns("alerts")} FROM (SELECT * FROM alerts ORDER BY id DESC
+        LIMIT 1 BY rule, instance, session_id)""")

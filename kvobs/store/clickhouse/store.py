@@ -53,8 +53,14 @@ def open_clickhouse(url: str, *, migrate: bool = True) -> ClickHouseStore:
             raise ValueError(f"chdb URL {url!r} names no directory: chdb:///relative/dir or chdb:////absolute/dir")
         client = ChdbClient(parsed.database, insert_settings=settings)
     else:
-        client = HttpClient(parsed.host or "localhost", parsed.port or DEFAULT_HTTP_PORT, parsed.username or "default",
-                            parsed.password or "", parsed.database or "default", insert_settings=settings)  # fmt: skip
+        client = HttpClient(
+            parsed.host or "localhost",
+            parsed.port or DEFAULT_HTTP_PORT,
+            parsed.username or "default",
+            parsed.password or "",
+            parsed.database or "default",
+            insert_settings=settings,
+        )
     if migrate:
         ddl.migrate(client)
     return ClickHouseStore(parsed.render_as_string(hide_password=True), client)
@@ -105,9 +111,13 @@ class ClickHouseStore:
 
     def _merged_sessions(self, items: list[tuple[str, Record]]) -> list[dict]:
         keys = sorted({record.session_id for _, record in items})
-        current = {row["session_id"]: row for row in self.frame(
-            "SELECT * EXCEPT version FROM sessions FINAL WHERE session_id IN {keys:Array(String)}", {"keys": keys},
-        ).to_dict("records")}  # fmt: skip
+        current = {
+            row["session_id"]: row
+            for row in self.frame(
+                "SELECT * EXCEPT version FROM sessions FINAL WHERE session_id IN {keys:Array(String)}",
+                {"keys": keys},
+            ).to_dict("records")
+        }
         changed: dict[str, dict] = {}
         for op, record in items:
             row = record.to_row()
@@ -139,8 +149,11 @@ class ClickHouseStore:
         """Column name -> ClickHouse type, as the database has the table (read once)."""
         if table not in self._types:
             described = self.client.query_df(f"DESCRIBE TABLE {table}")
-            self._types[table] = {n: t for n, t, kind in zip(described["name"], described["type"],
-                                                             described["default_type"]) if kind != "ALIAS"}  # fmt: skip
+            self._types[table] = {
+                n: t
+                for n, t, kind in zip(described["name"], described["type"], described["default_type"])
+                if kind != "ALIAS"
+            }
         return self._types[table]
 
     def is_unreachable(self, exc: BaseException) -> bool:
@@ -228,5 +241,12 @@ def _arrow_type(ch_type: str) -> pa.DataType:
     return _ARROW[inner]
 
 
-_ARROW = {"UInt64": pa.uint64(), "UInt32": pa.uint32(), "UInt8": pa.uint8(), "Int32": pa.int32(), "Int64": pa.int64(),
-          "Float64": pa.float64(), "String": pa.string()}  # fmt: skip
+_ARROW = {
+    "UInt64": pa.uint64(),
+    "UInt32": pa.uint32(),
+    "UInt8": pa.uint8(),
+    "Int32": pa.int32(),
+    "Int64": pa.int64(),
+    "Float64": pa.float64(),
+    "String": pa.string(),
+}

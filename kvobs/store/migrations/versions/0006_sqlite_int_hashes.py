@@ -53,8 +53,10 @@ def downgrade() -> None:
 
 def _rewrite(function) -> None:
     op.get_bind().connection.driver_connection.create_function("kvobs_hash_text", 1, function, deterministic=True)
-    op.execute("UPDATE kv_events SET block_hash = kvobs_hash_text(block_hash), parent_hash = "
-               "kvobs_hash_text(parent_hash) WHERE block_hash IS NOT NULL OR parent_hash IS NOT NULL")  # fmt: skip
+    op.execute(
+        "UPDATE kv_events SET block_hash = kvobs_hash_text(block_hash), parent_hash = "
+        "kvobs_hash_text(parent_hash) WHERE block_hash IS NOT NULL OR parent_hash IS NOT NULL"
+    )
 
 
 def _retype(new_type, old_type) -> None:

@@ -16,10 +16,28 @@ down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-_COUNTS = ("blocks_total", "blocks_free", "blocks_resident", "session_blocks", "session_evicted_blocks",
-           "session_evicted_idle_blocks", "session_pending_idle_blocks", "session_hit_tokens")  # fmt: skip
-_COLUMNS = ("ts", "instance", "session_id", "kv_usage", *_COUNTS, "hit_rate", "num_running", "num_waiting",
-            "preemptions_total", "evictions_total")  # fmt: skip
+_COUNTS = (
+    "blocks_total",
+    "blocks_free",
+    "blocks_resident",
+    "session_blocks",
+    "session_evicted_blocks",
+    "session_evicted_idle_blocks",
+    "session_pending_idle_blocks",
+    "session_hit_tokens",
+)
+_COLUMNS = (
+    "ts",
+    "instance",
+    "session_id",
+    "kv_usage",
+    *_COUNTS,
+    "hit_rate",
+    "num_running",
+    "num_waiting",
+    "preemptions_total",
+    "evictions_total",
+)
 
 
 def upgrade() -> None:
@@ -31,15 +49,17 @@ def upgrade() -> None:
         sa.Column("kv_usage", sa.Float(), nullable=True),
         *(sa.Column(name, sa.Integer(), nullable=True) for name in _COUNTS),
         sa.Column("hit_rate", sa.Float(), nullable=True),
-        *(sa.Column(name, sa.Integer(), nullable=True) for name in ("num_running", "num_waiting",
-                                                                     "preemptions_total", "evictions_total")),
+        *(
+            sa.Column(name, sa.Integer(), nullable=True)
+            for name in ("num_running", "num_waiting", "preemptions_total", "evictions_total")
+        ),
         sa.PrimaryKeyConstraint("session_id", "instance"),
-    )  # fmt: skip
+    )
     op.create_index("ix_session_footprints_ts", "session_footprints", ["ts"])
     columns = ", ".join(_COLUMNS)
     op.execute(f"""INSERT INTO session_footprints ({columns}) SELECT {columns} FROM (
                    SELECT *, row_number() OVER (PARTITION BY session_id, instance ORDER BY ts DESC, id DESC) AS latest
-                   FROM snapshots WHERE session_id IS NOT NULL) AS ranked WHERE latest = 1""")  # fmt: skip
+                   FROM snapshots WHERE session_id IS NOT NULL) AS ranked WHERE latest = 1""")
 
 
 def downgrade() -> None:
