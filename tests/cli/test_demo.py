@@ -19,6 +19,19 @@ from kvobs.store.schema import RequestRow, SessionRow, StepRow
 from tests.server.conftest import free_port
 
 READY_LINE = "The engine and the dashboard stay up"
+PORT_FLAGS = ("--port", "--dashboard-port", "--collector-port")
+
+
+def demo(store_url: str, ports: dict[str, int] | None = None, **options) -> list[str]:
+    """`kvobs demo` on `store_url` with `options` as flags (`tool_pause_ms=200`: `--tool-pause-ms 200`), every port
+    free unless `ports` names it."""
+    ports = ports or {}
+    command = [sys.executable, "-m", "kvobs.cli", "demo", "--store", store_url]
+    for flag in PORT_FLAGS:
+        command += [flag, str(ports.get(flag) or free_port())]
+    for name, value in options.items():
+        command += ["--" + name.replace("_", "-"), str(value)]
+    return command
 
 
 def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
@@ -41,37 +54,10 @@ def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
 def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_path):
     port, dashboard_port, collector_port = free_port(), free_port(), free_port()
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvobs.cli",
-            "demo",
-            "--store",
-            store_url,
-            "--port",
-            str(port),
-            "--dashboard-port",
-            str(dashboard_port),
-            "--collector-port",
-            str(collector_port),
-            "--sessions",
-            "3",
-            "--concurrency",
-            "3",
-            "--steps",
-            "2",
-            "--seed",
-            "5",
-            "--tool-pause-ms",
-            "200",
-            "--log-dir",
-            str(tmp_path / "logs"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    ports = {"--port": port, "--dashboard-port": dashboard_port, "--collector-port": collector_port}
+    options = {"sessions": 3, "concurrency": 3, "steps": 2, "seed": 5, "tool_pause_ms": 200}
+    command = demo(store_url, ports, log_dir=tmp_path / "logs", **options)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out = _read_until(proc, READY_LINE, timeout_s=600)
         assert READY_LINE in out, (out, proc.poll())
@@ -151,25 +137,8 @@ def test_ports_already_in_use_stop_the_demo_before_it_starts_anything_all_named_
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             ports.append(taken.getsockname()[1])
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kvobs.cli",
-                "demo",
-                "--store",
-                f"sqlite:///{tmp_path / 's.db'}",
-                "--port",
-                str(ports[0]),
-                "--dashboard-port",
-                str(ports[1]),
-                "--collector-port",
-                str(free_port()),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        command = demo(f"sqlite:///{tmp_path / 's.db'}", ports={"--port": ports[0], "--dashboard-port": ports[1]})
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert (
         f"already in use: 127.0.0.1:{ports[0]} (--port), 127.0.0.1:{ports[1]} (--dashboard-port); another kvobs "
@@ -181,25 +150,7 @@ def test_ports_already_in_use_stop_the_demo_before_it_starts_anything_all_named_
 def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
     started = time.monotonic()
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvobs.cli",
-            "demo",
-            "--store",
-            f"sqlite:///{tmp_path / 's.db'}",
-            "--port",
-            str(free_port()),
-            "--dashboard-port",
-            str(free_port()),
-            "--collector-port",
-            str(free_port()),
-            "--num-blocks",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        demo(f"sqlite:///{tmp_path / 's.db'}", num_blocks=8), capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 1
     assert "the KV cache has 8 blocks of 16 tokens" in done.stderr
@@ -209,31 +160,8 @@ def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
 
 def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_store(tmp_path):
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
-    ports = ["--port", str(free_port()), "--dashboard-port", str(free_port()), "--collector-port", str(free_port())]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvobs.cli",
-            "demo",
-            "--store",
-            store_url,
-            *ports,
-            "--sessions",
-            "2",
-            "--concurrency",
-            "2",
-            "--steps",
-            "50",
-            "--tool-pause-ms",
-            "300",
-            "--max-tokens",
-            "4",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    options = {"sessions": 2, "concurrency": 2, "steps": 50, "tool_pause_ms": 300, "max_tokens": 4}
+    proc = subprocess.Popen(demo(store_url, **options), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out = _read_until(proc, "Round 1:", timeout_s=600)
         assert "Round 1:" in out, (out, proc.poll())
