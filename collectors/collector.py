@@ -32,7 +32,7 @@ from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
-from kvobs.semconv.protocol import SESSION_END_AFTER_S, SESSION_IDLE_S
+from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import queries
 from kvobs.store.db import Store, open_store
 from kvobs.store.retention import Retention

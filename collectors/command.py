@@ -22,7 +22,8 @@ from kvobs.commands.common import (
     lacks_extra,
     start_or_report,
 )
-from kvobs.semconv.protocol import SESSION_IDLE_S, STORE_URL_ENV
+from kvobs.semconv.endpoints import STORE_URL_ENV
+from kvobs.semconv.sessions import SESSION_IDLE_S
 
 log = logging.getLogger(__name__)
 

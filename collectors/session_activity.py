@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from kvobs.semconv.protocol import SESSION_END_AFTER_S
+from kvobs.semconv.sessions import SESSION_END_AFTER_S
 
 BUSY, BEFORE, UNKNOWN = "busy", "before", "unknown"  # no idle loss at all
 PAUSE, AFTER_END, PENDING = "pause", "after_end", "pending"  # idle losses, by hindsight

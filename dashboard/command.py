@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from kvobs.commands.common import add_store_flag, lacks_extra, refuse_ports_in_use, start_or_report
-from kvobs.semconv.protocol import DASHBOARD_PORT
+from kvobs.semconv.endpoints import DASHBOARD_PORT
 
 
 def add_parser(sub) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvobs.semconv.protocol import SESSION_END_AFTER_S
 from kvobs.semconv.reasons import EvictionPolicyName, names
+from kvobs.semconv.sessions import SESSION_END_AFTER_S
 
 EVICTION_POLICIES = names(EvictionPolicyName)
 DTYPES = ("auto", "float32", "bfloat16", "float16")

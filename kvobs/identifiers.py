@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
-from kvobs.semconv.protocol import MAX_ID_BYTES
+from kvobs.semconv.limits import MAX_ID_BYTES
 
 CUT_MARKER = "~cut:"
 _DIGEST_BYTES = 6

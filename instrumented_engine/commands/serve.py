@@ -20,7 +20,8 @@ from kvobs.commands.common import (
     refuse_ports_in_use,
     start_or_report,
 )
-from kvobs.semconv.protocol import ENGINE_PORT, MAX_REQUEST_BYTES, STORE_URL_ENV
+from kvobs.semconv.endpoints import ENGINE_PORT, STORE_URL_ENV
+from kvobs.semconv.limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.engine.session_lifecycle import SessionLifecycle
 from instrumented_engine.engine.session_pauses import SessionPauses
 from kvobs.semconv.attributes import MEDIUM_GPU
-from kvobs.semconv.protocol import SESSION_END_AFTER_S
 from kvobs.semconv.reasons import PRESSURE_REASONS, EvictionReason, InvalidationReason
+from kvobs.semconv.sessions import SESSION_END_AFTER_S
 
 
 class BlockManager(SessionLifecycle, Invalidation):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvobs.semconv.protocol import SESSION_END_AFTER_S
+from kvobs.semconv.sessions import SESSION_END_AFTER_S
 
 
 class SessionPauses:

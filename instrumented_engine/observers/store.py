@@ -32,7 +32,7 @@ from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
 from instrumented_engine.observers.dispatch import dispatch
 from kvobs.logs import worth_logging
-from kvobs.semconv.protocol import READMISSION
+from kvobs.semconv.reasons import READMISSION
 from kvobs.semconv.spans import KVEventKind, RunSource, SessionSource
 from kvobs.store.rows import KVEventRecord, RequestRecord, RunRecord, SessionRecord, SnapshotRecord, run_id
 from kvobs.store.writer import StoreWriter

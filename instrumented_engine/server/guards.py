@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from instrumented_engine.server.protocol import APIError
-from kvobs.semconv.protocol import MAX_REQUEST_BYTES
+from kvobs.semconv.limits import MAX_REQUEST_BYTES
 
 DEFAULT_MAX_REQUEST_BYTES = MAX_REQUEST_BYTES
 

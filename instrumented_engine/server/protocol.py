@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvobs.identifiers import id_bytes
-from kvobs.semconv.protocol import MAX_ID_BYTES
+from kvobs.semconv.limits import MAX_ID_BYTES
 
 
 class APIError(Exception):

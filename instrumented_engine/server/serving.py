@@ -31,7 +31,7 @@ from instrumented_engine.server.protocol import APIError, ChatCompletionRequest,
 from instrumented_engine.server.responses import Response, event, streamed, usage
 from instrumented_engine.server.tools import prompt_messages
 from kvobs.semconv.metrics import FINISHED_ERROR
-from kvobs.semconv.protocol import SESSION_ID_HEADER
+from kvobs.semconv.sessions import SESSION_ID_HEADER
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 REPLACEMENT_CHAR = "\ufffd"

@@ -19,7 +19,7 @@ from opentelemetry.propagate import inject
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from kvobs.semconv import attributes as a
-from kvobs.semconv.protocol import SESSION_ID_HEADER
+from kvobs.semconv.sessions import SESSION_ID_HEADER
 from kvobs.semconv.spans import GenAIOperation, StepErrorType, chat_span
 
 

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TypeVar
 
-from kvobs.semconv.protocol import DEFAULT_STORE_URL, SESSION_END_AFTER_S, STORE_URL_ENV
+from kvobs.semconv.endpoints import DEFAULT_STORE_URL, STORE_URL_ENV
+from kvobs.semconv.sessions import SESSION_END_AFTER_S
 
 T = TypeVar("T")
 

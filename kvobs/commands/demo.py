@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report
-from kvobs.semconv.protocol import DASHBOARD_PORT, DEMO_COLLECTOR_PORT, ENGINE_PORT
+from kvobs.semconv.endpoints import DASHBOARD_PORT, DEMO_COLLECTOR_PORT, ENGINE_PORT
 
 log = logging.getLogger(__name__)
 

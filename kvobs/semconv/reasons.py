@@ -1,5 +1,5 @@
-"""Enumerated facts: why a cached block was dropped, why a cache was invalidated, why a request was preempted,
-and the eviction policies by name.
+"""Enumerated facts: why a cached block was dropped, why a cache was invalidated, why a request was preempted (or
+looked its prefix up again), and the eviction policies by name.
 
 Each enum is a `str`, and `str(member)` is its value, so a member can go straight into a Prometheus label, an
 OpenTelemetry attribute or a store column.
@@ -33,6 +33,10 @@ class EvictionReason(Name):
 # Losses a session suffers while it waits on a tool: the cache needed room (or its protection lapsed).
 # Invalidations, resets and releases are decisions about content, not pressure, and are never counted so.
 PRESSURE_REASONS = frozenset({EvictionReason.CAPACITY, EvictionReason.TTL})
+
+
+# `kv_events.reason` of a `hit` row when a preempted request looked its prefix up again.
+READMISSION = "readmission"
 
 
 class InvalidationReason(Name):

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
-from kvobs.semconv.protocol import DEFAULT_STORE_URL, STORE_URL_ENV  # noqa: F401 (re-exported)
+from kvobs.semconv.endpoints import DEFAULT_STORE_URL, STORE_URL_ENV  # noqa: F401 (re-exported)
 from kvobs.store.sql_write import Batch, SqlBatchWriter, is_unreachable
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from kvobs.semconv.protocol import MAX_ID_BYTES
+from kvobs.semconv.limits import MAX_ID_BYTES
 
 MAX_UINT64 = 2**64 - 1
 MAX_INT64 = 2**63 - 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from collectors.collector import Collector, CollectorOptions
-from kvobs.semconv.protocol import MAX_ID_BYTES
+from kvobs.semconv.limits import MAX_ID_BYTES
 from kvobs.store import open_store
 from kvobs.store.schema import KVEventRow, SessionRow
 from kvobs.vllm import kv_events as wire

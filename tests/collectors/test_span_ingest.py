@@ -7,7 +7,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from sqlalchemy import func, select
 
 from collectors.span_ingest import SpanIngest
-from kvobs.semconv.protocol import MAX_ID_BYTES
+from kvobs.semconv.limits import MAX_ID_BYTES
 from kvobs.store import StoreWriter
 from kvobs.store.schema import RequestRow
 from tests.collectors.recorded import otlp_bodies

@@ -7,13 +7,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import fields
 
 import pytest
 
 from kvobs.store import StoreWriter, open_store, queries
 from kvobs.store.clickhouse import StoreUnreachable
 from kvobs.store.clickhouse.ddl import VERSIONS_TABLE, head
-from kvobs.store.rows import KVEventRecord, SessionRecord
+from kvobs.store.clickhouse.store import GENERATED
+from kvobs.store.rows import RECORDS, KVEventRecord, SessionRecord
 from tests.server.conftest import free_port
 
 
@@ -166,3 +168,14 @@ def test_an_unreachable_clickhouse_server_is_a_one_line_error():
     with pytest.raises(StoreUnreachable, match=r"ClickHouse at 127\.0\.0\.1:\d+ cannot be reached") as caught:
         open_store(f"clickhouse://default@127.0.0.1:{free_port()}/kvobs")
     assert "\n" not in str(caught.value) and time.monotonic() - start < 30
+
+
+def test_each_record_has_exactly_its_tables_columns_in_the_clickhouse_ddl(chdb_store):
+    """The records in `kvobs.store.rows` are the one definition of each table's columns; the ClickHouse DDL (as
+    migrated to its head) must hold exactly those and the two the writer fills (`id`, and `version`, which orders a
+    ReplacingMergeTree's updates): a field added to a record without a ClickHouse migration, or a column left behind,
+    fails here (SQL's twin is in test_store.py)."""
+    for table, record in RECORDS.items():
+        described = chdb_store.client.query_df(f"DESCRIBE TABLE {table}")
+        columns = set(described["name"]) - set(GENERATED)
+        assert columns == {f.name for f in fields(record)}, table

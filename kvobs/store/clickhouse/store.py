@@ -35,7 +35,7 @@ from kvobs.store.schema import DAY_S
 log = logging.getLogger(__name__)
 
 DEFAULT_HTTP_PORT = 8123
-_GENERATED = ("id", "version")  # columns the writer fills: the row id and the row version
+GENERATED = ("id", "version")  # columns the writer fills: the row id and the row version
 _next_id = [time.time_ns()]  # row ids: unique and increasing within a process, far apart between processes
 _id_lock = threading.Lock()
 
@@ -132,7 +132,7 @@ class ClickHouseStore:
         n = len(next(iter(given.values()))) if given else 0
         columns = {}
         for name, ch_type in self.column_types(table).items():
-            if name in _GENERATED:
+            if name in GENERATED:
                 start = _take_ids(n)
                 columns[name] = pa.array(range(start, start + n), pa.uint64())
                 continue

@@ -1,0 +1,12 @@
+"""The largest input kvobs takes from outside: identifiers and request bodies."""
+
+from __future__ import annotations
+
+# The longest identifier from outside (session id, request id, adapter name, header value), in UTF-8 bytes: the
+# engine refuses longer ones with 400; the collector cuts longer ones from vLLM (`kvobs.identifiers.clip_id`),
+# since every store row of a session carries its id.
+MAX_ID_BYTES = 255  # = the store's id columns, VARCHAR(255) (kvobs/store/schema.py uses this)
+
+# The largest request body `kvobs serve` reads (`--max-request-bytes`; 413 beyond it): 2,000 times a full 8k-token
+# prompt, far below the 100 MB body that once went straight to the JSON parser.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
