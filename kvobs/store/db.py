@@ -90,6 +90,22 @@ class Store:
     def is_unreachable(self, exc: BaseException) -> bool:
         return is_unreachable(exc)
 
+    def expire_kv_events(self, before_ts: float, *, chunk: int = 50_000) -> int:
+        """Delete `kv_events` rows older than `before_ts` in chunks (one transaction each, by the `ts` index, so the
+        writer is never held up for long); rows deleted."""
+        from sqlalchemy import delete, select
+
+        from kvobs.store.schema import KVEventRow
+
+        total = 0
+        while True:
+            with self.engine.begin() as conn:
+                ids = select(KVEventRow.id).where(KVEventRow.ts < before_ts).order_by(KVEventRow.ts).limit(chunk)
+                deleted = conn.execute(delete(KVEventRow).where(KVEventRow.id.in_(ids.scalar_subquery()))).rowcount
+            total += deleted
+            if deleted < chunk:
+                return total
+
     def close(self) -> None:
         self.engine.dispose()
 

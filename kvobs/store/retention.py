@@ -17,27 +17,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqlalchemy import delete, select
-
-from kvobs.store.schema import DAY_S, KVEventRow
+from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
 
-EXPIRED_TABLE = "kv_events"
+EXPIRED_TABLE = "kv_events"  # the table retention trims (the stores' expire_kv_events)
 
 
 def expire_kv_events(store, before_ts: float, *, chunk: int = 50_000) -> int:
-    """Drop `kv_events` rows older than `before_ts` (whole days on ClickHouse); return how many were dropped."""
-    if store.dialect == "clickhouse":
-        return store.drop_days_before(EXPIRED_TABLE, before_ts)
-    total = 0
-    while True:
-        with store.engine.begin() as conn:
-            ids = select(KVEventRow.id).where(KVEventRow.ts < before_ts).order_by(KVEventRow.ts).limit(chunk)
-            deleted = conn.execute(delete(KVEventRow).where(KVEventRow.id.in_(ids.scalar_subquery()))).rowcount
-        total += deleted
-        if deleted < chunk:
-            return total
+    """Drop `kv_events` rows older than `before_ts`, as the store does it (whole days on ClickHouse); how many."""
+    return store.expire_kv_events(before_ts, chunk=chunk)
 
 
 class Retention:

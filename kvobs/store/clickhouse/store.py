@@ -29,7 +29,7 @@ from sqlalchemy import make_url
 
 from kvobs.store.clickhouse import ddl
 from kvobs.store.clickhouse.client import ChdbClient, HttpClient, StoreUnreachable
-from kvobs.store.rows import KVEventColumns, Record
+from kvobs.store.rows import KVEventColumns, KVEventRecord, Record
 from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
@@ -159,8 +159,10 @@ class ClickHouseStore:
     def is_unreachable(self, exc: BaseException) -> bool:
         return isinstance(exc, StoreUnreachable)
 
-    def drop_days_before(self, table: str, before_ts: float) -> int:
-        """Drop `table`'s day partitions (`ddl`: numbered by day) that end at or before `before_ts`; rows dropped."""
+    def expire_kv_events(self, before_ts: float, *, chunk: int = 0) -> int:
+        """Drop `kv_events`' day partitions (`ddl`: numbered by day) that end at or before `before_ts`, so a row
+        lives whole days; rows dropped (`chunk` is the SQL stores'; a partition goes at once)."""
+        table = KVEventRecord.table
         parts = self.frame(
             """SELECT partition, toInt64(sum(rows)) AS rows FROM system.parts WHERE active
             AND database = currentDatabase() AND table = {table:String} GROUP BY partition""",
