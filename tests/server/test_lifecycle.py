@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import weakref
 
 import httpx
 import pytest
@@ -97,3 +99,19 @@ def test_dead_engine_loop_makes_health_503_and_requests_fail_cleanly(smollm2_sou
         assert httpx.get(server.url + "/health").status_code == 503
         r = httpx.post(server.url + "/v1/completions", json={"model": SERVED, "prompt": "Hi", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+
+
+def test_a_shut_down_server_leaves_its_engine_to_be_freed(smollm2_source):
+    """Nothing outside a server keeps its engine (weights copy and KV cache, about 0.7 GB here): FastAPI caches
+    endpoint functions process-wide, so routes must not close over the engine; a process that builds servers one
+    after another (the test suite) otherwise grows until it is killed."""
+    engines = []
+    for _ in range(2):
+        with running_server(smollm2_source, num_blocks=48) as server:
+            body = {"model": SERVED, "prompt": "Hello", "max_tokens": 2}
+            assert httpx.post(server.url + "/v1/completions", json=body, timeout=60).status_code == 200
+            assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 200
+            engines.append(weakref.ref(server.engine.engine))
+        del server
+    gc.collect()
+    assert [engine() for engine in engines] == [None, None]
