@@ -34,7 +34,7 @@ from kvobs.identifiers import clip_id
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
 from kvobs.semconv.spans import KVEventKind, SessionSource
-from kvobs.store.rows import KVEventRowsBuilder, SessionRecord, SnapshotRecord
+from kvobs.store.rows import KVEventColumns, SessionRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
 
@@ -97,20 +97,19 @@ class KVIngest:
     def on_batch(self, seq: int, batch: wire.KVEventBatch) -> None:
         """The batch's rows go to the writer as one `KVEventColumns` (no object per row: thousands a second)."""
         ts = batch.ts
-        rows = KVEventRowsBuilder()
-        owners: list[str | None] = []  # the owner of each removed row
+        rows = _BatchRows()
         cleared: dict[str | None, int] = {}
         touched: set[str] = set()  # sessions with an event in this batch
         self._latest_ts = max(self._latest_ts, ts)
         for event in batch.events:
             kind = type(event)
             if kind is wire.BlockRemoved:
-                self._removed(event, rows, owners)
+                self._removed(event, rows)
             elif kind is wire.BlockStored:
                 self._stored(ts, event, rows, touched)
             elif kind is wire.AllBlocksCleared:
                 cleared = self._cleared(rows, EvictionReason.RESET.value)
-        removed = Counter(owners)  # owner -> blocks it lost in this batch (None: owner unknown)
+        removed = Counter(rows.losers)  # owner -> blocks it lost in this batch (None: owner unknown)
         losers = [owner for owner in removed if owner is not None]
         if losers:
             self._pending.append((self.clock(), ts, losers, removed))
@@ -124,11 +123,11 @@ class KVIngest:
 
     def on_restart(self) -> None:
         """The publisher restarted: its cache is empty, every chain we track has ended."""
-        rows = KVEventRowsBuilder()
+        rows = _BatchRows()
         self._cleared(rows, RESTART)
         self._flush(self.clock(), rows)
 
-    def _stored(self, ts: float, event: wire.BlockStored, rows: KVEventRowsBuilder, touched: set[str]) -> None:
+    def _stored(self, ts: float, event: wire.BlockStored, rows: _BatchRows, touched: set[str]) -> None:
         session = None if event.session_id is None else clip_id(event.session_id)  # every row of it carries it
         if session is not event.session_id:
             self.num_ids_cut += 1
@@ -143,20 +142,19 @@ class KVIngest:
             return
         n, parent = len(hashes), event.parent_block_hash
         stored = wire.as_uint64_list(hashes)
-        parents = [None if parent is None else wire.as_uint64(parent), *stored[:-1]]
-        rows.extend(
-            n,
-            kind=STORED,
-            block_hash=stored,
-            parent_hash=parents,
-            session_id=session,
-            medium=event.medium,
-            first_owner=1,
-            num_tokens=event.block_size,
-        )
+        rows.kind += [STORED] * n
+        rows.block_hash += stored
+        rows.parent_hash.append(None if parent is None else wire.as_uint64(parent))
+        rows.parent_hash += stored[:-1]
+        rows.session_id += [session] * n
+        rows.medium += [event.medium] * n
+        rows.first_owner += [1] * n
+        rows.num_tokens += [event.block_size] * n
+        rows.reason += [None] * n
+        rows.num_blocks += [None] * n
         self.chains.stored(hashes, parent, session)
 
-    def _removed(self, event: wire.BlockRemoved, rows: KVEventRowsBuilder, owners_out: list[str | None]) -> None:
+    def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
         medium, tokens, removed = event.medium, self.block_size, self.chains.removed
         for block_hash in event.block_hashes:
             block = removed(block_hash)
@@ -168,28 +166,34 @@ class KVIngest:
                 parent = None if parent is None else wire.as_uint64(parent)
             first = 1
             for owner in owners:
-                rows.add(
-                    kind=REMOVED,
-                    block_hash=stored_as,
-                    parent_hash=parent,
-                    session_id=owner,
-                    medium=medium,
-                    first_owner=first,
-                    num_tokens=tokens,
-                )
-                owners_out.append(owner)
+                rows.add(REMOVED, stored_as, parent, owner, medium, first, tokens, None)
+                rows.losers.append(owner)
                 first = 0
 
-    def _cleared(self, rows: KVEventRowsBuilder, reason: str) -> dict[str | None, int]:
+    def _cleared(self, rows: _BatchRows, reason: str) -> dict[str | None, int]:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
         self._changed.update(s for s in lost if s is not None)
-        rows.add(kind=CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)
+        rows.add(CLEARED, None, None, None, None, None, num_blocks * (self.block_size or 0), reason, num_blocks)
         return lost
 
-    def _flush(self, ts: float, rows: KVEventRowsBuilder) -> None:
-        if len(rows):
-            self.writer.add_many(rows.build(ts=ts, instance=self.instance), wait_s=STORE_WAIT_S)
+    def _flush(self, ts: float, rows: _BatchRows) -> None:
+        n = len(rows.kind)
+        if n:
+            columns = KVEventColumns(
+                ts=[ts] * n,
+                instance=[self.instance] * n,
+                kind=rows.kind,
+                block_hash=rows.block_hash,
+                parent_hash=rows.parent_hash,
+                session_id=rows.session_id,
+                medium=rows.medium,
+                first_owner=rows.first_owner,
+                num_tokens=rows.num_tokens,
+                reason=rows.reason,
+                num_blocks=rows.num_blocks,
+            )
+            self.writer.add_many(columns, wait_s=STORE_WAIT_S)
 
     # ---- footprints -----------------------------------------------------------------------------------
     @property
@@ -273,3 +277,33 @@ class KVIngest:
                 self._idle[session] = still
             else:
                 del self._idle[session]
+
+
+class _BatchRows:
+    """One batch's `kv_events` rows as columns, in event order (`ts` and `instance` are the batch's own)."""
+
+    def __init__(self) -> None:
+        self.kind: list[str] = []
+        self.block_hash: list[int | None] = []
+        self.parent_hash: list[int | None] = []
+        self.session_id: list[str | None] = []
+        self.medium: list[str | None] = []
+        self.first_owner: list[int | None] = []
+        self.num_tokens: list[int | None] = []
+        self.reason: list[str | None] = []
+        self.num_blocks: list[int | None] = []
+        self.losers: list[str | None] = []  # the owner of each removed row (not a column)
+
+    def add(
+        self, kind, block_hash, parent_hash, session_id, medium, first_owner, num_tokens, reason, num_blocks=None
+    ) -> None:
+        """One row (the `stored` rows of a chain are added a column at a time, in `KVIngest._stored`)."""
+        self.kind.append(kind)
+        self.block_hash.append(block_hash)
+        self.parent_hash.append(parent_hash)
+        self.session_id.append(session_id)
+        self.medium.append(medium)
+        self.first_owner.append(first_owner)
+        self.num_tokens.append(num_tokens)
+        self.reason.append(reason)
+        self.num_blocks.append(num_blocks)

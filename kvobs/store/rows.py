@@ -155,58 +155,6 @@ class KVEventColumns:
             yield KVEventRecord(*values)
 
 
-class KVEventRowsBuilder:
-    """`kv_events` rows built a row (`add`) or a run (`extend`) at a time, each column by name: one not given is
-    NULL. Its columns are `KVEventRecord`'s, so a new field is set where it is known and nowhere else.
-
-        rows = KVEventRowsBuilder()
-        rows.extend(3, kind="stored", block_hash=[1, 2, 3], session_id="s1")  # a list per row, or one value for all
-        rows.add(kind="removed", block_hash=2, session_id="s1", first_owner=1)
-        writer.add_many(rows.build(ts=batch_ts, instance="vllm-0"))          # the batch's own ts and instance
-    """
-
-    __slots__ = ("columns", "num_rows")
-
-    def __init__(self) -> None:
-        self.columns: dict[str, list] = {name: [] for name in KVEventRecord._columns}
-        self.num_rows = 0
-
-    def add(self, **values) -> None:
-        self._check(values)
-        for name, column in self.columns.items():
-            column.append(values.get(name))
-        self.num_rows += 1
-
-    def extend(self, n: int, **values) -> None:
-        """`n` rows: each value a list of `n` or one value for every row."""
-        self._check(values)
-        for name, column in self.columns.items():
-            value = values.get(name)
-            if isinstance(value, list):
-                if len(value) != n:
-                    raise ValueError(f"column {name!r} has {len(value)} values for {n} rows")
-                column += value
-            else:
-                column += [value] * n
-        self.num_rows += n
-
-    def build(self, **same: object) -> KVEventColumns:
-        """The rows as columns; `same` gives one value for every row of a column no row set (the batch's `ts`)."""
-        self._check(same)
-        columns = {
-            name: [same[name]] * self.num_rows if name in same else values for name, values in self.columns.items()
-        }
-        return KVEventColumns(**columns)
-
-    def __len__(self) -> int:
-        return self.num_rows
-
-    def _check(self, values: dict) -> None:
-        for name in values:
-            if name not in self.columns:
-                raise TypeError(f"kv_events has no column {name!r}")
-
-
 @_record
 class SnapshotRecord(Record):
     table: ClassVar[str] = "snapshots"

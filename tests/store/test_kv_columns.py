@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvobs.store import StoreWriter, queries
-from kvobs.store.rows import KVEventColumns, KVEventRecord, KVEventRowsBuilder
+from kvobs.store.rows import KVEventColumns, KVEventRecord
 from kvobs.store.spool import Spool
 
 HASHES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, None]
@@ -81,22 +81,3 @@ def test_columns_are_checked_when_made():
     with pytest.raises(TypeError, match="'kind'"):
         KVEventColumns(ts=[1.0], instance=["e"])
     assert len(KVEventColumns()) == 0
-
-
-def test_the_builder_sets_each_column_by_name_and_the_rest_null():
-    rows = KVEventRowsBuilder()
-    rows.extend(2, kind="stored", block_hash=[7, 8], session_id="s1", first_owner=1)
-    rows.add(kind="removed", block_hash=7, session_id="s1", first_owner=1, reason="capacity")
-    built = rows.build(ts=5.0, instance="e")
-    assert len(built) == 3 and list(built.columns) == list(KVEventRecord._columns)
-    assert list(built) == [
-        KVEventRecord(ts=5.0, instance="e", kind="stored", block_hash=7, session_id="s1", first_owner=1),
-        KVEventRecord(ts=5.0, instance="e", kind="stored", block_hash=8, session_id="s1", first_owner=1),
-        KVEventRecord(
-            ts=5.0, instance="e", kind="removed", block_hash=7, session_id="s1", first_owner=1, reason="capacity"
-        ),
-    ]
-    with pytest.raises(TypeError, match="blok_hash"):
-        rows.add(kind="stored", blok_hash=1)
-    with pytest.raises(ValueError, match="2 values for 3 rows"):
-        rows.extend(3, kind="stored", block_hash=[1, 2])
