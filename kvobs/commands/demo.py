@@ -317,6 +317,7 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
     from kvobs.commands.agents import run_workload
     from kvobs.telemetry.providers import PROTOCOL_HTTP
 
+    logging.getLogger("kvobs.telemetry.providers").setLevel(logging.WARNING)  # the URLs above say where spans go
     for number, round_config in enumerate(round_configs(config, args.rounds, 0.0, stop), start=1):
         print(
             f"Round {number}: {config.sessions} agent sessions (seed {round_config.seed}), "
