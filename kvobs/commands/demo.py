@@ -274,7 +274,7 @@ def _log_tail(child: subprocess.Popen, num_lines: int = 15) -> str:
 def _wait_ready(
     child: subprocess.Popen, url: str, timeout_s: float, stop: threading.Event, what: str, method: str = "GET"
 ) -> bool:
-    """Whether `child` answers `url` (any HTTP answer to a POST: an empty export gets 400 from a ready collector)."""
+    """Whether `child` answers `url` (to a POST any HTTP answer: a ready collector takes the empty export)."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
