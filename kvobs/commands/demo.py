@@ -175,30 +175,24 @@ def _check(args: argparse.Namespace) -> None:
     )  # every taken port in one message
 
 
+def _kvobs(command: str, flags: dict[str, object]) -> list[str]:
+    """`kvobs <command> --flag value ...` run with this Python (the demo's children)."""
+    return [sys.executable, "-m", "kvobs.cli", command, *(str(part) for pair in flags.items() for part in pair)]
+
+
 def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "kvobs.cli",
-        "serve",
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--num-blocks",
-        str(args.num_blocks),
-        "--max-model-len",
-        str(args.max_model_len),
-        "--store",
-        store_url,
-        "--instance",
-        DEMO_INSTANCE,
-        "--snapshot-interval",
-        "1",
-    ]
+    flags = {
+        "--host": args.host,
+        "--port": args.port,
+        "--num-blocks": args.num_blocks,
+        "--max-model-len": args.max_model_len,
+        "--store": store_url,
+        "--instance": DEMO_INSTANCE,
+        "--snapshot-interval": 1,
+    }
     if args.otlp_endpoint:
-        command += ["--otlp-endpoint", args.otlp_endpoint]
-    return command
+        flags["--otlp-endpoint"] = args.otlp_endpoint
+    return _kvobs("serve", flags)
 
 
 def _collector_url(args: argparse.Namespace) -> str:
@@ -209,39 +203,21 @@ def _collector_command(args: argparse.Namespace, store_url: str) -> list[str]:
     """`kvobs collect` as docker-compose.yml runs it for the agents: OTLP in, sessions and steps to the store."""
     from kvobs.telemetry.providers import traces_target
 
-    command = [
-        sys.executable,
-        "-m",
-        "kvobs.cli",
-        "collect",
-        "--otlp-http",
-        f"{args.host}:{args.collector_port}",
-        "--store",
-        store_url,
-        "--interval",
-        str(COLLECTOR_INTERVAL_S),
-    ]
+    flags = {
+        "--otlp-http": f"{args.host}:{args.collector_port}",
+        "--store": store_url,
+        "--interval": COLLECTOR_INTERVAL_S,
+    }
     if args.otlp_endpoint:
-        command += ["--forward-otlp", traces_target(args.otlp_endpoint)]
-    return command
+        flags["--forward-otlp"] = traces_target(args.otlp_endpoint)
+    return _kvobs("collect", flags)
 
 
 def _dashboard_command(args: argparse.Namespace, store_url: str) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "kvobs.cli",
-        "dashboard",
-        "--host",
-        args.host,
-        "--port",
-        str(args.dashboard_port),
-        "--store",
-        store_url,
-    ]
+    flags = {"--host": args.host, "--port": args.dashboard_port, "--store": store_url}
     if args.jaeger_url:
-        command += ["--jaeger-url", args.jaeger_url]
-    return command
+        flags["--jaeger-url"] = args.jaeger_url
+    return _kvobs("dashboard", flags)
 
 
 def _log_files(log_dir: str) -> dict[str, Path]:
@@ -313,11 +289,21 @@ def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, sto
 
 
 def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threading.Event) -> None:
+    from kvobs.store import open_store
+
+    logging.getLogger("kvobs.telemetry.providers").setLevel(logging.WARNING)  # the URLs above say where spans go
+    store = open_store(store_url)  # the demo's reads: the round's steps, hit rate, failures and alerts
+    try:
+        _rounds(args, config, store, stop)
+    finally:
+        store.close()
+
+
+def _rounds(args: argparse.Namespace, config, store, stop: threading.Event) -> None:
     from kvobs.agent.workload import round_configs
     from kvobs.commands.agents import run_workload
     from kvobs.telemetry.providers import PROTOCOL_HTTP
 
-    logging.getLogger("kvobs.telemetry.providers").setLevel(logging.WARNING)  # the URLs above say where spans go
     for number, round_config in enumerate(round_configs(config, args.rounds, 0.0, stop), start=1):
         print(
             f"Round {number}: {config.sessions} agent sessions (seed {round_config.seed}), "
@@ -337,7 +323,7 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
         )
         if result is None:
             return
-        stored = _wait_for_steps(store_url, result.steps, started)
+        stored = _wait_for_steps(store, result.steps, started)
         if stop.is_set():
             print(
                 f"  interrupted: {stored} of {config.sessions * config.steps} steps recorded in "
@@ -351,46 +337,35 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
                 f"(see {Path(args.log_dir) / 'collector.log'}); the summary counts what is stored",
                 flush=True,
             )
-        _print_round(result, store_url, started)
+        _print_round(result, store, started)
 
 
-def _wait_for_steps(store_url: str, expected: int, since: float, timeout_s: float = STEPS_WAIT_S) -> int:
+def _wait_for_steps(store, expected: int, since: float, timeout_s: float = STEPS_WAIT_S) -> int:
     """The steps started since `since` in the store, once the collector has written `expected` or `timeout_s` has
     passed."""
-    from kvobs.store import open_store, queries
+    from kvobs.store import queries
 
-    store = open_store(store_url)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            stored, _ = queries.step_counts(store, since, time.time())
-            if stored >= expected or time.monotonic() > deadline:
-                return stored
-            time.sleep(0.25)
-    finally:
-        store.close()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored, _ = queries.step_counts(store, since, time.time())
+        if stored >= expected or time.monotonic() > deadline:
+            return stored
+        time.sleep(0.25)
 
 
-def _print_round(result, store_url: str, started: float) -> None:
+def _print_round(result, store, started: float) -> None:
     from kvobs.alerts.evaluator import Evaluator
     from kvobs.alerts.rules import load_rules
     from kvobs.analytics.step_causes import step_causes
-    from kvobs.store import open_store
 
-    store = open_store(store_url)
-    try:
-        time.sleep(SETTLE_S)  # the engine writes its requests and KV events in batches
-        print(f"  {result.steps} steps in {result.wall_s:.0f} s; {hit_rate_line(store, started, time.time())}")
-        print(f"  {_failures_line(step_causes(store, started, None))}")
-        transitions = Evaluator(store, load_rules(None)).evaluate(time.time())
-        for t in transitions:
-            print(f"  alert {t['state']} {t['severity']} {t['rule']}: {t['summary']}")
-        if not transitions:
-            print(
-                "  alerts: no change (the built-in rules hold for minutes before they fire: kvobs alerts --list-rules)"
-            )
-    finally:
-        store.close()
+    time.sleep(SETTLE_S)  # the engine writes its requests and KV events in batches
+    print(f"  {result.steps} steps in {result.wall_s:.0f} s; {hit_rate_line(store, started, time.time())}")
+    print(f"  {_failures_line(step_causes(store, started, None))}")
+    transitions = Evaluator(store, load_rules(None)).evaluate(time.time())
+    for t in transitions:
+        print(f"  alert {t['state']} {t['severity']} {t['rule']}: {t['summary']}")
+    if not transitions:
+        print("  alerts: no change (the built-in rules hold for minutes before they fire: kvobs alerts --list-rules)")
     sys.stdout.flush()
 
 
