@@ -24,11 +24,6 @@ log = logging.getLogger(__name__)
 EXPIRED_TABLE = "kv_events"  # the table retention trims (the stores' expire_kv_events)
 
 
-def expire_kv_events(store, before_ts: float, *, chunk: int = 50_000) -> int:
-    """Drop `kv_events` rows older than `before_ts`, as the store does it (whole days on ClickHouse); how many."""
-    return store.expire_kv_events(before_ts, chunk=chunk)
-
-
 class Retention:
     """Drop KV events older than `days` at start and every `interval_s`, on its own thread."""
 
@@ -51,7 +46,7 @@ class Retention:
         self._thread.join(timeout_s)
 
     def run_once(self) -> int:
-        expired = expire_kv_events(self.store, self.clock() - self.days * DAY_S)
+        expired = self.store.expire_kv_events(self.clock() - self.days * DAY_S)  # whole days on ClickHouse
         self.num_expired += expired
         if expired:
             log.info("retention: %d KV events older than %g days dropped", expired, self.days)

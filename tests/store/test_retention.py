@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.store import StoreWriter, open_store, queries
-from kvobs.store.retention import Retention, expire_kv_events
+from kvobs.store.retention import Retention
 from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
 from kvobs.store.schema import DAY_S
 from tests.waiting import wait_for
@@ -30,7 +30,7 @@ def _fill(store) -> list[float]:
 def test_sql_stores_drop_exactly_the_events_older_than_the_cut_in_chunks(store):
     times = _fill(store)
     cut = NOW - 3 * DAY_S
-    assert expire_kv_events(store, cut, chunk=7) == sum(ts < cut for ts in times)
+    assert store.expire_kv_events(cut, chunk=7) == sum(ts < cut for ts in times)
     left = queries.kv_events(store)
     assert len(left) == sum(ts >= cut for ts in times) and left["ts"].min() >= cut
     assert len(queries.instance_snapshots(store)) == 1 and len(queries.sessions(store)) == 1  # other tables kept
@@ -41,7 +41,7 @@ def test_clickhouse_drops_whole_days_only(tmp_path):
     times = _fill(store)
     cut = NOW - 3 * DAY_S  # 0.46 into a day: that day's earlier rows stay until the whole day is past
     first_kept_day = (cut // DAY_S) * DAY_S
-    assert expire_kv_events(store, cut) == sum(ts < first_kept_day for ts in times)
+    assert store.expire_kv_events(cut) == sum(ts < first_kept_day for ts in times)
     left = queries.kv_events(store)
     assert left["ts"].min() >= first_kept_day and (left["ts"] < cut).any()
     assert len(queries.instance_snapshots(store)) == 1
