@@ -14,8 +14,10 @@ from kvobs.semconv.metrics import kvobs_metrics, vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 # A spec given to the call that sets it: `_get(vllm.X ...)`, `watch_total(kvobs_metrics.X ...)`, or a table of
-# (spec, value) pairs that a loop sets (`for spec, value in ((vllm.X, ...), ...)`).
-_SET = re.compile(r"(?:_get|watch_total)\(\s*(vllm|kvobs_metrics)\.(\w+)|\(\s*(vllm|kvobs_metrics)\.(\w+),\s*lat\.")
+# (spec, value) pairs that a loop sets (`for spec, value in ((vllm.X, lat.e2e), ...)`).
+_SET = re.compile(
+    r"(?:_get|watch_total)\(\s*(vllm|kvobs_metrics)\.(\w+)|\(\s*(vllm|kvobs_metrics)\.(\w+),\s*\w+\.\w+\)"
+)
 
 
 def _names(namespace) -> dict[str, str]:
