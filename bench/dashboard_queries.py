@@ -28,8 +28,9 @@ from tqdm import tqdm
 from dashboard import data
 from dashboard.context import bucket_for
 from kvobs.analytics.step_story import step_story
-from kvobs.store import open_store, queries
+from kvobs.store import open_store
 from kvobs.store.rows import KVEventRecord, RequestRecord, SessionRecord, SnapshotRecord, StepRecord
+from kvobs.store.sql_store import SqlStore
 
 HOURS = 6
 T0 = 1.79e9
@@ -151,16 +152,16 @@ def failure(rng: random.Random) -> dict:
 
 def count_events(store) -> int:
     """The baseline: a plain count of kv_events, in the store's own SQL."""
-    if store.dialect == "clickhouse":
-        return int(store.frame("SELECT count() AS n FROM kv_events")["n"].iloc[0])
-    with store.engine.connect() as conn:
-        return conn.exec_driver_sql("SELECT count(*) FROM kv_events").scalar()
+    if isinstance(store, SqlStore):
+        with store.engine.connect() as conn:
+            return conn.exec_driver_sql("SELECT count(*) FROM kv_events").scalar()
+    return int(store.frame("SELECT count() AS n FROM kv_events")["n"].iloc[0])
 
 
 def pages(store, since, until) -> dict:
     window = bucket_for(since, until, at_least=data.sample_interval(store, since, until))
-    session = queries.sessions(store)["session_id"].iloc[0]
-    step = int(queries.steps(store, session_id=session)["step_index"].iloc[0])
+    session = store.reads.sessions()["session_id"].iloc[0]
+    step = int(store.reads.steps(session_id=session)["step_index"].iloc[0])
     return {
         "Overview": lambda: (data.overview(store, since, until, window), data.failures(store, since, until)),
         "Pressure vs latency": lambda: data.pressure(store, since, until, window, "evictions_per_s", "ttft_mean"),
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         raise SystemExit(f"{url} holds {have:,} KV events, not {args.events:,}: remove it or pick another --dir")
 
     base = timed(lambda: count_events(store), args.repeats)
-    first, last = queries.time_range(store)
+    first, last = store.reads.time_range()
     print(
         f"store: {store.dialect}, {args.events:,} kv_events, {args.snapshots:,} snapshots, 20,000 requests and "
         f"steps over {HOURS} h; median of {args.repeats}"
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     for name, fn in tqdm(list(pages(store, first, last).items()), desc="pages", leave=False):
         whole, recent = timed(fn, args.repeats), timed(hour[name], args.repeats)
         # the app opens its own store, so a chDB store (one process, one holder) is closed while it renders
-        render = None if store.dialect == "clickhouse" and not args.store else first_render(url, PAGE_KEYS[name])
+        render = None if store.url.startswith("chdb") and not args.store else first_render(url, PAGE_KEYS[name])
         shown = "-" if render is None else f"{render:.3f}"
         print(f"| {name} | {whole:.3f} | {recent:.3f} | {whole / base:.1f}x | {shown} |")
         label = f"{name} ({store.dialect}, {args.events:,} events)"

@@ -35,7 +35,7 @@ from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
 from kvobs.semconv import attributes as a
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 STAGES = ("requests only", "+ agent steps", "+ SQLite", "+ PostgreSQL", "+ chDB")
@@ -170,7 +170,7 @@ def time_stage(stage: str, requests: list[ExportTraceServiceRequest], workdir: s
     activity = SessionActivity()
     steps = None
     if stage != "requests only":
-        counts = (lambda ids: queries.session_step_counts(store, ids)) if store is not None else None
+        counts = (lambda ids: store.lookups.session_step_counts(ids)) if store is not None else None
         steps = SpanSteps(writer, activity=activity, step_counts=counts)
     ingest = SpanIngest(writer, activity=activity, steps=steps, instance="engine")
     cpu, start = process_cpu_s(), time.perf_counter()

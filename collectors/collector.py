@@ -33,8 +33,7 @@ from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
-from kvobs.store import queries
-from kvobs.store.db import Store, open_store
+from kvobs.store import Store, open_store
 from kvobs.store.retention import Retention
 from kvobs.store.spool import Spool
 from kvobs.store.writer import StoreWriter
@@ -114,7 +113,7 @@ class Collector:
             self.writer,
             activity=self.activity,
             settle_s=options.settle_s,
-            step_counts=lambda ids: queries.session_step_counts(self.store, ids),
+            step_counts=lambda ids: self.store.lookups.session_step_counts(ids),
         )
         self.span_ingest = SpanIngest(
             self.writer, activity=self.activity, steps=self.span_steps, instance=default, known_instances=replicas
@@ -154,7 +153,7 @@ class Collector:
             bridge=bridge,
             settle_s=o.settle_s,
             session_idle_s=o.session_idle_s,
-            session_ends=lambda ids: queries.session_ends(self.store, ids),
+            session_ends=lambda ids: self.store.lookups.session_ends(ids),
         )
         subscriber = KVEventSubscriber(
             spec.endpoint,
@@ -245,7 +244,7 @@ class Collector:
 
     def _trace_sessions(self, trace_ids) -> dict[str, str]:
         """trace id -> session from the agent steps the SDK wrote to this store."""
-        return queries.trace_sessions(self.store, trace_ids, chunk=RESOLVE_CHUNK)
+        return self.store.lookups.trace_sessions(trace_ids, chunk=RESOLVE_CHUNK)
 
     def dropped_totals(self) -> dict[str, int]:
         totals = self.drops.totals()

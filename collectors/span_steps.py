@@ -1,6 +1,6 @@
 """Agent steps from agent frameworks' spans: one step per LLM call, in the session its trace names.
 
-    steps = SpanSteps(writer, activity=activity, step_counts=lambda ids: queries.session_step_counts(store, ids))
+    steps = SpanSteps(writer, activity=activity, step_counts=store.lookups.session_step_counts)
     steps.add(spans)          # every span of an export (collectors.agent_spans.TraceSpan), as it arrives
     steps.settle()            # each tick: write the calls that are ready; settle(final=True) at shutdown
 

@@ -1,4 +1,4 @@
-"""What each dashboard page shows, computed from the store through `kvobs.store.queries` and `kvobs.analytics`.
+"""What each dashboard page shows, computed from the store through the store's reads and lookups and `kvobs.analytics`.
 
 Plain functions of (store, window), no Streamlit: the pages cache them, `bench/dashboard_queries.py` times them.
 `instances` narrows snapshots, requests and KV events to those instances (None: the whole fleet); agent steps and
@@ -21,8 +21,8 @@ from kvobs.analytics.runs import run_table
 from kvobs.analytics.samples import quantile
 from kvobs.analytics.step_causes import failure_verdicts
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store import composed
+from kvobs.store.interface import Store
 
 PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the latest in the window)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
@@ -40,16 +40,16 @@ FLEET_SERIES = {
 def observed_range(store: Store) -> tuple[float, float] | None:
     """The store's time range, stretched to the newest alert evaluation (alerts are evaluated after the newest
     observed row, and a page's range must hold them)."""
-    bounds = queries.time_range(store)
+    bounds = store.reads.time_range()
     if bounds is None:
         return None
-    later = queries.alerts(store, since=bounds[1])
+    later = store.reads.alerts(since=bounds[1])
     return (bounds[0], max(bounds[1], float(later["ts"].max()))) if not later.empty else bounds
 
 
 def sample_interval(store: Store, since: float, until: float, instances=None) -> float | None:
     """The instances' reporting interval in the range (median gap between one instance's snapshots), or None."""
-    snaps = queries.instance_snapshots(store, since, until, instances=instances)
+    snaps = store.reads.instance_snapshots(since, until, instances=instances)
     gaps = snaps.sort_values("ts").groupby("instance")["ts"].diff().dropna()
     gaps = gaps[gaps > 0]
     return float(gaps.median()) if not gaps.empty else None
@@ -62,15 +62,13 @@ def overview(
     saw nothing, NaN where nothing was watching (between runs); sampled values NaN (a gap) where nothing was
     sampled; percentiles only for windows with enough requests (`kvobs.analytics.samples`). With `per_instance`,
     also `fleet`: the same reads split by instance (`_fleet`)."""
-    snaps = queries.instance_snapshots(store, since, until, instances=instances)
-    counts = queries.kv_event_counts(
-        store, since, until, bucket_s=window_s, instances=instances, by_instance=per_instance
-    )
-    losses = queries.losses_in(counts)  # "blocks lost", one definition
-    reqs = queries.requests(store, since, until, instances=instances)
+    snaps = store.reads.instance_snapshots(since, until, instances=instances)
+    counts = store.reads.kv_event_counts(since, until, bucket_s=window_s, instances=instances, by_instance=per_instance)
+    losses = composed.losses_in(counts)  # "blocks lost", one definition
+    reqs = store.reads.requests(since, until, instances=instances)
     counters = _hit_counters(store, since, until, instances)
-    steps = queries.steps(store, since, until)
-    runs = run_table(queries.runs(store, instances=instances))
+    steps = store.reads.steps(since, until)
+    runs = run_table(store.reads.runs(instances=instances))
     watched = activity([snaps["ts"], reqs["arrival_ts"], reqs["finished_ts"], steps["started_at"]], runs)
     frame = pressure_windows(snaps, reqs, losses, window_s=window_s).set_index("window")
 
@@ -130,7 +128,7 @@ def overview(
 
 def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
     """The scraped prefix-cache counters (`kvobs.analytics.hit_rate`'s other source), of `instances` only."""
-    counters = queries.metric_series(store, [HITS, QUERIES], since, until)
+    counters = store.reads.metric_series([HITS, QUERIES], since, until)
     return counters if instances is None else counters[counters["instance"].isin(list(instances))]
 
 
@@ -146,7 +144,7 @@ def _fleet(
     """Per instance, from the Overview's own reads (`counts` by instance): a row of totals (`table`, most blocks
     lost first) and, for each `FLEET_SERIES` measure, a frame of one column per instance on the window grid
     (`series`); an instance whose source did not report a measure has no column there (unknown, not zero)."""
-    losses = queries.losses_in(counts)
+    losses = composed.losses_in(counts)
     rows, series = [], {column: {} for column in FLEET_SERIES}
     for name in sorted(set(snaps["instance"]) | set(reqs["instance"]) | set(counts["instance"])):
         mine = (snaps[snaps["instance"] == name], reqs[reqs["instance"] == name], losses[losses["instance"] == name])
@@ -197,11 +195,9 @@ def _instance_row(
 def pressure(
     store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6, instances=None
 ) -> dict:
-    snaps = queries.instance_snapshots(store, since, until, instances=instances)
-    losses = queries.block_losses(store, since, until, bucket_s=window_s, instances=instances)
-    frame = pressure_windows(
-        snaps, queries.requests(store, since, until, instances=instances), losses, window_s=window_s
-    )
+    snaps = store.reads.instance_snapshots(since, until, instances=instances)
+    losses = store.reads.block_losses(since, until, bucket_s=window_s, instances=instances)
+    frame = pressure_windows(snaps, store.reads.requests(since, until, instances=instances), losses, window_s=window_s)
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 
@@ -209,9 +205,9 @@ def pressure(
 def sessions(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
     """The range's sessions, by what the cache cost them (`footprints.session_table`: blocks lost in tool pauses,
     then lost, then failed steps; footprints on `instances` only)."""
-    steps = queries.steps(store, since, until)
-    footprints = queries.session_footprints(store, since, until, instances=instances)
-    table = session_table(queries.sessions(store), footprints, steps)
+    steps = store.reads.steps(since, until)
+    footprints = store.reads.session_footprints(since, until, instances=instances)
+    table = session_table(store.reads.sessions(), footprints, steps)
     if not steps.empty:
         table = table[table["session_id"].isin(set(steps["session_id"]) | set(footprints["session_id"]))]
     return table.reset_index(drop=True)
@@ -241,19 +237,19 @@ def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
 
 
 def session_detail(store: Store, session_id: str) -> dict:
-    steps = queries.steps(store, session_id=session_id)
-    events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS, session_id=session_id)
-    reqs = queries.requests(store, session_id=session_id)
+    steps = store.reads.steps(session_id=session_id)
+    events = store.reads.kv_events(kinds=ATTRIBUTION_KINDS, session_id=session_id)
+    reqs = store.reads.requests(session_id=session_id)
     rates = None
     if not steps.empty:
         first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
         # requests by time, not by session: vLLM's carry no session id (the attribution matches them by trace);
         # from the prefill rate's window before the first step
-        reqs = queries.requests(store, first - RATE_WINDOW_S, last)
+        reqs = store.reads.requests(first - RATE_WINDOW_S, last)
         rates = PrefillRates.from_store(store, first - RATE_WINDOW_S, last, requests=reqs)
-        resets = queries.kv_events(store, first, last, kinds=[KVEventKind.CLEARED.value])
+        resets = store.reads.kv_events(first, last, kinds=[KVEventKind.CLEARED.value])
         events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
-    snaps = queries.session_snapshots(store, session_id)
+    snaps = store.reads.session_snapshots(session_id)
     return {
         "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
         "steps": attribute_steps(steps, reqs, events, rates=rates) if not steps.empty else pd.DataFrame(),
@@ -300,22 +296,22 @@ def story_url(session_id: str, step_index: int) -> str:
 
 
 def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
-    counts = queries.kv_event_counts(store, since, until, bucket_s=window_s, instances=instances)
+    counts = store.reads.kv_event_counts(since, until, bucket_s=window_s, instances=instances)
     per_block = counts[counts["kind"].isin(BLOCK_KINDS)]  # rows of one block each: their `blocks` count blocks
     lifecycle = per_block.pivot_table(index="bucket", columns="kind", values="blocks", aggfunc="sum", fill_value=0)
     if not lifecycle.empty:  # the stream reported in this range: a window without events had none
-        snaps = queries.instance_snapshots(store, since, until, instances=instances)  # when each run last reported
-        runs = run_table(queries.runs(store, instances=instances))
+        snaps = store.reads.instance_snapshots(since, until, instances=instances)  # when each run last reported
+        runs = run_table(store.reads.runs(instances=instances))
         watched = activity([snaps["ts"]], runs) or [(since, until)]
         lifecycle = unwatched(fill_windows(lifecycle, since, until, window_s, value=0.0), window_s, watched)
-    losses = queries.losses_in(counts)  # "blocks lost", from the counts just read
+    losses = composed.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
-    stored = queries.stored_blocks(store, since, until, latest=PREFIX_ROWS, instances=instances)
+    stored = store.reads.stored_blocks(since, until, latest=PREFIX_ROWS, instances=instances)
     return {
         "lifecycle": lifecycle,
         "reasons": reasons.rename("blocks").reset_index(),
         "prefixes": prefix_reuse(stored).head(20),
-        "restored": queries.top_restored_blocks(store, since, until, limit=20, instances=instances),
+        "restored": store.reads.top_restored_blocks(since, until, limit=20, instances=instances),
         "churn": eviction_churn(stored),
         "prefix_rows": len(stored),
     }
@@ -324,8 +320,8 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
 def alerts_page(store: Store, since: float, until: float, instances=None) -> dict:
     """Alerts firing now and the range's transitions; with `instances`, those of these instances and those of no
     instance (a session's, the fleet's)."""
-    history = queries.alerts(store, since, until)
-    latest = queries.alerts(store).drop_duplicates(["rule", "instance", "session_id"], keep="first")
+    history = store.reads.alerts(since, until)
+    latest = store.reads.alerts().drop_duplicates(["rule", "instance", "session_id"], keep="first")
     if instances is not None:  # a few rows per rule and key: narrowed here
         history, latest = (f[f["instance"].isna() | f["instance"].isin(instances)] for f in (history, latest))
     return {"active": latest[latest["state"] == "firing"], "history": history}

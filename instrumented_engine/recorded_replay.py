@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 
 ARRIVE, EVENT, RELEASE, FINISH = 0, 1, 2, 3  # order of things recorded at the same time
 KINDS = (KVEventKind.HIT.value, KVEventKind.ALLOCATED.value, KVEventKind.STORED.value, KVEventKind.PREEMPTED.value)
@@ -49,7 +48,7 @@ class RecordedTraffic:
     def from_store(cls, store: Store, since, until, requests) -> RecordedTraffic | None:
         """The recorded traffic of `requests` (ReplayRequests), or None when the store has no allocations for them."""
         wanted = {r.request_id for r in requests}
-        rows = queries.kv_events(store, since, until, kinds=KINDS)
+        rows = store.reads.kv_events(since, until, kinds=KINDS)
         rows = rows[rows["request_id"].isin(wanted)]
         if not (rows["kind"] == KVEventKind.ALLOCATED.value).any():
             return None
@@ -75,7 +74,7 @@ class RecordedTraffic:
 
 def _releases(store: Store, since, until) -> dict[str, float]:
     """When each session was released (its first `session_release` eviction)."""
-    evicted = queries.kv_events(store, since, until, kinds=[KVEventKind.EVICTED.value])
+    evicted = store.reads.kv_events(since, until, kinds=[KVEventKind.EVICTED.value])
     released = evicted[evicted["reason"] == EvictionReason.SESSION_RELEASE.value]
     return released.groupby("session_id")["ts"].min().to_dict()
 

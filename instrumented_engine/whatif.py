@@ -14,8 +14,8 @@ replay knows the future: what it lost after that is lost after its end, and its 
 request that finds no room waits (FCFS) until a finish frees enough. The block manager is the engine's own, so LRU
 order, hit caps, eviction reasons and the tool-pause verdicts are the engine's.
 
-"Blocks lost" is one definition everywhere (`kvobs.store.queries.block_losses`): each lost block once (evictions,
-invalidations and vLLM's removals; a block several sessions owned counts once), resets not included.
+"Blocks lost" is one definition everywhere (`kvobs.store.composed.ComposedReads.block_losses`): each lost block
+once (evictions, invalidations and vLLM's removals; a block several sessions owned counts once), resets not included.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from instrumented_engine.engine.block_manager import BlockManager
-from instrumented_engine.engine.eviction import make_eviction_policy
+from instrumented_engine.engine.kv_cache.eviction import make_eviction_policy
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.recorded_replay import RecordedReplay, RecordedTraffic
@@ -36,8 +36,7 @@ from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.semconv.reasons import EvictionPolicyName
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,8 @@ class ReplayPlan:
     ) -> ReplayPlan:
         """The requests of [since, until] on `instances` (None: all) as one cache saw them: ask it of one run
         (`whatif_runs.replay_plans` cuts a range at each restart)."""
-        reqs = with_sessions(
-            queries.requests(store, since, until, instances=instances), queries.steps(store, since, until)
-        )
-        stored = queries.stored_blocks(store, since, until, instances=instances)
+        reqs = with_sessions(store.reads.requests(since, until, instances=instances), store.reads.steps(since, until))
+        stored = store.reads.stored_blocks(since, until, instances=instances)
         if block_size is None:
             sizes = stored["num_tokens"].dropna()
             if sizes.empty:
@@ -108,9 +105,9 @@ def observed_figures(
 ) -> dict:
     """What the recorded run achieved: hit rate (`kvobs.analytics.hit_rate`, as everywhere), blocks lost, blocks
     lost in tool pauses (settled) and still pending, recompute tokens."""
-    lost = queries.block_losses(store, since, until, bucket_s=1e12, instances=instances)["blocks"].sum()
-    footprints = queries.session_footprints(store, since, until, instances=instances)
-    snaps = queries.instance_snapshots(store, since, until, instances=instances)
+    lost = store.reads.block_losses(since, until, bucket_s=1e12, instances=instances)["blocks"].sum()
+    footprints = store.reads.session_footprints(since, until, instances=instances)
+    snaps = store.reads.instance_snapshots(since, until, instances=instances)
     summary = hit_rate_summary(rates)
     return {
         "num_blocks": int(snaps["blocks_total"].dropna().iloc[-1]) + 1 if snaps["blocks_total"].notna().any() else None,
@@ -129,7 +126,7 @@ class WhatIfResult:
     requests: int = 0
     query_tokens: int = 0
     hit_tokens: int = 0
-    evicted_blocks: int = 0  # blocks lost, each once (as `queries.block_losses` counts the observed ones)
+    evicted_blocks: int = 0  # blocks lost, each once (as `reads.block_losses` counts the observed ones)
     by_reason: dict[str, int] = field(default_factory=dict)  # blocks lost per eviction reason
     lost_in_pause_blocks: int = 0  # (session, block) losses in a tool pause: the session came back after
     lost_after_end_blocks: int = 0  # ... after the session's last request

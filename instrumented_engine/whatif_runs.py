@@ -17,8 +17,7 @@ from dataclasses import fields
 from instrumented_engine.whatif import ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.runs import run_table, spans
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 
 _SUMMED = ("evicted_blocks", "lost_in_pause_blocks", "pending_idle_blocks", "recompute_tokens")
 # the what-if table's columns, in the terminal and on the page (`comparison`)
@@ -34,7 +33,7 @@ def replay_plans(
         ValueError: no stored KV blocks at all (nothing can be replayed).
     """
     plans, errors = [], []
-    for span in spans(run_table(queries.runs(store, instances=instances)), since, until, instances):
+    for span in spans(run_table(store.reads.runs(instances=instances)), since, until, instances):
         scope = instances if span.instance is None else [span.instance]
         try:
             plan = ReplayPlan.from_store(store, span.since, span.until, block_size=block_size, instances=scope)

@@ -18,6 +18,7 @@ import argparse
 import logging
 import sys
 from importlib.metadata import entry_points
+from types import ModuleType
 
 ENTRY_POINT_GROUP = "kvobs.commands"
 QUIET_LOGGERS = ("httpx", "alembic")
@@ -25,7 +26,7 @@ QUIET_LOGGERS = ("httpx", "alembic")
 log = logging.getLogger(__name__)
 
 
-def command_modules() -> dict[str, object]:
+def command_modules() -> dict[str, ModuleType]:
     """name -> module of every registered command, by name; one that fails to import is reported and left out."""
     modules = {}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):

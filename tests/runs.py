@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from kvobs.agent.recorder import StoreStepRecorder
 from kvobs.agent.workload import PauseDistribution, Workload, WorkloadConfig, WorkloadResult
 from kvobs.store import StoreWriter, open_store
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 
 NUM_BLOCKS = 30
 

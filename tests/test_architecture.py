@@ -109,3 +109,58 @@ def test_the_formatter_is_never_switched_off():
             if switched_off and not (number and "# aligned:" in lines[number - 1]):
                 offenders.append(f"{path.relative_to(ROOT)}:{number + 1}")
     assert offenders == []
+
+
+# ---- store backends: chosen by URL scheme, held to the protocols -----------------------------------------------
+BACKEND_MODULES = ("kvobs/store/sql_", "kvobs/store/schema.py", "kvobs/store/clickhouse/")
+
+
+def _dialect_branches(tree: ast.AST) -> list[int]:
+    """Lines comparing a database's dialect (`x.dialect`, `x.dialect.name`, `dialect`) with a string."""
+
+    def is_dialect(node: ast.AST) -> bool:
+        if isinstance(node, ast.Attribute) and node.attr == "name":
+            node = node.value
+        return (isinstance(node, ast.Attribute) and node.attr == "dialect") or (
+            isinstance(node, ast.Name) and node.id in ("dialect", "dialect_name")
+        )
+
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(is_dialect(side) for side in (node.left, *node.comparators))
+        and any(isinstance(side, ast.Constant | ast.Tuple | ast.List) for side in (node.left, *node.comparators))
+    ]
+
+
+def test_no_dialect_branches_outside_the_backends():
+    """Code above the store asks its `reads`, `lookups` or `write`, never which database it is talking to."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _modules(*PACKAGES, "bench")
+        if not str(path.relative_to(ROOT)).startswith(BACKEND_MODULES)
+        for line in _dialect_branches(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
+
+
+def test_the_dialect_check_sees_a_branch():
+    assert _dialect_branches(ast.parse('if store.dialect == "clickhouse":\n    pass\n')) == [1]
+    assert _dialect_branches(ast.parse('x = engine.dialect.name in ("sqlite",)\n')) == [1]
+    assert _dialect_branches(ast.parse("x = store.dialect\n")) == []
+
+
+def test_every_registered_backend_is_type_checked():
+    """Each opener in `kvobs.store.db.BACKENDS` is in the `OPENERS` tuple the type checker reads, so what it opens
+    is held to `kvobs.store.interface.Store` (tests/test_types.py)."""
+    from kvobs.store.db import BACKENDS
+
+    tree = ast.parse((ROOT / "kvobs/store/db.py").read_text())
+    (openers,) = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "OPENERS"
+    ]
+    checked = {element.id for element in ast.walk(openers) if isinstance(element, ast.Name)}
+    assert {target.partition(":")[2] for target in BACKENDS.values()} <= checked

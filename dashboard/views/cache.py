@@ -20,17 +20,15 @@ def time_range(url: str):
 
 @st.cache_data(ttl=10, show_spinner=False)
 def instances(url: str):
-    from kvobs.store import queries
 
-    return queries.instances(get_store(url))
+    return get_store(url).reads.instances()
 
 
 @st.cache_data(ttl=10, show_spinner=False)
 def runs(url: str):
     from kvobs.analytics.runs import run_table
-    from kvobs.store import queries
 
-    return run_table(queries.runs(get_store(url)))
+    return run_table(get_store(url).reads.runs())
 
 
 @st.cache_data(ttl=10, show_spinner=False)

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import torch
 
 from instrumented_engine.config import CacheLayout, EngineConfig, check_context_length
-from instrumented_engine.engine.block_manager import BlockManager
 from instrumented_engine.engine.detokenizer import IncrementalText
 from instrumented_engine.engine.events import CacheCleared, Invalidated
-from instrumented_engine.engine.eviction import make_eviction_policy
+from instrumented_engine.engine.kv_cache.eviction import make_eviction_policy
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.model_runner import ModelRunner
 from instrumented_engine.engine.precision import choose_dtype
 from instrumented_engine.engine.scheduler import Scheduler, SchedulerOutput

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from instrumented_engine.engine import events as ev
-from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence, SequenceStatus
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from instrumented_engine.engine.hashing import BlockHash
+from instrumented_engine.engine.kv_cache.hashing import BlockHash
 from instrumented_engine.sampling_params import SamplingParams
 
 

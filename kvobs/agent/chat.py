@@ -132,7 +132,7 @@ def _server_attributes(base_url: str) -> dict:
 
 
 def _usage_attributes(result: ChatResult) -> dict:
-    attrs = {a.GEN_AI_RESPONSE_FINISH_REASONS: [result.finish_reason or "unknown"]}
+    attrs: dict[str, object] = {a.GEN_AI_RESPONSE_FINISH_REASONS: [result.finish_reason or "unknown"]}
     for key, value in (
         (a.GEN_AI_USAGE_INPUT_TOKENS, result.prompt_tokens),
         (a.GEN_AI_USAGE_OUTPUT_TOKENS, result.completion_tokens),

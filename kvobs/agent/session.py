@@ -23,12 +23,15 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
+from contextvars import Token
 from typing import Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.metrics import MeterProvider, get_meter_provider
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider, get_tracer_provider
+from opentelemetry.util.types import AttributeValue
 
 from kvobs.agent.chat import ChatError, ChatResult, chat_completion, release_session
 from kvobs.agent.tools import CURRENT_STEP, SCOPE, error_type_of, tool_span
@@ -90,7 +93,7 @@ class AgentSession:
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.span: trace.Span | None = None
-        self._token = None
+        self._token: Token[Context] | None = None
 
     def __enter__(self) -> AgentSession:
         self.started_at = time.time()
@@ -109,18 +112,19 @@ class AgentSession:
             self.recorder.session_started(self)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self.span is not None, "exit before enter"
         self.ended_at = time.time()
         if exc is not None:
             self.span.set_status(Status(StatusCode.ERROR, str(exc)))
             self.span.set_attribute(a.ERROR_TYPE, error_type_of(exc))
         self.span.end()
-        otel_context.detach(self._token)
+        if self._token is not None:
+            otel_context.detach(self._token)
         if self.recorder is not None:
             self.recorder.session_ended(self)
         if self.release_on_exit and self.client is not None:
             release_session(self.client, self.session_id)
-        return False
 
     def step(self, *, deadline_s: float | None = None) -> AgentStep:
         """The next step, a context manager (`with session.step() as step:`)."""
@@ -166,13 +170,13 @@ class AgentStep:
         self.chats: list[ChatResult] = []
         self.span: trace.Span | None = None
         self._start = 0.0
-        self._context_token = None  # the OTel context this step attached
-        self._step_token = None  # the current_step() value it set
+        self._context_token: Token[Context] | None = None  # the OTel context this step attached
+        self._step_token: Token | None = None  # the current_step() value it set
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> AgentStep:
         self.started_at, self._start = time.time(), time.perf_counter()
-        attrs = {
+        attrs: dict[str, AttributeValue] = {
             a.AGENT_STEP_INDEX: self.index,
             a.GEN_AI_CONVERSATION_ID: self.session.session_id,
             a.AGENT_RECORDED: self.session.recorder is not None,
@@ -184,7 +188,8 @@ class AgentStep:
         self._step_token = CURRENT_STEP.set(self)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self.span is not None, "exit before enter"
         self.ended_at = time.time()
         if exc is not None:
             self.fail(error_type_of(exc), str(exc))
@@ -198,10 +203,10 @@ class AgentStep:
             self.span.set_attribute(a.ERROR_TYPE, self.error_type)
         self.span.set_attributes(self._record_attributes())
         self.span.end()
-        CURRENT_STEP.reset(self._step_token)
-        otel_context.detach(self._context_token)
+        if self._step_token is not None and self._context_token is not None:
+            CURRENT_STEP.reset(self._step_token)
+            otel_context.detach(self._context_token)
         self.session._step_finished(self)
-        return False
 
     def fail(self, error_type: str, message: str | None = None) -> None:
         """Mark the step failed (the first failure is the one recorded)."""
@@ -253,10 +258,12 @@ class AgentStep:
     # ---- what the store records ------------------------------------------------------------------------
     @property
     def trace_id(self) -> str:
+        assert self.span is not None, "the step has not started"
         return format(self.span.get_span_context().trace_id, "032x")
 
     @property
     def span_id(self) -> str:
+        assert self.span is not None, "the step has not started"
         return format(self.span.get_span_context().span_id, "016x")
 
     @property

@@ -134,11 +134,11 @@ class PauseDistribution:
         if self.kind == "const":
             ms = self.a
         elif self.kind == "uniform":
-            ms = rng.uniform(self.a, self.b)
+            ms = rng.uniform(self.a, self.a if self.b is None else self.b)
         elif self.kind == "exp":
             ms = rng.expovariate(1.0 / self.a) if self.a > 0 else 0.0
         else:
-            ms = rng.lognormvariate(math.log(max(self.a, 1e-9)), self.b)
+            ms = rng.lognormvariate(math.log(max(self.a, 1e-9)), 0.0 if self.b is None else self.b)
         return ms / 1000.0
 
 

@@ -17,8 +17,7 @@ from collections.abc import Iterable
 
 from kvobs.alerts.rules import Rule
 from kvobs.alerts.signals import SIGNALS
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 from kvobs.store.rows import AlertRecord
 from kvobs.store.writer import StoreWriter
 
@@ -54,7 +53,7 @@ class Evaluator:
 
     def active(self) -> dict[tuple[str, str | None, str | None], AlertRecord]:
         """The latest row of every (rule, instance, session) whose latest state is firing."""
-        rows = queries.latest_alert_states(self.store).astype(object)
+        rows = self.store.lookups.latest_alert_states().astype(object)
         rows = rows.where(rows.notna(), None)
         records = (AlertRecord(**row) for row in rows.drop(columns="id").to_dict("records"))
         return {(r.rule, r.instance, r.session_id): r for r in records if r.state == "firing"}

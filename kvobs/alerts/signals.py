@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from kvobs.analytics.hit_rate import hit_rates_in
 from kvobs.analytics.pressure import preemption_increase
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 
 Value = tuple[str | None, str | None, float]
 
@@ -25,15 +24,15 @@ class Signal:
 
 
 def kv_usage(store: Store, since: float, until: float) -> list[Value]:
-    snaps = queries.instance_snapshots(store, since, until).dropna(subset=["kv_usage"])
+    snaps = store.reads.instance_snapshots(since, until).dropna(subset=["kv_usage"])
     return [(inst, None, float(v)) for inst, v in snaps.groupby("instance")["kv_usage"].mean().items()]
 
 
 def preemptions_per_min(store: Store, since: float, until: float) -> list[Value]:
-    before = queries.instance_counter_before(store, "preemptions_total", since)
-    snaps = queries.instance_snapshots(store, since, until).dropna(subset=["preemptions_total"])
+    before = store.lookups.instance_counter_before("preemptions_total", since)
+    snaps = store.reads.instance_snapshots(since, until).dropna(subset=["preemptions_total"])
     snaps = snaps.assign(delta=preemption_increase(snaps))
-    out = []
+    out: list[Value] = []
     for inst, group in snaps.groupby("instance"):
         first = group.iloc[0]
         base = before.get(inst)
@@ -64,13 +63,13 @@ def hit_rate(
 def median_block_lifetime_s(store: Store, since: float, until: float) -> list[Value]:
     """Per instance: the median time from a block's `stored` to its loss, over the blocks lost in the window
     (vLLM's `vllm:kv_block_lifetime_seconds`, from the store's events)."""
-    lives = queries.block_lifetimes(store, since, until)
+    lives = store.lookups.block_lifetimes(since, until)
     return [(inst, None, float(g["lifetime_s"].median())) for inst, g in lives.groupby("instance")]
 
 
 def eviction_churn(store: Store, since: float, until: float) -> list[Value]:
     """Per instance: the share of blocks stored in the window that had been stored (and so lost) before."""
-    frame = queries.restored_blocks(store, since, until)
+    frame = store.lookups.restored_blocks(since, until)
     return [(r.instance, None, float(r.restored or 0) / r.stored) for r in frame.itertuples() if r.stored]
 
 
@@ -81,7 +80,7 @@ def prefix_lost_in_pause_per_min(store: Store, since: float, until: float) -> li
     pending, after a session's end, or during a request never do. Each session's increase inside the window is
     its latest count in the window minus its latest before it.
     """
-    frame = queries.session_idle_losses(store, until)
+    frame = store.lookups.session_idle_losses(until)
     per_instance: dict[str, float] = {}
     for (_session_id, instance), group in frame.groupby(["session_id", "instance"]):
         inside, before = group[group["ts"] >= since], group[group["ts"] < since]
@@ -100,14 +99,14 @@ def step_failure_rate(
 ) -> list[Value]:
     """Failed agent steps / steps started in the window (at least `min_steps`), failures of `exclude_errors` not
     counted as failures (the model's output errors: the cache does not cause them)."""
-    total, failed = queries.step_counts(store, since, until, exclude_errors=tuple(exclude_errors))
+    total, failed = store.lookups.step_counts(since, until, exclude_errors=tuple(exclude_errors))
     if not total or total < min_steps:
         return []
     return [(None, None, failed / total)]
 
 
 def _burn(store: Store, since: float, until: float, slo_s: float, objective: float) -> dict[str, float]:
-    reqs = queries.requests(store, since, until).dropna(subset=["ttft_s"])
+    reqs = store.reads.requests(since, until).dropna(subset=["ttft_s"])
     budget = max(1.0 - objective, 1e-9)
     return {inst: float((group["ttft_s"] > slo_s).mean()) / budget for inst, group in reqs.groupby("instance")}
 
@@ -132,7 +131,7 @@ def ttft_slo_burn(
 
 def instance_up(store: Store, since: float, until: float) -> list[Value]:
     """Per scraped instance: its latest `up` sample in the window (1 answered, 0 did not)."""
-    samples = queries.metric_series(store, ["up"], since, until)
+    samples = store.reads.metric_series(["up"], since, until)
     return [(inst, None, float(g["value"].iloc[-1])) for inst, g in samples.groupby("instance")]
 
 

@@ -1,4 +1,4 @@
-"""Analytics over the store: pure functions of DataFrames read by `kvobs.store.queries`.
+"""Analytics over the store: pure functions of the DataFrames its reads and lookups return (`kvobs.store.interface`).
 
 - `pressure`: cache pressure against latency per window, lagged correlation.
 - `attribution`: why each agent step failed or got slow, with evidence.

@@ -38,7 +38,7 @@ class BlockGraph:
     def chain(self, block_hash: int) -> list[int]:
         """Root-first hashes up to `block_hash` (stops at an unknown parent or a cycle)."""
         out, seen = [], set()
-        node = block_hash
+        node: int | None = block_hash
         while node is not None and node not in seen:
             seen.add(node)
             out.append(node)
@@ -48,7 +48,8 @@ class BlockGraph:
     def root(self, block_hash: int) -> int:
         """`chain(block_hash)[0]`, remembered for every block on the way, so ranking n blocks is O(n), not O(n x
         chain length)."""
-        path, seen, node, root = [], set(), block_hash, None
+        path, seen, root = [], set(), None
+        node: int | None = block_hash
         while node is not None and node not in seen:
             root = self._roots.get(node)
             if root is not None:
@@ -220,14 +221,10 @@ def chain_roots(hashes: np.ndarray, parents: np.ndarray, no_parent: np.ndarray) 
                 return distinct[up][np.searchsorted(distinct, hashes)]
             break
         up = jumped
+    parent_hash = parents.astype(object)
+    parent_hash[no_parent] = None
     graph = BlockGraph.from_stored(
-        pd.DataFrame(
-            {
-                "ts": 0.0,
-                "block_hash": hashes.astype(object),
-                "parent_hash": np.where(no_parent, None, parents.astype(object)),
-            }
-        )
+        pd.DataFrame({"ts": 0.0, "block_hash": hashes.astype(object), "parent_hash": parent_hash})
     )
     return np.array([graph.root(int(h)) for h in hashes], dtype=np.uint64)
 

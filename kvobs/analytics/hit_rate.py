@@ -46,14 +46,14 @@ class HitRate:
 
 
 def hit_rate(requests: pd.DataFrame, counters: pd.DataFrame | None = None) -> HitRate:
-    """The hit rate of these requests (`queries.requests` rows), and of the instances whose requests do not say what
-    was cached, of their counters (`queries.metric_series` of `HITS`, `QUERIES`)."""
+    """The hit rate of these requests (`reads.requests` rows), and of the instances whose requests do not say what
+    was cached, of their counters (`reads.metric_series` of `HITS`, `QUERIES`)."""
     return _combine(request_sums(requests), counters)
 
 
 def request_sums(requests: pd.DataFrame) -> pd.DataFrame:
     """Per instance whose rows say what was cached: `instance`, `requests`, `cached_tokens`, `prompt_tokens` (their
-    sums), as `queries.cached_prompt_tokens` reads them from the store."""
+    sums), as `lookups.cached_prompt_tokens` reads them from the store."""
     known, _ = _split(requests)
     sums = known.groupby("instance", sort=True).agg(
         requests=("cached_tokens", "size"),
@@ -66,10 +66,9 @@ def request_sums(requests: pd.DataFrame) -> pd.DataFrame:
 def hit_rates_in(store, since: float, until: float) -> dict[str, HitRate]:
     """Per instance: `hit_rate` of the requests that arrived in [since, until], summed in the store (no rows
     pulled), else its counters; the instances with neither are left out."""
-    from kvobs.store import queries
 
-    sums = queries.cached_prompt_tokens(store, since, until)
-    counters = queries.metric_series(store, [HITS, QUERIES], since, until)
+    sums = store.lookups.cached_prompt_tokens(since, until)
+    counters = store.reads.metric_series([HITS, QUERIES], since, until)
     names = sorted(set(sums["instance"]) | set(counters["instance"]))
     return {name: _combine(sums[sums["instance"] == name], counters[counters["instance"] == name]) for name in names}
 
@@ -114,10 +113,9 @@ def hit_rate_windows(requests: pd.DataFrame, counters: pd.DataFrame | None, wind
 
 def hit_rate_in(store, since, until, instances=None, *, requests: pd.DataFrame | None = None) -> HitRate:
     """`hit_rate` of the store's requests that arrived in [since, until] (or those given), on `instances`."""
-    from kvobs.store import queries
 
-    requests = queries.requests(store, since, until, instances=instances) if requests is None else requests
-    counters = queries.metric_series(store, [HITS, QUERIES], since, until)
+    requests = store.reads.requests(since, until, instances=instances) if requests is None else requests
+    counters = store.reads.metric_series([HITS, QUERIES], since, until)
     if instances is not None:
         counters = counters[counters["instance"].isin(list(instances))]
     return hit_rate(requests, counters)

@@ -113,10 +113,9 @@ class PrefillRates:
     @classmethod
     def from_store(cls, store, since, until, requests: pd.DataFrame | None = None) -> PrefillRates:
         """From the store's requests (or those given, read from `since`) and prefill counters in [since, until]."""
-        from kvobs.store import queries
 
-        requests = queries.requests(store, since, until) if requests is None else requests
-        return cls(requests, queries.metric_series(store, COUNTERS.values(), since, until))
+        requests = store.reads.requests(since, until) if requests is None else requests
+        return cls(requests, store.reads.metric_series(COUNTERS.values(), since, until))
 
     def at(self, instance, ts: float) -> Rate | None:
         series = self._series.get(instance)

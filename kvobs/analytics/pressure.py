@@ -41,7 +41,7 @@ def pressure_windows(
     snapshots: pd.DataFrame, requests: pd.DataFrame, kv_counts: pd.DataFrame, *, window_s: float = 60.0
 ) -> pd.DataFrame:
     """One row per window (`window`, its start in epoch s) with pressure and latency columns; NaN where unknown.
-    `kv_counts`: `queries.block_losses` (or `kv_event_counts`) rows; `evictions_per_s` sums their loss kinds' blocks."""
+    `kv_counts`: `reads.block_losses` (or `kv_event_counts`) rows; `evictions_per_s` sums their loss kinds' blocks."""
     parts = []
     if not snapshots.empty:
         snaps = snapshots.assign(window=_bucket(snapshots["ts"], window_s), preemptions=preemption_increase(snapshots))

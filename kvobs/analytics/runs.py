@@ -1,6 +1,6 @@
 """Engine runs: each start with an empty KV cache, per instance, and which run a row of the store belongs to.
 
-    table = run_table(queries.runs(store))       # ... and `ended_at`: the next run's start on its instance (NaN: open)
+    table = run_table(store.reads.runs())       # ... and `ended_at`: the next run's start on its instance (NaN: open)
     overlapping(table, since, until)             # the runs a range touches
     run_of(table, frame["instance"], frame["arrival_ts"])   # each row's run id (None: before any recorded run)
 
@@ -31,7 +31,7 @@ COLUMNS = [
 
 
 def run_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """`queries.runs` with `ended_at` (the next start on the same instance; NaN for each instance's latest run)."""
+    """`store.reads.runs()` with `ended_at` (the next start on its instance; NaN for each instance's latest run)."""
     if runs.empty:
         return pd.DataFrame(columns=COLUMNS)
     table = runs.sort_values(["instance", "started_at"], kind="stable").reset_index(drop=True)

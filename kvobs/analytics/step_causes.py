@@ -6,7 +6,7 @@
 
 Requests and KV events are read from an hour before the range, so a step's previous request (the start of its
 tool pause) is found. With `failed_only` only the KV events a failed step can be blamed on are read: its
-session's, from the start of the step before it to its own end (`queries.session_events`), and the resets; a few
+session's, from the start of the step before it to its own end (`reads.session_events`), and the resets; a few
 thousand rows where the range may hold millions. The Overview's failure table (`failure_verdicts`) goes further:
 only a timeout can have a KV cause, so only timeouts are attributed, and a range whose failures are model or request
 errors reads no KV event at all.
@@ -21,8 +21,7 @@ import pandas as pd
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, attributed_mask, failure_verdict
 from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 
 LOOKBACK_S = 3600.0
 VERDICT_COLUMNS = [
@@ -50,27 +49,27 @@ def step_causes(
 ) -> pd.DataFrame:
     """One row per step started in the range (`steps`, when the caller has read them already); with `failed_only`,
     per failed step (of `error_types`, when given)."""
-    steps = queries.steps(store, since, until) if steps is None else steps
+    steps = store.reads.steps(since, until) if steps is None else steps
     if failed_only:
         steps = steps.assign(wanted=attributed_mask(steps, error_types))
         steps = steps[steps["session_id"].isin(set(steps.loc[steps["wanted"], "session_id"]))]
     if steps.empty:
         return pd.DataFrame(columns=COLUMNS)
     start = None if since is None else since - LOOKBACK_S  # >= prefill_rates.RATE_WINDOW_S
-    reqs = queries.requests(store, start, until)
+    reqs = store.reads.requests(start, until)
     rates = PrefillRates.from_store(store, start, until, requests=reqs)
     if failed_only:
         cleared = KVEventKind.CLEARED.value
         events = pd.concat(
             [
-                queries.session_events(
-                    store, _failed_step_windows(steps, until), kinds=[k for k in ATTRIBUTION_KINDS if k != cleared]
+                store.reads.session_events(
+                    _failed_step_windows(steps, until), kinds=[k for k in ATTRIBUTION_KINDS if k != cleared]
                 ),
-                queries.kv_events(store, start, until, kinds=[cleared]),
+                store.reads.kv_events(start, until, kinds=[cleared]),
             ]
         )
     else:
-        events = queries.kv_events(store, start, until, kinds=ATTRIBUTION_KINDS)
+        events = store.reads.kv_events(start, until, kinds=ATTRIBUTION_KINDS)
         sessions = set(steps["session_id"])
         events = events[events["session_id"].isin(sessions) | (events["kind"] == KVEventKind.CLEARED.value)]
     return attribute_steps(steps, reqs, events, rates=rates, failed_only=failed_only, error_types=error_types)
@@ -81,7 +80,7 @@ def failure_verdicts(store: Store, since: float | None, until: float | None) -> 
     `VERDICT_COLUMNS`; what `failure_summary` counts). Only a timeout is given a KV or queue cause, so only timeouts
     are attributed against their requests and the KV events around them; any other failure's verdict is its error,
     exactly as the analysis of every step gives it, and costs no read of KV events."""
-    steps = queries.steps(store, since, until)
+    steps = store.reads.steps(since, until)
     failed = steps[steps["status"] == StepStatus.ERROR.value]
     timeout = failed["error_type"] == StepErrorType.TIMEOUT.value
     others = failed[~timeout]

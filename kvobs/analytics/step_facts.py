@@ -73,7 +73,7 @@ def step_facts(
                 f", recompute time unknown (no measured prefill rate: fewer than {MIN_RATE_REQUESTS} requests on "
                 f"{instance or 'its instance'} in the minutes before)"
             )
-        return f", about {seconds:.2f} s to recompute at {rate.describe(instance)}"
+        return f", about {seconds:.2f} s to recompute at {rate.describe(instance or 'its instance')}"
 
     reasons: list[str] = []
     invalidated_tokens = 0.0

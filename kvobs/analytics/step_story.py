@@ -24,8 +24,7 @@ import pandas as pd
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.semconv.spans import KVEventKind, StepStatus
-from kvobs.store import queries
-from kvobs.store.db import Store
+from kvobs.store.interface import Store
 
 K = KVEventKind
 TIMELINE = ["lane", "phase", "start", "end", "what"]
@@ -49,21 +48,21 @@ class StepStory:
 
 def step_story(store: Store, session_id: str, step_index: int) -> StepStory | None:
     """The story of step `step_index` of `session_id`; None when the store has no such step."""
-    steps = queries.steps(store, session_id=session_id).sort_values("step_index").reset_index(drop=True)
+    steps = store.reads.steps(session_id=session_id).sort_values("step_index").reset_index(drop=True)
     position = steps.index[steps["step_index"] == step_index]
     if position.empty:
         return None
     i = int(position[0])
     first, last = float(steps["started_at"].min()), _end(steps)
-    reqs = queries.requests(store, first - RATE_WINDOW_S, last)  # from before: the prefill rate's window
+    reqs = store.reads.requests(first - RATE_WINDOW_S, last)  # from before: the prefill rate's window
     rates = PrefillRates.from_store(store, first - RATE_WINDOW_S, last, requests=reqs)
     sent = step_requests(reqs, steps)
     # The KV events this step's verdict and story can involve: from the start of the step before it (its tool pause
     # begins when that step's requests end, never earlier) to its end; not the session's whole history.
     low = float(steps["started_at"].iloc[max(i - 1, 0)])
     high = _end(steps.iloc[i : i + 2]) if i + 1 < len(steps) else last
-    session_kv = queries.kv_events(store, low, high, session_id=session_id)
-    resets = queries.kv_events(store, low, high, kinds=[K.CLEARED.value])
+    session_kv = store.reads.kv_events(low, high, session_id=session_id)
+    resets = store.reads.kv_events(low, high, kinds=[K.CLEARED.value])
     attributed = attribute_steps(
         steps, reqs, pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], resets]), rates=rates
     )
@@ -85,7 +84,7 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
             resets[(resets["ts"] > start) & (resets["ts"] <= step_end)],
         ]
     )
-    takers = queries.requests(store, start - 600.0, step_end).set_index("request_id")["session_id"].to_dict()
+    takers = store.reads.requests(start - 600.0, step_end).set_index("request_id")["session_id"].to_dict()
     timeline = _timeline(step, pause, mine)
     events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
     events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)

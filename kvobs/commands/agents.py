@@ -72,23 +72,21 @@ def _seed(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from kvobs.agent.workload import PauseDistribution, WorkloadConfig, check_rounds, round_configs
 
-    config = start_or_report(
-        "agents",
-        lambda: (
-            check_rounds(args.rounds, args.round_pause_s)
-            or WorkloadConfig(
-                base_url=args.base_url,
-                sessions=args.sessions,
-                concurrency=args.concurrency,
-                steps=args.steps,
-                tool_pause=PauseDistribution.parse(args.tool_pause_ms),
-                step_deadline_s=args.step_deadline_s,
-                max_tokens=args.max_tokens,
-                seed=args.seed,
-                model=args.model,
-            )
-        ),
-    )
+    def configured() -> WorkloadConfig:
+        check_rounds(args.rounds, args.round_pause_s)
+        return WorkloadConfig(
+            base_url=args.base_url,
+            sessions=args.sessions,
+            concurrency=args.concurrency,
+            steps=args.steps,
+            tool_pause=PauseDistribution.parse(args.tool_pause_ms),
+            step_deadline_s=args.step_deadline_s,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            model=args.model,
+        )
+
+    config = start_or_report("agents", configured)
     if config is None:
         return 2
     if args.no_store and not (
@@ -166,8 +164,9 @@ def run_workload(
         bar.close()
         client.close()
         telemetry.shutdown()
-        if store is not None:
+        if writer is not None:
             writer.close()
+        if store is not None:
             store.close()
 
 

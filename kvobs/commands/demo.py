@@ -82,22 +82,21 @@ def run(args: argparse.Namespace) -> int:
 
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     base_url = f"http://{args.host}:{args.port}"
-    config = start_or_report(
-        "demo",
-        lambda: (
-            _check(args)
-            or WorkloadConfig(
-                base_url=base_url,
-                sessions=args.sessions,
-                concurrency=args.concurrency,
-                steps=args.steps,
-                tool_pause=PauseDistribution.parse(args.tool_pause_ms),
-                step_deadline_s=args.step_deadline_s,
-                max_tokens=args.max_tokens,
-                seed=seed,
-            )
-        ),
-    )
+
+    def configured() -> WorkloadConfig:
+        _check(args)
+        return WorkloadConfig(
+            base_url=base_url,
+            sessions=args.sessions,
+            concurrency=args.concurrency,
+            steps=args.steps,
+            tool_pause=PauseDistribution.parse(args.tool_pause_ms),
+            step_deadline_s=args.step_deadline_s,
+            max_tokens=args.max_tokens,
+            seed=seed,
+        )
+
+    config = start_or_report("demo", configured)
     if config is None:
         return 2
     store = start_or_report("demo", lambda: open_store(args.store))
@@ -108,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    children: list[subprocess.Popen] = []
+    children: list[_Child] = []
     logs = start_or_report("demo", lambda: _log_files(args.log_dir))
     if logs is None:
         return 2
@@ -142,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             for child in children:
                 if child.poll() is not None:
                     print(
-                        f"kvobs demo: kvobs {child.args[3]} exited with status {child.returncode}{_log_tail(child)}",
+                        f"kvobs demo: kvobs {child.command} exited with status {child.returncode}{_log_tail(child)}",
                         file=sys.stderr,
                     )
                     return 1
@@ -226,29 +225,36 @@ def _log_files(log_dir: str) -> dict[str, Path]:
     return {name: folder / f"{name}.log" for name in ("engine", "collector", "dashboard")}
 
 
-def _start(children: list[subprocess.Popen], command: list[str], log_path: Path) -> subprocess.Popen:
+class _Child(subprocess.Popen):
+    """A child of the demo: its kvobs command's name and the log file it writes."""
+
+    command: str
+    log_path: Path
+
+
+def _start(children: list[_Child], command: list[str], log_path: Path) -> _Child:
     # A session of its own: Ctrl-C reaches only us, and we stop the children in order (the engine flushes).
     with open(log_path, "ab") as log_file:  # the child holds its own descriptor
         log_file.write(f"\n--- kvobs demo started: {' '.join(command[2:])}\n".encode())
         log_file.flush()
-        child = subprocess.Popen(
+        child = _Child(
             command, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
         )
-    child.log_path = log_path
+    child.command, child.log_path = command[3], log_path
     children.append(child)
     return child
 
 
-def _log_tail(child: subprocess.Popen, num_lines: int = 15) -> str:
-    path = getattr(child, "log_path", None)
-    if path is None or not path.exists():
+def _log_tail(child: _Child, num_lines: int = 15) -> str:
+    path = child.log_path
+    if not path.exists():
         return ""
     lines = path.read_text(errors="replace").splitlines()[-num_lines:]
     return f"\nthe last lines of {path}:\n" + "\n".join("  " + line for line in lines)
 
 
 def _wait_ready(
-    child: subprocess.Popen, url: str, timeout_s: float, stop: threading.Event, what: str, method: str = "GET"
+    child: _Child, url: str, timeout_s: float, stop: threading.Event, what: str, method: str = "GET"
 ) -> bool:
     """Whether `child` answers `url` (to a POST any HTTP answer: a ready collector takes the empty export)."""
     import httpx
@@ -343,11 +349,10 @@ def _rounds(args: argparse.Namespace, config, store, stop: threading.Event) -> N
 def _wait_for_steps(store, expected: int, since: float, timeout_s: float = STEPS_WAIT_S) -> int:
     """The steps started since `since` in the store, once the collector has written `expected` or `timeout_s` has
     passed."""
-    from kvobs.store import queries
 
     deadline = time.monotonic() + timeout_s
     while True:
-        stored, _ = queries.step_counts(store, since, time.time())
+        stored, _ = store.lookups.step_counts(since, time.time())
         if stored >= expected or time.monotonic() > deadline:
             return stored
         time.sleep(0.25)
@@ -393,10 +398,10 @@ def _failures_line(causes) -> str:
     )
 
 
-def _stop_all(children: list[subprocess.Popen]) -> list[str]:
+def _stop_all(children: list[_Child]) -> list[str]:
     """Stop the children still running, the dashboard first, the engine last (it flushes); return what was stopped,
     in words."""
-    stopped = [_NAMES.get(child.args[3], child.args[3]) for child in reversed(children) if child.poll() is None]
+    stopped = [_NAMES.get(child.command, child.command) for child in reversed(children) if child.poll() is None]
     for child in reversed(children):
         if child.poll() is None:
             _signal_group(child, signal.SIGTERM)  # its whole session: nothing it started outlives the demo
@@ -404,7 +409,7 @@ def _stop_all(children: list[subprocess.Popen]) -> list[str]:
         try:
             child.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            log.warning("kvobs %s did not stop within 30 s; killing it", child.args[3])
+            log.warning("kvobs %s did not stop within 30 s; killing it", child.command)
             _signal_group(child, signal.SIGKILL)
             child.wait()
     return stopped

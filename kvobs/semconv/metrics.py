@@ -138,7 +138,8 @@ PREEMPTION_BUCKETS = (0, 1, 2, 3, 4, 5, 10, 20)
 
 def token_buckets(max_model_len: int) -> tuple[int, ...]:
     """vLLM's 1-2-5 token buckets up to the context length."""
-    buckets, exponent = [], 0
+    buckets: list[int] = []
+    exponent = 0
     while True:
         for mantissa in (1, 2, 5):
             value = mantissa * 10**exponent

@@ -1,4 +1,6 @@
-"""The kvobs store: SQLAlchemy tables (`schema`), opening and migrating (`db`), the batched writer (`writer`)."""
+"""The kvobs store: its protocols (`interface`), opening by URL (`db`), the batched writer (`writer`), and the
+backends: SQL (`sql_store`, `sql_reads`, `sql_lookups`, `sql_write`, tables in `schema`) and `clickhouse`."""
 
-from kvobs.store.db import DEFAULT_STORE_URL, Store, open_store, store_url  # noqa: F401
+from kvobs.store.db import DEFAULT_STORE_URL, open_store, store_url  # noqa: F401
+from kvobs.store.interface import Store  # noqa: F401
 from kvobs.store.writer import StoreWriter  # noqa: F401

@@ -8,31 +8,38 @@
 The URL comes from the caller, `--store`, or `KVOBS_STORE_URL`. `postgresql://` is read as
 `postgresql+psycopg://`. Directory and file paths follow SQLAlchemy's SQLite form: three slashes and a relative
 path, four for an absolute one. Opening runs the migrations (Alembic's `upgrade head` on SQL, versioned DDL on
-ClickHouse), so a store is always at the schema this code expects. Every store answers `kvobs.store.queries` and
-takes batches from `kvobs.store.StoreWriter`; `Store.engine` (SQLAlchemy) exists on SQL stores only.
+ClickHouse), so a store is always at the schema this code expects. Every store is a `kvobs.store.interface.Store`:
+its `reads` and `lookups` answer the pages, analytics and the collector, and it takes batches from
+`kvobs.store.StoreWriter`. A new backend is a module with classes for those protocols and an entry in `BACKENDS`.
 """
 
 from __future__ import annotations
 
-import logging
+import importlib
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.orm import Session, sessionmaker
 
 from kvobs.semconv.endpoints import DEFAULT_STORE_URL, STORE_URL_ENV  # noqa: F401 (re-exported)
-from kvobs.store.sql_write import Batch, SqlBatchWriter, is_unreachable
+from kvobs.store.interface import Store
 
-log = logging.getLogger(__name__)
+# URL scheme -> "module:function" that opens a store of it: open(url, *, migrate, must_exist) -> Store
+BACKENDS = {
+    "sqlite": "kvobs.store.sql_store:open_sql",
+    "postgresql+psycopg": "kvobs.store.sql_store:open_sql",
+    "clickhouse": "kvobs.store.clickhouse.store:open_clickhouse",
+    "chdb": "kvobs.store.clickhouse.store:open_clickhouse",
+}
+ALIASES = {"postgresql": "postgresql+psycopg"}  # schemes people write -> the one opened
 
-MIGRATIONS = Path(__file__).with_name("migrations")
-SQL_SCHEMES = ("sqlite", "postgresql", "postgresql+psycopg")
-CLICKHOUSE_SCHEMES = ("clickhouse", "chdb")
+if TYPE_CHECKING:  # each opener in BACKENDS, so the type checker holds what it returns to `Store` (tests/test_types.py)
+    from kvobs.store.clickhouse.store import open_clickhouse
+    from kvobs.store.sql_store import open_sql
+
+    OPENERS: tuple[Callable[..., Store], ...] = (open_sql, open_clickhouse)
 EXAMPLES = "sqlite:///kvobs.db, postgresql://user@host/db, clickhouse://user@host:8123/db, chdb:///dir"
 
 
@@ -51,10 +58,10 @@ def normalize_url(url: str) -> str:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise ValueError(f"not a store URL: {url!r} (examples: {EXAMPLES})") from exc
-    if parsed.drivername not in SQL_SCHEMES + CLICKHOUSE_SCHEMES:
+    scheme = ALIASES.get(parsed.drivername, parsed.drivername)
+    if scheme not in BACKENDS:
         raise ValueError(f"unsupported store {parsed.drivername!r} in {url!r}; use one of {EXAMPLES}")
-    if parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg")
+    parsed = parsed.set(drivername=scheme)
     return parsed.render_as_string(hide_password=False)
 
 
@@ -66,52 +73,9 @@ def redacted_url(url: str) -> str:
         return url
 
 
-@dataclass
-class Store:
-    """A SQL store (SQLite, PostgreSQL) through SQLAlchemy."""
-
-    url: str
-    engine: Engine
-    session: sessionmaker[Session]
-    batch_rows: int = 5000  # rows per transaction the writer aims at
-    flush_interval_s: float = 0.5
-
-    def __post_init__(self) -> None:
-        self._batches = SqlBatchWriter(self.engine)
-
-    @property
-    def dialect(self) -> str:
-        return self.engine.dialect.name
-
-    def write(self, batch: Batch, *, token: str | None = None) -> None:
-        """Write a batch of (op, records) in one transaction (`token` is for stores that deduplicate retries)."""
-        self._batches.write(batch)
-
-    def is_unreachable(self, exc: BaseException) -> bool:
-        return is_unreachable(exc)
-
-    def expire_kv_events(self, before_ts: float, *, chunk: int = 50_000) -> int:
-        """Delete `kv_events` rows older than `before_ts` in chunks (one transaction each, by the `ts` index, so the
-        writer is never held up for long); rows deleted."""
-        from sqlalchemy import delete, select
-
-        from kvobs.store.schema import KVEventRow
-
-        total = 0
-        while True:
-            with self.engine.begin() as conn:
-                ids = select(KVEventRow.id).where(KVEventRow.ts < before_ts).order_by(KVEventRow.ts).limit(chunk)
-                deleted = conn.execute(delete(KVEventRow).where(KVEventRow.id.in_(ids.scalar_subquery()))).rowcount
-            total += deleted
-            if deleted < chunk:
-                return total
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-
-def open_store(url: str | None = None, *, migrate: bool = True, must_exist: bool = False):
-    """Connect, migrate to the latest schema, and return the store (`Store`, or `ClickHouseStore`).
+def open_store(url: str | None = None, *, migrate: bool = True, must_exist: bool = False) -> Store:
+    """Connect, migrate to the latest schema, and return the store (`SqlStore` or `ClickHouseStore`: the backend
+    `BACKENDS` names for the URL's scheme, imported only then).
 
     `must_exist`: a reader's open (alerts, what-if, the dashboard): a SQLite file that is not there is an error, not
     a new empty store (a misspelt `sqlite:///kvosb.db` would otherwise show nothing, silently).
@@ -122,37 +86,6 @@ def open_store(url: str | None = None, *, migrate: bool = True, must_exist: bool
         sqlalchemy.exc.OperationalError, kvobs.store.clickhouse.StoreUnreachable: the database cannot be reached.
     """
     url = normalize_url(store_url(url))
-    if make_url(url).drivername in CLICKHOUSE_SCHEMES:
-        from kvobs.store.clickhouse.store import open_clickhouse
-
-        return open_clickhouse(url, migrate=migrate)
-    parsed = make_url(url)
-    file = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
-    if must_exist and file and not Path(file).exists():
-        raise ValueError(
-            f"no store at {url}: {Path(file).resolve()} does not exist (a misspelt URL? kvobs serve, "
-            "collect, agents and demo create it)"
-        )
-    engine = create_engine(url, pool_pre_ping=True)
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-    if migrate:
-        upgrade(engine)
-    return Store(url, engine, sessionmaker(engine, expire_on_commit=False))
-
-
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
-
-
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # readers (the dashboard) never block the writer
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.execute("PRAGMA cache_size=-65536")  # 64 MiB of pages: index inserts of random block hashes stay in memory
-    cursor.close()
+    module, _, function = BACKENDS[make_url(url).drivername].partition(":")
+    opener = getattr(importlib.import_module(module), function)
+    return opener(url, migrate=migrate, must_exist=must_exist)

@@ -22,7 +22,7 @@ alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, dataclass_transform
 
 
 class _Unset:
@@ -44,6 +44,7 @@ class Record:
         return {c: v for c in self._columns if (v := getattr(self, c)) is not UNSET}
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def _record(cls):
     """Make `cls` a frozen, slotted dataclass record and remember its column names."""
     cls = dataclass(frozen=True, slots=True)(cls)

@@ -293,4 +293,4 @@ TABLES = {
     for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow, AlertRow, RunRow)
 }
 # Tables the writer keeps from the raw rows in the same transaction; a copy of a store copies them too.
-ROLLUPS = {cls.__table__.name: cls for cls in (KVEventMinuteRow, SessionFootprintRow)}
+ROLLUPS = {str(cls.__table__.name): cls for cls in (KVEventMinuteRow, SessionFootprintRow)}  # type: ignore[union-attr]

@@ -25,6 +25,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -51,7 +52,7 @@ class Spool:
         self._segments = sorted(self.directory.glob("seg-*.log"))
         last = self._last_seq()
         self._next_seq = max(last, self.committed) + 1
-        self._file = None
+        self._file: BinaryIO | None = None
         self._file_bytes = 0
         self.num_backlog = sum(1 for _ in self._frames(after=self.committed))  # items left by an earlier process
 
@@ -59,7 +60,7 @@ class Spool:
     def append(self, op: str, records: list[Record] | KVEventColumns) -> int:
         """Write one queued item; its sequence number (increasing: call in queue order)."""
         if isinstance(records, KVEventColumns):
-            frame = [op, records.table, records.columns]  # the columns as they are: a map of lists
+            frame: list = [op, records.table, records.columns]  # the columns as they are: a map of lists
         else:
             frame = [op, records[0].table, [r.to_row() for r in records]]
         with self._lock:
@@ -67,7 +68,7 @@ class Spool:
             self._next_seq += 1
             payload = _encode([seq, *frame])
             if self._file is None or self._file_bytes >= self.segment_bytes:
-                self._roll(seq)
+                self._file = self._roll(seq)
             self._file.write(_LENGTH.pack(len(payload)) + payload)  # unbuffered: one write() reaches the OS
             self._file_bytes += _LENGTH.size + len(payload)
             return seq
@@ -101,13 +102,14 @@ class Spool:
                 self._file = None
 
     # ---- internals ---------------------------------------------------------------------------------------
-    def _roll(self, seq: int) -> None:
+    def _roll(self, seq: int) -> BinaryIO:
+        """Close the current segment; open and return the next (kept open across calls, unbuffered)."""
         if self._file is not None:
             self._file.close()
         path = self.directory / f"seg-{seq:020d}.log"
-        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 (kept open across calls)
         self._file_bytes = 0
         self._segments.append(path)
+        return open(path, "ab", buffering=0)  # noqa: SIM115
 
     def _read_committed(self) -> int:
         path = self.directory / COMMITTED

@@ -1,17 +1,20 @@
-"""Reading a SQL store into pandas: the helpers `kvobs.store.queries` builds its SQL reads on."""
+"""Reading a SQL store into pandas: the helpers `SqlReads` and `SqlLookups` build their reads on."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from sqlalchemy import Select, select
+from sqlalchemy import CompoundSelect, Select, select
 
-from kvobs.store.db import Store
 from kvobs.store.schema import UInt64
 
+if TYPE_CHECKING:
+    from kvobs.store.sql_store import SqlStore
 
-def read(store: Store, stmt: Select) -> pd.DataFrame:
+
+def read(store: SqlStore, stmt: Select | CompoundSelect) -> pd.DataFrame:
     """Run `stmt`; one column per selected expression (result processors applied: hashes come back as ints).
 
     Block-hash columns (`*_hash`) keep Python ints in an object column: pandas would turn a column of 64-bit
@@ -63,9 +66,9 @@ def _between(stmt: Select, column, since: float | None, until: float | None) -> 
     return stmt
 
 
-def _lookup(store: Store, key, value, keys: Iterable, chunk: int, *where) -> dict:
+def _lookup(store: SqlStore, key, value, keys: Iterable, chunk: int, *where) -> dict:
     """key -> value for the given keys, `chunk` keys per query (an IN list stays within what databases take)."""
-    keys, found = list(keys), {}
+    keys, found = list(keys), dict[object, object]()
     with store.engine.connect() as conn:
         for i in range(0, len(keys), chunk):
             found.update(conn.execute(select(key, value).where(key.in_(keys[i : i + chunk]), *where)).all())

@@ -22,10 +22,10 @@ from sqlalchemy import insert, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from kvobs.store.rows import KVEventColumns, KVEventRecord, Record
+from kvobs.store.interface import Batch
+from kvobs.store.rows import KVEventColumns, KVEventRecord
 from kvobs.store.schema import FOOTPRINT_COLUMNS, MINUTE_S, TABLES, SessionFootprintRow, as_int64_column
 
-Batch = list[tuple[str, list[Record] | KVEventColumns]]  # (op, records): op is insert | upsert | insert_missing
 _KV_COLUMNS = KVEventRecord._columns
 
 

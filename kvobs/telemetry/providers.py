@@ -157,10 +157,10 @@ def setup_telemetry(config: TelemetryConfig | None = None) -> Telemetry:
         if metric_exporters:
             interval_ms = _metric_interval_s(config) * 1000
             readers = []
-            for exporter in metric_exporters:
-                counting = _CountingMetricExporter(exporter)
-                exporters.append(counting)
-                readers.append(PeriodicExportingMetricReader(counting, export_interval_millis=interval_ms))
+            for metric_exporter in metric_exporters:
+                counted = _CountingMetricExporter(metric_exporter)
+                exporters.append(counted)
+                readers.append(PeriodicExportingMetricReader(counted, export_interval_millis=interval_ms))
             meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     if tracer_provider is not None or meter_provider is not None:
         log.info(
@@ -201,31 +201,29 @@ def traces_target(endpoint: str, protocol: str | None = None) -> str:
     return _signal_url(endpoint, "/v1/traces")
 
 
-def _signal_url(endpoint: str | None, path: str) -> str | None:
+def _signal_url(endpoint: str, path: str) -> str:
     """An explicit HTTP endpoint names the collector's base URL; the signal's path is appended, as the spec says."""
-    if endpoint is None:
-        return None
     return endpoint if urlparse(endpoint).path not in ("", "/") else endpoint.rstrip("/") + path
 
 
 def _otlp_span_exporter(config: TelemetryConfig) -> SpanExporter:
     if protocol_for(config, "TRACES") == PROTOCOL_HTTP:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 
-        return OTLPSpanExporter(endpoint=_signal_url(config.endpoint, "/v1/traces"))
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        return HttpSpanExporter(endpoint=config.endpoint and _signal_url(config.endpoint, "/v1/traces"))
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 
-    return OTLPSpanExporter(endpoint=config.endpoint, insecure=_insecure(config.endpoint))
+    return GrpcSpanExporter(endpoint=config.endpoint, insecure=_insecure(config.endpoint))
 
 
 def _otlp_metric_exporter(config: TelemetryConfig) -> MetricExporter:
     if protocol_for(config, "METRICS") == PROTOCOL_HTTP:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 
-        return OTLPMetricExporter(endpoint=_signal_url(config.endpoint, "/v1/metrics"))
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        return HttpMetricExporter(endpoint=config.endpoint and _signal_url(config.endpoint, "/v1/metrics"))
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 
-    return OTLPMetricExporter(endpoint=config.endpoint, insecure=_insecure(config.endpoint))
+    return GrpcMetricExporter(endpoint=config.endpoint, insecure=_insecure(config.endpoint))
 
 
 def _insecure(endpoint: str | None) -> bool | None:

@@ -96,7 +96,9 @@ _batch_decoder = msgspec.msgpack.Decoder(_CheckedBatch)  # the common case: ever
 _raw_batch_decoder = msgspec.msgpack.Decoder(_RawBatch)
 _map_event_decoder = msgspec.msgpack.Decoder(Event)
 _any_decoder = msgspec.msgpack.Decoder()
-_POSITIONAL = {cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+_POSITIONAL: dict[str, type[BlockStored | BlockRemoved | AllBlocksCleared]] = {
+    cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)
+}
 
 
 class DecodeError(ValueError):

@@ -9,7 +9,7 @@ import pytest
 
 from kvobs.agent.workload import PauseDistribution, WorkloadConfig, parse_json_reply, session_plan, tool_result
 from kvobs.commands.agents import run_workload
-from kvobs.store import open_store, queries
+from kvobs.store import open_store
 from tests.server.conftest import running_server
 
 
@@ -67,7 +67,7 @@ def test_run_workload_records_steps_that_join_the_engines_requests(smollm2_sourc
         result = run_workload(config, store_url=url, otlp_endpoint=None, progress=False)
     assert result.sessions == 2 and result.steps == 4
     store = open_store(url)
-    steps, reqs = queries.steps(store), queries.requests(store)
+    steps, reqs = store.reads.steps(), store.reads.requests()
     assert len(steps) == 4 and len(reqs) == 4
     assert (steps["trace_id"].str.strip("0") != "").all()  # real ids without an exporter
     assert set(steps["trace_id"]) == set(reqs["trace_id"])  # each session's trace reaches the engine

@@ -17,7 +17,6 @@ from kvobs.alerts import signals
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import RuleError, builtin_rules, load_rules, parse_rules
 from kvobs.alerts.sinks import WebhookSink
-from kvobs.store import queries
 from tests.collectors.recorded import scrapes
 from tests.stores import copy_store
 
@@ -105,10 +104,10 @@ def webhook():
 def test_agent_run_fires_what_happened_once_then_resolves(agent_run, webhook, tmp_path):
     from kvobs.store import open_store
 
-    end = queries.time_range(agent_run.store)[1]
+    end = agent_run.store.reads.time_range()[1]
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")  # alerts go to a copy: the shared run stays as it was
     copy_store(agent_run.store, store)
-    first = queries.time_range(store)[0]
+    first = store.reads.time_range()[0]
     window = end - first + 1
     # The built-in rules with a window covering the whole 30 s run and no `for` (the run is shorter than theirs).
     zero = ("SessionPrefixLostInToolPause", "AgentStepFailureRate")
@@ -127,14 +126,14 @@ def test_agent_run_fires_what_happened_once_then_resolves(agent_run, webhook, tm
     not_model = agent_run.result.num_failed - agent_run.result.failed["invalid_response"]  # model output errors
     assert agent_run.result.failed["invalid_response"] > 0  # ... happened, and are not counted as failures here
     assert by_rule["AgentStepFailureRate"][0]["value"] == pytest.approx(not_model / agent_run.result.steps)
-    lost = queries.session_footprints(store)["session_evicted_idle_blocks"].fillna(0).sum()
+    lost = store.reads.session_footprints()["session_evicted_idle_blocks"].fillna(0).sum()
     assert lost > 0  # settled pause losses: sessions came back after losing blocks
     (prefix,) = by_rule["SessionPrefixLostInToolPause"]  # one instance: a rate, per instance, not a session each
     assert prefix["instance"] == "engine-test" and prefix["session_id"] is None
     assert prefix["value"] == pytest.approx(lost * 60 / window)
     assert "CollectorTargetDown" not in by_rule  # our engine is not scraped here: no `up` samples, nothing fires
     assert evaluator.evaluate(end) == []  # deduplicated: still firing, nothing new
-    assert len(queries.alerts(store)) == len(fired)
+    assert len(store.reads.alerts()) == len(fired)
     later = evaluator.evaluate(end + 3600)  # an hour on, no data: everything resolves
     assert {t["state"] for t in later} == {"resolved"} and len(later) == len(fired)
     assert [p["status"] for p in Hook.received] == ["firing", "resolved"] and sink.num_failed == 0
@@ -146,7 +145,7 @@ def test_vllm_run_preemption_storm_and_instance_up(vllm_run, tmp_path):
 
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
     copy_store(vllm_run.store, store)
-    first, last = queries.time_range(store)
+    first, last = store.reads.time_range()
     rules = parse_rules(
         "rules:\n  - {name: Storm, signal: preemptions_per_min, op: '>', threshold: 0,"
         f" severity: warning, window: {last - first + 1}}}\n"
@@ -183,7 +182,7 @@ def test_vllm_run_pause_loss_alert_counts_pauses_not_losses_after_a_sessions_end
 
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
     copy_store(vllm_run.store, store)
-    first, last = queries.time_range(store)
+    first, last = store.reads.time_range()
     window = last - first + 1
     rules = parse_rules(
         "rules:\n  - {name: Pause, signal: prefix_lost_in_pause_per_min, op: '>', threshold: 0,"
@@ -200,7 +199,7 @@ def test_cli_tells_each_transition_once(vllm_run, tmp_path):
 
     store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
     copy_store(vllm_run.store, store)
-    first, last = queries.time_range(store)
+    first, last = store.reads.time_range()
     store.close()
     rules = tmp_path / "rules.yaml"
     rules.write_text(
@@ -240,9 +239,9 @@ def test_the_hit_rate_rule_counts_the_windows_tokens(agent_run, vllm_run):
     """The collapse rule's value is the hit rate of the requests that arrived in its window: on our engine, their
     cached / prompt tokens (its snapshots carry the run's cumulative rate, which a collapse barely moves); on vLLM,
     its recorded counters' increase over the window's scrapes."""
-    first, last = queries.time_range(agent_run.store)
+    first, last = agent_run.store.reads.time_range()
     since = first + (last - first) / 2
-    reqs = queries.requests(agent_run.store, since, last)
+    reqs = agent_run.store.reads.requests(since, last)
     assert len(reqs) > 0
     ((instance, _, value),) = signals.hit_rate(agent_run.store, since, last)
     assert instance == "engine-test" and value == pytest.approx(

@@ -9,15 +9,13 @@ import pytest
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.step_causes import VERDICT_COLUMNS, failure_verdicts, step_causes
-from kvobs.store import open_store, queries
+from kvobs.store import open_store
 from tests.stores import copy_store
 
 
 def attributed(run):
     store = run.store
-    return attribute_steps(
-        queries.steps(store), queries.requests(store), queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
-    )
+    return attribute_steps(store.reads.steps(), store.reads.requests(), store.reads.kv_events(kinds=ATTRIBUTION_KINDS))
 
 
 def test_every_step_is_attributed_and_the_workload_failed_for_real(agent_run):
@@ -40,7 +38,7 @@ def test_pause_losses_equal_the_engines_idle_evictions(agent_run):
     """The engine counts, per session, blocks evicted while the session had no request in flight; attribution finds
     them between a session's requests from the raw events. They must agree, session by session."""
     frame = attributed(agent_run)
-    engine_idle = queries.session_footprints(agent_run.store).set_index("session_id")["session_evicted_idle_blocks"]
+    engine_idle = agent_run.store.reads.session_footprints().set_index("session_id")["session_evicted_idle_blocks"]
     ours = frame.groupby("session_id")["blocks_lost_in_pause"].sum()
     assert ours.sum() > 0  # 30 blocks for three growing contexts: prefixes really are lost in tool pauses
     theirs = engine_idle.reindex(ours.index).fillna(0).astype(int)
@@ -53,11 +51,11 @@ def test_pause_losses_equal_the_engines_idle_evictions(agent_run):
 def test_preempted_steps_are_those_whose_request_the_engine_preempted(agent_run):
     store = agent_run.store
     frame = attributed(agent_run)
-    preempted_ids = set(queries.kv_events(store, kinds=["preempted"])["request_id"])
-    reqs = queries.requests(store)
+    preempted_ids = set(store.reads.kv_events(kinds=["preempted"])["request_id"])
+    reqs = store.reads.requests()
     expected = set()
     for req in reqs[reqs["request_id"].isin(preempted_ids)].itertuples():
-        steps = queries.steps(store, session_id=req.session_id)
+        steps = store.reads.steps(session_id=req.session_id)
         hit = steps[(steps["started_at"] <= req.arrival_ts) & (steps["ended_at"] >= req.arrival_ts)]
         expected |= {(req.session_id, int(i)) for i in hit["step_index"]}
     got = {(r.session_id, r.step_index) for r in frame.itertuples() if r.preemptions > 0}
@@ -67,12 +65,12 @@ def test_preempted_steps_are_those_whose_request_the_engine_preempted(agent_run)
 def test_invalidation_is_named_with_its_reason(agent_run):
     """A synthetic invalidation row between two steps of a session becomes that step's cause."""
     store = agent_run.store
-    steps = queries.steps(store).sort_values(["session_id", "step_index"])
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
     session = steps["session_id"].iloc[0]
     mine = steps[steps["session_id"] == session]
-    reqs = queries.requests(store, session_id=session)
+    reqs = store.reads.requests(session_id=session)
     gap_ts = (reqs["finished_ts"].iloc[0] + reqs["arrival_ts"].iloc[1]) / 2
-    events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+    events = store.reads.kv_events(kinds=ATTRIBUTION_KINDS)
     extra = pd.DataFrame(
         [
             {
@@ -97,7 +95,7 @@ def test_invalidation_is_named_with_its_reason(agent_run):
 
 def test_vllm_steps_join_their_requests_by_caller_span(vllm_run):
     frame = attributed(vllm_run)
-    assert len(frame) == len(queries.steps(vllm_run.store))
+    assert len(frame) == len(vllm_run.store.reads.steps())
     assert (frame["num_requests"] >= 1).mean() > 0.9
     failed = frame[frame["status"] == "error"]
     assert list(failed["session_id"]) == ["sess-10"]  # HTTP 400: context outgrew 2,048 tokens (fixture README)
@@ -126,7 +124,7 @@ def test_the_failure_table_reads_few_events_and_finds_what_the_full_analysis_fin
     """`failed_only` (the Overview) reads only the events around failed steps and attributes only them; each failed
     step gets exactly the row, cause and evidence the analysis of every step and every event gives it."""
     store = request.getfixturevalue(run).store
-    first, last = queries.time_range(store)
+    first, last = store.reads.time_range()
     full = step_causes(store, first, last)
     failed = full[full["status"] == "error"].reset_index(drop=True)
     narrow = step_causes(store, first, last, failed_only=True)
@@ -153,7 +151,7 @@ def test_failure_verdicts_equal_the_full_analysis(run, as_timeouts, request, tmp
         copy_store(source, store)
         with store.session() as session, session.begin():
             session.execute(update(StepRow).where(StepRow.status == "error").values(error_type="timeout"))
-    first, last = queries.time_range(store)
+    first, last = store.reads.time_range()
     statements: list[str] = []
 
     def record(_conn, _cursor, sql, *_):

@@ -17,11 +17,11 @@ from kvobs.analytics.chains import (
 )
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
-from kvobs.store import queries
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS
 
 
 def chain_rates(store, block_size):
-    reqs, stored = with_sessions(queries.requests(store), queries.steps(store)), queries.stored_blocks(store)
+    reqs, stored = with_sessions(store.reads.requests(), store.reads.steps()), store.reads.stored_blocks()
     graph = BlockGraph.from_stored(stored)
     chains = request_chains(reqs, stored, graph)
     return reqs, stored, graph, chains, hit_rates(reqs, chains, graph, block_size=block_size)
@@ -38,7 +38,7 @@ def test_unlimited_cache_hits_at_least_what_the_engine_hit(agent_run):
     assert summary["recompute_tokens"] == rates["recompute_tokens"].sum() > 0
     first = rates.sort_values("arrival_ts").iloc[0]
     assert first["available_tokens"] == 0 == first["cached_tokens"]  # nothing cached before the first request
-    by_session = recompute_by_session(rates, queries.kv_events(agent_run.store, kinds=["preempted"]))
+    by_session = recompute_by_session(rates, agent_run.store.reads.kv_events(kinds=["preempted"]))
     assert by_session["total"].sum() == summary["recompute_tokens"] + by_session["preempted_tokens"].sum()
 
 
@@ -63,24 +63,24 @@ def test_vllm_chains_from_session_and_time(vllm_run):
 def test_pressure_windows_from_the_engine_run(agent_run):
     store = agent_run.store
     frame = pressure_windows(
-        queries.instance_snapshots(store), queries.requests(store), queries.block_losses(store, bucket_s=5), window_s=5
+        store.reads.instance_snapshots(), store.reads.requests(), store.reads.block_losses(bucket_s=5), window_s=5
     )
     assert {"usage_mean", "evictions_per_s", "ttft_p99", "itl_p50", "preemptions", "requests"} <= set(frame)
-    assert frame["requests"].sum() == len(queries.requests(store))
-    lost = queries.block_losses(store, bucket_s=5)["blocks"].sum()
+    assert frame["requests"].sum() == len(store.reads.requests())
+    lost = store.reads.block_losses(bucket_s=5)["blocks"].sum()
     assert np.isclose(frame["evictions_per_s"].sum() * 5, lost)
-    assert frame["preemptions"].sum() == len(queries.kv_events(store, kinds=["preempted"]))
+    assert frame["preemptions"].sum() == len(store.reads.kv_events(kinds=["preempted"]))
 
 
 def test_blocks_lost_counts_each_lost_block_once_however_many_sessions_owned_it(agent_run):
     """The one definition of "blocks lost": one per (instance, time, block) loss, whatever the owner rows. (Whether
     this timed run evicts a block two sessions share varies; tests/observers/test_agreement.py makes it happen.)"""
     store = agent_run.store
-    rows = queries.kv_events(store, kinds=queries.BLOCK_LOSS_KINDS)
+    rows = store.reads.kv_events(kinds=BLOCK_LOSS_KINDS)
     distinct = rows.drop_duplicates(["instance", "ts", "block_hash", "kind", "reason"])
     assert len(rows) >= len(distinct) > 0  # shared blocks are recorded once per owning session
-    assert queries.block_losses(store, bucket_s=1e12)["blocks"].sum() == len(distinct)
-    by_bucket = queries.block_losses(store, bucket_s=5)
+    assert store.reads.block_losses(bucket_s=1e12)["blocks"].sum() == len(distinct)
+    by_bucket = store.reads.block_losses(bucket_s=5)
     assert by_bucket["blocks"].sum() == len(distinct)  # buckets only split it
 
 
@@ -98,11 +98,11 @@ def test_lagged_correlation_finds_the_lead():
 
 def test_footprints_and_session_table(agent_run):
     store = agent_run.store
-    session = queries.sessions(store)["session_id"].iloc[0]
-    timeline = footprint_timeline(queries.session_snapshots(store, session))
+    session = store.reads.sessions()["session_id"].iloc[0]
+    timeline = footprint_timeline(store.reads.session_snapshots(session))
     assert timeline["session_evicted_blocks"].is_monotonic_increasing
     assert timeline["lost_since_previous"].sum() == timeline["session_evicted_blocks"].iloc[-1]
-    table = session_table(queries.sessions(store), queries.session_footprints(store), queries.steps(store))
+    table = session_table(store.reads.sessions(), store.reads.session_footprints(), store.reads.steps())
     assert len(table) == 6 and table["steps"].sum() == 18 and table["failed"].sum() == agent_run.result.num_failed
 
 

@@ -10,7 +10,6 @@ import pytest
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.prefill_rates import COUNTERS, MIN_FIT_SAMPLES, RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.step_causes import step_causes
-from kvobs.store import queries
 
 
 def _requests(tokens, seconds, *, start=1000.0, instance="e0", cached=0):
@@ -81,7 +80,7 @@ def test_the_recorded_vllm_run_is_costed_from_its_own_counters(vllm_run):
     # whatever the estimate, it never takes more of a step's excess than its prefill really took beyond usual
     prefill_excess = (lost["prefill_s"] - lost["typical_prefill_s"]).clip(lower=0)
     without = attribute_steps(
-        queries.steps(store), queries.requests(store), queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+        store.reads.steps(), store.reads.requests(), store.reads.kv_events(kinds=ATTRIBUTION_KINDS)
     )
     assert without["prefill_rate"].isna().all()  # the request rows alone cannot say (no cached tokens)
     assert (lost["lost_recompute_s"] > 0).all()

@@ -17,20 +17,19 @@ from instrumented_engine.whatif_runs import observed_total, replay_plans, simula
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.runs import overlapping, run_of, run_table, spans
 from kvobs.commands.demo import hit_rate_line
-from kvobs.store import queries
 from tests.dashboard.test_app import assert_clean, open_page
 from tests.runs import NUM_BLOCKS, TWO_RUNS_INSTANCE
 
 
 def test_each_engine_start_is_a_run_with_its_start_and_cache(two_runs):
-    runs = run_table(queries.runs(two_runs.store))
+    runs = run_table(two_runs.store.reads.runs())
     assert len(runs) == 2 and set(runs["instance"]) == {TWO_RUNS_INSTANCE}
     assert (runs["source"] == "engine").all() and (runs["num_blocks"] == NUM_BLOCKS - 1).all()  # the null block
     first, second = runs.itertuples()
     assert first.ended_at == second.started_at and np.isnan(second.ended_at)
     for (start, _), run in zip(two_runs.rounds, runs.itertuples()):
         assert run.started_at <= start  # the run began before its workload did
-    reqs = queries.requests(two_runs.store)
+    reqs = two_runs.store.reads.requests()
     owners = run_of(runs, reqs["instance"], reqs["arrival_ts"])
     for (start, end), run in zip(two_runs.rounds, runs.itertuples()):
         mine = (reqs["arrival_ts"] >= start) & (reqs["arrival_ts"] <= end)
@@ -42,7 +41,7 @@ def test_what_if_replays_each_run_through_its_own_cache(two_runs):
     did) carries the first run's cache into the second and is not."""
     store = two_runs.store
     plans = replay_plans(store)
-    assert [p.span.run_id for p in plans] == list(run_table(queries.runs(store))["run_id"])
+    assert [p.span.run_id for p in plans] == list(run_table(store.reads.runs())["run_id"])
     total, per_run = simulate_runs(plans, num_blocks=NUM_BLOCKS)
     observed = observed_total(plans, store, None, None)
     for plan, result in zip(plans, per_run):
@@ -70,7 +69,7 @@ def test_the_terminal_the_overview_and_what_if_give_one_hit_rate(two_runs, which
 
 
 def test_a_range_cut_at_the_restart(two_runs):
-    runs = run_table(queries.runs(two_runs.store))
+    runs = run_table(two_runs.store.reads.runs())
     (s1, _), (_, e2) = two_runs.rounds
     cut = spans(runs, s1, e2)
     assert len(cut) == 2 and cut[0].until == cut[1].since == runs["started_at"].iloc[1]
@@ -80,17 +79,17 @@ def test_a_range_cut_at_the_restart(two_runs):
 def test_the_pages_look_at_the_latest_run_and_say_when_a_range_spans_both(monkeypatch, two_runs):
     at = open_page(monkeypatch, two_runs.url, "overview")
     assert_clean(at)
-    runs = run_table(queries.runs(two_runs.store))
+    runs = run_table(two_runs.store.reads.runs())
     latest = runs["run_id"].iloc[-1]
     assert at.selectbox(key="run").value == latest  # one instance, restarted: its latest run by default
     kpis = {m.label: m.value for m in at.metric}
-    second = queries.requests(two_runs.store, runs["started_at"].iloc[-1], None)
+    second = two_runs.store.reads.requests(runs["started_at"].iloc[-1], None)
     assert kpis["requests"] == f"{len(second):,}"
     assert not at.warning
     at.selectbox(key="run").set_value("all runs in the range").run()
     assert_clean(at)
     assert "spans engine restarts: 2 runs of engine-twice" in at.warning[0].value
-    assert {m.label: m.value for m in at.metric}["requests"] == f"{len(queries.requests(two_runs.store)):,}"
+    assert {m.label: m.value for m in at.metric}["requests"] == f"{len(two_runs.store.reads.requests()):,}"
 
 
 def test_between_runs_nothing_was_watching(two_runs):
@@ -98,7 +97,7 @@ def test_between_runs_nothing_was_watching(two_runs):
     store = two_runs.store
     (s1, e1), (s2, e2) = two_runs.rounds
     frame = data.overview(store, s1, e2, 1.0)["steps"]
-    runs = run_table(queries.runs(store))
+    runs = run_table(store.reads.runs())
     gap = frame[(frame.index > e1 + 1) & (frame.index + 1 < runs["started_at"].iloc[1])]
     assert len(gap) > 0 and gap.isna().all().all()
     inside = frame[(frame.index >= s2) & (frame.index <= e2)]
@@ -115,7 +114,7 @@ def test_what_if_on_every_run_shows_each_runs_table_labelled_in_the_pages_zone(m
         at.radio(key="zone").set_value("UTC").run()
     time.tzset()
     assert_clean(at)
-    runs = run_table(queries.runs(two_runs.store))
+    runs = run_table(two_runs.store.reads.runs())
     utc = [datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds") for t in runs["started_at"]]
     assert [e.label for e in at.expander] == [f"{TWO_RUNS_INSTANCE}, run started {t}" for t in utc]
     assert "2 runs, each replayed through a cache of its own" in at.caption[0].value

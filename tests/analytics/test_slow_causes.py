@@ -18,7 +18,7 @@ from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.analytics.step_causes import step_causes
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import StepRecord
 
 BLOCK = 16
@@ -100,7 +100,7 @@ def test_both_scripts_lost_the_prefix_in_the_pause(scripted):
 def test_the_slow_cause_is_the_part_that_cost_the_time(scripted):
     name, store, outputs, frame = scripted
     last = frame.loc[3]
-    a3 = queries.requests(store).set_index("request_id").loc["a3"]
+    a3 = store.reads.requests().set_index("request_id").loc["a3"]
     assert bool(last["slow"])
     if name == "prefix_lost":
         assert a3["queue_s"] < 0.05  # truth: nothing to wait for
@@ -119,7 +119,7 @@ def test_the_recompute_estimate_is_close_to_the_prefill_the_loss_added(scripted)
     prefill of its earlier cache-hitting steps."""
     name, store, outputs, frame = scripted
     last = frame.loc[3]
-    reqs = queries.requests(store).set_index("request_id")
+    reqs = store.reads.requests().set_index("request_id")
     prefill = reqs["first_token_ts"] - (reqs["arrival_ts"] + reqs["queue_s"])
     added = prefill["a3"] - prefill[["a1", "a2"]].mean()
     assert added > 0.02
@@ -130,8 +130,8 @@ def test_a_model_error_after_the_lost_prefix_fails_for_the_model_and_is_slow_for
     """The same step failing: with invalid_response it failed because of the model and was slow because of what cost
     it time; timing out instead, the part that cost the time is its failure cause."""
     name, store, outputs, frame = scripted
-    steps, reqs = queries.steps(store), queries.requests(store)
-    events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
+    steps, reqs = store.reads.steps(), store.reads.requests()
+    events = store.reads.kv_events(kinds=ATTRIBUTION_KINDS)
     rates = PrefillRates(reqs)
     for error, cause, kind in (
         ("invalid_response", "invalid_response", "model"),

@@ -8,18 +8,17 @@ import pandas as pd
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.analytics.step_story import step_story
-from kvobs.store import queries
 
 
 def stories(run):
-    steps = queries.steps(run.store)
+    steps = run.store.reads.steps()
     return [(step, step_story(run.store, step.session_id, int(step.step_index))) for step in steps.itertuples()]
 
 
 def test_every_step_has_a_story_agreeing_with_its_verdict(agent_run):
     store = agent_run.store
-    events = queries.kv_events(store, kinds=ATTRIBUTION_KINDS)
-    verdicts = attribute_steps(queries.steps(store), queries.requests(store), events)
+    events = store.reads.kv_events(kinds=ATTRIBUTION_KINDS)
+    verdicts = attribute_steps(store.reads.steps(), store.reads.requests(), events)
     verdicts = verdicts.set_index(["session_id", "step_index"])
     told = stories(agent_run)
     assert len(told) == 18
@@ -67,7 +66,7 @@ def test_a_requests_lifecycle_is_told_in_order(agent_run):
 def test_the_pause_losses_told_are_the_verdicts_and_their_takers_were_running(agent_run):
     """The engine names on each `evicted` row the request it evicted for; that request must have been in flight
     at that moment, and belong to the session the story names."""
-    reqs = queries.requests(agent_run.store).set_index("request_id")
+    reqs = agent_run.store.reads.requests().set_index("request_id")
     checked = 0
     for _, story in stories(agent_run):
         lost = story.events[story.events["kind"] == "evicted"]
@@ -87,9 +86,9 @@ def test_vllm_steps_find_their_requests_by_trace_and_say_removals_name_no_taker(
     told = stories(vllm_run)
     store = vllm_run.store  # each story reads only its step's window, and still gives the whole run's verdict
     verdicts = attribute_steps(
-        queries.steps(store),
-        queries.requests(store),
-        queries.kv_events(store, kinds=ATTRIBUTION_KINDS),
+        store.reads.steps(),
+        store.reads.requests(),
+        store.reads.kv_events(kinds=ATTRIBUTION_KINDS),
         rates=PrefillRates.from_store(store, None, None),  # vLLM's rate: from its scraped counters
     ).set_index(["session_id", "step_index"])
     for step, story in told:
@@ -107,5 +106,5 @@ def test_vllm_steps_find_their_requests_by_trace_and_say_removals_name_no_taker(
 
 def test_an_unknown_step_has_no_story(agent_run):
     assert step_story(agent_run.store, "no-such-session", 0) is None
-    session = queries.steps(agent_run.store)["session_id"].iloc[0]
+    session = agent_run.store.reads.steps()["session_id"].iloc[0]
     assert step_story(agent_run.store, session, 99) is None

@@ -10,7 +10,7 @@ import sys
 import pytest
 from sqlalchemy import select
 
-from kvobs.store import open_store, queries
+from kvobs.store import open_store
 from kvobs.store.schema import StepRow
 from tests.server.conftest import free_port, running_server
 from tests.waiting import wait_for
@@ -115,7 +115,7 @@ def test_no_store_agents_reach_the_store_through_the_collector(smollm2_source, s
     finally:
         collector.stop()
     assert not list(here.iterdir())  # no store file of its own
-    sessions = queries.sessions(store)
+    sessions = store.reads.sessions()
     assert len(sessions) == 2 and set(sessions["source"]) == {"sdk"} and sessions["ended_at"].notna().all()
-    steps = queries.steps(store)
+    steps = store.reads.steps()
     assert sorted(steps.groupby("session_id")["step_index"].apply(list).tolist()) == [[0, 1], [0, 1]]

@@ -34,7 +34,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.analytics.attribution import attribute_steps
-from kvobs.store import queries
 from tests.server.conftest import free_port, running_server
 from tests.waiting import wait_for
 
@@ -129,11 +128,11 @@ def record_fixture(folder: Path, bodies: list[bytes], store) -> None:
                 "body_b64": base64.b64encode(_without_paths(body)).decode(),
             }
             out.write(json.dumps(line) + "\n")
-    steps = queries.steps(store).sort_values(["session_id", "step_index"])
-    verdicts = attribute_steps(steps, queries.requests(store), queries.kv_events(store))
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
+    verdicts = attribute_steps(steps, store.reads.requests(), store.reads.kv_events())
     joined = verdicts.set_index(["session_id", "step_index"])["num_requests"]
     steps = steps[STEP_COLUMNS].assign(joined=[int(joined[k]) for k in zip(steps["session_id"], steps["step_index"])])
-    sessions = queries.sessions(store).sort_values("session_id")[
+    sessions = store.reads.sessions().sort_values("session_id")[
         ["session_id", "source", "agent_name", "num_steps", "num_failed_steps"]
     ]
     truth = {

@@ -24,7 +24,6 @@ from collectors.span_steps import SpanSteps
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName
-from kvobs.store import queries
 from kvobs.store.writer import StoreWriter
 
 
@@ -114,7 +113,7 @@ class Clock:
 
 def steps_maker(store, **kwargs):
     writer, clock = StoreWriter(store), Clock()
-    steps = SpanSteps(writer, clock=clock, step_counts=lambda ids: queries.session_step_counts(store, ids), **kwargs)
+    steps = SpanSteps(writer, clock=clock, step_counts=lambda ids: store.lookups.session_step_counts(ids), **kwargs)
     return SpanIngest(writer, steps=steps), steps, writer, clock
 
 
@@ -153,11 +152,11 @@ def test_openllmetry_sdk_spans_a_workflow_session_and_its_tools(store):
     ingest.handle(agent.export())
     assert steps.settle() == 2  # every parent known: decided at once
     writer.close()
-    sessions = queries.sessions(store)
+    sessions = store.reads.sessions()
     assert sessions[["session_id", "source", "agent_name", "num_steps", "num_failed_steps"]].values.tolist() == [
         ["chat-42", "openllmetry", "trip_planner", 2, 1]
     ]
-    made = queries.steps(store).sort_values("step_index")
+    made = store.reads.steps().sort_values("step_index")
     assert made["status"].tolist() == ["ok", "error"] and made["error_type"].fillna("-").tolist() == ["-", "429"]
     assert made["response_id"].fillna("-").tolist() == ["r-1", "-"] and made["prompt_tokens"].tolist() == [120, 120]
     (tool_call,) = json.loads(made["tools"].iloc[1])
@@ -190,8 +189,8 @@ def test_a_call_waits_for_its_parents_and_takes_the_session_they_name(store):
     clock.now = 10.0
     assert steps.settle() == 1
     writer.close()
-    sessions = queries.sessions(store).set_index("session_id")
-    orphan_trace = queries.steps(store).set_index("session_id").index.difference(["conv-7"])
+    sessions = store.reads.sessions().set_index("session_id")
+    orphan_trace = store.reads.steps().set_index("session_id").index.difference(["conv-7"])
     assert sessions.loc["conv-7", "agent_name"] == "planner" and len(orphan_trace) == 1
     assert len(orphan_trace[0]) == 32 and sessions.loc[orphan_trace[0], "source"] == "otel-genai"
 
@@ -210,7 +209,7 @@ def test_the_sdks_own_steps_are_left_to_the_sdk_and_memory_is_bounded(store):
     assert steps.num_traces_dropped == 1 and len(steps._traces) == 2
     assert steps.settle(final=True) == 2
     writer.close()
-    assert len(queries.steps(store)) == 2
+    assert len(store.reads.steps()) == 2
 
 
 def test_a_conversation_whose_agent_span_comes_late_is_one_session_and_gets_its_agent_name(store):
@@ -239,10 +238,10 @@ def test_a_conversation_whose_agent_span_comes_late_is_one_session_and_gets_its_
     assert steps.settle() == 1
     writer.close()
     trace_id = format(root.get_span_context().trace_id, "032x")
-    made = queries.steps(store)
+    made = store.reads.steps()
     assert made.groupby("session_id")["step_index"].apply(list).to_dict()[trace_id] == [0, 1]
     assert "conv-9" not in set(made["session_id"])
-    sessions = queries.sessions(store).set_index("session_id")
+    sessions = store.reads.sessions().set_index("session_id")
     assert sessions.loc[trace_id, "agent_name"] == "planner" and sessions.loc[trace_id, "num_steps"] == 2
 
 
@@ -277,4 +276,4 @@ def test_an_sdk_call_is_never_a_step_of_its_own_even_when_its_step_span_comes_la
     clock.now = 10.0
     assert steps.settle() == 0 and steps.num_sdk_calls == 1
     writer.close()
-    assert queries.steps(store).empty
+    assert store.reads.steps().empty

@@ -16,7 +16,6 @@ from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
 from kvobs.analytics.attribution import attribute_steps
-from kvobs.store import queries
 from kvobs.store.writer import StoreWriter
 from tests.collectors.agent_harness import FIXTURES, STEP_COLUMNS
 
@@ -43,7 +42,7 @@ def replay(store, requests: list[ExportTraceServiceRequest]) -> SpanIngest:
     steps = SpanSteps(
         writer,
         activity=activity,
-        step_counts=lambda ids: queries.session_step_counts(store, ids),
+        step_counts=lambda ids: store.lookups.session_step_counts(ids),
         clock=lambda: next(clock),
     )
     ingest = SpanIngest(writer, activity=activity, steps=steps, instance="engine")
@@ -70,14 +69,14 @@ def test_recorded_agent_runs_make_the_same_steps_on_every_backend(any_store, nam
         requests = [r for r in requests if not _is_server(r)] + [r for r in requests if _is_server(r)]
     ingest = replay(any_store, requests)
 
-    steps = queries.steps(any_store).sort_values(["session_id", "step_index"])[STEP_COLUMNS]
+    steps = any_store.reads.steps().sort_values(["session_id", "step_index"])[STEP_COLUMNS]
     got = json.loads(steps.to_json(orient="records"))
     want = [{c: s[c] for c in STEP_COLUMNS} for s in truth["steps"]]
     assert [{**s, "tools": _tool_names(s["tools"])} for s in got] == [
         {**s, "tools": _tool_names(s["tools"])} for s in want
     ]
     assert [s["tools"] for s in got] == [s["tools"] for s in want]  # the tool spans' own times
-    sessions = queries.sessions(any_store).sort_values("session_id")
+    sessions = any_store.reads.sessions().sort_values("session_id")
     assert json.loads(sessions[list(truth["sessions"][0])].to_json(orient="records")) == truth["sessions"]
     assert ingest.num_duplicates == (
         sum(len(s.spans) for r in exports(name) for rs in r.resource_spans for s in rs.scope_spans)
@@ -85,6 +84,6 @@ def test_recorded_agent_runs_make_the_same_steps_on_every_backend(any_store, nam
         else 0
     )
     # every step the live run joined to a request is joined again (by response id or trace), the others to none
-    verdicts = attribute_steps(queries.steps(any_store), queries.requests(any_store), queries.kv_events(any_store))
+    verdicts = attribute_steps(any_store.reads.steps(), any_store.reads.requests(), any_store.reads.kv_events())
     joined = verdicts.set_index(["session_id", "step_index"])["num_requests"].to_dict()
     assert joined == {(s["session_id"], s["step_index"]): int(s["joined"]) for s in truth["steps"]}

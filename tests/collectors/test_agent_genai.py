@@ -11,7 +11,6 @@ import pytest
 
 from kvobs.analytics.attribution import attribute_steps
 from kvobs.analytics.chains import with_sessions
-from kvobs.store import queries
 from tests.collectors.agent_harness import served_and_collected
 
 
@@ -19,16 +18,16 @@ def test_pydantic_ai_conversations_are_sessions_and_each_run_a_step(smollm2_sour
     with served_and_collected(smollm2_source, store, service="pydantic-agent", record="pydantic-ai") as h:
         answered = h.agent("pydantic_ai")["answered"]
 
-    sessions = queries.sessions(store).set_index("session_id")
+    sessions = store.reads.sessions().set_index("session_id")
     assert sorted(sessions.index) == sorted(answered)  # one session per conversation, across its 3 runs
     assert set(sessions["source"]) == {"otel-genai"} and set(sessions["agent_name"]) == {"planner"}
     assert sessions["num_steps"].tolist() == [3, 3] and sessions["num_failed_steps"].tolist() == [0, 0]
-    steps = queries.steps(store).sort_values(["session_id", "step_index"])
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
     assert steps.groupby("session_id")["response_id"].apply(list).to_dict() == answered
     assert set(steps["status"]) == {"ok"} and steps["prompt_tokens"].gt(0).all()
-    requests = queries.requests(store)
+    requests = store.reads.requests()
     assert set(steps["response_id"]) == set(requests["request_id"])  # the id pydantic-ai's span saw = the server's
-    verdicts = attribute_steps(steps, requests, queries.kv_events(store))
+    verdicts = attribute_steps(steps, requests, store.reads.kv_events())
     assert verdicts["num_requests"].tolist() == [1] * 6
     owned = with_sessions(requests.assign(session_id=None), steps)  # even a request stored before its step
     assert owned.set_index("request_id")["session_id"].to_dict() == dict(zip(steps["response_id"], steps["session_id"]))
@@ -43,10 +42,10 @@ def test_a_plain_loop_is_one_session_per_trace_with_its_failure(smollm2_source, 
     ((trace_id, ids),) = ran["answered"].items()
     assert ran["refused"]
 
-    sessions = queries.sessions(store)
+    sessions = store.reads.sessions()
     assert sessions["session_id"].tolist() == [trace_id] and sessions["source"].tolist() == ["otel-genai"]
-    steps = queries.steps(store).sort_values("step_index")
+    steps = store.reads.steps().sort_values("step_index")
     assert steps["status"].tolist() == ["ok"] * 3 + ["error"] and steps["error_type"].tolist()[-1] == "400"
     assert steps["response_id"].tolist()[:3] == ids and steps["response_id"].isna().tolist()[-1]
-    verdicts = attribute_steps(steps, queries.requests(store), queries.kv_events(store))
+    verdicts = attribute_steps(steps, store.reads.requests(), store.reads.kv_events())
     assert verdicts.sort_values("step_index")["num_requests"].tolist() == [1, 1, 1, 0]

@@ -10,7 +10,6 @@ from streamlit.testing.v1 import AppTest
 
 from kvobs.analytics.attribution import attribute_steps
 from kvobs.analytics.step_story import step_story, tool_calls
-from kvobs.store import queries
 from tests.collectors.agent_harness import served_and_collected
 from tests.collectors.agent_scenarios import TOOL_S
 from tests.dashboard.test_app import APP
@@ -27,11 +26,11 @@ def test_openinference_agent_is_sessions_steps_tools_and_joined_requests(smollm2
             "answered"
         ]
 
-    sessions = queries.sessions(store).set_index("session_id")
+    sessions = store.reads.sessions().set_index("session_id")
     assert sorted(sessions.index) == conversations
     assert set(sessions["source"]) == {"openinference"} and set(sessions["agent_name"]) == {"travel-agent"}
     assert sessions["num_steps"].tolist() == [3, 3, 3] and sessions["num_failed_steps"].tolist() == [0, 0, 1]
-    steps = queries.steps(store).sort_values(["session_id", "step_index"]).reset_index(drop=True)
+    steps = store.reads.steps().sort_values(["session_id", "step_index"]).reset_index(drop=True)
     assert steps.groupby("session_id")["step_index"].apply(list).tolist() == [[0, 1, 2]] * 3
     failed = steps[steps["status"] == "error"]
     assert failed[["session_id", "step_index", "error_type"]].values.tolist() == [["trip-c", 2, "400"]]
@@ -50,18 +49,18 @@ def test_openinference_agent_is_sessions_steps_tools_and_joined_requests(smollm2
         assert pause - (tool["end"] - tool["start"]) < 0.1, pause
 
     # each answered step is joined to its server request (by response id), the refused one to none
-    requests = queries.requests(store)
-    verdicts = attribute_steps(steps, requests, queries.kv_events(store)).set_index(["session_id", "step_index"])
+    requests = store.reads.requests()
+    verdicts = attribute_steps(steps, requests, store.reads.kv_events()).set_index(["session_id", "step_index"])
     assert verdicts["num_requests"].to_dict() == {
         (s, i): int(not (s == "trip-c" and i == 2)) for s in conversations for i in range(3)
     }
     assert sorted(requests["request_id"]) == sorted(i for ids in answered.values() for i in ids)
     assert set(requests["session_id"]) == set(conversations)
-    stored = queries.kv_events(store, kinds=["stored"])
+    stored = store.reads.kv_events(kinds=["stored"])
     assert set(stored["session_id"].dropna()) == set(conversations)  # KV events owned by the conversations
-    removed = queries.kv_events(store, kinds=["removed"])
+    removed = store.reads.kv_events(kinds=["removed"])
     assert len(removed) and set(removed["session_id"].dropna()) <= set(conversations)  # and their losses
-    footprints = queries.session_snapshots(store, "trip-a")
+    footprints = store.reads.session_snapshots("trip-a")
     assert footprints["session_evicted_blocks"].max() > 0  # a conversation's own footprint counts its losses
 
     story = step_story(store, "trip-a", 1)  # the step page's story: the tool in its pause, its request
@@ -95,10 +94,10 @@ def test_without_response_ids_a_step_joins_by_trace_context_or_says_none_was_fou
             "openinference", conversations={"traced": "traceparent", "untraced": None}, hide_outputs=True
         )["answered"]
 
-    steps = queries.steps(store).sort_values(["session_id", "step_index"]).reset_index(drop=True)
+    steps = store.reads.steps().sort_values(["session_id", "step_index"]).reset_index(drop=True)
     assert steps["response_id"].isna().all() and len(steps) == 6
-    requests = queries.requests(store)
-    verdicts = attribute_steps(steps, requests, queries.kv_events(store)).set_index(["session_id", "step_index"])
+    requests = store.reads.requests()
+    verdicts = attribute_steps(steps, requests, store.reads.kv_events()).set_index(["session_id", "step_index"])
     assert verdicts["num_requests"].to_dict() == {
         **{("traced", i): 1 for i in range(3)},
         **{("untraced", i): 0 for i in range(3)},

@@ -60,10 +60,9 @@ def test_collector_reads_kvobs_serve_like_a_vllm(smollm2_source, store):
             wait_for(lambda: collector.scraper.num_scrapes >= scrapes + 1)
         finally:
             collector.stop()
-    from kvobs.store import queries
     from kvobs.store.rows import run_id
 
-    runs = queries.runs(store)  # the collector names the engine's run as the engine does (its start on /metrics)
+    runs = store.reads.runs()  # the collector names the engine's run as the engine does (its start on /metrics)
     assert list(runs["run_id"]) == [run_id("engine", server.started_at)] and list(runs["num_blocks"]) == [23]
     with store.session() as s:
         requests = s.scalars(select(RequestRow)).all()

@@ -8,7 +8,7 @@ import pytest
 from collectors.collector import Collector, CollectorOptions
 from collectors.kv_ingest import KVIngest
 from collectors.kv_streams import KVStreamSpec, parse_streams
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
 from tests.collectors.recorded import kv_messages
 from tests.collectors.replay import publisher, wait_subscribed
@@ -54,7 +54,7 @@ def test_two_replicas_into_one_collector_each_tagged_with_its_instance(tmp_path)
             wait_for(lambda: all(s.subscriber.num_batches == len(messages) for s in collector.streams))
     finally:
         collector.stop()
-    events = queries.kv_events(store)
+    events = store.reads.kv_events()
     per_instance = events.groupby("instance").size().to_dict()
     assert set(per_instance) == {"gpu-0", "gpu-1"} and per_instance["gpu-0"] == per_instance["gpu-1"] > 0
     for stream in collector.streams:
@@ -104,4 +104,4 @@ def test_sessions_idle_past_the_limit_are_forgotten_and_a_returning_one_is_track
     ingest.snapshot()
     assert ingest.chains.footprints["gone"].resident == 2
     writer.close()
-    assert set(queries.sessions(store)["session_id"]) == {"gone", "holding", "recent", "other"}
+    assert set(store.reads.sessions()["session_id"]) == {"gone", "holding", "recent", "other"}

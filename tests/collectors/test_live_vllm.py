@@ -20,7 +20,6 @@ from sqlalchemy import func, select
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.analytics.attribution import attribute_steps
-from kvobs.store import queries
 from kvobs.store.schema import KVEventRow, RequestRow, SnapshotRow
 from tests.collectors.agent_harness import FIXTURES, Harness, record_fixture
 from tests.server.conftest import free_port
@@ -169,19 +168,19 @@ def test_agents_traced_by_their_frameworks_on_a_live_vllm(store):
         vllm.wait(60)
         collector.stop()
     answered = {**oi, **pai}
-    steps = queries.steps(store).sort_values(["session_id", "step_index"])
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
     assert set(steps["session_id"]) == set(answered)
     ok = steps[steps["status"] == "ok"]
     assert ok.groupby("session_id")["response_id"].apply(list).to_dict() == answered
     failed = steps[steps["status"] == "error"]
     assert failed[["session_id", "error_type"]].values.tolist() == [["without", "400"]]
-    requests = queries.requests(store)
+    requests = store.reads.requests()
     assert set(ok["response_id"]) <= set(requests["request_id"])  # vLLM's gen_ai.request.id is the id it answered
-    verdicts = attribute_steps(steps, requests, queries.kv_events(store)).set_index(["session_id", "step_index"])
+    verdicts = attribute_steps(steps, requests, store.reads.kv_events()).set_index(["session_id", "step_index"])
     assert verdicts["num_requests"].to_dict() == {
         (s, i): int(st == "ok") for s, i, st in zip(steps["session_id"], steps["step_index"], steps["status"])
     }
-    owners = set(queries.kv_events(store, kinds=["stored"])["session_id"].dropna())
+    owners = set(store.reads.kv_events(kinds=["stored"])["session_id"].dropna())
     assert "with-header" in owners and "without" not in owners  # KV events name a session only from the header
     if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
         record_fixture(FIXTURES / "vllm-openinference-pydantic-ai", harness.bodies, store)

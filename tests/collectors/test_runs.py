@@ -7,7 +7,7 @@ import re
 
 from collectors.prom_text import parse_metrics
 from collectors.runs import RunWatcher, run_start
-from kvobs.store import StoreWriter, queries
+from kvobs.store import StoreWriter
 from tests.collectors.recorded import scrapes
 
 
@@ -16,7 +16,7 @@ def _with_start(body: str, start: float) -> str:
 
 
 def test_the_recorded_vllm_run_starts_when_its_process_did(vllm_run):
-    runs = queries.runs(vllm_run.store)
+    runs = vllm_run.store.reads.runs()
     first_body = scrapes()[0][1]
     start = float(re.search(r"^process_start_time_seconds (\S+)$", first_body, re.M).group(1))
     assert list(runs["started_at"]) == [start] and list(runs["source"]) == ["collector"]
@@ -35,7 +35,7 @@ def test_a_restart_is_a_new_run_and_a_collector_restart_is_not(store):
     again = RunWatcher(writer)  # the collector restarted: it sees the same start, writes the same row
     assert again.on_scrape("vllm-a", parse_metrics(_with_start(body, 1.8e9))) is not None
     writer.close()
-    runs = queries.runs(store)
+    runs = store.reads.runs()
     assert len(runs) == 2 and sorted(runs["started_at"])[-1] == 1.8e9
 
 

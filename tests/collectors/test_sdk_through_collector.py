@@ -17,7 +17,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from kvobs.agent import AgentSession, ChatError
 from kvobs.agent.recorder import step_record
 from kvobs.analytics.attribution import attribute_steps
-from kvobs.store import queries
 from tests.collectors.agent_harness import served_and_collected
 from tests.server.conftest import SERVED
 
@@ -52,7 +51,7 @@ def test_sdk_sessions_reach_the_store_through_the_collector_as_its_recorder_woul
                     finished.append((session, step))
         provider.shutdown()
 
-    steps = queries.steps(store).sort_values(["session_id", "step_index"]).reset_index(drop=True)
+    steps = store.reads.steps().sort_values(["session_id", "step_index"]).reset_index(drop=True)
     want = [step_record(session, step).to_row() for session, step in finished]
     got = json.loads(steps[list(want[0])].to_json(orient="records", double_precision=15))  # (NaN as None)
     assert [{k: v for k, v in row.items() if k not in TIMES} for row in got] == [
@@ -60,15 +59,15 @@ def test_sdk_sessions_reach_the_store_through_the_collector_as_its_recorder_woul
     ]
     for row, truth in zip(got, want):
         assert all(abs(row[k] - truth[k]) < 0.005 for k in TIMES if truth[k] is not None), (row, truth)
-    sessions = queries.sessions(store).set_index("session_id")
+    sessions = store.reads.sessions().set_index("session_id")
     assert sessions.loc[:, ["agent_name", "source", "num_steps", "num_failed_steps"]].values.tolist() == [
         ["planner", "sdk", 3, 0],
         ["planner", "sdk", 3, 1],
     ]
     for session, _ in finished[::3]:
         assert abs(sessions.loc[session.session_id, "ended_at"] - session.ended_at) < 0.005
-    assert queries.session_ends(store, ["planner-a", "planner-b"]).keys() == {"planner-a", "planner-b"}
-    verdicts = attribute_steps(steps, queries.requests(store), queries.kv_events(store))
+    assert store.lookups.session_ends(["planner-a", "planner-b"]).keys() == {"planner-a", "planner-b"}
+    verdicts = attribute_steps(steps, store.reads.requests(), store.reads.kv_events())
     assert verdicts["num_requests"].tolist() == [1, 1, 1, 1, 1, 0]
-    assert set(queries.kv_events(store, kinds=["stored"])["session_id"].dropna()) == {"planner-a", "planner-b"}
+    assert set(store.reads.kv_events(kinds=["stored"])["session_id"].dropna()) == {"planner-a", "planner-b"}
     assert h.collector.span_steps.by_source["sdk"] == 6 and h.collector.span_ingest.agent_steps["error"] == 1

@@ -175,9 +175,8 @@ def test_overview_charts_share_one_x_range_and_no_kpi_sits_over_an_empty_chart(m
 
 
 def test_a_step_story_opens_from_its_url(monkeypatch, agent_run):
-    from kvobs.store import queries
 
-    steps = queries.steps(agent_run.store)
+    steps = agent_run.store.reads.steps()
     step = steps[(steps["status"] == "error") & (steps["step_index"] > 0)].iloc[0]
     monkeypatch.setenv("KVOBS_STORE_URL", agent_run.url)
     at = AppTest.from_file(APP, default_timeout=120)
@@ -217,7 +216,7 @@ def test_without_jaeger_the_steps_have_no_empty_trace_column(monkeypatch, agent_
 def test_alerts_evaluated_after_the_newest_row_are_in_the_range(monkeypatch, agent_run, tmp_path):
     from kvobs.alerts.evaluator import Evaluator
     from kvobs.alerts.rules import parse_rules
-    from kvobs.store import open_store, queries
+    from kvobs.store import open_store
 
     copy = tmp_path / "copy.db"
     source = sqlite3.connect(make_url(agent_run.url).database)
@@ -225,7 +224,7 @@ def test_alerts_evaluated_after_the_newest_row_are_in_the_range(monkeypatch, age
     target.close()
     source.close()
     store = open_store(f"sqlite:///{copy}")
-    _, last = queries.time_range(store)
+    _, last = store.reads.time_range()
     rules = parse_rules(
         "rules:\n  - {name: Full, signal: kv_usage, op: '>', threshold: 0.1, severity: warning, window: 60}\n"
     )

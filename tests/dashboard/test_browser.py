@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from dashboard.views import PAGES
-from kvobs.store import queries
 from tests.dashboard.browser import chromium, chromium_binary
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
@@ -86,7 +85,7 @@ def test_every_page_renders_in_chromium(served, tmp_path, monkeypatch):
     shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TZ", BROWSER_ZONE)  # Chromium's zone: what "local" means in the page
-    steps = queries.steps(run.store)
+    steps = run.store.reads.steps()
     worst = steps.sort_values(["status", "e2e_s"], ascending=[True, False]).iloc[0]  # "error" sorts first
     visits = {key: f"?page={key}" for key in PAGES}
     visits["step_url"] = f"?session={worst['session_id']}&step={worst['step_index']}"

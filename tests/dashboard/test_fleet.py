@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import data
 from dashboard.views import PAGES
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import AlertRecord
 from tests.dashboard.test_app import APP, assert_clean, charts, open_page, x_axes
 from tests.runs import FLEET
@@ -33,10 +33,10 @@ def test_the_overview_has_a_row_and_a_small_chart_per_instance(monkeypatch, flee
     assert "Per instance" in [s.value for s in at.subheader]
     table = at.dataframe[-1].value
     assert sorted(table["instance"]) == list(FLEET)
-    first, last = queries.time_range(fleet_run.store)
+    first, last = fleet_run.store.reads.time_range()
     for name, lost, requests in zip(table["instance"], table["blocks_lost"], table["requests"]):
-        assert lost == queries.block_losses(fleet_run.store, instances=[name])["blocks"].sum() > 0
-        assert requests == len(queries.requests(fleet_run.store, first, last, instances=[name])) > 0
+        assert lost == fleet_run.store.reads.block_losses(instances=[name])["blocks"].sum() > 0
+        assert requests == len(fleet_run.store.reads.requests(first, last, instances=[name])) > 0
     assert list(table["blocks_lost"]) == sorted(table["blocks_lost"], reverse=True)  # most lost first
     domain = {tuple(x["scale"]["domain"]) for spec in charts(at) for x in x_axes(spec)}
     for measure in data.FLEET_SERIES:
@@ -56,9 +56,9 @@ def test_choosing_an_instance_narrows_every_count(monkeypatch, fleet_run):
     assert_clean(at)
     narrowed = {m.label: m.value for m in at.metric}
     store = fleet_run.store
-    first, last = queries.time_range(store)
-    assert narrowed["requests"] == str(len(queries.requests(store, first, last, instances=["vllm-b"])))
-    assert narrowed["blocks lost"] == f"{queries.block_losses(store, instances=['vllm-b'])['blocks'].sum():,}"
+    first, last = store.reads.time_range()
+    assert narrowed["requests"] == str(len(store.reads.requests(first, last, instances=["vllm-b"])))
+    assert narrowed["blocks lost"] == f"{store.reads.block_losses(instances=['vllm-b'])['blocks'].sum():,}"
     assert int(narrowed["requests"]) < int(whole["requests"])
     assert narrowed["agent steps"] == whole["agent steps"]  # steps are the fleet's (as the KPI's help says)
     assert "Per instance" not in [s.value for s in at.subheader]  # one instance: nothing to compare

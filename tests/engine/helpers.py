@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.sampling_params import SamplingParams
 

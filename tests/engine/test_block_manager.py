@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from instrumented_engine.engine import events as ev
-from instrumented_engine.engine.block_manager import BlockManager
-from instrumented_engine.engine.eviction import SessionTTLPolicy
-from instrumented_engine.engine.hashing import MASK_64, external_hash, hash_block, hash_chain
+from instrumented_engine.engine.kv_cache.eviction import SessionTTLPolicy
+from instrumented_engine.engine.kv_cache.hashing import MASK_64, external_hash, hash_block, hash_chain
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from tests.engine.helpers import FakeClock, admit, kinds, make_seq, run_then_pause
 
 BS = 4

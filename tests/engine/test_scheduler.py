@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from instrumented_engine.engine import events as ev
-from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.scheduler import Scheduler
 from instrumented_engine.engine.sequence import SequenceStatus
 from tests.engine.helpers import FakeClock, make_seq

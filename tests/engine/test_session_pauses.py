@@ -5,7 +5,7 @@ while its request runs is no idle loss at all."""
 from __future__ import annotations
 
 from instrumented_engine.engine import events as ev
-from instrumented_engine.engine.block_manager import BlockManager
+from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.observers.losses import LossTally
 from tests.engine.helpers import FakeClock, admit, make_seq, run_then_pause
 

@@ -22,7 +22,8 @@ from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.semconv import attributes as a
 from kvobs.semconv.reasons import EvictionReason, InvalidationReason
-from kvobs.store import StoreWriter, queries
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS
+from kvobs.store import StoreWriter
 from kvobs.store.schema import KVEventRow
 from kvobs.vllm import kv_events as wire
 
@@ -125,7 +126,7 @@ def test_every_observer_counts_the_same_losses_under_the_same_reasons(step_resul
     }
     (cleared,) = [(reason, n) for kind, reason, _, _, n in rows if kind == "cleared"]
     assert cleared == (EvictionReason.RESET, evicted[EvictionReason.RESET] * BLOCK_SIZE)
-    latest = queries.session_footprints(store)  # each session's latest snapshot
+    latest = store.reads.session_footprints()  # each session's latest snapshot
     assert latest["session_evicted_idle_blocks"].sum() == tally.num_lost_in_pause
     assert latest["session_pending_idle_blocks"].sum() == tally.num_pending
 
@@ -181,7 +182,7 @@ def test_a_session_that_lost_blocks_in_its_pause_is_told_so_by_spans_and_store(s
 
 def test_a_block_two_sessions_share_is_one_block_lost_however_many_rows_record_it(make_llm, store):
     """The store records a lost block once per owning session (each session's footprint needs its row); "blocks
-    lost" (`queries.block_losses`) counts it once."""
+    lost" (`reads.block_losses`) counts it once."""
     engine = make_llm(num_blocks=11, block_size=BLOCK_SIZE, max_model_len=160).engine  # block 0 is reserved
     shared = [500 + t for t in range(3 * BLOCK_SIZE)]  # three full blocks both sessions hold
     results = _run(engine, {"a": shared + [1, 2, 3, 4] * 4, "b": shared + [5, 6, 7, 8] * 4})
@@ -191,9 +192,9 @@ def test_a_block_two_sessions_share_is_one_block_lost_however_many_rows_record_i
     for result in results:
         recorder.on_step(result)
     writer.close()
-    rows = queries.kv_events(store, kinds=queries.BLOCK_LOSS_KINDS)
+    rows = store.reads.kv_events(kinds=BLOCK_LOSS_KINDS)
     distinct = rows.drop_duplicates(["instance", "ts", "block_hash", "kind", "reason"])
     shared_rows = rows[rows.duplicated(["instance", "ts", "block_hash"], keep=False)]
     assert set(shared_rows["session_id"]) == {"a", "b"} and len(shared_rows) == 2 * 3
     assert len(rows) == len(distinct) + 3
-    assert queries.block_losses(store, bucket_s=1e12)["blocks"].sum() == len(distinct)
+    assert store.reads.block_losses(bucket_s=1e12)["blocks"].sum() == len(distinct)

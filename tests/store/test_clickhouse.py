@@ -11,7 +11,7 @@ from dataclasses import fields
 
 import pytest
 
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store
 from kvobs.store.clickhouse import StoreUnreachable
 from kvobs.store.clickhouse.ddl import VERSIONS_TABLE, head
 from kvobs.store.clickhouse.store import GENERATED
@@ -92,7 +92,7 @@ def test_events_without_a_session_leave_no_row_in_the_session_lookup_after_schem
     write(store, 20.0, None)
     write(store, 21.0, "s1")
     assert _session_ranges(store) == {"s1": (11.0, 21.0), "": (12.0, 12.0)}
-    assert queries.kv_events(store, session_id="s1")["ts"].tolist() == [11.0, 21.0]
+    assert store.reads.kv_events(session_id="s1")["ts"].tolist() == [11.0, 21.0]
     views = set(
         store.frame(
             "SELECT name FROM system.tables WHERE engine = 'MaterializedView' AND database = currentDatabase()"
@@ -107,7 +107,7 @@ def test_a_retried_batch_is_stored_once(chdb_store):
     chdb_store.write(batch, token="batch-1")
     chdb_store.write(batch, token="batch-1")  # the answer to the first was lost; the writer sends it again
     chdb_store.write(batch, token="batch-2")  # a different batch with the same rows is stored
-    assert len(queries.kv_events(chdb_store)) == 200
+    assert len(chdb_store.reads.kv_events()) == 200
 
 
 def test_async_inserts_are_acknowledged_when_written_and_a_retry_is_still_stored_once(tmp_path):
@@ -116,9 +116,9 @@ def test_async_inserts_are_acknowledged_when_written_and_a_retry_is_still_stored
     assert store.client.insert_settings == settings
     batch = [("insert", _events(100))]
     store.write(batch, token="batch-1")
-    assert len(queries.kv_events(store)) == 100  # written when the insert returned
+    assert len(store.reads.kv_events()) == 100  # written when the insert returned
     store.write(batch, token="batch-1")
-    assert len(queries.kv_events(store)) == 100
+    assert len(store.reads.kv_events()) == 100
     store.close()
     with pytest.raises(ValueError, match="unknown option"):
         open_store(f"chdb:///{tmp_path / 'other'}?asynk_insert=1")
@@ -129,7 +129,7 @@ def test_a_refused_row_is_dropped_alone(chdb_store):
     writer.add_many(_events(50) + [KVEventRecord(ts=1.0, instance="e", kind="stored", block_hash=2**64)])
     writer.close()
     assert (writer.num_written, writer.num_dropped) == (50, 1)
-    assert len(queries.kv_events(chdb_store)) == 50
+    assert len(chdb_store.reads.kv_events()) == 50
 
 
 def test_session_columns_merge_as_on_sql(chdb_store):
@@ -141,7 +141,7 @@ def test_session_columns_merge_as_on_sql(chdb_store):
     writer.insert_missing(SessionRecord("s1", source="vllm", started_at=9.0))  # exists: left as it is
     writer.upsert(SessionRecord("s1", ended_at=20.0))
     writer.close()
-    (row,) = queries.sessions(chdb_store).to_dict("records")
+    (row,) = chdb_store.reads.sessions().to_dict("records")
     assert (row["source"], row["started_at"], row["num_steps"], row["ended_at"]) == ("sdk", 5.0, 2, 20.0)
 
 

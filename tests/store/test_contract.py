@@ -1,5 +1,5 @@
 """One read API, every backend: the same recorded data (the real vLLM run and our engine's run) loaded into SQLite,
-PostgreSQL and chDB gives the same answer from every function in `kvobs.store.queries`.
+PostgreSQL and chDB gives the same answer from every read and lookup (`kvobs.store.interface`'s protocols).
 
 Each run is copied row by row, in its original order, through `StoreWriter` into a fresh store of each backend;
 then every read function is called with the same arguments on all three and the answers compared value by value
@@ -21,7 +21,9 @@ from sqlalchemy import create_engine, select, text
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS
-from kvobs.store import StoreWriter, open_store, queries, rollups
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.composed import ordered_counts
+from kvobs.store.interface import Lookups, Reads
 from kvobs.store.rows import RECORDS
 from kvobs.store.schema import TABLES
 from tests.stores import POSTGRES
@@ -91,7 +93,7 @@ def loaded(request, tmp_path_factory):
         assert (writer.num_written, writer.num_dropped) == (sum(map(len, records.values())), 0), backend
         stores[backend] = store
         cleanups += [cleanup] if cleanup else []
-    first, last = queries.time_range(stores["sqlite"])
+    first, last = stores["sqlite"].reads.time_range()
     # The built-in rules over a third of the run, without `for` (the runs are shorter), at any non-zero value.
     rules = [
         replace(r, window_s=(last - first) / 3, for_s=0.0, threshold=0.0 if r.op in (">", ">=") else r.threshold)
@@ -131,12 +133,12 @@ def _values(answer, *, ordered: bool):
 
 def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
     """(function, args, kwargs, ordered): every read, over the whole run and over a window inside it."""
-    first, last = queries.time_range(store)
+    first, last = store.reads.time_range()
     middle = (first + (last - first) / 3, first + 2 * (last - first) / 3)
-    busiest = queries.kv_events(store).groupby("session_id").size().sort_values().index[-1]
-    some_session = queries.steps(store)["session_id"].iloc[0]
-    traces = list(queries.steps(store)["trace_id"].dropna()[:50])
-    steps = queries.steps(store)
+    busiest = store.reads.kv_events().groupby("session_id").size().sort_values().index[-1]
+    some_session = store.reads.steps()["session_id"].iloc[0]
+    traces = list(store.reads.steps()["trace_id"].dropna()[:50])
+    steps = store.reads.steps()
     windows = [
         (sid, start - 5.0, end if end == end else last)
         for sid, start, end in zip(steps["session_id"], steps["started_at"], steps["ended_at"])
@@ -160,9 +162,9 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS, "chunk": 3}, True),
         ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True),
         ("runs", (), {}, True),
-        ("runs", (), {"instances": queries.instances(store)[-1:]}, True),
+        ("runs", (), {"instances": store.reads.instances()[-1:]}, True),
     ]
-    one, none = {"instances": queries.instances(store)[-1:]}, {"instances": []}
+    one, none = {"instances": store.reads.instances()[-1:]}, {"instances": []}
     for since, until in ((None, None), middle):
         window = () if since is None else (since, until)
         calls += [
@@ -216,13 +218,16 @@ def test_every_read_gives_the_same_answer_on_every_backend(loaded):
     run, stores, _ = loaded
     reference = stores["sqlite"]
     calls = _calls(reference)
-    assert {name for name, *_ in calls} >= {
-        name for name in dir(queries) if getattr(getattr(queries, name), "__wrapped__", None) is not None
-    } - {"request_rows"}, "a read function the contract does not call"
+    # request_rows: inside requests; raw and minute counts: inside kv_event_counts (and the rollup test below)
+    assert {name for name, *_ in calls} >= (_members(Reads) | _members(Lookups)) - {
+        "request_rows",
+        "raw_counts",
+        "minute_counts",
+    }, "a read the contract does not call"
     for name, args, kwargs, ordered in calls:
-        expected = _values(getattr(queries, name)(reference, *args, **kwargs), ordered=ordered)
+        expected = _values(_read(reference, name)(*args, **kwargs), ordered=ordered)
         for backend, store in stores.items():
-            answer = _values(getattr(queries, name)(store, *args, **kwargs), ordered=ordered)
+            answer = _values(_read(store, name)(*args, **kwargs), ordered=ordered)
             assert answer == expected, f"{run}: {name}{args}{kwargs} differs on {backend}"
 
 
@@ -237,31 +242,40 @@ def test_the_contract_compares_something(loaded):
     """The recordings exercise what the reads are for: losses, restores, lifetimes, sessions with steps."""
     _, stores, _ = loaded
     store = stores["chdb"]
-    first, last = queries.time_range(store)
-    assert queries.block_losses(store)["blocks"].sum() > 0
-    assert not queries.block_lifetimes(store, first, last).empty
-    assert queries.restored_blocks(store, first, last)["stored"].sum() > 0
-    assert queries.step_counts(store, first, last)[0] > 0
+    first, last = store.reads.time_range()
+    assert store.reads.block_losses()["blocks"].sum() > 0
+    assert not store.lookups.block_lifetimes(first, last).empty
+    assert store.lookups.restored_blocks(first, last)["stored"].sum() > 0
+    assert store.lookups.step_counts(first, last)[0] > 0
 
 
 def test_the_rollup_answers_what_the_raw_rows_answer(loaded):
-    """Per-minute rollup plus raw edges (`rollups.counts`) equals counting the raw rows, on every backend, for windows
+    """Per-minute rollup plus raw edges (`kv_event_counts`) equals counting the raw rows, on every backend, for windows
     that start and end inside a minute, on one, and over everything."""
     _, stores, _ = loaded
-    first, last = queries.time_range(stores["sqlite"])
+    first, last = stores["sqlite"].reads.time_range()
     minute = math.floor(first / 60) * 60.0
     windows = [(None, None), (first + 7.3, last - 11.9), (minute + 60, minute + 180), (first + 1, first + 30)]
-    fleet = queries.instances(stores["sqlite"])
+    fleet = stores["sqlite"].reads.instances()
     scopes = [{}, {"by_instance": True}, {"instances": fleet[-1:], "by_instance": True}]
     for backend, store in stores.items():
         for since, until in windows:
             for bucket in (60.0, 300.0, 3600.0):
                 for scope in scopes:
-                    rolled = rollups.counts(store, since, until, bucket, **scope)
-                    raw = rollups._ordered(
-                        rollups.raw_counts(store, since, until, bucket, None, **scope), scope.get("by_instance", False)
+                    rolled = store.reads.kv_event_counts(since, until, bucket_s=bucket, **scope)
+                    raw = ordered_counts(
+                        store.reads.raw_counts(since, until, bucket, None, **scope), scope.get("by_instance", False)
                     )
                     assert _values(rolled, ordered=False) == _values(raw, ordered=False), (backend, bucket, scope)
                 assert rolled["events"].sum() == len(
-                    queries.kv_events(store, since, until)[lambda e: e["instance"].isin(fleet[-1:])]
+                    store.reads.kv_events(since, until)[lambda e: e["instance"].isin(fleet[-1:])]
                 )
+
+
+def _members(protocol) -> set[str]:
+    return {name for name in vars(protocol) if not name.startswith("_")}
+
+
+def _read(store, name: str):
+    """A read by name: the store's `reads` or `lookups`, whichever protocol has it."""
+    return getattr(store.reads if name in _members(Reads) else store.lookups, name)

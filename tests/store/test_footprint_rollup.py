@@ -9,10 +9,10 @@ import random
 
 import pandas as pd
 
-from kvobs.store import StoreWriter, open_store, queries
-from kvobs.store.db import upgrade
+from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import SnapshotRecord
 from kvobs.store.schema import FOOTPRINT_COLUMNS
+from kvobs.store.sql_store import upgrade
 
 
 def _snapshots(seed: int = 3) -> list[SnapshotRecord]:
@@ -74,7 +74,7 @@ def test_the_rollup_answers_what_the_raw_snapshots_answer(any_store):
         (1000.0, 1099.5, ["a"]),
         (None, None, []),
     ]:
-        answer = queries.session_footprints(any_store, since, until, instances=instances)
+        answer = any_store.reads.session_footprints(since, until, instances=instances)
         assert _answer(answer) == _expected(rows, since, until, instances), (since, until, instances)
     assert _expected(rows, None, 1030.0)  # the past window holds sessions whose latest came later
 
@@ -89,7 +89,7 @@ def test_revision_0007_fills_the_rollup_from_stored_snapshots(store):
     writer = StoreWriter(store)
     writer.add_many([r for r in rows if r.ts >= 1050.0])
     writer.close()
-    assert _answer(queries.session_footprints(store)) == _expected(rows)
+    assert _answer(store.reads.session_footprints()) == _expected(rows)
 
 
 def test_the_clickhouse_migration_fills_the_rollup_from_stored_snapshots(tmp_path):
@@ -107,5 +107,5 @@ def test_the_clickhouse_migration_fills_the_rollup_from_stored_snapshots(tmp_pat
     writer = StoreWriter(store)
     writer.add_many(rows[250:])
     writer.close()
-    assert _answer(queries.session_footprints(store)) == _expected(rows)
+    assert _answer(store.reads.session_footprints()) == _expected(rows)
     store.close()

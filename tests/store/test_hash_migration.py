@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy import inspect, text
 
-from kvobs.store import open_store, queries
-from kvobs.store.db import upgrade
+from kvobs.store import open_store
+from kvobs.store.sql_store import upgrade
 
 EDGES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 12_345_678_901_234_567_890]
 
@@ -33,10 +33,10 @@ def test_upgrading_turns_text_hashes_into_integers_with_the_same_values(store_ur
     indexes = {ix["name"] for ix in inspect(store.engine).get_indexes("kv_events")}
     upgrade(store.engine)
     assert {ix["name"] for ix in inspect(store.engine).get_indexes("kv_events")} >= indexes  # the rebuild keeps them
-    events = queries.kv_events(store, kinds=["stored"])
+    events = store.reads.kv_events(kinds=["stored"])
     assert events["block_hash"].tolist() == [*EDGES, 2**64 - 1]
     assert events["parent_hash"].tolist()[1:6] == EDGES[:-1] and events["parent_hash"].isna().tolist()[0]
-    top = queries.top_restored_blocks(store)
+    top = store.reads.top_restored_blocks()
     assert top["block_hash"].tolist() == [2**64 - 1] and top["stores"].tolist() == [2]  # grouped by the integer
     if store.dialect == "sqlite":
         with store.engine.connect() as conn:
@@ -53,7 +53,7 @@ def upgrade_down(store) -> None:
     from alembic import command
     from alembic.config import Config
 
-    from kvobs.store.db import MIGRATIONS
+    from kvobs.store.sql_store import MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvobs.store import StoreWriter, queries
+from kvobs.store import StoreWriter
 from kvobs.store.rows import KVEventColumns, KVEventRecord
 from kvobs.store.spool import Spool
 
@@ -44,12 +44,12 @@ def test_columns_store_what_the_same_records_store(any_store, caplog):
     writer.add_many(_columns(_records("as-columns")))
     writer.close()
     assert "refused" not in caplog.text  # written in one batch, not row by row after a failure
-    events = queries.kv_events(any_store).drop(columns=["id"], errors="ignore")
+    events = any_store.reads.kv_events().drop(columns=["id"], errors="ignore")
     given = events[events["instance"] == "as-records"].drop(columns="instance").reset_index(drop=True)
     columns = events[events["instance"] == "as-columns"].drop(columns="instance").reset_index(drop=True)
     assert len(given) == len(HASHES) and given.astype(str).equals(columns.astype(str))
     assert [None if h != h else h for h in columns["block_hash"]] == HASHES  # every edge of 64 bits, and NULL
-    counts = queries.kv_event_counts(any_store, bucket_s=60.0, by_instance=True)
+    counts = any_store.reads.kv_event_counts(bucket_s=60.0, by_instance=True)
     per = {inst: frame.drop(columns="instance").reset_index(drop=True) for inst, frame in counts.groupby("instance")}
     assert per["as-records"].equals(per["as-columns"]) and per["as-columns"]["events"].sum() == len(HASHES)
 
@@ -61,7 +61,7 @@ def test_a_refused_row_among_columns_is_dropped_alone(any_store):
     writer.add_many(_columns([*records[:3], bad, *records[3:]]))
     writer.close()
     assert (writer.num_written, writer.num_dropped) == (len(HASHES), 1)
-    assert len(queries.kv_events(any_store)) == len(HASHES)
+    assert len(any_store.reads.kv_events()) == len(HASHES)
 
 
 def test_the_spool_keeps_columns_across_a_restart(tmp_path):

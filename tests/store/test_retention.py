@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from collectors.collector import Collector, CollectorOptions
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store
 from kvobs.store.retention import Retention
 from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
 from kvobs.store.schema import DAY_S
@@ -31,9 +31,9 @@ def test_sql_stores_drop_exactly_the_events_older_than_the_cut_in_chunks(store):
     times = _fill(store)
     cut = NOW - 3 * DAY_S
     assert store.expire_kv_events(cut, chunk=7) == sum(ts < cut for ts in times)
-    left = queries.kv_events(store)
+    left = store.reads.kv_events()
     assert len(left) == sum(ts >= cut for ts in times) and left["ts"].min() >= cut
-    assert len(queries.instance_snapshots(store)) == 1 and len(queries.sessions(store)) == 1  # other tables kept
+    assert len(store.reads.instance_snapshots()) == 1 and len(store.reads.sessions()) == 1  # other tables kept
 
 
 def test_clickhouse_drops_whole_days_only(tmp_path):
@@ -42,9 +42,9 @@ def test_clickhouse_drops_whole_days_only(tmp_path):
     cut = NOW - 3 * DAY_S  # 0.46 into a day: that day's earlier rows stay until the whole day is past
     first_kept_day = (cut // DAY_S) * DAY_S
     assert store.expire_kv_events(cut) == sum(ts < first_kept_day for ts in times)
-    left = queries.kv_events(store)
+    left = store.reads.kv_events()
     assert left["ts"].min() >= first_kept_day and (left["ts"] < cut).any()
-    assert len(queries.instance_snapshots(store)) == 1
+    assert len(store.reads.instance_snapshots()) == 1
     store.close()
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from kvobs.store import open_store, queries
-from kvobs.store.db import upgrade
+from kvobs.store import open_store
+from kvobs.store.sql_store import upgrade
 
 ROWS = [  # ts, kind, block_hash, session_id, reason: block 7 lost by two owners at once, block 9 by one
     (100.0, "stored", "7", "a", None),
@@ -43,6 +43,6 @@ def test_upgrading_a_filled_store_sets_first_owner_and_fills_the_rollup(store_ur
         (180.0, "cleared", "reset", 1, 0),
         (180.0, "evicted", "capacity", 1, 1),
     ]
-    losses = queries.block_losses(store, bucket_s=60)
+    losses = store.reads.block_losses(bucket_s=60)
     assert losses["blocks"].tolist() == [1, 1]  # block 7 once though two owners recorded it
     store.close()

@@ -10,7 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
-from kvobs.store import StoreWriter, open_store, queries
+from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import RECORDS, AlertRecord, KVEventRecord, RequestRecord, SessionRecord, StepRecord
 from kvobs.store.schema import TABLES, Base, KVEventRow, RequestRow, SessionRow, StepRow
 
@@ -148,7 +148,7 @@ def test_upserts_of_one_batch_keep_their_order_whatever_columns_each_gives(any_s
             ("insert_missing", [SessionRecord("y", started_at=0.5, source="vllm")]),
         ]
     )
-    sessions = queries.sessions(any_store).set_index("session_id")
+    sessions = any_store.reads.sessions().set_index("session_id")
     assert sessions.loc["y", ["started_at", "num_steps", "num_failed_steps", "source"]].tolist() == [
         1.0,
         3,
@@ -292,7 +292,7 @@ def _head() -> str:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from kvobs.store.db import MIGRATIONS
+    from kvobs.store.sql_store import MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from instrumented_engine.whatif import ReplayPlan, ReplayRequest, simulate
-from kvobs.store import queries
 from tests.runs import NUM_BLOCKS
 
 
@@ -20,7 +19,7 @@ def test_replay_at_the_observed_size_and_policy_reproduces_the_engine_run(agent_
     assert plan.block_size == 16 and len(plan.requests) == 18 and plan.skipped == 0 and plan.recorded is not None
     assert plan.observed["num_blocks"] == NUM_BLOCKS
     same = simulate(plan, num_blocks=NUM_BLOCKS)
-    observed = queries.block_losses(store, bucket_s=1e12).groupby("reason")["blocks"].sum().to_dict()
+    observed = store.reads.block_losses(bucket_s=1e12).groupby("reason")["blocks"].sum().to_dict()
     assert same.by_reason == observed and same.evicted_blocks == plan.observed["evicted_blocks"]
     assert observed.get("capacity", 0) > 0  # the run really evicted
     assert same.hit_rate == pytest.approx(plan.observed["hit_rate"])
@@ -41,9 +40,8 @@ def test_more_blocks_never_hit_less_and_enough_blocks_evict_nothing(agent_run):
     # with room for everything the replay hits what the chains say was available, but for the released blocks a later
     # request recomputed (a never-evicting cache has no releases either)
     from kvobs.analytics.chains import BlockGraph, hit_rates, request_chains
-    from kvobs.store import queries
 
-    reqs, stored = queries.requests(agent_run.store), queries.stored_blocks(agent_run.store)
+    reqs, stored = agent_run.store.reads.requests(), agent_run.store.reads.stored_blocks()
     graph = BlockGraph.from_stored(stored)
     available = hit_rates(reqs, request_chains(reqs, stored, graph), graph, block_size=16)["available_tokens"].sum()
     assert unlimited.hit_tokens + unlimited.recompute_tokens >= available > 0

@@ -1,33 +1,118 @@
-"""The collector's lookups (`kvobs.store.lookups`' session ends, step counts and trace sessions) in ClickHouse SQL:
-each answers its namesake there on a ClickHouse store (`kvobs.store.backends.per_backend` looks here after
-`reads`), keyed by an array parameter, never a pasted list."""
+"""The lookups of a ClickHouse store: `ClickHouseLookups`, the `Lookups` of `ClickHouseStore` (the collector's are
+keyed by an array parameter, never a pasted list)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pandas as pd
 
 from kvobs.semconv.spans import StepStatus
+from kvobs.store.clickhouse.reads import LOSSES, STORED, _columns
+from kvobs.store.schema import TABLES
+
+if TYPE_CHECKING:
+    from kvobs.store.clickhouse.store import ClickHouseStore
 
 _OF_SESSIONS = "WHERE session_id IN {keys:Array(String)}"
 
 
-def session_ends(store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
-    frame = store.frame(
-        f"SELECT session_id, ended_at FROM sessions FINAL {_OF_SESSIONS} AND ended_at IS NOT NULL",
-        {"keys": list(session_ids)},
-    )
-    return {session_id: float(ended) for session_id, ended in zip(frame["session_id"], frame["ended_at"])}
+class ClickHouseLookups:
+    """`kvobs.store.interface.Lookups` in ClickHouse SQL."""
 
+    def __init__(self, store: ClickHouseStore) -> None:
+        self.store = store
 
-def session_step_counts(store, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, tuple[int, int]]:
-    frame = store.frame(
-        f"SELECT session_id, max(step_index) + 1 AS n, countIf(status = '{StepStatus.ERROR.value}') "
-        f"AS failed FROM steps FINAL {_OF_SESSIONS} GROUP BY session_id",
-        {"keys": list(session_ids)},
-    )
-    return {sid: (int(n), int(failed)) for sid, n, failed in zip(frame["session_id"], frame["n"], frame["failed"])}
+    def instance_counter_before(self, column: str, ts: float) -> dict[str, float]:
+        if column not in TABLES["snapshots"].__table__.columns:
+            raise ValueError(f"no snapshot column {column!r}")
+        frame = self.store.frame(
+            f"""SELECT instance, argMax({column}, (ts, id)) AS value FROM snapshots
+            WHERE session_id IS NULL AND ts < {{ts:Float64}} AND {column} IS NOT NULL GROUP BY instance""",
+            {"ts": ts},
+        )
+        return dict(zip(frame["instance"], frame["value"].astype(float)))
 
+    def restored_blocks(self, since: float, until: float) -> pd.DataFrame:
+        params = {"since": float(since), "until": float(until)}
+        window = f"kind = '{STORED}' AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}"
+        return self.store.frame(
+            f"""SELECT w.instance AS instance, toInt64(count()) AS stored,
+            toInt64(countIf(w.ts > f.first_ts)) AS restored
+            FROM (SELECT instance, block_hash, ts FROM kv_events WHERE {window}) AS w
+            LEFT JOIN (SELECT instance, block_hash, min(ts) AS first_ts FROM kv_events
+                       WHERE kind = '{STORED}' AND ts <= {{until:Float64}}
+                         AND block_hash IN (SELECT block_hash FROM kv_events WHERE {window})
+                       GROUP BY instance, block_hash) AS f
+            ON w.instance = f.instance AND w.block_hash = f.block_hash
+            GROUP BY w.instance""",
+            params,
+        )
 
-def trace_sessions(store, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
-    sql = "SELECT trace_id, session_id FROM steps FINAL WHERE trace_id IN {keys:Array(String)}"
-    return dict(store.frame(sql, {"keys": list(trace_ids)})[["trace_id", "session_id"]].itertuples(index=False))
+    def block_lifetimes(self, since: float, until: float) -> pd.DataFrame:
+        params = {"since": float(since), "until": float(until)}
+        return self.store.frame(
+            f"""SELECT l.instance AS instance, l.ts AS ts, l.block_hash AS block_hash,
+            l.ts - s.ts AS lifetime_s
+            FROM (SELECT DISTINCT instance, ts, assumeNotNull(block_hash) AS block_hash FROM kv_events
+                  WHERE {LOSSES} AND block_hash IS NOT NULL
+                    AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}) AS l
+            ASOF JOIN (SELECT instance, assumeNotNull(block_hash) AS block_hash, ts FROM kv_events
+                       WHERE kind = '{STORED}' AND ts <= {{until:Float64}}) AS s
+            ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""",
+            params,
+        )
+
+    def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:
+        # the sums' aliases are the columns' names: filter in a subquery (ClickHouse resolves WHERE to the aliases)
+        return self.store.frame(
+            """SELECT instance, toInt64(count()) AS requests, sum(cached) AS cached_tokens,
+            sum(prompt) AS prompt_tokens
+            FROM (SELECT instance, cached_tokens AS cached, prompt_tokens AS prompt FROM requests FINAL
+                  WHERE arrival_ts >= {since:Float64} AND arrival_ts <= {until:Float64}
+                    AND cached_tokens IS NOT NULL AND prompt_tokens IS NOT NULL)
+            GROUP BY instance ORDER BY instance""",
+            {"since": float(since), "until": float(until)},
+        )
+
+    def session_idle_losses(self, until: float) -> pd.DataFrame:
+        return self.store.frame(
+            """SELECT session_id, instance, ts, session_evicted_idle_blocks FROM snapshots
+            WHERE session_id IS NOT NULL AND ts <= {until:Float64} AND session_evicted_idle_blocks IS NOT NULL""",
+            {"until": float(until)},
+        )
+
+    def step_counts(self, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
+        frame = self.store.frame(
+            f"""SELECT toInt64(count()) AS total, toInt64(countIf(status = '{StepStatus.ERROR.value}'
+            AND coalesce(error_type, '') NOT IN {{excluded:Array(String)}})) AS failed FROM steps FINAL
+            WHERE started_at >= {{since:Float64}} AND started_at <= {{until:Float64}}""",
+            {"since": float(since), "until": float(until), "excluded": list(exclude_errors)},
+        )
+        return int(frame["total"].iloc[0]), int(frame["failed"].iloc[0])
+
+    def latest_alert_states(self) -> pd.DataFrame:
+        return self.store.frame(f"""SELECT {_columns("alerts")} FROM (SELECT * FROM alerts ORDER BY id DESC
+            LIMIT 1 BY rule, instance, session_id)""")
+
+    def session_ends(self, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
+        frame = self.store.frame(
+            f"SELECT session_id, ended_at FROM sessions FINAL {_OF_SESSIONS} AND ended_at IS NOT NULL",
+            {"keys": list(session_ids)},
+        )
+        return {session_id: float(ended) for session_id, ended in zip(frame["session_id"], frame["ended_at"])}
+
+    def session_step_counts(self, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, tuple[int, int]]:
+        frame = self.store.frame(
+            f"SELECT session_id, max(step_index) + 1 AS n, countIf(status = '{StepStatus.ERROR.value}') "
+            f"AS failed FROM steps FINAL {_OF_SESSIONS} GROUP BY session_id",
+            {"keys": list(session_ids)},
+        )
+        return {sid: (int(n), int(failed)) for sid, n, failed in zip(frame["session_id"], frame["n"], frame["failed"])}
+
+    def trace_sessions(self, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
+        sql = "SELECT trace_id, session_id FROM steps FINAL WHERE trace_id IN {keys:Array(String)}"
+        return dict(
+            self.store.frame(sql, {"keys": list(trace_ids)})[["trace_id", "session_id"]].itertuples(index=False)
+        )

@@ -1,6 +1,6 @@
-"""`kvobs.store.queries` in ClickHouse SQL: each function here answers its namesake there on a ClickHouse store.
+"""The reads of a ClickHouse store in ClickHouse SQL: `ClickHouseReads`, the `Reads` of `ClickHouseStore`.
 
-Same arguments, columns and values (the contract tests compare every function on SQLite, PostgreSQL and chDB).
+Same arguments, columns and values as on SQL (the contract tests compare every read on SQLite, PostgreSQL and chDB).
 Updated tables are read with `FINAL`; one session's KV events are narrowed to its time range through
 `kv_event_sessions`. Values are bound as ClickHouse query parameters, never pasted in.
 """
@@ -8,12 +8,17 @@ Updated tables are read with `FINAL`; one session's KV events are narrowed to it
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store.clickhouse.ddl import FOOTPRINT_VALUES
+from kvobs.store.composed import ComposedReads
 from kvobs.store.schema import FOOTPRINT_COLUMNS, TABLES
+
+if TYPE_CHECKING:
+    from kvobs.store.clickhouse.store import ClickHouseStore
 
 STORED = KVEventKind.STORED.value
 
@@ -52,273 +57,200 @@ class _Where:
 LOSSES = "kind IN (" + ", ".join(f"'{kind}'" for kind in BLOCK_LOSS_KINDS) + ")"
 
 
-def time_range(store) -> tuple[float, float] | None:
-    bounds = store.frame("""SELECT minOrNull(low) AS low, maxOrNull(high) AS high FROM (
-        SELECT minOrNull(ts) AS low, maxOrNull(ts) AS high FROM snapshots
-        UNION ALL SELECT minOrNull(arrival_ts), maxOrNull(arrival_ts) FROM requests FINAL
-        UNION ALL SELECT minOrNull(ts), maxOrNull(ts) FROM kv_events
-        UNION ALL SELECT minOrNull(started_at), maxOrNull(started_at) FROM steps FINAL)""")
-    low, high = bounds["low"].iloc[0], bounds["high"].iloc[0]
-    return None if pd.isna(low) else (float(low), float(high))
+class ClickHouseReads(ComposedReads):
+    """`kvobs.store.interface.Reads` in ClickHouse SQL."""
 
+    def __init__(self, store: ClickHouseStore) -> None:
+        self.store = store
 
-def instances(store) -> list[str]:
-    return sorted(
-        store.frame("""SELECT DISTINCT instance FROM (SELECT instance FROM snapshots
-        UNION ALL SELECT instance FROM requests UNION ALL SELECT instance FROM kv_event_minutes)""")["instance"]
-    )
+    def time_range(self) -> tuple[float, float] | None:
+        bounds = self.store.frame("""SELECT minOrNull(low) AS low, maxOrNull(high) AS high FROM (
+            SELECT minOrNull(ts) AS low, maxOrNull(ts) AS high FROM snapshots
+            UNION ALL SELECT minOrNull(arrival_ts), maxOrNull(arrival_ts) FROM requests FINAL
+            UNION ALL SELECT minOrNull(ts), maxOrNull(ts) FROM kv_events
+            UNION ALL SELECT minOrNull(started_at), maxOrNull(started_at) FROM steps FINAL)""")
+        low, high = bounds["low"].iloc[0], bounds["high"].iloc[0]
+        return None if pd.isna(low) else (float(low), float(high))
 
-
-def instance_snapshots(store, since=None, until=None, *, instances=None) -> pd.DataFrame:
-    where = _Where("session_id IS NULL").window("ts", since, until).instances(instances)
-    return store.frame(f"SELECT {_columns('snapshots', 'id')} FROM snapshots{where} ORDER BY ts, id", where.params)
-
-
-def session_snapshots(store, session_id: str) -> pd.DataFrame:
-    return store.frame(
-        f"SELECT {_columns('snapshots', 'id')} FROM snapshots WHERE session_id = {{sid:String}} ORDER BY ts, id",
-        {"sid": session_id},
-    )
-
-
-def session_footprints(store, since=None, until=None, *, instances=None) -> pd.DataFrame:
-    """From the rollup (`session_footprints`) for sessions whose latest footprint is in the window; from the raw
-    snapshots for those whose latest came after `until`."""
-    values = ", ".join(f"latest.{i} AS {name}" for i, name in enumerate(FOOTPRINT_VALUES, start=1))
-    scope = _Where().instances(instances)
-    rollup = f"""SELECT {", ".join(FOOTPRINT_COLUMNS)} FROM (SELECT session_id, instance, {values} FROM (
-        SELECT session_id, instance, argMaxMerge(latest) AS latest FROM session_footprints{scope}
-        GROUP BY session_id, instance))"""
-    where = _Where().window("ts", since, until)
-    frame = store.frame(f"{rollup}{where}", {**where.params, **scope.params})
-    if until is None:
-        return frame
-    raw = (
-        _Where("session_id IS NOT NULL")
-        .window("ts", since, until)
-        .instances(instances)
-        .add(
-            f"(assumeNotNull(session_id), instance) IN (SELECT session_id, instance FROM ({rollup}) "
-            "WHERE ts > {until:Float64})"
+    def instances(self) -> list[str]:
+        return sorted(
+            self.store.frame("""SELECT DISTINCT instance FROM (SELECT instance FROM snapshots
+            UNION ALL SELECT instance FROM requests UNION ALL SELECT instance FROM kv_event_minutes)""")["instance"]
         )
-    )
-    earlier = store.frame(
-        f"""SELECT {_columns("snapshots", "id")} FROM (
-        SELECT * FROM snapshots{raw} ORDER BY ts DESC, id DESC LIMIT 1 BY session_id, instance) ORDER BY id""",
-        raw.params,
-    )
-    return frame if earlier.empty else pd.concat([frame, earlier], ignore_index=True)
 
+    def instance_snapshots(self, since=None, until=None, *, instances=None) -> pd.DataFrame:
+        where = _Where("session_id IS NULL").window("ts", since, until).instances(instances)
+        return self.store.frame(
+            f"SELECT {_columns('snapshots', 'id')} FROM snapshots{where} ORDER BY ts, id", where.params
+        )
 
-def request_rows(store, since=None, until=None, session_id: str | None = None, *, instances=None) -> pd.DataFrame:
-    where = _Where().window("arrival_ts", since, until).instances(instances)
-    if session_id is not None:
-        where.add("session_id = {sid:String}", sid=session_id)
-    sql = f"SELECT {_columns('requests', 'id')} FROM requests FINAL{where} ORDER BY arrival_ts"
-    return store.frame(sql, where.params)
+    def session_snapshots(self, session_id: str) -> pd.DataFrame:
+        return self.store.frame(
+            f"SELECT {_columns('snapshots', 'id')} FROM snapshots WHERE session_id = {{sid:String}} ORDER BY ts, id",
+            {"sid": session_id},
+        )
 
+    def session_footprints(self, since=None, until=None, *, instances=None) -> pd.DataFrame:
+        """From the rollup (`session_footprints`) for sessions whose latest footprint is in the window; from the raw
+        snapshots for those whose latest came after `until`."""
+        values = ", ".join(f"latest.{i} AS {name}" for i, name in enumerate(FOOTPRINT_VALUES, start=1))
+        scope = _Where().instances(instances)
+        rollup = f"""SELECT {", ".join(FOOTPRINT_COLUMNS)} FROM (SELECT session_id, instance, {values} FROM (
+            SELECT session_id, instance, argMaxMerge(latest) AS latest FROM session_footprints{scope}
+            GROUP BY session_id, instance))"""
+        where = _Where().window("ts", since, until)
+        frame = self.store.frame(f"{rollup}{where}", {**where.params, **scope.params})
+        if until is None:
+            return frame
+        raw = (
+            _Where("session_id IS NOT NULL")
+            .window("ts", since, until)
+            .instances(instances)
+            .add(
+                f"(assumeNotNull(session_id), instance) IN (SELECT session_id, instance FROM ({rollup}) "
+                "WHERE ts > {until:Float64})"
+            )
+        )
+        earlier = self.store.frame(
+            f"""SELECT {_columns("snapshots", "id")} FROM (
+            SELECT * FROM snapshots{raw} ORDER BY ts DESC, id DESC LIMIT 1 BY session_id, instance) ORDER BY id""",
+            raw.params,
+        )
+        return frame if earlier.empty else pd.concat([frame, earlier], ignore_index=True)
 
-def steps(store, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
-    where = _Where().window("started_at", since, until)
-    if session_id is not None:
-        where.add("session_id = {sid:String}", sid=session_id)
-    return store.frame(f"SELECT {_columns('steps')} FROM steps FINAL{where} ORDER BY started_at", where.params)
+    def request_rows(self, since=None, until=None, session_id: str | None = None, *, instances=None) -> pd.DataFrame:
+        where = _Where().window("arrival_ts", since, until).instances(instances)
+        if session_id is not None:
+            where.add("session_id = {sid:String}", sid=session_id)
+        sql = f"SELECT {_columns('requests', 'id')} FROM requests FINAL{where} ORDER BY arrival_ts"
+        return self.store.frame(sql, where.params)
 
+    def steps(self, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+        where = _Where().window("started_at", since, until)
+        if session_id is not None:
+            where.add("session_id = {sid:String}", sid=session_id)
+        return self.store.frame(f"SELECT {_columns('steps')} FROM steps FINAL{where} ORDER BY started_at", where.params)
 
-def sessions(store) -> pd.DataFrame:
-    return store.frame(f"SELECT {_columns('sessions')} FROM sessions FINAL ORDER BY started_at")
+    def sessions(self) -> pd.DataFrame:
+        return self.store.frame(f"SELECT {_columns('sessions')} FROM sessions FINAL ORDER BY started_at")
 
+    def runs(self, *, instances=None) -> pd.DataFrame:
+        where = _Where().instances(instances)
+        return self.store.frame(
+            f"SELECT {_columns('runs')} FROM runs FINAL{where} ORDER BY instance, started_at", where.params
+        )
 
-def runs(store, *, instances=None) -> pd.DataFrame:
-    where = _Where().instances(instances)
-    return store.frame(f"SELECT {_columns('runs')} FROM runs FINAL{where} ORDER BY instance, started_at", where.params)
+    def raw_counts(
+        self,
+        since,
+        until,
+        bucket_s: float,
+        kinds,
+        *,
+        upper_open: bool = False,
+        instances=None,
+        by_instance: bool = False,
+    ) -> pd.DataFrame:
+        where = _Where().instances(instances)
+        if since is not None:
+            where.add("ts >= {since:Float64}", since=float(since))
+        if until is not None:
+            where.add(f"ts {'<' if upper_open else '<='} {{until:Float64}}", until=float(until))
+        if kinds is not None:
+            where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
+        keys = "bucket, instance, kind, reason" if by_instance else "bucket, kind, reason"
+        return self.store.frame(
+            f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
+            {"instance," if by_instance else ""} kind, reason,
+            toInt64(count()) AS events, toInt64(sum(coalesce(first_owner, 0))) AS blocks FROM kv_events{where}
+            GROUP BY {keys}""",
+            {**where.params, "bucket": float(bucket_s)},
+        )
 
+    def minute_counts(
+        self, low, high, bucket_s: float, kinds, *, instances=None, by_instance: bool = False
+    ) -> pd.DataFrame:
+        where = _Where().instances(instances)
+        if low is not None:
+            where.add("minute >= {low:Float64}", low=float(low))
+        if high is not None:
+            where.add("minute < {high:Float64}", high=float(high))
+        if kinds is not None:
+            where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
+        return self.store.frame(
+            f"""SELECT floor(minute / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
+            {"instance," if by_instance else ""} kind,
+            nullIf(reason, '') AS reason, toInt64(sum(events)) AS events, toInt64(sum(blocks)) AS blocks
+            FROM kv_event_minutes{where} GROUP BY bucket, {"instance, " if by_instance else ""}kind, reason""",
+            {**where.params, "bucket": float(bucket_s)},
+        )
 
-def raw_counts(
-    store, since, until, bucket_s: float, kinds, *, upper_open: bool = False, instances=None, by_instance: bool = False
-) -> pd.DataFrame:
-    where = _Where().instances(instances)
-    if since is not None:
-        where.add("ts >= {since:Float64}", since=float(since))
-    if until is not None:
-        where.add(f"ts {'<' if upper_open else '<='} {{until:Float64}}", until=float(until))
-    if kinds is not None:
-        where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
-    keys = "bucket, instance, kind, reason" if by_instance else "bucket, kind, reason"
-    return store.frame(
-        f"""SELECT floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
-        {"instance," if by_instance else ""} kind, reason,
-        toInt64(count()) AS events, toInt64(sum(coalesce(first_owner, 0))) AS blocks FROM kv_events{where}
-        GROUP BY {keys}""",
-        {**where.params, "bucket": float(bucket_s)},
-    )
+    def kv_events(
+        self,
+        since=None,
+        until=None,
+        *,
+        kinds: Iterable[str] | None = None,
+        session_id: str | None = None,
+        limit: int | None = None,
+    ) -> pd.DataFrame:
+        where = _Where().window("ts", since, until)
+        if kinds is not None:
+            where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
+        if session_id is not None:  # the session's time range first: a narrow read of the (instance, kind, ts) order
+            where.add("session_id = {sid:String}", sid=session_id)
+            where.add("ts >= (SELECT min(first_ts) FROM kv_event_sessions WHERE session_id = {sid:String})")
+            where.add("ts <= (SELECT max(last_ts) FROM kv_event_sessions WHERE session_id = {sid:String})")
+        sql = f"SELECT {_columns('kv_events', 'id')} FROM kv_events{where} ORDER BY ts, id"
+        return self.store.frame(sql if limit is None else f"{sql} LIMIT {int(limit)}", where.params)
 
+    def session_events(self, windows: list[tuple[str, float, float]], *, kinds, chunk: int = 200) -> pd.DataFrame:
+        """The windows as a table joined on the session, then the range: a narrow read of the (instance, kind, ts) order
+        per kind."""
+        sids, lows, highs = (list(column) for column in zip(*windows)) if windows else ([], [], [])
+        return self.store.frame(
+            f"""SELECT {_columns("kv_events", "id")} FROM (
+            SELECT DISTINCT e.* FROM kv_events AS e
+            INNER JOIN (SELECT w.1 AS sid, w.2 AS low, w.3 AS high FROM (
+                SELECT arrayJoin(arrayZip({{sids:Array(String)}}, {{lows:Array(Float64)}},
+                                      {{highs:Array(Float64)}})) AS w)
+            ) AS win ON assumeNotNull(e.session_id) = win.sid
+            WHERE e.kind IN {{kinds:Array(String)}} AND e.session_id IN {{sids:Array(String)}}
+              AND e.ts > win.low AND e.ts <= win.high) ORDER BY ts, id""",
+            {"sids": sids, "lows": [float(x) for x in lows], "highs": [float(x) for x in highs], "kinds": list(kinds)},
+        )
 
-def minute_counts(
-    store, low, high, bucket_s: float, kinds, *, instances=None, by_instance: bool = False
-) -> pd.DataFrame:
-    where = _Where().instances(instances)
-    if low is not None:
-        where.add("minute >= {low:Float64}", low=float(low))
-    if high is not None:
-        where.add("minute < {high:Float64}", high=float(high))
-    if kinds is not None:
-        where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
-    return store.frame(
-        f"""SELECT floor(minute / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket,
-        {"instance," if by_instance else ""} kind,
-        nullIf(reason, '') AS reason, toInt64(sum(events)) AS events, toInt64(sum(blocks)) AS blocks
-        FROM kv_event_minutes{where} GROUP BY bucket, {"instance, " if by_instance else ""}kind, reason""",
-        {**where.params, "bucket": float(bucket_s)},
-    )
+    def stored_blocks(self, since=None, until=None, *, latest: int | None = None, instances=None) -> pd.DataFrame:
+        where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
+        columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id"
+        if latest is None:
+            return self.store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)
+        newest = self.store.frame(
+            f"SELECT {columns} FROM kv_events{where} ORDER BY ts DESC, id DESC LIMIT {int(latest)}", where.params
+        )
+        return newest.iloc[::-1].reset_index(drop=True)
 
+    def top_restored_blocks(self, since=None, until=None, *, limit: int = 20, instances=None) -> pd.DataFrame:
+        """Two steps, as on SQL: the hashes stored twice in scope (one UInt64 key), then the detail of those only."""
+        where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
+        again = f"SELECT block_hash FROM kv_events{where} GROUP BY block_hash HAVING count() > 1"
+        return self.store.frame(
+            f"""SELECT instance, block_hash, toInt64(count()) AS stores,
+            toInt64(uniqExact(session_id)) AS sessions, min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where}
+            AND block_hash IN ({again}) GROUP BY instance, block_hash HAVING count() > 1
+            ORDER BY stores DESC, first_ts LIMIT {int(limit)}""",
+            where.params,
+        )
 
-def kv_events(
-    store,
-    since=None,
-    until=None,
-    *,
-    kinds: Iterable[str] | None = None,
-    session_id: str | None = None,
-    limit: int | None = None,
-) -> pd.DataFrame:
-    where = _Where().window("ts", since, until)
-    if kinds is not None:
-        where.add("kind IN {kinds:Array(String)}", kinds=list(kinds))
-    if session_id is not None:  # the session's time range first: a narrow read of the (instance, kind, ts) order
-        where.add("session_id = {sid:String}", sid=session_id)
-        where.add("ts >= (SELECT min(first_ts) FROM kv_event_sessions WHERE session_id = {sid:String})")
-        where.add("ts <= (SELECT max(last_ts) FROM kv_event_sessions WHERE session_id = {sid:String})")
-    sql = f"SELECT {_columns('kv_events', 'id')} FROM kv_events{where} ORDER BY ts, id"
-    return store.frame(sql if limit is None else f"{sql} LIMIT {int(limit)}", where.params)
+    def metric_series(self, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
+        where = _Where("name IN {names:Array(String)}", names=list(names)).window("ts", since, until)
+        if instance is not None:
+            where.add("instance = {instance:String}", instance=instance)
+        sql = f"SELECT {_columns('metric_samples', 'id')} FROM metric_samples{where} ORDER BY ts, id"
+        return self.store.frame(sql, where.params)
 
-
-def session_events(store, windows: list[tuple[str, float, float]], *, kinds, chunk: int = 200) -> pd.DataFrame:
-    """The windows as a table joined on the session, then the range: a narrow read of the (instance, kind, ts) order
-    per kind."""
-    sids, lows, highs = (list(column) for column in zip(*windows)) if windows else ([], [], [])
-    return store.frame(
-        f"""SELECT {_columns("kv_events", "id")} FROM (
-        SELECT DISTINCT e.* FROM kv_events AS e
-        INNER JOIN (SELECT w.1 AS sid, w.2 AS low, w.3 AS high FROM (
-            SELECT arrayJoin(arrayZip({{sids:Array(String)}}, {{lows:Array(Float64)}}, {{highs:Array(Float64)}})) AS w)
-        ) AS win ON assumeNotNull(e.session_id) = win.sid
-        WHERE e.kind IN {{kinds:Array(String)}} AND e.session_id IN {{sids:Array(String)}}
-          AND e.ts > win.low AND e.ts <= win.high) ORDER BY ts, id""",
-        {"sids": sids, "lows": [float(x) for x in lows], "highs": [float(x) for x in highs], "kinds": list(kinds)},
-    )
-
-
-def stored_blocks(store, since=None, until=None, *, latest: int | None = None, instances=None) -> pd.DataFrame:
-    where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
-    columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id"
-    if latest is None:
-        return store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)
-    newest = store.frame(
-        f"SELECT {columns} FROM kv_events{where} ORDER BY ts DESC, id DESC LIMIT {int(latest)}", where.params
-    )
-    return newest.iloc[::-1].reset_index(drop=True)
-
-
-def top_restored_blocks(store, since=None, until=None, *, limit: int = 20, instances=None) -> pd.DataFrame:
-    """Two steps, as on SQL: the hashes stored twice in scope (one UInt64 key), then the detail of those only."""
-    where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
-    again = f"SELECT block_hash FROM kv_events{where} GROUP BY block_hash HAVING count() > 1"
-    return store.frame(
-        f"""SELECT instance, block_hash, toInt64(count()) AS stores,
-        toInt64(uniqExact(session_id)) AS sessions, min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where}
-        AND block_hash IN ({again}) GROUP BY instance, block_hash HAVING count() > 1
-        ORDER BY stores DESC, first_ts LIMIT {int(limit)}""",
-        where.params,
-    )
-
-
-def metric_series(store, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
-    where = _Where("name IN {names:Array(String)}", names=list(names)).window("ts", since, until)
-    if instance is not None:
-        where.add("instance = {instance:String}", instance=instance)
-    sql = f"SELECT {_columns('metric_samples', 'id')} FROM metric_samples{where} ORDER BY ts, id"
-    return store.frame(sql, where.params)
-
-
-def alerts(store, since=None, until=None) -> pd.DataFrame:
-    where = _Where().window("ts", since, until)
-    return store.frame(f"SELECT {_columns('alerts')} FROM alerts{where} ORDER BY ts DESC, id DESC", where.params)
-
-
-def instance_counter_before(store, column: str, ts: float) -> dict[str, float]:
-    if column not in TABLES["snapshots"].__table__.columns:
-        raise ValueError(f"no snapshot column {column!r}")
-    frame = store.frame(
-        f"""SELECT instance, argMax({column}, (ts, id)) AS value FROM snapshots
-        WHERE session_id IS NULL AND ts < {{ts:Float64}} AND {column} IS NOT NULL GROUP BY instance""",
-        {"ts": ts},
-    )
-    return dict(zip(frame["instance"], frame["value"].astype(float)))
-
-
-def restored_blocks(store, since: float, until: float) -> pd.DataFrame:
-    params = {"since": float(since), "until": float(until)}
-    window = f"kind = '{STORED}' AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}"
-    return store.frame(
-        f"""SELECT w.instance AS instance, toInt64(count()) AS stored,
-        toInt64(countIf(w.ts > f.first_ts)) AS restored
-        FROM (SELECT instance, block_hash, ts FROM kv_events WHERE {window}) AS w
-        LEFT JOIN (SELECT instance, block_hash, min(ts) AS first_ts FROM kv_events
-                   WHERE kind = '{STORED}' AND ts <= {{until:Float64}}
-                     AND block_hash IN (SELECT block_hash FROM kv_events WHERE {window})
-                   GROUP BY instance, block_hash) AS f
-        ON w.instance = f.instance AND w.block_hash = f.block_hash
-        GROUP BY w.instance""",
-        params,
-    )
-
-
-def block_lifetimes(store, since: float, until: float) -> pd.DataFrame:
-    params = {"since": float(since), "until": float(until)}
-    return store.frame(
-        f"""SELECT l.instance AS instance, l.ts AS ts, l.block_hash AS block_hash,
-        l.ts - s.ts AS lifetime_s
-        FROM (SELECT DISTINCT instance, ts, assumeNotNull(block_hash) AS block_hash FROM kv_events
-              WHERE {LOSSES} AND block_hash IS NOT NULL AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}) AS l
-        ASOF JOIN (SELECT instance, assumeNotNull(block_hash) AS block_hash, ts FROM kv_events
-                   WHERE kind = '{STORED}' AND ts <= {{until:Float64}}) AS s
-        ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""",
-        params,
-    )
-
-
-def cached_prompt_tokens(store, since: float, until: float) -> pd.DataFrame:
-    # the sums' aliases are the columns' names: filter in a subquery (ClickHouse resolves WHERE to the aliases)
-    return store.frame(
-        """SELECT instance, toInt64(count()) AS requests, sum(cached) AS cached_tokens,
-        sum(prompt) AS prompt_tokens
-        FROM (SELECT instance, cached_tokens AS cached, prompt_tokens AS prompt FROM requests FINAL
-              WHERE arrival_ts >= {since:Float64} AND arrival_ts <= {until:Float64}
-                AND cached_tokens IS NOT NULL AND prompt_tokens IS NOT NULL)
-        GROUP BY instance ORDER BY instance""",
-        {"since": float(since), "until": float(until)},
-    )
-
-
-def session_idle_losses(store, until: float) -> pd.DataFrame:
-    return store.frame(
-        """SELECT session_id, instance, ts, session_evicted_idle_blocks FROM snapshots
-        WHERE session_id IS NOT NULL AND ts <= {until:Float64} AND session_evicted_idle_blocks IS NOT NULL""",
-        {"until": float(until)},
-    )
-
-
-def step_counts(store, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
-    frame = store.frame(
-        f"""SELECT toInt64(count()) AS total, toInt64(countIf(status = '{StepStatus.ERROR.value}'
-        AND coalesce(error_type, '') NOT IN {{excluded:Array(String)}})) AS failed FROM steps FINAL
-        WHERE started_at >= {{since:Float64}} AND started_at <= {{until:Float64}}""",
-        {"since": float(since), "until": float(until), "excluded": list(exclude_errors)},
-    )
-    return int(frame["total"].iloc[0]), int(frame["failed"].iloc[0])
-
-
-def latest_alert_states(store) -> pd.DataFrame:
-    return store.frame(f"""SELECT {_columns("alerts")} FROM (SELECT * FROM alerts ORDER BY id DESC
-        LIMIT 1 BY rule, instance, session_id)""")
+    def alerts(self, since=None, until=None) -> pd.DataFrame:
+        where = _Where().window("ts", since, until)
+        return self.store.frame(
+            f"SELECT {_columns('alerts')} FROM alerts{where} ORDER BY ts DESC, id DESC", where.params
+        )

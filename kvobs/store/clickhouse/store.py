@@ -2,7 +2,8 @@
 
     store = open_clickhouse("chdb:///var/lib/kvobs/ch")
     store.write([("insert", [KVEventRecord(...), ...])], token="...")   # what StoreWriter calls
-    frame = store.frame("SELECT count() AS n FROM kv_events")           # what kvobs.store.clickhouse.reads calls
+    store.reads.steps(since, until)                                     # ClickHouseReads (also: store.lookups)
+    frame = store.frame("SELECT count() AS n FROM kv_events")           # what the reads and lookups call
 
 Inserts are column-oriented (one Arrow table per table and batch, the types read from the database's own schema)
 and carry the batch's token, so a batch retried after a lost answer is not stored twice. Sessions are the one
@@ -29,7 +30,10 @@ from sqlalchemy import make_url
 
 from kvobs.store.clickhouse import ddl
 from kvobs.store.clickhouse.client import ChdbClient, HttpClient, StoreUnreachable
-from kvobs.store.rows import KVEventColumns, KVEventRecord, Record
+from kvobs.store.clickhouse.lookups import ClickHouseLookups
+from kvobs.store.clickhouse.reads import ClickHouseReads
+from kvobs.store.interface import Batch, Lookups, Reads
+from kvobs.store.rows import KVEventColumns, KVEventRecord, SessionRecord
 from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
@@ -40,18 +44,19 @@ _next_id = [time.time_ns()]  # row ids: unique and increasing within a process, 
 _id_lock = threading.Lock()
 
 
-def open_clickhouse(url: str, *, migrate: bool = True) -> ClickHouseStore:
+def open_clickhouse(url: str, *, migrate: bool = True, must_exist: bool = False) -> ClickHouseStore:
     """Connect to `clickhouse://[user[:password]@]host[:port]/database` or open `chdb:///dir`; migrate.
 
     `?async_insert=1`: the server buffers inserts from many small writers into few parts (ClickHouse's asynchronous
     inserts); each insert still waits until its rows are written (`wait_for_async_insert`), and a retried batch is
-    still stored once (`async_insert_deduplicate`)."""
+    still stored once (`async_insert_deduplicate`). `must_exist` is the SQLite file's: a ClickHouse database that
+    is not there is created by the migrations, a chDB directory by chDB."""
     parsed = make_url(url)
     settings = _insert_settings(url, dict(parsed.query))
     if parsed.drivername == "chdb":
         if not parsed.database:
             raise ValueError(f"chdb URL {url!r} names no directory: chdb:///relative/dir or chdb:////absolute/dir")
-        client = ChdbClient(parsed.database, insert_settings=settings)
+        client: ChdbClient | HttpClient = ChdbClient(parsed.database, insert_settings=settings)
     else:
         client = HttpClient(
             parsed.host or "localhost",
@@ -80,24 +85,28 @@ def _insert_settings(url: str, query: dict) -> dict[str, int]:
 @dataclass
 class ClickHouseStore:
     url: str
-    client: Any  # ChdbClient | HttpClient
+    client: ChdbClient | HttpClient
     batch_rows: int = 50_000  # ClickHouse wants few, large inserts
     flush_interval_s: float = 1.0
     dialect: str = "clickhouse"
     _types: dict[str, dict[str, str]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.reads: Reads = ClickHouseReads(self)
+        self.lookups: Lookups = ClickHouseLookups(self)
+
     # ---- writes ----------------------------------------------------------------------------------------------
-    def write(self, batch: list[tuple[str, list[Record]]], *, token: str | None = None) -> None:
+    def write(self, batch: Batch, *, token: str | None = None) -> None:
         """One insert per table; session upserts merged into their current rows first."""
         rows: dict[str, list[dict]] = {}
-        sessions: list[tuple[str, Record]] = []
+        sessions: list[tuple[str, SessionRecord]] = []
         kv_columns: list[KVEventColumns] = []
         for op, records in batch:
             if isinstance(records, KVEventColumns):
                 kv_columns.append(records)
                 continue
             for record in records:
-                if record.table == "sessions":
+                if isinstance(record, SessionRecord):
                     sessions.append((op, record))
                 else:
                     rows.setdefault(record.table, []).append(record.to_row())
@@ -109,7 +118,7 @@ class ClickHouseStore:
         for table, columns in tables.items():
             self.client.insert(table, self._arrow(table, columns), token=f"{token}-{table}" if token else None)
 
-    def _merged_sessions(self, items: list[tuple[str, Record]]) -> list[dict]:
+    def _merged_sessions(self, items: list[tuple[str, SessionRecord]]) -> list[dict]:
         keys = sorted({record.session_id for _, record in items})
         current = {
             row["session_id"]: row
@@ -177,7 +186,7 @@ class ClickHouseStore:
 
     # ---- reads -----------------------------------------------------------------------------------------------
     def frame(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """Run a query; columns as `kvobs.store.queries.read` gives them on SQL (see `_as_sql_frame`)."""
+        """Run a query; columns as `kvobs.store.sql_read.read` gives them on SQL (see `_as_sql_frame`)."""
         return _as_sql_frame(self.client.query_df(sql, params))
 
     def close(self) -> None:

@@ -52,7 +52,9 @@ def downgrade() -> None:
 
 
 def _rewrite(function) -> None:
-    op.get_bind().connection.driver_connection.create_function("kvobs_hash_text", 1, function, deterministic=True)
+    connection = op.get_bind().connection.driver_connection
+    assert connection is not None  # SQLite only: the sqlite3 connection under SQLAlchemy's
+    connection.create_function("kvobs_hash_text", 1, function, deterministic=True)
     op.execute(
         "UPDATE kv_events SET block_hash = kvobs_hash_text(block_hash), parent_hash = "
         "kvobs_hash_text(parent_hash) WHERE block_hash IS NOT NULL OR parent_hash IS NOT NULL"

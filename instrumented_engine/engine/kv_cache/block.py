@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from instrumented_engine.engine.hashing import BlockHash, external_hash
+from instrumented_engine.engine.kv_cache.hashing import BlockHash, external_hash
 
 
 class KVBlock:

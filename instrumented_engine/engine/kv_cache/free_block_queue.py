@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from instrumented_engine.engine.block import KVBlock
+from instrumented_engine.engine.kv_cache.block import KVBlock
 
 
 class FreeBlockQueue:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from instrumented_engine.engine.block import KVBlock
-from instrumented_engine.engine.free_block_queue import FreeBlockQueue
-from instrumented_engine.engine.session_pauses import SessionPauses
+from instrumented_engine.engine.kv_cache.block import KVBlock
+from instrumented_engine.engine.kv_cache.free_block_queue import FreeBlockQueue
+from instrumented_engine.engine.kv_cache.session_pauses import SessionPauses
 from kvobs.semconv.reasons import EvictionPolicyName, EvictionReason, names
 
 

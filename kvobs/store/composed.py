@@ -1,0 +1,145 @@
+"""Reads composed from a backend's own, written once for every backend: requests with their latencies, KV-event
+counts over the per-minute rollup, and blocks lost.
+
+    store.reads.kv_event_counts(since, until, bucket_s=300)       # bucket, kind, reason, events, blocks
+    store.reads.kv_event_counts(since, until, instances=["vllm-a"], by_instance=True)   # ... and instance
+
+KV-event counts: the minutes wholly inside [since, until] are read from the rollup (`kv_event_minutes`, a few rows
+per minute, whatever the traffic); the partial minutes at either edge, and buckets that are not whole minutes, from
+the raw rows. The two are sums of the same things (`events`: rows; `blocks`: `first_owner`, one per block event),
+so the answer equals a count over the raw rows exactly (tests/store/test_contract.py holds them to it).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+import pandas as pd
+
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS
+from kvobs.store.interface import Instances
+from kvobs.store.schema import MINUTE_S
+
+COUNT_COLUMNS = ["bucket", "kind", "reason", "events", "blocks"]
+
+
+class ComposedReads(ABC):
+    """The reads every backend shares, on top of its `request_rows`, `raw_counts` and `minute_counts`."""
+
+    @abstractmethod
+    def request_rows(
+        self, since=None, until=None, session_id: str | None = None, *, instances: Instances = None
+    ) -> pd.DataFrame: ...
+
+    @abstractmethod
+    def raw_counts(
+        self,
+        since,
+        until,
+        bucket_s: float,
+        kinds: list[str] | None,
+        *,
+        upper_open: bool = False,
+        instances: list[str] | None = None,
+        by_instance: bool = False,
+    ) -> pd.DataFrame: ...
+
+    @abstractmethod
+    def minute_counts(
+        self,
+        low,
+        high,
+        bucket_s: float,
+        kinds: list[str] | None,
+        *,
+        instances: list[str] | None = None,
+        by_instance: bool = False,
+    ) -> pd.DataFrame: ...
+
+    def requests(
+        self, since=None, until=None, session_id: str | None = None, *, instances: Instances = None
+    ) -> pd.DataFrame:
+        """Finished requests by arrival time, with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s` added."""
+        return with_latencies(self.request_rows(since, until, session_id, instances=instances))
+
+    def kv_event_counts(
+        self,
+        since=None,
+        until=None,
+        *,
+        bucket_s: float = 60.0,
+        kinds: Iterable[str] | None = None,
+        instances: Instances = None,
+        by_instance: bool = False,
+    ) -> pd.DataFrame:
+        """KV events per time bucket (its start, epoch s), kind and reason: `bucket`, `kind`, `reason`, `events`
+        (rows), `blocks` (block events: a block lost by several owning sessions, one row each, counts once); per
+        `instance` too with `by_instance`; of `kinds` and `instances` only (None: all). Oldest first."""
+        kinds = None if kinds is None else list(kinds)
+        scope = None if instances is None else list(instances)
+
+        def raw(since, until, *, upper_open: bool = False) -> pd.DataFrame:
+            return self.raw_counts(
+                since, until, bucket_s, kinds, upper_open=upper_open, instances=scope, by_instance=by_instance
+            )
+
+        if bucket_s < MINUTE_S or bucket_s % MINUTE_S:
+            return ordered_counts(raw(since, until), by_instance)
+        low = None if since is None else math.ceil(since / MINUTE_S) * MINUTE_S  # whole minutes: [low, high)
+        high = None if until is None else math.floor(until / MINUTE_S) * MINUTE_S
+        if low is not None and high is not None and low >= high:
+            return ordered_counts(raw(since, until), by_instance)
+        parts = [self.minute_counts(low, high, bucket_s, kinds, instances=scope, by_instance=by_instance)]
+        if since is not None and low is not None and since < low:
+            parts.append(raw(since, low, upper_open=True))
+        if until is not None:
+            parts.append(raw(high, until))
+        parts = [part for part in parts if not part.empty]
+        if not parts:
+            return pd.DataFrame(columns=_count_columns(by_instance))
+        frame = pd.concat(parts).astype({"reason": object})
+        keys = ["bucket", *(["instance"] if by_instance else []), "kind", "reason"]
+        frame = frame.groupby(keys, dropna=False, as_index=False)[["events", "blocks"]].sum()
+        return ordered_counts(frame, by_instance)
+
+    def block_losses(
+        self, since=None, until=None, *, bucket_s: float = 60.0, instances: Instances = None
+    ) -> pd.DataFrame:
+        """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
+        "Blocks lost" everywhere (Overview, What-if): evictions, invalidations and vLLM's removals
+        (`BLOCK_LOSS_KINDS`), one per (instance, time, block) however many owning sessions recorded it
+        (`first_owner`), so a block lost twice counts twice. Resets (`cleared`), dropping every cached block at once,
+        are shown on their own. From the rollup."""
+        counts = self.kv_event_counts(since, until, bucket_s=bucket_s, kinds=BLOCK_LOSS_KINDS, instances=instances)
+        return losses_in(counts)
+
+
+def with_latencies(frame: pd.DataFrame) -> pd.DataFrame:
+    """Request rows with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s` added."""
+    frame = frame.copy()
+    frame["ttft_s"] = frame["first_token_ts"] - frame["arrival_ts"]
+    decode_tokens = (frame["completion_tokens"] - 1).where(frame["completion_tokens"] > 1)
+    frame["itl_s"] = (frame["finished_ts"] - frame["first_token_ts"]) / decode_tokens
+    frame["e2e_s"] = frame["finished_ts"] - frame["arrival_ts"]
+    return frame
+
+
+def losses_in(counts: pd.DataFrame) -> pd.DataFrame:
+    """The "blocks lost" rows of `kv_event_counts` (what `block_losses` returns for the same window and bucket;
+    with `instance` when the counts have it)."""
+    columns = ["bucket", *(["instance"] if "instance" in counts else []), "kind", "reason", "blocks"]
+    return counts.loc[counts["kind"].isin(BLOCK_LOSS_KINDS), columns].reset_index(drop=True)
+
+
+def ordered_counts(frame: pd.DataFrame, by_instance: bool = False) -> pd.DataFrame:
+    """Counts in the order and types `kv_event_counts` gives them: by bucket (and instance), then kind."""
+    order = ["bucket", "instance", "kind"] if by_instance else ["bucket", "kind"]
+    frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
+    frame["reason"] = pd.Series([None if pd.isna(r) else r for r in frame["reason"]], dtype=object)
+    return frame.astype({"events": "int64", "blocks": "int64"})[_count_columns(by_instance)]
+
+
+def _count_columns(by_instance: bool) -> list[str]:
+    return ["bucket", "instance", *COUNT_COLUMNS[1:]] if by_instance else COUNT_COLUMNS

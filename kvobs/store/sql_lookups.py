@@ -1,0 +1,160 @@
+"""The lookups of a SQL store (SQLite, PostgreSQL): `SqlLookups`, the `Lookups` of `SqlStore`: counters before a
+time, restored blocks, block lifetimes, idle losses, step counts, alert states, session ends and trace sessions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from sqlalchemy import and_, exists, func, select
+from sqlalchemy.orm import aliased
+
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
+from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow
+from kvobs.store.sql_read import _columns, _lookup, read
+
+if TYPE_CHECKING:
+    from kvobs.store.sql_store import SqlStore
+
+
+class SqlLookups:
+    """`kvobs.store.interface.Lookups` in SQLAlchemy Core."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+
+    def instance_counter_before(self, column: str, ts: float) -> dict[str, float]:
+        """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
+        value = getattr(SnapshotRow, column)
+        latest = (
+            select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
+            .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts, value.is_not(None))
+            .group_by(SnapshotRow.instance)
+            .subquery()
+        )
+        stmt = select(SnapshotRow.instance, value).join(
+            latest, (SnapshotRow.instance == latest.c.instance) & (SnapshotRow.ts == latest.c.ts)
+        )
+        frame = read(self.store, stmt.where(SnapshotRow.session_id.is_(None)))
+        return dict(zip(frame["instance"], frame[column].astype(float)))
+
+    def restored_blocks(self, since: float, until: float) -> pd.DataFrame:
+        """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
+        earlier = aliased(KVEventRow)
+        seen_before = exists().where(
+            and_(
+                earlier.kind == KVEventKind.STORED.value,
+                earlier.block_hash == KVEventRow.block_hash,
+                earlier.instance == KVEventRow.instance,
+                earlier.ts < KVEventRow.ts,
+            )
+        )
+        stmt = (
+            select(
+                KVEventRow.instance,
+                func.count().label("stored"),
+                func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"),
+            )
+            .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
+            .group_by(KVEventRow.instance)
+        )
+        return read(self.store, stmt)
+
+    def block_lifetimes(self, since: float, until: float) -> pd.DataFrame:
+        """Blocks lost in the window (one per block and time, whatever the owners), with `lifetime_s`: the time since
+        the same block was last stored on the same instance."""
+        stored = aliased(KVEventRow)
+        last_stored = (
+            select(func.max(stored.ts))
+            .where(
+                stored.kind == KVEventKind.STORED.value,
+                stored.block_hash == KVEventRow.block_hash,
+                stored.instance == KVEventRow.instance,
+                stored.ts <= KVEventRow.ts,
+            )
+            .scalar_subquery()
+        )
+        stmt = (
+            select(
+                KVEventRow.instance,
+                KVEventRow.ts,
+                KVEventRow.block_hash,
+                (KVEventRow.ts - last_stored).label("lifetime_s"),
+            )
+            .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
+            .distinct()
+        )
+        return read(self.store, stmt).dropna(subset=["lifetime_s"])
+
+    def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:
+        """Per instance, the requests that arrived in the window and say how many prompt tokens were cached (our
+        engine's; vLLM's spans do not): `instance`, `requests`, `cached_tokens`, `prompt_tokens` (their sums), what
+        `kvobs.analytics.hit_rate` reads without pulling the rows."""
+        stmt = (
+            select(
+                RequestRow.instance,
+                func.count().label("requests"),
+                func.sum(RequestRow.cached_tokens).label("cached_tokens"),
+                func.sum(RequestRow.prompt_tokens).label("prompt_tokens"),
+            )
+            .where(
+                RequestRow.arrival_ts >= since,
+                RequestRow.arrival_ts <= until,
+                RequestRow.cached_tokens.is_not(None),
+                RequestRow.prompt_tokens.is_not(None),
+            )
+            .group_by(RequestRow.instance)
+            .order_by(RequestRow.instance)
+        )
+        return read(self.store, stmt)
+
+    def session_idle_losses(self, until: float) -> pd.DataFrame:
+        """Every session snapshot up to `until` with its running count of blocks lost while idle."""
+        idle = SnapshotRow.session_evicted_idle_blocks
+        stmt = select(SnapshotRow.session_id, SnapshotRow.instance, SnapshotRow.ts, idle).where(
+            SnapshotRow.session_id.is_not(None), SnapshotRow.ts <= until, idle.is_not(None)
+        )
+        return read(self.store, stmt)
+
+    def step_counts(self, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
+        """(steps, failed steps) in the window, in one aggregate; failures of `exclude_errors` not counted."""
+        is_failed = StepRow.status == StepStatus.ERROR.value
+        if exclude_errors:
+            is_failed = and_(is_failed, func.coalesce(StepRow.error_type, "").not_in(list(exclude_errors)))
+        failed = func.sum(func.cast(is_failed, StepRow.step_index.type))
+        stmt = select(func.count(), failed).where(StepRow.started_at >= since, StepRow.started_at <= until)
+        with self.store.engine.connect() as conn:
+            total, num_failed = conn.execute(stmt).one()
+        return int(total or 0), int(num_failed or 0)
+
+    def latest_alert_states(self) -> pd.DataFrame:
+        """The latest row of every (rule, instance, session) alert key."""
+        latest = (
+            select(func.max(AlertRow.id).label("id"))
+            .group_by(AlertRow.rule, AlertRow.instance, AlertRow.session_id)
+            .subquery()
+        )
+        return read(self.store, select(*_columns(AlertRow)).join(latest, AlertRow.id == latest.c.id))
+
+    def session_ends(self, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, float]:
+        """session id -> `ended_at`, for the given sessions that have ended."""
+        ends = _lookup(
+            self.store, SessionRow.session_id, SessionRow.ended_at, session_ids, chunk, SessionRow.ended_at.is_not(None)
+        )
+        return {session_id: float(ended) for session_id, ended in ends.items()}
+
+    def session_step_counts(self, session_ids: Iterable[str], *, chunk: int = 500) -> dict[str, tuple[int, int]]:
+        """session id -> (the next step index, failed steps so far), for the given sessions that have steps."""
+        failed = func.sum(func.cast(StepRow.status == StepStatus.ERROR.value, StepRow.step_index.type))
+        stmt = select(StepRow.session_id, func.max(StepRow.step_index) + 1, failed).group_by(StepRow.session_id)
+        keys, found = list(session_ids), dict[str, tuple[int, int]]()
+        with self.store.engine.connect() as conn:
+            for i in range(0, len(keys), chunk):
+                rows = conn.execute(stmt.where(StepRow.session_id.in_(keys[i : i + chunk]))).all()
+                found.update((sid, (int(n), int(f or 0))) for sid, n, f in rows)
+        return found
+
+    def trace_sessions(self, trace_ids: Iterable[str], *, chunk: int = 500) -> dict[str, str]:
+        """trace id -> session id, from the agent steps recorded with those trace ids."""
+        return _lookup(self.store, StepRow.trace_id, StepRow.session_id, trace_ids, chunk)

@@ -1,0 +1,301 @@
+"""The reads of a SQL store (SQLite, PostgreSQL) through SQLAlchemy Core: `SqlReads`, the `Reads` of `SqlStore`.
+
+Each read filters and aggregates in SQL on indexed columns and reads the result through `kvobs.store.sql_read.read`
+(result processors applied a column at a time: hashes come back as Python ints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from sqlalchemy import distinct, func, select, tuple_, union_all
+
+from kvobs.semconv.spans import KVEventKind
+from kvobs.store.composed import ComposedReads
+from kvobs.store.interface import Instances
+from kvobs.store.schema import (
+    FOOTPRINT_COLUMNS,
+    AlertRow,
+    KVEventMinuteRow,
+    KVEventRow,
+    MetricSampleRow,
+    RequestRow,
+    RunRow,
+    SessionFootprintRow,
+    SessionRow,
+    SnapshotRow,
+    StepRow,
+)
+from kvobs.store.sql_read import _between, _columns, _of_instances, read
+
+if TYPE_CHECKING:
+    from kvobs.store.sql_store import SqlStore
+
+
+class SqlReads(ComposedReads):
+    """`kvobs.store.interface.Reads` in SQLAlchemy Core."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+
+    def time_range(self) -> tuple[float, float] | None:
+        """First and last timestamp of anything observed (snapshots, requests, KV events, steps); None when empty."""
+        with self.store.engine.connect() as conn:
+            bounds = [
+                conn.execute(select(func.min(column), func.max(column))).one()
+                for column in (SnapshotRow.ts, RequestRow.arrival_ts, KVEventRow.ts, StepRow.started_at)
+            ]
+        found = [(float(low), float(high)) for low, high in bounds if low is not None]
+        return (min(b[0] for b in found), max(b[1] for b in found)) if found else None
+
+    def instances(self) -> list[str]:
+        """Every instance that reported anything: snapshots (scrapes, the engine), requests, KV events (the rollup)."""
+        names = union_all(
+            *(
+                select(column).distinct()
+                for column in (SnapshotRow.instance, RequestRow.instance, KVEventMinuteRow.instance)
+            )
+        )
+        with self.store.engine.connect() as conn:
+            return sorted(set(conn.execute(names).scalars()) - {None})
+
+    def instance_snapshots(self, since=None, until=None, *, instances: Instances = None) -> pd.DataFrame:
+        """Instance-level snapshots (`session_id` null), oldest first."""
+        stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id.is_(None))
+        stmt = _of_instances(stmt, SnapshotRow.instance, instances)
+        return read(self.store, _between(stmt, SnapshotRow.ts, since, until).order_by(SnapshotRow.ts))
+
+    def session_snapshots(self, session_id: str) -> pd.DataFrame:
+        """One session's footprint over time: blocks cached, lost, lost while idle, hit tokens."""
+        stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id == session_id)
+        return read(self.store, stmt.order_by(SnapshotRow.ts))
+
+    def session_footprints(self, since=None, until=None, *, instances: Instances = None) -> pd.DataFrame:
+        """Every session's latest footprint in the window: one row per (session, instance).
+
+        Read from the rollup (`session_footprints`, a row per session) for the sessions whose latest footprint falls in
+        the window, which is every session when the window reaches the present; from the raw snapshots only for those
+        whose latest footprint came after `until` (a window in the past)."""
+        rollup = SessionFootprintRow.__table__.c
+        stmt = _of_instances(select(*(rollup[c] for c in FOOTPRINT_COLUMNS)), rollup.instance, instances)
+        frame = read(self.store, _between(stmt, rollup.ts, since, until))
+        if until is None:
+            return frame
+        later = _of_instances(
+            select(rollup.session_id, rollup.instance).where(rollup.ts > until), rollup.instance, instances
+        )
+        latest = (
+            _between(
+                select(SnapshotRow.session_id, SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts")).where(
+                    tuple_(SnapshotRow.session_id, SnapshotRow.instance).in_(later)
+                ),
+                SnapshotRow.ts,
+                since,
+                until,
+            )
+            .group_by(SnapshotRow.session_id, SnapshotRow.instance)
+            .subquery()
+        )
+        stmt = (
+            select(*_columns(SnapshotRow, "id"))
+            .join(
+                latest,
+                (SnapshotRow.session_id == latest.c.session_id)
+                & (SnapshotRow.instance == latest.c.instance)
+                & (SnapshotRow.ts == latest.c.ts),
+            )
+            .order_by(SnapshotRow.id)
+        )
+        earlier = read(self.store, stmt).drop_duplicates(["session_id", "instance"], keep="last")
+        return frame if earlier.empty else pd.concat([frame, earlier], ignore_index=True)
+
+    def request_rows(
+        self, since=None, until=None, session_id: str | None = None, *, instances: Instances = None
+    ) -> pd.DataFrame:
+        stmt = _of_instances(select(*_columns(RequestRow, "id")), RequestRow.instance, instances)
+        if session_id is not None:
+            stmt = stmt.where(RequestRow.session_id == session_id)
+        return read(self.store, _between(stmt, RequestRow.arrival_ts, since, until).order_by(RequestRow.arrival_ts))
+
+    def steps(self, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+        """Agent steps by start time."""
+        stmt = select(*_columns(StepRow))
+        if session_id is not None:
+            stmt = stmt.where(StepRow.session_id == session_id)
+        return read(self.store, _between(stmt, StepRow.started_at, since, until).order_by(StepRow.started_at))
+
+    def sessions(self) -> pd.DataFrame:
+        return read(self.store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))
+
+    def runs(self, *, instances: Instances = None) -> pd.DataFrame:
+        """Every recorded engine run (`runs`), by instance and start: a small table (a row per engine start)."""
+        stmt = _of_instances(select(*_columns(RunRow)), RunRow.instance, instances)
+        return read(self.store, stmt.order_by(RunRow.instance, RunRow.started_at))
+
+    def kv_events(
+        self,
+        since=None,
+        until=None,
+        *,
+        kinds: Iterable[str] | None = None,
+        session_id: str | None = None,
+        limit: int | None = None,
+    ) -> pd.DataFrame:
+        """KV event rows, oldest first (narrow them: a self.store may hold millions)."""
+        stmt = select(*_columns(KVEventRow, "id"))
+        if kinds is not None:
+            stmt = stmt.where(KVEventRow.kind.in_(list(kinds)))
+        if session_id is not None:
+            stmt = stmt.where(KVEventRow.session_id == session_id)
+        stmt = _between(stmt, KVEventRow.ts, since, until).order_by(KVEventRow.ts, KVEventRow.id)
+        return read(self.store, stmt if limit is None else stmt.limit(limit))
+
+    def session_events(
+        self, windows: list[tuple[str, float, float]], *, kinds: Iterable[str], chunk: int = 200
+    ) -> pd.DataFrame:
+        """KV event rows of `kinds` in any of the (session id, after, until] windows, each row once, oldest first: a
+        few steps' events out of millions, through the (session_id, ts) index."""
+        frames, kinds, columns = [], list(kinds), (KVEventRow.id, *_columns(KVEventRow, "id"))
+        for i in range(0, len(windows), chunk):  # one indexed range read per window, a UNION ALL per chunk
+            frames.append(
+                read(
+                    self.store,
+                    union_all(
+                        *(
+                            select(*columns).where(
+                                KVEventRow.session_id == sid,
+                                KVEventRow.ts > low,
+                                KVEventRow.ts <= high,
+                                KVEventRow.kind.in_(kinds),
+                            )
+                            for sid, low, high in windows[i : i + chunk]
+                        )
+                    ),
+                )
+            )
+        if not frames:
+            return read(self.store, select(*_columns(KVEventRow, "id")).limit(0))
+        rows = pd.concat(frames).drop_duplicates("id").sort_values(["ts", "id"], kind="stable")
+        return rows.drop(columns="id").reset_index(drop=True)
+
+    def stored_blocks(
+        self, since=None, until=None, *, latest: int | None = None, instances: Instances = None
+    ) -> pd.DataFrame:
+        """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, oldest first;
+        `latest`: only the newest this many (chosen in SQL, by the `(kind, ts)` index)."""
+        stmt = select(
+            KVEventRow.ts,
+            KVEventRow.instance,
+            KVEventRow.block_hash,
+            KVEventRow.parent_hash,
+            KVEventRow.num_tokens,
+            KVEventRow.session_id,
+            KVEventRow.request_id,
+        )
+        stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
+        stmt = _between(stmt, KVEventRow.ts, since, until)
+        if latest is None:
+            return read(self.store, stmt.order_by(KVEventRow.ts, KVEventRow.id))
+        newest = read(self.store, stmt.order_by(KVEventRow.ts.desc(), KVEventRow.id.desc()).limit(latest))
+        return newest.iloc[::-1].reset_index(drop=True)
+
+    def top_restored_blocks(
+        self, since=None, until=None, *, limit: int = 20, instances: Instances = None
+    ) -> pd.DataFrame:
+        """Blocks stored more than once on one instance in the window (lost, then computed again; the same block on two
+        replicas is not a restore): `instance`, `block_hash`, `stores`, `sessions`, `first_ts`, `last_ts`, most-stored
+        first.
+
+        Two steps in one query: the hashes stored more than once in scope (a GROUP BY of one integer column), then
+        the per-instance detail of those only, through the hash index (at 1M events: 0.9 s as one GROUP BY, 0.4 s as
+        two)."""
+
+        def in_scope(stmt, kind=KVEventRow.kind, instance=KVEventRow.instance, ts=KVEventRow.ts):
+            stmt = _of_instances(stmt.where(kind == KVEventKind.STORED.value), instance, instances)
+            return _between(stmt, ts, since, until)
+
+        again = in_scope(select(KVEventRow.block_hash.label("again"))).group_by(KVEventRow.block_hash)
+        again = again.having(func.count() > 1).subquery()
+        stmt = select(
+            KVEventRow.instance,
+            KVEventRow.block_hash,
+            func.count().label("stores"),
+            func.count(distinct(KVEventRow.session_id)).label("sessions"),
+            func.min(KVEventRow.ts).label("first_ts"),
+            func.max(KVEventRow.ts).label("last_ts"),
+        )
+        # The detail's filters on `kind || ''`, `instance || ''` and `ts + 0`: the same values, but no index on them, so
+        # the planner reaches the rows through the hash index, not by walking the (kind, ts) range a second time
+        # (SQLite, 1M events, no restores: 0.54 -> 0.40 s, median of 5 interleaved runs; what is left is the first
+        # step's GROUP BY).
+        stmt = in_scope(
+            stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again),
+            KVEventRow.kind.concat(""),
+            KVEventRow.instance.concat(""),
+            KVEventRow.ts + 0,
+        )
+        stmt = stmt.group_by(KVEventRow.instance, KVEventRow.block_hash).having(func.count() > 1)
+        return read(self.store, stmt.order_by(func.count().desc()).limit(limit))
+
+    def metric_series(self, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
+        """Scraped samples (`ts`, `instance`, `name`, `labels`, `value`) of the given names, oldest first."""
+        stmt = select(*_columns(MetricSampleRow, "id")).where(MetricSampleRow.name.in_(list(names)))
+        if instance is not None:
+            stmt = stmt.where(MetricSampleRow.instance == instance)
+        return read(self.store, _between(stmt, MetricSampleRow.ts, since, until).order_by(MetricSampleRow.ts))
+
+    def alerts(self, since=None, until=None) -> pd.DataFrame:
+        """Alert transitions (firing, resolved), newest first."""
+        stmt = _between(select(*_columns(AlertRow)), AlertRow.ts, since, until)
+        return read(self.store, stmt.order_by(AlertRow.ts.desc(), AlertRow.id.desc()))
+
+    def raw_counts(
+        self,
+        since,
+        until,
+        bucket_s: float,
+        kinds: list[str] | None,
+        *,
+        upper_open: bool = False,
+        instances: list[str] | None = None,
+        by_instance: bool = False,
+    ) -> pd.DataFrame:
+        """From `kv_events`: rows with `since <= ts <= until` (`< until` when `upper_open`)."""
+        bucket = (func.floor(KVEventRow.ts / bucket_s) * bucket_s).label("bucket")
+        keys = [bucket, *([KVEventRow.instance] if by_instance else []), KVEventRow.kind, KVEventRow.reason]
+        stmt = select(
+            *keys, func.count().label("events"), func.coalesce(func.sum(KVEventRow.first_owner), 0).label("blocks")
+        )
+        if since is not None:
+            stmt = stmt.where(KVEventRow.ts >= since)
+        if until is not None:
+            stmt = stmt.where(KVEventRow.ts < until if upper_open else KVEventRow.ts <= until)
+        if kinds is not None:
+            stmt = stmt.where(KVEventRow.kind.in_(kinds))
+        return read(self.store, _of_instances(stmt, KVEventRow.instance, instances).group_by(*keys))
+
+    def minute_counts(
+        self,
+        low,
+        high,
+        bucket_s: float,
+        kinds: list[str] | None,
+        *,
+        instances: list[str] | None = None,
+        by_instance: bool = False,
+    ) -> pd.DataFrame:
+        """From `kv_event_minutes`: the minutes starting in [low, high)."""
+        m = KVEventMinuteRow
+        bucket = (func.floor(m.minute / bucket_s) * bucket_s).label("bucket")
+        reason = func.nullif(m.reason, "").label("reason")
+        keys = [bucket, *([m.instance] if by_instance else []), m.kind, reason]
+        stmt = select(*keys, func.sum(m.events).label("events"), func.sum(m.blocks).label("blocks"))
+        if low is not None:
+            stmt = stmt.where(m.minute >= low)
+        if high is not None:
+            stmt = stmt.where(m.minute < high)
+        if kinds is not None:
+            stmt = stmt.where(m.kind.in_(kinds))
+        return read(self.store, _of_instances(stmt, m.instance, instances).group_by(*keys))

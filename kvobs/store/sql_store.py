@@ -1,0 +1,100 @@
+"""A SQL store (SQLite, PostgreSQL) through SQLAlchemy: `SqlStore`, opened and migrated by `open_sql`.
+
+Opening runs Alembic's `upgrade head`, so the store is always at the schema this code expects. SQLite runs in WAL
+mode (the dashboard's reads never block the writer). `SqlStore.engine` (SQLAlchemy) is for SQL code and tests; the
+rest of kvobs uses the `kvobs.store.interface.Store` it implements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, delete, event, make_url, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from kvobs.store.interface import Batch, Lookups, Reads
+from kvobs.store.schema import KVEventRow
+from kvobs.store.sql_lookups import SqlLookups
+from kvobs.store.sql_reads import SqlReads
+from kvobs.store.sql_write import SqlBatchWriter, is_unreachable
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+@dataclass
+class SqlStore:
+    """`kvobs.store.interface.Store` on SQLite or PostgreSQL."""
+
+    url: str
+    engine: Engine
+    session: sessionmaker[Session]
+    batch_rows: int = 5000  # rows per transaction the writer aims at
+    flush_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._batches = SqlBatchWriter(self.engine)
+        self.reads: Reads = SqlReads(self)
+        self.lookups: Lookups = SqlLookups(self)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def write(self, batch: Batch, *, token: str | None = None) -> None:
+        """Write a batch of (op, records) in one transaction (`token` is for stores that deduplicate retries)."""
+        self._batches.write(batch)
+
+    def is_unreachable(self, exc: BaseException) -> bool:
+        return is_unreachable(exc)
+
+    def expire_kv_events(self, before_ts: float, *, chunk: int = 50_000) -> int:
+        """Delete `kv_events` rows older than `before_ts` in chunks (one transaction each, by the `ts` index, so the
+        writer is never held up for long); rows deleted."""
+        total = 0
+        while True:
+            with self.engine.begin() as conn:
+                ids = select(KVEventRow.id).where(KVEventRow.ts < before_ts).order_by(KVEventRow.ts).limit(chunk)
+                deleted = conn.execute(delete(KVEventRow).where(KVEventRow.id.in_(ids.scalar_subquery()))).rowcount
+            total += deleted
+            if deleted < chunk:
+                return total
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_sql(url: str, *, migrate: bool = True, must_exist: bool = False) -> SqlStore:
+    """Connect to a normalised SQLite or PostgreSQL URL and migrate (see `kvobs.store.db.open_store`)."""
+    parsed = make_url(url)
+    file = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
+    if must_exist and file and not Path(file).exists():
+        raise ValueError(
+            f"no store at {url}: {Path(file).resolve()} does not exist (a misspelt URL? kvobs serve, "
+            "collect, agents and demo create it)"
+        )
+    engine = create_engine(url, pool_pre_ping=True)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    if migrate:
+        upgrade(engine)
+    return SqlStore(url, engine, sessionmaker(engine, expire_on_commit=False))
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers (the dashboard) never block the writer
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute("PRAGMA cache_size=-65536")  # 64 MiB of pages: index inserts of random block hashes stay in memory
+    cursor.close()

@@ -1,0 +1,63 @@
+"""The type checker over kvobs/ (the base): clean, and it holds each store backend to `kvobs.store.interface`.
+
+A read missing on one backend, or taking other argument names, is a mypy error here, not an `AttributeError` on
+a page; the contract suite (tests/store/test_contract.py) then holds the backends to equal answers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mypy(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_kvobs_type_checks():
+    result = mypy()  # [tool.mypy] in pyproject.toml: files = kvobs
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Success" in result.stdout
+
+
+def test_a_backend_missing_a_read_is_a_type_error(tmp_path):
+    """A backend whose reads lack `steps` and rename an argument of `kv_events`: both are reported where the store
+    sets its `reads`, as they would be for a new backend in kvobs/store/."""
+    module = tmp_path / "half_backend.py"
+    module.write_text(
+        textwrap.dedent(
+            """
+            import pandas as pd
+
+            from kvobs.store.clickhouse.reads import ClickHouseReads
+            from kvobs.store.interface import Reads
+
+
+            class HalfReads(ClickHouseReads):
+                steps = None  # gone
+
+                def kv_events(self, since=None, until=None, *, kind=None, session_id=None, limit=None) -> pd.DataFrame:
+                    return pd.DataFrame()
+
+
+            reads: Reads = HalfReads(store=None)  # type: ignore[arg-type]
+            """
+        )
+    )
+    result = mypy("--config-file", str(ROOT / "pyproject.toml"), str(module))
+    assert result.returncode == 1, result.stdout
+    assert 'Incompatible types in assignment (expression has type "HalfReads", variable has type "Reads")' in (
+        result.stdout
+    )
+    assert "steps: expected" in result.stdout, result.stdout  # the read it lacks
+    assert "kind: Any" in result.stdout, result.stdout  # kv_events' renamed argument (the protocol's is `kinds`)
