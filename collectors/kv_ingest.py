@@ -166,7 +166,15 @@ class KVIngest:
                 parent = None if parent is None else wire.as_uint64(parent)
             first = 1
             for owner in owners:
-                rows.add(REMOVED, stored_as, parent, owner, medium, first, tokens, None)
+                rows.add(
+                    REMOVED,
+                    block_hash=stored_as,
+                    parent_hash=parent,
+                    session_id=owner,
+                    medium=medium,
+                    first_owner=first,
+                    num_tokens=tokens,
+                )
                 rows.losers.append(owner)
                 first = 0
 
@@ -174,25 +182,13 @@ class KVIngest:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
         self._changed.update(s for s in lost if s is not None)
-        rows.add(CLEARED, None, None, None, None, None, num_blocks * (self.block_size or 0), reason, num_blocks)
+        rows.add(CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)
         return lost
 
     def _flush(self, ts: float, rows: _BatchRows) -> None:
         n = len(rows.kind)
         if n:
-            columns = KVEventColumns(
-                ts=[ts] * n,
-                instance=[self.instance] * n,
-                kind=rows.kind,
-                block_hash=rows.block_hash,
-                parent_hash=rows.parent_hash,
-                session_id=rows.session_id,
-                medium=rows.medium,
-                first_owner=rows.first_owner,
-                num_tokens=rows.num_tokens,
-                reason=rows.reason,
-                num_blocks=rows.num_blocks,
-            )
+            columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, **rows.columns())
             self.writer.add_many(columns, wait_s=STORE_WAIT_S)
 
     # ---- footprints -----------------------------------------------------------------------------------
@@ -280,7 +276,20 @@ class KVIngest:
 
 
 class _BatchRows:
-    """One batch's `kv_events` rows as columns, in event order (`ts` and `instance` are the batch's own)."""
+    """One batch's `kv_events` rows as columns, in event order: `KVEventRecord`'s columns (`COLUMNS`), less the
+    batch's own `ts` and `instance` and the `request_id` vLLM's events do not carry."""
+
+    COLUMNS = (
+        "kind",
+        "block_hash",
+        "parent_hash",
+        "session_id",
+        "medium",
+        "first_owner",
+        "num_tokens",
+        "reason",
+        "num_blocks",
+    )
 
     def __init__(self) -> None:
         self.kind: list[str] = []
@@ -295,9 +304,20 @@ class _BatchRows:
         self.losers: list[str | None] = []  # the owner of each removed row (not a column)
 
     def add(
-        self, kind, block_hash, parent_hash, session_id, medium, first_owner, num_tokens, reason, num_blocks=None
+        self,
+        kind: str,
+        *,
+        block_hash: int | None = None,
+        parent_hash: int | None = None,
+        session_id: str | None = None,
+        medium: str | None = None,
+        first_owner: int | None = None,
+        num_tokens: int | None = None,
+        reason: str | None = None,
+        num_blocks: int | None = None,
     ) -> None:
-        """One row (the `stored` rows of a chain are added a column at a time, in `KVIngest._stored`)."""
+        """One row, by column name (the `stored` rows of a chain are added a column at a time, in
+        `KVIngest._stored`)."""
         self.kind.append(kind)
         self.block_hash.append(block_hash)
         self.parent_hash.append(parent_hash)
@@ -307,3 +327,7 @@ class _BatchRows:
         self.num_tokens.append(num_tokens)
         self.reason.append(reason)
         self.num_blocks.append(num_blocks)
+
+    def columns(self) -> dict[str, list]:
+        """Column name -> values, for `KVEventColumns` (which refuses a name `KVEventRecord` does not have)."""
+        return {name: getattr(self, name) for name in self.COLUMNS}

@@ -2,7 +2,8 @@
 
     KVOBS_STORE_URL=sqlite:///kvobs.db streamlit run dashboard/app.py
 
-Pages are chosen in the sidebar (or with `?page=sessions`; `?session=ID&step=N` opens that step's story); the
+Pages are Streamlit pages (`st.navigation`) at their own paths (`/sessions`); a link of the form the dashboard used
+before, `?page=sessions`, opens the same page, and `?session=ID&step=N` opens that step's story; the
 time range is relative to the newest data in the store, so a recorded store reads the same as a live one; times
 are shown in the browser's zone or UTC (`dashboard.clock`); a fleet's instances are chosen in the sidebar (or with
 `?instance=NAME`, repeatable); when the range spans an engine restart, one run or all (`?run=ID`).
@@ -34,6 +35,7 @@ from kvobs.store.db import redacted_url as _redact  # noqa: E402
 from kvobs.store.db import store_url  # noqa: E402
 
 JAEGER_URL_ENV = "KVOBS_JAEGER_URL"
+DEFAULT_PAGE = "overview"  # the page at the dashboard's root URL
 STORY_PARAMS = ("session", "step")  # `?session=...&step=...` opens one step's story (links from alerts, Jaeger)
 
 
@@ -45,30 +47,49 @@ def _arguments() -> argparse.Namespace:
     return args
 
 
-def _requested_page(names: list[str]) -> str:
+def _requested_page(names: list[str]) -> str | None:
+    """The page a `?page=` link names (or the story, for `?session=&step=`); None when the URL names none."""
     requested = st.query_params.get("page")
     if requested is None and all(p in st.query_params for p in STORY_PARAMS):
         requested = "step"
-    return requested if requested in names else names[0]
+    return requested if requested in names else None
 
 
 def main() -> None:
     st.set_page_config(page_title="kvobs", page_icon=":material/memory:", layout="wide")
+    contexts: list[Context] = []  # the one this run makes, for the page to render
+    pages = {
+        key: st.Page(_page(key, contexts), title=view.TITLE, url_path=key, default=key == DEFAULT_PAGE)
+        for key, view in PAGES.items()
+    }
+    current = st.navigation(list(pages.values()))
+    requested = _requested_page(list(pages))
+    if requested is not None and pages[requested] is not current:  # a `?page=` link: open its page, same filters
+        kept = {key: st.query_params.get_all(key) for key in st.query_params if key != "page"}
+        st.switch_page(pages[requested], query_params=kept)
+    # The sidebar's choices live here, in the entrypoint, so they stay as they are when the page changes.
+    context = _context(current.title)
+    if context is not None:
+        contexts.append(context)
+        current.run()
+
+
+def _page(key: str, contexts: list[Context]):
+    def render() -> None:
+        PAGES[key].render(contexts[-1])
+
+    render.__name__ = key  # Streamlit names a page's script by its function
+    return render
+
+
+def _context(title: str) -> Context | None:
+    """The store, the range, the instances and the run chosen in the sidebar; None (said on the page) when the store
+    is empty."""
     args = _arguments()
     url = store_url(args.store)
     jaeger_url = args.jaeger_url or os.environ.get(JAEGER_URL_ENV)
-    names = list(PAGES)
-    with st.sidebar:
-        st.title("kvobs")
-        page = st.radio(
-            "Page",
-            names,
-            index=names.index(_requested_page(names)),
-            format_func=lambda key: PAGES[key].TITLE,
-            key="page",
-        )
+    st.sidebar.title("kvobs")
     clock = choose_clock()
-    st.query_params["page"] = page
     try:
         cache.get_store(url)
         bounds = cache.time_range(url)
@@ -77,12 +98,12 @@ def main() -> None:
         st.stop()
     if bounds is None:
         _store_caption(url)
-        st.header(PAGES[page].TITLE)
+        st.header(title)
         st.info(
             "The store is empty. Fill it with `kvobs demo`, or run `kvobs serve --store URL` with "
             "`kvobs agents`, or `kvobs collect` next to a vLLM; this page updates as data arrives."
         )
-        return
+        return None
     since, until = choose_range(*bounds, clock)
     fleet = tuple(cache.instances(url))
     instances = choose_instances(list(fleet))
@@ -99,9 +120,7 @@ def main() -> None:
     _store_caption(url)
     interval = cache.sample_interval(url, since, until, instances)
     window_s = bucket_for(since, until, at_least=interval)
-    PAGES[page].render(
-        Context(url, since, until, window_s, jaeger_url, clock, interval, instances, fleet, runs, run is not None)
-    )
+    return Context(url, since, until, window_s, jaeger_url, clock, interval, instances, fleet, runs, run is not None)
 
 
 def _store_caption(url: str) -> None:

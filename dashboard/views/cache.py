@@ -1,88 +1,65 @@
-"""Cached calls into `dashboard.data` (keyed by store URL and arguments; 10 s so a live store refreshes)."""
+"""The pages' reads, cached: each as `cache.X(url, ...)`, the store opened once per URL, the answer kept 10 s.
+
+    cache.overview(url, since, until, window_s, instances)    # dashboard.data.overview(store, ...), cached
+
+Keyed by the store URL and the arguments; 10 s, so a page over a live store shows new data on its next rerun.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pandas as pd
 import streamlit as st
 
 from dashboard import data
-from kvobs.store import open_store
+from kvobs.analytics.runs import run_table
+from kvobs.analytics.step_story import step_story as _step_story
+from kvobs.store import Store, open_store
+
+TTL_S = 10
 
 
 @st.cache_resource(show_spinner=False)
-def get_store(url: str):
+def get_store(url: str) -> Store:
     return open_store(url)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def time_range(url: str):
-    return data.observed_range(get_store(url))
+def cached(read: Callable) -> Callable:
+    """`read(store, *args, **kwargs)` as a cached `f(url, *args, **kwargs)`."""
+
+    def call(url: str, *args, **kwargs):
+        return read(get_store(url), *args, **kwargs)
+
+    # Streamlit keys a cache by the function's module, qualified name and source: one name per read, or the reads
+    # made here would share one cache and answer each other's calls.
+    call.__name__, call.__qualname__ = read.__name__, f"cached.{read.__module__}.{read.__qualname__}"
+    return st.cache_data(ttl=TTL_S, show_spinner=False)(call)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def instances(url: str):
-
-    return get_store(url).reads.instances()
+def _instances(store: Store) -> list[str]:
+    return store.reads.instances()
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def runs(url: str):
-    from kvobs.analytics.runs import run_table
-
-    return run_table(get_store(url).reads.runs())
+def _runs(store: Store) -> pd.DataFrame:
+    return run_table(store.reads.runs())
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def sample_interval(url: str, since: float, until: float, instances=None):
-    return data.sample_interval(get_store(url), since, until, instances)
+time_range = cached(data.observed_range)
+instances = cached(_instances)
+runs = cached(_runs)
+sample_interval = cached(data.sample_interval)
+overview = cached(data.overview)
+pressure = cached(data.pressure)
+sessions = cached(data.sessions)
+session_detail = cached(data.session_detail)
+failures = cached(data.failures)
+kv_events = cached(data.kv_events_page)
+alerts = cached(data.alerts_page)
+sessions_with_steps = cached(data.sessions_with_steps)
+step_story = cached(_step_story)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def overview(url, since, until, window_s, instances=None, per_instance=False):
-    return data.overview(get_store(url), since, until, window_s, instances, per_instance=per_instance)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def pressure(url, since, until, window_s, x, y, instances=None):
-    return data.pressure(get_store(url), since, until, window_s, x, y, instances=instances)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def sessions(url, since, until, instances=None):
-    return data.sessions(get_store(url), since, until, instances)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def session_detail(url, session_id):
-    return data.session_detail(get_store(url), session_id)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def failures(url, since, until):
-    return data.failures(get_store(url), since, until)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def kv_events(url, since, until, window_s, instances=None):
-    return data.kv_events_page(get_store(url), since, until, window_s, instances)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def alerts(url, since, until, instances=None):
-    return data.alerts_page(get_store(url), since, until, instances)
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def sessions_with_steps(url, since, until, instances=None):
-    return data.sessions_with_steps(get_store(url), since, until, instances)
-
-
-def session_steps_by_cache_cost(url, session_id):
+def session_steps_by_cache_cost(url: str, session_id: str) -> list[int]:
     """The session's steps by what the cache cost them (from its cached detail: one attribution a session)."""
     return data.steps_by_cache_cost(session_detail(url, session_id)["steps"])
-
-
-@st.cache_data(ttl=10, show_spinner=False)
-def step_story(url, session_id, step_index):
-    from kvobs.analytics.step_story import step_story
-
-    return step_story(get_store(url), session_id, step_index)

@@ -55,7 +55,7 @@ def _kpis(kpis: dict) -> list[tuple[str, str, str]]:
 def render(ctx) -> None:
     st.header(TITLE)
     per_instance = len(ctx.shown_instances) > 1
-    data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance)
+    data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance=per_instance)
     shown = _kpis(data["kpis"])
     for col, (name, value, help_text) in zip(st.columns(len(shown)), shown):
         col.metric(name, value, help=help_text)

@@ -40,7 +40,7 @@ def render(ctx) -> None:
     window_s = c1.selectbox("Window (s)", windows, index=default, key="pressure_window")
     x = c2.selectbox("Pressure", list(PRESSURE), format_func=PRESSURE.get, index=3, key="pressure_x")
     y = c3.selectbox("Latency", list(LATENCY), format_func=LATENCY.get, key="pressure_y")
-    data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y, ctx.instances)
+    data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y, instances=ctx.instances)
     frame = data["windows"]
     ctx.runs_note()
     st.caption(

@@ -56,7 +56,7 @@ def render(ctx) -> None:
         st.info(f"Session {session_id} has no agent steps in the store.")
         return
     step_index = c2.selectbox("Step (what the cache cost it first)", indexes, key="story_step")
-    st.query_params.update({"page": "step", "session": session_id, "step": str(step_index)})
+    st.query_params.update({"session": session_id, "step": str(step_index)})  # this step, as a link to share
     render_story(ctx, session_id, int(step_index))
 
 

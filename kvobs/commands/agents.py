@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.commands.common import add_store_flag, start_or_report, workload_config
 
 log = logging.getLogger(__name__)
 
@@ -70,21 +70,11 @@ def _seed(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvobs.agent.workload import PauseDistribution, WorkloadConfig, check_rounds, round_configs
+    from kvobs.agent.workload import WorkloadConfig, check_rounds, round_configs
 
     def configured() -> WorkloadConfig:
         check_rounds(args.rounds, args.round_pause_s)
-        return WorkloadConfig(
-            base_url=args.base_url,
-            sessions=args.sessions,
-            concurrency=args.concurrency,
-            steps=args.steps,
-            tool_pause=PauseDistribution.parse(args.tool_pause_ms),
-            step_deadline_s=args.step_deadline_s,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-            model=args.model,
-        )
+        return workload_config(args, base_url=args.base_url, seed=args.seed, model=args.model)
 
     config = start_or_report("agents", configured)
     if config is None:

@@ -74,6 +74,26 @@ def lacks_extra(command: str, extra: str, module: str, *, find_only: bool = Fals
     return False
 
 
+def workload_config(args: argparse.Namespace, **given):
+    """The agents' `WorkloadConfig` from the workload flags `kvobs agents` and `kvobs demo` share, and `given`
+    (base_url, seed, model: what each command decides its own way).
+
+    Raises:
+        ValueError: a malformed `--tool-pause-ms`.
+    """
+    from kvobs.agent.workload import PauseDistribution, WorkloadConfig
+
+    return WorkloadConfig(
+        sessions=args.sessions,
+        concurrency=args.concurrency,
+        steps=args.steps,
+        tool_pause=PauseDistribution.parse(args.tool_pause_ms),
+        step_deadline_s=args.step_deadline_s,
+        max_tokens=args.max_tokens,
+        **given,
+    )
+
+
 def start_or_report(command: str, start: Callable[[], T]) -> T | None:
     """Run `start`; on a bad configuration, a taken address or an unreachable store print one line (no traceback)
     to stderr and return None, so the command exits 2."""

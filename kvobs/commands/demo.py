@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report
+from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report, workload_config
 from kvobs.semconv.endpoints import DASHBOARD_PORT, DEMO_COLLECTOR_PORT, ENGINE_PORT
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvobs.agent.workload import PauseDistribution, WorkloadConfig
+    from kvobs.agent.workload import WorkloadConfig
     from kvobs.store import open_store
     from kvobs.store.db import redacted_url
 
@@ -85,16 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     def configured() -> WorkloadConfig:
         _check(args)
-        return WorkloadConfig(
-            base_url=base_url,
-            sessions=args.sessions,
-            concurrency=args.concurrency,
-            steps=args.steps,
-            tool_pause=PauseDistribution.parse(args.tool_pause_ms),
-            step_deadline_s=args.step_deadline_s,
-            max_tokens=args.max_tokens,
-            seed=seed,
-        )
+        return workload_config(args, base_url=base_url, seed=seed)
 
     config = start_or_report("demo", configured)
     if config is None:

@@ -244,3 +244,15 @@ def test_a_custom_range_narrows_every_table(monkeypatch, agent_run):
     at.slider(key="custom_range").set_range(low, low + (high - low) / 4).run()
     assert_clean(at)
     assert 0 < len(at.dataframe[0].value) < everything
+
+
+@pytest.mark.parametrize("page", [key for key in PAGES if key != "overview"])
+def test_a_page_link_opens_its_page_through_the_navigation(monkeypatch, agent_run, page):
+    """Pages are `st.navigation` pages at their own paths; an old `?page=` link switches to the page it names (its
+    title is the page's header), keeping its other parameters and dropping `page`; no parameter: the Overview."""
+    at = open_page(monkeypatch, agent_run.url, page)
+    assert_clean(at)
+    assert PAGES[page].TITLE in [h.value for h in at.header]
+    assert "page" not in at.query_params
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert PAGES["overview"].TITLE in [h.value for h in at.header]

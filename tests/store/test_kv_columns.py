@@ -81,3 +81,24 @@ def test_columns_are_checked_when_made():
     with pytest.raises(TypeError, match="'kind'"):
         KVEventColumns(ts=[1.0], instance=["e"])
     assert len(KVEventColumns()) == 0
+
+
+def test_the_collectors_row_builder_has_the_records_columns():
+    """The collector's batch builder (`_BatchRows`) writes `KVEventRecord`'s columns by name: its columns are the
+    record's less the batch's own `ts` and `instance` and the `request_id` vLLM's events do not carry, `add` takes
+    each of them by keyword, and a field added to the record fails here until the collector says what it writes."""
+    import inspect
+
+    from collectors.kv_ingest import _BatchRows
+
+    rows = _BatchRows()
+    assert set(_BatchRows.COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)
+    assert list(inspect.signature(rows.add).parameters) == list(_BatchRows.COLUMNS)
+    rows.add("cleared", reason="reset", num_blocks=3)
+    columns = rows.columns()
+    assert {name: values[0] for name, values in columns.items() if values[0] is not None} == {
+        "kind": "cleared",
+        "reason": "reset",
+        "num_blocks": 3,
+    }
+    KVEventColumns(ts=[0.0], instance=["vllm-a"], **columns)  # every name one the store takes
