@@ -24,6 +24,7 @@ first request, of sessions with no known request, or after a session's end are n
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
@@ -31,12 +32,15 @@ from collections.abc import Callable
 from collectors.kv_chains import OWNERS, PARENT, ChainTracker
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
 from kvobs.identifiers import clip_id
+from kvobs.semconv.attributes import medium_name
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
 from kvobs.semconv.spans import KVEventKind, SessionSource
 from kvobs.store.rows import KVEventColumns, SessionRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
+
+log = logging.getLogger(__name__)
 
 RESTART = "restart"
 # How long a batch's rows wait for room in a full store queue before they are dropped (and counted). Meanwhile the
@@ -83,6 +87,7 @@ class KVIngest:
         self.num_lost_in_pause = 0  # (session, block) removals settled as in a tool pause, ever (a counter)
         self.num_sessions_forgotten = 0
         self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
+        self.num_placeholders = 0  # offload placeholders seen (`wire.is_placeholder`): not stored as blocks
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()
         self.block_size: int | None = None
@@ -128,6 +133,16 @@ class KVIngest:
         self._flush(self.clock(), rows)
 
     def _stored(self, ts: float, event: wire.BlockStored, rows: _BatchRows, touched: set[str]) -> None:
+        if wire.is_placeholder(event):  # hashes that reached an offload tier, no content: no block of this cache
+            if not self.num_placeholders:
+                log.info(
+                    "KV events of %s: offload placeholders (BlockStored without tokens or block size, medium %s) are "
+                    "counted (kvobs_collector_kv_offload_placeholders_total), not stored as blocks",
+                    self.instance,
+                    medium_name(event.medium),
+                )
+            self.num_placeholders += len(event.block_hashes)
+            return
         session = None if event.session_id is None else clip_id(event.session_id)  # every row of it carries it
         if session is not event.session_id:
             self.num_ids_cut += 1
@@ -147,7 +162,7 @@ class KVIngest:
         rows.parent_hash.append(None if parent is None else wire.as_uint64(parent))
         rows.parent_hash += stored[:-1]
         rows.session_id += [session] * n
-        rows.medium += [event.medium] * n
+        rows.medium += [medium_name(event.medium)] * n
         rows.first_owner += [1] * n
         rows.num_tokens += [event.block_size] * n
         rows.reason += [None] * n
@@ -155,7 +170,7 @@ class KVIngest:
         self.chains.stored(hashes, parent, session)
 
     def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
-        medium, tokens, removed = event.medium, self.block_size, self.chains.removed
+        medium, tokens, removed = medium_name(event.medium), self.block_size, self.chains.removed
         for block_hash in event.block_hashes:
             block = removed(block_hash)
             stored_as = wire.as_uint64(block_hash)

@@ -90,6 +90,10 @@ class CollectorMetrics(PromCollector):
         cut = _counter(kvobs_metrics.COLLECTOR_IDS_CUT)
         cut.add_metric([], c.span_ingest.num_ids_cut + sum(s.ingest.num_ids_cut for s in c.streams))
         yield cut
+        placeholders = _counter(kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS, (LABEL_INSTANCE,))
+        for stream in c.streams:
+            placeholders.add_metric([stream.spec.instance], stream.ingest.num_placeholders)
+        yield placeholders
         silent = _counter(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT, (LABEL_INSTANCE,))
         for stream in c.streams:
             silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])

@@ -88,3 +88,18 @@ LINK_EVICTED_FROM = "evicted_from"  # the linked session's blocks were evicted b
 LINK_INVALIDATED = "invalidated"  # the linked session's blocks were invalidated by this span
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the primary KV cache, the one the model attends from, on any device
+# The tiers engines name (vLLM: GPU, CPU; its offloading: CPU, STORAGE; LMCache and SGLang: cpu, Disk, ...), each
+# stored and shown under one name: what a spelling means, lower-cased -> the name kvobs keeps
+MEDIUMS = {
+    "gpu": MEDIUM_GPU,
+    "cpu": "CPU",
+    "disk": "DISK",
+    "storage": "STORAGE",
+    "shared_storage": "SHARED_STORAGE",
+}
+
+
+def medium_name(medium: str | None) -> str | None:
+    """The one name kvobs keeps for a tier an engine named `medium` (`Disk`, `cpu` -> `DISK`, `CPU`); a tier it
+    does not know, as sent (upper-cased), so a new tier shows up rather than vanish into another."""
+    return None if medium is None else MEDIUMS.get(medium.strip().lower(), medium.strip().upper())

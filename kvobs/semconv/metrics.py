@@ -416,4 +416,11 @@ kvobs_metrics = SimpleNamespace(
         "ids",
         "Session or request ids longer than 255 bytes that the collector cut to fit the store.",
     ),
+    COLLECTOR_KV_OFFLOAD_PLACEHOLDERS=_spec(
+        "kvobs_collector_kv_offload_placeholders",
+        "counter",
+        "blocks",
+        "Block hashes in offload placeholders (BlockStored without tokens or block size: a copy reached "
+        "another tier) a replica published; counted, not stored as blocks of its cache.",
+    ),
 )

@@ -4,10 +4,13 @@ The wire format (vLLM 0.24 and later, checked against frames recorded from vLLM 
 
 - a ZMQ PUB message of 3 frames: `topic`, the sequence number (8-byte big-endian, per publisher,
   from 0), and the payload;
-- the payload is msgpack of the batch `[ts, events, data_parallel_rank]` (a positional array);
+- the payload is msgpack of the batch `[ts, events, data_parallel_rank]` (a positional array; vLLM's main has
+  moved it to a map `{"ts": ..., "events": [...], "data_parallel_rank": ...}` too: `decode_batch` reads both);
 - each event is a msgpack map tagged by `"type"`: `BlockStored`, `BlockRemoved` or `AllBlocksCleared`.
   Releases up to 0.23 sent positional arrays `["BlockStored", hashes, parent, ...]` instead;
   `decode_batch` accepts both and ignores fields it does not know.
+- An offloading connector's placeholder (`BlockStored` with no `token_ids` and `block_size` 0: the block's hash
+  reached another tier, its content not described) is decoded as it is; `is_placeholder` tells it apart.
 
 Values are checked where they are decoded: sizes, ids and indexes are integers in [0, 2^63) and the batch time a
 finite, non-negative number, what every store column can hold. An event with a value out of range (or a known
@@ -91,9 +94,25 @@ class _CheckedBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
+class _RawMapBatch(msgspec.Struct, gc=False):  # the batch as a map (vLLM's main)
+    ts: Timestamp
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+class _CheckedMapBatch(msgspec.Struct, gc=False):
+    ts: Timestamp
+    events: list[Event]
+    data_parallel_rank: int | None = None
+
+
+_MAP_MARKERS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}  # msgpack's fixmap, map 16 and map 32 first bytes
+
+
 _encoder = msgspec.msgpack.Encoder()
-_batch_decoder = msgspec.msgpack.Decoder(_CheckedBatch)  # the common case: every event known and valid
-_raw_batch_decoder = msgspec.msgpack.Decoder(_RawBatch)
+# (checked, raw) decoders for each batch shape; checked: the common case, every event known and valid
+_ARRAY_BATCH = (msgspec.msgpack.Decoder(_CheckedBatch), msgspec.msgpack.Decoder(_RawBatch))
+_MAP_BATCH = (msgspec.msgpack.Decoder(_CheckedMapBatch), msgspec.msgpack.Decoder(_RawMapBatch))
 _map_event_decoder = msgspec.msgpack.Decoder(Event)
 _any_decoder = msgspec.msgpack.Decoder()
 _POSITIONAL: dict[str, type[BlockStored | BlockRemoved | AllBlocksCleared]] = {
@@ -121,13 +140,14 @@ def decode_batch(payload: bytes) -> Decoded:
     Raises:
         DecodeError: the payload is not a batch (or its time is out of range).
     """
+    checked, raw_decoder = _MAP_BATCH if payload[:1] and payload[0] in _MAP_MARKERS else _ARRAY_BATCH
     try:  # all in one pass when every event is a known, valid map (what vLLM 0.24+ sends): about 3x faster
-        whole = _batch_decoder.decode(payload)
+        whole = checked.decode(payload)
         return Decoded(KVEventBatch(whole.ts, whole.events, whole.data_parallel_rank), 0, 0)
     except (msgspec.DecodeError, ValueError):
         pass  # an unknown, positional or bad event among them (or not a batch): event by event, to say which
     try:
-        raw = _raw_batch_decoder.decode(payload)
+        raw = raw_decoder.decode(payload)
     except (msgspec.DecodeError, ValueError) as exc:
         raise DecodeError(f"not a KV-event batch: {exc}") from exc
     events: list[Event] = []
@@ -174,6 +194,12 @@ def _decode_positional(value: list) -> Event | None:
         return msgspec.convert(dict(zip(fields, value[1 : 1 + len(fields)])), cls)
     except msgspec.ValidationError as exc:
         raise DecodeError(f"malformed positional {value[0]} event: {exc}") from exc
+
+
+def is_placeholder(event: BlockStored) -> bool:
+    """An offloading connector's placeholder: hashes that reached another tier, with no tokens and no block size
+    (vLLM's legacy offload payload); not blocks of the cache the model attends from."""
+    return event.block_size == 0 and not event.token_ids
 
 
 def should_bind(endpoint: str) -> bool:

@@ -147,3 +147,61 @@ def test_malformed_payloads_raise_decode_error(payload):
 )
 def test_bind_or_connect_follows_vllms_rule(endpoint, binds):
     assert wire.should_bind(endpoint) is binds
+
+
+# ---- every shape a vLLM sends: the batch as an array or a map, each event as a map or positional -------------
+class _MapBatch(msgspec.Struct, omit_defaults=True, gc=False):
+    """The batch as vLLM's main encodes it: the same fields, as a map (no `array_like`)."""
+
+    ts: float
+    events: list
+    data_parallel_rank: int | None = None
+
+
+def _positional(event: wire.Event) -> list:
+    """An event as releases up to 0.23 sent it: `[tag, field, ...]` in declaration order."""
+    return [type(event).__name__, *(getattr(event, name) for name in event.__struct_fields__)]
+
+
+def _shapes(batch: wire.KVEventBatch) -> dict[str, bytes]:
+    positional = [_positional(e) for e in batch.events]
+    return {
+        "array batch, map events": wire.encode_batch(batch),
+        "array batch, positional events": msgspec.msgpack.encode([batch.ts, positional, batch.data_parallel_rank]),
+        "map batch, map events": msgspec.msgpack.encode(_MapBatch(batch.ts, batch.events, batch.data_parallel_rank)),
+        "map batch, positional events": msgspec.msgpack.encode(_MapBatch(batch.ts, positional, 0)),
+    }
+
+
+def test_every_batch_and_event_shape_decodes_to_the_recorded_events():
+    for _, _, payload in recorded_frames():
+        recorded = wire.decode_batch(payload).batch
+        for shape, frame in _shapes(recorded).items():
+            decoded, unknown, refused = wire.decode_batch(frame)
+            assert (unknown, refused) == (0, 0), shape
+            assert (decoded.ts, decoded.events, decoded.data_parallel_rank) == (
+                recorded.ts,
+                recorded.events,
+                0,
+            ), shape
+
+
+def test_a_map_batch_skips_an_unknown_event_and_refuses_a_bad_one_alone():
+    stored = wire.BlockStored([7], None, [1] * 16, 16, None, "GPU", None)
+    frame = msgspec.msgpack.encode(
+        {
+            "ts": 1.8e9,
+            "events": [{"type": "BlockPromoted", "block_hashes": [7]}, {"type": "BlockRemoved"}, stored],
+            "data_parallel_rank": 1,
+        }
+    )
+    decoded, unknown, refused = wire.decode_batch(frame)
+    assert (decoded.events, decoded.data_parallel_rank, unknown, refused) == ([stored], 1, 1, 1)
+    with pytest.raises(wire.DecodeError):
+        wire.decode_batch(msgspec.msgpack.encode({"ts": -1.0, "events": []}))
+
+
+def test_an_offload_placeholder_is_told_apart():
+    placeholder = wire.BlockStored([7, 8], None, [], 0, None, "CPU", None)
+    described = wire.BlockStored([7, 8], None, [1] * 32, 16, None, "CPU", None)  # vLLM's self-describing offload
+    assert wire.is_placeholder(placeholder) and not wire.is_placeholder(described)

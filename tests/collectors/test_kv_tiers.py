@@ -1,0 +1,52 @@
+"""Tiers in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`), and an
+offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted, not
+stored as blocks of the replica's cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectors.kv_ingest import KVIngest
+from kvobs.semconv.attributes import MEDIUM_GPU, medium_name
+from kvobs.store import StoreWriter, open_store
+from kvobs.vllm import kv_events as wire
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("GPU", MEDIUM_GPU),
+        ("gpu", MEDIUM_GPU),
+        ("CPU", "CPU"),
+        ("cpu", "CPU"),
+        ("Disk", "DISK"),
+        ("STORAGE", "STORAGE"),
+        ("SHARED_STORAGE", "SHARED_STORAGE"),
+        ("hbm3", "HBM3"),
+        (None, None),
+    ],
+)
+def test_each_tier_has_one_name(sent, kept):
+    assert medium_name(sent) == kept
+
+
+def test_placeholders_are_counted_and_tiers_stored_by_their_one_name(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'tiers.db'}")
+    writer = StoreWriter(store)
+    ingest = KVIngest(writer, instance="vllm-a")
+    events = [
+        wire.BlockStored([1, 2], None, [5] * 32, 16, None, "gpu", None, session_id="s1"),
+        wire.BlockStored([1, 2], None, [], 0, None, "cpu", None),  # the offload placeholder of the same blocks
+        wire.BlockStored([3], 2, [6] * 16, 16, None, "Disk", None, session_id="s1"),  # a self-describing offload
+        wire.BlockRemoved([1], "GPU"),
+    ]
+    ingest.on_batch(0, wire.KVEventBatch(1.8e9, events, 0))
+    writer.close()
+    rows = store.reads.kv_events()
+    assert list(zip(rows["kind"], rows["block_hash"], rows["medium"])) == [
+        ("stored", 1, MEDIUM_GPU),
+        ("stored", 2, MEDIUM_GPU),
+        ("stored", 3, "DISK"),
+        ("removed", 1, MEDIUM_GPU),
+    ]
+    assert ingest.num_placeholders == 2
