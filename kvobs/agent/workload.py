@@ -27,6 +27,7 @@ import httpx
 from opentelemetry.trace import TracerProvider
 
 from kvobs.agent.chat import ChatError
+from kvobs.agent.routing import ROUTINGS, StepRouter
 from kvobs.agent.session import AgentSession, AgentStep, StepRecorder
 from kvobs.semconv.spans import StepErrorType
 
@@ -144,7 +145,7 @@ class PauseDistribution:
 
 @dataclass
 class WorkloadConfig:
-    base_url: str
+    base_url: str  # the server; with `replica_urls`, the first of them
     sessions: int = 8
     concurrency: int = 4
     steps: int = 4
@@ -154,11 +155,20 @@ class WorkloadConfig:
     seed: int = 0
     model: str | None = None
     timeout_s: float = 120.0
+    replica_urls: tuple[str, ...] = ()  # several servers: each step goes to one of them, by `routing`
+    routing: str = "round_robin"  # kvobs.agent.routing.ROUTINGS
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every server the steps may go to."""
+        return self.replica_urls or (self.base_url,)
 
     def __post_init__(self) -> None:
         for name in ("sessions", "concurrency", "steps", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1; got {getattr(self, name)}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"--routing must be one of {', '.join(ROUTINGS)}; got {self.routing!r}")
         if self.step_deadline_s is not None and self.step_deadline_s <= 0:
             raise ValueError(f"--step-deadline-s must be positive; got {self.step_deadline_s}")
 
@@ -239,12 +249,13 @@ def tool_result(rng: random.Random, tool: str) -> str:
 
 
 class Workload:
-    """Runs `config.sessions` sessions, `config.concurrency` at a time, through `client`."""
+    """Runs `config.sessions` sessions, `config.concurrency` at a time, through `client` (one server) or a
+    `StepRouter` over several (each step's request to the replica it picks)."""
 
     def __init__(
         self,
         config: WorkloadConfig,
-        client: httpx.Client,
+        client: httpx.Client | StepRouter,
         *,
         tracer_provider: TracerProvider,
         recorder: StepRecorder | None = None,
@@ -253,11 +264,11 @@ class Workload:
     ) -> None:
         self.config = config
         self.stop = stop or threading.Event()  # set: each session ends after its current step
-        self.client = client
+        self.router = client if isinstance(client, StepRouter) else StepRouter([client])
         self.tracer_provider = tracer_provider
         self.recorder = recorder
         self.on_step = on_step or (lambda step: None)
-        self.model = config.model or served_model(client)
+        self.model = config.model or served_model(self.router.clients[0])
         self.result = WorkloadResult()
         self._lock = threading.Lock()
 
@@ -287,7 +298,7 @@ class Workload:
                 result = tool_result(rng, tool)
                 try:
                     with session.step(deadline_s=self.config.step_deadline_s) as step:
-                        reply = self._think(step, kind, messages)
+                        reply = self._think(step, kind, messages, self.router.pick(session_id))
                         with step.tool(tool):
                             time.sleep(pause_s)
                 except ChatError:
@@ -299,9 +310,9 @@ class Workload:
         with self._lock:
             self.result.sessions += 1
 
-    def _think(self, step: AgentStep, kind: AgentKind, messages: list[dict]) -> str:
+    def _think(self, step: AgentStep, kind: AgentKind, messages: list[dict], client: httpx.Client) -> str:
         reply = step.chat(
-            self.client, model=self.model, messages=messages, max_tokens=self.config.max_tokens, temperature=0.0
+            client, model=self.model, messages=messages, max_tokens=self.config.max_tokens, temperature=0.0
         )
         if kind.requires_json and parse_json_reply(reply.text) is None:
             step.fail(StepErrorType.INVALID_RESPONSE.value, f"the reply is not a JSON object: {reply.text[:120]!r}")

@@ -21,13 +21,26 @@ import threading
 import time
 
 from kvobs.commands.common import add_store_flag, start_or_report, workload_config
+from kvobs.semconv.reasons import StepRouting, names
 
 log = logging.getLogger(__name__)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("agents", help="run ReAct-style agent sessions against a server, recording steps")
-    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000 (or .../v1)")
+    p.add_argument(
+        "--base-url",
+        required=True,
+        action="append",
+        help="the server, e.g. http://127.0.0.1:8000 (or .../v1); repeat it for several replicas (see --routing)",
+    )
+    p.add_argument(
+        "--routing",
+        choices=names(StepRouting),
+        default="round_robin",
+        help="with several --base-url: which replica each step goes to (round_robin: the next one for every step; "
+        "session: one per session; random). Client-side, for tests and demos: in production your router decides",
+    )
     p.add_argument("--sessions", type=int, default=8, help="agent sessions in all")
     p.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
     p.add_argument("--steps", type=int, default=4, help="steps per session")
@@ -74,7 +87,14 @@ def run(args: argparse.Namespace) -> int:
 
     def configured() -> WorkloadConfig:
         check_rounds(args.rounds, args.round_pause_s)
-        return workload_config(args, base_url=args.base_url, seed=args.seed, model=args.model)
+        return workload_config(
+            args,
+            base_url=args.base_url[0],
+            replica_urls=tuple(args.base_url) if len(args.base_url) > 1 else (),
+            routing=args.routing,
+            seed=args.seed,
+            model=args.model,
+        )
 
     config = start_or_report("agents", configured)
     if config is None:
@@ -127,6 +147,7 @@ def run_workload(
     from opentelemetry.sdk.trace import TracerProvider
     from tqdm import tqdm
 
+    from kvobs.agent.routing import StepRouter
     from kvobs.agent.workload import Workload, api_root
     from kvobs.store import StoreWriter, open_store
     from kvobs.telemetry import TelemetryConfig, setup_telemetry
@@ -139,7 +160,11 @@ def run_workload(
     )
     tracer_provider = telemetry.tracer_provider or TracerProvider()  # real ids even unexported: steps join requests
     writer = StoreWriter(store) if store is not None else None
-    client = httpx.Client(base_url=api_root(config.base_url), timeout=config.timeout_s)
+    client = StepRouter(
+        [httpx.Client(base_url=api_root(url), timeout=config.timeout_s) for url in config.urls],
+        config.routing,
+        seed=config.seed,
+    )
     bar = tqdm(
         total=config.sessions * config.steps, unit="step", desc="agent steps", disable=not progress, file=sys.stderr
     )

@@ -1,5 +1,5 @@
 """Enumerated facts: why a cached block was dropped, why a cache was invalidated, why a request was preempted (or
-looked its prefix up again), and the eviction policies by name.
+looked its prefix up again), the eviction policies by name, and the agents' client-side step routings.
 
 Each enum is a `str`, and `str(member)` is its value, so a member can go straight into a Prometheus label, an
 OpenTelemetry attribute or a store column.
@@ -60,6 +60,15 @@ class EvictionPolicyName(Name):
 
     LRU = "lru"  # vLLM's order: the least recently used free block first
     SESSION_TTL = "session_ttl"  # protect the blocks of sessions in a tool pause for a TTL, then LRU
+
+
+class StepRouting(Name):
+    """How `kvobs agents` spreads steps over several `--base-url` replicas (`--routing`; client-side, for tests and
+    demos: `kvobs.agent.routing`)."""
+
+    ROUND_ROBIN = "round_robin"  # every step to the next replica: a session's steps hop replicas
+    SESSION = "session"  # each session sticks to one replica
+    RANDOM = "random"  # a replica drawn for each step
 
 
 def names(enum_type: type[Name]) -> list[str]:

@@ -119,3 +119,50 @@ def test_no_store_agents_reach_the_store_through_the_collector(smollm2_source, s
     assert len(sessions) == 2 and set(sessions["source"]) == {"sdk"} and sessions["ended_at"].notna().all()
     steps = store.reads.steps()
     assert sorted(steps.groupby("session_id")["step_index"].apply(list).tolist()) == [[0, 1], [0, 1]]
+
+
+@pytest.mark.parametrize("routing", ["round_robin", "session"])
+def test_steps_spread_over_two_replicas_by_the_routing_asked_for(smollm2_source, tmp_path, routing):
+    """`kvobs agents --base-url A --base-url B --routing R` (a fleet for tests and the demo): each replica records
+    the requests it served under its own instance, and the steps land as R says: `session` keeps each session on
+    one replica; `round_robin` sends each step to the other replica than the step before it."""
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with (
+        running_server(smollm2_source, options={"store_url": url, "instance": "replica-a"}) as a,
+        running_server(smollm2_source, options={"store_url": url, "instance": "replica-b"}) as b,
+    ):
+        done = agents(
+            "--base-url",
+            a.url,
+            "--base-url",
+            b.url,
+            "--routing",
+            routing,
+            "--store",
+            url,
+            *[
+                "--sessions",
+                "2",
+                "--steps",
+                "3",
+                "--concurrency",
+                "1",
+                "--max-tokens",
+                "2",
+                "--tool-pause-ms",
+                "20",
+                "--seed",
+                "3",
+            ],
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+    store = open_store(url)
+    requests = store.reads.requests().sort_values("arrival_ts")
+    store.close()
+    assert len(requests) == 6 and set(requests["instance"]) == {"replica-a", "replica-b"}
+    replicas = requests.groupby("session_id", sort=False)["instance"].apply(list)
+    if routing == "session":
+        assert all(len(set(hops)) == 1 for hops in replicas), replicas
+    else:  # one session at a time: the global turn alternates inside each session too
+        assert all(x != y for hops in replicas for x, y in zip(hops, hops[1:])), replicas
