@@ -23,6 +23,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:] if line.startswith("| ")]
     assert {r[0] for r in rows} == {
         "engine_throughput",
+        "block_manager",
         "telemetry_overhead",
         "collector_ingest",
         "span_steps",
