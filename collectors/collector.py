@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -28,6 +29,7 @@ from collectors.kv_subscriber import KVEventSubscriber
 from collectors.otlp_forward import OTLPForwarder, check_forward_url
 from collectors.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.own_metrics import CollectorMetrics
+from collectors.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
 from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
@@ -128,6 +130,10 @@ class Collector:
                 self._on_export, grpc_address=options.otlp_grpc, http_address=options.otlp_http
             )
         self.retention = Retention(self.store, options.retention_days) if options.retention_days is not None else None
+        # its replicas' routing loss against the fleet's (the store's) other replicas
+        kv_instances = [stream.spec.instance for stream in self.streams]
+        self.routing_meter = RoutingMeter(self.store, kv_instances) if kv_instances else None
+        self._routing_at = 0.0
         self.registry = CollectorRegistry()
         self.registry.register(CollectorMetrics(self))
         self._stop = threading.Event()
@@ -241,6 +247,17 @@ class Collector:
                 except Exception:
                     log.exception("writing session footprints of %s failed", stream.spec.instance)
             self.kv_silence.check()
+            self._measure_routing()
+
+    def _measure_routing(self) -> None:
+        now = time.time()
+        if self.routing_meter is None or now - self._routing_at < ROUTING_INTERVAL_S:
+            return
+        self._routing_at = now
+        try:
+            self.routing_meter.run(now)
+        except Exception:
+            log.exception("measuring the fleet's routing loss failed")
 
     def _trace_sessions(self, trace_ids) -> dict[str, str]:
         """trace id -> session from the agent steps the SDK wrote to this store."""

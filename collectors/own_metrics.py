@@ -8,11 +8,13 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 `kvobs_collector_kv_events_total{instance}`, `kvobs_collector_kv_event_batches_lost_total{instance}`,
 `kvobs_collector_kv_streams_silent_total{instance}` (a stream silent while its replica served: `kv_silence`),
 `kvobs_collector_llm_requests_total`, `kvobs_collector_otlp_exports_busy_total` (exports answered 429),
-`kvobs_collector_ids_cut_total`, `kvobs_session_prefix_lost_total` (blocks removed while their session
-was idle), `kvobs_agent_steps_total{status}` and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step
-spans it received and the steps it made of agent frameworks' spans), `kvobs_collector_span_steps_total{source}`
-(those steps by convention), and the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a
-vLLM that is down.
+`kvobs_collector_ids_cut_total`, the routing loss of a fleet's requests
+(`kvobs_collector_routing_loss_tokens_total{instance}` over `kvobs_collector_routing_compared_prompt_tokens_total`,
+`..._compared_requests_total`, `kvobs_collector_routing_late_requests_total`: `routing_meter`),
+`kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
+and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
+agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention), and the gauge
+`kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
 """
 
 from __future__ import annotations
@@ -94,6 +96,17 @@ class CollectorMetrics(PromCollector):
         for stream in c.streams:
             placeholders.add_metric([stream.spec.instance], stream.ingest.num_placeholders)
         yield placeholders
+        meter = c.routing_meter
+        instances = sorted(meter.instances) if meter is not None else []
+        for spec, totals in (
+            (kvobs_metrics.COLLECTOR_ROUTING_LOSS, meter.routed_tokens if meter else {}),
+            (kvobs_metrics.COLLECTOR_ROUTING_COMPARED_TOKENS, meter.compared_tokens if meter else {}),
+            (kvobs_metrics.COLLECTOR_ROUTING_COMPARED_REQUESTS, meter.compared_requests if meter else {}),
+        ):  # every KV-event instance of the collector from the start, at 0 until measured (a rate() needs the series)
+            yield _by_label(spec, LABEL_INSTANCE, {name: totals.get(name, 0) for name in instances})
+        late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
+        late.add_metric([], meter.num_late if meter is not None else 0)
+        yield late
         silent = _counter(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT, (LABEL_INSTANCE,))
         for stream in c.streams:
             silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])

@@ -12,11 +12,12 @@ import pandas as pd
 
 from dashboard.series import activity, fill_windows, per_window, unwatched
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
-from kvobs.analytics.chains import eviction_churn, prefix_reuse
+from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
+from kvobs.analytics.routing import SUMMARY_COLUMNS, fleet_losses, routing_summary
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.samples import quantile
 from kvobs.analytics.step_causes import failure_verdicts
@@ -95,6 +96,8 @@ def overview(
         step_windows = unwatched(fill_windows(step_windows, since, until, window_s, value=0.0), window_s, watched)
     hit_windows = hit_rate_windows(reqs, counters, window_s)
     ttft = reqs["ttft_s"].dropna()
+    routing = _routing(store, reqs, steps, since, until) if per_instance else None
+    fleet_row = None if routing is None or routing["summary"].empty else routing["summary"].iloc[-1]
     kpis = {
         "requests": len(reqs),
         "agent steps": len(steps),
@@ -103,10 +106,15 @@ def overview(
         "blocks lost": int(losses["blocks"].sum()),
         "preemptions": int(frame["preemptions"].sum()) if "preemptions" in frame else None,
         "TTFT p90 (s)": (quantile(ttft, 0.9), len(ttft)),
+        # (share of prompt tokens, tokens/s) on a fleet whose requests could be compared; None otherwise
+        "routing loss": None
+        if fleet_row is None
+        else (float(fleet_row["routed_share"]), float(fleet_row["routed_tokens_per_s"])),
     }
     return {
         "kpis": kpis,
         "fleet": _fleet(snaps, reqs, counts, counters, since, until, window_s) if per_instance else None,
+        "routing": routing,
         "num_snapshots": len(snaps),
         "watching_kv": not counts.empty,
         "usage": fill_windows(
@@ -124,6 +132,15 @@ def overview(
         "evictions": evictions,
         "steps": step_windows,
     }
+
+
+def _routing(store: Store, reqs: pd.DataFrame, steps: pd.DataFrame, since: float, until: float) -> dict:
+    """Routing loss over the range (`kvobs.analytics.routing`): per instance and for the fleet (`summary`, the
+    fleet's row last), what could not be compared and why (`notes`), and each step that recomputed a prefix another
+    replica held, largest first (`steps`)."""
+    losses, check = fleet_losses(store, reqs, steps, since, until)
+    summary = routing_summary(losses, since, until) if not losses.empty else pd.DataFrame(columns=SUMMARY_COLUMNS)
+    return {"summary": summary, "notes": check.notes, "compared": len(losses), "requests": len(reqs)}
 
 
 def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
@@ -228,7 +245,8 @@ def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
     the cache over its typical step), then the most slowed, then the failed ones."""
     if steps.empty:
         return []
-    cost = steps[["lost_excess_s", "invalidated_excess_s", "preempted_excess_s"]].clip(lower=0).sum(axis=1)
+    cost = steps[["lost_excess_s", "invalidated_excess_s", "routed_excess_s", "preempted_excess_s"]]
+    cost = cost.clip(lower=0).sum(axis=1)
     ranked = steps.assign(
         cost=cost, excess=steps["excess_s"].where(steps["slow"], 0.0), failed=steps["status"] == "error"
     )
@@ -250,9 +268,14 @@ def session_detail(store: Store, session_id: str) -> dict:
         resets = store.reads.kv_events(first, last, kinds=[KVEventKind.CLEARED.value])
         events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
     snaps = store.reads.session_snapshots(session_id)
+    attributed = pd.DataFrame()
+    if not steps.empty:
+        mine = with_sessions(reqs, steps)
+        routing, _ = fleet_losses(store, mine[mine["session_id"] == session_id], steps, first, last)
+        attributed = attribute_steps(steps, reqs, events, rates=rates, routing=routing)
     return {
         "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
-        "steps": attribute_steps(steps, reqs, events, rates=rates) if not steps.empty else pd.DataFrame(),
+        "steps": attributed,
         "requests": reqs,
     }
 

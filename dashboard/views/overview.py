@@ -18,6 +18,18 @@ def _kpis(kpis: dict) -> list[tuple[str, str, str]]:
     """(label, value, what it counts) of each KPI, as shown."""
     hit, (ttft, n) = kpis["hit rate"], kpis["TTFT p90 (s)"]
     need = min_sample(0.9)
+    routing = kpis.get("routing loss")
+    fleet = []
+    if routing is not None:
+        share, per_s = routing
+        fleet = [
+            (
+                "routing loss",
+                f"{share:.1%}",
+                f"Prompt tokens recomputed on their replica while another replica held them ({per_s:,.1f} tokens/s), "
+                "of the prompt tokens of the requests compared; per instance below.",
+            )
+        ]
     return [
         ("requests", f"{kpis['requests']:,}", "LLM requests that arrived in the range."),
         (
@@ -49,6 +61,7 @@ def _kpis(kpis: dict) -> list[tuple[str, str, str]]:
             f"90th percentile time to first token of the {n:,} "
             f"requests in the range" + (f" (not shown under {need}: too few to speak of a p90)." if n < need else "."),
         ),
+        *fleet,
     ]
 
 
@@ -130,6 +143,7 @@ def render(ctx) -> None:
         )
     if per_instance:
         render_fleet(ctx, data["fleet"])
+        render_routing(ctx, data["routing"])
 
 
 def _latency(ctx, data: dict) -> None:
@@ -171,3 +185,21 @@ def render_fleet(ctx, data: dict) -> None:
     )
     if silent and not frame.empty:
         st.caption(f"No {title.lower()} from: {', '.join(silent)} (their source did not report it; unknown, not 0).")
+
+
+def render_routing(ctx, data: dict) -> None:
+    """Routing loss: prompt tokens recomputed on a request's replica while another replica held them."""
+    st.subheader("Routing loss")
+    summary, compared = data["summary"], data["compared"]
+    st.caption(
+        "Prompt tokens a request recomputed on its replica while another replica of the fleet held that prefix at "
+        "its lookup (from the replicas' KV events): what a KV-aware router would have found. Share: of the prompt "
+        f"tokens of the requests compared ({compared:,} of {data['requests']:,} in the range; a request is compared "
+        "when its hash chain, root included, and its cached tokens are known)."
+    )
+    for note in data["notes"]:
+        st.warning(note)
+    if summary.empty:
+        st.info("No request could be compared with another replica in this range.")
+        return
+    show_table(summary, ctx.clock)

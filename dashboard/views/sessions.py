@@ -18,7 +18,16 @@ FOOTPRINT = {
     "session_evicted_idle_blocks": "lost in tool pauses",
     "session_pending_idle_blocks": "lost while idle, pending",
 }
-STEP_COLUMNS = ["step_index", "status", "failure_cause", "slow_cause", "latency_s", "typical_s", "evidence"]
+STEP_COLUMNS = [
+    "step_index",
+    "instance",
+    "status",
+    "failure_cause",
+    "slow_cause",
+    "latency_s",
+    "typical_s",
+    "evidence",
+]
 TABLE_COLUMNS = [
     "session_id",
     "agent_name",
@@ -34,6 +43,19 @@ TABLE_COLUMNS = [
     "hit_rate",
     "e2e_p50",
 ]
+
+
+def replica_hops(steps) -> str:
+    """ "replica-a -> replica-b (step 1) -> replica-a (step 2)": where the session's steps ran, each change of
+    replica with the step that made it; "" for a session that stayed on one replica."""
+    ran = [(int(i), name) for i, name in zip(steps["step_index"], steps["instance"]) if isinstance(name, str)]
+    if len({name for _, name in ran}) < 2:
+        return ""
+    parts = [ran[0][1]]
+    for (_, before), (index, name) in zip(ran, ran[1:]):
+        if name != before:
+            parts.append(f"{name} (step {index})")
+    return " -> ".join(parts)
 
 
 def render(ctx) -> None:
@@ -75,6 +97,9 @@ def render(ctx) -> None:
             f"[Jaeger]({link})" if (link := trace_link(ctx.jaeger_url, t)) else "" for t in steps["trace_id"]
         ]
     show_text_table(shown, ctx.clock)
+    hops = replica_hops(steps)
+    if hops:
+        st.caption(f"Replicas, step by step: {hops}. A step sent elsewhere than where its prefix was cached says so.")
     st.caption(
         "Why it failed: the error itself, except a timeout, which is given the KV or queue cause that cost it "
         "time. Why it was slow: the part of its latency (TTFT, else end to end) that explains most of its "

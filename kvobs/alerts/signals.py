@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvobs.analytics.hit_rate import hit_rates_in
 from kvobs.analytics.pressure import preemption_increase
+from kvobs.analytics.routing import FLEET, fleet_losses, routing_summary
 from kvobs.store.interface import Store
 
 Value = tuple[str | None, str | None, float]
@@ -94,6 +95,19 @@ def prefix_lost_in_pause_per_min(store: Store, since: float, until: float) -> li
     return [(instance, None, lost / minutes) for instance, lost in sorted(per_instance.items())]
 
 
+def routing_loss_share(store: Store, since: float, until: float, min_requests: int = 5) -> list[Value]:
+    """Per instance: prompt tokens its requests recomputed while another replica of the fleet held that prefix, over
+    the prompt tokens of its requests compared (`kvobs.analytics.routing`), where at least `min_requests` were;
+    nothing on a single instance."""
+    requests = store.reads.requests(since, until)
+    losses, _ = fleet_losses(store, requests, store.reads.steps(since, until), since, until)
+    if losses.empty:
+        return []
+    summary = routing_summary(losses, since, until)
+    summary = summary[(summary["instance"] != FLEET) & (summary["requests"] >= min_requests)]
+    return [(r.instance, None, float(r.routed_share)) for r in summary.itertuples() if r.prompt_tokens]
+
+
 def step_failure_rate(
     store: Store, since: float, until: float, min_steps: int = 5, exclude_errors: tuple[str, ...] = ()
 ) -> list[Value]:
@@ -145,6 +159,11 @@ SIGNALS: dict[str, Signal] = {
     "eviction_churn": Signal(eviction_churn, (), "share of stored blocks that had been stored before"),
     "prefix_lost_in_pause_per_min": Signal(
         prefix_lost_in_pause_per_min, (), "blocks sessions lost in tool pauses (settled) per minute, per instance"
+    ),
+    "routing_loss_share": Signal(
+        routing_loss_share,
+        ("min_requests",),
+        "prompt tokens recomputed while another replica held them / prompt tokens compared, per instance",
     ),
     "step_failure_rate": Signal(step_failure_rate, ("min_steps", "exclude_errors"), "failed agent steps / steps"),
     "ttft_slo_burn": Signal(ttft_slo_burn, ("slo_s", "objective", "short_window_s"), "TTFT SLO error-budget burn"),

@@ -10,6 +10,8 @@ a step (`causes`, the facts found, in this order):
   previous request and the end of this step; evidence: the reasons.
 - `prefix_evicted_in_pause`: blocks the session had cached were evicted while it was idle, between its previous
   request's end and this step's first request (the tool pause); evidence: blocks and tokens lost.
+- `routed_away_from_prefix`: its request recomputed a prefix that another replica of the fleet held at its lookup
+  (`kvobs.analytics.routing`, given as `routing`); evidence: the replica, its blocks, the tokens.
 - `preempted`: a request of the step was preempted (recomputed); evidence: how often.
 - `queue_wait`: a request waited at least `queue_wait_s` before being scheduled.
 
@@ -22,8 +24,8 @@ prefill, decode and the rest, the KV facts estimated at the instance's measured 
 first token, above `slow_factor` x the median of the session's other steps, and at least `slow_min_s` above it;
 a session with one step is measured against every step in the frame)? Then the part of its latency that explains
 most of the excess (`latency_parts.EXCESS_CAUSES`: `queue_wait`, `prefix_evicted_in_pause`, `invalidated`,
-`preempted`, `cold_prefix`, `long_prefill`, `long_decode`, `outside_server`), with its share in the evidence; else
-`none`. A step that is not slow has slow cause `none`, whatever the cache did.
+`routed_away_from_prefix`, `preempted`, `cold_prefix`, `long_prefill`, `long_decode`, `outside_server`), with its
+share in the evidence; else `none`. A step that is not slow has slow cause `none`, whatever the cache did.
 
 `failure_cause` (failed steps only): the error itself for model, output, tool or request errors (`invalid_response`,
 an HTTP status, a connection error): the cache does not make a model answer badly. Only a timeout is given a KV or
@@ -56,7 +58,7 @@ ATTRIBUTION_KINDS = tuple(
         KVEventKind.PREEMPTED,
     )
 )
-CAUSES = ("invalidated", "prefix_evicted_in_pause", "preempted", "queue_wait", "none")
+CAUSES = ("invalidated", "prefix_evicted_in_pause", "routed_away_from_prefix", "preempted", "queue_wait", "none")
 SLOW_CAUSES = (*dict.fromkeys(cause for cause, _ in EXCESS_CAUSES.values()), "none")
 FAILURE_KINDS = ("cache", "queue", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
@@ -66,7 +68,8 @@ _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause
 # fmt: off
 COLUMNS = [
     "session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id", "span_id",
-    "response_id", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause", "preemptions",
+    "response_id", "instance", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause",
+    "routed_tokens", "routed_from", "preemptions",
     "invalidation_reasons", "max_queue_s", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause",
     "failure_cause", "failure_kind", "latency_s", "excess_s", *PARTS, *(f"typical_{p}" for p in PARTS), *ESTIMATES,
     "prefill_rate", *(f"{part}_excess_s" for part in EXCESS_CAUSES), "dominant", "dominant_share",
@@ -140,18 +143,22 @@ def attribute_steps(
     slow_min_s: float = 0.1,
     failed_only: bool = False,
     error_types: Collection[str] | None = None,
+    routing: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`; `rates`: the instances'
     measured prefill rates (default: from `requests`, which then should reach `prefill_rates.RATE_WINDOW_S` before
-    the first step). `failed_only`: rows of failed steps only (of `error_types`, when given), the others read just
-    for what a failed step needs (its session's typical step, the end of the step before it), which spares the KV
-    analysis of every other step."""
+    the first step); `routing`: `routing.routing_losses` of the requests (a fleet), none by default. `failed_only`:
+    rows of failed steps only (of `error_types`, when given), the others read just for what a failed step needs (its
+    session's typical step, the end of the step before it), which spares the KV analysis of every other step."""
     steps = steps.assign(wanted=attributed_mask(steps, error_types))
     reqs = _Requests(requests)
     rates = PrefillRates(requests) if rates is None else rates
     empty = Events(events.iloc[0:0])
     by_session = {sid: Events(group) for sid, group in events.groupby("session_id")} if not events.empty else {}
     resets = Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty
+    routed = {}  # request id -> its routing loss, for the requests that had one
+    if routing is not None and not routing.empty:
+        routed = {row["request_id"]: row for row in routing[routing["routed_blocks"] > 0].to_dict("records")}
     preempted = defaultdict(list)  # request id -> (ts, computed tokens lost) of each preemption
     if not events.empty:
         rows = events[events["kind"] == KVEventKind.PREEMPTED.value]
@@ -192,12 +199,24 @@ def attribute_steps(
                         preempted,
                         rates,
                         queue_wait_s,
+                        routed,
                     )
                 )
             ends = [end for end in finished.tolist() if end == end]
             previous_end = max(ends) if ends else (step.ended_at if not missing(step.ended_at) else None)
-    floats = {"max_queue_s": float, "cached_tokens": float, "prefill_rate": float, **dict.fromkeys(ESTIMATES, float)}
+    floats = {
+        "max_queue_s": float,
+        "cached_tokens": float,
+        "prefill_rate": float,
+        "routed_tokens": float,
+        "instance": object,  # text, None where a step sent no request: one dtype whichever steps are in the frame
+        "routed_from": object,
+        **dict.fromkeys(ESTIMATES, float),
+    }
     frame = pd.DataFrame(rows).astype(floats) if rows else pd.DataFrame()
+    for column in ("instance", "routed_from"):  # None, not NaN, for a missing one, as in every text column
+        if column in frame:
+            frame[column] = frame[column].where(frame[column].notna(), None)
     if frame.empty:
         return pd.DataFrame(columns=COLUMNS)
     keep = in_order["wanted"].to_numpy(bool) if failed_only else np.ones(len(in_order), bool)

@@ -13,6 +13,8 @@ seconds at the instance's measured prefill rate (`kvobs.analytics.prefill_rates`
 - `lost_recompute_s`: recomputing the prefix the session lost in the tool pause before the step (its tokens, at
   most the request's uncached ones);
 - `invalidated_recompute_s`: recomputing the session's blocks invalidated since its previous request;
+- `routed_recompute_s`: recomputing the prefix another replica held at the request's lookup (a routing loss,
+  `kvobs.analytics.routing`), in what the lost and invalidated tokens leave of the uncached ones;
 - `preempted_s`: a preemption; before the first token, the prefill beyond what the request's uncached tokens need
   at that rate (the wait to be admitted again and the recompute); after it, recomputing the tokens it lost.
 
@@ -29,12 +31,13 @@ import numpy as np
 import pandas as pd
 
 PARTS = ("queue_s", "prefill_s", "decode_s", "other_s")
-ESTIMATES = ("lost_recompute_s", "invalidated_recompute_s", "preempted_s")
+ESTIMATES = ("lost_recompute_s", "invalidated_recompute_s", "routed_recompute_s", "preempted_s")
 # part -> (cause, words): what each part of the excess is called
 EXCESS_CAUSES = {
     "queue": ("queue_wait", "waiting in the queue"),
     "lost": ("prefix_evicted_in_pause", "recomputing the prefix lost in the tool pause"),
     "invalidated": ("invalidated", "recomputing invalidated blocks"),
+    "routed": ("routed_away_from_prefix", "recomputing a prefix another replica held"),
     "preempted": ("preempted", "preemption (waiting again and recomputing)"),
     "prefill": ("long_prefill", "prefill of new prompt tokens"),
     "cold": ("cold_prefix", "prefill of a prompt with nothing cached"),
@@ -50,6 +53,7 @@ CAUSE_LABELS = {
     "queue_wait": "waiting in the queue",
     "prefix_evicted_in_pause": "prefix lost in the tool pause",
     "invalidated": "cache invalidated",
+    "routed_away_from_prefix": "prefix cached on another replica",
     "preempted": "preempted",
     "cold_prefix": "nothing cached (cold prefix)",
     "long_prefill": "more new prompt tokens than usual",
@@ -87,6 +91,7 @@ def kv_estimates(
     uncached: float,
     lost_tokens: float,
     invalidated_tokens: float,
+    routed_tokens: float = 0.0,
     preempted_before_first: bool,
     preempted_after_tokens: float,
 ) -> dict:
@@ -97,19 +102,22 @@ def kv_estimates(
         return {
             "lost_recompute_s": nan if lost_tokens else 0.0,
             "invalidated_recompute_s": nan if invalidated_tokens else 0.0,
+            "routed_recompute_s": nan if routed_tokens else 0.0,
             "preempted_s": nan if preempted_before_first or preempted_after_tokens else 0.0,
         }
     room = uncached if uncached == uncached else float("inf")  # cached tokens unknown: the lost ones bound it
     lost = min(lost_tokens, room)
     invalidated = min(invalidated_tokens, max(room - lost, 0.0))
+    routed = min(routed_tokens, max(room - lost - invalidated, 0.0))
     preempted = 0.0
     if preempted_before_first and parts["prefill_s"] == parts["prefill_s"]:
-        needed = rate.overhead_s + rate.seconds(uncached if uncached == uncached else lost + invalidated)
+        needed = rate.overhead_s + rate.seconds(uncached if uncached == uncached else lost + invalidated + routed)
         preempted = max(0.0, parts["prefill_s"] - needed)  # its prefill beyond one: the wait and the recompute
     preempted += rate.seconds(preempted_after_tokens)
     return {
         "lost_recompute_s": rate.seconds(lost),
         "invalidated_recompute_s": rate.seconds(invalidated),
+        "routed_recompute_s": rate.seconds(routed),
         "preempted_s": preempted,
     }
 
@@ -134,9 +142,14 @@ def explain_excess(frame: pd.DataFrame, typical: dict[str, np.ndarray]) -> pd.Da
     preempted = frame["preempted_s"].to_numpy(float)
     in_decode = frame["preempted_in_decode"].to_numpy(bool)
     before = np.where(in_decode, 0.0, preempted)
-    (lost, invalidated, pre_prefill), prefill_rest = _split(
+    (lost, invalidated, routed, pre_prefill), prefill_rest = _split(
         part_x["prefill_s"],
-        [frame["lost_recompute_s"].to_numpy(float), frame["invalidated_recompute_s"].to_numpy(float), before],
+        [
+            frame["lost_recompute_s"].to_numpy(float),
+            frame["invalidated_recompute_s"].to_numpy(float),
+            frame["routed_recompute_s"].to_numpy(float),
+            before,
+        ],
     )
     (pre_decode,), decode_rest = _split(part_x["decode_s"], [np.where(in_decode, preempted, 0.0)])
     cold = frame["cached_tokens"].fillna(-1).to_numpy(float) == 0
@@ -144,6 +157,7 @@ def explain_excess(frame: pd.DataFrame, typical: dict[str, np.ndarray]) -> pd.Da
         "queue": part_x["queue_s"],
         "lost": lost,
         "invalidated": invalidated,
+        "routed": routed,
         "preempted": np.nan_to_num(pre_prefill) + np.nan_to_num(pre_decode),
         "prefill": np.where(cold, np.nan, prefill_rest),
         "cold": np.where(cold, prefill_rest, np.nan),

@@ -5,6 +5,8 @@ The facts, each looked up in the step's session's KV events:
 - `invalidated`: its cached blocks invalidated (or the whole cache reset) between its previous request and its end;
 - `prefix_evicted_in_pause`: blocks it had cached evicted while it was idle, between its previous request's end and
   this step's first request (the tool pause);
+- `routed_away_from_prefix`: its request recomputed a prefix another replica of the fleet held at its lookup
+  (`kvobs.analytics.routing`: the replica, its blocks, the tokens);
 - `preempted`: a request of the step preempted (recomputed);
 - `queue_wait`: a request waited at least `queue_wait_s` before being scheduled.
 Their cost in seconds comes from `kvobs.analytics.latency_parts.kv_estimates` at the instance's measured prefill rate.
@@ -53,11 +55,13 @@ def step_facts(
     preempted: dict,
     rates: PrefillRates,
     queue_wait_s: float,
+    routed: dict | None = None,
 ) -> dict:
     """One attributed step's row: its facts (`causes`, `facts`: the evidence, each with what it cost), its latency
     parts (`parts`, `latency_parts.server_parts`) and the KV estimates. `sent`: its requests' positions in `reqs`
     (the attribution's `_Requests`); `previous_end`: when the session's previous step's requests ended (None for
-    its first step); `preempted`: request id -> (ts, tokens lost) of each preemption."""
+    its first step); `preempted`: request id -> (ts, tokens lost) of each preemption; `routed`: request id -> its
+    `routing.routing_losses` row, for requests with a routing loss."""
     first_arrival = reqs.arrival[sent].min() if len(sent) else step.started_at
     step_end = step.ended_at if not missing(step.ended_at) else first_arrival
     measured = sent[parts["measured"]] if parts["measured"] >= 0 else None
@@ -106,6 +110,16 @@ def step_facts(
                 f"{first_arrival - previous_end:.2f} s pause before it{{lost}}"
             )
 
+    loss = _routing_loss(reqs, sent, measured, routed or {})
+    routed_tokens = 0 if loss is None else loss["routed_tokens"]
+    if loss is not None:
+        causes.append("routed_away_from_prefix")
+        facts.append(
+            f"routed to {loss['instance']}, which had {loss['own_blocks']} of its prefix's blocks cached, while "
+            f"{loss['best_instance']} held {loss['best_blocks']}: {routed_tokens} tokens recomputed that "
+            f"{loss['best_instance']} had cached{{routed}}"
+        )
+
     preemptions = int(reqs.preemptions[sent].sum())
     own_preemptions = [p for rid in dict.fromkeys(reqs.request_id[sent]) for p in preempted.get(rid, ())]
     preemptions = max(preemptions, len(own_preemptions))
@@ -130,12 +144,14 @@ def step_facts(
         uncached=uncached,
         lost_tokens=lost_tokens,
         invalidated_tokens=invalidated_tokens,
+        routed_tokens=routed_tokens,
         preempted_before_first=before and bool(own_preemptions),
         preempted_after_tokens=after_tokens,
     )
     words = {
         "lost": cost(estimates["lost_recompute_s"], lost_tokens),
         "invalidated": cost(estimates["invalidated_recompute_s"], invalidated_tokens),
+        "routed": cost(estimates["routed_recompute_s"], routed_tokens),
         "preempted": ""
         if not own_preemptions or rate is None or not estimates["preempted_s"]
         else f", about {estimates['preempted_s']:.2f} s of its latency",
@@ -156,6 +172,9 @@ def step_facts(
         "facts": facts,
         "blocks_lost_in_pause": lost_blocks,
         "tokens_lost_in_pause": lost_tokens,
+        "instance": instance if instance is not None else (reqs.instance[sent[0]] if len(sent) else None),
+        "routed_tokens": routed_tokens,
+        "routed_from": None if loss is None else loss["best_instance"],
         "preemptions": preemptions,
         "invalidation_reasons": ",".join(reasons),
         "max_queue_s": max_queue,
@@ -167,6 +186,16 @@ def step_facts(
         "preempted_in_decode": bool(own_preemptions) and not before,
         "prefill_rate": np.nan if rate is None else rate.tokens_per_s,
     }
+
+
+def _routing_loss(reqs, sent, measured, routed: dict) -> dict | None:
+    """The routing loss of the request the step is measured by (else the largest of its requests'), if any."""
+    if not routed or not len(sent):
+        return None
+    if measured is not None and reqs.request_id[measured] in routed:
+        return routed[reqs.request_id[measured]]
+    found = [routed[rid] for rid in reqs.request_id[sent] if rid in routed]
+    return max(found, key=lambda row: row["routed_tokens"]) if found else None
 
 
 def _distinct(hashes, tokens) -> tuple[int, int]:

@@ -23,6 +23,7 @@ import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
+from kvobs.analytics.routing import fleet_losses
 from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.interface import Store
 
@@ -63,8 +64,13 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
     high = _end(steps.iloc[i : i + 2]) if i + 1 < len(steps) else last
     session_kv = store.reads.kv_events(low, high, session_id=session_id)
     resets = store.reads.kv_events(low, high, kinds=[K.CLEARED.value])
+    routing, _ = fleet_losses(store, sent[i], steps, low, high)
     attributed = attribute_steps(
-        steps, reqs, pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], resets]), rates=rates
+        steps,
+        reqs,
+        pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], resets]),
+        rates=rates,
+        routing=routing,
     )
     step = steps.iloc[i]
     verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()

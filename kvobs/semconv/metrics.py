@@ -423,4 +423,30 @@ kvobs_metrics = SimpleNamespace(
         "Block hashes in offload placeholders (BlockStored without tokens or block size: a copy reached "
         "another tier) a replica published; counted, not stored as blocks of its cache.",
     ),
+    COLLECTOR_ROUTING_LOSS=_spec(
+        "kvobs_collector_routing_loss_tokens",
+        "counter",
+        "tokens",
+        "Prompt tokens a request recomputed on its replica while another replica of the fleet held that prefix "
+        "at its lookup (kvobs.analytics.routing), by the replica that served it.",
+    ),
+    COLLECTOR_ROUTING_COMPARED_TOKENS=_spec(
+        "kvobs_collector_routing_compared_prompt_tokens",
+        "counter",
+        "tokens",
+        "Prompt tokens of the requests whose prefix was compared with the other replicas (the routing loss's "
+        "denominator).",
+    ),
+    COLLECTOR_ROUTING_COMPARED_REQUESTS=_spec(
+        "kvobs_collector_routing_compared_requests",
+        "counter",
+        "requests",
+        "Requests whose prefix was compared with the other replicas of the fleet.",
+    ),
+    COLLECTOR_ROUTING_LATE=_spec(
+        "kvobs_collector_routing_late_requests",
+        "counter",
+        "requests",
+        "Requests that reached the store after the routing meter had passed their lookup: not in the routing loss.",
+    ),
 )

@@ -17,6 +17,7 @@ from kvobs.alerts import signals
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import RuleError, builtin_rules, load_rules, parse_rules
 from kvobs.alerts.sinks import WebhookSink
+from kvobs.analytics.routing import fleet_losses, routing_summary
 from tests.collectors.recorded import scrapes
 from tests.stores import copy_store
 
@@ -29,10 +30,26 @@ def test_builtin_rules_cover_the_issue():
         "hit_rate",
         "median_block_lifetime_s",
         "prefix_lost_in_pause_per_min",
+        "routing_loss_share",
         "step_failure_rate",
         "ttft_slo_burn",
         "instance_up",
     }
+
+
+def test_the_routing_loss_signal_is_the_overviews_share_per_replica(fleet_run, vllm_run):
+    """`routing_loss_share` (FleetRoutingLoss) per instance is the routing summary's share over the window, only
+    where enough requests were compared; a single instance has nothing to compare with."""
+    store = fleet_run.store
+    first, last = store.reads.time_range()
+    values = {inst: v for inst, _, v in signals.routing_loss_share(store, first, last - 1.0, min_requests=1)}
+    losses, _ = fleet_losses(store, store.reads.requests(first, last - 1.0), store.reads.steps(), first, last - 1.0)
+    summary = routing_summary(losses, first, last - 1.0).set_index("instance")
+    assert values and values == {name: summary.loc[name, "routed_share"] for name in values}
+    assert max(values.values()) > 0
+    assert signals.routing_loss_share(store, first, last - 1.0, min_requests=10_000) == []
+    first, last = vllm_run.store.reads.time_range()
+    assert signals.routing_loss_share(vllm_run.store, first, last) == []
 
 
 RULE = "rules: [{{name: {name}, signal: kv_usage, op: '>', threshold: 1, severity: info, {extra}}}]"

@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import data
 from dashboard.views import PAGES
+from kvobs.analytics.routing import fleet_losses
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import AlertRecord
 from tests.dashboard.test_app import APP, assert_clean, charts, open_page, x_axes
@@ -31,7 +32,7 @@ def test_the_overview_has_a_row_and_a_small_chart_per_instance(monkeypatch, flee
     at = open_page(monkeypatch, fleet_run.url, "overview")
     assert_clean(at)
     assert "Per instance" in [s.value for s in at.subheader]
-    table = at.dataframe[-1].value
+    table = next(frame.value for frame in at.dataframe if "blocks_lost" in frame.value)
     assert sorted(table["instance"]) == list(FLEET)
     first, last = fleet_run.store.reads.time_range()
     for name, lost, requests in zip(table["instance"], table["blocks_lost"], table["requests"]):
@@ -47,6 +48,27 @@ def test_the_overview_has_a_row_and_a_small_chart_per_instance(monkeypatch, flee
         assert facet["spec"]["encoding"]["x"]["scale"]["domain"] == list(next(iter(domain)))  # the page's x-range
         if shown is not None:
             assert shown <= set(FLEET)
+
+
+def test_the_overview_gives_the_routing_loss_per_instance_and_for_the_fleet(monkeypatch, fleet_run):
+    """The routing-loss table is the analysis's (`routing_summary` of `fleet_losses` over the page's range): per
+    instance and the fleet's row, with the KPI the fleet's share; `vllm-b`, started half-way, recomputed prefixes
+    `vllm-a` held."""
+    at = open_page(monkeypatch, fleet_run.url, "overview")
+    assert_clean(at)
+    assert "Routing loss" in [s.value for s in at.subheader]
+    table = next(frame.value for frame in at.dataframe if "routed_share" in frame.value)
+    store = fleet_run.store
+    first, last = store.reads.time_range()
+    losses, _ = fleet_losses(store, store.reads.requests(first, last), store.reads.steps(first, last), first, last)
+    expected = losses.groupby("instance")["routed_tokens"].sum()
+    rows = table.set_index("instance")
+    assert list(rows.index) == [*FLEET, "fleet"]
+    for name in FLEET:
+        assert rows.loc[name, "routed_tokens"] == expected.get(name, 0)
+    assert rows.loc["fleet", "routed_tokens"] == expected.sum() > 0
+    kpi = {m.label: m.value for m in at.metric}["routing loss"]
+    assert kpi == f"{rows.loc['fleet', 'routed_share']:.1%}"
 
 
 def test_choosing_an_instance_narrows_every_count(monkeypatch, fleet_run):

@@ -40,7 +40,7 @@ def test_every_store_rule_is_the_prometheus_alert_of_the_same_name():
         assert parse_duration(alert.get("for", "0s"), name) == rule.for_s, name
         assert (rule.op, float(rule.threshold)) in _comparisons(alert["expr"]), name
         for key, value in rule.params.items():  # numeric parameters are the expression's other bounds
-            if key in ("baseline_min", "min_steps"):
+            if key in ("baseline_min", "min_steps", "min_requests"):
                 assert (">=", float(value)) in _comparisons(alert["expr"]), (name, key)
             if key == "exclude_errors":
                 assert all(f'error_type!="{error}"' in alert["expr"] for error in value), name

@@ -1,0 +1,282 @@
+"""Routing loss: the prefix a request recomputed on its replica while another replica of the fleet held it.
+
+    check = FleetCheck.of(events, requests)               # block sizes; replicas whose hashes never meet
+    losses = routing_losses(requests, events, check)      # one row per request whose prefix could be compared
+    losses, check = fleet_losses(store, requests, steps, since, until)   # the same, read from a store
+    summary = routing_summary(losses, since, until)       # per instance and for the fleet: tokens/s, share
+
+At each request's lookup (`chains.lookup_ts`: when it was first scheduled), the prefix it found on its own replica
+(`cached_tokens`, in whole blocks; where a source does not report it, as vLLM's request spans do not, its own
+replica's resident prefix at that moment, which is what the lookup finds) is compared with the longest prefix of
+its hash chain (`chains.request_chains`, root first, capped at prompt - 1 tokens as the engine caps a lookup)
+resident on each other replica at that moment. Residency comes from the replicas' own KV events, swept once in time
+order (`FleetIndex`): a block is resident on a replica from
+its `stored` event until its `removed` (vLLM), `evicted` or `invalidated` (kvobs) event, or a `cleared`. A request
+whose own hit is shorter than another replica's by at least one block has a routing loss: `routed_blocks` blocks
+(`routed_tokens` tokens) it recomputed that `best_instance` held.
+
+What it cannot see it does not claim. A prefix is compared only between replicas whose block hashes can meet: the
+same block size, and hash chains that do meet where sessions moved between them (vLLM seeds its hashes per process
+unless `PYTHONHASHSEED` is set or a sha256 hash is chosen; `FleetCheck.notes` says which pairs were left out and
+why). A block stored before the events read is not known to be resident, and a chain whose root was stored before
+them cannot be aligned (`fleet_losses` reads `RESIDENCY_LOOKBACK_S` before the range): both make the loss smaller,
+never larger. A request without a known chain is left out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kvobs.analytics.chains import BlockGraph, lookup_ts, request_chains, with_sessions
+from kvobs.semconv.spans import KVEventKind
+from kvobs.store.interface import Store
+
+STORED = KVEventKind.STORED.value
+CLEARED = KVEventKind.CLEARED.value
+LOSS_KINDS = frozenset({KVEventKind.REMOVED.value, KVEventKind.EVICTED.value, KVEventKind.INVALIDATED.value})
+ROUTING_KINDS = (STORED, *sorted(LOSS_KINDS), CLEARED)  # the KV events residency is rebuilt from
+COLUMNS = [
+    "request_id",
+    "session_id",
+    "instance",
+    "lookup_ts",
+    "prompt_tokens",
+    "block_size",
+    "own_blocks",
+    "best_blocks",
+    "best_instance",
+    "routed_blocks",
+    "routed_tokens",
+    "replicas_compared",
+]
+SUMMARY_COLUMNS = ["instance", "requests", "prompt_tokens", "routed_tokens", "routed_share", "routed_tokens_per_s"]
+FLEET = "fleet"  # the summary's row over every instance
+RESIDENCY_LOOKBACK_S = 3600.0  # KV events read before a range, for what was resident at its first lookups
+
+
+@dataclass
+class FleetCheck:
+    """Which replicas' prefixes can be compared: `block_sizes` per instance (from their stored blocks), the pairs
+    left out (`apart`), and a sentence for each reason (`notes`)."""
+
+    block_sizes: dict[str, int] = field(default_factory=dict)
+    apart: set[frozenset[str]] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls, events: pd.DataFrame, requests: pd.DataFrame, *, base: FleetCheck | None = None, hashes: bool = True
+    ) -> FleetCheck:
+        """`events`: KV events with the `stored` ones; `requests`: their `instance` and `session_id`. `base`: what an
+        earlier check found (block sizes are kept); `hashes`: also tell replicas whose chains never meet, which
+        needs the whole range's stored blocks (a short slice of a long run may hold no shared block by chance)."""
+        stored = events[events["kind"] == STORED] if not events.empty else events
+        check = cls(block_sizes=dict(base.block_sizes) if base is not None else {})
+        for instance, sizes in stored.groupby("instance")["num_tokens"]:
+            counts = Counter(int(n) for n in sizes.dropna())
+            if counts:
+                check.block_sizes[str(instance)] = counts.most_common(1)[0][0]
+        if len(set(check.block_sizes.values())) > 1:
+            listed = ", ".join(f"{name} {size}" for name, size in sorted(check.block_sizes.items()))
+            check.notes.append(
+                f"replicas differ in block size ({listed} tokens): a prefix is compared only between replicas of "
+                "the same block size"
+            )
+        held = {name: set(group.dropna().map(int)) for name, group in stored.groupby("instance")["block_hash"]}
+        shared = _shared_sessions(requests) if hashes else {}
+        names = sorted(check.block_sizes)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                pair = frozenset((a, b))
+                if check.block_sizes[a] != check.block_sizes[b]:
+                    check.apart.add(pair)
+                elif shared.get(pair) and not held.get(a, set()) & held.get(b, set()):
+                    check.apart.add(pair)
+                    check.notes.append(
+                        f"{a} and {b} never stored the same block although {shared[pair]} session(s) ran on both: "
+                        "their block hashes differ (vLLM seeds them per process unless PYTHONHASHSEED is set or "
+                        "--prefix-caching-hash-algo is a sha256 one), so a prefix on one cannot be found on the "
+                        "other; routing loss between them is not measured"
+                    )
+        return check
+
+    def comparable(self, a: str, b: str) -> bool:
+        return a != b and a in self.block_sizes and b in self.block_sizes and frozenset((a, b)) not in self.apart
+
+
+def _shared_sessions(requests: pd.DataFrame) -> dict[frozenset[str], int]:
+    """Per pair of instances, how many sessions sent requests to both."""
+    out: dict[frozenset[str], int] = defaultdict(int)
+    known = requests.dropna(subset=["session_id"])
+    for names in known.groupby("session_id")["instance"].unique():
+        names = sorted(str(n) for n in names)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                out[frozenset((a, b))] += 1
+    return out
+
+
+class FleetIndex:
+    """Which replica holds which block, advanced through KV events in time order (one pass): each instance's
+    resident block hashes, and the parent of every block some replica holds (what a request's chain is walked
+    through). A block no replica holds any more is forgotten, so the index is as large as the fleet's caches."""
+
+    def __init__(self) -> None:
+        self.resident: dict[str, set[int]] = defaultdict(set)
+        self.parent: dict[int, int | None] = {}
+        self._holders: Counter[int] = Counter()
+
+    def apply(self, kinds, instances, hashes, parents) -> None:
+        """Apply events (columns, in time order) of `ROUTING_KINDS`."""
+        for kind, instance, block_hash, parent in zip(kinds, instances, hashes, parents):
+            if kind == STORED:
+                held, block_hash = self.resident[instance], int(block_hash)
+                if block_hash not in held:
+                    held.add(block_hash)
+                    self._holders[block_hash] += 1
+                self.parent[block_hash] = None if pd.isna(parent) else int(parent)
+            elif kind == CLEARED:
+                for block_hash in self.resident.pop(instance, ()):
+                    self._release(block_hash)
+            elif kind in LOSS_KINDS and not pd.isna(block_hash):
+                held, block_hash = self.resident.get(instance, set()), int(block_hash)
+                if block_hash in held:
+                    held.discard(block_hash)
+                    self._release(block_hash)
+
+    def _release(self, block_hash: int) -> None:
+        self._holders[block_hash] -= 1
+        if self._holders[block_hash] <= 0:
+            del self._holders[block_hash]
+            self.parent.pop(block_hash, None)
+
+    def prefix_on(self, instance: str, chain: list[int]) -> int:
+        """How many of `chain`'s leading blocks `instance` holds, consecutively."""
+        held = self.resident.get(instance, ())
+        n = 0
+        for block_hash in chain:
+            if block_hash not in held:
+                break
+            n += 1
+        return n
+
+
+def routing_losses(
+    requests: pd.DataFrame,
+    events: pd.DataFrame,
+    check: FleetCheck | None = None,
+    index: FleetIndex | None = None,
+    *,
+    apply_until: float | None = None,
+) -> pd.DataFrame:
+    """One row per request (columns `COLUMNS`) whose chain, root included, and cached tokens are known and whose
+    replica has another to compare with. `events`: KV events of `ROUTING_KINDS`, from before the requests' lookups
+    (what was resident then) to their ends (the blocks they stored); `requests`: `requests` rows (sessions filled,
+    `chains.with_sessions`). `index`: the fleet as it stood before the first event, advanced in place through the
+    events up to `apply_until` (all by default; later ones only give the requests' chains); a new one by default."""
+    check = FleetCheck.of(events, requests) if check is None else check
+    index = FleetIndex() if index is None else index
+    events = events.sort_values("ts", kind="stable")
+    if requests.empty or events.empty or len(check.block_sizes) < 2:
+        _sweep([], events, index, apply_until)
+        return pd.DataFrame(columns=COLUMNS)
+    stored = events[events["kind"] == STORED]
+    graph = BlockGraph.from_stored(stored)
+    for block_hash, parent in index.parent.items():  # chains through blocks stored before these events
+        graph.parent.setdefault(block_hash, parent)
+    chains = request_chains(requests, stored, graph)
+    queries = []
+    for req in requests.itertuples(index=False):
+        chain, size = chains.get(req.request_id), check.block_sizes.get(req.instance)
+        others = [name for name in check.block_sizes if check.comparable(req.instance, name)]
+        if not chain or size is None or not others or pd.isna(req.prompt_tokens):
+            continue
+        if chain[0] not in graph.parent or graph.parent[chain[0]] is not None:
+            continue  # its root was stored before what is known (or never): its blocks cannot be aligned
+        max_blocks = max(int(req.prompt_tokens) - 1, 0) // size
+        queries.append((lookup_ts(req), req, chain[:max_blocks], others, size))
+    queries.sort(key=lambda q: q[0])
+    frame = pd.DataFrame(_sweep(queries, events, index, apply_until), columns=COLUMNS)
+    held = frame["best_instance"].astype(object)
+    return frame.assign(best_instance=held.where(held.notna(), None))  # None, not NaN, where no other held more
+
+
+def _sweep(queries: list, events: pd.DataFrame, index: FleetIndex, apply_until: float | None) -> list[dict]:
+    """The index advanced through the events in time order up to each lookup, and each lookup's longest resident
+    prefix on the other replicas; then through the rest of the events up to `apply_until`."""
+    ts = events["ts"].to_numpy(float)
+    columns = [events[c].to_numpy(object) for c in ("kind", "instance", "block_hash", "parent_hash")]
+    rows, at = [], 0
+    for looked_up, req, chain, others, size in queries:
+        stop = max(int(np.searchsorted(ts, looked_up, side="right")), at)
+        index.apply(*(column[at:stop] for column in columns))
+        at = stop
+        best, best_instance = 0, None
+        for name in others:
+            n = index.prefix_on(name, chain)
+            if n > best:
+                best, best_instance = n, name
+        # its own hit: as it reported it, else (vLLM's request spans carry no cached tokens) its own replica's
+        # resident prefix at the lookup, which is what vLLM's lookup finds
+        own = index.prefix_on(req.instance, chain) if pd.isna(req.cached_tokens) else int(req.cached_tokens) // size
+        own = min(own, len(chain))
+        routed = max(best - own, 0)
+        rows.append(
+            {
+                "request_id": req.request_id,
+                "session_id": req.session_id,
+                "instance": req.instance,
+                "lookup_ts": looked_up,
+                "prompt_tokens": int(req.prompt_tokens),
+                "block_size": size,
+                "own_blocks": own,
+                "best_blocks": best,
+                "best_instance": best_instance if routed else None,
+                "routed_blocks": routed,
+                "routed_tokens": routed * size,
+                "replicas_compared": len(others),
+            }
+        )
+    end = len(ts) if apply_until is None else int(np.searchsorted(ts, apply_until, side="right"))
+    index.apply(*(column[at:end] for column in columns))
+    return rows
+
+
+def routing_summary(losses: pd.DataFrame, since: float, until: float) -> pd.DataFrame:
+    """Per instance and for the fleet (`FLEET`, last): the requests compared, their prompt tokens, the tokens
+    recomputed that another replica held (`routed_tokens`), their share of the prompt tokens and their rate over
+    the range (tokens/s)."""
+    span = max(until - since, 1e-9)
+    rows = []
+    groups = [(name, group) for name, group in losses.groupby("instance", sort=True)]
+    for name, group in [*groups, (FLEET, losses)]:
+        prompt, routed = int(group["prompt_tokens"].sum()), int(group["routed_tokens"].sum())
+        rows.append(
+            {
+                "instance": name,
+                "requests": len(group),
+                "prompt_tokens": prompt,
+                "routed_tokens": routed,
+                "routed_share": routed / prompt if prompt else np.nan,
+                "routed_tokens_per_s": routed / span,
+            }
+        )
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def fleet_losses(
+    store: Store, requests: pd.DataFrame, steps: pd.DataFrame, since: float | None, until: float | None
+) -> tuple[pd.DataFrame, FleetCheck]:
+    """`routing_losses` of `requests` (their sessions filled from `steps`), with the KV events read from the store
+    from `RESIDENCY_LOOKBACK_S` before `since`; nothing is read unless the store has heard of two instances."""
+    if requests.empty or len(store.reads.instances()) < 2:
+        return pd.DataFrame(columns=COLUMNS), FleetCheck()
+    start = None if since is None else since - RESIDENCY_LOOKBACK_S
+    events = store.reads.kv_events(start, until, kinds=ROUTING_KINDS)
+    requests = with_sessions(requests, steps)
+    check = FleetCheck.of(events, requests)
+    return routing_losses(requests, events, check), check

@@ -1,0 +1,142 @@
+"""Routing loss on a real fleet: two `kvobs serve` replicas into one store, `kvobs agents` spreading each session's
+steps over them by the routing asked for, and the expected loss of each request read from the replicas' own block
+managers at the moment of its lookup (not from the store the analysis reads).
+
+`session` keeps a session on one replica: with the cache large enough, nothing it needs is elsewhere (loss 0).
+`round_robin` sends each step to the other replica than the step before: each step finds its session's prefix on
+the replica it just left, and the analysis must find exactly the blocks resident there minus those found locally.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvobs.analytics.routing import FleetCheck, fleet_losses, routing_losses, routing_summary
+from kvobs.analytics.step_causes import step_causes
+from kvobs.store import open_store
+from tests.cli.test_agents import agents
+from tests.server.conftest import running_server
+
+
+class LookupProbe:
+    """Around each replica's `BlockManager.lookup` (the scheduler calls it at admission): the longest prefix of the
+    request's own block hashes cached on each other replica's manager at that moment, minus what it found at home.
+    With one request at a time (`--concurrency 1`) the other replica is idle while it is read."""
+
+    def __init__(self, servers: dict) -> None:
+        self.managers = {name: server.engine.engine.block_manager for name, server in servers.items()}
+        self.routed: dict[str, int] = {}  # request id -> blocks another replica held beyond its own hit
+        self.held_by: dict[str, str] = {}
+        for name, manager in self.managers.items():
+            manager.lookup = self._probe(name, manager, manager.lookup)
+
+    def _probe(self, name, manager, lookup):
+        def probed(seq):
+            hits = lookup(seq)
+            chain = seq.block_hashes[: (seq.num_tokens - 1) // manager.block_size]
+            best, where = 0, None
+            for other, held in self.managers.items():
+                n = next((i for i, h in enumerate(chain) if h not in held.cached), len(chain)) if other != name else 0
+                if n > best:
+                    best, where = n, other
+            if seq.num_cached_tokens is None:  # its first admission (a readmission is not a routing decision)
+                self.routed[seq.request_id] = max(best - len(hits), 0)
+                if best > len(hits):
+                    self.held_by[seq.request_id] = where
+            return hits
+
+        return probed
+
+
+@pytest.mark.parametrize("routing", ["round_robin", "session"])
+def test_routing_loss_is_what_the_other_replica_held(smollm2_source, tmp_path, routing):
+    """`kvobs agents --base-url A --base-url B --routing R`: each replica records the requests it served under its
+    own instance; the steps land as R says; each request's routing loss is what the probe read from the managers."""
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with (
+        running_server(smollm2_source, options={"store_url": url, "instance": "replica-a"}, num_blocks=256) as a,
+        running_server(smollm2_source, options={"store_url": url, "instance": "replica-b"}, num_blocks=256) as b,
+    ):
+        probe = LookupProbe({"replica-a": a, "replica-b": b})
+        done = agents(
+            *["--base-url", a.url, "--base-url", b.url, "--routing", routing, "--store", url],
+            *["--sessions", "2", "--steps", "3", "--concurrency", "1", "--max-tokens", "2"],
+            *["--tool-pause-ms", "20", "--seed", "3"],
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+    store = open_store(url)
+    requests = store.reads.requests().sort_values("arrival_ts")
+    steps = store.reads.steps()
+    first, last = store.reads.time_range()
+    losses, check = fleet_losses(store, requests, steps, first, last)
+    causes = step_causes(store, first, last)
+    store.close()
+
+    assert len(requests) == 6 and set(requests["instance"]) == {"replica-a", "replica-b"}
+    replicas = requests.groupby("session_id", sort=False)["instance"].apply(list)
+    if routing == "session":
+        assert all(len(set(hops)) == 1 for hops in replicas), replicas
+    else:  # one session at a time: the global turn alternates inside each session too
+        assert all(x != y for hops in replicas for x, y in zip(hops, hops[1:])), replicas
+
+    assert check.notes == [] and check.block_sizes == {"replica-a": 16, "replica-b": 16}
+    assert set(probe.routed) == set(requests["request_id"])
+    found = dict(zip(losses["request_id"], losses["routed_blocks"]))
+    assert found == probe.routed  # every request compared, each with the loss the managers showed
+    assert dict(zip(losses["request_id"], losses["best_instance"])) == {
+        rid: probe.held_by.get(rid) for rid in probe.routed
+    }
+    if routing == "session":
+        assert sum(found.values()) == 0
+        assert not causes["causes"].str.contains("routed_away_from_prefix").any()
+        return
+    # a session's second step finds its first step's prompt only on the replica it just left
+    second = requests[requests.groupby("session_id").cumcount() == 1]["request_id"]
+    assert all(found[rid] > 0 for rid in second), found
+    routed_steps = causes[causes["routed_tokens"] > 0]
+    assert len(routed_steps) == sum(1 for n in found.values() if n > 0)
+    for row in routed_steps.itertuples():
+        assert "routed_away_from_prefix" in row.causes.split(",")
+        assert f"while {row.routed_from} held" in row.evidence and row.routed_from != row.instance
+    summary = routing_summary(losses, first, last).set_index("instance")
+    assert summary.loc["fleet", "routed_tokens"] == 16 * sum(found.values())
+    assert 0 < summary.loc["fleet", "routed_share"] < 1
+
+
+def _frames(rows: list[tuple]) -> pd.DataFrame:
+    columns = ["ts", "instance", "kind", "block_hash", "parent_hash", "num_tokens", "session_id", "request_id"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def test_replicas_whose_hashes_cannot_meet_are_not_compared_and_say_why():
+    """Two replicas of different block sizes, and two whose hash chains never meet although a session ran on both
+    (different hash seeds): each pair is left out with a sentence, and no loss is claimed between them."""
+    requests = pd.DataFrame(
+        {
+            "request_id": ["r1", "r2", "r3", "r4"],
+            "instance": ["a", "b", "c", "a"],
+            "session_id": ["s", "s", "s", "s"],
+            "arrival_ts": [1.0, 2.0, 3.0, 4.0],
+            "finished_ts": [1.5, 2.5, 3.5, 4.5],
+            "queue_s": [0.0] * 4,
+            "prompt_tokens": [40, 40, 40, 40],
+            "cached_tokens": [0, 0, 0, 0],
+        }
+    )
+    events = _frames(
+        [
+            (1.1, "a", "stored", 11, None, 16, "s", "r1"),
+            (1.1, "a", "stored", 12, 11, 16, "s", "r1"),
+            (2.1, "b", "stored", 21, None, 16, "s", "r2"),  # the same tokens, another seed
+            (2.1, "b", "stored", 22, 21, 16, "s", "r2"),
+            (3.1, "c", "stored", 31, None, 32, "s", "r3"),
+        ]
+    )
+    check = FleetCheck.of(events, requests)
+    assert check.block_sizes == {"a": 16, "b": 16, "c": 32}
+    assert not check.comparable("a", "b") and not check.comparable("a", "c") and not check.comparable("b", "c")
+    assert any("differ in block size (a 16, b 16, c 32 tokens)" in note for note in check.notes)
+    assert any(note.startswith("a and b never stored the same block although 1 session(s)") for note in check.notes)
+    assert routing_losses(requests, events, check).empty
