@@ -29,17 +29,40 @@ ARCH_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512
 # -ffast-math lets the compiler vectorise the dot products (sums in another order: float32 rounding, tested) and
 # exp (glibc's vector math); the kernel never meets an infinity or a NaN of its own making.
 MATH_FLAGS = ["-O3", "-ffast-math"]
+STALE_LOCK_S = 600.0  # a build takes about 30 s: a lock this old was left by one that was killed
 
 _loaded: dict[str, object] = {}
 
 
 def _build(verbose: bool = False):
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import _get_build_directory, load
 
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ARCH_FLAGS.get(capability, [])
     name = f"kvobs_cpu_ops_{capability.lower()}"
+    clear_stale_lock(Path(_get_build_directory(name, verbose)) / "lock")
     return load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=MATH_FLAGS + flags, verbose=verbose)
+
+
+def clear_stale_lock(lock: Path, *, stale_after_s: float = STALE_LOCK_S) -> bool:
+    """torch's extension build holds `lock` while it compiles and waits, without end or word, while the file
+    exists; a build killed midway (Ctrl-C, a killed install) leaves it behind. A lock older than any build takes is
+    removed, and said; a younger one is said, since its build may be running. Returns whether it was removed."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < stale_after_s:
+        log.warning(
+            "another build of the C++ CPU operations holds %s (since %.0f s): waiting for it; if no build is "
+            "running, delete that file",
+            lock,
+            age,
+        )
+        return False
+    lock.unlink(missing_ok=True)
+    log.warning("removed %s, left %.0f s ago by a build that did not finish (killed?); building again", lock, age)
+    return True
 
 
 def load_ops():

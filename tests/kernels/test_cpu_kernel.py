@@ -71,3 +71,37 @@ def test_the_cpu_backend_is_the_cpp_kernel_unless_told_otherwise(decode, monkeyp
     assert (
         backend.name == f"torch ({CHOICE_ENV}=torch)" and backend.paged_decode_attention is paged_decode_attention_ref
     )
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_one(decode):
+    """A build killed midway leaves torch's `lock` file, and torch's next build waits for it to go, silently, for
+    ever (the install hung at its last step this way). A lock older than any build is removed, with a line that
+    says so, and the next start loads the kernel; a young lock is only said (its build may be running)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    load_ops_code = "from instrumented_engine.kernels import cpu_kernels; print(cpu_kernels.load_ops()[1])"
+    name = f"kvobs_cpu_ops_{torch.backends.cpu.get_cpu_capability().lower()}"
+    lock = Path(_get_build_directory(name, False)) / "lock"
+    lock.touch()
+    try:
+        os.utime(lock, (time.time() - 3600, time.time() - 3600))  # left an hour ago
+        done = subprocess.run(
+            [sys.executable, "-c", load_ops_code],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "cpp", done.stderr
+        assert f"removed {lock}" in done.stderr and not lock.exists()
+        lock.touch()  # a build that may be running now: kept, and said
+        from instrumented_engine.kernels.cpu_kernels import clear_stale_lock
+
+        assert not clear_stale_lock(lock) and lock.exists()
+    finally:
+        lock.unlink(missing_ok=True)
