@@ -23,6 +23,7 @@ log = logging.getLogger("bench")
 BENCHMARKS = (
     "engine_throughput",
     "block_manager",
+    "fleet_index",
     "telemetry_overhead",
     "collector_ingest",
     "span_steps",
@@ -39,6 +40,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
         "engine_throughput": ["--prompts", "2", "--prompt-tokens", "48", "--new-tokens", "8", "--dtypes", "float32"],
         "telemetry_overhead": ["--sessions", "4", "--new-tokens", "4", "--repeats", "1"],
         "block_manager": ["--requests", "200", "--repeats", "1"],
+        "fleet_index": ["--events", "20000", "--replicas", "4", "--capacity", "512"],
         "collector_ingest": ["--batches", "40", "--events", "25", "--lines", "100", "--repeats", "1"],
         "span_steps": ["--conversations", "50", "--steps", "3", "--repeats", "1"],
         "collector_memory": ["--sessions", "2000", "--session-idle-s", "5", "--report-every", "500"],

@@ -84,20 +84,30 @@ def with_sessions(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 def request_chains(requests: pd.DataFrame, stored: pd.DataFrame, graph: BlockGraph) -> dict[str, list[int]]:
     """Each request's block chain (root first), keyed by `request_id`; requests with no known chain are left out."""
     chains: dict[str, list[int]] = {}
-    by_request = {}
-    if "request_id" in stored and stored["request_id"].notna().any():
-        by_request = {rid: g for rid, g in stored[stored["request_id"].notna()].groupby("request_id")}
-    by_session = {sid: g for sid, g in stored[stored["session_id"].notna()].groupby("session_id")}
+    hashes = stored["block_hash"].to_numpy(object)
+    by_request: dict[object, list] = {}
+    if "request_id" in stored:
+        for rid, block_hash in zip(stored["request_id"].to_numpy(object), hashes):
+            if isinstance(rid, str):
+                by_request.setdefault(rid, []).append(block_hash)
+    by_session: dict[object, tuple[np.ndarray, np.ndarray]] = {}
+    if "session_id" in stored:
+        known = stored["session_id"].notna().to_numpy(bool)
+        frame = stored[known]
+        for sid, index in frame.groupby("session_id", sort=False).indices.items():
+            ts = frame["ts"].to_numpy(float)[index]
+            order = np.argsort(ts, kind="stable")
+            by_session[sid] = (ts[order], hashes[known][index][order])
     last_chain: dict[str, list[int]] = {}
     for req in requests.sort_values("arrival_ts").itertuples(index=False):
         own = by_request.get(req.request_id)
         if own is None and req.session_id in by_session:
-            group = by_session[req.session_id]
+            ts, blocks = by_session[req.session_id]
             end = req.finished_ts if pd.notna(req.finished_ts) else req.arrival_ts
-            own = group[(group["ts"] >= req.arrival_ts) & (group["ts"] <= end + 1.0)]
+            own = list(blocks[np.searchsorted(ts, req.arrival_ts, "left") : np.searchsorted(ts, end + 1.0, "right")])
         chain = None
-        if own is not None and not own.empty:
-            chain = max((graph.chain(int(h)) for h in own["block_hash"]), key=len)
+        if own:
+            chain = _deepest(graph, own)
         elif req.session_id in last_chain:
             chain = last_chain[req.session_id]
         if chain:
@@ -105,6 +115,14 @@ def request_chains(requests: pd.DataFrame, stored: pd.DataFrame, graph: BlockGra
             if req.session_id is not None:
                 last_chain[req.session_id] = chain
     return chains
+
+
+def _deepest(graph: BlockGraph, blocks: list) -> list[int]:
+    """The longest chain ending at one of `blocks`: it ends at a block none of the others names as its parent, so
+    only those are walked (a request's blocks are one run of a chain: one walk, not one per block)."""
+    hashes = {int(h) for h in blocks}
+    parents = {graph.parent.get(h) for h in hashes}
+    return max((graph.chain(h) for h in hashes - parents), key=len, default=[])
 
 
 def lookup_ts(req) -> float:

@@ -24,6 +24,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
     assert {r[0] for r in rows} == {
         "engine_throughput",
         "block_manager",
+        "fleet_index",
         "telemetry_overhead",
         "collector_ingest",
         "span_steps",
