@@ -5,9 +5,10 @@ events once in Python (the baseline: what any one pass must do).
     .venv/bin/python bench/fleet_index.py                         # 1M events over 8 replicas
     .venv/bin/python bench/fleet_index.py --events 10000000       # the issue's 10M (about 3 GB, a few minutes)
 
-The fleet: `--replicas` replicas of `--capacity` blocks each; agent sessions (sharing 16 system prompts) send
-steps round robin over the replicas, each step storing the blocks its session's prompt grew by on its replica;
-a full replica removes its oldest blocks (vLLM's `removed`). CPU time, one thread.
+The fleet: `--replicas` replicas of `--capacity` blocks each; agent sessions of 5 to 30 steps (32 a replica at a
+time, sharing 16 system prompts) send steps round robin over the replicas, each step storing on its replica the
+blocks of its session's prompt that replica lacks; a full replica removes its oldest blocks (vLLM's `removed`).
+CPU time, one thread.
 """
 
 from __future__ import annotations
@@ -37,15 +38,21 @@ def fleet(num_events: int, replicas: int, capacity: int, seed: int = 0) -> tuple
     reqs["cached_tokens"], reqs["finished_ts"] = [], []
     prompts = [[rng.getrandbits(63) for _ in range(8)] for _ in range(16)]  # system prompts, 8 blocks each
     sessions: dict[int, list[int]] = {}
+    sid_of: dict[int, int] = {}
     next_hash, ts, turn, i = 1 << 62, 1_000_000.0, 0, 0
 
     def event(kind, name, block_hash, parent, rid, session=None):
         for column, value in zip(ev, (ts, name, kind, block_hash, parent, BLOCK_SIZE, rid, session)):
             ev[column].append(value)
 
+    steps_left: dict[int, int] = {}
     while len(ev["ts"]) < num_events:
-        sid = rng.randrange(4 * replicas * 8)
-        chain = sessions.setdefault(sid, list(prompts[sid % 16]))
+        slot = rng.randrange(4 * replicas * 8)  # a live session; after its 5 to 30 steps, a new one takes its slot
+        if steps_left.get(slot, 0) == 0:
+            steps_left[slot], sessions[slot] = rng.randrange(5, 31), list(prompts[slot % 16])
+            sid_of[slot] = len(sid_of)
+        steps_left[slot] -= 1
+        sid, chain = sid_of[slot], sessions[slot]
         chain.extend(range(next_hash, next_hash + rng.randrange(1, 6)))  # the step's new blocks
         next_hash += 8
         name, rid = names[turn % replicas], f"r{i}"

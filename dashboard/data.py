@@ -17,9 +17,10 @@ from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
-from kvobs.analytics.routing import SUMMARY_COLUMNS, fleet_losses, routing_summary
+from kvobs.analytics.routing import SUMMARY_COLUMNS, routing_summary
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.samples import quantile
+from kvobs.analytics.shortfall import hit_rate_spread, shortfall, store_lookups
 from kvobs.analytics.step_causes import failure_verdicts
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
@@ -136,11 +137,20 @@ def overview(
 
 def _routing(store: Store, reqs: pd.DataFrame, steps: pd.DataFrame, since: float, until: float) -> dict:
     """Routing loss over the range (`kvobs.analytics.routing`): per instance and for the fleet (`summary`, the
-    fleet's row last), what could not be compared and why (`notes`), and each step that recomputed a prefix another
-    replica held, largest first (`steps`)."""
-    losses, check = fleet_losses(store, reqs, steps, since, until)
+    fleet's row last), what could not be compared and why (`notes`); and the hit-rate shortfall split
+    (`kvobs.analytics.shortfall`: `shortfall` per instance and for the fleet, `spread` of the replicas' hit rates)."""
+    lookups, check = store_lookups(store, reqs, steps, since, until)
+    losses = lookups[lookups["replicas_compared"] > 0]
     summary = routing_summary(losses, since, until) if not losses.empty else pd.DataFrame(columns=SUMMARY_COLUMNS)
-    return {"summary": summary, "notes": check.notes, "compared": len(losses), "requests": len(reqs)}
+    table = shortfall(lookups, "instance")
+    return {
+        "summary": summary,
+        "notes": check.notes,
+        "compared": len(losses),
+        "requests": len(reqs),
+        "shortfall": table if not lookups.empty else table.iloc[0:0],
+        "spread": hit_rate_spread(table),
+    }
 
 
 def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
@@ -268,14 +278,17 @@ def session_detail(store: Store, session_id: str) -> dict:
         resets = store.reads.kv_events(first, last, kinds=[KVEventKind.CLEARED.value])
         events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
     snaps = store.reads.session_snapshots(session_id)
-    attributed = pd.DataFrame()
+    attributed, split = pd.DataFrame(), pd.DataFrame()
     if not steps.empty:
         mine = with_sessions(reqs, steps)
-        routing, _ = fleet_losses(store, mine[mine["session_id"] == session_id], steps, first, last)
+        lookups, _ = store_lookups(store, mine[mine["session_id"] == session_id], steps, first, last)
+        routing = lookups[lookups["replicas_compared"] > 0]
         attributed = attribute_steps(steps, reqs, events, rates=rates, routing=routing)
+        split = shortfall(lookups, "session_id", total=None) if not lookups.empty else split
     return {
         "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
         "steps": attributed,
+        "shortfall": split,
         "requests": reqs,
     }
 

@@ -201,5 +201,29 @@ def render_routing(ctx, data: dict) -> None:
         st.warning(note)
     if summary.empty:
         st.info("No request could be compared with another replica in this range.")
+    else:
+        show_table(summary, ctx.clock)
+    render_shortfall(ctx, data)
+
+
+def render_shortfall(ctx, data: dict) -> None:
+    """Available vs achieved hit rate per instance and for the fleet, the gap split by why each block missed."""
+    st.subheader("Hit-rate shortfall, split")
+    table, spread = data["shortfall"], data["spread"]
+    st.caption(
+        "In whole prompt blocks of the requests whose hash chain is known: achieved = found on the request's own "
+        "replica; available = what a cache that never evicted would have held at the lookup (every block some "
+        "replica had stored before). Each missed block is counted once, by why: another replica held it "
+        "(routing), never stored before (cold), invalidated or reset, evicted while the session waited on a tool "
+        "(tool pause), evicted otherwise (capacity), held yet not found (unexplained). The parts add up to the "
+        "prompt tokens."
+    )
+    if table.empty:
+        st.info("No request's hash chain is known in this range (it needs the replicas' KV events).")
         return
-    show_table(summary, ctx.clock)
+    show_table(table, ctx.clock)
+    if spread["max"] is not None:
+        st.caption(
+            f"Achieved hit rate across the {spread['replicas']} replicas: highest {spread['max']:.1%}, mean "
+            f"{spread['mean']:.1%}, standard deviation {spread['stddev']:.1%}."
+        )

@@ -105,6 +105,15 @@ def render(ctx) -> None:
         "time. Why it was slow: the part of its latency (TTFT, else end to end) that explains most of its "
         "excess over the session's typical step; blank when it was not slow."
     )
+    split = detail["shortfall"]
+    if not split.empty:
+        st.subheader("Its hit rate, and what it missed")
+        st.caption(
+            "In whole prompt blocks of its requests whose hash chain is known: the hit rate it achieved, what a "
+            "cache that never evicted would have given it (available), and each missed block once, by why "
+            "(routing, cold, invalidated, tool pause, capacity, unexplained; they add up to its prompt tokens)."
+        )
+        show_table(split.drop(columns=["session_id"]), ctx.clock)
     indexes = cache.session_steps_by_cache_cost(ctx.url, session_id)
     step_index = st.selectbox("Step (what the cache cost it first)", indexes, key="session_step")
     render_story(ctx, session_id, int(step_index))

@@ -53,6 +53,13 @@ COLUMNS = [
     "routed_tokens",
     "replicas_compared",
 ]
+MISS_PARTS = ("routed", "cold", "invalidated", "pause", "capacity", "unexplained")
+LOOKUP_COLUMNS = [
+    *COLUMNS,
+    "prompt_blocks",
+    "available_blocks",
+    *(f"{part}_blocks" for part in MISS_PARTS if part != "routed"),  # `routed_blocks` is in COLUMNS
+]
 SUMMARY_COLUMNS = ["instance", "requests", "prompt_tokens", "routed_tokens", "routed_share", "routed_tokens_per_s"]
 FLEET = "fleet"  # the summary's row over every instance
 RESIDENCY_LOOKBACK_S = 3600.0  # KV events read before a range, for what was resident at its first lookups
@@ -125,28 +132,38 @@ class FleetIndex:
     resident block hashes, and the parent of every block some replica holds (what a request's chain is walked
     through). A block no replica holds any more is forgotten, so the index is as large as the fleet's caches."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, track_losses: bool = False) -> None:
         self.resident: dict[str, set[int]] = defaultdict(set)
         self.parent: dict[int, int | None] = {}
         self._holders: Counter[int] = Counter()
+        # with `track_losses`: (instance, block) -> (when, kind) of its loss there, until it is stored there again
+        self.lost: dict[tuple[str, int], tuple[float, str]] | None = {} if track_losses else None
 
-    def apply(self, kinds, instances, hashes, parents) -> None:
-        """Apply events (columns, in time order) of `ROUTING_KINDS`."""
-        for kind, instance, block_hash, parent in zip(kinds, instances, hashes, parents):
+    def apply(self, kinds, instances, hashes, parents, times=None) -> None:
+        """Apply events (columns, in time order) of `ROUTING_KINDS`; `times` (their `ts`) when losses are tracked."""
+        lost = self.lost
+        times = times if times is not None and lost is not None else [0.0] * len(kinds)
+        for kind, instance, block_hash, parent, ts in zip(kinds, instances, hashes, parents, times):
             if kind == STORED:
                 held, block_hash = self.resident[instance], int(block_hash)
                 if block_hash not in held:
                     held.add(block_hash)
                     self._holders[block_hash] += 1
                 self.parent[block_hash] = None if pd.isna(parent) else int(parent)
+                if lost is not None:
+                    lost.pop((instance, block_hash), None)
             elif kind == CLEARED:
                 for block_hash in self.resident.pop(instance, ()):
                     self._release(block_hash)
+                    if lost is not None:
+                        lost[(instance, block_hash)] = (ts, kind)
             elif kind in LOSS_KINDS and not pd.isna(block_hash):
                 held, block_hash = self.resident.get(instance, set()), int(block_hash)
                 if block_hash in held:
                     held.discard(block_hash)
                     self._release(block_hash)
+                    if lost is not None:
+                        lost[(instance, block_hash)] = (ts, kind)
 
     def _release(self, block_hash: int) -> None:
         self._holders[block_hash] -= 1
@@ -173,45 +190,80 @@ def routing_losses(
     *,
     apply_until: float | None = None,
 ) -> pd.DataFrame:
-    """One row per request (columns `COLUMNS`) whose chain, root included, and cached tokens are known and whose
-    replica has another to compare with. `events`: KV events of `ROUTING_KINDS`, from before the requests' lookups
-    (what was resident then) to their ends (the blocks they stored); `requests`: `requests` rows (sessions filled,
+    """One row per request (columns `COLUMNS`) whose chain, root included, is known and whose replica has another
+    to compare with. `events`: KV events of `ROUTING_KINDS`, from before the requests' lookups (what was resident
+    then) to their ends (the blocks they stored); `requests`: `requests` rows (sessions filled,
     `chains.with_sessions`). `index`: the fleet as it stood before the first event, advanced in place through the
     events up to `apply_until` (all by default; later ones only give the requests' chains); a new one by default."""
     check = FleetCheck.of(events, requests) if check is None else check
     index = FleetIndex() if index is None else index
+    if len(check.block_sizes) < 2:
+        requests = requests.iloc[0:0]
+    frame = _lookups(requests, events, check, index, apply_until)
+    return frame[frame["replicas_compared"] > 0][COLUMNS].reset_index(drop=True)
+
+
+def request_lookups(requests: pd.DataFrame, events: pd.DataFrame, check: FleetCheck | None = None) -> pd.DataFrame:
+    """`routing_losses`' rows for every request whose chain is known, on one replica as on many (columns
+    `LOOKUP_COLUMNS`), with each prompt block the request missed counted once, by why (`MISS_PARTS`, in this
+    order): `routed` (another replica held it at the lookup), `cold` (no replica had stored it before),
+    `invalidated` (its replica invalidated it, or reset), `pause` (its replica evicted it while the session was
+    idle: after the session's previous request ended), `capacity` (evicted otherwise, or on another replica that
+    held it), `unexplained` (its replica held it, yet it was not found). `available_blocks`: the prompt blocks a
+    cache that never evicted would have held = hit + all but `cold`."""
+    check = FleetCheck.of(events, requests) if check is None else check
+    return _lookups(requests, events, check, FleetIndex(track_losses=True), None)
+
+
+def _lookups(
+    requests: pd.DataFrame, events: pd.DataFrame, check: FleetCheck, index: FleetIndex, apply_until: float | None
+) -> pd.DataFrame:
     events = events.sort_values("ts", kind="stable")
-    if requests.empty or events.empty or len(check.block_sizes) < 2:
-        _sweep([], events, index, apply_until)
-        return pd.DataFrame(columns=COLUMNS)
     stored = events[events["kind"] == STORED]
     graph = BlockGraph.from_stored(stored)
     for block_hash, parent in index.parent.items():  # chains through blocks stored before these events
         graph.parent.setdefault(block_hash, parent)
-    chains = request_chains(requests, stored, graph)
+    chains = request_chains(requests, stored, graph) if not requests.empty else {}
+    pause_from = _pause_starts(requests) if index.lost is not None else {}
     queries = []
     for req in requests.itertuples(index=False):
         chain, size = chains.get(req.request_id), check.block_sizes.get(req.instance)
-        others = [name for name in check.block_sizes if check.comparable(req.instance, name)]
-        if not chain or size is None or not others or pd.isna(req.prompt_tokens):
+        if not chain or size is None or pd.isna(req.prompt_tokens):
             continue
         if chain[0] not in graph.parent or graph.parent[chain[0]] is not None:
             continue  # its root was stored before what is known (or never): its blocks cannot be aligned
+        others = [name for name in check.block_sizes if check.comparable(req.instance, name)]
         max_blocks = max(int(req.prompt_tokens) - 1, 0) // size
-        queries.append((lookup_ts(req), req, chain[:max_blocks], others, size))
+        queries.append((lookup_ts(req), req, chain[:max_blocks], others, size, pause_from.get(req.request_id)))
     queries.sort(key=lambda q: q[0])
-    frame = pd.DataFrame(_sweep(queries, events, index, apply_until), columns=COLUMNS)
+    frame = pd.DataFrame(_sweep(queries, events, index, apply_until, graph), columns=LOOKUP_COLUMNS)
     held = frame["best_instance"].astype(object)
     return frame.assign(best_instance=held.where(held.notna(), None))  # None, not NaN, where no other held more
 
 
-def _sweep(queries: list, events: pd.DataFrame, index: FleetIndex, apply_until: float | None) -> list[dict]:
+def _pause_starts(requests: pd.DataFrame) -> dict[str, float]:
+    """request id -> when its session's previous request ended (the start of the pause before it)."""
+    out: dict[str, float] = {}
+    known = requests.dropna(subset=["session_id"]).sort_values("arrival_ts", kind="stable")
+    for _, group in known.groupby("session_id", sort=False):
+        ends = group["finished_ts"].to_numpy(float)
+        for rid, end in zip(group["request_id"].iloc[1:], ends[:-1]):
+            if end == end:
+                out[rid] = float(end)
+    return out
+
+
+def _sweep(
+    queries: list, events: pd.DataFrame, index: FleetIndex, apply_until: float | None, graph: BlockGraph
+) -> list[dict]:
     """The index advanced through the events in time order up to each lookup, and each lookup's longest resident
-    prefix on the other replicas; then through the rest of the events up to `apply_until`."""
+    prefix on the other replicas (and, where the index tracks losses, why each missed block was missing); then
+    through the rest of the events up to `apply_until`."""
     ts = events["ts"].to_numpy(float)
     columns = [events[c].to_numpy(object) for c in ("kind", "instance", "block_hash", "parent_hash")]
+    columns.append(ts)
     rows, at = [], 0
-    for looked_up, req, chain, others, size in queries:
+    for looked_up, req, chain, others, size, pause_from in queries:
         stop = max(int(np.searchsorted(ts, looked_up, side="right")), at)
         index.apply(*(column[at:stop] for column in columns))
         at = stop
@@ -225,25 +277,52 @@ def _sweep(queries: list, events: pd.DataFrame, index: FleetIndex, apply_until: 
         own = index.prefix_on(req.instance, chain) if pd.isna(req.cached_tokens) else int(req.cached_tokens) // size
         own = min(own, len(chain))
         routed = max(best - own, 0)
-        rows.append(
-            {
-                "request_id": req.request_id,
-                "session_id": req.session_id,
-                "instance": req.instance,
-                "lookup_ts": looked_up,
-                "prompt_tokens": int(req.prompt_tokens),
-                "block_size": size,
-                "own_blocks": own,
-                "best_blocks": best,
-                "best_instance": best_instance if routed else None,
-                "routed_blocks": routed,
-                "routed_tokens": routed * size,
-                "replicas_compared": len(others),
-            }
-        )
+        row = {
+            "request_id": req.request_id,
+            "session_id": req.session_id,
+            "instance": req.instance,
+            "lookup_ts": looked_up,
+            "prompt_tokens": int(req.prompt_tokens),
+            "block_size": size,
+            "own_blocks": own,
+            "best_blocks": best,
+            "best_instance": best_instance if routed else None,
+            "routed_blocks": routed,
+            "routed_tokens": routed * size,
+            "replicas_compared": len(others),
+            "prompt_blocks": len(chain),
+        }
+        if index.lost is not None:
+            row.update(_misses(index, graph, req.instance, chain, own, best, looked_up, pause_from))
+        rows.append(row)
     end = len(ts) if apply_until is None else int(np.searchsorted(ts, apply_until, side="right"))
     index.apply(*(column[at:end] for column in columns))
     return rows
+
+
+def _misses(index, graph, instance, chain, own, best, looked_up, pause_from) -> dict[str, int]:
+    """Each prompt block after the hit, counted once by why it was missing (`request_lookups`)."""
+    counts = dict.fromkeys(MISS_PARTS, 0)
+    held = index.resident.get(instance, ())
+    for position in range(own, len(chain)):
+        block_hash = chain[position]
+        loss = index.lost.get((instance, block_hash))
+        if position < best:
+            part = "routed"
+        elif graph.first_stored.get(block_hash, -np.inf) >= looked_up:
+            part = "cold"
+        elif block_hash in held:
+            part = "unexplained"
+        elif loss is not None and loss[1] in (KVEventKind.INVALIDATED.value, CLEARED):
+            part = "invalidated"
+        elif loss is not None and pause_from is not None and loss[0] > pause_from:
+            part = "pause"
+        else:
+            part = "capacity"
+        counts[part] += 1
+    out = {f"{part}_blocks": n for part, n in counts.items()}
+    out["available_blocks"] = len(chain) - counts["cold"]
+    return out
 
 
 def routing_summary(losses: pd.DataFrame, since: float, until: float) -> pd.DataFrame:

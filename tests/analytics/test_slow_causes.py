@@ -17,6 +17,8 @@ from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.prefill_rates import PrefillRates
+from kvobs.analytics.routing import MISS_PARTS
+from kvobs.analytics.shortfall import shortfall, store_lookups
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import StepRecord
@@ -144,3 +146,25 @@ def test_a_model_error_after_the_lost_prefix_fails_for_the_model_and_is_slow_for
         row = attribute_steps(failed, reqs, events, rates=rates).set_index("step_index").loc[3]
         assert (row["failure_cause"], row["failure_kind"]) == (cause, kind)
         assert row["slow_cause"] == frame.loc[3, "slow_cause"]  # slow for the same reason either way
+
+
+def test_the_shortfall_split_names_the_pause_and_the_new_tail(scripted):
+    """A's fourth request: what it found, what the pause took and what it never had, in whole blocks, against the
+    truth of the script: A's third request left its prompt and reply cached (`a2`'s tokens, in full blocks); what of
+    them A's fourth did not find was evicted by B while A waited; the rest of its prompt was new."""
+    name, store, outputs, frame = scripted
+    reqs = store.reads.requests()
+    lookups, _ = store_lookups(store, reqs, store.reads.steps(), None, None)
+    row = lookups.set_index("request_id").loc["a3"]
+    a2 = reqs.set_index("request_id").loc["a2"]
+    prompt_blocks = (int(reqs.set_index("request_id").loc["a3", "prompt_tokens"]) - 1) // BLOCK
+    had = min((int(a2["prompt_tokens"]) + len(outputs["a2"].output_token_ids)) // BLOCK, prompt_blocks)
+    own = outputs["a3"].num_cached_tokens // BLOCK
+    assert row["prompt_blocks"] == prompt_blocks and row["own_blocks"] == own
+    assert row["pause_blocks"] == had - own >= 10
+    assert row["cold_blocks"] == prompt_blocks - had
+    assert row["capacity_blocks"] == row["invalidated_blocks"] == row["routed_blocks"] == row["unexplained_blocks"] == 0
+    table = shortfall(lookups, "session_id").set_index("session_id")
+    parts = [f"{p}_tokens" for p in MISS_PARTS]
+    assert (table["achieved_tokens"] + table[parts].sum(axis=1) == table["prompt_tokens"]).all()  # adds up
+    assert (table["available_tokens"] == table["prompt_tokens"] - table["cold_tokens"]).all()

@@ -206,6 +206,12 @@ def test_the_sessions_page_opens_on_the_worst_session_and_links_each_step(monkey
     assert at.selectbox(key="session").value == table["session_id"].iloc[0]
     steps = at.table[0].value
     assert steps["timeline"].str.startswith(f"[open](?page=step&session={table['session_id'].iloc[0]}&step=").all()
+    # the worst session lost blocks in its tool pauses: its hit-rate split says so, and adds up
+    assert "Its hit rate, and what it missed" in [h.value for h in at.subheader]
+    split = next(frame.value for frame in at.dataframe if "available_rate" in frame.value).iloc[0]
+    parts = ["routed", "cold", "invalidated", "pause", "capacity", "unexplained"]
+    assert split["achieved_tokens"] + sum(split[f"{p}_tokens"] for p in parts) == split["prompt_tokens"]
+    assert split["pause_tokens"] > 0 and split["routed_tokens"] == 0  # one instance: no routing
 
 
 def test_without_jaeger_the_steps_have_no_empty_trace_column(monkeypatch, agent_run):

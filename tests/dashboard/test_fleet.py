@@ -9,7 +9,8 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import data
 from dashboard.views import PAGES
-from kvobs.analytics.routing import fleet_losses
+from kvobs.analytics.routing import MISS_PARTS, fleet_losses
+from kvobs.analytics.shortfall import shortfall, store_lookups
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import AlertRecord
 from tests.dashboard.test_app import APP, assert_clean, charts, open_page, x_axes
@@ -69,6 +70,19 @@ def test_the_overview_gives_the_routing_loss_per_instance_and_for_the_fleet(monk
     assert rows.loc["fleet", "routed_tokens"] == expected.sum() > 0
     kpi = {m.label: m.value for m in at.metric}["routing loss"]
     assert kpi == f"{rows.loc['fleet', 'routed_share']:.1%}"
+    split = next(frame.value for frame in at.dataframe if "available_rate" in frame.value).set_index("instance")
+    lookups, _ = store_lookups(store, store.reads.requests(first, last), store.reads.steps(first, last), first, last)
+    expected = shortfall(lookups, "instance").set_index("instance")
+    assert list(split.index) == [*FLEET, "fleet"]
+    parts = [f"{p}_tokens" for p in MISS_PARTS]
+    assert (split[parts].sum(axis=1) + split["achieved_tokens"] == split["prompt_tokens"]).all()  # adds up
+    assert (
+        (split[["prompt_tokens", "achieved_tokens", *parts]] == expected[["prompt_tokens", "achieved_tokens", *parts]])
+        .all()
+        .all()
+    )
+    assert split.loc["fleet", "routed_tokens"] == rows.loc["fleet", "routed_tokens"]  # one routing loss
+    assert any("Achieved hit rate across the 2 replicas" in c.value for c in at.caption)
 
 
 def test_choosing_an_instance_narrows_every_count(monkeypatch, fleet_run):

@@ -22,6 +22,7 @@ from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS
 from kvobs.analytics.routing import fleet_losses
+from kvobs.analytics.shortfall import shortfall, store_lookups
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.composed import ordered_counts
@@ -241,21 +242,30 @@ def test_alert_rules_fire_and_resolve_alike_on_every_backend(loaded):
 
 
 def test_routing_losses_and_step_causes_are_the_same_on_every_backend(loaded):
-    """The fleet analyses over the reads (each request's routing loss, each step's causes with it) answer alike; on
-    the fleet recording, requests dealt to `vllm-b` find prefixes only `vllm-a` held from before `vllm-b` started."""
+    """The fleet analyses over the reads (each request's routing loss, each step's causes with it, the hit-rate
+    shortfall split) answer alike; on the fleet recording, requests dealt to `vllm-b` find prefixes only `vllm-a`
+    held from before `vllm-b` started."""
     run, stores, _ = loaded
     answers = {}
     for backend, store in stores.items():
         first, last = store.reads.time_range()
         losses, check = fleet_losses(store, store.reads.requests(), store.reads.steps(), first, last)
         causes = step_causes(store, first, last)[["session_id", "step_index", "causes", "routed_tokens", "evidence"]]
-        answers[backend] = (_values(losses, ordered=False), check.notes, _values(causes, ordered=False))
+        lookups, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), first, last)
+        split = shortfall(lookups, "instance")
+        answers[backend] = (
+            _values(losses, ordered=False),
+            check.notes,
+            _values(causes, ordered=False),
+            _values(split, ordered=True),
+        )
         assert answers[backend] == answers["sqlite"], f"{run}: routing losses or step causes differ on {backend}"
     losses = answers["sqlite"][0][1]
     if run == "fleet_run":
         assert losses and sum(row[-3] for row in losses) > 0, "the fleet recording shows no routing loss"
     else:
         assert not losses  # one instance: nothing to compare with
+    assert answers["sqlite"][3][1], f"{run}: no request's chain known: the shortfall split compared nothing"
 
 
 def test_the_contract_compares_something(loaded):

@@ -1,0 +1,99 @@
+"""The hit-rate shortfall, split: available vs achieved prefix-cache hit rate, and why each missed block missed.
+
+    lookups = store_lookups(store, requests, steps, since, until)   # routing.request_lookups, read from a store
+    table = shortfall(lookups, "instance")                         # per instance, then the fleet's row
+    spread = hit_rate_spread(table)                                # max, mean, stddev of the replicas' hit rates
+
+Counted in whole prompt blocks of the requests whose hash chain is known (a lookup finds whole blocks): the
+**achieved** hit rate is the blocks each request found on its own replica / its prompt blocks; the **available**
+one what a cache that never evicted would have held at each lookup (every block some replica had stored before).
+The shortfall between them, and the cold blocks below both, split by why each missed block missed
+(`routing.MISS_PARTS`): held by another replica (`routed`), invalidated or reset, evicted while the session waited
+on a tool (`pause`), evicted otherwise (`capacity`), held yet not found (`unexplained`), never stored (`cold`).
+The parts add up: achieved + every part = the prompt blocks; available = prompt - cold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvobs.analytics.chains import with_sessions
+from kvobs.analytics.routing import (
+    FLEET,
+    LOOKUP_COLUMNS,
+    MISS_PARTS,
+    RESIDENCY_LOOKBACK_S,
+    ROUTING_KINDS,
+    FleetCheck,
+    request_lookups,
+)
+from kvobs.store.interface import Store
+
+SHORTFALL_COLUMNS = [
+    "requests",
+    "prompt_tokens",
+    "achieved_tokens",
+    "available_tokens",
+    "achieved_rate",
+    "available_rate",
+    "shortfall_tokens",
+    *(f"{part}_tokens" for part in MISS_PARTS),
+]
+
+
+def store_lookups(
+    store: Store, requests: pd.DataFrame, steps: pd.DataFrame, since: float | None, until: float | None
+) -> tuple[pd.DataFrame, FleetCheck]:
+    """`routing.request_lookups` of `requests` (sessions filled from `steps`), with the KV events read from
+    `routing.RESIDENCY_LOOKBACK_S` before `since`."""
+    if requests.empty:
+        return pd.DataFrame(columns=LOOKUP_COLUMNS), FleetCheck()
+    start = None if since is None else since - RESIDENCY_LOOKBACK_S
+    events = store.reads.kv_events(start, until, kinds=ROUTING_KINDS)
+    requests = with_sessions(requests, steps)
+    check = FleetCheck.of(events, requests)
+    return request_lookups(requests, events, check), check
+
+
+def shortfall(lookups: pd.DataFrame, by: str, *, total: str | None = FLEET) -> pd.DataFrame:
+    """One row per value of `by` (`instance`, `session_id`), then one over every request (named `total`; none
+    when None): the columns `SHORTFALL_COLUMNS`, in tokens of whole blocks."""
+    groups = list(lookups.groupby(by, sort=True)) if not lookups.empty else []
+    if total is not None:
+        groups.append((total, lookups))
+    rows = []
+    for name, group in groups:
+        size = group["block_size"].to_numpy(float)
+        tokens = {c: float((group[f"{c}_blocks"].to_numpy(float) * size).sum()) for c in ("prompt", "available")}
+        achieved = float((group["own_blocks"].to_numpy(float) * size).sum())
+        parts = {f"{p}_tokens": int((group[f"{p}_blocks"].to_numpy(float) * size).sum()) for p in MISS_PARTS}
+        prompt, available = tokens["prompt"], tokens["available"]
+        rows.append(
+            {
+                by: name,
+                "requests": len(group),
+                "prompt_tokens": int(prompt),
+                "achieved_tokens": int(achieved),
+                "available_tokens": int(available),
+                "achieved_rate": achieved / prompt if prompt else np.nan,
+                "available_rate": available / prompt if prompt else np.nan,
+                "shortfall_tokens": int(available - achieved),
+                **parts,
+            }
+        )
+    return pd.DataFrame(rows, columns=[by, *SHORTFALL_COLUMNS])
+
+
+def hit_rate_spread(table: pd.DataFrame) -> dict:
+    """The replicas' achieved hit rates (a `shortfall(..., "instance")` table, its total row left out): how many,
+    the highest, the mean and the standard deviation (None with fewer than two)."""
+    rates = table.loc[table["instance"] != FLEET, "achieved_rate"].dropna().to_numpy(float)
+    if len(rates) < 2:
+        return {"replicas": len(rates), "max": None, "mean": None, "stddev": None}
+    return {
+        "replicas": len(rates),
+        "max": float(rates.max()),
+        "mean": float(rates.mean()),
+        "stddev": float(rates.std()),
+    }
