@@ -67,12 +67,12 @@ class RecordedTraffic:
             tokens = 0 if pd.isna(row.num_tokens) else int(row.num_tokens)
             block = None if row.block_hash is None or pd.isna(row.block_hash) else int(row.block_hash)
             actions.append(Action(row.ts, EVENT, row.kind, row.request_id, row.session_id, tokens, block))
-        actions += [Action(ts, RELEASE, "release", None, sid) for sid, ts in _releases(store, since, until).items()]
+        actions += [Action(ts, RELEASE, "release", None, sid) for sid, ts in releases(store, since, until).items()]
         actions.sort(key=lambda a: (a.ts, a.order))  # stable: events keep their recorded order
         return cls(actions)
 
 
-def _releases(store: Store, since, until) -> dict[str, float]:
+def releases(store: Store, since, until) -> dict[str, float]:
     """When each session was released (its first `session_release` eviction)."""
     evicted = store.reads.kv_events(since, until, kinds=[KVEventKind.EVICTED.value])
     released = evicted[evicted["reason"] == EvictionReason.SESSION_RELEASE.value]

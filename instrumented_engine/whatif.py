@@ -158,56 +158,83 @@ def simulate(
     result = WhatIfResult(num_blocks, policy)
     if plan.recorded is not None:
         return _replay_recorded(plan, manager, clock, result)
-    computed: set[int] = set()  # blocks computed at least once in this replay
-    finishes: list[tuple[float, int, Sequence]] = []
-    waiting: deque[tuple[ReplayRequest, Sequence]] = deque()
-    order = itertools.count()
-    key = manager.hash_key(None)
+    cache, losses = WholeLengthCache(manager, plan.block_size, result, clock), LossTally()
+    arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
+    cache.last_request = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
+    for req in arrivals:
+        while cache.next_finish() <= req.arrival_ts:
+            cache.finish_one()
+            losses.add(manager.take_events())
+        clock.now = req.arrival_ts
+        cache.arrive(req)
+        losses.add(manager.take_events())
+    while cache.next_finish() < float("inf"):
+        cache.finish_one()
+        losses.add(manager.take_events())
+    return _tally(result, losses)
 
-    def admit(req: ReplayRequest, seq: Sequence) -> bool:
+
+class WholeLengthCache:
+    """One cache replaying requests whole (vLLM's data has no allocations): a request looks its prefix up when it
+    arrives, takes blocks for its whole length and holds them until its recorded finish; one that finds no room
+    waits (FCFS) until a finish frees enough. Counts into `result`; `last_request` (session -> its last request id)
+    tells the session's end."""
+
+    def __init__(self, manager: BlockManager, block_size: int, result: WhatIfResult, clock: _Clock) -> None:
+        self.manager, self.block_size, self.result, self.clock = manager, block_size, result, clock
+        self.key = manager.hash_key(None)
+        self.computed: set[bytes] = set()  # blocks computed at least once in this replay
+        self.finishes: list[tuple[float, int, Sequence]] = []
+        self.waiting: deque[tuple[ReplayRequest, Sequence, float]] = deque()
+        self.order = itertools.count()
+        self.last_request: dict[str | None, str] = {}
+        self.active_blocks = 0  # blocks held by admitted requests (a router's decode load)
+        self.wait_s = 0.0  # seconds requests waited for room
+
+    def next_finish(self) -> float:
+        return self.finishes[0][0] if self.finishes else float("inf")
+
+    def arrive(self, req: ReplayRequest) -> Sequence | None:
+        """A request arrives now: admitted, or waiting; None when it is longer than the whole cache."""
+        if -(-req.total_tokens // self.block_size) > self.manager.num_usable_blocks:
+            self.result.too_large += 1
+            return None
+        seq = _sequence(req, self.key, self.block_size)
+        self.result.requests += 1
+        self.result.query_tokens += req.prompt_tokens
+        self.manager.begin_request(seq)
+        if self.waiting or not self._admit(req, seq):
+            self.result.waited += 1
+            self.waiting.append((req, seq, self.clock.now))
+        return seq
+
+    def finish_one(self) -> None:
+        """The next finish: its blocks freed (the session idle, or ended after its last request), then whoever
+        waits and now fits."""
+        self.clock.now, _, seq = heapq.heappop(self.finishes)
+        self.active_blocks -= len(seq.block_table)
+        self.manager.free(seq)
+        self.manager.end_request(seq)
+        if seq.session_id is not None and self.last_request.get(seq.session_id) == seq.request_id:
+            self.manager.end_session(seq.session_id)  # hindsight: the session never comes back
+        while self.waiting and self._admit(*self.waiting[0][:2]):
+            self.wait_s += self.clock.now - self.waiting.popleft()[2]
+
+    def _admit(self, req: ReplayRequest, seq: Sequence) -> bool:
+        manager, size = self.manager, self.block_size
         hits = manager.lookup(seq)
-        if not manager.allocate(seq, req.total_tokens - len(hits) * plan.block_size, hits):
+        if not manager.allocate(seq, req.total_tokens - len(hits) * size, hits):
             return False
-        result.hit_tokens += len(hits) * plan.block_size
-        missed = seq.block_hashes[len(hits) : (req.prompt_tokens - 1) // plan.block_size]
-        result.recompute_tokens += plan.block_size * sum(1 for h in missed if h in computed)
+        self.result.hit_tokens += len(hits) * size
+        missed = seq.block_hashes[len(hits) : (req.prompt_tokens - 1) // size]
+        self.result.recompute_tokens += size * sum(1 for h in missed if h in self.computed)
         seq.token_ids.extend([0] * (req.total_tokens - req.prompt_tokens))
         seq.num_computed_tokens = req.total_tokens
         manager.register_computed_blocks(seq)
-        computed.update(seq.block_hashes[: req.total_tokens // plan.block_size])
-        heapq.heappush(finishes, (max(req.finished_ts, clock.now), next(order), seq))
+        self.computed.update(seq.block_hashes[: req.total_tokens // size])
+        self.active_blocks += len(seq.block_table)
+        heapq.heappush(self.finishes, (max(req.finished_ts, self.clock.now), next(self.order), seq))
         return True
-
-    losses = LossTally()
-
-    arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
-    last_request = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
-    index = 0
-    while index < len(arrivals) or finishes:
-        if finishes and (index >= len(arrivals) or finishes[0][0] <= arrivals[index].arrival_ts):
-            clock.now, _, seq = heapq.heappop(finishes)
-            manager.free(seq)
-            manager.end_request(seq)
-            if seq.session_id is not None and last_request.get(seq.session_id) == seq.request_id:
-                manager.end_session(seq.session_id)  # hindsight: the session never comes back
-            while waiting and admit(*waiting[0]):
-                waiting.popleft()
-        else:
-            req = arrivals[index]
-            index += 1
-            clock.now = req.arrival_ts
-            if -(-req.total_tokens // plan.block_size) > manager.num_usable_blocks:
-                result.too_large += 1
-                continue
-            seq = _sequence(req, key, plan.block_size)
-            result.requests += 1
-            result.query_tokens += req.prompt_tokens
-            manager.begin_request(seq)
-            if waiting or not admit(req, seq):
-                result.waited += 1
-                waiting.append((req, seq))
-        losses.add(manager.take_events())
-    return _tally(result, losses)
 
 
 def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, result: WhatIfResult) -> WhatIfResult:

@@ -1,6 +1,8 @@
-"""`kvobs whatif`: replay the recorded requests through other cache sizes and policies.
+"""`kvobs whatif`: replay the recorded requests through other cache sizes and policies, or a fleet's through other
+routers.
 
 kvobs whatif --store sqlite:///kvobs.db --num-blocks 32,64,128 --policy session_ttl --ttl 30
+kvobs whatif --store sqlite:///kvobs.db --replicas                 # every router policy, each replica at its size
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import argparse
 import sys
 
 from kvobs.commands.common import add_store_flag, start_or_report
-from kvobs.semconv.reasons import EvictionPolicyName, names
+from kvobs.semconv.reasons import EvictionPolicyName, RouterPolicy, names
 
 
 def _sizes(text: str) -> list[int]:
@@ -25,7 +27,30 @@ def _sizes(text: str) -> list[int]:
 def add_parser(sub) -> None:
     p = sub.add_parser("whatif", help="replay recorded traffic through other KV cache sizes and eviction policies")
     add_store_flag(p)
-    p.add_argument("--num-blocks", type=_sizes, required=True, metavar="N[,N...]", help="cache sizes in blocks")
+    p.add_argument("--num-blocks", type=_sizes, metavar="N[,N...]", help="cache sizes in blocks")
+    p.add_argument(
+        "--replicas",
+        action="store_true",
+        help="replay the fleet's traffic under each router policy (each replica at its observed size)",
+    )
+    p.add_argument(
+        "--router",
+        action="append",
+        choices=names(RouterPolicy),
+        help="with --replicas: a policy to replay (repeat it; default: all)",
+    )
+    p.add_argument(
+        "--prefill-load-scale",
+        type=float,
+        default=1.0,
+        help="prefix_load (Dynamo's KV router): weight of the prefill blocks against the active decode blocks",
+    )
+    p.add_argument(
+        "--router-temperature",
+        type=float,
+        default=0.0,
+        help="prefix_load: 0 picks the least cost; above 0 draws by softmax over the costs",
+    )
     p.add_argument(
         "--policy",
         default=EvictionPolicyName.LRU.value,
@@ -43,9 +68,14 @@ def run(args: argparse.Namespace) -> int:
     from instrumented_engine.whatif_runs import observed_total, replay_plans, simulate_runs
     from kvobs.store import open_store
 
+    if not args.replicas and not args.num_blocks:
+        print("kvobs whatif: give --num-blocks N[,N...] (cache sizes) or --replicas (routers)", file=sys.stderr)
+        return 2
     store = start_or_report("whatif", lambda: open_store(args.store, must_exist=True))
     if store is None:
         return 2
+    if args.replicas:
+        return _fleet(args, store)
     try:
         plans = start_or_report(
             "whatif", lambda: replay_plans(store, args.since, args.until, block_size=args.block_size)
@@ -61,6 +91,70 @@ def run(args: argparse.Namespace) -> int:
         store.close()
     print(format_table(plans, observed, runs))
     return 0
+
+
+def _fleet(args: argparse.Namespace, store) -> int:
+    from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
+
+    try:
+        size = args.num_blocks[0] if args.num_blocks else None
+        fleet = start_or_report("whatif", lambda: FleetPlan.from_store(store, args.since, args.until, num_blocks=size))
+        if fleet is None:
+            return 2
+        options = {"prefill_load_scale": args.prefill_load_scale, "temperature": args.router_temperature}
+        results = [simulate_fleet(fleet, policy, **options) for policy in args.router or POLICIES]
+    finally:
+        store.close()
+    print(format_fleet(fleet, results))
+    return 0
+
+
+FLEET_COLUMNS = (
+    "router",
+    "hit rate",
+    "recomputed tokens",
+    "routing loss (tokens)",
+    "lost in tool pauses",
+    "requests max/mean",
+    "tokens max/mean",
+    "waited",
+    "wait (s)",
+)
+
+
+def format_fleet(fleet, results) -> str:
+    """The fleet what-if's table: one row per router policy, all through the same replay."""
+    sizes = ", ".join(f"{name} {n:,}" for name, n in sorted(fleet.sizes.items()))
+    lines = [
+        f"{len(fleet.plan.requests)} requests replayed ({fleet.plan.skipped} without a known chain skipped) over "
+        f"{len(fleet.sizes)} replicas (blocks: {sizes}), block size {fleet.plan.block_size}",
+        "",
+        "| " + " | ".join(FLEET_COLUMNS) + " |",
+        "|" + "---|" * len(FLEET_COLUMNS),
+    ]
+    for r in results:
+        balance = [r.imbalance("requests"), r.imbalance("query_tokens")]
+        cells = [
+            r.policy,
+            _pct(r.hit_rate),
+            _num(r.recompute_tokens),
+            _num(r.routed_tokens),
+            _num(r.lost_in_pause_blocks),
+            *("-" if b is None else f"{b:.2f}" for b in balance),
+            _num(r.waited),
+            f"{r.wait_s:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Every router through the same replay (each request holds its whole length from its lookup to its recorded "
+        "finish, and waits for room on a full replica), so the rows compare like with like; `observed` sends each "
+        "request where it went. routing loss: at each lookup, the tokens another replica held beyond what the "
+        "chosen one had. max/mean: 1.00 is an even load. prefix: llm-d's precise prefix-cache scorer (longest "
+        "resident prefix, ties by load); prefix_load: Dynamo's KV router (least prefill-load scale x blocks to "
+        "compute + active decode blocks).",
+    ]
+    return "\n".join(lines)
 
 
 LEGEND = (

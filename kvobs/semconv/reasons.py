@@ -71,6 +71,16 @@ class StepRouting(Name):
     RANDOM = "random"  # a replica drawn for each step
 
 
+class RouterPolicy(Name):
+    """The routers `kvobs whatif --replicas` replays a fleet's traffic under (`instrumented_engine.whatif_fleet`)."""
+
+    OBSERVED = "observed"  # where each request went
+    ROUND_ROBIN = "round_robin"
+    SESSION_AFFINITY = "session_affinity"  # sticky by session
+    PREFIX = "prefix"  # llm-d's precise prefix-cache scorer: the longest resident prefix, ties by load
+    PREFIX_LOAD = "prefix_load"  # Dynamo's KV router: least prefill-load x blocks to compute + active decode blocks
+
+
 def names(enum_type: type[Name]) -> list[str]:
     """The values of an enumeration, in declaration order (for `choices=` and error messages)."""
     return [member.value for member in enum_type]

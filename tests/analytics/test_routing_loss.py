@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
 from kvobs.analytics.routing import FleetCheck, fleet_losses, routing_losses, routing_summary
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import open_store
@@ -72,7 +73,6 @@ def test_routing_loss_is_what_the_other_replica_held(smollm2_source, tmp_path, r
     first, last = store.reads.time_range()
     losses, check = fleet_losses(store, requests, steps, first, last)
     causes = step_causes(store, first, last)
-    store.close()
 
     assert len(requests) == 6 and set(requests["instance"]) == {"replica-a", "replica-b"}
     replicas = requests.groupby("session_id", sort=False)["instance"].apply(list)
@@ -88,10 +88,23 @@ def test_routing_loss_is_what_the_other_replica_held(smollm2_source, tmp_path, r
     assert dict(zip(losses["request_id"], losses["best_instance"])) == {
         rid: probe.held_by.get(rid) for rid in probe.routed
     }
+    # the router what-if over the same run: `observed` replays each request where it went and finds the run's hits on
+    # each replica (nothing was evicted) and the routing loss the analysis found
+    fleet = FleetPlan.from_store(store)
+    assert fleet.sizes == {"replica-a": 256, "replica-b": 256} and fleet.plan.skipped == 0
+    replayed = {policy: simulate_fleet(fleet, policy) for policy in POLICIES}
+    observed = replayed["observed"]
+    recorded = requests.groupby("instance")["cached_tokens"].sum()
+    assert {n: r.hit_tokens for n, r in observed.per_replica.items()} == {n: int(v) for n, v in recorded.items()}
+    assert observed.routed_tokens == 16 * sum(found.values())
+    assert replayed["prefix"].routed_tokens == 0  # it goes where the longest prefix is: never a loss
     if routing == "session":
         assert sum(found.values()) == 0
         assert not causes["causes"].str.contains("routed_away_from_prefix").any()
+        store.close()
         return
+    rr = replayed["round_robin"]  # one request at a time, alternating from replica-a: as the run was routed
+    assert (rr.hit_tokens, rr.routed_tokens) == (observed.hit_tokens, observed.routed_tokens)
     # a session's second step finds its first step's prompt only on the replica it just left
     second = requests[requests.groupby("session_id").cumcount() == 1]["request_id"]
     assert all(found[rid] > 0 for rid in second), found
@@ -103,6 +116,7 @@ def test_routing_loss_is_what_the_other_replica_held(smollm2_source, tmp_path, r
     summary = routing_summary(losses, first, last).set_index("instance")
     assert summary.loc["fleet", "routed_tokens"] == 16 * sum(found.values())
     assert 0 < summary.loc["fleet", "routed_share"] < 1
+    store.close()
 
 
 def _frames(rows: list[tuple]) -> pd.DataFrame:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from instrumented_engine.whatif import ReplayPlan, ReplayRequest, simulate
+from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
 from tests.runs import NUM_BLOCKS
 
 
@@ -126,3 +128,39 @@ def test_whatif_and_analytics_import_without_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_router_whatif_on_the_recorded_fleet_and_its_errors(fleet_run, vllm_run):
+    """`kvobs whatif --replicas`: every router through the same replay, one row each; one replica, or neither
+    --num-blocks nor --replicas, is a one-line error and exit 2."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "whatif", "--store", fleet_run.url, "--replicas"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and not line.startswith("| router")]
+    assert [row.split("|")[1].strip() for row in rows] == list(POLICIES)
+    assert "over 2 replicas (blocks: vllm-a 32, vllm-b 32), block size 128" in done.stdout
+    for store, flags, message in (
+        (vllm_run, ["--replicas"], "needs requests of two replicas or more"),
+        (fleet_run, [], "give --num-blocks N[,N...] (cache sizes) or --replicas (routers)"),
+    ):
+        bad = subprocess.run(
+            [sys.executable, "-m", "kvobs.cli", "whatif", "--store", store.url, *flags], capture_output=True, text=True
+        )
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+def test_the_routers_replay_the_recorded_fleet_each_request_once(fleet_run):
+    fleet = FleetPlan.from_store(fleet_run.store)
+    results = {policy: simulate_fleet(fleet, policy) for policy in POLICIES}
+    counts = {len(fleet.plan.requests)} | {
+        r.requests + sum(x.too_large for x in r.per_replica.values()) for r in results.values()
+    }
+    assert len(counts) == 1  # every request replayed once under every router
+    observed = results["observed"]
+    recorded = pd.Series(fleet.instance_of).value_counts()
+    assert all(observed.per_replica[n].requests <= recorded[n] for n in fleet.sizes)
+    assert results["prefix"].routed_tokens == 0
+    assert results["round_robin"].imbalance("requests") <= 1.05
