@@ -198,3 +198,40 @@ def simulate_fleet(
         out.waited += result.waited
         out.wait_s += caches[name].wait_s
     return out
+
+
+# the router what-if's table, in the terminal and on the What-if page (`fleet_rows`)
+FLEET_COLUMNS = (
+    "router",
+    "hit rate",
+    "recomputed tokens",
+    "routing loss (tokens)",
+    "lost in tool pauses",
+    "requests max/mean",
+    "tokens max/mean",
+    "waited",
+    "wait (s)",
+)
+
+
+def fleet_rows(results: list[FleetResult]) -> list[dict]:
+    """One row per router (columns `FLEET_COLUMNS`; None where unknown)."""
+    return [
+        dict(
+            zip(
+                FLEET_COLUMNS,
+                (
+                    r.policy,
+                    r.hit_rate,
+                    r.recompute_tokens,
+                    r.routed_tokens,
+                    r.lost_in_pause_blocks,
+                    r.imbalance("requests"),
+                    r.imbalance("query_tokens"),
+                    r.waited,
+                    r.wait_s,
+                ),
+            )
+        )
+        for r in results
+    ]

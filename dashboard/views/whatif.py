@@ -36,6 +36,17 @@ def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, tt
     return total, per_run, sum(len(p.requests) for p in plans), sum(p.skipped for p in plans), note
 
 
+@st.cache_data(ttl=60, show_spinner="Replaying the routers...")
+def replay_routers(url, since, until, prefill_load_scale: float) -> tuple[pd.DataFrame, int, int, dict]:
+    """(one row per router, requests replayed, skipped, each replica's size): the fleet's traffic of the range."""
+    from instrumented_engine.whatif_fleet import FLEET_COLUMNS, POLICIES, FleetPlan, fleet_rows, simulate_fleet
+
+    fleet = FleetPlan.from_store(cache.get_store(url), since, until)
+    results = [simulate_fleet(fleet, policy, prefill_load_scale=prefill_load_scale) for policy in POLICIES]
+    table = pd.DataFrame(fleet_rows(results), columns=list(FLEET_COLUMNS))
+    return table, len(fleet.plan.requests), fleet.plan.skipped, dict(fleet.sizes)
+
+
 def _observed_size(ctx) -> int | None:
     """The cache size the range's runs had (blocks, the reserved one included), when they all had the same."""
     runs = ctx.runs
@@ -109,6 +120,37 @@ def render(ctx) -> None:
     for span, run_table in per_run:
         with st.expander(span.label(ctx.clock.iso)):
             show_text_table(run_table, ctx.clock)
+    if len(ctx.shown_instances) > 1:
+        render_routers(ctx)
+
+
+def render_routers(ctx) -> None:
+    """The fleet's traffic of the range under other routers (`kvobs whatif --replicas`)."""
+    st.subheader("Routers")
+    scale = st.number_input(
+        "Prefill load scale (prefix_load)",
+        min_value=0.0,
+        value=1.0,
+        key="whatif_prefill_scale",
+        help="Dynamo's KV router: the weight of the blocks a request still needs on a replica against the "
+        "replica's active decode blocks.",
+    )
+    try:
+        table, replayed, skipped, sizes = replay_routers(ctx.url, ctx.since, ctx.until, float(scale))
+    except ValueError as exc:
+        st.warning(str(exc))
+        return
+    listed = ", ".join(f"{name} {n:,}" for name, n in sorted(sizes.items()))
+    st.caption(
+        f"The fleet's {replayed:,} requests of the range ({skipped:,} without a known chain skipped), each replica "
+        f"at its observed size (blocks: {listed}), under each router through the same replay: each request holds "
+        "its whole length from its lookup to its recorded finish and waits for room, so the rows compare like with "
+        "like; observed sends each request where it went. prefix: llm-d's precise prefix-cache scorer (the "
+        "longest resident prefix, ties by load); prefix_load: Dynamo's KV router (least prefill load scale x blocks "
+        "to compute + active decode blocks). Routing loss: at each lookup, the tokens another replica held beyond "
+        "the chosen one. max/mean: 1.00 is an even load."
+    )
+    show_text_table(table, ctx.clock)
 
 
 def _chart(table: pd.DataFrame) -> None:

@@ -109,21 +109,10 @@ def _fleet(args: argparse.Namespace, store) -> int:
     return 0
 
 
-FLEET_COLUMNS = (
-    "router",
-    "hit rate",
-    "recomputed tokens",
-    "routing loss (tokens)",
-    "lost in tool pauses",
-    "requests max/mean",
-    "tokens max/mean",
-    "waited",
-    "wait (s)",
-)
-
-
 def format_fleet(fleet, results) -> str:
     """The fleet what-if's table: one row per router policy, all through the same replay."""
+    from instrumented_engine.whatif_fleet import FLEET_COLUMNS, fleet_rows
+
     sizes = ", ".join(f"{name} {n:,}" for name, n in sorted(fleet.sizes.items()))
     lines = [
         f"{len(fleet.plan.requests)} requests replayed ({fleet.plan.skipped} without a known chain skipped) over "
@@ -132,17 +121,15 @@ def format_fleet(fleet, results) -> str:
         "| " + " | ".join(FLEET_COLUMNS) + " |",
         "|" + "---|" * len(FLEET_COLUMNS),
     ]
-    for r in results:
-        balance = [r.imbalance("requests"), r.imbalance("query_tokens")]
+    for row in fleet_rows(results):
+        values = list(row.values())
         cells = [
-            r.policy,
-            _pct(r.hit_rate),
-            _num(r.recompute_tokens),
-            _num(r.routed_tokens),
-            _num(r.lost_in_pause_blocks),
-            *("-" if b is None else f"{b:.2f}" for b in balance),
-            _num(r.waited),
-            f"{r.wait_s:.1f}",
+            values[0],
+            _pct(values[1]),
+            *map(_num, values[2:5]),
+            *("-" if v is None else f"{v:.2f}" for v in values[5:7]),
+            _num(values[7]),
+            f"{values[8]:.1f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [

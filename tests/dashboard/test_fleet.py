@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import data
 from dashboard.views import PAGES
+from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, fleet_rows, simulate_fleet
 from kvobs.analytics.routing import MISS_PARTS, fleet_losses
 from kvobs.analytics.shortfall import shortfall, store_lookups
 from kvobs.store import StoreWriter, open_store
@@ -122,3 +123,16 @@ def test_alerts_of_other_instances_are_left_out(tmp_path):
     page = data.alerts_page(store, 0.0, 200.0, ("vllm-a",))
     assert set(page["history"]["rule"]) == set(page["active"]["rule"]) == {"rule-0", "rule-2"}
     assert len(data.alerts_page(store, 0.0, 200.0)["history"]) == 3
+
+
+def test_the_whatif_page_replays_the_fleet_under_each_router(monkeypatch, fleet_run):
+    """On a fleet the What-if page adds the routers (`kvobs whatif --replicas`): one row per router, the same rows
+    as the command's."""
+    at = open_page(monkeypatch, fleet_run.url, "whatif")
+    assert_clean(at)
+    assert "Routers" in [s.value for s in at.subheader]
+    table = next(t.value for t in at.table if "router" in t.value.columns)
+    assert list(table["router"]) == list(POLICIES)
+    fleet = FleetPlan.from_store(fleet_run.store, *fleet_run.store.reads.time_range())
+    expected = fleet_rows([simulate_fleet(fleet, policy) for policy in POLICIES])
+    assert [f"{row['hit rate']:.1%}" for row in expected] == list(table["hit rate"])
