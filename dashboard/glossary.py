@@ -76,6 +76,11 @@ TERMS: dict[str, tuple[str, str]] = {
     ),
     "routed_share": ("routing loss (share)", "Routing-loss tokens / prompt tokens of the requests compared."),
     "routed_tokens_per_s": ("routing loss (tokens/s)", "Routing-loss tokens per second of the range."),
+    "prompt_block_tokens": (
+        "prompt (whole blocks, tokens)",
+        "The prompt's tokens in whole blocks, up to its last token (which a lookup never finds): what the parts add "
+        "up to.",
+    ),
     "achieved_tokens": ("hit (tokens)", "Prompt tokens found on the request's own replica, in whole blocks."),
     "available_tokens": (
         "available (tokens)",

@@ -195,7 +195,7 @@ def render_routing(ctx, data: dict) -> None:
         "Prompt tokens a request recomputed on its replica while another replica of the fleet held that prefix at "
         "its lookup (from the replicas' KV events): what a KV-aware router would have found. Share: of the prompt "
         f"tokens of the requests compared ({compared:,} of {data['requests']:,} in the range; a request is compared "
-        "when its hash chain, root included, and its cached tokens are known)."
+        "when its hash chain, root included, is known)."
     )
     for note in data["notes"]:
         st.warning(note)
@@ -216,7 +216,7 @@ def render_shortfall(ctx, data: dict) -> None:
         "replica had stored before). Each missed block is counted once, by why: another replica held it "
         "(routing), never stored before (cold), invalidated or reset, evicted while the session waited on a tool "
         "(tool pause), evicted otherwise (capacity), held yet not found (unexplained). The parts add up to the "
-        "prompt tokens."
+        "prompt's whole blocks."
     )
     if table.empty:
         st.info("No request's hash chain is known in this range (it needs the replicas' KV events).")

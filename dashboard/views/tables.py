@@ -15,7 +15,18 @@ import streamlit as st
 from dashboard import glossary
 from dashboard.clock import Clock
 
-PERCENT_COLUMNS = ("hit_rate", "hit rate", "kv_usage", "kv_usage_max", "churn", "share", "dominant_share")
+PERCENT_COLUMNS = (
+    "hit_rate",
+    "hit rate",
+    "kv_usage",
+    "kv_usage_max",
+    "churn",
+    "share",
+    "dominant_share",
+    "routed_share",
+    "achieved_rate",
+    "available_rate",
+)
 CAUSE_COLUMNS = ("failure_cause", "slow_cause", "cause")
 WIDE_COLUMNS = ("evidence", "error_type", "summary", "what", "detail")
 

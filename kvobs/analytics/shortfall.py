@@ -10,7 +10,8 @@ one what a cache that never evicted would have held at each lookup (every block 
 The shortfall between them, and the cold blocks below both, split by why each missed block missed
 (`routing.MISS_PARTS`): held by another replica (`routed`), invalidated or reset, evicted while the session waited
 on a tool (`pause`), evicted otherwise (`capacity`), held yet not found (`unexplained`), never stored (`cold`).
-The parts add up: achieved + every part = the prompt blocks; available = prompt - cold.
+The parts add up: achieved + every part = the prompt blocks (`prompt_block_tokens`: the prompt's whole blocks, up to
+the last token, which a lookup never finds); available = prompt - cold.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from kvobs.store.interface import Store
 
 SHORTFALL_COLUMNS = [
     "requests",
-    "prompt_tokens",
+    "prompt_block_tokens",
     "achieved_tokens",
     "available_tokens",
     "achieved_rate",
@@ -58,7 +59,7 @@ def store_lookups(
 
 def shortfall(lookups: pd.DataFrame, by: str, *, total: str | None = FLEET) -> pd.DataFrame:
     """One row per value of `by` (`instance`, `session_id`), then one over every request (named `total`; none
-    when None): the columns `SHORTFALL_COLUMNS`, in tokens of whole blocks."""
+    when None): the columns `SHORTFALL_COLUMNS`, in tokens of whole blocks (rates over `prompt_block_tokens`)."""
     groups = list(lookups.groupby(by, sort=True)) if not lookups.empty else []
     if total is not None:
         groups.append((total, lookups))
@@ -73,7 +74,7 @@ def shortfall(lookups: pd.DataFrame, by: str, *, total: str | None = FLEET) -> p
             {
                 by: name,
                 "requests": len(group),
-                "prompt_tokens": int(prompt),
+                "prompt_block_tokens": int(prompt),
                 "achieved_tokens": int(achieved),
                 "available_tokens": int(available),
                 "achieved_rate": achieved / prompt if prompt else np.nan,

@@ -166,5 +166,5 @@ def test_the_shortfall_split_names_the_pause_and_the_new_tail(scripted):
     assert row["capacity_blocks"] == row["invalidated_blocks"] == row["routed_blocks"] == row["unexplained_blocks"] == 0
     table = shortfall(lookups, "session_id").set_index("session_id")
     parts = [f"{p}_tokens" for p in MISS_PARTS]
-    assert (table["achieved_tokens"] + table[parts].sum(axis=1) == table["prompt_tokens"]).all()  # adds up
-    assert (table["available_tokens"] == table["prompt_tokens"] - table["cold_tokens"]).all()
+    assert (table["achieved_tokens"] + table[parts].sum(axis=1) == table["prompt_block_tokens"]).all()  # adds up
+    assert (table["available_tokens"] == table["prompt_block_tokens"] - table["cold_tokens"]).all()

@@ -210,7 +210,7 @@ def test_the_sessions_page_opens_on_the_worst_session_and_links_each_step(monkey
     assert "Its hit rate, and what it missed" in [h.value for h in at.subheader]
     split = next(frame.value for frame in at.dataframe if "available_rate" in frame.value).iloc[0]
     parts = ["routed", "cold", "invalidated", "pause", "capacity", "unexplained"]
-    assert split["achieved_tokens"] + sum(split[f"{p}_tokens"] for p in parts) == split["prompt_tokens"]
+    assert split["achieved_tokens"] + sum(split[f"{p}_tokens"] for p in parts) == split["prompt_block_tokens"]
     assert split["pause_tokens"] > 0 and split["routed_tokens"] == 0  # one instance: no routing
 
 

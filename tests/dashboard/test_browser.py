@@ -108,7 +108,8 @@ def test_every_page_renders_in_chromium(served, tmp_path, monkeypatch):
 
 
 def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
-    """Two replicas: the sidebar offers both, the Overview draws one row and one small chart per instance."""
+    """Two replicas: the sidebar offers both, the Overview draws one row and one small chart per instance, and the
+    routing loss with the hit-rate shortfall split."""
     shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TZ", BROWSER_ZONE)
@@ -116,15 +117,20 @@ def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
     per_instance = (
         "[...document.querySelectorAll('h3')].find(h => h.innerText.trim() === 'Per instance')?.scrollIntoView()"
     )
+    routing = per_instance.replace("'Per instance'", "'Routing loss'")
     try:
         with chromium() as page:
             ready = READY.format(title="Overview") + " && " + per_instance.replace("?.scrollIntoView()", "")
             text, png = page.visit(f"{url}/?page=overview", ready, scroll_js=per_instance, settle_s=3.0)
             assert not page.evaluate(f"Boolean(document.querySelector('[data-testid=\"{EXCEPTION}\"]'))")
+            ready = READY.format(title="Overview") + " && " + routing.replace("?.scrollIntoView()", "")
+            routed_text, routed_png = page.visit(f"{url}/?page=overview", ready, scroll_js=routing, settle_s=3.0)
     finally:
         proc.terminate()
         proc.wait(20)
     (shots / "fleet-per_instance.png").write_bytes(png)
-    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    (shots / "fleet-routing_loss.png").write_bytes(routed_png)
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000 and len(routed_png) > 20_000
     assert "Per instance" in text and "all 2 instances" in text
     assert "vllm-a" in text and "vllm-b" in text and OFFSET in text
+    assert "Routing loss" in routed_text and "Hit-rate shortfall, split" in routed_text
