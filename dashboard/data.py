@@ -97,8 +97,6 @@ def overview(
         step_windows = unwatched(fill_windows(step_windows, since, until, window_s, value=0.0), window_s, watched)
     hit_windows = hit_rate_windows(reqs, counters, window_s)
     ttft = reqs["ttft_s"].dropna()
-    routing = _routing(store, reqs, steps, since, until) if per_instance else None
-    fleet_row = None if routing is None or routing["summary"].empty else routing["summary"].iloc[-1]
     kpis = {
         "requests": len(reqs),
         "agent steps": len(steps),
@@ -107,15 +105,10 @@ def overview(
         "blocks lost": int(losses["blocks"].sum()),
         "preemptions": int(frame["preemptions"].sum()) if "preemptions" in frame else None,
         "TTFT p90 (s)": (quantile(ttft, 0.9), len(ttft)),
-        # (share of prompt tokens, tokens/s) on a fleet whose requests could be compared; None otherwise
-        "routing loss": None
-        if fleet_row is None
-        else (float(fleet_row["routed_share"]), float(fleet_row["routed_tokens_per_s"])),
     }
     return {
         "kpis": kpis,
         "fleet": _fleet(snaps, reqs, counts, counters, since, until, window_s) if per_instance else None,
-        "routing": routing,
         "num_snapshots": len(snaps),
         "watching_kv": not counts.empty,
         "usage": fill_windows(
@@ -135,11 +128,12 @@ def overview(
     }
 
 
-def _routing(store: Store, reqs: pd.DataFrame, steps: pd.DataFrame, since: float, until: float) -> dict:
+def fleet_routing(store: Store, since: float, until: float, instances=None) -> dict:
     """Routing loss over the range (`kvobs.analytics.routing`): per instance and for the fleet (`summary`, the
     fleet's row last), what could not be compared and why (`notes`); and the hit-rate shortfall split
     (`kvobs.analytics.shortfall`: `shortfall` per instance and for the fleet, `spread` of the replicas' hit rates)."""
-    lookups, check = store_lookups(store, reqs, steps, since, until)
+    reqs = store.reads.requests(since, until, instances=instances)
+    lookups, check = store_lookups(store, reqs, store.reads.steps(since, until), since, until)
     losses = lookups[lookups["replicas_compared"] > 0]
     summary = routing_summary(losses, since, until) if not losses.empty else pd.DataFrame(columns=SUMMARY_COLUMNS)
     table = shortfall(lookups, "instance")

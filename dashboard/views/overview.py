@@ -12,16 +12,18 @@ from dashboard.views.tables import show_table, show_text_table
 from kvobs.analytics.samples import min_sample
 
 TITLE = "Overview"
+AUTO_ROUTING_S = 3600.0  # a fleet's routing loss is analysed as the page opens for ranges up to this long
 
 
-def _kpis(kpis: dict) -> list[tuple[str, str, str]]:
-    """(label, value, what it counts) of each KPI, as shown."""
+def _kpis(kpis: dict, routing: dict | None = None) -> list[tuple[str, str, str]]:
+    """(label, value, what it counts) of each KPI, as shown; with `routing` (`data.fleet_routing`), the fleet's
+    routing loss."""
     hit, (ttft, n) = kpis["hit rate"], kpis["TTFT p90 (s)"]
     need = min_sample(0.9)
-    routing = kpis.get("routing loss")
     fleet = []
-    if routing is not None:
-        share, per_s = routing
+    if routing is not None and not routing["summary"].empty:
+        row = routing["summary"].iloc[-1]
+        share, per_s = float(row["routed_share"]), float(row["routed_tokens_per_s"])
         fleet = [
             (
                 "routing loss",
@@ -69,7 +71,10 @@ def render(ctx) -> None:
     st.header(TITLE)
     per_instance = len(ctx.shown_instances) > 1
     data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance=per_instance)
-    shown = _kpis(data["kpis"])
+    routing = None
+    if per_instance and (ctx.until - ctx.since <= AUTO_ROUTING_S or st.session_state.get("routing_asked")):
+        routing = cache.fleet_routing(ctx.url, ctx.since, ctx.until, ctx.instances)
+    shown = _kpis(data["kpis"], routing)
     for col, (name, value, help_text) in zip(st.columns(len(shown)), shown):
         col.metric(name, value, help=help_text)
     ctx.runs_note()
@@ -143,7 +148,7 @@ def render(ctx) -> None:
         )
     if per_instance:
         render_fleet(ctx, data["fleet"])
-        render_routing(ctx, data["routing"])
+        render_routing(ctx, routing)
 
 
 def _latency(ctx, data: dict) -> None:
@@ -187,9 +192,19 @@ def render_fleet(ctx, data: dict) -> None:
         st.caption(f"No {title.lower()} from: {', '.join(silent)} (their source did not report it; unknown, not 0).")
 
 
-def render_routing(ctx, data: dict) -> None:
-    """Routing loss: prompt tokens recomputed on a request's replica while another replica held them."""
+def render_routing(ctx, data: dict | None) -> None:
+    """Routing loss: prompt tokens recomputed on a request's replica while another replica held them. A range longer
+    than `AUTO_ROUTING_S` is analysed when asked (its cost grows with the KV events in the range)."""
     st.subheader("Routing loss")
+    if data is None:
+        st.info(
+            "The routing loss replays every KV event of the range in time order (a few seconds a million events): "
+            f"ranges up to {AUTO_ROUTING_S / 3600:.0f} hour are analysed as the page opens, longer ones when asked."
+        )
+        if st.button("Analyse the routing loss of this range", key="routing_go"):
+            st.session_state["routing_asked"] = True
+            st.rerun()
+        return
     summary, compared = data["summary"], data["compared"]
     st.caption(
         "Prompt tokens a request recomputed on its replica while another replica of the fleet held that prefix at "

@@ -133,3 +133,19 @@ def test_the_whatif_page_replays_the_fleet_under_each_router(monkeypatch, fleet_
     fleet = FleetPlan.from_store(fleet_run.store, *fleet_run.store.reads.time_range())
     expected = fleet_rows([simulate_fleet(fleet, policy) for policy in POLICIES])
     assert [f"{row['hit rate']:.1%}" for row in expected] == list(table["hit rate"])
+
+
+def test_a_long_range_analyses_the_routing_loss_when_asked(monkeypatch, fleet_run):
+    """Its cost grows with the KV events of the range: past `AUTO_ROUTING_S` the page opens without it (no KPI, a
+    button), and the button brings the same table."""
+    from dashboard.views import overview
+
+    monkeypatch.setattr(overview, "AUTO_ROUTING_S", 1.0)
+    at = open_page(monkeypatch, fleet_run.url, "overview")
+    assert_clean(at)
+    assert "routing loss" not in {m.label for m in at.metric}
+    assert not any("routed_share" in frame.value for frame in at.dataframe)
+    at.button(key="routing_go").click().run()
+    assert_clean(at)
+    assert "routing loss" in {m.label for m in at.metric}
+    assert any("routed_share" in frame.value for frame in at.dataframe)
