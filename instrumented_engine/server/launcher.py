@@ -133,6 +133,7 @@ class EngineServer:
         self.telemetry = telemetry or setup_telemetry(
             TelemetryConfig(
                 service_name="kvobs-engine",
+                service_instance_id=options.instance,  # a fleet of engines told apart by one collector
                 endpoint=options.otlp_endpoint,
                 protocol=options.otlp_protocol,
                 sample_ratio=options.trace_sample_ratio,

@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from kvobs.logs import worth_logging
+from kvobs.semconv.attributes import SERVICE_INSTANCE_ID
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class TelemetryConfig:
 
     Args:
         service_name: `service.name` unless `OTEL_SERVICE_NAME` is set.
+        service_instance_id: `service.instance.id` (which replica exported a span: a collector over a fleet tells
+            them apart by it) unless `OTEL_RESOURCE_ATTRIBUTES` sets one.
         endpoint: OTLP endpoint (gRPC: `http://host:4317`; HTTP: `http://host:4318`, `/v1/traces` is added).
         protocol: `grpc` or `http/protobuf`.
         traces, metrics: export spans / metrics at all.
@@ -59,6 +62,7 @@ class TelemetryConfig:
     """
 
     service_name: str = "kvobs"
+    service_instance_id: str | None = None
     endpoint: str | None = None
     protocol: str | None = None
     traces: bool = True
@@ -136,7 +140,10 @@ def setup_telemetry(config: TelemetryConfig | None = None) -> Telemetry:
     config = config or TelemetryConfig()
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return DISABLED
-    resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or config.service_name})
+    attributes = {SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or config.service_name}
+    if config.service_instance_id and SERVICE_INSTANCE_ID not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        attributes[SERVICE_INSTANCE_ID] = config.service_instance_id
+    resource = Resource.create(attributes)
     exporters: list[_Counting] = []
     tracer_provider = meter_provider = None
     if config.traces:

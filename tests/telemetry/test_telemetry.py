@@ -47,6 +47,23 @@ def test_standard_variables_configure_the_exporter(monkeypatch, protocol):
         assert [(s.name, s.service) for s in received.spans] == [("hello", "from-env")]
 
 
+def test_the_instance_names_the_resource_unless_the_variables_do(monkeypatch):
+    """`kvobs serve --instance NAME` exports as `service.instance.id=NAME` (a collector over a fleet tells the
+    engines apart by it); `OTEL_RESOURCE_ATTRIBUTES` setting one wins."""
+    for variable, expected in ((None, "replica-a"), ("service.instance.id=from-env,team=x", "from-env")):
+        if variable is None:
+            monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+        else:
+            monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", variable)
+        exporter = InMemorySpanExporter()
+        config = TelemetryConfig(service_instance_id="replica-a", span_exporters=[exporter], metrics=False)
+        telemetry = setup_telemetry(config)
+        telemetry.tracer("t").start_span("hello").end()
+        telemetry.shutdown()
+        (span,) = exporter.get_finished_spans()
+        assert span.resource.attributes["service.instance.id"] == expected
+
+
 def test_sampler_variables_are_honoured(monkeypatch):
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
