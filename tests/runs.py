@@ -5,6 +5,8 @@
 - `vllm_run`: the recorded vLLM 0.32 run (../shared/fixtures) ingested by the collector.
 - `fleet_run`: the same recording as a fleet of two replicas behind one collector (`vllm-a` plays all of it,
   `vllm-b` its second half and then goes down; requests dealt out between them).
+- `served_fleet`: two `kvobs serve` replicas under `kvobs agents --routing round_robin`, recorded
+  (tests/fixtures/fleet-kvobs-serve) and ingested by one collector; its truth: each request's routing loss.
 - `two_runs`: our engine started twice under one instance name into one store (as `kvobs demo` run twice into
   the default `kvobs.db`), a round of the workload each; `result.rounds` holds each round's (start, end).
 """
@@ -100,6 +102,17 @@ def fleet_run(tmp_path_factory) -> Run:
     url = f"sqlite:///{tmp_path_factory.mktemp('fleet-run') / 'kvobs.db'}"
     store = open_store(url)
     with collect_recorded(store, replicas=FLEET):
+        pass
+    return Run(url, store)
+
+
+@pytest.fixture(scope="session")
+def served_fleet(tmp_path_factory) -> Run:
+    from tests.collectors.fleet_recording import collect_fleet_recording
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('served-fleet') / 'kvobs.db'}"
+    store = open_store(url)
+    with collect_fleet_recording(store):
         pass
     return Run(url, store)
 

@@ -17,37 +17,8 @@ from kvobs.analytics.routing import FleetCheck, fleet_losses, routing_losses, ro
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import open_store
 from tests.cli.test_agents import agents
+from tests.fleet_probe import LookupProbe
 from tests.server.conftest import running_server
-
-
-class LookupProbe:
-    """Around each replica's `BlockManager.lookup` (the scheduler calls it at admission): the longest prefix of the
-    request's own block hashes cached on each other replica's manager at that moment, minus what it found at home.
-    With one request at a time (`--concurrency 1`) the other replica is idle while it is read."""
-
-    def __init__(self, servers: dict) -> None:
-        self.managers = {name: server.engine.engine.block_manager for name, server in servers.items()}
-        self.routed: dict[str, int] = {}  # request id -> blocks another replica held beyond its own hit
-        self.held_by: dict[str, str] = {}
-        for name, manager in self.managers.items():
-            manager.lookup = self._probe(name, manager, manager.lookup)
-
-    def _probe(self, name, manager, lookup):
-        def probed(seq):
-            hits = lookup(seq)
-            chain = seq.block_hashes[: (seq.num_tokens - 1) // manager.block_size]
-            best, where = 0, None
-            for other, held in self.managers.items():
-                n = next((i for i, h in enumerate(chain) if h not in held.cached), len(chain)) if other != name else 0
-                if n > best:
-                    best, where = n, other
-            if seq.num_cached_tokens is None:  # its first admission (a readmission is not a routing decision)
-                self.routed[seq.request_id] = max(best - len(hits), 0)
-                if best > len(hits):
-                    self.held_by[seq.request_id] = where
-            return hits
-
-        return probed
 
 
 @pytest.mark.parametrize("routing", ["round_robin", "session"])

@@ -29,6 +29,7 @@ from kvobs.store.composed import ordered_counts
 from kvobs.store.interface import Lookups, Reads
 from kvobs.store.rows import RECORDS
 from kvobs.store.schema import TABLES
+from tests.collectors.fleet_recording import truth
 from tests.stores import POSTGRES
 
 BACKENDS = ["sqlite", "postgresql", "chdb"] + (["clickhouse"] if os.environ.get("KVOBS_TEST_CLICKHOUSE_URL") else [])
@@ -79,7 +80,7 @@ def _open(backend: str, tmp_path):
     return open_store(f"{POSTGRES}?options=-csearch_path%3D{schema}"), drop
 
 
-@pytest.fixture(scope="module", params=["vllm_run", "agent_run", "fleet_run"])
+@pytest.fixture(scope="module", params=["vllm_run", "agent_run", "fleet_run", "served_fleet"])
 def loaded(request, tmp_path_factory):
     """(run, {backend: store}, {backend: alert transitions}): each backend holding the same run, and the built-in
     alert rules evaluated on it at ten points through the run (their transitions stored in its `alerts`)."""
@@ -261,7 +262,12 @@ def test_routing_losses_and_step_causes_are_the_same_on_every_backend(loaded):
         )
         assert answers[backend] == answers["sqlite"], f"{run}: routing losses or step causes differ on {backend}"
     losses = answers["sqlite"][0][1]
-    if run == "fleet_run":
+    if run == "served_fleet":  # the truth of its recording: each request's loss as the block managers showed it
+        recorded = {rid: v["routed_blocks"] for rid, v in truth()["requests"].items()}
+        columns = answers["sqlite"][0][0]
+        rows = [dict(zip(columns, row)) for row in losses]
+        assert {row["request_id"]: row["routed_blocks"] for row in rows} == recorded
+    if run in ("fleet_run", "served_fleet"):
         assert losses and sum(row[-3] for row in losses) > 0, "the fleet recording shows no routing loss"
     else:
         assert not losses  # one instance: nothing to compare with

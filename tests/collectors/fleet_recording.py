@@ -1,0 +1,77 @@
+"""The recorded two-replica run (tests/fixtures/fleet-kvobs-serve: two `kvobs serve` replicas under `kvobs agents
+--routing round_robin`) pushed through one real Collector: each replica's scrapes from an HTTP server and KV-event
+frames from a ZMQ publisher, every OTLP body POSTed as exported (the engines' spans name their replica in
+`service.instance.id`; the agents' spans make the steps). `truth()`: each request's hit and routing loss, read from
+the two block managers at its lookup when it was recorded."""
+
+from __future__ import annotations
+
+import base64
+import json
+from contextlib import ExitStack, contextmanager
+from functools import cache
+from pathlib import Path
+
+import httpx
+
+from collectors.collector import Collector, CollectorOptions
+from tests.collectors.replay import metrics_server, publisher, wait_subscribed
+from tests.server.conftest import free_port
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-kvobs-serve"
+REPLICAS = ("replica-a", "replica-b")
+
+
+@cache
+def truth() -> dict:
+    return json.loads((ROOT / "truth.json").read_text())
+
+
+def _frames(name: str) -> list[list[bytes]]:
+    lines = (ROOT / name / "kv_events.jsonl").read_text().splitlines()
+    return [[base64.b64decode(f) for f in json.loads(line)["frames_b64"]] for line in lines]
+
+
+def _scrapes(name: str) -> list[str]:
+    index = json.loads((ROOT / name / "metrics" / "index.json").read_text())
+    return [(ROOT / name / "metrics" / entry["file"]).read_text() for entry in index]
+
+
+def _bodies() -> list[bytes]:
+    lines = (ROOT / "otlp_traces.jsonl").read_text().splitlines()
+    return [base64.b64decode(json.loads(line)["body_b64"]) for line in lines]
+
+
+@contextmanager
+def collect_fleet_recording(store):
+    """Run one collector over both replicas' recorded scrapes and frames and every OTLP body; yield it stopped."""
+    ports = {name: free_port() for name in REPLICAS}
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(metrics_server(_scrapes(name))) for name in REPLICAS}
+        options = CollectorOptions(
+            vllm_urls=[f"{name}={urls[name]}" for name in REPLICAS],
+            kv_events=[f"{name}=tcp://127.0.0.1:{ports[name]}" for name in REPLICAS],
+            kv_events_bind=True,
+            otlp_http="127.0.0.1:0",
+            interval_s=3600,
+            settle_s=0.0,
+        )
+        collector = Collector(options, store=store)
+        collector.start()
+        try:
+            for name in REPLICAS:
+                pub = stack.enter_context(publisher(f"tcp://127.0.0.1:{ports[name]}", bind=False))
+                wait_subscribed(pub)
+                for frames in _frames(name):
+                    pub.send_multipart(frames)
+            otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
+            for body in _bodies():
+                assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
+            for stream in collector.streams:
+                expected = len(_frames(stream.spec.instance))
+                wait_for(lambda s=stream, n=expected: s.subscriber.num_batches == n)
+            collector.scraper.scrape_all()
+        finally:
+            collector.stop()
+        yield collector

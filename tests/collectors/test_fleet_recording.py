@@ -1,0 +1,55 @@
+"""The recorded two-replica run through one collector: every request lands on its replica with its session, and the
+routing loss the store analysis finds for each request is the one the two block managers showed at its lookup when
+the run was recorded (tests/fixtures/fleet-kvobs-serve/truth.json); the router what-if's `observed` finds at least
+each replica's hits."""
+
+from __future__ import annotations
+
+import pytest
+
+from instrumented_engine.whatif_fleet import FleetPlan, simulate_fleet
+from kvobs.analytics.routing import fleet_losses
+from tests.collectors.fleet_recording import REPLICAS, truth
+
+
+@pytest.fixture
+def recorded_fleet(served_fleet):
+    return served_fleet.store
+
+
+def test_each_request_lands_on_its_replica_with_its_session(recorded_fleet):
+    requests = recorded_fleet.reads.requests()
+    assert set(requests["request_id"]) == set(truth()["requests"])
+    assert set(requests["instance"]) == set(REPLICAS)
+    assert requests["session_id"].notna().all() and requests["session_id"].nunique() == 3
+
+
+def test_the_routing_loss_is_what_the_block_managers_showed(recorded_fleet):
+    store = recorded_fleet
+    first, last = store.reads.time_range()
+    losses, check = fleet_losses(store, store.reads.requests(), store.reads.steps(), first, last)
+    assert check.notes == [] and check.block_sizes == dict.fromkeys(REPLICAS, 16)
+    recorded = truth()["requests"]
+    assert dict(zip(losses["request_id"], losses["own_blocks"])) == {r: v["own_blocks"] for r, v in recorded.items()}
+    assert dict(zip(losses["request_id"], losses["routed_blocks"])) == {
+        r: v["routed_blocks"] for r, v in recorded.items()
+    }
+    assert dict(zip(losses["request_id"], losses["best_instance"])) == {r: v["held_by"] for r, v in recorded.items()}
+    assert sum(v["routed_blocks"] for v in recorded.values()) > 0
+
+
+def test_the_observed_router_finds_at_least_each_replicas_hits(recorded_fleet):
+    """Through a collector the agents' session releases arrive as plain removals (vLLM's wire has no reason), which
+    the whole-length replay does not apply: `observed` finds every hit the run found, and more where a released
+    session's blocks stayed in the replay (written into the store by `kvobs serve` itself, the releases are known
+    and `observed` is exact: tests/analytics/test_routing_loss.py)."""
+    requests = recorded_fleet.reads.requests()
+    fleet = FleetPlan.from_store(recorded_fleet)
+    assert fleet.sizes == dict.fromkeys(REPLICAS, 96) and fleet.releases == {}
+    observed = simulate_fleet(fleet, "observed")
+    expected = requests.groupby("instance")["cached_tokens"].sum()
+    replayed = {name: r.hit_tokens for name, r in observed.per_replica.items()}
+    assert all(replayed[name] >= expected[name] for name in REPLICAS), (replayed, expected.to_dict())
+    assert {name: r.requests for name, r in observed.per_replica.items()} == requests[
+        "instance"
+    ].value_counts().to_dict()
