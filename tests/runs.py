@@ -81,15 +81,20 @@ def agent_run(smollm2_source, tmp_path_factory) -> Run:
     return Run(url, store, result, counts)
 
 
+def _collected(tmp_path_factory, name: str, collect) -> Run:
+    """A SQLite store filled by `collect(store)`, a context manager that runs a collector over a recording."""
+    url = f"sqlite:///{tmp_path_factory.mktemp(name) / 'kvobs.db'}"
+    store = open_store(url)
+    with collect(store):
+        pass
+    return Run(url, store)
+
+
 @pytest.fixture(scope="session")
 def vllm_run(tmp_path_factory) -> Run:
     from tests.collectors.recorded_run import collect_recorded
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('vllm-run') / 'kvobs.db'}"
-    store = open_store(url)
-    with collect_recorded(store):
-        pass
-    return Run(url, store)
+    return _collected(tmp_path_factory, "vllm-run", collect_recorded)
 
 
 FLEET = ("vllm-a", "vllm-b")
@@ -99,22 +104,14 @@ FLEET = ("vllm-a", "vllm-b")
 def fleet_run(tmp_path_factory) -> Run:
     from tests.collectors.recorded_run import collect_recorded
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('fleet-run') / 'kvobs.db'}"
-    store = open_store(url)
-    with collect_recorded(store, replicas=FLEET):
-        pass
-    return Run(url, store)
+    return _collected(tmp_path_factory, "fleet-run", lambda store: collect_recorded(store, replicas=FLEET))
 
 
 @pytest.fixture(scope="session")
 def served_fleet(tmp_path_factory) -> Run:
     from tests.collectors.fleet_recording import collect_fleet_recording
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('served-fleet') / 'kvobs.db'}"
-    store = open_store(url)
-    with collect_fleet_recording(store):
-        pass
-    return Run(url, store)
+    return _collected(tmp_path_factory, "served-fleet", collect_fleet_recording)
 
 
 TWO_RUNS_INSTANCE = "engine-twice"
