@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import zmq
@@ -83,6 +84,8 @@ class KVEventSubscriber:
         self.on_restart = on_restart
         self.tail_check_s = tail_check_s
         self.num_batches = 0
+        self.shapes: Counter[str] = Counter()  # batches by wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
+        self.lag_s: float | None = None  # the latest batch's age when it arrived
         self.last_batch_at: float | None = None  # monotonic time of the latest batch delivered (None: none yet)
         self.num_tail_recovered = 0
         self.num_events = 0
@@ -189,7 +192,7 @@ class KVEventSubscriber:
     def _deliver(self, seq: int, payload: bytes) -> None:
         self._expected = seq + 1
         try:
-            batch, unknown, refused = wire.decode_batch(payload)
+            batch, unknown, refused, shape = wire.decode_batch(payload)
         except wire.DecodeError as exc:
             self.drops.count(COMPONENT, "malformed_batch", str(exc))
             return
@@ -200,6 +203,8 @@ class KVEventSubscriber:
                 COMPONENT, "bad_event", f"{refused} malformed or out-of-range event(s) in batch {seq}", n=refused
             )
         self.num_batches += 1
+        self.shapes[shape] += 1
+        self.lag_s = time.time() - batch.ts  # the publisher's clock to ours: queueing, the network, clock skew
         self.last_batch_at = time.monotonic()
         self.num_events += len(batch.events)
         self.handle(seq, batch)

@@ -7,6 +7,8 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 `kvobs_telemetry_dropped_total{component}` (scrape, kv_events, otlp, otlp_forward, store),
 `kvobs_collector_kv_events_total{instance}`, `kvobs_collector_kv_event_batches_lost_total{instance}`,
 `kvobs_collector_kv_streams_silent_total{instance}` (a stream silent while its replica served: `kv_silence`),
+`kvobs_collector_kv_wire_batches_total{instance,shape}` and the gauge `kvobs_collector_kv_event_lag_seconds{instance}`
+(what `kvobs doctor` reads),
 `kvobs_collector_llm_requests_total`, `kvobs_collector_otlp_exports_busy_total` (exports answered 429),
 `kvobs_collector_ids_cut_total`, the routing loss of a fleet's requests
 (`kvobs_collector_routing_loss_tokens_total{instance}` over `kvobs_collector_routing_compared_prompt_tokens_total`,
@@ -26,6 +28,7 @@ from kvobs.semconv.metrics import (
     LABEL_COMPONENT,
     LABEL_ERROR_TYPE,
     LABEL_INSTANCE,
+    LABEL_SHAPE,
     LABEL_SOURCE,
     LABEL_STATUS,
     LABEL_TABLE,
@@ -96,6 +99,16 @@ class CollectorMetrics(PromCollector):
         for stream in c.streams:
             placeholders.add_metric([stream.spec.instance], stream.ingest.num_placeholders)
         yield placeholders
+        shapes = _counter(kvobs_metrics.COLLECTOR_KV_WIRE_BATCHES, (LABEL_INSTANCE, LABEL_SHAPE))
+        spec = kvobs_metrics.COLLECTOR_KV_EVENT_LAG
+        lag = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_INSTANCE])
+        for stream in c.streams:
+            for shape, n in sorted(stream.subscriber.shapes.items()):
+                shapes.add_metric([stream.spec.instance, shape], n)
+            if stream.subscriber.lag_s is not None:
+                lag.add_metric([stream.spec.instance], stream.subscriber.lag_s)
+        yield shapes
+        yield lag
         meter = c.routing_meter
         instances = sorted(meter.instances) if meter is not None else []
         for spec, totals in (

@@ -20,6 +20,7 @@ LABEL_ENGINE = "engine"
 LABEL_REASON = "reason"
 LABEL_FINISHED_REASON = "finished_reason"
 LABEL_SOURCE = "source"
+LABEL_SHAPE = "shape"  # a KV-event batch's wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
 LABEL_STATUS = "status"
 LABEL_ERROR_TYPE = "error_type"
 LABEL_COMPONENT = "component"
@@ -422,6 +423,20 @@ kvobs_metrics = SimpleNamespace(
         "blocks",
         "Block hashes in offload placeholders (BlockStored without tokens or block size: a copy reached "
         "another tier) a replica published; counted, not stored as blocks of its cache.",
+    ),
+    COLLECTOR_KV_WIRE_BATCHES=_spec(
+        "kvobs_collector_kv_wire_batches",
+        "counter",
+        "batches",
+        "KV-event batches received, by replica and wire shape (a batch as an array or a map, its events as maps or "
+        "positional arrays: which vLLM release sends them).",
+    ),
+    COLLECTOR_KV_EVENT_LAG=_spec(
+        "kvobs_collector_kv_event_lag_seconds",
+        "gauge",
+        "s",
+        "Age of a replica's latest KV-event batch when the collector received it (its timestamp to the collector's "
+        "clock: queueing, the network and clock skew).",
     ),
     COLLECTOR_ROUTING_LOSS=_spec(
         "kvobs_collector_routing_loss_tokens",

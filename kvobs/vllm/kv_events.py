@@ -107,6 +107,7 @@ class _CheckedMapBatch(msgspec.Struct, gc=False):
 
 
 _MAP_MARKERS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}  # msgpack's fixmap, map 16 and map 32 first bytes
+_ARRAY_MARKERS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}  # fixarray, array 16 and array 32
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -132,6 +133,17 @@ class Decoded(NamedTuple):
     batch: KVEventBatch
     unknown: int  # events of a type this release does not know (skipped)
     refused: int  # known events that were malformed or held a value out of range (dropped alone)
+    shape: str = ""  # the wire shape (`WIRE_SHAPES`): the batch's, then its events'
+
+
+# what `Decoded.shape` says: a batch as an array (vLLM until mid-2026) or a map, its events as maps tagged `type`
+# (vLLM 0.24+) or positional arrays (up to 0.23)
+WIRE_SHAPES = (
+    "array batch, map events",
+    "array batch, positional events",
+    "map batch, map events",
+    "map batch, positional events",
+)
 
 
 def decode_batch(payload: bytes) -> Decoded:
@@ -140,10 +152,13 @@ def decode_batch(payload: bytes) -> Decoded:
     Raises:
         DecodeError: the payload is not a batch (or its time is out of range).
     """
-    checked, raw_decoder = _MAP_BATCH if payload[:1] and payload[0] in _MAP_MARKERS else _ARRAY_BATCH
+    as_map = bool(payload[:1]) and payload[0] in _MAP_MARKERS
+    checked, raw_decoder = _MAP_BATCH if as_map else _ARRAY_BATCH
+    batch_shape = "map batch" if as_map else "array batch"
     try:  # all in one pass when every event is a known, valid map (what vLLM 0.24+ sends): about 3x faster
         whole = checked.decode(payload)
-        return Decoded(KVEventBatch(whole.ts, whole.events, whole.data_parallel_rank), 0, 0)
+        batch = KVEventBatch(whole.ts, whole.events, whole.data_parallel_rank)
+        return Decoded(batch, 0, 0, f"{batch_shape}, map events")
     except (msgspec.DecodeError, ValueError):
         pass  # an unknown, positional or bad event among them (or not a batch): event by event, to say which
     try:
@@ -152,6 +167,7 @@ def decode_batch(payload: bytes) -> Decoded:
         raise DecodeError(f"not a KV-event batch: {exc}") from exc
     events: list[Event] = []
     unknown = refused = 0
+    positional = any(bytes(item)[:1] and bytes(item)[0] in _ARRAY_MARKERS for item in raw.events)
     for item in raw.events:
         try:
             event = _decode_event(bytes(item))
@@ -162,7 +178,8 @@ def decode_batch(payload: bytes) -> Decoded:
             unknown += 1
         else:
             events.append(event)
-    return Decoded(KVEventBatch(raw.ts, events, raw.data_parallel_rank), unknown, refused)
+    shape = f"{batch_shape}, {'positional' if positional else 'map'} events"
+    return Decoded(KVEventBatch(raw.ts, events, raw.data_parallel_rank), unknown, refused, shape)
 
 
 def _decode_event(data: bytes) -> Event | None:

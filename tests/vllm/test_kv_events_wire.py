@@ -25,7 +25,7 @@ def test_recorded_stream_decodes_with_the_counts_vllm_reported():
     for topic, seq, payload in recorded_frames():
         assert topic == b"kv"
         seqs.append(wire.seq_from_bytes(seq))
-        batch, unknown, _ = wire.decode_batch(payload)
+        batch, unknown, _, _ = wire.decode_batch(payload)
         assert unknown == 0 and batch.data_parallel_rank == 0
         for event in batch.events:
             kinds[type(event).__name__] = kinds.get(type(event).__name__, 0) + 1
@@ -63,7 +63,7 @@ def test_positional_events_of_older_releases_decode():
             None,
         ]
     )
-    batch, unknown, _ = wire.decode_batch(older)
+    batch, unknown, _, _ = wire.decode_batch(older)
     assert unknown == 0 and batch.ts == 1.5 and batch.data_parallel_rank is None
     stored, later, removed, cleared = batch.events
     assert stored.block_hashes == [7, 8] and stored.block_size == 16 and stored.medium == "GPU"
@@ -82,7 +82,7 @@ def test_bytes_hashes_unknown_fields_and_unknown_types():
             0,
         ]
     )
-    batch, unknown, _ = wire.decode_batch(payload)
+    batch, unknown, _, _ = wire.decode_batch(payload)
     assert unknown == 1
     assert batch.events == [wire.BlockRemoved(block_hashes=[b"\x01" * 32], medium="GPU")]
 
@@ -115,7 +115,7 @@ def test_a_bad_event_is_refused_alone_and_the_batch_goes_on():
     payload = msgspec.msgpack.encode(
         [2.0, [stored(1, 16), stored(2, 2**63), {"type": "BlockStored"}, stored(3, -1), stored(-5, 16)], 0]
     )
-    batch, unknown, refused = wire.decode_batch(payload)
+    batch, unknown, refused, _ = wire.decode_batch(payload)
     assert (unknown, refused) == (0, 3) and [e.block_hashes for e in batch.events] == [[1], [-5]]
     assert wire.as_uint64(-5) == 2**64 - 5  # an old release's signed hash, as the store's UInt64
 
@@ -174,11 +174,14 @@ def _shapes(batch: wire.KVEventBatch) -> dict[str, bytes]:
 
 
 def test_every_batch_and_event_shape_decodes_to_the_recorded_events():
+    """Each of the four shapes decodes to the recorded events and is told by its name (`Decoded.shape`, what the
+    collector counts per replica and `kvobs doctor` reports)."""
     for _, _, payload in recorded_frames():
         recorded = wire.decode_batch(payload).batch
         for shape, frame in _shapes(recorded).items():
-            decoded, unknown, refused = wire.decode_batch(frame)
+            decoded, unknown, refused, seen = wire.decode_batch(frame)
             assert (unknown, refused) == (0, 0), shape
+            assert seen == shape and shape in wire.WIRE_SHAPES
             assert (decoded.ts, decoded.events, decoded.data_parallel_rank) == (
                 recorded.ts,
                 recorded.events,
@@ -195,7 +198,7 @@ def test_a_map_batch_skips_an_unknown_event_and_refuses_a_bad_one_alone():
             "data_parallel_rank": 1,
         }
     )
-    decoded, unknown, refused = wire.decode_batch(frame)
+    decoded, unknown, refused, _ = wire.decode_batch(frame)
     assert (decoded.events, decoded.data_parallel_rank, unknown, refused) == ([stored], 1, 1, 1)
     with pytest.raises(wire.DecodeError):
         wire.decode_batch(msgspec.msgpack.encode({"ts": -1.0, "events": []}))

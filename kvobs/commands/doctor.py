@@ -1,0 +1,119 @@
+"""`kvobs doctor`: is the pipeline whole? Per replica: do its KV events and its own counters agree (from the store),
+and, given the collector's /metrics, which wire shape it sends, how late its batches arrive, how many were lost.
+
+kvobs doctor --store sqlite:///kvobs.db                                  # the store's checks
+kvobs doctor --store URL --collector http://collector:9400/metrics        # and the collector's
+
+Exit 0 when every check passes, 1 when one does not (each says why), 2 when the store or the collector cannot be
+read.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from kvobs.commands.common import add_store_flag, start_or_report
+
+LAG_WARN_S = 5.0  # a batch older than this when it arrives: a slow path or a skewed clock
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("doctor", help="check the pipeline: KV events against counters, wire shapes, lag, gaps")
+    add_store_flag(p)
+    p.add_argument("--collector", metavar="URL", help="a collector's /metrics (its --metrics address)")
+    p.add_argument("--since", type=float, metavar="EPOCH_S", help="check from this time (default: everything)")
+    p.add_argument("--until", type=float, metavar="EPOCH_S", help="... up to this time")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvobs.analytics.agreement import kv_counter_agreement
+    from kvobs.store import open_store
+
+    store = start_or_report("doctor", lambda: open_store(args.store, must_exist=True))
+    if store is None:
+        return 2
+    try:
+        checks = kv_counter_agreement(store, args.since, args.until)
+    finally:
+        store.close()
+    problems = 0
+    print("KV events against the replica's own counters (the store):")
+    if not checks:
+        print("  ! nothing to check: no KV events and no counters in the range")
+        problems += 1
+    for check in checks:
+        ok = check.verdict == "agree"
+        problems += not ok
+        print(f"  {'ok' if ok else '!'} {check.instance}: {check.verdict}: {check.words}")
+    if args.collector:
+        found = start_or_report("doctor", lambda: collector_checks(args.collector))
+        if found is None:
+            return 2
+        print(f"The collector ({args.collector}):")
+        for instance, ok, words in found:
+            problems += not ok
+            print(f"  {'ok' if ok else '!'} {instance}: {words}")
+    print(f"{problems} problem(s)" if problems else "every check passed")
+    return 1 if problems else 0
+
+
+def collector_checks(url: str) -> list[tuple[str, bool, str]]:
+    """(replica, ok, words) from a collector's /metrics: the wire shapes it sent, its latest batch's lag, batches
+    lost in sequence gaps, silences while it served, offload placeholders, rows dropped.
+
+    Raises:
+        OSError: the collector cannot be reached (or answers with an error).
+    """
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvobs.semconv.metrics import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_SHAPE, kvobs_metrics
+
+    try:
+        response = httpx.get(url, timeout=10)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise OSError(f"cannot read the collector's metrics at {url}: {exc}") from exc
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(response.text):
+        samples.setdefault(family.name, []).extend(family.samples)
+
+    def by(spec, label: str = LABEL_INSTANCE) -> dict:
+        name = spec.name.removesuffix("_total")
+        out: dict = {}
+        for sample in samples.get(name, []):
+            if sample.name.endswith("_created"):
+                continue
+            out[sample.labels.get(label)] = out.get(sample.labels.get(label), 0.0) + sample.value
+        return out
+
+    shapes: dict[str, list[str]] = {}
+    for sample in samples.get(kvobs_metrics.COLLECTOR_KV_WIRE_BATCHES.name, []):
+        if sample.name.endswith("_total") and sample.value:
+            shapes.setdefault(sample.labels[LABEL_INSTANCE], []).append(sample.labels[LABEL_SHAPE])
+    lag, lost = by(kvobs_metrics.COLLECTOR_KV_EVENT_LAG), by(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST)
+    silent = by(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT)
+    placeholders = by(kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS)
+    out = []
+    for instance in sorted(set(shapes) | set(lag) | set(lost) | set(silent)):
+        words, ok = [f"wire: {' and '.join(sorted(shapes.get(instance, []))) or 'no batch yet'}"], True
+        if instance in lag:
+            late = lag[instance] > LAG_WARN_S
+            ok &= not late
+            words.append(f"latest batch {lag[instance]:.2f} s old on arrival" + (" (late: a clock or the path)" * late))
+        if lost.get(instance):
+            ok = False
+            words.append(f"{int(lost[instance]):,} batches lost in sequence gaps (no replay endpoint, or too late)")
+        if silent.get(instance):
+            ok = False
+            words.append(f"silent {int(silent[instance]):,} time(s) while the replica served (nobody binding?)")
+        if placeholders.get(instance):
+            words.append(f"{int(placeholders[instance]):,} offload placeholders counted (not blocks of this cache)")
+        out.append((instance, ok, "; ".join(words)))
+    dropped = by(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT)
+    for component, n in sorted(dropped.items()):
+        if n:
+            said = f"{int(n):,} {component} item(s) dropped (kvobs_telemetry_dropped_total)"
+            out.append(("(collector)", False, said))
+    return out
