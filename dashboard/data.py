@@ -17,7 +17,7 @@ from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
-from kvobs.analytics.routing import SUMMARY_COLUMNS, routing_summary
+from kvobs.analytics.routing import SUMMARY_COLUMNS, fleet_losses, routing_summary
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.samples import quantile
 from kvobs.analytics.shortfall import hit_rate_spread, shortfall, store_lookups
@@ -272,19 +272,28 @@ def session_detail(store: Store, session_id: str) -> dict:
         resets = store.reads.kv_events(first, last, kinds=[KVEventKind.CLEARED.value])
         events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
     snaps = store.reads.session_snapshots(session_id)
-    attributed, split = pd.DataFrame(), pd.DataFrame()
+    attributed = pd.DataFrame()
     if not steps.empty:
         mine = with_sessions(reqs, steps)
-        lookups, _ = store_lookups(store, mine[mine["session_id"] == session_id], steps, first, last)
-        routing = lookups[lookups["replicas_compared"] > 0]
+        routing, _ = fleet_losses(store, mine[mine["session_id"] == session_id], steps, first, last)  # a fleet's
         attributed = attribute_steps(steps, reqs, events, rates=rates, routing=routing)
-        split = shortfall(lookups, "session_id", total=None) if not lookups.empty else split
     return {
         "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
         "steps": attributed,
-        "shortfall": split,
         "requests": reqs,
     }
+
+
+def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
+    """The session's hit-rate shortfall split (`kvobs.analytics.shortfall`, one row): it replays the fleet's KV
+    events over the session's span (and the hour before), so the page runs it when asked."""
+    steps = store.reads.steps(session_id=session_id)
+    if steps.empty:
+        return pd.DataFrame()
+    first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
+    reqs = with_sessions(store.reads.requests(first, last), steps)
+    lookups, _ = store_lookups(store, reqs[reqs["session_id"] == session_id], steps, first, last)
+    return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
 
 
 def failures(store: Store, since: float, until: float) -> pd.DataFrame:

@@ -105,15 +105,20 @@ def render(ctx) -> None:
         "time. Why it was slow: the part of its latency (TTFT, else end to end) that explains most of its "
         "excess over the session's typical step; blank when it was not slow."
     )
-    split = detail["shortfall"]
-    if not split.empty:
-        st.subheader("Its hit rate, and what it missed")
-        st.caption(
-            "In whole prompt blocks of its requests whose hash chain is known: the hit rate it achieved, what a "
-            "cache that never evicted would have given it (available), and each missed block once, by why "
-            "(routing, cold, invalidated, tool pause, capacity, unexplained; they add up to its prompt tokens)."
-        )
-        show_table(split.drop(columns=["session_id"]), ctx.clock)
+    st.subheader("Its hit rate, and what it missed")
+    st.caption(
+        "In whole prompt blocks of its requests whose hash chain is known: the hit rate it achieved, what a cache "
+        "that never evicted would have given it (available), and each missed block once, by why (routing, cold, "
+        "invalidated, tool pause, capacity, unexplained; they add up to its prompt's whole blocks). It replays the "
+        "KV events of the session's span, so it runs when asked."
+    )
+    if st.button("Split this session's hit rate", key="session_split") or st.session_state.get("split_asked"):
+        st.session_state["split_asked"] = True
+        split = cache.session_shortfall(ctx.url, session_id)
+        if split.empty:
+            st.info("None of its requests has a known hash chain (it needs the replicas' KV events).")
+        else:
+            show_table(split.drop(columns=["session_id"]), ctx.clock)
     indexes = cache.session_steps_by_cache_cost(ctx.url, session_id)
     step_index = st.selectbox("Step (what the cache cost it first)", indexes, key="session_step")
     render_story(ctx, session_id, int(step_index))
