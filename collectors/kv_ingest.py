@@ -89,7 +89,9 @@ class KVIngest:
         self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
         self.num_placeholders = 0  # offload placeholders seen (`wire.is_placeholder`): not stored as blocks
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
-        self.chains = ChainTracker()
+        self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
+        self.tiers: dict[str, ChainTracker] = {}  # other tiers' chains (an offload tier's own stores and removals)
+        self.primary_medium: str | None = None  # the device tier: the medium of the first block stored
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
         # removals to classify, a batch at a time: (arrived, event ts, sessions that lost blocks, blocks per session)
@@ -155,6 +157,10 @@ class KVIngest:
         hashes = event.block_hashes
         if not hashes:
             return
+        medium = medium_name(event.medium)
+        if self.primary_medium is None:
+            self.primary_medium = medium
+        chains = self._chains(medium)
         n, parent = len(hashes), event.parent_block_hash
         stored = wire.as_uint64_list(hashes)
         rows.kind += [STORED] * n
@@ -162,15 +168,18 @@ class KVIngest:
         rows.parent_hash.append(None if parent is None else wire.as_uint64(parent))
         rows.parent_hash += stored[:-1]
         rows.session_id += [session] * n
-        rows.medium += [medium_name(event.medium)] * n
+        rows.medium += [medium] * n
         rows.first_owner += [1] * n
         rows.num_tokens += [event.block_size] * n
         rows.reason += [None] * n
         rows.num_blocks += [None] * n
-        self.chains.stored(hashes, parent, session)
+        chains.stored(hashes, parent, session)
 
     def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
-        medium, tokens, removed = medium_name(event.medium), self.block_size, self.chains.removed
+        medium, tokens = medium_name(event.medium), self.block_size
+        chains = self._chains(medium)
+        device = chains is self.chains  # another tier's removal is not the session losing its cached prefix
+        removed = chains.removed
         for block_hash in event.block_hashes:
             block = removed(block_hash)
             stored_as = wire.as_uint64(block_hash)
@@ -190,12 +199,24 @@ class KVIngest:
                     first_owner=first,
                     num_tokens=tokens,
                 )
-                rows.losers.append(owner)
+                if device:
+                    rows.losers.append(owner)
                 first = 0
+
+    def _chains(self, medium: str | None) -> ChainTracker:
+        """The chains of `medium`'s tier: the device tier's for it (and for an event naming no medium), else that
+        tier's own, so an offload tier's stores and removals never touch the device tier's blocks."""
+        if medium is None or medium == self.primary_medium or self.primary_medium is None:
+            return self.chains
+        tier = self.tiers.get(medium)
+        if tier is None:
+            tier = self.tiers[medium] = ChainTracker()
+        return tier
 
     def _cleared(self, rows: _BatchRows, reason: str) -> dict[str | None, int]:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
+        self.tiers = {}  # every tier's blocks went with it
         self._changed.update(s for s in lost if s is not None)
         rows.add(CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)
         return lost

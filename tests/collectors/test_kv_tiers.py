@@ -50,3 +50,26 @@ def test_placeholders_are_counted_and_tiers_stored_by_their_one_name(tmp_path):
         ("removed", 1, MEDIUM_GPU),
     ]
     assert ingest.num_placeholders == 2
+
+
+def test_an_offload_tiers_stores_and_removals_keep_to_their_own_chains(tmp_path):
+    """The device tier is the first one stored to; a CPU tier that stores copies of the same blocks and later drops
+    them leaves the device tier's blocks resident and the session's footprint whole: only a device removal is the
+    session losing its prefix. Each removal row still names its owner and its tier."""
+    store = open_store(f"sqlite:///{tmp_path / 'tiers.db'}")
+    writer = StoreWriter(store)
+    ingest = KVIngest(writer, instance="vllm-a")
+    device = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "GPU", None, session_id="s1")
+    offload = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "CPU", None, session_id="s1")
+    ingest.on_batch(0, wire.KVEventBatch(1.8e9, [device, offload, wire.BlockRemoved([1, 2], "CPU")], 0))
+    assert ingest.primary_medium == MEDIUM_GPU and set(ingest.chains.blocks) == {1, 2}
+    assert ingest.chains.footprints["s1"].resident == 2 and ingest.num_pending_idle == 0
+    ingest.on_batch(1, wire.KVEventBatch(1.8e9 + 1, [wire.BlockRemoved([2], "GPU")], 0))
+    assert set(ingest.chains.blocks) == {1} and ingest.chains.footprints["s1"].resident == 1
+    writer.close()
+    removed = store.reads.kv_events(kinds=["removed"])
+    assert list(zip(removed["block_hash"], removed["medium"], removed["session_id"])) == [
+        (1, "CPU", "s1"),
+        (2, "CPU", "s1"),
+        (2, MEDIUM_GPU, "s1"),
+    ]
