@@ -178,6 +178,9 @@ class EngineMetrics:
         for reason in InvalidationReason:
             self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=reason.value)
         self._get(kvobs_metrics.REQUESTS_REJECTED, reason=REJECTED_QUEUE_FULL)
+        # no KV connector here: nothing is ever transferred from an external cache (a true 0, as vLLM reads)
+        for source in (m.PROMPT_SOURCE_COMPUTED, m.PROMPT_SOURCE_CACHED, m.PROMPT_SOURCE_EXTERNAL):
+            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=source)
 
     def _get(self, spec: MetricSpec, **labels: str) -> Any:
         key = (spec.name, *labels.values())
@@ -239,6 +242,10 @@ class EngineMetrics:
             self._get(vllm.PREFIX_CACHE_QUERIES).inc(event.query_tokens)
             self._get(vllm.PREFIX_CACHE_HITS).inc(event.hit_tokens)
             self._get(vllm.PROMPT_TOKENS_CACHED).inc(event.hit_tokens)
+            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_COMPUTED).inc(
+                event.query_tokens - event.hit_tokens
+            )
+            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_CACHED).inc(event.hit_tokens)
 
     def _evicted(self, event: ev.BlockEvicted) -> None:
         self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.reason.value).inc()

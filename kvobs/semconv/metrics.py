@@ -20,6 +20,12 @@ LABEL_ENGINE = "engine"
 LABEL_REASON = "reason"
 LABEL_FINISHED_REASON = "finished_reason"
 LABEL_SOURCE = "source"
+# `vllm:prompt_tokens_by_source{source}`'s values, as vLLM names them
+PROMPT_SOURCE_COMPUTED, PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL = (
+    "local_compute",
+    "local_cache_hit",
+    "external_kv_transfer",
+)
 LABEL_SHAPE = "shape"  # a KV-event batch's wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
 LABEL_STATUS = "status"
 LABEL_ERROR_TYPE = "error_type"
@@ -202,6 +208,14 @@ vllm = SimpleNamespace(
     PROMPT_TOKENS=_spec("vllm:prompt_tokens", "counter", "tokens", "Number of prefill tokens processed."),
     PROMPT_TOKENS_CACHED=_spec(
         "vllm:prompt_tokens_cached", "counter", "tokens", "Number of cached prompt tokens (local prefix cache hits)."
+    ),
+    PROMPT_TOKENS_BY_SOURCE=_spec(
+        "vllm:prompt_tokens_by_source",
+        "counter",
+        "tokens",
+        "Number of prompt tokens by source: computed here (local_compute), found in the local prefix cache "
+        "(local_cache_hit), or transferred from an external KV cache (external_kv_transfer).",
+        LABEL_SOURCE,
     ),
     GENERATION_TOKENS=_spec("vllm:generation_tokens", "counter", "tokens", "Number of generation tokens processed."),
     REQUEST_SUCCESS=_spec(

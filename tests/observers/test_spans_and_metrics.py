@@ -98,6 +98,13 @@ def test_otel_metrics_mirror_the_prometheus_values():
     points = otel_points(reader)
     assert points["vllm.kv_cache_usage_perc"][0].value == prom[("vllm:kv_cache_usage_perc", None)] == 23 / 63
     assert points["vllm.prefix_cache_hits"][0].value == prom[("vllm:prefix_cache_hits_total", None)] == 32
+    by_source = {
+        s.labels["source"]: s.value
+        for f in metrics.registry.collect()
+        for s in f.samples
+        if s.name == "vllm:prompt_tokens_by_source_total"
+    }
+    assert by_source == {"local_compute": 16, "local_cache_hit": 32, "external_kv_transfer": 0}  # vLLM's sources
     evict = {p.attributes["reason"]: p.value for p in points["kvobs_kv_blocks_evicted"]}
     assert evict["capacity"] == prom[("kvobs_kv_blocks_evicted_total", "capacity")] == 2
     (ttft,) = points["vllm.time_to_first_token_seconds"]
