@@ -111,6 +111,7 @@ def overview(
         "fleet": _fleet(snaps, reqs, counts, counters, since, until, window_s) if per_instance else None,
         "num_snapshots": len(snaps),
         "watching_kv": not counts.empty,
+        "num_kv_events": int(counts["events"].sum()) if not counts.empty else 0,  # what a range's replay reads
         "usage": fill_windows(
             per_window(snaps, "ts", window_s, "kv_usage", "instance"), since, until, window_s, value=np.nan
         ),

@@ -12,7 +12,9 @@ from dashboard.views.tables import show_table, show_text_table
 from kvobs.analytics.samples import min_sample
 
 TITLE = "Overview"
-AUTO_ROUTING_S = 3600.0  # a fleet's routing loss is analysed as the page opens for ranges up to this long
+# a fleet's routing loss is analysed as the page opens for a range of up to this many KV events (about 0.6 s:
+# bench/dashboard_queries.py, the routing row), beyond that when asked
+AUTO_ROUTING_EVENTS = 50_000
 
 
 def _kpis(kpis: dict, routing: dict | None = None) -> list[tuple[str, str, str]]:
@@ -72,7 +74,7 @@ def render(ctx) -> None:
     per_instance = len(ctx.shown_instances) > 1
     data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance=per_instance)
     routing = None
-    if per_instance and (ctx.until - ctx.since <= AUTO_ROUTING_S or st.session_state.get("routing_asked")):
+    if per_instance and (data["num_kv_events"] <= AUTO_ROUTING_EVENTS or st.session_state.get("routing_asked")):
         routing = cache.fleet_routing(ctx.url, ctx.since, ctx.until, ctx.instances)
     shown = _kpis(data["kpis"], routing)
     for col, (name, value, help_text) in zip(st.columns(len(shown)), shown):
@@ -193,13 +195,13 @@ def render_fleet(ctx, data: dict) -> None:
 
 
 def render_routing(ctx, data: dict | None) -> None:
-    """Routing loss: prompt tokens recomputed on a request's replica while another replica held them. A range longer
-    than `AUTO_ROUTING_S` is analysed when asked (its cost grows with the KV events in the range)."""
+    """Routing loss: prompt tokens recomputed on a request's replica while another replica held them. A range of more
+    than `AUTO_ROUTING_EVENTS` KV events is analysed when asked (its cost grows with them)."""
     st.subheader("Routing loss")
     if data is None:
         st.info(
-            "The routing loss replays every KV event of the range in time order (a few seconds a million events): "
-            f"ranges up to {AUTO_ROUTING_S / 3600:.0f} hour are analysed as the page opens, longer ones when asked."
+            "The routing loss replays every KV event of the range in time order (about 12 s a million events): a "
+            f"range of up to {AUTO_ROUTING_EVENTS:,} events is analysed as the page opens, a larger one when asked."
         )
         if st.button("Analyse the routing loss of this range", key="routing_go"):
             st.session_state["routing_asked"] = True

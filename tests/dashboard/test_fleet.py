@@ -136,11 +136,11 @@ def test_the_whatif_page_replays_the_fleet_under_each_router(monkeypatch, fleet_
 
 
 def test_a_long_range_analyses_the_routing_loss_when_asked(monkeypatch, fleet_run):
-    """Its cost grows with the KV events of the range: past `AUTO_ROUTING_S` the page opens without it (no KPI, a
-    button), and the button brings the same table."""
+    """Its cost grows with the KV events of the range: past `AUTO_ROUTING_EVENTS` the page opens without it (no KPI,
+    a button), and the button brings the same table."""
     from dashboard.views import overview
 
-    monkeypatch.setattr(overview, "AUTO_ROUTING_S", 1.0)
+    monkeypatch.setattr(overview, "AUTO_ROUTING_EVENTS", 10)
     at = open_page(monkeypatch, fleet_run.url, "overview")
     assert_clean(at)
     assert "routing loss" not in {m.label for m in at.metric}
