@@ -160,7 +160,7 @@ class KVIngest:
         medium = medium_name(event.medium)
         if self.primary_medium is None:
             self.primary_medium = medium
-        chains = self._chains(medium)
+        chains = self.chains if medium == self.primary_medium else self._chains(medium)
         n, parent = len(hashes), event.parent_block_hash
         stored = wire.as_uint64_list(hashes)
         rows.kind += [STORED] * n
@@ -177,7 +177,7 @@ class KVIngest:
 
     def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
         medium, tokens = medium_name(event.medium), self.block_size
-        chains = self._chains(medium)
+        chains = self.chains if medium == self.primary_medium else self._chains(medium)
         device = chains is self.chains  # another tier's removal is not the session losing its cached prefix
         removed = chains.removed
         for block_hash in event.block_hashes:

@@ -8,6 +8,8 @@ is under `kvcache.*`. Block hashes are the low 64 bits, as vLLM publishes them, 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 # ---- GenAI (OpenTelemetry) -----------------------------------------------------------------------
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_SYSTEM = "gen_ai.system"
@@ -99,6 +101,7 @@ MEDIUMS = {
 }
 
 
+@lru_cache(maxsize=256)  # an engine names a few tiers, once per block event: the name is looked up, not rebuilt
 def medium_name(medium: str | None) -> str | None:
     """The one name kvobs keeps for a tier an engine named `medium` (`Disk`, `cpu` -> `DISK`, `CPU`); a tier it
     does not know, as sent (upper-cased), so a new tier shows up rather than vanish into another."""
