@@ -24,7 +24,7 @@ def test_help_lists_every_registered_command_without_torch():
     done = subprocess.run(kvobs("--help"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     names = {ep.name for ep in entry_points(group="kvobs.commands")}
-    assert names == {"demo", "agents", "alerts", "serve", "generate", "whatif", "collect", "dashboard"}
+    assert names == {"demo", "agents", "alerts", "doctor", "serve", "generate", "whatif", "collect", "dashboard"}
     assert all(name in done.stdout for name in names) and "cannot be loaded" not in done.stderr
 
 
