@@ -160,7 +160,7 @@ class KVIngest:
         medium = medium_name(event.medium)
         if self.primary_medium is None:
             self.primary_medium = medium
-        chains = self.chains if medium == self.primary_medium else self._chains(medium)
+        chains = self.chains if medium == self.primary_medium else self._tier(medium)
         n, parent = len(hashes), event.parent_block_hash
         stored = wire.as_uint64_list(hashes)
         rows.kind += [STORED] * n
@@ -177,7 +177,7 @@ class KVIngest:
 
     def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
         medium, tokens = medium_name(event.medium), self.block_size
-        chains = self.chains if medium == self.primary_medium else self._chains(medium)
+        chains = self.chains if medium == self.primary_medium else self._tier(medium)
         device = chains is self.chains  # another tier's removal is not the session losing its cached prefix
         removed = chains.removed
         for block_hash in event.block_hashes:
@@ -203,10 +203,11 @@ class KVIngest:
                     rows.losers.append(owner)
                 first = 0
 
-    def _chains(self, medium: str | None) -> ChainTracker:
-        """The chains of `medium`'s tier: the device tier's for it (and for an event naming no medium), else that
-        tier's own, so an offload tier's stores and removals never touch the device tier's blocks."""
-        if medium is None or medium == self.primary_medium or self.primary_medium is None:
+    def _tier(self, medium: str | None) -> ChainTracker:
+        """The chains of a tier other than the device tier (`primary_medium`, whose are `self.chains`): that tier's
+        own, so an offload tier's stores and removals never touch the device tier's blocks; an event naming no
+        medium, or one before any block was stored, goes to the device tier's."""
+        if medium is None or self.primary_medium is None:
             return self.chains
         tier = self.tiers.get(medium)
         if tier is None:

@@ -194,19 +194,19 @@ class WholeLengthCache:
     def next_finish(self) -> float:
         return self.finishes[0][0] if self.finishes else float("inf")
 
-    def arrive(self, req: ReplayRequest) -> Sequence | None:
-        """A request arrives now: admitted, or waiting; None when it is longer than the whole cache."""
+    def arrive(self, req: ReplayRequest, seq: Sequence | None = None) -> None:
+        """A request arrives now (as `seq` when the caller made it already): admitted, or waiting; turned away when
+        it is longer than the whole cache."""
         if -(-req.total_tokens // self.block_size) > self.manager.num_usable_blocks:
             self.result.too_large += 1
-            return None
-        seq = _sequence(req, self.key, self.block_size)
+            return
+        seq = _sequence(req, self.key, self.block_size) if seq is None else seq
         self.result.requests += 1
         self.result.query_tokens += req.prompt_tokens
         self.manager.begin_request(seq)
         if self.waiting or not self._admit(req, seq):
             self.result.waited += 1
             self.waiting.append((req, seq, self.clock.now))
-        return seq
 
     def finish_one(self) -> None:
         """The next finish: its blocks freed (the session idle, or ended after its last request), then whoever

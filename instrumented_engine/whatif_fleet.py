@@ -182,7 +182,7 @@ def simulate_fleet(
         if req.session_id is not None:
             last_replica[req.session_id] = name
         out.routed_tokens += plan.block_size * max(max(prefixes.values()) - prefixes[name], 0)
-        caches[name].arrive(req)
+        caches[name].arrive(req, seq)  # the sequence its lookups were made with
         tallies[name].add(caches[name].manager.take_events())
     finish_until(float("inf"))
     for name in names:

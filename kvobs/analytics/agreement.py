@@ -46,14 +46,21 @@ def kv_counter_agreement(store: Store, since: float | None = None, until: float 
     stored = store.reads.kv_events(since, until, kinds=[KVEventKind.STORED.value])
     counters = store.reads.metric_series([HITS, QUERIES, GENERATED, FINISHED], since, until)
     totals = counters.groupby(["instance", "name"])["value"].sum() if not counters.empty else pd.Series(dtype=float)
-    requests = store.reads.requests(since, until)
+    requests = None  # read only for a replica without the finished-requests counter
+
+    def finished_requests(instance: str) -> int:
+        nonlocal requests
+        if requests is None:
+            requests = store.reads.requests(since, until)
+        return int((requests["instance"] == instance).sum())
+
     out = []
     for instance in sorted(set(stored["instance"]) | set(counters["instance"])):
-        out.append(_verdict(instance, stored[stored["instance"] == instance], totals, requests))
+        out.append(_verdict(instance, stored[stored["instance"] == instance], totals, finished_requests))
     return out
 
 
-def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, requests: pd.DataFrame) -> Agreement:
+def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, finished_requests) -> Agreement:
     def total(name: str) -> float | None:
         key = (instance, name)
         return float(totals[key]) if key in totals.index else None
@@ -67,8 +74,7 @@ def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, requests: p
         )
     block_size = int(stored["num_tokens"].dropna().mode().iloc[0])
     finished = total(FINISHED)
-    mine = requests[requests["instance"] == instance]
-    num_requests = int(finished) if finished is not None else len(mine)
+    num_requests = int(finished) if finished is not None else finished_requests(instance)
     stored_tokens = len(stored) * block_size
     counted = int(queries - hits + generated)
     slack = num_requests * block_size

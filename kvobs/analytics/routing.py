@@ -19,12 +19,13 @@ What it cannot see it does not claim. A prefix is compared only between replicas
 same block size, and hash chains that do meet where sessions moved between them (vLLM seeds its hashes per process
 unless `PYTHONHASHSEED` is set or a sha256 hash is chosen; `FleetCheck.notes` says which pairs were left out and
 why). A block stored before the events read is not known to be resident, and a chain whose root was stored before
-them cannot be aligned (`fleet_losses` reads `RESIDENCY_LOOKBACK_S` before the range): both make the loss smaller,
+them cannot be aligned (`read_inputs` reads `RESIDENCY_LOOKBACK_S` before the range): both make the loss smaller,
 never larger. A request without a known chain is left out.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -142,7 +143,7 @@ class FleetIndex:
     def apply(self, kinds, instances, hashes, parents, times=None) -> None:
         """Apply events (columns, in time order) of `ROUTING_KINDS`; `times` (their `ts`) when losses are tracked."""
         lost = self.lost
-        times = times if times is not None and lost is not None else [0.0] * len(kinds)
+        times = itertools.repeat(0.0) if times is None else times
         for kind, instance, block_hash, parent, ts in zip(kinds, instances, hashes, parents, times):
             if kind == STORED:
                 held, block_hash = self.resident[instance], int(block_hash)
@@ -351,11 +352,19 @@ def fleet_losses(
     store: Store, requests: pd.DataFrame, steps: pd.DataFrame, since: float | None, until: float | None
 ) -> tuple[pd.DataFrame, FleetCheck]:
     """`routing_losses` of `requests` (their sessions filled from `steps`), with the KV events read from the store
-    from `RESIDENCY_LOOKBACK_S` before `since`; nothing is read unless the store has heard of two instances."""
+    (`read_inputs`); nothing is read unless the store has heard of two instances."""
     if requests.empty or len(store.reads.instances()) < 2:
         return pd.DataFrame(columns=COLUMNS), FleetCheck()
+    requests, events, check = read_inputs(store, requests, steps, since, until)
+    return routing_losses(requests, events, check), check
+
+
+def read_inputs(
+    store: Store, requests: pd.DataFrame, steps: pd.DataFrame, since: float | None, until: float | None
+) -> tuple[pd.DataFrame, pd.DataFrame, FleetCheck]:
+    """What a lookup analysis of `requests` reads: the requests with their sessions filled from `steps`, the KV
+    events of `ROUTING_KINDS` from `RESIDENCY_LOOKBACK_S` before `since` to `until`, and the replicas' check."""
     start = None if since is None else since - RESIDENCY_LOOKBACK_S
     events = store.reads.kv_events(start, until, kinds=ROUTING_KINDS)
     requests = with_sessions(requests, steps)
-    check = FleetCheck.of(events, requests)
-    return routing_losses(requests, events, check), check
+    return requests, events, FleetCheck.of(events, requests)

@@ -19,14 +19,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.chains import with_sessions
 from kvobs.analytics.routing import (
     FLEET,
     LOOKUP_COLUMNS,
     MISS_PARTS,
-    RESIDENCY_LOOKBACK_S,
-    ROUTING_KINDS,
     FleetCheck,
+    read_inputs,
     request_lookups,
 )
 from kvobs.store.interface import Store
@@ -46,14 +44,11 @@ SHORTFALL_COLUMNS = [
 def store_lookups(
     store: Store, requests: pd.DataFrame, steps: pd.DataFrame, since: float | None, until: float | None
 ) -> tuple[pd.DataFrame, FleetCheck]:
-    """`routing.request_lookups` of `requests` (sessions filled from `steps`), with the KV events read from
-    `routing.RESIDENCY_LOOKBACK_S` before `since`."""
+    """`routing.request_lookups` of `requests` (sessions filled from `steps`), with what `routing.read_inputs`
+    reads from the store."""
     if requests.empty:
         return pd.DataFrame(columns=LOOKUP_COLUMNS), FleetCheck()
-    start = None if since is None else since - RESIDENCY_LOOKBACK_S
-    events = store.reads.kv_events(start, until, kinds=ROUTING_KINDS)
-    requests = with_sessions(requests, steps)
-    check = FleetCheck.of(events, requests)
+    requests, events, check = read_inputs(store, requests, steps, since, until)
     return request_lookups(requests, events, check), check
 
 
