@@ -26,6 +26,7 @@ from collectors.kv_ingest import KVIngest
 from collectors.kv_silence import SILENCE_S, KVSilenceWatch
 from collectors.kv_streams import KVStreamSpec, parse_streams
 from collectors.kv_subscriber import KVEventSubscriber
+from collectors.leases import LeaseKeeper
 from collectors.otlp_forward import OTLPForwarder, check_forward_url
 from collectors.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.own_metrics import CollectorMetrics
@@ -111,6 +112,7 @@ class Collector:
             for spec in parse_streams(options.kv_events, options.kv_events_replay, default_instance=default)
         ]
         replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
+        self.leases = LeaseKeeper(self.store.leases, replicas)  # one writer per replica (kvobs.store.leases)
         self.span_steps = SpanSteps(
             self.writer,
             activity=self.activity,
@@ -121,7 +123,9 @@ class Collector:
             self.writer, activity=self.activity, steps=self.span_steps, instance=default, known_instances=replicas
         )
         self.scraper = (
-            Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s) if self.targets else None
+            Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s, held=self.leases.held)
+            if self.targets
+            else None
         )
         self.kv_silence = KVSilenceWatch(self.streams, self.scraper, silence_s=options.kv_silence_s)
         self.receiver = None
@@ -161,9 +165,16 @@ class Collector:
             session_idle_s=o.session_idle_s,
             session_ends=lambda ids: self.store.lookups.session_ends(ids),
         )
+
+        def on_batch(seq: int, batch) -> None:
+            if self.leases.held(spec.instance):
+                ingest.on_batch(seq, batch)
+            else:
+                self.drops.count("kv_events", "lease_lost", f"{spec.instance} is written by another collector")
+
         subscriber = KVEventSubscriber(
             spec.endpoint,
-            ingest.on_batch,
+            on_batch,
             self.drops,
             bind=True if o.kv_events_bind else None,
             replay_endpoint=spec.replay,
@@ -174,7 +185,9 @@ class Collector:
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Bind and connect everything; raises OSError when an address is taken or unusable."""
+        """Claim this collector's replicas, then bind and connect everything; raises LeaseRefused when another
+        collector holds a replica, OSError when an address is taken or unusable."""
+        self.leases.claim()
         if self.forwarder is not None:
             self.forwarder.start()
         for stream in self.streams:
@@ -213,7 +226,8 @@ class Collector:
         for part in (self.scraper, *(s.subscriber for s in self.streams), self.receiver):
             if part is not None:
                 part.stop()
-        self._ticker.join(self.options.interval_s + 5)
+        if self._ticker.is_alive():  # (not started: a start refused, e.g. a replica held by another collector)
+            self._ticker.join(self.options.interval_s + 5)
         if self.retention is not None:
             self.retention.stop()
         self.span_steps.settle(final=True)
@@ -222,6 +236,10 @@ class Collector:
         if self.forwarder is not None:
             self.forwarder.close()
         self.writer.close()
+        try:
+            self.leases.release()  # after the last rows: a successor starts where this one's rows end
+        except Exception:
+            log.exception("releasing the leases failed: they expire by themselves")
         self.telemetry.shutdown()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -247,6 +265,10 @@ class Collector:
                 except Exception:
                     log.exception("writing session footprints of %s failed", stream.spec.instance)
             self.kv_silence.check()
+            try:
+                self.leases.renew(time.time())
+            except Exception:
+                log.exception("renewing the leases failed")
             self._measure_routing()
 
     def _measure_routing(self) -> None:

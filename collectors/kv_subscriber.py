@@ -112,7 +112,8 @@ class KVEventSubscriber:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
-        self._thread.join(timeout_s)
+        if self._thread.is_alive():  # (never started: its collector's start was refused)
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         try:

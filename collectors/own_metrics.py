@@ -10,7 +10,8 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 `kvobs_collector_kv_wire_batches_total{instance,shape}` and the gauge `kvobs_collector_kv_event_lag_seconds{instance}`
 (what `kvobs doctor` reads),
 `kvobs_collector_llm_requests_total`, `kvobs_collector_otlp_exports_busy_total` (exports answered 429),
-`kvobs_collector_ids_cut_total`, the routing loss of a fleet's requests
+`kvobs_collector_ids_cut_total`, `kvobs_collector_leases_lost_total{instance}` (`leases`), the routing loss of a
+fleet's requests
 (`kvobs_collector_routing_loss_tokens_total{instance}` over `kvobs_collector_routing_compared_prompt_tokens_total`,
 `..._compared_requests_total`, `kvobs_collector_routing_late_requests_total`: `routing_meter`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
@@ -117,6 +118,11 @@ class CollectorMetrics(PromCollector):
             (kvobs_metrics.COLLECTOR_ROUTING_COMPARED_REQUESTS, meter.compared_requests if meter else {}),
         ):  # every KV-event instance of the collector from the start, at 0 until measured (a rate() needs the series)
             yield _by_label(spec, LABEL_INSTANCE, {name: totals.get(name, 0) for name in instances})
+        yield _by_label(
+            kvobs_metrics.COLLECTOR_LEASES_LOST,
+            LABEL_INSTANCE,
+            {name: c.leases.num_lost[name] for name in c.leases.instances},
+        )
         late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
         late.add_metric([], meter.num_late if meter is not None else 0)
         yield late

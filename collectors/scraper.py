@@ -72,8 +72,10 @@ class Scraper:
         timeout_s: float | None = None,
         max_body_bytes: int = MAX_SCRAPE_BYTES,
         clock: Callable[[], float] = time.time,
+        held: Callable[[str], bool] = lambda instance: True,
     ) -> None:
         self.targets = targets
+        self.held = held  # whether this collector holds the instance's lease (collectors.leases)
         self.clock = clock  # stamps each scrape (a replay gives the recorded scrape times)
         self.writer = writer
         self.drops = drops
@@ -106,6 +108,9 @@ class Scraper:
 
     def scrape_all(self) -> None:
         for target in self.targets:
+            if not self.held(target.instance):
+                self.drops.count(COMPONENT, "lease_lost", f"{target.instance} is written by another collector")
+                continue
             try:
                 self.scrape(target)
             except Exception:  # one target's bug must not stop the others

@@ -164,7 +164,7 @@ def _num(value) -> str:
 def format_table(plans, observed: dict, runs: list) -> str:
     """The replay's table: observed, then each size (every run replayed through its own cache, added up); with
     several runs, each run's own rows after."""
-    from kvobs.commands.common import local_time
+    from kvobs.times import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
     lines = [

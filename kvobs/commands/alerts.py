@@ -13,7 +13,8 @@ import sys
 import threading
 import time
 
-from kvobs.commands.common import add_store_flag, local_time, start_or_report
+from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.times import local_time
 
 
 def add_parser(sub) -> None:

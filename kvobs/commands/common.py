@@ -8,7 +8,6 @@ import importlib.util
 import socket
 import sys
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import TypeVar
 
 from kvobs.semconv.endpoints import DEFAULT_STORE_URL, STORE_URL_ENV
@@ -131,8 +130,3 @@ def _is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def local_time(ts: float) -> str:
-    """A time as people read it on a terminal: local ISO 8601 with the zone's offset (`2026-11-24T23:06:40+01:00`)."""
-    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")

@@ -11,6 +11,7 @@ read.
 from __future__ import annotations
 
 import argparse
+import time
 
 from kvobs.commands.common import add_store_flag, start_or_report
 
@@ -35,8 +36,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         checks = kv_counter_agreement(store, args.since, args.until)
+        leases = store.leases.current()
     finally:
         store.close()
+    now = time.time()
+    print("Who writes each replica (collectors' leases in the store):")
+    for lease in leases:
+        print(f"  - {lease.describe(now)}")
+    if not leases:
+        print("  - no lease held (no collector is running, or engines write their own rows)")
     problems = 0
     print("KV events against the replica's own counters (the store):")
     if not checks:
@@ -95,8 +103,9 @@ def collector_checks(url: str) -> list[tuple[str, bool, str]]:
     lag, lost = by(kvobs_metrics.COLLECTOR_KV_EVENT_LAG), by(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST)
     silent = by(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT)
     placeholders = by(kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS)
+    leases_lost = by(kvobs_metrics.COLLECTOR_LEASES_LOST)
     out = []
-    for instance in sorted(set(shapes) | set(lag) | set(lost) | set(silent)):
+    for instance in sorted(set(shapes) | set(lag) | set(lost) | set(silent) | {i for i, n in leases_lost.items() if n}):
         words, ok = [f"wire: {' and '.join(sorted(shapes.get(instance, []))) or 'no batch yet'}"], True
         if instance in lag:
             late = lag[instance] > LAG_WARN_S
@@ -108,6 +117,12 @@ def collector_checks(url: str) -> list[tuple[str, bool, str]]:
         if silent.get(instance):
             ok = False
             words.append(f"silent {int(silent[instance]):,} time(s) while the replica served (nobody binding?)")
+        if leases_lost.get(instance):
+            ok = False
+            words.append(
+                f"its lease was taken by another writer {int(leases_lost[instance]):,} time(s): this collector "
+                "dropped its data meanwhile (a stall past the lease, or two collectors given one replica)"
+            )
         if placeholders.get(instance):
             words.append(f"{int(placeholders[instance]):,} offload placeholders counted (not blocks of this cache)")
         out.append((instance, ok, "; ".join(words)))

@@ -472,6 +472,14 @@ kvobs_metrics = SimpleNamespace(
         "requests",
         "Requests whose prefix was compared with the other replicas of the fleet.",
     ),
+    COLLECTOR_LEASES_LOST=_spec(
+        "kvobs_collector_leases_lost",
+        "counter",
+        "leases",
+        "Times another writer was found holding the lease on one of this collector's instances: its KV events and "
+        "scrapes are dropped (counted in kvobs_telemetry_dropped_total) until the lease is taken back.",
+        LABEL_INSTANCE,
+    ),
     COLLECTOR_ROUTING_LATE=_spec(
         "kvobs_collector_routing_late_requests",
         "counter",

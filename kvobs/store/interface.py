@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kvobs.store.leases import Leases
     from kvobs.store.rows import KVEventColumns, Record
 
 Instances = Iterable[str] | None  # which instances a read covers; None: all
@@ -218,6 +219,11 @@ class Store(Protocol):
 
     @property
     def lookups(self) -> Lookups: ...
+
+    @property
+    def leases(self) -> Leases:
+        """Which writer holds which instance (`kvobs.store.leases`)."""
+        ...
 
     @property
     def dialect(self) -> str:

@@ -287,6 +287,17 @@ class RunRow(Base):
     eviction_policy: Mapped[str | None] = mapped_column(String(32))
 
 
+class LeaseRow(Base):
+    """Which writer holds which instance (`kvobs.store.leases`): one row per instance, kept by the claims."""
+
+    __tablename__ = "leases"
+
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(MAX_ID_BYTES))  # role@host:pid/nonce
+    acquired_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
 # Tables written as records (`kvobs.store.rows`); rollups (`kv_event_minutes`) are kept by the writer.
 TABLES = {
     cls.__tablename__: cls

@@ -12,11 +12,15 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, delete, event, make_url, select
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, delete, event, make_url, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from kvobs.store.interface import Batch, Lookups, Reads
+from kvobs.store.leases import Leases
 from kvobs.store.schema import KVEventRow
+from kvobs.store.sql_leases import SqlLeases
 from kvobs.store.sql_lookups import SqlLookups
 from kvobs.store.sql_reads import SqlReads
 from kvobs.store.sql_write import SqlBatchWriter, is_unreachable
@@ -38,6 +42,7 @@ class SqlStore:
         self._batches = SqlBatchWriter(self.engine)
         self.reads: Reads = SqlReads(self)
         self.lookups: Lookups = SqlLookups(self)
+        self.leases: Leases = SqlLeases(self)
 
     @property
     def dialect(self) -> str:
@@ -83,10 +88,27 @@ def open_sql(url: str, *, migrate: bool = True, must_exist: bool = False) -> Sql
     return SqlStore(url, engine, sessionmaker(engine, expire_on_commit=False))
 
 
+# The key of the PostgreSQL advisory lock that migrations hold (any 64-bit constant of our own).
+MIGRATION_LOCK = 0x6B766F6273_0001
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Alembic's upgrade, one process at a time: several writers started at once on a new store (collectors of a
+    fleet, an engine beside them) would each create the tables, and all but one fail. On PostgreSQL an advisory lock
+    held by the migration's transaction serialises them; on SQLite the transaction takes the write lock first
+    (`BEGIN IMMEDIATE`), so a second migration waits (`busy_timeout`) and then finds the schema at head."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
+    if revision == "head":  # at head already (every open but the first): no lock taken, a plain read
+        with engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+        if current is not None and current == ScriptDirectory.from_config(config).get_current_head():
+            return
     with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        elif engine.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 

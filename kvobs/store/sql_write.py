@@ -141,7 +141,7 @@ def latest_footprints(rows: list[dict]) -> list[dict]:
         key = (row["session_id"], row["instance"])
         if key not in latest or row["ts"] >= latest[key]["ts"]:
             latest[key] = row
-    return [{c: row.get(c) for c in FOOTPRINT_COLUMNS} for row in latest.values()]
+    return [{c: row.get(c) for c in FOOTPRINT_COLUMNS} for _, row in sorted(latest.items())]  # see `_in_key_order`
 
 
 def _footprint_upsert(dialect_name: str):
@@ -154,6 +154,12 @@ def _footprint_upsert(dialect_name: str):
         set_={c: stmt.excluded[c] for c in FOOTPRINT_COLUMNS if c not in ("session_id", "instance")},
         where=stmt.excluded.ts >= table.c.ts,
     )
+
+
+# `_in_key_order`: every upsert of a batch (sessions, the minute rollup, footprints) goes in primary-key order, so
+# two writers' transactions (collectors of different replicas into one PostgreSQL) lock shared rows, such as one
+# session's, in the same order and never wait on each other in a cycle. A deadlock or serialization failure that
+# still happens is retried like an outage (`is_unreachable`), not taken for a bad row.
 
 
 def grouped_rows(grouped: dict[tuple, list[dict]], table: str) -> list[dict]:
@@ -176,12 +182,19 @@ def minute_sums(rows: Iterable[tuple]) -> list[dict]:
         acc[1] += first_owner or 0
     return [
         {"minute": m, "instance": i, "kind": k, "reason": r, "events": e, "blocks": b}
-        for (m, i, k, r), (e, b) in sums.items()
+        for (m, i, k, r), (e, b) in sorted(sums.items())  # in key order: see `_in_key_order`
     ]
 
 
+# PostgreSQL's serialization failure and deadlock: another writer's transaction won; the same batch succeeds again.
+_RETRY_SQLSTATES = ("40001", "40P01")
+
+
 def is_unreachable(exc: BaseException) -> bool:
-    """True for errors worth retrying: the database cannot be reached, not a row it refuses."""
+    """True for errors worth retrying: the database cannot be reached, or a concurrent writer's transaction made this
+    one fail; not a row it refuses."""
+    if isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in _RETRY_SQLSTATES:
+        return True
     return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
@@ -202,4 +215,4 @@ def _merge_per_key(model, rows: list[dict], *, first_wins: bool) -> list[dict]:
         key = tuple(row.get(k) for k in keys)
         earlier = merged.get(key, {})
         merged[key] = {**row, **earlier} if first_wins else {**earlier, **row}
-    return list(merged.values())
+    return [merged[key] for key in sorted(merged)]  # in key order: see `_in_key_order`

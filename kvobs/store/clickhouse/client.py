@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import importlib
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,15 @@ class StoreUnreachable(ConnectionError):
 
 
 class ChdbClient:
-    """ClickHouse's engine in this process, on the data directory `path` (one process at a time per directory)."""
+    """ClickHouse's engine in this process, on the data directory `path` (one process at a time per directory).
+
+    One session serves one statement at a time: an insert is streamed over several calls, and a query from another
+    thread meanwhile (a collector's tick beside its writer) fails with "Another streaming query or insert is already
+    active", so every call holds the client's lock."""
 
     def __init__(self, path: str, *, insert_settings: dict[str, int] | None = None) -> None:
         self.insert_settings = dict(insert_settings or {})
+        self._lock = threading.RLock()
         session = _require("chdb.session", "chdb:/// stores")
 
         try:
@@ -48,23 +54,28 @@ class ChdbClient:
             raise
 
     def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
-        self._session.query(sql, "CSV", params=_chdb_params(params))
+        with self._lock:
+            self._session.query(sql, "CSV", params=_chdb_params(params))
 
     def query_df(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        return self._session.query(sql, "DataFrame", params=_chdb_params(params))
+        with self._lock:
+            return self._session.query(sql, "DataFrame", params=_chdb_params(params))
 
     def insert(self, table: str, data: pa.Table, *, token: str | None = None) -> None:
         given = [f"{name}={int(value)}" for name, value in self.insert_settings.items()]
         given += [f"insert_deduplication_token='{_plain(token)}'"] if token else []
         settings = f" SETTINGS {', '.join(given)}" if given else ""
-        inserter = self._session.send_insert(
-            f"INSERT INTO {table} ({', '.join(data.column_names)}){settings}", "ArrowStream"
-        )
-        inserter.append(_arrow_stream(data))
-        inserter.finish()
+        stream = _arrow_stream(data)
+        with self._lock:
+            inserter = self._session.send_insert(
+                f"INSERT INTO {table} ({', '.join(data.column_names)}){settings}", "ArrowStream"
+            )
+            inserter.append(stream)
+            inserter.finish()
 
     def close(self) -> None:
-        self._session.close()
+        with self._lock:
+            self._session.close()
 
 
 class HttpClient:

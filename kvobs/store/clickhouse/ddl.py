@@ -10,7 +10,9 @@ The public columns are the SQL schema's (`kvobs.store.schema`, the README's sche
 - Rows that are updated (`sessions`, `steps`, `requests`) are `ReplacingMergeTree(version)`: an update inserts a
   newer version; reads use `FINAL`. Nothing is ever `UPDATE`d.
 - `id` (events, steps, alerts) is assigned by the writer: unique and increasing in one writer's insert order, as
-  the SQL row id is; SQL's row id does not exist on `requests` and `sessions` here.
+  the SQL row id is, and unique between writers (`store.ID_TAG_BITS`); SQL's row id does not exist on `requests`
+  and `sessions` here. `version` is taken the same way, so a later write (from any writer) is a higher version.
+- `leases` (version 7) records which writer holds which instance (`kvobs.store.clickhouse.leases`).
 - `session_footprints` (version 2; a materialized view into an AggregatingMergeTree) keeps each session's latest
   footprint per instance, the rollup the Sessions page reads.
 Every table deduplicates a retried insert by its token (`non_replicated_deduplication_window`).
@@ -166,6 +168,13 @@ _STEP_JOIN = [
     "ALTER TABLE steps ADD COLUMN IF NOT EXISTS tools Nullable(String) AFTER response_id",
 ]
 
+# Version 7: which writer holds which instance (SQL revision 0011; `kvobs.store.clickhouse.leases`).
+_LEASES = [
+    """CREATE TABLE IF NOT EXISTS leases (
+        instance String, holder String, acquired_at Float64, expires_at Float64, written_at Float64
+    ) ENGINE = ReplacingMergeTree(written_at) ORDER BY (instance, holder)""",
+]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
@@ -174,6 +183,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (4, "kv_events.num_blocks: the blocks a hit, an allocation, a preemption or a reset covers", _NUM_BLOCKS),
     (5, "runs: each engine run, from a start with an empty cache", _RUNS),
     (6, "steps.response_id and steps.tools: steps from agent spans", _STEP_JOIN),
+    (7, "leases: which writer holds which instance", _LEASES),
 ]
 
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,9 +32,11 @@ from sqlalchemy import make_url
 
 from kvobs.store.clickhouse import ddl
 from kvobs.store.clickhouse.client import ChdbClient, HttpClient, StoreUnreachable
+from kvobs.store.clickhouse.leases import ClickHouseLeases
 from kvobs.store.clickhouse.lookups import ClickHouseLookups
 from kvobs.store.clickhouse.reads import ClickHouseReads
 from kvobs.store.interface import Batch, Lookups, Reads
+from kvobs.store.leases import Leases
 from kvobs.store.rows import KVEventColumns, KVEventRecord, SessionRecord
 from kvobs.store.schema import DAY_S
 
@@ -40,7 +44,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HTTP_PORT = 8123
 GENERATED = ("id", "version")  # columns the writer fills: the row id and the row version
-_next_id = [time.time_ns()]  # row ids: unique and increasing within a process, far apart between processes
+# Row ids: a counter of microseconds (started at the clock, ahead of it only while a process writes more than a
+# million rows a second) above 12 bits drawn at random per process, so two writers into one store (collectors of
+# different replicas, an engine) never take the same id unless they drew the same 12 bits (1 in 4,096 a pair);
+# within a process ids increase in insert order, as SQL's row ids do, and across restarts as the clock does.
+ID_TAG_BITS = 12
+_ID_TAG = secrets.randbits(ID_TAG_BITS)
+_next_id = [time.time_ns() // 1000]
 _id_lock = threading.Lock()
 
 
@@ -94,6 +104,7 @@ class ClickHouseStore:
     def __post_init__(self) -> None:
         self.reads: Reads = ClickHouseReads(self)
         self.lookups: Lookups = ClickHouseLookups(self)
+        self.leases: Leases = ClickHouseLeases(self)
 
     # ---- writes ----------------------------------------------------------------------------------------------
     def write(self, batch: Batch, *, token: str | None = None) -> None:
@@ -142,8 +153,7 @@ class ClickHouseStore:
         columns = {}
         for name, ch_type in self.column_types(table).items():
             if name in GENERATED:
-                start = _take_ids(n)
-                columns[name] = pa.array(range(start, start + n), pa.uint64())
+                columns[name] = _take_ids(n)
                 continue
             column = pa.array(given.get(name, [None] * n), _arrow_type(ch_type), from_pandas=True)
             if column.null_count and not ch_type.startswith(("Nullable", "LowCardinality(Nullable")):
@@ -218,12 +228,13 @@ def _as_sql_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(frame.columns))
 
 
-def _take_ids(n: int) -> int:
-    """The first of `n` consecutive row ids, taken from the process's counter."""
+def _take_ids(n: int) -> pa.Array:
+    """`n` row ids from the process's counter, increasing (see `ID_TAG_BITS`)."""
     with _id_lock:
-        start = _next_id[0]
-        _next_id[0] += n
-    return start
+        start = max(_next_id[0], time.time_ns() // 1000)
+        _next_id[0] = start + n
+    counters = np.arange(start, start + n, dtype=np.uint64)
+    return pa.array((counters << np.uint64(ID_TAG_BITS)) | np.uint64(_ID_TAG), pa.uint64())
 
 
 def _columns_of(rows: list[dict]) -> dict[str, list]:
