@@ -90,8 +90,9 @@ class KVIngest:
         self.num_placeholders = 0  # offload placeholders seen (`wire.is_placeholder`): not stored as blocks
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
-        self.tiers: dict[str, ChainTracker] = {}  # other tiers' chains (an offload tier's own stores and removals)
-        self.primary_medium: str | None = None  # the device tier: the medium of the first block stored
+        # other (tier, group)s' chains: an offload tier's own stores and removals, a hybrid model's other groups'
+        self.tiers: dict[tuple[str, int], ChainTracker] = {}
+        self.primary: tuple[str, int] | None = None  # the device tier and group: those of the first block stored
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
         # removals to classify, a batch at a time: (arrived, event ts, sessions that lost blocks, blocks per session)
@@ -157,10 +158,10 @@ class KVIngest:
         hashes = event.block_hashes
         if not hashes:
             return
-        medium = medium_name(event.medium)
-        if self.primary_medium is None:
-            self.primary_medium = medium
-        chains = self.chains if medium == self.primary_medium else self._tier(medium)
+        medium, group = medium_name(event.medium), event.group_idx
+        if self.primary is None:
+            self.primary = (medium, group or 0)
+        chains = self._tier(medium, group)
         n, parent = len(hashes), event.parent_block_hash
         stored = wire.as_uint64_list(hashes)
         rows.kind += [STORED] * n
@@ -173,12 +174,17 @@ class KVIngest:
         rows.num_tokens += [event.block_size] * n
         rows.reason += [None] * n
         rows.num_blocks += [None] * n
+        rows.group_idx += [group] * n
+        kind, lora = event.kv_cache_spec_kind, event.lora_name  # names from outside: cut like ids
+        rows.kv_cache_spec_kind += [None if kind is None else clip_id(kind)] * n
+        rows.lora_name += [None if lora is None else clip_id(lora)] * n
+        rows.extra_keys += wire.extra_keys_json(event)
         chains.stored(hashes, parent, session)
 
     def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
-        medium, tokens = medium_name(event.medium), self.block_size
-        chains = self.chains if medium == self.primary_medium else self._tier(medium)
-        device = chains is self.chains  # another tier's removal is not the session losing its cached prefix
+        medium, tokens, group = medium_name(event.medium), self.block_size, event.group_idx
+        chains = self._tier(medium, group)
+        device = chains is self.chains  # another tier's or group's removal is not the session losing its prefix
         removed = chains.removed
         for block_hash in event.block_hashes:
             block = removed(block_hash)
@@ -198,20 +204,25 @@ class KVIngest:
                     medium=medium,
                     first_owner=first,
                     num_tokens=tokens,
+                    group_idx=group,
                 )
                 if device:
                     rows.losers.append(owner)
                 first = 0
 
-    def _tier(self, medium: str | None) -> ChainTracker:
-        """The chains of a tier other than the device tier (`primary_medium`, whose are `self.chains`): that tier's
-        own, so an offload tier's stores and removals never touch the device tier's blocks; an event naming no
-        medium, or one before any block was stored, goes to the device tier's."""
-        if medium is None or self.primary_medium is None:
+    def _tier(self, medium: str | None, group: int | None) -> ChainTracker:
+        """The chains of a (tier, KV-cache group): the device tier's first group (`primary`) are `self.chains`;
+        any other has its own, so an offload tier's stores and removals, or a hybrid model's sliding-window group
+        dropping its copy of a block the full-attention group still holds, never touch the device chains. An event
+        naming no medium or no group, or one before any block was stored, goes to the primary's."""
+        if self.primary is None:
             return self.chains
-        tier = self.tiers.get(medium)
+        key = (self.primary[0] if medium is None else medium, self.primary[1] if group is None else group)
+        if key == self.primary:
+            return self.chains
+        tier = self.tiers.get(key)
         if tier is None:
-            tier = self.tiers[medium] = ChainTracker()
+            tier = self.tiers[key] = ChainTracker()
         return tier
 
     def _cleared(self, rows: _BatchRows, reason: str) -> dict[str | None, int]:
@@ -326,6 +337,10 @@ class _BatchRows:
         "num_tokens",
         "reason",
         "num_blocks",
+        "group_idx",
+        "kv_cache_spec_kind",
+        "lora_name",
+        "extra_keys",
     )
 
     def __init__(self) -> None:
@@ -338,6 +353,10 @@ class _BatchRows:
         self.num_tokens: list[int | None] = []
         self.reason: list[str | None] = []
         self.num_blocks: list[int | None] = []
+        self.group_idx: list[int | None] = []
+        self.kv_cache_spec_kind: list[str | None] = []
+        self.lora_name: list[str | None] = []
+        self.extra_keys: list[str | None] = []
         self.losers: list[str | None] = []  # the owner of each removed row (not a column)
 
     def add(
@@ -352,6 +371,10 @@ class _BatchRows:
         num_tokens: int | None = None,
         reason: str | None = None,
         num_blocks: int | None = None,
+        group_idx: int | None = None,
+        kv_cache_spec_kind: str | None = None,
+        lora_name: str | None = None,
+        extra_keys: str | None = None,
     ) -> None:
         """One row, by column name (the `stored` rows of a chain are added a column at a time, in
         `KVIngest._stored`)."""
@@ -364,6 +387,10 @@ class _BatchRows:
         self.num_tokens.append(num_tokens)
         self.reason.append(reason)
         self.num_blocks.append(num_blocks)
+        self.group_idx.append(group_idx)
+        self.kv_cache_spec_kind.append(kv_cache_spec_kind)
+        self.lora_name.append(lora_name)
+        self.extra_keys.append(extra_keys)
 
     def columns(self) -> dict[str, list]:
         """Column name -> values, for `KVEventColumns` (which refuses a name `KVEventRecord` does not have)."""

@@ -22,6 +22,11 @@ from typing import ClassVar
 from kvobs.semconv.reasons import PRESSURE_REASONS, EvictionReason, InvalidationReason, PreemptionReason
 from kvobs.semconv.spans import KVEventKind
 
+# The engine's one KV-cache group, as vLLM's hybrid allocator numbers and names groups (`group_idx`,
+# `kv_cache_spec_kind`): every layer attends fully, so every block is in group 0. The publisher and the store say it.
+KV_CACHE_GROUP = 0
+KV_CACHE_SPEC_KIND = "full_attention"
+
 
 @dataclass(frozen=True)
 class KVEvent:

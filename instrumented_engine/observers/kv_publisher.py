@@ -44,14 +44,14 @@ def _stored(event: ev.BlocksStored, omit_token_ids: bool = False) -> wire.Event:
         medium=event.medium,
         lora_name=event.adapter,
         extra_keys=[None] * len(event.block_hashes),
-        group_idx=0,
-        kv_cache_spec_kind="full_attention",
+        group_idx=ev.KV_CACHE_GROUP,
+        kv_cache_spec_kind=ev.KV_CACHE_SPEC_KIND,
         session_id=event.session_id,
     )
 
 
 def _removed(event: ev.BlockEvicted, _omit_token_ids: bool = False) -> wire.Event:
-    return wire.BlockRemoved(block_hashes=[event.block_hash], medium=event.medium, group_idx=0)
+    return wire.BlockRemoved(block_hashes=[event.block_hash], medium=event.medium, group_idx=ev.KV_CACHE_GROUP)
 
 
 def _cleared(_event: ev.CacheCleared, _omit_token_ids: bool = False) -> wire.Event:

@@ -139,6 +139,9 @@ class StoreRecorder:
                 parent_hash=parent,
                 num_tokens=event.block_size,
                 first_owner=1,
+                group_idx=ev.KV_CACHE_GROUP,
+                kv_cache_spec_kind=ev.KV_CACHE_SPEC_KIND,
+                lora_name=event.adapter,
             )
             parent = block_hash
 
@@ -179,6 +182,7 @@ class StoreRecorder:
                 num_tokens=self.block_size,
                 reason=event.store_reason,
                 first_owner=int(index == 0),
+                group_idx=ev.KV_CACHE_GROUP,
             )
 
     def _preempted(self, event: ev.Preempted) -> None:

@@ -123,6 +123,14 @@ class KVEventRecord(Record):
     medium: str | None = None
     first_owner: int | None = None  # 1 on one row per block event, 0 on further owners' rows, None without a block
     num_blocks: int | None = None  # blocks an event without a block hash covers (hit, allocated, preempted, cleared)
+    # As vLLM's BlockStored/BlockRemoved give them (None where not given): the KV-cache group of a hybrid model's
+    # block (full attention, sliding window, ...: each group caches the same hashes apart), that group's kind, the
+    # LoRA adapter the block was computed under, and the block's extra hash keys (JSON: multimodal ids, cache salt,
+    # adapter; `kvobs.vllm.kv_events.extra_keys_json`).
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    lora_name: str | None = None
+    extra_keys: str | None = None
 
 
 class KVEventColumns:

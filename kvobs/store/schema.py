@@ -177,6 +177,11 @@ class KVEventRow(Base):
     # The blocks an event without a block hash covers (a prefix hit, an allocation, a preemption, a reset); NULL on
     # a block's own row (one block: `block_hash`), and on rows written before schema 0008 (unknown).
     num_blocks: Mapped[int | None] = mapped_column(Integer)
+    # vLLM's group_idx, kv_cache_spec_kind, lora_name and extra_keys (JSON) of a block's event (schema 0012).
+    group_idx: Mapped[int | None] = mapped_column(SmallInteger)
+    kv_cache_spec_kind: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    lora_name: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    extra_keys: Mapped[str | None] = mapped_column(Text)
 
 
 class KVEventMinuteRow(Base):

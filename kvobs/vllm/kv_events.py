@@ -28,6 +28,7 @@ from that number on, then `(b"", REPLAY_END, b"")`; releases up to 0.24 answered
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, NamedTuple
 
 import msgspec
@@ -217,6 +218,27 @@ def is_placeholder(event: BlockStored) -> bool:
     """An offloading connector's placeholder: hashes that reached another tier, with no tokens and no block size
     (vLLM's legacy offload payload); not blocks of the cache the model attends from."""
     return event.block_size == 0 and not event.token_ids
+
+
+EXTRA_KEYS_MAX_CHARS = 1024  # a block's extra keys kept as JSON up to this long, else as their digest
+_json = msgspec.json.Encoder()
+
+
+def extra_keys_json(event: BlockStored) -> list[str | None]:
+    """Each stored block's extra hash keys (multimodal ids, cache salt, adapter, ...) as JSON text, one per block hash
+    (None where vLLM gave none); keys longer than `EXTRA_KEYS_MAX_CHARS` as `sha256:<hex>` of that JSON, which still
+    compares equal between blocks with the same keys."""
+    n, given = len(event.block_hashes), event.extra_keys
+    if not given or all(keys is None for keys in given):
+        return [None] * n
+    out: list[str | None] = []
+    for keys in list(given[:n]) + [None] * (n - len(given)):
+        if keys is None:
+            out.append(None)
+            continue
+        text = _json.encode(keys)
+        out.append(text.decode() if len(text) <= EXTRA_KEYS_MAX_CHARS else f"sha256:{hashlib.sha256(text).hexdigest()}")
+    return out
 
 
 def should_bind(endpoint: str) -> bool:

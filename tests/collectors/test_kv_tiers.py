@@ -1,9 +1,11 @@
-"""Tiers in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`), and an
-offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted, not
-stored as blocks of the replica's cache."""
+"""Tiers and groups in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`);
+an offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted, not
+stored as blocks of the replica's cache; a hybrid model's KV-cache groups each keep their own chains, and what vLLM
+says of a block beyond its hash (group, its kind, LoRA adapter, extra keys) is stored with it."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from collectors.kv_ingest import KVIngest
@@ -62,7 +64,7 @@ def test_an_offload_tiers_stores_and_removals_keep_to_their_own_chains(tmp_path)
     device = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "GPU", None, session_id="s1")
     offload = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "CPU", None, session_id="s1")
     ingest.on_batch(0, wire.KVEventBatch(1.8e9, [device, offload, wire.BlockRemoved([1, 2], "CPU")], 0))
-    assert ingest.primary_medium == MEDIUM_GPU and set(ingest.chains.blocks) == {1, 2}
+    assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.blocks) == {1, 2}
     assert ingest.chains.footprints["s1"].resident == 2 and ingest.num_pending_idle == 0
     ingest.on_batch(1, wire.KVEventBatch(1.8e9 + 1, [wire.BlockRemoved([2], "GPU")], 0))
     assert set(ingest.chains.blocks) == {1} and ingest.chains.footprints["s1"].resident == 1
@@ -73,3 +75,64 @@ def test_an_offload_tiers_stores_and_removals_keep_to_their_own_chains(tmp_path)
         (2, "CPU", "s1"),
         (2, MEDIUM_GPU, "s1"),
     ]
+
+
+def test_a_hybrid_models_groups_keep_their_own_chains_and_every_field_is_stored(tmp_path):
+    """vLLM's hybrid allocator caches the same block hashes once per KV-cache group (full attention, sliding window)
+    and drops a sliding-window group's copies early, while the full-attention group keeps them: the first group
+    stored to is the device chains', so that early drop is no loss of the session's prefix. The events travel as
+    the wire carries them (encoded, decoded); each row keeps the group, its kind, the adapter and the extra keys."""
+    store = open_store(f"sqlite:///{tmp_path / 'groups.db'}")
+    writer = StoreWriter(store)
+    ingest = KVIngest(writer, instance="vllm-a")
+    long_keys = ["salt-" + "x" * 2000]
+    full = wire.BlockStored(
+        [1, 2],
+        None,
+        [5] * 32,
+        16,
+        None,
+        "GPU",
+        "adapter-" + "a" * 300,
+        extra_keys=[["img-1", 0], long_keys],
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+        session_id="s1",
+    )
+    window = wire.BlockStored(
+        [1, 2],
+        None,
+        [5] * 32,
+        16,
+        None,
+        "GPU",
+        None,
+        group_idx=1,
+        kv_cache_spec_kind="sliding_window",
+        session_id="s1",
+    )
+    batches = [[full, window, wire.BlockRemoved([1], "GPU", group_idx=1)], [wire.BlockRemoved([2], "GPU", group_idx=0)]]
+    for seq, events in enumerate(batches):
+        decoded = wire.decode_batch(wire.encode_batch(wire.KVEventBatch(1.8e9 + seq, events, 0)))
+        ingest.on_batch(seq, decoded.batch)
+        if seq == 0:  # the window group's drop left the device chains and the footprint whole
+            assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.blocks) == {1, 2}
+            assert ingest.chains.footprints["s1"].resident == 2
+    assert set(ingest.chains.blocks) == {1} and ingest.chains.footprints["s1"].resident == 1
+    writer.close()
+    rows = store.reads.kv_events()
+    kinds = [None if pd.isna(kind) else kind for kind in rows["kv_cache_spec_kind"]]
+    got = list(zip(rows["kind"], rows["block_hash"], rows["group_idx"], kinds))
+    assert got == [
+        ("stored", 1, 0, "full_attention"),
+        ("stored", 2, 0, "full_attention"),
+        ("stored", 1, 1, "sliding_window"),
+        ("stored", 2, 1, "sliding_window"),
+        ("removed", 1, 1, None),
+        ("removed", 2, 0, None),
+    ]
+    lora = rows["lora_name"].tolist()
+    assert lora[0] == lora[1] and lora[0].startswith("adapter-aaa") and "~cut:" in lora[0] and len(lora[0]) == 255
+    assert rows["extra_keys"][0] == '["img-1",0]'
+    assert rows["extra_keys"][1].startswith("sha256:") and len(rows["extra_keys"][1]) == 7 + 64
+    assert rows["extra_keys"][2:].isna().all()

@@ -35,7 +35,7 @@ def test_items_round_trip_and_a_cut_off_frame_is_ignored(tmp_path):
 
 
 def test_committed_items_are_not_replayed_and_their_segments_are_deleted(tmp_path):
-    spool = Spool(tmp_path, segment_bytes=200)
+    spool = Spool(tmp_path, segment_bytes=400)  # a few items a segment
     seqs = [spool.append("insert", [_event(i)]) for i in range(20)]
     assert len(list(tmp_path.glob("seg-*.log"))) > 3
     spool.commit(seqs[14])

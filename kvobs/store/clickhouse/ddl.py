@@ -175,6 +175,17 @@ _LEASES = [
     ) ENGINE = ReplacingMergeTree(written_at) ORDER BY (instance, holder)""",
 ]
 
+# Version 8: what vLLM says of a block beyond its hash (SQL revision 0012).
+_KV_GROUPS = [
+    f"ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS {name} {type_} AFTER {after}"
+    for name, type_, after in (
+        ("group_idx", "Nullable(Int16)", "num_blocks"),
+        ("kv_cache_spec_kind", "LowCardinality(Nullable(String))", "group_idx"),
+        ("lora_name", "LowCardinality(Nullable(String))", "kv_cache_spec_kind"),
+        ("extra_keys", "Nullable(String)", "lora_name"),
+    )
+]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
@@ -184,6 +195,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (5, "runs: each engine run, from a start with an empty cache", _RUNS),
     (6, "steps.response_id and steps.tools: steps from agent spans", _STEP_JOIN),
     (7, "leases: which writer holds which instance", _LEASES),
+    (8, "kv_events.group_idx, kv_cache_spec_kind, lora_name, extra_keys", _KV_GROUPS),
 ]
 
 

@@ -267,6 +267,7 @@ _ARROW = {
     "UInt64": pa.uint64(),
     "UInt32": pa.uint32(),
     "UInt8": pa.uint8(),
+    "Int16": pa.int16(),
     "Int32": pa.int32(),
     "Int64": pa.int64(),
     "Float64": pa.float64(),
