@@ -183,6 +183,7 @@ class KVIngest:
 
     def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
         medium, tokens, group = medium_name(event.medium), self.block_size, event.group_idx
+        reason = event.reason if event.reason in wire.REMOVAL_REASONS else None  # our engine's; vLLM sends none
         chains = self._tier(medium, group)
         device = chains is self.chains  # another tier's or group's removal is not the session losing its prefix
         removed = chains.removed
@@ -205,6 +206,7 @@ class KVIngest:
                     first_owner=first,
                     num_tokens=tokens,
                     group_idx=group,
+                    reason=reason,
                 )
                 if device:
                     rows.losers.append(owner)

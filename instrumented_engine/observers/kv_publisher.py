@@ -27,6 +27,7 @@ import zmq
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import StepResult
+from kvobs.semconv.reasons import EvictionReason
 from kvobs.vllm import kv_events as wire
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,11 @@ def _stored(event: ev.BlocksStored, omit_token_ids: bool = False) -> wire.Event:
 
 
 def _removed(event: ev.BlockEvicted, _omit_token_ids: bool = False) -> wire.Event:
-    return wire.BlockRemoved(block_hashes=[event.block_hash], medium=event.medium, group_idx=ev.KV_CACHE_GROUP)
+    """vLLM's BlockRemoved; a block not simply taken for room also says why (`reason`, kvobs's extension)."""
+    reason = None if event.store_reason == EvictionReason.CAPACITY.value else event.store_reason
+    return wire.BlockRemoved(
+        block_hashes=[event.block_hash], medium=event.medium, group_idx=ev.KV_CACHE_GROUP, reason=reason
+    )
 
 
 def _cleared(_event: ev.CacheCleared, _omit_token_ids: bool = False) -> wire.Event:

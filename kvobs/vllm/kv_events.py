@@ -33,6 +33,8 @@ from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
+from kvobs.semconv.reasons import EvictionReason, InvalidationReason
+
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
 BlockHash = int | bytes
@@ -63,11 +65,21 @@ class BlockStored(KVCacheEvent):
 
 
 class BlockRemoved(KVCacheEvent):
-    """Cached blocks lost their content (vLLM emits one event per block)."""
+    """Cached blocks lost their content (vLLM emits one event per block).
+
+    `reason` is kvobs's extension, sent by our engine only when the block was not simply taken for room (a session
+    release, a TTL, an invalidation: `REMOVAL_REASONS`); vLLM never sends it, and a subscriber that does not know
+    the key ignores it (msgspec's default for map-encoded structs), so an ordinary eviction's bytes are vLLM's."""
 
     block_hashes: list[BlockHash]
     medium: str | None
     group_idx: Count | None = None
+    reason: str | None = None
+
+
+# The `BlockRemoved.reason` values a collector keeps (kvobs's engine's eviction and invalidation reasons); any other
+# value is not ours and is stored as no reason.
+REMOVAL_REASONS = frozenset(r.value for r in (*EvictionReason, *InvalidationReason))
 
 
 class AllBlocksCleared(KVCacheEvent):

@@ -1,7 +1,8 @@
 """Tiers and groups in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`);
 an offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted, not
 stored as blocks of the replica's cache; a hybrid model's KV-cache groups each keep their own chains, and what vLLM
-says of a block beyond its hash (group, its kind, LoRA adapter, extra keys) is stored with it."""
+says of a block beyond its hash (group, its kind, LoRA adapter, extra keys, and our engine's removal reason) is stored
+with it."""
 
 from __future__ import annotations
 
@@ -136,3 +137,19 @@ def test_a_hybrid_models_groups_keep_their_own_chains_and_every_field_is_stored(
     assert rows["extra_keys"][0] == '["img-1",0]'
     assert rows["extra_keys"][1].startswith("sha256:") and len(rows["extra_keys"][1]) == 7 + 64
     assert rows["extra_keys"][2:].isna().all()
+
+
+def test_a_removals_reason_from_our_engine_is_kept_and_any_other_value_is_not(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'reasons.db'}")
+    writer = StoreWriter(store)
+    ingest = KVIngest(writer, instance="engine-a")
+    stored = wire.BlockStored([1, 2, 3], None, [5] * 48, 16, None, "GPU", None, session_id="s1")
+    removals = [
+        wire.BlockRemoved([1], "GPU", 0, reason="session_release"),
+        wire.BlockRemoved([2], "GPU", 0),  # vLLM's: no reason
+        wire.BlockRemoved([3], "GPU", 0, reason="x" * 100),  # not a reason of ours
+    ]
+    ingest.on_batch(0, wire.decode_batch(wire.encode_batch(wire.KVEventBatch(1.8e9, [stored, *removals], 0))).batch)
+    writer.close()
+    removed = store.reads.kv_events(kinds=["removed"])
+    assert [None if pd.isna(r) else r for r in removed["reason"]] == ["session_release", None, None]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
+import msgspec
 import pytest
 import zmq
 
@@ -59,6 +61,27 @@ def test_engine_events_map_to_vllm_events():
     )
     assert removed == wire.BlockRemoved(block_hashes=[17], medium="CPU", group_idx=0)  # each event's own tier
     assert isinstance(cleared, wire.AllBlocksCleared)
+
+
+class _VllmBlockRemoved(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockRemoved"):
+    """vLLM's own BlockRemoved (vllm/distributed/kv_events.py): no `reason`."""
+
+    block_hashes: list[int]
+    medium: str | None
+    group_idx: int | None = None
+
+
+def test_a_removal_not_for_room_says_why_and_a_vllm_subscriber_still_reads_it():
+    """kvobs's `reason` on BlockRemoved: absent from an eviction for room (the bytes are vLLM's), present on a session
+    release or an invalidation; vLLM's own struct decodes either (an unknown map key is ignored)."""
+    released = replace(EVICTED, reason="session_release")
+    invalidated = replace(EVICTED, reason="invalidation", invalidation_reason="weights_update")
+    plain, release, invalidation = to_wire_events([EVICTED, released, invalidated])
+    assert (plain.reason, release.reason, invalidation.reason) == (None, "session_release", "weights_update")
+    vllm_bytes = msgspec.msgpack.encode(_VllmBlockRemoved([17], "CPU", 0))
+    assert msgspec.msgpack.encode(plain) == vllm_bytes
+    vllm_decoder = msgspec.msgpack.Decoder(_VllmBlockRemoved)
+    assert vllm_decoder.decode(msgspec.msgpack.encode(release)) == _VllmBlockRemoved([17], "CPU", 0)
 
 
 def test_omit_token_ids_keeps_the_prompt_off_the_wire_and_everything_else():
