@@ -26,7 +26,6 @@ from collectors.kv_ingest import KVIngest
 from collectors.kv_silence import SILENCE_S, KVSilenceWatch
 from collectors.kv_streams import KVStreamSpec, parse_streams
 from collectors.kv_subscriber import KVEventSubscriber
-from collectors.leases import LeaseKeeper
 from collectors.otlp_forward import OTLPForwarder, check_forward_url
 from collectors.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.own_metrics import CollectorMetrics
@@ -37,6 +36,7 @@ from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
+from kvobs.store.leases import LeaseKeeper
 from kvobs.store.retention import Retention
 from kvobs.store.spool import Spool
 from kvobs.store.writer import StoreWriter
@@ -112,7 +112,7 @@ class Collector:
             for spec in parse_streams(options.kv_events, options.kv_events_replay, default_instance=default)
         ]
         replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
-        self.leases = LeaseKeeper(self.store.leases, replicas)  # one writer per replica (kvobs.store.leases)
+        self.leases = LeaseKeeper(self.store.leases, replicas, role="collect")  # one writer per replica
         self.span_steps = SpanSteps(
             self.writer,
             activity=self.activity,

@@ -75,7 +75,7 @@ class Scraper:
         held: Callable[[str], bool] = lambda instance: True,
     ) -> None:
         self.targets = targets
-        self.held = held  # whether this collector holds the instance's lease (collectors.leases)
+        self.held = held  # whether this collector holds the instance's lease (kvobs.store.leases)
         self.clock = clock  # stamps each scrape (a replay gives the recorded scrape times)
         self.writer = writer
         self.drops = drops

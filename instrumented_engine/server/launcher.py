@@ -39,6 +39,7 @@ from instrumented_engine.server.guards import DEFAULT_MAX_REQUEST_BYTES
 from instrumented_engine.server.serving import ServedModel
 from kvobs.semconv.metrics import kvobs_metrics
 from kvobs.store import StoreWriter, open_store
+from kvobs.store.leases import RENEW_EVERY_S, LeaseKeeper
 from kvobs.store.retention import EXPIRED_TABLE, Retention
 from kvobs.store.spool import Spool
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
@@ -129,7 +130,13 @@ class EngineServer:
         telemetry: Telemetry | None = None,
     ) -> None:
         self.options = options
+        self.instance = options.instance or _default_instance(options)
         self.store = open_store(options.store_url) if options.store_url else None  # fail fast on a bad URL
+        self.leases = None
+        if self.store is not None:  # before the model loads: a held instance costs a line, not minutes
+            self.leases = LeaseKeeper(self.store.leases, [self.instance], role="serve")
+            self.leases.claim()
+        self._renewing = threading.Event()
         self.telemetry = telemetry or setup_telemetry(
             TelemetryConfig(
                 service_name="kvobs-engine",
@@ -188,7 +195,7 @@ class EngineServer:
             self.writer = StoreWriter(self.store, spool=Spool(options.spool_dir) if options.spool_dir else None)
             self.recorder = StoreRecorder(
                 self.writer,
-                instance=options.instance or _default_instance(options),
+                instance=self.instance,
                 block_size=layout.block_size,
                 medium=medium,
                 snapshot_interval_s=options.snapshot_interval_s,
@@ -219,6 +226,8 @@ class EngineServer:
         self.engine.start()
         if self.retention is not None:
             self.retention.start()
+        if self.leases is not None:
+            threading.Thread(target=self._renew_leases, name="kvobs-leases", daemon=True).start()
         yield
         await asyncio.to_thread(self._stop_engine)
 
@@ -229,12 +238,32 @@ class EngineServer:
             self.retention.stop()
         if self.publisher is not None:
             self.publisher.close()
+        self._renewing.set()
         if self.writer is not None:
             self.recorder.instance_snapshot(self.engine.engine.current_stats())
             self.writer.close()
+        if self.store is not None:
+            self._release_leases()
             self.store.close()
             log.info("store: %d rows written, %d dropped", self.writer.num_written, self.writer.num_dropped)
         self.telemetry.shutdown()
+
+    def _renew_leases(self) -> None:
+        """Keep this engine's lease on its instance (kvobs.store.leases) while it serves; a lease another writer took
+        meanwhile is logged as an error by the keeper (this engine goes on writing: it stalled a minute first)."""
+        while not self._renewing.wait(RENEW_EVERY_S):
+            try:
+                self.leases.renew(time.time())
+            except Exception:
+                log.exception("renewing the store lease on %s failed", self.instance)
+
+    def _release_leases(self) -> None:
+        if self.leases is None:
+            return
+        try:
+            self.leases.release()
+        except Exception:
+            log.exception("releasing the store lease on %s failed: it expires by itself", self.instance)
 
     def _make_uvicorn(self) -> uvicorn.Server:
         config = uvicorn.Config(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,6 +91,25 @@ def test_sigterm_flushes_spans_and_store_rows(tmp_path):
         assert rows == [("cli-engine", "cli", trace_id, 4)]
         kinds = conn.execute(text("SELECT DISTINCT kind FROM kv_events")).scalars().all()
         assert sorted(kinds) == ["allocated", "hit"]  # a 6-token prompt fills no block: nothing is stored
+    assert store.leases.current() == []  # its lease on `cli-engine` released at the stop
+    store.close()
+
+
+def test_serve_refuses_an_instance_another_writer_holds_before_loading_the_model(tmp_path):
+    """Two writers of one instance would merge two caches' events into one: `kvobs serve --store` claims its instance
+    as a collector claims its replicas, and a live holder's lease is refused at start, naming the holder."""
+    url = f"sqlite:///{tmp_path / 'kvobs.db'}"
+    store = open_store(url)
+    holder = f"collect@{socket.gethostname()}:{os.getpid()}/0000test"  # this test process: alive
+    store.leases.claim(["engine-a"], holder, ttl_s=60.0)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "serve", "--store", url, "--instance", "engine-a", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and f"engine-a held by {holder}" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "loading SmolLM2" not in out.stderr + out.stdout
     store.close()
 
 

@@ -9,9 +9,8 @@ import time
 import pytest
 
 from collectors.collector import Collector, CollectorOptions
-from collectors.leases import LeaseKeeper
 from kvobs.store import open_store
-from kvobs.store.leases import LeaseRefused
+from kvobs.store.leases import LeaseKeeper, LeaseRefused
 
 
 def test_a_second_collector_naming_a_held_replica_does_not_start(tmp_path):
@@ -36,12 +35,12 @@ def test_a_second_collector_naming_a_held_replica_does_not_start(tmp_path):
 
 def test_a_lease_taken_while_stalled_is_said_counted_and_taken_back(tmp_path, caplog):
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
-    mine = LeaseKeeper(store.leases, ["vllm-a", "vllm-b"], ttl_s=8.0)
-    other = LeaseKeeper(store.leases, ["vllm-a"], ttl_s=8.0)
+    mine = LeaseKeeper(store.leases, ["vllm-a", "vllm-b"], role="collect", ttl_s=8.0)
+    other = LeaseKeeper(store.leases, ["vllm-a"], role="collect", ttl_s=8.0)
     mine.claim()
     t = time.time() + 20  # no renewal for longer than the lease: the other collector takes vllm-a
     other.leases.claim(other.instances, other.holder, ttl_s=8.0, now=t)
-    with caplog.at_level(logging.ERROR, logger="collectors.leases"):
+    with caplog.at_level(logging.ERROR, logger="kvobs.store.leases"):
         mine.renew(t + 1)
     assert not mine.held("vllm-a") and mine.held("vllm-b")
     assert mine.num_lost == {"vllm-a": 1}

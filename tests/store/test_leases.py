@@ -3,11 +3,15 @@ renewal, release, and two claimers racing."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 
 import pytest
 
-from kvobs.store.leases import LeaseRefused
+from kvobs.store.leases import LeaseKeeper, LeaseRefused
 
 T0 = 1_800_000_000.0
 TTL = 60.0
@@ -93,3 +97,24 @@ def _race(leases, names: list[str], *, claimers: int) -> dict[str, bool]:
     for thread in threads:
         thread.join(30)
     return outcomes
+
+
+def test_a_lease_of_a_process_of_this_host_that_no_longer_runs_is_taken_at_once(any_store):
+    """A SIGKILLed writer restarted on the same host (or a restarted container, the same small pid under a new
+    nonce) does not wait out the lease; a live process's lease, or another host's, is never taken."""
+    leases = any_store.leases
+    if hasattr(leases, "settle_s"):
+        leases.settle_s = 0.05
+    host = socket.gethostname()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = int(dead.stdout)  # a pid that has exited (not reused this quickly)
+    leases.claim(["a"], f"serve@{host}:{gone}/0000dead", ttl_s=TTL)
+    leases.claim(["b"], f"collect@{host}:{os.getpid()}/0000prev", ttl_s=TTL)  # this pid, an earlier nonce
+    keeper = LeaseKeeper(leases, ["a", "b"], role="serve")
+    keeper.claim()
+    assert {lease.instance: lease.holder for lease in leases.current()} == {"a": keeper.holder, "b": keeper.holder}
+    leases.claim(["c"], f"collect@{host}:{os.getppid()}/0000live", ttl_s=TTL)  # alive: our parent
+    leases.claim(["d"], f"collect@elsewhere.example:{gone}/00000far", ttl_s=TTL)  # another host: never judged
+    for name in ("c", "d"):
+        with pytest.raises(LeaseRefused):
+            LeaseKeeper(leases, [name], role="serve").claim()
