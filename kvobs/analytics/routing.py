@@ -131,40 +131,71 @@ def _shared_sessions(requests: pd.DataFrame) -> dict[frozenset[str], int]:
 class FleetIndex:
     """Which replica holds which block, advanced through KV events in time order (one pass): each instance's
     resident block hashes, and the parent of every block some replica holds (what a request's chain is walked
-    through). A block no replica holds any more is forgotten, so the index is as large as the fleet's caches."""
+    through). A block no replica holds any more is forgotten, so the index is as large as the fleet's caches.
+
+    A replica holds a block while any of its tiers does (`medium`: the device cache, an offload tier), since a block
+    on an offload tier is loaded, not recomputed (llm-d's scorer counts it too, at a lower weight): an offload
+    tier's copy dropped, or the device copy evicted after it reached the offload tier, is no loss of the block."""
 
     def __init__(self, *, track_losses: bool = False) -> None:
-        self.resident: dict[str, set[int]] = defaultdict(set)
+        self.resident: dict[str, dict[int, int]] = {}  # instance -> block -> how many of its tiers hold it
+        self._tiers: dict[str, dict[str | None, set[int]]] = {}  # instance -> medium -> the blocks that tier holds
         self.parent: dict[int, int | None] = {}
         self._holders: Counter[int] = Counter()
         # with `track_losses`: (instance, block) -> (when, kind) of its loss there, until it is stored there again
         self.lost: dict[tuple[str, int], tuple[float, str]] | None = {} if track_losses else None
 
-    def apply(self, kinds, instances, hashes, parents, times=None) -> None:
-        """Apply events (columns, in time order) of `ROUTING_KINDS`; `times` (their `ts`) when losses are tracked."""
-        lost = self.lost
+    def apply(self, kinds, instances, hashes, parents, times=None, media=None) -> None:
+        """Apply events (columns, in time order) of `ROUTING_KINDS`; `times` (their `ts`) when losses are tracked;
+        `media` (their tier, None where not named; all None: one tier)."""
+        lost, tiers, resident, holders = self.lost, self._tiers, self.resident, self._holders
         times = itertools.repeat(0.0) if times is None else times
-        for kind, instance, block_hash, parent, ts in zip(kinds, instances, hashes, parents, times):
+        media = itertools.repeat(None) if media is None else media
+        for kind, instance, block_hash, parent, ts, medium in zip(kinds, instances, hashes, parents, times, media):
             if kind == STORED:
-                held, block_hash = self.resident[instance], int(block_hash)
-                if block_hash not in held:
-                    held.add(block_hash)
-                    self._holders[block_hash] += 1
+                block_hash = int(block_hash)
+                by_tier = tiers.get(instance)
+                if by_tier is None:
+                    by_tier = tiers[instance] = {}
+                    resident[instance] = {}
+                copies = by_tier.get(medium)
+                if copies is None:
+                    copies = by_tier[medium] = set()
+                if block_hash not in copies:
+                    copies.add(block_hash)
+                    held = resident[instance]
+                    count = held.get(block_hash, 0)
+                    if not count:
+                        holders[block_hash] += 1
+                    held[block_hash] = count + 1
                 self.parent[block_hash] = None if pd.isna(parent) else int(parent)
                 if lost is not None:
                     lost.pop((instance, block_hash), None)
-            elif kind == CLEARED:
-                for block_hash in self.resident.pop(instance, ()):
+            elif kind == CLEARED:  # a reset drops every tier's blocks
+                tiers.pop(instance, None)
+                for block_hash in resident.pop(instance, ()):
                     self._release(block_hash)
                     if lost is not None:
                         lost[(instance, block_hash)] = (ts, kind)
             elif kind in LOSS_KINDS and not pd.isna(block_hash):
-                held, block_hash = self.resident.get(instance, set()), int(block_hash)
-                if block_hash in held:
-                    held.discard(block_hash)
-                    self._release(block_hash)
-                    if lost is not None:
-                        lost[(instance, block_hash)] = (ts, kind)
+                by_tier, block_hash = tiers.get(instance), int(block_hash)
+                if by_tier is None:
+                    continue
+                copies = by_tier.get(medium)
+                if (copies is None or block_hash not in copies) and medium is None:
+                    copies = next((c for c in by_tier.values() if block_hash in c), None)  # where it is
+                if copies is None or block_hash not in copies:
+                    continue
+                copies.discard(block_hash)
+                held = resident[instance]
+                count = held[block_hash] - 1
+                if count:
+                    held[block_hash] = count
+                    continue
+                del held[block_hash]  # its last copy on this replica
+                self._release(block_hash)
+                if lost is not None:
+                    lost[(instance, block_hash)] = (ts, kind)
 
     def _release(self, block_hash: int) -> None:
         self._holders[block_hash] -= 1
@@ -216,10 +247,22 @@ def request_lookups(requests: pd.DataFrame, events: pd.DataFrame, check: FleetCh
     return _lookups(requests, events, check, FleetIndex(track_losses=True), None)
 
 
+def primary_group(events: pd.DataFrame) -> pd.DataFrame:
+    """Each instance's rows of its primary KV-cache group (that of its first stored block; a row naming no group
+    belongs to it): a hybrid model's other groups (sliding window, ...) cache the same hashes apart and drop them on
+    their own schedule, which is no loss of the prefix (as the collector's device chains, `kv_ingest`)."""
+    if "group_idx" not in events.columns or events["group_idx"].isna().all():
+        return events
+    groups = events["group_idx"]
+    first = events[(events["kind"] == STORED) & groups.notna()].groupby("instance", sort=False)["group_idx"].first()
+    primary = events["instance"].map(first)
+    return events[groups.isna() | primary.isna() | (groups == primary)]
+
+
 def _lookups(
     requests: pd.DataFrame, events: pd.DataFrame, check: FleetCheck, index: FleetIndex, apply_until: float | None
 ) -> pd.DataFrame:
-    events = events.sort_values("ts", kind="stable")
+    events = primary_group(events).sort_values("ts", kind="stable")
     stored = events[events["kind"] == STORED]
     graph = BlockGraph.from_stored(stored)
     for block_hash, parent in index.parent.items():  # chains through blocks stored before these events
@@ -263,6 +306,8 @@ def _sweep(
     ts = events["ts"].to_numpy(float)
     columns = [events[c].to_numpy(object) for c in ("kind", "instance", "block_hash", "parent_hash")]
     columns.append(ts)
+    media = events["medium"] if "medium" in events.columns else pd.Series(None, index=events.index, dtype=object)
+    columns.append(media.astype(object).where(media.notna(), None).to_numpy(object))  # None where no tier is named
     rows, at = [], 0
     for looked_up, req, chain, others, size, pause_from in queries:
         stop = max(int(np.searchsorted(ts, looked_up, side="right")), at)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
-from kvobs.analytics.routing import FleetCheck, fleet_losses, routing_losses, routing_summary
+from kvobs.analytics.routing import FleetCheck, FleetIndex, fleet_losses, routing_losses, routing_summary
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import open_store
 from tests.cli.test_agents import agents
@@ -125,3 +125,41 @@ def test_replicas_whose_hashes_cannot_meet_are_not_compared_and_say_why():
     assert any("differ in block size (a 16, b 16, c 32 tokens)" in note for note in check.notes)
     assert any(note.startswith("a and b never stored the same block although 1 session(s)") for note in check.notes)
     assert routing_losses(requests, events, check).empty
+
+
+def test_a_block_on_another_tier_or_in_another_group_of_a_replica_is_still_held_there():
+    """Replica `b` holds the session's 3-block prefix; then its offload tier (CPU) takes copies and its device copies
+    of blocks 1 and 2 go, and a hybrid model's sliding-window group (group 1) drops its own copies of all three:
+    `b` still holds the whole prefix (loaded from its CPU tier, kept in its full-attention group), so a request of
+    the session on `a`, which found nothing, recomputed 3 blocks `b` held. A reset of `b` drops every tier."""
+    requests = pd.DataFrame(
+        {
+            "request_id": ["r1", "r2", "r3"],
+            "instance": ["b", "a", "a"],
+            "session_id": ["s", "s", "s"],
+            "arrival_ts": [1.0, 5.0, 8.0],
+            "finished_ts": [1.5, 5.5, 8.5],
+            "queue_s": [0.0] * 3,
+            "prompt_tokens": [50, 50, 50],
+            "cached_tokens": [0, 0, 0],
+        }
+    )
+    chain = [(1, None), (2, 1), (3, 2)]
+    rows = [(1.1, "b", "stored", h, p, 16, "s", "r1", "GPU", 0) for h, p in chain]
+    rows += [(1.2, "b", "stored", h, p, 16, "s", "r1", "GPU", 1) for h, p in chain]  # the window group's copies
+    rows += [(2.0, "b", "stored", h, p, 16, None, None, "CPU", 0) for h, p in chain]  # offloaded
+    rows += [(3.0, "b", "removed", h, None, 16, "s", None, "GPU", 0) for h in (1, 2)]  # the device copies go
+    rows += [(3.5, "b", "removed", h, None, 16, "s", None, "GPU", 1) for h, _ in chain]  # the window drops all
+    rows += [(5.1, "a", "stored", h, p, 16, "s", "r2", "GPU", 0) for h, p in chain]
+    rows += [(6.0, "b", "cleared", None, None, None, None, None, None, None), (6.0, "a", "cleared", *[None] * 7)]
+    columns = [*_frames([]).columns, "medium", "group_idx"]
+    events = pd.DataFrame(rows, columns=columns)
+    losses = routing_losses(requests, events).set_index("request_id")
+    assert losses.loc["r2", "routed_blocks"] == 3 and losses.loc["r2", "best_instance"] == "b"
+    assert losses.loc["r3", "routed_blocks"] == 0  # after the reset nothing is held anywhere
+    index = FleetIndex()
+    index.apply(*(events[c] for c in ("kind", "instance", "block_hash", "parent_hash", "ts", "medium")))
+    assert not index.resident.get("b") and not index.parent  # the reset dropped the CPU copies too
+    bare = FleetIndex()  # a removal naming no tier removes the copy where it is
+    bare.apply(["stored", "removed"], ["x", "x"], [7, 7], [None, None], [1.0, 2.0], ["GPU", None])
+    assert bare.resident["x"] == {}
