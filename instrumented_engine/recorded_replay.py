@@ -76,8 +76,8 @@ def releases(store: Store, since, until) -> dict[str, float]:
     """When each session was released (its first `session_release` loss: an eviction our engine wrote, or a removal
     a collector took from its stream, whose `BlockRemoved` says the reason)."""
     kinds = [KVEventKind.EVICTED.value, KVEventKind.REMOVED.value]
-    evicted = store.reads.kv_events(since, until, kinds=kinds)
-    released = evicted[evicted["reason"] == EvictionReason.SESSION_RELEASE.value]
+    losses = store.reads.kv_events(since, until, kinds=kinds)
+    released = losses[losses["reason"] == EvictionReason.SESSION_RELEASE.value]
     return released.groupby("session_id")["ts"].min().to_dict()
 
 

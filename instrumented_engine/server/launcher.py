@@ -136,7 +136,7 @@ class EngineServer:
         if self.store is not None:  # before the model loads: a held instance costs a line, not minutes
             self.leases = LeaseKeeper(self.store.leases, [self.instance], role="serve")
             self.leases.claim()
-        self._renewing = threading.Event()
+        self._stop_renewing = threading.Event()
         self.telemetry = telemetry or setup_telemetry(
             TelemetryConfig(
                 service_name="kvobs-engine",
@@ -238,7 +238,7 @@ class EngineServer:
             self.retention.stop()
         if self.publisher is not None:
             self.publisher.close()
-        self._renewing.set()
+        self._stop_renewing.set()
         if self.writer is not None:
             self.recorder.instance_snapshot(self.engine.engine.current_stats())
             self.writer.close()
@@ -249,13 +249,21 @@ class EngineServer:
         self.telemetry.shutdown()
 
     def _renew_leases(self) -> None:
-        """Keep this engine's lease on its instance (kvobs.store.leases) while it serves; a lease another writer took
-        meanwhile is logged as an error by the keeper (this engine goes on writing: it stalled a minute first)."""
-        while not self._renewing.wait(RENEW_EVERY_S):
+        """Keep this engine's lease on its instance (kvobs.store.leases) while it serves. A lease another writer took
+        meanwhile (this engine stalled past it) is logged by the keeper; the engine goes on writing its own rows, and
+        says so here, since its requests are still served."""
+        while not self._stop_renewing.wait(RENEW_EVERY_S):
             try:
                 self.leases.renew(time.time())
             except Exception:
                 log.exception("renewing the store lease on %s failed", self.instance)
+                continue
+            if self.leases.lost:
+                log.error(
+                    "%s: another writer holds this engine's instance; this engine still writes its rows under it, "
+                    "so the store holds two writers' events for it until one stops",
+                    self.instance,
+                )
 
     def _release_leases(self) -> None:
         if self.leases is None:

@@ -262,7 +262,7 @@ def primary_group(events: pd.DataFrame) -> pd.DataFrame:
 def _lookups(
     requests: pd.DataFrame, events: pd.DataFrame, check: FleetCheck, index: FleetIndex, apply_until: float | None
 ) -> pd.DataFrame:
-    events = primary_group(events).sort_values("ts", kind="stable")
+    events = primary_group(events.sort_values("ts", kind="stable"))  # the first stored block in time decides
     stored = events[events["kind"] == STORED]
     graph = BlockGraph.from_stored(stored)
     for block_hash, parent in index.parent.items():  # chains through blocks stored before these events

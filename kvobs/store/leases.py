@@ -119,7 +119,7 @@ class LeaseKeeper:
 
         keeper = LeaseKeeper(store.leases, ["vllm-a", "vllm-b"], role="collect")
         keeper.claim()           # raises LeaseRefused (the command exits 2 with its message) when one is held
-        keeper.held("vllm-a")    # False once another writer took it (the caller stops writing it, and counts)
+        keeper.held("vllm-a")    # False once another writer took it (a collector stops writing it, and counts)
         keeper.renew(now)        # from the caller's tick; every RENEW_EVERY_S at most
         keeper.release()         # at stop, after the last rows are written
 
@@ -159,8 +159,10 @@ class LeaseKeeper:
                 self.lost.add(instance)
                 self.num_lost[instance] += 1
                 log.error(
-                    "lost the lease on %s to another writer: this process stops writing it until it is free again",
+                    "lost the lease on %s to another writer (this process stopped renewing it for over %.0f s); "
+                    "taken back once it is free",
                     instance,
+                    self.ttl_s,
                 )
         for instance in sorted(self.lost):  # the other writer may have stopped: take it back when free
             try:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 
 from sqlalchemy import case, delete, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from kvobs.store.leases import Lease, LeaseRefused
 from kvobs.store.schema import LeaseRow
+from kvobs.store.sql_write import upsert_insert
 
 _TABLE = LeaseRow.__table__
 
@@ -29,8 +29,7 @@ class SqlLeases:
         names = sorted(set(instances))
         if not names:
             return []
-        dialect = postgresql if self.store.dialect == "postgresql" else sqlite
-        stmt = dialect.insert(_TABLE)
+        stmt = upsert_insert(self.store.dialect, _TABLE)
         mine_or_expired = or_(_TABLE.c.holder == stmt.excluded.holder, _TABLE.c.expires_at < stmt.excluded.acquired_at)
         stmt = stmt.on_conflict_do_update(
             index_elements=["instance"],

@@ -146,9 +146,8 @@ def latest_footprints(rows: list[dict]) -> list[dict]:
 
 def _footprint_upsert(dialect_name: str):
     """Insert a footprint, or replace the stored one unless it is newer (`ts`), on SQLite and PostgreSQL alike."""
-    dialect = postgresql if dialect_name == "postgresql" else sqlite
     table = SessionFootprintRow.__table__
-    stmt = dialect.insert(table)
+    stmt = upsert_insert(dialect_name, table)
     return stmt.on_conflict_do_update(
         index_elements=["session_id", "instance"],
         set_={c: stmt.excluded[c] for c in FOOTPRINT_COLUMNS if c not in ("session_id", "instance")},
@@ -198,11 +197,16 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
+def upsert_insert(dialect_name: str, table):
+    """The dialect's INSERT for `table` (a Table or a model), which has `on_conflict_do_update`/`_do_nothing` on
+    SQLite and PostgreSQL alike."""
+    return (postgresql if dialect_name == "postgresql" else sqlite).insert(table)
+
+
 def _upsert_statement(dialect_name: str, model, columns: tuple[str, ...], *, update: bool):
     """`INSERT ... ON CONFLICT (key) DO UPDATE SET <columns>` (or DO NOTHING), for an executemany of rows."""
-    dialect = postgresql if dialect_name == "postgresql" else sqlite
     keys = [c.name for c in model.__table__.primary_key.columns]
-    stmt = dialect.insert(model)
+    stmt = upsert_insert(dialect_name, model)
     updates = {k: stmt.excluded[k] for k in columns if k not in keys} if update else {}
     return stmt.on_conflict_do_update(index_elements=keys, set_=updates) if updates else stmt.on_conflict_do_nothing()
 

@@ -40,15 +40,13 @@ class ClickHouseLeases:
         if not names:
             return []
         firsts = self._firsts(names, now)
-        held = [lease for lease in firsts.values() if lease.holder != holder]
+        held = _others(firsts, holder)
         if held:
             raise LeaseRefused(held, now)
-        self._write(
-            [(n, holder, firsts[n].acquired_at if n in firsts else now, now + ttl_s) for n in names], written_at=now
-        )
+        self._claim_rows(names, holder, firsts, now, ttl_s)
         time.sleep(self.settle_s)
         firsts = self._firsts(names, now)
-        held = [lease for lease in firsts.values() if lease.holder != holder]
+        held = _others(firsts, holder)
         if held:
             self.release(names, holder)
             raise LeaseRefused(held, now)
@@ -58,11 +56,8 @@ class ClickHouseLeases:
         now = time.time() if now is None else now
         names = sorted(set(instances))
         firsts = self._firsts(names, now)
-        lost = [n for n in names if n in firsts and firsts[n].holder != holder]
-        kept = [n for n in names if n not in lost]
-        self._write(
-            [(n, holder, firsts[n].acquired_at if n in firsts else now, now + ttl_s) for n in kept], written_at=now
-        )
+        lost = [lease.instance for lease in _others(firsts, holder)]
+        self._claim_rows([n for n in names if n not in lost], holder, firsts, now, ttl_s)
         return lost
 
     def release(self, instances: list[str], holder: str) -> None:
@@ -74,6 +69,12 @@ class ClickHouseLeases:
 
     def _firsts(self, names: list[str], now: float) -> dict[str, Lease]:
         return _firsts(self.store.frame(_LIVE, {"names": names, "now": now}))
+
+    def _claim_rows(self, names: list[str], holder: str, firsts: dict[str, Lease], now: float, ttl_s: float) -> None:
+        """`holder`'s claim (or renewal) of `names` until now + `ttl_s`, keeping the start of a lease it holds."""
+        self._write(
+            [(n, holder, firsts[n].acquired_at if n in firsts else now, now + ttl_s) for n in names], written_at=now
+        )
 
     def _write(self, rows: list[tuple[str, str, float, float]], *, written_at: float) -> None:
         if not rows:
@@ -90,6 +91,11 @@ class ClickHouseLeases:
             }
         )
         self.store.client.insert("leases", table)
+
+
+def _others(firsts: dict[str, Lease], holder: str) -> list[Lease]:
+    """The leases of `firsts` (an instance's holder each) that another holder has."""
+    return [lease for lease in firsts.values() if lease.holder != holder]
 
 
 def _firsts(live: pd.DataFrame) -> dict[str, Lease]:
