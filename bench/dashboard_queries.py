@@ -1,17 +1,20 @@
-"""Time each dashboard page's queries on a synthetic store of kv_events, snapshots, requests and steps.
+"""Time each dashboard page on synthetic stores of several sizes, and how its cost grows from the smallest to the largest.
 
-    .venv/bin/python bench/dashboard_queries.py --backend sqlite --events 1000000
-    .venv/bin/python bench/dashboard_queries.py --backend chdb --events 10000000
-    .venv/bin/python bench/dashboard_queries.py --store postgresql://postgres@127.0.0.1/test --events 1000000
+    .venv/bin/python bench/dashboard_queries.py                                  # SQLite at 10k and 1M KV events
+    .venv/bin/python bench/dashboard_queries.py --sizes sqlite:10000 sqlite:1000000 chdb:10000 chdb:10000000
+    .venv/bin/python bench/dashboard_queries.py --store postgresql://postgres@127.0.0.1/test --sizes 1000000
 
-The store (a file or directory under `--dir`, reused when it already holds the rows; or `--store URL`) is filled
-through the store's own batch writer (`Store.write`: the engine's row shapes, the per-minute rollup kept as in
-production): 64 sessions growing hash chains, evictions, hits, preemptions, per-session and instance snapshots,
-requests and steps over six hours. Each page's data function (`dashboard.data`) runs cold (Streamlit's cache
-empty) over everything and over the last hour; then each page is rendered whole through Streamlit's AppTest (the
-app script as a browser's first visit runs it: the sidebar, the range, the data, the charts and tables), with
-Streamlit's caches cleared first, over everything. The baseline is a plain `count()` of `kv_events` in the same
-run. Goal: <= 1 s per page.
+Each size is a store of that many KV events over six hours, with the other tables in proportion (a snapshot per 10
+events, half of them an instance's; a request and an agent step per 50 events, 5% of the steps failed): 64 sessions
+growing hash chains, evictions, hits, preemptions. A store is a file or directory under `--dir`, reused when it holds
+the rows (or `--store URL`, for one size), filled through the store's own batch writer (`Store.write`: the engine's
+row shapes, the writer's rollups as in production). For each size: each page's data functions (`dashboard.data`)
+run cold (Streamlit's cache empty) over everything and over the last hour; then each page is rendered whole through
+Streamlit's AppTest (the app script as a browser's first visit runs it: the sidebar, the range, the data, the charts
+and tables), with Streamlit's caches cleared first, over everything. The baseline is a plain `count()` of
+`kv_events` in the same run. The last table puts the sizes side by side: the first render at each size and the
+growth from a backend's smallest size to its largest. Goal: <= 1 s per page at the largest size, <= 2x the
+smallest.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ CHUNK = 200_000
 FAILURES = ("timeout", "invalid_response", "503")
 
 
-def build(store, events: int, snapshots: int, seed: int = 0) -> None:
-    """Fill `store` through `store.write`, in chunks (one transaction or insert each)."""
+def build(store, events: int, seed: int = 0) -> None:
+    """Fill `store` through `store.write`, in chunks (one transaction or insert each): `events` KV events and the
+    other tables in proportion (`snapshots_for`, `requests_for`)."""
+    snapshots, requests = snapshots_for(events), requests_for(events)
     rng = random.Random(seed)
     span = HOURS * 3600.0
     chains: dict[str, list[int]] = {s: [] for s in SESSIONS}
@@ -105,8 +110,8 @@ def build(store, events: int, snapshots: int, seed: int = 0) -> None:
                 **extra,
             )
         )
-    for i in range(20_000):
-        ts, session = T0 + span * i / 20_000, SESSIONS[i % 64]
+    for i in range(requests):
+        ts, session = T0 + span * i / requests, SESSIONS[i % 64]
         rows.append(
             RequestRecord(
                 request_id=f"req-{i}",
@@ -140,6 +145,16 @@ def build(store, events: int, snapshots: int, seed: int = 0) -> None:
             )
         ]
     )
+
+
+def snapshots_for(events: int) -> int:
+    """Snapshots of a store of `events` KV events: one per 10 events (half an instance's, half a session's)."""
+    return events // 10
+
+
+def requests_for(events: int) -> int:
+    """Requests (and agent steps, one each) of a store of `events` KV events: one per 50 events, at least 200."""
+    return max(events // 50, 200)
 
 
 def failure(rng: random.Random) -> dict:
@@ -219,51 +234,104 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", choices=("sqlite", "chdb"), default="sqlite")
-    parser.add_argument("--dir", default=".", help="where the store file or directory is kept (and reused)")
-    parser.add_argument("--store", help="a store URL instead of --backend/--dir (its tables must be empty or full)")
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--snapshots", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    where = Path(args.dir) / f"bench-dashboard-{args.events}"
-    where.parent.mkdir(parents=True, exist_ok=True)
-    url = args.store or (f"sqlite:///{where}.db" if args.backend == "sqlite" else f"chdb:///{where}.ch")
+def measure(url: str, events: int, repeats: int, render: bool) -> dict:
+    """One size: the store at `url` (filled when empty), its baseline, each page's data over everything and the last
+    hour, and its first render (`render`); printed as a table, returned as {page: (whole, recent, render)}."""
     store = open_store(url)
     have = count_events(store)
     if have == 0:
-        build(store, args.events, args.snapshots)
-    elif have != args.events:
-        raise SystemExit(f"{url} holds {have:,} KV events, not {args.events:,}: remove it or pick another --dir")
-
-    base = timed(lambda: count_events(store), args.repeats)
+        build(store, events)
+    elif have != events:
+        raise SystemExit(f"{url} holds {have:,} KV events, not {events:,}: remove it or pick another --dir")
+    base = timed(lambda: count_events(store), repeats)
     first, last = store.reads.time_range()
     print(
-        f"store: {store.dialect}, {args.events:,} kv_events, {args.snapshots:,} snapshots, 20,000 requests and "
-        f"steps over {HOURS} h; median of {args.repeats}"
+        f"\nstore: {store.dialect}, {events:,} kv_events, {snapshots_for(events):,} snapshots, "
+        f"{requests_for(events):,} requests and steps over {HOURS} h; median of {repeats}\n"
     )
-    print()
     print("| page | data, everything (s) | data, last hour (s) | vs count() (everything) | first render, AppTest (s) |")
     print("|---|---|---|---|---|")
     print(f"| baseline: count() of kv_events | {base:.3f} | - | 1.0x | - |")
     hour = pages(store, last - 3600, last)
-    rows = []
+    found = {"baseline": (base, None, None)}
     for name, fn in tqdm(list(pages(store, first, last).items()), desc="pages", leave=False):
-        whole, recent = timed(fn, args.repeats), timed(hour[name], args.repeats)
-        # the app opens its own store, so a chDB store (one process, one holder) is closed while it renders
-        chdb = store.url.startswith("chdb") and not args.store
-        render = None if chdb or name not in PAGE_KEYS else first_render(url, PAGE_KEYS[name])
-        shown = "-" if render is None else f"{render:.3f}"
-        print(f"| {name} | {whole:.3f} | {recent:.3f} | {whole / base:.1f}x | {shown} |")
-        label = f"{name} ({store.dialect}, {args.events:,} events)"
-        rows.append(Result("dashboard_queries", f"{label}, whole range", whole, "s", whole / base, "count()"))
-        rows.append(Result("dashboard_queries", f"{label}, last hour", recent, "s", recent / base, "count()"))
-        if render is not None:
-            rows.append(Result("dashboard_queries", f"{label}, first render", render, "s", render / base, "count()"))
-    store.close()
+        found[name] = (timed(fn, repeats), timed(hour[name], repeats), None)
+    store.close()  # the app opens its own (a chDB directory has one holder per process)
+    for name, (whole, recent, _) in list(found.items())[1:]:
+        shown = render and name in PAGE_KEYS
+        seconds = first_render(url, PAGE_KEYS[name]) if shown else None
+        found[name] = (whole, recent, seconds)
+        cell = "-" if seconds is None else f"{seconds:.3f}"
+        print(f"| {name} | {whole:.3f} | {recent:.3f} | {whole / max(base, 1e-6):.1f}x | {cell} |")
+    return found
+
+
+def growth_table(sizes: list[tuple[str, int]], found: list[dict]) -> list[str]:
+    """The pages' first renders side by side, with each backend's growth from its smallest size to its largest and
+    the goal (<= 1 s at the largest, <= 2x the smallest)."""
+    backends = sorted({b for b, _ in sizes})
+    head = [f"{b} {n:,}" for b, n in sizes] + [f"{b}: growth" for b in backends] + ["goal met"]
+    lines = ["| page, first render (s) | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for name in PAGE_KEYS:
+        renders = [f[name][2] for f in found]
+        cells = ["-" if r is None else f"{r:.3f}" for r in renders]
+        met = []
+        for backend in backends:
+            mine = [(n, r) for (b, n), r in zip(sizes, renders, strict=True) if b == backend and r is not None]
+            if len(mine) < 2:
+                cells.append("-")
+                continue
+            (_, small), (_, large) = min(mine), max(mine)
+            cells.append(f"{large / small:.1f}x")
+            met.append(large <= 1.0 and large <= 2 * small)
+        cells.append("-" if not met else "yes" if all(met) else "no")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| goal | " + " | ".join(["<= 1 s at the largest"] * len(sizes) + ["<= 2x"] * len(backends)) + " | |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        default=["sqlite:10000", "sqlite:1000000"],
+        help="BACKEND:EVENTS (sqlite or chdb), or EVENTS with --store",
+    )
+    parser.add_argument("--dir", default=".", help="where the store files or directories are kept (and reused)")
+    parser.add_argument("--store", help="a store URL instead of --dir, for one size (its tables empty or full)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-render", action="store_true", help="time the data functions only")
+    args = parser.parse_args(argv)
+    sizes = [_size(text, args.store) for text in args.sizes]
+    if args.store and len(sizes) > 1:
+        parser.error("--store takes one size")
+    found, rows = [], []
+    for backend, events in sizes:
+        where = Path(args.dir) / f"bench-dashboard-{events}"
+        where.parent.mkdir(parents=True, exist_ok=True)
+        url = args.store or (f"sqlite:///{where}.db" if backend == "sqlite" else f"chdb:///{where}.ch")
+        found.append(measure(url, events, args.repeats, not args.no_render))
+        for name, (whole, recent, render) in list(found[-1].items())[1:]:
+            base = max(found[-1]["baseline"][0], 1e-6)
+            label = f"{name} ({backend}, {events:,} events)"
+            rows.append(Result("dashboard_queries", f"{label}, whole range", whole, "s", whole / base, "count()"))
+            rows.append(Result("dashboard_queries", f"{label}, last hour", recent, "s", recent / base, "count()"))
+            if render is not None:
+                rows.append(Result("dashboard_queries", f"{label}, first render", render, "s", render / base, "count()"))
+    if not args.no_render:
+        print()
+        print("\n".join(growth_table(sizes, found)))
     return rows
+
+
+def _size(text: str, store: str | None) -> tuple[str, int]:
+    backend, _, events = text.rpartition(":")
+    if store:
+        return store.split(":", 1)[0], int(events)
+    if backend not in ("sqlite", "chdb"):
+        raise SystemExit(f"--sizes {text}: BACKEND:EVENTS with BACKEND sqlite or chdb")
+    return backend, int(events)
 
 
 if __name__ == "__main__":

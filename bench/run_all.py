@@ -44,16 +44,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
         "collector_ingest": ["--batches", "40", "--events", "25", "--lines", "100", "--repeats", "1"],
         "span_steps": ["--conversations", "50", "--steps", "3", "--repeats", "1"],
         "collector_memory": ["--sessions", "2000", "--session-idle-s", "5", "--report-every", "500"],
-        "dashboard_queries": [
-            "--events",
-            "5000",
-            "--snapshots",
-            "500",
-            "--repeats",
-            "1",
-            "--dir",
-            workdir,
-        ],
+        "dashboard_queries": ["--sizes", "sqlite:2000", "sqlite:5000", "--repeats", "1", "--dir", workdir],
     }
     return sizes[name]
 
