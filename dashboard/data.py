@@ -28,6 +28,7 @@ from kvobs.store.interface import Store
 
 PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the latest in the window)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
+INTERVAL_WINDOW_S = 900.0  # the stretch at a range's end its reporting interval is measured over
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
 FLEET_SERIES = {
@@ -50,8 +51,17 @@ def observed_range(store: Store) -> tuple[float, float] | None:
 
 
 def sample_interval(store: Store, since: float, until: float, instances=None) -> float | None:
-    """The instances' reporting interval in the range (median gap between one instance's snapshots), or None."""
-    snaps = store.reads.instance_snapshots(since, until, instances=instances)
+    """The instances' reporting interval in the range (median gap between one instance's snapshots), or None. Read
+    from the range's last `INTERVAL_WINDOW_S` (a page's cost must not grow with its range), and from the whole range
+    only when that holds no two snapshots of one instance."""
+    if until - since > INTERVAL_WINDOW_S:
+        found = _median_gap(store.reads.instance_snapshots(until - INTERVAL_WINDOW_S, until, instances=instances))
+        if found is not None:
+            return found
+    return _median_gap(store.reads.instance_snapshots(since, until, instances=instances))
+
+
+def _median_gap(snaps: pd.DataFrame) -> float | None:
     gaps = snaps.sort_values("ts").groupby("instance")["ts"].diff().dropna()
     gaps = gaps[gaps > 0]
     return float(gaps.median()) if not gaps.empty else None

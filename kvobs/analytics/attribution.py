@@ -129,7 +129,12 @@ _NONE = np.empty(0, dtype=np.int64)
 
 
 def _positions(column: pd.Series) -> dict:
-    return {key: np.asarray(idx, dtype=np.int64) for key, idx in column.groupby(column, sort=False).indices.items()}
+    """Value -> the positions holding it, ascending (missing values left out): one factorize and one stable sort, not
+    a groupby (whose per-value lookups of Arrow strings cost 1 us each)."""
+    codes, values = pd.factorize(column.to_numpy(object))
+    order = np.argsort(codes, kind="stable").astype(np.int64)
+    bounds = np.searchsorted(codes[order], np.arange(len(values) + 1))
+    return {value: order[bounds[i] : bounds[i + 1]] for i, value in enumerate(values.tolist())}
 
 
 def attribute_steps(
@@ -154,7 +159,7 @@ def attribute_steps(
     reqs = _Requests(requests)
     rates = PrefillRates(requests) if rates is None else rates
     empty = Events(events.iloc[0:0])
-    by_session = {sid: Events(group) for sid, group in events.groupby("session_id")} if not events.empty else {}
+    by_session = Events.by_session(events) if not events.empty else {}
     resets = Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty
     routed = {}  # request id -> its routing loss, for the requests that had one
     if routing is not None and not routing.empty:
@@ -221,7 +226,8 @@ def attribute_steps(
         return pd.DataFrame(columns=COLUMNS)
     keep = in_order["wanted"].to_numpy(bool) if failed_only else np.ones(len(in_order), bool)
     measured = pd.DataFrame(parts, index=in_order.index).assign(latency_s=latency)
-    typical = {c: _typical(in_order, measured[c]).to_numpy(float)[keep] for c in ("latency_s", *PARTS)}
+    sessions = in_order["session_id"].to_numpy(object)
+    typical = {c: _typical(sessions, measured[c].to_numpy(float))[keep] for c in ("latency_s", *PARTS)}
     return _verdicts(frame, typical, slow_factor, slow_min_s)
 
 
@@ -238,13 +244,15 @@ def _step_latency(frame: pd.DataFrame) -> pd.Series:
     return frame["ttft_s"].astype(float).fillna(e2e)
 
 
-def _typical(frame: pd.DataFrame, values: pd.Series) -> pd.Series:
-    """Per step: the median of the session's other steps' `values` (every step's, for a session of one)."""
-    values = values.astype(float)
-    typical = pd.Series(values.median(), index=frame.index, dtype=float)
-    for _, index in frame.groupby("session_id").groups.items():
-        if len(index) > 1:
-            typical[index] = leave_one_out_medians(values[index].to_numpy(dtype=float))
+def _typical(sessions: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per step: the median of the session's other steps' `values` (every step's, for a session of one); `sessions`
+    in order, each session's steps side by side (slices of numpy arrays: a pandas assignment per session cost 0.1 ms
+    each, half the failure table's time at 1,000 sessions)."""
+    typical = np.full(len(values), pd.Series(values).median(), dtype=float)
+    starts = np.flatnonzero(np.r_[True, sessions[1:] != sessions[:-1]]) if len(sessions) else np.empty(0, int)
+    for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(sessions)]):
+        if end - start > 1:
+            typical[start:end] = leave_one_out_medians(values[start:end])
     return typical
 
 

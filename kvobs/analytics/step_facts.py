@@ -35,6 +35,23 @@ class Events:
         self.num_tokens = frame["num_tokens"].to_numpy(float)
         self.reason = frame["reason"].to_numpy(object)
 
+    @classmethod
+    def by_session(cls, events: pd.DataFrame) -> dict:
+        """Session id -> that session's `Events`: one sort of every row (by session, then time) and a slice of each
+        column per session (a DataFrame per session cost 0.7 ms each)."""
+        whole = cls(events)  # in time order
+        codes, sessions = pd.factorize(events.sort_values("ts", kind="stable")["session_id"].to_numpy(object))
+        order = np.argsort(codes, kind="stable")  # by session, each in time order; rows of no session first (-1)
+        bounds = np.searchsorted(codes[order], np.arange(len(sessions) + 1))
+        found = {}
+        for i, session_id in enumerate(sessions):
+            rows = order[bounds[i] : bounds[i + 1]]
+            one = cls.__new__(cls)
+            for column in ("ts", "kind", "block_hash", "num_tokens", "reason"):
+                setattr(one, column, getattr(whole, column)[rows])
+            found[session_id] = one
+        return found
+
     def window(self, after: float, until: float) -> slice:
         return slice(*np.searchsorted(self.ts, [after, until], side="right"))
 

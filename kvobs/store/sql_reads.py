@@ -42,9 +42,13 @@ class SqlReads(ComposedReads):
 
     def time_range(self) -> tuple[float, float] | None:
         """First and last timestamp of anything observed (snapshots, requests, KV events, steps); None when empty."""
+        # min and max as two subqueries: each is one seek on an index of the column (SQLite's min/max optimisation
+        # takes a query of a single min or max; both in one SELECT scan the whole index, 0.07 s at 1M KV events)
         with self.store.engine.connect() as conn:
             bounds = [
-                conn.execute(select(func.min(column), func.max(column))).one()
+                conn.execute(
+                    select(select(func.min(column)).scalar_subquery(), select(func.max(column)).scalar_subquery())
+                ).one()
                 for column in (SnapshotRow.ts, RequestRow.arrival_ts, KVEventRow.ts, StepRow.started_at)
             ]
         found = [(float(low), float(high)) for low, high in bounds if low is not None]
