@@ -26,7 +26,7 @@ from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
 
-PREFIX_ROWS = 100_000  # stored blocks the prefix ranking walks at most (the latest in the window)
+PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk at most (the latest of the range)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
 INTERVAL_WINDOW_S = 900.0  # the stretch at a range's end its reporting interval is measured over
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
@@ -346,24 +346,32 @@ def story_url(session_id: str, step_index: int) -> str:
 
 
 def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
+    """The KV events page: blocks stored and lost per window and lost by reason over the whole range (from the
+    per-minute rollup); the reused prefixes, the most recomputed blocks and the churn over the latest `PREFIX_ROWS`
+    stored blocks of the range (`sample_since`: from when; `stored_in_range`: how many the range holds), so the
+    page's cost does not grow with its range."""
     counts = store.reads.kv_event_counts(since, until, bucket_s=window_s, instances=instances)
     per_block = counts[counts["kind"].isin(BLOCK_KINDS)]  # rows of one block each: their `blocks` count blocks
     lifecycle = per_block.pivot_table(index="bucket", columns="kind", values="blocks", aggfunc="sum", fill_value=0)
     if not lifecycle.empty:  # the stream reported in this range: a window without events had none
-        snaps = store.reads.instance_snapshots(since, until, instances=instances)  # when each run last reported
+        times = store.reads.snapshot_times(since, until, window_s, instances=instances)  # when each run reported
         runs = run_table(store.reads.runs(instances=instances))
-        watched = activity([snaps["ts"]], runs) or [(since, until)]
+        watched = activity([times["first_ts"], times["last_ts"]], runs) or [(since, until)]
         lifecycle = unwatched(fill_windows(lifecycle, since, until, window_s, value=0.0), window_s, watched)
     losses = composed.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
     stored = store.reads.stored_blocks(since, until, latest=PREFIX_ROWS, instances=instances)
+    in_range = int(counts.loc[counts["kind"] == KVEventKind.STORED.value, "events"].sum())  # rows, as `stored`
+    sample_since = float(stored["ts"].iloc[0]) if len(stored) >= PREFIX_ROWS else since  # the sample's first block
     return {
         "lifecycle": lifecycle,
         "reasons": reasons.rename("blocks").reset_index(),
         "prefixes": prefix_reuse(stored).head(20),
-        "restored": store.reads.top_restored_blocks(since, until, limit=20, instances=instances),
+        "restored": store.reads.top_restored_blocks(sample_since, until, limit=20, instances=instances),
         "churn": eviction_churn(stored),
         "prefix_rows": len(stored),
+        "sample_since": sample_since,
+        "stored_in_range": in_range,
     }
 
 

@@ -35,8 +35,10 @@ def render(ctx) -> None:
         empty="No block was stored or lost in this range.",
     )
     churn = data["churn"]
+    st.subheader("Reuse and recomputation")
+    st.caption(sample_caption(data, ctx.clock))
     c1, c2, c3 = st.columns(3)
-    c1.metric("distinct blocks stored", f"{churn['blocks']:,}", help="Distinct block hashes stored in the range.")
+    c1.metric("distinct blocks stored", f"{churn['blocks']:,}", help="Distinct block hashes stored, per instance.")
     c2.metric(
         "blocks stored again after loss",
         f"{churn['restored_blocks']:,}",
@@ -46,7 +48,9 @@ def render(ctx) -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("Blocks lost, by reason")
-        st.caption("Each lost block once (evictions, invalidations, vLLM removals; resets not included).")
+        st.caption(
+            "The whole range, each lost block once (evictions, invalidations, vLLM removals; resets not included)."
+        )
         reasons = data["reasons"]
         if reasons.empty:
             st.info("No block was lost in this range.")
@@ -68,7 +72,19 @@ def render(ctx) -> None:
             st.altair_chart(chart.properties(height=alt.Step(36)), width="stretch")
     with right:
         st.subheader("Most recomputed blocks")
+        st.caption("Stored again on the same instance, in the stretch counted above.")
         show_table(data["restored"].astype({"block_hash": str}), ctx.clock)
     st.subheader("Top prefixes (by sessions building on them)")
-    st.caption(f"From the latest {data['prefix_rows']:,} stored blocks in the range.")
     show_table(data["prefixes"].astype({"root_hash": str}), ctx.clock)
+
+
+def sample_caption(data: dict, clock) -> str:
+    """What the reuse tables and figures below count: every stored block of the range, or its latest ones."""
+    sampled, total = data["prefix_rows"], data["stored_in_range"]
+    if sampled >= total:
+        return f"Over all {total:,} blocks stored in the range."
+    return (
+        f"Over the latest {sampled:,} of the {total:,} blocks stored in the range (from "
+        f"{clock.iso(data['sample_since'])}), so this page answers at the same speed over any range: narrow the range "
+        "to see an earlier stretch."
+    )

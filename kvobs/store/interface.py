@@ -45,6 +45,11 @@ class Reads(Protocol):
         """Instance-level snapshots (`session_id` null), oldest first."""
         ...
 
+    def snapshot_times(self, since, until, bucket_s: float, *, instances: Instances = None) -> pd.DataFrame:
+        """When each instance reported, per time bucket, from its instance snapshots: `instance`, `bucket` (start),
+        `first_ts`, `last_ts`, `samples`; a page's "was anything watching" at the cost of one grouped read."""
+        ...
+
     def session_snapshots(self, session_id: str) -> pd.DataFrame:
         """One session's footprint over time: blocks cached, lost, lost while idle, hit tokens."""
         ...

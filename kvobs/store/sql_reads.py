@@ -71,6 +71,18 @@ class SqlReads(ComposedReads):
         stmt = _of_instances(stmt, SnapshotRow.instance, instances)
         return read(self.store, _between(stmt, SnapshotRow.ts, since, until).order_by(SnapshotRow.ts))
 
+    def snapshot_times(self, since, until, bucket_s: float, *, instances: Instances = None) -> pd.DataFrame:
+        bucket = (func.floor(SnapshotRow.ts / bucket_s) * bucket_s).label("bucket")
+        stmt = select(
+            SnapshotRow.instance,
+            bucket,
+            func.min(SnapshotRow.ts).label("first_ts"),
+            func.max(SnapshotRow.ts).label("last_ts"),
+            func.count().label("samples"),
+        ).where(SnapshotRow.session_id.is_(None))
+        stmt = _between(_of_instances(stmt, SnapshotRow.instance, instances), SnapshotRow.ts, since, until)
+        return read(self.store, stmt.group_by(SnapshotRow.instance, bucket).order_by(SnapshotRow.instance, bucket))
+
     def session_snapshots(self, session_id: str) -> pd.DataFrame:
         """One session's footprint over time: blocks cached, lost, lost while idle, hit tokens."""
         stmt = select(*_columns(SnapshotRow, "id")).where(SnapshotRow.session_id == session_id)

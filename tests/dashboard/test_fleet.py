@@ -4,11 +4,14 @@ shows one row per instance and a measure as small multiples on the page's x-rang
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import data
+from dashboard.clock import Clock
 from dashboard.views import PAGES
+from dashboard.views.kv_events import sample_caption
 from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, fleet_rows, simulate_fleet
 from kvobs.analytics.routing import MISS_PARTS, fleet_losses
 from kvobs.analytics.shortfall import shortfall, store_lookups
@@ -149,3 +152,25 @@ def test_a_long_range_analyses_the_routing_loss_when_asked(monkeypatch, fleet_ru
     assert_clean(at)
     assert "routing loss" in {m.label for m in at.metric}
     assert any("routed_share" in frame.value for frame in at.dataframe)
+
+
+def test_the_kv_events_page_counts_reuse_over_the_latest_stored_blocks_and_says_so(monkeypatch, fleet_run):
+    """Past `PREFIX_ROWS` stored blocks the reuse tables and churn are over the latest ones only (the page's cost
+    stays flat in its range): the page names how many of how many and from when, and its most recomputed blocks are
+    those of exactly that stretch; the losses by reason stay the whole range's."""
+    store = fleet_run.store
+    first, last = store.reads.time_range()
+    stored = store.reads.stored_blocks(first, last)
+    whole = data.kv_events_page(store, first, last, 60.0)
+    assert whole["prefix_rows"] == whole["stored_in_range"] == len(stored) > 40
+    assert whole["sample_since"] == first
+    monkeypatch.setattr(data, "PREFIX_ROWS", 40)
+    page = data.kv_events_page(store, first, last, 60.0)
+    assert page["prefix_rows"] == 40 and page["stored_in_range"] == len(stored)
+    assert page["sample_since"] == stored["ts"].iloc[-40]
+    expected = store.reads.top_restored_blocks(page["sample_since"], last, limit=20)
+    pd.testing.assert_frame_equal(page["restored"], expected)
+    pd.testing.assert_frame_equal(page["reasons"], whole["reasons"])
+    words = sample_caption(page, Clock.named("UTC"))
+    assert f"latest 40 of the {len(stored):,} blocks stored" in words
+    assert sample_caption(whole, Clock.named("UTC")) == f"Over all {len(stored):,} blocks stored in the range."

@@ -198,6 +198,11 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ]
         calls += [("top_restored_blocks", window, {**scope, "limit": 10_000}, False) for scope in (one, none)]
         calls += [
+            ("snapshot_times", (since, until, bucket), scope, True)
+            for bucket in (5.0, 60.0)
+            for scope in ({}, one, none)
+        ]
+        calls += [
             ("kv_event_counts", window, {"by_instance": True, "bucket_s": bucket}, False) for bucket in (5.0, 60.0)
         ] + [("kv_event_counts", window, {**one, "by_instance": True}, False)]
         calls += [

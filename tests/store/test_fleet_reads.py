@@ -72,3 +72,22 @@ def test_churn_counts_a_restore_per_replica(fleet_run):
     assert churn["restored_blocks"] == len(restored) > 0
     assert churn["extra_stores"] == int((restored["stores"] - 1).sum())
     assert churn["blocks"] == len(stored.groupby(["instance", "block_hash"])) > stored["block_hash"].nunique()
+
+
+def test_snapshot_times_are_the_instance_snapshots_grouped_by_bucket(fleet_run):
+    """`snapshot_times` is `instance_snapshots` cut into buckets per instance, grouped in the database: every bucket
+    with a snapshot, its first and last time and how many, narrowed to the instances asked for."""
+    store = fleet_run.store
+    first, last = store.reads.time_range()
+    for bucket in (5.0, 60.0):
+        snaps = store.reads.instance_snapshots(first + 3.3, last)
+        expected = (
+            snaps.assign(bucket=(snaps["ts"] // bucket) * bucket)
+            .groupby(["instance", "bucket"], as_index=False)
+            .agg(first_ts=("ts", "min"), last_ts=("ts", "max"), samples=("ts", "size"))
+        )
+        got = store.reads.snapshot_times(first + 3.3, last, bucket)
+        assert len(got) > 2 and set(got["instance"]) == set(FLEET)
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+        one = store.reads.snapshot_times(first + 3.3, last, bucket, instances=FLEET[:1])
+        assert set(one["instance"]) == set(FLEET[:1]) and len(one) == (expected["instance"] == FLEET[0]).sum()

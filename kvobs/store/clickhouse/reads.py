@@ -84,6 +84,15 @@ class ClickHouseReads(ComposedReads):
             f"SELECT {_columns('snapshots', 'id')} FROM snapshots{where} ORDER BY ts, id", where.params
         )
 
+    def snapshot_times(self, since, until, bucket_s: float, *, instances=None) -> pd.DataFrame:
+        where = _Where("session_id IS NULL").window("ts", since, until).instances(instances)
+        return self.store.frame(
+            f"""SELECT instance, floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, min(ts) AS first_ts,
+            max(ts) AS last_ts, toInt64(count()) AS samples FROM snapshots{where}
+            GROUP BY instance, bucket ORDER BY instance, bucket""",
+            {**where.params, "bucket": float(bucket_s)},
+        )
+
     def session_snapshots(self, session_id: str) -> pd.DataFrame:
         return self.store.frame(
             f"SELECT {_columns('snapshots', 'id')} FROM snapshots WHERE session_id = {{sid:String}} ORDER BY ts, id",
