@@ -34,6 +34,7 @@ from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
+from collectors.step_verdicts import VERDICT_INTERVAL_S, VerdictKeeper
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
 from kvobs.store.leases import LeaseKeeper
@@ -137,7 +138,8 @@ class Collector:
         # its replicas' routing loss against the fleet's (the store's) other replicas
         kv_instances = [stream.spec.instance for stream in self.streams]
         self.routing_meter = RoutingMeter(self.store, kv_instances) if kv_instances else None
-        self._routing_at = 0.0
+        self.verdicts = VerdictKeeper(self.store, self._write_verdicts)  # failed steps, once their session settled
+        self._last_runs: dict[str, float] = {}  # `_every`'s jobs: when each last ran
         self.registry = CollectorRegistry()
         self.registry.register(CollectorMetrics(self))
         self._stop = threading.Event()
@@ -269,17 +271,24 @@ class Collector:
                 self.leases.renew(time.time())
             except Exception:
                 log.exception("renewing the leases failed")
-            self._measure_routing()
+            if self.routing_meter is not None:
+                self._every(ROUTING_INTERVAL_S, self.routing_meter.run, "measuring the fleet's routing loss")
+            self._every(VERDICT_INTERVAL_S, self.verdicts.run, "deciding the failed steps of settled sessions")
 
-    def _measure_routing(self) -> None:
+    def _every(self, interval_s: float, job, what: str) -> None:
+        """Run `job(now)` when `interval_s` has passed since its last run (the tick is shorter); a failure logged."""
         now = time.time()
-        if self.routing_meter is None or now - self._routing_at < ROUTING_INTERVAL_S:
+        if now - self._last_runs.get(what, 0.0) < interval_s:
             return
-        self._routing_at = now
+        self._last_runs[what] = now
         try:
-            self.routing_meter.run(now)
+            job(now)
         except Exception:
-            log.exception("measuring the fleet's routing loss failed")
+            log.exception("%s failed", what)
+
+    def _write_verdicts(self, records) -> None:
+        for record in records:
+            self.writer.upsert(record)
 
     def _trace_sessions(self, trace_ids) -> dict[str, str]:
         """trace id -> session from the agent steps the SDK wrote to this store."""

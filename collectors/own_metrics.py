@@ -14,6 +14,7 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 fleet's requests
 (`kvobs_collector_routing_loss_tokens_total{instance}` over `kvobs_collector_routing_compared_prompt_tokens_total`,
 `..._compared_requests_total`, `kvobs_collector_routing_late_requests_total`: `routing_meter`),
+`kvobs_collector_step_verdicts_total` (failed steps decided once their session settled: `step_verdicts`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
 agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention), and the gauge
@@ -126,6 +127,9 @@ class CollectorMetrics(PromCollector):
         late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
         late.add_metric([], meter.num_late if meter is not None else 0)
         yield late
+        verdicts = _counter(kvobs_metrics.COLLECTOR_STEP_VERDICTS)
+        verdicts.add_metric([], c.verdicts.num_decided)
+        yield verdicts
         silent = _counter(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT, (LABEL_INSTANCE,))
         for stream in c.streams:
             silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])

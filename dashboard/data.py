@@ -21,13 +21,14 @@ from kvobs.analytics.routing import SUMMARY_COLUMNS, fleet_losses, routing_summa
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.samples import quantile
 from kvobs.analytics.shortfall import hit_rate_spread, shortfall, store_lookups
-from kvobs.analytics.step_causes import failure_verdicts
+from kvobs.analytics.step_causes import range_verdicts
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
 
 PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk at most (the latest of the range)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
+PREEMPTIONS = "preemptions_total"  # the instance snapshots' preemption counter
 INTERVAL_WINDOW_S = 900.0  # the stretch at a range's end its reporting interval is measured over
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
@@ -82,7 +83,8 @@ def overview(
     steps = store.reads.steps(since, until)
     runs = run_table(store.reads.runs(instances=instances))
     watched = activity([snaps["ts"], reqs["arrival_ts"], reqs["finished_ts"], steps["started_at"]], runs)
-    frame = pressure_windows(snaps, reqs, losses, window_s=window_s).set_index("window")
+    before = store.lookups.instance_counter_before(PREEMPTIONS, since)  # a range's first count holds earlier ones
+    frame = pressure_windows(snaps, reqs, losses, window_s=window_s, preemptions_before=before).set_index("window")
 
     def gaps(columns: list[str]) -> pd.DataFrame:
         present = frame[[c for c in columns if c in frame]]
@@ -118,7 +120,7 @@ def overview(
     }
     return {
         "kpis": kpis,
-        "fleet": _fleet(snaps, reqs, counts, counters, since, until, window_s) if per_instance else None,
+        "fleet": _fleet(snaps, reqs, counts, counters, before, since, until, window_s) if per_instance else None,
         "num_snapshots": len(snaps),
         "watching_kv": not counts.empty,
         "num_kv_events": int(counts["events"].sum()) if not counts.empty else 0,  # what a range's replay reads
@@ -169,6 +171,7 @@ def _fleet(
     reqs: pd.DataFrame,
     counts: pd.DataFrame,
     counters: pd.DataFrame,
+    before: dict[str, float],
     since: float,
     until: float,
     window_s: float,
@@ -180,7 +183,7 @@ def _fleet(
     rows, series = [], {column: {} for column in FLEET_SERIES}
     for name in sorted(set(snaps["instance"]) | set(reqs["instance"]) | set(counts["instance"])):
         mine = (snaps[snaps["instance"] == name], reqs[reqs["instance"] == name], losses[losses["instance"] == name])
-        frame = pressure_windows(*mine, window_s=window_s).set_index("window")
+        frame = pressure_windows(*mine, window_s=window_s, preemptions_before=before).set_index("window")
         frame["hit_rate"] = hit_rate_windows(mine[1], counters[counters["instance"] == name], window_s)
         watched = {"evictions_per_s": (counts["instance"] == name).any(), "requests": not mine[1].empty}
         for column in FLEET_SERIES:
@@ -189,7 +192,7 @@ def _fleet(
                     frame[[column]], since, until, window_s, value=0.0 if watched.get(column) else np.nan
                 )
                 series[column][name] = filled[column]
-        rows.append(_instance_row(name, *mine, counters[counters["instance"] == name]))
+        rows.append(_instance_row(name, *mine, counters[counters["instance"] == name], before))
     table = pd.DataFrame(
         rows,
         columns=[
@@ -208,14 +211,19 @@ def _fleet(
 
 
 def _instance_row(
-    name: str, snaps: pd.DataFrame, reqs: pd.DataFrame, losses: pd.DataFrame, counters: pd.DataFrame
+    name: str,
+    snaps: pd.DataFrame,
+    reqs: pd.DataFrame,
+    losses: pd.DataFrame,
+    counters: pd.DataFrame,
+    before: dict[str, float],
 ) -> dict:
     usage = snaps["kv_usage"].dropna()
     seen = [frame[column].max() for frame, column in ((snaps, "ts"), (reqs, "finished_ts")) if not frame.empty]
     return {
         "instance": name,
         "blocks_lost": int(losses["blocks"].sum()),
-        "preemptions": int(preemption_increase(snaps).sum()) if not snaps.empty else None,
+        "preemptions": int(preemption_increase(snaps, before).sum()) if not snaps.empty else None,
         "requests": len(reqs),
         "ttft_p90_s": quantile(reqs["ttft_s"], 0.9),
         "hit_rate": hit_rate(reqs, counters).rate,
@@ -229,7 +237,9 @@ def pressure(
 ) -> dict:
     snaps = store.reads.instance_snapshots(since, until, instances=instances)
     losses = store.reads.block_losses(since, until, bucket_s=window_s, instances=instances)
-    frame = pressure_windows(snaps, store.reads.requests(since, until, instances=instances), losses, window_s=window_s)
+    reqs = store.reads.requests(since, until, instances=instances)
+    before = store.lookups.instance_counter_before(PREEMPTIONS, since)
+    frame = pressure_windows(snaps, reqs, losses, window_s=window_s, preemptions_before=before)
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 
@@ -307,13 +317,15 @@ def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
     return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
 
 
-def failures(store: Store, since: float, until: float) -> pd.DataFrame:
+def failures(store: Store, since: float, until: float) -> dict:
     """Failed steps in the window by failure cause (model errors as model errors; KV causes for timeouts only), each
-    with the evidence of its latest step (`example`, `evidence`, `story`: the URL of that step's timeline)."""
-    verdicts = failure_verdicts(store, since, until)
+    with the evidence of its latest step (`table`: `example`, `evidence`, `story`: the URL of that step's timeline);
+    `failed` steps, of which `decided` by the writer once their session settled (the others attributed now)."""
+    verdicts = range_verdicts(store, since, until)
     summary = failure_summary(verdicts)
+    found = {"failed": len(verdicts), "decided": int(verdicts["decided"].sum()) if len(verdicts) else 0}
     if summary.empty:
-        return summary
+        return {"table": summary, **found}
     latest = verdicts.sort_values("started_at").groupby(["failure_kind", "failure_cause"]).tail(1)
     latest = latest.set_index(["failure_kind", "failure_cause"])
     rows = []
@@ -326,7 +338,7 @@ def failures(store: Store, since: float, until: float) -> pd.DataFrame:
                 "story": story_url(step["session_id"], int(step["step_index"])),
             }
         )
-    return pd.concat([summary, pd.DataFrame(rows)], axis=1)
+    return {"table": pd.concat([summary, pd.DataFrame(rows)], axis=1), **found}
 
 
 FAILURE_WORDS = {

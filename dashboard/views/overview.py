@@ -139,11 +139,12 @@ def render(ctx) -> None:
         )
     if drawn and data["kpis"]["failed steps"]:
         st.subheader("Failed steps by cause")
+        failures = cache.failures(ctx.url, ctx.since, ctx.until)
         st.caption(
             "Model and request errors are theirs; only a timeout is given the KV or queue cause that cost it "
-            "time. The evidence is that of the latest step of each cause."
+            "time. The evidence is that of the latest step of each cause. " + verdict_words(failures)
         )
-        table = cache.failures(ctx.url, ctx.since, ctx.until)
+        table = failures["table"]
         table = table.assign(story=[f"[open]({url})" for url in table["story"]])
         show_text_table(
             table[["failure_kind", "failure_cause", "failed_steps", "share", "example", "evidence", "story"]], ctx.clock
@@ -151,6 +152,20 @@ def render(ctx) -> None:
     if per_instance:
         render_fleet(ctx, data["fleet"])
         render_routing(ctx, routing)
+
+
+def verdict_words(failures: dict) -> str:
+    """Where the failure table's verdicts come from: decided by the collector once each session settled, or
+    attributed as the page opened (a session still running, or no collector keeping verdicts)."""
+    failed, decided = failures["failed"], failures["decided"]
+    if decided == failed:
+        return f"All {failed:,} verdicts were decided once their session had settled."
+    if decided == 0:
+        return f"The {failed:,} verdicts were worked out as this page opened (no collector decided them yet)."
+    return (
+        f"{decided:,} of {failed:,} verdicts were decided once their session had settled; the other "
+        f"{failed - decided:,} (sessions still running) were worked out as this page opened."
+    )
 
 
 def _latency(ctx, data: dict) -> None:

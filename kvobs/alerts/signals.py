@@ -32,15 +32,8 @@ def kv_usage(store: Store, since: float, until: float) -> list[Value]:
 def preemptions_per_min(store: Store, since: float, until: float) -> list[Value]:
     before = store.lookups.instance_counter_before("preemptions_total", since)
     snaps = store.reads.instance_snapshots(since, until).dropna(subset=["preemptions_total"])
-    snaps = snaps.assign(delta=preemption_increase(snaps))
-    out: list[Value] = []
-    for inst, group in snaps.groupby("instance"):
-        first = group.iloc[0]
-        base = before.get(inst)
-        head = 0.0 if base is None else max(first["preemptions_total"] - base, 0)  # reset: counted from the next
-        total = head + group["delta"].iloc[1:].sum()
-        out.append((inst, None, float(total) * 60.0 / (until - since)))
-    return out
+    totals = preemption_increase(snaps, before).groupby(snaps["instance"]).sum()
+    return [(inst, None, float(total) * 60.0 / (until - since)) for inst, total in totals.items()]
 
 
 def _hit_rates(store: Store, since: float, until: float) -> dict[str, float]:

@@ -12,6 +12,8 @@ window with enough requests for it (`kvobs.analytics.samples`: p99 needs 100); `
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 
@@ -26,25 +28,38 @@ def _bucket(ts: pd.Series, window_s: float) -> pd.Series:
     return np.floor(ts / window_s) * window_s
 
 
-def preemption_increase(snapshots: pd.DataFrame) -> pd.Series:
-    """Per snapshot row, preemptions since the instance's previous snapshot (a counter reset counts from zero)."""
+def preemption_increase(snapshots: pd.DataFrame, before: Mapping[str, float] | None = None) -> pd.Series:
+    """Per snapshot row, preemptions since the instance's previous snapshot with a count (a counter reset counts from
+    zero). An instance's first row is counted against its count before these rows (`before`: instance -> value, as
+    `lookups.instance_counter_before` reads it), and as 0 when none is known: a counter's value at the start of a
+    range holds what happened before it."""
     if snapshots.empty:
         return pd.Series(dtype=float)
-    ordered = snapshots.sort_values("ts")
-    totals = ordered["preemptions_total"].astype(float)
-    delta = totals.groupby(ordered["instance"]).diff()
-    delta = delta.where(delta >= 0, totals)  # reset: the new value is the increase
-    return delta.fillna(0.0).reindex(snapshots.index)
+    known = snapshots.dropna(subset=["preemptions_total"]).sort_values("ts", kind="stable")
+    totals = known["preemptions_total"].astype(float)
+    previous = totals.groupby(known["instance"]).shift()
+    first = known.groupby("instance").cumcount().to_numpy() == 0
+    previous[first] = known.loc[first, "instance"].map(dict(before or {})).astype(float).to_numpy()
+    delta = totals - previous
+    delta = delta.where(delta >= 0, totals).where(previous.notna(), 0.0)  # reset: the new value is the increase
+    return delta.reindex(snapshots.index).fillna(0.0)
 
 
 def pressure_windows(
-    snapshots: pd.DataFrame, requests: pd.DataFrame, kv_counts: pd.DataFrame, *, window_s: float = 60.0
+    snapshots: pd.DataFrame,
+    requests: pd.DataFrame,
+    kv_counts: pd.DataFrame,
+    *,
+    window_s: float = 60.0,
+    preemptions_before: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """One row per window (`window`, its start in epoch s) with pressure and latency columns; NaN where unknown.
-    `kv_counts`: `reads.block_losses` (or `kv_event_counts`) rows; `evictions_per_s` sums their loss kinds' blocks."""
+    `kv_counts`: `reads.block_losses` (or `kv_event_counts`) rows; `evictions_per_s` sums their loss kinds' blocks;
+    `preemptions_before`: each instance's preemption count before the snapshots (`preemption_increase`)."""
     parts = []
     if not snapshots.empty:
-        snaps = snapshots.assign(window=_bucket(snapshots["ts"], window_s), preemptions=preemption_increase(snapshots))
+        increase = preemption_increase(snapshots, preemptions_before)
+        snaps = snapshots.assign(window=_bucket(snapshots["ts"], window_s), preemptions=increase)
         parts.append(
             snaps.groupby("window").agg(
                 usage_mean=("kv_usage", "mean"),

@@ -80,12 +80,15 @@ def step_causes(
     )
 
 
-def failure_verdicts(store: Store, since: float | None, until: float | None) -> pd.DataFrame:
-    """Each failed step started in the range, with its `failure_cause` and `failure_kind` (columns
-    `VERDICT_COLUMNS`; what `failure_summary` counts). Only a timeout is given a KV or queue cause, so only timeouts
-    are attributed against their requests and the KV events around them; any other failure's verdict is its error,
-    exactly as the analysis of every step gives it, and costs no read of KV events."""
-    steps = store.reads.steps(since, until)
+def failure_verdicts(
+    store: Store, since: float | None, until: float | None, *, steps: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Each failed step started in the range (of `steps`, when the caller has read them: its sessions' steps, for
+    their typical step), with its `failure_cause` and `failure_kind` (columns `VERDICT_COLUMNS`; what
+    `failure_summary` counts). Only a timeout is given a KV or queue cause, so only timeouts are attributed against
+    their requests and the KV events around them; any other failure's verdict is its error, exactly as the analysis
+    of every step gives it, and costs no read of KV events."""
+    steps = store.reads.steps(since, until) if steps is None else steps
     failed = steps[steps["status"] == StepStatus.ERROR.value]
     timeout = failed["error_type"] == StepErrorType.TIMEOUT.value
     others = failed[~timeout]
@@ -97,6 +100,26 @@ def failure_verdicts(store: Store, since: float | None, until: float | None) -> 
             store, since, until, failed_only=True, error_types=[StepErrorType.TIMEOUT.value], steps=steps
         )[VERDICT_COLUMNS]
         frame = attributed if frame.empty else pd.concat([frame, attributed])
+    return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
+
+
+def range_verdicts(store: Store, since: float | None, until: float | None) -> pd.DataFrame:
+    """`failure_verdicts` of the range as a page reads them: the verdicts a writer decided once their session settled
+    (`reads.step_verdicts`), and only the failed steps without one (a session still running; a store no collector
+    keeps verdicts for) attributed now, over the range. Column `decided`: which were read."""
+    steps = store.reads.steps(since, until)
+    failed = steps[steps["status"] == StepStatus.ERROR.value]
+    decided = store.reads.step_verdicts(since, until)
+    keys = set(zip(decided["session_id"], decided["step_index"].astype(int)))
+    decided = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True)  # "" for none, as worked out
+    open_ = [(s, int(i)) not in keys for s, i in zip(failed["session_id"], failed["step_index"])]
+    undecided = failed[open_] if len(failed) else failed
+    if undecided.empty:
+        return decided.reset_index(drop=True)
+    mine = steps[steps["session_id"].isin(set(undecided["session_id"]))]  # their sessions' steps: the typical step
+    now = failure_verdicts(store, since, until, steps=mine)
+    now = now[[(s, int(i)) not in keys for s, i in zip(now["session_id"], now["step_index"])]].assign(decided=False)
+    frame = now if decided.empty else pd.concat([decided, now], ignore_index=True)
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
 
 

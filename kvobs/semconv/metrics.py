@@ -486,4 +486,10 @@ kvobs_metrics = SimpleNamespace(
         "requests",
         "Requests that reached the store after the routing meter had passed their lookup: not in the routing loss.",
     ),
+    COLLECTOR_STEP_VERDICTS=_spec(
+        "kvobs_collector_step_verdicts",
+        "counter",
+        "steps",
+        "Failed agent steps whose verdict the collector decided and wrote once their session settled.",
+    ),
 )

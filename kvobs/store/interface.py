@@ -74,6 +74,11 @@ class Reads(Protocol):
         """Agent steps by start time."""
         ...
 
+    def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
+        """The failed steps started in the window whose verdict a writer decided once their session settled
+        (`step_verdicts`; the latest decision of each step), by session and step."""
+        ...
+
     def sessions(self) -> pd.DataFrame:
         """Every session, by start."""
         ...

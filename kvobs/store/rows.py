@@ -87,6 +87,23 @@ class StepRecord(Record):
 
 
 @_record
+class StepVerdictRecord(Record):
+    table: ClassVar[str] = "step_verdicts"
+
+    session_id: str
+    step_index: int
+    started_at: float
+    status: str
+    failure_cause: str
+    failure_kind: str
+    decided_at: float
+    error_type: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+    evidence: str | None = None
+
+
+@_record
 class RequestRecord(Record):
     table: ClassVar[str] = "requests"
 
@@ -240,6 +257,7 @@ RECORDS: dict[str, type[Record]] = {
     for cls in (
         SessionRecord,
         StepRecord,
+        StepVerdictRecord,
         RequestRecord,
         KVEventRecord,
         SnapshotRecord,

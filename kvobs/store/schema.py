@@ -123,6 +123,26 @@ class StepRow(Base):
     tools: Mapped[str | None] = mapped_column(Text)  # JSON: the tool calls in the pause before this step
 
 
+class StepVerdictRow(Base):
+    """Each failed step's verdict, written once its session has settled (`kvobs.analytics.step_verdicts`): what the
+    Overview's failure table counts over any range without attributing every step again."""
+
+    __tablename__ = "step_verdicts"
+    __table_args__ = (Index("ix_step_verdicts_started_at", "started_at"),)
+
+    session_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(8))
+    error_type: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    trace_id: Mapped[str | None] = mapped_column(String(32))
+    span_id: Mapped[str | None] = mapped_column(String(16))
+    failure_cause: Mapped[str] = mapped_column(String(32))  # attribution.failure_verdict's cause
+    failure_kind: Mapped[str] = mapped_column(String(16))  # cache | queue | timeout | model | request
+    evidence: Mapped[str | None] = mapped_column(Text)
+    decided_at: Mapped[float] = mapped_column(Float)  # when the writer decided it (epoch s)
+
+
 class RequestRow(Base):
     __tablename__ = "requests"
     __table_args__ = (
@@ -306,7 +326,17 @@ class LeaseRow(Base):
 # Tables written as records (`kvobs.store.rows`); rollups (`kv_event_minutes`) are kept by the writer.
 TABLES = {
     cls.__tablename__: cls
-    for cls in (SessionRow, StepRow, RequestRow, KVEventRow, SnapshotRow, MetricSampleRow, AlertRow, RunRow)
+    for cls in (
+        SessionRow,
+        StepRow,
+        StepVerdictRow,
+        RequestRow,
+        KVEventRow,
+        SnapshotRow,
+        MetricSampleRow,
+        AlertRow,
+        RunRow,
+    )
 }
 # Tables the writer keeps from the raw rows in the same transaction; a copy of a store copies them too.
 ROLLUPS = {str(cls.__table__.name): cls for cls in (KVEventMinuteRow, SessionFootprintRow)}  # type: ignore[union-attr]

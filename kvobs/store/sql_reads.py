@@ -27,6 +27,7 @@ from kvobs.store.schema import (
     SessionRow,
     SnapshotRow,
     StepRow,
+    StepVerdictRow,
 )
 from kvobs.store.sql_read import _between, _columns, _of_instances, read
 
@@ -141,6 +142,10 @@ class SqlReads(ComposedReads):
         if session_id is not None:
             stmt = stmt.where(StepRow.session_id == session_id)
         return read(self.store, _between(stmt, StepRow.started_at, since, until).order_by(StepRow.started_at))
+
+    def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
+        stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)
+        return read(self.store, stmt.order_by(StepVerdictRow.session_id, StepVerdictRow.step_index))
 
     def sessions(self) -> pd.DataFrame:
         return read(self.store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import create_engine, select, text
 
+from collectors.step_verdicts import VerdictKeeper
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS
@@ -64,6 +65,7 @@ def _open(backend: str, tmp_path):
             "snapshots",
             "metric_samples",
             "alerts",
+            "step_verdicts",
         ):
             store.client.command(f"TRUNCATE TABLE {table}")
         return store, None
@@ -98,6 +100,11 @@ def loaded(request, tmp_path_factory):
         stores[backend] = store
         cleanups += [cleanup] if cleanup else []
     first, last = stores["sqlite"].reads.time_range()
+    failed = sum(record.status == "error" for record in records["steps"])
+    for backend, store in stores.items():  # failed steps' verdicts, decided as a collector does once sessions settle
+        write = lambda verdicts, s=store: s.write([("upsert", verdicts)])  # noqa: E731
+        keeper = VerdictKeeper(store, write, lookback_s=last - first + 3600.0)
+        assert keeper.run(last + 3600.0) == failed, backend
     # The built-in rules over a third of the run, without `for` (the runs are shorter), at any non-zero value.
     rules = [
         replace(r, window_s=(last - first) / 3, for_s=0.0, threshold=0.0 if r.op in (">", ">=") else r.threshold)
@@ -166,6 +173,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ("session_events", (windows,), {"kinds": ATTRIBUTION_KINDS, "chunk": 3}, True),
         ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True),
         ("runs", (), {}, True),
+        ("step_verdicts", (), {}, True),
         ("runs", (), {"instances": store.reads.instances()[-1:]}, True),
     ]
     one, none = {"instances": store.reads.instances()[-1:]}, {"instances": []}
@@ -178,6 +186,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
                 "session_footprints",
                 "requests",
                 "steps",
+                "step_verdicts",
                 "kv_event_counts",
                 "block_losses",
                 "stored_blocks",

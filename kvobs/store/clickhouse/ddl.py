@@ -186,6 +186,16 @@ _KV_GROUPS = [
     )
 ]
 
+# Version 9: each failed step's verdict once its session settled (SQL revision 0013); decided again, the later wins.
+_STEP_VERDICTS = [
+    f"""CREATE TABLE IF NOT EXISTS step_verdicts (
+        session_id String, step_index Int32, started_at Float64, status LowCardinality(String),
+        error_type Nullable(String), trace_id Nullable(String), span_id Nullable(String),
+        failure_cause LowCardinality(String), failure_kind LowCardinality(String), evidence Nullable(String),
+        decided_at Float64
+    ) ENGINE = ReplacingMergeTree(decided_at) ORDER BY (session_id, step_index) {_DEDUP}""",
+]
+
 # (version, description, statements), oldest first.
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "initial schema", _INITIAL),
@@ -196,6 +206,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (6, "steps.response_id and steps.tools: steps from agent spans", _STEP_JOIN),
     (7, "leases: which writer holds which instance", _LEASES),
     (8, "kv_events.group_idx, kv_cache_spec_kind, lora_name, extra_keys", _KV_GROUPS),
+    (9, "step_verdicts: each failed step's verdict once its session settled", _STEP_VERDICTS),
 ]
 
 

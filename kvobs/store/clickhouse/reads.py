@@ -140,6 +140,13 @@ class ClickHouseReads(ComposedReads):
             where.add("session_id = {sid:String}", sid=session_id)
         return self.store.frame(f"SELECT {_columns('steps')} FROM steps FINAL{where} ORDER BY started_at", where.params)
 
+    def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
+        where = _Where().window("started_at", since, until)
+        return self.store.frame(
+            f"SELECT {_columns('step_verdicts')} FROM step_verdicts FINAL{where} ORDER BY session_id, step_index",
+            where.params,
+        )
+
     def sessions(self) -> pd.DataFrame:
         return self.store.frame(f"SELECT {_columns('sessions')} FROM sessions FINAL ORDER BY started_at")
 

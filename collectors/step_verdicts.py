@@ -1,0 +1,114 @@
+"""Each failed step's verdict, decided once its session has settled and written to the store (`step_verdicts`), so
+the Overview's failure table reads verdicts instead of attributing every step of its range again.
+
+    keeper = VerdictKeeper(store, write=lambda records: ...)
+    keeper.run(now)        # every VERDICT_INTERVAL_S from the collector's tick; returns how many it decided
+
+A failed step's verdict (`kvobs.analytics.step_causes.failure_verdicts`) weighs the step against its session's
+typical step and reads the KV events up to its end, so it is decided when nothing later is expected to change it:
+its session ended (`sessions.ended_at`, the agent SDK's) or started no step for `SESSION_END_AFTER_S` (the horizon
+engine, collector and SDK share for a session's end), read `DELAY_S` behind now so late spans have landed. A
+session that comes back later is decided again when it settles again, with all its steps (an upsert: the later
+decision wins). Steps are read once, in time order, from where the last run stopped; a keeper that starts reads
+back `LOOKBACK_S`. Any verdict it has not decided (a session still running, a store no collector keeps) the page
+attributes when it is read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pandas as pd
+
+from kvobs.analytics.step_causes import failure_verdicts
+from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
+from kvobs.semconv.spans import StepStatus
+from kvobs.store.interface import Store
+from kvobs.store.rows import StepVerdictRecord
+
+log = logging.getLogger(__name__)
+
+VERDICT_INTERVAL_S = 60.0  # how often the collector decides
+DELAY_S = 60.0  # how far behind now a run reads: the writer's queue and late spans have landed
+LOOKBACK_S = SESSION_IDLE_S  # how far back a keeper that starts reads steps
+CHUNK = 200  # sessions decided per round of reads
+
+
+class VerdictKeeper:
+    def __init__(
+        self,
+        store: Store,
+        write: Callable[[list[StepVerdictRecord]], None],
+        *,
+        delay_s: float = DELAY_S,
+        end_after_s: float = SESSION_END_AFTER_S,
+        lookback_s: float = LOOKBACK_S,
+    ) -> None:
+        self.store, self.write = store, write
+        self.delay_s, self.end_after_s, self.lookback_s = delay_s, end_after_s, lookback_s
+        self.done: float | None = None  # steps started up to here have been read
+        self.pending: dict[str, float] = {}  # session with a failed step not yet decided -> its last step's time
+        self.num_decided = 0  # verdicts written, ever
+
+    def run(self, now: float) -> int:
+        """Read the steps started since the last run; decide the failed steps of every session that has settled."""
+        written = now - self.delay_s
+        start = written - self.lookback_s if self.done is None else self.done
+        if written <= start:
+            return 0
+        self._note(self.store.reads.steps(start, written))
+        self.done = written
+        if not self.pending:
+            return 0
+        ended = self.store.lookups.session_ends(list(self.pending))
+        settled = sorted(s for s, last in self.pending.items() if s in ended or last <= written - self.end_after_s)
+        decided = 0
+        for i in range(0, len(settled), CHUNK):
+            chunk = settled[i : i + CHUNK]
+            decided += self._decide(chunk, now)
+            for session_id in chunk:
+                del self.pending[session_id]
+        return decided
+
+    def _note(self, steps: pd.DataFrame) -> None:
+        """Remember the sessions with a failed step, and when each such session was last seen."""
+        if steps.empty:
+            return
+        last = steps[["started_at", "ended_at"]].max(axis=1).groupby(steps["session_id"]).max()
+        failed = set(steps.loc[steps["status"] == StepStatus.ERROR.value, "session_id"])
+        for session_id, ts in last.items():
+            if session_id in failed or session_id in self.pending:
+                self.pending[session_id] = max(self.pending.get(session_id, float(ts)), float(ts))
+
+    def _decide(self, sessions: list[str], now: float) -> int:
+        steps = pd.concat([self.store.reads.steps(session_id=s) for s in sessions], ignore_index=True)
+        if steps.empty:
+            return 0
+        first, last = float(steps["started_at"].min()), float(steps[["started_at", "ended_at"]].max().max())
+        verdicts = failure_verdicts(self.store, first, last, steps=steps)
+        records = [
+            StepVerdictRecord(
+                session_id=row.session_id,
+                step_index=int(row.step_index),
+                started_at=float(row.started_at),
+                status=row.status,
+                failure_cause=row.failure_cause,
+                failure_kind=row.failure_kind,
+                decided_at=now,
+                error_type=_text(row.error_type),
+                trace_id=_text(row.trace_id),
+                span_id=_text(row.span_id),
+                evidence=_text(row.evidence),
+            )
+            for row in verdicts.itertuples(index=False)
+        ]
+        if records:
+            self.write(records)
+            self.num_decided += len(records)
+            log.debug("decided %d failed step(s) of %d settled session(s)", len(records), len(sessions))
+        return len(records)
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) and value else None
