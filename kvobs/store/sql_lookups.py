@@ -26,18 +26,22 @@ class SqlLookups:
 
     def instance_counter_before(self, column: str, ts: float) -> dict[str, float]:
         """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
+        # one seek down the (instance, ts) index per instance, newest first (of equal times the last written, as
+        # ClickHouse's argMax by (ts, id)); a GROUP BY joined back scanned every snapshot of the store
         value = getattr(SnapshotRow, column)
-        latest = (
-            select(SnapshotRow.instance, func.max(SnapshotRow.ts).label("ts"))
-            .where(SnapshotRow.session_id.is_(None), SnapshotRow.ts < ts, value.is_not(None))
-            .group_by(SnapshotRow.instance)
-            .subquery()
-        )
-        stmt = select(SnapshotRow.instance, value).join(
-            latest, (SnapshotRow.instance == latest.c.instance) & (SnapshotRow.ts == latest.c.ts)
-        )
-        frame = read(self.store, stmt.where(SnapshotRow.session_id.is_(None)))
-        return dict(zip(frame["instance"], frame[column].astype(float)))
+        found = {}
+        with self.store.engine.connect() as conn:
+            for instance in conn.execute(select(SnapshotRow.instance).distinct()).scalars():
+                latest = conn.execute(
+                    select(value)
+                    .where(SnapshotRow.instance == instance, SnapshotRow.ts < ts)
+                    .where(SnapshotRow.session_id.is_(None), value.is_not(None))
+                    .order_by(SnapshotRow.ts.desc(), SnapshotRow.id.desc())
+                    .limit(1)
+                ).scalar()
+                if latest is not None:
+                    found[instance] = float(latest)
+        return found
 
     def restored_blocks(self, since: float, until: float) -> pd.DataFrame:
         """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
