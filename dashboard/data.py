@@ -247,11 +247,11 @@ def pressure(
 def sessions(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
     """The range's sessions, by what the cache cost them (`footprints.session_table`: blocks lost in tool pauses,
     then lost, then failed steps; footprints on `instances` only)."""
-    steps = store.reads.steps(since, until)
+    outcomes = store.reads.step_outcomes(since, until)  # per session, aggregated in the database
     footprints = store.reads.session_footprints(since, until, instances=instances)
-    table = session_table(store.reads.sessions(), footprints, steps)
-    if not steps.empty:
-        table = table[table["session_id"].isin(set(steps["session_id"]) | set(footprints["session_id"]))]
+    table = session_table(store.reads.sessions(), footprints, outcomes)
+    if not outcomes.empty:
+        table = table[table["session_id"].isin(set(outcomes["session_id"]) | set(footprints["session_id"]))]
     return table.reset_index(drop=True)
 
 

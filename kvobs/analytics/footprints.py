@@ -29,11 +29,11 @@ def footprint_timeline(snapshots: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Sessions with their latest footprint and step outcomes, one row per session, ordered by what the cache cost
-    them: most blocks lost in tool pauses, then most lost at all, then most failed steps. `hit_rate` is the one
-    definition (`kvobs.analytics.hit_rate`) over the session's steps: cached prompt tokens / prompt tokens, as the
-    server reported them to the agent."""
+def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Sessions with their latest footprint and step outcomes (`reads.step_outcomes`), one row per session, ordered by
+    what the cache cost them: most blocks lost in tool pauses, then most lost at all, then most failed steps.
+    `hit_rate` is the one definition (`kvobs.analytics.hit_rate`) over the session's steps: cached prompt tokens /
+    prompt tokens, as the server reported them to the agent."""
     table = sessions.set_index("session_id")[["agent_name", "source", "started_at", "ended_at"]]
     if not footprints.empty:
         latest = footprints.groupby("session_id").agg(
@@ -43,16 +43,11 @@ def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, steps: pd.Da
             pending_idle=("session_pending_idle_blocks", "sum"),
         )
         table = table.join(latest, how="outer")
-    if not steps.empty:
-        known = steps.dropna(subset=["prompt_tokens", "cached_tokens"])
-        tokens = known.groupby("session_id")[["cached_tokens", "prompt_tokens"]].sum()
-        outcome = steps.groupby("session_id").agg(
-            steps=("step_index", "size"),
-            failed=("status", lambda s: int((s == "error").sum())),
-            e2e_p50=("e2e_s", "median"),
-        )
-        outcome["hit_rate"] = tokens["cached_tokens"] / tokens["prompt_tokens"].where(tokens["prompt_tokens"] > 0)
-        table = table.join(outcome, how="outer")
+    if not outcomes.empty:
+        outcome = outcomes.set_index("session_id")
+        cached, prompt = (outcome[c].astype(float) for c in ("cached_tokens", "prompt_tokens"))
+        outcome = outcome[["steps", "failed", "e2e_p50"]].assign(hit_rate=cached / prompt.where(prompt > 0))
+        table = table.join(outcome.astype({"e2e_p50": float}), how="outer")
     order = [c for c in ("lost_idle", "lost", "failed") if c in table]
     table = table.sort_values(order, ascending=False, kind="stable", na_position="last") if order else table
     return table.rename_axis("session_id").reset_index()

@@ -117,7 +117,10 @@ def range_verdicts(store: Store, since: float | None, until: float | None) -> pd
     if undecided.empty:
         return decided.reset_index(drop=True)
     mine = steps[steps["session_id"].isin(set(undecided["session_id"]))]  # their sessions' steps: the typical step
-    now = failure_verdicts(store, since, until, steps=mine)
+    # from their sessions' first step in the range (running sessions: the range's last minutes, not all of it)
+    now = failure_verdicts(
+        store, max(since, float(mine["started_at"].min())) if since is not None else since, until, steps=mine
+    )
     now = now[[(s, int(i)) not in keys for s, i in zip(now["session_id"], now["step_index"])]].assign(decided=False)
     frame = now if decided.empty else pd.concat([decided, now], ignore_index=True)
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)

@@ -74,6 +74,11 @@ class Reads(Protocol):
         """Agent steps by start time."""
         ...
 
+    def step_outcomes(self, since=None, until=None) -> pd.DataFrame:
+        """Per session, its steps started in the window, aggregated in the database: `steps`, `failed`, `e2e_p50` (the
+        median of the known `e2e_s`), and `cached_tokens` and `prompt_tokens` summed over the steps that give both."""
+        ...
+
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         """The failed steps started in the window whose verdict a writer decided once their session settled
         (`step_verdicts`; the latest decision of each step), by session and step."""

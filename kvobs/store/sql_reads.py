@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from sqlalchemy import distinct, func, select, tuple_, union_all
+from sqlalchemy import and_, case, distinct, func, select, tuple_, union_all
 
-from kvobs.semconv.spans import KVEventKind
+from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.composed import ComposedReads
 from kvobs.store.interface import Instances
 from kvobs.store.schema import (
@@ -142,6 +142,38 @@ class SqlReads(ComposedReads):
         if session_id is not None:
             stmt = stmt.where(StepRow.session_id == session_id)
         return read(self.store, _between(stmt, StepRow.started_at, since, until).order_by(StepRow.started_at))
+
+    def step_outcomes(self, since=None, until=None) -> pd.DataFrame:
+        step = StepRow
+        known = and_(step.prompt_tokens.is_not(None), step.cached_tokens.is_not(None))
+        counts = select(
+            step.session_id,
+            func.count().label("steps"),
+            func.sum(case((step.status == StepStatus.ERROR.value, 1), else_=0)).label("failed"),
+            func.sum(case((known, step.cached_tokens))).label("cached_tokens"),
+            func.sum(case((known, step.prompt_tokens))).label("prompt_tokens"),
+        )
+        outcome = _between(counts, step.started_at, since, until).group_by(step.session_id).subquery()
+        # the median of each session's known e2e_s: the middle row, or the mean of the two middle rows, by rank
+        ranks = select(
+            step.session_id,
+            step.e2e_s,
+            func.row_number().over(partition_by=step.session_id, order_by=step.e2e_s).label("rank"),
+            func.count().over(partition_by=step.session_id).label("n"),
+        ).where(step.e2e_s.is_not(None))
+        ranked = _between(ranks, step.started_at, since, until).subquery()
+        middle = ranked.c["rank"].in_([(ranked.c.n + 1) // 2, (ranked.c.n + 2) // 2])
+        medians = select(ranked.c.session_id, func.avg(ranked.c.e2e_s).label("e2e_p50")).where(middle)
+        median = medians.group_by(ranked.c.session_id).subquery()
+        stmt = select(
+            outcome.c.session_id,
+            outcome.c.steps,
+            outcome.c.failed,
+            median.c.e2e_p50,
+            outcome.c.cached_tokens,
+            outcome.c.prompt_tokens,
+        ).join(median, median.c.session_id == outcome.c.session_id, isouter=True)
+        return read(self.store, stmt.order_by(outcome.c.session_id))
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)

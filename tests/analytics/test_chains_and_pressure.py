@@ -102,8 +102,32 @@ def test_footprints_and_session_table(agent_run):
     timeline = footprint_timeline(store.reads.session_snapshots(session))
     assert timeline["session_evicted_blocks"].is_monotonic_increasing
     assert timeline["lost_since_previous"].sum() == timeline["session_evicted_blocks"].iloc[-1]
-    table = session_table(store.reads.sessions(), store.reads.session_footprints(), store.reads.steps())
+    table = session_table(store.reads.sessions(), store.reads.session_footprints(), store.reads.step_outcomes())
     assert len(table) == 6 and table["steps"].sum() == 18 and table["failed"].sum() == agent_run.result.num_failed
+
+
+def test_step_outcomes_are_the_steps_aggregated_per_session(agent_run, vllm_run):
+    """`step_outcomes` is what the Sessions page once computed from every step row: per session, steps, failures, the
+    median end-to-end time and the token sums of the steps that give both (None where none does)."""
+    for store in (agent_run.store, vllm_run.store):
+        first, last = store.reads.time_range()
+        for since, until in ((None, None), (first + (last - first) / 3, last)):
+            steps = store.reads.steps(since, until)
+            known = steps.dropna(subset=["prompt_tokens", "cached_tokens"])
+            tokens = known.groupby("session_id")[["cached_tokens", "prompt_tokens"]].sum()
+            expected = steps.groupby("session_id").agg(
+                steps=("step_index", "size"),
+                failed=("status", lambda s: int((s == "error").sum())),
+                e2e_p50=("e2e_s", "median"),
+            )
+            expected = expected.join(tokens).reset_index()
+            got = store.reads.step_outcomes(since, until)
+            assert len(got) == len(expected) > 0
+            pd.testing.assert_frame_equal(
+                got.astype({c: float for c in ("e2e_p50", "cached_tokens", "prompt_tokens")}),
+                expected.astype({c: float for c in ("e2e_p50", "cached_tokens", "prompt_tokens")}),
+                check_dtype=False,
+            )
 
 
 def test_available_counts_blocks_stored_while_a_request_waited_in_the_queue():

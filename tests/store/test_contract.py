@@ -186,6 +186,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
                 "session_footprints",
                 "requests",
                 "steps",
+                "step_outcomes",
                 "step_verdicts",
                 "kv_event_counts",
                 "block_losses",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
 from kvobs.store.clickhouse.ddl import FOOTPRINT_VALUES
 from kvobs.store.composed import ComposedReads
 from kvobs.store.schema import FOOTPRINT_COLUMNS, TABLES
@@ -139,6 +139,19 @@ class ClickHouseReads(ComposedReads):
         if session_id is not None:
             where.add("session_id = {sid:String}", sid=session_id)
         return self.store.frame(f"SELECT {_columns('steps')} FROM steps FINAL{where} ORDER BY started_at", where.params)
+
+    def step_outcomes(self, since=None, until=None) -> pd.DataFrame:
+        where = _Where().window("started_at", since, until)
+        known = "prompt_tokens IS NOT NULL AND cached_tokens IS NOT NULL"
+        return self.store.frame(
+            f"""SELECT session_id, toInt64(count()) AS steps, toInt64(countIf(status = '{StepStatus.ERROR.value}'))
+            AS failed, quantileExactInclusive(0.5)(e2e_s) AS e2e_p50,
+            if(countIf({known}) = 0, NULL, sumIf(toInt64(cached_tokens), {known})) AS cached_sum,
+            if(countIf({known}) = 0, NULL, sumIf(toInt64(prompt_tokens), {known})) AS prompt_sum
+            FROM steps FINAL{where} GROUP BY session_id ORDER BY session_id""",
+            where.params,
+        ).rename(columns={"cached_sum": "cached_tokens", "prompt_sum": "prompt_tokens"})  # (an alias of a column's
+        # own name would stand for the column inside the other aggregates)
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         where = _Where().window("started_at", since, until)
