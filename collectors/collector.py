@@ -138,7 +138,8 @@ class Collector:
         # its replicas' routing loss against the fleet's (the store's) other replicas
         kv_instances = [stream.spec.instance for stream in self.streams]
         self.routing_meter = RoutingMeter(self.store, kv_instances) if kv_instances else None
-        self.verdicts = VerdictKeeper(self.store, self._write_verdicts)  # failed steps, once their session settled
+        # failed steps' verdicts, once their session settled (ended, or as long without a step as a session ends)
+        self.verdicts = VerdictKeeper(self.store, self._write_verdicts, end_after_s=options.session_end_after_s)
         self._last_runs: dict[str, float] = {}  # `_every`'s jobs: when each last ran
         self.registry = CollectorRegistry()
         self.registry.register(CollectorMetrics(self))

@@ -90,3 +90,22 @@ def test_a_running_session_waits_and_an_ended_one_is_decided_at_once(timeouts):
 
     assert keeper.run(latest + 301.0) == len(failed) - decided  # the horizon passed: every session settled
     assert not keeper.pending and range_verdicts(store, first, last)["decided"].all()
+
+
+def test_a_running_collector_decides_them_from_its_tick(timeouts):
+    """`kvobs collect` runs the keeper from its tick and writes through its store writer: the engine run's sessions
+    ended (the SDK said so), so every failed step is decided at the first run, and counted for /metrics."""
+    from collectors.collector import Collector, CollectorOptions
+    from tests.waiting import wait_for
+
+    store = timeouts
+    failed = int((store.reads.steps()["status"] == "error").sum())
+    collector = Collector(CollectorOptions(otlp_http="127.0.0.1:0", interval_s=0.2), store=store)
+    collector.verdicts.delay_s = 0.0  # the run's steps are seconds old; a deployed collector reads a minute behind
+    collector.start()
+    try:
+        wait_for(lambda: len(store.reads.step_verdicts()) == failed, timeout_s=60)
+    finally:
+        collector.stop()
+    assert collector.verdicts.num_decided == failed > 0
+    assert range_verdicts(store, *store.reads.time_range())["decided"].all()
