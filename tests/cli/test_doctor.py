@@ -102,3 +102,39 @@ def test_the_collectors_view_names_each_streams_wire_shape_and_lag(tmp_path):
         text=True,
     )
     assert unreachable.returncode == 2 and "cannot read the collector's metrics" in unreachable.stderr
+
+
+def test_a_collector_that_lost_a_replicas_lease_is_named(tmp_path):
+    """A real collector whose lease on `vllm-a` another writer took (it stalled past its expiry) drops the batches it
+    still hears; doctor reads that from its /metrics: the replica is a problem, named with why, and the dropped
+    batches are counted."""
+    from kvobs.store.leases import LeaseKeeper
+
+    port, metrics = free_port(), free_port()
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    options = CollectorOptions(
+        kv_events=[f"vllm-a=tcp://127.0.0.1:{port}"], kv_events_bind=True, metrics_address=f"127.0.0.1:{metrics}"
+    )
+    collector = Collector(options, store=store)
+    other = LeaseKeeper(store.leases, ["vllm-a"], role="collect")
+    collector.start()
+    try:
+        t = time.time() + 120
+        other.leases.claim(other.instances, other.holder, ttl_s=600.0, now=t)
+        collector.leases.renew(t + 1)
+        with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:
+            wait_subscribed(pub)
+            stored = wire.BlockStored([1], None, [5] * 16, 16, None, "GPU", None)
+            pub.send_multipart([b"", wire.seq_bytes(0), wire.encode_batch(wire.KVEventBatch(time.time(), [stored]))])
+            wait_for(lambda: collector.streams[0].subscriber.num_batches == 1)
+        done = subprocess.run(
+            [*DOCTOR, "--store", store.url, "--collector", f"http://127.0.0.1:{metrics}/metrics"],
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        collector.stop()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "! vllm-a: wire: array batch, map events; latest batch" in done.stdout
+    assert "its lease was taken by another writer 1 time(s): this collector dropped its data meanwhile" in done.stdout
+    assert "! (collector): 1 kv_events item(s) dropped" in done.stdout

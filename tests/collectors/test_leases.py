@@ -55,3 +55,69 @@ def test_a_lease_taken_while_stalled_is_said_counted_and_taken_back(tmp_path, ca
         "vllm-b": mine.holder,
     }
     store.close()
+
+
+def test_a_collector_whose_lease_was_taken_drops_that_replicas_batches_and_counts_them(tmp_path):
+    """A real collector and a real ZMQ stream: batches are stored while the collector holds `vllm-a`; once another
+    writer took the lease (this collector stalled past its expiry), every batch of `vllm-a` is dropped, counted under
+    the `kv_events` component with its reason, and nothing of it reaches the store; once the lease is free again and
+    taken back, batches are stored again."""
+    from sqlalchemy import func, select
+
+    from kvobs.store.schema import KVEventRow
+    from kvobs.vllm import kv_events as wire
+    from tests.collectors.replay import publisher, wait_subscribed
+    from tests.server.conftest import free_port
+    from tests.waiting import wait_for
+
+    def batch(seq: int) -> tuple[bytes, bytes, bytes]:
+        stored = wire.BlockStored(
+            block_hashes=[seq + 1],
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=16,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+        )
+        return b"", wire.seq_bytes(seq), wire.encode_batch(wire.KVEventBatch(ts=1000.0 + seq, events=[stored]))
+
+    def rows() -> int:
+        with store.engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(KVEventRow)).scalar_one()
+
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    port = free_port()
+    options = CollectorOptions(kv_events=[f"vllm-a=tcp://127.0.0.1:{port}"], kv_events_bind=True, interval_s=3600)
+    collector = Collector(options, store=store)
+    other = LeaseKeeper(store.leases, ["vllm-a"], role="collect")
+    collector.start()
+    try:
+        with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:
+            wait_subscribed(pub)
+            sub = collector.streams[0].subscriber
+            pub.send_multipart(batch(0))
+            wait_for(lambda: sub.num_batches == 1)
+            collector.writer.flush()
+            assert rows() == 1
+            t = time.time() + 120  # the collector stalled past its lease; another writer took vllm-a
+            other.leases.claim(other.instances, other.holder, ttl_s=600.0, now=t)
+            collector.leases.renew(t + 1)
+            assert not collector.leases.held("vllm-a")
+            before = collector.dropped_totals().get("kv_events", 0)
+            for seq in (1, 2, 3):
+                pub.send_multipart(batch(seq))
+            wait_for(lambda: sub.num_batches == 4)
+            collector.writer.flush()
+            assert rows() == 1  # nothing of vllm-a's batches while another writer holds it
+            assert collector.dropped_totals()["kv_events"] == before + 3
+            other.release()
+            collector.leases.renew(t + 30)  # (renewals come RENEW_EVERY_S apart at most)
+            assert collector.leases.held("vllm-a")
+            pub.send_multipart(batch(4))
+            wait_for(lambda: sub.num_batches == 5)
+            collector.writer.flush()
+            assert rows() == 2
+    finally:
+        collector.stop()
+    store.close()

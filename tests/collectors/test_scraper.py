@@ -217,3 +217,30 @@ def test_a_body_over_the_limit_is_not_read_and_the_target_is_down(store):
         outcomes = [scraper.scrape(scraper.targets[0]) for _ in range(3)]
     writer.close()
     assert outcomes == [True, False, True] and drops.get("scrape", "body_too_large") == 1
+
+
+def test_a_replica_whose_lease_this_collector_lost_is_not_scraped_and_says_so(tmp_path):
+    """While another collector holds `vllm-a` (`held` False), its scrapes are skipped and counted (component `scrape`,
+    reason `lease_lost`); `vllm-b` is scraped as usual; once held again, `vllm-a` is scraped again."""
+    from kvobs.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    writer, drops = StoreWriter(store), DropCounter()
+    lost = {"vllm-a"}
+    with metrics_server([BODIES[60]] * 6) as base:
+        targets = [ScrapeTarget.parse(f"{name}={base}") for name in ("vllm-a", "vllm-b")]
+        scraper = Scraper(targets, writer, drops, held=lambda instance: instance not in lost)
+        scraper.scrape_all()
+        scraper.scrape_all()
+        writer.flush()
+        with store.session() as s:
+            seen = set(s.scalars(select(SnapshotRow.instance)).all())
+        assert seen == {"vllm-b"} and scraper.num_scrapes == 2
+        assert drops.totals()["scrape"] == 2
+        lost.clear()
+        scraper.scrape_all()
+    writer.close()
+    with store.session() as s:
+        assert set(s.scalars(select(SnapshotRow.instance)).all()) == {"vllm-a", "vllm-b"}
+    assert scraper.num_scrapes == 4 and drops.totals()["scrape"] == 2
+    store.close()
