@@ -67,15 +67,28 @@ def test_an_over_counting_hit_counter_and_a_short_stream_are_named(vllm_run, tmp
     assert done.returncode == 1 and "! vllm-cpu: events_short" in done.stdout and "1 problem(s)" in done.stdout
 
 
-def test_the_collectors_view_names_each_streams_wire_shape_and_lag(tmp_path):
-    """A real collector hears one replica send an array batch and a map batch: doctor reads both shapes, the
-    latest batch's lag, and no loss, from the collector's /metrics."""
+def _collector(tmp_path):
+    """(store, collector, KV-event port, metrics port): a collector of one replica, `vllm-a`, with its /metrics."""
     port, metrics = free_port(), free_port()
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
     options = CollectorOptions(
         kv_events=[f"vllm-a=tcp://127.0.0.1:{port}"], kv_events_bind=True, metrics_address=f"127.0.0.1:{metrics}"
     )
-    collector = Collector(options, store=store)
+    return store, Collector(options, store=store), port, metrics
+
+
+def _doctor(store, metrics: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*DOCTOR, "--store", store.url, "--collector", f"http://127.0.0.1:{metrics}/metrics"],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_collectors_view_names_each_streams_wire_shape_and_lag(tmp_path):
+    """A real collector hears one replica send an array batch and a map batch: doctor reads both shapes, the
+    latest batch's lag, and no loss, from the collector's /metrics."""
+    store, collector, port, metrics = _collector(tmp_path)
     collector.start()
     try:
         with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:
@@ -86,11 +99,7 @@ def test_the_collectors_view_names_each_streams_wire_shape_and_lag(tmp_path):
             as_map = {"ts": batch.ts, "events": [stored], "data_parallel_rank": None}
             pub.send_multipart([b"", wire.seq_bytes(1), msgspec.msgpack.encode(as_map)])
             wait_for(lambda: collector.streams[0].subscriber.num_batches == 2)
-        done = subprocess.run(
-            [*DOCTOR, "--store", store.url, "--collector", f"http://127.0.0.1:{metrics}/metrics"],
-            capture_output=True,
-            text=True,
-        )
+        done = _doctor(store, metrics)
     finally:
         collector.stop()
     assert "ok vllm-a: wire: array batch, map events and map batch, map events; latest batch" in done.stdout, (
@@ -110,12 +119,7 @@ def test_a_collector_that_lost_a_replicas_lease_is_named(tmp_path):
     batches are counted."""
     from kvobs.store.leases import LeaseKeeper
 
-    port, metrics = free_port(), free_port()
-    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
-    options = CollectorOptions(
-        kv_events=[f"vllm-a=tcp://127.0.0.1:{port}"], kv_events_bind=True, metrics_address=f"127.0.0.1:{metrics}"
-    )
-    collector = Collector(options, store=store)
+    store, collector, port, metrics = _collector(tmp_path)
     other = LeaseKeeper(store.leases, ["vllm-a"], role="collect")
     collector.start()
     try:
@@ -127,11 +131,7 @@ def test_a_collector_that_lost_a_replicas_lease_is_named(tmp_path):
             stored = wire.BlockStored([1], None, [5] * 16, 16, None, "GPU", None)
             pub.send_multipart([b"", wire.seq_bytes(0), wire.encode_batch(wire.KVEventBatch(time.time(), [stored]))])
             wait_for(lambda: collector.streams[0].subscriber.num_batches == 1)
-        done = subprocess.run(
-            [*DOCTOR, "--store", store.url, "--collector", f"http://127.0.0.1:{metrics}/metrics"],
-            capture_output=True,
-            text=True,
-        )
+        done = _doctor(store, metrics)
     finally:
         collector.stop()
     assert done.returncode == 1, done.stdout + done.stderr

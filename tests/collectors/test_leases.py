@@ -71,15 +71,7 @@ def test_a_collector_whose_lease_was_taken_drops_that_replicas_batches_and_count
     from tests.waiting import wait_for
 
     def batch(seq: int) -> tuple[bytes, bytes, bytes]:
-        stored = wire.BlockStored(
-            block_hashes=[seq + 1],
-            parent_block_hash=None,
-            token_ids=[],
-            block_size=16,
-            lora_id=None,
-            medium="GPU",
-            lora_name=None,
-        )
+        stored = wire.BlockStored([seq + 1], None, [], 16, None, "GPU", None)  # one block, as vLLM's publisher
         return b"", wire.seq_bytes(seq), wire.encode_batch(wire.KVEventBatch(ts=1000.0 + seq, events=[stored]))
 
     def rows() -> int:
