@@ -196,22 +196,23 @@ def test_vectorized_roots_equal_the_walk_on_random_forests():
         assert chain_roots(hashes, parents, no_parent).tolist() == expected, case
 
 
-def test_a_range_that_starts_mid_run_counts_only_its_own_preemptions(agent_run):
+def test_a_range_that_starts_mid_run_counts_only_its_own_preemptions(vllm_run):
     """The preemption counter's value at a range's first snapshot holds the run's earlier preemptions: the Overview's
     count, its windows and the alert signal all count from the value before the range, so they equal the counter's
-    rise over the range, read from the raw snapshots (the last before the range to the last in it)."""
+    rise over the range, read from the raw snapshots (the last before the range to the last in it). On the recorded
+    vLLM run, whose scraped `vllm:num_preemptions` rises from 0 to 9 (an engine run's preemptions vary with timing)."""
     from dashboard import data
     from dashboard.context import bucket_for
     from kvobs.alerts.signals import preemptions_per_min
 
-    store = agent_run.store
+    store = vllm_run.store
     snaps = store.reads.instance_snapshots().dropna(subset=["preemptions_total"])
     first, last = store.reads.time_range()
     totals = snaps.set_index("ts")["preemptions_total"].astype(float)
     since = next(
         (float(ts) + 1e-3 for ts, total in totals.items() if 0 < total < totals.iloc[-1]), None
     )  # just after a snapshot that already counts some preemptions, before the last rise
-    assert since is not None, "the engine run must preempt before and after some snapshot"
+    assert since is not None, "the recording must preempt before and after some snapshot"
     before, end = totals[totals.index < since].iloc[-1], totals[totals.index <= last].iloc[-1]
     assert before > 0 and end > before
     window = bucket_for(since, last, at_least=5.0)
