@@ -2,15 +2,17 @@
 
     frame = step_causes(store, since, until)                 # one row per step started in the range
     failure_split(frame)                                     # {"cache": 0, "queue": 0, "timeout": 1, "model": 6, ...}
-    failure_summary(failure_verdicts(store, since, until))   # the Overview's failure table: timeouts attributed only
+    failure_summary(failure_verdicts(store, since, until))   # failed steps' verdicts: timeouts attributed only
+    failure_summary(range_verdicts(store, since, until))     # the Overview's: those a collector decided, and the rest
 
 Requests and KV events are read from an hour before the range, so a step's previous request (the start of its
 tool pause) is found. On a fleet (a store that heard of two instances or more) each request's routing loss is read
 too (`kvobs.analytics.routing.fleet_losses`). With `failed_only` only the KV events a failed step can be blamed on are
 read: its session's, from the start of the step before it to its own end (`reads.session_events`), and the resets; a few
-thousand rows where the range may hold millions. The Overview's failure table (`failure_verdicts`) goes further:
-only a timeout can have a KV cause, so only timeouts are attributed, and a range whose failures are model or request
-errors reads no KV event at all.
+thousand rows where the range may hold millions. A failed step's verdict (`failure_verdicts`) goes further: only a
+timeout can have a KV cause, so only timeouts are attributed, and a range whose failures are model or request errors
+reads no KV event at all. The Overview reads the verdicts the collector decided once each session settled
+(`collectors/step_verdicts.py`) and works out only the others (`range_verdicts`).
 """
 
 from __future__ import annotations
