@@ -16,7 +16,13 @@ from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
-from kvobs.analytics.pressure import lagged_correlation, preemption_increase, pressure_windows, strongest_lag
+from kvobs.analytics.pressure import (
+    PREEMPTIONS,
+    lagged_correlation,
+    preemption_increase,
+    pressure_windows,
+    strongest_lag,
+)
 from kvobs.analytics.routing import SUMMARY_COLUMNS, fleet_losses, routing_summary
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.samples import quantile
@@ -28,7 +34,6 @@ from kvobs.store.interface import Store
 
 PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk at most (the latest of the range)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
-PREEMPTIONS = "preemptions_total"  # the instance snapshots' preemption counter
 INTERVAL_WINDOW_S = 900.0  # the stretch at a range's end its reporting interval is measured over
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvobs.analytics.hit_rate import hit_rates_in
-from kvobs.analytics.pressure import preemption_increase
+from kvobs.analytics.pressure import PREEMPTIONS, preemption_increase
 from kvobs.analytics.routing import FLEET, fleet_losses, routing_summary
 from kvobs.store.interface import Store
 
@@ -30,8 +30,8 @@ def kv_usage(store: Store, since: float, until: float) -> list[Value]:
 
 
 def preemptions_per_min(store: Store, since: float, until: float) -> list[Value]:
-    before = store.lookups.instance_counter_before("preemptions_total", since)
-    snaps = store.reads.instance_snapshots(since, until).dropna(subset=["preemptions_total"])
+    before = store.lookups.instance_counter_before(PREEMPTIONS, since)
+    snaps = store.reads.instance_snapshots(since, until).dropna(subset=[PREEMPTIONS])
     totals = preemption_increase(snaps, before).groupby(snaps["instance"]).sum()
     return [(inst, None, float(total) * 60.0 / (until - since)) for inst, total in totals.items()]
 

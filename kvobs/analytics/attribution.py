@@ -45,7 +45,7 @@ import pandas as pd
 from kvobs.analytics.latency_parts import ESTIMATES, EXCESS_CAUSES, PARTS, excess_words, explain_excess, server_parts
 from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.step_facts import Events, missing, step_facts
+from kvobs.analytics.step_facts import Events, missing, positions_by_value, step_facts
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(
@@ -91,10 +91,10 @@ class _Requests:
         self.cached = frame["cached_tokens"].to_numpy(float)
         self.request_id = frame["request_id"].to_numpy(object)
         self.instance = frame["instance"].to_numpy(object)
-        self.by_span = _positions(frame["parent_span_id"])
-        self.by_request = _positions(frame["request_id"])
-        self.by_session = _positions(frame["session_id"])
-        self.by_trace = _positions(frame["trace_id"])
+        self.by_span = positions_by_value(frame["parent_span_id"].to_numpy(object))
+        self.by_request = positions_by_value(self.request_id)
+        self.by_session = positions_by_value(frame["session_id"].to_numpy(object))
+        self.by_trace = positions_by_value(frame["trace_id"].to_numpy(object))
         # each group's arrivals (ascending, as the positions are), to cut a step's time out by bisection
         self._arrivals = {id(p): self.arrival[p] for group in (self.by_session, self.by_trace) for p in group.values()}
 
@@ -126,15 +126,6 @@ class _Requests:
 
 
 _NONE = np.empty(0, dtype=np.int64)
-
-
-def _positions(column: pd.Series) -> dict:
-    """Value -> the positions holding it, ascending (missing values left out): one factorize and one stable sort, not
-    a groupby (whose per-value lookups of Arrow strings cost 1 us each)."""
-    codes, values = pd.factorize(column.to_numpy(object))
-    order = np.argsort(codes, kind="stable").astype(np.int64)
-    bounds = np.searchsorted(codes[order], np.arange(len(values) + 1))
-    return {value: order[bounds[i] : bounds[i + 1]] for i, value in enumerate(values.tolist())}
 
 
 def attribute_steps(

@@ -20,6 +20,7 @@ import pandas as pd
 from kvobs.analytics.samples import ALPHA, MIN_PAIRS, correlation, grouped_quantile
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
 
+PREEMPTIONS = "preemptions_total"  # the instance snapshots' cumulative preemption counter
 LATENCIES = ("ttft", "itl", "queue")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
@@ -35,8 +36,8 @@ def preemption_increase(snapshots: pd.DataFrame, before: Mapping[str, float] | N
     range holds what happened before it."""
     if snapshots.empty:
         return pd.Series(dtype=float)
-    known = snapshots.dropna(subset=["preemptions_total"]).sort_values("ts", kind="stable")
-    totals = known["preemptions_total"].astype(float)
+    known = snapshots.dropna(subset=[PREEMPTIONS]).sort_values("ts", kind="stable")
+    totals = known[PREEMPTIONS].astype(float)
     previous = totals.groupby(known["instance"]).shift()
     first = known.groupby("instance").cumcount().to_numpy() == 0
     previous[first] = known.loc[first, "instance"].map(dict(before or {})).astype(float).to_numpy()

@@ -114,8 +114,7 @@ def range_verdicts(store: Store, since: float | None, until: float | None) -> pd
     decided = store.reads.step_verdicts(since, until)
     keys = set(zip(decided["session_id"], decided["step_index"].astype(int)))
     decided = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True)  # "" for none, as worked out
-    open_ = [(s, int(i)) not in keys for s, i in zip(failed["session_id"], failed["step_index"])]
-    undecided = failed[open_] if len(failed) else failed
+    undecided = _without(failed, keys)
     if undecided.empty:
         return decided.reset_index(drop=True)
     mine = steps[steps["session_id"].isin(set(undecided["session_id"]))]  # their sessions' steps: the typical step
@@ -123,9 +122,16 @@ def range_verdicts(store: Store, since: float | None, until: float | None) -> pd
     now = failure_verdicts(
         store, max(since, float(mine["started_at"].min())) if since is not None else since, until, steps=mine
     )
-    now = now[[(s, int(i)) not in keys for s, i in zip(now["session_id"], now["step_index"])]].assign(decided=False)
+    now = _without(now, keys).assign(decided=False)
     frame = now if decided.empty else pd.concat([decided, now], ignore_index=True)
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
+
+
+def _without(steps: pd.DataFrame, keys: set[tuple[str, int]]) -> pd.DataFrame:
+    """The rows of `steps` whose (session, step index) is not among `keys`."""
+    if steps.empty:
+        return steps
+    return steps[[(s, int(i)) not in keys for s, i in zip(steps["session_id"], steps["step_index"])]]
 
 
 def _failed_step_windows(steps: pd.DataFrame, until: float | None) -> list[tuple[str, float, float]]:
