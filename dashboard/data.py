@@ -10,24 +10,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dashboard.series import activity, fill_windows, per_window, unwatched
+from dashboard.series import activity, fill_windows, unwatched
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
 from kvobs.analytics.footprints import footprint_timeline, session_table
-from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate, hit_rate_windows
+from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate_of_sums, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
-from kvobs.analytics.pressure import (
-    PREEMPTIONS,
-    lagged_correlation,
-    preemption_increase,
-    pressure_windows,
-    strongest_lag,
-)
+from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
 from kvobs.analytics.routing import SUMMARY_COLUMNS, fleet_losses, routing_summary
 from kvobs.analytics.runs import run_table
-from kvobs.analytics.samples import quantile
 from kvobs.analytics.shortfall import hit_rate_spread, shortfall, store_lookups
 from kvobs.analytics.step_causes import range_verdicts
+from kvobs.analytics.windows import RangeSums, range_sums, sketch_quantile
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
@@ -78,18 +72,18 @@ def overview(
 ) -> dict:
     """KPIs and the Overview's series on the window grid of [since, until]: counts 0 where their source watched and
     saw nothing, NaN where nothing was watching (between runs); sampled values NaN (a gap) where nothing was
-    sampled; percentiles only for windows with enough requests (`kvobs.analytics.samples`). With `per_instance`,
-    also `fleet`: the same reads split by instance (`_fleet`)."""
-    snaps = store.reads.instance_snapshots(since, until, instances=instances)
+    sampled; percentiles only for windows with enough requests (`kvobs.analytics.samples`), from the latency sketch.
+    Snapshots and requests are read as per-minute rollups (`kvobs.analytics.windows.range_sums`), steps counted per
+    window in the database: the page's cost follows its windows, not its rows. With `per_instance`, also `fleet`:
+    the same sums split by instance (`_fleet`)."""
+    sums = range_sums(store, since, until, window_s, instances)
     counts = store.reads.kv_event_counts(since, until, bucket_s=window_s, instances=instances, by_instance=per_instance)
     losses = composed.losses_in(counts)  # "blocks lost", one definition
-    reqs = store.reads.requests(since, until, instances=instances)
     counters = _hit_counters(store, since, until, instances)
-    steps = store.reads.steps(since, until)
+    steps = store.reads.step_windows(since, until, window_s)
     runs = run_table(store.reads.runs(instances=instances))
-    watched = activity([snaps["ts"], reqs["arrival_ts"], reqs["finished_ts"], steps["started_at"]], runs)
-    before = store.lookups.instance_counter_before(PREEMPTIONS, since)  # a range's first count holds earlier ones
-    frame = pressure_windows(snaps, reqs, losses, window_s=window_s, preemptions_before=before).set_index("window")
+    watched = activity([*sums.times(), steps["first_ts"], steps["last_ts"]], runs)
+    frame = pressure_windows(sums, losses, window_s=window_s).set_index("window")
 
     def gaps(columns: list[str]) -> pd.DataFrame:
         present = frame[[c for c in columns if c in frame]]
@@ -105,45 +99,51 @@ def overview(
         evictions = unwatched(fill_windows(evictions, since, until, window_s, value=0.0), window_s, watched)
     step_windows = pd.DataFrame()
     if not steps.empty:
-        failed = steps["status"] == "error"
-        step_windows = (
-            pd.DataFrame({"ok steps": ~failed, "failed steps": failed})
-            .groupby(np.floor(steps["started_at"] / window_s) * window_s)
-            .sum()
-        )
+        step_windows = pd.DataFrame(
+            {"ok steps": steps["steps"] - steps["failed"], "failed steps": steps["failed"]}
+        ).set_index(steps["bucket"])
         step_windows = unwatched(fill_windows(step_windows, since, until, window_s, value=0.0), window_s, watched)
-    hit_windows = hit_rate_windows(reqs, counters, window_s)
-    ttft = reqs["ttft_s"].dropna()
+    hit_windows = hit_rate_windows(sums.requests, counters, window_s)
+    num_requests = int(sums.requests["requests"].sum())
     kpis = {
-        "requests": len(reqs),
-        "agent steps": len(steps),
-        "failed steps": int((steps["status"] == "error").sum()) if not steps.empty else 0,
-        "hit rate": hit_rate(reqs, counters),
+        "requests": num_requests,
+        "agent steps": int(steps["steps"].sum()),
+        "failed steps": int(steps["failed"].sum()),
+        "hit rate": hit_rate_of_sums(sums.requests, counters),
         "blocks lost": int(losses["blocks"].sum()),
         "preemptions": int(frame["preemptions"].sum()) if "preemptions" in frame else None,
-        "TTFT p90 (s)": (quantile(ttft, 0.9), len(ttft)),
+        "TTFT p90 (s)": sketch_quantile(sums.latency, "ttft", 0.9),
     }
+    points = None
+    if num_requests <= MAX_POINTS:  # few enough to draw one by one: their rows
+        points = store.reads.requests(since, until, instances=instances)[["arrival_ts", "ttft_s"]].dropna()
     return {
         "kpis": kpis,
-        "fleet": _fleet(snaps, reqs, counts, counters, before, since, until, window_s) if per_instance else None,
-        "num_snapshots": len(snaps),
+        "fleet": _fleet(sums, counts, counters, since, until, window_s) if per_instance else None,
+        "num_snapshots": int(sums.snapshots["samples"].sum()),
         "watching_kv": not counts.empty,
         "num_kv_events": int(counts["events"].sum()) if not counts.empty else 0,  # what a range's replay reads
-        "usage": fill_windows(
-            per_window(snaps, "ts", window_s, "kv_usage", "instance"), since, until, window_s, value=np.nan
-        ),
-        "resident": fill_windows(
-            per_window(snaps, "ts", window_s, "blocks_resident", "instance"), since, until, window_s, value=np.nan
-        ),
+        "usage": fill_windows(_per_instance(sums.snapshots, "usage"), since, until, window_s, value=np.nan),
+        "resident": fill_windows(_per_instance(sums.snapshots, "resident"), since, until, window_s, value=np.nan),
         "hit_rate": fill_windows(hit_windows.rename("hit rate").to_frame(), since, until, window_s, value=np.nan)
         if not hit_windows.empty
         else pd.DataFrame(),
         "latency": gaps(["ttft_p50", "ttft_p90"]),
-        "ttft_points": reqs[["arrival_ts", "ttft_s"]].dropna() if len(reqs) <= MAX_POINTS else None,
+        "ttft_points": points,
         "preemptions": gaps(["preemptions"]),
         "evictions": evictions,
         "steps": step_windows,
     }
+
+
+def _per_instance(snapshots: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The mean of a snapshot value per window (rows) and instance (columns), from the summed snapshots; empty
+    when no instance sampled it."""
+    known = snapshots[snapshots[f"{name}_n"] > 0]
+    if known.empty:
+        return pd.DataFrame()
+    mean = known.assign(mean=known[f"{name}_sum"] / known[f"{name}_n"])
+    return mean.pivot_table(index="window", columns="instance", values="mean", aggfunc="sum")
 
 
 def fleet_routing(store: Store, since: float, until: float, instances=None) -> dict:
@@ -172,11 +172,9 @@ def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
 
 
 def _fleet(
-    snaps: pd.DataFrame,
-    reqs: pd.DataFrame,
+    sums: RangeSums,
     counts: pd.DataFrame,
     counters: pd.DataFrame,
-    before: dict[str, float],
     since: float,
     until: float,
     window_s: float,
@@ -186,18 +184,18 @@ def _fleet(
     (`series`); an instance whose source did not report a measure has no column there (unknown, not zero)."""
     losses = composed.losses_in(counts)
     rows, series = [], {column: {} for column in FLEET_SERIES}
-    for name in sorted(set(snaps["instance"]) | set(reqs["instance"]) | set(counts["instance"])):
-        mine = (snaps[snaps["instance"] == name], reqs[reqs["instance"] == name], losses[losses["instance"] == name])
-        frame = pressure_windows(*mine, window_s=window_s, preemptions_before=before).set_index("window")
-        frame["hit_rate"] = hit_rate_windows(mine[1], counters[counters["instance"] == name], window_s)
-        watched = {"evictions_per_s": (counts["instance"] == name).any(), "requests": not mine[1].empty}
+    for name in sorted(set(sums.instances) | set(counts["instance"])):
+        mine, lost = sums.of([name]), losses[losses["instance"] == name]
+        frame = pressure_windows(mine, lost, window_s=window_s).set_index("window")
+        frame["hit_rate"] = hit_rate_windows(mine.requests, counters[counters["instance"] == name], window_s)
+        watched = {"evictions_per_s": (counts["instance"] == name).any(), "requests": not mine.requests.empty}
         for column in FLEET_SERIES:
             if column in frame and frame[column].notna().any():
                 filled = fill_windows(
                     frame[[column]], since, until, window_s, value=0.0 if watched.get(column) else np.nan
                 )
                 series[column][name] = filled[column]
-        rows.append(_instance_row(name, *mine, counters[counters["instance"] == name], before))
+        rows.append(_instance_row(name, mine, lost, counters[counters["instance"] == name]))
     table = pd.DataFrame(
         rows,
         columns=[
@@ -215,23 +213,17 @@ def _fleet(
     return {"table": table, "series": {c: pd.DataFrame(cols) for c, cols in series.items()}}
 
 
-def _instance_row(
-    name: str,
-    snaps: pd.DataFrame,
-    reqs: pd.DataFrame,
-    losses: pd.DataFrame,
-    counters: pd.DataFrame,
-    before: dict[str, float],
-) -> dict:
-    usage = snaps["kv_usage"].dropna()
-    seen = [frame[column].max() for frame, column in ((snaps, "ts"), (reqs, "finished_ts")) if not frame.empty]
+def _instance_row(name: str, sums: RangeSums, losses: pd.DataFrame, counters: pd.DataFrame) -> dict:
+    snaps, reqs = sums.snapshots, sums.requests
+    usage = snaps["usage_max"].dropna()
+    seen = [frame["last_ts"].max() for frame in (snaps, reqs) if not frame.empty]
     return {
         "instance": name,
         "blocks_lost": int(losses["blocks"].sum()),
-        "preemptions": int(preemption_increase(snaps, before).sum()) if not snaps.empty else None,
-        "requests": len(reqs),
-        "ttft_p90_s": quantile(reqs["ttft_s"], 0.9),
-        "hit_rate": hit_rate(reqs, counters).rate,
+        "preemptions": int(snaps["preemptions"].sum()) if not snaps.empty else None,
+        "requests": int(reqs["requests"].sum()),
+        "ttft_p90_s": sketch_quantile(sums.latency, "ttft", 0.9)[0],
+        "hit_rate": hit_rate_of_sums(reqs, counters).rate,
         "kv_usage_max": float(usage.max()) if not usage.empty else None,
         "last_ts": max(seen) if seen else None,
     }
@@ -240,11 +232,8 @@ def _instance_row(
 def pressure(
     store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6, instances=None
 ) -> dict:
-    snaps = store.reads.instance_snapshots(since, until, instances=instances)
     losses = store.reads.block_losses(since, until, bucket_s=window_s, instances=instances)
-    reqs = store.reads.requests(since, until, instances=instances)
-    before = store.lookups.instance_counter_before(PREEMPTIONS, since)
-    frame = pressure_windows(snaps, reqs, losses, window_s=window_s, preemptions_before=before)
+    frame = pressure_windows(range_sums(store, since, until, window_s, instances), losses, window_s=window_s)
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 

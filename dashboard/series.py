@@ -35,14 +35,6 @@ def is_empty(frame: pd.DataFrame, *, zero_is_empty: bool = False) -> bool:
     return finite.size == 0 or (zero_is_empty and not finite.any())
 
 
-def per_window(frame: pd.DataFrame, ts: str, window_s: float, values: str, by: str) -> pd.DataFrame:
-    """The mean of `values` per window (rows) and `by` (columns)."""
-    if frame.empty:
-        return pd.DataFrame()
-    windows = np.floor(frame[ts] / window_s) * window_s
-    return frame.assign(window=windows).pivot_table(index="window", columns=by, values=values, aggfunc="mean")
-
-
 def activity(times: list[pd.Series], runs: pd.DataFrame) -> list[tuple[float, float]]:
     """The stretches something was watching: per engine run (`kvobs.analytics.runs.run_table` rows), from its start
     to the last time anything of it was recorded (`times`: the page's times, of any source); without runs, from

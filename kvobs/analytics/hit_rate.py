@@ -3,7 +3,7 @@ rules.
 
     hit = hit_rate_in(store, since, until, instances=["demo-engine"])
     hit.rate, hit.hit_tokens, hit.query_tokens, hit.num_requests, hit.source
-    hit_rate_windows(requests, counters, window_s=60)      # the same, per window (the Overview's chart)
+    hit_rate_windows(range_sums(...).requests, counters, window_s=60)  # the same, per window (the Overview's)
     hit_rates_in(store, since, until)                       # per instance: {instance: HitRate} (the alert rule's)
 
 Prompt tokens served from the prefix cache over prompt tokens, for the requests that arrived in the range: vLLM's
@@ -87,18 +87,22 @@ def _combine(sums: pd.DataFrame, counters: pd.DataFrame | None) -> HitRate:
     return HitRate(hits, queries, num_requests, " and ".join(sources) or "none")
 
 
-def hit_rate_windows(requests: pd.DataFrame, counters: pd.DataFrame | None, window_s: float) -> pd.Series:
-    """`hit_rate` per window (its start, epoch s) of arrival (requests) or scrape (counters) time; NaN where no
-    prompt token was queried."""
-    by_requests, known = _split(requests)
+def hit_rate_of_sums(sums: pd.DataFrame, counters: pd.DataFrame | None = None) -> HitRate:
+    """`hit_rate` of requests summed per window and instance (`kvobs.analytics.windows.RangeSums.requests`)."""
+    return _combine(_said(sums).groupby("instance", as_index=False, sort=True)[_SUMS].sum(), counters)
+
+
+def hit_rate_windows(sums: pd.DataFrame, counters: pd.DataFrame | None, window_s: float) -> pd.Series:
+    """`hit_rate` per window (its start, epoch s) of arrival (requests, summed per window and instance:
+    `RangeSums.requests`) or scrape (counters) time; NaN where no prompt token was queried."""
+    said = _said(sums)
     parts = []
-    if len(by_requests):
-        window = np.floor(by_requests["arrival_ts"].astype(float) / window_s) * window_s
+    if len(said):
         parts.append(
-            by_requests.groupby(window)[["cached_tokens", "prompt_tokens"]].sum().set_axis(["hits", "queries"], axis=1)
+            said.groupby("window")[["cached_tokens", "prompt_tokens"]].sum().set_axis(["hits", "queries"], axis=1)
         )
     if counters is not None and not counters.empty:
-        mine = counters[~counters["instance"].isin(known)]
+        mine = counters[~counters["instance"].isin(set(said["instance"]))]
         if not mine.empty:
             window = np.floor(mine["ts"].astype(float) / window_s) * window_s
             wide = mine.assign(window=window).pivot_table(
@@ -109,6 +113,19 @@ def hit_rate_windows(requests: pd.DataFrame, counters: pd.DataFrame | None, wind
         return pd.Series(dtype=float, name="hit_rate")
     sums = pd.concat(parts).groupby(level=0).sum()
     return (sums["hits"] / sums["queries"].where(sums["queries"] > 0)).rename("hit_rate").rename_axis("window")
+
+
+_SUMS = ["requests", "cached_tokens", "prompt_tokens"]
+
+
+def _said(sums: pd.DataFrame) -> pd.DataFrame:
+    """The summed requests of the instances whose rows say what was cached, their `requests` those that say it
+    and give their prompt tokens (as `_split` keeps them)."""
+    if sums.empty:
+        return pd.DataFrame(columns=["window", "instance", *_SUMS])
+    says = sums["instance"].isin(sums.loc[sums["cached_said"] > 0, "instance"].unique())
+    mine = sums[says]
+    return mine.assign(requests=mine["hit_requests"])[["window", "instance", *_SUMS]]
 
 
 def hit_rate_in(store, since, until, instances=None, *, requests: pd.DataFrame | None = None) -> HitRate:

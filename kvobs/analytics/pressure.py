@@ -1,6 +1,6 @@
 """Cache pressure against latency, per time window, and their lagged correlation.
 
-    frame = pressure_windows(instance_snapshots, requests, block_losses, window_s=30)
+    frame = pressure_windows(range_sums(store, since, until, 30), block_losses, window_s=30)
     corr = lagged_correlation(frame, "evictions_per_s", "ttft_p90", max_lag=5)
     strongest_lag(corr)        # the lag to look at, or None: too few windows, or no lag beyond chance
 
@@ -12,81 +12,49 @@ window with enough requests for it (`kvobs.analytics.samples`: p99 needs 100); `
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.samples import ALPHA, MIN_PAIRS, correlation, grouped_quantile
+from kvobs.analytics.samples import ALPHA, MIN_PAIRS, correlation
+from kvobs.analytics.windows import RangeSums, window_quantiles
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
+from kvobs.store.rollups import LATENCIES, PREEMPTIONS, preemption_increase
 
-PREEMPTIONS = "preemptions_total"  # the instance snapshots' cumulative preemption counter
-LATENCIES = ("ttft", "itl", "queue")
+__all__ = ["PREEMPTIONS", "preemption_increase"]  # one definition each, in `kvobs.store.rollups`; named here too
+
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
-def _bucket(ts: pd.Series, window_s: float) -> pd.Series:
-    return np.floor(ts / window_s) * window_s
-
-
-def preemption_increase(snapshots: pd.DataFrame, before: Mapping[str, float] | None = None) -> pd.Series:
-    """Per snapshot row, preemptions since the instance's previous snapshot with a count (a counter reset counts from
-    zero). An instance's first row is counted against its count before these rows (`before`: instance -> value, as
-    `lookups.instance_counter_before` reads it), and as 0 when none is known: a counter's value at the start of a
-    range holds what happened before it."""
-    if snapshots.empty:
-        return pd.Series(dtype=float)
-    known = snapshots.dropna(subset=[PREEMPTIONS]).sort_values("ts", kind="stable")
-    totals = known[PREEMPTIONS].astype(float)
-    previous = totals.groupby(known["instance"]).shift()
-    first = known.groupby("instance").cumcount().to_numpy() == 0
-    previous[first] = known.loc[first, "instance"].map(dict(before or {})).astype(float).to_numpy()
-    delta = totals - previous
-    delta = delta.where(delta >= 0, totals).where(previous.notna(), 0.0)  # reset: the new value is the increase
-    return delta.reindex(snapshots.index).fillna(0.0)
-
-
-def pressure_windows(
-    snapshots: pd.DataFrame,
-    requests: pd.DataFrame,
-    kv_counts: pd.DataFrame,
-    *,
-    window_s: float = 60.0,
-    preemptions_before: Mapping[str, float] | None = None,
-) -> pd.DataFrame:
+def pressure_windows(sums: RangeSums, kv_counts: pd.DataFrame, *, window_s: float = 60.0) -> pd.DataFrame:
     """One row per window (`window`, its start in epoch s) with pressure and latency columns; NaN where unknown.
-    `kv_counts`: `reads.block_losses` (or `kv_event_counts`) rows; `evictions_per_s` sums their loss kinds' blocks;
-    `preemptions_before`: each instance's preemption count before the snapshots (`preemption_increase`)."""
+    `sums`: the range's snapshots and requests per window (`kvobs.analytics.windows.range_sums`, or
+    `RangeSums.from_rows`); `kv_counts`: `reads.block_losses` (or `kv_event_counts`) rows, whose loss kinds' blocks
+    `evictions_per_s` sums. Means are the windows' exact means; p50, p90 and p99 come from the latency sketch."""
     parts = []
-    if not snapshots.empty:
-        increase = preemption_increase(snapshots, preemptions_before)
-        snaps = snapshots.assign(window=_bucket(snapshots["ts"], window_s), preemptions=increase)
+    if not sums.snapshots.empty:
+        snaps = sums.snapshots.groupby("window").sum(numeric_only=True)
         parts.append(
-            snaps.groupby("window").agg(
-                usage_mean=("kv_usage", "mean"),
-                usage_max=("kv_usage", "max"),
-                resident_blocks=("blocks_resident", "mean"),
-                waiting=("num_waiting", "mean"),
-                preemptions=("preemptions", "sum"),
+            pd.DataFrame(
+                {
+                    "usage_mean": _mean(snaps, "usage"),
+                    "usage_max": sums.snapshots.groupby("window")["usage_max"].max(),
+                    "resident_blocks": _mean(snaps, "resident"),
+                    "waiting": _mean(snaps, "waiting"),
+                    "preemptions": snaps["preemptions"],
+                }
             )
         )
     if not kv_counts.empty:
         losses = kv_counts[kv_counts["kind"].isin(BLOCK_LOSS_KINDS)]
         lost = losses.assign(window=_bucket(losses["bucket"], window_s)).groupby("window")["blocks"].sum()
         parts.append((lost / window_s).rename("evictions_per_s").to_frame())
-    if not requests.empty:
-        reqs = requests.assign(
-            window=_bucket(requests["arrival_ts"], window_s),
-            queue=requests["queue_s"],
-            ttft=requests["ttft_s"],
-            itl=requests["itl_s"],
-        )
-        grouped = reqs.groupby("window")
-        latency = {"requests": grouped.size()}
+    if not sums.requests.empty:
+        reqs = sums.requests.groupby("window").sum(numeric_only=True)
+        latency = {"requests": reqs["requests"]}
         for name in LATENCIES:
-            latency[f"{name}_mean"] = grouped[name].mean()  # defined for one request: its own
+            latency[f"{name}_mean"] = _mean(reqs, name, "n", "sum")  # defined for one request: its own
             for label, q in QUANTILES.items():
-                latency[f"{name}_{label}"] = grouped_quantile(grouped[name], q)
+                latency[f"{name}_{label}"] = window_quantiles(sums.latency, name, q)
         parts.append(pd.DataFrame(latency))
     if not parts:
         return pd.DataFrame(columns=["window"])
@@ -94,6 +62,16 @@ def pressure_windows(
     if "evictions_per_s" in frame:
         frame["evictions_per_s"] = frame["evictions_per_s"].fillna(0.0)
     return frame.rename_axis("window").reset_index()
+
+
+def _bucket(ts: pd.Series, window_s: float) -> pd.Series:
+    return np.floor(ts / window_s) * window_s
+
+
+def _mean(frame: pd.DataFrame, name: str, count: str = "n", total: str = "sum") -> pd.Series:
+    """`<name>_<total>` / `<name>_<count>`: NaN where nothing was counted."""
+    n = frame[f"{name}_{count}"]
+    return frame[f"{name}_{total}"] / n.where(n > 0)
 
 
 def lagged_correlation(frame: pd.DataFrame, x: str, y: str, *, max_lag: int = 5, window_s: float | None = None):

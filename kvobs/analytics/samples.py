@@ -37,12 +37,6 @@ def quantile(values, q: float) -> float:
     return float(known.quantile(q)) if len(known) >= min_sample(q) else float("nan")
 
 
-def grouped_quantile(grouped, q: float) -> pd.Series:
-    """`quantile` per group of a pandas groupby of one column: NaN for a group with too few values."""
-    counts, values = grouped.count(), grouped.quantile(q)
-    return values.where(counts >= min_sample(q))
-
-
 @dataclass(frozen=True)
 class Correlation:
     """Pearson's r of `n` pairs with its 95% interval and two-sided p-value; NaNs when not shown (too few pairs, or

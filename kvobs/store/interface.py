@@ -79,6 +79,16 @@ class Reads(Protocol):
         median of the known `e2e_s`), and `cached_tokens` and `prompt_tokens` summed over the steps that give both."""
         ...
 
+    def step_windows(self, since, until, bucket_s: float) -> pd.DataFrame:
+        """Agent steps started in the window per time bucket, counted in the database: `bucket` (start), `steps`,
+        `failed`, `first_ts` and `last_ts` (the first and last start)."""
+        ...
+
+    def minute_rollup(self, table: str, low, high, *, instances: Instances = None) -> pd.DataFrame:
+        """A per-minute rollup's rows (`kvobs.store.rollups.ROLLUPS`, by table name) of the minutes starting in
+        [low, high), one per key, by key."""
+        ...
+
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         """The failed steps started in the window whose verdict a writer decided once their session settled
         (`step_verdicts`; the latest decision of each step), by session and step."""

@@ -218,6 +218,62 @@ class KVEventMinuteRow(Base):
     blocks: Mapped[int] = mapped_column(BigInteger)
 
 
+class SnapshotMinuteRow(Base):
+    """The per-minute rollup of the instance-level `snapshots` (`kvobs.store.rollups.SNAPSHOT_MINUTES`), kept by the
+    writer in the transaction of the raw rows."""
+
+    __tablename__ = "snapshot_minutes"
+
+    minute: Mapped[float] = mapped_column(Float, primary_key=True)  # the minute's start, UTC epoch s
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    samples: Mapped[int] = mapped_column(BigInteger)
+    usage_n: Mapped[int] = mapped_column(BigInteger)
+    usage_sum: Mapped[float] = mapped_column(Float)
+    resident_n: Mapped[int] = mapped_column(BigInteger)
+    resident_sum: Mapped[float] = mapped_column(Float)
+    waiting_n: Mapped[int] = mapped_column(BigInteger)
+    waiting_sum: Mapped[float] = mapped_column(Float)
+    counted: Mapped[int] = mapped_column(BigInteger)  # snapshots with a preemption count
+    preemptions: Mapped[float] = mapped_column(Float)  # its increase over each one's previous snapshot
+    usage_max: Mapped[float | None] = mapped_column(Float)
+    last_ts: Mapped[float] = mapped_column(Float)
+    first_ts: Mapped[float] = mapped_column(Float)
+
+
+class RequestMinuteRow(Base):
+    """The per-minute rollup of `requests` by arrival (`kvobs.store.rollups.REQUEST_MINUTES`)."""
+
+    __tablename__ = "request_minutes"
+
+    minute: Mapped[float] = mapped_column(Float, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    ttft_n: Mapped[int] = mapped_column(BigInteger)
+    ttft_sum: Mapped[float] = mapped_column(Float)
+    itl_n: Mapped[int] = mapped_column(BigInteger)
+    itl_sum: Mapped[float] = mapped_column(Float)
+    queue_n: Mapped[int] = mapped_column(BigInteger)
+    queue_sum: Mapped[float] = mapped_column(Float)
+    cached_said: Mapped[int] = mapped_column(BigInteger)  # requests that say how many prompt tokens were cached
+    hit_requests: Mapped[int] = mapped_column(BigInteger)  # ... and their prompt tokens: the hit rate's requests
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    last_ts: Mapped[float] = mapped_column(Float)  # the latest arrival or finish
+    first_ts: Mapped[float] = mapped_column(Float)
+
+
+class LatencyMinuteRow(Base):
+    """Each latency's sketch per minute and instance (`kvobs.store.rollups.LATENCY_MINUTES`): requests per bin."""
+
+    __tablename__ = "latency_minutes"
+
+    minute: Mapped[float] = mapped_column(Float, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(8), primary_key=True)  # ttft | itl | queue
+    value_bin: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+
+
 class SnapshotRow(Base):
     """One row per instance per interval (`session_id` null) and per session at every step."""
 
@@ -339,4 +395,7 @@ TABLES = {
     )
 }
 # Tables the writer keeps from the raw rows in the same transaction; a copy of a store copies them too.
-ROLLUPS = {str(cls.__table__.name): cls for cls in (KVEventMinuteRow, SessionFootprintRow)}  # type: ignore[union-attr]
+ROLLUPS = {
+    str(cls.__table__.name): cls  # type: ignore[union-attr]
+    for cls in (KVEventMinuteRow, SessionFootprintRow, SnapshotMinuteRow, RequestMinuteRow, LatencyMinuteRow)
+}

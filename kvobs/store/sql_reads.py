@@ -10,13 +10,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from sqlalchemy import and_, case, distinct, func, select, tuple_, union_all
+from sqlalchemy import Table, and_, case, distinct, func, select, tuple_, union_all
 
 from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.composed import ComposedReads
 from kvobs.store.interface import Instances
 from kvobs.store.schema import (
     FOOTPRINT_COLUMNS,
+    ROLLUPS,
     AlertRow,
     KVEventMinuteRow,
     KVEventRow,
@@ -174,6 +175,24 @@ class SqlReads(ComposedReads):
             outcome.c.prompt_tokens,
         ).join(median, median.c.session_id == outcome.c.session_id, isouter=True)
         return read(self.store, stmt.order_by(outcome.c.session_id))
+
+    def step_windows(self, since, until, bucket_s: float) -> pd.DataFrame:
+        step = StepRow
+        bucket = (func.floor(step.started_at / bucket_s) * bucket_s).label("bucket")
+        stmt = select(
+            bucket,
+            func.count().label("steps"),
+            func.sum(case((step.status == StepStatus.ERROR.value, 1), else_=0)).label("failed"),
+            func.min(step.started_at).label("first_ts"),
+            func.max(step.started_at).label("last_ts"),
+        )
+        return read(self.store, _between(stmt, step.started_at, since, until).group_by(bucket).order_by(bucket))
+
+    def minute_rollup(self, table: str, low, high, *, instances: Instances = None) -> pd.DataFrame:
+        model = ROLLUPS[table].__table__
+        assert isinstance(model, Table)
+        stmt = select(*model.columns).where(model.c.minute >= low, model.c.minute < high)
+        return read(self.store, _of_instances(stmt, model.c.instance, instances).order_by(*model.primary_key.columns))
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)

@@ -5,15 +5,16 @@ held as columns, `KVEventColumns`, as one `json_each` statement there: see `_ins
 and insert-if-missing are merged per key (later columns win, or the first for insert-if-missing), then sent as one
 executemany of `INSERT ... ON CONFLICT` per column set (a session upsert per row once capped the writer at about
 7k rows/s). The per-minute rollup of the batch's `kv_events`
-(`kv_event_minutes`: sums only) is added in the same transaction, so it always equals the raw rows, and so is the
-latest footprint of each session the batch's snapshots name (`session_footprints`). Used by
-`Store.write`, which `StoreWriter` calls.
+(`kv_event_minutes`: sums only) is added in the same transaction, so it always equals the raw rows, and so are the
+latest footprint of each session the batch's snapshots name (`session_footprints`) and the per-minute rollups of the
+instance snapshots and requests (`kvobs.store.rollups`). Used by `Store.write`, which `StoreWriter` calls.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import cache, partial
 from itertools import chain
 from math import floor
 
@@ -23,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from kvobs.store.interface import Batch
+from kvobs.store.rollups import PREEMPTIONS, BatchRollups, Rollup, minute_rows
 from kvobs.store.rows import KVEventColumns, KVEventRecord
 from kvobs.store.schema import FOOTPRINT_COLUMNS, MINUTE_S, TABLES, SessionFootprintRow, as_int64_column
 
@@ -33,6 +35,7 @@ class SqlBatchWriter:
     def __init__(self, engine) -> None:
         self.engine = engine
         self._sqlite_inserts: dict[tuple, tuple[str, list, tuple]] = {}
+        self._rollups = BatchRollups()
 
     def write(self, batch: Batch) -> None:
         grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
@@ -78,6 +81,15 @@ class SqlBatchWriter:
             footprints = latest_footprints(grouped_rows(grouped, "snapshots"))
             if footprints:
                 conn.execute(_footprint_upsert(dialect), footprints)
+            snaps = [r for r in grouped_rows(grouped, "snapshots") if r.get("session_id") is None]
+            parts, counts = self._rollups.partials(
+                snaps, grouped_rows(grouped, "requests"), partial(_counts_before, conn)
+            )
+            for rollup, frame in parts:
+                rows = minute_rows(frame)
+                if rows:
+                    conn.execute(_rollup_upsert(rollup), rows)
+        self._rollups.commit(counts)  # once the transaction holds: a batch retried counts from the same counts
 
     def _insert_columns(self, conn, dialect: str, batches: list[KVEventColumns]) -> None:
         """KV events held as columns. On SQLite: one statement that reads the rows from a JSON array bound as one
@@ -122,6 +134,38 @@ class SqlBatchWriter:
 _FROM_JSON = ", ".join("json_extract(value, '$[%d]')" % i for i in range(len(_KV_COLUMNS)))  # noqa: UP031
 _SQLITE_JSON_INSERT = f"INSERT INTO kv_events ({', '.join(_KV_COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
 _json = msgspec.json.Encoder().encode
+
+
+def _counts_before(conn, instances: list[str], ts: float) -> dict[str, float]:
+    """Each instance's latest stored preemption count before `ts` (one index seek each), where it has one."""
+    found = {}
+    for instance in instances:
+        value = conn.execute(
+            text(
+                f"SELECT {PREEMPTIONS} FROM snapshots WHERE instance = :instance AND ts < :ts AND session_id IS NULL "
+                f"AND {PREEMPTIONS} IS NOT NULL ORDER BY ts DESC, id DESC LIMIT 1"
+            ),
+            {"instance": instance, "ts": ts},
+        ).scalar()
+        if value is not None:
+            found[instance] = float(value)
+    return found
+
+
+@cache
+def _rollup_upsert(rollup: Rollup):
+    """Add partial rows to a rollup table, SQLite and PostgreSQL alike: sums added, the higher maximum and the lower
+    minimum kept (a NULL is no value)."""
+    merged = {"sum": "{t}.{c} + excluded.{c}"}
+    merged["max"] = "CASE WHEN excluded.{c} IS NULL OR {t}.{c} >= excluded.{c} THEN {t}.{c} ELSE excluded.{c} END"
+    merged["min"] = merged["max"].replace(">=", "<=")
+    sets = ", ".join(f"{c} = " + merged[how].format(t=rollup.table, c=c) for c, how in rollup.how().items())
+    return text(
+        f"INSERT INTO {rollup.table} ({', '.join(rollup.columns)}) "
+        f"VALUES ({', '.join(':' + c for c in rollup.columns)}) "
+        f"ON CONFLICT ({', '.join(rollup.keys)}) DO UPDATE SET {sets}"
+    )
+
 
 _ADD_MINUTES = text(
     "INSERT INTO kv_event_minutes (minute, instance, kind, reason, events, blocks) "

@@ -17,6 +17,7 @@ from kvobs.analytics.chains import (
 )
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
+from kvobs.analytics.windows import range_sums
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
 
 
@@ -62,9 +63,8 @@ def test_vllm_chains_from_session_and_time(vllm_run):
 
 def test_pressure_windows_from_the_engine_run(agent_run):
     store = agent_run.store
-    frame = pressure_windows(
-        store.reads.instance_snapshots(), store.reads.requests(), store.reads.block_losses(bucket_s=5), window_s=5
-    )
+    first, last = store.reads.time_range()
+    frame = pressure_windows(range_sums(store, first, last, 5), store.reads.block_losses(bucket_s=5), window_s=5)
     assert {"usage_mean", "evictions_per_s", "ttft_p99", "itl_p50", "preemptions", "requests"} <= set(frame)
     assert frame["requests"].sum() == len(store.reads.requests())
     lost = store.reads.block_losses(bucket_s=5)["blocks"].sum()

@@ -28,6 +28,7 @@ from kvobs.analytics.step_causes import step_causes
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.composed import ordered_counts
 from kvobs.store.interface import Lookups, Reads
+from kvobs.store.rollups import ROLLUPS
 from kvobs.store.rows import RECORDS
 from kvobs.store.schema import TABLES
 from tests.collectors.fleet_recording import truth
@@ -224,6 +225,12 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
     for since, until in ((first, last), middle):
         calls += [
             (name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes", "cached_prompt_tokens")
+        ]
+        calls += [("step_windows", (since, until, bucket), {}, True) for bucket in (5.0, 60.0)]
+        calls += [
+            ("minute_rollup", (rollup.table, since - 60.0, until + 60.0), scope, True)
+            for rollup in ROLLUPS
+            for scope in ({}, one, none)
         ]
         calls += [
             ("step_counts", (since, until), {}, True),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from kvobs.store.clickhouse import rollups
 from kvobs.store.schema import DAY_S, MINUTE_S
 
 log = logging.getLogger(__name__)
@@ -196,8 +197,12 @@ _STEP_VERDICTS = [
     ) ENGINE = ReplacingMergeTree(decided_at) ORDER BY (session_id, step_index) {_DEDUP}""",
 ]
 
-# (version, description, statements), oldest first.
-MIGRATIONS: list[tuple[int, str, list[str]]] = [
+# Version 10: per-minute rollups of instance snapshots, requests and their latencies' sketches (SQL revision 0014),
+# filled from the rows stored before (`kvobs.store.clickhouse.rollups.fill`, the writer's own functions).
+_ROLLUPS: list = [*rollups.STATEMENTS, rollups.fill]
+
+# (version, description, statements), oldest first; a statement is SQL, or a function of the client.
+MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
     (2, "session_footprints: each session's latest footprint per instance", _SESSION_FOOTPRINTS),
     (3, "kv_event_sessions: no row for events without a session", _SESSION_RANGES),
@@ -207,6 +212,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (7, "leases: which writer holds which instance", _LEASES),
     (8, "kv_events.group_idx, kv_cache_spec_kind, lora_name, extra_keys", _KV_GROUPS),
     (9, "step_verdicts: each failed step's verdict once its session settled", _STEP_VERDICTS),
+    (10, "snapshot_minutes, request_minutes, latency_minutes: per-minute rollups", _ROLLUPS),
 ]
 
 
@@ -228,7 +234,7 @@ def migrate_to(client, target: int) -> int:
             continue
         log.info("ClickHouse store: migrating to schema %d (%s)", version, description)
         for statement in statements:
-            client.command(statement)
+            statement(client) if callable(statement) else client.command(statement)
         client.command(
             f"INSERT INTO {VERSIONS_TABLE} (version, description) VALUES ({{v:UInt32}}, {{d:String}})",
             {"v": version, "d": description},

@@ -14,7 +14,9 @@ import pandas as pd
 
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
 from kvobs.store.clickhouse.ddl import FOOTPRINT_VALUES
+from kvobs.store.clickhouse.rollups import merged_select
 from kvobs.store.composed import ComposedReads
+from kvobs.store.rollups import ROLLUPS
 from kvobs.store.schema import FOOTPRINT_COLUMNS, TABLES
 
 if TYPE_CHECKING:
@@ -152,6 +154,23 @@ class ClickHouseReads(ComposedReads):
             where.params,
         ).rename(columns={"cached_sum": "cached_tokens", "prompt_sum": "prompt_tokens"})  # (an alias of a column's
         # own name would stand for the column inside the other aggregates)
+
+    def step_windows(self, since, until, bucket_s: float) -> pd.DataFrame:
+        where = _Where().window("started_at", since, until)
+        return self.store.frame(
+            f"""SELECT floor(started_at / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, toInt64(count()) AS
+            steps, toInt64(countIf(status = '{StepStatus.ERROR.value}')) AS failed, min(started_at) AS first_ts,
+            max(started_at) AS last_ts FROM steps FINAL{where} GROUP BY bucket ORDER BY bucket""",
+            {**where.params, "bucket": float(bucket_s)},
+        )
+
+    def minute_rollup(self, table: str, low, high, *, instances=None) -> pd.DataFrame:
+        rollup = {r.table: r for r in ROLLUPS}[table]
+        where = _Where("minute >= {low:Float64}", "minute < {high:Float64}", low=float(low), high=float(high))
+        keys = ", ".join(rollup.keys)
+        return self.store.frame(
+            f"{merged_select(rollup)}{where.instances(instances)} GROUP BY {keys} ORDER BY {keys}", where.params
+        )
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         where = _Where().window("started_at", since, until)

@@ -35,8 +35,10 @@ from kvobs.store.clickhouse.client import ChdbClient, HttpClient, StoreUnreachab
 from kvobs.store.clickhouse.leases import ClickHouseLeases
 from kvobs.store.clickhouse.lookups import ClickHouseLookups
 from kvobs.store.clickhouse.reads import ClickHouseReads
+from kvobs.store.clickhouse.rollups import as_arrow
 from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
+from kvobs.store.rollups import PREEMPTIONS, BatchRollups
 from kvobs.store.rows import KVEventColumns, KVEventRecord, SessionRecord
 from kvobs.store.schema import DAY_S
 
@@ -100,6 +102,7 @@ class ClickHouseStore:
     flush_interval_s: float = 1.0
     dialect: str = "clickhouse"
     _types: dict[str, dict[str, str]] = field(default_factory=dict)
+    _rollups: BatchRollups = field(default_factory=BatchRollups)
 
     def __post_init__(self) -> None:
         self.reads: Reads = ClickHouseReads(self)
@@ -128,6 +131,23 @@ class ClickHouseStore:
             tables["kv_events"] = _joined([c.columns for c in kv_columns] + [tables.get("kv_events", {})])
         for table, columns in tables.items():
             self.client.insert(table, self._arrow(table, columns), token=f"{token}-{table}" if token else None)
+        snaps = [r for r in rows.get("snapshots", ()) if r.get("session_id") is None]
+        parts, counts = self._rollups.partials(snaps, rows.get("requests", []), self._counts_before)
+        for rollup, frame in parts:  # after the raw rows: a rollup never holds what its rows do not
+            if not frame.empty:
+                table = rollup.table
+                self.client.insert(table, as_arrow(rollup, frame), token=f"{token}-{table}" if token else None)
+        self._rollups.commit(counts)
+
+    def _counts_before(self, instances: list[str], ts: float) -> dict[str, float]:
+        """Each instance's latest stored preemption count before `ts` (of equal times the last written)."""
+        found = self.frame(
+            f"""SELECT instance, argMax({PREEMPTIONS}, (ts, id)) AS value FROM snapshots
+            WHERE instance IN {{instances:Array(String)}} AND ts < {{ts:Float64}} AND session_id IS NULL
+            AND {PREEMPTIONS} IS NOT NULL GROUP BY instance""",
+            {"instances": instances, "ts": float(ts)},
+        )
+        return {str(i): float(v) for i, v in zip(found["instance"], found["value"])}
 
     def _merged_sessions(self, items: list[tuple[str, SessionRecord]]) -> list[dict]:
         keys = sorted({record.session_id for _, record in items})

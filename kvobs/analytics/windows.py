@@ -1,0 +1,151 @@
+"""A range's instance snapshots and requests summed per window and instance, from the per-minute rollups
+(`kvobs.store.rollups`) wherever the windows are whole minutes, so a page's cost follows its windows, not its rows.
+
+    sums = range_sums(store, since, until, window_s=300)     # RangeSums: snapshots, requests, latency (sketch bins)
+    sums.of(["vllm-a"])                                       # one instance's
+    sketch_quantile(sums.latency, "ttft", 0.9)                # (value, how many values), as `samples.quantile`
+
+The whole minutes inside [since, until] come from the rollups; the partial minutes at either edge, and every window
+that is not a whole number of minutes, from the rows, summed by the writer's own functions. Counts, sums, means,
+maxima and preemption increases are therefore exactly what the rows give; a quantile is read off the merged sketch
+bins, within `SKETCH_ACCURACY` (1%) of the exact one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvobs.analytics.samples import min_sample
+from kvobs.store.rollups import (
+    LATENCY_MINUTES,
+    PREEMPTIONS,
+    REQUEST_MINUTES,
+    SNAPSHOT_MINUTES,
+    Rollup,
+    bin_values,
+    request_sums,
+    snapshot_sums,
+)
+from kvobs.store.schema import MINUTE_S
+
+KEYS = ["window", "instance"]
+BIN_KEYS = [*KEYS, "metric", "value_bin"]
+
+
+@dataclass(frozen=True)
+class RangeSums:
+    """Per `window` (its start) and `instance`: the instance snapshots' sums (`SNAPSHOT_MINUTES` columns), the
+    requests' by arrival (`REQUEST_MINUTES`), and each latency's sketch bins (`latency`: `metric`, `value_bin`,
+    `n`); `from_rollups`: whether whole minutes came from the rollups (else every row was read)."""
+
+    snapshots: pd.DataFrame
+    requests: pd.DataFrame
+    latency: pd.DataFrame
+    from_rollups: bool = False
+
+    @classmethod
+    def from_rows(
+        cls, snapshots: pd.DataFrame, requests: pd.DataFrame, window_s: float, before: dict | None = None
+    ) -> RangeSums:
+        """The sums of these rows (`reads.instance_snapshots`, `reads.requests`); `before`: each instance's preemption
+        count before the snapshots."""
+        found = request_sums(requests, window_s)
+        return cls(snapshot_sums(snapshots, window_s, dict(before or {})), found[0], found[1])
+
+    def of(self, instances) -> RangeSums:
+        snaps, reqs, bins = (frame[frame["instance"].isin(set(instances))] for frame in self.frames)
+        return RangeSums(snaps, reqs, bins, from_rollups=self.from_rollups)
+
+    @property
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        return self.snapshots, self.requests, self.latency
+
+    @property
+    def instances(self) -> list[str]:
+        return sorted(set(self.snapshots["instance"]) | set(self.requests["instance"]))
+
+    def times(self) -> list[pd.Series]:
+        """The first and last time of each window's snapshots and requests (arrival or finish): when something
+        was watching (`dashboard.series.activity`)."""
+        return [frame[c] for frame in (self.snapshots, self.requests) for c in ("first_ts", "last_ts")]
+
+
+def range_sums(store, since: float, until: float, window_s: float, instances=None) -> RangeSums:
+    """The instance snapshots and requests of [since, until] on `instances` (None: all), summed per window of
+    `window_s` and instance: whole minutes from the rollups, the rest from the rows."""
+    scope = None if instances is None else list(instances)
+    low, high = math.ceil(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
+    before = store.lookups.instance_counter_before(PREEMPTIONS, since)
+    if window_s < MINUTE_S or window_s % MINUTE_S or low >= high:
+        return _rows(store, since, until, window_s, scope, before, upper_open=False)
+    snaps, reqs, bins = (
+        _rolled(store, rollup, low, high, window_s, scope)
+        for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES)
+    )
+    parts = [RangeSums(snaps, reqs, bins)]
+    if since < low:
+        parts.append(_rows(store, since, low, window_s, scope, before, upper_open=True))
+    if high <= until:
+        tail_before = store.lookups.instance_counter_before(PREEMPTIONS, high)
+        parts.append(_rows(store, high, until, window_s, scope, tail_before, upper_open=False))
+    return RangeSums(
+        SNAPSHOT_MINUTES.merge([p.snapshots for p in parts], KEYS),
+        REQUEST_MINUTES.merge([p.requests for p in parts], KEYS),
+        LATENCY_MINUTES.merge([p.latency for p in parts], BIN_KEYS),
+        from_rollups=True,
+    )
+
+
+def _rolled(store, rollup: Rollup, low: float, high: float, window_s: float, scope) -> pd.DataFrame:
+    """A rollup's minutes in [low, high), merged per window."""
+    minutes = store.reads.minute_rollup(rollup.table, low, high, instances=scope)
+    window = np.floor(minutes["minute"].to_numpy(float) / window_s) * window_s
+    frame = minutes.drop(columns="minute").assign(window=window)
+    return rollup.merge([frame], [k if k != "minute" else "window" for k in rollup.keys])
+
+
+def _rows(store, since, until, window_s, scope, before, *, upper_open: bool) -> RangeSums:
+    """The sums of the rows of [since, until] (`upper_open`: [since, until))."""
+    snaps = store.reads.instance_snapshots(since, until, instances=scope)
+    reqs = store.reads.requests(since, until, instances=scope)
+    if upper_open:
+        snaps, reqs = snaps[snaps["ts"] < until], reqs[reqs["arrival_ts"] < until]
+    return RangeSums.from_rows(snaps, reqs, window_s, before)
+
+
+def sketch_quantile(bins: pd.DataFrame, metric: str, q: float) -> tuple[float, int]:
+    """The q-quantile of a latency's values summed in `bins` (any windows and instances), and how many values there
+    are; NaN below `samples.min_sample(q)`, as `samples.quantile`. Linear between the two nearest ranks, as pandas'
+    quantile; each rank's value is its bin's, within `SKETCH_ACCURACY` of the exact value."""
+    mine = bins[bins["metric"] == metric]
+    counts = mine.groupby("value_bin")["n"].sum()
+    return _quantile(counts.index.to_numpy(np.int64), counts.to_numpy(np.int64), q)
+
+
+def window_quantiles(bins: pd.DataFrame, metric: str, q: float) -> pd.Series:
+    """`sketch_quantile` per window (NaN for a window with too few values)."""
+    mine = bins[bins["metric"] == metric]
+    if mine.empty:
+        return pd.Series(dtype=float)
+    counts = mine.groupby(["window", "value_bin"])["n"].sum().reset_index()
+    return counts.groupby("window").apply(
+        lambda w: _quantile(w["value_bin"].to_numpy(np.int64), w["n"].to_numpy(np.int64), q)[0],
+        include_groups=False,
+    )
+
+
+def _quantile(value_bins: np.ndarray, counts: np.ndarray, q: float) -> tuple[float, int]:
+    n = int(counts.sum())
+    if n < min_sample(q):
+        return float("nan"), n
+    order = np.argsort(value_bins, kind="stable")
+    values, cumulative = bin_values(value_bins[order]), np.cumsum(counts[order])
+    rank = q * (n - 1)
+    low, high = math.floor(rank), math.ceil(rank)
+    at_low = values[np.searchsorted(cumulative, low, side="right")]
+    at_high = values[np.searchsorted(cumulative, high, side="right")]
+    return float(at_low + (at_high - at_low) * (rank - low)), n

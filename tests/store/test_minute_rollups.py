@@ -1,0 +1,140 @@
+"""The per-minute rollups of instance snapshots and requests (`kvobs.store.rollups`) on SQLite, PostgreSQL and chDB:
+whatever batches the rows come in, and across a writer's restart, the rollup tables hold what the rows give; SQL
+revision 0014 and ClickHouse version 10 fill them from rows stored before them."""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+from sqlalchemy import insert
+
+from kvobs.analytics.windows import BIN_KEYS, KEYS, RangeSums
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.rollups import LATENCY_MINUTES, REQUEST_MINUTES, SNAPSHOT_MINUTES
+from kvobs.store.rows import RequestRecord, SnapshotRecord
+from kvobs.store.schema import TABLES
+from kvobs.store.sql_store import upgrade
+from tests.analytics.test_windows import assert_same
+
+T0 = 1_800_000_017.0  # not on a minute: rows of one minute meet across batches
+
+
+def _rows(seed: int = 1) -> list:
+    """Snapshots of two instances every 2.5 s over 10 minutes (a preemption counter that rises and resets once,
+    usage sometimes unknown) and requests between them (some with latencies or cached tokens unknown)."""
+    rng = random.Random(seed)
+    rows: list = []
+    counts = {"a": 0, "b": 5}
+    for i in range(240):
+        ts = T0 + i * 2.5
+        for name in counts:
+            counts[name] = 0 if (name == "b" and i == 120) else counts[name] + rng.choice([0, 0, 1, 2])
+            rows.append(
+                SnapshotRecord(
+                    ts=ts,
+                    instance=name,
+                    kv_usage=None if rng.random() < 0.1 else rng.random(),
+                    blocks_resident=rng.randrange(100),
+                    num_waiting=rng.randrange(4),
+                    preemptions_total=None if rng.random() < 0.05 else counts[name],
+                )
+            )
+        if rng.random() < 0.1:  # a session's own snapshot: not an instance's
+            rows.append(SnapshotRecord(ts=ts, instance="a", session_id="s1", session_blocks=3))
+        arrival = ts + rng.random()
+        first = None if rng.random() < 0.1 else arrival + rng.lognormvariate(-2, 1)
+        rows.append(
+            RequestRecord(
+                request_id=f"r{i}",
+                instance=rng.choice(["a", "b"]),
+                arrival_ts=arrival,
+                first_token_ts=first,
+                finished_ts=(first or arrival) + rng.random() * 3,
+                queue_s=rng.random() / 10,
+                prompt_tokens=rng.randrange(50, 500),
+                cached_tokens=None if rng.random() < 0.2 else rng.randrange(50),
+                completion_tokens=rng.randrange(1, 40),
+            )
+        )
+    return rows
+
+
+def _expected(rows: list) -> RangeSums:
+    snaps = pd.DataFrame([r.to_row() for r in rows if isinstance(r, SnapshotRecord) and r.session_id is None])
+    reqs = pd.DataFrame([r.to_row() for r in rows if isinstance(r, RequestRecord)])
+    return RangeSums.from_rows(snaps, reqs, 60.0)
+
+
+def _stored(store) -> dict[str, pd.DataFrame]:
+    return {
+        rollup.table: store.reads.minute_rollup(rollup.table, 0, 4e9).rename(columns={"minute": "window"})
+        for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES)
+    }
+
+
+def _assert_rollups(store, rows: list) -> None:
+    want, got = _expected(rows), _stored(store)
+    assert_same(got["snapshot_minutes"], want.snapshots, KEYS)
+    assert_same(got["request_minutes"], want.requests, KEYS)
+    assert_same(got["latency_minutes"], want.latency, BIN_KEYS)
+    assert got["snapshot_minutes"]["preemptions"].sum() > 0
+
+
+def test_the_rollups_hold_what_the_rows_give_whatever_the_batches(any_store, tmp_path):
+    rows = _rows()
+    writer = StoreWriter(any_store, batch_size=7)  # batches of 7 rows: a minute's rows in many batches
+    writer.add_many(rows[: len(rows) // 2])
+    writer.close()
+    url = any_store.url
+    if not url.startswith("chdb"):  # a restarted writer counts from the count it finds stored (chDB: one per dir)
+        any_store.close()
+        any_store = open_store(url)
+    writer = StoreWriter(any_store, batch_size=500)
+    writer.add_many(rows[len(rows) // 2 :])
+    writer.close()
+    _assert_rollups(any_store, rows)
+
+
+def test_revision_0014_fills_the_rollups_from_stored_rows(store):
+    from alembic import command
+    from alembic.config import Config
+
+    from kvobs.store.sql_store import MIGRATIONS
+
+    rows = _rows(2)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with store.engine.begin() as connection:  # the store as it was before revision 0014
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0013")
+    early = [r for r in rows if getattr(r, "ts", getattr(r, "arrival_ts", 0)) < T0 + 300]
+    with store.engine.begin() as conn:  # stored before the rollups existed: only the rows
+        for table in ("snapshots", "requests"):
+            conn.execute(insert(TABLES[table]), [r.to_row() for r in early if r.table == table])
+    upgrade(store.engine)
+    writer = StoreWriter(store)
+    writer.add_many([r for r in rows if r not in early])
+    writer.close()
+    _assert_rollups(store, rows)
+
+
+def test_clickhouse_version_10_fills_the_rollups_from_stored_rows(tmp_path):
+    from kvobs.store.clickhouse import ddl
+    from kvobs.store.clickhouse.store import _columns_of
+
+    url = f"chdb:///{tmp_path / 'ch'}"
+    first = open_store(url, migrate=False)
+    ddl.migrate_to(first.client, 9)
+    rows = _rows(3)
+    early = [r for r in rows if getattr(r, "ts", getattr(r, "arrival_ts", 0)) < T0 + 300]
+    for table in ("snapshots", "requests"):  # stored before the rollups existed: only the rows
+        columns = _columns_of([r.to_row() for r in early if r.table == table])
+        first.client.insert(table, first._arrow(table, columns))
+    first.close()
+    store = open_store(url)
+    writer = StoreWriter(store)
+    writer.add_many([r for r in rows if r not in early])
+    writer.close()
+    _assert_rollups(store, rows)
+    store.close()
