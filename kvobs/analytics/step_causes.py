@@ -108,20 +108,19 @@ def failure_verdicts(
 def range_verdicts(store: Store, since: float | None, until: float | None) -> pd.DataFrame:
     """`failure_verdicts` of the range as a page reads them: the verdicts a writer decided once their session settled
     (`reads.step_verdicts`), and only the failed steps without one (a session still running; a store no collector
-    keeps verdicts for) attributed now, over the range. Column `decided`: which were read."""
-    steps = store.reads.steps(since, until)
-    failed = steps[steps["status"] == StepStatus.ERROR.value]
+    keeps verdicts for) attributed now, with their sessions' steps. Reads the failed steps and those sessions' steps,
+    not every step of the range. Column `decided`: which were read."""
+    failed = store.reads.steps(since, until, status=StepStatus.ERROR.value)
     decided = store.reads.step_verdicts(since, until)
     keys = set(zip(decided["session_id"], decided["step_index"].astype(int)))
     decided = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True)  # "" for none, as worked out
     undecided = _without(failed, keys)
     if undecided.empty:
         return decided.reset_index(drop=True)
-    mine = steps[steps["session_id"].isin(set(undecided["session_id"]))]  # their sessions' steps: the typical step
+    mine = store.reads.steps(since, until, session_ids=sorted(set(undecided["session_id"])))  # for the typical step
     # from their sessions' first step in the range (running sessions: the range's last minutes, not all of it)
-    now = failure_verdicts(
-        store, max(since, float(mine["started_at"].min())) if since is not None else since, until, steps=mine
-    )
+    first = float(mine["started_at"].min())
+    now = failure_verdicts(store, first if since is None else max(since, first), until, steps=mine)
     now = _without(now, keys).assign(decided=False)
     frame = now if decided.empty else pd.concat([decided, now], ignore_index=True)
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)

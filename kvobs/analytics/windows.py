@@ -5,8 +5,9 @@
     sums.of(["vllm-a"])                                       # one instance's
     sketch_quantile(sums.latency, "ttft", 0.9)                # (value, how many values), as `samples.quantile`
 
-The whole minutes inside [since, until] come from the rollups; the partial minutes at either edge, and every window
-that is not a whole number of minutes, from the rows, summed by the writer's own functions. Counts, sums, means,
+Every minute the range touches comes from the rollups, unless it is an edge minute with rows outside the range
+(`first_ts`/`last_ts` say so): that minute, and every window that is not a whole number of minutes, is summed from
+its rows by the writer's own functions. Counts, sums, means,
 maxima and preemption increases are therefore exactly what the rows give; a quantile is read off the merged sketch
 bins, within `SKETCH_ACCURACY` (1%) of the exact one.
 """
@@ -25,7 +26,6 @@ from kvobs.store.rollups import (
     PREEMPTIONS,
     REQUEST_MINUTES,
     SNAPSHOT_MINUTES,
-    Rollup,
     bin_values,
     request_sums,
     snapshot_sums,
@@ -40,12 +40,14 @@ BIN_KEYS = [*KEYS, "metric", "value_bin"]
 class RangeSums:
     """Per `window` (its start) and `instance`: the instance snapshots' sums (`SNAPSHOT_MINUTES` columns), the
     requests' by arrival (`REQUEST_MINUTES`), and each latency's sketch bins (`latency`: `metric`, `value_bin`,
-    `n`); `from_rollups`: whether whole minutes came from the rollups (else every row was read)."""
+    `n`); `from_rollups`: whether minutes came from the rollups (else every row was read), and `row_minutes` which
+    edge minutes did not."""
 
     snapshots: pd.DataFrame
     requests: pd.DataFrame
     latency: pd.DataFrame
     from_rollups: bool = False
+    row_minutes: tuple[float, ...] = ()  # the edge minutes summed from their rows (they hold rows beyond the range)
 
     @classmethod
     def from_rows(
@@ -58,7 +60,7 @@ class RangeSums:
 
     def of(self, instances) -> RangeSums:
         snaps, reqs, bins = (frame[frame["instance"].isin(set(instances))] for frame in self.frames)
-        return RangeSums(snaps, reqs, bins, from_rollups=self.from_rollups)
+        return RangeSums(snaps, reqs, bins, self.from_rollups, self.row_minutes)
 
     @property
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -76,44 +78,53 @@ class RangeSums:
 
 def range_sums(store, since: float, until: float, window_s: float, instances=None) -> RangeSums:
     """The instance snapshots and requests of [since, until] on `instances` (None: all), summed per window of
-    `window_s` and instance: whole minutes from the rollups, the rest from the rows."""
+    `window_s` and instance: every minute the range touches from the rollups, but an edge minute that holds rows
+    outside the range, which is summed from its rows (windows that are not whole minutes: every row)."""
     scope = None if instances is None else list(instances)
-    low, high = math.ceil(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
-    before = store.lookups.instance_counter_before(PREEMPTIONS, since)
-    if window_s < MINUTE_S or window_s % MINUTE_S or low >= high:
-        return _rows(store, since, until, window_s, scope, before, upper_open=False)
+    if window_s < MINUTE_S or window_s % MINUTE_S:
+        return _rows(store, since, until, window_s, scope, upper_open=False)
+    first, last = math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
     snaps, reqs, bins = (
-        _rolled(store, rollup, low, high, window_s, scope)
+        store.reads.minute_rollup(rollup.table, first, last + MINUTE_S, instances=scope)
         for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES)
     )
-    parts = [RangeSums(snaps, reqs, bins)]
-    if since < low:
-        parts.append(_rows(store, since, low, window_s, scope, before, upper_open=True))
-    if high <= until:
-        tail_before = store.lookups.instance_counter_before(PREEMPTIONS, high)
-        parts.append(_rows(store, high, until, window_s, scope, tail_before, upper_open=False))
+    outside = _outside(snaps, since, until, "last_ts") | _outside(reqs, since, until, "last_arrival_ts")
+    parts = [RangeSums(*(_windows(frame[~frame["minute"].isin(outside)], window_s) for frame in (snaps, reqs, bins)))]
+    for minute in sorted(outside):  # at most the two edge minutes
+        low, high = max(minute, since), min(minute + MINUTE_S, until)
+        parts.append(_rows(store, low, high, window_s, scope, upper_open=high < until))
     return RangeSums(
         SNAPSHOT_MINUTES.merge([p.snapshots for p in parts], KEYS),
         REQUEST_MINUTES.merge([p.requests for p in parts], KEYS),
         LATENCY_MINUTES.merge([p.latency for p in parts], BIN_KEYS),
         from_rollups=True,
+        row_minutes=tuple(sorted(outside)),
     )
 
 
-def _rolled(store, rollup: Rollup, low: float, high: float, window_s: float, scope) -> pd.DataFrame:
-    """A rollup's minutes in [low, high), merged per window."""
-    minutes = store.reads.minute_rollup(rollup.table, low, high, instances=scope)
+def _outside(minutes: pd.DataFrame, since: float, until: float, last: str) -> set[float]:
+    """The minutes of a rollup's rows that hold a row before `since` or after `until` (by `first_ts` and `last`):
+    the edge minutes a range must sum from their rows."""
+    beyond = (minutes["first_ts"] < since) | (minutes[last] > until)
+    return set(minutes.loc[beyond, "minute"].astype(float))
+
+
+def _windows(minutes: pd.DataFrame, window_s: float) -> pd.DataFrame:
+    """A rollup's minutes merged per window."""
+    rollup = next(r for r in (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES) if set(r.columns) == set(minutes))
     window = np.floor(minutes["minute"].to_numpy(float) / window_s) * window_s
     frame = minutes.drop(columns="minute").assign(window=window)
     return rollup.merge([frame], [k if k != "minute" else "window" for k in rollup.keys])
 
 
-def _rows(store, since, until, window_s, scope, before, *, upper_open: bool) -> RangeSums:
-    """The sums of the rows of [since, until] (`upper_open`: [since, until))."""
+def _rows(store, since, until, window_s, scope, *, upper_open: bool) -> RangeSums:
+    """The sums of the rows of [since, until] (`upper_open`: [since, until)), preemptions counted from each
+    instance's count before `since`."""
     snaps = store.reads.instance_snapshots(since, until, instances=scope)
     reqs = store.reads.requests(since, until, instances=scope)
     if upper_open:
         snaps, reqs = snaps[snaps["ts"] < until], reqs[reqs["arrival_ts"] < until]
+    before = store.lookups.instance_counter_before(PREEMPTIONS, since) if len(snaps) else {}
     return RangeSums.from_rows(snaps, reqs, window_s, before)
 
 
@@ -127,15 +138,23 @@ def sketch_quantile(bins: pd.DataFrame, metric: str, q: float) -> tuple[float, i
 
 
 def window_quantiles(bins: pd.DataFrame, metric: str, q: float) -> pd.Series:
-    """`sketch_quantile` per window (NaN for a window with too few values)."""
+    """`sketch_quantile` per window (NaN for a window with too few values), for every window at once."""
     mine = bins[bins["metric"] == metric]
     if mine.empty:
         return pd.Series(dtype=float)
-    counts = mine.groupby(["window", "value_bin"])["n"].sum().reset_index()
-    return counts.groupby("window").apply(
-        lambda w: _quantile(w["value_bin"].to_numpy(np.int64), w["n"].to_numpy(np.int64), q)[0],
-        include_groups=False,
-    )
+    counts = mine.groupby(["window", "value_bin"])["n"].sum()  # sorted by window, then bin
+    windows = counts.index.get_level_values(0).to_numpy(float)
+    values, n = bin_values(counts.index.get_level_values(1).to_numpy(np.int64)), counts.to_numpy(np.int64)
+    cumulative = np.cumsum(n)
+    starts = np.flatnonzero(np.r_[True, windows[1:] != windows[:-1]])  # each window's first row
+    totals = np.add.reduceat(n, starts)
+    before = cumulative[starts] - n[starts]  # values in earlier windows
+    rank = q * (totals - 1)
+    low, high = np.floor(rank), np.ceil(rank)
+    at_low = values[np.searchsorted(cumulative, before + low, side="right")]
+    at_high = values[np.searchsorted(cumulative, before + high, side="right")]
+    found = at_low + (at_high - at_low) * (rank - low)
+    return pd.Series(np.where(totals >= min_sample(q), found, np.nan), index=windows[starts])
 
 
 def _quantile(value_bins: np.ndarray, counts: np.ndarray, q: float) -> tuple[float, int]:

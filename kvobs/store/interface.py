@@ -70,8 +70,17 @@ class Reads(Protocol):
         """Finished requests by arrival time, with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s`."""
         ...
 
-    def steps(self, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
-        """Agent steps by start time."""
+    def steps(
+        self,
+        since=None,
+        until=None,
+        session_id: str | None = None,
+        *,
+        status: str | None = None,
+        session_ids: Iterable[str] | None = None,
+    ) -> pd.DataFrame:
+        """Agent steps by start time; with `status`, only those (e.g. the failed ones); with `session_ids`, only those
+        sessions'."""
         ...
 
     def step_outcomes(self, since=None, until=None) -> pd.DataFrame:

@@ -11,7 +11,7 @@ Three rollups, one row per minute and instance (`MINUTE_S`, the KV-event rollup'
   usage, resident blocks and waiting requests (their mean over any whole minutes is sum / count), the highest
   usage, and the preemptions: the increase of `preemptions_total` over the instance's previous snapshot, counted
   at write time (`preemption_increase`), so a window's preemptions are a sum, exactly as counted over the rows.
-- `request_minutes`, of the requests by arrival: how many, the first arrival and the last arrival or finish, each
+- `request_minutes`, of the requests by arrival: how many, the first and last arrival, the last arrival or finish, each
   latency's sum and count, and the prompt tokens cached of the requests that say (`kvobs.analytics.hit_rate`).
 - `latency_minutes`, each latency's sketch (TTFT, inter-token, queue): how many values fell in each logarithmic bin
   (`value_bin`). Any quantile of any window is read off the merged bins within `SKETCH_ACCURACY` of the exact one
@@ -109,7 +109,7 @@ REQUEST_MINUTES = Rollup(
         "cached_tokens",
         "prompt_tokens",
     ),
-    maxima=("last_ts",),
+    maxima=("last_ts", "last_arrival_ts"),
     minima=("first_ts",),
 )
 LATENCY_MINUTES = Rollup("latency_minutes", ("minute", "instance", "metric", "value_bin"), sums=("n",))
@@ -158,6 +158,26 @@ class BatchRollups:
 
     def commit(self, counts: dict[str, float | None]) -> None:
         self.counts = counts
+
+
+def stored_rollups(
+    snapshot_chunks: Iterable[pd.DataFrame], request_chunks: Iterable[pd.DataFrame]
+) -> list[tuple[Rollup, pd.DataFrame]]:
+    """The rollups of rows stored before them (a migration's fill): instance snapshots in chunks in time order
+    (`SNAPSHOT_COLUMNS`), requests in chunks (`REQUEST_COLUMNS`); each rollup's minutes merged, keyed by `window`."""
+    previous: dict = {}
+    snaps = [snapshot_sums(chunk, MINUTE_S, previous) for chunk in snapshot_chunks]
+    sums, bins = [], []
+    for chunk in request_chunks:
+        found = request_sums(chunk, MINUTE_S)
+        sums.append(found[0])
+        bins.append(found[1])
+    keys = ["window", "instance"]
+    return [
+        (SNAPSHOT_MINUTES, SNAPSHOT_MINUTES.merge(snaps, keys)),
+        (REQUEST_MINUTES, REQUEST_MINUTES.merge(sums, keys)),
+        (LATENCY_MINUTES, LATENCY_MINUTES.merge(bins, [*keys, "metric", "value_bin"])),
+    ]
 
 
 def preemption_increase(snapshots: pd.DataFrame, before: Mapping[str, float] | None = None) -> pd.Series:
@@ -234,6 +254,7 @@ def request_sums(requests: pd.DataFrame, bucket_s: float) -> tuple[pd.DataFrame,
         cached_tokens=reqs["cached_tokens"].where(hit, 0).fillna(0).astype("int64").to_numpy(),
         prompt_tokens=reqs["prompt_tokens"].where(hit, 0).fillna(0).astype("int64").to_numpy(),
         last_ts=np.fmax(reqs["arrival_ts"].to_numpy(float), reqs["finished_ts"].to_numpy(float)),
+        last_arrival_ts=reqs["arrival_ts"].to_numpy(float),
         first_ts=reqs["arrival_ts"].to_numpy(float),
     )
     sums = pd.DataFrame(columns).groupby(keys, as_index=False, sort=True).agg(REQUEST_MINUTES.how())

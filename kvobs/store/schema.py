@@ -259,7 +259,8 @@ class RequestMinuteRow(Base):
     cached_tokens: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     last_ts: Mapped[float] = mapped_column(Float)  # the latest arrival or finish
-    first_ts: Mapped[float] = mapped_column(Float)
+    last_arrival_ts: Mapped[float] = mapped_column(Float)
+    first_ts: Mapped[float] = mapped_column(Float)  # the first arrival
 
 
 class LatencyMinuteRow(Base):

@@ -137,11 +137,23 @@ class SqlReads(ComposedReads):
             stmt = stmt.where(RequestRow.session_id == session_id)
         return read(self.store, _between(stmt, RequestRow.arrival_ts, since, until).order_by(RequestRow.arrival_ts))
 
-    def steps(self, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+    def steps(
+        self,
+        since=None,
+        until=None,
+        session_id: str | None = None,
+        *,
+        status: str | None = None,
+        session_ids: Iterable[str] | None = None,
+    ) -> pd.DataFrame:
         """Agent steps by start time."""
         stmt = select(*_columns(StepRow))
         if session_id is not None:
             stmt = stmt.where(StepRow.session_id == session_id)
+        if session_ids is not None:
+            stmt = stmt.where(StepRow.session_id.in_(list(session_ids)))
+        if status is not None:
+            stmt = stmt.where(StepRow.status == status)
         return read(self.store, _between(stmt, StepRow.started_at, since, until).order_by(StepRow.started_at))
 
     def step_outcomes(self, since=None, until=None) -> pd.DataFrame:

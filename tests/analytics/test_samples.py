@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag, why_no_lag
+from kvobs.analytics.samples import MIN_PAIRS, correlation, min_sample, quantile
 from kvobs.analytics.windows import RangeSums
 from kvobs.store.rollups import SKETCH_ACCURACY
-from kvobs.analytics.samples import MIN_PAIRS, correlation, min_sample, quantile
 
 
 def test_a_quantile_needs_enough_values_for_it_to_mean_something():

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from kvobs.analytics.pressure import pressure_windows
-from kvobs.analytics.windows import BIN_KEYS, KEYS, RangeSums, range_sums, sketch_quantile
+from kvobs.analytics.samples import quantile
+from kvobs.analytics.windows import BIN_KEYS, KEYS, RangeSums, range_sums, sketch_quantile, window_quantiles
 from kvobs.store.rollups import (
     LATENCY_MINUTES,
     PREEMPTIONS,
@@ -53,10 +54,14 @@ def ranges(store) -> list[tuple[float, float, float]]:
 def test_the_rollups_answer_what_the_rows_answer(run, request):
     store = request.getfixturevalue(run).store
     seen = []
+    first, last = store.reads.time_range()
     for since, until, window_s in ranges(store):
         rolled, rows = range_sums(store, since, until, window_s), from_rows(store, since, until, window_s)
-        whole_minutes = math.ceil(since / 60) < math.floor(until / 60)
-        assert rolled.from_rollups == (window_s % 60 == 0 and whole_minutes)
+        assert rolled.from_rollups == (window_s % 60 == 0)
+        if rolled.from_rollups and (since, until) == (first, last):  # nothing beyond: every minute from the rollups
+            assert rolled.row_minutes == ()
+        elif rolled.from_rollups:  # only an edge minute holding rows beyond the range is read from its rows
+            assert rolled.row_minutes and set(rolled.row_minutes) <= {math.floor(t / 60) * 60 for t in (since, until)}
         assert_same(rolled.snapshots, rows.snapshots, KEYS)
         assert_same(rolled.requests, rows.requests, KEYS)
         assert_same(rolled.latency, rows.latency, BIN_KEYS)
@@ -142,3 +147,19 @@ def test_a_rollup_merges_as_its_table_does():
     merged = SNAPSHOT_MINUTES.merge(parts, KEYS).iloc[0]
     assert merged["samples"] == 3 and merged["usage_max"] == 0.5 and merged["last_ts"] == 20 and merged["first_ts"] == 1
     assert REQUEST_MINUTES.merge([], KEYS).empty
+
+
+def test_each_windows_quantile_is_the_quantile_of_its_requests(vllm_run):
+    store = vllm_run.store
+    first, last = store.reads.time_range()
+    reqs = store.reads.requests(first, last)
+    sums = range_sums(store, first, last, 60.0)
+    windows = np.floor(reqs["arrival_ts"] / 60.0) * 60.0
+    for q in (0.5, 0.9):
+        found = window_quantiles(sums.latency, "ttft", q)
+        assert len(found) == windows.nunique() > 1
+        for window, value in found.items():
+            mine = reqs.loc[windows == window, "ttft_s"]
+            one = sums.latency[sums.latency["window"] == window]
+            assert value == pytest.approx(sketch_quantile(one, "ttft", q)[0], nan_ok=True)
+            assert value == pytest.approx(quantile(mine, q), rel=SKETCH_ACCURACY, nan_ok=True)

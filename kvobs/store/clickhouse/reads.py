@@ -136,10 +136,22 @@ class ClickHouseReads(ComposedReads):
         sql = f"SELECT {_columns('requests', 'id')} FROM requests FINAL{where} ORDER BY arrival_ts"
         return self.store.frame(sql, where.params)
 
-    def steps(self, since=None, until=None, session_id: str | None = None) -> pd.DataFrame:
+    def steps(
+        self,
+        since=None,
+        until=None,
+        session_id: str | None = None,
+        *,
+        status: str | None = None,
+        session_ids: Iterable[str] | None = None,
+    ) -> pd.DataFrame:
         where = _Where().window("started_at", since, until)
         if session_id is not None:
             where.add("session_id = {sid:String}", sid=session_id)
+        if session_ids is not None:
+            where.add("session_id IN {sids:Array(String)}", sids=list(session_ids))
+        if status is not None:  # after FINAL: the latest version's status (no PREWHERE with FINAL)
+            where.add("status = {status:String}", status=status)
         return self.store.frame(f"SELECT {_columns('steps')} FROM steps FINAL{where} ORDER BY started_at", where.params)
 
     def step_outcomes(self, since=None, until=None) -> pd.DataFrame:

@@ -12,18 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from kvobs.store.rollups import (
-    LATENCY_MINUTES,
-    REQUEST_COLUMNS,
-    REQUEST_MINUTES,
-    ROLLUPS,
-    SNAPSHOT_COLUMNS,
-    SNAPSHOT_MINUTES,
-    Rollup,
-    request_sums,
-    snapshot_sums,
-)
-from kvobs.store.schema import MINUTE_S
+from kvobs.store.rollups import REQUEST_COLUMNS, ROLLUPS, SNAPSHOT_COLUMNS, Rollup, stored_rollups
 
 _KEY_TYPES = {"minute": "Float64", "instance": "LowCardinality(String)", "metric": "LowCardinality(String)"}
 _NULLABLE = {"usage_max"}  # a minute whose snapshots give no usage has no highest usage
@@ -75,24 +64,11 @@ def merged_select(rollup: Rollup) -> str:
 def fill(client) -> None:
     """The rollups of the snapshots and requests stored before them, by the writer's own functions, a chunk of rows
     at a time (version 10 of the schema)."""
-    previous: dict = {}
-    snaps, sums, bins = [], [], []
-    for chunk in _chunks(
-        client,
-        f"SELECT {', '.join(SNAPSHOT_COLUMNS)} FROM snapshots WHERE session_id IS NULL ORDER BY ts, id",
-    ):
-        snaps.append(snapshot_sums(chunk, MINUTE_S, previous))
-    for chunk in _chunks(client, f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests FINAL ORDER BY arrival_ts"):
-        found = request_sums(chunk, MINUTE_S)
-        sums.append(found[0])
-        bins.append(found[1])
-    keys = ["window", "instance"]
-    for rollup, frames, by in (
-        (SNAPSHOT_MINUTES, snaps, keys),
-        (REQUEST_MINUTES, sums, keys),
-        (LATENCY_MINUTES, bins, [*keys, "metric", "value_bin"]),
-    ):
-        merged = rollup.merge(frames, by)
+    snaps = _chunks(
+        client, f"SELECT {', '.join(SNAPSHOT_COLUMNS)} FROM snapshots WHERE session_id IS NULL ORDER BY ts, id"
+    )
+    reqs = _chunks(client, f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests FINAL ORDER BY arrival_ts")
+    for rollup, merged in stored_rollups(snaps, reqs):
         if not merged.empty:
             client.insert(rollup.table, as_arrow(rollup, merged))
 

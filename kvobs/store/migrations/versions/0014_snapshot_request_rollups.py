@@ -50,6 +50,7 @@ def upgrade() -> None:
             for n in ("cached_said", "hit_requests", "cached_tokens", "prompt_tokens")
         ),
         sa.Column("last_ts", sa.Float(), nullable=False),
+        sa.Column("last_arrival_ts", sa.Float(), nullable=False),
         sa.Column("first_ts", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint("minute", "instance"),
     )
@@ -75,44 +76,17 @@ def _fill() -> None:
     """The rollups of the rows already stored, computed by the writer's own functions, a chunk of rows at a time."""
     import pandas as pd
 
-    from kvobs.store.rollups import (
-        LATENCY_MINUTES,
-        REQUEST_MINUTES,
-        SNAPSHOT_MINUTES,
-        minute_rows,
-        request_sums,
-        snapshot_sums,
-    )
-    from kvobs.store.schema import MINUTE_S
+    from kvobs.store.rollups import REQUEST_COLUMNS, SNAPSHOT_COLUMNS, minute_rows, stored_rollups
 
     conn = op.get_bind()
-    previous: dict[str, float] = {}
-    snaps = [
-        snapshot_sums(chunk, MINUTE_S, previous)
-        for chunk in pd.read_sql(
-            "SELECT ts, instance, kv_usage, blocks_resident, num_waiting, preemptions_total FROM snapshots "
-            "WHERE session_id IS NULL ORDER BY ts, id",
-            conn,
-            chunksize=_CHUNK,
-        )
-    ]
-    sums, bins = [], []
-    for chunk in pd.read_sql(
-        "SELECT instance, arrival_ts, first_token_ts, finished_ts, queue_s, prompt_tokens, cached_tokens, "
-        "completion_tokens FROM requests ORDER BY arrival_ts",
+    snaps = pd.read_sql(
+        f"SELECT {', '.join(SNAPSHOT_COLUMNS)} FROM snapshots WHERE session_id IS NULL ORDER BY ts, id",
         conn,
         chunksize=_CHUNK,
-    ):
-        found = request_sums(chunk, MINUTE_S)
-        sums.append(found[0])
-        bins.append(found[1])
-    keys = ["window", "instance"]
-    for rollup, frames, by in (
-        (SNAPSHOT_MINUTES, snaps, keys),
-        (REQUEST_MINUTES, sums, keys),
-        (LATENCY_MINUTES, bins, [*keys, "metric", "value_bin"]),
-    ):
-        rows = minute_rows(rollup.merge(frames, by))
+    )
+    reqs = pd.read_sql(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests ORDER BY arrival_ts", conn, chunksize=_CHUNK)
+    for rollup, merged in stored_rollups(snaps, reqs):
+        rows = minute_rows(merged)
         if rows:
             op.bulk_insert(sa.table(rollup.table, *(sa.column(c) for c in rollup.columns)), rows)
 
