@@ -366,7 +366,7 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
         lifecycle = unwatched(fill_windows(lifecycle, since, until, window_s, value=0.0), window_s, watched)
     losses = composed.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
-    stored = store.reads.stored_blocks(since, until, latest=PREFIX_ROWS, instances=instances)
+    stored = store.reads.stored_blocks(_latest_from(counts, since), until, latest=PREFIX_ROWS, instances=instances)
     in_range = int(counts.loc[counts["kind"] == KVEventKind.STORED.value, "events"].sum())  # rows, as `stored`
     sample_since = float(stored["ts"].iloc[0]) if len(stored) >= PREFIX_ROWS else since  # the sample's first block
     return {
@@ -379,6 +379,15 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
         "sample_since": sample_since,
         "stored_in_range": in_range,
     }
+
+
+def _latest_from(counts: pd.DataFrame, since: float) -> float:
+    """The start of the latest buckets that hold `PREFIX_ROWS` stored blocks (from the counts per bucket), so the
+    latest blocks are read from there, not searched for over the whole range (the same rows either way)."""
+    stored = counts[counts["kind"] == KVEventKind.STORED.value].groupby("bucket")["events"].sum()
+    from_end = stored.sort_index(ascending=False).cumsum()
+    enough = from_end[from_end >= PREFIX_ROWS]
+    return max(since, float(enough.index[0])) if len(enough) else since
 
 
 def alerts_page(store: Store, since: float, until: float, instances=None) -> dict:

@@ -84,12 +84,16 @@ def range_sums(store, since: float, until: float, window_s: float, instances=Non
     if window_s < MINUTE_S or window_s % MINUTE_S:
         return _rows(store, since, until, window_s, scope, upper_open=False)
     first, last = math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
-    snaps, reqs, bins = (
+    snaps, reqs = (
         store.reads.minute_rollup(rollup.table, first, last + MINUTE_S, instances=scope)
-        for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES)
+        for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES)
     )
     outside = _outside(snaps, since, until, "last_ts") | _outside(reqs, since, until, "last_arrival_ts")
-    parts = [RangeSums(*(_windows(frame[~frame["minute"].isin(outside)], window_s) for frame in (snaps, reqs, bins)))]
+    low = first + MINUTE_S if first in outside else first  # the sketch bins merged per window in the database,
+    high = last if last in outside else last + MINUTE_S  # but those of the edge minutes summed from their rows
+    bins = store.reads.minute_rollup(LATENCY_MINUTES.table, low, high, instances=scope, bucket_s=window_s)
+    snaps, reqs = (_windows(frame[~frame["minute"].isin(outside)], window_s) for frame in (snaps, reqs))
+    parts = [RangeSums(snaps, reqs, bins.rename(columns={"minute": "window"})[[*BIN_KEYS, "n"]])]
     for minute in sorted(outside):  # at most the two edge minutes
         low, high = max(minute, since), min(minute + MINUTE_S, until)
         parts.append(_rows(store, low, high, window_s, scope, upper_open=high < until))

@@ -22,6 +22,7 @@ from kvobs.store.interface import Instances, Reads
 from kvobs.store.schema import MINUTE_S
 
 COUNT_COLUMNS = ["bucket", "kind", "reason", "events", "blocks"]
+TIME_COLUMNS = ["instance", "bucket", "first_ts", "last_ts", "samples"]  # `snapshot_times`
 
 
 class ComposedReads(Reads):
@@ -73,6 +74,27 @@ class ComposedReads(Reads):
         keys = ["bucket", *(["instance"] if by_instance else []), "kind", "reason"]
         frame = frame.groupby(keys, dropna=False, as_index=False)[["events", "blocks"]].sum()
         return ordered_counts(frame, by_instance)
+
+    def snapshot_times(self, since, until, bucket_s: float, *, instances: Instances = None) -> pd.DataFrame:
+        """When each instance reported, per bucket: the whole minutes inside [since, until] from `snapshot_minutes`
+        (their first and last time, how many), the edges (and buckets that are not whole minutes) grouped from the
+        rows; equal to grouping the rows (tests/store/test_fleet_reads.py)."""
+        if since is None or until is None or bucket_s < MINUTE_S or bucket_s % MINUTE_S:
+            return self.raw_snapshot_times(since, until, bucket_s, instances=instances)
+        low, high = math.ceil(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
+        if low >= high:
+            return self.raw_snapshot_times(since, until, bucket_s, instances=instances)
+        minutes = self.minute_rollup("snapshot_minutes", low, high, instances=instances)
+        parts = [
+            minutes.assign(bucket=(minutes["minute"] // bucket_s) * bucket_s)[TIME_COLUMNS],
+            self.raw_snapshot_times(since, math.nextafter(low, -math.inf), bucket_s, instances=instances),
+            self.raw_snapshot_times(high, until, bucket_s, instances=instances),
+        ]
+        frame = pd.concat([p for p in parts if not p.empty] or [parts[0]], ignore_index=True)
+        frame = frame.groupby(["instance", "bucket"], as_index=False, sort=True).agg(
+            first_ts=("first_ts", "min"), last_ts=("last_ts", "max"), samples=("samples", "sum")
+        )
+        return frame.astype({"samples": "int64"})[TIME_COLUMNS]
 
     def block_losses(
         self, since=None, until=None, *, bucket_s: float = 60.0, instances: Instances = None

@@ -47,7 +47,12 @@ class Reads(Protocol):
 
     def snapshot_times(self, since, until, bucket_s: float, *, instances: Instances = None) -> pd.DataFrame:
         """When each instance reported, per time bucket, from its instance snapshots: `instance`, `bucket` (start),
-        `first_ts`, `last_ts`, `samples`; a page's "was anything watching" at the cost of one grouped read."""
+        `first_ts`, `last_ts`, `samples`; a page's "was anything watching" from the rollup's whole minutes and the
+        rows of the edges."""
+        ...
+
+    def raw_snapshot_times(self, since, until, bucket_s: float, *, instances: Instances = None) -> pd.DataFrame:
+        """`snapshot_times` grouped from the rows in the database (`since <= ts <= until`)."""
         ...
 
     def session_snapshots(self, session_id: str) -> pd.DataFrame:
@@ -93,9 +98,12 @@ class Reads(Protocol):
         `failed`, `first_ts` and `last_ts` (the first and last start)."""
         ...
 
-    def minute_rollup(self, table: str, low, high, *, instances: Instances = None) -> pd.DataFrame:
+    def minute_rollup(
+        self, table: str, low, high, *, instances: Instances = None, bucket_s: float | None = None
+    ) -> pd.DataFrame:
         """A per-minute rollup's rows (`kvobs.store.rollups.ROLLUPS`, by table name) of the minutes starting in
-        [low, high), one per key, by key."""
+        [low, high), one per key, by key; with `bucket_s` (whole minutes), merged per bucket in the database, its start
+        as `minute`."""
         ...
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:

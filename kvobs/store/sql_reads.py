@@ -15,6 +15,7 @@ from sqlalchemy import Table, and_, case, distinct, func, select, tuple_, union_
 from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.composed import ComposedReads
 from kvobs.store.interface import Instances
+from kvobs.store.rollups import ROLLUPS as MINUTE_ROLLUPS
 from kvobs.store.schema import (
     FOOTPRINT_COLUMNS,
     ROLLUPS,
@@ -73,7 +74,7 @@ class SqlReads(ComposedReads):
         stmt = _of_instances(stmt, SnapshotRow.instance, instances)
         return read(self.store, _between(stmt, SnapshotRow.ts, since, until).order_by(SnapshotRow.ts))
 
-    def snapshot_times(self, since, until, bucket_s: float, *, instances: Instances = None) -> pd.DataFrame:
+    def raw_snapshot_times(self, since, until, bucket_s: float, *, instances: Instances = None) -> pd.DataFrame:
         bucket = (func.floor(SnapshotRow.ts / bucket_s) * bucket_s).label("bucket")
         stmt = select(
             SnapshotRow.instance,
@@ -200,11 +201,22 @@ class SqlReads(ComposedReads):
         )
         return read(self.store, _between(stmt, step.started_at, since, until).group_by(bucket).order_by(bucket))
 
-    def minute_rollup(self, table: str, low, high, *, instances: Instances = None) -> pd.DataFrame:
+    def minute_rollup(
+        self, table: str, low, high, *, instances: Instances = None, bucket_s: float | None = None
+    ) -> pd.DataFrame:
         model = ROLLUPS[table].__table__
         assert isinstance(model, Table)
-        stmt = select(*model.columns).where(model.c.minute >= low, model.c.minute < high)
-        return read(self.store, _of_instances(stmt, model.c.instance, instances).order_by(*model.primary_key.columns))
+        if bucket_s is None:
+            stmt = select(*model.columns).where(model.c.minute >= low, model.c.minute < high)
+            stmt = _of_instances(stmt, model.c.instance, instances)
+            return read(self.store, stmt.order_by(*model.primary_key.columns))
+        rollup = next(r for r in MINUTE_ROLLUPS if r.table == table)
+        bucket = (func.floor(model.c.minute / bucket_s) * bucket_s).label("bucket")  # not `minute`: a column's name
+        keys = [bucket if key == "minute" else model.c[key] for key in rollup.keys]
+        merged = [getattr(func, how)(model.c[column]).label(column) for column, how in rollup.how().items()]
+        stmt = select(*keys, *merged).where(model.c.minute >= low, model.c.minute < high)
+        stmt = _of_instances(stmt, model.c.instance, instances).group_by(*keys).order_by(*keys)
+        return read(self.store, stmt).rename(columns={"bucket": "minute"})
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)

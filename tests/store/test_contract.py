@@ -228,9 +228,10 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ]
         calls += [("step_windows", (since, until, bucket), {}, True) for bucket in (5.0, 60.0)]
         calls += [
-            ("minute_rollup", (rollup.table, since - 60.0, until + 60.0), scope, True)
+            ("minute_rollup", (rollup.table, since - 60.0, until + 60.0), {**scope, **bucket}, True)
             for rollup in ROLLUPS
             for scope in ({}, one, none)
+            for bucket in ({}, {"bucket_s": 300.0})
         ]
         calls += [
             ("step_counts", (since, until), {}, True),
@@ -244,11 +245,13 @@ def test_every_read_gives_the_same_answer_on_every_backend(loaded):
     run, stores, _ = loaded
     reference = stores["sqlite"]
     calls = _calls(reference)
-    # request_rows: inside requests; raw and minute counts: inside kv_event_counts (and the rollup test below)
+    # request_rows: inside requests; raw and minute counts: inside kv_event_counts (and the rollup test below);
+    # raw_snapshot_times: inside snapshot_times
     assert {name for name, *_ in calls} >= (_members(Reads) | _members(Lookups)) - {
         "request_rows",
         "raw_counts",
         "minute_counts",
+        "raw_snapshot_times",
     }, "a read the contract does not call"
     for name, args, kwargs, ordered in calls:
         expected = _values(_read(reference, name)(*args, **kwargs), ordered=ordered)

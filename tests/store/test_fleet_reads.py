@@ -79,15 +79,20 @@ def test_snapshot_times_are_the_instance_snapshots_grouped_by_bucket(fleet_run):
     with a snapshot, its first and last time and how many, narrowed to the instances asked for."""
     store = fleet_run.store
     first, last = store.reads.time_range()
-    for bucket in (5.0, 60.0):
-        snaps = store.reads.instance_snapshots(first + 3.3, last)
+    for since, until, bucket in (
+        (first + 3.3, last, 5.0),
+        (first + 3.3, last, 60.0),
+        (first + 61.5, last - 7.2, 120.0),
+    ):
+        snaps = store.reads.instance_snapshots(since, until)
         expected = (
             snaps.assign(bucket=(snaps["ts"] // bucket) * bucket)
             .groupby(["instance", "bucket"], as_index=False)
             .agg(first_ts=("ts", "min"), last_ts=("ts", "max"), samples=("ts", "size"))
         )
-        got = store.reads.snapshot_times(first + 3.3, last, bucket)
+        got = store.reads.snapshot_times(since, until, bucket)  # whole minutes from the rollup, the edges from rows
         assert len(got) > 2 and set(got["instance"]) == set(FLEET)
         pd.testing.assert_frame_equal(got, expected, check_dtype=False)
-        one = store.reads.snapshot_times(first + 3.3, last, bucket, instances=FLEET[:1])
+        pd.testing.assert_frame_equal(store.reads.raw_snapshot_times(since, until, bucket), expected, check_dtype=False)
+        one = store.reads.snapshot_times(since, until, bucket, instances=FLEET[:1])
         assert set(one["instance"]) == set(FLEET[:1]) and len(one) == (expected["instance"] == FLEET[0]).sum()

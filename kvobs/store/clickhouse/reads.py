@@ -86,7 +86,7 @@ class ClickHouseReads(ComposedReads):
             f"SELECT {_columns('snapshots', 'id')} FROM snapshots{where} ORDER BY ts, id", where.params
         )
 
-    def snapshot_times(self, since, until, bucket_s: float, *, instances=None) -> pd.DataFrame:
+    def raw_snapshot_times(self, since, until, bucket_s: float, *, instances=None) -> pd.DataFrame:
         where = _Where("session_id IS NULL").window("ts", since, until).instances(instances)
         return self.store.frame(
             f"""SELECT instance, floor(ts / {{bucket:Float64}}) * {{bucket:Float64}} AS bucket, min(ts) AS first_ts,
@@ -176,13 +176,16 @@ class ClickHouseReads(ComposedReads):
             {**where.params, "bucket": float(bucket_s)},
         )
 
-    def minute_rollup(self, table: str, low, high, *, instances=None) -> pd.DataFrame:
+    def minute_rollup(self, table: str, low, high, *, instances=None, bucket_s: float | None = None) -> pd.DataFrame:
         rollup = {r.table: r for r in ROLLUPS}[table]
         where = _Where("minute >= {low:Float64}", "minute < {high:Float64}", low=float(low), high=float(high))
-        keys = ", ".join(rollup.keys)
+        bucket = "minute" if bucket_s is None else "floor(minute / {bucket:Float64}) * {bucket:Float64}"
+        keys = ", ".join("bucket" if key == "minute" else key for key in rollup.keys)
+        params = {**where.params, **({} if bucket_s is None else {"bucket": float(bucket_s)})}
         return self.store.frame(
-            f"{merged_select(rollup)}{where.instances(instances)} GROUP BY {keys} ORDER BY {keys}", where.params
-        )
+            f"{merged_select(rollup, bucket)}{where.instances(instances)} GROUP BY {keys} ORDER BY {keys}",
+            {**params, **where.params},
+        ).rename(columns={"bucket": "minute"})
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         where = _Where().window("started_at", since, until)

@@ -55,10 +55,12 @@ def as_arrow(rollup: Rollup, frame: pd.DataFrame) -> pa.Table:
     return pa.table(columns)
 
 
-def merged_select(rollup: Rollup) -> str:
-    """`SELECT` of a rollup's rows merged per key (the WHERE and GROUP BY follow)."""
+def merged_select(rollup: Rollup, minute: str = "minute") -> str:
+    """`SELECT` of a rollup's rows merged per key, its minute as `bucket` (`minute`: an expression of it, to merge
+    minutes into longer buckets; the WHERE and GROUP BY follow)."""
+    keys = ", ".join(f"{minute} AS bucket" if key == "minute" else key for key in rollup.keys)
     values = ", ".join(f"{how}({c}) AS {c}" for c, how in rollup.how().items())
-    return f"SELECT {', '.join(rollup.keys)}, {values} FROM {rollup.table}"
+    return f"SELECT {keys}, {values} FROM {rollup.table}"
 
 
 def fill(client) -> None:
