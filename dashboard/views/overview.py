@@ -215,7 +215,8 @@ def render_routing(ctx, data: dict | None) -> None:
     st.subheader("Routing loss")
     if data is None:
         st.info(
-            "The routing loss replays every KV event of the range in time order (6.3 s for a million on SQLite): a "
+            "The routing loss replays every KV event of the range in time order (about 10 s for a million on SQLite "
+            "on 2 cores): a "
             f"range of up to {AUTO_ROUTING_EVENTS:,} events is analysed as the page opens, a larger one when asked."
         )
         if st.button("Analyse the routing loss of this range", key="routing_go"):
