@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
 import pandas as pd
 
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
@@ -111,11 +112,19 @@ class ComposedReads(Reads):
 def with_latencies(frame: pd.DataFrame) -> pd.DataFrame:
     """Request rows with `ttft_s`, `itl_s` (mean inter-token latency) and `e2e_s` added."""
     frame = frame.copy()
-    frame["ttft_s"] = frame["first_token_ts"] - frame["arrival_ts"]
-    decode_tokens = (frame["completion_tokens"] - 1).where(frame["completion_tokens"] > 1)
-    frame["itl_s"] = (frame["finished_ts"] - frame["first_token_ts"]) / decode_tokens
-    frame["e2e_s"] = frame["finished_ts"] - frame["arrival_ts"]
+    floats = [frame[c].to_numpy(dtype=float, na_value=np.nan) for c in LATENCY_INPUTS]
+    frame["ttft_s"], frame["itl_s"], frame["e2e_s"] = latencies(*floats)
     return frame
+
+
+LATENCY_INPUTS = ("arrival_ts", "first_token_ts", "finished_ts", "completion_tokens")
+
+
+def latencies(arrival, first_token, finished, completion_tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A request's time to first token, mean inter-token latency (over the tokens after the first; NaN for one
+    token) and end-to-end time, from its `LATENCY_INPUTS` (float arrays, NaN where unknown)."""
+    decode_tokens = np.where(completion_tokens > 1, completion_tokens - 1, np.nan)
+    return first_token - arrival, (finished - first_token) / decode_tokens, finished - arrival
 
 
 def losses_in(counts: pd.DataFrame) -> pd.DataFrame:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvobs.store.composed import with_latencies
+from kvobs.store.composed import latencies
 from kvobs.store.schema import MINUTE_S
 
 PREEMPTIONS = "preemptions_total"  # the instance snapshots' cumulative preemption counter
@@ -78,7 +78,18 @@ class Rollup:
         if not parts:
             return self.empty(keys)
         frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-        return frame.groupby(keys, as_index=False, sort=True).agg(self.how())
+        return self.grouped(frame, keys)
+
+    def grouped(self, frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+        """`frame`'s rows merged per key: one grouping, each kind of merge over its columns at once (a merge per
+        column, pandas' `agg` of a dict, cost a writer's batch several milliseconds)."""
+        groups = frame.groupby(keys, sort=True)
+        parts = [
+            getattr(groups[list(columns)], how)()
+            for how, columns in (("sum", self.sums), ("max", self.maxima), ("min", self.minima))
+            if columns
+        ]
+        return pd.concat(parts, axis=1).reset_index()[[*keys, *self.values]]
 
 
 SNAPSHOT_MINUTES = Rollup(
@@ -146,18 +157,23 @@ class BatchRollups:
         counts = dict(self.counts)
         parts: list[tuple[Rollup, pd.DataFrame]] = []
         if snapshots:
-            frame = pd.DataFrame(snapshots, columns=SNAPSHOT_COLUMNS)
+            frame = _columns(snapshots, SNAPSHOT_COLUMNS)
             new = sorted(set(frame["instance"]) - set(counts))
             if new:
-                counts.update({**dict.fromkeys(new), **before(new, float(frame["ts"].min()))})
-            parts.append((SNAPSHOT_MINUTES, snapshot_sums(frame, MINUTE_S, counts)))  # type: ignore[arg-type]
+                counts.update({**dict.fromkeys(new), **before(new, min(frame["ts"]))})
+            parts.append((SNAPSHOT_MINUTES, snapshot_sums(frame, MINUTE_S, counts)))
         if requests:
-            sums, bins = request_sums(pd.DataFrame(requests, columns=REQUEST_COLUMNS), MINUTE_S)
+            sums, bins = request_sums(_columns(requests, REQUEST_COLUMNS), MINUTE_S)
             parts += [(REQUEST_MINUTES, sums), (LATENCY_MINUTES, bins)]
         return parts, counts
 
     def commit(self, counts: dict[str, float | None]) -> None:
         self.counts = counts
+
+
+def _columns(rows: list[dict], names: list[str]) -> dict[str, list]:
+    """Row dicts as column lists (a missing value None): what the sums take, without a DataFrame per batch."""
+    return {name: [row.get(name) for row in rows] for name in names}
 
 
 def stored_rollups(
@@ -180,104 +196,161 @@ def stored_rollups(
     ]
 
 
-def preemption_increase(snapshots: pd.DataFrame, before: Mapping[str, float] | None = None) -> pd.Series:
+def preemption_increase(snapshots: pd.DataFrame, before: Mapping[str, float | None] | None = None) -> pd.Series:
     """Per snapshot row, preemptions since the instance's previous snapshot with a count (a counter reset counts from
     zero). An instance's first row is counted against its count before these rows (`before`: instance -> value, as
     `lookups.instance_counter_before` reads it), and as 0 when none is known: a counter's value at the start of a
     range holds what happened before it."""
     if snapshots.empty:
         return pd.Series(dtype=float)
-    known = snapshots.dropna(subset=[PREEMPTIONS]).sort_values("ts", kind="stable")
-    totals = known[PREEMPTIONS].astype(float)
-    previous = totals.groupby(known["instance"]).shift()
-    first = known.groupby("instance").cumcount().to_numpy() == 0
-    previous[first] = known.loc[first, "instance"].map(dict(before or {})).astype(float).to_numpy()
-    delta = totals - previous
-    delta = delta.where(delta >= 0, totals).where(previous.notna(), 0.0)  # reset: the new value is the increase
-    return delta.reindex(snapshots.index).fillna(0.0)
+    names, codes = np.unique(snapshots["instance"].to_numpy(str), return_inverse=True)
+    increase, _ = _increase(_floats(snapshots["ts"]), codes, names, _floats(snapshots[PREEMPTIONS]), before or {})
+    return pd.Series(increase, index=snapshots.index)
 
 
-def snapshot_sums(snapshots: pd.DataFrame, bucket_s: float, previous: dict[str, float]) -> pd.DataFrame:
-    """Instance-level snapshot rows summed per `window` (of `bucket_s`) and instance, as `SNAPSHOT_MINUTES` holds
-    them; `previous`: each instance's preemption count before these rows, updated to its count after them."""
-    keys = ["window", "instance"]
-    if snapshots.empty:
-        return SNAPSHOT_MINUTES.empty(keys)
-    increase = preemption_increase(snapshots, previous)
-    counts = snapshots.dropna(subset=[PREEMPTIONS]).sort_values("ts", kind="stable")
-    previous.update(counts.groupby("instance")[PREEMPTIONS].last().astype(float).to_dict())
-
-    def known(column: str) -> pd.Series:
-        return snapshots[column].notna()
-
-    frame = pd.DataFrame(
-        {
-            "window": np.floor(snapshots["ts"].to_numpy(float) / bucket_s) * bucket_s,
-            "instance": snapshots["instance"].to_numpy(object),
-            "samples": 1,
-            "usage_n": known("kv_usage"),
-            "usage_sum": snapshots["kv_usage"].fillna(0.0),
-            "resident_n": known("blocks_resident"),
-            "resident_sum": snapshots["blocks_resident"].fillna(0.0),
-            "waiting_n": known("num_waiting"),
-            "waiting_sum": snapshots["num_waiting"].fillna(0.0),
-            "counted": known(PREEMPTIONS),
-            "preemptions": increase,
-            "usage_max": snapshots["kv_usage"],
-            "last_ts": snapshots["ts"],
-            "first_ts": snapshots["ts"],
-        }
-    ).astype({c: float for c in ("usage_sum", "resident_sum", "waiting_sum", "preemptions", "usage_max")})
-    out = frame.groupby(keys, as_index=False, sort=True).agg(SNAPSHOT_MINUTES.how())
-    return out.astype(dict.fromkeys(("samples", "usage_n", "resident_n", "waiting_n", "counted"), "int64"))
+def _increase(ts, codes, names, totals, before: Mapping[str, float | None]) -> tuple[np.ndarray, dict[str, float]]:
+    """`preemption_increase` on arrays (`codes` index `names`), and each instance's last count after the rows."""
+    order = np.lexsort((ts, codes))  # by instance, then time (stable)
+    order = order[~np.isnan(totals[order])]
+    mine, values = codes[order], totals[order]
+    previous = np.empty(len(order))
+    previous[1:] = values[:-1]
+    first = np.r_[True, mine[1:] != mine[:-1]] if len(order) else np.zeros(0, bool)
+    known = {name: value for name, value in before.items() if value is not None}
+    previous[first] = [known.get(names[code], np.nan) for code in mine[first]]
+    delta = values - previous
+    delta = np.where(delta >= 0, delta, values)  # a reset: the new value is the increase
+    increase = np.zeros(len(ts))
+    increase[order] = np.where(np.isnan(previous), 0.0, delta)
+    last = np.r_[mine[1:] != mine[:-1], True] if len(order) else np.zeros(0, bool)
+    return increase, {str(names[code]): float(value) for code, value in zip(mine[last], values[last])}
 
 
-def request_sums(requests: pd.DataFrame, bucket_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Request rows (`reads.request_rows`, or `reads.requests` with their latencies) summed per `window` of arrival
-    and instance, as `REQUEST_MINUTES` holds them, and their latencies' sketch bins, as `LATENCY_MINUTES` does."""
-    keys = ["window", "instance"]
-    if requests.empty:
-        return REQUEST_MINUTES.empty(keys), LATENCY_MINUTES.empty([*keys, "metric", "value_bin"])
-    reqs = requests if "ttft_s" in requests else with_latencies(requests)
-    window = np.floor(reqs["arrival_ts"].to_numpy(float) / bucket_s) * bucket_s
-    instance = reqs["instance"].to_numpy(object)
-    said = reqs["cached_tokens"].notna()
-    hit = said & reqs["prompt_tokens"].notna()
-    columns: dict[str, object] = {"window": window, "instance": instance, "requests": 1}
-    for name in LATENCIES:
-        values = reqs[f"{name}_s"].astype(float)
-        columns[f"{name}_n"] = values.notna().to_numpy()
-        columns[f"{name}_sum"] = values.fillna(0.0).to_numpy()
-    columns.update(
-        cached_said=said.to_numpy(),
-        hit_requests=hit.to_numpy(),
-        cached_tokens=reqs["cached_tokens"].where(hit, 0).fillna(0).astype("int64").to_numpy(),
-        prompt_tokens=reqs["prompt_tokens"].where(hit, 0).fillna(0).astype("int64").to_numpy(),
-        last_ts=np.fmax(reqs["arrival_ts"].to_numpy(float), reqs["finished_ts"].to_numpy(float)),
-        last_arrival_ts=reqs["arrival_ts"].to_numpy(float),
-        first_ts=reqs["arrival_ts"].to_numpy(float),
-    )
-    sums = pd.DataFrame(columns).groupby(keys, as_index=False, sort=True).agg(REQUEST_MINUTES.how())
-    counts_of = ["requests", "cached_said", "hit_requests", *(f"{name}_n" for name in LATENCIES)]
-    sums = sums.astype(dict.fromkeys(counts_of, "int64"))
-    bins = []
-    for name in LATENCIES:
-        values = reqs[f"{name}_s"].to_numpy(float)
+def _floats(values) -> np.ndarray:
+    """A column (pandas, or a list with None) as float64, missing as NaN."""
+    if isinstance(values, pd.Series):
+        return values.to_numpy(dtype=float, na_value=np.nan)
+    return np.array(values, dtype=float)
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """Rows grouped by (window, instance), in key order: each row's group (`of`), each group's window and instance."""
+
+    of: np.ndarray
+    windows: np.ndarray
+    instances: np.ndarray
+    size: int
+
+    @classmethod
+    def by(cls, ts: np.ndarray, instance, bucket_s: float) -> _Groups:
+        names, codes = np.unique(np.asarray(instance, dtype=str), return_inverse=True)
+        windows = np.floor(ts / bucket_s).astype(np.int64)
+        keys, of = np.unique(windows * len(names) + codes, return_inverse=True)
+        return cls(of, (keys // len(names)) * bucket_s, names[keys % len(names)].astype(object), len(keys))
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        return np.bincount(self.of, weights=values, minlength=self.size)
+
+    def count(self, known: np.ndarray) -> np.ndarray:
+        return np.bincount(self.of, weights=known.astype(float), minlength=self.size).astype(np.int64)
+
+    def extreme(self, values: np.ndarray, ufunc) -> np.ndarray:
+        """The highest (`np.maximum`) or lowest (`np.minimum`) known value per group; NaN for none."""
+        start = -np.inf if ufunc is np.maximum else np.inf
+        out = np.full(self.size, start)
         known = ~np.isnan(values)
-        if known.any():
-            bins.append(
-                pd.DataFrame(
-                    {
-                        "window": window[known],
-                        "instance": instance[known],
-                        "metric": name,
-                        "value_bin": value_bins(values[known]),
-                        "n": 1,
-                    }
-                )
-            )
-    latency = LATENCY_MINUTES.merge(bins, [*keys, "metric", "value_bin"])
-    return sums, latency.astype({"value_bin": "int64", "n": "int64"})
+        ufunc.at(out, self.of[known], values[known])
+        return np.where(np.isinf(out), np.nan, out)
+
+
+def snapshot_sums(snapshots, bucket_s: float, previous: dict) -> pd.DataFrame:
+    """Instance-level snapshot rows (a frame, or a dict of column lists, of `SNAPSHOT_COLUMNS`) summed per `window`
+    (of `bucket_s`) and instance, as `SNAPSHOT_MINUTES` holds them; `previous`: each instance's preemption count
+    before these rows (None: none known), updated to its count after them."""
+    keys = ["window", "instance"]
+    if not len(snapshots) or not len(snapshots["ts"]):  # (a frame with no rows, or no columns)
+        return SNAPSHOT_MINUTES.empty(keys)
+    ts = _floats(snapshots["ts"])
+    groups = _Groups.by(ts, snapshots["instance"], bucket_s)
+    names, codes = np.unique(np.asarray(snapshots["instance"], dtype=str), return_inverse=True)
+    counts = _floats(snapshots[PREEMPTIONS])
+    increase, last = _increase(ts, codes, names, counts, previous)
+    previous.update(last)
+    usage, resident, waiting = (_floats(snapshots[c]) for c in ("kv_usage", "blocks_resident", "num_waiting"))
+    out = {"window": groups.windows, "instance": groups.instances, "samples": groups.count(np.ones(len(ts), bool))}
+    for name, values in (("usage", usage), ("resident", resident), ("waiting", waiting)):
+        out[f"{name}_n"] = groups.count(~np.isnan(values))
+        out[f"{name}_sum"] = groups.sum(np.nan_to_num(values))
+    out.update(
+        counted=groups.count(~np.isnan(counts)),
+        preemptions=groups.sum(increase),
+        usage_max=groups.extreme(usage, np.maximum),
+        last_ts=groups.extreme(ts, np.maximum),
+        first_ts=groups.extreme(ts, np.minimum),
+    )
+    return pd.DataFrame(out, columns=[*keys, *SNAPSHOT_MINUTES.values])
+
+
+def request_sums(requests, bucket_s: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Request rows (a frame, or a dict of column lists, of `REQUEST_COLUMNS`) summed per `window` of arrival and
+    instance, as `REQUEST_MINUTES` holds them, and their latencies' sketch bins, as `LATENCY_MINUTES` does."""
+    keys = ["window", "instance"]
+    bin_keys = [*keys, "metric", "value_bin"]
+    if not len(requests) or not len(requests["arrival_ts"]):
+        return REQUEST_MINUTES.empty(keys), LATENCY_MINUTES.empty(bin_keys)
+    arrival, finished = _floats(requests["arrival_ts"]), _floats(requests["finished_ts"])
+    first, completion = _floats(requests["first_token_ts"]), _floats(requests["completion_tokens"])
+    ttft, itl, _ = latencies(arrival, first, finished, completion)
+    measured = {"ttft": ttft, "itl": itl, "queue": _floats(requests["queue_s"])}
+    cached, prompt = _floats(requests["cached_tokens"]), _floats(requests["prompt_tokens"])
+    said = ~np.isnan(cached)
+    hit = said & ~np.isnan(prompt)
+    groups = _Groups.by(arrival, requests["instance"], bucket_s)
+    out = {
+        "window": groups.windows,
+        "instance": groups.instances,
+        "requests": groups.count(np.ones(len(arrival), bool)),
+    }
+    for name in LATENCIES:
+        out[f"{name}_n"] = groups.count(~np.isnan(measured[name]))
+        out[f"{name}_sum"] = groups.sum(np.nan_to_num(measured[name]))
+    out.update(
+        cached_said=groups.count(said),
+        hit_requests=groups.count(hit),
+        cached_tokens=groups.sum(np.where(hit, cached, 0.0)).round().astype(np.int64),
+        prompt_tokens=groups.sum(np.where(hit, prompt, 0.0)).round().astype(np.int64),
+        last_ts=groups.extreme(np.fmax(arrival, finished), np.maximum),
+        last_arrival_ts=groups.extreme(arrival, np.maximum),
+        first_ts=groups.extreme(arrival, np.minimum),
+    )
+    sums = pd.DataFrame(out, columns=[*keys, *REQUEST_MINUTES.values])
+    metrics = sorted(LATENCIES)  # the table's key order
+    bins, of, metric = [], [], []
+    for name in metrics:
+        known = ~np.isnan(measured[name])
+        bins.append(value_bins(measured[name][known]))
+        of.append(groups.of[known])
+        metric.append(np.full(int(known.sum()), metrics.index(name)))
+    value_bin, group, which = np.concatenate(bins), np.concatenate(of), np.concatenate(metric)
+    if not len(value_bin):
+        return sums, LATENCY_MINUTES.empty(bin_keys)
+    key = (group * len(metrics) + which) * _BIN_SPAN + (value_bin - ZERO_BIN)
+    found, n = np.unique(key, return_counts=True)
+    group, rest = found // (len(metrics) * _BIN_SPAN), found % (len(metrics) * _BIN_SPAN)
+    latency = pd.DataFrame(
+        {
+            "window": groups.windows[group],
+            "instance": groups.instances[group],
+            "metric": np.array(metrics, dtype=object)[rest // _BIN_SPAN],
+            "value_bin": rest % _BIN_SPAN + ZERO_BIN,
+            "n": n.astype(np.int64),
+        }
+    )
+    return sums, latency
+
+
+_BIN_SPAN = 2**16  # value bins lie in [ZERO_BIN, -ZERO_BIN): a bin as an offset in a combined key
 
 
 def value_bins(values: np.ndarray) -> np.ndarray:
@@ -297,15 +370,15 @@ def bin_values(bins: np.ndarray) -> np.ndarray:
     return np.where(bins == ZERO_BIN, 0.0, out)
 
 
-def minute_rows(frame: pd.DataFrame) -> list[dict]:
-    """Partial rows keyed by `window` as the rollup tables' rows (`minute`), in key order (a writer's upserts go in
-    key order: `kvobs.store.sql_write`), with plain Python values."""
+def minute_rows(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[tuple]:
+    """Partial rows keyed by `window` as tuples of the rollup table's `columns` (`window` as `minute`), NaN as None,
+    plain Python values, in key order (a writer's upserts go in key order: `kvobs.store.sql_write`)."""
     frame = frame.rename(columns={"window": "minute"})
-    records = frame.to_dict("records")
-    for row in records:
-        for key, value in row.items():
-            if isinstance(value, float) and math.isnan(value):
-                row[key] = None
-            elif isinstance(value, np.generic):
-                row[key] = value.item()
-    return records
+    values = []
+    for name in columns:
+        column = frame[name]
+        if column.dtype.kind == "f" and column.isna().any():
+            values.append([None if v != v else v for v in column.tolist()])
+        else:
+            values.append(column.tolist())
+    return list(zip(*values))

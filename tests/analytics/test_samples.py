@@ -69,14 +69,15 @@ def test_a_real_lead_is_crowned_and_chance_is_not():
 
 def test_window_latencies_need_enough_requests_per_window():
     arrivals = [0.5] * 3 + [10.5] * 12  # window 0: 3 requests, window 10: 12 requests
+    ttft = np.linspace(0.1, 1.5, 15)
     requests = pd.DataFrame(
         {
             "instance": "a",
             "arrival_ts": arrivals,
-            "finished_ts": np.array(arrivals) + 2.0,
+            "first_token_ts": np.array(arrivals) + ttft,
+            "finished_ts": np.array(arrivals) + ttft + 0.2,  # 10 tokens after the first: 0.02 s each
+            "completion_tokens": 11,
             "queue_s": 0.01,
-            "ttft_s": np.linspace(0.1, 1.5, 15),
-            "itl_s": 0.02,
             "prompt_tokens": 100,
             "cached_tokens": None,
         }
@@ -85,6 +86,6 @@ def test_window_latencies_need_enough_requests_per_window():
     frame = pressure_windows(sums, pd.DataFrame(), window_s=10).set_index("window")
     assert frame.loc[0.0, "requests"] == 3 and math.isnan(frame.loc[0.0, "ttft_p50"])
     assert frame.loc[10.0, "requests"] == 12
-    exact = np.quantile(requests["ttft_s"][3:], 0.9)  # read off the latency sketch: within its accuracy
+    exact = np.quantile(ttft[3:], 0.9)  # read off the latency sketch: within its accuracy
     assert frame.loc[10.0, "ttft_p90"] == pytest.approx(exact, rel=SKETCH_ACCURACY)
     assert math.isnan(frame.loc[10.0, "ttft_p99"])  # 12 requests: no p99

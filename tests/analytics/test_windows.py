@@ -163,3 +163,31 @@ def test_each_windows_quantile_is_the_quantile_of_its_requests(vllm_run):
             one = sums.latency[sums.latency["window"] == window]
             assert value == pytest.approx(sketch_quantile(one, "ttft", q)[0], nan_ok=True)
             assert value == pytest.approx(quantile(mine, q), rel=SKETCH_ACCURACY, nan_ok=True)
+
+
+@pytest.mark.parametrize("window_s", [60.0, 30.0])
+def test_each_windows_means_counts_and_maxima_are_those_of_its_rows(fleet_run, window_s):
+    """Independently of the rollups' functions: each window's rows grouped by pandas, as the pages read them."""
+    store = fleet_run.store
+    first, last = store.reads.time_range()
+    frame = pressure_windows(range_sums(store, first, last, window_s), pd.DataFrame(), window_s=window_s)
+    frame = frame.set_index("window")
+    snaps, reqs = store.reads.instance_snapshots(first, last), store.reads.requests(first, last)
+    by_snap = snaps.groupby(np.floor(snaps["ts"] / window_s) * window_s)
+    by_req = reqs.groupby(np.floor(reqs["arrival_ts"] / window_s) * window_s)
+    want = pd.DataFrame(
+        {
+            "usage_mean": by_snap["kv_usage"].mean(),
+            "usage_max": by_snap["kv_usage"].max(),
+            "resident_blocks": by_snap["blocks_resident"].mean(),
+            "waiting": by_snap["num_waiting"].mean(),
+            "requests": by_req.size(),
+            "ttft_mean": by_req["ttft_s"].mean(),
+            "itl_mean": by_req["itl_s"].mean(),
+            "queue_mean": by_req["queue_s"].mean(),
+        }
+    )
+    assert want["requests"].sum() > 10 and want["usage_mean"].notna().sum() > 2
+    for column in want.columns:
+        got = frame[column].reindex(want.index)
+        assert np.allclose(got.astype(float), want[column].astype(float), equal_nan=True, rtol=1e-9), column

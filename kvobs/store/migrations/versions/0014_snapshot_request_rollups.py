@@ -86,7 +86,7 @@ def _fill() -> None:
     )
     reqs = pd.read_sql(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests ORDER BY arrival_ts", conn, chunksize=_CHUNK)
     for rollup, merged in stored_rollups(snaps, reqs):
-        rows = minute_rows(merged)
+        rows = [dict(zip(rollup.columns, row)) for row in minute_rows(merged, rollup.columns)]
         if rows:
             op.bulk_insert(sa.table(rollup.table, *(sa.column(c) for c in rollup.columns)), rows)
 
