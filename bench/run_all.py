@@ -28,6 +28,7 @@ BENCHMARKS = (
     "collector_ingest",
     "span_steps",
     "collector_memory",
+    "rollup_writes",
     "dashboard_queries",
 )
 
@@ -44,6 +45,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
         "collector_ingest": ["--batches", "40", "--events", "25", "--lines", "100", "--repeats", "1"],
         "span_steps": ["--conversations", "50", "--steps", "3", "--repeats", "1"],
         "collector_memory": ["--sessions", "2000", "--session-idle-s", "5", "--report-every", "500"],
+        "rollup_writes": ["--seconds", "120", "--instances", "2", "--requests", "500", "--repeats", "1"],
         "dashboard_queries": ["--sizes", "sqlite:2000", "sqlite:5000", "--repeats", "1", "--dir", workdir],
     }
     return sizes[name]

@@ -179,3 +179,15 @@ def test_each_record_has_exactly_its_tables_columns_in_the_clickhouse_ddl(chdb_s
         described = chdb_store.client.query_df(f"DESCRIBE TABLE {table}")
         columns = set(described["name"]) - set(GENERATED)
         assert columns == {f.name for f in fields(record)}, table
+
+
+def test_the_time_range_leaves_out_empty_tables(chdb_store):
+    """The first and last time come from the parts' own minmax index where a table is partitioned by day, where an
+    empty table gives 0: it must not stretch the range to 1970."""
+    from kvobs.store.rows import SnapshotRecord, StepRecord
+
+    assert chdb_store.reads.time_range() is None
+    chdb_store.write([("insert", [StepRecord(session_id="s", step_index=0, started_at=1.8e9, status="ok")])])
+    assert chdb_store.reads.time_range() == (1.8e9, 1.8e9)
+    chdb_store.write([("insert", [SnapshotRecord(ts=1.8e9 + 5, instance="a", kv_usage=0.5)])])
+    assert chdb_store.reads.time_range() == (1.8e9, 1.8e9 + 5)
