@@ -29,6 +29,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "collector_ingest",
         "span_steps",
         "collector_memory",
+        "rollup_writes",
         "dashboard_queries",
     }
     baselines = {(r[0], r[1]) for r in rows if r[3].startswith("1.00x")}
