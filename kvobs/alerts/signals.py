@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvobs.analytics.hit_rate import hit_rates_in
-from kvobs.analytics.pressure import PREEMPTIONS, preemption_increase
 from kvobs.analytics.routing import FLEET, fleet_losses, routing_summary
 from kvobs.store.interface import Store
+from kvobs.store.rollups import PREEMPTIONS, preemption_increase
 
 Value = tuple[str | None, str | None, float]
 

@@ -18,9 +18,7 @@ import pandas as pd
 from kvobs.analytics.samples import ALPHA, MIN_PAIRS, correlation
 from kvobs.analytics.windows import RangeSums, window_quantiles
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
-from kvobs.store.rollups import LATENCIES, PREEMPTIONS, preemption_increase
-
-__all__ = ["PREEMPTIONS", "preemption_increase"]  # one definition each, in `kvobs.store.rollups`; named here too
+from kvobs.store.rollups import LATENCIES
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 

@@ -137,8 +137,8 @@ def sketch_quantile(bins: pd.DataFrame, metric: str, q: float) -> tuple[float, i
     are; NaN below `samples.min_sample(q)`, as `samples.quantile`. Linear between the two nearest ranks, as pandas'
     quantile; each rank's value is its bin's, within `SKETCH_ACCURACY` of the exact value."""
     mine = bins[bins["metric"] == metric]
-    counts = mine.groupby("value_bin")["n"].sum()
-    return _quantile(counts.index.to_numpy(np.int64), counts.to_numpy(np.int64), q)
+    found = window_quantiles(mine.assign(window=0.0), metric, q)  # every value as one window
+    return (float(found.iloc[0]) if len(found) else float("nan")), int(mine["n"].sum())
 
 
 def window_quantiles(bins: pd.DataFrame, metric: str, q: float) -> pd.Series:
@@ -159,16 +159,3 @@ def window_quantiles(bins: pd.DataFrame, metric: str, q: float) -> pd.Series:
     at_high = values[np.searchsorted(cumulative, before + high, side="right")]
     found = at_low + (at_high - at_low) * (rank - low)
     return pd.Series(np.where(totals >= min_sample(q), found, np.nan), index=windows[starts])
-
-
-def _quantile(value_bins: np.ndarray, counts: np.ndarray, q: float) -> tuple[float, int]:
-    n = int(counts.sum())
-    if n < min_sample(q):
-        return float("nan"), n
-    order = np.argsort(value_bins, kind="stable")
-    values, cumulative = bin_values(value_bins[order]), np.cumsum(counts[order])
-    rank = q * (n - 1)
-    low, high = math.floor(rank), math.ceil(rank)
-    at_low = values[np.searchsorted(cumulative, low, side="right")]
-    at_high = values[np.searchsorted(cumulative, high, side="right")]
-    return float(at_low + (at_high - at_low) * (rank - low)), n

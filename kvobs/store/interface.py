@@ -207,8 +207,11 @@ class Reads(Protocol):
 class Lookups(Protocol):
     """What alert signals and the collector look up: small answers over a window or a few keys."""
 
-    def instance_counter_before(self, column: str, ts: float) -> dict[str, float]:
-        """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
+    def instance_counter_before(
+        self, column: str, ts: float, *, instances: Iterable[str] | None = None
+    ) -> dict[str, float]:
+        """Per instance (of `instances`; None: every one): the latest value of an instance snapshot counter (e.g.
+        `preemptions_total`) before `ts`, where it has one."""
         ...
 
     def restored_blocks(self, since: float, until: float) -> pd.DataFrame:

@@ -241,13 +241,16 @@ class _Groups:
     windows: np.ndarray
     instances: np.ndarray
     size: int
+    names: np.ndarray  # the instances' names, sorted
+    codes: np.ndarray  # each row's instance, as its index in `names`
 
     @classmethod
     def by(cls, ts: np.ndarray, instance, bucket_s: float) -> _Groups:
         names, codes = np.unique(np.asarray(instance, dtype=str), return_inverse=True)
         windows = np.floor(ts / bucket_s).astype(np.int64)
         keys, of = np.unique(windows * len(names) + codes, return_inverse=True)
-        return cls(of, (keys // len(names)) * bucket_s, names[keys % len(names)].astype(object), len(keys))
+        instances = names[keys % len(names)].astype(object)
+        return cls(of, (keys // len(names)) * bucket_s, instances, len(keys), names, codes)
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         return np.bincount(self.of, weights=values, minlength=self.size)
@@ -273,9 +276,8 @@ def snapshot_sums(snapshots, bucket_s: float, previous: dict) -> pd.DataFrame:
         return SNAPSHOT_MINUTES.empty(keys)
     ts = _floats(snapshots["ts"])
     groups = _Groups.by(ts, snapshots["instance"], bucket_s)
-    names, codes = np.unique(np.asarray(snapshots["instance"], dtype=str), return_inverse=True)
     counts = _floats(snapshots[PREEMPTIONS])
-    increase, last = _increase(ts, codes, names, counts, previous)
+    increase, last = _increase(ts, groups.codes, groups.names, counts, previous)
     previous.update(last)
     usage, resident, waiting = (_floats(snapshots[c]) for c in ("kv_usage", "blocks_resident", "num_waiting"))
     out = {"window": groups.windows, "instance": groups.instances, "samples": groups.count(np.ones(len(ts), bool))}

@@ -24,14 +24,17 @@ class SqlLookups:
     def __init__(self, store: SqlStore) -> None:
         self.store = store
 
-    def instance_counter_before(self, column: str, ts: float) -> dict[str, float]:
+    def instance_counter_before(
+        self, column: str, ts: float, *, instances: Iterable[str] | None = None
+    ) -> dict[str, float]:
         """Per instance: the latest value of an instance snapshot counter (e.g. `preemptions_total`) before `ts`."""
         # one seek down the (instance, ts) index per instance, newest first (of equal times the last written, as
         # ClickHouse's argMax by (ts, id)); a GROUP BY joined back scanned every snapshot of the store
         value = getattr(SnapshotRow, column)
         found = {}
         with self.store.engine.connect() as conn:
-            for instance in conn.execute(select(SnapshotRow.instance).distinct()).scalars():
+            names = conn.execute(select(SnapshotRow.instance).distinct()).scalars() if instances is None else instances
+            for instance in names:
                 latest = conn.execute(
                     select(value)
                     .where(SnapshotRow.instance == instance, SnapshotRow.ts < ts)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
+from kvobs.store.rollups import PREEMPTIONS
 from kvobs.store.schema import KVEventRow
 from kvobs.store.sql_leases import SqlLeases
 from kvobs.store.sql_lookups import SqlLookups
@@ -39,7 +40,9 @@ class SqlStore:
     flush_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
-        self._batches = SqlBatchWriter(self.engine)
+        self._batches = SqlBatchWriter(
+            self.engine, lambda names, ts: self.lookups.instance_counter_before(PREEMPTIONS, ts, instances=names)
+        )
         self.reads: Reads = SqlReads(self)
         self.lookups: Lookups = SqlLookups(self)
         self.leases: Leases = SqlLeases(self)

@@ -13,8 +13,8 @@ instance snapshots and requests (`kvobs.store.rollups`). Used by `Store.write`, 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from functools import cache, partial
+from collections.abc import Callable, Iterable
+from functools import cache
 from itertools import chain
 from math import floor
 
@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from kvobs.store.interface import Batch
-from kvobs.store.rollups import PREEMPTIONS, BatchRollups, Rollup, minute_rows
+from kvobs.store.rollups import BatchRollups, Rollup, minute_rows
 from kvobs.store.rows import KVEventColumns, KVEventRecord
 from kvobs.store.schema import FOOTPRINT_COLUMNS, MINUTE_S, TABLES, SessionFootprintRow, as_int64_column
 
@@ -32,8 +32,11 @@ _KV_COLUMNS = KVEventRecord._columns
 
 
 class SqlBatchWriter:
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, counts_before: Callable[[list[str], float], dict[str, float]]) -> None:
+        """`counts_before`: instances, ts -> each one's latest stored preemption count before ts (the store's
+        `lookups.instance_counter_before`), for the first batch of an instance's snapshots."""
         self.engine = engine
+        self.counts_before = counts_before
         self._sqlite_inserts: dict[tuple, tuple[str, list, tuple]] = {}
         self._rollups = BatchRollups()
 
@@ -62,6 +65,8 @@ class SqlBatchWriter:
                 *(zip(*(c.columns[n] for n in _MINUTE_KEYS)) for c in columns),
             )
         )
+        snaps = [r for r in grouped_rows(grouped, "snapshots") if r.get("session_id") is None]
+        parts, counts = self._rollups.partials(snaps, grouped_rows(grouped, "requests"), self.counts_before)
         with self.engine.begin() as conn:
             if columns:
                 self._insert_columns(conn, dialect, columns)
@@ -81,10 +86,6 @@ class SqlBatchWriter:
             footprints = latest_footprints(grouped_rows(grouped, "snapshots"))
             if footprints:
                 conn.execute(_footprint_upsert(dialect), footprints)
-            snaps = [r for r in grouped_rows(grouped, "snapshots") if r.get("session_id") is None]
-            parts, counts = self._rollups.partials(
-                snaps, grouped_rows(grouped, "requests"), partial(_counts_before, conn)
-            )
             for rollup, frame in parts:
                 added = minute_rows(frame, rollup.columns)
                 if added:  # a driver-level executemany of tuples: SQLAlchemy's work per row dict cost half the time
@@ -134,22 +135,6 @@ class SqlBatchWriter:
 _FROM_JSON = ", ".join("json_extract(value, '$[%d]')" % i for i in range(len(_KV_COLUMNS)))  # noqa: UP031
 _SQLITE_JSON_INSERT = f"INSERT INTO kv_events ({', '.join(_KV_COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
 _json = msgspec.json.Encoder().encode
-
-
-def _counts_before(conn, instances: list[str], ts: float) -> dict[str, float]:
-    """Each instance's latest stored preemption count before `ts` (one index seek each), where it has one."""
-    found = {}
-    for instance in instances:
-        value = conn.execute(
-            text(
-                f"SELECT {PREEMPTIONS} FROM snapshots WHERE instance = :instance AND ts < :ts AND session_id IS NULL "
-                f"AND {PREEMPTIONS} IS NOT NULL ORDER BY ts DESC, id DESC LIMIT 1"
-            ),
-            {"instance": instance, "ts": ts},
-        ).scalar()
-        if value is not None:
-            found[instance] = float(value)
-    return found
 
 
 @cache

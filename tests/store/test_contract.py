@@ -237,6 +237,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
             ("step_counts", (since, until), {}, True),
             ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),
             ("instance_counter_before", ("preemptions_total", until), {}, True),
+            ("instance_counter_before", ("preemptions_total", until), one, True),
         ]
     return calls
 

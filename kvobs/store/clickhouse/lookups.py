@@ -24,13 +24,14 @@ class ClickHouseLookups:
     def __init__(self, store: ClickHouseStore) -> None:
         self.store = store
 
-    def instance_counter_before(self, column: str, ts: float) -> dict[str, float]:
+    def instance_counter_before(self, column: str, ts: float, *, instances=None) -> dict[str, float]:
         if column not in TABLES["snapshots"].__table__.columns:
             raise ValueError(f"no snapshot column {column!r}")
+        scope = "" if instances is None else "AND instance IN {instances:Array(String)} "
         frame = self.store.frame(
             f"""SELECT instance, argMax({column}, (ts, id)) AS value FROM snapshots
-            WHERE session_id IS NULL AND ts < {{ts:Float64}} AND {column} IS NOT NULL GROUP BY instance""",
-            {"ts": ts},
+            WHERE session_id IS NULL AND ts < {{ts:Float64}} AND {column} IS NOT NULL {scope}GROUP BY instance""",
+            {"ts": ts, **({} if instances is None else {"instances": list(instances)})},
         )
         return dict(zip(frame["instance"], frame["value"].astype(float)))
 

@@ -140,14 +140,7 @@ class ClickHouseStore:
         self._rollups.commit(counts)
 
     def _counts_before(self, instances: list[str], ts: float) -> dict[str, float]:
-        """Each instance's latest stored preemption count before `ts` (of equal times the last written)."""
-        found = self.frame(
-            f"""SELECT instance, argMax({PREEMPTIONS}, (ts, id)) AS value FROM snapshots
-            WHERE instance IN {{instances:Array(String)}} AND ts < {{ts:Float64}} AND session_id IS NULL
-            AND {PREEMPTIONS} IS NOT NULL GROUP BY instance""",
-            {"instances": instances, "ts": float(ts)},
-        )
-        return {str(i): float(v) for i, v in zip(found["instance"], found["value"])}
+        return self.lookups.instance_counter_before(PREEMPTIONS, ts, instances=instances)
 
     def _merged_sessions(self, items: list[tuple[str, SessionRecord]]) -> list[dict]:
         keys = sorted({record.session_id for _, record in items})
