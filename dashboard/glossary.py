@@ -12,6 +12,7 @@ name a page shows never is a code name, and one thing is called the same on ever
 from __future__ import annotations
 
 from kvobs.analytics.latency_parts import CAUSE_LABELS
+from kvobs.store.rollups import SKETCH_ACCURACY
 
 # name -> (label with its unit, what it counts)
 TERMS: dict[str, tuple[str, str]] = {
@@ -98,7 +99,11 @@ TERMS: dict[str, tuple[str, str]] = {
     "e2e_p50": ("end to end, median (s)", "Median end-to-end time of the session's steps (5 or more)."),
     "e2e_s": ("end to end (s)", "From the step's start to its end."),
     "ttft_s": ("TTFT (s)", "Time to the first token, as the agent saw it."),
-    "ttft_p90_s": ("TTFT p90 (s)", "90th percentile time to first token (shown with 10 requests or more)."),
+    "ttft_p90_s": (
+        "TTFT p90 (s)",
+        f"90th percentile time to first token (shown with 10 requests or more; from a latency sketch, within "
+        f"{SKETCH_ACCURACY:.0%}).",
+    ),
     "latency_s": ("latency (s)", "What the step is measured by: its TTFT, else its end-to-end time."),
     "typical_s": ("typical (s)", "The median latency of the session's other steps."),
     "excess_s": ("over typical (s)", "How much longer than its typical step it took."),

@@ -10,6 +10,7 @@ from dashboard.views import cache
 from dashboard.views.charts import small_multiples, time_chart
 from dashboard.views.tables import show_table, show_text_table
 from kvobs.analytics.samples import min_sample
+from kvobs.store.rollups import SKETCH_ACCURACY
 
 TITLE = "Overview"
 # a fleet's routing loss is analysed as the page opens for a range of up to this many KV events (about 0.5 s:
@@ -62,8 +63,9 @@ def _kpis(kpis: dict, routing: dict | None = None) -> list[tuple[str, str, str]]
         (
             "TTFT p90 (s)",
             "-" if ttft != ttft else f"{ttft:.2f}",
-            f"90th percentile time to first token of the {n:,} "
-            f"requests in the range" + (f" (not shown under {need}: too few to speak of a p90)." if n < need else "."),
+            f"90th percentile time to first token of the {n:,} requests in the range, read off a latency sketch "
+            f"(within {SKETCH_ACCURACY:.0%} of the exact value)"
+            + (f" (not shown under {need}: too few to speak of a p90)." if n < need else "."),
         ),
         *fleet,
     ]
@@ -180,7 +182,8 @@ def _latency(ctx, data: dict) -> None:
         st.caption(
             ("Dots: each request's time to first token, at its arrival. " if dots is not None else "")
             + (
-                "Lines: each window's p50 and p90, where the window holds 5 and 10 requests or more."
+                "Lines: each window's p50 and p90, where the window holds 5 and 10 requests or more (read off a "
+                f"latency sketch, within {SKETCH_ACCURACY:.0%} of the exact values)."
                 if lines
                 else "No window holds the 5 requests a p50 needs, so no percentile is drawn."
             )
