@@ -3,6 +3,7 @@
     .venv/bin/python bench/dashboard_queries.py                                  # SQLite at 10k and 1M KV events
     .venv/bin/python bench/dashboard_queries.py --sizes sqlite:10000 sqlite:1000000 chdb:10000 chdb:10000000
     .venv/bin/python bench/dashboard_queries.py --store postgresql://postgres@127.0.0.1/test --sizes 1000000
+    .venv/bin/python bench/dashboard_queries.py --instances 2 ...                # a fleet: its Overview, routing
 
 Each size is a store of that many KV events over six hours, with the other tables in proportion (a snapshot per 10
 events, half of them an instance's; a request and an agent step per 50 events, 5% of the steps failed): 64 sessions at a
@@ -37,7 +38,16 @@ from dashboard import data
 from dashboard.context import bucket_for
 from kvobs.analytics.step_story import step_story
 from kvobs.store import open_store
-from kvobs.store.rows import KVEventRecord, RequestRecord, SessionRecord, SnapshotRecord, StepRecord
+from kvobs.store.rollups import MISS_PARTS
+from kvobs.store.rows import (
+    KVEventRecord,
+    LookupProgressRecord,
+    RequestLookupRecord,
+    RequestRecord,
+    SessionRecord,
+    SnapshotRecord,
+    StepRecord,
+)
 from kvobs.store.sql_store import SqlStore
 
 HOURS = 6
@@ -49,19 +59,23 @@ REASONS = {"evicted": "capacity", "invalidated": "weights_update", "preempted": 
 CHUNK = 200_000
 FAILURES = ("timeout", "invalid_response", "503")
 ROUTING = "Overview: routing loss and shortfall"
-MAX_ROUTING_EVENTS = 1_000_000  # stores above this size skip the routing row (its replay of every event takes minutes)
+BLOCK_SIZE = 16
+MEASURE_LAG_S = 180.0  # a collector measures each request's lookup this long after it (`collectors.routing_meter`)
 
 
-def build(store, events: int, seed: int = 0) -> None:
+def build(store, events: int, seed: int = 0, instances: int = 1) -> None:
     """Fill `store` through `store.write`, in chunks (one transaction or insert each): `events` KV events and the
-    other tables in proportion (`snapshots_for`, `requests_for`)."""
+    other tables in proportion (`snapshots_for`, `requests_for`), over `instances` replicas (a session's rows on the
+    replica of its slot; instance snapshots in turn), and each request's lookup as a collector measures it up to
+    `MEASURE_LAG_S` before the last (`lookup_of`)."""
     snapshots, requests = snapshots_for(events), requests_for(events)
     rng = random.Random(seed)
     span = HOURS * 3600.0
     chains: dict[str, list[int]] = {}
     chunk = []
     for i in tqdm(range(events), desc="kv_events", unit="row", mininterval=1, unit_scale=True):
-        session, kind = session_of(rng.randrange(SLOTS), i / events, requests), rng.choice(KINDS)
+        slot = rng.randrange(SLOTS)
+        session, kind = session_of(slot, i / events, requests), rng.choice(KINDS)
         block = parent = None
         if kind in ("stored", "evicted", "invalidated"):
             block = rng.getrandbits(64)
@@ -74,7 +88,7 @@ def build(store, events: int, seed: int = 0) -> None:
         chunk.append(
             KVEventRecord(
                 ts=T0 + span * i / events,
-                instance="engine-0",
+                instance=f"engine-{slot % instances}",
                 kind=kind,
                 block_hash=block,
                 parent_hash=parent,
@@ -91,7 +105,8 @@ def build(store, events: int, seed: int = 0) -> None:
             chunk = []
     rows = chunk
     for i in range(snapshots):
-        session = None if i % 2 else session_of(rng.randrange(SLOTS), i / snapshots, requests)
+        slot = rng.randrange(SLOTS)
+        session = None if i % 2 else session_of(slot, i / snapshots, requests)
         extra = (
             dict(
                 session_blocks=rng.randint(0, 50),
@@ -104,7 +119,7 @@ def build(store, events: int, seed: int = 0) -> None:
         rows.append(
             SnapshotRecord(
                 ts=T0 + span * i / snapshots,
-                instance="engine-0",
+                instance=f"engine-{(slot if session else i // 2) % instances}",
                 session_id=session,
                 kv_usage=rng.random(),
                 blocks_total=511,
@@ -119,25 +134,27 @@ def build(store, events: int, seed: int = 0) -> None:
             )
         )
     started: dict[str, float] = {}
+    measured_to = T0 + span - MEASURE_LAG_S
     for i in range(requests):
         ts, session = T0 + span * i / requests, session_of(i % SLOTS, i / requests, requests)
         started.setdefault(session, ts)
-        rows.append(
-            RequestRecord(
-                request_id=f"req-{i}",
-                instance="engine-0",
-                session_id=session,
-                arrival_ts=ts,
-                first_token_ts=ts + rng.random(),
-                finished_ts=ts + 2 + rng.random(),
-                queue_s=rng.random() * 0.5,
-                prompt_tokens=rng.randint(200, 2000),
-                cached_tokens=rng.randint(0, 1500),
-                completion_tokens=64,
-                num_preemptions=0,
-                finish_reason="length",
-            )
+        request = RequestRecord(
+            request_id=f"req-{i}",
+            instance=f"engine-{i % SLOTS % instances}",
+            session_id=session,
+            arrival_ts=ts,
+            first_token_ts=ts + rng.random(),
+            finished_ts=ts + 2 + rng.random(),
+            queue_s=rng.random() * 0.5,
+            prompt_tokens=rng.randint(200, 2000),
+            cached_tokens=rng.randint(0, 1500),
+            completion_tokens=64,
+            num_preemptions=0,
+            finish_reason="length",
         )
+        rows.append(request)
+        if request.arrival_ts + request.queue_s <= measured_to:
+            rows.append(lookup_of(request, rng, instances))
         rows.append(
             StepRecord(
                 session_id=session,
@@ -149,8 +166,10 @@ def build(store, events: int, seed: int = 0) -> None:
             )
         )
     store.write([("insert", rows)])
+    progress = [LookupProgressRecord(f"engine-{k}", measured_to, measured_to) for k in range(instances)]
     store.write(
         [
+            ("upsert", progress),
             (
                 "upsert",
                 [
@@ -159,13 +178,39 @@ def build(store, events: int, seed: int = 0) -> None:
                     )
                     for s, start in started.items()
                 ],
-            )
+            ),
         ]
     )
     # The failed steps' verdicts a collector decides once their sessions settle, decided as the store's last step
     # ends: the sessions of the last minutes are still running and left to the page, as in production.
     keeper = VerdictKeeper(store, lambda verdicts: store.write([("upsert", verdicts)]), lookback_s=span + 3600)
     keeper.run(T0 + span)
+
+
+def lookup_of(request: RequestRecord, rng: random.Random, instances: int) -> RequestLookupRecord:
+    """A request's lookup as `collectors.routing_meter` writes it: its prompt's whole blocks, those its cached
+    tokens found, and the rest missed for one reason or another (another replica held some, on a fleet)."""
+    blocks = (request.prompt_tokens - 1) // BLOCK_SIZE
+    own = min(request.cached_tokens // BLOCK_SIZE, blocks)
+    parts = dict.fromkeys(MISS_PARTS, 0)
+    for _ in range(blocks - own):
+        parts[rng.choice(MISS_PARTS if instances > 1 else MISS_PARTS[1:])] += 1
+    return RequestLookupRecord(
+        request_id=request.request_id,
+        instance=request.instance,
+        session_id=request.session_id,
+        lookup_ts=request.arrival_ts + request.queue_s,
+        prompt_tokens=request.prompt_tokens,
+        block_size=BLOCK_SIZE,
+        prompt_blocks=blocks,
+        own_blocks=own,
+        available_blocks=blocks - parts["cold"],
+        best_blocks=own + parts["routed"],
+        best_instance=f"engine-{rng.randrange(instances)}" if parts["routed"] else None,
+        replicas_compared=instances - 1,
+        measured_at=request.arrival_ts + request.queue_s + MEASURE_LAG_S,
+        **{f"{part}_blocks": n for part, n in parts.items()},
+    )
 
 
 def session_of(slot: int, at: float, requests: int) -> str:
@@ -216,9 +261,9 @@ def pages(store, since, until) -> dict:
         ),
         "KV events": lambda: data.kv_events_page(store, since, until, window),
         "Alerts": lambda: data.alerts_page(store, since, until),
-        # a fleet's Overview adds these, as it opens for a range up to an hour (a button beyond): every KV event of
-        # the range replayed in time order; measured on this one-instance store, the same reads and sweep
-        ROUTING: lambda: data.fleet_routing(store, since, until),
+        # a fleet's Overview adds these (in its render with --instances 2 or more): the lookups a collector
+        # measured, from their rollup
+        ROUTING: lambda: data.fleet_routing(store, since, until, replay=False),
     }
 
 
@@ -272,20 +317,20 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(url: str, events: int, repeats: int, render: bool) -> dict:
+def measure(url: str, events: int, repeats: int, render: bool, instances: int = 1) -> dict:
     """One size: the store at `url` (filled when empty), its baseline, each page's data over everything and the last
     hour, and its first render (`render`); printed as a table, returned as {page: (whole, recent, render)}."""
     store = open_store(url)
     have = count_events(store)
     if have == 0:
-        build(store, events)
+        build(store, events, instances=instances)
     elif have != events:
         raise SystemExit(f"{url} holds {have:,} KV events, not {events:,}: remove it or pick another --dir")
     base = timed(lambda: count_events(store), repeats)
     first, last = store.reads.time_range()
     print(
         f"\nstore: {store.dialect}, {events:,} kv_events, {snapshots_for(events):,} snapshots, "
-        f"{requests_for(events):,} requests and steps over {HOURS} h; median of {repeats}\n"
+        f"{requests_for(events):,} requests and steps over {HOURS} h on {instances} instance(s); median of {repeats}\n"
     )
     print("| page | data, everything (s) | data, last hour (s) | vs count() (everything) | first render, AppTest (s) |")
     print("|---|---|---|---|---|")
@@ -293,8 +338,6 @@ def measure(url: str, events: int, repeats: int, render: bool) -> dict:
     hour = pages(store, last - 3600, last)
     found = {"baseline": (base, None, None)}
     for name, fn in tqdm(list(pages(store, first, last).items()), desc="pages", leave=False):
-        if name == ROUTING and events > MAX_ROUTING_EVENTS:
-            continue  # a replay of every KV event: minutes at 10M (the page runs it on a button beyond 50,000)
         found[name] = (timed(fn, repeats), timed(hour[name], repeats), None)
     store.close()  # the app opens its own (a chDB directory has one holder per process)
     if render:  # a served dashboard's process is started once: the first run of the app in a process also loads
@@ -344,22 +387,25 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--store", help="a store URL instead of --dir, for one size (its tables empty or full)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-render", action="store_true", help="time the data functions only")
+    parser.add_argument(
+        "--instances", type=int, default=1, help="replicas the store's rows are spread over (2+: a fleet's Overview)"
+    )
     args = parser.parse_args(argv)
     sizes = [_size(text, args.store) for text in args.sizes]
     if args.store and len(sizes) > 1:
         parser.error("--store takes one size")
     found, rows = [], []
     for backend, events in sizes:
-        where = Path(args.dir) / f"bench-dashboard-{events}-{STEPS}-step-sessions"
+        where = Path(args.dir) / f"bench-dashboard-{events}-{STEPS}-step-sessions-{args.instances}-instances"
         where.parent.mkdir(parents=True, exist_ok=True)
         url = args.store or (f"sqlite:///{where}.db" if backend == "sqlite" else f"chdb:///{where}.ch")
         # each size in a process of its own: chDB holds one data directory per process (a second one crashes it),
         # and every size starts as cold as the first
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            found.append(pool.apply(measure, (url, events, args.repeats, not args.no_render)))
+            found.append(pool.apply(measure, (url, events, args.repeats, not args.no_render, args.instances)))
         for name, (whole, recent, render) in list(found[-1].items())[1:]:
             base = max(found[-1]["baseline"][0], 1e-6)
-            label = f"{name} ({backend}, {events:,} events)"
+            label = f"{name} ({backend}, {events:,} events, {args.instances} instance(s))"
             rows.append(Result("dashboard_queries", f"{label}, whole range", whole, "s", whole / base, "count()"))
             rows.append(Result("dashboard_queries", f"{label}, last hour", recent, "s", recent / base, "count()"))
             if render is not None:

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "kvobs-collector"
 RESOLVE_CHUNK = 500
+LOOKUP_CHUNK = 2_000  # request lookups queued for the writer as one unit
+LOOKUP_WAIT_S = 5.0  # how long the meter waits for room in the writer's queue (its run is behind now anyway)
 
 
 @dataclass
@@ -137,7 +139,7 @@ class Collector:
         self.retention = Retention(self.store, options.retention_days) if options.retention_days is not None else None
         # its replicas' routing loss against the fleet's (the store's) other replicas
         kv_instances = [stream.spec.instance for stream in self.streams]
-        self.routing_meter = RoutingMeter(self.store, kv_instances) if kv_instances else None
+        self.routing_meter = RoutingMeter(self.store, kv_instances, write=self._write_lookups) if kv_instances else None
         # failed steps' verdicts, once their session settled (ended, or as long without a step as a session ends)
         self.verdicts = VerdictKeeper(self.store, self._write_verdicts, end_after_s=options.session_end_after_s)
         self._last_runs: dict[str, float] = {}  # `_every`'s jobs: when each last ran
@@ -286,6 +288,10 @@ class Collector:
             job(now)
         except Exception:
             log.exception("%s failed", what)
+
+    def _write_lookups(self, records) -> None:
+        for i in range(0, len(records), LOOKUP_CHUNK):  # a unit of the writer's queue each
+            self.writer.add_many(records[i : i + LOOKUP_CHUNK], wait_s=LOOKUP_WAIT_S)
 
     def _write_verdicts(self, records) -> None:
         for record in records:

@@ -1,84 +1,137 @@
-"""Routing loss as the collector's counters, for Prometheus' `FleetRoutingLoss` alert: the same analysis the
-dashboard and `kvobs alerts` run (`kvobs.analytics.routing`), fed from the store in time order, each request once.
+"""Each request's prefix lookup, measured once from the fleet's KV events as they reach the store, and written to it
+(`request_lookups`; the writer keeps its per-minute rollup), and routing loss as the collector's counters, for
+Prometheus' `FleetRoutingLoss` alert: the same analysis the dashboard and `kvobs alerts` run over a range
+(`kvobs.analytics.routing.request_lookups`), fed in time order, each request once.
 
-    meter = RoutingMeter(store, instances=["vllm-a", "vllm-b"])
+    meter = RoutingMeter(store, ["vllm-a", "vllm-b"], write=writer.add_many, progress=writer.upsert)
     meter.run(now)       # every ROUTING_INTERVAL_S from the collector's tick
     meter.routed_tokens, meter.compared_tokens, meter.compared_requests     # instance -> total
 
-One `FleetIndex` (which replica holds which block) lives across runs and is advanced once through the KV events
-as they reach the store. A run looks at what is surely written: events up to `delay_s` ago, and the requests that
-looked their prefix up before `REQUEST_S` earlier than that (the blocks a request stores come after its lookup,
-up to its end). A request written later than that (a span that arrived late) is not counted, and said
-(`num_late`, a log line). Only requests of this collector's own instances are counted, so several collectors into
-one store count each request once; the other replicas they are compared with are any in the store.
+One `FleetIndex` (which replica holds which block, and where and why each block was lost) lives across runs and is
+advanced once through the KV events as they reach the store. A run looks at what is surely written: events up to
+`delay_s` ago, and the requests that looked their prefix up before `REQUEST_S` earlier than that (the blocks a
+request stores come after its lookup, up to its end). A request written later than that (a span that arrived
+late) is not counted, and said (`num_late`, a log line). Only requests of this collector's own instances are
+measured, so several collectors into one store write each request once; the other replicas they are compared
+with are any in the store. After each run, how far each instance is measured (`lookup_progress`): a request that
+looked up later is pending, one before it with no row was not measurable (its hash chain unknown). A session's
+previous request (where its tool pause began) is remembered across runs,
+and losses for `RESIDENCY_LOOKBACK_S`, as long as a range's replay reads back. A collector that starts warms its
+index over that hour and measures from there: requests before it are not measured (the pages replay them).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import fields
 
 import numpy as np
 import pandas as pd
 
 from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.routing import RESIDENCY_LOOKBACK_S, ROUTING_KINDS, FleetCheck, FleetIndex, routing_losses
+from kvobs.analytics.routing import (
+    RESIDENCY_LOOKBACK_S,
+    ROUTING_KINDS,
+    FleetCheck,
+    FleetIndex,
+    pause_starts,
+    request_lookups,
+)
 from kvobs.store.interface import Store
+from kvobs.store.rows import LookupProgressRecord, RequestLookupRecord
 
 log = logging.getLogger(__name__)
 
 ROUTING_INTERVAL_S = 60.0  # how often the collector measures
 DELAY_S = 60.0  # how far behind now a run reads: the writer's queue and late spans have landed
 REQUEST_S = 120.0  # a request's blocks are stored within this long of its lookup
+_INTS = tuple(f.name for f in fields(RequestLookupRecord) if f.type == "int")  # its counts (blocks, tokens, ...)
 
 
 class RoutingMeter:
-    def __init__(self, store: Store, instances: list[str], *, delay_s: float = DELAY_S) -> None:
-        self.store, self.instances, self.delay_s = store, set(instances), delay_s
-        self.index = FleetIndex()
+    def __init__(
+        self,
+        store: Store,
+        instances: list[str],
+        *,
+        write: Callable[[list[RequestLookupRecord]], None] | None = None,
+        progress: Callable[[LookupProgressRecord], None] | None = None,
+        delay_s: float = DELAY_S,
+        request_s: float = REQUEST_S,
+    ) -> None:
+        self.store, self.instances, self.write, self.progress = store, set(instances), write, progress
+        self.delay_s, self.request_s = delay_s, request_s
+        self.index = FleetIndex(track_losses=True)
         self.check: FleetCheck | None = None
         self.done: float | None = None  # lookups and events up to here are counted and applied
         self.routed_tokens: Counter[str] = Counter()
         self.compared_tokens: Counter[str] = Counter()
         self.compared_requests: Counter[str] = Counter()
+        self.num_measured = 0  # request lookups written, ever
         self.num_late = 0  # requests written after their lookup was passed
         self._counted: dict[str, float] = {}  # recent request ids already measured (or told late) -> arrival
+        self._ends: dict[str, tuple[float, float]] = {}  # session -> (arrival, end) of its latest request passed
 
     def run(self, now: float) -> int:
-        """Measure the requests that looked up since the last run; returns how many were compared."""
-        if len(self.store.reads.instances()) < 2:
-            self.done, self.index = None, FleetIndex()  # nothing to compare with: warmed again when a second comes
-            return 0
+        """Measure the requests that looked up since the last run; returns how many were measured."""
         written = now - self.delay_s
-        cutoff = written - REQUEST_S
+        cutoff = written - self.request_s
         first = self.done is None
         start = cutoff - RESIDENCY_LOOKBACK_S if first else float(np.nextafter(self.done, np.inf))
         if self.done is not None and cutoff <= self.done:
             return 0
         events = self.store.reads.kv_events(start, written, kinds=ROUTING_KINDS)
-        requests = self.store.reads.requests(start - REQUEST_S, written)
-        if not requests.empty:
-            looked_up = requests["arrival_ts"] + requests["queue_s"].fillna(0.0)  # chains.lookup_ts, per column
-            mine = requests["instance"].isin(self.instances) & (looked_up <= cutoff)
+        read = self.store.reads.requests(start - self.request_s, written)
+        if not read.empty:  # vLLM's request spans carry no session: their steps' do
+            read = with_sessions(read, self.store.reads.steps(start - self.request_s, written))
+        requests = read
+        if not read.empty:
+            looked_up = read["arrival_ts"] + read["queue_s"].fillna(0.0)  # chains.lookup_ts, per column
+            mine = read["instance"].isin(self.instances) & (looked_up <= cutoff)
             if first:
                 mine &= False  # the first run warms the index only
             else:
-                self._count_late(requests[mine & (looked_up <= self.done)])
+                self._count_late(read[mine & (looked_up <= self.done)])
                 mine &= looked_up > self.done
-            requests = requests[mine]
-        if not requests.empty:  # vLLM's request spans carry no session: their steps' do
-            requests = with_sessions(requests, self.store.reads.steps(start - REQUEST_S, written))
+            requests = read[mine]
         self.check = FleetCheck.of(events, requests, base=self.check, hashes=False)
-        losses = routing_losses(requests, events, self.check, self.index, apply_until=cutoff)
+        pauses = pause_starts(read, self._ends) if not requests.empty else {}
+        lookups = request_lookups(requests, events, self.check, self.index, apply_until=cutoff, pause_from=pauses)
         self.done = cutoff
+        self._remember(read, cutoff)
+        self.index.forget_losses(cutoff - RESIDENCY_LOOKBACK_S)
         self._counted.update(zip(requests["request_id"], requests["arrival_ts"]))
-        horizon = cutoff - 3 * REQUEST_S  # older ids can no longer be read back by a run
+        horizon = cutoff - 3 * self.request_s  # older ids can no longer be read back by a run
         self._counted = {rid: ts for rid, ts in self._counted.items() if ts >= horizon}
-        for instance, group in losses.groupby("instance"):
+        compared = lookups[lookups["replicas_compared"] > 0]
+        for instance, group in compared.groupby("instance"):
             self.routed_tokens[instance] += int(group["routed_tokens"].sum())
             self.compared_tokens[instance] += int(group["prompt_tokens"].sum())
             self.compared_requests[instance] += len(group)
-        return len(losses)
+        if self.write is not None and not lookups.empty:
+            self.write(records(lookups, now))
+        if self.progress is not None and not first:  # after its lookups, in the writer's order
+            for instance in sorted(self.instances):
+                self.progress(LookupProgressRecord(instance=instance, measured_to=cutoff, updated_at=now))
+        self.num_measured += len(lookups)
+        return len(lookups)
+
+    def _remember(self, requests: pd.DataFrame, cutoff: float) -> None:
+        """Each session's latest request that looked up by `cutoff` (where its next request's pause begins; one
+        that arrived by then but still queued is measured later, after this one), kept for `RESIDENCY_LOOKBACK_S`
+        after its end."""
+        if not requests.empty:
+            looked_up = requests["arrival_ts"] + requests["queue_s"].fillna(0.0)
+            passed = requests[(looked_up <= cutoff) & requests["session_id"].notna()]
+            latest = passed.sort_values("arrival_ts", kind="stable").groupby("session_id").tail(1)
+            for session_id, arrival, end in zip(latest["session_id"], latest["arrival_ts"], latest["finished_ts"]):
+                known = self._ends.get(session_id)
+                if known is None or known[0] <= arrival:
+                    self._ends[session_id] = (float(arrival), float(end))
+        horizon = cutoff - RESIDENCY_LOOKBACK_S
+        self._ends = {s: (a, e) for s, (a, e) in self._ends.items() if max(a, e if e == e else a) >= horizon}
 
     def _count_late(self, passed: pd.DataFrame) -> None:
         """Requests whose lookup an earlier run had passed and did not count: they reached the store late."""
@@ -90,5 +143,24 @@ class RoutingMeter:
                 "%d request(s) reached the store more than %.0f s after their lookup: not counted in the routing "
                 "loss (kvobs_collector_routing_late_requests_total)",
                 len(new),
-                self.delay_s + REQUEST_S,
+                self.delay_s + self.request_s,
             )
+
+
+def records(lookups: pd.DataFrame, measured_at: float) -> list[RequestLookupRecord]:
+    """`request_lookups` rows as the store's records."""
+    out = []
+    for row in lookups.to_dict("records"):
+        session, best = row["session_id"], row["best_instance"]
+        out.append(
+            RequestLookupRecord(
+                request_id=str(row["request_id"]),
+                instance=str(row["instance"]),
+                lookup_ts=float(row["lookup_ts"]),
+                measured_at=measured_at,
+                session_id=session if isinstance(session, str) else None,
+                best_instance=best if isinstance(best, str) else None,
+                **{name: int(row[name]) for name in _INTS},
+            )
+        )
+    return out

@@ -17,11 +17,11 @@ from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate_of_sums, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
-from kvobs.analytics.routing import SUMMARY_COLUMNS, fleet_losses, routing_summary
+from kvobs.analytics.routing import SUMMARY_COLUMNS, FleetCheck, fleet_losses, routing_summary, routing_summary_of_sums
 from kvobs.analytics.runs import run_table
-from kvobs.analytics.shortfall import hit_rate_spread, shortfall, store_lookups
+from kvobs.analytics.shortfall import hit_rate_spread, shortfall, shortfall_of_sums, store_lookups
 from kvobs.analytics.step_causes import range_verdicts
-from kvobs.analytics.windows import RangeSums, range_sums, sketch_quantile
+from kvobs.analytics.windows import RangeSums, lookup_range_sums, range_sums, sketch_quantile
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
@@ -146,22 +146,70 @@ def _per_instance(snapshots: pd.DataFrame, name: str) -> pd.DataFrame:
     return mean.pivot_table(index="window", columns="instance", values="mean", aggfunc="sum")
 
 
-def fleet_routing(store: Store, since: float, until: float, instances=None) -> dict:
+def fleet_routing(store: Store, since: float, until: float, instances=None, *, replay: bool = True) -> dict | None:
     """Routing loss over the range (`kvobs.analytics.routing`): per instance and for the fleet (`summary`, the
     fleet's row last), what could not be compared and why (`notes`); and the hit-rate shortfall split
-    (`kvobs.analytics.shortfall`: `shortfall` per instance and for the fleet, `spread` of the replicas' hit rates)."""
+    (`kvobs.analytics.shortfall`: `shortfall` per instance and for the fleet, `spread` of the replicas' hit rates).
+    From the lookups a collector measured (`source` "measured": the writer's rollup, whatever the range) where it
+    measured any in the range; else replayed from the range's KV events (`source` "replay"), unless `replay` is
+    False (None then: its cost grows with the range)."""
+    sums = lookup_range_sums(store, since, until, instances)
+    if not sums.empty:
+        return _measured_routing(store, sums, since, until, instances)
+    if not replay:
+        return None
     reqs = store.reads.requests(since, until, instances=instances)
     lookups, check = store_lookups(store, reqs, store.reads.steps(since, until), since, until)
     losses = lookups[lookups["replicas_compared"] > 0]
     summary = routing_summary(losses, since, until) if not losses.empty else pd.DataFrame(columns=SUMMARY_COLUMNS)
     table = shortfall(lookups, "instance")
     return {
+        "source": "replay",
         "summary": summary,
         "notes": check.notes,
         "compared": len(losses),
         "requests": len(reqs),
         "shortfall": table if not lookups.empty else table.iloc[0:0],
         "spread": hit_rate_spread(table),
+    }
+
+
+def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: float, instances) -> dict:
+    """`fleet_routing` from the measured lookups' sums per instance (`windows.lookup_range_sums`), over the span
+    measured: from the first lookup measured to where the collectors have measured every instance
+    (`lookup_progress`); the requests that arrived after that are pending (`pending`, `measured_to`), and instances
+    no collector measures are named (`unmeasured`). The replicas' block sizes from each one's latest stored blocks
+    (`PREFIX_ROWS` / 10 each)."""
+    first = float(sums["first_ts"].min())
+    names = sorted(store.reads.instances() if instances is None else instances)
+    progress = store.reads.lookup_progress(instances=names)
+    marks = {str(i): float(t) for i, t in zip(progress["instance"], progress["measured_to"])}
+    to = min(min(marks.values()), until) if marks else float(sums["last_ts"].max())
+    pending = 0
+    for mark in sorted(set(marks.values())):
+        if mark < until:
+            later = range_sums(
+                store, float(np.nextafter(mark, np.inf)), until, 3600.0, [i for i in marks if marks[i] == mark]
+            )
+            pending += int(later.requests["requests"].sum())
+    table = shortfall_of_sums(sums, "instance")
+    sample = [store.reads.stored_blocks(since, until, latest=PREFIX_ROWS // 10, instances=[name]) for name in names]
+    stored = pd.concat([frame for frame in sample if not frame.empty] or [pd.DataFrame()], ignore_index=True)
+    notes = []
+    if not stored.empty:
+        notes = FleetCheck.of(stored.assign(kind=KVEventKind.STORED.value), stored.iloc[0:0], hashes=False).notes
+    return {
+        "source": "measured",
+        "summary": routing_summary_of_sums(sums, first, max(to, first)),
+        "notes": notes,
+        "compared": int(sums["compared_requests"].sum()),
+        "requests": int(sums["requests"].sum()),
+        "shortfall": table,
+        "spread": hit_rate_spread(table),
+        "measured_from": first,
+        "measured_to": to,
+        "pending": pending,
+        "unmeasured": [name for name in names if name not in marks],
     }
 
 

@@ -76,8 +76,9 @@ def render(ctx) -> None:
     per_instance = len(ctx.shown_instances) > 1
     data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance=per_instance)
     routing = None
-    if per_instance and (data["num_kv_events"] <= AUTO_ROUTING_EVENTS or st.session_state.get("routing_asked")):
-        routing = cache.fleet_routing(ctx.url, ctx.since, ctx.until, ctx.instances)
+    if per_instance:  # measured by a collector: read whatever the range; else replayed up to a size, or when asked
+        replay = data["num_kv_events"] <= AUTO_ROUTING_EVENTS or bool(st.session_state.get("routing_asked"))
+        routing = cache.fleet_routing(ctx.url, ctx.since, ctx.until, ctx.instances, replay=replay)
     shown = _kpis(data["kpis"], routing)
     for col, (name, value, help_text) in zip(st.columns(len(shown)), shown):
         col.metric(name, value, help=help_text)
@@ -218,8 +219,9 @@ def render_routing(ctx, data: dict | None) -> None:
     st.subheader("Routing loss")
     if data is None:
         st.info(
-            "The routing loss replays every KV event of the range in time order (about 10 s for a million on SQLite "
-            "on 2 cores): a "
+            "No collector measured this range's lookups (a collector measures each request as it goes, which any "
+            "range then reads at once). Without them, the routing loss replays every KV event of the range in time "
+            "order (about 10 s for a million on SQLite on 2 cores): a "
             f"range of up to {AUTO_ROUTING_EVENTS:,} events is analysed as the page opens, a larger one when asked."
         )
         if st.button("Analyse the routing loss of this range", key="routing_go"):
@@ -227,12 +229,34 @@ def render_routing(ctx, data: dict | None) -> None:
             st.rerun()
         return
     summary, compared = data["summary"], data["compared"]
-    st.caption(
+    what = (
         "Prompt tokens a request recomputed on its replica while another replica of the fleet held that prefix at "
-        "its lookup (from the replicas' KV events): what a KV-aware router would have found. Share: of the prompt "
-        f"tokens of the requests compared ({compared:,} of {data['requests']:,} in the range; a request is compared "
-        "when its hash chain, root included, is known)."
+        "its lookup (from the replicas' KV events): what a KV-aware router would have found."
     )
+    if data["source"] == "measured":
+        st.caption(
+            f"{what} Measured by the collector, each request once, a few minutes after its lookup; read from the "
+            "store's per-minute rollup. Share: of the prompt tokens of the requests compared with another replica "
+            f"({compared:,} of the {data['requests']:,} whose hash chain was known); tokens/s over the span "
+            f"measured, {ctx.clock.iso(data['measured_from'])} to {ctx.clock.iso(data['measured_to'])}."
+        )
+        if data["pending"]:
+            st.info(
+                f"Pending: {data['pending']:,} request(s) arrived after {ctx.clock.iso(data['measured_to'])}, "
+                "where the collector has measured so far; it measures each about three minutes after its "
+                "lookup, when its blocks have reached the store. Not counted here yet."
+            )
+        if data["unmeasured"]:
+            st.warning(
+                f"No collector measures the lookups of {', '.join(data['unmeasured'])}: their requests are not in "
+                "these tables (a collector measures the replicas whose KV events it takes)."
+            )
+    else:
+        st.caption(
+            f"{what} Replayed from the range's KV events as the page opened. Share: of the prompt tokens of the "
+            f"requests compared ({compared:,} of {data['requests']:,} in the range; a request is compared when its "
+            "hash chain, root included, is known)."
+        )
     for note in data["notes"]:
         st.warning(note)
     if summary.empty:

@@ -35,6 +35,7 @@ import pandas as pd
 from kvobs.analytics.chains import BlockGraph, lookup_ts, request_chains, with_sessions
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
+from kvobs.store.rollups import MISS_PARTS
 
 STORED = KVEventKind.STORED.value
 CLEARED = KVEventKind.CLEARED.value
@@ -54,7 +55,6 @@ COLUMNS = [
     "routed_tokens",
     "replicas_compared",
 ]
-MISS_PARTS = ("routed", "cold", "invalidated", "pause", "capacity", "unexplained")
 LOOKUP_COLUMNS = [
     *COLUMNS,
     "prompt_blocks",
@@ -142,8 +142,11 @@ class FleetIndex:
         self._tiers: dict[str, dict[str | None, set[int]]] = {}  # instance -> medium -> the blocks that tier holds
         self.parent: dict[int, int | None] = {}
         self._holders: Counter[int] = Counter()
-        # with `track_losses`: (instance, block) -> (when, kind) of its loss there, until it is stored there again
+        # with `track_losses`: (instance, block) -> (when, kind) of its loss there, until it is stored there again;
+        # and block -> when some replica first and last stored it (a block never stored before a lookup is cold)
         self.lost: dict[tuple[str, int], tuple[float, str]] | None = {} if track_losses else None
+        self.first_stored: dict[int, float] = {}
+        self.last_stored: dict[int, float] = {}
 
     def apply(self, kinds, instances, hashes, parents, times=None, media=None) -> None:
         """Apply events (columns, in time order) of `ROUTING_KINDS`; `times` (their `ts`) when losses are tracked;
@@ -171,6 +174,8 @@ class FleetIndex:
                 self.parent[block_hash] = None if pd.isna(parent) else int(parent)
                 if lost is not None:
                     lost.pop((instance, block_hash), None)
+                    self.first_stored.setdefault(block_hash, ts)
+                    self.last_stored[block_hash] = ts
             elif kind == CLEARED:  # a reset drops every tier's blocks
                 tiers.pop(instance, None)
                 for block_hash in resident.pop(instance, ()):
@@ -196,6 +201,16 @@ class FleetIndex:
                 self._release(block_hash)
                 if lost is not None:
                     lost[(instance, block_hash)] = (ts, kind)
+
+    def forget_losses(self, before_ts: float) -> None:
+        """Forget the losses tracked from before `before_ts`, and the blocks no replica stored since (a long-lived
+        index would remember every block lost and never stored again): a block missed later counts as evicted
+        for room (`capacity`), or as `cold` if no replica stored it since, as a replay reading back as far finds."""
+        if self.lost:
+            self.lost = {key: loss for key, loss in self.lost.items() if loss[0] >= before_ts}
+        gone = [block_hash for block_hash, ts in self.last_stored.items() if ts < before_ts]
+        for block_hash in gone:
+            del self.last_stored[block_hash], self.first_stored[block_hash]
 
     def _release(self, block_hash: int) -> None:
         self._holders[block_hash] -= 1
@@ -235,16 +250,30 @@ def routing_losses(
     return frame[frame["replicas_compared"] > 0][COLUMNS].reset_index(drop=True)
 
 
-def request_lookups(requests: pd.DataFrame, events: pd.DataFrame, check: FleetCheck | None = None) -> pd.DataFrame:
+def request_lookups(
+    requests: pd.DataFrame,
+    events: pd.DataFrame,
+    check: FleetCheck | None = None,
+    index: FleetIndex | None = None,
+    *,
+    apply_until: float | None = None,
+    pause_from: dict[str, float] | None = None,
+) -> pd.DataFrame:
     """`routing_losses`' rows for every request whose chain is known, on one replica as on many (columns
     `LOOKUP_COLUMNS`), with each prompt block the request missed counted once, by why (`MISS_PARTS`, in this
     order): `routed` (another replica held it at the lookup), `cold` (no replica had stored it before),
     `invalidated` (its replica invalidated it, or reset), `pause` (its replica evicted it while the session was
     idle: after the session's previous request ended), `capacity` (evicted otherwise, or on another replica that
     held it), `unexplained` (its replica held it, yet it was not found). `available_blocks`: the prompt blocks a
-    cache that never evicted would have held = hit + all but `cold`."""
+    cache that never evicted would have held = hit + all but `cold`.
+
+    `index` (one that tracks losses), `apply_until`: as `routing_losses`'; `pause_from`: request id -> when its
+    session's previous request ended (by default from `requests` themselves: `pause_starts`)."""
     check = FleetCheck.of(events, requests) if check is None else check
-    return _lookups(requests, events, check, FleetIndex(track_losses=True), None)
+    index = FleetIndex(track_losses=True) if index is None else index
+    if index.lost is None:
+        raise ValueError("request_lookups needs a FleetIndex(track_losses=True)")
+    return _lookups(requests, events, check, index, apply_until, pause_from)
 
 
 def primary_group(events: pd.DataFrame) -> pd.DataFrame:
@@ -260,7 +289,12 @@ def primary_group(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _lookups(
-    requests: pd.DataFrame, events: pd.DataFrame, check: FleetCheck, index: FleetIndex, apply_until: float | None
+    requests: pd.DataFrame,
+    events: pd.DataFrame,
+    check: FleetCheck,
+    index: FleetIndex,
+    apply_until: float | None,
+    pause_from: dict[str, float] | None = None,
 ) -> pd.DataFrame:
     events = primary_group(events.sort_values("ts", kind="stable"))  # the first stored block in time decides
     stored = events[events["kind"] == STORED]
@@ -268,7 +302,8 @@ def _lookups(
     for block_hash, parent in index.parent.items():  # chains through blocks stored before these events
         graph.parent.setdefault(block_hash, parent)
     chains = request_chains(requests, stored, graph) if not requests.empty else {}
-    pause_from = _pause_starts(requests) if index.lost is not None else {}
+    if pause_from is None:
+        pause_from = pause_starts(requests) if index.lost is not None else {}
     queries = []
     for req in requests.itertuples(index=False):
         chain, size = chains.get(req.request_id), check.block_sizes.get(req.instance)
@@ -285,13 +320,19 @@ def _lookups(
     return frame.assign(best_instance=held.where(held.notna(), None))  # None, not NaN, where no other held more
 
 
-def _pause_starts(requests: pd.DataFrame) -> dict[str, float]:
-    """request id -> when its session's previous request ended (the start of the pause before it)."""
+def pause_starts(requests: pd.DataFrame, earlier: dict[str, tuple[float, float]] | None = None) -> dict[str, float]:
+    """request id -> when its session's previous request ended (the start of the pause before it). `earlier`:
+    session -> (arrival, end) of a request before these (a caller that reads requests in slices remembers each
+    session's latest), the previous request of a session's first one here if it arrived before it."""
     out: dict[str, float] = {}
     known = requests.dropna(subset=["session_id"]).sort_values("arrival_ts", kind="stable")
-    for _, group in known.groupby("session_id", sort=False):
+    for session_id, group in known.groupby("session_id", sort=False):
         ends = group["finished_ts"].to_numpy(float)
-        for rid, end in zip(group["request_id"].iloc[1:], ends[:-1]):
+        ids, arrivals = group["request_id"].to_numpy(object), group["arrival_ts"].to_numpy(float)
+        before = (earlier or {}).get(session_id)
+        if before is not None and before[0] < arrivals[0] and before[1] == before[1]:
+            out[ids[0]] = float(before[1])
+        for rid, end in zip(ids[1:], ends[:-1]):
             if end == end:
                 out[rid] = float(end)
     return out
@@ -355,7 +396,7 @@ def _misses(index, graph, instance, chain, own, best, looked_up, pause_from) -> 
         loss = index.lost.get((instance, block_hash))
         if position < best:
             part = "routed"
-        elif graph.first_stored.get(block_hash, -np.inf) >= looked_up:
+        elif index.first_stored.get(block_hash, np.inf) >= looked_up:
             part = "cold"
         elif block_hash in held:
             part = "unexplained"
@@ -375,15 +416,31 @@ def routing_summary(losses: pd.DataFrame, since: float, until: float) -> pd.Data
     """Per instance and for the fleet (`FLEET`, last): the requests compared, their prompt tokens, the tokens
     recomputed that another replica held (`routed_tokens`), their share of the prompt tokens and their rate over
     the range (tokens/s)."""
+    sums = pd.DataFrame(
+        {
+            "instance": losses["instance"],
+            "compared_requests": 1,
+            "compared_prompt_tokens": losses["prompt_tokens"].astype(float),
+            "routed_tokens": losses["routed_tokens"].astype(float),
+        }
+    )
+    return routing_summary_of_sums(sums.groupby("instance", as_index=False).sum(), since, until)
+
+
+def routing_summary_of_sums(sums: pd.DataFrame, since: float, until: float) -> pd.DataFrame:
+    """`routing_summary` of per-instance sums (`instance`, `compared_requests`, `compared_prompt_tokens`,
+    `routed_tokens`: as `kvobs.store.rollups.LOOKUP_MINUTES` keeps them), instances with no request compared left
+    out."""
     span = max(until - since, 1e-9)
+    sums = sums[sums["compared_requests"] > 0].sort_values("instance")
     rows = []
-    groups = [(name, group) for name, group in losses.groupby("instance", sort=True)]
-    for name, group in [*groups, (FLEET, losses)]:
-        prompt, routed = int(group["prompt_tokens"].sum()), int(group["routed_tokens"].sum())
+    totals = sums[["compared_requests", "compared_prompt_tokens", "routed_tokens"]].sum()
+    for name, row in [*((r["instance"], r) for _, r in sums.iterrows()), (FLEET, totals)]:
+        prompt, routed = int(row["compared_prompt_tokens"]), int(row["routed_tokens"])
         rows.append(
             {
                 "instance": name,
-                "requests": len(group),
+                "requests": int(row["compared_requests"]),
                 "prompt_tokens": prompt,
                 "routed_tokens": routed,
                 "routed_share": routed / prompt if prompt else np.nan,

@@ -28,6 +28,7 @@ from kvobs.analytics.routing import (
     request_lookups,
 )
 from kvobs.store.interface import Store
+from kvobs.store.rollups import LOOKUP_TOKENS, lookup_tokens
 
 SHORTFALL_COLUMNS = [
     "requests",
@@ -55,27 +56,32 @@ def store_lookups(
 def shortfall(lookups: pd.DataFrame, by: str, *, total: str | None = FLEET) -> pd.DataFrame:
     """One row per value of `by` (`instance`, `session_id`), then one over every request (named `total`; none
     when None): the columns `SHORTFALL_COLUMNS`, in tokens of whole blocks (rates over `prompt_block_tokens`)."""
-    groups = list(lookups.groupby(by, sort=True)) if not lookups.empty else []
+    tokens = pd.DataFrame(lookup_tokens(lookups), index=lookups.index)[list(LOOKUP_TOKENS)]
+    sums = tokens.assign(**{by: lookups[by], "requests": 1}).groupby(by, as_index=False, sort=True).sum()
+    return shortfall_of_sums(sums, by, total=total)
+
+
+def shortfall_of_sums(sums: pd.DataFrame, by: str, *, total: str | None = FLEET) -> pd.DataFrame:
+    """`shortfall` of sums per value of `by` (`requests` and `kvobs.store.rollups.LOOKUP_TOKENS`, as
+    `LOOKUP_MINUTES` keeps them per instance)."""
+    groups = [(row[by], row) for _, row in sums.sort_values(by).iterrows()]
     if total is not None:
-        groups.append((total, lookups))
+        groups.append((total, sums[["requests", *LOOKUP_TOKENS]].sum()))
     rows = []
-    for name, group in groups:
-        size = group["block_size"].to_numpy(float)
-        tokens = {c: float((group[f"{c}_blocks"].to_numpy(float) * size).sum()) for c in ("prompt", "available")}
-        achieved = float((group["own_blocks"].to_numpy(float) * size).sum())
-        parts = {f"{p}_tokens": int((group[f"{p}_blocks"].to_numpy(float) * size).sum()) for p in MISS_PARTS}
-        prompt, available = tokens["prompt"], tokens["available"]
+    for name, row in groups:
+        prompt, available = float(row["prompt_block_tokens"]), float(row["available_tokens"])
+        achieved = float(row["achieved_tokens"])
         rows.append(
             {
                 by: name,
-                "requests": len(group),
+                "requests": int(row["requests"]),
                 "prompt_block_tokens": int(prompt),
                 "achieved_tokens": int(achieved),
                 "available_tokens": int(available),
                 "achieved_rate": achieved / prompt if prompt else np.nan,
                 "available_rate": available / prompt if prompt else np.nan,
                 "shortfall_tokens": int(available - achieved),
-                **parts,
+                **{f"{part}_tokens": int(row[f"{part}_tokens"]) for part in MISS_PARTS},
             }
         )
     return pd.DataFrame(rows, columns=[by, *SHORTFALL_COLUMNS])

@@ -23,10 +23,12 @@ import pandas as pd
 from kvobs.analytics.samples import min_sample
 from kvobs.store.rollups import (
     LATENCY_MINUTES,
+    LOOKUP_MINUTES,
     PREEMPTIONS,
     REQUEST_MINUTES,
     SNAPSHOT_MINUTES,
     bin_values,
+    lookup_sums,
     request_sums,
     snapshot_sums,
 )
@@ -104,6 +106,24 @@ def range_sums(store, since: float, until: float, window_s: float, instances=Non
         from_rollups=True,
         row_minutes=tuple(sorted(outside)),
     )
+
+
+def lookup_range_sums(store, since: float, until: float, instances=None) -> pd.DataFrame:
+    """The request lookups a collector measured (`request_lookups`) of [since, until] on `instances` (None: all),
+    summed per instance (`LOOKUP_MINUTES`' values): every minute from the rollup, but an edge minute that holds
+    lookups outside the range, which is summed from its rows. Empty where none was measured."""
+    scope = None if instances is None else list(instances)
+    first, last = math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
+    minutes = store.reads.minute_rollup(LOOKUP_MINUTES.table, first, last + MINUTE_S, instances=scope)
+    outside = _outside(minutes, since, until, "last_ts")
+    parts = [minutes[~minutes["minute"].isin(outside)].drop(columns="minute")]
+    for minute in sorted(outside):  # at most the two edge minutes
+        low, high = max(minute, since), min(minute + MINUTE_S, until)
+        rows = store.reads.request_lookups(low, high, instances=scope)
+        if high < until:
+            rows = rows[rows["lookup_ts"] < high]
+        parts.append(lookup_sums(rows, MINUTE_S).drop(columns="window"))
+    return LOOKUP_MINUTES.merge(parts, ["instance"])
 
 
 def _outside(minutes: pd.DataFrame, since: float, until: float, last: str) -> set[float]:

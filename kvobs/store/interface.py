@@ -106,6 +106,18 @@ class Reads(Protocol):
         as `minute`."""
         ...
 
+    def request_lookups(
+        self, since=None, until=None, *, instances: Instances = None, session_id: str | None = None
+    ) -> pd.DataFrame:
+        """The request lookups a collector measured (`request_lookups`: `kvobs.store.rows.RequestLookupRecord`)
+        whose lookup falls in the window, by lookup time."""
+        ...
+
+    def lookup_progress(self, *, instances: Instances = None) -> pd.DataFrame:
+        """How far a collector has measured each instance's request lookups (`lookup_progress`: `instance`,
+        `measured_to`, `updated_at`), by instance."""
+        ...
+
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         """The failed steps started in the window whose verdict a writer decided once their session settled
         (`step_verdicts`; the latest decision of each step), by session and step."""

@@ -1,12 +1,12 @@
-"""Per-minute rollups of instance snapshots and requests, kept by the writer, so a page's whole-range series cost
-what the range's minutes cost, not what its rows cost.
+"""Per-minute rollups of instance snapshots, requests and request lookups, kept by the writer, so a page's
+whole-range series cost what the range's minutes cost, not what its rows cost.
 
     sums = snapshot_sums(snapshots, MINUTE_S, previous)   # per (window, instance): samples, usage sum and max, ...
     sums, latency = request_sums(requests, MINUTE_S)       # ... and each latency's sketch: (window, instance, metric,
                                                            # value_bin) -> n
     SNAPSHOT_MINUTES.merge(frames, ["window", "instance"]) # partial rows of the same keys added together
 
-Three rollups, one row per minute and instance (`MINUTE_S`, the KV-event rollup's step):
+Four rollups, one row per minute and instance (`MINUTE_S`, the KV-event rollup's step):
 - `snapshot_minutes`, of the instance-level snapshots: how many, the first and last time, the sum and count of
   usage, resident blocks and waiting requests (their mean over any whole minutes is sum / count), the highest
   usage, and the preemptions: the increase of `preemptions_total` over the instance's previous snapshot, counted
@@ -16,6 +16,9 @@ Three rollups, one row per minute and instance (`MINUTE_S`, the KV-event rollup'
 - `latency_minutes`, each latency's sketch (TTFT, inter-token, queue): how many values fell in each logarithmic bin
   (`value_bin`). Any quantile of any window is read off the merged bins within `SKETCH_ACCURACY` of the exact one
   (the DDSketch construction: Masson, Rim and Lee, VLDB 2019), where rows would have to be read again.
+- `lookup_minutes`, of the request lookups the collector measured (`request_lookups`) by lookup: how many, the
+  tokens of their whole prompt blocks found, available and missed by why (`lookup_tokens`, what the shortfall split
+  sums), and the requests compared with another replica and their prompt tokens (the routing loss's share).
 
 The writer adds a batch's partial rows to the stored ones in the batch's transaction (SQL: sums added, maxima and
 minima kept; ClickHouse: an AggregatingMergeTree of the same functions), so a rollup always equals its raw rows.
@@ -124,10 +127,36 @@ REQUEST_MINUTES = Rollup(
     minima=("first_ts",),
 )
 LATENCY_MINUTES = Rollup("latency_minutes", ("minute", "instance", "metric", "value_bin"), sums=("n",))
-ROLLUPS = (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES)
+# why a missed prompt block missed (`kvobs.analytics.routing.request_lookups`), in the order a block is judged
+MISS_PARTS = ("routed", "cold", "invalidated", "pause", "capacity", "unexplained")
+LOOKUP_TOKENS = (  # a request lookup's tokens of whole prompt blocks: what the shortfall split sums
+    "prompt_block_tokens",
+    "achieved_tokens",
+    "available_tokens",
+    *(f"{part}_tokens" for part in MISS_PARTS),
+)
+LOOKUP_MINUTES = Rollup(
+    "lookup_minutes",
+    ("minute", "instance"),
+    sums=("requests", *LOOKUP_TOKENS, "compared_requests", "compared_prompt_tokens"),
+    maxima=("last_ts",),
+    minima=("first_ts",),
+)
+ROLLUPS = (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES, LOOKUP_MINUTES)
 
 
 SNAPSHOT_COLUMNS = ["ts", "instance", "kv_usage", "blocks_resident", "num_waiting", PREEMPTIONS]  # what is summed
+LOOKUP_COLUMNS = [
+    "instance",
+    "lookup_ts",
+    "prompt_tokens",
+    "block_size",
+    "prompt_blocks",
+    "own_blocks",
+    "available_blocks",
+    *(f"{part}_blocks" for part in MISS_PARTS),
+    "replicas_compared",
+]
 REQUEST_COLUMNS = [
     "instance",
     "arrival_ts",
@@ -150,10 +179,15 @@ class BatchRollups:
     counts: dict[str, float | None] = field(default_factory=dict)  # None: looked up, none stored
 
     def partials(
-        self, snapshots: list[dict], requests: list[dict], before: Callable[[list[str], float], dict[str, float]]
+        self,
+        snapshots: list[dict],
+        requests: list[dict],
+        before: Callable[[list[str], float], dict[str, float]],
+        lookups: list[dict] | None = None,
     ) -> tuple[list[tuple[Rollup, pd.DataFrame]], dict[str, float | None]]:
-        """The batch's rows (instance-level snapshots, requests) as partial minutes of each rollup, and the counts
-        after the batch: `commit` them once the batch is stored, so a batch written again counts the same."""
+        """The batch's rows (instance-level snapshots, requests, request lookups) as partial minutes of each rollup,
+        and the counts after the batch: `commit` them once the batch is stored, so a batch written again counts the
+        same."""
         counts = dict(self.counts)
         parts: list[tuple[Rollup, pd.DataFrame]] = []
         if snapshots:
@@ -165,6 +199,8 @@ class BatchRollups:
         if requests:
             sums, bins = request_sums(_columns(requests, REQUEST_COLUMNS), MINUTE_S)
             parts += [(REQUEST_MINUTES, sums), (LATENCY_MINUTES, bins)]
+        if lookups:
+            parts.append((LOOKUP_MINUTES, lookup_sums(_columns(lookups, LOOKUP_COLUMNS), MINUTE_S)))
         return parts, counts
 
     def commit(self, counts: dict[str, float | None]) -> None:
@@ -350,6 +386,42 @@ def request_sums(requests, bucket_s: float) -> tuple[pd.DataFrame, pd.DataFrame]
         }
     )
     return sums, latency
+
+
+def lookup_tokens(lookups) -> dict[str, np.ndarray]:
+    """Per request lookup (a frame, or a dict of column lists, of `LOOKUP_COLUMNS`): its tokens of whole prompt
+    blocks (`LOOKUP_TOKENS`: the blocks times the block size), whether it was compared with another replica, and
+    its prompt tokens if so. The one definition the rollup and the shortfall split sum."""
+    size = _floats(lookups["block_size"])
+    out = {
+        "prompt_block_tokens": _floats(lookups["prompt_blocks"]) * size,
+        "achieved_tokens": _floats(lookups["own_blocks"]) * size,
+        "available_tokens": _floats(lookups["available_blocks"]) * size,
+    }
+    for part in MISS_PARTS:
+        out[f"{part}_tokens"] = _floats(lookups[f"{part}_blocks"]) * size
+    compared = _floats(lookups["replicas_compared"]) > 0
+    out["compared_requests"] = compared.astype(float)
+    out["compared_prompt_tokens"] = np.where(compared, _floats(lookups["prompt_tokens"]), 0.0)
+    return out
+
+
+def lookup_sums(lookups, bucket_s: float) -> pd.DataFrame:
+    """Request lookups summed per `window` of their lookup and instance, as `LOOKUP_MINUTES` holds them."""
+    keys = ["window", "instance"]
+    if not len(lookups) or not len(lookups["lookup_ts"]):
+        return LOOKUP_MINUTES.empty(keys)
+    ts = _floats(lookups["lookup_ts"])
+    groups = _Groups.by(ts, lookups["instance"], bucket_s)
+    out: dict = {
+        "window": groups.windows,
+        "instance": groups.instances,
+        "requests": groups.count(np.ones(len(ts), bool)),
+    }
+    for name, values in lookup_tokens(lookups).items():
+        out[name] = groups.sum(np.nan_to_num(values)).round().astype(np.int64)
+    out.update(last_ts=groups.extreme(ts, np.maximum), first_ts=groups.extreme(ts, np.minimum))
+    return pd.DataFrame(out, columns=[*keys, *LOOKUP_MINUTES.values])
 
 
 _BIN_SPAN = 2**16  # value bins lie in [ZERO_BIN, -ZERO_BIN): a bin as an offset in a combined key

@@ -125,6 +125,47 @@ class RequestRecord(Record):
 
 
 @_record
+class RequestLookupRecord(Record):
+    """A request's prefix lookup as the collector measured it (`kvobs.analytics.routing.request_lookups`): the
+    prompt's whole blocks, those found on its own replica, those another replica held (routing loss), and each
+    missed block once, by why."""
+
+    table: ClassVar[str] = "request_lookups"
+
+    request_id: str
+    instance: str
+    lookup_ts: float
+    prompt_tokens: int
+    block_size: int
+    prompt_blocks: int
+    own_blocks: int
+    available_blocks: int
+    best_blocks: int
+    routed_blocks: int
+    cold_blocks: int
+    invalidated_blocks: int
+    pause_blocks: int
+    capacity_blocks: int
+    unexplained_blocks: int
+    replicas_compared: int
+    measured_at: float
+    session_id: str | None = None
+    best_instance: str | None = None  # the replica that held the routed blocks
+
+
+@_record
+class LookupProgressRecord(Record):
+    """How far a collector has measured an instance's request lookups: every request that looked its prefix up by
+    `measured_to` and whose hash chain was known has its `request_lookups` row; later ones are pending."""
+
+    table: ClassVar[str] = "lookup_progress"
+
+    instance: str
+    measured_to: float
+    updated_at: float
+
+
+@_record
 class KVEventRecord(Record):
     table: ClassVar[str] = "kv_events"
 
@@ -259,6 +300,8 @@ RECORDS: dict[str, type[Record]] = {
         StepRecord,
         StepVerdictRecord,
         RequestRecord,
+        RequestLookupRecord,
+        LookupProgressRecord,
         KVEventRecord,
         SnapshotRecord,
         MetricSampleRecord,

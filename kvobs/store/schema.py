@@ -170,6 +170,47 @@ class RequestRow(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(32))
 
 
+class RequestLookupRow(Base):
+    """Each request's prefix lookup as the collector measured it (`kvobs.store.rows.RequestLookupRecord`), once,
+    a few minutes after the lookup (`collectors.routing_meter`)."""
+
+    __tablename__ = "request_lookups"
+    __table_args__ = (
+        Index("ix_request_lookups_lookup_ts", "lookup_ts"),
+        Index("ix_request_lookups_session_id", "session_id"),
+    )
+
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    lookup_ts: Mapped[float] = mapped_column(Float)  # when it was first scheduled (`chains.lookup_ts`)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    block_size: Mapped[int] = mapped_column(Integer)
+    prompt_blocks: Mapped[int] = mapped_column(Integer)  # its hash chain's blocks a lookup can find
+    own_blocks: Mapped[int] = mapped_column(Integer)  # found on its own replica
+    available_blocks: Mapped[int] = mapped_column(Integer)  # some replica had stored before: prompt - cold
+    best_blocks: Mapped[int] = mapped_column(Integer)  # the longest prefix another replica held
+    best_instance: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    routed_blocks: Mapped[int] = mapped_column(Integer)
+    cold_blocks: Mapped[int] = mapped_column(Integer)
+    invalidated_blocks: Mapped[int] = mapped_column(Integer)
+    pause_blocks: Mapped[int] = mapped_column(Integer)
+    capacity_blocks: Mapped[int] = mapped_column(Integer)
+    unexplained_blocks: Mapped[int] = mapped_column(Integer)
+    replicas_compared: Mapped[int] = mapped_column(Integer)  # 0: no other replica to compare with
+    measured_at: Mapped[float] = mapped_column(Float)
+
+
+class LookupProgressRow(Base):
+    """How far a collector has measured each instance's request lookups (`kvobs.store.rows.LookupProgressRecord`)."""
+
+    __tablename__ = "lookup_progress"
+
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    measured_to: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 class KVEventRow(Base):
     __tablename__ = "kv_events"
     __table_args__ = (
@@ -261,6 +302,30 @@ class RequestMinuteRow(Base):
     last_ts: Mapped[float] = mapped_column(Float)  # the latest arrival or finish
     last_arrival_ts: Mapped[float] = mapped_column(Float)
     first_ts: Mapped[float] = mapped_column(Float)  # the first arrival
+
+
+class LookupMinuteRow(Base):
+    """The per-minute rollup of `request_lookups` by lookup (`kvobs.store.rollups.LOOKUP_MINUTES`): tokens of whole
+    prompt blocks found, available, and missed by why; the routing loss of the requests compared."""
+
+    __tablename__ = "lookup_minutes"
+
+    minute: Mapped[float] = mapped_column(Float, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_block_tokens: Mapped[int] = mapped_column(BigInteger)
+    achieved_tokens: Mapped[int] = mapped_column(BigInteger)
+    available_tokens: Mapped[int] = mapped_column(BigInteger)
+    routed_tokens: Mapped[int] = mapped_column(BigInteger)
+    cold_tokens: Mapped[int] = mapped_column(BigInteger)
+    invalidated_tokens: Mapped[int] = mapped_column(BigInteger)
+    pause_tokens: Mapped[int] = mapped_column(BigInteger)
+    capacity_tokens: Mapped[int] = mapped_column(BigInteger)
+    unexplained_tokens: Mapped[int] = mapped_column(BigInteger)
+    compared_requests: Mapped[int] = mapped_column(BigInteger)  # those with another replica to compare with
+    compared_prompt_tokens: Mapped[int] = mapped_column(BigInteger)  # ... and their prompt tokens
+    last_ts: Mapped[float] = mapped_column(Float)  # the latest lookup
+    first_ts: Mapped[float] = mapped_column(Float)
 
 
 class LatencyMinuteRow(Base):
@@ -388,6 +453,8 @@ TABLES = {
         StepRow,
         StepVerdictRow,
         RequestRow,
+        RequestLookupRow,
+        LookupProgressRow,
         KVEventRow,
         SnapshotRow,
         MetricSampleRow,
@@ -398,5 +465,12 @@ TABLES = {
 # Tables the writer keeps from the raw rows in the same transaction; a copy of a store copies them too.
 ROLLUPS = {
     str(cls.__table__.name): cls  # type: ignore[union-attr]
-    for cls in (KVEventMinuteRow, SessionFootprintRow, SnapshotMinuteRow, RequestMinuteRow, LatencyMinuteRow)
+    for cls in (
+        KVEventMinuteRow,
+        SessionFootprintRow,
+        SnapshotMinuteRow,
+        RequestMinuteRow,
+        LatencyMinuteRow,
+        LookupMinuteRow,
+    )
 }

@@ -22,7 +22,9 @@ from kvobs.store.schema import (
     AlertRow,
     KVEventMinuteRow,
     KVEventRow,
+    LookupProgressRow,
     MetricSampleRow,
+    RequestLookupRow,
     RequestRow,
     RunRow,
     SessionFootprintRow,
@@ -217,6 +219,19 @@ class SqlReads(ComposedReads):
         stmt = select(*keys, *merged).where(model.c.minute >= low, model.c.minute < high)
         stmt = _of_instances(stmt, model.c.instance, instances).group_by(*keys).order_by(*keys)
         return read(self.store, stmt).rename(columns={"bucket": "minute"})
+
+    def request_lookups(
+        self, since=None, until=None, *, instances: Instances = None, session_id: str | None = None
+    ) -> pd.DataFrame:
+        model = RequestLookupRow
+        stmt = _of_instances(select(*_columns(model)), model.instance, instances)
+        if session_id is not None:
+            stmt = stmt.where(model.session_id == session_id)
+        return read(self.store, _between(stmt, model.lookup_ts, since, until).order_by(model.lookup_ts))
+
+    def lookup_progress(self, *, instances: Instances = None) -> pd.DataFrame:
+        stmt = _of_instances(select(*_columns(LookupProgressRow)), LookupProgressRow.instance, instances)
+        return read(self.store, stmt.order_by(LookupProgressRow.instance))
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)

@@ -7,7 +7,8 @@ executemany of `INSERT ... ON CONFLICT` per column set (a session upsert per row
 7k rows/s). The per-minute rollup of the batch's `kv_events`
 (`kv_event_minutes`: sums only) is added in the same transaction, so it always equals the raw rows, and so are the
 latest footprint of each session the batch's snapshots name (`session_footprints`) and the per-minute rollups of the
-instance snapshots and requests (`kvobs.store.rollups`). Used by `Store.write`, which `StoreWriter` calls.
+instance snapshots, requests and request lookups (`kvobs.store.rollups`). Used by `Store.write`, which
+`StoreWriter` calls.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class SqlBatchWriter:
             )
         )
         snaps = [r for r in grouped_rows(grouped, "snapshots") if r.get("session_id") is None]
-        parts, counts = self._rollups.partials(snaps, grouped_rows(grouped, "requests"), self.counts_before)
+        parts, counts = self._rollups.partials(
+            snaps, grouped_rows(grouped, "requests"), self.counts_before, grouped_rows(grouped, "request_lookups")
+        )
         with self.engine.begin() as conn:
             if columns:
                 self._insert_columns(conn, dialect, columns)

@@ -1,13 +1,40 @@
-"""The collector's routing-loss counters (`collectors.routing_meter`) are the store analysis's answer, fed in time
-order a minute at a time: on the recorded vLLM run as a fleet of two replicas, the meter run every 30 s of the
-recording counts each request once and finds the routing loss `kvobs.analytics.routing.fleet_losses` finds over
-the whole run at once."""
+"""The collector's routing meter (`collectors.routing_meter`) measures each request's lookup once, fed in time order
+a slice at a time, and finds what the store analysis finds over the whole run at once
+(`kvobs.analytics.routing.request_lookups`): on the recorded vLLM run as a fleet of two replicas and as one replica,
+request for request, every part of the shortfall split included; its counters are the routing loss
+`fleet_losses` finds."""
 
 from __future__ import annotations
 
+import pandas as pd
+import pytest
+
 from collectors.routing_meter import DELAY_S, REQUEST_S, RoutingMeter
-from kvobs.analytics.routing import fleet_losses
+from kvobs.analytics.routing import LOOKUP_COLUMNS, fleet_losses, pause_starts
+from kvobs.analytics.shortfall import store_lookups
 from tests.runs import FLEET
+
+
+def _values(column: pd.Series) -> list:
+    return [None if pd.isna(v) else v for v in column.astype(object)]
+
+
+def _metered(store, instances, *, step_s: float, request_s: float = REQUEST_S):
+    """The meter run every `step_s` over the whole store; its records and the meter."""
+    written: list = []
+    meter = RoutingMeter(store, list(instances), write=written.extend, request_s=request_s)
+    first, last = store.reads.time_range()
+    now = first + DELAY_S + request_s - 1.0  # the first run warms the index up to just before the first lookup
+    while meter.done is None or meter.done < last:
+        meter.run(now)
+        now += step_s
+    rows = pd.DataFrame([r.to_row() for r in written])
+    return rows, meter
+
+
+def _whole(store) -> pd.DataFrame:
+    lookups, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
+    return lookups
 
 
 def test_the_meter_counts_what_the_whole_run_analysis_finds(fleet_run):
@@ -15,11 +42,7 @@ def test_the_meter_counts_what_the_whole_run_analysis_finds(fleet_run):
     first, last = store.reads.time_range()
     whole, _ = fleet_losses(store, store.reads.requests(), store.reads.steps(), first, last)
     assert whole["routed_tokens"].sum() > 0, "the recording shows no routing loss: nothing compared"
-    meter = RoutingMeter(store, list(FLEET))
-    now = first + DELAY_S + REQUEST_S - 1.0  # the first run warms the index up to just before the first lookup
-    while meter.done is None or meter.done < last:
-        meter.run(now)
-        now += 30.0
+    _, meter = _metered(store, FLEET, step_s=30.0)
     per_instance = whole.groupby("instance")["routed_tokens"].sum().to_dict()
     assert dict(meter.routed_tokens) == {name: int(n) for name, n in per_instance.items()}
     counted = sum(meter.compared_requests.values())
@@ -27,7 +50,71 @@ def test_the_meter_counts_what_the_whole_run_analysis_finds(fleet_run):
     assert meter.num_late == 0
 
 
-def test_a_single_replica_is_not_measured(vllm_run):
-    meter = RoutingMeter(vllm_run.store, ["vllm"])
-    first, last = vllm_run.store.reads.time_range()
-    assert meter.run(last + DELAY_S + REQUEST_S + 1.0) == 0 and meter.done is None
+@pytest.mark.parametrize("request_s", [REQUEST_S, 20.0])
+def test_each_lookup_written_is_the_whole_run_analysis_of_that_request(fleet_run, request_s):
+    """With a 20 s read-back, a session's previous request is often outside a run's read (steps arrive up to 41 s
+    apart): where its pause began comes from what the meter remembered. (Requests whose blocks were stored more
+    than 20 s after their lookup, a dozen of vllm-b's, are then not measured: their chain is not known yet.)"""
+    step_s = 5.0 if request_s < 60 else 30.0
+    rows, meter = _metered(fleet_run.store, FLEET, step_s=step_s, request_s=request_s)
+    whole = _whole(fleet_run.store).set_index("request_id")
+    assert len(rows) >= (0.9 if request_s == REQUEST_S else 0.7) * len(whole) and rows["request_id"].is_unique
+    assert meter.num_measured == len(rows)
+    mine = whole.loc[rows["request_id"]]
+    compared = [c for c in LOOKUP_COLUMNS if c in rows.columns and c != "request_id"]
+    assert len(compared) == len(LOOKUP_COLUMNS) - 2  # all but the id and `routed_tokens` (blocks x block size)
+    # a replica is compared with from its first stored block the meter has read: a shorter read-back reads it later
+    stored = fleet_run.store.reads.kv_events(kinds=["stored"])
+    known = rows["lookup_ts"].to_numpy() >= stored.groupby("instance")["ts"].min().max() + step_s + request_s
+    if request_s == REQUEST_S:
+        known[:] = True
+    assert known.sum() >= 10
+    for column in compared:
+        got, want = rows.set_index("request_id")[column], mine[column]
+        if column == "replicas_compared":
+            got, want = got[known], want[known]
+        assert _values(got) == _values(want), column
+    assert rows["routed_blocks"].sum() > 0 and rows["cold_blocks"].sum() > 0 and rows["pause_blocks"].sum() > 0
+    if request_s < 60:  # the case is there: pauses whose start no run that measured them had read
+        reqs = fleet_run.store.reads.requests().set_index("request_id")
+        previous = _previous_arrivals(fleet_run.store)
+        unread = [
+            rid
+            for rid, ts in zip(rows["request_id"], rows["lookup_ts"])
+            if previous.get(rid, float("inf")) < ts - step_s - request_s and reqs.loc[rid, "arrival_ts"] <= ts
+        ]
+        assert int(rows.set_index("request_id").loc[unread, "pause_blocks"].sum()) > 0
+
+
+def _previous_arrivals(store) -> dict[str, float]:
+    """request id -> when its session's previous request arrived."""
+    from kvobs.analytics.chains import with_sessions
+
+    reqs = with_sessions(store.reads.requests(), store.reads.steps()).sort_values("arrival_ts")
+    previous = reqs.groupby("session_id")["arrival_ts"].shift()
+    return {rid: ts for rid, ts in zip(reqs["request_id"], previous) if ts == ts}
+
+
+def test_a_single_replica_is_measured_with_nothing_to_compare(vllm_run):
+    rows, meter = _metered(vllm_run.store, vllm_run.store.reads.instances(), step_s=30.0)
+    whole = _whole(vllm_run.store).set_index("request_id")
+    assert len(rows) >= 0.9 * len(whole)
+    assert (rows["replicas_compared"] == 0).all() and rows["best_instance"].isna().all()
+    assert rows["routed_blocks"].sum() == 0 and not meter.routed_tokens
+    mine = whole.loc[rows["request_id"]]
+    for column in ("own_blocks", "available_blocks", "cold_blocks", "capacity_blocks", "pause_blocks"):
+        assert rows[column].tolist() == mine[column].tolist(), column
+
+
+def test_a_pause_begins_where_the_sessions_previous_request_ended():
+    requests = pd.DataFrame(
+        {
+            "request_id": ["r2", "r3", "x1"],
+            "session_id": ["s", "s", "t"],
+            "arrival_ts": [20.0, 30.0, 5.0],
+            "finished_ts": [25.0, 31.0, 6.0],
+        }
+    )
+    assert pause_starts(requests) == {"r3": 25.0}
+    earlier = {"s": (10.0, 12.0), "t": (7.0, 8.0)}  # t's remembered request came after x1: not its previous
+    assert pause_starts(requests, earlier) == {"r2": 12.0, "r3": 25.0}

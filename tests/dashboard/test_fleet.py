@@ -174,3 +174,79 @@ def test_the_kv_events_page_counts_reuse_over_the_latest_stored_blocks_and_says_
     words = sample_caption(page, Clock.named("UTC"))
     assert f"latest 40 of the {len(stored):,} blocks stored" in words
     assert sample_caption(whole, Clock.named("UTC")) == f"Over all {len(stored):,} blocks stored in the range."
+
+
+def _measured_copy(fleet_run, tmp_path, until: float | None = None):
+    """A copy of the fleet's store whose request lookups a routing meter measured, as a collector does, up to
+    `until` (the end of the run by default)."""
+    import sqlite3
+
+    from collectors.routing_meter import DELAY_S, REQUEST_S, RoutingMeter
+
+    path = tmp_path / "measured.db"
+    with sqlite3.connect(fleet_run.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)  # (the file alone may lack what its write-ahead log holds)
+    store = open_store(f"sqlite:///{path}")
+    writer = StoreWriter(store)
+    meter = RoutingMeter(store, list(FLEET), write=writer.add_many, progress=writer.upsert)
+    first, last = store.reads.time_range()
+    now = first + DELAY_S + REQUEST_S - 1.0
+    while meter.done is None or meter.done < (last if until is None else until):
+        meter.run(now)
+        now += 30.0
+    writer.close()
+    return store
+
+
+def test_measured_lookups_give_the_routing_loss_at_once_and_the_same_answer(monkeypatch, fleet_run, tmp_path):
+    """Where a collector measured the lookups, the Overview reads their rollup whatever the range (no replay, no
+    button, even past `AUTO_ROUTING_EVENTS`), and its tables are the replay's of the same requests."""
+    from dashboard.views import overview
+
+    store = _measured_copy(fleet_run, tmp_path)
+    measured = store.reads.request_lookups()
+    whole, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
+    assert sorted(measured["request_id"]) == sorted(whole["request_id"])  # each request the replay can measure
+    monkeypatch.setattr(overview, "AUTO_ROUTING_EVENTS", 10)
+    at = open_page(monkeypatch, store.url, "overview")
+    assert_clean(at)
+    assert not at.button  # nothing to ask for
+    assert any("Measured by the collector" in c.value for c in at.caption)
+    rows = next(frame.value for frame in at.dataframe if "routed_share" in frame.value).set_index("instance")
+    first, last = store.reads.time_range()
+    reqs, steps = store.reads.requests(first, last), store.reads.steps(first, last)
+    losses, _ = fleet_losses(store, reqs, steps, first, last)
+    expected = losses.groupby("instance")[["routed_tokens", "prompt_tokens"]].sum()
+    assert list(rows.index) == [*FLEET, "fleet"]
+    for name in FLEET:
+        assert rows.loc[name, "routed_tokens"] == expected.loc[name, "routed_tokens"]
+        assert rows.loc[name, "prompt_tokens"] == expected.loc[name, "prompt_tokens"]
+    assert rows.loc["fleet", "routed_tokens"] == expected["routed_tokens"].sum() > 0
+    assert {m.label: m.value for m in at.metric}["routing loss"] == f"{rows.loc['fleet', 'routed_share']:.1%}"
+    split = next(frame.value for frame in at.dataframe if "available_rate" in frame.value).set_index("instance")
+    lookups, _ = store_lookups(store, reqs, steps, first, last)
+    want = shortfall(lookups, "instance").set_index("instance")
+    compared = ["requests", "prompt_block_tokens", "achieved_tokens", *(f"{p}_tokens" for p in MISS_PARTS)]
+    assert (split[compared] == want[compared]).all().all()
+    assert not any("Pending" in i.value for i in at.info)
+    store.close()
+
+
+def test_lookups_not_yet_measured_are_pending_not_guessed(monkeypatch, fleet_run, tmp_path):
+    """A collector a few minutes behind: the requests after the last lookup it measured are named as pending, and
+    counted nowhere else."""
+    first, last = fleet_run.store.reads.time_range()
+    store = _measured_copy(fleet_run, tmp_path, until=first + 0.5 * (last - first))
+    measured = store.reads.request_lookups()
+    (to,) = set(store.reads.lookup_progress()["measured_to"])  # one collector measured both replicas
+    assert measured["lookup_ts"].max() <= to
+    reqs = store.reads.requests()
+    later = int((reqs["arrival_ts"] > to).sum())
+    assert 0 < len(measured) < len(reqs) and later > 0
+    at = open_page(monkeypatch, store.url, "overview")
+    assert_clean(at)
+    (pending,) = [i.value for i in at.info if "Pending" in i.value]
+    assert f"Pending: {later:,} request(s) arrived after " in pending
+    rows = next(frame.value for frame in at.dataframe if "routed_share" in frame.value).set_index("instance")
+    assert rows.loc["fleet", "requests"] == int((measured["replicas_compared"] > 0).sum())
+    store.close()

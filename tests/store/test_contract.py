@@ -18,6 +18,8 @@ import pandas as pd
 import pytest
 from sqlalchemy import create_engine, select, text
 
+from collectors.routing_meter import DELAY_S as ROUTING_DELAY_S
+from collectors.routing_meter import REQUEST_S, RoutingMeter
 from collectors.step_verdicts import VerdictKeeper
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
@@ -106,6 +108,18 @@ def loaded(request, tmp_path_factory):
         write = lambda verdicts, s=store: s.write([("upsert", verdicts)])  # noqa: E731
         keeper = VerdictKeeper(store, write, lookback_s=last - first + 3600.0)
         assert keeper.run(last + 3600.0) == failed, backend
+    for backend, store in stores.items():  # request lookups, measured as a collector does a minute behind
+        meter = RoutingMeter(
+            store,
+            store.reads.instances(),
+            write=lambda r, s=store: s.write([("insert", r)]),
+            progress=lambda r, s=store: s.write([("upsert", [r])]),
+        )
+        now = first + ROUTING_DELAY_S + REQUEST_S - 1.0
+        while meter.done is None or meter.done < last:
+            meter.run(now)
+            now += 30.0
+        assert meter.num_measured > 0, backend
     # The built-in rules over a third of the run, without `for` (the runs are shorter), at any non-zero value.
     rules = [
         replace(r, window_s=(last - first) / 3, for_s=0.0, threshold=0.0 if r.op in (">", ">=") else r.threshold)
@@ -176,6 +190,9 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ("runs", (), {}, True),
         ("step_verdicts", (), {}, True),
         ("runs", (), {"instances": store.reads.instances()[-1:]}, True),
+        ("request_lookups", (), {"session_id": some_session}, True),
+        ("lookup_progress", (), {}, True),
+        ("lookup_progress", (), {"instances": store.reads.instances()[-1:]}, True),
     ]
     one, none = {"instances": store.reads.instances()[-1:]}, {"instances": []}
     for since, until in ((None, None), middle):
@@ -233,6 +250,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
             for scope in ({}, one, none)
             for bucket in ({}, {"bucket_s": 300.0})
         ]
+        calls += [("request_lookups", (since, until), scope, True) for scope in ({}, one, none)]
         calls += [
             ("step_counts", (since, until), {}, True),
             ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),

@@ -11,8 +11,15 @@ from sqlalchemy import insert
 
 from kvobs.analytics.windows import BIN_KEYS, KEYS, RangeSums
 from kvobs.store import StoreWriter, open_store
-from kvobs.store.rollups import LATENCY_MINUTES, REQUEST_MINUTES, SNAPSHOT_MINUTES
-from kvobs.store.rows import RequestRecord, SnapshotRecord
+from kvobs.store.rollups import (
+    LATENCY_MINUTES,
+    LOOKUP_MINUTES,
+    MISS_PARTS,
+    REQUEST_MINUTES,
+    SNAPSHOT_MINUTES,
+    lookup_sums,
+)
+from kvobs.store.rows import RequestLookupRecord, RequestRecord, SnapshotRecord
 from kvobs.store.schema import TABLES
 from kvobs.store.sql_store import upgrade
 from tests.analytics.test_windows import assert_same
@@ -138,3 +145,52 @@ def test_clickhouse_version_10_fills_the_rollups_from_stored_rows(tmp_path):
     writer.close()
     _assert_rollups(store, rows)
     store.close()
+
+
+def _lookups(seed: int = 4) -> list[RequestLookupRecord]:
+    """Request lookups of three instances over 10 minutes, as a routing meter writes them (some compared with
+    another replica, some not)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(300):
+        size = rng.choice([16, 16, 32])
+        blocks = rng.randrange(1, 40)
+        own = rng.randrange(blocks + 1)
+        parts = dict.fromkeys(MISS_PARTS, 0)
+        for _ in range(blocks - own):
+            parts[rng.choice(MISS_PARTS)] += 1
+        compared = rng.choice([0, 1, 2])
+        out.append(
+            RequestLookupRecord(
+                request_id=f"q{i}",
+                instance=rng.choice(["a", "b", "c"]),
+                lookup_ts=T0 + i * 2.0 + rng.random(),
+                prompt_tokens=blocks * size + rng.randrange(1, size + 1),
+                block_size=size,
+                prompt_blocks=blocks,
+                own_blocks=own,
+                available_blocks=blocks - parts["cold"],
+                best_blocks=own + parts["routed"] if compared else 0,
+                replicas_compared=compared,
+                measured_at=T0 + 900.0,
+                session_id=f"s{i % 7}",
+                **{f"{part}_blocks": n for part, n in parts.items()},
+            )
+        )
+    return out
+
+
+def test_the_lookup_rollup_holds_what_the_measured_lookups_give(any_store):
+    rows = _lookups()
+    writer = StoreWriter(any_store, batch_size=7)
+    writer.add_many(rows)
+    writer.close()
+    want = lookup_sums(pd.DataFrame([r.to_row() for r in rows]), 60.0)
+    got = any_store.reads.minute_rollup(LOOKUP_MINUTES.table, 0, 4e9).rename(columns={"minute": "window"})
+    assert_same(got, want, KEYS)
+    assert want["compared_requests"].sum() > 0 and want["routed_tokens"].sum() > 0
+    assert got["requests"].sum() == len(rows)
+    stored = any_store.reads.request_lookups(T0 + 100.0, T0 + 200.0, instances=["a"])
+    expected = sorted(r.request_id for r in rows if r.instance == "a" and T0 + 100.0 <= r.lookup_ts <= T0 + 200.0)
+    assert sorted(stored["request_id"]) == expected and len(expected) > 5
+    assert list(any_store.reads.request_lookups(session_id="s3")["session_id"].unique()) == ["s3"]

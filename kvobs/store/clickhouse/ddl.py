@@ -211,6 +211,25 @@ _TIME_INDEXES = [
     for table, column in (("requests", "arrival_ts"), ("steps", "started_at"))
 ]
 
+# Version 12: each request's prefix lookup as the collector measured it, and its per-minute rollup (SQL revision
+# 0015); nothing to fill (lookups are measured from KV events as they arrive). Measured once per request (the
+# collector's `RoutingMeter`); a retried insert is deduplicated by its token.
+_REQUEST_LOOKUPS = [
+    f"""CREATE TABLE IF NOT EXISTS request_lookups (
+        instance LowCardinality(String), request_id String, session_id Nullable(String), lookup_ts Float64,
+        prompt_tokens Int32, block_size Int32, prompt_blocks Int32, own_blocks Int32, available_blocks Int32,
+        best_blocks Int32, best_instance LowCardinality(Nullable(String)), routed_blocks Int32, cold_blocks Int32,
+        invalidated_blocks Int32, pause_blocks Int32, capacity_blocks Int32, unexplained_blocks Int32,
+        replicas_compared Int32, measured_at Float64,
+        INDEX ix_session_id session_id TYPE bloom_filter GRANULARITY 4
+    ) ENGINE = MergeTree PARTITION BY intDiv(toUInt32(lookup_ts), {int(DAY_S)}) ORDER BY (instance, lookup_ts)
+    {_DEDUP}""",
+    rollups.LOOKUP_STATEMENT,
+    """CREATE TABLE IF NOT EXISTS lookup_progress (
+        instance String, measured_to Float64, updated_at Float64
+    ) ENGINE = ReplacingMergeTree(updated_at) ORDER BY instance""",
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -224,6 +243,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (9, "step_verdicts: each failed step's verdict once its session settled", _STEP_VERDICTS),
     (10, "snapshot_minutes, request_minutes, latency_minutes: per-minute rollups", _ROLLUPS),
     (11, "minmax indexes on requests.arrival_ts and steps.started_at", _TIME_INDEXES),
+    (12, "request_lookups, lookup_minutes, lookup_progress: request lookups as measured", _REQUEST_LOOKUPS),
 ]
 
 

@@ -191,6 +191,18 @@ class ClickHouseReads(ComposedReads):
             {**params, **where.params},
         ).rename(columns={"bucket": "minute"})
 
+    def request_lookups(self, since=None, until=None, *, instances=None, session_id: str | None = None) -> pd.DataFrame:
+        where = _Where().window("lookup_ts", since, until).instances(instances)
+        if session_id is not None:
+            where.add("session_id = {sid:String}", sid=session_id)
+        sql = f"SELECT {_columns('request_lookups')} FROM request_lookups{where} ORDER BY lookup_ts, instance"
+        return self.store.frame(sql, where.params)
+
+    def lookup_progress(self, *, instances=None) -> pd.DataFrame:
+        where = _Where().instances(instances)
+        sql = f"SELECT {_columns('lookup_progress')} FROM lookup_progress FINAL{where} ORDER BY instance"
+        return self.store.frame(sql, where.params)
+
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         where = _Where().window("started_at", since, until)
         return self.store.frame(

@@ -2,7 +2,7 @@
 tables whose values merge as SQL's upsert merges them (`SimpleAggregateFunction` sum, max, min), so a batch's
 partial minutes are inserted as they are and the reads merge them (`GROUP BY` the keys).
 
-    statements = create_statements()        # schema version 10 (`ddl.MIGRATIONS`)
+    STATEMENTS, LOOKUP_STATEMENT            # schema versions 10 and 12 (`ddl.MIGRATIONS`)
     fill(client)                            # the rollups of the rows stored before
     client.insert(table, as_arrow(rollup, frame), token=...)
 """
@@ -12,7 +12,16 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from kvobs.store.rollups import REQUEST_COLUMNS, ROLLUPS, SNAPSHOT_COLUMNS, Rollup, stored_rollups
+from kvobs.store.rollups import (
+    LATENCY_MINUTES,
+    LOOKUP_MINUTES,
+    REQUEST_COLUMNS,
+    REQUEST_MINUTES,
+    SNAPSHOT_COLUMNS,
+    SNAPSHOT_MINUTES,
+    Rollup,
+    stored_rollups,
+)
 
 _KEY_TYPES = {"minute": "Float64", "instance": "LowCardinality(String)", "metric": "LowCardinality(String)"}
 _NULLABLE = {"usage_max"}  # a minute whose snapshots give no usage has no highest usage
@@ -85,4 +94,5 @@ def _chunks(client, sql: str):
         offset += len(chunk)
 
 
-STATEMENTS = [create_statement(rollup) for rollup in ROLLUPS]
+STATEMENTS = [create_statement(rollup) for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES, LATENCY_MINUTES)]  # v10
+LOOKUP_STATEMENT = create_statement(LOOKUP_MINUTES)  # v12

@@ -132,7 +132,9 @@ class ClickHouseStore:
         for table, columns in tables.items():
             self.client.insert(table, self._arrow(table, columns), token=f"{token}-{table}" if token else None)
         snaps = [r for r in rows.get("snapshots", ()) if r.get("session_id") is None]
-        parts, counts = self._rollups.partials(snaps, rows.get("requests", []), self._counts_before)
+        parts, counts = self._rollups.partials(
+            snaps, rows.get("requests", []), self._counts_before, rows.get("request_lookups")
+        )
         for rollup, frame in parts:  # after the raw rows: a rollup never holds what its rows do not
             if not frame.empty:
                 table = rollup.table
