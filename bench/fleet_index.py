@@ -1,6 +1,7 @@
 """What the routing-loss analysis costs on a fleet: one pass of the fleet index (which replica holds which block)
-over the replicas' KV events in time order, then each request's lookup against it, against reading the same
-events once in Python (the baseline: what any one pass must do).
+over the replicas' KV events in time order, then each request's lookup against it, and the same with each missed
+block's reason (what the collector's routing meter writes), against reading the same events once in Python (the
+baseline: what any one pass must do).
 
     .venv/bin/python bench/fleet_index.py                         # 1M events over 8 replicas
     .venv/bin/python bench/fleet_index.py --events 10000000       # the issue's 10M (about 3 GB, a few minutes)
@@ -21,7 +22,7 @@ from collections import deque
 import pandas as pd
 from results import Result  # bench/ is on sys.path when a script in it runs
 
-from kvobs.analytics.routing import FleetCheck, FleetIndex, routing_losses
+from kvobs.analytics.routing import FleetCheck, FleetIndex, request_lookups, routing_losses
 
 BLOCK_SIZE = 16
 
@@ -109,6 +110,14 @@ def time_losses(events: pd.DataFrame, requests: pd.DataFrame) -> tuple[float, pd
     return time.process_time() - start, losses
 
 
+def time_lookups(events: pd.DataFrame, requests: pd.DataFrame) -> float:
+    """What the collector's routing meter runs: every request's lookup with each missed block's reason (the index
+    tracking where and why each block was lost, and which blocks were ever stored)."""
+    start = time.process_time()
+    request_lookups(requests, events, FleetCheck.of(events, requests, hashes=False))
+    return time.process_time() - start
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     n = len(events)
     base, index = time_baseline(events), time_index(events)
     whole, losses = time_losses(events, requests)
+    split = time_lookups(events, requests)
     routed = int(losses["routed_tokens"].sum())
     print(
         f"\n{n:,} KV events of {args.replicas} replicas ({args.capacity:,} blocks each), {len(requests):,} requests; "
@@ -130,6 +140,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         ("one Python pass over the events (baseline)", base),
         ("fleet index, one pass", index),
         ("routing loss of every request (chains, index, lookups)", whole),
+        ("... and the shortfall split: the collector's meter (losses tracked)", split),
     ]
     for name, seconds in rows:
         print(f"| {name} | {seconds:.2f} | {n / seconds:,.0f} | {seconds / base:.2f}x |")

@@ -30,10 +30,11 @@ from dataclasses import fields
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.chains import with_sessions
+from kvobs.analytics.chains import lookup_times, with_sessions
 from kvobs.analytics.routing import (
     RESIDENCY_LOOKBACK_S,
     ROUTING_KINDS,
+    STORED_WITHIN_S,
     FleetCheck,
     FleetIndex,
     pause_starts,
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 ROUTING_INTERVAL_S = 60.0  # how often the collector measures
 DELAY_S = 60.0  # how far behind now a run reads: the writer's queue and late spans have landed
-REQUEST_S = 120.0  # a request's blocks are stored within this long of its lookup
+REQUEST_S = STORED_WITHIN_S  # a request's blocks are stored within this long of its lookup
 _INTS = tuple(f.name for f in fields(RequestLookupRecord) if f.type == "int")  # its counts (blocks, tokens, ...)
 
 
@@ -88,7 +89,7 @@ class RoutingMeter:
             read = with_sessions(read, self.store.reads.steps(start - self.request_s, written))
         requests = read
         if not read.empty:
-            looked_up = read["arrival_ts"] + read["queue_s"].fillna(0.0)  # chains.lookup_ts, per column
+            looked_up = lookup_times(read)
             mine = read["instance"].isin(self.instances) & (looked_up <= cutoff)
             if first:
                 mine &= False  # the first run warms the index only
@@ -123,7 +124,7 @@ class RoutingMeter:
         that arrived by then but still queued is measured later, after this one), kept for `RESIDENCY_LOOKBACK_S`
         after its end."""
         if not requests.empty:
-            looked_up = requests["arrival_ts"] + requests["queue_s"].fillna(0.0)
+            looked_up = lookup_times(requests)
             passed = requests[(looked_up <= cutoff) & requests["session_id"].notna()]
             latest = passed.sort_values("arrival_ts", kind="stable").groupby("session_id").tail(1)
             for session_id, arrival, end in zip(latest["session_id"], latest["arrival_ts"], latest["finished_ts"]):

@@ -17,9 +17,21 @@ from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate_of_sums, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
-from kvobs.analytics.routing import SUMMARY_COLUMNS, FleetCheck, fleet_losses, routing_summary, routing_summary_of_sums
+from kvobs.analytics.routing import (
+    SUMMARY_COLUMNS,
+    FleetCheck,
+    request_routing,
+    routing_summary,
+    routing_summary_of_sums,
+)
 from kvobs.analytics.runs import run_table
-from kvobs.analytics.shortfall import hit_rate_spread, shortfall, shortfall_of_sums, store_lookups
+from kvobs.analytics.shortfall import (
+    hit_rate_spread,
+    measured_lookups,
+    shortfall,
+    shortfall_of_sums,
+    store_lookups,
+)
 from kvobs.analytics.step_causes import range_verdicts
 from kvobs.analytics.windows import RangeSums, lookup_range_sums, range_sums, sketch_quantile
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
@@ -338,7 +350,7 @@ def session_detail(store: Store, session_id: str) -> dict:
     attributed = pd.DataFrame()
     if not steps.empty:
         mine = with_sessions(reqs, steps)
-        routing, _ = fleet_losses(store, mine[mine["session_id"] == session_id], steps, first, last)  # a fleet's
+        routing = request_routing(store, mine[mine["session_id"] == session_id], steps, first, last)  # a fleet's
         attributed = attribute_steps(steps, reqs, events, rates=rates, routing=routing)
     return {
         "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
@@ -348,14 +360,18 @@ def session_detail(store: Store, session_id: str) -> dict:
 
 
 def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
-    """The session's hit-rate shortfall split (`kvobs.analytics.shortfall`, one row): it replays the fleet's KV
-    events over the session's span (and the hour before), so the page runs it when asked."""
+    """The session's hit-rate shortfall split (`kvobs.analytics.shortfall`, one row): from the lookups the
+    collector measured when each of its requests has one, else replayed from the fleet's KV events over the
+    session's span (and the hour before), so the page runs it when asked."""
     steps = store.reads.steps(session_id=session_id)
     if steps.empty:
         return pd.DataFrame()
     first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
     reqs = with_sessions(store.reads.requests(first, last), steps)
-    lookups, _ = store_lookups(store, reqs[reqs["session_id"] == session_id], steps, first, last)
+    mine = reqs[reqs["session_id"] == session_id]
+    lookups = measured_lookups(store, mine)  # as the collector measured them, else replayed
+    if lookups is None:
+        lookups, _ = store_lookups(store, mine, steps, first, last)
     return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
 
 

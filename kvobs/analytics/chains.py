@@ -131,6 +131,11 @@ def lookup_ts(req) -> float:
     return req.arrival_ts + (0.0 if pd.isna(req.queue_s) else req.queue_s)
 
 
+def lookup_times(requests: pd.DataFrame) -> pd.Series:
+    """`lookup_ts` of every request of a frame."""
+    return requests["arrival_ts"] + requests["queue_s"].fillna(0.0)
+
+
 def hit_rates(requests: pd.DataFrame, chains: dict[str, list[int]], graph: BlockGraph, *, block_size: int):
     """Per request: `prompt_tokens`, `cached_tokens` (achieved), `available_tokens` (what a cache that never
     evicts would have hit: the leading blocks of its prompt stored by anyone before its lookup, capped at

@@ -19,8 +19,9 @@ What it cannot see it does not claim. A prefix is compared only between replicas
 same block size, and hash chains that do meet where sessions moved between them (vLLM seeds its hashes per process
 unless `PYTHONHASHSEED` is set or a sha256 hash is chosen; `FleetCheck.notes` says which pairs were left out and
 why). A block stored before the events read is not known to be resident, and a chain whose root was stored before
-them cannot be aligned (`read_inputs` reads `RESIDENCY_LOOKBACK_S` before the range): both make the loss smaller,
-never larger. A request without a known chain is left out.
+them cannot be aligned (`read_inputs` reads `RESIDENCY_LOOKBACK_S` before the range, and `STORED_WITHIN_S` after
+it for the blocks its last requests stored): both make the loss smaller, never larger. A request without a known
+chain is left out.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.chains import BlockGraph, lookup_ts, request_chains, with_sessions
+from kvobs.analytics.chains import BlockGraph, lookup_times, lookup_ts, request_chains, with_sessions
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
 from kvobs.store.rollups import MISS_PARTS
@@ -64,6 +65,9 @@ LOOKUP_COLUMNS = [
 SUMMARY_COLUMNS = ["instance", "requests", "prompt_tokens", "routed_tokens", "routed_share", "routed_tokens_per_s"]
 FLEET = "fleet"  # the summary's row over every instance
 RESIDENCY_LOOKBACK_S = 3600.0  # KV events read before a range, for what was resident at its first lookups
+# KV events read after a range: the blocks a request stores (its chain) come after its lookup, up to its end, and a
+# replica's event times run after the agent's step ends (vLLM publishes a block when it is full, then its batch)
+STORED_WITHIN_S = 120.0
 
 
 @dataclass
@@ -461,12 +465,39 @@ def fleet_losses(
     return routing_losses(requests, events, check), check
 
 
+def request_routing(
+    store: Store, requests: pd.DataFrame, steps: pd.DataFrame, since: float | None, until: float | None
+) -> pd.DataFrame:
+    """The routing losses of `requests` (`COLUMNS`, as `fleet_losses`), as a collector measured them
+    (`request_lookups`) for the instances it measures (`lookup_progress`), without reading a KV event: a request of
+    such an instance without its row is left out (looked up after the collector's mark: pending; before it: its
+    chain was not known, or it came before the collector started). Replayed (`fleet_losses`) for the instances no
+    collector measures."""
+    if requests.empty or len(store.reads.instances()) < 2:
+        return pd.DataFrame(columns=COLUMNS)
+    names = sorted(set(requests["instance"]))
+    measured = set(store.reads.lookup_progress(instances=names)["instance"])
+    mine = requests["instance"].isin(measured)
+    parts = []
+    if mine.any():
+        looked_up = lookup_times(requests[mine])
+        rows = store.reads.request_lookups(float(looked_up.min()), float(looked_up.max()), instances=sorted(measured))
+        rows = rows[rows["request_id"].isin(set(requests.loc[mine, "request_id"])) & (rows["replicas_compared"] > 0)]
+        parts.append(rows.assign(routed_tokens=rows["routed_blocks"] * rows["block_size"])[COLUMNS])
+    if not mine.all():
+        parts.append(fleet_losses(store, requests[~mine], steps, since, until)[0])
+    found = [part for part in parts if not part.empty]
+    return pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=COLUMNS)
+
+
 def read_inputs(
     store: Store, requests: pd.DataFrame, steps: pd.DataFrame, since: float | None, until: float | None
 ) -> tuple[pd.DataFrame, pd.DataFrame, FleetCheck]:
     """What a lookup analysis of `requests` reads: the requests with their sessions filled from `steps`, the KV
-    events of `ROUTING_KINDS` from `RESIDENCY_LOOKBACK_S` before `since` to `until`, and the replicas' check."""
+    events of `ROUTING_KINDS` from `RESIDENCY_LOOKBACK_S` before `since` to `STORED_WITHIN_S` after `until` (the
+    blocks its last requests stored), and the replicas' check."""
     start = None if since is None else since - RESIDENCY_LOOKBACK_S
-    events = store.reads.kv_events(start, until, kinds=ROUTING_KINDS)
+    end = None if until is None else until + STORED_WITHIN_S
+    events = store.reads.kv_events(start, end, kinds=ROUTING_KINDS)
     requests = with_sessions(requests, steps)
     return requests, events, FleetCheck.of(events, requests)

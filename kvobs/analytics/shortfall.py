@@ -1,6 +1,7 @@
 """The hit-rate shortfall, split: available vs achieved prefix-cache hit rate, and why each missed block missed.
 
     lookups = store_lookups(store, requests, steps, since, until)   # routing.request_lookups, read from a store
+    lookups = measured_lookups(store, requests)                     # ... as a collector measured them (or None)
     table = shortfall(lookups, "instance")                         # per instance, then the fleet's row
     spread = hit_rate_spread(table)                                # max, mean, stddev of the replicas' hit rates
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvobs.analytics.chains import lookup_times
 from kvobs.analytics.routing import (
     FLEET,
     LOOKUP_COLUMNS,
@@ -51,6 +53,22 @@ def store_lookups(
         return pd.DataFrame(columns=LOOKUP_COLUMNS), FleetCheck()
     requests, events, check = read_inputs(store, requests, steps, since, until)
     return request_lookups(requests, events, check), check
+
+
+def measured_lookups(store: Store, requests: pd.DataFrame) -> pd.DataFrame | None:
+    """The lookups a collector measured of `requests` (`request_lookups`, as `routing.request_lookups` gives them:
+    `LOOKUP_COLUMNS`), when every one of them has its row; None otherwise (one not measured yet, or never: a
+    replay must work them out)."""
+    if requests.empty:
+        return None
+    looked_up = lookup_times(requests)
+    stored = store.reads.request_lookups(
+        float(looked_up.min()), float(looked_up.max()), instances=sorted(set(requests["instance"]))
+    )
+    mine = stored[stored["request_id"].isin(set(requests["request_id"]))]
+    if len(mine) < len(requests):
+        return None
+    return mine.assign(routed_tokens=mine["routed_blocks"] * mine["block_size"])[LOOKUP_COLUMNS].reset_index(drop=True)
 
 
 def shortfall(lookups: pd.DataFrame, by: str, *, total: str | None = FLEET) -> pd.DataFrame:

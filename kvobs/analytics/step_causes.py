@@ -5,14 +5,14 @@
     failure_summary(failure_verdicts(store, since, until))   # failed steps' verdicts: timeouts attributed only
     failure_summary(range_verdicts(store, since, until))     # the Overview's: those a collector decided, and the rest
 
-Requests and KV events are read from an hour before the range, so a step's previous request (the start of its
-tool pause) is found. On a fleet (a store that heard of two instances or more) each request's routing loss is read
-too (`kvobs.analytics.routing.fleet_losses`). With `failed_only` only the KV events a failed step can be blamed on are
-read: its session's, from the start of the step before it to its own end (`reads.session_events`), and the resets; a few
-thousand rows where the range may hold millions. A failed step's verdict (`failure_verdicts`) goes further: only a
-timeout can have a KV cause, so only timeouts are attributed, and a range whose failures are model or request errors
-reads no KV event at all. The Overview reads the verdicts the collector decided once each session settled
-(`collectors/step_verdicts.py`) and works out only the others (`range_verdicts`).
+Requests and KV events are read from an hour before the range, so a step's previous request (the start of its tool
+pause) is found. On a fleet (a store that heard of two instances or more) each request's routing loss is read too
+(`kvobs.analytics.routing.request_routing`: as the collector measured it, else replayed). With `failed_only` only the KV
+events a failed step can be blamed on are read: its session's, from the start of the step before it to its own end
+(`reads.session_events`), and the resets; a few thousand rows where the range may hold millions. A failed step's verdict
+(`failure_verdicts`) goes further: only a timeout can have a KV cause, so only timeouts are attributed, and a range
+whose failures are model or request errors reads no KV event at all. The Overview reads the verdicts the collector
+decided once each session settled (`collectors/step_verdicts.py`) and works out only the others (`range_verdicts`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, attributed_mask, failure_verdict
 from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.routing import fleet_losses
+from kvobs.analytics.routing import request_routing
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 from kvobs.store.interface import Store
 
@@ -76,7 +76,7 @@ def step_causes(
         events = store.reads.kv_events(start, until, kinds=ATTRIBUTION_KINDS)
         sessions = set(steps["session_id"])
         events = events[events["session_id"].isin(sessions) | (events["kind"] == KVEventKind.CLEARED.value)]
-    routing, _ = fleet_losses(store, reqs[reqs["arrival_ts"] >= steps["started_at"].min()], steps, since, until)
+    routing = request_routing(store, reqs[reqs["arrival_ts"] >= steps["started_at"].min()], steps, since, until)
     return attribute_steps(
         steps, reqs, events, rates=rates, failed_only=failed_only, error_types=error_types, routing=routing
     )

@@ -23,7 +23,7 @@ import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
-from kvobs.analytics.routing import fleet_losses
+from kvobs.analytics.routing import request_routing
 from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.interface import Store
 
@@ -64,7 +64,7 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
     high = _end(steps.iloc[i : i + 2]) if i + 1 < len(steps) else last
     session_kv = store.reads.kv_events(low, high, session_id=session_id)
     resets = store.reads.kv_events(low, high, kinds=[K.CLEARED.value])
-    routing, _ = fleet_losses(store, sent[i], steps, low, high)
+    routing = request_routing(store, sent[i], steps, low, high)
     attributed = attribute_steps(
         steps,
         reqs,

@@ -250,3 +250,51 @@ def test_lookups_not_yet_measured_are_pending_not_guessed(monkeypatch, fleet_run
     rows = next(frame.value for frame in at.dataframe if "routed_share" in frame.value).set_index("instance")
     assert rows.loc["fleet", "requests"] == int((measured["replicas_compared"] > 0).sum())
     store.close()
+
+
+def test_a_sessions_drill_in_reads_its_measured_lookups_with_the_replays_answer(fleet_run, tmp_path):
+    """A session every request of which the collector measured: its shortfall split is the whole run's replay of
+    its requests, and its steps' routing causes are the replay's; a session with a request the collector could not
+    measure (its hash chain unknown) is replayed."""
+    from kvobs.analytics.chains import with_sessions
+    from kvobs.analytics.shortfall import measured_lookups
+
+    store = _measured_copy(fleet_run, tmp_path)
+    reqs = with_sessions(store.reads.requests(), store.reads.steps())
+    whole, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
+    measured = set(store.reads.request_lookups()["request_id"])
+    full = [s for s, group in reqs.groupby("session_id") if set(group["request_id"]) <= measured]
+    partial = [s for s, group in reqs.groupby("session_id") if not set(group["request_id"]) <= measured]
+    assert full and partial
+    same_steps = 0
+    for session_id in full:
+        assert measured_lookups(store, reqs[reqs["session_id"] == session_id]) is not None
+        got = data.session_shortfall(store, session_id)
+        want = shortfall(whole[whole["session_id"] == session_id], "session_id", total=None)
+        pd.testing.assert_frame_equal(got, want, check_dtype=False)
+        replayed = data.session_shortfall(fleet_run.store, session_id)
+        if int(replayed["requests"].iloc[0]) == int(got["requests"].iloc[0]):
+            got_steps = data.session_detail(store, session_id)["steps"]
+            want_steps = data.session_detail(fleet_run.store, session_id)["steps"]
+            for column in ("slow_cause", "evidence"):
+                assert got_steps[column].tolist() == want_steps[column].tolist(), (session_id, column)
+            same_steps += 1
+    assert same_steps == len(full)
+    assert measured_lookups(store, reqs[reqs["session_id"] == partial[0]]) is None
+    store.close()
+
+
+def test_a_sessions_replay_reads_the_blocks_its_requests_stored_after_its_last_step(fleet_run):
+    """A replica's KV events run after the agent's step ends (vLLM publishes a block once full, then its batch): the
+    replay of a session's span reads `STORED_WITHIN_S` beyond it, so it knows every request the whole run's replay
+    knows (it read to the step's end only, and lost 1-2 of the 3 requests of two sessions of the recording)."""
+    from kvobs.analytics.chains import with_sessions
+
+    store = fleet_run.store
+    whole, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
+    reqs = with_sessions(store.reads.requests(), store.reads.steps())
+    for session_id in sorted(set(reqs["session_id"].dropna())):
+        split = data.session_shortfall(store, session_id)
+        mine = whole[whole["session_id"] == session_id]
+        assert int(split["requests"].iloc[0]) == len(mine), session_id
+        assert int(split["prompt_block_tokens"].iloc[0]) == int((mine["prompt_blocks"] * mine["block_size"]).sum())
