@@ -139,7 +139,11 @@ class Collector:
         self.retention = Retention(self.store, options.retention_days) if options.retention_days is not None else None
         # its replicas' routing loss against the fleet's (the store's) other replicas
         kv_instances = [stream.spec.instance for stream in self.streams]
-        self.routing_meter = RoutingMeter(self.store, kv_instances, write=self._write_lookups) if kv_instances else None
+        self.routing_meter = (
+            RoutingMeter(self.store, kv_instances, write=self._write_lookups, progress=self.writer.upsert)
+            if kv_instances
+            else None
+        )
         # failed steps' verdicts, once their session settled (ended, or as long without a step as a session ends)
         self.verdicts = VerdictKeeper(self.store, self._write_verdicts, end_after_s=options.session_end_after_s)
         self._last_runs: dict[str, float] = {}  # `_every`'s jobs: when each last ran

@@ -7,6 +7,7 @@
   `vllm-b` its second half and then goes down; requests dealt out between them).
 - `served_fleet`: two `kvobs serve` replicas under `kvobs agents --routing round_robin`, recorded
   (tests/fixtures/fleet-kvobs-serve) and ingested by one collector; its truth: each request's routing loss.
+- `measured_copy(run, dir)`: a copy of a run's store whose request lookups a collector's routing meter measured.
 - `two_runs`: our engine started twice under one instance name into one store (as `kvobs demo` run twice into
   the default `kvobs.db`), a round of the workload each; `result.rounds` holds each round's (start, end).
 """
@@ -112,6 +113,33 @@ def served_fleet(tmp_path_factory) -> Run:
     from tests.collectors.fleet_recording import collect_fleet_recording
 
     return _collected(tmp_path_factory, "served-fleet", collect_fleet_recording)
+
+
+def measured_copy(run: Run, directory, *, until: float | None = None, meter=None) -> Store:
+    """A copy of `run`'s SQLite store whose request lookups a routing meter measured, as a collector does a minute
+    at a time, up to `until` (the end of the run by default). `meter`: store -> the meter to run (by default one
+    over every instance, writing through a `StoreWriter` of the copy)."""
+    import sqlite3
+
+    from collectors.routing_meter import DELAY_S, REQUEST_S, RoutingMeter
+
+    path = directory / "measured.db"
+    with sqlite3.connect(run.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)  # (the file alone may lack what its write-ahead log holds)
+    store = open_store(f"sqlite:///{path}")
+    writer = StoreWriter(store) if meter is None else None
+    if meter is None:
+        meter = RoutingMeter(store, store.reads.instances(), write=writer.add_many, progress=writer.upsert)
+    else:
+        meter = meter(store)
+    first, last = store.reads.time_range()
+    now = first + DELAY_S + REQUEST_S - 1.0  # the first run warms the index up to just before the first lookup
+    while meter.done is None or meter.done < (last if until is None else until):
+        meter.run(now)
+        now += 30.0
+    if writer is not None:
+        writer.close()
+    return store
 
 
 TWO_RUNS_INSTANCE = "engine-twice"

@@ -118,3 +118,41 @@ def test_a_pause_begins_where_the_sessions_previous_request_ended():
     assert pause_starts(requests) == {"r3": 25.0}
     earlier = {"s": (10.0, 12.0), "t": (7.0, 8.0)}  # t's remembered request came after x1: not its previous
     assert pause_starts(requests, earlier) == {"r2": 12.0, "r3": 25.0}
+
+
+def test_a_collector_writes_what_its_meter_measured_and_exports_the_routing_loss(fleet_run, tmp_path):
+    """`kvobs collect` with both replicas' KV streams: its meter (run here at the recording's times, as its tick
+    would) writes each lookup and its progress through the collector's own writer, and its /metrics counts the
+    routing loss those rows hold."""
+    from prometheus_client import generate_latest
+
+    from collectors.collector import Collector, CollectorOptions
+    from tests.runs import measured_copy
+
+    collectors = []
+
+    def through_a_collector(store):
+        options = CollectorOptions(kv_events=[f"{name}=tcp://127.0.0.1:1" for name in FLEET], interval_s=3600)
+        collectors.append(Collector(options, store=store))  # not started: nothing bound or claimed
+        return collectors[-1].routing_meter
+
+    store = measured_copy(fleet_run, tmp_path, meter=through_a_collector)
+    (collector,) = collectors
+    text = generate_latest(collector.registry).decode()
+    collector.stop()  # flushes its writer
+    rows = store.reads.request_lookups()
+    (tmp_path / "reference").mkdir()
+    reference = measured_copy(fleet_run, tmp_path / "reference")  # the meter on its own
+    assert sorted(rows["request_id"]) == sorted(reference.reads.request_lookups()["request_id"]) and len(rows) > 40
+    progress = store.reads.lookup_progress()
+    assert list(progress["instance"]) == list(FLEET) and (progress["measured_to"] >= rows["lookup_ts"].max()).all()
+    routed = rows["routed_blocks"] * rows["block_size"]
+    for name in FLEET:
+        line = f'kvobs_collector_routing_loss_tokens_total{{instance="{name}"}} '
+        (value,) = [float(x.split(" ")[-1]) for x in text.splitlines() if x.startswith(line)]
+        assert value == routed[rows["instance"] == name].sum()
+    assert routed.sum() > 0
+    minutes = store.reads.minute_rollup("lookup_minutes", 0, 4e9)
+    assert minutes["requests"].sum() == len(rows) and minutes["routed_tokens"].sum() == routed.sum()
+    reference.close()
+    store.close()

@@ -16,6 +16,7 @@ import pytest
 
 from dashboard.views import PAGES
 from tests.dashboard.browser import chromium, chromium_binary
+from tests.runs import Run, measured_copy
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
 
@@ -109,11 +110,12 @@ def test_every_page_renders_in_chromium(served, tmp_path, monkeypatch):
 
 def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
     """Two replicas: the sidebar offers both, the Overview draws one row and one small chart per instance, and the
-    routing loss with the hit-rate shortfall split."""
+    routing loss with the hit-rate shortfall split, as the collector measured them."""
     shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TZ", BROWSER_ZONE)
-    url, proc = dashboard(fleet_run)
+    measured = measured_copy(fleet_run, tmp_path)
+    url, proc = dashboard(Run(measured.url, measured))
     per_instance = (
         "[...document.querySelectorAll('h3')].find(h => h.innerText.trim() === 'Per instance')?.scrollIntoView()"
     )
@@ -134,3 +136,5 @@ def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
     assert "Per instance" in text and "all 2 instances" in text
     assert "vllm-a" in text and "vllm-b" in text and OFFSET in text
     assert "Routing loss" in routed_text and "Hit-rate shortfall, split" in routed_text
+    assert "Measured by the collector" in routed_text
+    measured.close()

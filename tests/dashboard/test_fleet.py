@@ -18,7 +18,7 @@ from kvobs.analytics.shortfall import shortfall, store_lookups
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import AlertRecord
 from tests.dashboard.test_app import APP, assert_clean, charts, open_page, x_axes
-from tests.runs import FLEET
+from tests.runs import FLEET, measured_copy
 
 
 @pytest.mark.parametrize("page", list(PAGES))
@@ -176,34 +176,12 @@ def test_the_kv_events_page_counts_reuse_over_the_latest_stored_blocks_and_says_
     assert sample_caption(whole, Clock.named("UTC")) == f"Over all {len(stored):,} blocks stored in the range."
 
 
-def _measured_copy(fleet_run, tmp_path, until: float | None = None):
-    """A copy of the fleet's store whose request lookups a routing meter measured, as a collector does, up to
-    `until` (the end of the run by default)."""
-    import sqlite3
-
-    from collectors.routing_meter import DELAY_S, REQUEST_S, RoutingMeter
-
-    path = tmp_path / "measured.db"
-    with sqlite3.connect(fleet_run.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
-        source.backup(copy)  # (the file alone may lack what its write-ahead log holds)
-    store = open_store(f"sqlite:///{path}")
-    writer = StoreWriter(store)
-    meter = RoutingMeter(store, list(FLEET), write=writer.add_many, progress=writer.upsert)
-    first, last = store.reads.time_range()
-    now = first + DELAY_S + REQUEST_S - 1.0
-    while meter.done is None or meter.done < (last if until is None else until):
-        meter.run(now)
-        now += 30.0
-    writer.close()
-    return store
-
-
 def test_measured_lookups_give_the_routing_loss_at_once_and_the_same_answer(monkeypatch, fleet_run, tmp_path):
     """Where a collector measured the lookups, the Overview reads their rollup whatever the range (no replay, no
     button, even past `AUTO_ROUTING_EVENTS`), and its tables are the replay's of the same requests."""
     from dashboard.views import overview
 
-    store = _measured_copy(fleet_run, tmp_path)
+    store = measured_copy(fleet_run, tmp_path)
     measured = store.reads.request_lookups()
     whole, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
     assert sorted(measured["request_id"]) == sorted(whole["request_id"])  # each request the replay can measure
@@ -236,7 +214,7 @@ def test_lookups_not_yet_measured_are_pending_not_guessed(monkeypatch, fleet_run
     """A collector a few minutes behind: the requests after the last lookup it measured are named as pending, and
     counted nowhere else."""
     first, last = fleet_run.store.reads.time_range()
-    store = _measured_copy(fleet_run, tmp_path, until=first + 0.5 * (last - first))
+    store = measured_copy(fleet_run, tmp_path, until=first + 0.5 * (last - first))
     measured = store.reads.request_lookups()
     (to,) = set(store.reads.lookup_progress()["measured_to"])  # one collector measured both replicas
     assert measured["lookup_ts"].max() <= to
@@ -259,7 +237,7 @@ def test_a_sessions_drill_in_reads_its_measured_lookups_with_the_replays_answer(
     from kvobs.analytics.chains import with_sessions
     from kvobs.analytics.shortfall import measured_lookups
 
-    store = _measured_copy(fleet_run, tmp_path)
+    store = measured_copy(fleet_run, tmp_path)
     reqs = with_sessions(store.reads.requests(), store.reads.steps())
     whole, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
     measured = set(store.reads.request_lookups()["request_id"])
