@@ -33,7 +33,7 @@ from kvobs.analytics.shortfall import (
     store_lookups,
 )
 from kvobs.analytics.step_causes import range_verdicts
-from kvobs.analytics.windows import RangeSums, lookup_range_sums, range_sums, sketch_quantile
+from kvobs.analytics.windows import RangeSums, arrivals, lookup_range_sums, range_sums, sketch_quantile
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
@@ -41,6 +41,7 @@ from kvobs.store.interface import Store
 PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk at most (the latest of the range)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
 INTERVAL_WINDOW_S = 900.0  # the stretch at a range's end its reporting interval is measured over
+SIZE_SAMPLE = 200  # stored blocks of each replica its block size is read from (the most common: one size a run)
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
 FLEET_SERIES = {
@@ -191,21 +192,20 @@ def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: flo
     measured: from the first lookup measured to where the collectors have measured every instance
     (`lookup_progress`); the requests that arrived after that are pending (`pending`, `measured_to`), and instances
     no collector measures are named (`unmeasured`). The replicas' block sizes from each one's latest stored blocks
-    (`PREFIX_ROWS` / 10 each)."""
+    (`SIZE_SAMPLE` each)."""
     first = float(sums["first_ts"].min())
     names = sorted(store.reads.instances() if instances is None else instances)
     progress = store.reads.lookup_progress(instances=names)
     marks = {str(i): float(t) for i, t in zip(progress["instance"], progress["measured_to"])}
     to = min(min(marks.values()), until) if marks else float(sums["last_ts"].max())
-    pending = 0
-    for mark in sorted(set(marks.values())):
-        if mark < until:
-            later = range_sums(
-                store, float(np.nextafter(mark, np.inf)), until, 3600.0, [i for i in marks if marks[i] == mark]
-            )
-            pending += int(later.requests["requests"].sum())
+    pending = sum(
+        arrivals(store, float(np.nextafter(mark, np.inf)), until, [i for i in marks if marks[i] == mark])
+        for mark in set(marks.values())
+        if mark < until
+    )
+
     table = shortfall_of_sums(sums, "instance")
-    sample = [store.reads.stored_blocks(since, until, latest=PREFIX_ROWS // 10, instances=[name]) for name in names]
+    sample = [store.reads.stored_blocks(since, until, latest=SIZE_SAMPLE, instances=[name]) for name in names]
     stored = pd.concat([frame for frame in sample if not frame.empty] or [pd.DataFrame()], ignore_index=True)
     notes = []
     if not stored.empty:

@@ -126,6 +126,21 @@ def lookup_range_sums(store, since: float, until: float, instances=None) -> pd.D
     return LOOKUP_MINUTES.merge(parts, ["instance"])
 
 
+def arrivals(store, since: float, until: float, instances=None) -> int:
+    """How many requests arrived in [since, until] on `instances` (None: all): every minute from `request_minutes`,
+    but an edge minute that holds arrivals outside the range, counted from its rows."""
+    scope = None if instances is None else list(instances)
+    first, last = math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
+    minutes = store.reads.minute_rollup(REQUEST_MINUTES.table, first, last + MINUTE_S, instances=scope)
+    outside = _outside(minutes, since, until, "last_arrival_ts")
+    count = int(minutes.loc[~minutes["minute"].isin(outside), "requests"].sum())
+    for minute in sorted(outside):  # at most the two edge minutes
+        low, high = max(minute, since), min(minute + MINUTE_S, until)
+        rows = store.reads.requests(low, high, instances=scope)
+        count += int((rows["arrival_ts"] < high).sum() if high < until else len(rows))
+    return count
+
+
 def _outside(minutes: pd.DataFrame, since: float, until: float, last: str) -> set[float]:
     """The minutes of a rollup's rows that hold a row before `since` or after `until` (by `first_ts` and `last`):
     the edge minutes a range must sum from their rows."""

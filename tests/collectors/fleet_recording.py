@@ -28,27 +28,28 @@ def truth() -> dict:
     return json.loads((ROOT / "truth.json").read_text())
 
 
-def replica_frames(name: str) -> list[list[bytes]]:
-    lines = (ROOT / name / "kv_events.jsonl").read_text().splitlines()
+def replica_frames(name: str, root: Path = ROOT) -> list[list[bytes]]:
+    lines = (root / name / "kv_events.jsonl").read_text().splitlines()
     return [[base64.b64decode(f) for f in json.loads(line)["frames_b64"]] for line in lines]
 
 
-def replica_scrapes(name: str) -> list[str]:
-    index = json.loads((ROOT / name / "metrics" / "index.json").read_text())
-    return [(ROOT / name / "metrics" / entry["file"]).read_text() for entry in index]
+def replica_scrapes(name: str, root: Path = ROOT) -> list[str]:
+    index = json.loads((root / name / "metrics" / "index.json").read_text())
+    return [(root / name / "metrics" / entry["file"]).read_text() for entry in index]
 
 
-def fleet_bodies() -> list[bytes]:
-    lines = (ROOT / "otlp_traces.jsonl").read_text().splitlines()
+def fleet_bodies(root: Path = ROOT) -> list[bytes]:
+    lines = (root / "otlp_traces.jsonl").read_text().splitlines()
     return [base64.b64decode(json.loads(line)["body_b64"]) for line in lines]
 
 
 @contextmanager
-def collect_fleet_recording(store):
-    """Run one collector over both replicas' recorded scrapes and frames and every OTLP body; yield it stopped."""
+def collect_fleet_recording(store, root: Path = ROOT):
+    """Run one collector over both replicas' recorded scrapes and frames and every OTLP body (of the recording in
+    `root`); yield it stopped."""
     ports = {name: free_port() for name in REPLICAS}
     with ExitStack() as stack:
-        urls = {name: stack.enter_context(metrics_server(replica_scrapes(name))) for name in REPLICAS}
+        urls = {name: stack.enter_context(metrics_server(replica_scrapes(name, root))) for name in REPLICAS}
         options = CollectorOptions(
             vllm_urls=[f"{name}={urls[name]}" for name in REPLICAS],
             kv_events=[f"{name}=tcp://127.0.0.1:{ports[name]}" for name in REPLICAS],
@@ -63,13 +64,13 @@ def collect_fleet_recording(store):
             for name in REPLICAS:
                 pub = stack.enter_context(publisher(f"tcp://127.0.0.1:{ports[name]}", bind=False))
                 wait_subscribed(pub)
-                for frames in replica_frames(name):
+                for frames in replica_frames(name, root):
                     pub.send_multipart(frames)
             otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
-            for body in fleet_bodies():
+            for body in fleet_bodies(root):
                 assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
             for stream in collector.streams:
-                expected = len(replica_frames(stream.spec.instance))
+                expected = len(replica_frames(stream.spec.instance, root))
                 wait_for(lambda s=stream, n=expected: s.subscriber.num_batches == n)
             collector.scraper.scrape_all()
         finally:
