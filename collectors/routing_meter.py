@@ -31,12 +31,12 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.chains import lookup_times, with_sessions
+from kvobs.analytics.fleet_index import FleetIndex
 from kvobs.analytics.routing import (
     RESIDENCY_LOOKBACK_S,
     ROUTING_KINDS,
     STORED_WITHIN_S,
     FleetCheck,
-    FleetIndex,
     pause_starts,
     request_lookups,
 )

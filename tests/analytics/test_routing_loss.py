@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
-from kvobs.analytics.routing import FleetCheck, FleetIndex, fleet_losses, routing_losses, routing_summary
+from kvobs.analytics.fleet_index import FleetIndex
+from kvobs.analytics.routing import FleetCheck, fleet_losses, routing_losses, routing_summary
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import open_store
 from tests.cli.test_agents import agents
