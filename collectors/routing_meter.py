@@ -87,9 +87,10 @@ class RoutingMeter:
         read = self.store.reads.requests(start - self.request_s, written)
         if not read.empty:  # vLLM's request spans carry no session: their steps' do
             read = with_sessions(read, self.store.reads.steps(start - self.request_s, written))
-        requests = read
+        requests = passed = read
         if not read.empty:
             looked_up = lookup_times(read)
+            passed = read[looked_up <= cutoff]
             mine = read["instance"].isin(self.instances) & (looked_up <= cutoff)
             if first:
                 mine &= False  # the first run warms the index only
@@ -101,7 +102,7 @@ class RoutingMeter:
         pauses = pause_starts(read, self._ends) if not requests.empty else {}
         lookups = request_lookups(requests, events, self.check, self.index, apply_until=cutoff, pause_from=pauses)
         self.done = cutoff
-        self._remember(read, cutoff)
+        self._remember(passed, cutoff)
         self.index.forget_losses(cutoff - RESIDENCY_LOOKBACK_S)
         self._counted.update(zip(requests["request_id"], requests["arrival_ts"]))
         horizon = cutoff - 3 * self.request_s  # older ids can no longer be read back by a run
@@ -119,13 +120,12 @@ class RoutingMeter:
         self.num_measured += len(lookups)
         return len(lookups)
 
-    def _remember(self, requests: pd.DataFrame, cutoff: float) -> None:
-        """Each session's latest request that looked up by `cutoff` (where its next request's pause begins; one
-        that arrived by then but still queued is measured later, after this one), kept for `RESIDENCY_LOOKBACK_S`
-        after its end."""
-        if not requests.empty:
-            looked_up = lookup_times(requests)
-            passed = requests[(looked_up <= cutoff) & requests["session_id"].notna()]
+    def _remember(self, passed: pd.DataFrame, cutoff: float) -> None:
+        """Each session's latest request of `passed`, those that looked up by `cutoff` (where its next request's
+        pause begins; one that arrived by then but still queued is measured later, after this one), kept for
+        `RESIDENCY_LOOKBACK_S` after its end."""
+        passed = passed[passed["session_id"].notna()] if not passed.empty else passed
+        if not passed.empty:
             latest = passed.sort_values("arrival_ts", kind="stable").groupby("session_id").tail(1)
             for session_id, arrival, end in zip(latest["session_id"], latest["arrival_ts"], latest["finished_ts"]):
                 known = self._ends.get(session_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import httpx
+import pandas as pd
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -124,13 +125,29 @@ def vllm_fleet(tmp_path_factory) -> Run:
     return _collected(tmp_path_factory, "vllm-fleet", lambda store: collect_fleet_recording(store, VLLM_FLEET))
 
 
+def missing_as_none(column) -> list:
+    """A column's values with NaN and pandas' NA as None: what two frames of lookups are compared by."""
+    return [None if pd.isna(v) else v for v in column.astype(object)]
+
+
+def drive_meter(meter, store: Store, *, step_s: float = 30.0, until: float | None = None) -> None:
+    """Run a routing meter over `store`'s recorded time as a collector's tick would, every `step_s`, until it has
+    measured up to `until` (the store's end by default); its first run warms its index up to just before the first
+    lookup."""
+    first, last = store.reads.time_range()
+    now = first + meter.delay_s + meter.request_s - 1.0
+    while meter.done is None or meter.done < (last if until is None else until):
+        meter.run(now)
+        now += step_s
+
+
 def measured_copy(run: Run, directory, *, until: float | None = None, meter=None) -> Store:
     """A copy of `run`'s SQLite store whose request lookups a routing meter measured, as a collector does a minute
     at a time, up to `until` (the end of the run by default). `meter`: store -> the meter to run (by default one
     over every instance, writing through a `StoreWriter` of the copy)."""
     import sqlite3
 
-    from collectors.routing_meter import DELAY_S, REQUEST_S, RoutingMeter
+    from collectors.routing_meter import RoutingMeter
 
     path = directory / "measured.db"
     with sqlite3.connect(run.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
@@ -141,11 +158,7 @@ def measured_copy(run: Run, directory, *, until: float | None = None, meter=None
         meter = RoutingMeter(store, store.reads.instances(), write=writer.add_many, progress=writer.upsert)
     else:
         meter = meter(store)
-    first, last = store.reads.time_range()
-    now = first + DELAY_S + REQUEST_S - 1.0  # the first run warms the index up to just before the first lookup
-    while meter.done is None or meter.done < (last if until is None else until):
-        meter.run(now)
-        now += 30.0
+    drive_meter(meter, store, until=until)
     if writer is not None:
         writer.close()
     return store

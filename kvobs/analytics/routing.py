@@ -215,7 +215,7 @@ def _lookups(
         max_blocks = max(int(req.prompt_tokens) - 1, 0) // size
         queries.append((lookup_ts(req), req, chain[:max_blocks], others, size, pause_from.get(req.request_id)))
     queries.sort(key=lambda q: q[0])
-    frame = pd.DataFrame(_sweep(queries, events, index, apply_until, graph), columns=LOOKUP_COLUMNS)
+    frame = pd.DataFrame(_sweep(queries, events, index, apply_until), columns=LOOKUP_COLUMNS)
     held = frame["best_instance"].astype(object)
     return frame.assign(best_instance=held.where(held.notna(), None))  # None, not NaN, where no other held more
 
@@ -238,9 +238,7 @@ def pause_starts(requests: pd.DataFrame, earlier: dict[str, tuple[float, float]]
     return out
 
 
-def _sweep(
-    queries: list, events: pd.DataFrame, index: FleetIndex, apply_until: float | None, graph: BlockGraph
-) -> list[dict]:
+def _sweep(queries: list, events: pd.DataFrame, index: FleetIndex, apply_until: float | None) -> list[dict]:
     """The index advanced through the events in time order up to each lookup, and each lookup's longest resident
     prefix on the other replicas (and, where the index tracks losses, why each missed block was missing); then
     through the rest of the events up to `apply_until`."""
@@ -280,14 +278,14 @@ def _sweep(
             "prompt_blocks": len(chain),
         }
         if index.lost is not None:
-            row.update(_misses(index, graph, req.instance, chain, own, best, looked_up, pause_from))
+            row.update(_misses(index, req.instance, chain, own, best, looked_up, pause_from))
         rows.append(row)
     end = len(ts) if apply_until is None else int(np.searchsorted(ts, apply_until, side="right"))
     index.apply(*(column[at:end] for column in columns))
     return rows
 
 
-def _misses(index, graph, instance, chain, own, best, looked_up, pause_from) -> dict[str, int]:
+def _misses(index, instance, chain, own, best, looked_up, pause_from) -> dict[str, int]:
     """Each prompt block after the hit, counted once by why it was missing (`request_lookups`)."""
     counts = dict.fromkeys(MISS_PARTS, 0)
     held = index.resident.get(instance, ())
@@ -376,14 +374,25 @@ def request_routing(
     mine = requests["instance"].isin(measured)
     parts = []
     if mine.any():
-        looked_up = lookup_times(requests[mine])
-        rows = store.reads.request_lookups(float(looked_up.min()), float(looked_up.max()), instances=sorted(measured))
-        rows = rows[rows["request_id"].isin(set(requests.loc[mine, "request_id"])) & (rows["replicas_compared"] > 0)]
-        parts.append(rows.assign(routed_tokens=rows["routed_blocks"] * rows["block_size"])[COLUMNS])
+        rows = stored_lookups(store, requests[mine])
+        parts.append(rows.loc[rows["replicas_compared"] > 0, COLUMNS])
     if not mine.all():
         parts.append(fleet_losses(store, requests[~mine], steps, since, until)[0])
     found = [part for part in parts if not part.empty]
     return pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=COLUMNS)
+
+
+def stored_lookups(store: Store, requests: pd.DataFrame) -> pd.DataFrame:
+    """The lookups a collector measured of `requests` (`reads.request_lookups`), as `request_lookups` gives them
+    (`LOOKUP_COLUMNS`): those of them that have a row."""
+    if requests.empty:
+        return pd.DataFrame(columns=LOOKUP_COLUMNS)
+    looked_up = lookup_times(requests)
+    rows = store.reads.request_lookups(
+        float(looked_up.min()), float(looked_up.max()), instances=sorted(set(requests["instance"]))
+    )
+    rows = rows[rows["request_id"].isin(set(requests["request_id"]))]
+    return rows.assign(routed_tokens=rows["routed_blocks"] * rows["block_size"])[LOOKUP_COLUMNS].reset_index(drop=True)
 
 
 def read_inputs(

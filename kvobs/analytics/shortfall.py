@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.chains import lookup_times
 from kvobs.analytics.routing import (
     FLEET,
     LOOKUP_COLUMNS,
@@ -28,6 +27,7 @@ from kvobs.analytics.routing import (
     FleetCheck,
     read_inputs,
     request_lookups,
+    stored_lookups,
 )
 from kvobs.store.interface import Store
 from kvobs.store.rollups import LOOKUP_TOKENS, lookup_tokens
@@ -56,19 +56,12 @@ def store_lookups(
 
 
 def measured_lookups(store: Store, requests: pd.DataFrame) -> pd.DataFrame | None:
-    """The lookups a collector measured of `requests` (`request_lookups`, as `routing.request_lookups` gives them:
-    `LOOKUP_COLUMNS`), when every one of them has its row; None otherwise (one not measured yet, or never: a
-    replay must work them out)."""
+    """The lookups a collector measured of `requests` (`routing.stored_lookups`), when every one of them has its
+    row; None otherwise (one not measured yet, or never: a replay must work them out)."""
     if requests.empty:
         return None
-    looked_up = lookup_times(requests)
-    stored = store.reads.request_lookups(
-        float(looked_up.min()), float(looked_up.max()), instances=sorted(set(requests["instance"]))
-    )
-    mine = stored[stored["request_id"].isin(set(requests["request_id"]))]
-    if len(mine) < len(requests):
-        return None
-    return mine.assign(routed_tokens=mine["routed_blocks"] * mine["block_size"])[LOOKUP_COLUMNS].reset_index(drop=True)
+    found = stored_lookups(store, requests)
+    return found if len(found) >= len(requests) else None
 
 
 def shortfall(lookups: pd.DataFrame, by: str, *, total: str | None = FLEET) -> pd.DataFrame:

@@ -85,20 +85,16 @@ def range_sums(store, since: float, until: float, window_s: float, instances=Non
     scope = None if instances is None else list(instances)
     if window_s < MINUTE_S or window_s % MINUTE_S:
         return _rows(store, since, until, window_s, scope, upper_open=False)
-    first, last = math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
-    snaps, reqs = (
-        store.reads.minute_rollup(rollup.table, first, last + MINUTE_S, instances=scope)
-        for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES)
-    )
+    first, last = _minute_span(since, until)
+    snaps, reqs = (_touched(store, rollup, since, until, scope) for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES))
     outside = _outside(snaps, since, until, "last_ts") | _outside(reqs, since, until, "last_arrival_ts")
     low = first + MINUTE_S if first in outside else first  # the sketch bins merged per window in the database,
     high = last if last in outside else last + MINUTE_S  # but those of the edge minutes summed from their rows
     bins = store.reads.minute_rollup(LATENCY_MINUTES.table, low, high, instances=scope, bucket_s=window_s)
     snaps, reqs = (_windows(frame[~frame["minute"].isin(outside)], window_s) for frame in (snaps, reqs))
     parts = [RangeSums(snaps, reqs, bins.rename(columns={"minute": "window"})[[*BIN_KEYS, "n"]])]
-    for minute in sorted(outside):  # at most the two edge minutes
-        low, high = max(minute, since), min(minute + MINUTE_S, until)
-        parts.append(_rows(store, low, high, window_s, scope, upper_open=high < until))
+    for low, high, upper_open in _edges(outside, since, until):
+        parts.append(_rows(store, low, high, window_s, scope, upper_open=upper_open))
     return RangeSums(
         SNAPSHOT_MINUTES.merge([p.snapshots for p in parts], KEYS),
         REQUEST_MINUTES.merge([p.requests for p in parts], KEYS),
@@ -113,14 +109,12 @@ def lookup_range_sums(store, since: float, until: float, instances=None) -> pd.D
     summed per instance (`LOOKUP_MINUTES`' values): every minute from the rollup, but an edge minute that holds
     lookups outside the range, which is summed from its rows. Empty where none was measured."""
     scope = None if instances is None else list(instances)
-    first, last = math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
-    minutes = store.reads.minute_rollup(LOOKUP_MINUTES.table, first, last + MINUTE_S, instances=scope)
+    minutes = _touched(store, LOOKUP_MINUTES, since, until, scope)
     outside = _outside(minutes, since, until, "last_ts")
     parts = [minutes[~minutes["minute"].isin(outside)].drop(columns="minute")]
-    for minute in sorted(outside):  # at most the two edge minutes
-        low, high = max(minute, since), min(minute + MINUTE_S, until)
+    for low, high, upper_open in _edges(outside, since, until):
         rows = store.reads.request_lookups(low, high, instances=scope)
-        if high < until:
+        if upper_open:
             rows = rows[rows["lookup_ts"] < high]
         parts.append(lookup_sums(rows, MINUTE_S).drop(columns="window"))
     return LOOKUP_MINUTES.merge(parts, ["instance"])
@@ -130,15 +124,31 @@ def arrivals(store, since: float, until: float, instances=None) -> int:
     """How many requests arrived in [since, until] on `instances` (None: all): every minute from `request_minutes`,
     but an edge minute that holds arrivals outside the range, counted from its rows."""
     scope = None if instances is None else list(instances)
-    first, last = math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
-    minutes = store.reads.minute_rollup(REQUEST_MINUTES.table, first, last + MINUTE_S, instances=scope)
+    minutes = _touched(store, REQUEST_MINUTES, since, until, scope)
     outside = _outside(minutes, since, until, "last_arrival_ts")
     count = int(minutes.loc[~minutes["minute"].isin(outside), "requests"].sum())
-    for minute in sorted(outside):  # at most the two edge minutes
-        low, high = max(minute, since), min(minute + MINUTE_S, until)
+    for low, high, upper_open in _edges(outside, since, until):
         rows = store.reads.requests(low, high, instances=scope)
-        count += int((rows["arrival_ts"] < high).sum() if high < until else len(rows))
+        count += int((rows["arrival_ts"] < high).sum() if upper_open else len(rows))
     return count
+
+
+def _minute_span(since: float, until: float) -> tuple[float, float]:
+    """The first and the last minute [since, until] touches (their starts)."""
+    return math.floor(since / MINUTE_S) * MINUTE_S, math.floor(until / MINUTE_S) * MINUTE_S
+
+
+def _touched(store, rollup, since: float, until: float, scope) -> pd.DataFrame:
+    """A rollup's rows of every minute [since, until] touches."""
+    first, last = _minute_span(since, until)
+    return store.reads.minute_rollup(rollup.table, first, last + MINUTE_S, instances=scope)
+
+
+def _edges(outside: set[float], since: float, until: float) -> list[tuple[float, float, bool]]:
+    """The edge minutes (`_outside`: at most two) as the stretches of the range they cover, to sum from their rows:
+    (low, high, whether `high` is left out: it is the next minute's start, not the range's end)."""
+    stretches = [(max(minute, since), min(minute + MINUTE_S, until)) for minute in sorted(outside)]
+    return [(low, high, high < until) for low, high in stretches]
 
 
 def _outside(minutes: pd.DataFrame, since: float, until: float, last: str) -> set[float]:

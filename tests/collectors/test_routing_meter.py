@@ -9,25 +9,17 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from collectors.routing_meter import DELAY_S, REQUEST_S, RoutingMeter
+from collectors.routing_meter import REQUEST_S, RoutingMeter
 from kvobs.analytics.routing import LOOKUP_COLUMNS, fleet_losses, pause_starts
 from kvobs.analytics.shortfall import store_lookups
-from tests.runs import FLEET
-
-
-def _values(column: pd.Series) -> list:
-    return [None if pd.isna(v) else v for v in column.astype(object)]
+from tests.runs import FLEET, drive_meter, missing_as_none
 
 
 def _metered(store, instances, *, step_s: float, request_s: float = REQUEST_S):
     """The meter run every `step_s` over the whole store; its records and the meter."""
     written: list = []
     meter = RoutingMeter(store, list(instances), write=written.extend, request_s=request_s)
-    first, last = store.reads.time_range()
-    now = first + DELAY_S + request_s - 1.0  # the first run warms the index up to just before the first lookup
-    while meter.done is None or meter.done < last:
-        meter.run(now)
-        now += step_s
+    drive_meter(meter, store, step_s=step_s)
     rows = pd.DataFrame([r.to_row() for r in written])
     return rows, meter
 
@@ -73,7 +65,7 @@ def test_each_lookup_written_is_the_whole_run_analysis_of_that_request(fleet_run
         got, want = rows.set_index("request_id")[column], mine[column]
         if column == "replicas_compared":
             got, want = got[known], want[known]
-        assert _values(got) == _values(want), column
+        assert missing_as_none(got) == missing_as_none(want), column
     assert rows["routed_blocks"].sum() > 0 and rows["cold_blocks"].sum() > 0 and rows["pause_blocks"].sum() > 0
     if request_s < 60:  # the case is there: pauses whose start no run that measured them had read
         reqs = fleet_run.store.reads.requests().set_index("request_id")

@@ -18,8 +18,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from collectors.routing_meter import DELAY_S as ROUTING_DELAY_S
-from collectors.routing_meter import REQUEST_S, RoutingMeter
+from collectors.routing_meter import RoutingMeter
 from collectors.step_verdicts import VerdictKeeper
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
@@ -34,6 +33,7 @@ from kvobs.store.rollups import ROLLUPS
 from kvobs.store.rows import RECORDS
 from kvobs.store.schema import TABLES
 from tests.collectors.fleet_recording import truth
+from tests.runs import drive_meter
 from tests.stores import POSTGRES
 
 BACKENDS = ["sqlite", "postgresql", "chdb"] + (["clickhouse"] if os.environ.get("KVOBS_TEST_CLICKHOUSE_URL") else [])
@@ -115,10 +115,7 @@ def loaded(request, tmp_path_factory):
             write=lambda r, s=store: s.write([("insert", r)]),
             progress=lambda r, s=store: s.write([("upsert", [r])]),
         )
-        now = first + ROUTING_DELAY_S + REQUEST_S - 1.0
-        while meter.done is None or meter.done < last:
-            meter.run(now)
-            now += 30.0
+        drive_meter(meter, store)
         assert meter.num_measured > 0, backend
     # The built-in rules over a third of the run, without `for` (the runs are shorter), at any non-zero value.
     rules = [
