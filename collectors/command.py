@@ -133,12 +133,14 @@ def run(args: argparse.Namespace) -> int:
         collector.start()
         return collector
 
-    collector = start_or_report("collect", start)
-    if collector is None:
-        return 2
+    # Before start: the OTLP receiver acknowledges exports as soon as it listens, so a SIGTERM from then on must
+    # flush, not kill (Python's default). One that lands mid-start stops the collector once it has started.
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    collector = start_or_report("collect", start)
+    if collector is None:
+        return 2
     stop.wait()
     log.info("stopping: flushing KV footprints, forwarded traces and store rows")
     collector.stop()

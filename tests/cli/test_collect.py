@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvobs.store.rows import RequestRecord
+from kvobs.store.spool import Spool
 from tests.collectors.recorded import otlp_bodies, scrapes
 from tests.collectors.replay import metrics_server
 from tests.server.conftest import free_port
@@ -115,6 +118,38 @@ def test_collect_runs_until_sigterm_and_flushes(tmp_path):
         assert conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == len(bodies)
         ups = [v for (v,) in conn.execute("SELECT value FROM metric_samples WHERE name = 'up' ORDER BY id")]
     assert ups[: len(bodies)] == [1.0] * len(bodies) and set(ups[len(bodies) :]) == {0.0}
+
+
+def test_a_sigterm_as_soon_as_the_receiver_listens_stops_gracefully_and_writes_the_spool(tmp_path):
+    """The receiver acknowledges exports from the moment it listens: a SIGTERM from then on must flush, not kill.
+    Here it lands at the first accepted connection, while the collector is still starting (before this was fixed it
+    died of the signal every time, the spool's backlog left unwritten: stop 42's CI failure in bench/durability)."""
+    db, spool_dir, port = tmp_path / "kvobs.db", tmp_path / "spool", free_port()
+    spool = Spool(spool_dir)
+    for i in range(50):  # what an earlier, killed collector had acknowledged
+        spool.append(
+            "insert", [RequestRecord(request_id=f"r{i}", instance="vllm", arrival_ts=1000.0 + i, span_id=f"{i:016x}")]
+        )
+    spool.close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvobs.cli", "collect", "--otlp-http", f"127.0.0.1:{port}"]
+        + ["--store", f"sqlite:///{db}", "--interval", "3600", "--spool-dir", str(spool_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # no sleep: the signal must land in the first moments of listening
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            pass
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 50
 
 
 @pytest.mark.parametrize(
