@@ -15,7 +15,9 @@ run cold (Streamlit's cache empty) over everything and over the last hour; then 
 Streamlit's AppTest (the app script as a browser's first visit runs it: the sidebar, the range, the data, the charts and
 tables), with Streamlit's data cache cleared before each run (the median of `--repeats` cold runs), over everything,
 after one untimed run of the app in that process (a served dashboard's process loads its modules, chDB's engine and
-opens the store once). The baseline is a plain `count()` of `kv_events` in the
+opens the store once). A collector runs beside the pages (`--no-collector`: none does): its verdict keeper's mark
+is fresh, so the failed steps of the sessions still running at the store's end are shown pending, as it will decide
+them; with none, the page works them out as it opens. The baseline is a plain `count()` of `kv_events` in the
 same run. The last table puts the sizes side by side: the first render at each size and the growth from a backend's
 smallest size to its largest. Goal: <= 1 s per page at the largest size, <= 2x the smallest.
 """
@@ -47,6 +49,7 @@ from kvobs.store.rows import (
     SessionRecord,
     SnapshotRecord,
     StepRecord,
+    VerdictProgressRecord,
 )
 from kvobs.store.sql_store import SqlStore
 
@@ -317,7 +320,7 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(url: str, events: int, repeats: int, render: bool, instances: int = 1) -> dict:
+def measure(url: str, events: int, repeats: int, render: bool, instances: int = 1, collector: bool = True) -> dict:
     """One size: the store at `url` (filled when empty), its baseline, each page's data over everything and the last
     hour, and its first render (`render`); printed as a table, returned as {page: (whole, recent, render)}."""
     store = open_store(url)
@@ -326,6 +329,7 @@ def measure(url: str, events: int, repeats: int, render: bool, instances: int = 
         build(store, events, instances=instances)
     elif have != events:
         raise SystemExit(f"{url} holds {have:,} KV events, not {events:,}: remove it or pick another --dir")
+    running(store, collector)
     base = timed(lambda: count_events(store), repeats)
     first, last = store.reads.time_range()
     print(
@@ -349,6 +353,17 @@ def measure(url: str, events: int, repeats: int, render: bool, instances: int = 
         cell = "-" if seconds is None else f"{seconds:.3f}"
         print(f"| {name} | {whole:.3f} | {recent:.3f} | {whole / max(base, 1e-6):.1f}x | {cell} |")
     return found
+
+
+KEEPER = "verdicts@bench"
+
+
+def running(store, collector: bool) -> None:
+    """A collector running now beside the pages, or none: its verdict keeper's mark, fresh (written now, as its runs
+    write it every minute), covering the store from its start; or no mark at all."""
+    first, last = store.reads.time_range()
+    mark = VerdictProgressRecord(KEEPER, first, last, time.time() if collector else 0.0)
+    store.write([("upsert", [mark])])  # updated_at 0: a keeper that stopped long ago, the same as none
 
 
 def growth_table(sizes: list[tuple[str, int]], found: list[dict]) -> list[str]:
@@ -390,6 +405,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument(
         "--instances", type=int, default=1, help="replicas the store's rows are spread over (2+: a fleet's Overview)"
     )
+    parser.add_argument(
+        "--no-collector",
+        action="store_true",
+        help="no collector runs beside the pages: failed steps without a verdict are worked out as a page opens",
+    )
     args = parser.parse_args(argv)
     sizes = [_size(text, args.store) for text in args.sizes]
     if args.store and len(sizes) > 1:
@@ -402,7 +422,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
         # each size in a process of its own: chDB holds one data directory per process (a second one crashes it),
         # and every size starts as cold as the first
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            found.append(pool.apply(measure, (url, events, args.repeats, not args.no_render, args.instances)))
+            found.append(
+                pool.apply(
+                    measure, (url, events, args.repeats, not args.no_render, args.instances, not args.no_collector)
+                )
+            )
         for name, (whole, recent, render) in list(found[-1].items())[1:]:
             base = max(found[-1]["baseline"][0], 1e-6)
             label = f"{name} ({backend}, {events:,} events, {args.instances} instance(s))"

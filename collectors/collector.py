@@ -34,7 +34,8 @@ from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
-from collectors.step_verdicts import VERDICT_INTERVAL_S, VerdictKeeper
+from collectors.step_verdicts import VerdictKeeper
+from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
 from kvobs.store.leases import LeaseKeeper
@@ -145,7 +146,9 @@ class Collector:
             else None
         )
         # failed steps' verdicts, once their session settled (ended, or as long without a step as a session ends)
-        self.verdicts = VerdictKeeper(self.store, self._write_verdicts, end_after_s=options.session_end_after_s)
+        self.verdicts = VerdictKeeper(
+            self.store, self._write_verdicts, progress=self.writer.upsert, end_after_s=options.session_end_after_s
+        )
         self._last_runs: dict[str, float] = {}  # `_every`'s jobs: when each last ran
         self.registry = CollectorRegistry()
         self.registry.register(CollectorMetrics(self))

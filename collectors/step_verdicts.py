@@ -1,7 +1,7 @@
 """Each failed step's verdict, decided once its session has settled and written to the store (`step_verdicts`), so
 the Overview's failure table reads verdicts instead of attributing every step of its range again.
 
-    keeper = VerdictKeeper(store, write=lambda records: ...)
+    keeper = VerdictKeeper(store, write=lambda records: ..., progress=lambda record: ...)
     keeper.run(now)        # every VERDICT_INTERVAL_S from the collector's tick; returns how many it decided
 
 A failed step's verdict (`kvobs.analytics.step_causes.failure_verdicts`) weighs the step against its session's
@@ -10,8 +10,10 @@ its session ended (`sessions.ended_at`, the agent SDK's) or started no step for 
 engine, collector and SDK share for a session's end), read `DELAY_S` behind now so late spans have landed. A
 session that comes back later is decided again when it settles again, with all its steps (an upsert: the later
 decision wins). Steps are read once, in time order, from where the last run stopped; a keeper that starts reads
-back `LOOKBACK_S`. Any verdict it has not decided (a session still running, a store no collector keeps) the page
-attributes when it is read.
+back `LOOKBACK_S`. After each run it marks where it decides from and how far it has read (`verdict_progress`, one
+row per keeper): while that mark is fresh (`KEEPER_LIVE_S`), the page shows a timeout it has not decided yet as
+pending instead of attributing it as it opens; any other verdict it has not decided (a store no collector keeps)
+the page attributes when it is read.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from kvobs.analytics.step_causes import failure_verdicts
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.semconv.spans import StepStatus
 from kvobs.store.interface import Store
-from kvobs.store.rows import StepVerdictRecord
+from kvobs.store.leases import holder_name
+from kvobs.store.rows import StepVerdictRecord, VerdictProgressRecord
 
 log = logging.getLogger(__name__)
 
-VERDICT_INTERVAL_S = 60.0  # how often the collector decides
 DELAY_S = 60.0  # how far behind now a run reads: the writer's queue and late spans have landed
 LOOKBACK_S = SESSION_IDLE_S  # how far back a keeper that starts reads steps
 CHUNK = 200  # sessions decided per round of reads
@@ -41,11 +43,14 @@ class VerdictKeeper:
         store: Store,
         write: Callable[[list[StepVerdictRecord]], None],
         *,
+        progress: Callable[[VerdictProgressRecord], None] | None = None,
         delay_s: float = DELAY_S,
         end_after_s: float = SESSION_END_AFTER_S,
         lookback_s: float = LOOKBACK_S,
     ) -> None:
-        self.store, self.write = store, write
+        self.store, self.write, self.progress = store, write, progress
+        self.name = holder_name("verdicts")  # this keeper's row in `verdict_progress`
+        self.covers_from: float | None = None  # every failed step started from here is decided once settled
         self.delay_s, self.end_after_s, self.lookback_s = delay_s, end_after_s, lookback_s
         self.done: float | None = None  # steps started up to here have been read
         self.pending: dict[str, float] = {}  # session with a failed step not yet decided -> its last step's time
@@ -59,8 +64,14 @@ class VerdictKeeper:
             return 0
         self._note(self.store.reads.steps(start, written))
         self.done = written
-        if not self.pending:
-            return 0
+        self.covers_from = start if self.covers_from is None else self.covers_from
+        decided = self._settle(written, now) if self.pending else 0
+        if self.progress is not None:  # after deciding: a verdict is stored before its step stops being pending
+            self.progress(VerdictProgressRecord(self.name, self.covers_from, written, now))
+        return decided
+
+    def _settle(self, written: float, now: float) -> int:
+        """Decide the pending sessions that have settled by `written`."""
         ended = self.store.lookups.session_ends(list(self.pending))
         settled = sorted(s for s, last in self.pending.items() if s in ended or last <= written - self.end_after_s)
         decided = 0

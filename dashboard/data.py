@@ -42,6 +42,7 @@ PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk 
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
 INTERVAL_WINDOW_S = 900.0  # the stretch at a range's end its reporting interval is measured over
 SIZE_SAMPLE = 200  # stored blocks of each replica its block size is read from (the most common: one size a run)
+SIZE_RECENT_S = 600.0  # looked for in the range's last minutes first: a read bounded whatever the range
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
 FLEET_SERIES = {
@@ -192,7 +193,7 @@ def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: flo
     measured: from the first lookup measured to where the collectors have measured every instance
     (`lookup_progress`); the requests that arrived after that are pending (`pending`, `measured_to`), and instances
     no collector measures are named (`unmeasured`). The replicas' block sizes from each one's latest stored blocks
-    (`SIZE_SAMPLE` each)."""
+    (`SIZE_SAMPLE` each, `latest_stored`)."""
     first = float(sums["first_ts"].min())
     names = sorted(store.reads.instances() if instances is None else instances)
     progress = store.reads.lookup_progress(instances=names)
@@ -204,8 +205,7 @@ def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: flo
         if mark < until
     )
     table = shortfall_of_sums(sums, "instance")
-    sample = [store.reads.stored_blocks(since, until, latest=SIZE_SAMPLE, instances=[name]) for name in names]
-    stored = [frame for frame in sample if not frame.empty]
+    stored = [frame for frame in (latest_stored(store, since, until, name) for name in names) if not frame.empty]
     notes = []
     if stored:  # block sizes only: whether hash chains meet is the meter's to say (`replicas_compared`)
         blocks = pd.concat(stored, ignore_index=True).assign(kind=KVEventKind.STORED.value)
@@ -223,6 +223,16 @@ def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: flo
         "pending": pending,
         "unmeasured": [name for name in names if name not in marks],
     }
+
+
+def latest_stored(store: Store, since: float, until: float, instance: str) -> pd.DataFrame:
+    """An instance's latest `SIZE_SAMPLE` stored blocks in the range: from its last `SIZE_RECENT_S` when it stored
+    any there, else from the whole range."""
+    start = max(since, until - SIZE_RECENT_S)
+    recent = store.reads.stored_blocks(start, until, latest=SIZE_SAMPLE, instances=[instance])
+    if not recent.empty or start == since:
+        return recent
+    return store.reads.stored_blocks(since, until, latest=SIZE_SAMPLE, instances=[instance])
 
 
 def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
@@ -305,7 +315,8 @@ def sessions(store: Store, since: float, until: float, instances=None) -> pd.Dat
     footprints = store.reads.session_footprints(since, until, instances=instances)
     table = session_table(store.reads.sessions(), footprints, outcomes)
     if not outcomes.empty:
-        table = table[table["session_id"].isin(set(outcomes["session_id"]) | set(footprints["session_id"]))]
+        keep = set(outcomes["session_id"]) | set(footprints["session_id"])
+        table = table[table["session_id"].astype(object).isin(keep)]  # (pandas' string isin: a Python loop)
     return table.reset_index(drop=True)
 
 
@@ -336,9 +347,10 @@ def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
 def session_detail(store: Store, session_id: str) -> dict:
     steps = store.reads.steps(session_id=session_id)
     events = store.reads.kv_events(kinds=ATTRIBUTION_KINDS, session_id=session_id)
-    reqs = store.reads.requests(session_id=session_id)
     rates = None
-    if not steps.empty:
+    if steps.empty:
+        reqs = store.reads.requests(session_id=session_id)
+    else:
         first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
         # requests by time, not by session: vLLM's carry no session id (the attribution matches them by trace);
         # from the prefill rate's window before the first step
@@ -375,13 +387,18 @@ def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
     return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
 
 
-def failures(store: Store, since: float, until: float) -> dict:
+def failures(store: Store, since: float, until: float, *, now: float | None = None) -> dict:
     """Failed steps in the window by failure cause (model errors as model errors; KV causes for timeouts only), each
     with the evidence of its latest step (`table`: `example`, `evidence`, `story`: the URL of that step's timeline);
-    `failed` steps, of which `decided` by the writer once their session settled (the others attributed now)."""
-    verdicts = range_verdicts(store, since, until)
+    `failed` steps, of which `decided` by the writer once their session settled, `pending` (timeouts of sessions still
+    running, which a running collector decides once they settle), and the others attributed now."""
+    verdicts = range_verdicts(store, since, until, now=now)  # now: whether a keeper runs (the wall clock's)
     summary = failure_summary(verdicts)
-    found = {"failed": len(verdicts), "decided": int(verdicts["decided"].sum()) if len(verdicts) else 0}
+    found = {
+        "failed": len(verdicts),
+        "decided": int(verdicts["decided"].sum()) if len(verdicts) else 0,
+        "pending": int(verdicts["pending"].sum()) if len(verdicts) else 0,
+    }
     if summary.empty:
         return {"table": summary, **found}
     latest = verdicts.sort_values("started_at").groupby(["failure_kind", "failure_cause"]).tail(1)

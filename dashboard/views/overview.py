@@ -158,17 +158,24 @@ def render(ctx) -> None:
 
 
 def verdict_words(failures: dict) -> str:
-    """Where the failure table's verdicts come from: decided by the collector once each session settled, or
-    attributed as the page opened (a session still running, or no collector keeping verdicts)."""
-    failed, decided = failures["failed"], failures["decided"]
+    """Where the failure table's verdicts come from: decided by the collector once each session settled, pending
+    (timeouts of sessions still running, which a running collector decides once they settle), or attributed as the
+    page opened (no collector deciding them)."""
+    failed, decided, pending = failures["failed"], failures["decided"], failures["pending"]
+    worked = failed - decided - pending
     if decided == failed:
         return f"All {failed:,} verdicts were decided once their session had settled."
-    if decided == 0:
-        return f"The {failed:,} verdicts were worked out as this page opened (no collector decided them yet)."
-    return (
-        f"{decided:,} of {failed:,} verdicts were decided once their session had settled; the other "
-        f"{failed - decided:,} (sessions still running) were worked out as this page opened."
-    )
+    if worked == failed:
+        return f"The {failed:,} verdicts were worked out as this page opened (no collector decides them)."
+    parts = [f"{decided:,} of {failed:,} verdicts were decided once their session had settled"] if decided else []
+    if pending:
+        parts.append(
+            f"{pending:,} timeouts of sessions still running are pending: the collector decides them once their "
+            "session settles, and until then their KV record may still change"
+        )
+    if worked:
+        parts.append(f"{worked:,} were worked out as this page opened (no collector decides them)")
+    return "; ".join(parts) + "."
 
 
 def _latency(ctx, data: dict) -> None:

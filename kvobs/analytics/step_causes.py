@@ -17,6 +17,7 @@ decided once each session settled (`collectors/step_verdicts.py`) and works out 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 
 import pandas as pd
@@ -28,6 +29,10 @@ from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 from kvobs.store.interface import Store
 
 LOOKBACK_S = 3600.0
+VERDICT_INTERVAL_S = 60.0  # how often a collector's keeper decides (`collectors.step_verdicts`)
+KEEPER_LIVE_S = 5 * VERDICT_INTERVAL_S  # a keeper whose latest run is older is taken as stopped
+PENDING = "pending"  # a timeout's cause until a keeper decides it
+PENDING_WORDS = "its session is still running: the collector decides the verdict once the session settles"
 VERDICT_COLUMNS = [
     "session_id",
     "step_index",
@@ -93,10 +98,7 @@ def failure_verdicts(
     steps = store.reads.steps(since, until) if steps is None else steps
     failed = steps[steps["status"] == StepStatus.ERROR.value]
     timeout = failed["error_type"] == StepErrorType.TIMEOUT.value
-    others = failed[~timeout]
-    verdicts = [failure_verdict(error, "none") for error in others["error_type"]]
-    others = others.assign(failure_cause=[v[0] for v in verdicts], failure_kind=[v[1] for v in verdicts], evidence="")
-    frame = others[VERDICT_COLUMNS]
+    frame = error_verdicts(failed[~timeout])
     if timeout.any():
         attributed = step_causes(
             store, since, until, failed_only=True, error_types=[StepErrorType.TIMEOUT.value], steps=steps
@@ -105,32 +107,60 @@ def failure_verdicts(
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
 
 
-def range_verdicts(store: Store, since: float | None, until: float | None) -> pd.DataFrame:
+def error_verdicts(failed: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts of failed steps other than timeouts: each one's error, with no read (`VERDICT_COLUMNS`)."""
+    verdicts = [failure_verdict(error, "none") for error in failed["error_type"]]
+    causes, kinds = [v[0] for v in verdicts], [v[1] for v in verdicts]
+    return failed.assign(failure_cause=causes, failure_kind=kinds, evidence="")[VERDICT_COLUMNS]
+
+
+def range_verdicts(store: Store, since: float | None, until: float | None, *, now: float | None = None) -> pd.DataFrame:
     """`failure_verdicts` of the range as a page reads them: the verdicts a writer decided once their session settled
-    (`reads.step_verdicts`), and only the failed steps without one (a session still running; a store no collector
-    keeps verdicts for) attributed now, with their sessions' steps. Reads the failed steps and those sessions' steps,
-    not every step of the range. Column `decided`: which were read."""
+    (`reads.step_verdicts`); a timeout without one that a running keeper will decide (`keeper_covers_from`) as
+    pending (cause `PENDING`: its session is still running, and what its KV record says may still change); the other
+    failed steps without one (a store no collector keeps verdicts for) attributed now, with their sessions' steps.
+    Reads the failed steps and those sessions' steps, not every step of the range. Columns `decided` and `pending`:
+    which were read, which wait for the keeper."""
     failed = store.reads.steps(since, until, status=StepStatus.ERROR.value)
     decided = store.reads.step_verdicts(since, until)
-    keys = set(zip(decided["session_id"], decided["step_index"].astype(int)))
-    decided = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True)  # "" for none, as worked out
-    undecided = _without(failed, keys)
-    if undecided.empty:
-        return decided.reset_index(drop=True)
-    mine = store.reads.steps(since, until, session_ids=sorted(set(undecided["session_id"])))  # for the typical step
-    # from their sessions' first step in the range (running sessions: the range's last minutes, not all of it)
-    first = float(mine["started_at"].min())
-    now = failure_verdicts(store, first if since is None else max(since, first), until, steps=mine)
-    now = _without(now, keys).assign(decided=False)
-    frame = now if decided.empty else pd.concat([decided, now], ignore_index=True)
+    decided = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True, pending=False)  # "" for none
+    undecided = _without(failed, decided)
+    covers_from = keeper_covers_from(store, time.time() if now is None else now) if len(undecided) else None
+    if covers_from is not None:
+        waits = (undecided["error_type"] == StepErrorType.TIMEOUT.value) & (undecided["started_at"] >= covers_from)
+        pending = undecided[waits].assign(failure_cause=PENDING, failure_kind="timeout", evidence=PENDING_WORDS)
+        decided = pd.concat([decided, pending[VERDICT_COLUMNS].assign(decided=False, pending=True)])
+        undecided = undecided[~waits]
+    if not (undecided["error_type"] == StepErrorType.TIMEOUT.value).any():  # the others need no read
+        worked = error_verdicts(undecided)
+    else:
+        mine = store.reads.steps(since, until, session_ids=sorted(set(undecided["session_id"])))  # the typical step
+        # from their sessions' first step in the range (running sessions: the range's last minutes, not all of it)
+        first = float(mine["started_at"].min())
+        worked = failure_verdicts(store, first if since is None else max(since, first), until, steps=mine)
+        worked = _without(worked, decided)  # decided and pending
+    worked = worked.assign(decided=False, pending=False)
+    frame = worked if decided.empty else pd.concat([decided, worked], ignore_index=True)
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
 
 
-def _without(steps: pd.DataFrame, keys: set[tuple[str, int]]) -> pd.DataFrame:
-    """The rows of `steps` whose (session, step index) is not among `keys`."""
-    if steps.empty:
+def keeper_covers_from(store: Store, now: float) -> float | None:
+    """Where the verdict keepers running now (`verdict_progress`, a run within `KEEPER_LIVE_S` of `now`) decide from:
+    every failed step started since will be decided once its session settles; None when no keeper runs."""
+    progress = store.reads.verdict_progress()
+    live = progress[progress["updated_at"] >= now - KEEPER_LIVE_S]
+    return float(live["covers_from"].min()) if len(live) else None
+
+
+def _without(steps: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `steps` whose (session, step index) is not among those of `others`."""
+    if steps.empty or others.empty:
         return steps
-    return steps[[(s, int(i)) not in keys for s, i in zip(steps["session_id"], steps["step_index"])]]
+    return steps[~_step_keys(steps).isin(_step_keys(others))]
+
+
+def _step_keys(frame: pd.DataFrame) -> pd.MultiIndex:
+    return pd.MultiIndex.from_arrays([frame["session_id"].astype(object), frame["step_index"].astype("int64")])
 
 
 def _failed_step_windows(steps: pd.DataFrame, until: float | None) -> list[tuple[str, float, float]]:

@@ -30,6 +30,7 @@ from kvobs.store.interface import Store
 K = KVEventKind
 TIMELINE = ["lane", "phase", "start", "end", "what"]
 EVENTS = ["ts", "source", "kind", "blocks", "tokens", "request_id", "by_session", "what"]
+TAKERS_BEFORE_S = 600.0  # a block's taker is named from the requests that arrived from this long before the story
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,12 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
             resets[(resets["ts"] > start) & (resets["ts"] <= step_end)],
         ]
     )
-    takers = store.reads.requests(start - 600.0, step_end).set_index("request_id")["session_id"].to_dict()
+    near_from, near_to = start - TAKERS_BEFORE_S, step_end
+    if near_from >= first - RATE_WINDOW_S and near_to <= last:  # within the requests read above: no second read
+        nearby = reqs[(reqs["arrival_ts"] >= near_from) & (reqs["arrival_ts"] <= near_to)]
+    else:
+        nearby = store.reads.requests(near_from, near_to)
+    takers = nearby.set_index("request_id")["session_id"].to_dict()
     timeline = _timeline(step, pause, mine)
     events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
     events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)

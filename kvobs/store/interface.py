@@ -118,6 +118,11 @@ class Reads(Protocol):
         `measured_to`, `updated_at`), by instance."""
         ...
 
+    def verdict_progress(self) -> pd.DataFrame:
+        """Each verdict keeper's latest run (`verdict_progress`: `keeper`, `covers_from`, `read_to`, `updated_at`):
+        a keeper decides every failed step started from `covers_from` once its session settles."""
+        ...
+
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         """The failed steps started in the window whose verdict a writer decided once their session settled
         (`step_verdicts`; the latest decision of each step), by session and step."""

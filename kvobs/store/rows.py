@@ -166,6 +166,20 @@ class LookupProgressRecord(Record):
 
 
 @_record
+class VerdictProgressRecord(Record):
+    """A collector's verdict keeper (`collectors.step_verdicts`) at its latest run: it decides every failed step
+    started from `covers_from` once the step's session settles (steps up to `read_to` read so far); `updated_at`,
+    the run's time, says it is still running."""
+
+    table: ClassVar[str] = "verdict_progress"
+
+    keeper: str  # "verdicts@host:pid/nonce"
+    covers_from: float
+    read_to: float
+    updated_at: float
+
+
+@_record
 class KVEventRecord(Record):
     table: ClassVar[str] = "kv_events"
 
@@ -302,6 +316,7 @@ RECORDS: dict[str, type[Record]] = {
         RequestRecord,
         RequestLookupRecord,
         LookupProgressRecord,
+        VerdictProgressRecord,
         KVEventRecord,
         SnapshotRecord,
         MetricSampleRecord,

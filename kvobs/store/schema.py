@@ -211,6 +211,17 @@ class LookupProgressRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
+class VerdictProgressRow(Base):
+    """Each verdict keeper's latest run (`kvobs.store.rows.VerdictProgressRecord`)."""
+
+    __tablename__ = "verdict_progress"
+
+    keeper: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
+    covers_from: Mapped[float] = mapped_column(Float)
+    read_to: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 class KVEventRow(Base):
     __tablename__ = "kv_events"
     __table_args__ = (
@@ -455,6 +466,7 @@ TABLES = {
         RequestRow,
         RequestLookupRow,
         LookupProgressRow,
+        VerdictProgressRow,
         KVEventRow,
         SnapshotRow,
         MetricSampleRow,

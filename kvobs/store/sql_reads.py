@@ -32,6 +32,7 @@ from kvobs.store.schema import (
     SnapshotRow,
     StepRow,
     StepVerdictRow,
+    VerdictProgressRow,
 )
 from kvobs.store.sql_read import _between, _columns, _of_instances, read
 
@@ -232,6 +233,9 @@ class SqlReads(ComposedReads):
     def lookup_progress(self, *, instances: Instances = None) -> pd.DataFrame:
         stmt = _of_instances(select(*_columns(LookupProgressRow)), LookupProgressRow.instance, instances)
         return read(self.store, stmt.order_by(LookupProgressRow.instance))
+
+    def verdict_progress(self) -> pd.DataFrame:
+        return read(self.store, select(*_columns(VerdictProgressRow)).order_by(VerdictProgressRow.keeper))
 
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)

@@ -12,15 +12,19 @@ from sqlalchemy import update
 from collectors.step_verdicts import VerdictKeeper
 from dashboard import data
 from dashboard.views.overview import verdict_words
-from kvobs.analytics.step_causes import VERDICT_COLUMNS, failure_verdicts, range_verdicts
+from kvobs.analytics.step_causes import KEEPER_LIVE_S, VERDICT_COLUMNS, failure_verdicts, range_verdicts
 from kvobs.store import open_store
-from kvobs.store.rows import SessionRecord
+from kvobs.store.rows import SessionRecord, VerdictProgressRecord
 from kvobs.store.schema import SessionRow, StepRow
 from tests.stores import copy_store
 
 
 def _writer(store):
     return lambda records: store.write([("upsert", records)])
+
+
+def _marker(store):
+    return lambda record: store.write([("upsert", [record])])
 
 
 @pytest.fixture
@@ -56,40 +60,85 @@ def test_settled_verdicts_are_what_the_page_would_work_out(run, request):
     assert keeper.run(last + 3700) == 0  # nothing new, nothing decided twice
 
 
-def test_a_running_session_waits_and_an_ended_one_is_decided_at_once(timeouts):
-    """A session whose last step is newer than the end horizon stays pending (the page works its verdicts out); the
-    agent SDK's end of the session, or the horizon passing, settles it."""
-    store = timeouts
-    with store.session() as session, session.begin():  # as while the agents still run: no session has ended
+def _running(store) -> tuple[pd.DataFrame, list[str], float]:
+    """The store as while its agents still run (no session has ended): its failed steps, their sessions, the latest
+    step's end."""
+    with store.session() as session, session.begin():
         session.execute(update(SessionRow).values(ended_at=None))
     steps = store.reads.steps()
     failed = steps[steps["status"] == "error"]
     sessions = sorted(set(failed["session_id"]))
     assert len(sessions) >= 2, "the engine run needs two sessions with failed steps"
-    last_seen = steps[["started_at", "ended_at"]].max(axis=1).groupby(steps["session_id"]).max()
-    latest = float(last_seen.max())
-    keeper = VerdictKeeper(store, _writer(store), delay_s=0.0, end_after_s=300.0, lookback_s=7200.0)
+    return failed, sessions, float(steps[["started_at", "ended_at"]].max(axis=1).max())
+
+
+def test_a_running_session_waits_and_an_ended_one_is_decided_at_once(timeouts):
+    """A session whose last step is newer than the end horizon waits (the page shows its timeouts as pending while
+    the keeper's mark is fresh); the agent SDK's end of the session, or the horizon passing, settles it."""
+    store = timeouts
+    failed, sessions, latest = _running(store)
+    keeper = VerdictKeeper(
+        store, _writer(store), progress=_marker(store), delay_s=0.0, end_after_s=300.0, lookback_s=7200.0
+    )
     assert keeper.run(latest + 1.0) == 0  # every session was seen within the horizon: none settled
     assert set(keeper.pending) == set(sessions)
+    (mark,) = store.reads.verdict_progress().itertuples(index=False)
+    assert (mark.keeper, mark.covers_from, mark.read_to, mark.updated_at) == (
+        keeper.name,
+        latest + 1.0 - 7200.0,
+        latest + 1.0,
+        latest + 1.0,
+    )
     first, last = store.reads.time_range()
-    read = range_verdicts(store, first, last)
-    assert not read["decided"].any() and len(read) == len(failed)
-    words = verdict_words(data.failures(store, first, last))
-    assert words.startswith(f"The {len(failed):,} verdicts were worked out as this page opened")
+    read = range_verdicts(store, first, last, now=latest + 1.0)
+    assert not read["decided"].any() and read["pending"].all() and len(read) == len(failed)
+    assert set(read["failure_cause"]) == {"pending"} and set(read["failure_kind"]) == {"timeout"}
+    words = verdict_words(data.failures(store, first, last, now=latest + 1.0))
+    assert words.startswith(f"{len(failed):,} timeouts of sessions still running are pending")
 
     ended = sessions[0]  # the SDK says the session ended: decided at the next run, the others still wait
     store.write([("upsert", [SessionRecord(ended, ended_at=latest)])])
     decided = keeper.run(latest + 2.0)
     assert decided == (failed["session_id"] == ended).sum() > 0
     assert set(keeper.pending) == set(sessions[1:])
-    read = range_verdicts(store, first, last)
+    read = range_verdicts(store, first, last, now=latest + 2.0)
     assert set(read.loc[read["decided"], "session_id"]) == {ended} and len(read) == len(failed)
+    assert set(read.loc[read["pending"], "session_id"]) == set(sessions[1:])
     expected = failure_verdicts(store, first, last)
-    pd.testing.assert_frame_equal(read.drop(columns="decided"), expected, check_dtype=False)
-    assert f"{decided:,} of {len(failed):,} verdicts were decided" in verdict_words(data.failures(store, first, last))
+    mine = (read["session_id"] == ended).to_numpy()
+    pd.testing.assert_frame_equal(
+        read[mine].drop(columns=["decided", "pending"]).reset_index(drop=True),
+        expected[expected["session_id"] == ended].reset_index(drop=True),
+        check_dtype=False,
+    )
+    words = verdict_words(data.failures(store, first, last, now=latest + 2.0))
+    assert words.startswith(f"{decided:,} of {len(failed):,} verdicts were decided") and "are pending" in words
 
     assert keeper.run(latest + 301.0) == len(failed) - decided  # the horizon passed: every session settled
     assert not keeper.pending and range_verdicts(store, first, last)["decided"].all()
+
+
+def test_without_a_running_keeper_the_page_works_the_verdicts_out(timeouts):
+    """Pending only while a keeper runs and for what it covers: its mark gone stale (the collector stopped), or a
+    step older than where it decides from, is worked out as the page opens, as without any keeper."""
+    store = timeouts
+    failed, sessions, latest = _running(store)
+    first, last = store.reads.time_range()
+    expected = failure_verdicts(store, first, last)
+    keeper = VerdictKeeper(
+        store, _writer(store), progress=_marker(store), delay_s=0.0, end_after_s=300.0, lookback_s=7200.0
+    )
+    keeper.run(latest + 1.0)
+    read = range_verdicts(store, first, last, now=latest + 1.0 + KEEPER_LIVE_S + 1.0)  # the keeper stopped
+    assert not read["pending"].any() and not read["decided"].any()
+    pd.testing.assert_frame_equal(read.drop(columns=["decided", "pending"]), expected, check_dtype=False)
+    late = float(failed["started_at"].sort_values().iloc[len(failed) // 2])  # a keeper started after half of them
+    store.write([("upsert", [VerdictProgressRecord(keeper.name, late, latest + 1.0, latest + 1.0)])])
+    read = range_verdicts(store, first, last, now=latest + 1.0)
+    assert (read["pending"] == (read["started_at"] >= late)).all() and 0 < read["pending"].sum() < len(read)
+    worked = read[~read["pending"]].drop(columns=["decided", "pending"]).reset_index(drop=True)
+    older = expected[expected["started_at"] < late].reset_index(drop=True)
+    pd.testing.assert_frame_equal(worked, older, check_dtype=False)
 
 
 def test_a_running_collector_decides_them_from_its_tick(timeouts):

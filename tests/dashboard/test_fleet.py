@@ -276,3 +276,20 @@ def test_a_sessions_replay_reads_the_blocks_its_requests_stored_after_its_last_s
         mine = whole[whole["session_id"] == session_id]
         assert int(split["requests"].iloc[0]) == len(mine), session_id
         assert int(split["prompt_block_tokens"].iloc[0]) == int((mine["prompt_blocks"] * mine["block_size"]).sum())
+
+
+def test_a_replicas_block_size_is_read_from_its_latest_blocks_recent_ones_first(fleet_run):
+    """The block-size check reads each replica's latest stored blocks from the range's last minutes (bounded
+    whatever the range); a replica that stored nothing there is read over the whole range, so it is still checked."""
+    store = fleet_run.store
+    first, last = store.reads.time_range()
+    for name in FLEET:
+        stored = store.reads.stored_blocks(instances=[name])
+        end = float(stored["ts"].max())
+        whole = store.reads.stored_blocks(first, end, latest=data.SIZE_SAMPLE, instances=[name])
+        pd.testing.assert_frame_equal(data.latest_stored(store, first, end, name), whole)  # the recent part has them
+        recent = end - data.SIZE_RECENT_S
+        assert (whole["ts"] >= recent).all()  # ... so the bounded read gave the same rows
+        quiet = end + data.SIZE_RECENT_S + 1.0  # nothing stored in the range's last minutes: the whole range
+        pd.testing.assert_frame_equal(data.latest_stored(store, first, quiet, name), whole)
+        assert data.latest_stored(store, quiet - 1.0, quiet, name).empty

@@ -106,8 +106,12 @@ def loaded(request, tmp_path_factory):
     failed = sum(record.status == "error" for record in records["steps"])
     for backend, store in stores.items():  # failed steps' verdicts, decided as a collector does once sessions settle
         write = lambda verdicts, s=store: s.write([("upsert", verdicts)])  # noqa: E731
-        keeper = VerdictKeeper(store, write, lookback_s=last - first + 3600.0)
+        mark = lambda record, s=store: s.write([("upsert", [record])])  # noqa: E731
+        keeper = VerdictKeeper(store, write, progress=mark, lookback_s=last - first + 3600.0)
+        keeper.name = "verdicts@contract"  # one name on every backend (a process's own carries its pid)
         assert keeper.run(last + 3600.0) == failed, backend
+        assert keeper.run(last + 3700.0) == 0, backend  # a second mark replaces the first
+        assert store.reads.verdict_progress()["updated_at"].tolist() == [last + 3700.0], backend
     for backend, store in stores.items():  # request lookups, measured as a collector does a minute behind
         meter = RoutingMeter(
             store,
@@ -189,6 +193,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ("runs", (), {"instances": store.reads.instances()[-1:]}, True),
         ("request_lookups", (), {"session_id": some_session}, True),
         ("lookup_progress", (), {}, True),
+        ("verdict_progress", (), {}, True),
         ("lookup_progress", (), {"instances": store.reads.instances()[-1:]}, True),
     ]
     one, none = {"instances": store.reads.instances()[-1:]}, {"instances": []}

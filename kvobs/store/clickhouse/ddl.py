@@ -230,6 +230,13 @@ _REQUEST_LOOKUPS = [
     ) ENGINE = ReplacingMergeTree(updated_at) ORDER BY instance""",
 ]
 
+# Each verdict keeper's latest run (alembic 0016).
+_VERDICT_PROGRESS = [
+    """CREATE TABLE IF NOT EXISTS verdict_progress (
+        keeper String, covers_from Float64, read_to Float64, updated_at Float64
+    ) ENGINE = ReplacingMergeTree(updated_at) ORDER BY keeper""",
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -244,6 +251,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (10, "snapshot_minutes, request_minutes, latency_minutes: per-minute rollups", _ROLLUPS),
     (11, "minmax indexes on requests.arrival_ts and steps.started_at", _TIME_INDEXES),
     (12, "request_lookups, lookup_minutes, lookup_progress: request lookups as measured", _REQUEST_LOOKUPS),
+    (13, "verdict_progress: each verdict keeper's latest run", _VERDICT_PROGRESS),
 ]
 
 

@@ -203,6 +203,9 @@ class ClickHouseReads(ComposedReads):
         sql = f"SELECT {_columns('lookup_progress')} FROM lookup_progress FINAL{where} ORDER BY instance"
         return self.store.frame(sql, where.params)
 
+    def verdict_progress(self) -> pd.DataFrame:
+        return self.store.frame(f"SELECT {_columns('verdict_progress')} FROM verdict_progress FINAL ORDER BY keeper")
+
     def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
         where = _Where().window("started_at", since, until)
         return self.store.frame(
