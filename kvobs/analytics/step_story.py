@@ -181,40 +181,60 @@ def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
     blocks it covers (`num_blocks`; unknown, NaN, on rows stored before that column existed)."""
     if kv.empty:
         return pd.DataFrame(columns=EVENTS)
-    frame = kv.assign(ms=(kv["ts"] * 1000).round(), key=kv["request_id"].fillna(""), why=kv["reason"].fillna(""))
-    if "num_blocks" not in frame:
-        frame["num_blocks"] = np.nan
-    rows = []
-    for (_, kind, why, rid), group in frame.groupby(["ms", "kind", "why", "key"], sort=False):
-        blocks, tokens = _blocks_and_tokens(group)
-        rid = rid or None
-        taker = takers.get(rid) if rid else None
-        rows.append(
-            {
-                "ts": float(group["ts"].min()),
-                "source": "kv",
-                "kind": kind,
-                "blocks": blocks,
-                "tokens": tokens,
-                "request_id": rid,
-                "by_session": taker,
-                "what": _kv_text(kind, why, blocks, tokens, rid, taker, session_id),
-            }
-        )
-    return pd.DataFrame(rows, columns=EVENTS)
+    keys = ["ms", "kind", "why", "key"]
+    frame = pd.DataFrame(
+        {
+            "ms": (kv["ts"].astype(float) * 1000).round().to_numpy(),
+            "kind": kv["kind"].astype(object).to_numpy(),
+            "why": kv["reason"].astype(object).fillna("").to_numpy(),
+            "key": kv["request_id"].astype(object).fillna("").to_numpy(),
+            "ts": kv["ts"].astype(float).to_numpy(),
+            "block_hash": kv["block_hash"].to_numpy(dtype=object),
+            "num_tokens": pd.to_numeric(kv["num_tokens"], errors="coerce").to_numpy(dtype=float),
+            "num_blocks": pd.to_numeric(kv["num_blocks"], errors="coerce").to_numpy(dtype=float)
+            if "num_blocks" in kv
+            else np.nan,
+        }
+    )
+    blocks, tokens = _blocks_and_tokens(frame, keys)
+    out = frame.groupby(keys, sort=False)["ts"].min().reset_index()
+    out = out.join(blocks.rename("blocks"), on=keys).join(tokens.rename("tokens"), on=keys)
+    rids = [rid or None for rid in out["key"]]
+    taken = [takers.get(rid) if rid else None for rid in rids]
+    what = [
+        _kv_text(kind, why, num, tok, rid, taker, session_id)
+        for kind, why, num, tok, rid, taker in zip(out["kind"], out["why"], out["blocks"], out["tokens"], rids, taken)
+    ]
+    return pd.DataFrame(
+        {
+            "ts": out["ts"].astype(float),
+            "source": "kv",
+            "kind": out["kind"],
+            "blocks": out["blocks"].astype(float),
+            "tokens": out["tokens"].astype(float),
+            "request_id": rids,
+            "by_session": taken,
+            "what": what,
+        },
+        columns=EVENTS,
+    )
 
 
-def _blocks_and_tokens(group: pd.DataFrame) -> tuple[float, float]:
-    """Blocks and tokens of one group of rows: distinct hashes for block rows, `num_blocks` for the others."""
-    per_block = group[group["block_hash"].notna()].drop_duplicates("block_hash")
-    covering = group[group["block_hash"].isna()]
-    blocks = float(len(per_block))
-    tokens = float(per_block["num_tokens"].sum())
-    if not covering.empty:
-        counts = pd.to_numeric(covering["num_blocks"], errors="coerce")
-        blocks = blocks + counts.sum() if counts.notna().all() else np.nan
-        tokens += float(covering["num_tokens"].sum())
-    return blocks, tokens if group["num_tokens"].notna().any() else np.nan
+def _blocks_and_tokens(frame: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
+    """Blocks and tokens of each group of rows (by `keys`): distinct hashes for block rows, `num_blocks` for the
+    others (unknown, NaN, when one of them does not say); tokens NaN where no row of the group has any."""
+    own = frame["block_hash"].notna().to_numpy()
+    per_block = frame[own].drop_duplicates([*keys, "block_hash"]).groupby(keys, sort=False)
+    covering = frame[~own].groupby(keys, sort=False)
+    groups = frame.groupby(keys, sort=False)
+    blocks = per_block.size().reindex(groups.size().index, fill_value=0).astype(float)
+    tokens = per_block["num_tokens"].sum().reindex(blocks.index, fill_value=0.0)
+    if (~own).any():
+        counted = covering["num_blocks"].sum().reindex(blocks.index, fill_value=0.0)
+        unknown = (covering.size() > covering["num_blocks"].count()).reindex(blocks.index, fill_value=False)
+        blocks = (blocks + counted).where(~unknown.astype(bool), np.nan)
+        tokens = tokens + covering["num_tokens"].sum().reindex(blocks.index, fill_value=0.0)
+    return blocks, tokens.where(groups["num_tokens"].count() > 0, np.nan)
 
 
 def _kv_text(kind: str, why: str, num: float, tokens: float, rid, taker, session_id: str) -> str:
