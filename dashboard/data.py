@@ -45,6 +45,7 @@ SIZE_SAMPLE = 200  # stored blocks of each replica its block size is read from (
 SIZE_RECENT_S = 600.0  # looked for in the range's last minutes first: a read bounded whatever the range
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
+LATENCY_DRAWN = ("ttft_p50", "ttft_p90")  # the Overview's latency lines
 FLEET_SERIES = {
     "usage_mean": ("KV cache usage", "pinned KV usage", "%"),
     "hit_rate": ("Prefix-cache hit rate", "hit rate (cached / prompt tokens)", "%"),
@@ -97,7 +98,7 @@ def overview(
     steps = store.reads.step_windows(since, until, window_s)
     runs = run_table(store.reads.runs(instances=instances))
     watched = activity([*sums.times(), steps["first_ts"], steps["last_ts"]], runs)
-    frame = pressure_windows(sums, losses, window_s=window_s).set_index("window")
+    frame = pressure_windows(sums, losses, window_s=window_s, quantiles=LATENCY_DRAWN).set_index("window")
 
     def gaps(columns: list[str]) -> pd.DataFrame:
         present = frame[[c for c in columns if c in frame]]
@@ -142,7 +143,7 @@ def overview(
         "hit_rate": fill_windows(hit_windows.rename("hit rate").to_frame(), since, until, window_s, value=np.nan)
         if not hit_windows.empty
         else pd.DataFrame(),
-        "latency": gaps(["ttft_p50", "ttft_p90"]),
+        "latency": gaps(list(LATENCY_DRAWN)),
         "ttft_points": points,
         "preemptions": gaps(["preemptions"]),
         "evictions": evictions,
@@ -256,7 +257,7 @@ def _fleet(
     rows, series = [], {column: {} for column in FLEET_SERIES}
     for name in sorted(set(sums.instances) | set(counts["instance"])):
         mine, lost = sums.of([name]), losses[losses["instance"] == name]
-        frame = pressure_windows(mine, lost, window_s=window_s).set_index("window")
+        frame = pressure_windows(mine, lost, window_s=window_s, quantiles=()).set_index("window")
         frame["hit_rate"] = hit_rate_windows(mine.requests, counters[counters["instance"] == name], window_s)
         watched = {"evictions_per_s": (counts["instance"] == name).any(), "requests": not mine.requests.empty}
         for column in FLEET_SERIES:

@@ -130,9 +130,8 @@ def time_chart(
 
 def _quiet_windows(long: pd.DataFrame, axis: TimeAxis):
     """A layer of grey ticks at 0 for the windows whose counts are all 0 (watched, nothing happened), or None."""
-    totals = long.groupby(WALL, as_index=False).agg(
-        total=(VALUE, lambda v: v.sum(min_count=1)), **{WHEN: (WHEN, "first")}
-    )
+    windows = long.groupby(WALL)
+    totals = pd.DataFrame({"total": windows[VALUE].sum(min_count=1), WHEN: windows[WHEN].first()}).reset_index()
     quiet = totals[totals["total"] == 0]
     if quiet.empty:
         return None
@@ -213,12 +212,14 @@ def _encodings(
 
 def _long(frame: pd.DataFrame, clock: Clock, window_s: float | None) -> pd.DataFrame:
     ts = frame.index.to_numpy(float)
+    wall, when = clock.wall_ms(ts), [clock.iso(t) for t in ts]  # once for every series
+    end = clock.wall_ms(ts + window_s) if window_s else None
     parts = []
     for name in frame.columns:
-        part = pd.DataFrame({WALL: clock.wall_ms(ts), SERIES: str(name), VALUE: frame[name].to_numpy(dtype=float)})
-        if window_s:
-            part[END] = clock.wall_ms(ts + window_s)
-        part[WHEN] = [clock.iso(t) for t in ts]
+        part = pd.DataFrame({WALL: wall, SERIES: str(name), VALUE: frame[name].to_numpy(dtype=float)})
+        if end is not None:
+            part[END] = end
+        part[WHEN] = when
         parts.append(part)
     out = pd.concat(parts, ignore_index=True)
     return out.replace([np.inf, -np.inf], np.nan)

@@ -12,6 +12,8 @@ window with enough requests for it (`kvobs.analytics.samples`: p99 needs 100); `
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import pandas as pd
 
@@ -23,11 +25,14 @@ from kvobs.store.rollups import LATENCIES
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
-def pressure_windows(sums: RangeSums, kv_counts: pd.DataFrame, *, window_s: float = 60.0) -> pd.DataFrame:
+def pressure_windows(
+    sums: RangeSums, kv_counts: pd.DataFrame, *, window_s: float = 60.0, quantiles: Collection[str] | None = None
+) -> pd.DataFrame:
     """One row per window (`window`, its start in epoch s) with pressure and latency columns; NaN where unknown.
     `sums`: the range's snapshots and requests per window (`kvobs.analytics.windows.range_sums`, or
     `RangeSums.from_rows`); `kv_counts`: `reads.block_losses` (or `kv_event_counts`) rows, whose loss kinds' blocks
-    `evictions_per_s` sums. Means are the windows' exact means; p50, p90 and p99 come from the latency sketch."""
+    `evictions_per_s` sums. Means are the windows' exact means; p50, p90 and p99 come from the latency sketch, each
+    (`ttft_p90`, ...) only when among `quantiles` (None: all of them)."""
     parts = []
     if not sums.snapshots.empty:
         snaps = sums.snapshots.groupby("window").sum(numeric_only=True)
@@ -52,7 +57,8 @@ def pressure_windows(sums: RangeSums, kv_counts: pd.DataFrame, *, window_s: floa
         for name in LATENCIES:
             latency[f"{name}_mean"] = _mean(reqs, name, "n", "sum")  # defined for one request: its own
             for label, q in QUANTILES.items():
-                latency[f"{name}_{label}"] = window_quantiles(sums.latency, name, q)
+                if quantiles is None or f"{name}_{label}" in quantiles:
+                    latency[f"{name}_{label}"] = window_quantiles(sums.latency, name, q)
         parts.append(pd.DataFrame(latency))
     if not parts:
         return pd.DataFrame(columns=["window"])
