@@ -309,6 +309,9 @@ def pressure(
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 
 
+SESSION_ROWS = 500  # sessions a page lists: those the cache cost most (the table and the chooser stay bounded)
+
+
 def sessions(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
     """The range's sessions, by what the cache cost them (`footprints.session_table`: blocks lost in tool pauses,
     then lost, then failed steps; footprints on `instances` only)."""

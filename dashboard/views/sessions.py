@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import data
 from dashboard.data import story_url
 from dashboard.views import cache
 from dashboard.views.charts import TimeAxis, time_chart
@@ -70,8 +71,14 @@ def render(ctx) -> None:
         "steps. Hit rate: cached prompt tokens / prompt tokens of the session's steps."
         + (f" Footprints on {ctx.scope()}; steps are the fleet's." if ctx.instances is not None else "")
     )
-    show_table(table[[c for c in TABLE_COLUMNS if c in table]], ctx.clock)
-    session_id = st.selectbox("Session", table["session_id"].tolist(), key="session")
+    shown = table.head(data.SESSION_ROWS)
+    if len(shown) < len(table):
+        st.caption(
+            f"The {len(shown):,} sessions the cache cost most, of the {len(table):,} in this range: a narrower range "
+            "or fewer instances lists the others (the Step timeline page opens any session by `?session=`)."
+        )
+    show_table(shown[[c for c in TABLE_COLUMNS if c in shown]], ctx.clock)
+    session_id = st.selectbox("Session", shown["session_id"].tolist(), key="session")
     detail = cache.session_detail(ctx.url, session_id)
     st.subheader("KV footprint")
     footprint = detail["footprint"]

@@ -11,7 +11,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import glossary
+from dashboard import data, glossary
 from dashboard.clock import duration
 from dashboard.views import cache
 from dashboard.views.charts import time_x
@@ -42,7 +42,8 @@ def render(ctx) -> None:
     st.header(TITLE)
     ranked = cache.sessions_with_steps(ctx.url, ctx.since, ctx.until, ctx.instances)
     requested_session = st.query_params.get("session")
-    sessions = list(dict.fromkeys(([requested_session] if requested_session else []) + ranked["session_id"].tolist()))
+    ranked_ids = ranked["session_id"].head(data.SESSION_ROWS).tolist()  # bounded: those the cache cost most
+    sessions = list(dict.fromkeys(([requested_session] if requested_session else []) + ranked_ids))
     if not sessions:
         st.info("No agent steps in this range (agents report them through the kvobs SDK).")
         return

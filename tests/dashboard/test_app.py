@@ -263,3 +263,28 @@ def test_a_page_link_opens_its_page_through_the_navigation(monkeypatch, agent_ru
     assert "page" not in at.query_params
     at = AppTest.from_file(APP, default_timeout=120).run()
     assert PAGES["overview"].TITLE in [h.value for h in at.header]
+
+
+def test_the_session_lists_keep_to_the_sessions_the_cache_cost_most(monkeypatch, agent_run):
+    """The Sessions table and both session choosers list `SESSION_ROWS` sessions at most, the costliest first, and
+    say how many the range holds; a session outside them still opens by its link."""
+    from dashboard import data
+
+    whole = open_page(monkeypatch, agent_run.url, "sessions").dataframe[0].value
+    assert len(whole) == 6
+    monkeypatch.setattr(data, "SESSION_ROWS", 2)
+    at = open_page(monkeypatch, agent_run.url, "sessions")
+    assert_clean(at)
+    shown = at.dataframe[0].value
+    assert list(shown["session_id"]) == list(whole["session_id"][:2])
+    assert at.selectbox(key="session").options == list(whole["session_id"][:2])
+    assert any("The 2 sessions the cache cost most, of the 6 in this range" in c.value for c in at.caption)
+    at = open_page(monkeypatch, agent_run.url, "step")
+    assert len(at.selectbox(key="story_session").options) == 2
+    last = whole["session_id"].iloc[-1]  # the least costly: not listed, still opened by its link
+    monkeypatch.setenv("KVOBS_STORE_URL", agent_run.url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["page"], at.query_params["session"] = "step", last
+    at.run()
+    assert_clean(at)
+    assert at.selectbox(key="story_session").value == last and len(at.selectbox(key="story_session").options) == 3
