@@ -56,8 +56,9 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
         return None
     i = int(position[0])
     first, last = float(steps["started_at"].min()), _end(steps)
-    reqs = store.reads.requests(first - RATE_WINDOW_S, last)  # from before: the prefill rate's window
-    rates = PrefillRates.from_store(store, first - RATE_WINDOW_S, last, requests=reqs)
+    read_from = first - RATE_WINDOW_S  # requests from before: the prefill rate's window
+    reqs = store.reads.requests(read_from, last)
+    rates = PrefillRates.from_store(store, read_from, last, requests=reqs)
     sent = step_requests(reqs, steps)
     # The KV events this step's verdict and story can involve: from the start of the step before it (its tool pause
     # begins when that step's requests end, never earlier) to its end; not the session's whole history.
@@ -92,7 +93,7 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
         ]
     )
     near_from, near_to = start - TAKERS_BEFORE_S, step_end
-    if near_from >= first - RATE_WINDOW_S and near_to <= last:  # within the requests read above: no second read
+    if near_from >= read_from and near_to <= last:  # within the requests read above: no second read
         nearby = reqs[(reqs["arrival_ts"] >= near_from) & (reqs["arrival_ts"] <= near_to)]
     else:
         nearby = store.reads.requests(near_from, near_to)
@@ -196,9 +197,7 @@ def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
             else np.nan,
         }
     )
-    blocks, tokens = _blocks_and_tokens(frame, keys)
-    out = frame.groupby(keys, sort=False)["ts"].min().reset_index()
-    out = out.join(blocks.rename("blocks"), on=keys).join(tokens.rename("tokens"), on=keys)
+    out = _counted(frame, keys).reset_index()
     rids = [rid or None for rid in out["key"]]
     taken = [takers.get(rid) if rid else None for rid in rids]
     what = [
@@ -220,21 +219,24 @@ def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
     )
 
 
-def _blocks_and_tokens(frame: pd.DataFrame, keys: list[str]) -> tuple[pd.Series, pd.Series]:
-    """Blocks and tokens of each group of rows (by `keys`): distinct hashes for block rows, `num_blocks` for the
-    others (unknown, NaN, when one of them does not say); tokens NaN where no row of the group has any."""
+def _counted(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Each group of rows (by `keys`, in order of appearance): its first `ts`, its `blocks` (distinct hashes for block
+    rows, `num_blocks` for the others; unknown, NaN, when one of them does not say) and `tokens` (NaN where no row of
+    the group has any)."""
+    groups = frame.groupby(keys, sort=False)
+    out = groups.agg(ts=("ts", "min"), known_tokens=("num_tokens", "count"))
     own = frame["block_hash"].notna().to_numpy()
     per_block = frame[own].drop_duplicates([*keys, "block_hash"]).groupby(keys, sort=False)
-    covering = frame[~own].groupby(keys, sort=False)
-    groups = frame.groupby(keys, sort=False)
-    blocks = per_block.size().reindex(groups.size().index, fill_value=0).astype(float)
-    tokens = per_block["num_tokens"].sum().reindex(blocks.index, fill_value=0.0)
+    blocks = per_block.size().reindex(out.index, fill_value=0).astype(float)
+    tokens = per_block["num_tokens"].sum().reindex(out.index, fill_value=0.0)
     if (~own).any():
-        counted = covering["num_blocks"].sum().reindex(blocks.index, fill_value=0.0)
-        unknown = (covering.size() > covering["num_blocks"].count()).reindex(blocks.index, fill_value=False)
+        covering = frame[~own].groupby(keys, sort=False)
+        counted = covering["num_blocks"].sum().reindex(out.index, fill_value=0.0)
+        unknown = (covering.size() > covering["num_blocks"].count()).reindex(out.index, fill_value=False)
         blocks = (blocks + counted).where(~unknown.astype(bool), np.nan)
-        tokens = tokens + covering["num_tokens"].sum().reindex(blocks.index, fill_value=0.0)
-    return blocks, tokens.where(groups["num_tokens"].count() > 0, np.nan)
+        tokens = tokens + covering["num_tokens"].sum().reindex(out.index, fill_value=0.0)
+    out["blocks"], out["tokens"] = blocks, tokens.where(out["known_tokens"] > 0, np.nan)
+    return out.drop(columns="known_tokens")
 
 
 def _kv_text(kind: str, why: str, num: float, tokens: float, rid, taker, session_id: str) -> str:
