@@ -123,13 +123,13 @@ def range_verdicts(store: Store, since: float | None, until: float | None, *, no
     which were read, which wait for the keeper."""
     failed = store.reads.steps(since, until, status=StepStatus.ERROR.value)
     decided = store.reads.step_verdicts(since, until)
-    decided = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True, pending=False)  # "" for none
-    undecided = _without(failed, decided)
+    known = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True, pending=False)  # "" for none
+    undecided = _without(failed, known)
     covers_from = keeper_covers_from(store, time.time() if now is None else now) if len(undecided) else None
-    if covers_from is not None:
+    if covers_from is not None:  # decided and pending: what the page does not work out
         waits = (undecided["error_type"] == StepErrorType.TIMEOUT.value) & (undecided["started_at"] >= covers_from)
         pending = undecided[waits].assign(failure_cause=PENDING, failure_kind="timeout", evidence=PENDING_WORDS)
-        decided = pd.concat([decided, pending[VERDICT_COLUMNS].assign(decided=False, pending=True)])
+        known = pd.concat([known, pending[VERDICT_COLUMNS].assign(decided=False, pending=True)])
         undecided = undecided[~waits]
     if not (undecided["error_type"] == StepErrorType.TIMEOUT.value).any():  # the others need no read
         worked = error_verdicts(undecided)
@@ -138,9 +138,9 @@ def range_verdicts(store: Store, since: float | None, until: float | None, *, no
         # from their sessions' first step in the range (running sessions: the range's last minutes, not all of it)
         first = float(mine["started_at"].min())
         worked = failure_verdicts(store, first if since is None else max(since, first), until, steps=mine)
-        worked = _without(worked, decided)  # decided and pending
+        worked = _without(worked, known)
     worked = worked.assign(decided=False, pending=False)
-    frame = worked if decided.empty else pd.concat([decided, worked], ignore_index=True)
+    frame = worked if known.empty else pd.concat([known, worked], ignore_index=True)
     return frame.sort_values(["session_id", "step_index"]).reset_index(drop=True)
 
 
