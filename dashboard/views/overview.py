@@ -159,14 +159,14 @@ def render(ctx) -> None:
 
 def verdict_words(failures: dict) -> str:
     """Where the failure table's verdicts come from: decided by the collector once each session settled, pending
-    (timeouts of sessions still running, which a running collector decides once they settle), or attributed as the
-    page opened (no collector deciding them)."""
+    (timeouts of sessions still running, which a running collector decides once they settle), or worked out as the
+    page opened (not decided yet: model and request errors of sessions still running, or no collector deciding)."""
     failed, decided, pending = failures["failed"], failures["decided"], failures["pending"]
     worked = failed - decided - pending
     if decided == failed:
         return f"All {failed:,} verdicts were decided once their session had settled."
     if worked == failed:
-        return f"The {failed:,} verdicts were worked out as this page opened (no collector decides them)."
+        return f"The {failed:,} verdicts were worked out as this page opened (no collector decided them yet)."
     parts = [f"{decided:,} of {failed:,} verdicts were decided once their session had settled"] if decided else []
     if pending:
         parts.append(
@@ -174,7 +174,7 @@ def verdict_words(failures: dict) -> str:
             "session settles, and until then their KV record may still change"
         )
     if worked:
-        parts.append(f"{worked:,} were worked out as this page opened (no collector decides them)")
+        parts.append(f"{worked:,} were worked out as this page opened (no collector decided them yet)")
     return "; ".join(parts) + "."
 
 
