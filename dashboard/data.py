@@ -16,7 +16,7 @@ from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate_of_sums, hit_rate_windows
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
-from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
+from kvobs.analytics.pressure import QUANTILES, lagged_correlation, pressure_windows, strongest_lag
 from kvobs.analytics.routing import (
     SUMMARY_COLUMNS,
     FleetCheck,
@@ -33,6 +33,7 @@ from kvobs.analytics.shortfall import (
     store_lookups,
 )
 from kvobs.analytics.step_causes import range_verdicts
+from kvobs.analytics.step_story import SessionRead
 from kvobs.analytics.windows import RangeSums, arrivals, lookup_range_sums, range_sums, sketch_quantile
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
@@ -46,6 +47,7 @@ SIZE_RECENT_S = 600.0  # looked for in the range's last minutes first: a read bo
 MAX_POINTS = 2_000  # requests drawn one by one on the latency chart; beyond, only the windows' percentiles
 # per-instance series of the Overview's small multiples: `pressure_windows` columns -> (title, y unit, y format)
 LATENCY_DRAWN = ("ttft_p50", "ttft_p90")  # the Overview's latency lines
+LATENCY_METRICS_DRAWN = ("ttft",)  # the latencies they (and the TTFT p90 KPI) read off the sketch
 FLEET_SERIES = {
     "usage_mean": ("KV cache usage", "pinned KV usage", "%"),
     "hit_rate": ("Prefix-cache hit rate", "hit rate (cached / prompt tokens)", "%"),
@@ -91,7 +93,7 @@ def overview(
     Snapshots and requests are read as per-minute rollups (`kvobs.analytics.windows.range_sums`), steps counted per
     window in the database: the page's cost follows its windows, not its rows. With `per_instance`, also `fleet`:
     the same sums split by instance (`_fleet`)."""
-    sums = range_sums(store, since, until, window_s, instances)
+    sums = range_sums(store, since, until, window_s, instances, metrics=LATENCY_METRICS_DRAWN)
     counts = store.reads.kv_event_counts(since, until, bucket_s=window_s, instances=instances, by_instance=per_instance)
     losses = composed.losses_in(counts)  # "blocks lost", one definition
     counters = _hit_counters(store, since, until, instances)
@@ -303,8 +305,13 @@ def _instance_row(name: str, sums: RangeSums, losses: pd.DataFrame, counters: pd
 def pressure(
     store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6, instances=None
 ) -> dict:
+    """`x` (a pressure measure) against `y` (a latency: a mean, or a quantile such as `ttft_p90`) per window, and
+    their lagged correlation. Only `y`'s latency is read off the sketch, and only `y` computed of its quantiles."""
     losses = store.reads.block_losses(since, until, bucket_s=window_s, instances=instances)
-    frame = pressure_windows(range_sums(store, since, until, window_s, instances), losses, window_s=window_s)
+    metric, _, label = y.rpartition("_")
+    quantiles = (y,) if label in QUANTILES else ()
+    sums = range_sums(store, since, until, window_s, instances, metrics=(metric,) if quantiles else ())
+    frame = pressure_windows(sums, losses, window_s=window_s, quantiles=quantiles)
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
     return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
 
@@ -372,6 +379,7 @@ def session_detail(store: Store, session_id: str) -> dict:
         "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
         "steps": attributed,
         "requests": reqs,
+        "read": SessionRead(steps, reqs, attributed) if not steps.empty else None,  # a step story's, shared
     }
 
 

@@ -14,6 +14,7 @@ import streamlit as st
 
 from dashboard import data
 from kvobs.analytics.runs import run_table
+from kvobs.analytics.step_story import SessionRead
 from kvobs.analytics.step_story import step_story as _step_story
 from kvobs.store import Store, open_store
 
@@ -59,7 +60,18 @@ failures = cached(data.failures)
 kv_events = cached(data.kv_events_page)
 alerts = cached(data.alerts_page)
 sessions_with_steps = cached(data.sessions_with_steps)
-step_story = cached(_step_story)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _story(url: str, session_id: str, step_index: int, _read: SessionRead | None):
+    """Keyed by the step alone (Streamlit leaves an argument named with a leading `_` out of the key)."""
+    return _step_story(get_store(url), session_id, step_index, read=_read)
+
+
+def step_story(url: str, session_id: str, step_index: int):
+    """A step's story over its session's cached detail: the session's steps, requests and verdicts are read and
+    worked out once for the Sessions page, its step choosers and the story (`step_story`'s `SessionRead`)."""
+    return _story(url, session_id, step_index, session_detail(url, session_id)["read"])
 
 
 def session_steps_by_cache_cost(url: str, session_id: str) -> list[int]:

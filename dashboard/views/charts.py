@@ -11,6 +11,7 @@ and what is unknown is decided before (`dashboard.series.fill_windows`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import altair as alt
 import numpy as np
@@ -22,6 +23,17 @@ from dashboard.clock import Clock, axis_format
 from dashboard.series import is_empty
 
 SERIES, VALUE, WALL, END, WHEN = "series", "value", "wall_ms", "end_ms", "time"
+
+# Altair checks every schema object it builds, and every chart's whole spec, against Vega-Lite's JSON schema: about
+# a tenth of a page's render (bench/dashboard_queries.py; the Overview draws eight charts). The pages' specs are
+# checked against that schema in the tests instead (tests/dashboard/test_chart_specs.py), so a served page skips it.
+alt.utils.schemapi.disable_debug_mode()  # no check as each schema object is built
+
+
+def show(chart, **kwargs) -> None:
+    """`st.altair_chart(chart, **kwargs)`, the spec not checked again as Streamlit turns it into a dict."""
+    object.__setattr__(chart, "to_dict", partial(chart.to_dict, validate=False))  # Altair's own setattr keeps spec keys
+    st.altair_chart(chart, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,7 @@ def time_chart(
         chart = (
             alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=16), interpolate=interpolate).encode(**encodings)
         )
-    st.altair_chart(alt.layer(chart, *layers, *([ticks] if ticks else [])).properties(height=height), width="stretch")
+    show(alt.layer(chart, *layers, *([ticks] if ticks else [])).properties(height=height), width="stretch")
     if ticks:
         st.caption("Grey ticks on the axis: windows watched with nothing in them; a blank window was not watched.")
     return True
@@ -174,7 +186,7 @@ def small_multiples(
     encodings = _encodings(axis, y_title, y_format, series="instance", stack=False)
     chart = alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=12)).encode(**encodings)
     header = alt.Header(labelFontSize=13, labelFontWeight="bold", labelOrient="top")
-    st.altair_chart(
+    show(
         chart.properties(width=width, height=height).facet(
             facet=alt.Facet(f"{SERIES}:N", title=None, header=header), columns=columns
         ),

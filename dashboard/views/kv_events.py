@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboard import glossary
 from dashboard.views import cache
-from dashboard.views.charts import time_chart
+from dashboard.views.charts import show, time_chart
 from dashboard.views.tables import show_table
 
 TITLE = "KV events"
@@ -69,7 +69,7 @@ def render(ctx) -> None:
                     tooltip=["reason", "kind", alt.Tooltip("blocks:Q", format=",")],
                 )
             )
-            st.altair_chart(chart.properties(height=alt.Step(36)), width="stretch")
+            show(chart.properties(height=alt.Step(36)), width="stretch")
     with right:
         st.subheader("Most recomputed blocks")
         st.caption("Stored again on the same instance, in the stretch counted above.")

@@ -7,6 +7,7 @@ import altair as alt
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.charts import show
 from dashboard.views.tables import show_table
 from kvobs.analytics.pressure import why_no_lag
 from kvobs.analytics.samples import MIN_PAIRS
@@ -67,7 +68,7 @@ def render(ctx) -> None:
             ],
         )
     )
-    st.altair_chart(scatter.properties(height=300), width="stretch")
+    show(scatter.properties(height=300), width="stretch")
     st.caption(f"{len(pairs):,} windows with both values.")
     st.subheader("Lagged correlation")
     correlation, best = data["correlation"], data["strongest"]
@@ -90,6 +91,6 @@ def render(ctx) -> None:
             tooltip=["lag_s", alt.Tooltip("r:Q", format=".2f"), "pairs"],
         )
         ranges = base.mark_rule(color="#555").encode(y="ci_low:Q", y2="ci_high:Q")
-        st.altair_chart(alt.layer(bars, ranges).properties(height=220), width="stretch")
+        show(alt.layer(bars, ranges).properties(height=220), width="stretch")
         st.caption(f"Bars: r at each lag with at least {MIN_PAIRS} windows; lines: its 95% interval.")
     show_table(correlation, ctx.clock)

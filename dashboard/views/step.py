@@ -14,7 +14,7 @@ import streamlit as st
 from dashboard import data, glossary
 from dashboard.clock import duration
 from dashboard.views import cache
-from dashboard.views.charts import time_x
+from dashboard.views.charts import show, time_x
 from dashboard.views.tables import show_text_table
 
 TITLE = "Step timeline"
@@ -146,7 +146,7 @@ def _breakdown(step: dict) -> None:
             tooltip=["which", "part", alt.Tooltip("seconds:Q", format=".3f")],
         )
     )
-    st.altair_chart(chart.properties(height=alt.Step(34)), width="stretch")
+    show(chart.properties(height=alt.Step(34)), width="stretch")
     rate = step.get("prefill_rate")
     st.caption(
         "The engine's queue, prefill and decode come from its request rows; the prefill's KV parts are "
@@ -199,7 +199,7 @@ def _timeline(ctx, story) -> None:
             )
         )
     st.subheader("Timeline")
-    st.altair_chart(alt.layer(*layers).properties(height=34 * len(lanes) + 60), width="stretch")
+    show(alt.layer(*layers).properties(height=34 * len(lanes) + 60), width="stretch")
     if story.pause is None:
         st.caption("No tool pause before it: the session's first step.")
     if story.requests.empty:

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.views import cache
+from dashboard.views.charts import show
 from dashboard.views.tables import show_text_table
 from kvobs.semconv.reasons import EvictionPolicyName, names
 
@@ -185,5 +186,5 @@ def _chart(table: pd.DataFrame) -> None:
             )
         )
         charts.append(alt.layer(replayed, seen).properties(height=220, width=360))
-    st.altair_chart(alt.hconcat(*charts), width="content")
+    show(alt.hconcat(*charts), width="content")
     st.caption("Line: the replay at each size; red diamond: what was observed.")

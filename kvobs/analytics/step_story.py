@@ -2,6 +2,7 @@
 its session's cached blocks from the tool pause before it to its end, with who took them.
 
     story = step_story(store, "coder-1-0001", 2)
+    story = step_story(store, "coder-1-0001", 2, read=SessionRead(steps, requests, verdicts))  # reads shared
     story.step          # the step's verdict: status, failure_cause, slow_cause, evidence, typical_s (attribution)
     story.timeline      # lane, phase, start, end: the step, the tool pause and its tool calls, each request's phases
     story.events        # ts, source, kind, blocks, tokens, request_id, what: everything above and the KV record
@@ -11,6 +12,11 @@ trace within its time), so the story and the verdict never disagree about which 
 pause starts when the previous step's last request finished (its end, without requests) and ends when this step's
 first request arrived. A lost block's taker is the request the engine evicted it for (`request_id` on an `evicted`
 row) and that request's session; vLLM's `removed` events do not name one, and the story says so.
+
+A page that has read and attributed the step's session already (the Sessions page's session detail) gives those
+reads (`SessionRead`): the story then reads only its own stretch of KV events, and its verdict is the session's row
+(the attribution of the whole session, which the story's own, over the KV events of its stretch, equals:
+`tests/analytics/test_step_story.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,17 @@ TAKERS_BEFORE_S = 600.0  # a block's taker is named from the requests that arriv
 
 
 @dataclass(frozen=True)
+class SessionRead:
+    """A session's reads and attribution: its `steps` (`reads.steps(session_id=...)`), the `requests` that arrived
+    from `RATE_WINDOW_S` before its first step's start to its last step's end, and `verdicts`, `attribute_steps`'
+    row of each of its steps over those requests and the session's KV events."""
+
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    verdicts: pd.DataFrame
+
+
+@dataclass(frozen=True)
 class StepStory:
     step: dict
     requests: pd.DataFrame
@@ -48,17 +65,18 @@ class StepStory:
         return float(times.min()), float(times.max())
 
 
-def step_story(store: Store, session_id: str, step_index: int) -> StepStory | None:
-    """The story of step `step_index` of `session_id`; None when the store has no such step."""
-    steps = store.reads.steps(session_id=session_id).sort_values("step_index").reset_index(drop=True)
+def step_story(store: Store, session_id: str, step_index: int, *, read: SessionRead | None = None) -> StepStory | None:
+    """The story of step `step_index` of `session_id`; None when the store has no such step. `read`: the session's
+    reads and verdicts, where the caller has them (none read again)."""
+    steps = (read.steps if read is not None else store.reads.steps(session_id=session_id)).sort_values("step_index")
+    steps = steps.reset_index(drop=True)
     position = steps.index[steps["step_index"] == step_index]
     if position.empty:
         return None
     i = int(position[0])
     first, last = float(steps["started_at"].min()), _end(steps)
     read_from = first - RATE_WINDOW_S  # requests from before: the prefill rate's window
-    reqs = store.reads.requests(read_from, last)
-    rates = PrefillRates.from_store(store, read_from, last, requests=reqs)
+    reqs = read.requests if read is not None else store.reads.requests(read_from, last)
     sent = step_requests(reqs, steps)
     # The KV events this step's verdict and story can involve: from the start of the step before it (its tool pause
     # begins when that step's requests end, never earlier) to its end; not the session's whole history.
@@ -66,14 +84,16 @@ def step_story(store: Store, session_id: str, step_index: int) -> StepStory | No
     high = _end(steps.iloc[i : i + 2]) if i + 1 < len(steps) else last
     session_kv = store.reads.kv_events(low, high, session_id=session_id)
     resets = store.reads.kv_events(low, high, kinds=[K.CLEARED.value])
-    routing = request_routing(store, sent[i], steps, low, high)
-    attributed = attribute_steps(
-        steps,
-        reqs,
-        pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], resets]),
-        rates=rates,
-        routing=routing,
-    )
+    if read is not None:
+        attributed = read.verdicts
+    else:
+        attributed = attribute_steps(
+            steps,
+            reqs,
+            pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], resets]),
+            rates=PrefillRates.from_store(store, read_from, last, requests=reqs),
+            routing=request_routing(store, sent[i], steps, low, high),
+        )
     step = steps.iloc[i]
     verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()
     mine = sent[i]

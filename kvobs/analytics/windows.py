@@ -60,6 +60,13 @@ class RangeSums:
         found = request_sums(requests, window_s)
         return cls(snapshot_sums(snapshots, window_s, dict(before or {})), found[0], found[1])
 
+    def only(self, metrics: tuple[str, ...] | None) -> RangeSums:
+        """These sums with the sketch bins of `metrics` alone (None: all)."""
+        if metrics is None:
+            return self
+        latency = self.latency[self.latency["metric"].isin(metrics)]
+        return RangeSums(self.snapshots, self.requests, latency, self.from_rollups, self.row_minutes)
+
     def of(self, instances) -> RangeSums:
         snaps, reqs, bins = (frame[frame["instance"].isin(set(instances))] for frame in self.frames)
         return RangeSums(snaps, reqs, bins, self.from_rollups, self.row_minutes)
@@ -78,23 +85,28 @@ class RangeSums:
         return [frame[c] for frame in (self.snapshots, self.requests) for c in ("first_ts", "last_ts")]
 
 
-def range_sums(store, since: float, until: float, window_s: float, instances=None) -> RangeSums:
+def range_sums(
+    store, since: float, until: float, window_s: float, instances=None, *, metrics: tuple[str, ...] | None = None
+) -> RangeSums:
     """The instance snapshots and requests of [since, until] on `instances` (None: all), summed per window of
     `window_s` and instance: every minute the range touches from the rollups, but an edge minute that holds rows
-    outside the range, which is summed from its rows (windows that are not whole minutes: every row)."""
+    outside the range, which is summed from its rows (windows that are not whole minutes: every row). `metrics`:
+    the latencies whose sketch bins are read (`LATENCIES`' names; None: all), for a page that draws only some."""
     scope = None if instances is None else list(instances)
     if window_s < MINUTE_S or window_s % MINUTE_S:
-        return _rows(store, since, until, window_s, scope, upper_open=False)
+        return _rows(store, since, until, window_s, scope, upper_open=False).only(metrics)
     first, last = _minute_span(since, until)
     snaps, reqs = (_touched(store, rollup, since, until, scope) for rollup in (SNAPSHOT_MINUTES, REQUEST_MINUTES))
     outside = _outside(snaps, since, until, "last_ts") | _outside(reqs, since, until, "last_arrival_ts")
     low = first + MINUTE_S if first in outside else first  # the sketch bins merged per window in the database,
     high = last if last in outside else last + MINUTE_S  # but those of the edge minutes summed from their rows
-    bins = store.reads.minute_rollup(LATENCY_MINUTES.table, low, high, instances=scope, bucket_s=window_s)
+    bins = store.reads.minute_rollup(
+        LATENCY_MINUTES.table, low, high, instances=scope, bucket_s=window_s, metrics=metrics
+    )
     snaps, reqs = (_windows(frame[~frame["minute"].isin(outside)], window_s) for frame in (snaps, reqs))
     parts = [RangeSums(snaps, reqs, bins.rename(columns={"minute": "window"})[[*BIN_KEYS, "n"]])]
     for low, high, upper_open in _edges(outside, since, until):
-        parts.append(_rows(store, low, high, window_s, scope, upper_open=upper_open))
+        parts.append(_rows(store, low, high, window_s, scope, upper_open=upper_open).only(metrics))
     return RangeSums(
         SNAPSHOT_MINUTES.merge([p.snapshots for p in parts], KEYS),
         REQUEST_MINUTES.merge([p.requests for p in parts], KEYS),

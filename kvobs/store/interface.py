@@ -99,11 +99,18 @@ class Reads(Protocol):
         ...
 
     def minute_rollup(
-        self, table: str, low, high, *, instances: Instances = None, bucket_s: float | None = None
+        self,
+        table: str,
+        low,
+        high,
+        *,
+        instances: Instances = None,
+        bucket_s: float | None = None,
+        metrics: Iterable[str] | None = None,
     ) -> pd.DataFrame:
         """A per-minute rollup's rows (`kvobs.store.rollups.ROLLUPS`, by table name) of the minutes starting in
         [low, high), one per key, by key; with `bucket_s` (whole minutes), merged per bucket in the database, its start
-        as `minute`."""
+        as `minute`; with `metrics` (a rollup keyed by `metric`: the latency sketch), only those metrics' rows."""
         ...
 
     def request_lookups(

@@ -205,19 +205,28 @@ class SqlReads(ComposedReads):
         return read(self.store, _between(stmt, step.started_at, since, until).group_by(bucket).order_by(bucket))
 
     def minute_rollup(
-        self, table: str, low, high, *, instances: Instances = None, bucket_s: float | None = None
+        self,
+        table: str,
+        low,
+        high,
+        *,
+        instances: Instances = None,
+        bucket_s: float | None = None,
+        metrics: Iterable[str] | None = None,
     ) -> pd.DataFrame:
         model = ROLLUPS[table].__table__
         assert isinstance(model, Table)
+        among = [model.c.minute >= low, model.c.minute < high]
+        if metrics is not None:
+            among.append(model.c.metric.in_(list(metrics)))
         if bucket_s is None:
-            stmt = select(*model.columns).where(model.c.minute >= low, model.c.minute < high)
-            stmt = _of_instances(stmt, model.c.instance, instances)
+            stmt = _of_instances(select(*model.columns).where(*among), model.c.instance, instances)
             return read(self.store, stmt.order_by(*model.primary_key.columns))
         rollup = next(r for r in MINUTE_ROLLUPS if r.table == table)
         bucket = (func.floor(model.c.minute / bucket_s) * bucket_s).label("bucket")  # not `minute`: a column's name
         keys = [bucket if key == "minute" else model.c[key] for key in rollup.keys]
         merged = [getattr(func, how)(model.c[column]).label(column) for column, how in rollup.how().items()]
-        stmt = select(*keys, *merged).where(model.c.minute >= low, model.c.minute < high)
+        stmt = select(*keys, *merged).where(*among)
         stmt = _of_instances(stmt, model.c.instance, instances).group_by(*keys).order_by(*keys)
         return read(self.store, stmt).rename(columns={"bucket": "minute"})
 

@@ -4,6 +4,7 @@ everything in time order, and each lost block's taker the request the engine rea
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.prefill_rates import PrefillRates
@@ -108,3 +109,26 @@ def test_an_unknown_step_has_no_story(agent_run):
     assert step_story(agent_run.store, "no-such-session", 0) is None
     session = agent_run.store.reads.steps()["session_id"].iloc[0]
     assert step_story(agent_run.store, session, 99) is None
+
+
+@pytest.mark.parametrize("run_name", ["agent_run", "vllm_run", "fleet_run"])
+def test_a_story_over_its_sessions_detail_is_the_story_it_reads_itself(request, run_name):
+    """The dashboard gives a story its session's reads and verdicts (`SessionRead`, from `session_detail`): every
+    step's story is then the one it works out alone, verdict, requests, pause, timeline and rows alike."""
+    from dashboard.data import session_detail
+
+    store = request.getfixturevalue(run_name).store
+    steps = store.reads.steps()
+    assert len(steps) >= 10
+    for session_id, indexes in steps.groupby("session_id")["step_index"]:
+        read = session_detail(store, session_id)["read"]
+        for index in indexes:
+            alone, shared = (step_story(store, session_id, int(index), read=r) for r in (None, read))
+            assert alone is not None and shared is not None
+            assert shared.step.keys() == alone.step.keys()
+            for column, value in alone.step.items():
+                assert shared.step[column] == value or (pd.isna(value) and pd.isna(shared.step[column])), column
+            assert shared.pause == alone.pause
+            for got, want in [(shared.requests, alone.requests), (shared.timeline, alone.timeline)]:
+                pd.testing.assert_frame_equal(got, want)
+            pd.testing.assert_frame_equal(shared.events, alone.events)

@@ -103,6 +103,22 @@ def test_the_rollups_hold_what_the_rows_give_whatever_the_batches(any_store, tmp
     _assert_rollups(any_store, rows)
 
 
+def test_a_rollup_read_of_some_metrics_holds_their_rows_alone(any_store):
+    """`metrics=` narrows the latency sketch to those latencies, per minute and merged per window alike (the
+    Overview reads TTFT's alone), with the same rows as the whole read has for them."""
+    writer = StoreWriter(any_store)
+    writer.add_many(_rows())
+    writer.close()
+    table = LATENCY_MINUTES.table
+    for bucket in (None, 300.0):
+        whole = any_store.reads.minute_rollup(table, 0, 4e9, bucket_s=bucket)
+        ttft = any_store.reads.minute_rollup(table, 0, 4e9, bucket_s=bucket, metrics=["ttft"])
+        assert set(whole["metric"]) == {"ttft", "itl", "queue"} and set(ttft["metric"]) == {"ttft"}
+        mine = whole[whole["metric"] == "ttft"].reset_index(drop=True)
+        pd.testing.assert_frame_equal(ttft.reset_index(drop=True), mine, check_dtype=False)
+        assert any_store.reads.minute_rollup(table, 0, 4e9, bucket_s=bucket, metrics=[]).empty
+
+
 def test_revision_0014_fills_the_rollups_from_stored_rows(store):
     from alembic import command
     from alembic.config import Config

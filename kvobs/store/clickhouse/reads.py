@@ -180,9 +180,13 @@ class ClickHouseReads(ComposedReads):
             {**where.params, "bucket": float(bucket_s)},
         )
 
-    def minute_rollup(self, table: str, low, high, *, instances=None, bucket_s: float | None = None) -> pd.DataFrame:
+    def minute_rollup(
+        self, table: str, low, high, *, instances=None, bucket_s: float | None = None, metrics=None
+    ) -> pd.DataFrame:
         rollup = {r.table: r for r in ROLLUPS}[table]
         where = _Where("minute >= {low:Float64}", "minute < {high:Float64}", low=float(low), high=float(high))
+        if metrics is not None:
+            where.add("metric IN {metrics:Array(String)}", metrics=list(metrics))
         bucket = "minute" if bucket_s is None else "floor(minute / {bucket:Float64}) * {bucket:Float64}"
         keys = ", ".join("bucket" if key == "minute" else key for key in rollup.keys)
         params = {**where.params, **({} if bucket_s is None else {"bucket": float(bucket_s)})}
