@@ -7,22 +7,27 @@ Stages, each timed on one thread over the same payloads:
 - decode: `decode_batch` (msgspec) only: the baseline the other stages are compared with;
 - decode + attribute: plus `KVIngest` (hash chains, session attribution, rows queued), writer not draining;
 - decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file);
-- decode + attribute + chDB: the same into ClickHouse's engine in-process (`chdb:///dir`, Arrow inserts).
+- decode + attribute + SQLite, writes in a child process: the same, the store's writes done by a child process
+  (`kvobs collect --write-process`; started before the clock, as a collector starts it once);
+- decode + attribute + chDB: the same into ClickHouse's engine in-process (`chdb:///dir`, Arrow inserts);
+- with `--postgres URL`: decode + attribute + PostgreSQL (COPY), in process and from a child process.
 
 Each stage also prints the block rows it makes per second (a `BlockStored` of n blocks is n `kv_events` rows), and
-the process's CPU time over the stage (user + system, every thread: the writer's, SQLite's, chDB's own pool) as CPU
-cores busy and CPU microseconds per event: on a 2-core machine, a stage whose CPU per event times the target rate
-exceeds 2 core-seconds a second cannot reach it however its threads overlap.
+the CPU time over the stage (user + system, every thread of the process and of its write process: the writer's,
+SQLite's, chDB's own pool; not the PostgreSQL server's) as CPU cores busy and CPU microseconds per event: on a
+2-core machine, a stage whose CPU per event times the target rate exceeds 2 core-seconds a second cannot reach it
+however its threads overlap.
 
 Scrape: the recorded vLLM 0.32 `/metrics` body (cut to `--lines` lines at a family boundary) parsed with
 prometheus_client alone (baseline), then `parse_metrics` (checks, legacy names), then parse + derive.
 
-    python bench/collector_ingest.py [--batches 2000] [--events 50] [--lines 600] [--repeats 3]
+    python bench/collector_ingest.py [--batches 2000] [--events 50] [--lines 600] [--repeats 3] [--postgres URL]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import tempfile
@@ -38,8 +43,10 @@ from collectors.kv_ingest import KVIngest
 from collectors.prom_text import parse_metrics
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventColumns
+from kvobs.store.write_process import WriteProcess
 from kvobs.vllm import kv_events as wire
 
+WRITE_PROCESS = ", writes in a child process"  # kvobs collect --write-process
 RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu" / "metrics" / "scrape_084.txt"
 
 
@@ -74,15 +81,22 @@ def synthetic_payloads(num_batches: int, per_batch: int, sessions: int, seed: in
     return payloads, total
 
 
-STORES = {"SQLite": "sqlite:///{dir}/kv-{run}.db", "chDB": "chdb:///{dir}/kv-{run}.ch"}
+STORES = {"SQLite": "sqlite:///{dir}/kv-{run}-{n}.db", "chDB": "chdb:///{dir}/kv-{run}-{n}.ch"}
 
 
 def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of one stage over every payload."""
-    url = next((u for name, u in STORES.items() if stage.endswith(name)), None)
-    store = open_store(url.format(dir=store_dir, run=run)) if url else None
-    writer = StoreWriter(store, max_queue=10_000_000) if store else _NullWriter()
+    """(wall seconds, process CPU seconds, the write process's included) of one stage over every payload: `stage`
+    ends with the store's name (`STORES`), and `WRITE_PROCESS` for writes in a child process."""
+    name = stage.split(" + ")[-1].split(",")[0]
+    url = STORES[name].format(dir=store_dir, run=run, n=len(stage)) if name in STORES else None
+    store = open_store(url) if url else None
+    if url and url.startswith("postgresql"):
+        _emptied(store)
+    writes = WriteProcess(url) if url and stage.endswith(WRITE_PROCESS) else None  # started before the clock
+    writer = StoreWriter(writes or store, max_queue=10_000_000) if store else _NullWriter()
     ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
+    child = writes._process.pid if writes is not None and writes._process is not None else None
+    child_cpu = _cpu(child)
     cpu, start = process_cpu_s(), time.perf_counter()
     for seq, payload in enumerate(payloads):
         batch = wire.decode_batch(payload).batch
@@ -90,10 +104,31 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
             ingest.on_batch(seq, batch)
     if store is not None:
         writer.close(timeout_s=600)
-    wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu
+    wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu + _cpu(child) - child_cpu
+    if writes is not None:
+        writes.close()
     if store is not None:
         store.close()
     return wall, cpu
+
+
+def _emptied(store) -> None:
+    """Every table of a PostgreSQL store given with --postgres emptied, so each run starts from none."""
+    from sqlalchemy import text
+
+    from kvobs.store.schema import ROLLUPS, TABLES
+
+    tables = [*TABLES, *ROLLUPS]  # (both keyed by table name)
+    with store.engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(tables)}"))
+
+
+def _cpu(pid: int | None) -> float:
+    """A child process's CPU seconds so far (user + system, from Linux's /proc/PID/stat); 0 without one."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def block_rows(payloads: list[bytes]) -> int:
@@ -150,10 +185,26 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--lines", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="also time PostgreSQL, in process and from a child process: a database of its own (its kvobs tables are "
+        "emptied before each run), e.g. postgresql://postgres@127.0.0.1/kvobs_bench",
+    )
     args = parser.parse_args(argv)
+    if args.postgres:
+        STORES["PostgreSQL"] = args.postgres
 
     payloads, total = synthetic_payloads(args.batches, args.events, args.sessions)
-    stages = ["decode", "decode + attribute", "decode + attribute + SQLite", "decode + attribute + chDB"]
+    stages = [
+        "decode",
+        "decode + attribute",
+        "decode + attribute + SQLite",
+        f"decode + attribute + SQLite{WRITE_PROCESS}",
+        "decode + attribute + chDB",
+    ]
+    if args.postgres:
+        stages += ["decode + attribute + PostgreSQL", f"decode + attribute + PostgreSQL{WRITE_PROCESS}"]
     times: dict[str, list[tuple[float, float]]] = {s: [] for s in stages}
     with tempfile.TemporaryDirectory() as tmp:
         for run in tqdm(range(args.repeats), desc="KV events", unit="round"):
@@ -163,17 +214,17 @@ def main(argv: list[str] | None = None) -> list[Result]:
     base = statistics.median(wall for wall, _ in times["decode"])
     print(
         f"\nKV events: {total:,} events ({num_rows:,} block rows) in {len(payloads):,} batches, median of "
-        f"{args.repeats}; CPU: the process's, every thread"
+        f"{args.repeats}; CPU: the process's and its write process's, every thread"
     )
     print(
-        f"{'stage':<30} {'events/s':>12} {'block rows/s':>13} {'time vs decode':>15} {'rate vs decode':>15} "
+        f"{'stage':<58} {'events/s':>12} {'block rows/s':>13} {'time vs decode':>15} {'rate vs decode':>15} "
         f"{'CPU cores busy':>15} {'CPU us/event':>13}"
     )
     rows = []
     for stage in stages:
         t, cpu = sorted(times[stage])[len(times[stage]) // 2]  # the median run by wall time, with its CPU
         print(
-            f"{stage:<30} {total / t:>12,.0f} {num_rows / t:>13,.0f} {t / base:>14.2f}x {base / t:>14.1%} "
+            f"{stage:<58} {total / t:>12,.0f} {num_rows / t:>13,.0f} {t / base:>14.2f}x {base / t:>14.1%} "
             f"{cpu / t:>15.2f} {cpu / total * 1e6:>13.2f}"
         )
         rows.append(Result("collector_ingest", f"KV events: {stage}", total / t, "events/s", base / t, "decode only"))

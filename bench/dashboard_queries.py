@@ -256,18 +256,24 @@ def pages(store, since, until) -> dict:
         "Overview": lambda: (data.overview(store, since, until, window), data.failures(store, since, until)),
         "Pressure vs latency": lambda: data.pressure(store, since, until, window, "evictions_per_s", "ttft_mean"),
         "Sessions": lambda: (data.sessions(store, since, until), data.session_detail(store, session)),
-        # the page: its sessions by what the cache cost them, the session's steps likewise, the step's story
-        "Step timeline": lambda: (
-            data.sessions_with_steps(store, since, until),
-            data.steps_by_cache_cost(data.session_detail(store, session)["steps"]),
-            step_story(store, session, step),
-        ),
+        # the page: its sessions by what the cache cost them, the session's steps likewise, the step's story over
+        # the session's reads (as `dashboard.views.cache.step_story` gives them)
+        "Step timeline": lambda: _step_page(store, since, until, session, step),
         "KV events": lambda: data.kv_events_page(store, since, until, window),
         "Alerts": lambda: data.alerts_page(store, since, until),
         # a fleet's Overview adds these (in its render with --instances 2 or more): the lookups a collector
         # measured, from their rollup
         ROUTING: lambda: data.fleet_routing(store, since, until, replay=False),
     }
+
+
+def _step_page(store, since, until, session, step) -> tuple:
+    detail = data.session_detail(store, session)
+    return (
+        data.sessions_with_steps(store, since, until),
+        data.steps_by_cache_cost(detail["steps"]),
+        step_story(store, session, step, read=detail["read"]),
+    )
 
 
 PAGE_KEYS = {

@@ -41,6 +41,7 @@ from kvobs.store import Store, open_store
 from kvobs.store.leases import LeaseKeeper
 from kvobs.store.retention import Retention
 from kvobs.store.spool import Spool
+from kvobs.store.write_process import WriteProcess
 from kvobs.store.writer import StoreWriter
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
@@ -74,6 +75,7 @@ class CollectorOptions:
     session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
     retention_days: float | None = None  # drop the store's raw KV events older than this
     spool_dir: str | None = None  # keep the writer's queue on disk here (kvobs.store.spool)
+    write_process: bool = False  # write the store from a child process (kvobs.store.write_process; SQL stores)
     kv_silence_s: float = SILENCE_S  # a KV stream silent this long while its replica serves is told (kv_silence)
 
     def __post_init__(self) -> None:
@@ -104,7 +106,10 @@ class Collector:
         default = options.instance or (self.targets[0].instance if len(self.targets) == 1 else None)
         self._owns_store = store is None
         self.store = store or open_store(options.store_url)
-        self.writer = StoreWriter(self.store, spool=Spool(options.spool_dir) if options.spool_dir else None)
+        self.writes = WriteProcess(self.store.url) if options.write_process else None  # the store opened (migrated)
+        self.writer = StoreWriter(
+            self.writes or self.store, spool=Spool(options.spool_dir) if options.spool_dir else None
+        )
         self.drops = DropCounter()
         self.activity = SessionActivity(resolve=self._trace_sessions, end_after_s=options.session_end_after_s)
         self.telemetry = telemetry or self._telemetry()
@@ -248,6 +253,8 @@ class Collector:
         if self.forwarder is not None:
             self.forwarder.close()
         self.writer.close()
+        if self.writes is not None:
+            self.writes.close()  # once its queue is written
         try:
             self.leases.release()  # after the last rows: a successor starts where this one's rows end
         except Exception:

@@ -98,6 +98,12 @@ def add_parser(sub) -> None:
     )
     add_retention_flag(p)
     add_spool_flag(p)
+    p.add_argument(
+        "--write-process",
+        action="store_true",
+        help="write the store (SQLite or PostgreSQL) from a child process, so the writes take no time from decoding "
+        "and attributing KV events (bench/collector_ingest.py gives the rates each way)",
+    )
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
     p.set_defaults(func=run)
 
@@ -119,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             kv_silence_s=args.kv_silence_s,
             retention_days=args.retention_days,
             spool_dir=args.spool_dir,
+            write_process=args.write_process,
             otlp_grpc=args.otlp_grpc,
             otlp_http=args.otlp_http,
             forward_otlp=args.forward_otlp,

@@ -29,6 +29,9 @@ class _Unset:
     def __repr__(self) -> str:
         return "UNSET"
 
+    def __reduce__(self) -> str:
+        return "UNSET"  # pickled as this module's UNSET, so a record sent to another process keeps it unset
+
 
 UNSET: Any = _Unset()  # a column the record does not write
 

@@ -81,6 +81,15 @@ def as_int64_column(values: list) -> list:
     return [v if v is None or 0 <= v <= MAX_INT64 else as_int64(v) for v in values]
 
 
+def checked_uint64_column(values: list) -> list:
+    """A column of hashes as PostgreSQL's NUMERIC(20) holds them (as they are), refused as `UInt64` refuses a value
+    that is no unsigned 64-bit integer (NUMERIC(20) would take 2**64)."""
+    for v in values:
+        if v is not None and not 0 <= v <= MAX_UINT64:
+            raise ValueError(f"block hash {v} is not an unsigned 64-bit integer")
+    return values
+
+
 class Base(DeclarativeBase):
     pass
 

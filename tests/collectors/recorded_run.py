@@ -52,7 +52,7 @@ def record_agent_steps(store) -> None:
 
 
 @contextmanager
-def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",)):
+def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_process: bool = False):
     """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the stopped collector.
 
     Several `replicas` make a fleet behind one collector: each has its own /metrics and KV-event stream; the first
@@ -74,6 +74,7 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",)):
             kv_events_bind=True,
             otlp_http="127.0.0.1:0",
             interval_s=3600,
+            write_process=write_process,
         )
         collector = Collector(options, store=store)
         collector.scraper.clock = _recorded_clock([[ts for ts, _ in scraped] for _, scraped in plays])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+import pandas as pd
 import pytest
 from sqlalchemy import func, select
 
@@ -112,3 +113,19 @@ def test_scrapes_give_snapshots_and_interval_samples(collected):
     assert (hits, queries) == (13952, 47210)
     assert all(v >= 0 for n, v in samples if n.endswith((":increase", ":count")))
     assert [v for n, v in samples if n == "up"] == [1.0] * len(bodies)
+
+
+def test_with_its_writes_in_a_child_process_the_collector_stores_the_same_rows(store, vllm_run):
+    """`kvobs collect --write-process` on the recorded run: every row and rollup the collector stores in process
+    (`vllm_run`, SQLite), on SQLite and PostgreSQL alike."""
+    from kvobs.store.schema import ROLLUPS, TABLES
+    from tests.store.test_write_process import table
+
+    with collect_recorded(store, write_process=True) as collector:
+        assert collector.writes is not None and collector.writes.num_starts == 1
+    assert collector.writer.num_dropped == 0
+    kept = [name for name in TABLES if name not in ("leases", "verdict_progress", "lookup_progress")]  # times of now
+    for row_class in [TABLES[name] for name in kept] + list(ROLLUPS.values()):
+        got, want = table(store, row_class), table(vllm_run.store, row_class)
+        assert len(got) == len(want), row_class.__tablename__
+        pd.testing.assert_frame_equal(got, want, check_dtype=False, check_exact=False)
