@@ -29,6 +29,7 @@ import contextlib
 import logging
 import multiprocessing
 import signal
+import threading
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
@@ -62,9 +63,14 @@ class WriteProcess:
         self._context = multiprocessing.get_context("spawn")  # a fork would copy the collector's threads' locks
         self._conn: Connection | None = None
         self._process: BaseProcess | None = None
+        self._lock = threading.Lock()  # one exchange at a time: a close never cuts into a batch's
         self.batch_rows, self.flush_interval_s = self._start()
 
     def write(self, batch: Batch, *, token: str | None = None) -> None:
+        with self._lock:
+            self._write(batch, token)
+
+    def _write(self, batch: Batch, token: str | None) -> None:
         try:
             self._send((batch, token))
         except OSError as exc:  # the child had died before this batch: it never saw it, so a new one writes it
@@ -90,15 +96,22 @@ class WriteProcess:
         self._conn.send(message)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the child once it has answered every batch sent (call after `StoreWriter.close`)."""
-        if self._conn is not None:
-            with contextlib.suppress(OSError):  # the child is gone already
-                self._conn.send(None)
-        if self._process is not None:
-            self._process.join(timeout_s)
-            if self._process.is_alive():
-                self._process.terminate()
-        self._conn = self._process = None
+        """Stop the child once it has answered every batch sent (call after `StoreWriter.close`). A batch it is
+        still writing is answered first, for up to `timeout_s`; after that the child is terminated (the batch's
+        transaction rolls back; a spool keeps its rows for the next start)."""
+        answered = self._lock.acquire(timeout=timeout_s)
+        try:
+            if answered and self._conn is not None:
+                with contextlib.suppress(OSError):  # the child is gone already
+                    self._conn.send(None)
+            if self._process is not None:
+                self._process.join(timeout_s if answered else 0)
+                if self._process.is_alive():
+                    self._process.terminate()
+            self._conn = self._process = None
+        finally:
+            if answered:
+                self._lock.release()
 
     def _start(self) -> tuple[int, float]:
         parent, child = self._context.Pipe()
