@@ -16,8 +16,9 @@ its death goes to the new one; a batch it died writing is retried as after an ou
 back with the dead child, unless the child died in the instant between its commit and its answer, when the retry
 stores that batch a second time).
 
-The child ignores SIGINT and SIGTERM: a collector told to stop flushes its queue through the child first, then
-stops it. It ends by itself when its parent is gone (the pipe closes).
+The child is a fresh interpreter running this module (`python -m kvobs.store.write_process`), connected by a socket
+pair; it ignores SIGINT and SIGTERM: a collector told to stop flushes its queue through the child first, then stops
+it. It ends by itself when its parent is gone (the socket closes).
 
 SQL stores only. A chDB directory has one holder per process and the collector reads it too, and a ClickHouse server
 is a process of its own already.
@@ -27,11 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import signal
+import socket
+import subprocess
+import sys
 import threading
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
 from kvobs.store.interface import Batch
 
@@ -60,9 +62,8 @@ class WriteProcess:
             )
         self.url = url
         self.num_starts = 0
-        self._context = multiprocessing.get_context("spawn")  # a fork would copy the collector's threads' locks
         self._conn: Connection | None = None
-        self._process: BaseProcess | None = None
+        self._process: subprocess.Popen | None = None
         self._lock = threading.Lock()  # one exchange at a time: a close never cuts into a batch's
         self.batch_rows, self.flush_interval_s = self._start()
 
@@ -105,28 +106,34 @@ class WriteProcess:
                 with contextlib.suppress(OSError):  # the child is gone already
                     self._conn.send(None)
             if self._process is not None:
-                self._process.join(timeout_s if answered else 0)
-                if self._process.is_alive():
-                    self._process.terminate()
+                _ended(self._process, timeout_s if answered else 0)
             self._conn = self._process = None
         finally:
             if answered:
                 self._lock.release()
 
     def _start(self) -> tuple[int, float]:
-        parent, child = self._context.Pipe()
-        process = self._context.Process(target=_serve, args=(self.url, child), name="kvobs-store-writes", daemon=True)
-        process.start()
-        child.close()
+        """A fresh interpreter runs this module (`python -m`), not multiprocessing's spawn, which would run the
+        parent's `__main__` again in the child (whatever script that is: under Streamlit's AppTest, the app). The two
+        talk over a socket pair; the URL goes over it too, never on a command line `ps` shows."""
+        ours, theirs = socket.socketpair()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvobs.store.write_process", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        parent = Connection(ours.detach())
+        parent.send(self.url)
         if not parent.poll(START_TIMEOUT_S):
-            process.terminate()
+            _ended(process, 0)
             raise WriteFailed(f"the store's write process did not start in {START_TIMEOUT_S:.0f} s", unreachable=True)
         try:
             hello = parent.recv()
         except EOFError:
             raise WriteFailed("the store's write process ended as it started", unreachable=True) from None
         if hello[0] != "ready":
-            process.join(5.0)
+            _ended(process, 5.0)
             raise WriteFailed(hello[1], unreachable=hello[0] == "unreachable")
         self._conn, self._process = parent, process
         self.num_starts += 1
@@ -135,16 +142,28 @@ class WriteProcess:
     def _stop(self, why: str) -> None:
         log.warning(why)
         if self._process is not None:
-            self._process.join(1.0)
-            if self._process.is_alive():
-                self._process.terminate()
+            _ended(self._process, 1.0)
         self._conn = self._process = None
 
 
-def _serve(url: str, conn: Connection) -> None:
-    """The child: open the store, then write each batch sent and answer None, or (unreachable, message)."""
+def _ended(process: subprocess.Popen, timeout_s: float) -> None:
+    """Wait up to `timeout_s` for the child to end, then terminate it."""
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        process.wait(10.0)
+
+
+def _serve(conn: Connection) -> None:
+    """The child: take the store's URL, open it, then write each batch sent and answer None, or (unreachable,
+    message)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it once its queue is flushed
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        url = conn.recv()
+    except EOFError:
+        return
     from kvobs.store import open_store  # in the child only: the parent may never need a store of its own
     from kvobs.store.sql_store import SqlStore
 
@@ -178,3 +197,7 @@ def _unreachable(exc: BaseException) -> bool:
     from kvobs.store.sql_write import is_unreachable
 
     return is_unreachable(exc)
+
+
+if __name__ == "__main__":  # the child, started by `WriteProcess._start` with its end of the socket pair
+    _serve(Connection(int(sys.argv[1])))

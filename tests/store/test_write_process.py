@@ -8,6 +8,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -110,7 +112,7 @@ def test_a_killed_write_process_is_started_again_and_nothing_is_lost(tmp_path):
     writes = WriteProcess(url)
     assert writes._process is not None
     os.kill(writes._process.pid, signal.SIGKILL)
-    writes._process.join(10)
+    writes._process.wait(10)
     writer = StoreWriter(writes, max_backoff_s=0.2)
     writer.add(SnapshotRecord(ts=T0, instance="a", kv_usage=0.5))
     writer.close()
@@ -137,3 +139,25 @@ def test_a_row_the_database_refuses_is_dropped_alone(tmp_path):
 def test_chdb_is_refused_with_its_reason(tmp_path):
     with pytest.raises(ValueError, match="one holder per process"):
         WriteProcess(f"chdb:///{tmp_path / 'ch'}")
+
+
+def test_a_script_without_a_main_guard_can_start_it(tmp_path):
+    """The child is a fresh `python -m kvobs.store.write_process`, so the script that starts it is never run again
+    there (multiprocessing's spawn runs the parent's `__main__` in the child: under Streamlit's AppTest that was the
+    dashboard app, and the child died as it started)."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from kvobs.store import StoreWriter, open_store\n"
+        "from kvobs.store.rows import SnapshotRecord\n"
+        "from kvobs.store.write_process import WriteProcess\n"
+        f"url = 'sqlite:///{tmp_path / 'kvobs.db'}'\n"
+        "store = open_store(url)\n"
+        "writes = WriteProcess(url)\n"
+        "writer = StoreWriter(writes)\n"
+        "writer.add(SnapshotRecord(ts=1.0, instance='a', kv_usage=0.25))\n"
+        "writer.close(); writes.close()\n"
+        "print(store.reads.instance_snapshots()['kv_usage'].tolist(), writes.num_starts)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[0.25] 1"
