@@ -117,9 +117,9 @@ def test_scrapes_give_snapshots_and_interval_samples(collected):
 
 def test_with_its_writes_in_a_child_process_the_collector_stores_the_same_rows(store, vllm_run):
     """`kvobs collect --write-process` on the recorded run: every row and rollup the collector stores from the
-    recording in process (`vllm_run`, SQLite), on SQLite and PostgreSQL alike. Left out: what the collector's
-    periodic jobs write on the wall clock (verdicts and measured lookups, every minute or so: how many runs fall
-    within a replay depends on how long it took) and leases."""
+    recording in process (`vllm_run`, SQLite), on SQLite and PostgreSQL alike: the tables it fills from the recording
+    and their rollups. Left out: the leases and progress marks (stamped with the wall clock) and what the periodic
+    jobs write (verdicts, measured lookups: they run on the collector's tick, which this replay never reaches)."""
     from kvobs.store.schema import ROLLUPS, TABLES
     from tests.store.test_write_process import table
 
