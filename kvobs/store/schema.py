@@ -85,8 +85,8 @@ def checked_uint64_column(values: list) -> list:
     """A column of hashes as PostgreSQL's NUMERIC(20) holds them (as they are), refused as `UInt64` refuses a value
     that is no unsigned 64-bit integer (NUMERIC(20) would take 2**64)."""
     for v in values:
-        if v is not None and not 0 <= v <= MAX_UINT64:
-            raise ValueError(f"block hash {v} is not an unsigned 64-bit integer")
+        if v is not None and not 0 <= v <= MAX_INT64:
+            as_int64(v)  # raises for a value beyond 64 bits, as it does on SQLite
     return values
 
 

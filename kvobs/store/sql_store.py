@@ -123,10 +123,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 # A commit checkpoints the write-ahead log into the database once it holds this many pages (SQLite's default: 1,000,
 # 4 MB). Each checkpoint writes every page changed since the last, so with rare checkpoints a hot index page (the
-# random block hashes') is written once for many commits: 600,000 KV-event rows went in at 52,100 rows/s, where they
-# went in at 42,900 with the default (bench/collector_ingest.py; the log grows to about 80 MB between checkpoints).
+# random block hashes') is written once for many commits: 600,000 rows into kv_events and its five indexes, nothing
+# else running, went in at 52,100 rows/s, where they went in at 42,900 with the default; the collector stage of
+# bench/collector_ingest.py gained about 10% (the log grows to about 80 MB between checkpoints).
 WAL_CHECKPOINT_PAGES = 20_000
-CACHE_KIB = 65_536  # each connection's page cache, at most (64 MiB)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -134,6 +134,6 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")  # readers (the dashboard) never block the writer
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.execute(f"PRAGMA cache_size=-{CACHE_KIB}")  # index inserts of random block hashes stay in memory
+    cursor.execute("PRAGMA cache_size=-65536")  # 64 MiB of pages: index inserts of random block hashes stay in memory
     cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
     cursor.close()

@@ -14,7 +14,7 @@ instance snapshots, requests and request lookups (`kvobs.store.rollups`). Used b
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from itertools import chain
 from math import floor
@@ -116,24 +116,10 @@ class SqlBatchWriter:
         binds them there)."""
         if dialect == "postgresql":
             with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_PG_COPY) as copy:
-                for c in batches:
-                    values = c.columns.items()
-                    for row in zip(*(checked_uint64_column(v) if n.endswith("_hash") else v for n, v in values)):
-                        copy.write_row(row)
+                for row in _kv_rows(batches, checked_uint64_column):
+                    copy.write_row(row)
             return
-        if dialect != "sqlite":
-            conn.execute(
-                insert(TABLES["kv_events"]),
-                [dict(zip(_KV_COLUMNS, row)) for c in batches for row in zip(*c.columns.values())],
-            )
-            return
-        rows = [
-            row
-            for c in batches
-            for row in zip(
-                *(as_int64_column(values) if name.endswith("_hash") else values for name, values in c.columns.items())
-            )
-        ]
+        rows = list(_kv_rows(batches, as_int64_column))
         if self.alone:
             conn.exec_driver_sql(_SQLITE_INSERT, rows)
         else:
@@ -159,6 +145,14 @@ class SqlBatchWriter:
 
 
 _FROM_JSON = ", ".join("json_extract(value, '$[%d]')" % i for i in range(len(_KV_COLUMNS)))  # noqa: UP031
+
+
+def _kv_rows(batches: list[KVEventColumns], hashes: Callable[[list], list]) -> Iterator[tuple]:
+    """The batches' `kv_events` rows as tuples in `_KV_COLUMNS` order, each hash column bound by `hashes` first."""
+    for c in batches:
+        yield from zip(*(hashes(values) if name.endswith("_hash") else values for name, values in c.columns.items()))
+
+
 _PG_COPY = f"COPY kv_events ({', '.join(_KV_COLUMNS)}) FROM STDIN"
 _SQLITE_INSERT = f"INSERT INTO kv_events ({', '.join(_KV_COLUMNS)}) VALUES ({', '.join('?' * len(_KV_COLUMNS))})"
 _SQLITE_JSON_INSERT = f"INSERT INTO kv_events ({', '.join(_KV_COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"

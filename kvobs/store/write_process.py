@@ -166,12 +166,13 @@ def _serve(conn: Connection) -> None:
         return
     from kvobs.store import open_store  # in the child only: the parent may never need a store of its own
     from kvobs.store.sql_store import SqlStore
+    from kvobs.store.sql_write import is_unreachable
 
     try:
         store = open_store(url, migrate=False)
         assert isinstance(store, SqlStore)  # the URL was checked in the parent
     except Exception as exc:  # an unreachable database, a bad URL: said to the parent, which raises it
-        conn.send(("unreachable" if _unreachable(exc) else "error", f"{type(exc).__name__}: {exc}"))
+        conn.send(("unreachable" if is_unreachable(exc) else "error", f"{type(exc).__name__}: {exc}"))
         return
     store.write_alone()  # no other thread here
     conn.send(("ready", store.batch_rows, store.flush_interval_s))
@@ -191,12 +192,6 @@ def _serve(conn: Connection) -> None:
                 conn.send((store.is_unreachable(exc), f"{type(exc).__name__}: {getattr(exc, 'orig', exc)}"))
     finally:
         store.close()
-
-
-def _unreachable(exc: BaseException) -> bool:
-    from kvobs.store.sql_write import is_unreachable
-
-    return is_unreachable(exc)
 
 
 if __name__ == "__main__":  # the child, started by `WriteProcess._start` with its end of the socket pair
