@@ -175,7 +175,11 @@ class SpanSteps:
             state = self._sessions[session_id]
             index = span.step_index if span.step_index is not None else state.next_index
             failed = span.error_type is not None
-            self.writer.add(_step_record(span, session_id, index, ttft_s=span.ttft_s))
+            trace = self._traces.get(span.trace_id)
+            tools = trace.tools(session_id, span.start, span.end) if trace is not None else []  # inside the step
+            self.writer.add(
+                _step_record(span, session_id, index, ttft_s=span.ttft_s, tools=json.dumps(tools) if tools else None)
+            )
             state.next_index, state.num_failed = max(state.next_index, index + 1), state.num_failed + failed
             self.writer.upsert(
                 SessionRecord(

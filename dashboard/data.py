@@ -431,9 +431,8 @@ def failures(store: Store, since: float, until: float, *, now: float | None = No
 FAILURE_WORDS = {
     "model": "the model answered, but not as the agent needs ({error}): the KV cache does not cause this",
     "request": "the request failed ({error}) before the cache had a part in it",
-    "timeout": "it timed out; nothing in the KV record or the queue cost it time beyond its usual",
-    "cache": "{error}",
-    "queue": "{error}",
+    "timeout": "it timed out, and no request of it is in the store to split its time",
+    **dict.fromkeys(("cache", "queue", "engine", "tool", "outside"), "{error}"),
 }
 
 

@@ -104,21 +104,38 @@ TERMS: dict[str, tuple[str, str]] = {
         f"90th percentile time to first token (shown with 10 requests or more; from a latency sketch, within "
         f"{SKETCH_ACCURACY:.0%}).",
     ),
-    "latency_s": ("latency (s)", "What the step is measured by: its TTFT, else its end-to-end time."),
-    "typical_s": ("typical (s)", "The median latency of the session's other steps."),
+    "latency_s": ("latency (s)", "The whole step: from its start to its end."),
+    "typical_s": ("typical (s)", "The median latency of the session's other successful steps."),
     "excess_s": ("over typical (s)", "How much longer than its typical step it took."),
-    "queue_s": ("queue (s)", "Waiting for the engine to schedule the request."),
-    "prefill_s": ("prefill (s)", "From scheduled to the first token: computing the prompt."),
-    "decode_s": ("decode (s)", "From the first token to the end (steps measured end to end)."),
-    "other_s": ("outside the engine (s)", "Client, network, tokenizing: the latency not spent in the engine."),
+    "queue_s": (
+        "queue (s)",
+        "Waiting for the engine to schedule the request (all of it, for a request never scheduled before it ended).",
+    ),
+    "preempted_s": (
+        "preemption (s)",
+        "Waiting to be re-admitted after a preemption, and the compute it threw away (measured from the engine's "
+        "events; estimated where a server only counts preemptions).",
+    ),
+    "prefill_s": ("prefill (s)", "From scheduled (or re-admitted) to the first token: computing the prompt."),
+    "decode_s": ("decode (s)", "From the first token to the end."),
+    "tool_s": ("own tool calls (s)", "The step's own tool calls (the SDK runs a step's tools inside it)."),
+    "other_s": (
+        "outside the engine (s)",
+        "Client, network, tokenizing, the agent's own work: the rest of the latency.",
+    ),
     "lost_recompute_s": (
         "recomputing the lost prefix (s)",
-        "Estimated at the instance's measured prefill cost per token.",
+        "The share of the step's prefill its lost tokens are of the tokens it computed.",
     ),
-    "prefill_rate": ("prefill rate (tokens/s)", "The instance's measured prefill cost per token, 10 minutes before."),
+    "prefill_rate": ("prefill pace (tokens/s)", "The step's own prefill: tokens it computed per second."),
     "evidence": ("evidence", "What the store shows, with what it cost."),
-    "failure_cause": ("why it failed", "The error itself; for a timeout, the KV or queue cause that cost it time."),
-    "failure_kind": ("kind of failure", "cache, queue, timeout, model (its output), request (anything else)."),
+    "failure_cause": ("why it failed", "The error itself; for a timeout, the part of its latency that cost it."),
+    "failure_kind": (
+        "kind of failure",
+        "For a timeout: cache (a lost prefix, a preemption), queue, engine (its prefill or decode), tool (its own tool "
+        "calls), outside (outside the engine), timeout (no request to split its time); else model (its output) or "
+        "request (anything else).",
+    ),
     "slow_cause": (
         "why it was slow",
         "The part of its latency that explains most of its excess over its typical step (none: not slow).",
@@ -182,7 +199,7 @@ SERIES: dict[str, str] = {
 }
 CAUSES: dict[str, str] = {
     **CAUSE_LABELS,
-    "timeout": "timeout (no KV cause)",
+    "timeout": "timeout (no request of the step found to split its time)",
     "invalid_response": "the model's output (invalid_response)",
     "none": "",
 }

@@ -108,9 +108,10 @@ def render(ctx) -> None:
     if hops:
         st.caption(f"Replicas, step by step: {hops}. A step sent elsewhere than where its prefix was cached says so.")
     st.caption(
-        "Why it failed: the error itself, except a timeout, which is given the KV or queue cause that cost it "
-        "time. Why it was slow: the part of its latency (TTFT, else end to end) that explains most of its "
-        "excess over the session's typical step; blank when it was not slow."
+        "Why it failed: the error itself, except a timeout, which is given the part of its latency that cost it "
+        "(the queue, a lost prefix, a preemption, its prefill or decode, its own tools, outside the engine). Why it "
+        "was slow: the part of its whole latency that explains most of its excess over the session's typical "
+        "step; blank when it was not slow."
     )
     st.subheader("Its hit rate, and what it missed")
     st.caption(

@@ -20,16 +20,26 @@ from dashboard.views.tables import show_text_table
 TITLE = "Step timeline"
 PHASES = ["step", "tool pause", "tool", "queue", "prefill", "decode"]
 KV_LANE = "KV: {}"
-# the latency's parts, in the order they happen; the prefill split into what the KV record explains and the rest
-PARTS = [
-    "queue",
-    "recomputing the lost prefix",
-    "recomputing invalidated blocks",
-    "preemption",
-    "rest of the prefill",
-    "decode",
-    "outside the engine",
-]
+# the latency's parts, which add up to it (`kvobs.analytics.latency_parts`): column -> words, in the order they happen
+PARTS = {
+    "queue_s": "queue",
+    "preempted_s": "preemption",
+    "lost_recompute_s": "recomputing the lost prefix",
+    "invalidated_recompute_s": "recomputing invalidated blocks",
+    "routed_recompute_s": "recomputing a prefix another replica held",
+    "new_prefill_s": "prefill of new tokens",
+    "decode_s": "decode",
+    "tool_s": "its own tool calls",
+    "other_s": "outside the engine",
+}
+# a typical step's parts: medians of the session's other steps, each part on its own
+TYPICAL_PARTS = {
+    "typical_queue_s": "queue",
+    "typical_prefill_s": "prefill of new tokens",
+    "typical_decode_s": "decode",
+    "typical_tool_s": "its own tool calls",
+    "typical_other_s": "outside the engine",
+}
 
 
 def trace_link(jaeger_url: str | None, trace_id) -> str | None:
@@ -77,9 +87,8 @@ def render_story(ctx, session_id: str, step_index: int) -> None:
 def _verdict(ctx, step: dict) -> None:
     status = f"error ({step['error_type']})" if step["status"] == "error" else step["status"]
     latency = step["latency_s"]
-    measured = "TTFT" if pd.notna(step.get("ttft_s")) else "end to end"
     said = (
-        f"{duration(latency)} ({measured}) against a typical {duration(step['typical_s'])}"
+        f"{duration(latency)} (the whole step) against a typical {duration(step['typical_s'])}"
         if pd.notna(latency)
         else "unknown"
     )
@@ -97,35 +106,18 @@ def _verdict(ctx, step: dict) -> None:
 
 
 def _breakdown(step: dict) -> None:
-    """This step's latency by part, next to the session's typical step."""
+    """This step's latency by part (they add up to it), next to each part's typical value."""
 
     def known(value) -> float:
         return float(value) if value is not None and pd.notna(value) else 0.0
 
-    estimates = [known(step[k]) for k in ("lost_recompute_s", "invalidated_recompute_s", "preempted_s")]
-    prefill = known(step["prefill_s"])
-    scale = min(1.0, prefill / sum(estimates)) if sum(estimates) > 0 else 0.0  # the estimates fit inside it
-    mine = [
-        known(step["queue_s"]),
-        *(e * scale for e in estimates),
-        prefill - sum(estimates) * scale,
-        known(step["decode_s"]),
-        known(step["other_s"]),
-    ]
-    usual = [
-        known(step["typical_queue_s"]),
-        0.0,
-        0.0,
-        0.0,
-        known(step["typical_prefill_s"]),
-        known(step["typical_decode_s"]),
-        known(step["typical_other_s"]),
-    ]
+    typical = "typical step (each part's median over its session's other steps)"
     rows = [
-        {"which": which, "part": part, "seconds": max(value, 0.0), "order": i}
-        for which, values in (("this step", mine), ("typical step (median of its session's others)", usual))
-        for i, (part, value) in enumerate(zip(PARTS, values))
-        if value > 0
+        {"which": which, "part": part, "seconds": known(step.get(column)), "order": i}
+        for which, parts in (("this step", PARTS), (typical, TYPICAL_PARTS))
+        for column, part in parts.items()
+        for i in [list(PARTS.values()).index(part)]
+        if known(step.get(column)) > 0
     ]
     if not rows:
         return
@@ -138,9 +130,9 @@ def _breakdown(step: dict) -> None:
             y=alt.Y("which:N", title=None, sort=None),
             color=alt.Color(
                 "part:N",
-                scale=alt.Scale(domain=PARTS),
+                scale=alt.Scale(domain=list(PARTS.values())),
                 title=None,
-                legend=alt.Legend(orient="bottom", columns=4, labelLimit=300),
+                legend=alt.Legend(orient="bottom", columns=3, labelLimit=300),
             ),
             order="order:Q",
             tooltip=["which", "part", alt.Tooltip("seconds:Q", format=".3f")],
@@ -149,13 +141,12 @@ def _breakdown(step: dict) -> None:
     show(chart.properties(height=alt.Step(34)), width="stretch")
     rate = step.get("prefill_rate")
     st.caption(
-        "The engine's queue, prefill and decode come from its request rows; the prefill's KV parts are "
-        + (
-            f"estimated at {rate:,.0f} tokens/s, the instance's measured prefill cost per token; "
-            if rate is not None and pd.notna(rate)
-            else "unknown without a measured prefill rate; "
-        )
-        + "outside the engine is the rest of the latency (client, network, tokenizing)."
+        "Each instant of the step is counted once: the queue, preemption, prefill and decode from its request rows "
+        "and the engine's preemption and re-admission events, its tool calls as the agent recorded them, and the "
+        "rest outside the engine. The recompute inside the prefill is the share its tokens are of the tokens the "
+        "prefill computed"
+        + (f" ({rate:,.0f} tokens/s, this prefill's own pace)." if rate is not None and pd.notna(rate) else ".")
+        + " The typical parts are medians each on its own, so they need not add up to the typical latency."
     )
 
 

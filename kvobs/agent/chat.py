@@ -1,14 +1,20 @@
 """One LLM call as a `chat {model}` CLIENT span that carries its trace context to the server.
 
-The call always streams (`stream_options.include_usage`), so the time to first token is measured where
-the agent feels it. `traceparent`/`tracestate` (W3C) and `X-Session-ID` go in the request headers; an
-instrumented engine or vLLM makes its `llm_request` span a child of this one. Works with the official
-`openai` client (`OpenAI(base_url=...)`) and with an `httpx.Client` whose `base_url` is the API root (`.../v1`).
+The call always streams (`stream_options.include_usage`), so the time to first token is measured where the agent
+feels it. A `timeout_s` is a deadline for the whole call: at it the connection is closed (the server sees the client
+go and, as vLLM and `kvobs serve` do, aborts the request and frees its blocks) and the call raises
+`ChatError("timeout")` then, not when the reply would have ended. `traceparent`/`tracestate` (W3C) and
+`X-Session-ID` go in the request headers; an instrumented engine or vLLM makes its `llm_request` span a child of
+this one. Works with the official `openai` client (`OpenAI(base_url=...)`) and with an `httpx.Client` whose
+`base_url` is the API root (`.../v1`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -153,23 +159,70 @@ def _stream(client, body: dict, headers: dict[str, str], timeout_s: float | None
     raise TypeError(f"chat needs an openai.OpenAI or an httpx.Client; got {type(client).__name__}")
 
 
+class Deadline:
+    """A call's deadline (`timeout_s` from now; None: none). Once the reply's headers are in, `cut_at_deadline`
+    shuts its connection down when the deadline comes: a read blocked in this thread returns at once, and the
+    server sees the client leave."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        self.at = None if timeout_s is None else time.monotonic() + timeout_s
+        self.fired = False
+
+    @contextlib.contextmanager
+    def cut_at_deadline(self, response: httpx.Response):
+        if self.at is None:
+            yield
+            return
+        timer = threading.Timer(max(self.at - time.monotonic(), 0.0), self._cut, args=(response,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _cut(self, response: httpx.Response) -> None:
+        self.fired = True
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:  # a transport without a socket (in-process): closing is all there is
+            response.close()
+            return
+        with contextlib.suppress(OSError):  # closed meanwhile
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def error(self) -> ChatError:
+        return ChatError(
+            StepErrorType.TIMEOUT.value,
+            f"the LLM call passed its {self.timeout_s:.2f} s deadline; the connection was closed, so the server "
+            "stops the request",
+        )
+
+
 def _stream_httpx(client: httpx.Client, body: dict, headers: dict[str, str], timeout_s: float | None):
-    timeout = timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+    deadline = Deadline(timeout_s)
+    timeout = timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT  # until the headers come
     try:
         with client.stream("POST", "chat/completions", json=body, headers=headers, timeout=timeout) as response:
             if response.status_code >= 400:
                 response.read()
                 raise ChatError(str(response.status_code), f"HTTP {response.status_code}: {response.text[:500]}")
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                yield _chunk(data)
+            with deadline.cut_at_deadline(response):
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    yield _chunk(data)
+            if deadline.fired:  # cut between two chunks: the stream ended without its [DONE]
+                raise deadline.error()
     except httpx.TimeoutException as exc:
         raise ChatError(StepErrorType.TIMEOUT.value, f"the LLM call timed out: {exc!r}") from exc
     except httpx.HTTPError as exc:
+        if deadline.fired:
+            raise deadline.error() from exc
         raise ChatError(type(exc).__name__, f"the LLM call failed: {exc!r}") from exc
 
 
@@ -179,6 +232,7 @@ def _stream_openai(client, body: dict, headers: dict[str, str], timeout_s: float
     kwargs = {k: v for k, v in body.items() if k not in ("model", "messages", "stream", "stream_options")}
     known = {"max_tokens", "temperature", "top_p", "stop", "seed", "n", "response_format", "max_completion_tokens"}
     extra_body = {k: kwargs.pop(k) for k in list(kwargs) if k not in known}
+    deadline = Deadline(timeout_s)
     try:
         stream = client.chat.completions.create(
             model=body["model"],
@@ -190,13 +244,18 @@ def _stream_openai(client, body: dict, headers: dict[str, str], timeout_s: float
             timeout=timeout_s,
             **kwargs,
         )
-        for chunk in stream:
-            yield chunk.model_dump()
+        with deadline.cut_at_deadline(stream.response):
+            for chunk in stream:
+                yield chunk.model_dump()
+        if deadline.fired:
+            raise deadline.error()
     except openai.APITimeoutError as exc:
         raise ChatError(StepErrorType.TIMEOUT.value, f"the LLM call timed out: {exc}") from exc
     except openai.APIStatusError as exc:
         raise ChatError(str(exc.status_code), f"HTTP {exc.status_code}: {exc.message}") from exc
-    except openai.APIError as exc:
+    except (openai.APIError, httpx.HTTPError) as exc:
+        if deadline.fired:
+            raise deadline.error() from exc
         raise ChatError(type(exc).__name__, f"the LLM call failed: {exc}") from exc
 
 

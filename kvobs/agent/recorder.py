@@ -6,6 +6,8 @@ The interface a recorder implements (`StepRecorder`) belongs to the session that
 
 from __future__ import annotations
 
+import json
+
 from kvobs.agent.session import AgentSession, AgentStep
 from kvobs.semconv.spans import SessionSource
 from kvobs.store.rows import SessionRecord, StepRecord
@@ -56,4 +58,5 @@ def step_record(session: AgentSession, step: AgentStep) -> StepRecord:
         prompt_tokens=step.total("prompt_tokens"),
         cached_tokens=step.total("cached_tokens"),
         completion_tokens=step.total("completion_tokens"),
+        tools=json.dumps(step.tools) if step.tools else None,
     )

@@ -168,6 +168,7 @@ class AgentStep:
         self.error_message: str | None = None
         self.started_at = self.ended_at = 0.0
         self.chats: list[ChatResult] = []
+        self.tools: list[dict] = []  # its tool calls: name, start, end, status, error_type (`steps.tools`)
         self.span: trace.Span | None = None
         self._start = 0.0
         self._context_token: Token[Context] | None = None  # the OTel context this step attached
@@ -247,9 +248,18 @@ class AgentStep:
 
     @contextmanager
     def tool(self, name: str):
-        """An `execute_tool {name}` span: the pause the session's cached prefix must survive."""
-        with tool_span(self.session.tracer, name) as span:
-            yield span
+        """An `execute_tool {name}` span: the pause the session's cached prefix must survive; the call is kept on the
+        step (`tools`), so its time is the step's own tool time, not time outside the engine."""
+        call = {"name": name, "start": time.time(), "end": None, "status": StepStatus.OK.value, "error_type": None}
+        self.tools.append(call)
+        try:
+            with tool_span(self.session.tracer, name) as span:
+                yield span
+        except BaseException as exc:
+            call.update(status=StepStatus.ERROR.value, error_type=error_type_of(exc))
+            raise
+        finally:
+            call["end"] = time.time()
 
     def call_tool(self, name: str, fn: Callable, *args, **kwargs):
         with self.tool(name):

@@ -37,8 +37,10 @@ def tool(name: str | None = None):
         @functools.wraps(fn)
         def run(*args, **kwargs):
             step = current_step()
-            tracer = step.session.tracer if step is not None else get_tracer_provider().get_tracer(SCOPE)
-            with tool_span(tracer, tool_name):
+            if step is not None:  # the step keeps the call (its own tool time)
+                with step.tool(tool_name):
+                    return fn(*args, **kwargs)
+            with tool_span(get_tracer_provider().get_tracer(SCOPE), tool_name):
                 return fn(*args, **kwargs)
 
         return run

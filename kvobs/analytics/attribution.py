@@ -1,51 +1,63 @@
-"""Why did an agent step fail, and why did it get slow? Two questions, answered apart, with the store's evidence.
+"""Why did an agent step fail, and why did it get slow? Two questions, answered apart, both on the step's whole
+latency (its start to its end), with the store's evidence.
 
     frame = attribute_steps(steps, requests, kv_events(store, kinds=ATTRIBUTION_KINDS), rates=PrefillRates(...))
 
 A step's requests are those whose caller span is the step (`parent_span_id`), or, since the SDK's `chat` span sits
-between them, those of the step's session (or trace) that arrived while the step ran. What the KV record shows about
-a step (`causes`, the facts found, in this order):
+between them, those of the step's session (or trace) that arrived while the step ran. Its latency is split into
+parts that add up to it (`kvobs.analytics.latency_parts`: queue, preemption, prefill with the recompute the KV record
+explains inside it, decode, its own tool calls, outside the engine), and what the KV record shows about it
+(`causes`, the facts found, in this order; `kvobs.analytics.step_facts`):
 
 - `invalidated`: the session's cached blocks were invalidated (or the whole cache cleared) between the session's
   previous request and the end of this step; evidence: the reasons.
-- `prefix_evicted_in_pause`: blocks the session had cached were evicted while it was idle, between its previous
+- `prefix_evicted_in_pause`: blocks the session had cached were taken while it was idle, between its previous
   request's end and this step's first request (the tool pause); evidence: blocks and tokens lost.
 - `routed_away_from_prefix`: its request recomputed a prefix that another replica of the fleet held at its lookup
   (`kvobs.analytics.routing`, given as `routing`); evidence: the replica, its blocks, the tokens.
-- `preempted`: a request of the step was preempted (recomputed); evidence: how often.
-- `queue_wait`: a request waited at least `queue_wait_s` before being scheduled.
+- `preempted`: a request of the step was preempted (recomputed); evidence: how often, what it cost.
+- `queue_wait`: a request waited at least `queue_wait_s` before being scheduled, or was never scheduled.
 
-Each fact comes with what it cost in seconds (`kvobs.analytics.latency_parts`: the step's latency split into queue,
-prefill, decode and the rest, the KV facts estimated at the instance's measured prefill rate,
-`kvobs.analytics.prefill_rates`). `cause` is the fact that cost the most time over the session's typical step
-(`none` when none cost any).
+`cause` is the fact that cost the most time over the session's typical step (`none` when none cost any).
 
-`slow_cause`: is the step slow against its own session's typical step (its TTFT, or end-to-end time when it got no
-first token, above `slow_factor` x the median of the session's other steps, and at least `slow_min_s` above it;
-a session with one step is measured against every step in the frame)? Then the part of its latency that explains
-most of the excess (`latency_parts.EXCESS_CAUSES`: `queue_wait`, `prefix_evicted_in_pause`, `invalidated`,
-`routed_away_from_prefix`, `preempted`, `cold_prefix`, `long_prefill`, `long_decode`, `outside_server`), with its
-share in the evidence; else `none`. A step that is not slow has slow cause `none`, whatever the cache did.
+Each part is weighed against its typical value: the median of the session's other steps that succeeded (all its
+other steps when none did; every successful step in the frame for a session of one step). The recompute and the
+preemption are never typical: they count whole.
+
+`slow_cause`: is the step slow against its session's typical step (its latency above `slow_factor` x the typical
+latency, and at least `slow_min_s` above it)? Then the part whose excess over its typical value is largest
+(`latency_parts.EXCESS_CAUSES`), with its share in the evidence; else `none`.
 
 `failure_cause` (failed steps only): the error itself for model, output, tool or request errors (`invalid_response`,
-an HTTP status, a connection error): the cache does not make a model answer badly. Only a timeout is given a KV or
-queue cause (`cause`), when one cost it time (else `timeout`). `failure_kind` groups them: `cache`, `queue` (the
-KV cause of a timeout), `timeout`, `model` (`invalid_response`), `request` (anything else).
+an HTTP status, a connection error): the cache does not make a model answer badly. A timeout's cause is the part
+that cost it: the largest excess over its typical value, else, where every part was as usual, the part that held
+the most of its time; `timeout` only when no request of the step is in the store to split its time.
+`failure_kind` groups them: `cache` (a lost, invalidated or routed prefix, a preemption), `queue`, `engine` (its
+prefill or decode), `tool` (its own tool calls), `outside` (outside the engine), `timeout` (not split), `model`
+(`invalid_response`), `request` (anything else).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from collections.abc import Collection
 
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.latency_parts import ESTIMATES, EXCESS_CAUSES, PARTS, excess_words, explain_excess, server_parts
+from kvobs.analytics.latency_parts import (
+    ESTIMATES,
+    EXCESS_CAUSES,
+    FAILURE_KIND_OF,
+    PARTS,
+    excess_words,
+    explain_excess,
+    largest_part,
+    part_seconds,
+)
 from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.step_facts import Events, missing, positions_by_value, step_facts
+from kvobs.analytics.step_facts import Events, KVRecord, missing, plain_parts, positions_by_value, step_facts
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(
@@ -56,23 +68,27 @@ ATTRIBUTION_KINDS = tuple(
         KVEventKind.INVALIDATED,
         KVEventKind.CLEARED,
         KVEventKind.PREEMPTED,
+        KVEventKind.HIT,  # a preempted request's re-admission (reason `readmission`)
     )
 )
 CAUSES = ("invalidated", "prefix_evicted_in_pause", "routed_away_from_prefix", "preempted", "queue_wait", "none")
 SLOW_CAUSES = (*dict.fromkeys(cause for cause, _ in EXCESS_CAUSES.values()), "none")
-FAILURE_KINDS = ("cache", "queue", "timeout", "model", "request")
+FAILURE_KINDS = ("cache", "queue", "engine", "tool", "outside", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
-# each fact's part of the excess (`latency_parts.explain_excess` candidates)
+NOT_SPLIT = "no request of this step is in the store, so its time cannot be split"
+# each fact's candidate of the excess (`latency_parts.explain_excess`)
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
+TYPICAL = ("latency_s", "queue_s", "prefill_s", "decode_s", "tool_s", "other_s", "tpot_s")  # weighed as usual
 # aligned: the column names read better filled than one per line
 # fmt: off
 COLUMNS = [
     "session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id", "span_id",
     "response_id", "instance", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause",
-    "routed_tokens", "routed_from", "preemptions",
-    "invalidation_reasons", "max_queue_s", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause",
-    "failure_cause", "failure_kind", "latency_s", "excess_s", *PARTS, *(f"typical_{p}" for p in PARTS), *ESTIMATES,
-    "prefill_rate", *(f"{part}_excess_s" for part in EXCESS_CAUSES), "dominant", "dominant_share",
+    "routed_tokens", "routed_from", "preemptions", "preemption", "invalidation_reasons", "max_queue_s",
+    "never_scheduled", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause", "failure_cause",
+    "failure_kind", "latency_s", "excess_s", *PARTS, *ESTIMATES, "new_prefill_s", "decoded_tokens",
+    *(f"typical_{p}" for p in TYPICAL[1:]), "prefill_rate", *(f"{part}_excess_s" for part in EXCESS_CAUSES),
+    "dominant", "dominant_share",
 ]
 # fmt: on
 
@@ -89,6 +105,7 @@ class _Requests:
         self.preemptions = frame["num_preemptions"].fillna(0).to_numpy(float)
         self.prompt = frame["prompt_tokens"].to_numpy(float)
         self.cached = frame["cached_tokens"].to_numpy(float)
+        self.completion = frame["completion_tokens"].to_numpy(float)
         self.request_id = frame["request_id"].to_numpy(object)
         self.instance = frame["instance"].to_numpy(object)
         self.by_span = positions_by_value(frame["parent_span_id"].to_numpy(object))
@@ -142,63 +159,36 @@ def attribute_steps(
     routing: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per step (columns `COLUMNS`); `events` are KV events of `ATTRIBUTION_KINDS`; `rates`: the instances'
-    measured prefill rates (default: from `requests`, which then should reach `prefill_rates.RATE_WINDOW_S` before
-    the first step); `routing`: `routing.routing_losses` of the requests (a fleet), none by default. `failed_only`:
-    rows of failed steps only (of `error_types`, when given), the others read just for what a failed step needs (its
-    session's typical step, the end of the step before it), which spares the KV analysis of every other step."""
+    measured prefill rates (default: from `requests`), only to estimate a preemption a server does not time;
+    `routing`: `routing.routing_losses` of the requests (a fleet), none by default. `failed_only`: rows of failed
+    steps only (of `error_types`, when given), the others read just for what a failed step needs (their parts, for
+    its session's typical step, and the end of the step before it), which spares the KV analysis of every other
+    step."""
     steps = steps.assign(wanted=attributed_mask(steps, error_types))
+    if "tools" not in steps:
+        steps = steps.assign(tools=None)
     reqs = _Requests(requests)
     rates = PrefillRates(requests) if rates is None else rates
     empty = Events(events.iloc[0:0])
     by_session = Events.by_session(events) if not events.empty else {}
-    resets = Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty
-    routed = {}  # request id -> its routing loss, for the requests that had one
-    if routing is not None and not routing.empty:
-        routed = {row["request_id"]: row for row in routing[routing["routed_blocks"] > 0].to_dict("records")}
-    preempted = defaultdict(list)  # request id -> (ts, computed tokens lost) of each preemption
-    if not events.empty:
-        rows = events[events["kind"] == KVEventKind.PREEMPTED.value]
-        for rid, ts, tokens in zip(rows["request_id"], rows["ts"], rows["num_tokens"].astype(float)):
-            preempted[rid].append((ts, 0.0 if tokens != tokens else tokens))
+    kv = KVRecord.from_events(events, routing)
     in_order = steps.sort_values(["session_id", "step_index"], kind="stable").reset_index(drop=True)
     in_order = in_order.astype({c: object for c in in_order.columns if pd.api.types.is_string_dtype(in_order[c])})
-    latency = _step_latency(in_order).to_numpy(float)
     parts, rows = [], []  # parts of every step (its session's typical step needs them); rows of the attributed
     for session_id, session_steps in itertools.groupby(
-        zip(in_order.itertuples(index=False), latency), key=lambda item: item[0].session_id
+        in_order.itertuples(index=False), key=lambda step: step.session_id
     ):  # from numpy objects: iterating Arrow strings costs ~1 us a value
         session_events = by_session.get(session_id, empty)
         previous_end = None
-        for step, step_latency in session_steps:
+        for step in session_steps:
             sent = reqs.of_step(step)
-            finished = reqs.finished[sent]
-            own = server_parts(
-                step_latency,
-                not missing(step.ttft_s),
-                reqs.queue[sent],
-                reqs.arrival[sent],
-                reqs.first_token[sent],
-                finished,
-            )
-            parts.append(own)
             if not failed_only or step.wanted:
-                rows.append(
-                    step_facts(
-                        step,
-                        step_latency,
-                        own,
-                        reqs,
-                        sent,
-                        previous_end,
-                        session_events,
-                        resets,
-                        preempted,
-                        rates,
-                        queue_wait_s,
-                        routed,
-                    )
-                )
-            ends = [end for end in finished.tolist() if end == end]
+                row = step_facts(step, reqs, sent, previous_end, session_events, kv, rates, queue_wait_s)
+                rows.append(row)
+                parts.append({k: row[k] for k in ("latency_s", *PARTS, "decoded_tokens")})
+            else:
+                parts.append(plain_parts(step, reqs, sent, kv, rates).as_dict())
+            ends = [end for end in reqs.finished[sent].tolist() if end == end]
             previous_end = max(ends) if ends else (step.ended_at if not missing(step.ended_at) else None)
     floats = {
         "max_queue_s": float,
@@ -207,18 +197,26 @@ def attribute_steps(
         "routed_tokens": float,
         "instance": object,  # text, None where a step sent no request: one dtype whichever steps are in the frame
         "routed_from": object,
+        "preemption": object,
         **dict.fromkeys(ESTIMATES, float),
     }
     frame = pd.DataFrame(rows).astype(floats) if rows else pd.DataFrame()
-    for column in ("instance", "routed_from"):  # None, not NaN, for a missing one, as in every text column
+    for column in ("instance", "routed_from", "preemption"):  # None, not NaN, for a missing one, as in text columns
         if column in frame:
             frame[column] = frame[column].where(frame[column].notna(), None)
     if frame.empty:
         return pd.DataFrame(columns=COLUMNS)
     keep = in_order["wanted"].to_numpy(bool) if failed_only else np.ones(len(in_order), bool)
-    measured = pd.DataFrame(parts, index=in_order.index).assign(latency_s=latency)
+    measured = pd.DataFrame(parts, index=in_order.index)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tokens = measured["decoded_tokens"].to_numpy(float)
+        measured["tpot_s"] = np.where(tokens > 0, measured["decode_s"].to_numpy(float) / tokens, np.nan)
     sessions = in_order["session_id"].to_numpy(object)
-    typical = {c: _typical(sessions, measured[c].to_numpy(float))[keep] for c in ("latency_s", *PARTS)}
+    ok = (in_order["status"] == StepStatus.OK.value).to_numpy(bool)
+    typical = {c: _typical(sessions, measured[c].to_numpy(float), ok)[keep] for c in TYPICAL}
+    for column in (*ESTIMATES, "preempted_s"):  # a recompute or a preemption is never usual: it counts whole
+        typical[column] = np.zeros(len(frame))
+    typical["new_prefill_s"] = typical["prefill_s"]
     return _verdicts(frame, typical, slow_factor, slow_min_s)
 
 
@@ -228,22 +226,26 @@ def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = N
     return failed & steps["error_type"].isin(list(error_types)) if error_types is not None else failed
 
 
-def _step_latency(frame: pd.DataFrame) -> pd.Series:
-    """What a step's slowness is measured by: its TTFT (what the cache changes), else its end-to-end time (recorded,
-    else from its start and end)."""
-    e2e = frame["e2e_s"].astype(float).fillna(frame["ended_at"].astype(float) - frame["started_at"].astype(float))
-    return frame["ttft_s"].astype(float).fillna(e2e)
-
-
-def _typical(sessions: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Per step: the median of the session's other steps' `values` (every step's, for a session of one); `sessions`
-    in order, each session's steps side by side (slices of numpy arrays: a pandas assignment per session cost 0.1 ms
+def _typical(sessions: np.ndarray, values: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Per step: the median of its session's other successful steps' `values` (of all its other steps when fewer
+    than one other succeeded; for a session of one step, of every successful step in the frame). `sessions` in
+    order, each session's steps side by side (slices of numpy arrays: a pandas assignment per session cost 0.1 ms
     each, half the failure table's time at 1,000 sessions)."""
-    typical = np.full(len(values), pd.Series(values).median(), dtype=float)
+    reference = values[ok] if ok.any() else values
+    whole = float(np.nanmedian(reference)) if (~np.isnan(reference)).any() else np.nan
+    typical = np.full(len(values), whole, dtype=float)
     starts = np.flatnonzero(np.r_[True, sessions[1:] != sessions[:-1]]) if len(sessions) else np.empty(0, int)
     for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(sessions)]):
-        if end - start > 1:
-            typical[start:end] = leave_one_out_medians(values[start:end])
+        if end - start < 2:
+            continue
+        own, good = values[start:end], ok[start:end]
+        out = leave_one_out_medians(own)
+        good_values = own[good]
+        if (~np.isnan(good_values)).any():
+            out[~good] = np.nanmedian(good_values)
+            if (~np.isnan(good_values)).sum() >= 2:
+                out[good] = leave_one_out_medians(good_values)
+        typical[start:end] = out
     return typical
 
 
@@ -253,7 +255,7 @@ def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s
     frame = explain_excess(frame, typical)
     latency, typical_s = frame["latency_s"].to_numpy(float), typical["latency_s"]
     frame["typical_s"] = typical_s
-    for part in PARTS:
+    for part in TYPICAL[1:]:
         frame[f"typical_{part}"] = typical[part]
     frame["slow"] = (latency > typical_s * slow_factor) & (latency - typical_s >= slow_min_s)
     dominant = frame["dominant"].to_numpy(object)
@@ -264,15 +266,16 @@ def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s
         _costliest(row)
         for row in frame[["causes", *(f"{p}_excess_s" for p in _FACT_PART.values())]].itertuples(index=False)
     ]
-    frame["evidence"] = [
-        "; ".join([excess_words(row, t)] + facts) if s and row["dominant"] is not None else "; ".join(facts)
-        for row, t, s, facts in zip(frame.to_dict("records"), typical_s, slow, frame["facts"])
-    ]
-    failed = (frame["status"] == StepStatus.ERROR.value).to_numpy(bool)
+    records = frame.to_dict("records")
+    evidence = []
     failure_cause, failure_kind = np.full(len(frame), None, dtype=object), np.full(len(frame), None, dtype=object)
-    cause = frame["cause"].to_numpy(object)
-    for i, error in zip(np.flatnonzero(failed), frame["error_type"].to_numpy(object)[failed]):
-        failure_cause[i], failure_kind[i] = failure_verdict(error, cause[i])
+    for i, (row, t, s) in enumerate(zip(records, typical_s, slow)):
+        words = [excess_words(row, t)] if s and row["dominant"] is not None else []
+        if row["status"] == StepStatus.ERROR.value:
+            failure_cause[i], failure_kind[i], said = failure_verdict(row["error_type"], row)
+            words = [said, *words] if said else words
+        evidence.append("; ".join(words + list(row["facts"])))
+    frame["evidence"] = evidence
     frame["failure_cause"], frame["failure_kind"] = failure_cause, failure_kind
     return frame[COLUMNS]
 
@@ -303,14 +306,23 @@ def _costliest(row) -> str:
     return unknown[0] if unknown else "none"
 
 
-def failure_verdict(error_type, kv_cause: str) -> tuple[str, str]:
-    """A failed step's cause and kind: only a timeout is blamed on the cache or the queue."""
+def failure_verdict(error_type, row=None) -> tuple[str, str, str]:
+    """A failed step's cause, kind and words. Only a timeout is weighed by its parts (`row`, its attribution): the
+    part that cost it; any other error is its own cause."""
     error = "unknown" if missing(error_type) else str(error_type)
-    if error == StepErrorType.TIMEOUT.value:
-        if kv_cause == "none":
-            return error, "timeout"
-        return kv_cause, "queue" if kv_cause == "queue_wait" else "cache"
-    return error, "model" if error in MODEL_ERRORS else "request"
+    if error != StepErrorType.TIMEOUT.value:
+        return error, "model" if error in MODEL_ERRORS else "request", ""
+    if row is None or not row.get("num_requests"):
+        return error, "timeout", f"timed out; {NOT_SPLIT}"
+    candidate = row["dominant"] or largest_part(row)
+    if candidate is None:
+        return error, "timeout", f"timed out after {row['latency_s']:.2f} s; none of its time was measured"
+    cause, words = EXCESS_CAUSES[candidate]
+    seconds = part_seconds(row, candidate)
+    said = f"timed out after {row['latency_s']:.2f} s: {words}, {seconds:.2f} s of it"
+    if row["dominant"] is not None:
+        said += f" ({row['dominant_s']:.2f} s more than usual)"
+    return cause, FAILURE_KIND_OF[cause], said
 
 
 def step_requests(requests: pd.DataFrame, steps: pd.DataFrame) -> list[pd.DataFrame]:

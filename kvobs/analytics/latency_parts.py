@@ -1,51 +1,50 @@
-"""Where a step's time went, and which part of it explains the excess over its session's typical step.
+"""Where a step's time went: its whole latency, from its start to its end, in parts that add up to it.
 
-A step is measured by its TTFT (what the cache changes), else by its end-to-end time. Its parts come from its
-request rows:
-- measured by TTFT: its first request that got a first token: `queue_s` (arrival to scheduled), `prefill_s`
-  (scheduled to first token), no decode;
-- measured end to end: all its requests, summed: queue, prefill, `decode_s` (first token to finish);
-- `other_s`, the rest of the latency: outside the engine's queue, prefill and decode (the client, the network, the
-  server's tokenizing, the agent between its step's start and its request, a server the store does not hear from).
+Every instant of the step is counted once, in the first of these that covers it (`step_parts`):
+- `preempted_s`: what preemption cost. Before the first token, from the request's first scheduling to its last
+  re-admission (the compute thrown away and the waits); after it, each wait from preemption to re-admission and the
+  recompute after it. Measured from the engine's `preempted` rows and its re-admission `hit` rows; where a server only
+  counts preemptions (vLLM), estimated as the prefill beyond what its computed tokens take at the instance's rate
+  (`preemption` says which: measured, estimated, unknown);
+- `queue_s`: arrival to first scheduling; a request never scheduled (aborted at its client's deadline, say) queued
+  from arrival to its end;
+- `prefill_s`: scheduling (or the last re-admission) to the first token. Inside it, `lost_recompute_s`,
+  `invalidated_recompute_s` and `routed_recompute_s`: recomputing the prefix the session lost in its tool pause, its
+  invalidated blocks, the prefix another replica held, each the share of the prefill its tokens are of the tokens the
+  prefill computed (the request's own cost per token: together never more than the prefill);
+- `decode_s`: first token to the end;
+- `tool_s`: the step's own tool calls (the SDK runs a step's tools inside the step);
+- `other_s`: the rest, outside the engine: the client, the network, tokenizing, the agent's own work.
 
-Inside the prefill (or the decode, for a preemption after the first token), what the KV record explains, in
-seconds at the instance's measured prefill rate (`kvobs.analytics.prefill_rates`; unknown, NaN, without one):
-- `lost_recompute_s`: recomputing the prefix the session lost in the tool pause before the step (its tokens, at
-  most the request's uncached ones);
-- `invalidated_recompute_s`: recomputing the session's blocks invalidated since its previous request;
-- `routed_recompute_s`: recomputing the prefix another replica held at the request's lookup (a routing loss,
-  `kvobs.analytics.routing`), in what the lost and invalidated tokens leave of the uncached ones;
-- `preempted_s`: a preemption; before the first token, the prefill beyond what the request's uncached tokens need
-  at that rate (the wait to be admitted again and the recompute); after it, recomputing the tokens it lost.
-
-`explain_excess` weighs them: each part's excess over its typical value (the leave-one-out median of the
-session's other steps, as for the latency itself); the prefill's excess (and the decode's) is split into the KV
-estimates, scaled down to fit inside it, and the rest (more new tokens than usual). The slow cause is the part
-with the largest excess, with its share of the step's whole excess: a step that queued 0.75 s and lost a prefix
-worth 0.03 s of recompute was slow because of the queue.
+`explain_excess` weighs each part against its typical value (the session's other steps): the part with the largest
+excess is the slow cause, and the cause of a timeout. The decode's excess is split by the session's typical time per
+output token into a slower decode and a longer reply.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+
 import numpy as np
 import pandas as pd
 
-PARTS = ("queue_s", "prefill_s", "decode_s", "other_s")
-ESTIMATES = ("lost_recompute_s", "invalidated_recompute_s", "routed_recompute_s", "preempted_s")
-# part -> (cause, words): what each part of the excess is called
+PARTS = ("queue_s", "preempted_s", "prefill_s", "decode_s", "tool_s", "other_s")  # add up to the latency
+ESTIMATES = ("lost_recompute_s", "invalidated_recompute_s", "routed_recompute_s")  # inside prefill_s
+# candidate -> (cause, words): what each part of the excess is called
 EXCESS_CAUSES = {
     "queue": ("queue_wait", "waiting in the queue"),
+    "preempted": ("preempted", "preemption (waiting to be re-admitted and recomputing)"),
     "lost": ("prefix_evicted_in_pause", "recomputing the prefix lost in the tool pause"),
     "invalidated": ("invalidated", "recomputing invalidated blocks"),
     "routed": ("routed_away_from_prefix", "recomputing a prefix another replica held"),
-    "preempted": ("preempted", "preemption (waiting again and recomputing)"),
     "prefill": ("long_prefill", "prefill of new prompt tokens"),
     "cold": ("cold_prefix", "prefill of a prompt with nothing cached"),
-    "decode": ("long_decode", "decoding the reply"),
+    "slow_decode": ("slow_decode", "decoding slower per token than usual"),
+    "decode": ("long_decode", "decoding a longer reply than usual"),
+    "tool": ("tool_calls", "the step's own tool calls"),
     "other": (
         "outside_server",
-        "time before the engine had the request or after its first token (the client, "
-        "the network, the server's tokenizing)",
+        "time outside the engine's queue, prefill and decode (the client, the network, the server's tokenizing)",
     ),
 }
 # each slow cause in a few words, for tables, legends and the terminal (one definition)
@@ -57,112 +56,261 @@ CAUSE_LABELS = {
     "preempted": "preempted",
     "cold_prefix": "nothing cached (cold prefix)",
     "long_prefill": "more new prompt tokens than usual",
+    "slow_decode": "decoding slower than usual",
     "long_decode": "a longer reply than usual",
+    "tool_calls": "its own tool calls",
     "outside_server": "outside the engine (client, network, tokenizing)",
 }
+# what kind of failure a timeout is, by the part that cost it
+FAILURE_KIND_OF = {
+    "queue_wait": "queue",
+    "preempted": "cache",
+    "prefix_evicted_in_pause": "cache",
+    "invalidated": "cache",
+    "routed_away_from_prefix": "cache",
+    "cold_prefix": "engine",
+    "long_prefill": "engine",
+    "slow_decode": "engine",
+    "long_decode": "engine",
+    "tool_calls": "tool",
+    "outside_server": "outside",
+}
+# the order parts take an instant covered by several (a request waiting while another decodes: the step waits)
+_PRIORITY = ("preempted", "queue", "prefill", "decode", "tool")
+MEASURED, ESTIMATED, UNKNOWN = "measured", "estimated", "unknown"
 
 
-def server_parts(latency: float, by_ttft: bool, queue, arrival, first_token, finished) -> dict:
-    """The parts of one step's latency from its requests' columns (arrays, in arrival order; a step sends one or a
-    few, so plain floats, not numpy reductions)."""
-    nan = float("nan")
-    parts = {"queue_s": nan, "prefill_s": nan, "decode_s": 0.0, "measured": -1, "by_ttft": by_ttft}
-    n = len(arrival)
-    if n and by_ttft:
-        got = next((i for i in range(n) if first_token[i] == first_token[i]), None)
-        if got is not None:
-            parts.update(
-                queue_s=float(queue[got]), prefill_s=float(first_token[got] - arrival[got] - queue[got]), measured=got
-            )
-    elif n:
-        queues = [float(q) for q in queue if q == q]
-        prefill = [float(f - a - q) for f, a, q in zip(first_token, arrival, queue) if f == f and q == q]
-        decode = [float(e - f) for e, f in zip(finished, first_token) if e == e and f == f]
-        parts.update(queue_s=sum(queues) if queues else nan, prefill_s=sum(prefill), decode_s=sum(decode), measured=0)
-    known = [parts[p] for p in ("queue_s", "prefill_s", "decode_s") if parts[p] == parts[p]]
-    parts["other_s"] = latency - sum(known) if latency == latency else nan
-    return parts
+@dataclass
+class RequestTimes:
+    """One request of a step: its times (epoch s; NaN unknown), tokens, and the engine's preemption record."""
+
+    request_id: object
+    arrival: float
+    queue: float  # arrival to first scheduling
+    first_token: float
+    finished: float
+    prompt: float
+    cached: float
+    completion: float
+    num_preemptions: int = 0
+    preempted: list[tuple[float, float]] = field(default_factory=list)  # (ts, computed tokens lost), the engine's
+    readmitted: list[float] = field(default_factory=list)  # re-admission times, the engine's
+
+    @property
+    def scheduled(self) -> float:
+        """When it was first scheduled; NaN when never (a first token without a queue time: at arrival)."""
+        if self.queue == self.queue:
+            return self.arrival + self.queue
+        return self.arrival if self.first_token == self.first_token else np.nan
+
+    @property
+    def computed(self) -> float:
+        """The prompt tokens its prefill computed (the prompt when its cached tokens are unknown)."""
+        if self.prompt != self.prompt:
+            return np.nan
+        return self.prompt - self.cached if self.cached == self.cached else self.prompt
 
 
-def kv_estimates(
-    parts: dict,
+@dataclass(frozen=True)
+class StepParts:
+    latency_s: float
+    queue_s: float = 0.0
+    preempted_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    tool_s: float = 0.0
+    other_s: float = 0.0
+    lost_recompute_s: float = 0.0
+    invalidated_recompute_s: float = 0.0
+    routed_recompute_s: float = 0.0
+    decoded_tokens: float = 0.0  # tokens after each request's first
+    prefill_request: int = -1  # the request whose prefill holds the pause's recompute (-1: none got one)
+    own_rate: float = np.nan  # that prefill's computed tokens per second
+    never_scheduled: bool = False  # a request of the step ended without ever being scheduled
+    preemption: str | None = None  # MEASURED, ESTIMATED or UNKNOWN where a request was preempted
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def new_prefill_s(self) -> float:
+        return self.prefill_s - self.lost_recompute_s - self.invalidated_recompute_s - self.routed_recompute_s
+
+
+def step_parts(
+    start: float,
+    end: float,
+    requests: list[RequestTimes],
     *,
-    rate,
-    uncached: float,
-    lost_tokens: float,
-    invalidated_tokens: float,
-    routed_tokens: float = 0.0,
-    preempted_before_first: bool,
-    preempted_after_tokens: float,
-) -> dict:
-    """Seconds of the step's prefill (or decode) that the KV record explains, at the instance's measured prefill
-    cost (`rate`, a `prefill_rates.Rate`; None: unknown, NaN wherever a fact needs it)."""
-    if rate is None:
-        nan = float("nan")
-        return {
-            "lost_recompute_s": nan if lost_tokens else 0.0,
-            "invalidated_recompute_s": nan if invalidated_tokens else 0.0,
-            "routed_recompute_s": nan if routed_tokens else 0.0,
-            "preempted_s": nan if preempted_before_first or preempted_after_tokens else 0.0,
-        }
-    room = uncached if uncached == uncached else float("inf")  # cached tokens unknown: the lost ones bound it
-    lost = min(lost_tokens, room)
-    invalidated = min(invalidated_tokens, max(room - lost, 0.0))
-    routed = min(routed_tokens, max(room - lost - invalidated, 0.0))
-    preempted = 0.0
-    if preempted_before_first and parts["prefill_s"] == parts["prefill_s"]:
-        needed = rate.overhead_s + rate.seconds(uncached if uncached == uncached else lost + invalidated + routed)
-        preempted = max(0.0, parts["prefill_s"] - needed)  # its prefill beyond one: the wait and the recompute
-    preempted += rate.seconds(preempted_after_tokens)
-    return {
-        "lost_recompute_s": rate.seconds(lost),
-        "invalidated_recompute_s": rate.seconds(invalidated),
-        "routed_recompute_s": rate.seconds(routed),
-        "preempted_s": preempted,
-    }
+    tools: list[tuple[float, float]] = (),
+    lost_tokens: float = 0.0,
+    invalidated_tokens: float = 0.0,
+    routed_tokens: dict | None = None,
+    rate=None,
+) -> StepParts:
+    """The parts of a step that ran from `start` to `end` (see the module's doc). `requests` in arrival order;
+    `tools`: its own tool calls; `lost_tokens`, `invalidated_tokens`: what its session lost before it (recomputed by
+    its first scheduled request); `routed_tokens`: request id -> tokens another replica held; `rate`: the instance's
+    `prefill_rates.Rate`, only to estimate a preemption a server does not time."""
+    latency = end - start
+    if latency != latency or latency < 0:
+        return StepParts(latency_s=latency, other_s=np.nan)
+    intervals, preemption, never = [], None, False
+    for i, req in enumerate(requests):
+        own, kind, unscheduled = _request_intervals(req, end)
+        intervals += [(label, i, lo, hi) for label, lo, hi in own]
+        never |= unscheduled
+        preemption = _stronger(preemption, kind)
+    intervals += [("tool", -1, lo, hi) for lo, hi in tools]
+    spent = _sweep(intervals, start, end)  # (label, request) -> seconds
+    totals = {label: float(sum(s for (lab, _), s in spent.items() if lab == label)) for label in _PRIORITY}
+    prefill_of = {i: spent.get(("prefill", i), 0.0) for i in range(len(requests))}
+    estimated = 0.0
+    for i, req in enumerate(requests):  # a preemption the server counted but did not time: the prefill's excess
+        if req.num_preemptions and not req.preempted and prefill_of[i] > 0:
+            expected = _expected_prefill(req, rate)
+            if expected is None:
+                preemption = _stronger(preemption, UNKNOWN)
+                continue
+            moved = min(max(prefill_of[i] - expected, 0.0), prefill_of[i])
+            prefill_of[i] -= moved
+            estimated += moved
+            preemption = _stronger(preemption, ESTIMATED)
+    first = next((i for i in range(len(requests)) if prefill_of[i] > 0), -1)
+    shares = {"lost": 0.0, "invalidated": 0.0, "routed": 0.0}
+    room = [r.computed if r.computed == r.computed and prefill_of[i] > 0 else 0.0 for i, r in enumerate(requests)]
+
+    def recompute(i: int, name: str, tokens: float) -> None:
+        """`tokens` of request i's prefill (at most what it computed and no other share took) as its seconds."""
+        taken = min(tokens, room[i])
+        if taken > 0:
+            shares[name] += prefill_of[i] * taken / requests[i].computed
+            room[i] -= taken
+
+    if first >= 0:
+        recompute(first, "lost", lost_tokens)
+        recompute(first, "invalidated", invalidated_tokens)
+    for i, req in enumerate(requests):
+        recompute(i, "routed", (routed_tokens or {}).get(req.request_id, 0.0))
+    computed = requests[first].computed if first >= 0 else np.nan
+    own_rate = computed / prefill_of[first] if computed == computed and computed > 0 else np.nan
+    covered = sum(totals.values())
+    decoded = sum(max(r.completion - 1, 0.0) for r in requests if r.first_token == r.first_token and r.completion > 0)
+    return StepParts(
+        latency_s=latency,
+        queue_s=totals["queue"],
+        preempted_s=totals["preempted"] + estimated,
+        prefill_s=totals["prefill"] - estimated,
+        decode_s=totals["decode"],
+        tool_s=totals["tool"],
+        other_s=max(latency - covered, 0.0),
+        lost_recompute_s=shares["lost"],
+        invalidated_recompute_s=shares["invalidated"],
+        routed_recompute_s=shares["routed"],
+        decoded_tokens=float(decoded),
+        prefill_request=first,
+        own_rate=own_rate,
+        never_scheduled=never,
+        preemption=preemption,
+    )
 
 
-def _split(excess: np.ndarray, estimates: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
-    """The estimates' share of a positive excess (scaled down to fit inside it), and what is left of the excess."""
-    known = np.all([~np.isnan(e) for e in estimates], axis=0) if estimates else np.ones(len(excess), bool)
-    total = np.sum([np.nan_to_num(e) for e in estimates], axis=0) if estimates else np.zeros(len(excess))
-    room = np.clip(np.nan_to_num(excess), 0.0, None)
-    scale = np.where(total > room, np.divide(room, total, out=np.zeros_like(room), where=total > 0), 1.0)
-    shares = [np.where(known, np.nan_to_num(e) * scale, np.nan) for e in estimates]
-    rest = np.where(known, excess - np.nan_to_num(total) * scale, excess)
-    return shares, rest
+def _request_intervals(req: RequestTimes, step_end: float) -> tuple[list, str | None, bool]:
+    """A request's labelled intervals, whether its preemptions were timed, and whether it was never scheduled."""
+    end = req.finished if req.finished == req.finished else step_end  # still running when the step ended
+    scheduled, first = req.scheduled, req.first_token
+    if scheduled != scheduled:
+        return [("queue", req.arrival, end)], None, True
+    out = [("queue", req.arrival, scheduled)]
+    kind = MEASURED if req.preempted else None  # counted but untimed preemptions: estimated by `step_parts`
+    has_first = first == first
+    before = [p for p in req.preempted if not has_first or p[0] <= first]
+    after = [p for p in req.preempted if has_first and p[0] > first]
+    prefill_from = scheduled
+    if before:
+        last = before[-1][0]
+        readmitted = [r for r in req.readmitted if last <= r <= (first if has_first else end)]
+        if readmitted:
+            out.append(("preempted", scheduled, readmitted[-1]))
+            prefill_from = readmitted[-1]
+        elif not has_first:  # preempted and never re-admitted before it ended
+            out.append(("preempted", scheduled, end))
+            prefill_from = end
+        else:  # re-admission not recorded: the prefill holds it
+            kind = UNKNOWN
+    prefill_to = first if has_first else end
+    if prefill_to > prefill_from:
+        out.append(("prefill", prefill_from, prefill_to))
+    if has_first:
+        out.append(("decode", first, end))
+        per_token = (prefill_to - prefill_from) / req.computed if req.computed and req.computed > 0 else np.nan
+        for ts, tokens in after:
+            back = next((r for r in req.readmitted if r >= ts), end)
+            recompute = tokens * per_token if per_token == per_token else 0.0
+            out.append(("preempted", ts, min(back + recompute, end)))
+    return out, kind, False
+
+
+def _sweep(intervals: list[tuple[str, int, float, float]], start: float, end: float) -> dict:
+    """Seconds per (label, request), each instant of [start, end] given to the covering interval of the highest
+    priority (`_PRIORITY`), the earliest request first."""
+    clipped = [(lab, i, max(lo, start), min(hi, end)) for lab, i, lo, hi in intervals if lo == lo and hi == hi]
+    clipped = [c for c in clipped if c[3] > c[2]]
+    if not clipped:
+        return {}
+    bounds = sorted({b for _, _, lo, hi in clipped for b in (lo, hi)})
+    rank = {label: n for n, label in enumerate(_PRIORITY)}
+    spent: dict = {}
+    for lo, hi in zip(bounds, bounds[1:]):
+        mid = (lo + hi) / 2
+        covering = [(rank[lab], i, lab) for lab, i, a, b in clipped if a <= mid < b]
+        if covering:
+            _, i, label = min(covering)
+            spent[(label, i)] = spent.get((label, i), 0.0) + (hi - lo)
+    return spent
+
+
+def _expected_prefill(req: RequestTimes, rate) -> float | None:
+    """What the request's computed tokens take to prefill at the instance's measured rate (None: no rate)."""
+    computed = req.computed
+    if rate is None or computed != computed:
+        return None
+    return rate.overhead_s + rate.seconds(computed)
+
+
+def _stronger(a: str | None, b: str | None) -> str | None:
+    """Of two provenances of a step's preemption cost, the weaker claim (unknown > estimated > measured)."""
+    order = [None, MEASURED, ESTIMATED, UNKNOWN]
+    return a if order.index(a) >= order.index(b) else b
 
 
 def explain_excess(frame: pd.DataFrame, typical: dict[str, np.ndarray]) -> pd.DataFrame:
-    """Columns `excess_s`, `<part>_excess_s` and `dominant`, `dominant_s`, `dominant_share`: the part with the
-    largest positive excess. `typical`: each latency part's (and `latency_s`') typical value per row."""
+    """Columns `excess_s`, `<candidate>_excess_s` and `dominant`, `dominant_s`, `dominant_share`: the candidate
+    (`EXCESS_CAUSES`) with the largest positive excess over its typical value. `typical`: per row, each part's
+    (`PARTS`, `ESTIMATES`, `new_prefill_s`), `latency_s`' and `tpot_s`' (seconds per decoded token)."""
     latency = frame["latency_s"].to_numpy(float)
     excess = latency - typical["latency_s"]
-    part_x = {p: frame[p].to_numpy(float) - typical[p] for p in PARTS}
-    preempted = frame["preempted_s"].to_numpy(float)
-    in_decode = frame["preempted_in_decode"].to_numpy(bool)
-    before = np.where(in_decode, 0.0, preempted)
-    (lost, invalidated, routed, pre_prefill), prefill_rest = _split(
-        part_x["prefill_s"],
-        [
-            frame["lost_recompute_s"].to_numpy(float),
-            frame["invalidated_recompute_s"].to_numpy(float),
-            frame["routed_recompute_s"].to_numpy(float),
-            before,
-        ],
-    )
-    (pre_decode,), decode_rest = _split(part_x["decode_s"], [np.where(in_decode, preempted, 0.0)])
+
+    def over(column: str) -> np.ndarray:
+        return frame[column].to_numpy(float) - np.nan_to_num(typical[column])
+
+    new_prefill = over("new_prefill_s")
     cold = frame["cached_tokens"].fillna(-1).to_numpy(float) == 0
+    decode, tokens = frame["decode_s"].to_numpy(float), frame["decoded_tokens"].to_numpy(float)
+    at_usual_pace = np.nan_to_num(typical["tpot_s"]) * tokens
+    known_pace = ~np.isnan(typical["tpot_s"]) & (tokens > 0)
     candidates = {
-        "queue": part_x["queue_s"],
-        "lost": lost,
-        "invalidated": invalidated,
-        "routed": routed,
-        "preempted": np.nan_to_num(pre_prefill) + np.nan_to_num(pre_decode),
-        "prefill": np.where(cold, np.nan, prefill_rest),
-        "cold": np.where(cold, prefill_rest, np.nan),
-        "decode": decode_rest,
-        "other": np.where(frame["num_requests"].to_numpy() > 0, part_x["other_s"], np.nan),
+        "queue": over("queue_s"),
+        "preempted": over("preempted_s"),
+        "lost": over("lost_recompute_s"),
+        "invalidated": over("invalidated_recompute_s"),
+        "routed": over("routed_recompute_s"),
+        "prefill": np.where(cold, np.nan, new_prefill),
+        "cold": np.where(cold, new_prefill, np.nan),
+        "slow_decode": np.where(known_pace, decode - at_usual_pace, np.nan),
+        "decode": np.where(known_pace, at_usual_pace - np.nan_to_num(typical["decode_s"]), over("decode_s")),
+        "tool": over("tool_s"),
+        "other": over("other_s"),
     }
     names = list(candidates)
     stacked = np.vstack([np.nan_to_num(candidates[n], nan=-np.inf) for n in names])
@@ -177,6 +325,42 @@ def explain_excess(frame: pd.DataFrame, typical: dict[str, np.ndarray]) -> pd.Da
     with np.errstate(divide="ignore", invalid="ignore"):
         out["dominant_share"] = np.where(found & (excess > 0), best_x / excess, np.nan)
     return out
+
+
+def largest_part(row) -> str | None:
+    """The candidate holding the most seconds of a step (a timeout whose parts are all as usual: where its time
+    went), None when the step has no measured part."""
+    values = {
+        "queue": row["queue_s"],
+        "preempted": row["preempted_s"],
+        "lost": row["lost_recompute_s"],
+        "invalidated": row["invalidated_recompute_s"],
+        "routed": row["routed_recompute_s"],
+        "cold" if row["cached_tokens"] == 0 else "prefill": row["new_prefill_s"],
+        "decode": row["decode_s"],
+        "tool": row["tool_s"],
+        "other": row["other_s"],
+    }
+    values = {k: v for k, v in values.items() if v == v and v > 0}
+    return max(values, key=values.get) if values else None
+
+
+def part_seconds(row, candidate: str) -> float:
+    """The seconds of a step a candidate names (the decode's two candidates share the decode)."""
+    column = {
+        "queue": "queue_s",
+        "preempted": "preempted_s",
+        "lost": "lost_recompute_s",
+        "invalidated": "invalidated_recompute_s",
+        "routed": "routed_recompute_s",
+        "prefill": "new_prefill_s",
+        "cold": "new_prefill_s",
+        "slow_decode": "decode_s",
+        "decode": "decode_s",
+        "tool": "tool_s",
+        "other": "other_s",
+    }[candidate]
+    return float(row[column])
 
 
 def excess_words(row, typical_s: float) -> str:

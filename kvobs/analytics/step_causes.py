@@ -68,12 +68,15 @@ def step_causes(
     reqs = store.reads.requests(start, until)
     rates = PrefillRates.from_store(store, start, until, requests=reqs)
     if failed_only:
-        cleared = KVEventKind.CLEARED.value
+        cleared, timing = KVEventKind.CLEARED.value, (KVEventKind.PREEMPTED.value, KVEventKind.HIT.value)
         events = pd.concat(
             [
                 store.reads.session_events(
-                    _failed_step_windows(steps, until), kinds=[k for k in ATTRIBUTION_KINDS if k != cleared]
+                    _failed_step_windows(steps, until),
+                    kinds=[k for k in ATTRIBUTION_KINDS if k != cleared and k not in timing],
                 ),
+                # every step's preemptions and re-admissions: the parts of its session's typical step
+                store.reads.session_events(_session_windows(steps, until), kinds=timing),
                 store.reads.kv_events(start, until, kinds=[cleared]),
             ]
         )
@@ -109,7 +112,7 @@ def failure_verdicts(
 
 def error_verdicts(failed: pd.DataFrame) -> pd.DataFrame:
     """The verdicts of failed steps other than timeouts: each one's error, with no read (`VERDICT_COLUMNS`)."""
-    verdicts = [failure_verdict(error, "none") for error in failed["error_type"]]
+    verdicts = [failure_verdict(error) for error in failed["error_type"]]
     causes, kinds = [v[0] for v in verdicts], [v[1] for v in verdicts]
     return failed.assign(failure_cause=causes, failure_kind=kinds, evidence="")[VERDICT_COLUMNS]
 
@@ -161,6 +164,12 @@ def _without(steps: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:
 
 def _step_keys(frame: pd.DataFrame) -> pd.MultiIndex:
     return pd.MultiIndex.from_arrays([frame["session_id"].astype(object), frame["step_index"].astype("int64")])
+
+
+def _session_windows(steps: pd.DataFrame, until: float | None) -> list[tuple[str, float, float]]:
+    """(session, after, until] from each session's first step in `steps` on (its requests may end after `until`)."""
+    firsts = steps.groupby("session_id")["started_at"].min()
+    return [(session_id, float(first) - 1e-6, float("inf")) for session_id, first in firsts.items()]
 
 
 def _failed_step_windows(steps: pd.DataFrame, until: float | None) -> list[tuple[str, float, float]]:

@@ -1,27 +1,33 @@
-"""What the KV record shows about one agent step, with what each fact cost: the step's facts (`causes`, the
-evidence) and the seconds the KV record explains, for `kvobs.analytics.attribution`.
+"""What the record shows about one agent step: its latency in parts (`kvobs.analytics.latency_parts`) and the
+facts about its cache, each with what it cost (`causes`, `facts`: the evidence), for `kvobs.analytics.attribution`.
 
-The facts, each looked up in the step's session's KV events:
+The facts, each looked up in the step's session's KV events and its requests:
 - `invalidated`: its cached blocks invalidated (or the whole cache reset) between its previous request and its end;
-- `prefix_evicted_in_pause`: blocks it had cached evicted while it was idle, between its previous request's end and
-  this step's first request (the tool pause);
+- `prefix_evicted_in_pause`: blocks it had cached taken while it was idle, between its previous request's end and
+  this step's first request (the tool pause); blocks the agent released itself are no loss;
 - `routed_away_from_prefix`: its request recomputed a prefix another replica of the fleet held at its lookup
   (`kvobs.analytics.routing`: the replica, its blocks, the tokens);
-- `preempted`: a request of the step preempted (recomputed);
-- `queue_wait`: a request waited at least `queue_wait_s` before being scheduled.
-Their cost in seconds comes from `kvobs.analytics.latency_parts.kv_estimates` at the instance's measured prefill rate.
+- `preempted`: a request of the step preempted (recomputed), with what it cost (measured from the engine's
+  preemption and re-admission rows, else estimated, else said to be unknown);
+- `queue_wait`: a request waited at least `queue_wait_s` before being scheduled, or was never scheduled.
 """
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.latency_parts import PARTS, kv_estimates
-from kvobs.analytics.prefill_rates import MIN_RATE_REQUESTS, PrefillRates
+from kvobs.analytics.latency_parts import ESTIMATED, ESTIMATES, MEASURED, PARTS, RequestTimes, StepParts, step_parts
+from kvobs.analytics.prefill_rates import PrefillRates
+from kvobs.semconv.reasons import READMISSION, EvictionReason
 from kvobs.semconv.spans import KVEventKind
 
 EVICTION_KINDS = (KVEventKind.EVICTED.value, KVEventKind.REMOVED.value)
+RELEASED = frozenset({EvictionReason.SESSION_RELEASE.value})  # the agent gave these blocks up: no loss
 
 
 def positions_by_value(values: np.ndarray) -> dict:
@@ -72,124 +78,186 @@ class Events:
         return slice(*np.searchsorted(self.ts, [after, until], side="right"))
 
 
+@dataclass
+class KVRecord:
+    """What every step's facts look up by request or instance: the resets, each request's preemptions (ts, computed
+    tokens lost) and re-admissions (ts), and its routing loss (a fleet)."""
+
+    resets: Events
+    preempted: dict = field(default_factory=lambda: defaultdict(list))
+    readmitted: dict = field(default_factory=lambda: defaultdict(list))
+    routed: dict = field(default_factory=dict)  # request id -> its `routing.routing_losses` row
+
+    @classmethod
+    def from_events(cls, events: pd.DataFrame, routing: pd.DataFrame | None = None) -> KVRecord:
+        empty = Events(events.iloc[0:0])
+        record = cls(Events(events[events["kind"] == KVEventKind.CLEARED.value]) if not events.empty else empty)
+        if not events.empty:
+            ordered = events.sort_values("ts", kind="stable")
+            rows = ordered[ordered["kind"] == KVEventKind.PREEMPTED.value]
+            for rid, ts, tokens in zip(rows["request_id"], rows["ts"], rows["num_tokens"].astype(float)):
+                record.preempted[rid].append((float(ts), 0.0 if tokens != tokens else float(tokens)))
+            hits = ordered[(ordered["kind"] == KVEventKind.HIT.value) & (ordered["reason"] == READMISSION)]
+            for rid, ts in zip(hits["request_id"], hits["ts"]):
+                record.readmitted[rid].append(float(ts))
+        if routing is not None and not routing.empty:
+            record.routed = {row["request_id"]: row for row in routing[routing["routed_blocks"] > 0].to_dict("records")}
+        return record
+
+
 def missing(value) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
 
 
+def step_window(step, reqs, sent) -> tuple[float, float]:
+    """(start, end) of a step: its recorded start and end-to-end time (else its end, else its requests' end)."""
+    start = float(step.started_at)
+    if not missing(step.e2e_s):
+        return start, start + float(step.e2e_s)
+    if not missing(step.ended_at):
+        return start, float(step.ended_at)
+    ends = reqs.finished[sent]
+    return start, float(np.nanmax(ends)) if len(ends) and not np.isnan(ends).all() else np.nan
+
+
+def request_times(reqs, sent, kv: KVRecord | None) -> list[RequestTimes]:
+    """The step's requests (`sent`: positions in the attribution's `_Requests`) with the engine's preemption record."""
+    out = []
+    for i in sent:
+        rid = reqs.request_id[i]
+        out.append(
+            RequestTimes(
+                rid,
+                reqs.arrival[i],
+                reqs.queue[i],
+                reqs.first_token[i],
+                reqs.finished[i],
+                reqs.prompt[i],
+                reqs.cached[i],
+                reqs.completion[i],
+                int(reqs.preemptions[i]),
+                kv.preempted.get(rid, []) if kv is not None else [],
+                kv.readmitted.get(rid, []) if kv is not None else [],
+            )
+        )
+    return out
+
+
+def tool_intervals(step) -> list[tuple[float, float]]:
+    """The step's recorded tool calls as (start, end); `step_parts` keeps those inside the step."""
+    tools = getattr(step, "tools", None)
+    if not isinstance(tools, str) or not tools:
+        return []
+    return [(float(t["start"]), float(t["end"])) for t in json.loads(tools)]
+
+
+def plain_parts(step, reqs, sent, kv: KVRecord | None, rates: PrefillRates | None) -> StepParts:
+    """A step's parts without its KV facts (what a step that is only another's typical needs)."""
+    start, end = step_window(step, reqs, sent)
+    times = request_times(reqs, sent, kv)
+    rate = _rate(rates, reqs, sent)
+    return step_parts(start, end, times, tools=tool_intervals(step), rate=rate)
+
+
+def _rate(rates: PrefillRates | None, reqs, sent):
+    if rates is None or not len(sent):
+        return None
+    return rates.at(reqs.instance[sent[0]], reqs.arrival[sent[0]])
+
+
 def step_facts(
     step,
-    latency: float,
-    parts: dict,
     reqs,
     sent,
     previous_end,
     session_events: Events,
-    resets: Events,
-    preempted: dict,
-    rates: PrefillRates,
+    kv: KVRecord,
+    rates: PrefillRates | None,
     queue_wait_s: float,
-    routed: dict | None = None,
 ) -> dict:
-    """One attributed step's row: its facts (`causes`, `facts`: the evidence, each with what it cost), its latency
-    parts (`parts`, `latency_parts.server_parts`) and the KV estimates. `sent`: its requests' positions in `reqs`
-    (the attribution's `_Requests`); `previous_end`: when the session's previous step's requests ended (None for
-    its first step); `preempted`: request id -> (ts, tokens lost) of each preemption; `routed`: request id -> its
-    `routing.routing_losses` row, for requests with a routing loss."""
-    first_arrival = reqs.arrival[sent].min() if len(sent) else step.started_at
-    step_end = step.ended_at if not missing(step.ended_at) else first_arrival
-    measured = sent[parts["measured"]] if parts["measured"] >= 0 else None
-    instance = reqs.instance[measured] if measured is not None else None
-    rate = rates.at(instance, reqs.arrival[measured]) if measured is not None else None
+    """One attributed step's row: its parts (`latency_parts.StepParts`), its facts (`causes`, `facts`: the evidence,
+    each with what it cost). `sent`: its requests' positions in `reqs` (the attribution's `_Requests`);
+    `previous_end`: when the session's previous step's requests ended (None for its first step)."""
+    start, end = step_window(step, reqs, sent)
+    first_arrival = reqs.arrival[sent].min() if len(sent) else start
+    fact_end = end if end == end else first_arrival
     causes, facts = [], []
 
-    def cost(seconds: float, tokens: float) -> str:
-        if not tokens:
-            return ""
-        if rate is None:
-            return (
-                f", recompute time unknown (no measured prefill rate: fewer than {MIN_RATE_REQUESTS} requests on "
-                f"{instance or 'its instance'} in the minutes before)"
-            )
-        return f", about {seconds:.2f} s to recompute at {rate.describe(instance or 'its instance')}"
-
     reasons: list[str] = []
-    invalidated_tokens = 0.0
+    invalidated_blocks = invalidated_tokens = 0
+    lost_blocks = lost_tokens = 0
     if previous_end is not None:
-        window = session_events.window(previous_end, step_end)
+        window = session_events.window(previous_end, fact_end)
         invalidated = session_events.kind[window] == KVEventKind.INVALIDATED.value
-        reset_reasons = resets.reason[resets.window(previous_end, step_end)]
+        reset_reasons = kv.resets.reason[kv.resets.window(previous_end, fact_end)]
         reasons = sorted(
             {r for r in session_events.reason[window][invalidated] if not missing(r)}
             | {str(r) for r in reset_reasons if not missing(r)}
         )
         if invalidated.any() or len(reset_reasons):
-            blocks, invalidated_tokens = _distinct(
+            invalidated_blocks, invalidated_tokens = _distinct(
                 session_events.block_hash[window][invalidated], session_events.num_tokens[window][invalidated]
             )
-            causes.append("invalidated")
-            facts.append(f"cache invalidated ({', '.join(reasons) or 'reset'}): {blocks} of its blocks{{invalidated}}")
-
-    lost_blocks = lost_tokens = 0
-    if previous_end is not None:
         pause = session_events.window(previous_end, first_arrival)
-        evicted = np.isin(session_events.kind[pause], EVICTION_KINDS)
-        lost_blocks, lost_tokens = _distinct(
-            session_events.block_hash[pause][evicted], session_events.num_tokens[pause][evicted]
+        taken = np.isin(session_events.kind[pause], EVICTION_KINDS) & ~np.isin(
+            session_events.reason[pause].astype(object), list(RELEASED)
         )
-        if lost_blocks:
-            causes.append("prefix_evicted_in_pause")
-            facts.append(
-                f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the "
-                f"{first_arrival - previous_end:.2f} s pause before it{{lost}}"
-            )
+        lost_blocks, lost_tokens = _distinct(
+            session_events.block_hash[pause][taken], session_events.num_tokens[pause][taken]
+        )
 
-    loss = _routing_loss(reqs, sent, measured, routed or {})
-    routed_tokens = 0 if loss is None else loss["routed_tokens"]
+    loss = _routing_loss(reqs, sent, kv.routed)
+    routed_tokens = {rid: row["routed_tokens"] for rid in reqs.request_id[sent] if (row := kv.routed.get(rid))}
+    times = request_times(reqs, sent, kv)
+    parts = step_parts(
+        start,
+        end,
+        times,
+        tools=tool_intervals(step),
+        lost_tokens=lost_tokens,
+        invalidated_tokens=invalidated_tokens,
+        routed_tokens=routed_tokens,
+        rate=_rate(rates, reqs, sent),
+    )
+    recompute = _RecomputeWords(parts, times)
+
+    if invalidated_blocks or reasons:
+        causes.append("invalidated")
+        facts.append(
+            f"cache invalidated ({', '.join(reasons) or 'reset'}): {invalidated_blocks} of its blocks"
+            + recompute.words(parts.invalidated_recompute_s, invalidated_tokens)
+        )
+    if lost_blocks:
+        causes.append("prefix_evicted_in_pause")
+        pause_s = first_arrival - previous_end
+        facts.append(
+            f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the {pause_s:.2f} s pause before it"
+            + recompute.words(parts.lost_recompute_s, lost_tokens)
+        )
     if loss is not None:
         causes.append("routed_away_from_prefix")
         facts.append(
             f"routed to {loss['instance']}, which had {loss['own_blocks']} of its prefix's blocks cached, while "
-            f"{loss['best_instance']} held {loss['best_blocks']}: {routed_tokens} tokens recomputed that "
-            f"{loss['best_instance']} had cached{{routed}}"
+            f"{loss['best_instance']} held {loss['best_blocks']}: {loss['routed_tokens']} tokens recomputed that "
+            f"{loss['best_instance']} had cached" + recompute.words(parts.routed_recompute_s, loss["routed_tokens"])
         )
 
-    preemptions = int(reqs.preemptions[sent].sum())
-    own_preemptions = [p for rid in dict.fromkeys(reqs.request_id[sent]) for p in preempted.get(rid, ())]
-    preemptions = max(preemptions, len(own_preemptions))
-    first_token = reqs.first_token[measured] if measured is not None else np.nan
-    before = any(not ts > first_token for ts, _ in own_preemptions)  # before the first token, or it never came
-    after_tokens = 0.0 if parts["by_ttft"] else sum(tokens for ts, tokens in own_preemptions if ts > first_token)
+    preemptions = max(int(reqs.preemptions[sent].sum()), sum(len(t.preempted) for t in times))
     if preemptions:
         causes.append("preempted")
-        facts.append(f"preempted {preemptions} time{'s' if preemptions > 1 else ''} (recomputed){{preempted}}")
+        facts.append(_preemption_words(preemptions, parts, times))
 
     queue = reqs.queue[sent]
     queue = queue[~np.isnan(queue)]
     max_queue = float(queue.max()) if len(queue) else None
-    if max_queue is not None and max_queue >= queue_wait_s:
+    if parts.never_scheduled:
+        causes.append("queue_wait")
+        facts.append(f"waited {parts.queue_s:.2f} s in the queue and was never scheduled")
+    elif max_queue is not None and max_queue >= queue_wait_s:
         causes.append("queue_wait")
         facts.append(f"waited {max_queue:.2f} s in the queue")
 
-    uncached = reqs.prompt[measured] - reqs.cached[measured] if measured is not None else np.nan
-    estimates = kv_estimates(
-        parts,
-        rate=rate,
-        uncached=uncached,
-        lost_tokens=lost_tokens,
-        invalidated_tokens=invalidated_tokens,
-        routed_tokens=routed_tokens,
-        preempted_before_first=before and bool(own_preemptions),
-        preempted_after_tokens=after_tokens,
-    )
-    words = {
-        "lost": cost(estimates["lost_recompute_s"], lost_tokens),
-        "invalidated": cost(estimates["invalidated_recompute_s"], invalidated_tokens),
-        "routed": cost(estimates["routed_recompute_s"], routed_tokens),
-        "preempted": ""
-        if not own_preemptions or rate is None or not estimates["preempted_s"]
-        else f", about {estimates['preempted_s']:.2f} s of its latency",
-    }
-    facts = [fact.format(**words) for fact in facts]
+    measured = sent[parts.prefill_request] if parts.prefill_request >= 0 else (sent[0] if len(sent) else None)
     return {
         "session_id": step.session_id,
         "step_index": step.step_index,
@@ -205,28 +273,65 @@ def step_facts(
         "facts": facts,
         "blocks_lost_in_pause": lost_blocks,
         "tokens_lost_in_pause": lost_tokens,
-        "instance": instance if instance is not None else (reqs.instance[sent[0]] if len(sent) else None),
-        "routed_tokens": routed_tokens,
+        "instance": reqs.instance[measured] if measured is not None else None,
+        "routed_tokens": 0 if loss is None else loss["routed_tokens"],
         "routed_from": None if loss is None else loss["best_instance"],
         "preemptions": preemptions,
+        "preemption": parts.preemption,
         "invalidation_reasons": ",".join(reasons),
         "max_queue_s": max_queue,
+        "never_scheduled": parts.never_scheduled,
         "num_requests": len(sent),
         "cached_tokens": float(np.nansum(reqs.cached[sent])) if (~np.isnan(reqs.cached[sent])).any() else None,
-        "latency_s": latency,
-        **{p: parts[p] for p in PARTS},
-        **estimates,
-        "preempted_in_decode": bool(own_preemptions) and not before,
-        "prefill_rate": np.nan if rate is None else rate.tokens_per_s,
+        "latency_s": parts.latency_s,
+        **{p: getattr(parts, p) for p in (*PARTS, *ESTIMATES)},
+        "new_prefill_s": parts.new_prefill_s,
+        "decoded_tokens": parts.decoded_tokens,
+        "prefill_rate": parts.own_rate,
     }
 
 
-def _routing_loss(reqs, sent, measured, routed: dict) -> dict | None:
-    """The routing loss of the request the step is measured by (else the largest of its requests'), if any."""
-    if not routed or not len(sent):
-        return None
-    if measured is not None and reqs.request_id[measured] in routed:
-        return routed[reqs.request_id[measured]]
+class _RecomputeWords:
+    """How a recompute's share of the step's prefill is said: its seconds, of which prefill, at what cost."""
+
+    def __init__(self, parts: StepParts, times: list[RequestTimes]) -> None:
+        self.parts, self.times = parts, times
+
+    def words(self, seconds: float, tokens: float) -> str:
+        if not tokens:
+            return ""
+        parts = self.parts
+        if parts.prefill_request < 0:
+            if parts.never_scheduled:
+                return "; not recomputed: its request was never scheduled"
+            return "; not recomputed: no request of this step reached its prefill"
+        computed = self.times[parts.prefill_request].computed
+        return (
+            f", about {seconds:.2f} s of its {parts.prefill_s:.2f} s prefill to recompute ({min(tokens, computed):.0f} "
+            f"of the {computed:.0f} tokens it computed, at {parts.own_rate:,.0f} tokens/s, its own prefill's pace)"
+        )
+
+
+def _preemption_words(count: int, parts: StepParts, times: list[RequestTimes]) -> str:
+    head = f"preempted {count} time{'s' if count > 1 else ''} (recomputed)"
+    if parts.preemption == MEASURED:
+        return (
+            f"{head}: {parts.preempted_s:.2f} s of its latency went to waiting to be re-admitted and recomputing "
+            "(measured from the engine's preemption and re-admission events)"
+        )
+    if parts.preemption == ESTIMATED:
+        return (
+            f"{head}: about {parts.preempted_s:.2f} s of its latency, its prefill beyond what its computed tokens "
+            "take at the instance's measured prefill rate (the server does not say when it was preempted)"
+        )
+    return (
+        f"{head}: what it cost is inside its {parts.prefill_s:.2f} s prefill and not separated (the server does not "
+        "say when, and no prefill rate was measured to estimate it)"
+    )
+
+
+def _routing_loss(reqs, sent, routed: dict) -> dict | None:
+    """The largest routing loss among the step's requests, if any."""
     found = [routed[rid] for rid in reqs.request_id[sent] if rid in routed]
     return max(found, key=lambda row: row["routed_tokens"]) if found else None
 

@@ -36,6 +36,7 @@ from kvobs.store.interface import Store
 K = KVEventKind
 TIMELINE = ["lane", "phase", "start", "end", "what"]
 EVENTS = ["ts", "source", "kind", "blocks", "tokens", "request_id", "by_session", "what"]
+TIMING_KINDS = (K.PREEMPTED.value, K.HIT.value)  # when a request was preempted and re-admitted
 TAKERS_BEFORE_S = 600.0  # a block's taker is named from the requests that arrived from this long before the story
 
 
@@ -87,10 +88,13 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
     if read is not None:
         attributed = read.verdicts
     else:
+        # every step's preemptions and re-admissions (one row a request): the parts of the session's typical step
+        timing = store.reads.kv_events(kinds=TIMING_KINDS, session_id=session_id)
+        timing = timing[(timing["ts"] < low) | (timing["ts"] > high)]  # outside the stretch read above
         attributed = attribute_steps(
             steps,
             reqs,
-            pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], resets]),
+            pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], timing, resets]),
             rates=PrefillRates.from_store(store, read_from, last, requests=reqs),
             routing=request_routing(store, sent[i], steps, low, high),
         )

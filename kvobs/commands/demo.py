@@ -382,11 +382,22 @@ def _failures_line(causes) -> str:
     slow_by_cause = slow["slow_cause"].value_counts() if not slow.empty else {}
     slow_text = ", ".join(f"{CAUSE_LABELS.get(cause, 'not explained')} {n}" for cause, n in slow_by_cause.items())
     failed = sum(split.values())
+    timeouts = ", ".join(f"{words} {split[kind]}" for kind, words in TIMEOUT_KINDS.items() if split[kind])
     return (
-        f"failed steps: {failed} (explained by the KV cache: {split['cache']}, by the queue: {split['queue']}, "
-        f"timeouts without a KV cause: {split['timeout']}, model errors: {split['model']}, request errors: "
+        f"failed steps: {failed} (timeouts: {timeouts or 'none'}; model errors: {split['model']}, request errors: "
         f"{split['request']})\n  slow steps: {len(slow)}" + (f" (what cost the time: {slow_text})" if len(slow) else "")
     )
+
+
+# a timeout's kind (`attribution.FAILURE_KINDS`) as the terminal says what cost it
+TIMEOUT_KINDS = {
+    "queue": "the queue",
+    "cache": "the KV cache",
+    "engine": "the engine's prefill or decode",
+    "tool": "their own tools",
+    "outside": "outside the engine",
+    "timeout": "not split (no request found)",
+}
 
 
 def _stop_all(children: list[_Child]) -> list[str]:

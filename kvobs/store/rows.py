@@ -86,7 +86,10 @@ class StepRecord(Record):
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     response_id: str | None = None  # the id the server answered (joins requests.request_id when no trace did)
-    tools: str | None = None  # JSON list of the tool calls in the pause before the step: name, start, end, status
+    # JSON list of the session's tool calls since its previous LLM call: name, start, end, status, error_type. A step
+    # made of an agent's spans (one LLM call) lists those of the pause before its call; an SDK step, its own, run
+    # inside it after its call: which they were is told by their times.
+    tools: str | None = None
 
 
 @_record

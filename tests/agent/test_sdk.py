@@ -114,11 +114,18 @@ def test_tools_as_context_managers_and_decorators(agent_spans):
         return key.upper()
 
     with AgentSession("tools", tracer_provider=provider) as session:
-        with session.step() as step:
+        with session.step() as first:
             assert lookup("abc") == "ABC"
-            assert step.call_tool("double", lambda x: 2 * x, 21) == 42
-        with pytest.raises(KeyError), session.step():
+            assert first.call_tool("double", lambda x: 2 * x, 21) == 42
+        with pytest.raises(KeyError), session.step() as second:
             lookup("missing")
+    # each step keeps its own tool calls (steps.tools): their time is the step's tool time
+    assert [(t["name"], t["status"], t["error_type"]) for t in first.tools] == [
+        ("lookup", "ok", None),
+        ("double", "ok", None),
+    ]
+    assert [(t["name"], t["status"], t["error_type"]) for t in second.tools] == [("lookup", "error", "KeyError")]
+    assert all(first.started_at <= t["start"] <= t["end"] <= first.ended_at for t in first.tools)
     spans = exporter.get_finished_spans()
     tools = [s for s in spans if s.name.startswith("execute_tool")]
     steps = [s for s in spans if s.name == "agent_step"]
@@ -139,3 +146,44 @@ def test_as_step_decorator_runs_each_call_as_the_next_step(agent_spans):
         assert [think(1), think(2)] == [1, 12]
     steps = [s for s in exporter.get_finished_spans() if s.name == "agent_step"]
     assert [s.attributes[a.AGENT_STEP_INDEX] for s in steps] == [0, 1]
+
+
+@pytest.mark.parametrize("kind", ["httpx", "openai"])
+def test_a_deadline_cuts_the_call_and_the_server_aborts_it(smollm2_source, agent_spans, tmp_path, kind):
+    """A step's deadline is a deadline: the call ends at it (not when the reply would have), the step is recorded as a
+    timeout at it, and the server sees the client go: the request is aborted and its blocks freed."""
+    from tests.server.test_lifecycle import aborted, assert_idle
+    from tests.waiting import wait_for
+
+    provider, _ = agent_spans
+    url = f"sqlite:///{tmp_path / 'deadline.db'}"
+    deadline_s = 0.5
+    with running_server(smollm2_source, options={"store_url": url, "instance": "deadline"}) as server:
+        store = open_store(url)
+        writer = StoreWriter(store)
+        if kind == "httpx":
+            client = httpx.Client(base_url=server.url + "/v1", timeout=60)
+        else:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        before = aborted(server.url)
+        with (
+            AgentSession("late", tracer_provider=provider, recorder=StoreStepRecorder(writer)) as session,
+            pytest.raises(ChatError) as late,
+            session.step(deadline_s=deadline_s) as step,
+        ):  # 450 tokens take seconds on any CPU: only the deadline ends this call in time
+            step.chat(client, model=SERVED, messages=QUESTION, max_tokens=450, ignore_eos=True, temperature=0)
+        assert late.value.error_type == "timeout" and "deadline" in str(late.value)
+        took = step.ended_at - step.started_at
+        assert deadline_s <= took < deadline_s + 1.0, took  # cut at the deadline, not at the reply's end
+        wait_for(lambda: aborted(server.url) == before + 1)  # the server saw the client go
+        assert_idle(server)  # and freed its blocks
+        writer.flush()
+        wait_for(lambda: len(store.reads.requests()) == 1)
+        request = store.reads.requests().iloc[0]
+        assert request["finish_reason"] == "abort" and request["completion_tokens"] < 450
+        assert request["finished_ts"] - step.started_at < deadline_s + 1.0
+        (row,) = store.reads.steps().itertuples()
+        assert (row.status, row.error_type) == ("error", "timeout")
+        assert row.ended_at - row.started_at == pytest.approx(took)
+        writer.close()
+        store.close()

@@ -72,17 +72,28 @@ def test_counters_give_the_rate_where_requests_do_not_say_what_was_cached():
     assert PrefillRates(requests, incomplete).at("e0", 1010.0) is None  # uncached tokens unknown: no rate
 
 
-def test_the_recorded_vllm_run_is_costed_from_its_own_counters(vllm_run):
+def test_the_recorded_vllm_run_is_costed_from_its_own_prefills_and_counters(vllm_run):
+    """A lost prefix costs its share of the step's own measured prefill (never more than the prefill); a preemption
+    a server counts but does not time is estimated from the instance's counters, and said to be unknown without them.
+    (vLLM's spans carry no preemption count: the run's slowest prefill is taken as one preempted request.)"""
     store = vllm_run.store
     frame = step_causes(store, None, None)
-    lost = frame[frame["blocks_lost_in_pause"] > 0]
-    assert len(lost) > 0 and lost["prefill_rate"].notna().all()  # every loss has a cost, from the counters
-    # whatever the estimate, it never takes more of a step's excess than its prefill really took beyond usual
-    prefill_excess = (lost["prefill_s"] - lost["typical_prefill_s"]).clip(lower=0)
-    without = attribute_steps(
-        store.reads.steps(), store.reads.requests(), store.reads.kv_events(kinds=ATTRIBUTION_KINDS)
-    )
-    assert without["prefill_rate"].isna().all()  # the request rows alone cannot say (no cached tokens)
+    lost = frame[(frame["blocks_lost_in_pause"] > 0) & (frame["prefill_s"] > 0)]
+    assert len(lost) > 0 and lost["prefill_rate"].notna().all()  # every recomputed loss has a cost
     assert (lost["lost_recompute_s"] > 0).all()
-    assert (lost["lost_excess_s"] <= prefill_excess + 1e-9).all()
-    assert ((lost["lost_excess_s"] - lost["lost_recompute_s"]) <= 1e-9).all()  # scaled down to fit, never up
+    assert (lost["lost_recompute_s"] <= lost["prefill_s"] + 1e-9).all()  # a share of the prefill, never more
+    assert (lost["lost_excess_s"] == lost["lost_recompute_s"]).all()  # a loss is never usual: it counts whole
+    steps, events = store.reads.steps(), store.reads.kv_events(kinds=ATTRIBUTION_KINDS)
+    reqs = store.reads.requests()
+    prefill = reqs["first_token_ts"] - reqs["arrival_ts"] - reqs["queue_s"]
+    slowest = prefill.idxmax()
+    reqs.loc[slowest, "num_preemptions"] = 1
+    first, last = store.reads.time_range()
+    counted = attribute_steps(steps, reqs, events, rates=PrefillRates.from_store(store, first, last, requests=reqs))
+    (row,) = counted[counted["preemptions"] > 0].to_dict("records")
+    assert row["preemption"] == "estimated" and 0 < row["preempted_s"] <= prefill[slowest] + 1e-9
+    assert abs(row["preempted_s"] + row["prefill_s"] - prefill[slowest]) < 1e-6  # moved out of the prefill, whole
+    assert "the server does not say when" in row["evidence"]
+    unknown = attribute_steps(steps, reqs, events)  # the request rows alone, without cached tokens: no rate
+    (row,) = unknown[unknown["preemptions"] > 0].to_dict("records")
+    assert row["preemption"] == "unknown" and row["preempted_s"] == 0 and "not separated" in row["evidence"]

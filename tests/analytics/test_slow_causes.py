@@ -113,7 +113,7 @@ def test_the_slow_cause_is_the_part_that_cost_the_time(scripted):
         assert last["slow_cause"] == "queue_wait" and last["cause"] == "queue_wait"
         assert last["evidence"].startswith("slow: waiting in the queue: ")
         assert last["lost_recompute_s"] < 0.5 * a3["queue_s"]  # the loss was real, and cost far less
-    assert "to recompute at" in last["evidence"] and "tokens/s" in last["evidence"]  # the measured rate, said
+    assert "s prefill to recompute (" in last["evidence"] and "tokens/s, its own prefill's pace" in last["evidence"]
 
 
 def test_the_recompute_estimate_is_close_to_the_prefill_the_loss_added(scripted):

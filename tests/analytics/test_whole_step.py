@@ -1,0 +1,183 @@
+"""The whole step judged: parts that add up to its latency, and the part that cost a timeout named, on runs whose
+truth is known (scripted runs of the real engine on a virtual clock: `tests.analytics.scripted`), and on every
+recorded run.
+
+- `overload`: the engine runs one request at a time; a long reply holds it while two sessions' next steps arrive
+  with a 1 s deadline: they are never scheduled, their clients hang up at the deadline, and the engine aborts them.
+  Meanwhile the long reply's growth evicted a waiting session's cached prefix.
+- `preempt`: two sessions decode long replies in a cache too small for both: the later one is preempted and
+  re-admitted only once the other has finished.
+- `slow_decode`: a session's third step decodes while the machine runs at an eighth of its speed; its fourth does
+  too, with a deadline that passes mid-decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from instrumented_engine.engine import events as ev
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.analytics.latency_parts import ESTIMATES, PARTS
+from kvobs.analytics.step_causes import step_causes
+from tests.analytics.scripted import CLIENT_S, Script, tokens_of
+
+DEADLINE_S = 1.0
+TOOL_S = 0.3
+
+
+@pytest.fixture(scope="module")
+def overload(smollm2_source, tmp_path_factory):
+    s = Script.start(
+        smollm2_source, tmp_path_factory.mktemp("overload") / "run.db", num_blocks=24, max_num_seqs=1, max_model_len=320
+    )
+    contexts = {}
+    for n, session in enumerate(["long", "q1", "q2"]):  # each session's usual step, one after another
+        rid = s.send(session, 0, tokens_of(n, 96), 4, tool_s=TOOL_S)
+        s.finish()
+        s.idle(TOOL_S + 0.05)
+        contexts[session] = s.context(rid) + tokens_of(n + 10, 16)
+    s.send("long", 1, contexts["long"], 150, tool_s=TOOL_S)  # a long reply holds the one running slot
+    for _ in range(100):  # and grows, evicting the idle sessions' cached prefixes before they come back
+        s.step()
+    for session in ("q1", "q2"):
+        s.send(session, 1, contexts[session], 4, deadline_s=DEADLINE_S)
+    s.finish()
+    return s, s.close()
+
+
+@pytest.fixture(scope="module")
+def preempt(smollm2_source, tmp_path_factory):
+    path = tmp_path_factory.mktemp("preempt") / "run.db"
+    s = Script.start(smollm2_source, path, num_blocks=33, max_num_seqs=4, max_model_len=512)
+    contexts = {}
+    for n, session in enumerate(["x", "p"]):  # each alone: as long a reply as p's next, without contention
+        rid = s.send(session, 0, tokens_of(n, 64), 120, tool_s=TOOL_S)
+        s.finish()
+        s.idle(TOOL_S + 0.05)
+        contexts[session] = s.context(rid) + tokens_of(n + 10, 16)
+    s.send("x", 1, contexts["x"], 250)  # admitted first: it grows, the later one gives way
+    s.step()
+    s.send("p", 1, contexts["p"], 120)
+    s.finish()
+    return s, s.close()
+
+
+@pytest.fixture(scope="module")
+def slow_decode(smollm2_source, tmp_path_factory):
+    s = Script.start(smollm2_source, tmp_path_factory.mktemp("slow-decode") / "run.db", num_blocks=96)
+    context = tokens_of(0, 64)
+    for index in range(4):
+        deadline = 2.0 if index == 3 else None
+        rid = s.send("d", index, context, 24, deadline_s=deadline, tool_s=TOOL_S)
+        s.step()  # its prefill and first token
+        s.clock.slow = 8.0 if index >= 2 else 1.0  # the machine slows down while it decodes
+        s.finish()
+        s.clock.slow = 1.0
+        s.idle(TOOL_S + 0.05)
+        context = s.context(rid) + tokens_of(index + 1, 16)
+    return s, s.close()
+
+
+def verdicts(store) -> pd.DataFrame:
+    return step_causes(store, None, None).set_index(["session_id", "step_index"])
+
+
+def test_a_step_never_scheduled_before_its_deadline_is_named_by_the_queue(overload):
+    script, store = overload
+    frame = verdicts(store)
+    reqs = store.reads.requests().set_index("request_id")
+    for session in ("q1", "q2"):
+        req, row = reqs.loc[f"{session}-1"], frame.loc[(session, 1)]
+        # truth: aborted at the client's deadline, never scheduled
+        assert req["finish_reason"] == "abort" and pd.isna(req["queue_s"]) and pd.isna(req["first_token_ts"])
+        assert (row["status"], row["error_type"]) == ("error", "timeout")
+        assert row["latency_s"] == pytest.approx(DEADLINE_S)
+        step_end = row["started_at"] + DEADLINE_S  # the client hung up there; the engine aborted it at its next step
+        assert step_end <= req["finished_ts"] < step_end + 0.1
+        assert row["queue_s"] == pytest.approx(step_end - req["arrival_ts"])  # arrival to the end: queue
+        assert row["other_s"] == pytest.approx(CLIENT_S) and row["prefill_s"] == row["decode_s"] == 0
+        assert (row["failure_cause"], row["failure_kind"]) == ("queue_wait", "queue")
+        assert row["never_scheduled"]
+        assert row["evidence"].startswith(f"timed out after {DEADLINE_S:.2f} s: waiting in the queue, 0.99 s of it")
+        assert "was never scheduled" in row["evidence"]
+    # the long reply's growth took a waiting session's cached prefix: a loss, said, and not what cost the timeout
+    lost = [frame.loc[(s, 1)] for s in ("q1", "q2") if frame.loc[(s, 1), "blocks_lost_in_pause"] > 0]
+    assert lost, "the script meant the long reply to evict a waiting session's prefix"
+    for row in lost:
+        assert (
+            "evicted during the" in row["evidence"]
+            and "not recomputed: its request was never scheduled" in (row["evidence"])
+        )
+        assert row["lost_recompute_s"] == 0
+
+
+def test_a_long_reply_is_a_long_reply_and_tools_are_the_steps_own(overload):
+    script, store = overload
+    frame = verdicts(store)
+    row = frame.loc[("long", 1)]
+    out = script.outputs["long-1"]
+    assert row["decode_s"] == pytest.approx(out.finished_ts - out.first_token_ts)
+    assert row["slow"] and row["slow_cause"] == "long_decode"  # as fast per token as usual, 150 tokens not 4
+    ok = frame[frame["status"] == "ok"]
+    assert np.allclose(ok["tool_s"], TOOL_S)  # the tool it ran after its reply, not "outside the engine"
+    assert np.allclose(ok["other_s"], CLIENT_S + 0.002)
+
+
+def test_a_step_preempted_and_readmitted_late_is_named_by_the_preemption(preempt):
+    script, store = preempt
+    preempted = [e for e in script.raw_events if isinstance(e, ev.Preempted)]
+    readmitted = [e for e in script.raw_events if isinstance(e, ev.PrefixLookup) and e.readmission]
+    assert preempted and {e.request_id for e in preempted} == {"p-1"}  # truth: the later one gave way
+    waits = [min(r.ts for r in readmitted if r.ts >= p.ts) - p.ts for p in preempted]
+    frame = verdicts(store)
+    row = frame.loc[("p", 1)]
+    assert row["preemption"] == "measured" and row["preemptions"] == len(preempted)
+    assert row["preempted_s"] >= sum(waits) - 1e-9  # every wait to be re-admitted, measured
+    assert row["preempted_s"] <= row["latency_s"]
+    assert row["slow"] and row["slow_cause"] == "preempted"
+    assert "re-admitted" in row["evidence"] and "measured from the engine's" in row["evidence"]
+    # the same step, timed out: the preemption cost it the deadline
+    steps = store.reads.steps()
+    failed = steps.assign(
+        status=np.where((steps["session_id"] == "p") & (steps["step_index"] == 1), "error", steps["status"]),
+        error_type=np.where((steps["session_id"] == "p") & (steps["step_index"] == 1), "timeout", None),
+    )
+    again = attribute_steps(failed, store.reads.requests(), store.reads.kv_events(kinds=ATTRIBUTION_KINDS))
+    row = again.set_index(["session_id", "step_index"]).loc[("p", 1)]
+    assert (row["failure_cause"], row["failure_kind"]) == ("preempted", "cache")
+    assert row["evidence"].startswith("timed out after") and "preemption" in row["evidence"]
+
+
+def test_a_decode_slower_than_usual_is_named_by_the_decode(slow_decode):
+    script, store = slow_decode
+    frame = verdicts(store)
+    usual = frame.loc[("d", 1)]
+    slow = frame.loc[("d", 2)]
+    assert slow["decoded_tokens"] == usual["decoded_tokens"] == 23  # the same reply length: only the pace differs
+    assert slow["decode_s"] == pytest.approx(8 * usual["decode_s"], rel=0.05)
+    assert slow["slow"] and slow["slow_cause"] == "slow_decode"
+    late = frame.loc[("d", 3)]  # the deadline passed mid-decode: the client hung up, the engine aborted it
+    req = store.reads.requests().set_index("request_id").loc["d-3"]
+    assert req["finish_reason"] == "abort" and req["completion_tokens"] < 24
+    assert late["latency_s"] == pytest.approx(2.0)
+    assert (late["failure_cause"], late["failure_kind"]) == ("slow_decode", "engine")
+    assert late["evidence"].startswith("timed out after 2.00 s: decoding slower per token than usual")
+
+
+RUNS = ["agent_run", "vllm_run", "fleet_run", "served_fleet", "vllm_fleet", "overload", "preempt", "slow_decode"]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_parts_add_up_to_the_latency_on_every_step(run, request):
+    fixture = request.getfixturevalue(run)
+    store = fixture[1] if isinstance(fixture, tuple) else fixture.store
+    frame = step_causes(store, None, None)
+    assert len(frame) > 0
+    assert frame["latency_s"].notna().all()
+    parts = frame[list(PARTS)]
+    assert (parts >= 0).all().all()
+    np.testing.assert_allclose(parts.sum(axis=1), frame["latency_s"], atol=1e-6)  # every part measured, once
+    assert (frame[list(ESTIMATES)].sum(axis=1) <= frame["prefill_s"] + 1e-9).all()  # recompute: inside the prefill
+    assert (frame["new_prefill_s"] >= -1e-9).all()
