@@ -250,6 +250,11 @@ class Collector:
         self.span_steps.settle(final=True)
         for stream in self.streams:
             stream.ingest.snapshot(final=True)
+        try:  # the last steps stored, the keeper decides what has settled and says it stopped
+            self.writer.flush()
+            self.verdicts.stop(time.time())
+        except Exception:
+            log.exception("deciding the failed steps of settled sessions at stop failed")
         if self.forwarder is not None:
             self.forwarder.close()
         self.writer.close()

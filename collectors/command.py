@@ -20,6 +20,7 @@ from kvobs.commands.common import (
     add_spool_flag,
     add_store_flag,
     lacks_extra,
+    refuse_ports_in_use,
     start_or_report,
 )
 from kvobs.semconv.endpoints import STORE_URL_ENV
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from collectors.collector import Collector, CollectorOptions
 
     def start() -> Collector:
+        refuse_ports_in_use(_listeners(args), "another kvobs collect? stop it or pass other addresses")
         options = CollectorOptions(
             store_url=args.store or os.environ.get(STORE_URL_ENV),
             vllm_urls=args.vllm_url,
@@ -152,3 +154,30 @@ def run(args: argparse.Namespace) -> int:
     log.info("stopping: flushing KV footprints, forwarded traces and store rows")
     collector.stop()
     return 0
+
+
+def _listeners(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """Every (flag, host, port) the collector will listen on: checked before the store is opened, so a taken port
+    costs a line naming its flag, not a store file and a bare `[Errno 98]`."""
+    from urllib.parse import urlsplit
+
+    from collectors.kv_streams import split_name
+    from collectors.otlp_receiver import split_host_port
+    from kvobs.vllm import kv_events as wire
+
+    listeners = [
+        (flag, *split_host_port(value))
+        for flag, value in (
+            ("--otlp-http", args.otlp_http),
+            ("--otlp-grpc", args.otlp_grpc),
+            ("--metrics-address", args.metrics_address),
+        )
+        if value
+    ]
+    for value in args.kv_events:
+        address = split_name(value)[1]
+        endpoint = urlsplit(address.replace("//*:", "//0.0.0.0:"))  # (`*` is no host urllib reads a port after)
+        binds = args.kv_events_bind or wire.should_bind(address)  # as the subscriber decides
+        if endpoint.scheme == "tcp" and binds and endpoint.port:
+            listeners.append(("--kv-events", endpoint.hostname or "0.0.0.0", endpoint.port))
+    return listeners

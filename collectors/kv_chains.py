@@ -62,8 +62,9 @@ class ChainTracker:
             for owner in forgotten[OWNERS]:
                 self.footprint(owner).resident -= 1
 
-    def removed(self, block_hash) -> Block | None:
-        """The removed block's `(parent, owners)`; None when it was stored before we subscribed."""
+    def removed(self, block_hash, *, lost: bool = True) -> Block | None:
+        """The removed block's `(parent, owners)`; None when it was stored before we subscribed. `lost` False: its
+        session released it (no loss: it leaves the footprint uncounted)."""
         block = self.blocks.pop(block_hash, None)
         if block is None:
             self.num_unknown_removed += 1
@@ -71,7 +72,7 @@ class ChainTracker:
         for owner in block[OWNERS]:
             footprint = self.footprint(owner)
             footprint.resident -= 1
-            footprint.removed += 1
+            footprint.removed += lost
         return block
 
     def cleared(self) -> dict[str | None, int]:

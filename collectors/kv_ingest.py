@@ -33,7 +33,7 @@ from collectors.kv_chains import OWNERS, PARENT, ChainTracker
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
 from kvobs.identifiers import clip_id
 from kvobs.semconv.attributes import medium_name
-from kvobs.semconv.reasons import EvictionReason
+from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
 from kvobs.semconv.spans import KVEventKind, SessionSource
 from kvobs.store.rows import KVEventColumns, SessionRecord, SnapshotRecord
@@ -186,9 +186,9 @@ class KVIngest:
         reason = event.reason if event.reason in wire.REMOVAL_REASONS else None  # our engine's; vLLM sends none
         chains = self._tier(medium, group)
         device = chains is self.chains  # another tier's or group's removal is not the session losing its prefix
-        removed = chains.removed
+        removed, lost = chains.removed, reason not in RELEASE_REASONS
         for block_hash in event.block_hashes:
-            block = removed(block_hash)
+            block = removed(block_hash, lost=lost)
             stored_as = wire.as_uint64(block_hash)
             if block is None:
                 owners, parent = (None,), None

@@ -11,14 +11,16 @@ engine, collector and SDK share for a session's end), read `DELAY_S` behind now 
 session that comes back later is decided again when it settles again, with all its steps (an upsert: the later
 decision wins). Steps are read once, in time order, from where the last run stopped; a keeper that starts reads
 back `LOOKBACK_S`. After each run it marks where it decides from and how far it has read (`verdict_progress`, one
-row per keeper): while that mark is fresh (`KEEPER_LIVE_S`), the page shows a timeout it has not decided yet as
-pending instead of attributing it as it opens; any other verdict it has not decided (a store no collector keeps)
-the page attributes when it is read.
+row per keeper): while that mark is fresh (`KEEPER_LIVE_S`), the page shows a timeout of a session still running that
+it has not decided yet as pending instead of attributing it as it opens; any other verdict it has not decided (a
+store no collector keeps, a session that has ended) the page attributes when it is read. At the collector's stop
+the keeper decides what has settled and marks itself stopped (`stop`): nothing it left is pending after that.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import pandas as pd
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 DELAY_S = 60.0  # how far behind now a run reads: the writer's queue and late spans have landed
 LOOKBACK_S = SESSION_IDLE_S  # how far back a keeper that starts reads steps
 CHUNK = 200  # sessions decided per round of reads
+STOPPED = math.inf  # a stopped keeper's `covers_from`: it will decide no step, wherever it started
 
 
 class VerdictKeeper:
@@ -68,6 +71,19 @@ class VerdictKeeper:
         decided = self._settle(written, now) if self.pending else 0
         if self.progress is not None:  # after deciding: a verdict is stored before its step stops being pending
             self.progress(VerdictProgressRecord(self.name, self.covers_from, written, now))
+        return decided
+
+    def stop(self, now: float) -> int:
+        """At the collector's stop (its steps flushed to the store): decide every session that has settled by now,
+        then mark the keeper stopped (`STOPPED`: its mark covers nothing), so a page attributes whatever it left
+        undecided instead of showing it as pending for a keeper that will not come."""
+        start = now - self.lookback_s if self.done is None else self.done
+        if now > start:
+            self._note(self.store.reads.steps(start, now))
+            self.done = now
+        decided = self._settle(now, now) if self.pending else 0
+        if self.progress is not None:
+            self.progress(VerdictProgressRecord(self.name, STOPPED, self.done or now, now))
         return decided
 
     def _settle(self, written: float, now: float) -> int:

@@ -35,12 +35,14 @@ from kvobs.analytics.shortfall import (
 from kvobs.analytics.step_causes import range_verdicts
 from kvobs.analytics.step_story import SessionRead
 from kvobs.analytics.windows import RangeSums, arrivals, lookup_range_sums, range_sums, sketch_quantile
+from kvobs.semconv.reasons import RELEASE_REASONS
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
 
 PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk at most (the latest of the range)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
+RELEASED = "released"  # the KV events page's series of blocks the agent released (no loss)
 INTERVAL_WINDOW_S = 900.0  # the stretch at a range's end its reporting interval is measured over
 SIZE_SAMPLE = 200  # stored blocks of each replica its block size is read from (the most common: one size a run)
 SIZE_RECENT_S = 600.0  # looked for in the range's last minutes first: a read bounded whatever the range
@@ -128,6 +130,7 @@ def overview(
         "failed steps": int(steps["failed"].sum()),
         "hit rate": hit_rate_of_sums(sums.requests, counters),
         "blocks lost": int(losses["blocks"].sum()),
+        "blocks released": int(composed.releases_in(counts)["blocks"].sum()),
         "preemptions": int(frame["preemptions"].sum()) if "preemptions" in frame else None,
         "TTFT p90 (s)": sketch_quantile(sums.latency, "ttft", 0.9),
     }
@@ -450,6 +453,8 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
     page's cost does not grow with its range."""
     counts = store.reads.kv_event_counts(since, until, bucket_s=window_s, instances=instances)
     per_block = counts[counts["kind"].isin(BLOCK_KINDS)]  # rows of one block each: their `blocks` count blocks
+    released = per_block["reason"].isin(list(RELEASE_REASONS))  # the agent let them go: a series of their own
+    per_block = per_block.assign(kind=per_block["kind"].where(~released, RELEASED))
     lifecycle = per_block.pivot_table(index="bucket", columns="kind", values="blocks", aggfunc="sum", fill_value=0)
     if not lifecycle.empty:  # the stream reported in this range: a window without events had none
         times = store.reads.snapshot_times(since, until, window_s, instances=instances)  # when each run reported
@@ -458,6 +463,7 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
         lifecycle = unwatched(fill_windows(lifecycle, since, until, window_s, value=0.0), window_s, watched)
     losses = composed.losses_in(counts)  # "blocks lost", from the counts just read
     reasons = losses.assign(reason=losses["reason"].fillna("(none)")).groupby(["kind", "reason"])["blocks"].sum()
+    released_blocks = int(composed.releases_in(counts)["blocks"].sum())
     stored = store.reads.stored_blocks(_latest_from(counts, since), until, latest=PREFIX_ROWS, instances=instances)
     in_range = int(counts.loc[counts["kind"] == KVEventKind.STORED.value, "events"].sum())  # rows, as `stored`
     sample_since = float(stored["ts"].iloc[0]) if len(stored) >= PREFIX_ROWS else since  # the sample's first block
@@ -467,6 +473,7 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
         "prefixes": prefix_reuse(stored).head(20),
         "restored": store.reads.top_restored_blocks(sample_since, until, limit=20, instances=instances),
         "churn": eviction_churn(stored),
+        "released": released_blocks,
         "prefix_rows": len(stored),
         "sample_since": sample_since,
         "stored_in_range": in_range,

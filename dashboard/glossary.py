@@ -41,7 +41,11 @@ TERMS: dict[str, tuple[str, str]] = {
     # blocks and tokens
     "blocks": ("blocks", "KV blocks."),
     "tokens": ("tokens", "Tokens."),
-    "lost": ("blocks lost", "Cached blocks the session lost so far (evicted, invalidated, removed, reset)."),
+    "lost": (
+        "blocks lost",
+        "Cached blocks the cache took from the session so far (evicted, invalidated, removed, reset; not those it "
+        "released).",
+    ),
     "lost_idle": (
         "lost in tool pauses (blocks)",
         "Cached blocks the session lost while it waited on a tool, counted once it came back.",
@@ -50,7 +54,10 @@ TERMS: dict[str, tuple[str, str]] = {
         "lost while idle, pending (blocks)",
         "Blocks lost while the session was idle: a tool pause if it comes back, after its end if not.",
     ),
-    "blocks_lost": ("blocks lost", "Cached blocks evicted, invalidated or removed, each lost block once."),
+    "blocks_lost": (
+        "blocks lost",
+        "Cached blocks evicted, invalidated or removed, each lost block once (the agents' releases not included).",
+    ),
     "blocks_lost_in_pause": (
         "lost in the pause (blocks)",
         "Cached blocks the session lost in the tool pause before this step.",
@@ -145,7 +152,11 @@ TERMS: dict[str, tuple[str, str]] = {
     # what-if
     "configuration": ("configuration", "observed: what the run did; else the policy replayed."),
     "hit rate": ("hit rate", "Cached prompt tokens / prompt tokens."),
-    "blocks lost": ("blocks lost", "Each lost block once (evictions, invalidations, removals; resets not included)."),
+    "blocks lost": (
+        "blocks lost",
+        "Each lost block once (evictions, invalidations, removals; resets and the agents' releases not included).",
+    ),
+    "blocks released": ("blocks released", "Blocks the agents released when their session ended: no loss."),
     "lost in tool pauses": ("lost in tool pauses (blocks)", "Blocks a session lost while it waited on a tool."),
     "recompute tokens": ("recomputed tokens", "Prompt tokens computed again after their blocks were lost."),
     "waited": ("requests that waited", "Requests the replay could not admit at once (no room)."),
@@ -178,6 +189,7 @@ SERIES: dict[str, str] = {
     "queue_p90": "queue p90",
     "capacity": "capacity (evicted for room)",
     "session_release": "session released",
+    "released": "released by the agent (no loss)",
     "ttl": "session TTL",
     "invalidation": "invalidated",
     "reset": "reset",
@@ -202,6 +214,31 @@ CAUSES: dict[str, str] = {
     "timeout": "timeout (no request of the step found to split its time)",
     "invalid_response": "the model's output (invalid_response)",
     "none": "",
+}
+
+
+# What a page lacks, with what would bring it: one sentence per source, the same on every page.
+MISSING: dict[str, str] = {
+    "snapshots": (
+        "No instance snapshots in this range: kvobs collect --vllm-url URL scrapes a vLLM's /metrics into them "
+        "(kvobs serve --store writes its own)."
+    ),
+    "requests": (
+        "No requests in this range: vLLM's request spans come in through kvobs collect --otlp-http (vLLM started "
+        "with --otlp-traces-endpoint pointing at it); kvobs serve --store writes its own."
+    ),
+    "kv_events": (
+        "No KV events in this range: kvobs collect --kv-events ENDPOINT takes a vLLM's (vLLM started with "
+        "--kv-events-config); kvobs serve --store writes its own."
+    ),
+    "steps": (
+        "No agent steps in this range: send the agents' traces (OpenTelemetry GenAI, OpenInference or OpenLLMetry "
+        "instrumentation, or the kvobs SDK) to kvobs collect --otlp-http."
+    ),
+    "sessions": (
+        "No sessions in this range: they come from the agents' steps (their traces to kvobs collect --otlp-http) or "
+        "from KV events of requests that carried X-Session-ID."
+    ),
 }
 
 

@@ -39,7 +39,8 @@ def activity(times: list[pd.Series], runs: pd.DataFrame) -> list[tuple[float, fl
     """The stretches something was watching: per engine run (`kvobs.analytics.runs.run_table` rows), from its start
     to the last time anything of it was recorded (`times`: the page's times, of any source); without runs, from
     the first time to the last."""
-    stamps = np.sort(np.concatenate([np.asarray(t, float) for t in times if len(t)]) if times else np.empty(0))
+    known = [np.asarray(t, float) for t in times if len(t)]  # (a store of one source: the others' times are empty)
+    stamps = np.sort(np.concatenate(known)) if known else np.empty(0)
     stamps = stamps[~np.isnan(stamps)]
     if not len(stamps):
         return []

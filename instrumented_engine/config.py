@@ -109,7 +109,8 @@ class CacheLayout:
         """Resolve `num_blocks` and `max_model_len`, checking that one longest sequence fits.
 
         Raises:
-            ValueError: when the cache cannot hold a single sequence of `max_model_len` tokens.
+            CacheTooSmall: when the cache cannot hold a single sequence of `max_model_len` tokens.
+            ValueError: `max_model_len` beyond the model's context.
         """
         max_model_len = config.max_model_len or model_context
         if max_model_len > model_context:
@@ -122,12 +123,27 @@ class CacheLayout:
             num_blocks = budget // bytes_per_block
         needed = -(-max_model_len // config.block_size) + 1  # + the null block
         if num_blocks < needed:
-            raise ValueError(
-                f"the KV cache has {num_blocks:,} blocks of {config.block_size} tokens, but one sequence of "
-                f"max_model_len={max_model_len:,} tokens needs {needed:,} (block 0 is reserved); "
-                "raise num_blocks / kv_cache_memory or lower max_model_len"
-            )
+            raise CacheTooSmall(num_blocks, config.block_size, max_model_len, needed)
         return cls(num_blocks, config.block_size, max_model_len, bytes_per_block)
+
+
+class CacheTooSmall(ValueError):
+    """The KV cache cannot hold one sequence of `max_model_len` tokens (its fields let a command say it in its own
+    flags)."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int, needed: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.max_model_len, self.needed = max_model_len, needed
+        super().__init__(
+            f"the KV cache has {num_blocks:,} blocks of {block_size} tokens, but one sequence of "
+            f"max_model_len={max_model_len:,} tokens needs {needed:,} (block 0 is reserved); "
+            "raise num_blocks / kv_cache_memory or lower max_model_len"
+        )
+
+    @property
+    def longest_fitting(self) -> int:
+        """The longest `max_model_len` this cache holds."""
+        return max(self.num_blocks - 1, 0) * self.block_size
 
 
 class ContextLengthExceeded(ValueError):

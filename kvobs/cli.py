@@ -15,6 +15,7 @@ runs the ones it has, and names the extra to install for the others.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 from importlib.metadata import entry_points
@@ -37,10 +38,23 @@ def command_modules() -> dict[str, ModuleType]:
     return modules
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag costs one line on stderr that names it, and exit status 2: `kvobs whatif: argument --block-size:
+    must be at least 1; got 0`; a misspelt flag says which it may have meant. The usage is a `--help` away."""
+
+    def error(self, message: str):
+        hint = ""
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            flags = [f for action in self._actions for f in action.option_strings]
+            close = [difflib.get_close_matches(word, flags, n=1) for word in unknown.split() if word.startswith("-")]
+            guesses = [match[0] for match in close if match]
+            hint = f"; did you mean {', '.join(guesses)}?" if guesses else ""
+        self.exit(2, f"{self.prog}: {message}{hint} ({self.prog} --help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvobs", description="KV-cache observability for LLM agents", allow_abbrev=False
-    )
+    parser = OneLineParser(prog="kvobs", description="KV-cache observability for LLM agents", allow_abbrev=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in command_modules().values():

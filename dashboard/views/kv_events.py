@@ -18,13 +18,14 @@ def render(ctx) -> None:
     st.header(TITLE)
     data = cache.kv_events(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances)
     if data["lifecycle"].empty:
-        st.info("No KV events in this range.")
+        st.info(glossary.MISSING["kv_events"])
         return
     ctx.runs_note()
-    st.subheader("Blocks stored and lost")
+    st.subheader("Blocks stored, lost and released")
     st.caption(
-        ctx.window_caption() + " Each block once per event (a block several sessions owned counts once). "
-        "Prefix hits and allocations cover many blocks each: each step's story counts them."
+        ctx.window_caption() + " Each block once per event (a block several sessions owned counts once). Released: "
+        "blocks the agents let go when their session ended, no loss. Prefix hits and allocations cover many blocks "
+        "each: each step's story counts them."
     )
     time_chart(
         data["lifecycle"],
@@ -49,7 +50,12 @@ def render(ctx) -> None:
     with left:
         st.subheader("Blocks lost, by reason")
         st.caption(
-            "The whole range, each lost block once (evictions, invalidations, vLLM removals; resets not included)."
+            "The whole range, each lost block once (evictions, invalidations, vLLM removals; resets not included). "
+            + (
+                f"Not losses: {data['released']:,} blocks the agents released when their session ended."
+                if data["released"]
+                else ""
+            )
         )
         reasons = data["reasons"]
         if reasons.empty:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dashboard import glossary
 from dashboard.data import FLEET_SERIES
 from dashboard.views import cache
 from dashboard.views.charts import small_multiples, time_chart
@@ -53,7 +54,13 @@ def _kpis(kpis: dict, routing: dict | None = None) -> list[tuple[str, str, str]]
         (
             "blocks lost",
             f"{kpis['blocks lost']:,}",
-            "Cached blocks evicted, invalidated or removed (each lost block once; resets not included).",
+            "Cached blocks the cache took from a session that still wanted them: evicted for room, invalidated, "
+            "removed (each lost block once; resets and releases not included).",
+        ),
+        (
+            "blocks released",
+            f"{kpis['blocks released']:,}",
+            "Cached blocks the agents released themselves (their session ended): no loss.",
         ),
         (
             "preemptions",
@@ -88,7 +95,7 @@ def render(ctx) -> None:
         "a block several sessions owned counts once; resets not included), as on the What-if page."
     )
     axis = ctx.axis
-    no_snaps = "No instance snapshots in this range."
+    no_snaps = glossary.MISSING["snapshots"]
     left, right = st.columns(2)
     with left:
         st.subheader("KV cache usage")
@@ -106,10 +113,7 @@ def render(ctx) -> None:
         no_hits = "No prompt tokens were queried in this range."
         time_chart(data["hit_rate"], axis, y_title="cached / prompt tokens", y_format="%", empty=no_hits)
         st.subheader("Blocks lost per second, by reason")
-        unknown = (
-            "No KV events recorded in this range, so losses are unknown here (vLLM publishes them with "
-            "--kv-events-config; see the README)."
-        )
+        unknown = "Losses are unknown here. " + glossary.MISSING["kv_events"]
         time_chart(
             data["evictions"],
             axis,
@@ -136,7 +140,7 @@ def render(ctx) -> None:
         )
     with right:
         st.subheader("Agent steps and failures")
-        no_steps = "No agent steps in this range (agents report them through the kvobs SDK)."
+        no_steps = glossary.MISSING["steps"]
         drawn = time_chart(
             data["steps"], axis, y_title="steps / window", mark="bar", window_s=ctx.window_s, empty=no_steps
         )
@@ -184,7 +188,7 @@ def _latency(ctx, data: dict) -> None:
     points = data["ttft_points"]
     dots = None if points is None else points.set_index("arrival_ts")["ttft_s"].rename("request's TTFT")
     latency = data["latency"]
-    drawn = time_chart(latency, ctx.axis, y_title="seconds", points=dots, empty="No requests in this range.")
+    drawn = time_chart(latency, ctx.axis, y_title="seconds", points=dots, empty=glossary.MISSING["requests"])
     if drawn:
         lines = bool(latency.notna().any().any()) if not latency.empty else False
         st.caption(

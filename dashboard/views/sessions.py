@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, glossary
 from dashboard.data import story_url
 from dashboard.views import cache
 from dashboard.views.charts import TimeAxis, time_chart
@@ -63,7 +63,7 @@ def render(ctx) -> None:
     st.header(TITLE)
     table = cache.sessions(ctx.url, ctx.since, ctx.until, ctx.instances)
     if table.empty:
-        st.info("No sessions in this range.")
+        st.info(glossary.MISSING["sessions"])
         return
     ctx.runs_note()
     st.caption(

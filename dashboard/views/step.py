@@ -55,7 +55,7 @@ def render(ctx) -> None:
     ranked_ids = ranked["session_id"].head(data.SESSION_ROWS).tolist()  # bounded: those the cache cost most
     sessions = list(dict.fromkeys(([requested_session] if requested_session else []) + ranked_ids))
     if not sessions:
-        st.info("No agent steps in this range (agents report them through the kvobs SDK).")
+        st.info(glossary.MISSING["steps"])
         return
     c1, c2 = st.columns(2)
     session_id = c1.selectbox("Session (what the cache cost it first)", sessions, key="story_session")

@@ -8,6 +8,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from dashboard import glossary
 from dashboard.views import cache
 from dashboard.views.charts import show
 from dashboard.views.tables import show_text_table
@@ -103,6 +104,9 @@ def render(ctx) -> None:
         )
     except ValueError as exc:
         st.warning(str(exc))
+        return
+    if not replayed:  # (KV events alone: the blocks are there, the requests that would replay them are not)
+        st.info("Nothing to replay: it replays requests with their block chains. " + glossary.MISSING["requests"])
         return
     runs = f"{len(per_run)} runs, each replayed through a cache of its own (a restart empties it); " if per_run else ""
     st.caption(

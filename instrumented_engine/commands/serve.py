@@ -11,7 +11,12 @@ import logging
 import os
 import sys
 
-from instrumented_engine.commands.engine_flags import add_engine_arguments, engine_config, parse_size
+from instrumented_engine.commands.engine_flags import (
+    add_engine_arguments,
+    check_cache_fits,
+    engine_config,
+    parse_size,
+)
 from kvobs.commands.common import (
     add_retention_flag,
     add_spool_flag,
@@ -90,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         return 2  # before torch is imported, the model loaded or a store file made
     if lacks_extra("serve", "server", "instrumented_engine.server.launcher"):
         return 2
+    if start_or_report("serve", lambda: check_cache_fits(args) or True) is None:
+        return 2  # before the weights load (seconds) or a store file is made
     from instrumented_engine.server.launcher import EngineServer, ServerOptions
 
     def start() -> EngineServer:

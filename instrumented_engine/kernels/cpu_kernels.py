@@ -1,9 +1,11 @@
 """The C++ CPU operations (`csrc/`: the paged decode kernel, `paged_decode_cpu.cpp`, and the fused elementwise
-layers, `fused_cpu.cpp`): built once per machine with
-`torch.utils.cpp_extension` (`scripts/install.sh` builds it; otherwise the first engine start does, about 30 s)
-and loaded from torch's extension cache after that. Where it cannot be built (no C++ compiler) the engine uses
-the pure-torch reference and fused.py's torch layers, and says why. `KVOBS_CPU_KERNEL=torch` chooses them on
-purpose.
+layers, `fused_cpu.cpp`): built once per environment with `torch.utils.cpp_extension` (`scripts/install.sh` builds
+it; otherwise the first engine start does) and loaded from there after that. The build lives in the Python
+environment it was made for (`build_directory`: under `sys.prefix`, named by torch's version and the CPU's vector
+instructions), so two checkouts, each with its virtual environment, never rebuild or wait on each other's; a
+prefix that cannot be written (a system Python) uses torch's own extension cache under the same name. Where it
+cannot be built (no C++ compiler) the engine uses the pure-torch reference and fused.py's torch layers, and says
+why. `KVOBS_CPU_KERNEL=torch` chooses them on purpose.
 
     python -m instrumented_engine.kernels.cpu_kernels      # build now; prints where and how long
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,19 +33,48 @@ ARCH_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512
 # -ffast-math lets the compiler vectorise the dot products (sums in another order: float32 rounding, tested) and
 # exp (glibc's vector math); the kernel never meets an infinity or a NaN of its own making.
 MATH_FLAGS = ["-O3", "-ffast-math"]
-STALE_LOCK_S = 600.0  # a build takes about 30 s: a lock this old was left by one that was killed
+STALE_LOCK_S = 600.0  # a build takes a minute or two: a lock this old was left by one that was killed
 
 _loaded: dict[str, object] = {}
 
 
-def _build(verbose: bool = False):
-    from torch.utils.cpp_extension import _get_build_directory, load
+def build_name() -> str:
+    """The build's name: torch's version and the CPU's vector capability (a build for one never loads for another)."""
+    version = re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
+    return f"kvobs_cpu_ops_{torch.backends.cpu.get_cpu_capability().lower()}_torch{version}"
 
-    capability = torch.backends.cpu.get_cpu_capability()
-    flags = ARCH_FLAGS.get(capability, [])
-    name = f"kvobs_cpu_ops_{capability.lower()}"
-    clear_stale_lock(Path(_get_build_directory(name, verbose)) / "lock")
-    return load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=MATH_FLAGS + flags, verbose=verbose)
+
+def build_directory(name: str | None = None, prefix: str | None = None) -> Path:
+    """Where this environment builds and loads the operations: `<prefix>/share/kvobs/torch_extensions/<name>`
+    (`prefix`: `sys.prefix`, the virtual environment), else, when that cannot be written, torch's extension
+    cache."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = name or build_name()
+    folder = Path(prefix or sys.prefix) / "share" / "kvobs" / "torch_extensions" / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    return Path(_get_build_directory(name, False))
+
+
+def _build(verbose: bool = False):
+    from torch.utils.cpp_extension import load
+
+    flags = ARCH_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])
+    name = build_name()
+    folder = build_directory(name)
+    clear_stale_lock(folder / "lock")
+    return load(
+        name=name,
+        sources=[str(s) for s in SOURCES],
+        extra_cflags=MATH_FLAGS + flags,
+        build_directory=str(folder),
+        verbose=verbose,
+    )
 
 
 def clear_stale_lock(lock: Path, *, stale_after_s: float = STALE_LOCK_S) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,74 @@ def open_model(spec: str = DEFAULT_MODEL) -> ModelSource:
     return _open_gguf(path) if path.is_file() else _open_hf_dir(path)
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What a command checks its flags against before it loads weights: the model's context, and the KV values a
+    token takes (layers x K and V x KV heads x head dim; times the element size: `ModelConfig.kv_bytes_per_token`)."""
+
+    context: int
+    kv_values_per_token: int
+
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        return self.kv_values_per_token * element_size
+
+
+def model_shape(spec: str = DEFAULT_MODEL) -> ModelShape:
+    """The model's `ModelShape`, from the GGUF file's header (its scalars; the tokenizer's arrays skipped unread: a
+    fraction of a second where reading every field takes seconds) or config.json."""
+    path = resolve_model_path(spec)
+    if not path.is_file():
+        config = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+        return ModelShape(config.max_position_embeddings, config.kv_bytes_per_token(1))
+    fields = gguf_scalars(path)
+    p = f"{fields['general.architecture']}."
+    heads = fields[p + "attention.head_count"]
+    head_dim = fields.get(p + "attention.key_length", fields[p + "embedding_length"] // heads)
+    kv_heads = fields.get(p + "attention.head_count_kv", heads)
+    return ModelShape(int(fields[p + "context_length"]), fields[p + "block_count"] * 2 * kv_heads * head_dim)
+
+
+# GGUF's value types (the format's spec): scalar struct codes by type; 8 is a string, 9 an array
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_scalars(path: Path) -> dict:
+    """The scalar and string metadata of a GGUF file (version 2 or 3, little-endian), arrays skipped."""
+    with open(path, "rb") as f:
+        magic, version, _, count = struct.unpack("<4sIQQ", f.read(24))
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{path.name} is not a GGUF file of version 2 or 3")
+
+        def string() -> str:
+            (n,) = struct.unpack("<Q", f.read(8))
+            return f.read(n).decode("utf-8", errors="replace")
+
+        def value(kind: int):
+            if kind == _GGUF_STRING:
+                return string()
+            if kind == _GGUF_ARRAY:
+                item, n = struct.unpack("<IQ", f.read(12))
+                if item == _GGUF_STRING:
+                    for _ in range(n):
+                        (size,) = struct.unpack("<Q", f.read(8))
+                        f.seek(size, 1)
+                else:
+                    f.seek(n * struct.calcsize("<" + _GGUF_SCALARS[item]), 1)
+                return None
+            code = "<" + _GGUF_SCALARS[kind]
+            return struct.unpack(code, f.read(struct.calcsize(code)))[0]
+
+        fields = {}
+        for _ in range(count):
+            key = string()
+            (kind,) = struct.unpack("<I", f.read(4))
+            found = value(kind)
+            if found is not None:
+                fields[key] = found
+        return fields
+
+
 # ---- GGUF ---------------------------------------------------------------------------------------
 def _open_gguf(path: Path) -> ModelSource:
     import gguf
@@ -107,6 +176,12 @@ def _open_gguf(path: Path) -> ModelSource:
     except Exception as exc:  # the gguf package raises assorted errors on non-GGUF bytes
         raise ValueError(f"{path.name} is not a readable GGUF file: {exc}") from exc
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    config = _gguf_config(path, reader, fields)
+    tokenizer = Tokenizer.from_gguf_fields(fields)
+    return ModelSource(path.stem, config, tokenizer, len(reader.tensors), lambda: _gguf_tensors(reader, config))
+
+
+def _gguf_config(path: Path, reader, fields: dict) -> ModelConfig:
     arch = fields.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ValueError(f"{path.name}: unsupported GGUF architecture {arch!r}; supported: llama")
@@ -114,7 +189,7 @@ def _open_gguf(path: Path) -> ModelSource:
     heads = fields[p + "attention.head_count"]
     hidden = fields[p + "embedding_length"]
     names = {t.name for t in reader.tensors}
-    config = ModelConfig(
+    return ModelConfig(
         architecture=arch,
         vocab_size=fields.get(p + "vocab_size") or len(fields["tokenizer.ggml.tokens"]),
         hidden_size=hidden,
@@ -128,8 +203,6 @@ def _open_gguf(path: Path) -> ModelSource:
         max_position_embeddings=fields[p + "context_length"],
         tie_word_embeddings="output.weight" not in names,
     )
-    tokenizer = Tokenizer.from_gguf_fields(fields)
-    return ModelSource(path.stem, config, tokenizer, len(reader.tensors), lambda: _gguf_tensors(reader, config))
 
 
 def _gguf_tensors(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:

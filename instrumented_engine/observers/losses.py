@@ -4,11 +4,12 @@
     tally.add(block_manager.take_events())
     tally.num_lost, tally.num_lost_in_pause, tally.by_reason["capacity"]
 
-A lost block is one `BlockEvicted` (capacity, TTL, invalidation, release) or each block a reset (`CacheCleared`)
-dropped. Idle losses count per (session, block) that pressure took from an idle owner, settled with hindsight
-(`IdleLossesSettled`): `num_lost_in_pause` (the session came back: the same losses as
-`kvobs_session_prefix_lost_total` and the store's `session_evicted_idle_blocks`), `num_lost_after_end` (released
-or idle past the horizon), and `num_pending` (not known yet).
+A lost block is one `BlockEvicted` (capacity, TTL, invalidation) or each block a reset (`CacheCleared`) dropped; a
+block its session released (`RELEASE_REASONS`) is counted apart (`num_released`), as no loss. Idle losses count per
+(session, block) that pressure took from an idle owner, settled with hindsight (`IdleLossesSettled`):
+`num_lost_in_pause` (the session came back: the same losses as `kvobs_session_prefix_lost_total` and the store's
+`session_evicted_idle_blocks`), `num_lost_after_end` (released or idle past the horizon), and `num_pending` (not
+known yet).
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ from collections.abc import Iterable
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import StepResult
 from instrumented_engine.observers.dispatch import dispatch
+from kvobs.semconv.reasons import RELEASE_REASONS
 
 
 class LossTally:
     def __init__(self) -> None:
-        self.by_reason: Counter[str] = Counter()  # eviction reason -> blocks
+        self.by_reason: Counter[str] = Counter()  # eviction reason -> blocks (releases included)
         self.num_lost_in_pause = 0
         self.num_lost_after_end = 0
         self.num_pending = 0
 
     @property
     def num_lost(self) -> int:
-        return sum(self.by_reason.values())
+        return sum(n for reason, n in self.by_reason.items() if reason not in RELEASE_REASONS)
+
+    @property
+    def num_released(self) -> int:
+        return sum(n for reason, n in self.by_reason.items() if reason in RELEASE_REASONS)
 
     def on_step(self, result: StepResult) -> None:
         self.add(result.events)

@@ -32,7 +32,7 @@ from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
 from instrumented_engine.observers.dispatch import dispatch
 from kvobs.logs import worth_logging
-from kvobs.semconv.reasons import READMISSION
+from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
 from kvobs.semconv.spans import KVEventKind, RunSource, SessionSource
 from kvobs.store.rows import KVEventRecord, RequestRecord, RunRecord, SessionRecord, SnapshotRecord, run_id
 from kvobs.store.writer import StoreWriter
@@ -169,7 +169,7 @@ class StoreRecorder:
         """One row per owner that lost the block (`session_id` = that owner, `request_id` = who took it)."""
         self._evictions += 1
         for index, owner in enumerate(event.owner_sessions or (None,)):
-            if owner is not None:
+            if owner is not None and event.store_reason not in RELEASE_REASONS:  # a release is no loss
                 tally = self._tally(owner)
                 tally.evicted += 1
                 tally.pending_idle += owner in event.pending_owners

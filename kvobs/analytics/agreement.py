@@ -10,8 +10,10 @@ between those counted tokens less one partial block per request (a request's las
 and those counted tokens. Above: more blocks were computed than the counters say were missed, so the hit counter
 over-counts (vLLM has shipped such bugs) or the query counter under-counts: the counters are off. Below: the KV
 events are short (batches lost on the way, events switched on part-way, a replica that publishes only some
-tiers). Needs both sources: without the counters, or without stored events, the verdict is `unknown`, and says
-which is missing. Re-computation after a preemption and blocks freed before they filled can put a run a little
+tiers). Where no counter was scraped, a replica's own request rows stand in for them when they say how many prompt
+tokens were cached (our engine writes them itself: `kvobs serve --store` needs no scrape; vLLM's spans do not say,
+so vLLM needs its counters). Without either, or without stored events, the verdict is `unknown`, and says which is
+missing. Re-computation after a preemption and blocks freed before they filled can put a run a little
 outside the band; the words give the numbers so a person can judge.
 """
 
@@ -54,24 +56,42 @@ def kv_counter_agreement(store: Store, since: float | None = None, until: float 
             requests = store.reads.requests(since, until)
         return int((requests["instance"] == instance).sum())
 
+    def own_rows(instance: str) -> tuple[float, float, float] | None:
+        """(queries, hits, generated) from the instance's request rows, when they say what was cached."""
+        nonlocal requests
+        if requests is None:
+            requests = store.reads.requests(since, until)
+        mine = requests[requests["instance"] == instance]
+        if mine.empty or mine["cached_tokens"].isna().any():
+            return None
+        return (float(mine[c].sum()) for c in ("prompt_tokens", "cached_tokens", "completion_tokens"))
+
     out = []
     for instance in sorted(set(stored["instance"]) | set(counters["instance"])):
-        out.append(_verdict(instance, stored[stored["instance"] == instance], totals, finished_requests))
+        out.append(_verdict(instance, stored[stored["instance"] == instance], totals, finished_requests, own_rows))
     return out
 
 
-def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, finished_requests) -> Agreement:
+def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, finished_requests, own_rows) -> Agreement:
     def total(name: str) -> float | None:
         key = (instance, name)
         return float(totals[key]) if key in totals.index else None
 
     hits, queries, generated = total(HITS), total(QUERIES), total(GENERATED)
+    source = "the counters"
     if stored.empty:
         return Agreement(instance, "unknown", "no stored KV events in the range: is --kv-events-config on?")
     if hits is None or queries is None or generated is None:
-        return Agreement(
-            instance, "unknown", "no prefix-cache or generation counters scraped in the range: is --vllm-url given?"
-        )
+        rows = own_rows(instance)
+        if rows is None:
+            return Agreement(
+                instance,
+                "unknown",
+                "no prefix-cache or generation counters scraped in the range, and its request rows do not say what "
+                "was cached: is --vllm-url given?",
+            )
+        queries, hits, generated = rows
+        source = "its own request rows (no scrape needed)"
     block_size = int(stored["num_tokens"].dropna().mode().iloc[0])
     finished = total(FINISHED)
     num_requests = int(finished) if finished is not None else finished_requests(instance)
@@ -79,7 +99,7 @@ def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, finished_re
     counted = int(queries - hits + generated)
     slack = num_requests * block_size
     numbers = (
-        f"{len(stored):,} stored blocks x {block_size} = {stored_tokens:,} tokens computed; the counters: "
+        f"{len(stored):,} stored blocks x {block_size} = {stored_tokens:,} tokens computed; {source}: "
         f"{int(queries - hits):,} prompt tokens missed + {int(generated):,} generated = {counted:,}, less up to "
         f"{slack:,} ({num_requests:,} requests x one partial block)"
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 
+import numpy as np
 import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, attributed_mask, failure_verdict
@@ -119,8 +120,8 @@ def error_verdicts(failed: pd.DataFrame) -> pd.DataFrame:
 
 def range_verdicts(store: Store, since: float | None, until: float | None, *, now: float | None = None) -> pd.DataFrame:
     """`failure_verdicts` of the range as a page reads them: the verdicts a writer decided once their session settled
-    (`reads.step_verdicts`); a timeout without one that a running keeper will decide (`keeper_covers_from`) as
-    pending (cause `PENDING`: its session is still running, and what its KV record says may still change); the other
+    (`reads.step_verdicts`); a timeout of a session still running (no `ended_at`) without one that a running keeper
+    will decide (`keeper_covers_from`) as pending (cause `PENDING`: what its KV record says may still change); the other
     failed steps without one (a store no collector keeps verdicts for) attributed now, with their sessions' steps.
     Reads the failed steps and those sessions' steps, not every step of the range. Columns `decided` and `pending`:
     which were read, which wait for the keeper."""
@@ -130,7 +131,10 @@ def range_verdicts(store: Store, since: float | None, until: float | None, *, no
     undecided = _without(failed, known)
     covers_from = keeper_covers_from(store, time.time() if now is None else now) if len(undecided) else None
     if covers_from is not None:  # decided and pending: what the page does not work out
-        waits = (undecided["error_type"] == StepErrorType.TIMEOUT.value) & (undecided["started_at"] >= covers_from)
+        timeouts = undecided["error_type"] == StepErrorType.TIMEOUT.value
+        ended = store.lookups.session_ends(sorted(set(undecided.loc[timeouts, "session_id"]))) if timeouts.any() else {}
+        running = ~undecided["session_id"].isin(list(ended))  # an ended session's verdict can no longer change
+        waits = timeouts & running & (undecided["started_at"] >= covers_from)
         pending = undecided[waits].assign(failure_cause=PENDING, failure_kind="timeout", evidence=PENDING_WORDS)
         known = pd.concat([known, pending[VERDICT_COLUMNS].assign(decided=False, pending=True)])
         undecided = undecided[~waits]
@@ -151,8 +155,9 @@ def keeper_covers_from(store: Store, now: float) -> float | None:
     """Where the verdict keepers running now (`verdict_progress`, a run within `KEEPER_LIVE_S` of `now`) decide from:
     every failed step started since will be decided once its session settles; None when no keeper runs."""
     progress = store.reads.verdict_progress()
-    live = progress[progress["updated_at"] >= now - KEEPER_LIVE_S]
-    return float(live["covers_from"].min()) if len(live) else None
+    covers_from = pd.to_numeric(progress["covers_from"], errors="coerce").to_numpy(float)
+    live = progress[(progress["updated_at"] >= now - KEEPER_LIVE_S) & np.isfinite(covers_from)]
+    return float(live["covers_from"].min()) if len(live) else None  # (a stopped keeper's mark covers nothing)
 
 
 def _without(steps: pd.DataFrame, others: pd.DataFrame) -> pd.DataFrame:

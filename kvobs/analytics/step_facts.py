@@ -23,11 +23,10 @@ import pandas as pd
 
 from kvobs.analytics.latency_parts import ESTIMATED, ESTIMATES, MEASURED, PARTS, RequestTimes, StepParts, step_parts
 from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.semconv.reasons import READMISSION, EvictionReason
+from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
 from kvobs.semconv.spans import KVEventKind
 
 EVICTION_KINDS = (KVEventKind.EVICTED.value, KVEventKind.REMOVED.value)
-RELEASED = frozenset({EvictionReason.SESSION_RELEASE.value})  # the agent gave these blocks up: no loss
 
 
 def positions_by_value(values: np.ndarray) -> dict:
@@ -200,7 +199,7 @@ def step_facts(
             )
         pause = session_events.window(previous_end, first_arrival)
         taken = np.isin(session_events.kind[pause], EVICTION_KINDS) & ~np.isin(
-            session_events.reason[pause].astype(object), list(RELEASED)
+            session_events.reason[pause].astype(object), list(RELEASE_REASONS)
         )
         lost_blocks, lost_tokens = _distinct(
             session_events.block_hash[pause][taken], session_events.num_tokens[pause][taken]

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.commands.common import add_store_flag, number, start_or_report
 from kvobs.times import local_time
 
 
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--rules", help="YAML rule file: adds rules, replaces built-in ones of the same name")
     p.add_argument("--no-builtin", action="store_true", help="only the rules of --rules")
     p.add_argument("--webhook", action="append", default=[], metavar="URL", help="POST transitions here (repeatable)")
-    p.add_argument("--watch", type=float, metavar="S", help="evaluate every S seconds until Ctrl-C")
+    p.add_argument("--watch", type=number(float, above=0), metavar="S", help="evaluate every S seconds until Ctrl-C")
     p.add_argument("--at", type=float, metavar="EPOCH_S", help="evaluate as of this time (default: now)")
     p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
     p.set_defaults(func=run)

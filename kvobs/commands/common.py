@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import socket
 import sys
 from collections.abc import Callable, Iterable
@@ -14,6 +15,58 @@ from kvobs.semconv.endpoints import DEFAULT_STORE_URL, STORE_URL_ENV
 from kvobs.semconv.sessions import SESSION_END_AFTER_S
 
 T = TypeVar("T")
+
+
+def number(kind: type = float, *, at_least: float | None = None, above: float | None = None):
+    """An argparse type: a `kind` number within bounds, else the flag's one-line error ("must be at least 1; got
+    0"), before anything is opened or loaded."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if value != value or (at_least is not None and value < at_least):
+            raise argparse.ArgumentTypeError(f"must be at least {at_least:g}; got {text}")
+        if above is not None and not value > above:
+            raise argparse.ArgumentTypeError(f"must be more than {above:g}; got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its own messages
+    return parse
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this machine can give a process now (Linux `MemAvailable`), else its physical memory; None unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(flag: str, value: int, need_bytes: float, what: str) -> None:
+    """`ValueError` when `need_bytes` (what `flag`'s `value` would take) exceeds the memory available now."""
+    available = available_memory_bytes()
+    if available is not None and need_bytes > available:
+        raise ValueError(
+            f"{flag} {value:,} would need about {_size(need_bytes)} for {what}; this machine has {_size(available)} "
+            "available"
+        )
+
+
+def _size(num_bytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if num_bytes < 1000 or unit == "PB":
+            return f"{num_bytes:,.0f} {unit}" if unit == "B" else f"{num_bytes:,.1f} {unit}"
+        num_bytes /= 1000
+    return ""
 
 
 def add_store_flag(parser: argparse.ArgumentParser, *, what: str = "", optional: bool = False) -> None:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if not leases:
         print("  - no lease held (no collector is running, or engines write their own rows)")
     problems = 0
-    print("KV events against the replica's own counters (the store):")
+    print("KV events against the replica's own counts (its scraped counters, else its request rows):")
     if not checks:
         print("  ! nothing to check: no KV events and no counters in the range")
         problems += 1

@@ -30,6 +30,11 @@ class EvictionReason(Name):
     TTL = "ttl"  # session_ttl policy: the owning session's tool pause outlived the TTL
 
 
+# Blocks the agent gave up itself (its session ended and let them go): released, never counted as lost. A loss is
+# what the cache took from a session that still wanted it (capacity, TTL, invalidation, preemption, reset).
+RELEASE_REASONS = frozenset({EvictionReason.SESSION_RELEASE.value})
+
+
 # Losses a session suffers while it waits on a tool: the cache needed room (or its protection lapsed).
 # Invalidations, resets and releases are decisions about content, not pressure, and are never counted so.
 PRESSURE_REASONS = frozenset({EvictionReason.CAPACITY, EvictionReason.TTL})

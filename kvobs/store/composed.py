@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from kvobs.semconv.reasons import RELEASE_REASONS
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
 from kvobs.store.interface import Instances, Reads
 from kvobs.store.schema import MINUTE_S
@@ -103,8 +104,9 @@ class ComposedReads(Reads):
         """Blocks lost per time bucket, kind and reason, each lost block once: `bucket`, `kind`, `reason`, `blocks`.
         "Blocks lost" everywhere (Overview, What-if): evictions, invalidations and vLLM's removals
         (`BLOCK_LOSS_KINDS`), one per (instance, time, block) however many owning sessions recorded it
-        (`first_owner`), so a block lost twice counts twice. Resets (`cleared`), dropping every cached block at once,
-        are shown on their own. From the rollup."""
+        (`first_owner`), so a block lost twice counts twice; blocks the agent released (`RELEASE_REASONS`) are no
+        loss (`releases_in`). Resets (`cleared`), dropping every cached block at once, are shown on their own. From
+        the rollup."""
         counts = self.kv_event_counts(since, until, bucket_s=bucket_s, kinds=BLOCK_LOSS_KINDS, instances=instances)
         return losses_in(counts)
 
@@ -129,9 +131,17 @@ def latencies(arrival, first_token, finished, completion_tokens) -> tuple[np.nda
 
 def losses_in(counts: pd.DataFrame) -> pd.DataFrame:
     """The "blocks lost" rows of `kv_event_counts` (what `block_losses` returns for the same window and bucket;
-    with `instance` when the counts have it)."""
+    with `instance` when the counts have it): taken from a session that still wanted them, not released."""
     columns = ["bucket", *(["instance"] if "instance" in counts else []), "kind", "reason", "blocks"]
-    return counts.loc[counts["kind"].isin(BLOCK_LOSS_KINDS), columns].reset_index(drop=True)
+    taken = counts["kind"].isin(BLOCK_LOSS_KINDS) & ~counts["reason"].isin(list(RELEASE_REASONS))
+    return counts.loc[taken, columns].reset_index(drop=True)
+
+
+def releases_in(counts: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `kv_event_counts` of blocks the agent released (its session ended): counted apart from losses."""
+    columns = ["bucket", *(["instance"] if "instance" in counts else []), "kind", "reason", "blocks"]
+    released = counts["kind"].isin(BLOCK_LOSS_KINDS) & counts["reason"].isin(list(RELEASE_REASONS))
+    return counts.loc[released, columns].reset_index(drop=True)
 
 
 def ordered_counts(frame: pd.DataFrame, by_instance: bool = False) -> pd.DataFrame:

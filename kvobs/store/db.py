@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import make_url
@@ -73,16 +74,24 @@ def redacted_url(url: str) -> str:
         return url
 
 
+def missing_store(url: str, path: str) -> ValueError:
+    """A reader's error for a store whose file (SQLite) or directory (chDB) is not there: one wording for both."""
+    return ValueError(
+        f"no store at {url}: {Path(path).resolve()} does not exist (a misspelt URL? kvobs serve, collect, agents and "
+        "demo create it)"
+    )
+
+
 def open_store(url: str | None = None, *, migrate: bool = True, must_exist: bool = False) -> Store:
     """Connect, migrate to the latest schema, and return the store (`SqlStore` or `ClickHouseStore`: the backend
     `BACKENDS` names for the URL's scheme, imported only then).
 
-    `must_exist`: a reader's open (alerts, what-if, the dashboard): a SQLite file that is not there is an error, not
-    a new empty store (a misspelt `sqlite:///kvosb.db` would otherwise show nothing, silently).
+    `must_exist`: a reader's open (alerts, what-if, the dashboard): a SQLite file or chDB directory that is not there
+    is an error, not a new empty store (a misspelt `sqlite:///kvosb.db` would otherwise show nothing, silently).
 
     Raises:
         ValueError: unsupported URL scheme; a chDB directory another process holds; with `must_exist`, no such
-            SQLite file.
+            SQLite file or chDB directory.
         sqlalchemy.exc.OperationalError, kvobs.store.clickhouse.StoreUnreachable: the database cannot be reached.
     """
     url = normalize_url(store_url(url))

@@ -17,6 +17,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, delete, event, make_url, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from kvobs.store.db import missing_store
 from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS
@@ -84,10 +85,7 @@ def open_sql(url: str, *, migrate: bool = True, must_exist: bool = False) -> Sql
     parsed = make_url(url)
     file = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database != ":memory:" else None
     if must_exist and file and not Path(file).exists():
-        raise ValueError(
-            f"no store at {url}: {Path(file).resolve()} does not exist (a misspelt URL? kvobs serve, "
-            "collect, agents and demo create it)"
-        )
+        raise missing_store(url, file)
     engine = create_engine(url, pool_pre_ping=True)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)

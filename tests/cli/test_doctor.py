@@ -48,6 +48,23 @@ def test_the_recorded_vllm_runs_events_and_counters_agree(vllm_run):
     assert done.returncode == 0 and "ok vllm-cpu: agree" in done.stdout and "every check passed" in done.stdout
 
 
+def test_an_engine_written_store_is_checked_from_its_own_request_rows(agent_run, tmp_path):
+    """`kvobs serve --store` writes its KV events and requests itself, and nothing scrapes its /metrics: the doctor
+    checks its stored blocks against its own request rows (they say what was cached) and passes; a stream short of
+    blocks is still named."""
+    done = subprocess.run([*DOCTOR, "--store", agent_run.url], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+    assert "ok engine-test: agree:" in done.stdout and "its own request rows (no scrape needed)" in done.stdout
+    url = _copy(agent_run, tmp_path)
+    store = open_store(url)
+    with store.session() as session, session.begin():  # the stream lost half of its stored blocks
+        stored = [r.id for r in session.query(KVEventRow).filter(KVEventRow.kind == "stored").all()]
+        session.execute(delete(KVEventRow).where(KVEventRow.id.in_(stored[: len(stored) // 2])))
+    store.close()
+    done = subprocess.run([*DOCTOR, "--store", url], capture_output=True, text=True)
+    assert done.returncode == 1 and "! engine-test: events_short" in done.stdout
+
+
 def test_an_over_counting_hit_counter_and_a_short_stream_are_named(vllm_run, tmp_path):
     url = _copy(vllm_run, tmp_path)
     store = open_store(url)

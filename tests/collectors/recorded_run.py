@@ -119,3 +119,49 @@ def _exported_by(body: bytes, instance: str) -> bytes:
     for resource_spans in export.resource_spans:
         resource_spans.resource.attributes.add(key=SERVICE_INSTANCE_ID).value.string_value = instance
     return export.SerializeToString()
+
+
+@contextmanager
+def collect_recorded_source(store, source: str):
+    """One source of the recorded run alone through a real collector, as a user who gave it only that flag: `kv`
+    (`--kv-events`), `scrape` (`--vllm-url`), `spans` (`--otlp-http`, vLLM's request spans), or `steps` (the SDK's
+    recorder alone); yield the stopped collector (None for `steps`)."""
+    if source == "steps":
+        record_agent_steps(store)
+        yield None
+        return
+    port = free_port()
+    with ExitStack() as stack:
+        options = {"interval_s": 3600}
+        if source == "kv":
+            options.update(kv_events=[f"vllm-cpu=tcp://127.0.0.1:{port}"], kv_events_bind=True)
+        elif source == "scrape":
+            url = stack.enter_context(metrics_server([body for _, body in scrapes()]))
+            options.update(vllm_urls=[f"vllm-cpu={url}"])
+        elif source == "spans":
+            options.update(otlp_http="127.0.0.1:0")
+        else:
+            raise ValueError(f"unknown source {source!r}")
+        collector = Collector(CollectorOptions(**options), store=store)
+        if source == "scrape":
+            collector.scraper.clock = _recorded_clock([[ts for ts, _ in scrapes()]])
+        collector.start()
+        try:
+            if source == "kv":
+                pub = stack.enter_context(publisher(f"tcp://127.0.0.1:{port}", bind=False))
+                wait_subscribed(pub)
+                for message in kv_messages():
+                    pub.send_multipart(message.frames)
+                (stream,) = collector.streams
+                wait_for(lambda: stream.subscriber.num_batches == len(kv_messages()))
+            elif source == "scrape":
+                wait_for(lambda: collector.scraper.num_scrapes >= 1)
+                for _ in scrapes()[1:]:
+                    collector.scraper.scrape_all()
+            else:
+                otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
+                for body in otlp_bodies():
+                    assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
+        finally:
+            collector.stop()
+        yield collector

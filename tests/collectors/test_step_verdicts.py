@@ -158,3 +158,43 @@ def test_a_running_collector_decides_them_from_its_tick(timeouts):
         collector.stop()
     assert collector.verdicts.num_decided == failed > 0
     assert range_verdicts(store, *store.reads.time_range())["decided"].all()
+
+
+def test_an_ended_sessions_timeout_is_never_pending(timeouts):
+    """Pending only while the verdict can change: a session the agent ended is worked out as the page opens, even
+    while a keeper runs and has not decided it yet (its next run would)."""
+    store = timeouts
+    failed, sessions, latest = _running(store)
+    keeper = VerdictKeeper(
+        store, _writer(store), progress=_marker(store), delay_s=0.0, end_after_s=300.0, lookback_s=7200.0
+    )
+    keeper.run(latest + 1.0)  # every session still running: none decided, all pending
+    ended = sessions[0]
+    store.write([("upsert", [SessionRecord(ended, ended_at=latest)])])  # the SDK says it ended; no keeper ran since
+    first, last = store.reads.time_range()
+    read = range_verdicts(store, first, last, now=latest + 1.5)
+    mine = read["session_id"] == ended
+    assert mine.any() and not read.loc[mine, "pending"].any() and not read.loc[mine, "decided"].any()
+    assert "pending" not in set(read.loc[mine, "failure_cause"])
+    assert read.loc[~mine, "pending"].all()  # the others are still running
+
+
+def test_a_stopped_collector_leaves_nothing_pending(timeouts):
+    """At its stop a collector's keeper decides what has settled and marks itself stopped: right after it (well
+    within `KEEPER_LIVE_S`), nothing is pending, whether its sessions had ended or not."""
+    from collectors.collector import Collector, CollectorOptions
+
+    store = timeouts
+    failed, sessions, latest = _running(store)
+    store.write([("upsert", [SessionRecord(sessions[0], ended_at=latest)])])  # one ended, the others never did
+    collector = Collector(CollectorOptions(otlp_http="127.0.0.1:0", interval_s=0.2), store=store)
+    collector.verdicts.delay_s = 0.0
+    collector.start()
+    collector.stop()
+    first, last = store.reads.time_range()
+    read = range_verdicts(store, first, last)  # now: seconds after the stop
+    assert len(read) == len(failed) and not read["pending"].any()
+    decided = set(read.loc[read["decided"], "session_id"])
+    assert sessions[0] in decided  # it had ended: decided at the stop
+    (mark,) = store.reads.verdict_progress().itertuples(index=False)
+    assert mark.covers_from == float("inf")  # the stopped keeper covers nothing

@@ -81,13 +81,11 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_one(decode):
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
-    from torch.utils.cpp_extension import _get_build_directory
+    from instrumented_engine.kernels.cpu_kernels import build_directory
 
     load_ops_code = "from instrumented_engine.kernels import cpu_kernels; print(cpu_kernels.load_ops()[1])"
-    name = f"kvobs_cpu_ops_{torch.backends.cpu.get_cpu_capability().lower()}"
-    lock = Path(_get_build_directory(name, False)) / "lock"
+    lock = build_directory() / "lock"
     lock.touch()
     try:
         os.utime(lock, (time.time() - 3600, time.time() - 3600))  # left an hour ago
@@ -105,3 +103,21 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_one(decode):
         assert not clear_stale_lock(lock) and lock.exists()
     finally:
         lock.unlink(missing_ok=True)
+
+
+def test_the_build_belongs_to_its_environment(tmp_path):
+    """Each Python environment builds into its own prefix, under a name with torch's version and the CPU's vector
+    instructions: two checkouts' environments never share (nor rebuild, nor wait on) one build directory."""
+    import sys
+    from pathlib import Path
+
+    from instrumented_engine.kernels.cpu_kernels import build_directory, build_name
+
+    name = build_name()
+    assert torch.backends.cpu.get_cpu_capability().lower() in name
+    assert "torch" + torch.__version__.replace(".", "_").replace("+", "_") in name
+    here = build_directory()
+    assert here.is_relative_to(Path(sys.prefix)) and here.name == name  # this environment's (a venv: writable)
+    one, two = build_directory(prefix=str(tmp_path / "a")), build_directory(prefix=str(tmp_path / "b"))
+    assert one != two and one.is_dir() and two.is_dir()
+    assert one.is_relative_to(tmp_path / "a") and two.is_relative_to(tmp_path / "b")

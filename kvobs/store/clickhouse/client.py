@@ -12,9 +12,11 @@ anything else ClickHouse refuses raises its own error.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -96,13 +98,15 @@ class HttpClient:
         from clickhouse_connect.driver.exceptions import OperationalError
 
         self._unreachable = OperationalError
+        self._where = f"{host}:{port}"
+        _mute_libraries()
         try:
-            self._client = clickhouse_connect.get_client(
-                host=host, port=port, username=username, password=password, database=database
-            )
+            with _quiet():
+                self._client = clickhouse_connect.get_client(
+                    host=host, port=port, username=username, password=password, database=database
+                )
         except OperationalError as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreUnreachable(f"ClickHouse at {host}:{port} cannot be reached: {first_line}") from exc
+            raise StoreUnreachable(f"ClickHouse at {self._where} cannot be reached: {_cause(exc)}") from exc
 
     def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         self._call(self._client.command, sql, parameters=params)
@@ -119,9 +123,52 @@ class HttpClient:
 
     def _call(self, method, *args, **kwargs):
         try:
-            return method(*args, **kwargs)
+            with _quiet():
+                return method(*args, **kwargs)
         except self._unreachable as exc:
-            raise StoreUnreachable(str(exc)) from exc
+            raise StoreUnreachable(f"ClickHouse at {self._where} cannot be reached: {_cause(exc)}") from exc
+
+
+# The HTTP libraries' own warnings on a failed attempt (urllib3's "Retrying ...", clickhouse-connect's "Unexpected
+# Http Driver Exception") come before our one-line StoreUnreachable and say less: muted during our calls only.
+_NOISY = ("urllib3", "clickhouse_connect")
+_calls = threading.local()
+
+
+class _DuringOurCalls(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_calls, "quiet", False)
+
+
+_MUTE = _DuringOurCalls()
+
+
+def _mute_libraries() -> None:
+    """The filter on each of their loggers (a logger's filter is not its children's): once they are imported."""
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith(_NOISY):
+            logger = logging.getLogger(name)
+            if _MUTE not in logger.filters:
+                logger.addFilter(_MUTE)
+
+
+@contextlib.contextmanager
+def _quiet():
+    _calls.quiet = True
+    try:
+        yield
+    finally:
+        _calls.quiet = False
+
+
+def _cause(exc: Exception) -> str:
+    """What a connection failure comes down to ("[Errno 111] Connection refused" -> "connection refused")."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\] ([^\"')]+)", text)
+    if found:
+        return found.group(1).strip().lower()
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:200]
 
 
 def _locked(status: Path) -> bool:

@@ -22,6 +22,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from kvobs.store.clickhouse.leases import ClickHouseLeases
 from kvobs.store.clickhouse.lookups import ClickHouseLookups
 from kvobs.store.clickhouse.reads import ClickHouseReads
 from kvobs.store.clickhouse.rollups import as_arrow
+from kvobs.store.db import missing_store
 from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS, BatchRollups
@@ -62,12 +64,15 @@ def open_clickhouse(url: str, *, migrate: bool = True, must_exist: bool = False)
     `?async_insert=1`: the server buffers inserts from many small writers into few parts (ClickHouse's asynchronous
     inserts); each insert still waits until its rows are written (`wait_for_async_insert`), and a retried batch is
     still stored once (`async_insert_deduplicate`). `must_exist` is the SQLite file's: a ClickHouse database that
-    is not there is created by the migrations, a chDB directory by chDB."""
+    is not there is created by the migrations; a chDB directory that is not there is refused with `must_exist` (a
+    reader), else created by chDB."""
     parsed = make_url(url)
     settings = _insert_settings(url, dict(parsed.query))
     if parsed.drivername == "chdb":
         if not parsed.database:
             raise ValueError(f"chdb URL {url!r} names no directory: chdb:///relative/dir or chdb:////absolute/dir")
+        if must_exist and not Path(parsed.database).is_dir():
+            raise missing_store(url, parsed.database)
         client: ChdbClient | HttpClient = ChdbClient(parsed.database, insert_settings=settings)
     else:
         client = HttpClient(
