@@ -15,7 +15,8 @@ request that finds no room waits (FCFS) until a finish frees enough. The block m
 order, hit caps, eviction reasons and the tool-pause verdicts are the engine's.
 
 "Blocks lost" is one definition everywhere (`kvobs.store.composed.ComposedReads.block_losses`): each lost block
-once (evictions, invalidations and vLLM's removals; a block several sessions owned counts once), resets not included.
+once (evictions, invalidations and vLLM's removals; a block several sessions owned counts once), resets and the
+blocks a session released not included (those are counted apart, `released_blocks`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.semconv.reasons import EvictionPolicyName
+from kvobs.store import composed
 from kvobs.store.interface import Store
 
 
@@ -57,8 +59,13 @@ class ReplayPlan:
     block_size: int
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
+    duplicates: int = 0  # requests recorded under two instance names (an engine's own row and its span's), once each
     recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
     span: object = None  # the run it replays (a `kvobs.analytics.runs.Span`; None: a range, runs unknown)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
 
     @classmethod
     def from_store(
@@ -67,6 +74,7 @@ class ReplayPlan:
         """The requests of [since, until] on `instances` (None: all) as one cache saw them: ask it of one run
         (`whatif_runs.replay_plans` cuts a range at each restart)."""
         reqs = with_sessions(store.reads.requests(since, until, instances=instances), store.reads.steps(since, until))
+        reqs, duplicates = once_each(reqs)
         stored = store.reads.stored_blocks(since, until, instances=instances)
         if block_size is None:
             sizes = stored["num_tokens"].dropna()
@@ -85,7 +93,7 @@ class ReplayPlan:
             plan.append(
                 ReplayRequest(
                     r.request_id,
-                    r.session_id,
+                    r.session_id if isinstance(r.session_id, str) else None,  # (no session: None, never NaN)
                     float(lookup_ts(r)),
                     float(r.finished_ts),
                     int(r.prompt_tokens),
@@ -97,7 +105,24 @@ class ReplayPlan:
         rates = hit_rates(reqs, chains, graph, block_size=block_size)
         recorded = RecordedTraffic.from_store(store, since, until, plan)
         observed = observed_figures(store, since, until, rates, instances=instances, requests=reqs)
-        return cls(plan, block_size, observed=observed, skipped=skipped, recorded=recorded)
+        return cls(plan, block_size, observed=observed, skipped=skipped, duplicates=duplicates, recorded=recorded)
+
+
+DUPLICATES = (
+    "{:,} requests were recorded under two instance names (an engine's own rows and a collector's from its spans?): "
+    "each is counted once, in the observed row as in the replay"
+)
+
+
+def once_each(requests: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Each request once: one recorded under two instance names (our engine's own row, and a collector's from the
+    same engine's span) is one request, whose copies would count its hits and recompute twice in the observed row
+    and once in the replay. Keeps the row that says what was cached; returns how many copies were left out."""
+    if requests.empty or not requests["request_id"].duplicated().any():
+        return requests, 0
+    ordered = requests.assign(_known=requests["cached_tokens"].notna()).sort_values("_known", ascending=False)
+    kept = ordered.drop_duplicates("request_id").drop(columns="_known").sort_index()
+    return kept, len(requests) - len(kept)
 
 
 def observed_figures(
@@ -105,7 +130,8 @@ def observed_figures(
 ) -> dict:
     """What the recorded run achieved: hit rate (`kvobs.analytics.hit_rate`, as everywhere), blocks lost, blocks
     lost in tool pauses (settled) and still pending, recompute tokens."""
-    lost = store.reads.block_losses(since, until, bucket_s=1e12, instances=instances)["blocks"].sum()
+    counts = store.reads.kv_event_counts(since, until, bucket_s=1e12, instances=instances)
+    lost, released = composed.losses_in(counts)["blocks"].sum(), composed.releases_in(counts)["blocks"].sum()
     footprints = store.reads.session_footprints(since, until, instances=instances)
     snaps = store.reads.instance_snapshots(since, until, instances=instances)
     summary = hit_rate_summary(rates)
@@ -113,6 +139,7 @@ def observed_figures(
         "num_blocks": int(snaps["blocks_total"].dropna().iloc[-1]) + 1 if snaps["blocks_total"].notna().any() else None,
         "hit_rate": hit_rate_in(store, since, until, instances, requests=requests).rate,
         "evicted_blocks": int(lost),
+        "released_blocks": int(released),
         "lost_in_pause_blocks": int(footprints["session_evicted_idle_blocks"].fillna(0).sum()),
         "pending_idle_blocks": int(footprints["session_pending_idle_blocks"].fillna(0).sum()),
         "recompute_tokens": summary["recompute_tokens"] if summary["achieved"] is not None else None,
@@ -127,7 +154,8 @@ class WhatIfResult:
     query_tokens: int = 0
     hit_tokens: int = 0
     evicted_blocks: int = 0  # blocks lost, each once (as `reads.block_losses` counts the observed ones)
-    by_reason: dict[str, int] = field(default_factory=dict)  # blocks lost per eviction reason
+    released_blocks: int = 0  # blocks their session released: no loss, counted apart
+    by_reason: dict[str, int] = field(default_factory=dict)  # blocks dropped per eviction reason (releases too)
     lost_in_pause_blocks: int = 0  # (session, block) losses in a tool pause: the session came back after
     lost_after_end_blocks: int = 0  # ... after the session's last request
     recompute_tokens: int = 0
@@ -255,6 +283,7 @@ def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, res
 
 def _tally(result: WhatIfResult, losses: LossTally) -> WhatIfResult:
     result.evicted_blocks, result.by_reason = losses.num_lost, dict(losses.by_reason)
+    result.released_blocks = losses.num_released
     result.lost_in_pause_blocks, result.lost_after_end_blocks = losses.num_lost_in_pause, losses.num_lost_after_end
     return result
 

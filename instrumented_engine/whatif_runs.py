@@ -19,9 +19,18 @@ from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.runs import run_table, spans
 from kvobs.store.interface import Store
 
-_SUMMED = ("evicted_blocks", "lost_in_pause_blocks", "pending_idle_blocks", "recompute_tokens")
+_SUMMED = ("evicted_blocks", "released_blocks", "lost_in_pause_blocks", "pending_idle_blocks", "recompute_tokens")
 # the what-if table's columns, in the terminal and on the page (`comparison`)
-COMPARISON = ("configuration", "blocks", "hit rate", "blocks lost", "lost in tool pauses", "recompute tokens", "waited")
+COMPARISON = (
+    "configuration",
+    "blocks",
+    "hit rate",
+    "blocks lost",
+    "blocks released",
+    "lost in tool pauses",
+    "recompute tokens",
+    "waited",
+)
 
 
 def replay_plans(
@@ -82,13 +91,23 @@ def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
             observed.get("num_blocks"),
             observed.get("hit_rate"),
             observed.get("evicted_blocks"),
+            observed.get("released_blocks"),
             observed.get("lost_in_pause_blocks"),
             observed.get("recompute_tokens"),
             None,
         )
     ]
     rows += [
-        (r.policy, r.num_blocks, r.hit_rate, r.evicted_blocks, r.lost_in_pause_blocks, r.recompute_tokens, r.waited)
+        (
+            r.policy,
+            r.num_blocks,
+            r.hit_rate,
+            r.evicted_blocks,
+            r.released_blocks,
+            r.lost_in_pause_blocks,
+            r.recompute_tokens,
+            r.waited,
+        )
         for r in results
     ]
     return [dict(zip(COMPARISON, row)) for row in rows]

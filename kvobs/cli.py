@@ -1,7 +1,7 @@
 """The `kvobs` command line: one entry point; each package registers its own commands.
 
     kvobs generate "The capital of France is" --max-tokens 32
-    kvobs serve --num-blocks 512 --kv-events-endpoint 'tcp://127.0.0.1:5557'
+    kvobs serve --num-blocks 512 --max-model-len 2048 --kv-events-endpoint 'tcp://127.0.0.1:5557'
     kvobs collect --vllm-url http://localhost:8000 --kv-events tcp://localhost:5557 --otlp-http 0.0.0.0:4318
 
 A command is a module with `add_parser(subparsers)` (its flags; `set_defaults(func=run)`) and `run(args)`,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
 import sys
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -94,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # a line per HTTP request or per migration step is noise unless asked for
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `kvobs whatif ... | head`: the reader left; nothing more to say (Python's own advice)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default siz
 
 @st.cache_data(ttl=60, show_spinner="Replaying...")
 def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float):
-    """(table of the runs together, [(run's span, its table)] when several, requests replayed, skipped, note)."""
+    """(table of the runs together, [(run's span, its table)] when several, requests replayed, skipped, note, requests
+    recorded twice and counted once)."""
     from instrumented_engine.whatif_runs import COMPARISON, comparison, observed_total, replay_plans, simulate_runs
 
     store = cache.get_store(url)
@@ -35,7 +36,9 @@ def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, tt
     if len(plans) > 1:
         per_run = [(p.span, table(p.observed, [r[i] for _, r in results])) for i, p in enumerate(plans)]
     note = "" if plans[0].span is None or plans[0].span.run_id is not None else "no engine runs are recorded"
-    return total, per_run, sum(len(p.requests) for p in plans), sum(p.skipped for p in plans), note
+    counts = (sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates"))
+    replayed, skipped, duplicates = counts
+    return total, per_run, replayed, skipped, note, duplicates
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying the routers...")
@@ -54,6 +57,12 @@ def _observed_size(ctx) -> int | None:
     runs = ctx.runs
     sizes = set() if runs is None else {int(n) + 1 for n in runs["num_blocks"].dropna()}
     return sizes.pop() if len(sizes) == 1 else None
+
+
+def _duplicates(count: int) -> str:
+    from instrumented_engine.whatif import DUPLICATES
+
+    return DUPLICATES.format(count).capitalize()
 
 
 def render(ctx) -> None:
@@ -99,7 +108,7 @@ def render(ctx) -> None:
         return
     st.session_state["whatif_ran"] = True
     try:
-        table, per_run, replayed, skipped, note = replay(
+        table, per_run, replayed, skipped, note, duplicates = replay(
             ctx.url, ctx.since, ctx.until, ctx.instances, sizes, policy, float(ttl_s)
         )
     except ValueError as exc:
@@ -112,6 +121,7 @@ def render(ctx) -> None:
     st.caption(
         f"{runs}{replayed:,} requests replayed; {skipped:,} without a known block chain skipped."
         + (f" {note.capitalize()}: the range is replayed as one run." if note else "")
+        + (f" {_duplicates(duplicates)}." if duplicates else "")
     )
     _chart(table)
     show_text_table(table, ctx.clock)

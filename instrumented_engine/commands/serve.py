@@ -1,6 +1,6 @@
 """`kvobs serve`: the engine behind an OpenAI-compatible API, vLLM's /metrics and KV-event stream.
 
-kvobs serve --num-blocks 512 --port 8000 --kv-events-endpoint tcp://127.0.0.1:5557 \
+kvobs serve --num-blocks 512 --max-model-len 2048 --port 8000 --kv-events-endpoint tcp://127.0.0.1:5557 \
             --otlp-endpoint http://localhost:4317 --store sqlite:///kvobs.db
 """
 

@@ -181,13 +181,17 @@ def _num(value) -> str:
 def format_table(plans, observed: dict, runs: list) -> str:
     """The replay's table: observed, then each size (every run replayed through its own cache, added up); with
     several runs, each run's own rows after."""
+    from instrumented_engine.whatif import DUPLICATES
     from kvobs.times import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
+    duplicates = sum(p.duplicates for p in plans)
     lines = [
         f"{replayed} requests replayed ({skipped} without a known chain skipped), block size "
         f"{', '.join(sorted({str(p.block_size) for p in plans}))}"
     ]
+    if duplicates:
+        lines.append(DUPLICATES.format(duplicates))
     if len(plans) > 1:
         lines.append(
             f"{len(plans)} runs, replayed one by one (each began with an empty cache): "

@@ -231,6 +231,19 @@ def session_plan(seed: int, index: int) -> tuple[str, AgentKind, random.Random]:
     return f"{kind.name}-{seed}-{index:04d}", kind, rng
 
 
+def session_ids(config: WorkloadConfig) -> list[str]:
+    """The ids of the sessions a round of `config` runs (`session_plan`'s): what a round's summary counts."""
+    return [session_plan(config.seed, index)[0] for index in range(config.sessions)]
+
+
+def first_messages(kind: AgentKind, rng: random.Random) -> list[dict]:
+    """A session's opening messages: the shared system prompt with the agent's instructions, and its task."""
+    return [
+        {"role": "system", "content": SHARED_SYSTEM + kind.instructions},
+        {"role": "user", "content": f"Plan {rng.choice(TASKS)} for customer {rng.randint(1000, 9999)}."},
+    ]
+
+
 def parse_json_reply(text: str) -> dict | None:
     """The JSON object in a reply (the outermost braces), or None."""
     start, end = text.find("{"), text.rfind("}")
@@ -284,10 +297,7 @@ class Workload:
         if self.stop.is_set():
             return
         session_id, kind, rng = session_plan(self.config.seed, index)
-        messages = [
-            {"role": "system", "content": SHARED_SYSTEM + kind.instructions},
-            {"role": "user", "content": f"Plan {rng.choice(TASKS)} for customer {rng.randint(1000, 9999)}."},
-        ]
+        messages = first_messages(kind, rng)
         with AgentSession(
             kind.name, session_id=session_id, tracer_provider=self.tracer_provider, recorder=self.recorder
         ) as session:

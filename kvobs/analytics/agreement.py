@@ -64,7 +64,8 @@ def kv_counter_agreement(store: Store, since: float | None = None, until: float 
         mine = requests[requests["instance"] == instance]
         if mine.empty or mine["cached_tokens"].isna().any():
             return None
-        return (float(mine[c].sum()) for c in ("prompt_tokens", "cached_tokens", "completion_tokens"))
+        sums = mine[["prompt_tokens", "cached_tokens", "completion_tokens"]].sum()
+        return float(sums["prompt_tokens"]), float(sums["cached_tokens"]), float(sums["completion_tokens"])
 
     out = []
     for instance in sorted(set(stored["instance"]) | set(counters["instance"])):

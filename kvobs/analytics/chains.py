@@ -139,13 +139,17 @@ def lookup_times(requests: pd.DataFrame) -> pd.Series:
 def hit_rates(requests: pd.DataFrame, chains: dict[str, list[int]], graph: BlockGraph, *, block_size: int):
     """Per request: `prompt_tokens`, `cached_tokens` (achieved), `available_tokens` (what a cache that never
     evicts would have hit: the leading blocks of its prompt stored by anyone before its lookup, capped at
-    prompt - 1 tokens as the engine caps lookups), `recompute_tokens` = available - achieved (>= 0)."""
+    prompt - 1 tokens as the engine caps lookups), `recompute_tokens` = available - achieved (>= 0). A request
+    never scheduled (aborted in the queue: no queue time, no first token) never looked its prefix up: nothing
+    available, nothing recomputed (as the replay counts it: at admission)."""
     rows = []
     for req in requests.itertuples(index=False):
         chain = chains.get(req.request_id)
         if chain is None or pd.isna(req.prompt_tokens):
             continue
         max_blocks = max(int(req.prompt_tokens) - 1, 0) // block_size
+        if pd.isna(req.queue_s) and pd.isna(req.first_token_ts):
+            max_blocks = 0  # never scheduled: no lookup
         available, looked_up = 0, lookup_ts(req)
         for block_hash in chain[:max_blocks]:
             if graph.first_stored.get(block_hash, float("inf")) >= looked_up:

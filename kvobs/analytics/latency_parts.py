@@ -23,6 +23,7 @@ output token into a slower decode and a longer reply.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -142,7 +143,7 @@ def step_parts(
     end: float,
     requests: list[RequestTimes],
     *,
-    tools: list[tuple[float, float]] = (),
+    tools: Sequence[tuple[float, float]] = (),
     lost_tokens: float = 0.0,
     invalidated_tokens: float = 0.0,
     routed_tokens: dict | None = None,
@@ -341,8 +342,8 @@ def largest_part(row) -> str | None:
         "tool": row["tool_s"],
         "other": row["other_s"],
     }
-    values = {k: v for k, v in values.items() if v == v and v > 0}
-    return max(values, key=values.get) if values else None
+    values = {k: float(v) for k, v in values.items() if v == v and v > 0}
+    return max(values, key=lambda k: values[k]) if values else None
 
 
 def part_seconds(row, candidate: str) -> float:

@@ -17,17 +17,17 @@ shows the end of its log), so the terminal holds only the demo's lines.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
+import math
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from kvobs.commands.common import add_store_flag, refuse_ports_in_use, start_or_report, workload_config
+from kvobs.commands.children import Child, Watch, start, stop_all, wait_ready
+from kvobs.commands.common import add_store_flag, ports_in_use, refuse_ports_in_use, start_or_report, workload_config
 from kvobs.semconv.endpoints import DASHBOARD_PORT, DEMO_COLLECTOR_PORT, ENGINE_PORT
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
     def configured() -> WorkloadConfig:
         _check(args)
-        return workload_config(args, base_url=base_url, seed=seed)
+        config = workload_config(args, base_url=base_url, seed=seed)
+        refuse_ports_in_use(_listeners(args).values(), PORTS_HINT)  # every flag first: a bad one costs no probe
+        return config
 
     config = start_or_report("demo", configured)
     if config is None:
@@ -98,54 +100,65 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    children: list[_Child] = []
+    children: list[Child] = []
     logs = start_or_report("demo", lambda: _log_files(args.log_dir))
     if logs is None:
         return 2
     print(f"kvobs demo: logs in {logs['engine'].parent}{os.sep} (engine.log, collector.log, dashboard.log)", flush=True)
-    try:
-        engine = _start(children, _engine_command(args, store_url), logs["engine"])
-        if not _wait_ready(engine, f"{base_url}/health", ENGINE_START_TIMEOUT_S, stop, "the engine"):
-            return 0 if stop.is_set() else 1
-        collector = _start(children, _collector_command(args, store_url), logs["collector"])
-        if not _wait_ready(
-            collector,
+    listeners, watch = _listeners(args), None
+    starts = [
+        ("engine", _engine_command(args, store_url), f"{base_url}/health", ENGINE_START_TIMEOUT_S, "GET"),
+        (
+            "collector",
+            _collector_command(args, store_url),
             f"{_collector_url(args)}/v1/traces",
             COLLECTOR_START_TIMEOUT_S,
-            stop,
-            "the collector",
-            method="POST",
-        ):
-            return 0 if stop.is_set() else 1
-        dashboard_url = f"http://{args.host}:{args.dashboard_port}"
-        dashboard = _start(children, _dashboard_command(args, store_url), logs["dashboard"])
-        if not _wait_ready(
-            dashboard, f"{dashboard_url}/_stcore/health", DASHBOARD_START_TIMEOUT_S, stop, "the dashboard"
-        ):
-            return 0 if stop.is_set() else 1
-        _print_urls(args, base_url, dashboard_url, store_url)
+            "POST",
+        ),
+        (
+            "dashboard",
+            _dashboard_command(args, store_url),
+            f"{_dashboard_url(args)}/_stcore/health",
+            DASHBOARD_START_TIMEOUT_S,
+            "GET",
+        ),
+    ]
+    try:
+        for name, command, url, timeout_s, method in starts:
+            (flag, host, port) = listeners[name]
+            taken = ports_in_use([(flag, host, port)])  # again now: another program may have taken it meanwhile
+            if taken:
+                print(f"kvobs demo: already in use: {', '.join(taken)}; {PORTS_HINT}", file=sys.stderr)
+                return 1
+            child = start(children, command, logs[name])
+            if not wait_ready(child, url, port, timeout_s, stop, f"the {name}", method=method):
+                return 0 if stop.is_set() else 1
+            if name == "engine":
+                _say_whether_the_deadline_holds(config, base_url)
+        _print_urls(args, base_url, _dashboard_url(args), store_url)
+        watch = Watch(children, stop)  # a child that exits from here on stops the demo, which exits 1
         _run_rounds(args, config, store_url, stop)
+        if watch.failed is not None:
+            return 1
         if stop.is_set() or args.exit_when_done:
             return 0
-        print(f"\nThe engine and the dashboard stay up: {dashboard_url}   Ctrl-C stops them.", flush=True)
-        while not stop.wait(1.0):
-            for child in children:
-                if child.poll() is not None:
-                    print(
-                        f"kvobs demo: kvobs {child.command} exited with status {child.returncode}{_log_tail(child)}",
-                        file=sys.stderr,
-                    )
-                    return 1
-        return 0
+        print(f"\nThe engine and the dashboard stay up: {_dashboard_url(args)}   Ctrl-C stops them.", flush=True)
+        stop.wait()
+        return 1 if watch.failed is not None else 0
     finally:
-        stopped = _stop_all(children)
+        if watch is not None:
+            watch.close()
+        stopped = stop_all(children)
         if stopped:
-            why = "Ctrl-C" if stop.is_set() else "done"
+            why = "Ctrl-C" if stop.is_set() and (watch is None or watch.failed is None) else "done"
             print(
                 f"kvobs demo: {why}: stopped {' and '.join(stopped)}; the store {redacted_url(store_url)} keeps "
                 "what they recorded",
                 flush=True,
             )
+
+
+PORTS_HINT = "another kvobs demo? stop it or pass other ports"
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -155,14 +168,19 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive; got {getattr(args, name)}")
     check_rounds(args.rounds)
-    ports = [
-        ("--port", args.port),
-        ("--dashboard-port", args.dashboard_port),
-        ("--collector-port", args.collector_port),
-    ]
-    refuse_ports_in_use(
-        [(flag, args.host, port) for flag, port in ports], "another kvobs demo? stop it or pass other ports"
-    )  # every taken port in one message
+
+
+def _listeners(args: argparse.Namespace) -> dict[str, tuple[str, str, int]]:
+    """Each child's listener: (flag, host, port)."""
+    return {
+        "engine": ("--port", args.host, args.port),
+        "collector": ("--collector-port", args.host, args.collector_port),
+        "dashboard": ("--dashboard-port", args.host, args.dashboard_port),
+    }
+
+
+def _dashboard_url(args: argparse.Namespace) -> str:
+    return f"http://{args.host}:{args.dashboard_port}"
 
 
 def _kvobs(command: str, flags: dict[str, object]) -> list[str]:
@@ -216,61 +234,63 @@ def _log_files(log_dir: str) -> dict[str, Path]:
     return {name: folder / f"{name}.log" for name in ("engine", "collector", "dashboard")}
 
 
-class _Child(subprocess.Popen):
-    """A child of the demo: its kvobs command's name and the log file it writes."""
-
-    command: str
-    log_path: Path
+PROBE_TIMEOUT_S = 300.0  # the engine's first requests on a slow machine
 
 
-def _start(children: list[_Child], command: list[str], log_path: Path) -> _Child:
-    # A session of its own: Ctrl-C reaches only us, and we stop the children in order (the engine flushes).
-    with open(log_path, "ab") as log_file:  # the child holds its own descriptor
-        log_file.write(f"\n--- kvobs demo started: {' '.join(command[2:])}\n".encode())
-        log_file.flush()
-        child = _Child(
-            command, start_new_session=True, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+def _say_whether_the_deadline_holds(config, base_url: str) -> None:
+    """Measure the engine once, as a round will load it (`config.concurrency` first steps at once, each replying
+    `config.max_tokens` tokens), and say whether the step deadline leaves room; when it does not, name the flag."""
+    if config.step_deadline_s is None:
+        return
+    try:
+        slowest, prompt_tokens = _first_steps_at_once(config, base_url)
+    except Exception as exc:  # a measurement, never a reason to stop the demo
+        print(f"kvobs demo: could not measure the engine ({exc}); the step deadline is {config.step_deadline_s:g} s")
+        return
+    measured = (
+        f"{config.concurrency} first steps at once ({prompt_tokens} prompt tokens and {config.max_tokens} reply "
+        f"tokens each) took up to {slowest:.1f} s on this machine"
+    )
+    if slowest * DEADLINE_ROOM > config.step_deadline_s:
+        suggested = 5 * math.ceil(slowest * SUGGESTED_ROOM / 5)
+        print(
+            f"kvobs demo: {measured}, and later steps are longer: the step deadline of {config.step_deadline_s:g} s "
+            f"will fail many steps for the machine's speed, not the cache. Pass --step-deadline-s {suggested} (or "
+            "a smaller --concurrency) to see what the cache does.",
+            flush=True,
         )
-    child.command, child.log_path = command[3], log_path
-    children.append(child)
-    return child
+    else:
+        print(f"kvobs demo: {measured}: within the step deadline of {config.step_deadline_s:g} s", flush=True)
 
 
-def _log_tail(child: _Child, num_lines: int = 15) -> str:
-    path = child.log_path
-    if not path.exists():
-        return ""
-    lines = path.read_text(errors="replace").splitlines()[-num_lines:]
-    return f"\nthe last lines of {path}:\n" + "\n".join("  " + line for line in lines)
+DEADLINE_ROOM = 2.0  # later steps carry longer contexts: a deadline under twice a first step's time is too tight
+SUGGESTED_ROOM = 3.0
 
 
-def _wait_ready(
-    child: _Child, url: str, timeout_s: float, stop: threading.Event, what: str, method: str = "GET"
-) -> bool:
-    """Whether `child` answers `url` (to a POST any HTTP answer: a ready collector takes the empty export)."""
+def _first_steps_at_once(config, base_url: str) -> tuple[float, int]:
+    """(the slowest end-to-end time, its prompt tokens) of `config.concurrency` sessions' opening requests sent at
+    once: no session id, so they belong to no session the pages show."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set():
-        if child.poll() is not None:
-            print(
-                f"kvobs demo: {what} exited with status {child.returncode} before it was ready{_log_tail(child)}",
-                file=sys.stderr,
-            )
-            return False
-        try:
-            status = httpx.request(method, url, timeout=2.0).status_code
-            if status == 200 or method == "POST":
-                return True
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            print(
-                f"kvobs demo: {what} did not answer {url} within {timeout_s:.0f} s{_log_tail(child)}", file=sys.stderr
-            )
-            return False
-        stop.wait(0.5)
-    return False
+    from kvobs.agent.workload import KINDS, api_root, first_messages, served_model
+
+    with httpx.Client(base_url=api_root(base_url), timeout=PROBE_TIMEOUT_S) as client:
+        model = served_model(client)
+
+        def one(index: int) -> tuple[float, int]:
+            messages = first_messages(KINDS[index % len(KINDS)], random.Random(f"probe:{index}"))
+            body = {"model": model, "messages": messages, "max_tokens": config.max_tokens, "ignore_eos": True}
+            started = time.monotonic()
+            response = client.post("chat/completions", json={**body, "temperature": 0})
+            response.raise_for_status()
+            return time.monotonic() - started, int(response.json()["usage"]["prompt_tokens"])
+
+        with ThreadPoolExecutor(config.concurrency) as pool:
+            results = list(pool.map(one, range(config.concurrency)))
+    return max(results)
 
 
 def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, store_url: str) -> None:
@@ -297,7 +317,7 @@ def _run_rounds(args: argparse.Namespace, config, store_url: str, stop: threadin
 
 
 def _rounds(args: argparse.Namespace, config, store, stop: threading.Event) -> None:
-    from kvobs.agent.workload import round_configs
+    from kvobs.agent.workload import round_configs, session_ids
     from kvobs.commands.agents import run_workload
     from kvobs.telemetry.providers import PROTOCOL_HTTP
 
@@ -320,7 +340,8 @@ def _rounds(args: argparse.Namespace, config, store, stop: threading.Event) -> N
         )
         if result is None:
             return
-        stored = _wait_for_steps(store, result.steps, started)
+        own = session_ids(round_config)  # this round's sessions only: another writer's steps are not its own
+        stored = _wait_for_steps(store, result.steps, started, own)
         if stop.is_set():
             print(
                 f"  interrupted: {stored} of {config.sessions * config.steps} steps recorded in "
@@ -334,29 +355,30 @@ def _rounds(args: argparse.Namespace, config, store, stop: threading.Event) -> N
                 f"(see {Path(args.log_dir) / 'collector.log'}); the summary counts what is stored",
                 flush=True,
             )
-        _print_round(result, store, started)
+        _print_round(result, store, started, own)
 
 
-def _wait_for_steps(store, expected: int, since: float, timeout_s: float = STEPS_WAIT_S) -> int:
-    """The steps started since `since` in the store, once the collector has written `expected` or `timeout_s` has
-    passed."""
+def _wait_for_steps(store, expected: int, since: float, own: list[str], timeout_s: float = STEPS_WAIT_S) -> int:
+    """The steps of the sessions `own` started since `since`, once the collector has written `expected` of them or
+    `timeout_s` has passed."""
 
     deadline = time.monotonic() + timeout_s
     while True:
-        stored, _ = store.lookups.step_counts(since, time.time())
+        stored = len(store.reads.steps(since, None, session_ids=own))
         if stored >= expected or time.monotonic() > deadline:
             return stored
         time.sleep(0.25)
 
 
-def _print_round(result, store, started: float) -> None:
+def _print_round(result, store, started: float, own: list[str]) -> None:
     from kvobs.alerts.evaluator import Evaluator
     from kvobs.alerts.rules import load_rules
     from kvobs.analytics.step_causes import step_causes
 
     time.sleep(SETTLE_S)  # the engine writes its requests and KV events in batches
     print(f"  {result.steps} steps in {result.wall_s:.0f} s; {hit_rate_line(store, started, time.time())}")
-    print(f"  {_failures_line(step_causes(store, started, None))}")
+    steps = store.reads.steps(started, None, session_ids=own)
+    print(f"  {_failures_line(step_causes(store, started, None, steps=steps))}")
     transitions = Evaluator(store, load_rules(None)).evaluate(time.time())
     for t in transitions:
         print(f"  alert {t['state']} {t['severity']} {t['rule']}: {t['summary']}")
@@ -398,28 +420,3 @@ TIMEOUT_KINDS = {
     "outside": "outside the engine",
     "timeout": "not split (no request found)",
 }
-
-
-def _stop_all(children: list[_Child]) -> list[str]:
-    """Stop the children still running, the dashboard first, the engine last (it flushes); return what was stopped,
-    in words."""
-    stopped = [_NAMES.get(child.command, child.command) for child in reversed(children) if child.poll() is None]
-    for child in reversed(children):
-        if child.poll() is None:
-            _signal_group(child, signal.SIGTERM)  # its whole session: nothing it started outlives the demo
-    for child in reversed(children):
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            log.warning("kvobs %s did not stop within 30 s; killing it", child.command)
-            _signal_group(child, signal.SIGKILL)
-            child.wait()
-    return stopped
-
-
-_NAMES = {"serve": "the engine", "collect": "the collector", "dashboard": "the dashboard"}
-
-
-def _signal_group(child: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # it exited in the meantime
-        os.killpg(child.pid, sig)

@@ -181,3 +181,15 @@ def test_the_parts_add_up_to_the_latency_on_every_step(run, request):
     np.testing.assert_allclose(parts.sum(axis=1), frame["latency_s"], atol=1e-6)  # every part measured, once
     assert (frame[list(ESTIMATES)].sum(axis=1) <= frame["prefill_s"] + 1e-9).all()  # recompute: inside the prefill
     assert (frame["new_prefill_s"] >= -1e-9).all()
+
+
+def test_the_whatif_observed_row_counts_recompute_as_the_replay_does(overload):
+    """A request aborted before it was ever scheduled looked nothing up and recomputed nothing: the observed row
+    counts it so, as the replay does (it once counted its session's whole chain as recomputed)."""
+    from instrumented_engine.whatif import ReplayPlan, simulate
+
+    script, store = overload
+    plan = ReplayPlan.from_store(store)
+    replay = simulate(plan, num_blocks=24)
+    assert plan.observed["recompute_tokens"] == replay.recompute_tokens
+    assert plan.observed["hit_rate"] == pytest.approx(replay.hit_rate)

@@ -150,10 +150,13 @@ def test_ports_already_in_use_stop_the_demo_before_it_starts_anything_all_named_
 def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
     started = time.monotonic()
     done = subprocess.run(
-        demo(f"sqlite:///{tmp_path / 's.db'}", num_blocks=8), capture_output=True, text=True, timeout=300
+        demo(f"sqlite:///{tmp_path / 's.db'}", num_blocks=8, log_dir=tmp_path / "logs"),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 1
-    assert "the KV cache has 8 blocks of 16 tokens" in done.stderr
+    assert "--num-blocks 8 of 16 tokens cannot hold one sequence of --max-model-len 640" in done.stderr
     assert "the engine exited with status 2 before it was ready" in done.stderr
     assert "kvobs demo is up" not in done.stdout and time.monotonic() - started < 300
 
@@ -161,7 +164,8 @@ def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
 def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_store(tmp_path):
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
     options = {"sessions": 2, "concurrency": 2, "steps": 50, "tool_pause_ms": 300, "max_tokens": 4}
-    proc = subprocess.Popen(demo(store_url, **options), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = demo(store_url, log_dir=tmp_path / "logs", **options)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out = _read_until(proc, "Round 1:", timeout_s=600)
         assert "Round 1:" in out, (out, proc.poll())
@@ -179,3 +183,32 @@ def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_
     with store.engine.connect() as conn:
         assert len(conn.execute(select(StepRow.session_id)).all()) == recorded
     store.close()
+
+
+def test_two_demos_on_the_same_ports_never_claim_a_dead_child(tmp_path):
+    """Two demos started 5 s apart on one host's ports: each finds them free at its start, but the other's engine
+    binds only once it has loaded. The one that keeps the ports runs its round (and, its step deadline too short for
+    this machine, says so with the flag to pass); the other never prints that it is up, says which child died, and
+    exits 1; neither takes the other's servers for its own."""
+    ports = {flag: free_port() for flag in PORT_FLAGS}
+    options = {"sessions": 1, "concurrency": 1, "steps": 1, "seed": 3, "tool_pause_ms": 100, "step_deadline_s": 0.5}
+    procs = []
+    for name in ("a", "b"):
+        command = demo(f"sqlite:///{tmp_path / (name + '.db')}", ports, log_dir=tmp_path / name, **options)
+        procs.append(
+            subprocess.Popen([*command, "--exit-when-done"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+        time.sleep(5)
+    try:
+        outcomes = [proc.communicate(timeout=900) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    codes = [proc.returncode for proc in procs]
+    assert sorted(codes) == [0, 1], (codes, outcomes)
+    (won_out, _), (lost_out, lost_err) = outcomes[codes.index(0)], outcomes[codes.index(1)]
+    assert "kvobs demo is up" in won_out and "1 steps in" in won_out
+    assert "Pass --step-deadline-s" in won_out  # 0.5 s: too short for this machine, and said with the flag
+    assert "kvobs demo is up" not in lost_out
+    assert "exited with status" in lost_err or "already in use" in lost_err, lost_err

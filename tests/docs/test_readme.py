@@ -38,3 +38,42 @@ def test_the_quick_start_lists_the_demo_flags_and_configuration_the_serve_flags(
     assert set(re.findall(r"`(--[a-z-]+)", quick_start)) == _flags("demo")
     serve_row = next(line for line in _section("## Configuration").splitlines() if line.startswith("| `kvobs serve`"))
     assert set(re.findall(r"`(--[a-z-]+)", serve_row)) == _flags("serve")
+
+
+def commands(text: str) -> list[list[str]]:
+    """Every `kvobs` command in the text's shell blocks, as argv (continuations joined; comments and a trailing `&`
+    dropped)."""
+    import shlex
+
+    found = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            if not line.split() or not line.split()[0].endswith("kvobs"):
+                continue
+            words = shlex.split(line, comments=True)
+            if words and words[-1] == "&":
+                words = words[:-1]
+            if words and words[0].endswith("kvobs") and len(words) > 1:
+                found.append(words[1:])
+    return found
+
+
+DOCS = [README, *(page.read_text() for page in sorted((Path(__file__).resolve().parents[2] / "docs").glob("**/*.md")))]
+
+
+def test_every_command_in_the_docs_parses_and_a_serve_fits_its_cache():
+    """Each `kvobs ...` line in the README and the docs pages, as written: its flags are real and their values
+    valid (the command's own parser), and a `kvobs serve` line's cache holds one sequence of its length (the check
+    it makes before it loads anything: the README once showed `--num-blocks 512` with the model's 8,192 context)."""
+    from instrumented_engine.commands.engine_flags import check_cache_fits
+
+    parser = build_parser()
+    found = [argv for text in DOCS for argv in commands(text)]
+    assert len(found) >= 10 and {argv[0] for argv in found} >= {"demo", "serve", "collect", "whatif", "alerts"}
+    for argv in found:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            raise AssertionError(f"does not parse: kvobs {' '.join(argv)}") from None
+        if argv[0] in ("serve", "generate"):
+            check_cache_fits(args)
