@@ -51,11 +51,14 @@ class Trace:
             self.fallback = span.trace_id
         return span.trace_id
 
-    def tools(self, session_id: str, since: float, until: float) -> list[dict]:
-        """The session's tool calls in this trace between its previous call's end and this call's start."""
+    def tools(self, session_id: str, since: float, until: float, *, under: str | None = None) -> list[dict]:
+        """The session's tool calls in this trace between its previous call's end and this call's start; `under`: only
+        those inside that span (an SDK step's own tools, run within it)."""
         tools = []
         for span in self.spans.values():
             if span.role != TOOL or span.start < since - EPSILON_S or span.end > until + EPSILON_S:
+                continue
+            if under is not None and under not in {s.span_id for s in self.ancestors(span)}:
                 continue
             if self.session_of(span, self.ancestors(span), decide=False) != session_id:
                 continue

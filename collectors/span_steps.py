@@ -176,7 +176,7 @@ class SpanSteps:
             index = span.step_index if span.step_index is not None else state.next_index
             failed = span.error_type is not None
             trace = self._traces.get(span.trace_id)
-            tools = trace.tools(session_id, span.start, span.end) if trace is not None else []  # inside the step
+            tools = trace.tools(session_id, span.start, span.end, under=span.span_id) if trace is not None else []
             self.writer.add(
                 _step_record(span, session_id, index, ttft_s=span.ttft_s, tools=json.dumps(tools) if tools else None)
             )

@@ -252,6 +252,7 @@ class AgentStep:
         step (`tools`), so its time is the step's own tool time, not time outside the engine."""
         call = {"name": name, "start": time.time(), "end": None, "status": StepStatus.OK.value, "error_type": None}
         self.tools.append(call)
+        span = None
         try:
             with tool_span(self.session.tracer, name) as span:
                 yield span
@@ -260,6 +261,9 @@ class AgentStep:
             raise
         finally:
             call["end"] = time.time()
+            started, ended = getattr(span, "start_time", None), getattr(span, "end_time", None)
+            if started and ended:  # the span's own times: what a collector reads from it is the same row
+                call.update(start=started / 1e9, end=ended / 1e9)
 
     def call_tool(self, name: str, fn: Callable, *args, **kwargs):
         with self.tool(name):

@@ -63,10 +63,15 @@ def test_preempted_steps_are_those_whose_request_the_engine_preempted(agent_run)
 
 
 def test_invalidation_is_named_with_its_reason(agent_run):
-    """A synthetic invalidation row between two steps of a session becomes that step's cause."""
+    """A synthetic invalidation row between two steps of a session: the second step names it with its reason, and it
+    is that step's cause where nothing else was lost before it (a prefix lost in the same pause is recomputed first:
+    an invented invalidated block then has no prefill left to cost)."""
     store = agent_run.store
+    base = attributed(agent_run)
+    second = base[base["step_index"] == 1].sort_values(["blocks_lost_in_pause", "session_id"])
+    session = second["session_id"].iloc[0]  # one whose pause lost nothing, where the run has one
+    lost_before = int(second["blocks_lost_in_pause"].iloc[0])
     steps = store.reads.steps().sort_values(["session_id", "step_index"])
-    session = steps["session_id"].iloc[0]
     mine = steps[steps["session_id"] == session]
     reqs = store.reads.requests(session_id=session)
     gap_ts = (reqs["finished_ts"].iloc[0] + reqs["arrival_ts"].iloc[1]) / 2
@@ -89,7 +94,10 @@ def test_invalidation_is_named_with_its_reason(agent_run):
     )
     frame = attribute_steps(mine, reqs, pd.concat([events, extra], ignore_index=True))
     second = frame[frame["step_index"] == 1].iloc[0]
-    assert second["cause"] == "invalidated" and second["invalidation_reasons"] == "system_prompt_change"
+    assert "invalidated" in second["causes"].split(",") and second["invalidation_reasons"] == "system_prompt_change"
+    assert "cache invalidated (system_prompt_change): 1 of its blocks" in second["evidence"]
+    if not lost_before:
+        assert second["cause"] == "invalidated"
     assert frame[frame["step_index"] == 0].iloc[0]["cause"] != "invalidated"
 
 
