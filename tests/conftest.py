@@ -9,7 +9,15 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from tests.runs import agent_run, fleet_run, served_fleet, two_runs, vllm_fleet, vllm_run  # noqa: E402,F401  (fixtures)
+from tests.runs import (  # noqa: E402,F401  (fixtures)
+    agent_run,
+    fleet_run,
+    overload,
+    served_fleet,
+    two_runs,
+    vllm_fleet,
+    vllm_run,
+)
 from tests.stores import any_store, store, store_url  # noqa: E402,F401  (fixtures)
 
 

@@ -10,6 +10,8 @@
 - `vllm_fleet`: two real vLLM servers (CPU build) under `kvobs agents --routing round_robin`, recorded
   (tests/fixtures/fleet-vllm-cpu) and ingested by one collector; its truth: vLLM's own cached tokens per request.
 - `measured_copy(run, dir)`: a copy of a run's store whose request lookups a collector's routing meter measured.
+- `overload`: the real engine on a virtual clock (`tests.analytics.scripted`), one request at a time, with steps that
+  time out in the queue, never scheduled; its truth is exact (the whole-step verdicts, the timed-out step's story).
 - `two_runs`: our engine started twice under one instance name into one store (as `kvobs demo` run twice into
   the default `kvobs.db`), a round of the workload each; `result.rounds` holds each round's (start, end).
 """
@@ -29,6 +31,8 @@ from kvobs.store import StoreWriter, open_store
 from kvobs.store.interface import Store
 
 NUM_BLOCKS = 30
+OVERLOAD_DEADLINE_S = 1.0
+TOOL_S = 0.3
 
 
 @dataclass
@@ -205,3 +209,28 @@ def two_runs(smollm2_source, tmp_path_factory) -> TwoRuns:
         rounds.append((started, time.time()))
         time.sleep(3.0)  # the engine is down a while before it starts again: a gap nothing watched
     return TwoRuns(url, open_store(url), rounds)
+
+
+@pytest.fixture(scope="session")
+def overload(smollm2_source, tmp_path_factory):
+    """(script, store): the real engine on a virtual clock (`tests.analytics.scripted`), one request at a time: a long
+    reply holds it while two sessions' next steps arrive with a 1 s deadline; they are never scheduled, their
+    clients hang up at the deadline and the engine aborts them; the long reply's growth evicted their prefixes."""
+    from tests.analytics.scripted import Script, tokens_of
+
+    s = Script.start(
+        smollm2_source, tmp_path_factory.mktemp("overload") / "run.db", num_blocks=24, max_num_seqs=1, max_model_len=320
+    )
+    contexts = {}
+    for n, session in enumerate(["long", "q1", "q2"]):  # each session's usual step, one after another
+        rid = s.send(session, 0, tokens_of(n, 96), 4, tool_s=TOOL_S)
+        s.finish()
+        s.idle(TOOL_S + 0.05)
+        contexts[session] = s.context(rid) + tokens_of(n + 10, 16)
+    s.send("long", 1, contexts["long"], 150, tool_s=TOOL_S)  # a long reply holds the one running slot
+    for _ in range(100):  # and grows, evicting the idle sessions' cached prefixes before they come back
+        s.step()
+    for session in ("q1", "q2"):
+        s.send(session, 1, contexts[session], 4, deadline_s=OVERLOAD_DEADLINE_S)
+    s.finish()
+    return s, s.close()

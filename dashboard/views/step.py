@@ -185,7 +185,12 @@ def _timeline(ctx, story) -> None:
             .encode(
                 x=time_x("at_ms", clock, since - pad, until + pad),
                 y=y,
-                size=alt.Size("blocks:Q", title="blocks", scale=alt.Scale(range=[40, 400])),
+                size=alt.Size(
+                    "blocks:Q",
+                    title="blocks",
+                    scale=alt.Scale(range=[40, 400]),
+                    legend=alt.Legend(format=",d", tickMinStep=1),
+                ),
                 tooltip=[alt.Tooltip("when:N", title="time"), "what"],
             )
         )

@@ -45,16 +45,15 @@ from collections.abc import Collection
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.latency_parts import (
-    ESTIMATES,
+from kvobs.analytics.excess import (
     EXCESS_CAUSES,
     FAILURE_KIND_OF,
-    PARTS,
     excess_words,
     explain_excess,
     largest_part,
     part_seconds,
 )
+from kvobs.analytics.latency_parts import ESTIMATES, PARTS
 from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.analytics.step_facts import Events, KVRecord, missing, plain_parts, positions_by_value, step_facts
@@ -240,6 +239,9 @@ def _typical(sessions: np.ndarray, values: np.ndarray, ok: np.ndarray) -> np.nda
             continue
         own, good = values[start:end], ok[start:end]
         out = leave_one_out_medians(own)
+        if good.all() or not good.any():  # (most sessions) the reference is every other step
+            typical[start:end] = out
+            continue
         good_values = own[good]
         if (~np.isnan(good_values)).any():
             out[~good] = np.nanmedian(good_values)
@@ -273,6 +275,8 @@ def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s
         words = [excess_words(row, t)] if s and row["dominant"] is not None else []
         if row["status"] == StepStatus.ERROR.value:
             failure_cause[i], failure_kind[i], said = failure_verdict(row["error_type"], row)
+            if said and failure_cause[i] == EXCESS_CAUSES[row["dominant"] or "other"][0]:
+                words = []  # the timeout's words already say what its slowness would
             words = [said, *words] if said else words
         evidence.append("; ".join(words + list(row["facts"])))
     frame["evidence"] = evidence

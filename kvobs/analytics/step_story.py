@@ -160,6 +160,8 @@ def _timeline(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
     for n, r in enumerate(requests.itertuples(index=False), 1):
         lane = f"request {n} ({_short(r.request_id)})"
         scheduled = r.arrival_ts + r.queue_s if pd.notna(r.queue_s) else None
+        if scheduled is None and pd.isna(r.first_token_ts):  # never scheduled: it queued until it ended
+            scheduled = r.finished_ts
         phases = [
             ("queue", r.arrival_ts, scheduled),
             ("prefill", scheduled, r.first_token_ts),

@@ -178,6 +178,8 @@ def _is_free(host: str, port: int) -> bool:
     """Whether we could bind `host:port` now (a server already there would also answer our readiness checks)."""
     bind_host = "" if host in ("0.0.0.0", "*") else host
     with socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET) as probe:
+        if os.name != "nt":  # as the servers bind: a port left in TIME_WAIT by a killed server is free again
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((bind_host, port))
         except OSError:

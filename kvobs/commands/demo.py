@@ -397,7 +397,7 @@ def hit_rate_line(store, since: float, until: float, instance: str = DEMO_INSTAN
 def _failures_line(causes) -> str:
     """Failed steps split into what the cache (or queue) explains, model errors and the rest, with slow steps."""
     from kvobs.analytics.attribution import failure_split
-    from kvobs.analytics.latency_parts import CAUSE_LABELS
+    from kvobs.analytics.excess import CAUSE_LABELS
 
     split = failure_split(causes)
     slow = causes[causes["slow"].astype(bool)] if not causes.empty else causes

@@ -10,6 +10,7 @@ and the request is aborted there (as `kvobs serve` does on a disconnect).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from instrumented_engine.config import EngineConfig
@@ -27,8 +28,8 @@ CLIENT_S = 0.01  # the agent's own time before its request arrives
 
 
 class Clock:
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.now = start
+    def __init__(self, start: float | None = None) -> None:
+        self.now = float(int(time.time())) if start is None else start  # (durations are exact, times recent)
         self.slow = 1.0  # the machine's speed: step costs are multiplied by it
 
     def __call__(self) -> float:

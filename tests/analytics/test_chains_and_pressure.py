@@ -18,7 +18,9 @@ from kvobs.analytics.chains import (
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
 from kvobs.analytics.windows import range_sums
+from kvobs.semconv.reasons import RELEASE_REASONS
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS
+from kvobs.store.composed import releases_in
 
 
 def chain_rates(store, block_size):
@@ -73,15 +75,20 @@ def test_pressure_windows_from_the_engine_run(agent_run):
 
 
 def test_blocks_lost_counts_each_lost_block_once_however_many_sessions_owned_it(agent_run):
-    """The one definition of "blocks lost": one per (instance, time, block) loss, whatever the owner rows. (Whether
-    this timed run evicts a block two sessions share varies; tests/observers/test_agreement.py makes it happen.)"""
+    """The one definition of "blocks lost": one per (instance, time, block) loss, whatever the owner rows; blocks the
+    agents released (their sessions ended) are no loss, counted apart. (Whether this timed run evicts a block two
+    sessions share varies; tests/observers/test_agreement.py makes it happen.)"""
     store = agent_run.store
     rows = store.reads.kv_events(kinds=BLOCK_LOSS_KINDS)
-    distinct = rows.drop_duplicates(["instance", "ts", "block_hash", "kind", "reason"])
+    released = rows["reason"].isin(list(RELEASE_REASONS))
+    keys = ["instance", "ts", "block_hash", "kind", "reason"]
+    distinct, let_go = rows[~released].drop_duplicates(keys), rows[released].drop_duplicates(keys)
     assert len(rows) >= len(distinct) > 0  # shared blocks are recorded once per owning session
     assert store.reads.block_losses(bucket_s=1e12)["blocks"].sum() == len(distinct)
     by_bucket = store.reads.block_losses(bucket_s=5)
     assert by_bucket["blocks"].sum() == len(distinct)  # buckets only split it
+    counts = store.reads.kv_event_counts(bucket_s=1e12)
+    assert releases_in(counts)["blocks"].sum() == len(let_go) > 0  # the SDK released its ended sessions
 
 
 def test_lagged_correlation_finds_the_lead():

@@ -22,29 +22,8 @@ from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.latency_parts import ESTIMATES, PARTS
 from kvobs.analytics.step_causes import step_causes
 from tests.analytics.scripted import CLIENT_S, Script, tokens_of
-
-DEADLINE_S = 1.0
-TOOL_S = 0.3
-
-
-@pytest.fixture(scope="module")
-def overload(smollm2_source, tmp_path_factory):
-    s = Script.start(
-        smollm2_source, tmp_path_factory.mktemp("overload") / "run.db", num_blocks=24, max_num_seqs=1, max_model_len=320
-    )
-    contexts = {}
-    for n, session in enumerate(["long", "q1", "q2"]):  # each session's usual step, one after another
-        rid = s.send(session, 0, tokens_of(n, 96), 4, tool_s=TOOL_S)
-        s.finish()
-        s.idle(TOOL_S + 0.05)
-        contexts[session] = s.context(rid) + tokens_of(n + 10, 16)
-    s.send("long", 1, contexts["long"], 150, tool_s=TOOL_S)  # a long reply holds the one running slot
-    for _ in range(100):  # and grows, evicting the idle sessions' cached prefixes before they come back
-        s.step()
-    for session in ("q1", "q2"):
-        s.send(session, 1, contexts[session], 4, deadline_s=DEADLINE_S)
-    s.finish()
-    return s, s.close()
+from tests.runs import OVERLOAD_DEADLINE_S as DEADLINE_S
+from tests.runs import TOOL_S
 
 
 @pytest.fixture(scope="module")

@@ -138,3 +138,24 @@ def test_a_fleet_overview_in_chromium(fleet_run, tmp_path, monkeypatch):
     assert "Routing loss" in routed_text and "Hit-rate shortfall, split" in routed_text
     assert "Measured by the collector" in routed_text
     measured.close()
+
+
+def test_a_timed_out_steps_story_in_chromium(overload, tmp_path, monkeypatch):
+    """A step that timed out in the queue, never scheduled (the scripted overload run: its truth is exact): its story
+    in the browser says why it failed, with its seconds, and that its lost prefix cost it nothing."""
+    _, store = overload
+    shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("TZ", BROWSER_ZONE)
+    url, proc = dashboard(Run(store.url, store))
+    try:
+        with chromium() as page:
+            ready = READY.format(title=PAGES["step"].TITLE) + f" && document.body.innerText.includes({STORY!r})"
+            text, png = page.visit(f"{url}/?session=q1&step=1", ready)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    (shots / "timeout-step_url.png").write_bytes(png)
+    assert "why it failed: waiting in the queue" in text and "the whole step" in text
+    assert "timed out after 1.00 s: waiting in the queue" in text and "was never scheduled" in text
+    assert "Where its latency went" in text and "Traceback" not in text
