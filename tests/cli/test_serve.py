@@ -119,7 +119,7 @@ BAD_STORES = [("mysql://db/kvobs", "unsupported store 'mysql'"), ("postgresql://
 @pytest.mark.parametrize(("url", "message"), BAD_STORES)
 def test_serve_refuses_a_bad_store_at_start(url, message):
     out = subprocess.run(
-        [sys.executable, "-m", "kvobs.cli", "serve", "--num-blocks", "64", "--store", url],
+        [sys.executable, "-m", "kvobs.cli", "serve", "--num-blocks", "64", "--max-model-len", "1008", "--store", url],
         capture_output=True,
         text=True,
         timeout=120,
@@ -134,7 +134,7 @@ def test_serve_reports_bad_configuration_without_a_traceback():
         text=True,
         timeout=120,
     )
-    assert out.returncode == 2 and "needs 129 (block 0 is reserved)" in out.stderr
+    assert out.returncode == 2 and "it needs 129 blocks (block 0 is reserved)" in out.stderr
     assert "Traceback" not in out.stderr
 
 

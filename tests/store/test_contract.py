@@ -27,7 +27,7 @@ from kvobs.analytics.routing import fleet_losses
 from kvobs.analytics.shortfall import shortfall, store_lookups
 from kvobs.analytics.step_causes import step_causes
 from kvobs.store import StoreWriter, open_store
-from kvobs.store.composed import ordered_counts
+from kvobs.store.composed import losses_in, ordered_counts, releases_in
 from kvobs.store.interface import Lookups, Reads
 from kvobs.store.rollups import ROLLUPS
 from kvobs.store.rows import RECORDS
@@ -44,6 +44,9 @@ def _rows(source) -> dict[str, list]:
     records = {}
     with source.engine.connect() as conn:
         for name, model in TABLES.items():
+            if name == "verdict_progress":  # a keeper's mark of the wall clock (a stopped collector's), not the run's
+                records[name] = []
+                continue
             columns = [c for c in model.__table__.columns if c.name != "id"]
             order = model.__table__.c.id if "id" in model.__table__.c else list(model.__table__.primary_key)[0]
             result = conn.execute(select(*columns).order_by(order))
@@ -321,11 +324,13 @@ def test_routing_losses_and_step_causes_are_the_same_on_every_backend(loaded):
 
 
 def test_the_contract_compares_something(loaded):
-    """The recordings exercise what the reads are for: losses, restores, lifetimes, sessions with steps."""
+    """The recordings exercise what the reads are for: losses (or, where the cache never had to evict, the blocks the
+    agents released), restores, lifetimes, sessions with steps."""
     _, stores, _ = loaded
     store = stores["chdb"]
     first, last = store.reads.time_range()
-    assert store.reads.block_losses()["blocks"].sum() > 0
+    counts = store.reads.kv_event_counts(bucket_s=1e12)
+    assert losses_in(counts)["blocks"].sum() + releases_in(counts)["blocks"].sum() > 0
     assert not store.lookups.block_lifetimes(first, last).empty
     assert store.lookups.restored_blocks(first, last)["stored"].sum() > 0
     assert store.lookups.step_counts(first, last)[0] > 0
