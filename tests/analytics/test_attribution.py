@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
+from kvobs.analytics.excess import EXCESS_CAUSES, FAILURE_KIND_OF
 from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.step_causes import VERDICT_COLUMNS, failure_verdicts, step_causes
 from kvobs.store import open_store
@@ -63,9 +64,8 @@ def test_preempted_steps_are_those_whose_request_the_engine_preempted(agent_run)
 
 
 def test_invalidation_is_named_with_its_reason(agent_run):
-    """A synthetic invalidation row between two steps of a session: the second step names it with its reason, and it
-    is that step's cause where nothing else was lost before it (a prefix lost in the same pause is recomputed first:
-    an invented invalidated block then has no prefill left to cost)."""
+    """A synthetic invalidation row between two steps of a session: the second step names it with its reason, with
+    what it cost (its share of the prefill that recomputed it), and the step's cause is its costliest fact."""
     store = agent_run.store
     base = attributed(agent_run)
     second = base[base["step_index"] == 1].sort_values(["blocks_lost_in_pause", "session_id"])
@@ -96,8 +96,10 @@ def test_invalidation_is_named_with_its_reason(agent_run):
     second = frame[frame["step_index"] == 1].iloc[0]
     assert "invalidated" in second["causes"].split(",") and second["invalidation_reasons"] == "system_prompt_change"
     assert "cache invalidated (system_prompt_change): 1 of its blocks" in second["evidence"]
-    if not lost_before:
-        assert second["cause"] == "invalidated"
+    if not lost_before:  # (after a lost prefix, an invented block may find no prefill left to cost)
+        assert second["invalidated_excess_s"] > 0  # its share of the prefill that recomputed it
+    part = {cause: part for part, (cause, _) in EXCESS_CAUSES.items()}[second["cause"]]
+    assert second[f"{part}_excess_s"] >= second["invalidated_excess_s"]  # the cause named is the costliest fact
     assert frame[frame["step_index"] == 0].iloc[0]["cause"] != "invalidated"
 
 
@@ -118,8 +120,10 @@ def test_failures_keep_their_own_error_and_only_timeouts_take_a_kv_cause(agent_r
     assert (not_timeouts["failure_cause"] == not_timeouts["error_type"]).all()
     assert set(not_timeouts["failure_kind"]) <= {"model", "request"}
     assert (failed.loc[failed["error_type"] == "invalid_response", "failure_kind"] == "model").all()
-    for row in failed[failed["error_type"] == "timeout"].itertuples():
-        assert row.failure_cause == (row.cause if row.cause != "none" else "timeout")
+    for row in failed[failed["error_type"] == "timeout"].itertuples():  # (the 30 s deadline, on a loaded machine)
+        assert row.evidence.startswith("timed out")  # the part that cost it, said with its seconds
+        if row.failure_cause != "timeout":
+            assert row.failure_kind == FAILURE_KIND_OF[row.failure_cause]
     assert frame.loc[frame["status"] == "ok", "failure_cause"].isna().all()
     summary = failure_summary(frame)
     assert summary["failed_steps"].sum() == len(failed)
