@@ -58,9 +58,9 @@ def _kpis(kpis: dict, routing: dict | None = None) -> list[tuple[str, str, str]]
             "removed (each lost block once; resets and releases not included).",
         ),
         (
-            "blocks released",
+            "released",
             f"{kpis['blocks released']:,}",
-            "Cached blocks the agents released themselves (their session ended): no loss.",
+            "Cached blocks the agents released themselves (their session ended): no loss, counted apart.",
         ),
         (
             "preemptions",
@@ -92,7 +92,8 @@ def render(ctx) -> None:
     ctx.runs_note()
     st.caption(
         ctx.window_caption() + " Blocks lost: each lost block once (evictions, invalidations, vLLM removals; "
-        "a block several sessions owned counts once; resets not included), as on the What-if page."
+        "a block several sessions owned counts once; resets and the agents' releases not included), as on the What-if "
+        "page."
     )
     axis = ctx.axis
     no_snaps = glossary.MISSING["snapshots"]
