@@ -19,11 +19,11 @@ store (`kvobs.agent.recorded` false) the collector makes it of that span.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from collectors.reply_ids import reply_ids
 from kvobs.identifiers import clip_id
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
@@ -49,7 +49,7 @@ class TraceSpan:
     session_id: str | None = None
     agent_name: str | None = None
     tool_name: str | None = None
-    response_id: str | None = None
+    reply_ids: tuple[str, ...] = ()  # ids the reply holds: the server request's among them (`reply_ids`)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
@@ -112,7 +112,7 @@ def _openinference(out: TraceSpan, attrs: dict) -> None:
     out.convention = SessionSource.OPENINFERENCE.value
     out.role = _OI_ROLES.get(attrs[c.OPENINFERENCE_SPAN_KIND])
     if out.role == LLM:
-        out.response_id = _reply_id(attrs.get(c.OI_OUTPUT_VALUE))
+        out.reply_ids = reply_ids(attrs.get(c.OI_OUTPUT_VALUE))
         out.prompt_tokens = _count(attrs.get(c.OI_TOKENS_PROMPT))
         out.cached_tokens = _count(attrs.get(c.OI_TOKENS_CACHE_READ))
         out.completion_tokens = _count(attrs.get(c.OI_TOKENS_COMPLETION))
@@ -161,7 +161,8 @@ def _genai(out: TraceSpan, attrs: dict) -> None:
 
 def _genai_usage(out: TraceSpan, attrs: dict) -> None:
     """GenAI's usage keys, else the older ones OpenLLMetry and vLLM still write."""
-    out.response_id = _text(attrs.get(a.GEN_AI_RESPONSE_ID))
+    response_id = _text(attrs.get(a.GEN_AI_RESPONSE_ID))
+    out.reply_ids = (response_id,) if response_id else ()
     out.prompt_tokens = _count(attrs.get(a.GEN_AI_USAGE_INPUT_TOKENS, attrs.get(a.GEN_AI_USAGE_PROMPT_TOKENS)))
     out.completion_tokens = _count(attrs.get(a.GEN_AI_USAGE_OUTPUT_TOKENS, attrs.get(a.GEN_AI_USAGE_COMPLETION_TOKENS)))
     out.cached_tokens = _count(attrs.get(a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
@@ -183,17 +184,6 @@ def _error_type(attrs: dict, span: Span) -> str:
     if "timeout" in name.lower():
         return StepErrorType.TIMEOUT.value
     return clip_id(str(found))
-
-
-def _reply_id(output) -> str | None:
-    """The `id` of a reply kept as JSON (OpenInference's `output.value`); None when it is not one."""
-    if not isinstance(output, str) or not output.startswith("{"):
-        return None
-    try:
-        reply = json.loads(output)
-    except ValueError:
-        return None
-    return _text(reply.get("id")) if isinstance(reply, dict) else None
 
 
 def _text(value) -> str | None:

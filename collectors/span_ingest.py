@@ -113,6 +113,8 @@ class SpanIngest:
                 self.agent_steps[status] += 1
                 if error_type is not None:
                     self.agent_step_failures[error_type] += 1
+        if self.steps is not None and records:
+            self.steps.add_requests(records)  # (before the calls: a call in this export finds its request)
         if self.steps is not None and agent_spans:
             self.steps.add(agent_spans)
         if self.activity is not None:

@@ -18,9 +18,14 @@ comes); then it is one `steps` row, written once:
 - status and `error_type` from the call's span (`collectors.agent_spans`), kept apart from slowness.
 - the tool pause before it: from the end of the session's previous call to this call's start; `tools` lists the
   tool spans of the same trace and session inside it (name, start, end, status, error type) as JSON.
-- `response_id`: the id the server answered; the step claims its server request by that id and by its trace
-  (`SessionActivity.claim`), so vLLM's request rows and idle losses are the session's. A step whose request is
-  never found stays unjoined: the step page says "no server request found".
+- `request_id`: the server request the call made, found among the request spans seen (`collectors.request_join`:
+  an id in its reply, its trace context, else the only request its time and token counts fit), and
+  `request_join`, how, or why none was (`StepJoin`); `response_id`: the reply's id that joined it, else the
+  reply's first id. A call whose request span has not arrived yet (a server exports it after the request ends)
+  waits up to `join_wait_s`, and the later calls of its session with it (indexes go in order). The step claims
+  its request by that id and by its trace (`SessionActivity.claim`), so the request's rows and idle losses are
+  the session's. Steps joined and not, by method and convention, are counted (`joins`); where most of a
+  convention's steps are not joined, a log line says why, at most every `WARN_EVERY_S`.
 Calls under a kvobs SDK `agent_step` span are not steps of their own: the SDK's step is. Where the SDK runs with no
 recorder (its spans say `kvobs.agent.recorded` false: the agent has an OTLP endpoint and no store), its steps and
 session ends are written from its spans here, as its recorder would have written them (source `sdk`).
@@ -41,14 +46,19 @@ from dataclasses import dataclass
 
 from collectors.agent_spans import AGENT, LLM, TraceSpan
 from collectors.agent_trace import Trace
+from collectors.request_join import WAITS_FOR_REQUESTS, Found, RequestJoin
 from collectors.session_activity import SessionActivity
-from kvobs.semconv.spans import SessionSource, StepStatus
+from kvobs.analytics.joins import JOIN_WORDS
+from kvobs.semconv.spans import STEP_JOINED, SessionSource, StepStatus
 from kvobs.store.rows import SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
 SETTLE_S = 10.0
+JOIN_WAIT_S = 20.0  # a server's batch exporter sends a request span within seconds of its end (OTel's default: 5 s)
+WARN_EVERY_S = 300.0
+WARN_AFTER = 5  # steps of a convention decided before its join rate is worth a log line
 KEEP_S = 600.0
 MAX_TRACES = 20_000
 
@@ -69,6 +79,7 @@ class SpanSteps:
         activity: SessionActivity | None = None,
         step_counts: Callable[[list[str]], dict[str, tuple[int, int]]] | None = None,
         settle_s: float = SETTLE_S,
+        join_wait_s: float = JOIN_WAIT_S,
         keep_s: float = KEEP_S,
         max_traces: int = MAX_TRACES,
         clock: Callable[[], float] = time.monotonic,
@@ -77,6 +88,8 @@ class SpanSteps:
         self.activity = activity
         self.step_counts = step_counts
         self.settle_s = settle_s
+        self.join_wait_s = join_wait_s
+        self.requests = RequestJoin()
         self.keep_s = keep_s
         self.max_traces = max_traces
         self.clock = clock
@@ -86,6 +99,8 @@ class SpanSteps:
         self.num_traces_dropped = 0  # traces dropped with calls still waiting (over max_traces)
         self.num_plain_skipped = 0  # plain spans of traces with no agent span (not kept)
         self.by_source: Counter[str] = Counter()  # steps written, by convention (sessions.source)
+        self.joins: Counter[tuple[str, str]] = Counter()  # (request_join, convention) -> steps written
+        self._warned: dict[str, float] = {}  # convention -> when its join rate was last logged
         self._traces: OrderedDict[str, Trace] = OrderedDict()
         self._sessions: dict[str, _Session] = {}
         self._sdk_steps: list[TraceSpan] = []  # the SDK's step spans to write (no recorder did)
@@ -109,6 +124,7 @@ class SpanSteps:
                 self._traces.move_to_end(span.trace_id)
                 if span.role == LLM:
                     trace.waiting[span.span_id] = now
+                    self.requests.name(span)
                 elif span.role == AGENT:
                     trace.agents.append(span)
             while len(self._traces) > self.max_traces:
@@ -121,6 +137,11 @@ class SpanSteps:
                         self.max_traces,
                     )
 
+    def add_requests(self, records) -> None:
+        """The server requests span ingest stored (`RequestRecord`s): what calls are joined to."""
+        with self._lock:
+            self.requests.add(records)
+
     def settle(self, *, final: bool = False) -> int:
         """Write the steps of every call that is ready (all when `final`); returns how many were written."""
         now = self.clock()
@@ -129,9 +150,10 @@ class SpanSteps:
             for trace in self._traces.values():
                 for span_id, arrived in list(trace.waiting.items()):
                     if final or now - arrived >= self.settle_s or trace.rooted(span_id):
-                        ready.append((trace, trace.spans[span_id]))
+                        ready.append((trace, trace.spans[span_id], arrived))
                         del trace.waiting[span_id]
-            written = self._decide(sorted(ready, key=lambda r: r[1].start)) + self._write_sdk()
+            ready.sort(key=lambda r: r[1].start)
+            written = self._decide(ready, now=now, final=final) + self._write_sdk()
             self._name_agents()
             horizon = now - self.keep_s
             while self._traces and (t := next(iter(self._traces.values()))).last_seen < horizon and not t.waiting:
@@ -152,18 +174,50 @@ class SpanSteps:
                 state.agent_name = outermost.agent_name
                 self.writer.upsert(SessionRecord(session_id, agent_name=outermost.agent_name))
 
-    def _decide(self, ready: list[tuple[Trace, TraceSpan]]) -> int:
-        calls = []
-        for trace, call in ready:
+    def _decide(self, ready: list[tuple[Trace, TraceSpan, float]], *, now: float, final: bool) -> int:
+        calls, held = [], set()  # held: sessions with a call waiting for its request (their later calls wait too)
+        for trace, call, arrived in ready:
             chain = trace.ancestors(call)
             if call.sdk_call or any(s.sdk_step for s in chain):
                 self.num_sdk_calls += 1
                 continue
-            calls.append((trace, call, chain, trace.session_of(call, chain)))
-        self._seed({session for *_, session in calls})
-        for trace, call, chain, session_id in calls:
-            self._write(trace, call, chain, session_id)
+            key = trace.session_of(call, chain, decide=False)
+            found = None if key in held else self.requests.find(call)
+            if found is None or (not found.joined and self._may_wait(found, arrived, now, final)):
+                held.add(key)
+                trace.waiting[call.span_id] = arrived
+                continue
+            calls.append((trace, call, chain, trace.session_of(call, chain), found))
+        self._seed({session for *_, session, _ in calls})
+        for trace, call, chain, session_id, found in calls:
+            self._write(trace, call, chain, session_id, found)
+        self._warn_unjoined(now)
         return len(calls)
+
+    def _may_wait(self, found: Found, arrived: float, now: float, final: bool) -> bool:
+        """Whether a call not joined yet waits for more request spans."""
+        return not final and found.method in WAITS_FOR_REQUESTS and now - arrived < self.join_wait_s
+
+    def _warn_unjoined(self, now: float) -> None:
+        """A log line where most steps of a convention are not joined to a server request: the KV story of those
+        steps cannot be told (at most every `WARN_EVERY_S` a convention)."""
+        for source in {source for _, source in self.joins}:
+            counts = {method: n for (method, s), n in self.joins.items() if s == source}
+            total, missed = sum(counts.values()), {m: n for m, n in counts.items() if m not in STEP_JOINED}
+            if total < WARN_AFTER or 2 * sum(missed.values()) <= total:
+                continue
+            if now - self._warned.get(source, -float("inf")) < WARN_EVERY_S:
+                continue
+            self._warned[source] = now
+            why = max(missed, key=missed.get)
+            log.warning(
+                "%d of %d steps made of %s spans are tied to no server request, so their KV story is unknown; "
+                "most: %s (kvobs doctor says more)",
+                sum(missed.values()),
+                total,
+                source,
+                JOIN_WORDS[why],
+            )
 
     def _write_sdk(self) -> int:
         """The kvobs SDK's steps and ended sessions that no recorder wrote: as its recorder would have, from the
@@ -207,19 +261,23 @@ class SpanSteps:
         for session_id in new:
             self._sessions[session_id] = _Session(*known.get(session_id, (0, 0)))
 
-    def _write(self, trace: Trace, call: TraceSpan, chain: list[TraceSpan], session_id: str) -> None:
+    def _write(self, trace: Trace, call: TraceSpan, chain: list[TraceSpan], session_id: str, found: Found) -> None:
         state = self._sessions[session_id]
         tools = trace.tools(session_id, state.last_end, call.start) if state.last_end is not None else []
         failed = call.error_type is not None
+        answered = found.request_id if found.request_id in call.reply_ids else next(iter(call.reply_ids), None)
         self.writer.add(
             _step_record(
                 call,
                 session_id,
                 state.next_index,
-                response_id=call.response_id,
+                response_id=answered,
+                request_id=found.request_id,
+                request_join=found.method.value,
                 tools=json.dumps(tools) if tools else None,
             )
         )
+        self.joins[found.method.value, call.convention] += 1
         state.next_index += 1
         state.num_failed += failed
         state.last_end = max(call.end, state.last_end or call.end)
@@ -237,7 +295,7 @@ class SpanSteps:
             )
         )
         if self.activity is not None:
-            self.activity.claim(session_id, trace_id=call.trace_id, request_id=call.response_id)
+            self.activity.claim(session_id, trace_id=call.trace_id, request_id=found.request_id or answered)
         self.statuses[StepStatus.ERROR.value if failed else StepStatus.OK.value] += 1
         if failed:
             self.failures[call.error_type] += 1

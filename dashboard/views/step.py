@@ -16,6 +16,8 @@ from dashboard.clock import duration
 from dashboard.views import cache
 from dashboard.views.charts import show, time_x
 from dashboard.views.tables import show_text_table
+from kvobs.analytics.joins import JOIN_FIXES, JOIN_WORDS
+from kvobs.semconv.spans import STEP_JOINED
 
 TITLE = "Step timeline"
 PHASES = ["step", "tool pause", "tool", "queue", "prefill", "decode"]
@@ -98,6 +100,9 @@ def _verdict(ctx, step: dict) -> None:
         f"**Status:** {status} · **why it failed:** {failed} · **why it was slow:** {slow} · **latency:** {said}"
     )
     st.markdown(f"**Evidence:** {step['evidence'] or 'nothing in the KV record explains this step.'}")
+    join = step.get("request_join")
+    if isinstance(join, str) and join in STEP_JOINED:
+        st.caption(f"Its server request: {JOIN_WORDS[join]}.")
     link = trace_link(ctx.jaeger_url, step.get("trace_id"))
     if link:
         st.markdown(f"[Open its trace in Jaeger]({link})")
@@ -204,8 +209,10 @@ def _timeline(ctx, story) -> None:
 
 def _no_request(step: dict) -> str:
     """What the page says of a step whose server request the store does not hold: never a guess at one."""
-    answered = step.get("response_id")
-    if isinstance(answered, str) and answered:
+    answered, join = step.get("response_id"), step.get("request_join")
+    if isinstance(join, str) and join in JOIN_WORDS:  # judged by the collector as the step's spans arrived
+        why = JOIN_WORDS[join] + (f"; to join it, {JOIN_FIXES[join]}" if join in JOIN_FIXES else "")
+    elif isinstance(answered, str) and answered:
         why = (
             f"the server answered `{answered}`, and no request with that id reached the store (is the collector "
             "receiving that server's spans?)"

@@ -82,7 +82,8 @@ TYPICAL = ("latency_s", "queue_s", "prefill_s", "decode_s", "tool_s", "other_s",
 # fmt: off
 COLUMNS = [
     "session_id", "step_index", "status", "error_type", "started_at", "e2e_s", "ttft_s", "trace_id", "span_id",
-    "response_id", "instance", "cause", "causes", "evidence", "blocks_lost_in_pause", "tokens_lost_in_pause",
+    "response_id", "request_join", "instance", "cause", "causes", "evidence", "blocks_lost_in_pause",
+    "tokens_lost_in_pause",
     "routed_tokens", "routed_from", "preemptions", "preemption", "invalidation_reasons", "max_queue_s",
     "never_scheduled", "num_requests", "cached_tokens", "slow", "typical_s", "slow_cause", "failure_cause",
     "failure_kind", "latency_s", "excess_s", *PARTS, *ESTIMATES, "new_prefill_s", "decoded_tokens",
@@ -115,8 +116,14 @@ class _Requests:
         self._arrivals = {id(p): self.arrival[p] for group in (self.by_session, self.by_trace) for p in group.values()}
 
     def of_step(self, step) -> np.ndarray:
-        """Positions of the requests a step sent: by the response id it got (a step made of an agent's spans), by
-        caller span, else by session or trace within the step's time."""
+        """Positions of the requests a step sent: the request the collector joined it to (a step made of an
+        agent's spans; older rows: the reply's id), by caller span, else by session or trace within the step's time.
+        A step the collector judged and joined to none sent none that is known."""
+        joined = getattr(step, "request_id", None)
+        if isinstance(joined, str):
+            return self.by_request.get(joined, _NONE)
+        if isinstance(getattr(step, "request_join", None), str):
+            return _NONE  # judged when its spans arrived: no request of it was seen (never a guess at read time)
         response_id = getattr(step, "response_id", None)
         direct = self.by_request.get(response_id) if isinstance(response_id, str) else None
         if direct is None:

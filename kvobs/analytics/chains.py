@@ -65,14 +65,15 @@ class BlockGraph:
 
 
 def with_sessions(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Fill a request's missing `session_id` from the agent step that sent it (by the response id the step got,
-    by caller span, else by trace): vLLM's spans carry no session, the steps do."""
+    """Fill a request's missing `session_id` from the agent step that sent it (by the request the collector joined
+    it to, the response id the step got, by caller span, else by trace): vLLM's spans carry no session, the steps do."""
     if requests.empty or steps.empty or requests["session_id"].notna().all():
         return requests
-    by_response = {}
-    if "response_id" in steps:
-        answered = steps[steps["response_id"].notna()]
-        by_response = dict(zip(answered["response_id"], answered["session_id"]))
+    by_response: dict[object, object] = {}
+    for column in ("response_id", "request_id"):  # (the collector's join, where it made one, wins)
+        if column in steps:
+            answered = steps[steps[column].notna()]
+            by_response.update(zip(answered[column], answered["session_id"]))
     by_span = dict(zip(steps["span_id"], steps["session_id"]))
     by_trace = dict(zip(steps["trace_id"], steps["session_id"]))
     missing = requests["session_id"].isna()

@@ -268,6 +268,7 @@ def step_facts(
         "trace_id": step.trace_id,
         "span_id": step.span_id,
         "response_id": getattr(step, "response_id", None),
+        "request_join": getattr(step, "request_join", None),
         "causes": ",".join(causes) or "none",
         "facts": facts,
         "blocks_lost_in_pause": lost_blocks,

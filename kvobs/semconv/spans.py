@@ -109,3 +109,20 @@ class StepErrorType(Name):
 
     TIMEOUT = "timeout"  # the step's deadline passed
     INVALID_RESPONSE = "invalid_response"  # the reply could not be parsed as the agent required
+
+
+class StepJoin(Name):
+    """`steps.request_join`: how the collector tied a step made of an agent's spans to its server request, or why
+    it could not (`collectors/request_join.py`). NULL on the SDK's steps (their trace context reaches the server)."""
+
+    RESPONSE_ID = "response_id"  # an id in the reply is a request the collector saw in the call's time window
+    TRACE = "trace"  # the call's trace context reached the server
+    TIMING = "timing"  # the only request in the call's window with its prompt and completion token counts
+    UNANSWERED = "unanswered"  # the call failed with no answer, and no request of its trace was seen
+    NO_REQUEST = "no_request"  # no server request span arrived for the call's time window
+    ID_NOT_SEEN = "id_not_seen"  # the reply names ids, none of a request seen in the call's window
+    AMBIGUOUS = "ambiguous"  # several requests fit the call's window and token counts
+    NO_COUNTS = "no_counts"  # requests in its window, but the call names no id and no token counts to tell them by
+
+
+STEP_JOINED = frozenset({StepJoin.RESPONSE_ID.value, StepJoin.TRACE.value, StepJoin.TIMING.value})

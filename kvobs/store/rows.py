@@ -85,7 +85,9 @@ class StepRecord(Record):
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
-    response_id: str | None = None  # the id the server answered (joins requests.request_id when no trace did)
+    response_id: str | None = None  # the id the reply named (the one that joined its request, else its first)
+    request_id: str | None = None  # the server request a step made of an agent's spans was joined to
+    request_join: str | None = None  # how it was joined, or why it was not (`kvobs.semconv.spans.StepJoin`)
     # JSON list of the session's tool calls since its previous LLM call: name, start, end, status, error_type. A step
     # made of an agent's spans (one LLM call) lists those of the pause before its call; an SDK step, its own, run
     # inside it after its call: which they were is told by their times.

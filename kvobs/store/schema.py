@@ -128,7 +128,9 @@ class StepRow(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
-    response_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))  # the reply's id: joins requests.request_id
+    response_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))  # the id the reply named
+    request_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))  # the server request it was joined to
+    request_join: Mapped[str | None] = mapped_column(String(16))  # how, or why not (StepJoin)
     tools: Mapped[str | None] = mapped_column(Text)  # JSON: the tool calls in the pause before this step
 
 

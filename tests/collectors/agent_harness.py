@@ -39,7 +39,18 @@ from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "agents"
-STEP_COLUMNS = ["session_id", "step_index", "status", "error_type", "response_id", "trace_id", "span_id", "tools"]
+STEP_COLUMNS = [
+    "session_id",
+    "step_index",
+    "status",
+    "error_type",
+    "response_id",
+    "request_id",
+    "request_join",
+    "trace_id",
+    "span_id",
+    "tools",
+]
 
 
 @dataclass

@@ -35,23 +35,33 @@ def _is_server(request: ExportTraceServiceRequest) -> bool:
 
 
 def replay(store, requests: list[ExportTraceServiceRequest]) -> SpanIngest:
-    """Feed the exports to span ingest and the step maker as the collector does, deciding after each export."""
-    clock = iter(float(t) for t in range(10**6))
+    """Feed the exports to span ingest and the step maker as the collector does, deciding after each export. The
+    collector's clock is the stream's: an export arrives when its latest span has ended (a batch exporter sends
+    within seconds), so waits for parents and for server requests last as long as they did live."""
+    now = [0.0]
     writer = StoreWriter(store)
     activity = SessionActivity()
     steps = SpanSteps(
         writer,
         activity=activity,
         step_counts=lambda ids: store.lookups.session_step_counts(ids),
-        clock=lambda: next(clock),
+        clock=lambda: now[0],
     )
     ingest = SpanIngest(writer, activity=activity, steps=steps, instance="engine")
     for request in requests:
+        now[0] = max(now[0], _latest_end(request))
         ingest.handle(request)
         steps.settle()
     steps.settle(final=True)
     writer.close()
     return ingest
+
+
+def _latest_end(request: ExportTraceServiceRequest) -> float:
+    return max(
+        (span.end_time_unix_nano / 1e9 for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans),
+        default=0.0,
+    )
 
 
 def _tool_names(tools) -> list:

@@ -24,6 +24,8 @@ def test_pydantic_ai_conversations_are_sessions_and_each_run_a_step(smollm2_sour
     assert sessions["num_steps"].tolist() == [3, 3] and sessions["num_failed_steps"].tolist() == [0, 0]
     steps = store.reads.steps().sort_values(["session_id", "step_index"])
     assert steps.groupby("session_id")["response_id"].apply(list).to_dict() == answered
+    assert steps.groupby("session_id")["request_id"].apply(list).to_dict() == answered  # the collector's own join
+    assert set(steps["request_join"]) == {"response_id"}
     assert set(steps["status"]) == {"ok"} and steps["prompt_tokens"].gt(0).all()
     requests = store.reads.requests()
     assert set(steps["response_id"]) == set(requests["request_id"])  # the id pydantic-ai's span saw = the server's
@@ -47,5 +49,8 @@ def test_a_plain_loop_is_one_session_per_trace_with_its_failure(smollm2_source, 
     steps = store.reads.steps().sort_values("step_index")
     assert steps["status"].tolist() == ["ok"] * 3 + ["error"] and steps["error_type"].tolist()[-1] == "400"
     assert steps["response_id"].tolist()[:3] == ids and steps["response_id"].isna().tolist()[-1]
+    assert steps["request_id"].tolist()[:3] == ids and steps["request_id"].isna().tolist()[-1]
+    # OpenLLMetry also sends traceparent: the reply's id is still asked first, and the refused call names nothing
+    assert steps["request_join"].tolist() == ["response_id"] * 3 + ["unanswered"]
     verdicts = attribute_steps(steps, store.reads.requests(), store.reads.kv_events())
     assert verdicts.sort_values("step_index")["num_requests"].tolist() == [1, 1, 1, 0]

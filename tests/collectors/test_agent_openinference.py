@@ -5,7 +5,6 @@ and steps, joins each step to its server request, and the step page tells it."""
 
 from __future__ import annotations
 
-import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 from kvobs.analytics.attribution import attribute_steps
@@ -37,6 +36,7 @@ def test_openinference_agent_is_sessions_steps_tools_and_joined_requests(smollm2
     for conversation, ids in answered.items():  # each answered step names the id the server answered
         mine = steps[(steps["session_id"] == conversation) & (steps["status"] == "ok")]
         assert mine["response_id"].tolist() == ids
+        assert mine["request_id"].tolist() == ids and set(mine["request_join"]) == {"response_id"}
 
     # the pause before steps 1 and 2 is the tool's time: the tool span lies inside it and fills it
     for _, step in steps[steps["step_index"] > 0].iterrows():
@@ -86,9 +86,12 @@ def step_page(monkeypatch, store, session: str, step: int) -> AppTest:
     return at
 
 
-def test_without_response_ids_a_step_joins_by_trace_context_or_says_none_was_found(smollm2_source, store):
+def test_without_response_ids_a_step_joins_by_trace_context_else_by_timing_and_says_so(
+    smollm2_source, store, monkeypatch
+):
     """OpenInference's `hide_outputs` keeps the reply (and so its id) out of the spans: a step is then joined by
-    the trace context its agent sent (`traceparent`), and without one it is joined to nothing, never guessed."""
+    the trace context its agent sent (`traceparent`); without one, by timing where exactly one request fits the
+    call's window and token counts. The agent's own client knew each id it was answered: that is the truth."""
     with served_and_collected(smollm2_source, store, record="openinference-hidden-outputs") as h:
         answered = h.agent(
             "openinference", conversations={"traced": "traceparent", "untraced": None}, hide_outputs=True
@@ -96,13 +99,15 @@ def test_without_response_ids_a_step_joins_by_trace_context_or_says_none_was_fou
 
     steps = store.reads.steps().sort_values(["session_id", "step_index"]).reset_index(drop=True)
     assert steps["response_id"].isna().all() and len(steps) == 6
+    assert steps.groupby("session_id")["request_join"].apply(list).to_dict() == {
+        "traced": ["trace"] * 3,
+        "untraced": ["timing"] * 3,
+    }
+    assert steps.groupby("session_id")["request_id"].apply(list).to_dict() == answered
     requests = store.reads.requests()
     verdicts = attribute_steps(steps, requests, store.reads.kv_events()).set_index(["session_id", "step_index"])
-    assert verdicts["num_requests"].to_dict() == {
-        **{("traced", i): 1 for i in range(3)},
-        **{("untraced", i): 0 for i in range(3)},
-    }
-    traced = requests[requests["trace_id"].isin(steps.loc[steps["session_id"] == "traced", "trace_id"])]
-    assert sorted(traced["request_id"]) == sorted(answered["traced"])
+    assert verdicts["num_requests"].to_dict() == {(s, i): 1 for s in ("traced", "untraced") for i in range(3)}
     story = step_story(store, "untraced", 1)
-    assert story.requests.empty and pd.isna(story.step["response_id"])
+    assert story.requests["request_id"].tolist() == [answered["untraced"][1]]
+    told = step_page(monkeypatch, store, "untraced", 1)
+    assert any("joined by timing" in c.value for c in told.caption), [c.value for c in told.caption]

@@ -237,6 +237,12 @@ _VERDICT_PROGRESS = [
     ) ENGINE = ReplacingMergeTree(updated_at) ORDER BY keeper""",
 ]
 
+# Version 14: the server request a step made of an agent's spans was joined to, and how (alembic 0017).
+_STEP_REQUESTS = [
+    "ALTER TABLE steps ADD COLUMN IF NOT EXISTS request_id Nullable(String) AFTER tools",
+    "ALTER TABLE steps ADD COLUMN IF NOT EXISTS request_join LowCardinality(Nullable(String)) AFTER request_id",
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -252,6 +258,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (11, "minmax indexes on requests.arrival_ts and steps.started_at", _TIME_INDEXES),
     (12, "request_lookups, lookup_minutes, lookup_progress: request lookups as measured", _REQUEST_LOOKUPS),
     (13, "verdict_progress: each verdict keeper's latest run", _VERDICT_PROGRESS),
+    (14, "steps.request_id and steps.request_join: the request a step was joined to, and how", _STEP_REQUESTS),
 ]
 
 

@@ -1,0 +1,59 @@
+"""The ids a reply recorded on an LLM call's span may hold: candidates for the server request it answered.
+
+    reply_ids('{"generations": [[{"message": {"kwargs": {"response_metadata": {"id": "chatcmpl-1"}}}}]]}')
+    # -> ("chatcmpl-1",)
+
+OpenInference keeps the reply as the instrumented library returned it, serialized to JSON in `output.value`, so
+the server's id sits where each library keeps it:
+- the OpenAI client (`openinference-instrumentation-openai`): the ChatCompletion itself, `id` at the top;
+- LangChain (`openinference-instrumentation-langchain`, the run's outputs): an `LLMResult`, the id in
+  `generations[i][j].message.kwargs.response_metadata.id` (and `llm_output.id` in langchain-openai); the
+  message's own `kwargs.id` is LangChain's run id (`lc_run--...`, `run-...`), never the server's;
+- LiteLLM (CrewAI, smolagents and others call through it): its `ModelResponse`, `id` at the top, the provider's;
+- LlamaIndex: a `ChatResponse`, the client's reply under `raw` (`raw.id`).
+Rather than one path per library, every string under a key `id` or `response_id` is a candidate, in document
+order, up to `MAX_IDS`: a candidate is only ever taken when it is the id of a request the collector saw on an
+instance inside the call's time window (`collectors/request_join.py`), so a run id or a tool call's id that no
+server request has is never joined. OTel GenAI writes the id itself (`gen_ai.response.id`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvobs.identifiers import clip_id
+
+ID_KEYS = frozenset({"id", "response_id"})
+MAX_IDS = 16  # a reply with more ids than this is a long conversation's history: its first ones are the reply's
+MAX_DEPTH = 12
+
+
+def reply_ids(output) -> tuple[str, ...]:
+    """Candidate ids in a reply kept as JSON (`output.value`); none when it is not JSON."""
+    if not isinstance(output, str) or not output.lstrip().startswith(("{", "[")):
+        return ()
+    try:
+        reply = json.loads(output)
+    except ValueError:
+        return ()
+    found: dict[str, None] = {}
+    _walk(reply, found, 0)
+    return tuple(found)
+
+
+def _walk(node, found: dict[str, None], depth: int) -> None:
+    if len(found) >= MAX_IDS or depth > MAX_DEPTH:
+        return
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ID_KEYS and isinstance(value, str) and value:
+                found.setdefault(clip_id(value), None)
+                if len(found) >= MAX_IDS:
+                    return
+        for value in node.values():
+            if isinstance(value, dict | list):
+                _walk(value, found, depth + 1)
+    elif isinstance(node, list):
+        for value in node:
+            if isinstance(value, dict | list):
+                _walk(value, found, depth + 1)

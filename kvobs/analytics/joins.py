@@ -1,0 +1,72 @@
+"""How the steps made of agents' spans were tied to their server requests: the words for each outcome, what fixes
+the missing ones, and the join rate of a set of steps.
+
+    join_rates(steps)               # per session (or `by="source"` with the sessions): steps judged, joined, by method
+    JOIN_WORDS["no_request"]         # what an outcome means, for a page, a log line and `kvobs doctor`
+    JOIN_FIXES["no_request"]         # what brings the join
+
+A step's `request_join` is written by the collector (`collectors/request_join.py`); the SDK's steps have none (their
+trace context reaches the server) and are not judged here: their rate is "not measured", never 0 or 100%.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kvobs.semconv.spans import STEP_JOINED, StepJoin
+
+JOIN_WORDS = {
+    StepJoin.RESPONSE_ID.value: "joined by the id the server answered",
+    StepJoin.TRACE.value: "joined by trace context (the call's traceparent reached the server)",
+    StepJoin.TIMING.value: (
+        "joined by timing: the only request in the call's time window with its prompt and completion token counts"
+    ),
+    StepJoin.UNANSWERED.value: "the call failed without an answer, and no request of its trace reached the store",
+    StepJoin.NO_REQUEST.value: "no server request span arrived for the call's time window",
+    StepJoin.ID_NOT_SEEN.value: "the reply names an id, and no request seen in the call's time window has it",
+    StepJoin.AMBIGUOUS.value: "several requests fit the call's time window and token counts, so none is taken",
+    StepJoin.NO_COUNTS.value: (
+        "the call's span names no response id and no token counts, so the requests in its time window cannot be told "
+        "apart"
+    ),
+}
+_SPANS = (
+    "export the server's request spans to the collector (vLLM: --otlp-traces-endpoint; kvobs serve: --otlp-endpoint)"
+)
+_CONTENT = (
+    "keep the reply on the LLM span (OpenInference: do not hide outputs; OTel GenAI writes gen_ai.response.id), or "
+    "send traceparent with the call (an HTTP client instrumentation), or the session header"
+)
+JOIN_FIXES = {
+    StepJoin.UNANSWERED.value: "nothing to fix: a call refused before the server made a request has no KV story",
+    StepJoin.NO_REQUEST.value: _SPANS,
+    StepJoin.ID_NOT_SEEN.value: (
+        "check that the collector receives the request spans of every replica the agent calls (" + _SPANS + ")"
+    ),
+    StepJoin.AMBIGUOUS.value: _CONTENT,
+    StepJoin.NO_COUNTS.value: _CONTENT,
+}
+
+
+def join_rates(steps: pd.DataFrame, by: str = "session_id") -> pd.DataFrame:
+    """Per `by` value: `judged` (steps with a `request_join`), `joined`, `by_timing`, `rate` (joined / judged; NaN
+    where none was judged) and `why` (the most common reason among those not joined, None when all were)."""
+    columns = ["judged", "joined", "by_timing", "rate", "why"]
+    if steps.empty or "request_join" not in steps:
+        return pd.DataFrame(columns=columns, index=pd.Index([], name=by))
+    join = steps["request_join"]
+    frame = pd.DataFrame(
+        {
+            by: steps[by],
+            "judged": join.notna(),
+            "joined": join.isin(STEP_JOINED),
+            "by_timing": join.eq(StepJoin.TIMING.value),
+        }
+    )
+    out = frame.groupby(by, sort=True)[["judged", "joined", "by_timing"]].sum().astype(int)
+    out["rate"] = (out["joined"] / out["judged"]).where(out["judged"] > 0)
+    missed = steps[join.notna() & ~join.isin(STEP_JOINED)]
+    why = missed.groupby(by)["request_join"].agg(lambda s: s.value_counts().index[0]) if not missed.empty else None
+    out["why"] = out.index.map(why.to_dict() if why is not None else {}).astype(object)
+    out["why"] = out["why"].where(out["why"].notna(), None)
+    return out[columns]
