@@ -17,8 +17,9 @@ fleet's requests
 `kvobs_collector_step_verdicts_total` (failed steps decided once their session settled: `step_verdicts`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
-agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention), and the gauge
-`kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
+agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention),
+`kvobs_collector_steps_joined_total{method,source}` (how each was joined to its server request, or why not), and
+the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kvobs.semconv.metrics import (
     LABEL_COMPONENT,
     LABEL_ERROR_TYPE,
     LABEL_INSTANCE,
+    LABEL_METHOD,
     LABEL_SHAPE,
     LABEL_SOURCE,
     LABEL_STATUS,
@@ -141,3 +143,7 @@ class CollectorMetrics(PromCollector):
             c.span_ingest.agent_step_failures + c.span_steps.failures,
         )
         yield _by_label(kvobs_metrics.COLLECTOR_SPAN_STEPS, LABEL_SOURCE, c.span_steps.by_source)
+        joined = _counter(kvobs_metrics.COLLECTOR_STEPS_JOINED, (LABEL_METHOD, LABEL_SOURCE))
+        for (method, source), n in sorted(c.span_steps.joins.items()):
+            joined.add_metric([method, source], n)
+        yield joined

@@ -76,6 +76,11 @@ TERMS: dict[str, tuple[str, str]] = {
     "requests": ("requests", "LLM requests."),
     "preemptions": ("preemptions", "Requests preempted (their KV freed, to be recomputed)."),
     "hit_rate": ("prefix-cache hit rate", "Prompt tokens served from the prefix cache / prompt tokens."),
+    "join_rate": (
+        "joined to requests",
+        "Of the session's steps made of an agent framework's spans, the share the collector tied to their server "
+        "request (by the reply's id, trace context or timing). Blank: not measured (the SDK's steps).",
+    ),
     "kv_usage_max": ("peak KV usage", "The highest pinned KV-cache usage sampled."),
     "prompt_tokens": ("prompt tokens", "Prompt tokens of the requests counted."),
     "routed_tokens": (

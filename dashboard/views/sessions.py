@@ -36,6 +36,7 @@ TABLE_COLUMNS = [
     "started_at",
     "ended_at",
     "steps",
+    "join_rate",
     "failed",
     "lost_idle",
     "pending_idle",
@@ -68,7 +69,9 @@ def render(ctx) -> None:
     ctx.runs_note()
     st.caption(
         "By what the cache cost them: most blocks lost in tool pauses first, then most lost at all, then most failed "
-        "steps. Hit rate: cached prompt tokens / prompt tokens of the session's steps."
+        "steps. Hit rate: cached prompt tokens / prompt tokens of the session's steps. Joined: of its steps made of "
+        "an agent framework's spans, the share tied to their server request (blank where none is: the SDK's steps "
+        "carry their trace to the server); a step not tied says why on its page."
         + (f" Footprints on {ctx.scope()}; steps are the fleet's." if ctx.instances is not None else "")
     )
     shown = table.head(data.SESSION_ROWS)

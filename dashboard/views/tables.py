@@ -18,6 +18,7 @@ from dashboard.clock import Clock
 PERCENT_COLUMNS = (
     "hit_rate",
     "hit rate",
+    "join_rate",
     "kv_usage",
     "kv_usage_max",
     "churn",

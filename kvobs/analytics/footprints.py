@@ -33,7 +33,8 @@ def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, outcomes: pd
     """Sessions with their latest footprint and step outcomes (`reads.step_outcomes`), one row per session, ordered by
     what the cache cost them: most blocks lost in tool pauses, then most lost at all, then most failed steps.
     `hit_rate` is the one definition (`kvobs.analytics.hit_rate`) over the session's steps: cached prompt tokens /
-    prompt tokens, as the server reported them to the agent."""
+    prompt tokens, as the server reported them to the agent; `join_rate`, the share of its steps made of an agent's
+    spans that the collector tied to their server request (NaN for steps nobody judged: the SDK's)."""
     table = sessions.set_index("session_id")[["agent_name", "source", "started_at", "ended_at"]]
     if not footprints.empty:
         latest = footprints.groupby("session_id").agg(
@@ -46,7 +47,11 @@ def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, outcomes: pd
     if not outcomes.empty:
         outcome = outcomes.set_index("session_id")
         cached, prompt = (outcome[c].astype(float) for c in ("cached_tokens", "prompt_tokens"))
-        outcome = outcome[["steps", "failed", "e2e_p50"]].assign(hit_rate=cached / prompt.where(prompt > 0))
+        judged, joined = (outcome[c].astype(float) for c in ("judged", "joined"))
+        outcome = outcome[["steps", "failed", "e2e_p50"]].assign(
+            hit_rate=cached / prompt.where(prompt > 0),
+            join_rate=joined / judged.where(judged > 0),  # NaN: nobody judged its steps
+        )
         table = table.join(outcome.astype({"e2e_p50": float}), how="outer")
     order = [c for c in ("lost_idle", "lost", "failed") if c in table]
     table = table.sort_values(order, ascending=False, kind="stable", na_position="last") if order else table

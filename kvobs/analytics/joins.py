@@ -4,12 +4,15 @@ the missing ones, and the join rate of a set of steps.
     join_rates(steps)               # per session (or `by="source"` with the sessions): steps judged, joined, by method
     JOIN_WORDS["no_request"]         # what an outcome means, for a page, a log line and `kvobs doctor`
     JOIN_FIXES["no_request"]         # what brings the join
+    source_joins(store)              # `kvobs doctor`: per convention, joined of judged, and why the others were not
 
 A step's `request_join` is written by the collector (`collectors/request_join.py`); the SDK's steps have none (their
 trace context reaches the server) and are not judged here: their rate is "not measured", never 0 or 100%.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -70,3 +73,43 @@ def join_rates(steps: pd.DataFrame, by: str = "session_id") -> pd.DataFrame:
     out["why"] = out.index.map(why.to_dict() if why is not None else {}).astype(object)
     out["why"] = out["why"].where(out["why"].notna(), None)
     return out[columns]
+
+
+@dataclass(frozen=True)
+class SourceJoin:
+    """`kvobs doctor`'s check of one convention's steps: how many the collector judged, how many it joined."""
+
+    source: str
+    judged: int
+    joined: int
+    by_timing: int
+    why: str | None  # the most common reason among those not joined
+
+    @property
+    def ok(self) -> bool:
+        return 2 * self.joined >= self.judged  # most joined: the few that are not say why on their pages
+
+    @property
+    def words(self) -> str:
+        said = f"{self.joined} of {self.judged} steps tied to their server request"
+        if self.by_timing:
+            said += f" ({self.by_timing} by timing)"
+        if self.why is None:
+            return said
+        said += f"; most of the others: {JOIN_WORDS[self.why]}"
+        return said + (f". Fix: {JOIN_FIXES[self.why]}" if not self.ok and self.why in JOIN_FIXES else "")
+
+
+def source_joins(store, since: float | None = None, until: float | None = None) -> list[SourceJoin]:
+    """Per convention (`sessions.source`) whose steps the collector judged in the range: its join rate."""
+    steps = store.reads.steps(since, until)
+    if steps.empty or "request_join" not in steps or steps["request_join"].isna().all():
+        return []
+    sessions = store.reads.sessions()
+    source = dict(zip(sessions["session_id"], sessions["source"].fillna("unknown")))
+    rates = join_rates(steps.assign(source=steps["session_id"].map(source).fillna("unknown")), by="source")
+    return [
+        SourceJoin(str(name), int(r.judged), int(r.joined), int(r.by_timing), r.why)
+        for name, r in rates.iterrows()
+        if r.judged > 0
+    ]

@@ -1,5 +1,6 @@
-"""`kvobs doctor`: is the pipeline whole? Per replica: do its KV events and its own counters agree (from the store),
-and, given the collector's /metrics, which wire shape it sends, how late its batches arrive, how many were lost.
+"""`kvobs doctor`: is the pipeline whole? Per replica: do its KV events and its own counters agree (from the store);
+per agent convention: were the steps made of its spans tied to their server requests (most must be); and, given
+the collector's /metrics, which wire shape each replica sends, how late its batches arrive, how many were lost.
 
 kvobs doctor --store sqlite:///kvobs.db                                  # the store's checks
 kvobs doctor --store URL --collector http://collector:9400/metrics        # and the collector's
@@ -29,6 +30,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvobs.analytics.agreement import kv_counter_agreement
+    from kvobs.analytics.joins import source_joins
     from kvobs.store import open_store
 
     store = start_or_report("doctor", lambda: open_store(args.store, must_exist=True))
@@ -36,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         checks = kv_counter_agreement(store, args.since, args.until)
+        joins = source_joins(store, args.since, args.until)
         leases = store.leases.current()
     finally:
         store.close()
@@ -54,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
         ok = check.verdict == "agree"
         problems += not ok
         print(f"  {'ok' if ok else '!'} {check.instance}: {check.verdict}: {check.words}")
+    if joins:
+        print("Agent steps made of frameworks' spans, tied to their server requests (their KV story needs it):")
+    for join in joins:
+        problems += not join.ok
+        print(f"  {'ok' if join.ok else '!'} {join.source}: {join.words}")
     if args.collector:
         found = start_or_report("doctor", lambda: collector_checks(args.collector))
         if found is None:

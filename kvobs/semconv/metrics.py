@@ -32,6 +32,7 @@ LABEL_ERROR_TYPE = "error_type"
 LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
 LABEL_TABLE = "table"  # a store table
+LABEL_METHOD = "method"  # how a step was joined to its server request, or why not (`kvobs.semconv.spans.StepJoin`)
 
 # `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`; of a
 # histogram's count and sum increases: `<name>:count`, `<name>:sum`.
@@ -491,5 +492,15 @@ kvobs_metrics = SimpleNamespace(
         "counter",
         "steps",
         "Failed agent steps whose verdict the collector decided and wrote once their session settled.",
+    ),
+    COLLECTOR_STEPS_JOINED=_spec(
+        "kvobs_collector_steps_joined",
+        "counter",
+        "steps",
+        "Steps made from agent frameworks' spans, by how each was joined to its server request (response_id, "
+        "trace, timing) or why it was not (unanswered, no_request, id_not_seen, ambiguous, no_counts), and by "
+        "the convention they were written in.",
+        LABEL_METHOD,
+        LABEL_SOURCE,
     ),
 )

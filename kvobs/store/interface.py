@@ -90,7 +90,8 @@ class Reads(Protocol):
 
     def step_outcomes(self, since=None, until=None) -> pd.DataFrame:
         """Per session, its steps started in the window, aggregated in the database: `steps`, `failed`, `e2e_p50` (the
-        median of the known `e2e_s`), and `cached_tokens` and `prompt_tokens` summed over the steps that give both."""
+        median of the known `e2e_s`), `cached_tokens` and `prompt_tokens` summed over the steps that give both, and
+        `judged` and `joined`: steps the collector tried to tie to their server request, and those it tied."""
         ...
 
     def step_windows(self, since, until, bucket_s: float) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from sqlalchemy import Table, and_, case, distinct, func, select, tuple_, union_all
 
-from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.semconv.spans import STEP_JOINED, KVEventKind, StepStatus
 from kvobs.store.composed import ComposedReads
 from kvobs.store.interface import Instances
 from kvobs.store.rollups import ROLLUPS as MINUTE_ROLLUPS
@@ -169,6 +169,8 @@ class SqlReads(ComposedReads):
             func.sum(case((step.status == StepStatus.ERROR.value, 1), else_=0)).label("failed"),
             func.sum(case((known, step.cached_tokens))).label("cached_tokens"),
             func.sum(case((known, step.prompt_tokens))).label("prompt_tokens"),
+            func.count(step.request_join).label("judged"),
+            func.sum(case((step.request_join.in_(sorted(STEP_JOINED)), 1), else_=0)).label("joined"),
         )
         outcome = _between(counts, step.started_at, since, until).group_by(step.session_id).subquery()
         # the median of each session's known e2e_s: the middle row, or the mean of the two middle rows, by rank
@@ -189,6 +191,8 @@ class SqlReads(ComposedReads):
             median.c.e2e_p50,
             outcome.c.cached_tokens,
             outcome.c.prompt_tokens,
+            outcome.c.judged,
+            outcome.c.joined,
         ).join(median, median.c.session_id == outcome.c.session_id, isouter=True)
         return read(self.store, stmt.order_by(outcome.c.session_id))
 

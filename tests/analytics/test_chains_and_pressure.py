@@ -19,7 +19,7 @@ from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
 from kvobs.analytics.windows import range_sums
 from kvobs.semconv.reasons import RELEASE_REASONS
-from kvobs.semconv.spans import BLOCK_LOSS_KINDS
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, STEP_JOINED
 from kvobs.store.composed import releases_in
 
 
@@ -115,7 +115,8 @@ def test_footprints_and_session_table(agent_run):
 
 def test_step_outcomes_are_the_steps_aggregated_per_session(agent_run, vllm_run):
     """`step_outcomes` is what the Sessions page once computed from every step row: per session, steps, failures, the
-    median end-to-end time and the token sums of the steps that give both (None where none does)."""
+    median end-to-end time, the token sums of the steps that give both (None where none does), and the steps the
+    collector judged and joined to their requests."""
     for store in (agent_run.store, vllm_run.store):
         first, last = store.reads.time_range()
         for since, until in ((None, None), (first + (last - first) / 3, last)):
@@ -127,7 +128,10 @@ def test_step_outcomes_are_the_steps_aggregated_per_session(agent_run, vllm_run)
                 failed=("status", lambda s: int((s == "error").sum())),
                 e2e_p50=("e2e_s", "median"),
             )
-            expected = expected.join(tokens).reset_index()
+            joins = steps.groupby("session_id")["request_join"].agg(
+                judged=lambda s: int(s.notna().sum()), joined=lambda s: int(s.isin(STEP_JOINED).sum())
+            )
+            expected = expected.join(tokens).join(joins).reset_index()
             got = store.reads.step_outcomes(since, until)
             assert len(got) == len(expected) > 0
             pd.testing.assert_frame_equal(

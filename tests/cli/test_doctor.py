@@ -155,3 +155,26 @@ def test_a_collector_that_lost_a_replicas_lease_is_named(tmp_path):
     assert "! vllm-a: wire: array batch, map events; latest batch" in done.stdout
     assert "its lease was taken by another writer 1 time(s): this collector dropped its data meanwhile" in done.stdout
     assert "! (collector): 1 kv_events item(s) dropped" in done.stdout
+
+
+def test_steps_of_a_convention_tied_to_no_server_request_are_named_with_the_fix(tmp_path):
+    """The recorded OpenInference run replayed without the server's request spans (a vLLM started without
+    --otlp-traces-endpoint): no step can be tied to its request, and the doctor says so and what to pass; with them,
+    every answered step is."""
+    from tests.collectors.test_agent_fixtures import _is_server, exports, replay
+
+    bodies = exports("openinference-openai")
+    said = {}
+    for name, wanted in (("without", [b for b in bodies if not _is_server(b)]), ("with", bodies)):
+        url = f"sqlite:///{tmp_path}/{name}.db"
+        replay(open_store(url), wanted)
+        said[name] = subprocess.run([*DOCTOR, "--store", url], capture_output=True, text=True).stdout
+    assert (
+        "! openinference: 0 of 9 steps tied to their server request; most of the others: no server request span "
+        "arrived for the call's time window. Fix: export the server's request spans to the collector (vLLM: "
+        "--otlp-traces-endpoint" in said["without"]
+    ), said["without"]
+    assert (
+        "ok openinference: 8 of 9 steps tied to their server request; most of the others: the call failed without "
+        "an answer" in said["with"]
+    ), said["with"]

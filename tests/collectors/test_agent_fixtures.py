@@ -16,6 +16,7 @@ from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
 from collectors.span_steps import SpanSteps
 from kvobs.analytics.attribution import attribute_steps
+from kvobs.semconv.spans import STEP_JOINED
 from kvobs.store.writer import StoreWriter
 from tests.collectors.agent_harness import FIXTURES, STEP_COLUMNS
 
@@ -97,3 +98,10 @@ def test_recorded_agent_runs_make_the_same_steps_on_every_backend(any_store, nam
     verdicts = attribute_steps(any_store.reads.steps(), any_store.reads.requests(), any_store.reads.kv_events())
     joined = verdicts.set_index(["session_id", "step_index"])["num_requests"].to_dict()
     assert joined == {(s["session_id"], s["step_index"]): int(s["joined"]) for s in truth["steps"]}
+    # the Sessions page's join rate, counted in the database
+    outcomes = any_store.reads.step_outcomes().set_index("session_id")[["judged", "joined"]]
+    want = {}
+    for s in truth["steps"]:
+        judged, joined = want.get(s["session_id"], (0, 0))
+        want[s["session_id"]] = (judged + 1, joined + (s["request_join"] in STEP_JOINED))
+    assert {k: tuple(int(x) for x in v) for k, v in outcomes.iterrows()} == want

@@ -5,6 +5,7 @@ and steps, joins each step to its server request, and the step page tells it."""
 
 from __future__ import annotations
 
+from prometheus_client import generate_latest
 from streamlit.testing.v1 import AppTest
 
 from kvobs.analytics.attribution import attribute_steps
@@ -96,6 +97,9 @@ def test_without_response_ids_a_step_joins_by_trace_context_else_by_timing_and_s
         answered = h.agent(
             "openinference", conversations={"traced": "traceparent", "untraced": None}, hide_outputs=True
         )["answered"]
+    exposed = generate_latest(h.collector.registry).decode()  # (steps are decided by the collector's last tick)
+    for method, n in (("trace", 3), ("timing", 3)):  # the collector's /metrics counts them apart
+        assert f'kvobs_collector_steps_joined_total{{method="{method}",source="openinference"}} {n}.0' in exposed
 
     steps = store.reads.steps().sort_values(["session_id", "step_index"]).reset_index(drop=True)
     assert steps["response_id"].isna().all() and len(steps) == 6

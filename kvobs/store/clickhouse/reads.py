@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, STEP_JOINED, KVEventKind, StepStatus
 from kvobs.store.clickhouse.ddl import FOOTPRINT_VALUES
 from kvobs.store.clickhouse.rollups import merged_select
 from kvobs.store.composed import ComposedReads
@@ -165,9 +165,10 @@ class ClickHouseReads(ComposedReads):
             f"""SELECT session_id, toInt64(count()) AS steps, toInt64(countIf(status = '{StepStatus.ERROR.value}'))
             AS failed, quantileExactInclusive(0.5)(e2e_s) AS e2e_p50,
             if(countIf({known}) = 0, NULL, sumIf(toInt64(cached_tokens), {known})) AS cached_sum,
-            if(countIf({known}) = 0, NULL, sumIf(toInt64(prompt_tokens), {known})) AS prompt_sum
+            if(countIf({known}) = 0, NULL, sumIf(toInt64(prompt_tokens), {known})) AS prompt_sum,
+            toInt64(count(request_join)) AS judged, toInt64(countIf(request_join IN {{joined:Array(String)}})) AS joined
             FROM steps FINAL{where} GROUP BY session_id ORDER BY session_id""",
-            where.params,
+            {**where.params, "joined": sorted(STEP_JOINED)},
         ).rename(columns={"cached_sum": "cached_tokens", "prompt_sum": "prompt_tokens"})  # (an alias of a column's
         # own name would stand for the column inside the other aggregates)
 
