@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
 from instrumented_engine.observers.dispatch import dispatch
+from kvobs.semconv import buckets as buckets_of
 from kvobs.semconv import metrics as m
 from kvobs.semconv.metrics import (
     ENGINE_LABELS,
@@ -130,18 +131,18 @@ class EngineMetrics:
             ProcessCollector(registry=self.registry)
         sinks = [PrometheusSink(self.registry), *extra_sinks]
         self._labels = {m.LABEL_MODEL_NAME: model_name, m.LABEL_ENGINE: engine_index}
-        tokens = m.token_buckets(max_model_len)
+        tokens = buckets_of.token_buckets(max_model_len)
         buckets = {
-            vllm.TIME_TO_FIRST_TOKEN: m.TTFT_BUCKETS,
-            vllm.INTER_TOKEN_LATENCY: m.ITL_BUCKETS,
-            vllm.REQUEST_TIME_PER_OUTPUT_TOKEN: m.ITL_BUCKETS,
+            vllm.TIME_TO_FIRST_TOKEN: buckets_of.TTFT_BUCKETS,
+            vllm.INTER_TOKEN_LATENCY: buckets_of.ITL_BUCKETS,
+            vllm.REQUEST_TIME_PER_OUTPUT_TOKEN: buckets_of.ITL_BUCKETS,
             vllm.REQUEST_PROMPT_TOKENS: tokens,
             vllm.REQUEST_GENERATION_TOKENS: tokens,
             vllm.ITERATION_TOKENS: tokens,
-            vllm.REQUEST_NUM_PREEMPTIONS: m.PREEMPTION_BUCKETS,
-            vllm.KV_BLOCK_LIFETIME: m.BLOCK_RESIDENCY_BUCKETS,
-            vllm.KV_BLOCK_IDLE_BEFORE_EVICT: m.BLOCK_RESIDENCY_BUCKETS,
-            vllm.KV_BLOCK_REUSE_GAP: m.BLOCK_RESIDENCY_BUCKETS,
+            vllm.REQUEST_NUM_PREEMPTIONS: buckets_of.PREEMPTION_BUCKETS,
+            vllm.KV_BLOCK_LIFETIME: buckets_of.BLOCK_RESIDENCY_BUCKETS,
+            vllm.KV_BLOCK_IDLE_BEFORE_EVICT: buckets_of.BLOCK_RESIDENCY_BUCKETS,
+            vllm.KV_BLOCK_REUSE_GAP: buckets_of.BLOCK_RESIDENCY_BUCKETS,
         }
         for spec in (
             vllm.E2E_REQUEST_LATENCY,
@@ -150,7 +151,7 @@ class EngineMetrics:
             vllm.REQUEST_DECODE_TIME,
             vllm.REQUEST_INFERENCE_TIME,
         ):
-            buckets[spec] = m.REQUEST_LATENCY_BUCKETS
+            buckets[spec] = buckets_of.REQUEST_LATENCY_BUCKETS
         self._instruments = {
             spec.name: [sink.create(spec, (*ENGINE_LABELS, *spec.labels), buckets.get(spec)) for sink in sinks]
             for spec in ENGINE_METRICS

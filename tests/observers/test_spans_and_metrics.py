@@ -14,7 +14,8 @@ from instrumented_engine.observers.metrics import EngineMetrics
 from instrumented_engine.observers.otel_metrics import OTelMetricSink
 from instrumented_engine.observers.spans import EngineTracer
 from kvobs.semconv import attributes as a
-from kvobs.semconv.metrics import TTFT_BUCKETS, kvobs_metrics
+from kvobs.semconv.buckets import TTFT_BUCKETS
+from kvobs.semconv.metrics import kvobs_metrics
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.retention import EXPIRED_TABLE, Retention
 from kvobs.store.rows import KVEventRecord
