@@ -60,4 +60,12 @@ OPENAI_STATUS_ERRORS = {
     "UnprocessableEntityError": "422",
     "RateLimitError": "429",
     "InternalServerError": "500",
+    # langchain-openai re-raises them as subclasses of its own (langchain_openai/chat_models/base.py, 1.x)
+    "OpenAIInvalidRequestError": "400",
+    "OpenAIContextOverflowError": "400",
+    "OpenAIAuthenticationError": "401",
+    "OpenAIPermissionDeniedError": "403",
+    "OpenAIModelNotFoundError": "404",
+    "OpenAIRateLimitError": "429",
+    "OpenAIAPIError": "500",
 }

@@ -133,7 +133,122 @@ def plain_loop(provider, config: dict) -> dict:
     return {"answered": {trace_id: ids}, "refused": refused}
 
 
-SCENARIOS = {"openinference": openinference, "pydantic_ai": pydantic_ai, "plain_loop": plain_loop}
+def langchain(provider, config: dict) -> dict:
+    """LangChain's chat model (`langchain-openai`'s `ChatOpenAI`) and `@tool`s, traced by OpenInference's LangChain
+    instrumentation under `using_session`; no header and no trace context reach the server (as a user's agent
+    runs it): three calls a conversation with a tool between them, the last one too long where `too_long` names
+    the conversation. The ids answered are the ones LangChain hands back (`response_metadata["id"]`)."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from openinference.instrumentation import using_session
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    LangChainInstrumentor().instrument(tracer_provider=provider)
+    model = ChatOpenAI(
+        model=SERVED, base_url=config["base_url"], api_key="none", max_retries=0, max_tokens=6, temperature=0
+    )
+
+    @tool
+    def search_flights(city: str) -> str:
+        """Find flights to a city."""
+        time.sleep(TOOL_S["search_flights"])
+        return f"three flights to {city}"
+
+    @tool
+    def book_hotel(city: str) -> str:
+        """Book a hotel in a city."""
+        time.sleep(TOOL_S["book_hotel"])
+        return f"hotel booked in {city}"
+
+    def conversation(name: str) -> list[str]:
+        brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * 6
+        messages, ids = [SystemMessage(SYSTEM), HumanMessage(brief)], []
+        for step in (search_flights, book_hotel, None):
+            if step is None and name == config.get("too_long"):
+                messages.append(HumanMessage(TOO_LONG))
+            try:
+                reply = model.invoke(messages)
+            except Exception as exc:  # openai.BadRequestError, as LangChain raises it
+                if "400" not in str(exc) and "BadRequest" not in type(exc).__name__:
+                    raise
+                continue
+            ids.append(reply.response_metadata["id"])
+            messages.append(AIMessage(reply.content))
+            if step is not None:
+                messages.append(HumanMessage(step.invoke({"city": "Lisbon"})))
+        return ids
+
+    agent = RunnableLambda(conversation, name="travel-agent")
+    answered = {}
+    for name in config["conversations"]:
+        with using_session(name):
+            answered[name] = agent.invoke(name)
+    return {"answered": answered}
+
+
+def openai_agents(provider, config: dict) -> dict:
+    """The OpenAI Agents SDK on a chat-completions model (what an OpenAI-compatible server speaks), traced by
+    OpenInference's instrumentation of the SDK's own tracing: a conversation is one SDK `trace` (its `group_id`)
+    under `using_session`, three runs with a tool between them (a `function_span` of the SDK's), the last run too
+    long where `too_long` names the conversation. The SDK's generation spans hold the reply's messages and usage but
+    not its id: the ids answered are read off the HTTP replies by the agent's own client."""
+    import asyncio
+
+    import httpx
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_trace_processors, trace
+    from agents.tracing import function_span
+    from openinference.instrumentation import using_session
+    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    set_trace_processors([])  # no upload to OpenAI's platform: only OpenInference's processor
+    OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
+    seen: list[str] = []
+
+    async def read_id(response: httpx.Response) -> None:
+        await response.aread()
+        if response.status_code == 200:
+            seen.append(response.json()["id"])
+
+    async def run() -> dict:
+        http = httpx.AsyncClient(event_hooks={"response": [read_id]})
+        client = openai.AsyncOpenAI(base_url=config["base_url"], api_key="none", max_retries=0, http_client=http)
+        model = OpenAIChatCompletionsModel(model=SERVED, openai_client=client)
+        agent = Agent(name="travel-agent", instructions=SYSTEM, model=model, model_settings=ModelSettings(max_tokens=6))
+        answered = {}
+        for name in config["conversations"]:
+            before = len(seen)
+            brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * 6
+            items: list = [{"role": "user", "content": brief}]
+            with using_session(name), trace("travel-agent", group_id=name):
+                for tool in ("search_flights", "book_hotel", None):
+                    if tool is None and name == config.get("too_long"):
+                        items.append({"role": "user", "content": TOO_LONG})
+                    try:
+                        result = await Runner.run(agent, items)
+                    except openai.BadRequestError:
+                        continue
+                    items = result.to_input_list()
+                    if tool is not None:
+                        with function_span(tool, input='{"city": "Lisbon"}') as span:
+                            await asyncio.sleep(TOOL_S[tool])
+                            span.span_data.output = f"{tool} done for Lisbon"
+                        items.append({"role": "user", "content": f"{tool} done for Lisbon"})
+            answered[name] = seen[before:]
+        await http.aclose()
+        return {"answered": answered}
+
+    return asyncio.run(run())
+
+
+SCENARIOS = {
+    "openai_agents": openai_agents,
+    "openinference": openinference,
+    "pydantic_ai": pydantic_ai,
+    "plain_loop": plain_loop,
+    "langchain": langchain,
+}
 
 
 def main(scenario: str, config: dict) -> None:

@@ -1,0 +1,49 @@
+"""Agents built on frameworks, traced by their own instrumentation packages with no kvobs code and no header in the
+agent, calling a real `kvobs serve` and exporting OTLP/HTTP to a real `kvobs collect`: every answered step is
+joined to the request the server made of it (the truth: the ids the framework handed back to the agent), the
+refused one says why not, and the collector counts the joins."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from tests.collectors.agent_harness import served_and_collected
+from tests.collectors.test_agent_openinference import step_page
+
+
+def test_a_langchain_agent_traced_by_openinference_is_joined_by_the_id_in_its_result(smollm2_source, store):
+    with served_and_collected(smollm2_source, store, service="langchain-agent", record="langchain-openinference") as h:
+        answered = h.agent("langchain", conversations=["trip-a", "trip-b"], too_long="trip-b")["answered"]
+    exposed = generate_latest(h.collector.registry).decode()
+
+    sessions = store.reads.sessions().set_index("session_id")
+    assert sorted(sessions.index) == ["trip-a", "trip-b"] and set(sessions["source"]) == {"openinference"}
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
+    assert steps["status"].tolist() == ["ok"] * 5 + ["error"] and steps["error_type"].tolist()[-1] == "400"
+    ok = steps[steps["status"] == "ok"]
+    # the id LangChain's result holds (generations[0][0].message.kwargs.response_metadata.id), never its run id
+    assert ok.groupby("session_id")["request_id"].apply(list).to_dict() == answered
+    assert set(ok["request_join"]) == {"response_id"} and steps["request_join"].tolist()[-1] == "unanswered"
+    requests = store.reads.requests()
+    assert set(ok["request_id"]) <= set(requests["request_id"])
+    assert 'kvobs_collector_steps_joined_total{method="response_id",source="openinference"} 5.0' in exposed
+    tools = [t for t in steps["tools"].dropna()]
+    assert len(tools) == 4  # each tool call is in the pause before the next step
+
+
+def test_an_openai_agents_sdk_agent_is_joined_by_timing_where_its_spans_hold_no_id(smollm2_source, store, monkeypatch):
+    """The Agents SDK's generation spans (chat-completions model) carry the messages and usage, never the reply's
+    id, and no trace context reaches the server: each step is joined by timing, the only request in its window with
+    its token counts, and that is exactly the request the agent's own client was answered by."""
+    with served_and_collected(smollm2_source, store, service="agents-sdk", record="openai-agents-openinference") as h:
+        answered = h.agent("openai_agents", conversations=["trip-a", "trip-b"], too_long="trip-b")["answered"]
+
+    sessions = store.reads.sessions().set_index("session_id")
+    assert sorted(sessions.index) == ["trip-a", "trip-b"] and set(sessions["source"]) == {"openinference"}
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
+    ok = steps[steps["status"] == "ok"]
+    assert ok.groupby("session_id")["request_id"].apply(list).to_dict() == answered
+    assert set(ok["request_join"]) == {"timing"} and len(ok) == 5
+    assert steps["status"].tolist()[-1] == "error" and steps["request_join"].tolist()[-1] == "unanswered"
+    told = step_page(monkeypatch, store, "trip-a", 1)
+    assert any("joined by timing" in c.value for c in told.caption), [c.value for c in told.caption]
