@@ -4,13 +4,13 @@
     # -> ("chatcmpl-1",)
 
 OpenInference keeps the reply as the instrumented library returned it, serialized to JSON in `output.value`, so
-the server's id sits where each library keeps it:
+the server's id sits where each library keeps it. Read in recorded spans (`tests/fixtures/agents/`):
 - the OpenAI client (`openinference-instrumentation-openai`): the ChatCompletion itself, `id` at the top;
 - LangChain (`openinference-instrumentation-langchain`, the run's outputs): an `LLMResult`, the id in
-  `generations[i][j].message.kwargs.response_metadata.id` (and `llm_output.id` in langchain-openai); the
-  message's own `kwargs.id` is LangChain's run id (`lc_run--...`, `run-...`), never the server's;
-- LiteLLM (CrewAI, smolagents and others call through it): its `ModelResponse`, `id` at the top, the provider's;
-- LlamaIndex: a `ChatResponse`, the client's reply under `raw` (`raw.id`).
+  `generations[i][j].message.kwargs.response_metadata.id` and `llm_output.id`; the message's own `kwargs.id` is
+  LangChain's run id (`lc_run--...`), never the server's;
+- the OpenAI Agents SDK on a chat-completions model and smolagents keep no id there (the Agents SDK's generation
+  span holds the messages; smolagents' `ChatMessage` leaves its raw reply out): those calls join otherwise.
 Rather than one path per library, every string under a key `id` or `response_id` is a candidate, in document
 order, up to `MAX_IDS`: a candidate is only ever taken when it is the id of a request the collector saw on an
 instance inside the call's time window (`collectors/request_join.py`), so a run id or a tool call's id that no
