@@ -9,8 +9,9 @@ the server's id sits where each library keeps it. Read in recorded spans (`tests
 - LangChain (`openinference-instrumentation-langchain`, the run's outputs): an `LLMResult`, the id in
   `generations[i][j].message.kwargs.response_metadata.id` and `llm_output.id`; the message's own `kwargs.id` is
   LangChain's run id (`lc_run--...`), never the server's;
-- the OpenAI Agents SDK on a chat-completions model and smolagents keep no id there (the Agents SDK's generation
-  span holds the messages; smolagents' `ChatMessage` leaves its raw reply out): those calls join otherwise.
+- the OpenAI Agents SDK on a chat-completions model keeps no id there (its generation span holds the messages),
+  nor, by its source, does smolagents (`ChatMessage.model_dump_json` leaves its `raw` reply out): those calls join
+  otherwise.
 Rather than one path per library, every string under a key `id` or `response_id` is a candidate, in document
 order, up to `MAX_IDS`: a candidate is only ever taken when it is the id of a request the collector saw on an
 instance inside the call's time window (`collectors/request_join.py`), so a run id or a tool call's id that no
