@@ -21,6 +21,7 @@ span is exported after the request ends, so a call whose request is not seen yet
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ class RequestJoin:
         self.num_seen = 0  # request spans ever added: none means no server exports to this collector
         self._by_id: dict[str, Seen] = {}
         self._arrivals: list[tuple[float, str]] = []  # (arrival, request id), sorted
-        self._named: set[str] = set()  # ids some call's reply holds: never taken by another call's timing
+        self._named: OrderedDict[str, None] = OrderedDict()  # ids calls' replies hold: never another's by timing
 
     def add(self, records: Iterable[RequestRecord]) -> None:
         for r in records:
@@ -91,7 +92,10 @@ class RequestJoin:
     def name(self, call: TraceSpan) -> None:
         """A call's reply ids, as soon as it arrives: a request one of them names is that call's, not another's by
         timing."""
-        self._named.update(call.reply_ids)
+        for reply_id in call.reply_ids:
+            self._named[reply_id] = None
+        while len(self._named) > self.max_requests:
+            self._named.popitem(last=False)
 
     def find(self, call: TraceSpan) -> Found:
         window = self._within(call.start - self.slack_s, call.end + self.slack_s)
@@ -104,10 +108,10 @@ class RequestJoin:
         child = [s for s in traced if s.parent_span_id == call.span_id]
         if len(child) == 1 or len(traced) == 1:
             return self._take((child or traced)[0], StepJoin.TRACE)
+        if call.error_type is not None and call.prompt_tokens is None and not call.reply_ids:
+            return Found(None, StepJoin.UNANSWERED)  # (a refusal: no request span to look for, whatever arrived)
         if not window:
             return Found(None, StepJoin.NO_REQUEST)
-        if call.error_type is not None and call.prompt_tokens is None:
-            return Found(None, StepJoin.UNANSWERED)
         if call.prompt_tokens is None:
             return Found(None, StepJoin.ID_NOT_SEEN if call.reply_ids else StepJoin.NO_COUNTS)
         fits = [
@@ -143,5 +147,3 @@ class RequestJoin:
             for _, rid in self._arrivals[:cut]:
                 self._by_id.pop(rid, None)
             del self._arrivals[:cut]
-        if len(self._named) > 4 * self.max_requests:
-            self._named.clear()  # (only protects timing joins from taking a named request; rare to matter)

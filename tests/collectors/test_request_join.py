@@ -81,6 +81,8 @@ def test_timing_joins_only_the_one_request_that_fits_its_window_and_counts():
     join.add([request("r6", 40.1, 40.9)])
     assert join.find(call("e", 40.0, 41.0)).method == StepJoin.NO_COUNTS
     assert join.find(call("f", 40.0, 41.0, error="400")).method == StepJoin.UNANSWERED
+    # a refusal is a refusal even where no request span arrived at all: not a server that exports nothing
+    assert join.find(call("g", 90.0, 91.0, error="400")).method == StepJoin.UNANSWERED
 
 
 def test_a_request_named_by_another_calls_reply_is_not_taken_by_timing():
