@@ -242,7 +242,79 @@ def openai_agents(provider, config: dict) -> dict:
     return asyncio.run(run())
 
 
+def smolagents(provider, config: dict) -> dict:
+    """smolagents' model (`OpenAIServerModel`) and `@tool`s, traced by `openinference-instrumentation-smolagents`
+    under `using_session`, a conversation in one span: three model calls with a tool between them, the last too
+    long where `too_long` names the conversation. Its LLM spans keep the reply's text and token counts, not its id (its
+    `ChatMessage` leaves the raw reply out): the ids answered are read off the HTTP replies by the agent's own
+    client."""
+    import httpx
+    from openinference.instrumentation import using_session
+    from openinference.instrumentation.smolagents import SmolagentsInstrumentor
+    from smolagents import OpenAIServerModel, tool
+    from smolagents.models import ChatMessage, MessageRole
+
+    SmolagentsInstrumentor().instrument(tracer_provider=provider)
+    seen: list[str] = []
+
+    def read_id(response: httpx.Response) -> None:
+        response.read()
+        if response.status_code == 200:
+            seen.append(response.json()["id"])
+
+    http = httpx.Client(event_hooks={"response": [read_id]})
+    model = OpenAIServerModel(
+        model_id=SERVED,
+        api_base=config["base_url"],
+        api_key="none",
+        client_kwargs={"max_retries": 0, "http_client": http},
+    )
+
+    @tool
+    def search_flights(city: str) -> str:
+        """Find flights to a city.
+
+        Args:
+            city: where to fly.
+        """
+        time.sleep(TOOL_S["search_flights"])
+        return f"three flights to {city}"
+
+    @tool
+    def book_hotel(city: str) -> str:
+        """Book a hotel in a city.
+
+        Args:
+            city: where to stay.
+        """
+        time.sleep(TOOL_S["book_hotel"])
+        return f"hotel booked in {city}"
+
+    def said(role: MessageRole, text: str) -> ChatMessage:
+        return ChatMessage(role=role, content=[{"type": "text", "text": text}])
+
+    answered = {}
+    for name in config["conversations"]:
+        before = len(seen)
+        brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * 6
+        messages = [said(MessageRole.SYSTEM, SYSTEM), said(MessageRole.USER, brief)]
+        with using_session(name), provider.get_tracer("travel-agent").start_as_current_span("conversation"):
+            for step in (search_flights, book_hotel, None):
+                if step is None and name == config.get("too_long"):
+                    messages.append(said(MessageRole.USER, TOO_LONG))
+                try:
+                    reply = model.generate(messages, max_tokens=6)
+                except openai.BadRequestError:
+                    continue
+                messages.append(said(MessageRole.ASSISTANT, reply.content or ""))
+                if step is not None:
+                    messages.append(said(MessageRole.USER, step(city="Lisbon")))
+        answered[name] = seen[before:]
+    return {"answered": answered}
+
+
 SCENARIOS = {
+    "smolagents": smolagents,
     "openai_agents": openai_agents,
     "openinference": openinference,
     "pydantic_ai": pydantic_ai,

@@ -47,3 +47,18 @@ def test_an_openai_agents_sdk_agent_is_joined_by_timing_where_its_spans_hold_no_
     assert steps["status"].tolist()[-1] == "error" and steps["request_join"].tolist()[-1] == "unanswered"
     told = step_page(monkeypatch, store, "trip-a", 1)
     assert any("joined by timing" in c.value for c in told.caption), [c.value for c in told.caption]
+
+
+def test_a_smolagents_model_and_tools_traced_by_openinference_are_joined_by_timing(smollm2_source, store):
+    """smolagents' LLM spans keep the reply's text and token counts but not its id: each step is joined by timing,
+    and that is the request the agent's own client was answered by; its tools are in the pauses."""
+    with served_and_collected(smollm2_source, store, service="smolagents", record="smolagents-openinference") as h:
+        answered = h.agent("smolagents", conversations=["trip-a", "trip-b"], too_long="trip-b")["answered"]
+
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
+    assert steps.groupby("session_id").size().to_dict() == {"trip-a": 3, "trip-b": 3}
+    ok = steps[steps["status"] == "ok"]
+    assert ok.groupby("session_id")["request_id"].apply(list).to_dict() == answered
+    assert set(ok["request_join"]) == {"timing"} and len(ok) == 5
+    assert steps["request_join"].tolist()[-1] == "unanswered"
+    assert len(steps["tools"].dropna()) == 4
