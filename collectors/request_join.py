@@ -49,7 +49,7 @@ class Seen:
     claimed: bool = False  # a call took it (by any method): no other call takes it by timing
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Found:
     request_id: str | None
     method: StepJoin
@@ -98,11 +98,11 @@ class RequestJoin:
             self._named.popitem(last=False)
 
     def find(self, call: TraceSpan) -> Found:
-        window = self._within(call.start - self.slack_s, call.end + self.slack_s)
         for reply_id in call.reply_ids:
             seen = self._by_id.get(reply_id)
             if seen is not None and call.start - self.slack_s <= seen.arrival <= call.end + self.slack_s:
                 return self._take(seen, StepJoin.RESPONSE_ID)
+        window = self._within(call.start - self.slack_s, call.end + self.slack_s)  # (only where no id decided)
         inside = [s for s in window if s.arrival <= call.end and s.finished <= call.end + self.slack_s]
         traced = [s for s in inside if s.trace_id == call.trace_id and not s.claimed]
         child = [s for s in traced if s.parent_span_id == call.span_id]
@@ -128,7 +128,8 @@ class RequestJoin:
             return Found(None, StepJoin.AMBIGUOUS)
         return Found(None, StepJoin.ID_NOT_SEEN if call.reply_ids else StepJoin.NO_REQUEST)
 
-    def _take(self, seen: Seen, method: StepJoin) -> Found:
+    @staticmethod
+    def _take(seen: Seen, method: StepJoin) -> Found:
         seen.claimed = True
         return Found(seen.request_id, method, seen.instance)
 
