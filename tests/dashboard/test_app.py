@@ -41,6 +41,7 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
         assert metrics["failed steps"] == str(agent_run.result.num_failed)
     if page == "sessions":
         assert len(at.selectbox(key="session").options) == 6
+        assert at.dataframe[0].value["join_rate"].isna().all()  # the SDK's steps: nobody judged them, not 0%
         steps = at.table[0].value  # the steps with their evidence: text that wraps, headers from the glossary
         assert len(steps) == 3 and set(steps["why it was slow"]) <= set(glossary.CAUSES.values()) | {""}
         failed, ok = steps[steps["status"] == "error"], steps[steps["status"] == "ok"]
@@ -288,3 +289,18 @@ def test_the_session_lists_keep_to_the_sessions_the_cache_cost_most(monkeypatch,
     at.run()
     assert_clean(at)
     assert at.selectbox(key="story_session").value == last and len(at.selectbox(key="story_session").options) == 3
+
+
+def test_the_sessions_page_shows_each_sessions_join_rate(monkeypatch, tmp_path):
+    """The recorded OpenInference run: every answered step tied to its request, trip-c's refused call to none, so
+    its join rate is two of three."""
+    from kvobs.store import open_store
+    from tests.collectors.test_agent_fixtures import exports, replay
+
+    url = f"sqlite:///{tmp_path / 'kvobs.db'}"
+    replay(open_store(url), exports("openinference-openai"))
+    at = open_page(monkeypatch, url, "sessions")
+    assert_clean(at)
+    table = at.dataframe[0].value.set_index("session_id")
+    assert table["join_rate"].round(3).to_dict() == {"trip-a": 1.0, "trip-b": 1.0, "trip-c": 0.667}
+    assert any("Joined: of its steps made of an agent framework's spans" in c.value for c in at.caption)
