@@ -134,3 +134,20 @@ def test_join_rates_say_not_measured_for_steps_nobody_judged():
     rates = join_rates(steps)
     assert pd.isna(rates.loc["sdk", "rate"]) and rates.loc["sdk", "judged"] == 0 and rates.loc["sdk", "why"] is None
     assert rates.loc["fw", ["judged", "joined", "by_timing", "rate", "why"]].tolist() == [2, 1, 1, 0.5, "no_request"]
+
+
+def test_a_convention_whose_steps_are_mostly_not_joined_is_said_in_a_log_line(store, caplog):
+    now = [0.0]
+    writer = StoreWriter(store)
+    steps = SpanSteps(writer, join_wait_s=0.0, clock=lambda: now[0])
+    steps.add([call(f"c{i}", 10.0 * i, 10.0 * i + 1, prompt=100) for i in range(5)])  # no server exports its spans
+    with caplog.at_level("WARNING", logger="collectors.span_steps"):
+        assert steps.settle() == 5
+        steps.add([call("c5", 60.0, 61.0, prompt=100)])
+        now[0] = 10.0
+        steps.settle()  # a second line waits for WARN_EVERY_S
+    writer.close()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("5 of 5 steps made of openinference spans are tied to no server request") and (
+        "no server request span arrived for the call's time window" in line
+    )
