@@ -100,8 +100,11 @@ def test_between_runs_nothing_was_watching(two_runs):
     runs = run_table(store.reads.runs())
     gap = frame[(frame.index > e1 + 1) & (frame.index + 1 < runs["started_at"].iloc[1])]
     assert len(gap) > 0 and gap.isna().all().all()
-    inside = frame[(frame.index >= s2) & (frame.index <= e2)]
-    assert inside.notna().all().all()
+    # watched up to the run's last record (its last step here), not the harness's end of the round: on a loaded
+    # machine the round ends seconds after its last step, and a window past the last record is rightly unknown
+    last = float(store.reads.steps(s2, e2)["started_at"].max())
+    inside = frame[(frame.index >= s2) & (frame.index <= last)]
+    assert len(inside) > 0 and inside.notna().all().all()
 
 
 def test_what_if_on_every_run_shows_each_runs_table_labelled_in_the_pages_zone(monkeypatch, two_runs):
