@@ -65,7 +65,6 @@ class RequestJoin:
         self.slack_s = slack_s
         self.keep_s = keep_s
         self.max_requests = max_requests
-        self.num_seen = 0  # request spans ever added: none means no server exports to this collector
         self._by_id: dict[str, Seen] = {}
         self._arrivals: list[tuple[float, str]] = []  # (arrival, request id), sorted
         self._named: OrderedDict[str, None] = OrderedDict()  # ids calls' replies hold: never another's by timing
@@ -86,7 +85,6 @@ class RequestJoin:
                 r.completion_tokens,
             )
             bisect.insort(self._arrivals, (r.arrival_ts, r.request_id))
-            self.num_seen += 1
         self._trim()
 
     def name(self, call: TraceSpan) -> None:

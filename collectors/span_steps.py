@@ -48,8 +48,8 @@ from collectors.agent_spans import AGENT, LLM, TraceSpan
 from collectors.agent_trace import Trace
 from collectors.request_join import WAITS_FOR_REQUESTS, Found, RequestJoin
 from collectors.session_activity import SessionActivity
-from kvobs.analytics.joins import JOIN_WORDS
-from kvobs.semconv.spans import STEP_JOINED, SessionSource, StepStatus
+from kvobs.analytics.joins import JOIN_WORDS, SourceJoin
+from kvobs.semconv.spans import SessionSource, StepStatus
 from kvobs.store.rows import SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter
 
@@ -202,21 +202,19 @@ class SpanSteps:
         """A log line where most steps of a convention are not joined to a server request: the KV story of those
         steps cannot be told (at most every `WARN_EVERY_S` a convention)."""
         for source in {source for _, source in self.joins}:
-            counts = {method: n for (method, s), n in self.joins.items() if s == source}
-            total, missed = sum(counts.values()), {m: n for m, n in counts.items() if m not in STEP_JOINED}
-            if total < WARN_AFTER or 2 * sum(missed.values()) <= total:
+            join = SourceJoin.of_counts(source, {m: n for (m, s), n in self.joins.items() if s == source})
+            if join.judged < WARN_AFTER or join.ok or join.why is None:
                 continue
             if now - self._warned.get(source, -float("inf")) < WARN_EVERY_S:
                 continue
             self._warned[source] = now
-            why = max(missed, key=missed.get)
             log.warning(
                 "%d of %d steps made of %s spans are tied to no server request, so their KV story is unknown; "
                 "most: %s (kvobs doctor says more)",
-                sum(missed.values()),
-                total,
+                join.judged - join.joined,
+                join.judged,
                 source,
-                JOIN_WORDS[why],
+                JOIN_WORDS[join.why],
             )
 
     def _write_sdk(self) -> int:

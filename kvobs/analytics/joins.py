@@ -12,6 +12,7 @@ trace context reaches the server) and are not judged here: their rate is "not me
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pandas as pd
@@ -84,6 +85,18 @@ class SourceJoin:
     joined: int
     by_timing: int
     why: str | None  # the most common reason among those not joined
+
+    @classmethod
+    def of_counts(cls, source: str, counts: Mapping[str, int]) -> SourceJoin:
+        """From the steps per `request_join` value (the collector's running totals)."""
+        missed = {method: n for method, n in counts.items() if method not in STEP_JOINED}
+        return cls(
+            source,
+            judged=sum(counts.values()),
+            joined=sum(counts.values()) - sum(missed.values()),
+            by_timing=counts.get(StepJoin.TIMING.value, 0),
+            why=max(missed, key=missed.__getitem__) if missed else None,
+        )
 
     @property
     def ok(self) -> bool:
