@@ -3,7 +3,7 @@ the missing ones, and the join rate of a set of steps.
 
     join_rates(steps)               # per session (or `by="source"` with the sessions): steps judged, joined, by method
     JOIN_WORDS["no_request"]         # what an outcome means, for a page, a log line and `kvobs doctor`
-    JOIN_FIXES["no_request"]         # what brings the join
+    JOIN_FIXES["no_request"]         # what brings the join (none for a refused call: it has no KV story)
     source_joins(store)              # `kvobs doctor`: per convention, joined of judged, and why the others were not
 
 A step's `request_join` is written by the collector (`collectors/request_join.py`); the SDK's steps have none (their
@@ -42,7 +42,6 @@ _CONTENT = (
     "send traceparent with the call (an HTTP client instrumentation), or the session header"
 )
 JOIN_FIXES = {
-    StepJoin.UNANSWERED.value: "nothing to fix: a call refused before the server made a request has no KV story",
     StepJoin.NO_REQUEST.value: _SPANS,
     StepJoin.ID_NOT_SEEN.value: (
         "check that the collector receives the request spans of every replica the agent calls (" + _SPANS + ")"
