@@ -126,3 +126,18 @@ class StepJoin(Name):
 
 
 STEP_JOINED = frozenset({StepJoin.RESPONSE_ID.value, StepJoin.TRACE.value, StepJoin.TIMING.value})
+
+
+class BlockTie(Name):
+    """How the blocks a request stored were tied to it and to its session (`kvobs.analytics.ownership`), or why
+    they could not be."""
+
+    HEADER = "header"  # its blocks name its session: `X-Session-ID` or `session_id` reached the server
+    INFERENCE = "inference"  # the one chain on its instance, as deep as its tokens, stored while it ran
+    STORED_NOTHING = "stored_nothing"  # no block as deep as its tokens was stored while it ran: all of it was cached
+    AMBIGUOUS = "ambiguous"  # several chains fit its depth, its times and its session's earlier chain
+    NO_CHAIN = "no_chain"  # the blocks that fit do not reach a chain's root in what was read
+    NO_COUNTS = "no_counts"  # no token counts or times to tell its chain by, or no KV events of its instance
+
+
+BLOCKS_TIED = frozenset({BlockTie.HEADER.value, BlockTie.INFERENCE.value})
