@@ -36,6 +36,7 @@ from instrumented_engine.recorded_replay import RecordedReplay, RecordedTraffic
 from instrumented_engine.sampling_params import SamplingParams
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
+from kvobs.analytics.ownership import num_inferred, with_tied_blocks
 from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.store import composed
 from kvobs.store.interface import Store
@@ -59,6 +60,7 @@ class ReplayPlan:
     block_size: int
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
+    inferred: int = 0  # requests whose blocks named no session, tied to theirs by inference (`analytics.ownership`)
     duplicates: int = 0  # requests recorded under two instance names (an engine's own row and its span's), once each
     recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
     span: object = None  # the run it replays (a `kvobs.analytics.runs.Span`; None: a range, runs unknown)
@@ -76,6 +78,7 @@ class ReplayPlan:
         reqs = with_sessions(store.reads.requests(since, until, instances=instances), store.reads.steps(since, until))
         reqs, duplicates = once_each(reqs)
         stored = store.reads.stored_blocks(since, until, instances=instances)
+        reqs, stored, ties = with_tied_blocks(reqs, stored)  # where the blocks name no session
         if block_size is None:
             sizes = stored["num_tokens"].dropna()
             if sizes.empty:
@@ -105,9 +108,21 @@ class ReplayPlan:
         rates = hit_rates(reqs, chains, graph, block_size=block_size)
         recorded = RecordedTraffic.from_store(store, since, until, plan)
         observed = observed_figures(store, since, until, rates, instances=instances, requests=reqs)
-        return cls(plan, block_size, observed=observed, skipped=skipped, duplicates=duplicates, recorded=recorded)
+        return cls(
+            plan,
+            block_size,
+            observed=observed,
+            skipped=skipped,
+            duplicates=duplicates,
+            recorded=recorded,
+            inferred=num_inferred(ties),
+        )
 
 
+INFERRED = (
+    "{:,} requests' blocks named no session (no X-Session-ID reached the server): each was tied to its session's "
+    "request by its depth, its times and its session's chain (kvobs.analytics.ownership), only where one chain fit"
+)
 DUPLICATES = (
     "{:,} requests were recorded under two instance names (an engine's own rows and a collector's from its spans?): "
     "each is counted once, in the observed row as in the replay"

@@ -21,7 +21,7 @@ AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default siz
 @st.cache_data(ttl=60, show_spinner="Replaying...")
 def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float):
     """(table of the runs together, [(run's span, its table)] when several, requests replayed, skipped, note, requests
-    recorded twice and counted once)."""
+    recorded twice and counted once, requests whose blocks were tied to their session by inference)."""
     from instrumented_engine.whatif_runs import COMPARISON, comparison, observed_total, replay_plans, simulate_runs
 
     store = cache.get_store(url)
@@ -36,9 +36,9 @@ def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, tt
     if len(plans) > 1:
         per_run = [(p.span, table(p.observed, [r[i] for _, r in results])) for i, p in enumerate(plans)]
     note = "" if plans[0].span is None or plans[0].span.run_id is not None else "no engine runs are recorded"
-    counts = (sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates"))
-    replayed, skipped, duplicates = counts
-    return total, per_run, replayed, skipped, note, duplicates
+    counts = (sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates", "inferred"))
+    replayed, skipped, duplicates, inferred = counts
+    return total, per_run, replayed, skipped, note, duplicates, inferred
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying the routers...")
@@ -63,6 +63,12 @@ def _duplicates(count: int) -> str:
     from instrumented_engine.whatif import DUPLICATES
 
     return DUPLICATES.format(count).capitalize()
+
+
+def _inferred(count: int) -> str:
+    from instrumented_engine.whatif import INFERRED
+
+    return INFERRED.format(count)
 
 
 def render(ctx) -> None:
@@ -108,7 +114,7 @@ def render(ctx) -> None:
         return
     st.session_state["whatif_ran"] = True
     try:
-        table, per_run, replayed, skipped, note, duplicates = replay(
+        table, per_run, replayed, skipped, note, duplicates, inferred = replay(
             ctx.url, ctx.since, ctx.until, ctx.instances, sizes, policy, float(ttl_s)
         )
     except ValueError as exc:
@@ -122,6 +128,7 @@ def render(ctx) -> None:
         f"{runs}{replayed:,} requests replayed; {skipped:,} without a known block chain skipped."
         + (f" {note.capitalize()}: the range is replayed as one run." if note else "")
         + (f" {_duplicates(duplicates)}." if duplicates else "")
+        + (f" {_inferred(inferred)}." if inferred else "")
     )
     _chart(table)
     show_text_table(table, ctx.clock)

@@ -128,12 +128,14 @@ def _fleet(args: argparse.Namespace, store) -> int:
 
 def format_fleet(fleet, results) -> str:
     """The fleet what-if's table: one row per router policy, all through the same replay."""
+    from instrumented_engine.whatif import INFERRED
     from instrumented_engine.whatif_fleet import FLEET_COLUMNS, fleet_rows
 
     sizes = ", ".join(f"{name} {n:,}" for name, n in sorted(fleet.sizes.items()))
     lines = [
         f"{len(fleet.plan.requests)} requests replayed ({fleet.plan.skipped} without a known chain skipped) over "
         f"{len(fleet.sizes)} replicas (blocks: {sizes}), block size {fleet.plan.block_size}",
+        *([INFERRED.format(fleet.plan.inferred)] if fleet.plan.inferred else []),
         "",
         "| " + " | ".join(FLEET_COLUMNS) + " |",
         "|" + "---|" * len(FLEET_COLUMNS),
@@ -181,7 +183,7 @@ def _num(value) -> str:
 def format_table(plans, observed: dict, runs: list) -> str:
     """The replay's table: observed, then each size (every run replayed through its own cache, added up); with
     several runs, each run's own rows after."""
-    from instrumented_engine.whatif import DUPLICATES
+    from instrumented_engine.whatif import DUPLICATES, INFERRED
     from kvobs.times import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
@@ -192,6 +194,9 @@ def format_table(plans, observed: dict, runs: list) -> str:
     ]
     if duplicates:
         lines.append(DUPLICATES.format(duplicates))
+    inferred = sum(p.inferred for p in plans)
+    if inferred:
+        lines.append(INFERRED.format(inferred))
     if len(plans) > 1:
         lines.append(
             f"{len(plans)} runs, replayed one by one (each began with an empty cache): "

@@ -22,7 +22,7 @@ chain from its tip up to the first block not stored while it ran: the prefix it 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
@@ -38,8 +38,9 @@ _ROUNDS = 50  # propagation rounds at most (each one removes a tip or stops)
 class _Blocks:
     """The stored blocks read: parents, depths, and each instance's store events."""
 
-    def __init__(self, stored: pd.DataFrame) -> None:
+    def __init__(self, stored: pd.DataFrame, before: Mapping[int, int | None] | None = None) -> None:
         self.parent: dict[int, int | None] = {}
+        self.before = before or {}  # the parents of blocks stored before what was read
         self.times: dict[tuple[str, int], list[float]] = {}
         self.tags: dict[tuple[str, int, float], str | None] = {}
         for ts, instance, block_hash, parent, session in zip(
@@ -49,6 +50,8 @@ class _Blocks:
             self.parent.setdefault(block_hash, None if pd.isna(parent) else int(parent))
             self.times.setdefault((instance, block_hash), []).append(float(ts))
             self.tags[(instance, block_hash, float(ts))] = session if isinstance(session, str) else None
+        for block_hash, parent in self.before.items():
+            self.parent.setdefault(block_hash, parent)
         self._depth: dict[int, int | None] = {}
         self.by_depth: dict[tuple[str, int], list[tuple[float, int]]] = {}
         self.undated: dict[str, list[float]] = {}  # instance -> store times of blocks whose chain's root is unknown
@@ -100,18 +103,24 @@ class _Blocks:
 
 
 def block_ties(
-    requests: pd.DataFrame, stored: pd.DataFrame, *, block_size: int | None = None, slack_s: float = STORE_SLACK_S
+    requests: pd.DataFrame,
+    stored: pd.DataFrame,
+    *,
+    block_size: int | None = None,
+    slack_s: float = STORE_SLACK_S,
+    before: Mapping[int, int | None] | None = None,
 ) -> pd.DataFrame:
     """Each request's tip and session (`TIE_COLUMNS`; `tie` a `BlockTie`). `requests`: the store's request rows,
     with `session_id` where known (by the request, or by the step joined to it: `chains.with_sessions`); `stored`:
-    `Reads.stored_blocks` of a range starting before the requests' (a chain read from its middle has no depths)."""
+    `Reads.stored_blocks` of a range starting before the requests' (a chain read from its middle has no depths);
+    `before`: block -> parent of blocks stored before that range (a reader that keeps them), where chains begin."""
     if requests.empty:
         return pd.DataFrame(columns=TIE_COLUMNS)
     if stored.empty:
         return _frame([(r, None, None, BlockTie.NO_COUNTS.value) for r in requests.itertuples(index=False)], {})
     if block_size is None:
         block_size = int(stored["num_tokens"].dropna().mode().iloc[0])
-    blocks = _Blocks(stored)
+    blocks = _Blocks(stored, before)
     instances = set(stored["instance"])
     only = next(iter(instances)) if len(instances) == 1 else None  # one server: its spans' name may be another
     reqs = requests.sort_values("arrival_ts", kind="stable")
@@ -151,12 +160,13 @@ class _Request:
 
     @classmethod
     def of(cls, r, block_size: int, slack_s: float, instance) -> _Request | None:
-        times, counts = (r.arrival_ts, r.first_token_ts, r.finished_ts), (r.prompt_tokens, r.completion_tokens)
-        if instance is None or any(pd.isna(v) for v in (*times, *counts)):
+        times = tuple(getattr(r, name, None) for name in ("arrival_ts", "first_token_ts", "finished_ts"))
+        counts = (getattr(r, "prompt_tokens", None), getattr(r, "completion_tokens", None))
+        if instance is None or any(v is None or pd.isna(v) for v in (*times, *counts)):
             return None
         fact = cls()
         fact.instance, fact.slack = instance, slack_s
-        fact.session = r.session_id if isinstance(r.session_id, str) else None
+        fact.session = getattr(r, "session_id", None) if isinstance(getattr(r, "session_id", None), str) else None
         fact.depth = (int(r.prompt_tokens) + int(r.completion_tokens) - 1) // block_size
         fact.prompt_depth = int(r.prompt_tokens) // block_size
         fact.arrival, fact.first, fact.end = (float(t) for t in times)
@@ -194,7 +204,7 @@ class _Request:
         if node is None or self.prompt_depth < 1:
             return True
         times = blocks.times.get((self.instance, node), ())  # the block ending its prompt: there by its first token
-        return bool(times) and times[0] <= self.first + self.slack
+        return times[0] <= self.first + self.slack if times else node in blocks.before
 
     def tag(self, blocks: _Blocks, tip: int) -> str | None:
         """The session its tip's store in its window names."""
@@ -294,3 +304,20 @@ def tied_sessions(requests: pd.DataFrame, ties: pd.DataFrame) -> pd.DataFrame:
     tied = ties[ties["tie"].isin(BLOCKS_TIED) & ties["session_id"].notna()]
     found = requests["request_id"].map(dict(zip(tied["request_id"], tied["session_id"]))).astype(object)
     return requests.assign(session_id=requests["session_id"].where(requests["session_id"].notna(), found))
+
+
+def with_tied_blocks(
+    requests: pd.DataFrame, stored: pd.DataFrame, *, before: Mapping[int, int | None] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(requests, stored, ties): the requests with the sessions their blocks name, the stored rows with the sessions
+    their requests were tied to (what `chains.request_chains` reads a request's chain by), and the ties."""
+    named = stored["session_id"].notna().all() and requests["session_id"].notna().all()
+    if requests.empty or stored.empty or named:
+        return requests, stored.assign(tie=BlockTie.HEADER.value), pd.DataFrame(columns=TIE_COLUMNS)
+    ties = block_ties(requests, stored, before=before)
+    return tied_sessions(requests, ties), owned_stored(stored, ties), ties
+
+
+def num_inferred(ties: pd.DataFrame) -> int:
+    """Requests whose session's blocks were tied to them by inference (their blocks named no session)."""
+    return int(((ties["tie"] == BlockTie.INFERENCE.value) & ties["session_id"].notna()).sum()) if len(ties) else 0

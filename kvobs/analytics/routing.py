@@ -34,6 +34,7 @@ import pandas as pd
 
 from kvobs.analytics.chains import BlockGraph, lookup_times, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.fleet_index import CLEARED, LOSS_KINDS, STORED, FleetIndex
+from kvobs.analytics.ownership import with_tied_blocks
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
 from kvobs.store.rollups import MISS_PARTS
@@ -201,6 +202,7 @@ def _lookups(
     graph = BlockGraph.from_stored(stored)
     for block_hash, parent in index.parent.items():  # chains through blocks stored before these events
         graph.parent.setdefault(block_hash, parent)
+    requests, stored, _ = with_tied_blocks(requests, stored, before=index.parent)  # blocks that name no session
     chains = request_chains(requests, stored, graph) if not requests.empty else {}
     if pause_from is None:
         pause_from = pause_starts(requests) if index.lost is not None else {}

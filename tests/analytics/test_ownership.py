@@ -11,6 +11,7 @@ import pytest
 
 from kvobs.analytics.chains import with_sessions
 from kvobs.analytics.ownership import block_ties, owned_stored, tied_sessions
+from kvobs.analytics.routing import ROUTING_KINDS, routing_losses
 from kvobs.semconv.spans import BlockTie
 
 INFERENCE, HEADER = BlockTie.INFERENCE.value, BlockTie.HEADER.value
@@ -97,3 +98,17 @@ def test_a_tie_is_stated_as_header_where_the_blocks_named_the_session(vllm_run):
     assert ties.loc[~given & ties["session_id"].notna(), "session_id"].tolist() == ["sess-after-reset"]
     assert owned_stored(stored, ties)["tie"].eq(HEADER).all()
     assert pd.isna(ties.loc[ties["tie"] == BlockTie.STORED_NOTHING.value, "tip_hash"]).all()
+
+
+@pytest.mark.parametrize("run", ["vllm_fleet", "served_fleet"])
+def test_routing_loss_is_measured_the_same_where_the_blocks_name_no_session(request, run):
+    """Two replicas behind a router: each request's prefix lookup (its own hit, the longest prefix another replica
+    held, the routing loss) measured from blocks that name no session equals the one from the header's names."""
+    store = request.getfixturevalue(run).store
+    reqs = with_sessions(store.reads.requests(), store.reads.steps())
+    events = store.reads.kv_events(kinds=ROUTING_KINDS)
+    named = routing_losses(reqs, events)
+    assert len(named) and named["best_blocks"].sum() > 0
+    pd.testing.assert_frame_equal(routing_losses(reqs, events.assign(session_id=None)), named)
+    unknown = routing_losses(reqs.assign(session_id=None), events.assign(session_id=None))
+    assert unknown.empty  # no session on the requests either: a request's chain is read by its session's blocks
