@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from collectors.block_owners import BlockOwners
 from collectors.drops import DropCounter
 from collectors.kv_bridge import KVSpanBridge
 from collectors.kv_ingest import KVIngest
@@ -128,8 +129,19 @@ class Collector:
             settle_s=options.settle_s,
             step_counts=lambda ids: self.store.lookups.session_step_counts(ids),
         )
+        # the blocks of requests whose steps were joined, where the blocks name no session: only where both come
+        self.block_owners = (
+            BlockOwners(self.activity, [s.ingest for s in self.streams])
+            if self.streams and (options.otlp_grpc or options.otlp_http)
+            else None
+        )
         self.span_ingest = SpanIngest(
-            self.writer, activity=self.activity, steps=self.span_steps, instance=default, known_instances=replicas
+            self.writer,
+            activity=self.activity,
+            steps=self.span_steps,
+            owners=self.block_owners,
+            instance=default,
+            known_instances=replicas,
         )
         self.scraper = (
             Scraper(self.targets, self.writer, self.drops, interval_s=options.interval_s, held=self.leases.held)
@@ -248,6 +260,7 @@ class Collector:
         if self.retention is not None:
             self.retention.stop()
         self.span_steps.settle(final=True)
+        self._tie_blocks(final=True)
         for stream in self.streams:
             stream.ingest.snapshot(final=True)
         try:  # the last steps stored, the keeper decides what has settled and says it stopped
@@ -283,6 +296,7 @@ class Collector:
                 self.span_steps.settle()
             except Exception:
                 log.exception("making steps of agent spans failed")
+            self._tie_blocks()
             for stream in self.streams:
                 try:
                     stream.ingest.snapshot()
@@ -296,6 +310,13 @@ class Collector:
             if self.routing_meter is not None:
                 self._every(ROUTING_INTERVAL_S, self.routing_meter.run, "measuring the fleet's routing loss")
             self._every(VERDICT_INTERVAL_S, self.verdicts.run, "deciding the failed steps of settled sessions")
+
+    def _tie_blocks(self, *, final: bool = False) -> None:
+        if self.block_owners is not None:
+            try:
+                self.block_owners.run(final=final)
+            except Exception:
+                log.exception("tying stored blocks to the sessions of their requests failed")
 
     def _every(self, interval_s: float, job, what: str) -> None:
         """Run `job(now)` when `interval_s` has passed since its last run (the tick is shorter); a failure logged."""

@@ -25,11 +25,15 @@ first request, of sessions with no known request, or after a session's end are n
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 
+import pandas as pd
+
 from collectors.kv_chains import OWNERS, PARENT, ChainTracker
+from collectors.recent_stores import RecentStores
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
 from kvobs.identifiers import clip_id
 from kvobs.semconv.attributes import medium_name
@@ -100,10 +104,20 @@ class KVIngest:
         self._changed: set[str] = set()
         self._idle: dict[str, list[float]] = {}  # session -> event times of its removals with a pending verdict
         self._latest_ts = float("-inf")  # stream time: the newest batch timestamp
+        # ownership by inference (`collectors.block_owners`, off until `infer_owners`): the stores of blocks that
+        # named no session, and the removals of such blocks, held until their session may be known
+        self.recent: RecentStores | None = None
+        self.hold_s = 0.0
+        self._held: deque[list] = deque()  # [arrived, ts, block (store's key), row fields, session, lost]
+        self.lock = threading.Lock()
 
     # ---- batches --------------------------------------------------------------------------------------
     def on_batch(self, seq: int, batch: wire.KVEventBatch) -> None:
         """The batch's rows go to the writer as one `KVEventColumns` (no object per row: thousands a second)."""
+        with self.lock:  # (ownership by inference adopts blocks from the collector's tick)
+            self._on_batch(batch)
+
+    def _on_batch(self, batch: wire.KVEventBatch) -> None:
         ts = batch.ts
         rows = _BatchRows()
         cleared: dict[str | None, int] = {}
@@ -112,7 +126,7 @@ class KVIngest:
         for event in batch.events:
             kind = type(event)
             if kind is wire.BlockRemoved:
-                self._removed(event, rows)
+                self._removed(ts, event, rows)
             elif kind is wire.BlockStored:
                 self._stored(ts, event, rows, touched)
             elif kind is wire.AllBlocksCleared:
@@ -134,6 +148,72 @@ class KVIngest:
         rows = _BatchRows()
         self._cleared(rows, RESTART)
         self._flush(self.clock(), rows)
+
+    @property
+    def latest_ts(self) -> float:
+        """Stream time: the newest batch's timestamp (-inf before the first)."""
+        return self._latest_ts
+
+    # ---- ownership by inference ----------------------------------------------------------------------------
+    def infer_owners(self, hold_s: float, recent_s: float) -> None:
+        """Keep the stores of blocks that name no session for `recent_s`, and hold their removals for `hold_s`:
+        `collectors.block_owners` ties them to a session (`adopt`) once its step is joined."""
+        self.recent, self.hold_s = RecentStores(recent_s), hold_s
+
+    def adopt(self, owned: dict[tuple[str, int, float], str]) -> int:
+        """(instance, block, when stored) -> session, for blocks that named none: resident ones, and removed ones still held,
+        become the session's (its footprint, its losses, its tool-pause losses). Returns the blocks adopted."""
+        if self.recent is None:
+            return 0
+        with self.lock:
+            return self._adopt(owned)
+
+    def recent_stores(self) -> pd.DataFrame:
+        """The recent stores of blocks that named no session, as `kvobs.analytics.ownership` reads them."""
+        with self.lock:
+            return self.recent.frame(self.instance, self.block_size)
+
+    def _adopt(self, owned: dict[tuple[str, int, float], str]) -> int:
+        raw_of, blocks, adopted = self.recent.raw, self.chains.blocks, 0
+        held = {}
+        for item in self._held:
+            held.setdefault(item[2], []).append(item)
+        for (_, block_hash, _), session in owned.items():
+            key = raw_of.get(block_hash, block_hash)
+            tracked = blocks.get(key)
+            if tracked is not None and tracked[OWNERS] == (None,):
+                blocks[key] = (tracked[PARENT], (session,))
+                self._move(session, resident=1, stored=1)
+            else:
+                waiting = [item for item in held.get(block_hash, ()) if item[4] is None]
+                if not waiting:
+                    continue
+                waiting[0][4] = session
+                self._move(session, stored=1, removed=int(waiting[0][5]))
+            adopted += 1
+            self._changed.add(session)
+            self._seen(session, self._latest_ts)
+        return adopted
+
+    def _move(self, session: str, **counts: int) -> None:
+        """Counts of a block that named no session, moved to the session it was tied to."""
+        unknown, known = self.chains.footprint(None), self.chains.footprint(session)
+        for name, n in counts.items():
+            setattr(unknown, name, getattr(unknown, name) - n)
+            setattr(known, name, getattr(known, name) + n)
+
+    def _release(self, arrived_before: float) -> None:
+        """Write the held removals that waited their time, with the session each was tied to (or none); a tied
+        one's loss is then classified like any (in a tool pause or not)."""
+        by_ts: dict[float, _BatchRows] = {}
+        while self._held and self._held[0][0] <= arrived_before:
+            arrived, ts, block_hash, fields, session, lost = self._held.popleft()
+            rows = by_ts.get(ts) or by_ts.setdefault(ts, _BatchRows())
+            rows.add(REMOVED, block_hash=block_hash, session_id=session, first_owner=1, **fields)
+            if session is not None and lost:  # (as arrived: it has waited longer than a removal settles)
+                self._pending.append((arrived, ts, [session], Counter({session: 1})))
+        for ts, rows in by_ts.items():
+            self._flush(ts, rows)
 
     def _stored(self, ts: float, event: wire.BlockStored, rows: _BatchRows, touched: set[str]) -> None:
         if wire.is_placeholder(event):  # hashes that reached an offload tier, no content: no block of this cache
@@ -180,8 +260,10 @@ class KVIngest:
         rows.lora_name += [None if lora is None else clip_id(lora)] * n
         rows.extra_keys += wire.extra_keys_json(event)
         chains.stored(hashes, parent, session)
+        if self.recent is not None and session is None and chains is self.chains:
+            self.recent.add(ts, stored, rows.parent_hash[-n], hashes)
 
-    def _removed(self, event: wire.BlockRemoved, rows: _BatchRows) -> None:
+    def _removed(self, ts: float, event: wire.BlockRemoved, rows: _BatchRows) -> None:
         medium, tokens, group = medium_name(event.medium), self.block_size, event.group_idx
         reason = event.reason if event.reason in wire.REMOVAL_REASONS else None  # our engine's; vLLM sends none
         chains = self._tier(medium, group)
@@ -195,6 +277,11 @@ class KVIngest:
             else:
                 owners, parent = block[OWNERS], block[PARENT]
                 parent = None if parent is None else wire.as_uint64(parent)
+            if device and self.hold_s and owners == (None,) and block is not None:  # its session may come
+                fields = dict(parent_hash=parent, medium=medium, num_tokens=tokens, group_idx=group, reason=reason)
+                self._held.append([self.clock(), ts, stored_as, fields, None, lost])
+                rows.losers.append(None)
+                continue
             first = 1
             for owner in owners:
                 rows.add(
@@ -251,6 +338,9 @@ class KVIngest:
         """Classify settled removals and write a footprint row per changed session, stamped with the stream's own
         time (the latest batch's timestamp, as its events are); returns rows written."""
         now = self.clock()
+        if self._held:
+            with self.lock:
+                self._release(now if final else now - self.hold_s)
         self._classify(now if final else now - self.settle_s)
         stamp = self._latest_ts if self._latest_ts > float("-inf") else now
         changed, self._changed = self._changed, set()

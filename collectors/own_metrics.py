@@ -36,6 +36,7 @@ from kvobs.semconv.metrics import (
     LABEL_SOURCE,
     LABEL_STATUS,
     LABEL_TABLE,
+    LABEL_TIE,
     MetricSpec,
     kvobs_metrics,
 )
@@ -147,3 +148,5 @@ class CollectorMetrics(PromCollector):
         for (method, source), n in sorted(c.span_steps.joins.items()):
             joined.add_metric([method, source], n)
         yield joined
+        if c.block_owners is not None:
+            yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE, c.block_owners.requests_tied)

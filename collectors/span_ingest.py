@@ -33,6 +33,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from collectors.agent_spans import read_span
+from collectors.block_owners import BlockOwners
 from collectors.otlp_receiver import Busy
 from collectors.session_activity import SessionActivity
 from collectors.span_steps import SpanSteps
@@ -58,12 +59,14 @@ class SpanIngest:
         *,
         activity: SessionActivity | None = None,
         steps: SpanSteps | None = None,
+        owners: BlockOwners | None = None,
         instance: str | None = None,
         known_instances: Iterable[str] = (),
     ) -> None:
         self.writer = writer
         self.activity = activity
         self.steps = steps
+        self.owners = owners  # ownership by inference: the requests whose stored blocks it ties to sessions
         self.instance = instance
         self.known_instances = frozenset(known_instances)  # the collector's replicas (--vllm-url, --kv-events names)
         self.num_requests = 0
@@ -115,6 +118,8 @@ class SpanIngest:
                     self.agent_step_failures[error_type] += 1
         if self.steps is not None and records:
             self.steps.add_requests(records)  # (before the calls: a call in this export finds its request)
+        if self.owners is not None and records:
+            self.owners.add_requests(records)
         if self.steps is not None and agent_spans:
             self.steps.add(agent_spans)
         if self.activity is not None:

@@ -14,7 +14,8 @@ request spans name no blocks. A request's blocks are still told apart by what th
 - its instance, and a tip that names another session is not its;
 - its session's chain: the conversation grows by appending, so a request's tip lies on the chain of its session's
   next request (where no pair of candidates does, the tip's parent must);
-- a tip only one request can have is no other request's.
+- a block is stored once: a store another request surely made (its tip, and its chain up to the prefix it
+  found cached) is not this request's tip.
 A tie is taken only when exactly one tip is left; otherwise the request says why (`BlockTie`). A request owns its
 chain from its tip up to the first block not stored while it ran: the prefix it found cached.
 """
@@ -22,6 +23,7 @@ chain from its tip up to the first block not stored while it ran: the prefix it 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import ChainMap
 from collections.abc import Iterable, Mapping
 
 import pandas as pd
@@ -39,20 +41,23 @@ class _Blocks:
     """The stored blocks read: parents, depths, and each instance's store events."""
 
     def __init__(self, stored: pd.DataFrame, before: Mapping[int, int | None] | None = None) -> None:
-        self.parent: dict[int, int | None] = {}
-        self.before = before or {}  # the parents of blocks stored before what was read
+        self.before = before or {}  # the parents of blocks stored before what was read (looked up, never copied)
+        self.parent: ChainMap[int, int | None] = ChainMap({}, self.before)  # type: ignore[arg-type]
         self.times: dict[tuple[str, int], list[float]] = {}
         self.tags: dict[tuple[str, int, float], str | None] = {}
+        self.children: dict[tuple[str, int], list[tuple[float, int]]] = {}  # (instance, parent) -> (ts, child)
         for ts, instance, block_hash, parent, session in zip(
             stored["ts"], stored["instance"], stored["block_hash"], stored["parent_hash"], stored["session_id"]
         ):
             block_hash = int(block_hash)
-            self.parent.setdefault(block_hash, None if pd.isna(parent) else int(parent))
+            if block_hash not in self.parent.maps[0]:
+                self.parent.maps[0][block_hash] = None if pd.isna(parent) else int(parent)
             self.times.setdefault((instance, block_hash), []).append(float(ts))
             self.tags[(instance, block_hash, float(ts))] = session if isinstance(session, str) else None
-        for block_hash, parent in self.before.items():
-            self.parent.setdefault(block_hash, parent)
+            if not pd.isna(parent):
+                self.children.setdefault((instance, int(parent)), []).append((float(ts), block_hash))
         self._depth: dict[int, int | None] = {}
+        self._most = len(self.parent.maps[0]) + len(self.before)  # a longer walk is a cycle
         self.by_depth: dict[tuple[str, int], list[tuple[float, int]]] = {}
         self.undated: dict[str, list[float]] = {}  # instance -> store times of blocks whose chain's root is unknown
         for (instance, block_hash), times in self.times.items():
@@ -70,7 +75,7 @@ class _Blocks:
         path: list[int] = []
         node: int | None = block_hash
         while node is not None and node not in self._depth:
-            if node not in self.parent or len(path) > len(self.parent):  # (unknown ancestor, or a cycle)
+            if node not in self.parent or len(path) > self._most:  # (unknown ancestor, or a cycle)
                 for block in path + [node]:
                     self._depth[block] = None
                 return None
@@ -206,22 +211,34 @@ class _Request:
         times = blocks.times.get((self.instance, node), ())  # the block ending its prompt: there by its first token
         return times[0] <= self.first + self.slack if times else node in blocks.before
 
+    def store(self, blocks: _Blocks, tip: int) -> tuple[str, int, float | None]:
+        """(instance, block, time) of a tip's store in its window."""
+        return self.instance, tip, blocks.stored_in(self.instance, tip, *self.window())
+
     def tag(self, blocks: _Blocks, tip: int) -> str | None:
         """The session its tip's store in its window names."""
-        lo, hi = self.window()
-        ts = blocks.stored_in(self.instance, tip, lo, hi)
-        return None if ts is None else blocks.tags.get((self.instance, tip, ts))
+        event = self.store(blocks, tip)
+        return None if event[2] is None else blocks.tags.get(event)
 
     def owned(self, blocks: _Blocks, tip: int) -> list[tuple[str, int, float]]:
-        """(instance, block, store time) of each block it stored: its chain from its tip up to its cached prefix."""
-        out, node = [], tip
+        """(instance, block, store time) of each block it stored: its chain from its tip up to its cached prefix,
+        or up to a block another chain continued from as it was stored (requests sharing a prefix they prefilled
+        together: either may have stored it, so neither is given it)."""
+        out, node, below = [], tip, None
         while node is not None:
             ts = blocks.stored_in(self.instance, node, self.arrival - self.slack, self.end + self.slack)
-            if ts is None:
+            if ts is None or self._shared(blocks, node, below, ts):
                 break
             out.append((self.instance, node, ts))
-            node = blocks.parent.get(node)
+            node, below = blocks.parent.get(node), node
         return out
+
+    def _shared(self, blocks: _Blocks, node: int, below: int | None, ts: float) -> bool:
+        """Whether another chain continued from `node` (stored at `ts`) while it was being stored."""
+        return any(
+            child != below and self.arrival - self.slack <= at <= ts + self.slack
+            for at, child in blocks.children.get((self.instance, node), ())
+        )
 
     def undated(self, blocks: _Blocks) -> bool:
         """Whether blocks of unknown depth were stored on its instance while it ran (its tip may be one)."""
@@ -230,17 +247,23 @@ class _Request:
 
 
 def _propagate(cands: dict[str, set[int]], facts: dict, blocks: _Blocks) -> None:
-    """Narrow each request's tips until nothing changes: by its session's chain, and by the tips other requests
-    surely hold."""
+    """Narrow each request's tips until nothing changes: by its session's chain, and by the stores other requests
+    surely made."""
     for _ in range(_ROUNDS):
         changed = False
         for rids in _sessions(cands, facts, blocks).values():
             live = [rid for rid in rids if cands[rid]]
             for x, y in zip(live, live[1:]):
                 changed |= _continue(cands, x, y, blocks)
-        sure = {(facts[rid].instance, next(iter(tips))): rid for rid, tips in cands.items() if len(tips) == 1}
+        # a block is stored once: a store a request surely made (its tip, and its chain up to its cached prefix)
+        # is no other request's tip
+        made = {}
         for rid, tips in cands.items():
-            taken = {tip for tip in tips if sure.get((facts[rid].instance, tip), rid) != rid}
+            if len(tips) == 1:
+                made.update((event, rid) for event in facts[rid].owned(blocks, next(iter(tips))))
+        for rid, tips in cands.items():
+            fact = facts[rid]
+            taken = {tip for tip in tips if made.get(fact.store(blocks, tip), rid) != rid}
             if taken:
                 cands[rid] = tips - taken
                 changed = True

@@ -33,6 +33,7 @@ LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
 LABEL_TABLE = "table"  # a store table
 LABEL_METHOD = "method"  # how a step was joined to its server request, or why not (`kvobs.semconv.spans.StepJoin`)
+LABEL_TIE = "tie"  # how a request's stored blocks were tied to it and its session, or why not (`spans.BlockTie`)
 
 # `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`; of a
 # histogram's count and sum increases: `<name>:count`, `<name>:sum`.
@@ -395,5 +396,14 @@ kvobs_metrics = SimpleNamespace(
         "the convention they were written in.",
         LABEL_METHOD,
         LABEL_SOURCE,
+    ),
+    COLLECTOR_REQUESTS_TIED=_spec(
+        "kvobs_collector_requests_tied",
+        "counter",
+        "requests",
+        "Requests during which blocks naming no session were stored, by how their blocks were tied to them and "
+        "their session (inference, header) or why not (ambiguous, stored_nothing, no_chain, no_counts, "
+        "no_session). A tied request's blocks are its session's: its footprint, losses and tool-pause losses.",
+        LABEL_TIE,
     ),
 )

@@ -138,6 +138,7 @@ class BlockTie(Name):
     AMBIGUOUS = "ambiguous"  # several chains fit its depth, its times and its session's earlier chain
     NO_CHAIN = "no_chain"  # the blocks that fit do not reach a chain's root in what was read
     NO_COUNTS = "no_counts"  # no token counts or times to tell its chain by, or no KV events of its instance
+    NO_SESSION = "no_session"  # its blocks were found, but they name no session and no step named the request's
 
 
 BLOCKS_TIED = frozenset({BlockTie.HEADER.value, BlockTie.INFERENCE.value})

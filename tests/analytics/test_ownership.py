@@ -29,7 +29,7 @@ def blind(store):
 # None for a live run (`agent_run`: its timing differs run to run): every request tied or all its prompt cached, at
 # least 85% of its blocks owned, at least one session found the other way
 CASES = [
-    ("vllm_run", {INFERENCE: 53, BlockTie.STORED_NOTHING.value: 1}, (304, 313), 13),
+    ("vllm_run", {INFERENCE: 53, BlockTie.STORED_NOTHING.value: 1}, (304, 313), 31),
     ("vllm_fleet", {INFERENCE: 15, BlockTie.STORED_NOTHING.value: 9}, (16, 16), 15),
     ("served_fleet", {INFERENCE: 12}, (113, 113), 12),
     ("agent_run", None, None, None),

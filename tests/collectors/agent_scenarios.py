@@ -181,11 +181,17 @@ def langchain(provider, config: dict) -> dict:
         return ids
 
     agent = RunnableLambda(conversation, name="travel-agent")
-    answered = {}
-    for name in config["conversations"]:
+
+    def run(name: str) -> list[str]:
         with using_session(name):
-            answered[name] = agent.invoke(name)
-    return {"answered": answered}
+            return agent.invoke(name)
+
+    if config.get("concurrent"):  # the conversations at once, one thread each, as a server sees its users
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(config["conversations"])) as pool:
+            return {"answered": dict(zip(config["conversations"], pool.map(run, config["conversations"])))}
+    return {"answered": {name: run(name) for name in config["conversations"]}}
 
 
 def openai_agents(provider, config: dict) -> dict:

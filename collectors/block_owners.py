@@ -1,0 +1,188 @@
+"""Ownership by inference, live: the blocks a request stored that named no session become the session its step was
+joined to (`kvobs.analytics.ownership`), so that the session's footprint, its losses and its tool-pause losses
+follow them as they follow a header's.
+
+    owners = BlockOwners(activity, [stream.ingest for stream in streams])
+    owners.add_requests(records)     # each export's request records (span_ingest)
+    owners.run()                     # every tick: tie what can be tied and hand it to its stream (`KVIngest.adopt`)
+
+Each stream keeps its recent stores of blocks that named no session and holds its removals of them for `HOLD_S`
+(`KVIngest.infer_owners`): a request's session is known only once the agent's LLM span arrived and was joined to it
+(an exporter sends spans in batches, seconds apart), and a tool pause's losses come right after the request. A
+request is looked at once its stream has passed its end. One whose session is not known yet, or whose chain is
+ambiguous (its session's next request may tell), is tried again until `JOIN_WAIT_S` has passed; then it is counted
+by how its blocks were tied, or why not (`requests_tied`, `BlockTie`). Requests whose window holds no store naming
+no session (a header named them all) are not looked at.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+import pandas as pd
+
+from collectors.kv_chains import PARENT
+from collectors.kv_ingest import KVIngest
+from collectors.session_activity import SessionActivity
+from collectors.span_steps import JOIN_WAIT_S
+from kvobs.analytics.ownership import STORE_SLACK_S, block_ties
+from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
+from kvobs.store.rows import RequestRecord
+from kvobs.vllm.kv_events import as_uint64
+
+log = logging.getLogger(__name__)
+
+# How long a removal of a block that named no session waits for its session: the agent's exporter's batch, the
+# collector's join of its step (up to JOIN_WAIT_S) and a tick.
+HOLD_S = JOIN_WAIT_S + 15.0
+RECENT_S = 300.0  # stores kept to read a chain's recent blocks by (stream time): a request's run and its wait
+CONTEXT_S = 120.0  # a session's requests already tied, kept to tell its next one's chain by
+
+
+class BlockOwners:
+    """Args:
+    activity: the sessions the collector's steps claimed their requests for (`SessionActivity.claimed`).
+    ingests: the KV streams' ingests; each is switched to keep what ownership by inference reads.
+    join_wait_s: how long a request waits for its session, or for its chain to be told apart.
+    """
+
+    def __init__(
+        self,
+        activity: SessionActivity,
+        ingests: list[KVIngest],
+        *,
+        join_wait_s: float = JOIN_WAIT_S,
+        hold_s: float = HOLD_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.activity = activity
+        self.ingests = {ingest.instance: ingest for ingest in ingests}
+        self.join_wait_s = join_wait_s
+        self.clock = clock
+        for ingest in ingests:
+            ingest.infer_owners(hold_s, RECENT_S)
+        self._waiting: dict[str, tuple[float, RequestRecord]] = {}  # request id -> (first seen, record)
+        self._tied: deque[RequestRecord] = deque()  # requests tied, with their sessions: the context of the next
+        self.requests_tied: Counter[str] = Counter()  # BlockTie -> requests counted
+        self.num_adopted = 0  # blocks handed to a session
+        self._told = False
+
+    def add_requests(self, records: list[RequestRecord]) -> None:
+        now = self.clock()
+        for record in records:
+            if record.finished_ts is not None:
+                self._waiting.setdefault(record.request_id, (now, record))
+
+    def run(self, *, final: bool = False) -> int:
+        """Tie the requests whose streams have passed their end (`final`: every request, each decided now: the
+        collector stops); returns the blocks adopted."""
+        now, adopted = self.clock(), 0
+        for ingest, due in self._due(final):
+            stored = ingest.recent_stores()
+            times = stored["ts"].to_numpy(float)
+            looked = [r for r in due if _stores_between(times, r.arrival_ts, r.finished_ts)]
+            for record in due if len(looked) < len(due) else ():
+                if not _stores_between(times, record.arrival_ts, record.finished_ts):
+                    del self._waiting[record.request_id]  # a header named every block of its window
+            if not looked:
+                continue
+            context = [r for r in self._tied if r.instance == ingest.instance]
+            frame = _requests(looked + context, self.activity)
+            ties = block_ties(frame, stored, block_size=ingest.block_size, before=_ResidentParents(ingest))
+            n = ingest.adopt(ties.attrs["owned"])
+            adopted += n
+            by_id = ties.set_index("request_id")
+            sessions = frame.set_index("request_id")["session_id"]
+            for record in looked:
+                tie, session = by_id.at[record.request_id, "tie"], sessions.get(record.request_id)
+                waited = final or now - self._waiting[record.request_id][0] >= self.join_wait_s
+                if not waited and (session is None or tie == BlockTie.AMBIGUOUS.value):
+                    continue  # its step, or its session's next request, may still come
+                del self._waiting[record.request_id]
+                if tie in BLOCKS_TIED and session is None:
+                    tie = BlockTie.NO_SESSION.value
+                self.requests_tied[tie] += 1
+                if tie in BLOCKS_TIED:
+                    self._tied.append(_with_session(record, session))
+            if n and not self._told:
+                self._told = True
+                log.info(
+                    "KV events of %s name no session (no X-Session-ID reached it): each joined step's blocks are "
+                    "tied to its session by inference (kvobs_collector_requests_tied_total; docs/agents.md)",
+                    ingest.instance,
+                )
+        self._forget(now)
+        self.num_adopted += adopted
+        return adopted
+
+    def _due(self, final: bool) -> Iterator[tuple[KVIngest, list[RequestRecord]]]:
+        """Per stream, the waiting requests it has passed the end of (`final`: all of them)."""
+        only = next(iter(self.ingests.values())) if len(self.ingests) == 1 else None
+        due: dict[str, list[RequestRecord]] = {}
+        for _, record in list(self._waiting.values()):
+            ingest = self.ingests.get(record.instance, only)  # one server: its spans may name it otherwise
+            if ingest is None:
+                del self._waiting[record.request_id]
+                self.requests_tied[BlockTie.NO_COUNTS.value] += 1  # no KV events of its instance
+            elif ingest.recent is not None and (final or record.finished_ts + STORE_SLACK_S <= ingest.latest_ts):
+                due.setdefault(ingest.instance, []).append(record)
+        for instance, records in due.items():
+            yield self.ingests[instance], [_on(record, instance) for record in records]
+
+    def _forget(self, now: float) -> None:
+        horizon = max((i.latest_ts for i in self.ingests.values()), default=0.0) - CONTEXT_S
+        while self._tied and (self._tied[0].finished_ts or 0.0) < horizon:
+            self._tied.popleft()
+        for request_id, (seen, _) in list(self._waiting.items()):
+            if now - seen > RECENT_S:  # its stream never passed its end (stopped, or another clock)
+                del self._waiting[request_id]
+
+
+def _stores_between(times: np.ndarray, start: float, end: float) -> bool:
+    lo, hi = np.searchsorted(times, start - STORE_SLACK_S), np.searchsorted(times, end + STORE_SLACK_S, "right")
+    return bool(hi > lo)
+
+
+def _on(record: RequestRecord, instance: str) -> RequestRecord:
+    if record.instance == instance:
+        return record
+    return RequestRecord(**{**record.to_row(), "instance": instance})
+
+
+def _with_session(record: RequestRecord, session: str) -> RequestRecord:
+    return RequestRecord(**{**record.to_row(), "session_id": session})
+
+
+def _requests(records: list[RequestRecord], activity: SessionActivity) -> pd.DataFrame:
+    """The requests as `block_ties` reads them, each with its session: its own, or the one its step claimed."""
+    frame = pd.DataFrame([r.to_row() for r in records]).drop_duplicates("request_id")
+    claimed = [
+        s if isinstance(s, str) else activity.claimed(t, r)
+        for s, t, r in zip(frame["session_id"], frame["trace_id"], frame["request_id"])
+    ]
+    return frame.assign(session_id=pd.Series(claimed, index=frame.index, dtype=object))
+
+
+class _ResidentParents(Mapping):
+    """The parents of the stream's resident blocks, keyed as the store keys hashes: where a chain older than the
+    recent stores is read from (its root, the shared system prompt, was stored long before)."""
+
+    def __init__(self, ingest: KVIngest) -> None:
+        self.blocks = ingest.chains.blocks
+
+    def __getitem__(self, key):
+        parent = self.blocks[key][PARENT]
+        return None if parent is None else as_uint64(parent)
+
+    def __contains__(self, key) -> bool:
+        return key in self.blocks
+
+    def __iter__(self):
+        return iter(self.blocks)
+
+    def __len__(self) -> int:
+        return len(self.blocks)

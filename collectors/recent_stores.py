@@ -1,0 +1,51 @@
+"""A KV stream's recent stores of blocks that named no session: what ownership by inference reads
+(`collectors.block_owners`).
+
+    recent = RecentStores(recent_s=300.0)
+    recent.add(ts, [h1, h2], parent, raw_hashes)    # a BlockStored naming no session, hashes as the store keeps them
+    recent.frame("vllm-a", 16)                      # its stored rows, as `kvobs.analytics.ownership` reads them
+    recent.raw.get(h1, h1)                          # the hash as the stream sent it: the chain tracker's key
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pandas as pd
+
+
+class RecentStores:
+    """Args:
+    recent_s: how long (stream time) a store is kept: longer than a request runs and waits for its step.
+    """
+
+    def __init__(self, recent_s: float) -> None:
+        self.recent_s = recent_s
+        self.events: deque[tuple[float, list[int], int | None]] = deque()  # (ts, hashes, parent of the first)
+        self.raw: dict[int, object] = {}  # store key -> the stream's hash, where they differ (bytes, negative ints)
+
+    def add(self, ts: float, hashes: list[int], parent: int | None, raws: list) -> None:
+        self.events.append((ts, hashes, parent))
+        for block_hash, raw in zip(hashes, raws):
+            if block_hash != raw:
+                self.raw[block_hash] = raw
+        while self.events and self.events[0][0] < ts - self.recent_s:
+            for block_hash in self.events.popleft()[1]:
+                self.raw.pop(block_hash, None)
+
+    def frame(self, instance: str, block_size: int | None) -> pd.DataFrame:
+        ts, hashes, parents = [], [], []
+        for at, stored, parent in self.events:
+            ts += [at] * len(stored)
+            hashes += stored
+            parents += [parent, *stored[:-1]]
+        return pd.DataFrame(
+            {
+                "ts": ts,
+                "instance": instance,
+                "block_hash": pd.Series(hashes, dtype=object),
+                "parent_hash": pd.Series(parents, dtype=object),
+                "session_id": None,
+                "num_tokens": block_size,
+            }
+        )

@@ -1,0 +1,88 @@
+"""The KV story of a framework agent's steps with no header in the agent: three LangChain conversations at once,
+traced by OpenInference, on a `kvobs serve` whose cache is too small for all three, so blocks are evicted while
+conversations wait on their tools. No block names a session; the collector joins each step to its request and ties
+the blocks each request stored to the step's session (ownership by inference). Checked against the engine's own
+block manager (which request stored each block, which blocks it evicted and when) and the ids the agent was
+answered (which session sent each request)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import generate_latest
+
+from instrumented_engine.engine import events as ev
+from kvobs.semconv.reasons import PRESSURE_REASONS
+from tests.collectors.agent_harness import served_and_collected
+
+# names of different lengths: conversations whose prompts differ in length, as real ones do (three of one length,
+# started together, would be told apart by nothing but their content, which the collector never sees)
+CONVERSATIONS = ["oslo", "porto-and-the-douro-valley", "lisbon-sintra-cascais-and-the-algarve-coast"]
+
+
+class BlockTruth:
+    """The engine's block manager as it ran: each store (which request) and each eviction (which reason)."""
+
+    def __init__(self) -> None:
+        self.stored: list[tuple[float, int, str]] = []
+        self.evicted: list[tuple[float, int, str]] = []
+
+    def on_step(self, result) -> None:
+        for event in result.events:
+            if isinstance(event, ev.BlocksStored):
+                self.stored += [(event.ts, h, event.request_id) for h in event.block_hashes]
+            elif isinstance(event, ev.BlockEvicted):
+                self.evicted.append((event.ts, event.block_hash, event.reason.value))
+
+    def losses(self, session_of: dict[str, str], requests) -> tuple[Counter, Counter, dict]:
+        """Per session, the blocks it lost, those lost while it waited on a tool (between two of its requests), and
+        block -> [(when evicted, the session whose request stored it last)]."""
+        lost, paused, owner_at = Counter(), Counter(), {}
+        for ts, block, reason in sorted(self.evicted):
+            stores = [(at, rid) for at, h, rid in self.stored if h == block and at <= ts]
+            session = session_of.get(max(stores)[1]) if stores else None
+            owner_at.setdefault(block, []).append((ts, session))
+            if session is None or reason not in {r.value for r in PRESSURE_REASONS}:
+                continue
+            lost[session] += 1
+            mine = requests[requests["session_id"] == session].sort_values("arrival_ts")
+            gaps = zip(mine["finished_ts"].tolist()[:-1], mine["arrival_ts"].tolist()[1:])
+            paused[session] += any(end < ts < start for end, start in gaps)
+        return lost, paused, owner_at
+
+
+def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_no_header(smollm2_source, store):
+    truth = BlockTruth()
+    with served_and_collected(smollm2_source, store, service="langchain-agent", num_blocks=34) as h:
+        h.server.engine.observers.append(truth)
+        answered = h.agent("langchain", conversations=CONVERSATIONS, concurrent=True)["answered"]
+    exposed = generate_latest(h.collector.registry).decode()
+    session_of = {rid: session for session, ids in answered.items() for rid in ids}
+    requests = store.reads.requests().assign(session_id=lambda f: f["request_id"].map(session_of))
+    lost, paused, owner_at = truth.losses(session_of, requests)
+    assert sum(paused.values()) > 0  # the cache was small enough: tool pauses lost blocks
+
+    # every request's blocks tied to its session, and said
+    assert h.collector.block_owners.requests_tied == Counter({"inference": 9})
+    assert 'kvobs_collector_requests_tied_total{tie="inference"} 9.0' in exposed
+    stored_by = Counter(session_of[rid] for _, _, rid in truth.stored)
+    footprints = h.collector.streams[0].ingest.chains.footprints
+    for session in CONVERSATIONS:
+        # a session owns what its requests stored, but for a prefix two requests prefilled at once (either may
+        # have stored it: neither is given it)
+        assert 0.7 * stored_by[session] <= footprints[session].stored <= stored_by[session]
+    # each removal the store names a session for was of a block that session's request stored
+    removed = store.reads.kv_events(kinds=["removed"])
+    named = removed[removed["session_id"].notna()]
+    assert len(named) == sum(lost.values()) - footprints[None].removed
+    for block, ts, session in zip(named["block_hash"], named["ts"], named["session_id"]):
+        # (the removal's time is its KV batch's, a moment after the engine's eviction)
+        assert min(owner_at[int(block)], key=lambda e: abs(e[0] - ts))[1] == session
+    # the losses in tool pauses, as the sessions' footprints tell them, are the engine's
+    latest = {s: store.reads.session_snapshots(s).iloc[-1] for s in CONVERSATIONS}
+    assert {s: int(row["session_evicted_idle_blocks"]) for s, row in latest.items()} == {
+        s: paused[s] for s in CONVERSATIONS
+    }
+    assert {s: int(row["session_evicted_blocks"]) for s, row in latest.items()} == {
+        s: lost[s] if footprints[s].removed == lost[s] else footprints[s].removed for s in CONVERSATIONS
+    }
