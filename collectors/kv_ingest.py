@@ -161,8 +161,8 @@ class KVIngest:
         self.recent, self.hold_s = RecentStores(recent_s), hold_s
 
     def adopt(self, owned: dict[tuple[str, int, float], str]) -> int:
-        """(instance, block, when stored) -> session, for blocks that named none: resident ones, and removed ones still held,
-        become the session's (its footprint, its losses, its tool-pause losses). Returns the blocks adopted."""
+        """(instance, block, when stored) -> session, for blocks that named none: resident ones, and removed ones
+        still held, become the session's (its footprint, its losses, its tool-pause losses). Returns how many."""
         if self.recent is None:
             return 0
         with self.lock:

@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data
+from kvobs.analytics.ownership import session_ties
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.step_story import SessionRead
 from kvobs.analytics.step_story import step_story as _step_story
@@ -60,6 +61,7 @@ failures = cached(data.failures)
 kv_events = cached(data.kv_events_page)
 alerts = cached(data.alerts_page)
 sessions_with_steps = cached(data.sessions_with_steps)
+session_ties = cached(session_ties)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

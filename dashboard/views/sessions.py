@@ -11,6 +11,7 @@ from dashboard.views import cache
 from dashboard.views.charts import TimeAxis, time_chart
 from dashboard.views.step import render_story, trace_link
 from dashboard.views.tables import show_table, show_text_table
+from kvobs.analytics.ownership import ties_said
 
 TITLE = "Sessions"
 FOOTPRINT = {
@@ -95,6 +96,9 @@ def render(ctx) -> None:
             "Each line holds its value until the next snapshot. Lost while idle, pending: a tool pause if the "
             "session comes back, after its end if not."
         )
+    ties = cache.session_ties(ctx.url, session_id)
+    if ties:
+        st.caption(ties_said(ties))
     st.subheader("Steps and what explains them")
     steps = detail["steps"]
     if steps.empty:

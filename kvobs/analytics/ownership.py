@@ -23,11 +23,12 @@ chain from its tip up to the first block not stored while it ran: the prefix it 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections import ChainMap
+from collections import ChainMap, Counter
 from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
+from kvobs.analytics.chains import with_sessions
 from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
 
 # A KV batch is stamped when the engine step that stored its blocks ends, and the request span's times come from
@@ -344,3 +345,41 @@ def with_tied_blocks(
 def num_inferred(ties: pd.DataFrame) -> int:
     """Requests whose session's blocks were tied to them by inference (their blocks named no session)."""
     return int(((ties["tie"] == BlockTie.INFERENCE.value) & ties["session_id"].notna()).sum()) if len(ties) else 0
+
+
+TIE_WORDS = {
+    BlockTie.INFERENCE.value: "tied to it by inference (their depth, their times, its chain)",
+    BlockTie.STORED_NOTHING.value: "stored nothing new (all of it was cached)",
+    BlockTie.AMBIGUOUS.value: "not tied: more than one chain fit",
+    BlockTie.NO_CHAIN.value: "not tied: their chain's root was not read",
+    BlockTie.NO_COUNTS.value: "not tied: no token counts or times",
+    BlockTie.NO_SESSION.value: "not tied: no step named their session",
+}
+
+
+def ties_said(ties: Counter) -> str:
+    """A session's ties (`session_ties`) in words, for its page."""
+    parts = "; ".join(f"{n:,} {TIE_WORDS.get(tie, tie)}" for tie, n in ties.most_common())
+    return (
+        f"Its KV blocks named no session (no X-Session-ID reached the server). Of its {sum(ties.values()):,} "
+        f"requests: {parts}. Its footprint and losses count the blocks tied to it, and no other."
+    )
+
+
+TIE_LOOKBACK_S = 600.0  # stored blocks read before a session's first step: where its chains' recent roots are
+
+
+def session_ties(store, session_id: str) -> Counter:
+    """How the blocks of a session's requests were tied to it (BlockTie -> its requests), where blocks stored while
+    they ran named no session; empty where a header named them all, or the session has no steps."""
+    steps = store.reads.steps(session_id=session_id)
+    if steps.empty:
+        return Counter()
+    first, last = float(steps["started_at"].min()), float(steps[["started_at", "ended_at"]].max().max())
+    requests = with_sessions(store.reads.requests(first, last), store.reads.steps(first, last))
+    mine = set(requests.loc[requests["session_id"] == session_id, "request_id"])
+    stored = store.reads.stored_blocks(first - TIE_LOOKBACK_S, last)
+    if not mine or stored.empty or stored["session_id"].notna().all():
+        return Counter()
+    ties = block_ties(requests, stored)
+    return Counter(ties.loc[ties["request_id"].isin(mine) & (ties["tie"] != BlockTie.HEADER.value), "tie"])

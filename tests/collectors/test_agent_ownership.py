@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from instrumented_engine.engine import events as ev
 from kvobs.semconv.reasons import PRESSURE_REASONS
 from tests.collectors.agent_harness import served_and_collected
+from tests.dashboard.test_app import assert_clean, open_page
 
 # names of different lengths: conversations whose prompts differ in length, as real ones do (three of one length,
 # started together, would be told apart by nothing but their content, which the collector never sees)
@@ -51,7 +52,9 @@ class BlockTruth:
         return lost, paused, owner_at
 
 
-def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_no_header(smollm2_source, store):
+def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_no_header(
+    smollm2_source, store, monkeypatch
+):
     truth = BlockTruth()
     with served_and_collected(smollm2_source, store, service="langchain-agent", num_blocks=34) as h:
         h.server.engine.observers.append(truth)
@@ -73,6 +76,7 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
         assert 0.7 * stored_by[session] <= footprints[session].stored <= stored_by[session]
     # each removal the store names a session for was of a block that session's request stored
     removed = store.reads.kv_events(kinds=["removed"])
+    assert len(removed) == len(truth.evicted)  # every removal stored, the held ones too (the collector's stop)
     named = removed[removed["session_id"].notna()]
     assert len(named) == sum(lost.values()) - footprints[None].removed
     for block, ts, session in zip(named["block_hash"], named["ts"], named["session_id"]):
@@ -86,3 +90,10 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     assert {s: int(row["session_evicted_blocks"]) for s, row in latest.items()} == {
         s: lost[s] if footprints[s].removed == lost[s] else footprints[s].removed for s in CONVERSATIONS
     }
+
+    # the Sessions page says whose blocks are owned by inference, and how many of the session's requests
+    at = open_page(monkeypatch, store.url, "sessions")
+    at.selectbox(key="session").set_value(CONVERSATIONS[1]).run()
+    assert_clean(at)
+    said = [c.value for c in at.caption if "named no session" in c.value]
+    assert said and "Of its 3 requests: 3 tied to it by inference" in said[0], said
