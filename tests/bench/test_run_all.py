@@ -28,6 +28,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "telemetry_overhead",
         "collector_ingest",
         "span_steps",
+        "ownership",
         "collector_memory",
         "rollup_writes",
         "dashboard_queries",
