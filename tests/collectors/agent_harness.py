@@ -8,7 +8,8 @@ With `KVOBS_RECORD_AGENT_FIXTURES=1` in the environment, a run given `record=NAM
 `tests/fixtures/agents/NAME/otlp_traces.jsonl` (the shared fixtures' format: one base64 protobuf body a line;
 this machine's install paths in span attributes and stack traces rewritten to /opt/venv and /opt/kvobs) and the
 steps the collector made of it, once the live test's checks against the agent's own record passed, to
-`steps.json`.
+`steps.json`; and the engine's KV-event messages as a second subscriber heard them, to `kv_events.jsonl` (the
+shared fixtures' format).
 
 Each agent runs in a process of its own, as a user's agent does (an instrumentation patches the OpenAI client for
 its whole process, and not every one undoes that: OpenLLMetry's keeps injecting `traceparent`), and exports
@@ -25,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.analytics.attribution import attribute_steps
+from tests.recording import subscribe
 from tests.server.conftest import free_port, running_server
 from tests.waiting import wait_for
 
@@ -60,6 +63,7 @@ class Harness:
     otlp_http: str  # the collector's OTLP/HTTP traces endpoint
     service: str
     bodies: list[bytes] = field(default_factory=list)
+    kv_frames: list[dict] = field(default_factory=list)  # the engine's KV-event messages, when recording
     served: int = 0  # requests the engine answered (the agents' answers count them): all their spans are awaited
 
     def agent(self, scenario: str, **params) -> dict:
@@ -117,6 +121,11 @@ def served_and_collected(
             return refused
 
         collector.receiver.handle = recording
+        recording_kv = record is not None and os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1"
+        stop = threading.Event()
+        if recording_kv:  # a second subscriber of the engine's stream, as the shared fixtures were recorded
+            tap = threading.Thread(target=subscribe, args=(f"tcp://127.0.0.1:{kv}", harness.kv_frames, stop))
+            tap.start()
         collector.start()
         try:
             wait_for(lambda: collector.scraper.num_scrapes >= 1)
@@ -125,12 +134,15 @@ def served_and_collected(
             wait_for(lambda: collector.span_ingest.num_requests >= harness.served, timeout_s=30)
         finally:
             collector.stop()
-    if record is not None and os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
-        record_fixture(FIXTURES / record, harness.bodies, store)
+            stop.set()
+    if recording_kv:
+        record_fixture(FIXTURES / record, harness.bodies, store, harness.kv_frames)
 
 
-def record_fixture(folder: Path, bodies: list[bytes], store) -> None:
+def record_fixture(folder: Path, bodies: list[bytes], store, kv_frames: list[dict] | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
+    if kv_frames:  # the shared fixtures' format: one ZMQ message a line, its receive time and frames in base64
+        (folder / "kv_events.jsonl").write_text("".join(json.dumps(m) + "\n" for m in kv_frames))
     with open(folder / "otlp_traces.jsonl", "w") as out:
         for body in bodies:
             line = {

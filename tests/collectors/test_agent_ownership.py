@@ -7,13 +7,15 @@ answered (which session sent each request)."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
 
 from prometheus_client import generate_latest
 
 from instrumented_engine.engine import events as ev
 from kvobs.semconv.reasons import PRESSURE_REASONS
-from tests.collectors.agent_harness import served_and_collected
+from tests.collectors.agent_harness import FIXTURES, served_and_collected
 from tests.dashboard.test_app import assert_clean, open_page
 
 # names of different lengths: conversations whose prompts differ in length, as real ones do (three of one length,
@@ -56,7 +58,8 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     smollm2_source, store, monkeypatch
 ):
     truth = BlockTruth()
-    with served_and_collected(smollm2_source, store, service="langchain-agent", num_blocks=34) as h:
+    record = "langchain-kv-ownership"
+    with served_and_collected(smollm2_source, store, service="langchain-agent", num_blocks=34, record=record) as h:
         h.server.engine.observers.append(truth)
         answered = h.agent("langchain", conversations=CONVERSATIONS, concurrent=True)["answered"]
     exposed = generate_latest(h.collector.registry).decode()
@@ -97,3 +100,7 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     assert_clean(at)
     said = [c.value for c in at.caption if "named no session" in c.value]
     assert said and "Of its 3 requests: 3 tied to it by inference" in said[0], said
+    if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":  # the truth the replay of its recording is held to
+        sessions = {s: {"lost": footprints[s].removed, "lost_in_pause": paused[s]} for s in CONVERSATIONS}
+        kv_truth = {"requests_tied": dict(h.collector.block_owners.requests_tied), "sessions": sessions}
+        (FIXTURES / record / "kv_truth.json").write_text(json.dumps(kv_truth, indent=1) + "\n")

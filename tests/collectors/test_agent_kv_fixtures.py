@@ -1,0 +1,92 @@
+"""The recorded framework-agent runs that hold the server's KV events too (`kv_events.jsonl` beside the OTLP
+exports, `kv_truth.json` the engine's own count of each session's losses): replayed through the collector's parts
+(span ingest, the step maker, the KV stream's ingest and ownership by inference) on every backend, on the stream's
+own clock. No block names a session, yet each session's losses and its losses in tool pauses come out as the
+engine counted them."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import msgspec
+import pytest
+
+from collectors.block_owners import BlockOwners
+from collectors.kv_ingest import KVIngest
+from collectors.session_activity import SessionActivity
+from collectors.span_ingest import SpanIngest
+from collectors.span_steps import SpanSteps
+from kvobs.store.writer import StoreWriter
+from kvobs.vllm import kv_events as wire
+from tests.collectors.agent_harness import FIXTURES
+from tests.collectors.test_agent_fixtures import _latest_end, exports
+
+KV_RECORDINGS = sorted(p.name for p in FIXTURES.iterdir() if (p / "kv_truth.json").exists())
+
+
+def kv_messages(name: str) -> list[tuple[float, int, wire.KVEventBatch]]:
+    out = []
+    for line in (FIXTURES / name / "kv_events.jsonl").read_text().splitlines():
+        message = json.loads(line)
+        frames = [base64.b64decode(f) for f in message["frames_b64"]]
+        out.append((message["recv_ts"], wire.seq_from_bytes(frames[-2]), wire.decode_batch(frames[-1]).batch))
+    return out
+
+
+def unnamed(batch: wire.KVEventBatch) -> wire.KVEventBatch:
+    """The batch with no session on its stores (as a server that got no header sends it)."""
+    events = [msgspec.structs.replace(e, session_id=None) if type(e) is wire.BlockStored else e for e in batch.events]
+    return msgspec.structs.replace(batch, events=events)
+
+
+def replay(store, name: str, *, without_sessions: bool = True) -> BlockOwners:
+    """The exports and KV messages in the order they arrived (an export when its latest span ended), each part of
+    the collector run after each one, as its tick does, on the stream's clock; then stopped."""
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    writer = StoreWriter(store)
+    activity = SessionActivity(clock=clock)
+    steps = SpanSteps(writer, activity=activity, step_counts=store.lookups.session_step_counts, clock=clock)
+    ingest = KVIngest(
+        writer, instance="engine", activity=activity, settle_s=1.0, session_ends=store.lookups.session_ends, clock=clock
+    )
+    owners = BlockOwners(activity, [ingest], clock=clock)
+    spans = SpanIngest(writer, activity=activity, steps=steps, owners=owners, instance="engine")
+    arrivals = [(ts, i, "kv", message) for i, (ts, *message) in enumerate(kv_messages(name))]
+    arrivals += [(_latest_end(r), i, "otlp", r) for i, r in enumerate(exports(name))]
+    for ts, _, kind, item in sorted(arrivals, key=lambda a: (a[0], a[2], a[1])):
+        now[0] = max(now[0], ts)
+        if kind == "kv":
+            seq, batch = item
+            ingest.on_batch(seq, unnamed(batch) if without_sessions else batch)
+        else:
+            spans.handle(item)
+        steps.settle()
+        owners.run()
+        ingest.snapshot()
+    steps.settle(final=True)
+    owners.run(final=True)
+    ingest.snapshot(final=True)
+    writer.close()
+    return owners
+
+
+@pytest.mark.parametrize("name", KV_RECORDINGS)
+def test_recorded_kv_events_are_owned_by_inference_on_every_backend(any_store, name):
+    """Every request's blocks tied as live; each session's losses in tool pauses as the engine counted them, and
+    its losses as the live collector counted them (a prefix two conversations prefilled at once is neither's)."""
+    truth = json.loads((FIXTURES / name / "kv_truth.json").read_text())
+    owners = replay(any_store, name)
+    assert dict(owners.requests_tied) == truth["requests_tied"]
+    told = {}
+    for session in truth["sessions"]:
+        latest = any_store.reads.session_snapshots(session).iloc[-1]
+        told[session] = {
+            "lost": int(latest["session_evicted_blocks"]),
+            "lost_in_pause": int(latest["session_evicted_idle_blocks"]),
+        }
+    assert told == truth["sessions"]
