@@ -10,9 +10,11 @@ OpenAI-compatible one, the spans go wherever `otlp` says.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 from opentelemetry import propagate
@@ -25,6 +27,7 @@ SERVED = "smollm2"
 SYSTEM = "You are the booking agent of a travel company. Plan the trip, then call tools to book it. " * 4
 TOOL_S = {"search_flights": 0.45, "book_hotel": 0.3}
 TOO_LONG = "again " * 1500  # more tokens than the test servers' contexts (512 here, 1024 in the live vLLM test)
+CONVERSATION: contextvars.ContextVar[str] = contextvars.ContextVar("conversation")  # whose reply a client hook reads
 SESSION_HEADER = "X-Session-ID"  # the session header vLLM 0.32+ (and kvobs serve) put on their KV events
 
 
@@ -133,6 +136,17 @@ def plain_loop(provider, config: dict) -> dict:
     return {"answered": {trace_id: ids}, "refused": refused}
 
 
+def at_once(conversation, config: dict) -> None:
+    """Each conversation of `config` in turn, or all at once (`concurrent`: a thread each, as a server sees its
+    users)."""
+    if not config.get("concurrent"):
+        for name in config["conversations"]:
+            conversation(name)
+        return
+    with ThreadPoolExecutor(len(config["conversations"])) as pool:
+        list(pool.map(conversation, config["conversations"]))
+
+
 def langchain(provider, config: dict) -> dict:
     """LangChain's chat model (`langchain-openai`'s `ChatOpenAI`) and `@tool`s, traced by OpenInference's LangChain
     instrumentation under `using_session`; no header and no trace context reach the server (as a user's agent
@@ -182,16 +196,14 @@ def langchain(provider, config: dict) -> dict:
 
     agent = RunnableLambda(conversation, name="travel-agent")
 
-    def run(name: str) -> list[str]:
+    answered = {}
+
+    def run(name: str) -> None:
         with using_session(name):
-            return agent.invoke(name)
+            answered[name] = agent.invoke(name)
 
-    if config.get("concurrent"):  # the conversations at once, one thread each, as a server sees its users
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(len(config["conversations"])) as pool:
-            return {"answered": dict(zip(config["conversations"], pool.map(run, config["conversations"])))}
-    return {"answered": {name: run(name) for name in config["conversations"]}}
+    at_once(run, config)
+    return {"answered": {name: answered[name] for name in config["conversations"]}}
 
 
 def openai_agents(provider, config: dict) -> dict:
@@ -210,21 +222,21 @@ def openai_agents(provider, config: dict) -> dict:
 
     set_trace_processors([])  # no upload to OpenAI's platform: only OpenInference's processor
     OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
-    seen: list[str] = []
+    answered: dict[str, list[str]] = {name: [] for name in config["conversations"]}
 
     async def read_id(response: httpx.Response) -> None:
         await response.aread()
         if response.status_code == 200:
-            seen.append(response.json()["id"])
+            answered[CONVERSATION.get()].append(response.json()["id"])
 
     async def run() -> dict:
         http = httpx.AsyncClient(event_hooks={"response": [read_id]})
         client = openai.AsyncOpenAI(base_url=config["base_url"], api_key="none", max_retries=0, http_client=http)
         model = OpenAIChatCompletionsModel(model=SERVED, openai_client=client)
         agent = Agent(name="travel-agent", instructions=SYSTEM, model=model, model_settings=ModelSettings(max_tokens=6))
-        answered = {}
-        for name in config["conversations"]:
-            before = len(seen)
+
+        async def conversation(name: str) -> None:
+            CONVERSATION.set(name)  # (each task its own context: the hook reads whose reply it is)
             brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * 6
             items: list = [{"role": "user", "content": brief}]
             with using_session(name), trace("travel-agent", group_id=name):
@@ -241,7 +253,12 @@ def openai_agents(provider, config: dict) -> dict:
                             await asyncio.sleep(TOOL_S[tool])
                             span.span_data.output = f"{tool} done for Lisbon"
                         items.append({"role": "user", "content": f"{tool} done for Lisbon"})
-            answered[name] = seen[before:]
+
+        if config.get("concurrent"):
+            await asyncio.gather(*(asyncio.create_task(conversation(name)) for name in config["conversations"]))
+        else:
+            for name in config["conversations"]:
+                await asyncio.create_task(conversation(name))
         await http.aclose()
         return {"answered": answered}
 
@@ -261,12 +278,12 @@ def smolagents(provider, config: dict) -> dict:
     from smolagents.models import ChatMessage, MessageRole
 
     SmolagentsInstrumentor().instrument(tracer_provider=provider)
-    seen: list[str] = []
+    answered: dict[str, list[str]] = {name: [] for name in config["conversations"]}
 
     def read_id(response: httpx.Response) -> None:
         response.read()
         if response.status_code == 200:
-            seen.append(response.json()["id"])
+            answered[CONVERSATION.get()].append(response.json()["id"])
 
     http = httpx.Client(event_hooks={"response": [read_id]})
     model = OpenAIServerModel(
@@ -299,9 +316,8 @@ def smolagents(provider, config: dict) -> dict:
     def said(role: MessageRole, text: str) -> ChatMessage:
         return ChatMessage(role=role, content=[{"type": "text", "text": text}])
 
-    answered = {}
-    for name in config["conversations"]:
-        before = len(seen)
+    def conversation(name: str) -> None:
+        CONVERSATION.set(name)  # (each thread its own context: the hook reads whose reply it is)
         brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * 6
         messages = [said(MessageRole.SYSTEM, SYSTEM), said(MessageRole.USER, brief)]
         with using_session(name), provider.get_tracer("travel-agent").start_as_current_span("conversation"):
@@ -315,7 +331,8 @@ def smolagents(provider, config: dict) -> dict:
                 messages.append(said(MessageRole.ASSISTANT, reply.content or ""))
                 if step is not None:
                     messages.append(said(MessageRole.USER, step(city="Lisbon")))
-        answered[name] = seen[before:]
+
+    at_once(conversation, config)
     return {"answered": answered}
 
 
