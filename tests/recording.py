@@ -59,6 +59,26 @@ def subscribe(endpoint: str, out: list[dict], stop: threading.Event, *, bind: bo
     sock.close(linger=0)
 
 
+def relay(endpoint: str, onward: str, out: list[dict], stop: threading.Event) -> None:
+    """Bind `endpoint` (vLLM connects to it), keep every message as `subscribe` does, and publish it unchanged on
+    `onward` (bound) for a collector to subscribe to: a recording of the stream the collector reads."""
+    context = zmq.Context.instance()
+    sub, pub = context.socket(zmq.SUB), context.socket(zmq.PUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 200)
+    sub.bind(endpoint)
+    pub.bind(onward)
+    while not stop.is_set():
+        try:
+            parts = sub.recv_multipart()
+        except zmq.Again:
+            continue
+        out.append({"recv_ts": time.time(), "frames_b64": [base64.b64encode(p).decode() for p in parts]})
+        pub.send_multipart(parts)
+    sub.close(linger=0)
+    pub.close(linger=0)
+
+
 def scrape(url: str, out: list[tuple[float, str]], stop: threading.Event, every_s: float = 1.0) -> None:
     """`GET url/metrics` every `every_s` until `stop` or the server stops."""
     while not stop.wait(every_s):

@@ -160,9 +160,18 @@ def langchain(provider, config: dict) -> dict:
     from openinference.instrumentation.langchain import LangChainInstrumentor
 
     LangChainInstrumentor().instrument(tracer_provider=provider)
-    model = ChatOpenAI(
-        model=SERVED, base_url=config["base_url"], api_key="none", max_retries=0, max_tokens=6, temperature=0
-    )
+
+    def model_for(name: str) -> ChatOpenAI:  # with `header`, each conversation's model sends its session
+        headers = {SESSION_HEADER: name} if config.get("header") else None
+        return ChatOpenAI(
+            model=SERVED,
+            base_url=config["base_url"],
+            api_key="none",
+            max_retries=0,
+            max_tokens=6,
+            temperature=0,
+            default_headers=headers,
+        )
 
     @tool
     def search_flights(city: str) -> str:
@@ -177,8 +186,10 @@ def langchain(provider, config: dict) -> dict:
         return f"hotel booked in {city}"
 
     def conversation(name: str) -> list[str]:
-        brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * 6
-        messages, ids = [SystemMessage(SYSTEM), HumanMessage(brief)], []
+        brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * config.get(
+            "repeat", 6
+        )
+        messages, ids, model = [SystemMessage(SYSTEM), HumanMessage(brief)], [], model_for(name)
         for step in (search_flights, book_hotel, None):
             if step is None and name == config.get("too_long"):
                 messages.append(HumanMessage(TOO_LONG))
@@ -231,13 +242,19 @@ def openai_agents(provider, config: dict) -> dict:
 
     async def run() -> dict:
         http = httpx.AsyncClient(event_hooks={"response": [read_id]})
-        client = openai.AsyncOpenAI(base_url=config["base_url"], api_key="none", max_retries=0, http_client=http)
-        model = OpenAIChatCompletionsModel(model=SERVED, openai_client=client)
-        agent = Agent(name="travel-agent", instructions=SYSTEM, model=model, model_settings=ModelSettings(max_tokens=6))
 
         async def conversation(name: str) -> None:
             CONVERSATION.set(name)  # (each task its own context: the hook reads whose reply it is)
-            brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * 6
+            headers = {SESSION_HEADER: name} if config.get("header") else None  # `header`: its session on each call
+            client = openai.AsyncOpenAI(
+                base_url=config["base_url"], api_key="none", max_retries=0, http_client=http, default_headers=headers
+            )
+            model = OpenAIChatCompletionsModel(model=SERVED, openai_client=client)
+            settings = ModelSettings(max_tokens=6)
+            agent = Agent(name="travel-agent", instructions=SYSTEM, model=model, model_settings=settings)
+            brief = f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * config.get(
+                "repeat", 6
+            )
             items: list = [{"role": "user", "content": brief}]
             with using_session(name), trace("travel-agent", group_id=name):
                 for tool in ("search_flights", "book_hotel", None):

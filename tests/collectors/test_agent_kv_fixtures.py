@@ -75,18 +75,23 @@ def replay(store, name: str, *, without_sessions: bool = True) -> BlockOwners:
     return owners
 
 
+def losses(store, sessions) -> dict:
+    """Each session's losses and losses in tool pauses, as its latest footprint tells them."""
+    told = {}
+    for session in sessions:
+        latest = store.reads.session_snapshots(session).iloc[-1]
+        lost, paused = int(latest["session_evicted_blocks"]), int(latest["session_evicted_idle_blocks"])
+        told[session] = {"lost": lost, "lost_in_pause": paused}
+    return told
+
+
 @pytest.mark.parametrize("name", KV_RECORDINGS)
 def test_recorded_kv_events_are_owned_by_inference_on_every_backend(any_store, name):
     """Every request's blocks tied as live; each session's losses in tool pauses as the engine counted them, and
-    its losses as the live collector counted them (a prefix two conversations prefilled at once is neither's)."""
+    its losses as the live collector counted them (a prefix two conversations prefilled at once is neither's). A
+    run whose blocks named their sessions (`header`) is held to what the names gave each session live."""
     truth = json.loads((FIXTURES / name / "kv_truth.json").read_text())
     owners = replay(any_store, name)
-    assert dict(owners.requests_tied) == truth["requests_tied"]
-    told = {}
-    for session in truth["sessions"]:
-        latest = any_store.reads.session_snapshots(session).iloc[-1]
-        told[session] = {
-            "lost": int(latest["session_evicted_blocks"]),
-            "lost_in_pause": int(latest["session_evicted_idle_blocks"]),
-        }
-    assert told == truth["sessions"]
+    if truth["requests_tied"] is not None:
+        assert dict(owners.requests_tied) == truth["requests_tied"]
+    assert losses(any_store, truth["sessions"]) == truth["sessions"]

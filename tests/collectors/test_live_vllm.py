@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -184,3 +186,89 @@ def test_agents_traced_by_their_frameworks_on_a_live_vllm(store):
     assert "with-header" in owners and "without" not in owners  # KV events name a session only from the header
     if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
         record_fixture(FIXTURES / "vllm-openinference-pydantic-ai", harness.bodies, store)
+
+
+def test_framework_agents_on_a_live_vllm_own_their_blocks_by_inference_as_by_header(store):
+    """LangChain and the OpenAI Agents SDK at once, three conversations each (names of different lengths), sending
+    the session header, on a vLLM whose cache is too small for them: every answered step is joined to its request,
+    and the recording (with vLLM's KV-event messages) is what `test_agent_kv_fixtures.py` replays with the header's
+    names taken away, to be held to the losses the header gave each session here."""
+    from tests.collectors.test_agent_ownership import CONVERSATIONS
+    from tests.recording import relay
+
+    venv = os.environ["KVOBS_VLLM_VENV"]
+    port, kv, onward, otlp = free_port(), free_port(), free_port(), free_port()
+    kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
+    frames, stop = [], threading.Event()  # vLLM's stream, through a relay that records it
+    tap = threading.Thread(target=relay, args=(f"tcp://127.0.0.1:{kv}", f"tcp://127.0.0.1:{onward}", frames, stop))
+    tap.start()
+    collector = Collector(
+        CollectorOptions(
+            vllm_urls=[f"vllm=http://127.0.0.1:{port}"],
+            kv_events=[f"vllm=tcp://127.0.0.1:{onward}"],
+            kv_events_topic="kv",
+            otlp_http=f"127.0.0.1:{otlp}",
+            interval_s=1.0,
+            settle_s=2.0,
+        ),
+        store=store,
+    )
+    harness = Harness(
+        SimpleNamespace(url=f"http://127.0.0.1:{port}"), collector, f"http://127.0.0.1:{otlp}/v1/traces", "langchain"
+    )
+    receive = collector.receiver.handle
+    collector.receiver.handle = lambda request: harness.bodies.append(request.SerializeToString()) or receive(request)
+    collector.start()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    vllm = subprocess.Popen(
+        [
+            "bash",
+            str(SCRIPT),
+            "serve",
+            venv,
+            str(port),
+            "--num-gpu-blocks-override",
+            "16",
+            "--max-model-len",
+            "1536",
+            "--enable-prompt-tokens-details",
+            "--kv-events-config",
+            json.dumps(kv_config),
+            "--otlp-traces-endpoint",
+            f"http://127.0.0.1:{otlp}/v1/traces",
+        ],
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not _healthy(port):
+            assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
+            time.sleep(2)
+        long = {"concurrent": True, "header": True, "repeat": 12}  # prompts of 3 to 5 blocks of 128 tokens
+        sdk = [f"sdk-{name}" for name in CONVERSATIONS]
+        with ThreadPoolExecutor(2) as pool:  # both agents at once: six conversations share the cache
+            runs = [pool.submit(harness.agent, "langchain", conversations=CONVERSATIONS, **long)]
+            runs.append(pool.submit(harness.agent, "openai_agents", conversations=sdk, **long))
+        answered = runs[0].result()["answered"] | runs[1].result()["answered"]
+        wait_for(lambda: collector.span_ingest.num_requests >= harness.served, timeout_s=60)
+        time.sleep(3)
+    finally:
+        vllm.terminate()
+        vllm.wait(60)
+        collector.stop()
+        stop.set()
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
+    assert steps.groupby("session_id")["request_id"].apply(list).to_dict() == answered  # every step joined
+    assert set(steps["request_join"]) <= {"response_id", "timing"}
+    named = set(store.reads.kv_events(kinds=["stored"])["session_id"].dropna())
+    assert named == set(answered)  # the header named every session's blocks
+    if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
+        record = FIXTURES / "vllm-frameworks-kv"
+        record_fixture(record, harness.bodies, store, frames)
+        sessions = {}
+        for session in sorted(answered):
+            latest = store.reads.session_snapshots(session).iloc[-1]
+            lost, paused = int(latest["session_evicted_blocks"]), int(latest["session_evicted_idle_blocks"])
+            sessions[session] = {"lost": lost, "lost_in_pause": paused}
+        truth = {"header": True, "requests_tied": None, "sessions": sessions}  # as the header's names gave them
+        (record / "kv_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
