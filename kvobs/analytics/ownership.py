@@ -25,6 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import ChainMap, Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -68,8 +69,10 @@ class _Blocks:
                 self.undated.setdefault(instance, []).extend(times)
             else:
                 self.by_depth.setdefault((instance, depth), []).extend((ts, block_hash) for ts in times)
-        for events in (*self.by_depth.values(), *self.undated.values()):
-            events.sort()
+        for by_depth in self.by_depth.values():
+            by_depth.sort()
+        for undated in self.undated.values():
+            undated.sort()
 
     def depth(self, block_hash: int) -> int | None:
         """Blocks from the chain's root to this one (1: a root); None when an ancestor was not read."""
@@ -130,7 +133,9 @@ def block_ties(
     instances = set(stored["instance"])
     only = next(iter(instances)) if len(instances) == 1 else None  # one server: its spans' name may be another
     reqs = requests.sort_values("arrival_ts", kind="stable")
-    facts, cands, found = {}, {}, {}
+    facts: dict[str, _Request | None] = {}
+    cands: dict[str, set[int]] = {}
+    found: dict[str, bool] = {}
     for r in reqs.itertuples(index=False):
         fact = _Request.of(r, block_size, slack_s, r.instance if r.instance in instances else only)
         facts[r.request_id] = fact
@@ -138,7 +143,8 @@ def block_ties(
             cands[r.request_id] = fact.tips(blocks)
             found[r.request_id] = bool(cands[r.request_id])
     _propagate(cands, facts, blocks)
-    rows, owned = [], {}
+    rows: list[tuple] = []
+    owned: dict[tuple[str, int, float], str | None] = {}
     for r in reqs.itertuples(index=False):
         fact, tips = facts[r.request_id], cands.get(r.request_id, set())
         if fact is None:
@@ -161,22 +167,38 @@ def block_ties(
     return _frame(rows, {k: v for k, v in owned.items() if v is not None})
 
 
+@dataclass(frozen=True, slots=True)
 class _Request:
-    __slots__ = ("instance", "session", "depth", "prompt_depth", "arrival", "first", "end", "slack")
+    """What tells a request's chain: its instance, its session where known, its depths and its times."""
+
+    instance: str
+    session: str | None
+    depth: int  # of its tip: its full blocks, prompt and completion
+    prompt_depth: int  # of the block that ends its prompt
+    arrival: float
+    first: float  # its first token: the end of its prefill
+    end: float
+    slack: float
 
     @classmethod
-    def of(cls, r, block_size: int, slack_s: float, instance) -> _Request | None:
-        times = tuple(getattr(r, name, None) for name in ("arrival_ts", "first_token_ts", "finished_ts"))
-        counts = (getattr(r, "prompt_tokens", None), getattr(r, "completion_tokens", None))
-        if instance is None or any(v is None or pd.isna(v) for v in (*times, *counts)):
+    def of(cls, r, block_size: int, slack_s: float, instance: str | None) -> _Request | None:
+        times = [getattr(r, name, None) for name in ("arrival_ts", "first_token_ts", "finished_ts")]
+        prompt, completion = getattr(r, "prompt_tokens", None), getattr(r, "completion_tokens", None)
+        if instance is None or any(v is None or pd.isna(v) for v in (*times, prompt, completion)):
             return None
-        fact = cls()
-        fact.instance, fact.slack = instance, slack_s
-        fact.session = getattr(r, "session_id", None) if isinstance(getattr(r, "session_id", None), str) else None
-        fact.depth = (int(r.prompt_tokens) + int(r.completion_tokens) - 1) // block_size
-        fact.prompt_depth = int(r.prompt_tokens) // block_size
-        fact.arrival, fact.first, fact.end = (float(t) for t in times)
-        return fact
+        session = getattr(r, "session_id", None)
+        arrival, first, end = (float(t) for t in times)  # type: ignore[arg-type]
+        tokens, prompt_tokens = int(prompt) + int(completion), int(prompt)  # type: ignore[arg-type]
+        return cls(
+            instance,
+            session if isinstance(session, str) else None,
+            (tokens - 1) // block_size,
+            prompt_tokens // block_size,
+            arrival,
+            first,
+            end,
+            slack_s,
+        )
 
     def window(self) -> tuple[float, float]:
         """When its tip can have been stored: by its prefill, or while it decoded."""
@@ -191,7 +213,7 @@ class _Request:
             return set()
         lo, hi = self.window()
         events = blocks.by_depth.get((self.instance, self.depth), [])
-        found = set()
+        found: set[int] = set()
         for _, tip in events[bisect_left(events, (lo, -1)) : bisect_right(events, (hi, 2**64))]:
             tag = self.tag(blocks, tip)
             if (tag is None or self.session is None or tag == self.session) and self._fits(blocks, tip):
@@ -218,14 +240,16 @@ class _Request:
 
     def tag(self, blocks: _Blocks, tip: int) -> str | None:
         """The session its tip's store in its window names."""
-        event = self.store(blocks, tip)
-        return None if event[2] is None else blocks.tags.get(event)
+        instance, block, ts = self.store(blocks, tip)
+        return None if ts is None else blocks.tags.get((instance, block, ts))
 
     def owned(self, blocks: _Blocks, tip: int) -> list[tuple[str, int, float]]:
         """(instance, block, store time) of each block it stored: its chain from its tip up to its cached prefix,
         or up to a block another chain continued from as it was stored (requests sharing a prefix they prefilled
         together: either may have stored it, so neither is given it)."""
-        out, node, below = [], tip, None
+        out: list[tuple[str, int, float]] = []
+        node: int | None = tip
+        below: int | None = None
         while node is not None:
             ts = blocks.stored_in(self.instance, node, self.arrival - self.slack, self.end + self.slack)
             if ts is None or self._shared(blocks, node, below, ts):
@@ -258,7 +282,7 @@ def _propagate(cands: dict[str, set[int]], facts: dict, blocks: _Blocks) -> None
                 changed |= _continue(cands, x, y, blocks)
         # a block is stored once: a store a request surely made (its tip, and its chain up to its cached prefix)
         # is no other request's tip
-        made = {}
+        made: dict[tuple[str, int, float | None], str] = {}
         for rid, tips in cands.items():
             if len(tips) == 1:
                 made.update((event, rid) for event in facts[rid].owned(blocks, next(iter(tips))))
