@@ -36,9 +36,10 @@ from kvobs.vllm.kv_events import as_uint64
 
 log = logging.getLogger(__name__)
 
-# How long a removal of a block that named no session waits for its session: the agent's exporter's batch, the
-# collector's join of its step (up to JOIN_WAIT_S) and a tick.
-HOLD_S = JOIN_WAIT_S + 15.0
+# How long a removal of a block that named no session waits for its session: the join of its step (up to the join
+# wait) and, after it, the agent's exporter's batch and a tick of the collector.
+HOLD_AFTER_JOIN_S = 15.0
+HOLD_S = JOIN_WAIT_S + HOLD_AFTER_JOIN_S
 RECENT_S = 300.0  # stores kept to read a chain's recent blocks by (stream time): a request's run and its wait
 CONTEXT_S = 120.0  # a session's requests already tied, kept to tell its next one's chain by
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from collectors.block_owners import BlockOwners
+from collectors.block_owners import HOLD_AFTER_JOIN_S, BlockOwners
 from collectors.drops import DropCounter
 from collectors.kv_bridge import KVSpanBridge
 from collectors.kv_ingest import KVIngest
@@ -34,7 +34,7 @@ from collectors.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
 from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
-from collectors.span_steps import SpanSteps
+from collectors.span_steps import JOIN_WAIT_S, SpanSteps
 from collectors.step_verdicts import VerdictKeeper
 from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
@@ -72,6 +72,9 @@ class CollectorOptions:
     interval_s: float = 5.0
     settle_s: float = 10.0
     session_end_after_s: float = SESSION_END_AFTER_S  # a session with no request this long (stream time) ended
+    join_wait_s: float = (
+        JOIN_WAIT_S  # a framework's call waits this long for its request span (and a request for its step)
+    )
     metrics_address: str | None = None  # host:port of the collector's own /metrics
     session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
     retention_days: float | None = None  # drop the store's raw KV events older than this
@@ -90,6 +93,8 @@ class CollectorOptions:
             raise ValueError(f"--kv-silence-s must be positive; got {self.kv_silence_s}")
         if self.session_end_after_s <= 0:
             raise ValueError(f"--session-end-after-s must be positive; got {self.session_end_after_s}")
+        if self.join_wait_s < 0:
+            raise ValueError(f"--join-wait-s must not be negative; got {self.join_wait_s}")
         for url in (self.forward_otlp, self.otlp_endpoint):
             if url is not None:
                 check_forward_url(url)
@@ -127,11 +132,17 @@ class Collector:
             self.writer,
             activity=self.activity,
             settle_s=options.settle_s,
+            join_wait_s=options.join_wait_s,
             step_counts=lambda ids: self.store.lookups.session_step_counts(ids),
         )
         # the blocks of requests whose steps were joined, where the blocks name no session: only where both come
         self.block_owners = (
-            BlockOwners(self.activity, [s.ingest for s in self.streams])
+            BlockOwners(
+                self.activity,
+                [s.ingest for s in self.streams],
+                join_wait_s=options.join_wait_s,
+                hold_s=options.join_wait_s + HOLD_AFTER_JOIN_S,
+            )
             if self.streams and (options.otlp_grpc or options.otlp_http)
             else None
         )

@@ -83,6 +83,14 @@ def add_parser(sub) -> None:
     )
     add_session_end_flag(p)
     p.add_argument(
+        "--join-wait-s",
+        type=float,
+        metavar="S",
+        help="how long an agent framework's LLM call waits for its server's request span before its step is written "
+        "unjoined, and a request for its step before its stored blocks are tied to a session by inference (default "
+        "20; a server exporting its spans late needs more)",
+    )
+    p.add_argument(
         "--session-idle-s",
         type=float,
         default=SESSION_IDLE_S,
@@ -136,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             interval_s=args.interval,
             settle_s=args.settle,
             session_end_after_s=args.session_end_after_s,
+            **({} if args.join_wait_s is None else {"join_wait_s": args.join_wait_s}),
             metrics_address=args.metrics_address,
         )
         collector = Collector(options)
