@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # wait) and, after it, the agent's exporter's batch and a tick of the collector.
 HOLD_AFTER_JOIN_S = 15.0
 HOLD_S = JOIN_WAIT_S + HOLD_AFTER_JOIN_S
-RECENT_S = 300.0  # stores kept to read a chain's recent blocks by (stream time): a request's run and its wait
+RECENT_S = 180.0  # stores kept (stream time): a request's run, its wait for its step, its session's context
 CONTEXT_S = 120.0  # a session's requests already tied, kept to tell its next one's chain by
 
 
@@ -83,7 +83,8 @@ class BlockOwners:
         collector stops); returns the blocks adopted."""
         now, adopted = self.clock(), 0
         for ingest, due in self._due(final):
-            stored = ingest.recent_stores()
+            context = [r for r in self._tied if r.instance == ingest.instance]
+            stored = ingest.recent_stores(min(r.arrival_ts for r in due + context) - STORE_SLACK_S)
             times = stored["ts"].to_numpy(float)
             looked = [r for r in due if _stores_between(times, r.arrival_ts, r.finished_ts)]
             for record in due if len(looked) < len(due) else ():
@@ -91,7 +92,6 @@ class BlockOwners:
                     del self._waiting[record.request_id]  # a header named every block of its window
             if not looked:
                 continue
-            context = [r for r in self._tied if r.instance == ingest.instance]
             frame = _requests(looked + context, self.activity)
             ties = block_ties(frame, stored, block_size=ingest.block_size, before=_ResidentParents(ingest))
             n = ingest.adopt(ties.attrs["owned"])

@@ -168,10 +168,11 @@ class KVIngest:
         with self.lock:
             return self._adopt(owned)
 
-    def recent_stores(self) -> pd.DataFrame:
-        """The recent stores of blocks that named no session, as `kvobs.analytics.ownership` reads them."""
+    def recent_stores(self, since: float = float("-inf")) -> pd.DataFrame:
+        """The recent stores (from `since` on) of blocks that named no session, as `kvobs.analytics.ownership`
+        reads them."""
         with self.lock:
-            return self.recent.frame(self.instance, self.block_size)
+            return self.recent.frame(self.instance, self.block_size, since)
 
     def _adopt(self, owned: dict[tuple[str, int, float], str]) -> int:
         raw_of, blocks, adopted = self.recent.raw, self.chains.blocks, 0

@@ -33,9 +33,15 @@ class RecentStores:
             for block_hash in self.events.popleft()[1]:
                 self.raw.pop(block_hash, None)
 
-    def frame(self, instance: str, block_size: int | None) -> pd.DataFrame:
+    def frame(self, instance: str, block_size: int | None, since: float = float("-inf")) -> pd.DataFrame:
+        """The stores from `since` on (stream time), oldest first."""
+        recent = []
+        for event in reversed(self.events):  # (newest first: a slice of the end costs only what it reads)
+            if event[0] < since:
+                break
+            recent.append(event)
         ts, hashes, parents = [], [], []
-        for at, stored, parent in self.events:
+        for at, stored, parent in reversed(recent):
             ts += [at] * len(stored)
             hashes += stored
             parents += [parent, *stored[:-1]]
