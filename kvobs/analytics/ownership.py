@@ -11,7 +11,8 @@ request spans name no blocks. A request's blocks are still told apart by what th
 - time: a tip inside its prompt was stored by its prefill (arrival to first token), one past it while it decoded
   (first token to end); the block that ends its prompt existed by its first token, and every block past it was
   stored while it decoded;
-- its instance, and a tip that names another session is not its;
+- its instance; a tip that names another session is not its, and one that names its own (the header's) is taken
+  before any that names none;
 - its session's chain: the conversation grows by appending, so a request's tip lies on the chain of its session's
   next request (where no pair of candidates does, the tip's parent must);
 - a block is stored once: a store another request surely made (its tip, and its chain up to the prefix it
@@ -208,17 +209,20 @@ class _Request:
 
     def tips(self, blocks: _Blocks) -> set[int]:
         """The blocks as deep as its tokens, stored on its instance when its tip could be, whose chain fits its
-        times, naming no other session."""
+        times, naming no other session: those naming its own, where there are any."""
         if self.depth < 1:
             return set()
         lo, hi = self.window()
         events = blocks.by_depth.get((self.instance, self.depth), [])
         found: set[int] = set()
+        named: set[int] = set()  # tips naming its own session: the header's, exact
         for _, tip in events[bisect_left(events, (lo, -1)) : bisect_right(events, (hi, 2**64))]:
             tag = self.tag(blocks, tip)
             if (tag is None or self.session is None or tag == self.session) and self._fits(blocks, tip):
                 found.add(tip)
-        return found
+                if tag is not None and tag == self.session:
+                    named.add(tip)
+        return named or found
 
     def _fits(self, blocks: _Blocks, tip: int) -> bool:
         node: int | None = tip

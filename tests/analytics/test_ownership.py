@@ -112,3 +112,16 @@ def test_routing_loss_is_measured_the_same_where_the_blocks_name_no_session(requ
     pd.testing.assert_frame_equal(routing_losses(reqs, events.assign(session_id=None)), named)
     unknown = routing_losses(reqs.assign(session_id=None), events.assign(session_id=None))
     assert unknown.empty  # no session on the requests either: a request's chain is read by its session's blocks
+
+
+def test_where_only_some_sessions_sent_the_header_the_others_are_given_back_and_the_named_keep_theirs(vllm_run):
+    """A fleet where half the agents send the header: the named blocks stay their sessions' (never given to
+    another session's request that could have stored them), the others are tied by inference, none wrongly."""
+    reqs, stored, _ = blind(vllm_run.store)
+    half = stored["session_id"].isin({f"sess-{i:02d}" for i in range(6)})
+    mixed = stored.assign(session_id=stored["session_id"].where(~half, None))
+    owned = owned_stored(mixed, block_ties(reqs, mixed))
+    assert (owned.loc[~half, "tie"] == HEADER).all()
+    inferred = owned["tie"] == INFERENCE
+    assert inferred.sum() >= 0.9 * half.sum() and set(owned.loc[inferred].index) <= set(stored.index[half])
+    assert (owned.loc[inferred, "session_id"] == stored.loc[inferred, "session_id"]).all()
