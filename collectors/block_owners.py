@@ -66,6 +66,7 @@ class BlockOwners:
         self.clock = clock
         for ingest in ingests:
             ingest.infer_owners(hold_s, RECENT_S)
+        self._arrived: deque[tuple[float, RequestRecord]] = deque()  # (seen, record), not yet looked at
         self._waiting: dict[str, tuple[float, RequestRecord]] = {}  # request id -> (first seen, record)
         self._tied: deque[RequestRecord] = deque()  # requests tied, with their sessions: the context of the next
         self.requests_tied: Counter[str] = Counter()  # BlockTie -> requests counted
@@ -73,15 +74,17 @@ class BlockOwners:
         self._told = False
 
     def add_requests(self, records: list[RequestRecord]) -> None:
+        """From the OTLP receiver's threads: queued for the tick's thread (a deque's append needs no lock)."""
         now = self.clock()
-        for record in records:
-            if record.finished_ts is not None:
-                self._waiting.setdefault(record.request_id, (now, record))
+        self._arrived.extend((now, record) for record in records if record.finished_ts is not None)
 
     def run(self, *, final: bool = False) -> int:
         """Tie the requests whose streams have passed their end (`final`: every request, each decided now: the
         collector stops); returns the blocks adopted."""
         now, adopted = self.clock(), 0
+        while self._arrived:
+            seen, record = self._arrived.popleft()
+            self._waiting.setdefault(record.request_id, (seen, record))
         for ingest, due in self._due(final):
             context = [r for r in self._tied if r.instance == ingest.instance]
             stored = ingest.recent_stores(min(r.arrival_ts for r in due + context) - STORE_SLACK_S)
