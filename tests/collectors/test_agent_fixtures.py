@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collectors.session_activity import SessionActivity
 from collectors.span_ingest import SpanIngest
-from collectors.span_steps import SpanSteps
+from collectors.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.analytics.attribution import attribute_steps
 from kvobs.semconv.spans import STEP_JOINED
 from kvobs.store.writer import StoreWriter
@@ -35,7 +35,7 @@ def _is_server(request: ExportTraceServiceRequest) -> bool:
     )
 
 
-def replay(store, requests: list[ExportTraceServiceRequest]) -> SpanIngest:
+def replay(store, requests: list[ExportTraceServiceRequest], *, join_wait_s: float = JOIN_WAIT_S) -> SpanIngest:
     """Feed the exports to span ingest and the step maker as the collector does, deciding after each export. The
     collector's clock is the stream's: an export arrives when its latest span has ended (a batch exporter sends
     within seconds), so waits for parents and for server requests last as long as they did live."""
@@ -47,6 +47,7 @@ def replay(store, requests: list[ExportTraceServiceRequest]) -> SpanIngest:
         activity=activity,
         step_counts=lambda ids: store.lookups.session_step_counts(ids),
         clock=lambda: now[0],
+        join_wait_s=join_wait_s,
     )
     ingest = SpanIngest(writer, activity=activity, steps=steps, instance="engine")
     for request in requests:
@@ -65,6 +66,20 @@ def _latest_end(request: ExportTraceServiceRequest) -> float:
     )
 
 
+def _latest_end_of(requests: list[ExportTraceServiceRequest]) -> float:
+    return max(_latest_end(r) for r in requests)
+
+
+def _first_start_of(requests: list[ExportTraceServiceRequest]) -> float:
+    return min(
+        span.start_time_unix_nano / 1e9
+        for r in requests
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    )
+
+
 def _tool_names(tools) -> list:
     return [(t["name"], t["status"]) for t in json.loads(tools)] if isinstance(tools, str) else []
 
@@ -78,7 +93,9 @@ def test_recorded_agent_runs_make_the_same_steps_on_every_backend(any_store, nam
         requests = [r for r in requests for _ in range(2)]
     elif order == "server_last":
         requests = [r for r in requests if not _is_server(r)] + [r for r in requests if _is_server(r)]
-    ingest = replay(any_store, requests)
+    # server last: every request span after every agent span, so the calls wait as long as the recording lasted
+    wait = _latest_end_of(requests) - _first_start_of(requests) + 1.0 if order == "server_last" else JOIN_WAIT_S
+    ingest = replay(any_store, requests, join_wait_s=max(wait, JOIN_WAIT_S))
 
     steps = any_store.reads.steps().sort_values(["session_id", "step_index"])[STEP_COLUMNS]
     got = json.loads(steps.to_json(orient="records"))
