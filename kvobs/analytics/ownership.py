@@ -18,7 +18,8 @@ request spans name no blocks. A request's blocks are still told apart by what th
 - a block is stored once: a store another request surely made (its tip, and its chain up to the prefix it
   found cached) is not this request's tip.
 A tie is taken only when exactly one tip is left; otherwise the request says why (`BlockTie`). A request owns its
-chain from its tip up to the first block not stored while it ran: the prefix it found cached.
+chain from its tip up to the first block not stored while it ran (the prefix it found cached), or up to a block
+another chain continued from as it was stored (a prefix two requests prefilled together is neither's).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import pandas as pd
 from kvobs.analytics.chains import with_sessions
 from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
 
-# A KV batch is stamped when the engine step that stored its blocks ends, and the request span's times come from
-# the same server clock: one engine step apart, at most.
+# A KV batch is stamped as the engine step that stored its blocks ends, as a request's first token is, on the same
+# server clock: the two differ by publishing and exporting, well under this.
 STORE_SLACK_S = 0.3
 TIE_COLUMNS = ["request_id", "instance", "session_id", "tip_hash", "num_blocks", "tie"]
 _ROUNDS = 50  # propagation rounds at most (each one removes a tip or stops)
