@@ -64,7 +64,7 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     smollm2_source, store, monkeypatch, scenario
 ):
     truth = BlockTruth()
-    record = "langchain-kv-ownership" if scenario == "langchain" else None
+    record = f"{scenario.replace('_', '-')}-kv-ownership"  # (written only with KVOBS_RECORD_AGENT_FIXTURES=1)
     with served_and_collected(smollm2_source, store, service=scenario, num_blocks=34, record=record) as h:
         h.server.engine.observers.append(truth)
         answered = h.agent(scenario, conversations=CONVERSATIONS, concurrent=True)["answered"]
@@ -106,7 +106,7 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     assert_clean(at)
     said = [c.value for c in at.caption if "named no session" in c.value]
     assert said and "Of its 3 requests: 3 tied to it by inference" in said[0], said
-    if record is not None and os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":  # what its replay is held to
+    if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":  # what its replay is held to
         sessions = {s: {"lost": footprints[s].removed, "lost_in_pause": paused[s]} for s in CONVERSATIONS}
         kv_truth = {"requests_tied": dict(h.collector.block_owners.requests_tied), "sessions": sessions}
         (FIXTURES / record / "kv_truth.json").write_text(json.dumps(kv_truth, indent=1) + "\n")
