@@ -35,9 +35,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_collector_on_a_live_vllm(store):
-    venv = os.environ["KVOBS_VLLM_VENV"]
     port, kv, otlp = free_port(), free_port(), free_port()
-    kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
     collector = Collector(
         CollectorOptions(
             vllm_urls=[f"vllm=http://127.0.0.1:{port}"],
@@ -49,28 +47,9 @@ def test_collector_on_a_live_vllm(store):
         store=store,
     )
     collector.start()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-    vllm = subprocess.Popen(
-        [
-            "bash",
-            str(SCRIPT),
-            "serve",
-            venv,
-            str(port),
-            "--num-gpu-blocks-override",
-            "16",
-            "--kv-events-config",
-            json.dumps(kv_config),
-            "--otlp-traces-endpoint",
-            f"http://127.0.0.1:{otlp}/v1/traces",
-        ],
-        env=env,
-    )
+    vllm = _serve(port, kv, otlp, "--num-gpu-blocks-override", "16")
     try:
-        deadline = time.monotonic() + 600
-        while not _healthy(port):
-            assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
-            time.sleep(2)
+        _wait_started(vllm, port)
         system = "You are a meticulous research agent. " * 100  # ~6 blocks of 128 tokens per session
         for session in ("live-a", "live-b", "live-c"):
             body = {
@@ -107,14 +86,43 @@ def _healthy(port: int) -> bool:
         return False
 
 
+def _serve(port: int, kv: int, otlp: int, *args: str) -> subprocess.Popen:
+    """`vllm-cpu.sh serve` on `port` with `args`, publishing its KV events (topic `kv`) to the ZMQ endpoint `kv`
+    (vLLM connects to it) and exporting its spans to the OTLP/HTTP receiver on `otlp`."""
+    kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
+    command = ["bash", str(SCRIPT), "serve", os.environ["KVOBS_VLLM_VENV"], str(port), *args]
+    command += [
+        "--kv-events-config",
+        json.dumps(kv_config),
+        "--otlp-traces-endpoint",
+        f"http://127.0.0.1:{otlp}/v1/traces",
+    ]
+    return subprocess.Popen(command, env={**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"})
+
+
+def _wait_started(vllm: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 600
+    while not _healthy(port):
+        assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
+        time.sleep(2)
+
+
+def _recording(collector: Collector, port: int, otlp: int, service: str) -> Harness:
+    """A harness over the live vLLM on `port` whose collector keeps every OTLP export it takes (for fixtures)."""
+    harness = Harness(
+        SimpleNamespace(url=f"http://127.0.0.1:{port}"), collector, f"http://127.0.0.1:{otlp}/v1/traces", service
+    )
+    receive = collector.receiver.handle
+    collector.receiver.handle = lambda request: harness.bodies.append(request.SerializeToString()) or receive(request)
+    return harness
+
+
 def test_agents_traced_by_their_frameworks_on_a_live_vllm(store):
     """An OpenInference agent (one conversation with the session header, one without, one call refused as too
     long) and a pydantic-ai agent against vLLM through the collector: vLLM's `llm_request` span names the id it
     answered (`gen_ai.request.id`), so every answered step is joined to its vLLM request by that id, without
     trace context. With KVOBS_RECORD_AGENT_FIXTURES=1 the exports become tests/fixtures/agents/vllm-*."""
-    venv = os.environ["KVOBS_VLLM_VENV"]
     port, kv, otlp = free_port(), free_port(), free_port()
-    kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
     collector = Collector(
         CollectorOptions(
             vllm_urls=[f"vllm=http://127.0.0.1:{port}"],
@@ -127,37 +135,13 @@ def test_agents_traced_by_their_frameworks_on_a_live_vllm(store):
         ),
         store=store,
     )
-    harness = Harness(
-        SimpleNamespace(url=f"http://127.0.0.1:{port}"), collector, f"http://127.0.0.1:{otlp}/v1/traces", "travel-agent"
-    )
-    receive = collector.receiver.handle
-    collector.receiver.handle = lambda request: harness.bodies.append(request.SerializeToString()) or receive(request)
+    harness = _recording(collector, port, otlp, "travel-agent")
     collector.start()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-    vllm = subprocess.Popen(
-        [
-            "bash",
-            str(SCRIPT),
-            "serve",
-            venv,
-            str(port),
-            "--num-gpu-blocks-override",
-            "24",
-            "--max-model-len",
-            "1024",
-            "--enable-prompt-tokens-details",
-            "--kv-events-config",
-            json.dumps(kv_config),
-            "--otlp-traces-endpoint",
-            f"http://127.0.0.1:{otlp}/v1/traces",
-        ],
-        env=env,
+    vllm = _serve(
+        port, kv, otlp, "--num-gpu-blocks-override", "24", "--max-model-len", "1024", "--enable-prompt-tokens-details"
     )
     try:
-        deadline = time.monotonic() + 600
-        while not _healthy(port):
-            assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
-            time.sleep(2)
+        _wait_started(vllm, port)
         oi = harness.agent(
             "openinference", conversations={"with-header": "session", "without": None}, too_long="without"
         )["answered"]
@@ -196,9 +180,7 @@ def test_framework_agents_on_a_live_vllm_own_their_blocks_by_inference_as_by_hea
     from tests.collectors.test_agent_ownership import CONVERSATIONS
     from tests.recording import relay
 
-    venv = os.environ["KVOBS_VLLM_VENV"]
     port, kv, onward, otlp = free_port(), free_port(), free_port(), free_port()
-    kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{kv}", "topic": "kv"}
     frames, stop = [], threading.Event()  # vLLM's stream, through a relay that records it
     tap = threading.Thread(target=relay, args=(f"tcp://127.0.0.1:{kv}", f"tcp://127.0.0.1:{onward}", frames, stop))
     tap.start()
@@ -213,37 +195,13 @@ def test_framework_agents_on_a_live_vllm_own_their_blocks_by_inference_as_by_hea
         ),
         store=store,
     )
-    harness = Harness(
-        SimpleNamespace(url=f"http://127.0.0.1:{port}"), collector, f"http://127.0.0.1:{otlp}/v1/traces", "langchain"
-    )
-    receive = collector.receiver.handle
-    collector.receiver.handle = lambda request: harness.bodies.append(request.SerializeToString()) or receive(request)
+    harness = _recording(collector, port, otlp, "langchain")
     collector.start()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
-    vllm = subprocess.Popen(
-        [
-            "bash",
-            str(SCRIPT),
-            "serve",
-            venv,
-            str(port),
-            "--num-gpu-blocks-override",
-            "16",
-            "--max-model-len",
-            "1536",
-            "--enable-prompt-tokens-details",
-            "--kv-events-config",
-            json.dumps(kv_config),
-            "--otlp-traces-endpoint",
-            f"http://127.0.0.1:{otlp}/v1/traces",
-        ],
-        env=env,
+    vllm = _serve(
+        port, kv, otlp, "--num-gpu-blocks-override", "16", "--max-model-len", "1536", "--enable-prompt-tokens-details"
     )
     try:
-        deadline = time.monotonic() + 600
-        while not _healthy(port):
-            assert vllm.poll() is None and time.monotonic() < deadline, "vLLM did not start"
-            time.sleep(2)
+        _wait_started(vllm, port)
         long = {"concurrent": True, "header": True, "repeat": 12}  # prompts of 3 to 5 blocks of 128 tokens
         sdk = [f"sdk-{name}" for name in CONVERSATIONS]
         with ThreadPoolExecutor(2) as pool:  # both agents at once: six conversations share the cache
