@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -46,37 +47,40 @@ def run_agents(urls: list[str], otlp_grpc_port: int, workload: str, timeout_s: f
 def subscribe(endpoint: str, out: list[dict], stop: threading.Event, *, bind: bool = False) -> None:
     """Every multipart message at `endpoint` (connected, or bound: vLLM connects to a concrete address) until
     `stop`, with its receive time, base64."""
-    sock = zmq.Context.instance().socket(zmq.SUB)
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.setsockopt(zmq.RCVTIMEO, 200)
-    (sock.bind if bind else sock.connect)(endpoint)
-    while not stop.is_set():
-        try:
-            parts = sock.recv_multipart()
-        except zmq.Again:
-            continue
-        out.append({"recv_ts": time.time(), "frames_b64": [base64.b64encode(p).decode() for p in parts]})
+    sock = _subscriber(endpoint, bind=bind)
+    for _ in _messages(sock, out, stop):
+        pass
     sock.close(linger=0)
 
 
 def relay(endpoint: str, onward: str, out: list[dict], stop: threading.Event) -> None:
     """Bind `endpoint` (vLLM connects to it), keep every message as `subscribe` does, and publish it unchanged on
     `onward` (bound) for a collector to subscribe to: a recording of the stream the collector reads."""
-    context = zmq.Context.instance()
-    sub, pub = context.socket(zmq.SUB), context.socket(zmq.PUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.RCVTIMEO, 200)
-    sub.bind(endpoint)
+    sub, pub = _subscriber(endpoint, bind=True), zmq.Context.instance().socket(zmq.PUB)
     pub.bind(onward)
-    while not stop.is_set():
-        try:
-            parts = sub.recv_multipart()
-        except zmq.Again:
-            continue
-        out.append({"recv_ts": time.time(), "frames_b64": [base64.b64encode(p).decode() for p in parts]})
+    for parts in _messages(sub, out, stop):
         pub.send_multipart(parts)
     sub.close(linger=0)
     pub.close(linger=0)
+
+
+def _subscriber(endpoint: str, *, bind: bool) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVTIMEO, 200)
+    (sock.bind if bind else sock.connect)(endpoint)
+    return sock
+
+
+def _messages(sock: zmq.Socket, out: list[dict], stop: threading.Event) -> Iterator[list[bytes]]:
+    """Each message until `stop`, kept in `out` with its receive time (base64) as it is yielded."""
+    while not stop.is_set():
+        try:
+            parts = sock.recv_multipart()
+        except zmq.Again:
+            continue
+        out.append({"recv_ts": time.time(), "frames_b64": [base64.b64encode(p).decode() for p in parts]})
+        yield parts
 
 
 def scrape(url: str, out: list[tuple[float, str]], stop: threading.Event, every_s: float = 1.0) -> None:
