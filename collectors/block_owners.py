@@ -21,6 +21,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -70,7 +71,6 @@ class BlockOwners:
         self._waiting: dict[str, tuple[float, RequestRecord]] = {}  # request id -> (first seen, record)
         self._tied: deque[RequestRecord] = deque()  # requests tied, with their sessions: the context of the next
         self.requests_tied: Counter[str] = Counter()  # BlockTie -> requests counted
-        self.num_adopted = 0  # blocks handed to a session
         self._told = False
 
     def add_requests(self, records: list[RequestRecord]) -> None:
@@ -89,9 +89,11 @@ class BlockOwners:
             context = [r for r in self._tied if r.instance == ingest.instance]
             stored = ingest.recent_stores(min(r.arrival_ts for r in due + context) - STORE_SLACK_S)
             times = stored["ts"].to_numpy(float)
-            looked = [r for r in due if _stores_between(times, r.arrival_ts, r.finished_ts)]
-            for record in due if len(looked) < len(due) else ():
-                if not _stores_between(times, record.arrival_ts, record.finished_ts):
+            looked = []
+            for record in due:
+                if _stores_between(times, record.arrival_ts, record.finished_ts):
+                    looked.append(record)
+                else:
                     del self._waiting[record.request_id]  # a header named every block of its window
             if not looked:
                 continue
@@ -111,7 +113,7 @@ class BlockOwners:
                     tie = BlockTie.NO_SESSION.value
                 self.requests_tied[tie] += 1
                 if tie in BLOCKS_TIED:
-                    self._tied.append(_with_session(record, session))
+                    self._tied.append(replace(record, session_id=session))
             if n and not self._told:
                 self._told = True
                 log.info(
@@ -120,7 +122,6 @@ class BlockOwners:
                     ingest.instance,
                 )
         self._forget(now)
-        self.num_adopted += adopted
         return adopted
 
     def _due(self, final: bool) -> Iterator[tuple[KVIngest, list[RequestRecord]]]:
@@ -135,7 +136,7 @@ class BlockOwners:
             elif ingest.recent is not None and (final or record.finished_ts + STORE_SLACK_S <= ingest.latest_ts):
                 due.setdefault(ingest.instance, []).append(record)
         for instance, records in due.items():
-            yield self.ingests[instance], [_on(record, instance) for record in records]
+            yield self.ingests[instance], [replace(record, instance=instance) for record in records]
 
     def _forget(self, now: float) -> None:
         horizon = max((i.latest_ts for i in self.ingests.values()), default=0.0) - CONTEXT_S
@@ -149,16 +150,6 @@ class BlockOwners:
 def _stores_between(times: np.ndarray, start: float, end: float) -> bool:
     lo, hi = np.searchsorted(times, start - STORE_SLACK_S), np.searchsorted(times, end + STORE_SLACK_S, "right")
     return bool(hi > lo)
-
-
-def _on(record: RequestRecord, instance: str) -> RequestRecord:
-    if record.instance == instance:
-        return record
-    return RequestRecord(**{**record.to_row(), "instance": instance})
-
-
-def _with_session(record: RequestRecord, session: str) -> RequestRecord:
-    return RequestRecord(**{**record.to_row(), "session_id": session})
 
 
 def _requests(records: list[RequestRecord], activity: SessionActivity) -> pd.DataFrame:
