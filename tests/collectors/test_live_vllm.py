@@ -177,6 +177,7 @@ def test_framework_agents_on_a_live_vllm_own_their_blocks_by_inference_as_by_hea
     the session header, on a vLLM whose cache is too small for them: every answered step is joined to its request,
     and the recording (with vLLM's KV-event messages) is what `test_agent_kv_fixtures.py` replays with the header's
     names taken away, to be held to the losses the header gave each session here."""
+    from tests.collectors.test_agent_kv_fixtures import losses
     from tests.collectors.test_agent_ownership import CONVERSATIONS
     from tests.recording import relay
 
@@ -223,10 +224,6 @@ def test_framework_agents_on_a_live_vllm_own_their_blocks_by_inference_as_by_hea
     if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
         record = FIXTURES / "vllm-frameworks-kv"
         record_fixture(record, harness.bodies, store, frames)
-        sessions = {}
-        for session in sorted(answered):
-            latest = store.reads.session_snapshots(session).iloc[-1]
-            lost, paused = int(latest["session_evicted_blocks"]), int(latest["session_evicted_idle_blocks"])
-            sessions[session] = {"lost": lost, "lost_in_pause": paused}
-        truth = {"header": True, "requests_tied": None, "sessions": sessions}  # as the header's names gave them
+        sessions = losses(store, sorted(answered))  # as the header's names gave them
+        truth = {"header": True, "requests_tied": None, "sessions": sessions}
         (record / "kv_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
