@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from instrumented_engine.engine import events as ev
 from kvobs.semconv.reasons import PRESSURE_REASONS
 from tests.collectors.agent_harness import FIXTURES, served_and_collected
+from tests.collectors.test_agent_kv_fixtures import losses
 from tests.dashboard.test_app import assert_clean, open_page
 
 # names of different lengths: conversations whose prompts differ in length, as real ones do (three of one length,
@@ -97,11 +98,7 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
         # (the removal's time is its KV batch's, a moment after the engine's eviction)
         assert min(owner_at[int(block)], key=lambda e: abs(e[0] - ts))[1] == session
     # the losses in tool pauses, as the sessions' footprints tell them, are the engine's
-    latest = {s: store.reads.session_snapshots(s).iloc[-1] for s in CONVERSATIONS}
-    assert {s: int(row["session_evicted_idle_blocks"]) for s, row in latest.items()} == {
-        s: paused[s] for s in CONVERSATIONS
-    }
-    assert {s: int(row["session_evicted_blocks"]) for s, row in latest.items()} == {s: lost[s] for s in CONVERSATIONS}
+    assert losses(store, CONVERSATIONS) == {s: {"lost": lost[s], "lost_in_pause": paused[s]} for s in CONVERSATIONS}
 
     # the Sessions page says whose blocks are owned by inference, and how many of the session's requests
     at = open_page(monkeypatch, store.url, "sessions")
