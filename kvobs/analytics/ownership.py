@@ -386,6 +386,26 @@ TIE_WORDS = {
 }
 
 
+def ties_check(ties: Mapping[str, float]) -> tuple[bool, str]:
+    """(ok, words) of a collector's `kvobs_collector_requests_tied_total` by tie: ok while most of the requests
+    during which blocks naming no session were stored had them tied, or stored nothing new."""
+    counts = {tie: int(n) for tie, n in ties.items() if n}
+    settled = counts.get(BlockTie.INFERENCE.value, 0) + counts.get(BlockTie.STORED_NOTHING.value, 0)
+    settled += counts.get(BlockTie.HEADER.value, 0)
+    untied = {tie: n for tie, n in counts.items() if tie not in BLOCKS_TIED and tie != BlockTie.STORED_NOTHING.value}
+    words = f"of {sum(counts.values()):,} requests whose KV blocks named no session, {settled:,} tied or all cached"
+    if untied:
+        tie, n = max(untied.items(), key=lambda item: item[1])
+        why = TIE_WORDS.get(tie, tie).removeprefix("not tied: ")
+        fix = (
+            "; send X-Session-ID to own them exactly"
+            if tie in (BlockTie.NO_SESSION.value, BlockTie.AMBIGUOUS.value)
+            else ""
+        )
+        words += f"; {sum(untied.values()):,} not tied ({n:,} of them: {why}{fix})"
+    return settled >= sum(untied.values()), words
+
+
 def ties_said(ties: Counter) -> str:
     """A session's ties (`session_ties`) in words, for its page."""
     parts = "; ".join(f"{n:,} {TIE_WORDS.get(tie, tie)}" for tie, n in ties.most_common())

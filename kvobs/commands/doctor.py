@@ -82,17 +82,24 @@ def collector_checks(url: str) -> list[tuple[str, bool, str]]:
         OSError: the collector cannot be reached (or answers with an error).
     """
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from kvobs.semconv.metrics import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_SHAPE, kvobs_metrics
 
     try:
         response = httpx.get(url, timeout=10)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise OSError(f"cannot read the collector's metrics at {url}: {exc}") from exc
+    return exposition_checks(response.text)
+
+
+def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
+    """`collector_checks` of a collector's /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvobs.analytics.ownership import ties_check
+    from kvobs.semconv.metrics import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_SHAPE, LABEL_TIE, kvobs_metrics
+
     samples: dict[str, list] = {}
-    for family in text_string_to_metric_families(response.text):
+    for family in text_string_to_metric_families(text):
         samples.setdefault(family.name, []).extend(family.samples)
 
     def by(spec, label: str = LABEL_INSTANCE) -> dict:
@@ -134,6 +141,9 @@ def collector_checks(url: str) -> list[tuple[str, bool, str]]:
         if placeholders.get(instance):
             words.append(f"{int(placeholders[instance]):,} offload placeholders counted (not blocks of this cache)")
         out.append((instance, ok, "; ".join(words)))
+    tied = by(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE)
+    if any(tied.values()):  # blocks named no session: tied to their requests' sessions by inference
+        out.append(("(KV blocks tied by inference)", *ties_check(tied)))
     dropped = by(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT)
     for component, n in sorted(dropped.items()):
         if n:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.ownership import block_ties, owned_stored, tied_sessions
+from kvobs.analytics.ownership import block_ties, owned_stored, tied_sessions, ties_check
 from kvobs.analytics.routing import ROUTING_KINDS, routing_losses
 from kvobs.semconv.spans import BlockTie
 
@@ -125,3 +125,15 @@ def test_where_only_some_sessions_sent_the_header_the_others_are_given_back_and_
     inferred = owned["tie"] == INFERENCE
     assert inferred.sum() >= 0.9 * half.sum() and set(owned.loc[inferred].index) <= set(stored.index[half])
     assert (owned.loc[inferred, "session_id"] == stored.loc[inferred, "session_id"]).all()
+
+
+def test_doctor_names_a_collector_whose_requests_mostly_went_untied(vllm_run):
+    """The requests of the vLLM run whose blocks' names were taken away, but no step to give them sessions: most
+    are ambiguous or have no session, and `kvobs doctor --collector` says so, with the fix."""
+    reqs, _, unnamed = blind(vllm_run.store)
+    ties = block_ties(reqs.assign(session_id=None), unnamed)
+    sessionless = (ties["tie"] == INFERENCE) & ties["session_id"].isna()  # the collector counts them `no_session`
+    ok, words = ties_check(ties["tie"].where(~sessionless, "no_session").value_counts().to_dict())
+    assert not ok and "not tied" in words and "send X-Session-ID to own them exactly" in words, words
+    fine, said = ties_check(block_ties(reqs, unnamed)["tie"].value_counts().to_dict())
+    assert fine and said == "of 54 requests whose KV blocks named no session, 54 tied or all cached"

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from instrumented_engine.engine import events as ev
+from kvobs.commands.doctor import exposition_checks
 from kvobs.semconv.reasons import PRESSURE_REASONS
 from tests.collectors.agent_harness import FIXTURES, served_and_collected
 from tests.collectors.test_agent_kv_fixtures import losses
@@ -81,6 +82,8 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     # every request's blocks tied to its session, and said
     assert h.collector.block_owners.requests_tied == Counter({"inference": 9}), h.collector.block_owners.requests_tied
     assert 'kvobs_collector_requests_tied_total{tie="inference"} 9.0' in exposed
+    said = "of 9 requests whose KV blocks named no session, 9 tied or all cached"
+    assert ("(KV blocks tied by inference)", True, said) in exposition_checks(exposed)  # `kvobs doctor --collector`
     stored_by = Counter(session_of[rid] for _, _, rid in truth.stored)
     footprints = h.collector.streams[0].ingest.chains.footprints
     # a session owns what its requests stored, but for a prefix two requests prefilled at once (either may have
