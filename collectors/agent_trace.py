@@ -5,13 +5,14 @@ calls waiting to be decided, and what a call's ancestors say (its session, its t
     trace.rooted(call.span_id)             # every ancestor up to the root has arrived
     trace.session_of(call, chain)          # the session it belongs to (see `session_of`)
     trace.tools(session, since, until)     # the session's tool calls in that time, as `steps.tools` lists them
+    trace.with_nested(call)                # the call with what the LLM spans inside it say (one call traced twice)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from collectors.agent_spans import TOOL, TraceSpan
+from collectors.agent_spans import LLM, TOOL, TraceSpan
 from kvobs.semconv.spans import StepStatus
 
 EPSILON_S = 1e-3  # clocks of one process: a tool that ends as the next call starts is inside the pause
@@ -50,6 +51,30 @@ class Trace:
         if decide:  # (a tool span is only compared, never decides)
             self.fallback = span.trace_id
         return span.trace_id
+
+    def with_nested(self, call: TraceSpan) -> TraceSpan:
+        """One LLM call traced twice, one span inside the other (LlamaIndex: its dispatcher's span holds the reply
+        and its id, the callback's span inside it the token counts): the outer span with the ids and counts of the
+        LLM spans inside it, where it has none of its own."""
+        nested = [
+            s
+            for s in self.spans.values()
+            if s.role == LLM and s is not call and call.span_id in {a.span_id for a in self.ancestors(s)}
+        ]
+        if not nested:
+            return call
+        ids = dict.fromkeys(call.reply_ids + tuple(i for s in nested for i in s.reply_ids))
+
+        def first(field: str):
+            own = getattr(call, field)
+            return (
+                own
+                if own is not None
+                else next((getattr(s, field) for s in nested if getattr(s, field) is not None), None)
+            )
+
+        counts = {f: first(f) for f in ("prompt_tokens", "cached_tokens", "completion_tokens")}
+        return replace(call, reply_ids=tuple(ids), **counts)
 
     def tools(self, session_id: str, since: float, until: float, *, under: str | None = None) -> list[dict]:
         """The session's tool calls in this trace between its previous call's end and this call's start; `under`: only

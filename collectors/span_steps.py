@@ -26,7 +26,9 @@ comes); then it is one `steps` row, written once:
   its request by that id and by its trace (`SessionActivity.claim`), so the request's rows and idle losses are
   the session's. Steps joined and not, by method and convention, are counted (`joins`); where most of a
   convention's steps are not joined, a log line says why, at most every `WARN_EVERY_S`.
-Calls under a kvobs SDK `agent_step` span are not steps of their own: the SDK's step is. Where the SDK runs with no
+An LLM span inside another is the same call traced twice (LlamaIndex): the outermost one is the step, with the ids
+and token counts of those inside it. Calls under a kvobs SDK `agent_step` span are not steps of their own: the SDK's
+step is. Where the SDK runs with no
 recorder (its spans say `kvobs.agent.recorded` false: the agent has an OTLP endpoint and no store), its steps and
 session ends are written from its spans here, as its recorder would have written them (source `sdk`).
 Traces are kept until `keep_s` after their last span (bounded by `max_traces`, oldest dropped first). A plain span
@@ -96,6 +98,7 @@ class SpanSteps:
         self.statuses: Counter[str] = Counter()  # steps written, by status (with the SDK's on kvobs_agent_steps_total)
         self.failures: Counter[str] = Counter()  # failed steps written, by error type
         self.num_sdk_calls = 0  # LLM calls under the kvobs SDK's agent_step spans (the SDK writes those)
+        self.num_nested_calls = 0  # LLM spans inside another LLM span: the same call, folded into the outer one
         self.num_traces_dropped = 0  # traces dropped with calls still waiting (over max_traces)
         self.num_plain_skipped = 0  # plain spans of traces with no agent span (not kept)
         self.by_source: Counter[str] = Counter()  # steps written, by convention (sessions.source)
@@ -181,6 +184,10 @@ class SpanSteps:
             if call.sdk_call or any(s.sdk_step for s in chain):
                 self.num_sdk_calls += 1
                 continue
+            if any(s.role == LLM for s in chain):  # the same call traced again inside its outer span: part of it
+                self.num_nested_calls += 1
+                continue
+            call = trace.with_nested(call)
             key = trace.session_of(call, chain, decide=False)
             found = None if key in held else self.requests.find(call)
             if found is None or (not found.joined and self._may_wait(found, arrived, now, final)):

@@ -23,4 +23,9 @@ if .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m instrumented_engine.kernels.cpu_kernels \
         || echo "the C++ operations did not build: the engine will run its pure-torch versions"
 fi
+if [[ ",${extras}," == *",test,"* ]]; then
+    stage "the tests' LlamaIndex agent into .venv-llamaindex (its OpenAI package pins openai<3)"
+    python3 -m venv .venv-llamaindex
+    .venv-llamaindex/bin/pip install -q -r tests/agents/llamaindex.txt
+fi
 stage "kvobs installed in .venv (extras: ${extras})"

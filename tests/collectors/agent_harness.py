@@ -42,6 +42,8 @@ from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "agents"
+# agents whose packages cannot share the test environment run from their own (scripts/install.sh makes them)
+AGENT_VENVS = {"llamaindex": ROOT / ".venv-llamaindex"}
 STEP_COLUMNS = [
     "session_id",
     "step_index",
@@ -70,8 +72,12 @@ class Harness:
         """Run `tests/collectors/agent_scenarios.py` SCENARIO in a process of its own against this server and
         collector; returns what it printed (JSON: the response ids it got under `answered`, and its own facts)."""
         config = {"base_url": self.server.url + "/v1", "otlp": self.otlp_http, "service": self.service, **params}
+        python = sys.executable
+        if scenario in AGENT_VENVS:
+            python = str(AGENT_VENVS[scenario] / "bin" / "python")
+            assert Path(python).exists(), f"{scenario}'s environment is missing: run scripts/install.sh"
         done = subprocess.run(
-            [sys.executable, "-m", "tests.collectors.agent_scenarios", scenario, json.dumps(config)],
+            [python, "-m", "tests.collectors.agent_scenarios", scenario, json.dumps(config)],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -62,3 +62,22 @@ def test_a_smolagents_model_and_tools_traced_by_openinference_are_joined_by_timi
     assert set(ok["request_join"]) == {"timing"} and len(ok) == 5
     assert steps["request_join"].tolist()[-1] == "unanswered"
     assert len(steps["tools"].dropna()) == 4
+
+
+def test_a_llamaindex_chat_model_traced_by_openinference_is_joined_by_the_id_in_its_result(smollm2_source, store):
+    """LlamaIndex's `OpenAILike` chat model and `FunctionTool`s, in an environment of their own (its OpenAI package
+    pins `openai<3`): its LLM spans' `output.value` is LlamaIndex's `ChatResponse`, whose `raw` is the server's
+    reply with its id."""
+    with served_and_collected(smollm2_source, store, service="llamaindex", record="llamaindex-openinference") as h:
+        answered = h.agent("llamaindex", conversations=["trip-a", "trip-b"], too_long="trip-b")["answered"]
+    exposed = generate_latest(h.collector.registry).decode()
+
+    sessions = store.reads.sessions().set_index("session_id")
+    assert sorted(sessions.index) == ["trip-a", "trip-b"] and set(sessions["source"]) == {"openinference"}
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
+    assert steps["status"].tolist() == ["ok"] * 5 + ["error"], steps[["session_id", "status"]]
+    ok = steps[steps["status"] == "ok"]
+    assert ok.groupby("session_id")["request_id"].apply(list).to_dict() == answered
+    assert set(ok["request_join"]) == {"response_id"} and steps["request_join"].tolist()[-1] == "unanswered"
+    assert 'kvobs_collector_steps_joined_total{method="response_id",source="openinference"} 5.0' in exposed
+    assert len(steps["tools"].dropna()) == 4

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from kvobs.analytics.attribution import attribute_steps
 from kvobs.analytics.step_story import step_story, tool_calls
 from tests.collectors.agent_harness import served_and_collected
-from tests.collectors.agent_scenarios import TOOL_S
+from tests.collectors.scenario_parts import TOOL_S
 from tests.dashboard.test_app import APP
 
 

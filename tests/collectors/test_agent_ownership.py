@@ -1,5 +1,6 @@
 """The KV story of a framework agent's steps with no header in the agent: three conversations at once (LangChain,
-the OpenAI Agents SDK, smolagents), each traced by its OpenInference instrumentation, on a `kvobs serve` whose cache
+the OpenAI Agents SDK, smolagents and LlamaIndex traced by their OpenInference instrumentation, pydantic-ai by its
+own and a plain OpenAI client loop by OTel's `openai-v2`), on a `kvobs serve` whose cache
 is too small for all three, so blocks are evicted while conversations wait on their tools. No block names a
 session; the collector joins each step to its request and ties the blocks each request stored to the step's session
 (ownership by inference). Checked against the engine's own block manager (which request stored each block, which
@@ -58,8 +59,19 @@ class BlockTruth:
         return lost, paused, owner_at
 
 
-# LangChain's steps are joined by the id in its result, the others' by timing; the other two on SQLite alone
-CASES = [("langchain", "sqlite"), ("langchain", "postgresql"), ("openai_agents", "sqlite"), ("smolagents", "sqlite")]
+# LangChain's, LlamaIndex's, pydantic-ai's and the plain client's steps are joined by the id in their spans, the
+# Agents SDK's and smolagents' by timing; each but LangChain on SQLite alone (the replay of each recording runs on
+# every backend: test_agent_kv_fixtures.py)
+CASES = [
+    ("langchain", "sqlite"),
+    ("langchain", "postgresql"),
+    ("openai_agents", "sqlite"),
+    ("smolagents", "sqlite"),
+    ("llamaindex", "sqlite"),
+    ("pydantic_ai", "sqlite"),
+    ("plain_loop", "sqlite"),
+]
+AGENT_PARAMS = {"plain_loop": {"instrumentation": "openai-v2"}}  # the official OTel GenAI instrumentation
 
 
 @pytest.mark.parametrize("scenario,store_url", CASES, indirect=["store_url"])
@@ -70,8 +82,11 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     record = f"{scenario.replace('_', '-')}-kv-ownership"  # (written only with KVOBS_RECORD_AGENT_FIXTURES=1)
     with served_and_collected(smollm2_source, store, service=scenario, num_blocks=34, record=record) as h:
         h.server.engine.observers.append(truth)
-        answered = h.agent(scenario, conversations=CONVERSATIONS, concurrent=True)["answered"]
+        answered = h.agent(scenario, conversations=CONVERSATIONS, concurrent=True, **AGENT_PARAMS.get(scenario, {}))[
+            "answered"
+        ]
     exposed = generate_latest(h.collector.registry).decode()
+    sessions = list(answered)  # (CONVERSATIONS, or the traces of a plain loop: a session each)
     session_of = {rid: session for session, ids in answered.items() for rid in ids}
     requests = store.reads.requests().assign(session_id=lambda f: f["request_id"].map(session_of))
     removed = store.reads.kv_events(kinds=["removed"])
@@ -88,9 +103,9 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     footprints = h.collector.streams[0].ingest.chains.footprints
     # a session owns what its requests stored, but for a prefix two requests prefilled at once (either may have
     # stored it: neither is given it, whichever one the engine credited): every stored block is its session's or none's
-    for session in CONVERSATIONS:
+    for session in sessions:
         assert footprints[session].stored <= stored_by[session], (session, footprints[session], stored_by)
-    assert sum(footprints[s].stored for s in CONVERSATIONS) + footprints[None].stored == len(truth.stored)
+    assert sum(footprints[s].stored for s in sessions) + footprints[None].stored == len(truth.stored)
     assert footprints[None].stored <= max(stored_by.values()) // 2  # a shared prefix, never a conversation's own
     # each removal the store names a session for was of a block that session's request stored; the others, of the
     # blocks given to none
@@ -101,15 +116,15 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
         # (the removal's time is its KV batch's, a moment after the engine's eviction)
         assert min(owner_at[int(block)], key=lambda e: abs(e[0] - ts))[1] == session
     # the losses in tool pauses, as the sessions' footprints tell them, are the engine's
-    assert losses(store, CONVERSATIONS) == {s: {"lost": lost[s], "lost_in_pause": paused[s]} for s in CONVERSATIONS}
+    assert losses(store, sessions) == {s: {"lost": lost[s], "lost_in_pause": paused[s]} for s in sessions}
 
     # the Sessions page says whose blocks are owned by inference, and how many of the session's requests
     at = open_page(monkeypatch, store.url, "sessions")
-    at.selectbox(key="session").set_value(CONVERSATIONS[1]).run()
+    at.selectbox(key="session").set_value(sessions[1]).run()
     assert_clean(at)
     said = [c.value for c in at.caption if "named no session" in c.value]
     assert said and "Of its 3 requests: 3 tied to it by inference" in said[0], said
     if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":  # what its replay is held to
-        sessions = {s: {"lost": footprints[s].removed, "lost_in_pause": paused[s]} for s in CONVERSATIONS}
+        sessions = {s: {"lost": footprints[s].removed, "lost_in_pause": paused[s]} for s in sessions}
         kv_truth = {"requests_tied": dict(h.collector.block_owners.requests_tied), "sessions": sessions}
         (FIXTURES / record / "kv_truth.json").write_text(json.dumps(kv_truth, indent=1) + "\n")

@@ -13,7 +13,7 @@ import pytest
 
 from kvobs.semconv.spans import STEP_JOINED
 from kvobs.store import open_store
-from tests.collectors.agent_harness import served_and_collected
+from tests.collectors.agent_harness import AGENT_VENVS, served_and_collected
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = dict(
@@ -23,7 +23,7 @@ SERVER, COLLECTOR = "http://localhost:8000/v1", "http://localhost:4318/v1/traces
 
 
 def test_every_recipe_names_the_two_addresses_it_is_run_with():
-    assert set(RECIPES) == {"langchain", "openai-agents"}
+    assert set(RECIPES) == {"langchain", "openai-agents", "smolagents", "llamaindex", "pydantic-ai", "openai-v2"}
     for code in RECIPES.values():
         assert SERVER in code and COLLECTOR in code and code.startswith("# pip install ")
 
@@ -32,9 +32,10 @@ def test_every_recipe_names_the_two_addresses_it_is_run_with():
 def test_a_recipe_as_written_makes_sessions_whose_steps_are_joined(smollm2_source, tmp_path, name):
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
     with served_and_collected(smollm2_source, store, max_model_len=512) as h:
-        script = tmp_path / f"{name}.py"
+        script = tmp_path / f"recipe_{name}.py"  # (never a package's own name: smolagents.py)
         script.write_text(RECIPES[name].replace(SERVER, h.server.url + "/v1").replace(COLLECTOR, h.otlp_http))
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        python = AGENT_VENVS[name] / "bin" / "python" if name in AGENT_VENVS else sys.executable
+        done = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-4000:]
         h.served = 4  # two conversations of two calls: every request span is awaited
     steps = store.reads.steps().sort_values(["session_id", "step_index"])
