@@ -15,7 +15,7 @@ import argparse
 import random
 import time
 
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 
 from instrumented_engine.engine.kv_cache.hashing import hash_chain
 from instrumented_engine.engine.kv_cache.manager import BlockManager
@@ -77,4 +77,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

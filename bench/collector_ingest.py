@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
-from results import Result, process_cpu_s  # bench/ is on sys.path when a script in it runs
+from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from collectors.derive import Deriver
@@ -251,4 +251,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

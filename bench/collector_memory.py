@@ -20,7 +20,7 @@ import resource
 import tempfile
 from pathlib import Path
 
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from collectors.kv_ingest import KVIngest
@@ -139,4 +139,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

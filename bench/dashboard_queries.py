@@ -32,7 +32,7 @@ import statistics
 import time
 from pathlib import Path
 
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 from tqdm import tqdm
 
 from collectors.step_verdicts import VerdictKeeper
@@ -458,4 +458,4 @@ def _size(text: str, store: str | None) -> tuple[str, int]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

@@ -12,7 +12,7 @@ import statistics
 import time
 
 import torch
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 
 from instrumented_engine.kernels.cpu_kernels import load_decode
 from instrumented_engine.kernels.reference import paged_decode_attention_ref
@@ -75,4 +75,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

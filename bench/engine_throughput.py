@@ -27,7 +27,7 @@ import urllib.request
 
 import torch
 from ports import free_port  # bench/ is on sys.path when a script in it runs
-from results import Result
+from results import Result, record
 from tqdm.auto import tqdm
 
 from instrumented_engine import LLM, SamplingParams
@@ -334,4 +334,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

@@ -20,7 +20,7 @@ import time
 from collections import deque
 
 import pandas as pd
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 
 from kvobs.analytics.fleet_index import FleetIndex
 from kvobs.analytics.routing import FleetCheck, request_lookups, routing_losses
@@ -152,4 +152,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 
 from collectors.span_ingest import SpanIngest
 from kvobs.analytics.chains import BlockGraph, request_chains
@@ -125,4 +125,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rollups import BatchRollups
@@ -139,4 +139,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

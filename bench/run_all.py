@@ -1,7 +1,7 @@
 """Run every benchmark under bench/ and print one table of their findings (each ratio against a baseline measured
 in the same run: transformers for the engine, telemetry off, decode only, prometheus_client's parser, count(*)).
 
-    .venv/bin/python bench/run_all.py            # the full sizes the README quotes (about 25 minutes on 2 cores)
+    .venv/bin/python bench/run_all.py            # the full sizes: bench/results/*.md, which docs/benchmarks.md includes
     .venv/bin/python bench/run_all.py --quick    # small sizes: a smoke run of every benchmark (about 2 minutes)
     .venv/bin/python bench/run_all.py --only collector_ingest --only dashboard_queries
 
@@ -16,7 +16,7 @@ import logging
 import tempfile
 import time
 
-from results import Result, table  # bench/ is on sys.path when a script in it runs
+from results import Result, table, write  # bench/ is on sys.path when a script in it runs
 
 log = logging.getLogger("bench")
 
@@ -65,7 +65,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
         for name in args.only or BENCHMARKS:
             log.info("\n== %s ==", name)
             start = time.perf_counter()
-            results += importlib.import_module(name).main(arguments(name, args.quick, workdir))
+            argv = arguments(name, args.quick, workdir)
+            found = importlib.import_module(name).main(argv)
+            write(
+                name,
+                found,
+                " ".join([".venv/bin/python bench/run_all.py", *(["--quick"] if args.quick else []), "--only", name]),
+            )
+            results += found
             timings.append(f"{name} {time.perf_counter() - start:.0f} s")
     print(f"\nAll benchmarks{' (--quick sizes)' if args.quick else ''}: {', '.join(timings)}\n")
     print(table(results))

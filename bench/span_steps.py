@@ -28,7 +28,7 @@ import uuid
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
-from results import Result, process_cpu_s  # bench/ is on sys.path when a script in it runs
+from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from sqlalchemy import create_engine, text
 
 from collectors.session_activity import SessionActivity
@@ -224,4 +224,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

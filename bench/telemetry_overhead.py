@@ -31,7 +31,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from results import Result  # bench/ is on sys.path when a script in it runs
+from results import Result, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from collectors.otlp_receiver import OTLPReceiver
@@ -191,4 +191,4 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-    main()
+    record(main)

@@ -1,5 +1,5 @@
 """Where kvobs listens and stores by default: the ports and the store URL every command's flags fall back to (the
-README and docker-compose.yml use the same numbers)."""
+docs and docker-compose.yml use the same numbers)."""
 
 from __future__ import annotations
 

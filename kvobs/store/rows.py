@@ -4,7 +4,7 @@
     writer.upsert(SessionRecord("s1", num_steps=3))          # only the columns given are written
     KVEventRecord(ts=now, instance="e", kind="stored", blok_hash=1)   # TypeError here, not in the database
 
-Each record has exactly the table's public columns (`kvobs.store.schema`, the README's schema table) except the
+Each record has exactly the table's public columns (`kvobs.store.schema`, the schema table of docs/store.md) except the
 row id the database assigns. A misspelt or missing column is a `TypeError` when the record is made. Columns a
 record leaves out are NULL (or the column's default), except on `SessionRecord`, whose columns default to
 `UNSET`: an upsert of a session writes only the columns it was given, so the agent SDK's counters and the

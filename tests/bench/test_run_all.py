@@ -3,6 +3,7 @@ measured case, each against a baseline measured in the same run."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         text=True,
         timeout=900,
         cwd=tmp_path,
+        env={**os.environ, "KVOBS_BENCH_RESULTS_DIR": str(tmp_path / "results")},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     table = done.stdout[done.stdout.index("| benchmark | case | value | vs baseline |") :].splitlines()
@@ -44,4 +46,10 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
     for row in rows:
         value = float(row[2].split()[0].replace(",", ""))
         assert value > 0 and float(row[3].split("x")[0]) > 0, row
-    assert not list(tmp_path.iterdir())  # --quick keeps its store in a temporary directory
+    assert [p.name for p in tmp_path.iterdir()] == ["results"]  # --quick keeps its store in a temporary directory
+    # each benchmark's results file: the command that reruns it, when, where, and its rows
+    for name in {r[0] for r in rows}:
+        text = (tmp_path / "results" / f"{name}.md").read_text()
+        assert text.startswith(f"`.venv/bin/python bench/run_all.py --quick --only {name}`"), text
+        assert "- date: " in text and "- machine: " in text and "logical cores" in text and "- commit: " in text
+        assert sum(line.startswith(f"| {name} |") for line in text.splitlines()) == sum(r[0] == name for r in rows)

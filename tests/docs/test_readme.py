@@ -1,5 +1,6 @@
-"""The README's reference parts stay true: its schema table names every column of every table, and every flag of
-`kvobs demo` and `kvobs serve` it lists is a real flag (and every real one is listed)."""
+"""The docs' reference parts stay true: the store page's schema table names every column of every table, and every
+flag of `kvobs demo` and `kvobs serve` the quick start and configuration pages list is a real flag (and every real
+one is listed); every `kvobs` command in the README and the docs pages parses."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ from pathlib import Path
 from kvobs.cli import build_parser
 from kvobs.store.schema import Base
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
 
 
-def _section(title: str) -> str:
-    start = README.index(title)
-    end = README.find("\n## ", start + len(title))
-    return README[start:end]
+def _section(page: str, title: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
+    start = text.index(title)
+    end = text.find("\n## ", start + len(title))
+    return text[start:] if end < 0 else text[start:end]
 
 
 def test_the_schema_table_lists_every_column_of_every_table():
-    schema = _section("### Schema (a public interface)")
+    schema = _section("store.md", "### Schema (a public interface)")
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|[^|]*\| (.*) \|$", schema, re.MULTILINE)}
     tables = Base.metadata.tables  # the tables written as records and the rollups
     assert set(rows) == set(tables)
@@ -34,9 +37,13 @@ def _flags(command: str) -> set[str]:
 
 
 def test_the_quick_start_lists_the_demo_flags_and_configuration_the_serve_flags():
-    quick_start = _section("## Quick start (no Docker): two commands")
+    quick_start = _section("quickstart.md", "## Quick start (no Docker): two commands")
     assert set(re.findall(r"`(--[a-z-]+)", quick_start)) == _flags("demo")
-    serve_row = next(line for line in _section("## Configuration").splitlines() if line.startswith("| `kvobs serve`"))
+    serve_row = next(
+        line
+        for line in _section("configuration.md", "# Configuration").splitlines()
+        if line.startswith("| `kvobs serve`")
+    )
     assert set(re.findall(r"`(--[a-z-]+)", serve_row)) == _flags("serve")
 
 
@@ -58,7 +65,7 @@ def commands(text: str) -> list[list[str]]:
     return found
 
 
-DOCS = [README, *(page.read_text() for page in sorted((Path(__file__).resolve().parents[2] / "docs").glob("**/*.md")))]
+DOCS = [README, *(page.read_text() for page in sorted((ROOT / "docs").glob("**/*.md")))]
 
 
 def test_every_command_in_the_docs_parses_and_a_serve_fits_its_cache():

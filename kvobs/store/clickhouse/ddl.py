@@ -1,6 +1,6 @@
 """The ClickHouse schema, as versioned migrations run when a store is opened (Alembic's role on SQL backends).
 
-The public columns are the SQL schema's (`kvobs.store.schema`, the README's schema table), in ClickHouse types:
+The public columns are the SQL schema's (`kvobs.store.schema`, the schema table of docs/store.md), in ClickHouse types:
 - Events (`kv_events`, `snapshots`, `metric_samples`, `alerts`) are append-only MergeTree tables partitioned by day
   (`intDiv(toUInt32(ts), 86400)`, so retention drops whole parts), sorted for the reads the pages make: `kv_events`
   by `(instance, kind, ts)`, with `kv_event_sessions` (a materialized view: each session's first and last event

@@ -1,0 +1,45 @@
+"""The docs site builds with every link and anchor resolved (`mkdocs build --strict`: mkdocs.yml makes a broken
+link, a missing anchor, a page left out of the nav or a results file that is not there an error), and the README
+stays one page whose links land on files and headings that exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from markdown.extensions.toc import slugify
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+MAX_README_LINES = 200
+
+
+def test_the_docs_site_builds_strict(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (tmp_path / "site" / "benchmarks" / "index.html").exists()
+
+
+def _anchors(page: Path) -> set[str]:
+    return {slugify(title, "-") for title in re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)}
+
+
+def test_the_readme_is_one_page_and_its_links_resolve():
+    assert len(README.splitlines()) <= MAX_README_LINES
+    links = re.findall(r"\]\(((?!https?:)[^)\s]+)\)", README)
+    assert len(links) >= 10
+    for link in links:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert target.exists(), link
+        if anchor:
+            assert anchor in _anchors(target), link
