@@ -38,9 +38,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
-from collectors.derive import Deriver
-from collectors.kv_ingest import KVIngest
-from collectors.prom_text import parse_metrics
+from collectors.kv.ingest import KVIngest
+from collectors.metrics.derive import Deriver
+from collectors.metrics.prom_text import parse_metrics
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventColumns
 from kvobs.store.write_process import WriteProcess

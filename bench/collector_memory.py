@@ -23,7 +23,7 @@ from pathlib import Path
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
-from collectors.kv_ingest import KVIngest
+from collectors.kv.ingest import KVIngest
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 from tqdm import tqdm
 
-from collectors.step_verdicts import VerdictKeeper
+from collectors.jobs.step_verdicts import VerdictKeeper
 from dashboard import data
 from dashboard.context import bucket_for
 from kvobs.analytics.step_story import step_story
@@ -51,7 +51,7 @@ from kvobs.store.rows import (
     StepRecord,
     VerdictProgressRecord,
 )
-from kvobs.store.sql_store import SqlStore
+from kvobs.store.sql.store import SqlStore
 
 HOURS = 6
 T0 = 1.79e9
@@ -63,7 +63,7 @@ CHUNK = 200_000
 FAILURES = ("timeout", "invalid_response", "503")
 ROUTING = "Overview: routing loss and shortfall"
 BLOCK_SIZE = 16
-MEASURE_LAG_S = 180.0  # a collector measures each request's lookup this long after it (`collectors.routing_meter`)
+MEASURE_LAG_S = 180.0  # a collector measures each request's lookup this long after it (`collectors.jobs.routing_meter`)
 
 
 def build(store, events: int, seed: int = 0, instances: int = 1) -> None:
@@ -191,7 +191,7 @@ def build(store, events: int, seed: int = 0, instances: int = 1) -> None:
 
 
 def lookup_of(request: RequestRecord, rng: random.Random, instances: int) -> RequestLookupRecord:
-    """A request's lookup as `collectors.routing_meter` writes it: its prompt's whole blocks, those its cached
+    """A request's lookup as `collectors.jobs.routing_meter` writes it: its prompt's whole blocks, those its cached
     tokens found, and the rest missed for one reason or another (another replica held some, on a fleet)."""
     blocks = (request.prompt_tokens - 1) // BLOCK_SIZE
     own = min(request.cached_tokens // BLOCK_SIZE, blocks)

@@ -23,7 +23,7 @@ import pandas as pd
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 
-from collectors.span_ingest import SpanIngest
+from collectors.traces.span_ingest import SpanIngest
 from kvobs.analytics.chains import BlockGraph, request_chains
 from kvobs.analytics.ownership import block_ties, owned_stored
 from kvobs.vllm import kv_events as wire

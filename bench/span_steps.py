@@ -1,4 +1,5 @@
-"""How fast the collector makes agent steps of agent frameworks' spans (`collectors.span_steps`), into each backend.
+"""How fast the collector makes agent steps of agent frameworks' spans (`collectors.traces.span_steps`), into each
+backend.
 
 The payload: `--conversations` agent conversations of `--steps` steps, traced as the OpenTelemetry GenAI
 conventions say (an `invoke_agent` span with `gen_ai.conversation.id`; per step a `chat` span with its response
@@ -32,8 +33,8 @@ from results import Result, process_cpu_s, record  # bench/ is on sys.path when 
 from sqlalchemy import create_engine, text
 
 from collectors.session_activity import SessionActivity
-from collectors.span_ingest import SpanIngest
-from collectors.span_steps import SpanSteps
+from collectors.traces.span_ingest import SpanIngest
+from collectors.traces.span_steps import SpanSteps
 from kvobs.semconv import attributes as a
 from kvobs.store import StoreWriter, open_store
 

@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
-from collectors.otlp_receiver import OTLPReceiver
+from collectors.traces.otlp_receiver import OTLPReceiver
 from instrumented_engine.config import EngineConfig
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.models.loader import open_model

@@ -26,10 +26,10 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from collectors.kv_chains import PARENT
-from collectors.kv_ingest import KVIngest
+from collectors.kv.chains import PARENT
+from collectors.kv.ingest import KVIngest
 from collectors.session_activity import SessionActivity
-from collectors.span_steps import JOIN_WAIT_S
+from collectors.traces.span_steps import JOIN_WAIT_S
 from kvobs.analytics.ownership import STORE_SLACK_S, block_ties
 from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
 from kvobs.store.rows import RequestRecord

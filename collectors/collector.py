@@ -22,20 +22,20 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from collectors.block_owners import HOLD_AFTER_JOIN_S, BlockOwners
 from collectors.drops import DropCounter
-from collectors.kv_bridge import KVSpanBridge
-from collectors.kv_ingest import KVIngest
-from collectors.kv_silence import SILENCE_S, KVSilenceWatch
-from collectors.kv_streams import KVStreamSpec, parse_streams
-from collectors.kv_subscriber import KVEventSubscriber
-from collectors.otlp_forward import OTLPForwarder, check_forward_url
-from collectors.otlp_receiver import OTLPReceiver, split_host_port
+from collectors.jobs.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
+from collectors.jobs.step_verdicts import VerdictKeeper
+from collectors.kv.bridge import KVSpanBridge
+from collectors.kv.ingest import KVIngest
+from collectors.kv.silence import SILENCE_S, KVSilenceWatch
+from collectors.kv.streams import KVStreamSpec, parse_streams
+from collectors.kv.subscriber import KVEventSubscriber
+from collectors.metrics.scraper import Scraper, ScrapeTarget
 from collectors.own_metrics import CollectorMetrics
-from collectors.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
-from collectors.scraper import Scraper, ScrapeTarget
 from collectors.session_activity import SessionActivity
-from collectors.span_ingest import SpanIngest
-from collectors.span_steps import JOIN_WAIT_S, SpanSteps
-from collectors.step_verdicts import VerdictKeeper
+from collectors.traces.otlp_forward import OTLPForwarder, check_forward_url
+from collectors.traces.otlp_receiver import OTLPReceiver, split_host_port
+from collectors.traces.span_ingest import SpanIngest
+from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 
-from collectors.kv_silence import SILENCE_S as KV_SILENCE_S
+from collectors.kv.silence import SILENCE_S as KV_SILENCE_S
 from kvobs.commands.common import (
     add_retention_flag,
     add_session_end_flag,
@@ -170,8 +170,8 @@ def _listeners(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     costs a line naming its flag, not a store file and a bare `[Errno 98]`."""
     from urllib.parse import urlsplit
 
-    from collectors.kv_streams import split_name
-    from collectors.otlp_receiver import split_host_port
+    from collectors.kv.streams import split_name
+    from collectors.traces.otlp_receiver import split_host_port
     from kvobs.vllm import kv_events as wire
 
     listeners = [

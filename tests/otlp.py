@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from collectors.otlp_receiver import OTLPReceiver
-from collectors.span_ingest import attributes as _attrs
+from collectors.traces.otlp_receiver import OTLPReceiver
+from collectors.traces.span_ingest import attributes as _attrs
 
 
 @dataclass

@@ -18,7 +18,7 @@ import zmq
 
 def otlp_recorder():
     """A started OTLP receiver (gRPC and HTTP on free ports) that keeps every export body, base64; (it, bodies)."""
-    from collectors.otlp_receiver import OTLPReceiver
+    from collectors.traces.otlp_receiver import OTLPReceiver
 
     bodies: list[str] = []
     receiver = OTLPReceiver(

@@ -151,7 +151,7 @@ def measured_copy(run: Run, directory, *, until: float | None = None, meter=None
     over every instance, writing through a `StoreWriter` of the copy)."""
     import sqlite3
 
-    from collectors.routing_meter import RoutingMeter
+    from collectors.jobs.routing_meter import RoutingMeter
 
     path = directory / "measured.db"
     with sqlite3.connect(run.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:

@@ -53,6 +53,49 @@ def test_nothing_in_kvobs_imports_the_engine_the_collectors_or_the_dashboard():
     assert offenders == []
 
 
+# Packages split into wings by flow: a wing imports the ground (its package's modules outside every wing, and the
+# packages below) and itself, never another wing.
+WINGS = {
+    "collectors": ("kv", "traces", "metrics", "jobs"),
+    "kvobs.store": ("sql", "clickhouse"),
+}
+
+
+def _wing_crossings(package: str, wings: tuple[str, ...], modules: dict[str, str]) -> list[str]:
+    """`module imports name` for each import, in `modules` (dotted name -> source), from one wing into another."""
+    offenders = []
+    for module, source in modules.items():
+        own = module.removeprefix(package + ".").split(".")[0]
+        if own not in wings or module.count(".") == package.count(".") + 1:  # (a module of the ground)
+            continue
+        for name in _imported(ast.parse(source)):
+            other = name.removeprefix(package + ".").split(".")[0] if name.startswith(package + ".") else None
+            if other in wings and other != own:
+                offenders.append(f"{module} imports {name}")
+    return offenders
+
+
+@pytest.mark.parametrize("package", sorted(WINGS))
+def test_a_wing_imports_the_ground_and_itself_never_another_wing(package):
+    folder = ROOT / package.replace(".", "/")
+    assert all((folder / wing / "__init__.py").exists() for wing in WINGS[package])
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts): path.read_text()
+        for wing in WINGS[package]
+        for path in (folder / wing).rglob("*.py")
+    }
+    assert _wing_crossings(package, WINGS[package], modules) == []
+
+
+def test_the_wing_check_sees_a_crossing():
+    modules = {
+        "collectors.kv.ingest": "from collectors.traces.span_steps import SpanSteps\nfrom collectors.drops import X\n",
+        "collectors.traces.span_ingest": "from collectors.traces.span_steps import SpanSteps\n",
+    }
+    crossings = _wing_crossings("collectors", WINGS["collectors"], modules)
+    assert crossings == ["collectors.kv.ingest imports collectors.traces.span_steps"]
+
+
 def test_the_architecture_check_sees_a_lazy_import():
     lazy = "def run():\n    from instrumented_engine.server.launcher import EngineServer\n"
     spec = "import importlib.util\nimportlib.util.find_spec('dashboard.app')\n"

@@ -22,7 +22,13 @@ AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default siz
 def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float):
     """(table of the runs together, [(run's span, its table)] when several, requests replayed, skipped, note, requests
     recorded twice and counted once, requests whose blocks were tied to their session by inference)."""
-    from instrumented_engine.whatif_runs import COMPARISON, comparison, observed_total, replay_plans, simulate_runs
+    from instrumented_engine.whatif.runs import (
+        COMPARISON,
+        comparison,
+        observed_total,
+        replay_plans,
+        simulate_runs,
+    )
 
     store = cache.get_store(url)
     plans = replay_plans(store, since, until, instances=instances)
@@ -44,7 +50,7 @@ def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, tt
 @st.cache_data(ttl=60, show_spinner="Replaying the routers...")
 def replay_routers(url, since, until, prefill_load_scale: float) -> tuple[pd.DataFrame, int, int, dict]:
     """(one row per router, requests replayed, skipped, each replica's size): the fleet's traffic of the range."""
-    from instrumented_engine.whatif_fleet import FLEET_COLUMNS, POLICIES, FleetPlan, fleet_rows, simulate_fleet
+    from instrumented_engine.whatif.fleet import FLEET_COLUMNS, POLICIES, FleetPlan, fleet_rows, simulate_fleet
 
     fleet = FleetPlan.from_store(cache.get_store(url), since, until)
     results = [simulate_fleet(fleet, policy, prefill_load_scale=prefill_load_scale) for policy in POLICIES]
@@ -60,13 +66,13 @@ def _observed_size(ctx) -> int | None:
 
 
 def _duplicates(count: int) -> str:
-    from instrumented_engine.whatif import DUPLICATES
+    from instrumented_engine.whatif.replay import DUPLICATES
 
     return DUPLICATES.format(count).capitalize()
 
 
 def _inferred(count: int) -> str:
-    from instrumented_engine.whatif import INFERRED
+    from instrumented_engine.whatif.replay import INFERRED
 
     return INFERRED.format(count)
 

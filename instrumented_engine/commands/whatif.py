@@ -73,7 +73,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from instrumented_engine.whatif_runs import observed_total, replay_plans, simulate_runs
+    from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
     from kvobs.store import open_store
 
     if not args.replicas and not args.num_blocks:
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace, store) -> int:
-    from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
+    from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, simulate_fleet
 
     try:
         size = args.num_blocks[0] if args.num_blocks else None
@@ -128,8 +128,8 @@ def _fleet(args: argparse.Namespace, store) -> int:
 
 def format_fleet(fleet, results) -> str:
     """The fleet what-if's table: one row per router policy, all through the same replay."""
-    from instrumented_engine.whatif import INFERRED
-    from instrumented_engine.whatif_fleet import FLEET_COLUMNS, fleet_rows
+    from instrumented_engine.whatif.fleet import FLEET_COLUMNS, fleet_rows
+    from instrumented_engine.whatif.replay import INFERRED
 
     sizes = ", ".join(f"{name} {n:,}" for name, n in sorted(fleet.sizes.items()))
     lines = [
@@ -183,7 +183,7 @@ def _num(value) -> str:
 def format_table(plans, observed: dict, runs: list) -> str:
     """The replay's table: observed, then each size (every run replayed through its own cache, added up); with
     several runs, each run's own rows after."""
-    from instrumented_engine.whatif import DUPLICATES, INFERRED
+    from instrumented_engine.whatif.replay import DUPLICATES, INFERRED
     from kvobs.times import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
@@ -220,7 +220,7 @@ def format_table(plans, observed: dict, runs: list) -> str:
 
 
 def _rows(obs: dict, results) -> list[str]:
-    from instrumented_engine.whatif_runs import COMPARISON, comparison
+    from instrumented_engine.whatif.runs import COMPARISON, comparison
 
     lines = ["| " + " | ".join(COMPARISON) + " |", "|" + "---|" * len(COMPARISON)]
     for row in comparison(obs, results):

@@ -6,8 +6,8 @@ the missing ones, and the join rate of a set of steps.
     JOIN_FIXES["no_request"]         # what brings the join (none for a refused call: it has no KV story)
     source_joins(store)              # `kvobs doctor`: per convention, joined of judged, and why the others were not
 
-A step's `request_join` is written by the collector (`collectors/request_join.py`); the SDK's steps have none (their
-trace context reaches the server) and are not judged here: their rate is "not measured", never 0 or 100%.
+A step's `request_join` is written by the collector (`collectors/traces/request_join.py`); the SDK's steps have
+none (their trace context reaches the server) and are not judged here: their rate is "not measured", never 0 or 100%.
 """
 
 from __future__ import annotations

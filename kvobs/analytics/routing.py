@@ -180,7 +180,7 @@ def request_lookups(
 def primary_group(events: pd.DataFrame) -> pd.DataFrame:
     """Each instance's rows of its primary KV-cache group (that of its first stored block; a row naming no group
     belongs to it): a hybrid model's other groups (sliding window, ...) cache the same hashes apart and drop them on
-    their own schedule, which is no loss of the prefix (as the collector's device chains, `kv_ingest`)."""
+    their own schedule, which is no loss of the prefix (as the collector's device chains, `collectors.kv.ingest`)."""
     if "group_idx" not in events.columns or events["group_idx"].isna().all():
         return events
     groups = events["group_idx"]

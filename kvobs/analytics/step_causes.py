@@ -12,7 +12,7 @@ events a failed step can be blamed on are read: its session's, from the start of
 (`reads.session_events`), and the resets; a few thousand rows where the range may hold millions. A failed step's verdict
 (`failure_verdicts`) goes further: only a timeout can have a KV cause, so only timeouts are attributed, and a range
 whose failures are model or request errors reads no KV event at all. The Overview reads the verdicts the collector
-decided once each session settled (`collectors/step_verdicts.py`) and works out only the others (`range_verdicts`).
+decided once each session settled (`collectors/jobs/step_verdicts.py`) and works out only the others (`range_verdicts`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 from kvobs.store.interface import Store
 
 LOOKBACK_S = 3600.0
-VERDICT_INTERVAL_S = 60.0  # how often a collector's keeper decides (`collectors.step_verdicts`)
+VERDICT_INTERVAL_S = 60.0  # how often a collector's keeper decides (`collectors.jobs.step_verdicts`)
 KEEPER_LIVE_S = 5 * VERDICT_INTERVAL_S  # a keeper whose latest run is older is taken as stopped
 PENDING = "pending"  # a timeout's cause until a keeper decides it
 PENDING_WORDS = "its session is still running: the collector decides the verdict once the session settles"

@@ -77,7 +77,7 @@ class StepRouting(Name):
 
 
 class RouterPolicy(Name):
-    """The routers `kvobs whatif --replicas` replays a fleet's traffic under (`instrumented_engine.whatif_fleet`)."""
+    """The routers `kvobs whatif --replicas` replays a fleet's traffic under (`instrumented_engine.whatif.fleet`)."""
 
     OBSERVED = "observed"  # where each request went
     ROUND_ROBIN = "round_robin"

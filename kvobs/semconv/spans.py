@@ -113,7 +113,8 @@ class StepErrorType(Name):
 
 class StepJoin(Name):
     """`steps.request_join`: how the collector tied a step made of an agent's spans to its server request, or why
-    it could not (`collectors/request_join.py`). NULL on the SDK's steps (their trace context reaches the server)."""
+    it could not (`collectors/traces/request_join.py`). NULL on the SDK's steps (their trace context reaches the
+    server)."""
 
     RESPONSE_ID = "response_id"  # an id in the reply is a request the collector saw in the call's time window
     TRACE = "trace"  # the call's trace context reached the server

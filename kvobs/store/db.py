@@ -29,8 +29,8 @@ from kvobs.store.interface import Store
 
 # URL scheme -> "module:function" that opens a store of it: open(url, *, migrate, must_exist) -> Store
 BACKENDS = {
-    "sqlite": "kvobs.store.sql_store:open_sql",
-    "postgresql+psycopg": "kvobs.store.sql_store:open_sql",
+    "sqlite": "kvobs.store.sql.store:open_sql",
+    "postgresql+psycopg": "kvobs.store.sql.store:open_sql",
     "clickhouse": "kvobs.store.clickhouse.store:open_clickhouse",
     "chdb": "kvobs.store.clickhouse.store:open_clickhouse",
 }
@@ -38,7 +38,7 @@ ALIASES = {"postgresql": "postgresql+psycopg"}  # schemes people write -> the on
 
 if TYPE_CHECKING:  # each opener in BACKENDS, so the type checker holds what it returns to `Store` (tests/test_types.py)
     from kvobs.store.clickhouse.store import open_clickhouse
-    from kvobs.store.sql_store import open_sql
+    from kvobs.store.sql.store import open_sql
 
     OPENERS: tuple[Callable[..., Store], ...] = (open_sql, open_clickhouse)
 EXAMPLES = "sqlite:///kvobs.db, postgresql://user@host/db, clickhouse://user@host:8123/db, chdb:///dir"

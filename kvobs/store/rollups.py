@@ -446,7 +446,7 @@ def bin_values(bins: np.ndarray) -> np.ndarray:
 
 def minute_rows(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[tuple]:
     """Partial rows keyed by `window` as tuples of the rollup table's `columns` (`window` as `minute`), NaN as None,
-    plain Python values, in key order (a writer's upserts go in key order: `kvobs.store.sql_write`)."""
+    plain Python values, in key order (a writer's upserts go in key order: `kvobs.store.sql.write`)."""
     frame = frame.rename(columns={"window": "minute"})
     values = []
     for name in columns:

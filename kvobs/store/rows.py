@@ -175,7 +175,7 @@ class LookupProgressRecord(Record):
 
 @_record
 class VerdictProgressRecord(Record):
-    """A collector's verdict keeper (`collectors.step_verdicts`) at its latest run: it decides every failed step
+    """A collector's verdict keeper (`collectors.jobs.step_verdicts`) at its latest run: it decides every failed step
     started from `covers_from` once the step's session settles (steps up to `read_to` read so far); `updated_at`,
     the run's time, says it is still running."""
 

@@ -183,7 +183,7 @@ class RequestRow(Base):
 
 class RequestLookupRow(Base):
     """Each request's prefix lookup as the collector measured it (`kvobs.store.rows.RequestLookupRecord`), once,
-    a few minutes after the lookup (`collectors.routing_meter`)."""
+    a few minutes after the lookup (`collectors.jobs.routing_meter`)."""
 
     __tablename__ = "request_lookups"
     __table_args__ = (

@@ -165,8 +165,8 @@ def _serve(conn: Connection) -> None:
     except EOFError:
         return
     from kvobs.store import open_store  # in the child only: the parent may never need a store of its own
-    from kvobs.store.sql_store import SqlStore
-    from kvobs.store.sql_write import is_unreachable
+    from kvobs.store.sql.store import SqlStore
+    from kvobs.store.sql.write import is_unreachable
 
     try:
         store = open_store(url, migrate=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
+from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, simulate_fleet
 from kvobs.analytics.fleet_index import FleetIndex
 from kvobs.analytics.routing import FleetCheck, fleet_losses, routing_losses, routing_summary
 from kvobs.analytics.step_causes import step_causes

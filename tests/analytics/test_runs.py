@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from dashboard import data
-from instrumented_engine.whatif import ReplayPlan, simulate
-from instrumented_engine.whatif_runs import observed_total, replay_plans, simulate_runs
+from instrumented_engine.whatif.replay import ReplayPlan, simulate
+from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.runs import overlapping, run_of, run_table, spans
 from kvobs.commands.demo import hit_rate_line

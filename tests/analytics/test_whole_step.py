@@ -165,7 +165,7 @@ def test_the_parts_add_up_to_the_latency_on_every_step(run, request):
 def test_the_whatif_observed_row_counts_recompute_as_the_replay_does(overload):
     """A request aborted before it was ever scheduled looked nothing up and recomputed nothing: the observed row
     counts it so, as the replay does (it once counted its session's whole chain as recomputed)."""
-    from instrumented_engine.whatif import ReplayPlan, simulate
+    from instrumented_engine.whatif.replay import ReplayPlan, simulate
 
     script, store = overload
     plan = ReplayPlan.from_store(store)

@@ -19,8 +19,8 @@ from opentelemetry.semconv_ai import LLMRequestTypeValues, TraceloopSpanKindValu
 from opentelemetry.semconv_ai import SpanAttributes as Traceloop
 from opentelemetry.trace import Status, StatusCode
 
-from collectors.span_ingest import SpanIngest
-from collectors.span_steps import SpanSteps
+from collectors.traces.span_ingest import SpanIngest
+from collectors.traces.span_steps import SpanSteps
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName

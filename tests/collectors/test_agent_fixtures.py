@@ -13,8 +13,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collectors.session_activity import SessionActivity
-from collectors.span_ingest import SpanIngest
-from collectors.span_steps import JOIN_WAIT_S, SpanSteps
+from collectors.traces.span_ingest import SpanIngest
+from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.analytics.attribution import attribute_steps
 from kvobs.semconv.spans import STEP_JOINED
 from kvobs.store.writer import StoreWriter

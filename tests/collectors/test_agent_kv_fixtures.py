@@ -13,10 +13,10 @@ import msgspec
 import pytest
 
 from collectors.block_owners import BlockOwners
-from collectors.kv_ingest import KVIngest
+from collectors.kv.ingest import KVIngest
 from collectors.session_activity import SessionActivity
-from collectors.span_ingest import SpanIngest
-from collectors.span_steps import SpanSteps
+from collectors.traces.span_ingest import SpanIngest
+from collectors.traces.span_steps import SpanSteps
 from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
 from tests.collectors.agent_harness import FIXTURES

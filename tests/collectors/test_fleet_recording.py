@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from instrumented_engine.whatif_fleet import FleetPlan, simulate_fleet
+from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
 from kvobs.analytics.routing import fleet_losses
 from tests.collectors.fleet_recording import REPLICAS, truth
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from collectors.collector import Collector, CollectorOptions
-from collectors.span_ingest import attributes
+from collectors.traces.span_ingest import attributes
 from kvobs.semconv import attributes as a
 from tests.collectors import expected
 from tests.collectors.recorded import kv_messages, otlp_bodies

@@ -11,7 +11,7 @@ import pytest
 from collectors.block_owners import HOLD_AFTER_JOIN_S
 from collectors.collector import Collector, CollectorOptions
 from collectors.command import add_parser
-from collectors.span_steps import JOIN_WAIT_S
+from collectors.traces.span_steps import JOIN_WAIT_S
 
 
 def parsed(*flags: str) -> argparse.Namespace:

@@ -5,7 +5,7 @@ as that session's loss (in a tool pause where it fell in one)."""
 
 from __future__ import annotations
 
-from collectors.kv_ingest import KVIngest
+from collectors.kv.ingest import KVIngest
 from collectors.session_activity import SessionActivity
 from kvobs.store import StoreWriter
 from tests.collectors.test_kv_streams import _removed, _stored

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from collectors.collector import Collector, CollectorOptions
-from collectors.kv_ingest import KVIngest
-from collectors.kv_streams import KVStreamSpec, parse_streams
+from collectors.kv.ingest import KVIngest
+from collectors.kv.streams import KVStreamSpec, parse_streams
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
 from tests.collectors.recorded import kv_messages

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from collectors.drops import DropCounter
-from collectors.kv_subscriber import KVEventSubscriber
+from collectors.kv.subscriber import KVEventSubscriber
 from kvobs.vllm import kv_events as wire
 from tests.collectors.recorded import kv_messages
 from tests.collectors.replay import publisher, replay_router, wait_subscribed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from collectors.kv_ingest import KVIngest
+from collectors.kv.ingest import KVIngest
 from kvobs.semconv.attributes import MEDIUM_GPU, medium_name
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire

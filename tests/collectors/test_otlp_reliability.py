@@ -16,9 +16,9 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import func, select
 
-from collectors import otlp_receiver as receiver_module
-from collectors.otlp_receiver import EXPORT_METHOD, MAX_BODY_BYTES, Busy, OTLPReceiver
-from collectors.span_ingest import SpanIngest
+from collectors.traces import otlp_receiver as receiver_module
+from collectors.traces.otlp_receiver import EXPORT_METHOD, MAX_BODY_BYTES, Busy, OTLPReceiver
+from collectors.traces.span_ingest import SpanIngest
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.schema import RequestRow
 from tests.collectors.recorded import otlp_bodies

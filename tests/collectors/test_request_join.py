@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from collectors.agent_spans import LLM, TraceSpan
-from collectors.reply_ids import reply_ids
-from collectors.request_join import RequestJoin
-from collectors.span_steps import SpanSteps
+from collectors.traces.agent_spans import LLM, TraceSpan
+from collectors.traces.reply_ids import reply_ids
+from collectors.traces.request_join import RequestJoin
+from collectors.traces.span_steps import SpanSteps
 from kvobs.analytics.joins import join_rates
 from kvobs.semconv.spans import StepJoin
 from kvobs.store.rows import RequestRecord
@@ -141,7 +141,7 @@ def test_a_convention_whose_steps_are_mostly_not_joined_is_said_in_a_log_line(st
     writer = StoreWriter(store)
     steps = SpanSteps(writer, join_wait_s=0.0, clock=lambda: now[0])
     steps.add([call(f"c{i}", 10.0 * i, 10.0 * i + 1, prompt=100) for i in range(5)])  # no server exports its spans
-    with caplog.at_level("WARNING", logger="collectors.span_steps"):
+    with caplog.at_level("WARNING", logger="collectors.traces.span_steps"):
         assert steps.settle() == 5
         steps.add([call("c5", 60.0, 61.0, prompt=100)])
         now[0] = 10.0

@@ -1,5 +1,5 @@
-"""The collector's routing meter (`collectors.routing_meter`) measures each request's lookup once, fed in time order
-a slice at a time, and finds what the store analysis finds over the whole run at once
+"""The collector's routing meter (`collectors.jobs.routing_meter`) measures each request's lookup once, fed in time
+order a slice at a time, and finds what the store analysis finds over the whole run at once
 (`kvobs.analytics.routing.request_lookups`): on the recorded vLLM run as a fleet of two replicas and as one replica,
 request for request, every part of the shortfall split included; its counters are the routing loss
 `fleet_losses` finds."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from collectors.routing_meter import REQUEST_S, RoutingMeter
+from collectors.jobs.routing_meter import REQUEST_S, RoutingMeter
 from kvobs.analytics.routing import LOOKUP_COLUMNS, fleet_losses, pause_starts
 from kvobs.analytics.shortfall import store_lookups
 from tests.runs import FLEET, drive_meter, missing_as_none

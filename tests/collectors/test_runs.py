@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from collectors.prom_text import parse_metrics
-from collectors.runs import RunWatcher, run_start
+from collectors.metrics.prom_text import parse_metrics
+from collectors.metrics.runs import RunWatcher, run_start
 from kvobs.store import StoreWriter
 from tests.collectors.recorded import scrapes
 

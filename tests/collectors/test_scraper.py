@@ -9,11 +9,11 @@ import re
 import pytest
 from sqlalchemy import select
 
-from collectors.counters import CounterTracker
-from collectors.derive import Deriver, histogram_quantile
 from collectors.drops import DropCounter
-from collectors.prom_text import MetricsParseError, parse_metrics
-from collectors.scraper import Scraper, ScrapeTarget
+from collectors.metrics.counters import CounterTracker
+from collectors.metrics.derive import Deriver, histogram_quantile
+from collectors.metrics.prom_text import MetricsParseError, parse_metrics
+from collectors.metrics.scraper import Scraper, ScrapeTarget
 from kvobs.store.schema import MetricSampleRow, SnapshotRow
 from kvobs.store.writer import StoreWriter
 from tests.collectors.recorded import scrapes

@@ -6,7 +6,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import func, select
 
-from collectors.span_ingest import SpanIngest
+from collectors.traces.span_ingest import SpanIngest
 from kvobs.semconv.limits import MAX_ID_BYTES
 from kvobs.store import StoreWriter
 from kvobs.store.schema import RequestRow

@@ -1,4 +1,4 @@
-"""The failed steps' verdicts a collector decides once their session settled (`collectors.step_verdicts`): on the
+"""The failed steps' verdicts a collector decides once their session settled (`collectors.jobs.step_verdicts`): on the
 engine run (its failures as timeouts, each attributed from its KV events) and the recorded vLLM run, written through
 the store's writer, they are the verdicts the page would work out itself; a session still running is left to the
 page, and the page says which are which."""
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import update
 
-from collectors.step_verdicts import VerdictKeeper
+from collectors.jobs.step_verdicts import VerdictKeeper
 from dashboard import data
 from dashboard.views.overview import verdict_words
 from kvobs.analytics.step_causes import KEEPER_LIVE_S, VERDICT_COLUMNS, failure_verdicts, range_verdicts

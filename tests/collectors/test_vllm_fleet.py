@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from instrumented_engine.whatif_fleet import FleetPlan, simulate_fleet
+from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
 from kvobs.analytics.attribution import step_requests
 from kvobs.analytics.chains import with_sessions
 from kvobs.analytics.routing import fleet_losses

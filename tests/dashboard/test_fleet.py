@@ -12,7 +12,7 @@ from dashboard import data
 from dashboard.clock import Clock
 from dashboard.views import PAGES
 from dashboard.views.kv_events import sample_caption
-from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, fleet_rows, simulate_fleet
+from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, fleet_rows, simulate_fleet
 from kvobs.analytics.routing import MISS_PARTS, fleet_losses
 from kvobs.analytics.shortfall import shortfall, store_lookups
 from kvobs.store import StoreWriter, open_store

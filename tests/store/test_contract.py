@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from collectors.routing_meter import RoutingMeter
-from collectors.step_verdicts import VerdictKeeper
+from collectors.jobs.routing_meter import RoutingMeter
+from collectors.jobs.step_verdicts import VerdictKeeper
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS

@@ -12,7 +12,7 @@ import pandas as pd
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import SnapshotRecord
 from kvobs.store.schema import FOOTPRINT_COLUMNS
-from kvobs.store.sql_store import upgrade
+from kvobs.store.sql.store import upgrade
 
 
 def _snapshots(seed: int = 3) -> list[SnapshotRecord]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import inspect, text
 
 from kvobs.store import open_store
-from kvobs.store.sql_store import upgrade
+from kvobs.store.sql.store import upgrade
 
 EDGES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 12_345_678_901_234_567_890]
 
@@ -53,7 +53,7 @@ def upgrade_down(store) -> None:
     from alembic import command
     from alembic.config import Config
 
-    from kvobs.store.sql_store import MIGRATIONS
+    from kvobs.store.sql.store import MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

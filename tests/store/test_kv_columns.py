@@ -89,7 +89,7 @@ def test_the_collectors_row_builder_has_the_records_columns():
     each of them by keyword, and a field added to the record fails here until the collector says what it writes."""
     import inspect
 
-    from collectors.kv_ingest import _BatchRows
+    from collectors.kv.ingest import _BatchRows
 
     rows = _BatchRows()
     assert set(_BatchRows.COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)

@@ -21,7 +21,7 @@ from kvobs.store.rollups import (
 )
 from kvobs.store.rows import RequestLookupRecord, RequestRecord, SnapshotRecord
 from kvobs.store.schema import TABLES
-from kvobs.store.sql_store import upgrade
+from kvobs.store.sql.store import upgrade
 from tests.analytics.test_windows import assert_same
 
 T0 = 1_800_000_017.0  # not on a minute: rows of one minute meet across batches
@@ -123,7 +123,7 @@ def test_revision_0014_fills_the_rollups_from_stored_rows(store):
     from alembic import command
     from alembic.config import Config
 
-    from kvobs.store.sql_store import MIGRATIONS
+    from kvobs.store.sql.store import MIGRATIONS
 
     rows = _rows(2)
     config = Config()

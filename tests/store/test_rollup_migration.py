@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from kvobs.store import open_store
-from kvobs.store.sql_store import upgrade
+from kvobs.store.sql.store import upgrade
 
 ROWS = [  # ts, kind, block_hash, session_id, reason: block 7 lost by two owners at once, block 9 by one
     (100.0, "stored", "7", "a", None),

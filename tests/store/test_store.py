@@ -292,7 +292,7 @@ def _head() -> str:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from kvobs.store.sql_store import MIGRATIONS
+    from kvobs.store.sql.store import MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -122,7 +122,7 @@ def test_traces_target_is_where_an_exporter_with_that_endpoint_sends(monkeypatch
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from collectors.drops import DropCounter
-    from collectors.otlp_forward import OTLPForwarder
+    from collectors.traces.otlp_forward import OTLPForwarder
     from kvobs.telemetry.providers import traces_target
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)

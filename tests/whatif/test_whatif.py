@@ -8,8 +8,8 @@ import sys
 import pandas as pd
 import pytest
 
-from instrumented_engine.whatif import ReplayPlan, ReplayRequest, simulate
-from instrumented_engine.whatif_fleet import POLICIES, FleetPlan, simulate_fleet
+from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, simulate_fleet
+from instrumented_engine.whatif.replay import ReplayPlan, ReplayRequest, simulate
 from kvobs.semconv.reasons import RELEASE_REASONS
 from tests.runs import NUM_BLOCKS
 
@@ -126,7 +126,7 @@ def test_vllm_replay_and_cli(vllm_run):
 def test_whatif_and_analytics_import_without_torch():
     """The block manager holds no tensors: replay (and kvobs' analytics and alerts) must not pull torch in."""
     code = (
-        "import sys, instrumented_engine.whatif, kvobs.analytics.chains, kvobs.alerts.evaluator; "
+        "import sys, instrumented_engine.whatif.replay, kvobs.analytics.chains, kvobs.alerts.evaluator; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -179,7 +179,7 @@ def test_a_request_recorded_under_two_instance_names_counts_once_in_the_observed
     from sqlalchemy.engine import make_url
 
     from instrumented_engine.commands.whatif import format_table
-    from instrumented_engine.whatif_runs import observed_total, replay_plans, simulate_runs
+    from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
     from kvobs.store import open_store
 
     path = tmp_path / "twice.db"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from instrumented_engine.whatif import ReplayPlan
+from instrumented_engine.whatif.replay import ReplayPlan
 from kvobs.store import open_store
 
 

@@ -216,7 +216,7 @@ class ClickHouseStore:
 
     # ---- reads -----------------------------------------------------------------------------------------------
     def frame(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """Run a query; columns as `kvobs.store.sql_read.read` gives them on SQL (see `_as_sql_frame`)."""
+        """Run a query; columns as `kvobs.store.sql.frames.read` gives them on SQL (see `_as_sql_frame`)."""
         return _as_sql_frame(self.client.query_df(sql, params))
 
     def close(self) -> None:

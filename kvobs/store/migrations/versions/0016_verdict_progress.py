@@ -1,4 +1,4 @@
-"""`verdict_progress`: each verdict keeper's latest run (`collectors.step_verdicts`), so a page can tell a failed
+"""`verdict_progress`: each verdict keeper's latest run (`collectors.jobs.step_verdicts`), so a page can tell a failed
 step whose verdict a running collector will decide (pending) from one nobody will decide (worked out as it opens).
 
 Revision ID: 0016

@@ -1,5 +1,6 @@
 """`steps.request_id` and `steps.request_join`: the server request a step made of an agent's spans was joined to by
-the collector (`collectors/request_join.py`), and how (an id in its reply, its trace, its timing) or why none was.
+the collector (`collectors/traces/request_join.py`), and how (an id in its reply, its trace, its timing) or why none
+was.
 NULL on the SDK's steps and on rows written before this revision (those are joined by `response_id` as before).
 
 Revision ID: 0017

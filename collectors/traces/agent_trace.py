@@ -1,4 +1,4 @@
-"""One trace of an agent's spans as the step maker (`collectors.span_steps`) keeps it: its spans by id, the LLM
+"""One trace of an agent's spans as the step maker (`collectors.traces.span_steps`) keeps it: its spans by id, the LLM
 calls waiting to be decided, and what a call's ancestors say (its session, its tools).
 
     trace.ancestors(call)                  # parent first, up to the root or the first span not received
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from collectors.agent_spans import LLM, TOOL, TraceSpan
+from collectors.traces.agent_spans import LLM, TOOL, TraceSpan
 from kvobs.semconv.spans import StepStatus
 
 EPSILON_S = 1e-3  # clocks of one process: a tool that ends as the next call starts is inside the pause

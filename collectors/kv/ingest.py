@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from collectors.kv_chains import OWNERS, PARENT, ChainTracker
-from collectors.recent_stores import RecentStores
+from collectors.kv.chains import OWNERS, PARENT, ChainTracker
+from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
 from kvobs.identifiers import clip_id
 from kvobs.semconv.attributes import medium_name
@@ -59,7 +59,7 @@ class KVIngest:
     writer: the store writer.
     instance: the vLLM's name in every row.
     activity: session request intervals (idle classification); None: nothing is classified idle.
-    bridge: gets each batch's removals and clears as spans (see `collectors.kv_bridge`); None: no spans.
+    bridge: gets each batch's removals and clears as spans (see `collectors.kv.bridge`); None: no spans.
     settle_s: how long a removal waits for its session's request spans before it is classified.
     session_ends: session ids -> when they ended (the store's `sessions.ended_at`), for sessions with pending
         losses; None: only the stream-time horizon ends a session.

@@ -12,10 +12,10 @@ from sqlalchemy.orm import aliased
 
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
 from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow
-from kvobs.store.sql_read import _columns, _lookup, read
+from kvobs.store.sql.frames import _columns, _lookup, read
 
 if TYPE_CHECKING:
-    from kvobs.store.sql_store import SqlStore
+    from kvobs.store.sql.store import SqlStore
 
 
 class SqlLookups:

@@ -14,7 +14,7 @@ the server's id sits where each library keeps it. Read in recorded spans (`tests
   otherwise.
 Rather than one path per library, every string under a key `id` or `response_id` is a candidate, in document
 order, up to `MAX_IDS`: a candidate is only ever taken when it is the id of a request the collector saw on an
-instance inside the call's time window (`collectors/request_join.py`), so a run id or a tool call's id that no
+instance inside the call's time window (`collectors/traces/request_join.py`), so a run id or a tool call's id that no
 server request has is never joined. OTel GenAI writes the id itself (`gen_ai.response.id`).
 """
 

@@ -16,7 +16,7 @@ as OTLP partial success); ids longer than `MAX_ID_BYTES` are cut (`clip_id`, cou
 SDK's `agent_step` spans sent through the collector are counted by status and error type (`kvobs_agent_steps_total`,
 `kvobs_agent_step_failures_total` on the collector's /metrics, what the step-failure alert rule reads); the
 steps themselves reach the store from the SDK's recorder, or, for an SDK run with no recorder, from
-`collectors.span_steps`, which every span but `llm_request` goes to (when given): agent frameworks' LLM calls
+`collectors.traces.span_steps`, which every span but `llm_request` goes to (when given): agent frameworks' LLM calls
 become steps there too. A request span whose session a step
 already claimed (by trace or response id) is stored with that session. `--forward-otlp` passes every span on.
 """
@@ -32,11 +32,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from collectors.agent_spans import read_span
 from collectors.block_owners import BlockOwners
-from collectors.otlp_receiver import Busy
 from collectors.session_activity import SessionActivity
-from collectors.span_steps import SpanSteps
+from collectors.traces.agent_spans import read_span
+from collectors.traces.otlp_receiver import Busy
+from collectors.traces.span_steps import SpanSteps
 from kvobs.identifiers import clip_id
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName, StepStatus

@@ -20,8 +20,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from collectors.counters import CounterTracker
-from collectors.prom_text import Labels, ParsedMetrics
+from collectors.metrics.counters import CounterTracker
+from collectors.metrics.prom_text import Labels, ParsedMetrics
 from kvobs.semconv.metrics import COUNT_SUFFIX, ENGINE_LABELS, INCREASE_SUFFIX, SUM_SUFFIX, kvobs_metrics, vllm
 
 KNOWN = {spec.name: spec for spec in (*vars(vllm).values(), *vars(kvobs_metrics).values())}

@@ -4,7 +4,7 @@
     for n in (32, 64, 128):
         print(simulate(plan, num_blocks=n, policy="session_ttl", ttl_s=30).hit_rate)
 
-Our engine's data is replayed step for step from its recorded traffic (`recorded_replay`): at the observed size and
+Our engine's data is replayed step for step from its recorded traffic (`whatif.recorded`): at the observed size and
 policy that reproduces the run. Otherwise (vLLM's data, which has no allocations), each recorded request arrives
 when it was recorded looking its prefix up (arrival + queue time) with its rebuilt chain (see
 `kvobs.analytics.chains`), looks its prefix up, takes blocks for its whole length (prompt + output) and
@@ -32,8 +32,8 @@ from instrumented_engine.engine.kv_cache.eviction import make_eviction_policy
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.observers.losses import LossTally
-from instrumented_engine.recorded_replay import RecordedReplay, RecordedTraffic
 from instrumented_engine.sampling_params import SamplingParams
+from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.ownership import num_inferred, with_tied_blocks
@@ -195,7 +195,7 @@ def simulate(
     plan: ReplayPlan, *, num_blocks: int, policy: str = EvictionPolicyName.LRU.value, ttl_s: float = 30.0
 ) -> WhatIfResult:
     """Replay `plan` through a `num_blocks` cache under `policy`: our engine's recorded traffic step for step when
-    the plan has it (`recorded_replay`), else each request's whole length from its lookup to its finish."""
+    the plan has it (`whatif.recorded`), else each request's whole length from its lookup to its finish."""
     clock = _Clock()
     manager = BlockManager(num_blocks, plan.block_size, policy=make_eviction_policy(policy, ttl_s=ttl_s), clock=clock)
     result = WhatIfResult(num_blocks, policy)

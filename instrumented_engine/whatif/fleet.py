@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.observers.losses import LossTally
-from instrumented_engine.recorded_replay import releases
-from instrumented_engine.whatif import ReplayPlan, WhatIfResult, WholeLengthCache, _Clock, _sequence
+from instrumented_engine.whatif.recorded import releases
+from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, WholeLengthCache, _Clock, _sequence
 from kvobs.semconv.reasons import RouterPolicy
 from kvobs.store.interface import Store
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from collectors.prom_text import ParsedMetrics
+from collectors.metrics.prom_text import ParsedMetrics
 from kvobs.semconv.metrics import LABEL_MODEL_NAME, PROCESS_START_TIME, kvobs_metrics, vllm
 from kvobs.semconv.spans import RunSource
 from kvobs.store.rows import RunRecord, run_id

@@ -5,9 +5,9 @@
     scraper.scrape_all()   # or one round, on the caller's thread
     scraper.stop()
 
-Each scrape writes `metric_samples` (see `collectors.derive`; plus `up` = 1 or 0 as Prometheus records
+Each scrape writes `metric_samples` (see `collectors.metrics.derive`; plus `up` = 1 or 0 as Prometheus records
 it) and one instance `snapshots` row (usage, running, waiting, the interval's hit rate, cumulative
-preemptions and evictions), and a `runs` row when the target's run is new (`collectors.runs`). A scrape fails
+preemptions and evictions), and a `runs` row when the target's run is new (`collectors.metrics.runs`). A scrape fails
 when the server cannot be reached, answers non-200, or sends a
 body that is not a whole exposition (counted in `drops` under `scrape`); the instance is then marked down:
 `up` = 0 is written and the change logged once. What counters gained during an outage is counted by the next
@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from collectors.derive import Derived, Deriver
 from collectors.drops import DropCounter
-from collectors.prom_text import MetricsParseError, ParsedMetrics, parse_metrics
-from collectors.runs import RunWatcher
+from collectors.metrics.derive import Derived, Deriver
+from collectors.metrics.prom_text import MetricsParseError, ParsedMetrics, parse_metrics
+from collectors.metrics.runs import RunWatcher
 from kvobs.semconv.metrics import kvobs_metrics, vllm
 from kvobs.store.rows import MetricSampleRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
@@ -126,7 +126,7 @@ class Scraper:
             return False  # counters keep their last values: the next good scrape counts the outage's increase
         self.runs.on_scrape(target.instance, parsed)
         derived = self._deriver.derive(target.instance, parsed)
-        if derived.increases.get(vllm.PREFIX_CACHE_QUERIES.name, 0) > 0:  # it served (see collectors.kv_silence)
+        if derived.increases.get(vllm.PREFIX_CACHE_QUERIES.name, 0) > 0:  # it served (see collectors.kv.silence)
             self.queries_rose_at[target.instance] = time.monotonic()
         for name, labels, value in derived.samples:
             if not math.isfinite(value):

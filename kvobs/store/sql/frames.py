@@ -11,7 +11,7 @@ from sqlalchemy import CompoundSelect, Select, select
 from kvobs.store.schema import UInt64
 
 if TYPE_CHECKING:
-    from kvobs.store.sql_store import SqlStore
+    from kvobs.store.sql.store import SqlStore
 
 
 def read(store: SqlStore, stmt: Select | CompoundSelect) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """Agent steps from agent frameworks' spans: one step per LLM call, in the session its trace names.
 
     steps = SpanSteps(writer, activity=activity, step_counts=store.lookups.session_step_counts)
-    steps.add(spans)          # every span of an export (collectors.agent_spans.TraceSpan), as it arrives
+    steps.add(spans)          # every span of an export (collectors.traces.agent_spans.TraceSpan), as it arrives
     steps.settle()            # each tick: write the calls that are ready; settle(final=True) at shutdown
 
 Spans of one trace arrive in several exports, children before their parents (a parent ends last), and an
@@ -15,10 +15,10 @@ comes); then it is one `steps` row, written once:
   the outermost agent (written when its span arrives, usually after the calls inside it).
 - index: the session's next (calls decided together in start order; a session seen before this collector
   started continues from the store's count).
-- status and `error_type` from the call's span (`collectors.agent_spans`), kept apart from slowness.
+- status and `error_type` from the call's span (`collectors.traces.agent_spans`), kept apart from slowness.
 - the tool pause before it: from the end of the session's previous call to this call's start; `tools` lists the
   tool spans of the same trace and session inside it (name, start, end, status, error type) as JSON.
-- `request_id`: the server request the call made, found among the request spans seen (`collectors.request_join`:
+- `request_id`: the server request the call made, found among the request spans seen (`collectors.traces.request_join`:
   an id in its reply, its trace context, else the only request its time and token counts fit), and
   `request_join`, how, or why none was (`StepJoin`); `response_id`: the reply's id that joined it, else the
   reply's first id. A call whose request span has not arrived yet (a server exports it after the request ends)
@@ -46,10 +46,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from collectors.agent_spans import AGENT, LLM, TraceSpan
-from collectors.agent_trace import Trace
-from collectors.request_join import WAITS_FOR_REQUESTS, Found, RequestJoin
 from collectors.session_activity import SessionActivity
+from collectors.traces.agent_spans import AGENT, LLM, TraceSpan
+from collectors.traces.agent_trace import Trace
+from collectors.traces.request_join import WAITS_FOR_REQUESTS, Found, RequestJoin
 from kvobs.analytics.joins import JOIN_WORDS, SourceJoin
 from kvobs.semconv.spans import SessionSource, StepStatus
 from kvobs.store.rows import SessionRecord, StepRecord

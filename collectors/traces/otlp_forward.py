@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collectors.drops import DropCounter
-from collectors.otlp_receiver import PROTOBUF, TRACES_PATH
+from collectors.traces.otlp_receiver import PROTOBUF, TRACES_PATH
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The reads of a SQL store (SQLite, PostgreSQL) through SQLAlchemy Core: `SqlReads`, the `Reads` of `SqlStore`.
 
-Each read filters and aggregates in SQL on indexed columns and reads the result through `kvobs.store.sql_read.read`
+Each read filters and aggregates in SQL on indexed columns and reads the result through `kvobs.store.sql.frames.read`
 (result processors applied a column at a time: hashes come back as Python ints).
 """
 
@@ -34,10 +34,10 @@ from kvobs.store.schema import (
     StepVerdictRow,
     VerdictProgressRow,
 )
-from kvobs.store.sql_read import _between, _columns, _of_instances, read
+from kvobs.store.sql.frames import _between, _columns, _of_instances, read
 
 if TYPE_CHECKING:
-    from kvobs.store.sql_store import SqlStore
+    from kvobs.store.sql.store import SqlStore
 
 
 class SqlReads(ComposedReads):

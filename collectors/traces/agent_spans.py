@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from collectors.reply_ids import reply_ids
+from collectors.traces.reply_ids import reply_ids
 from kvobs.identifiers import clip_id
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
@@ -62,7 +62,7 @@ class TraceSpan:
 
 
 def read_span(span: Span, attrs: dict) -> TraceSpan:
-    """`attrs`: the span's attributes as a plain dict (`collectors.span_ingest.attributes`)."""
+    """`attrs`: the span's attributes as a plain dict (`collectors.traces.span_ingest.attributes`)."""
     out = TraceSpan(
         trace_id=span.trace_id.hex(),
         span_id=span.span_id.hex(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from instrumented_engine.whatif import ReplayPlan, WhatIfResult, simulate
+from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.runs import run_table, spans
 from kvobs.store.interface import Store

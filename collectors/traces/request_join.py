@@ -2,7 +2,7 @@
 
     join = RequestJoin()
     join.add(request_records)            # each `llm_request` span stored (span ingest), from any instance
-    found = join.find(call)              # a collectors.agent_spans.TraceSpan (an LLM call)
+    found = join.find(call)              # a collectors.traces.agent_spans.TraceSpan (an LLM call)
     found.request_id, found.method       # "chatcmpl-..." and StepJoin.RESPONSE_ID; or None and why not
 
 In order, the first that is sure:
@@ -14,7 +14,7 @@ In order, the first that is sure:
    end and has the call's prompt token count (and its completion count, when both are known).
 Otherwise none, with the reason (`StepJoin`): the step page says "no server request found" and why. A request's
 span is exported after the request ends, so a call whose request is not seen yet is asked again later
-(`collectors/span_steps.py` waits for it, up to its `join_wait_s`). Requests are kept `keep_s` of their own time
+(`collectors/traces/span_steps.py` waits for it, up to its `join_wait_s`). Requests are kept `keep_s` of their own time
 (the newest seen is the clock) and `max_requests` at most.
 """
 
@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from collectors.agent_spans import TraceSpan
+from collectors.traces.agent_spans import TraceSpan
 from kvobs.semconv.spans import StepJoin
 from kvobs.store.rows import RequestRecord
 

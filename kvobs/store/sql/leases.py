@@ -15,7 +15,7 @@ from sqlalchemy import case, delete, or_, select, update
 
 from kvobs.store.leases import Lease, LeaseRefused
 from kvobs.store.schema import LeaseRow
-from kvobs.store.sql_write import upsert_insert
+from kvobs.store.sql.write import upsert_insert
 
 _TABLE = LeaseRow.__table__
 

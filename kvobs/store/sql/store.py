@@ -22,10 +22,10 @@ from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS
 from kvobs.store.schema import KVEventRow
-from kvobs.store.sql_leases import SqlLeases
-from kvobs.store.sql_lookups import SqlLookups
-from kvobs.store.sql_reads import SqlReads
-from kvobs.store.sql_write import SqlBatchWriter, is_unreachable
+from kvobs.store.sql.leases import SqlLeases
+from kvobs.store.sql.lookups import SqlLookups
+from kvobs.store.sql.reads import SqlReads
+from kvobs.store.sql.write import SqlBatchWriter, is_unreachable
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
