@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from collectors.kv.batch_rows import BatchRows
 from collectors.kv.chains import OWNERS, PARENT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import PAUSE, PENDING, SessionActivity
@@ -108,7 +109,8 @@ class KVIngest:
         # named no session, and the removals of such blocks, held until their session may be known
         self.recent: RecentStores | None = None
         self.hold_s = 0.0
-        self._held: deque[list] = deque()  # [arrived, ts, block (store's key), row fields, session, lost]
+        # [arrived, ts, block (store's key), row fields, session, lost, kind]: a store's row or a removal's
+        self._held: deque[list] = deque()
         self.lock = threading.Lock()
 
     # ---- batches --------------------------------------------------------------------------------------
@@ -119,7 +121,7 @@ class KVIngest:
 
     def _on_batch(self, batch: wire.KVEventBatch) -> None:
         ts = batch.ts
-        rows = _BatchRows()
+        rows = BatchRows()
         cleared: dict[str | None, int] = {}
         touched: set[str] = set()  # sessions with an event in this batch
         self._latest_ts = max(self._latest_ts, ts)
@@ -145,7 +147,7 @@ class KVIngest:
 
     def on_restart(self) -> None:
         """The publisher restarted: its cache is empty, every chain we track has ended."""
-        rows = _BatchRows()
+        rows = BatchRows()
         self._cleared(rows, RESTART)
         self._flush(self.clock(), rows)
 
@@ -179,14 +181,17 @@ class KVIngest:
         held = {}
         for item in self._held:
             held.setdefault(item[2], []).append(item)
-        for (_, block_hash, _), session in owned.items():
+        for (_, block_hash, stored_at), session in owned.items():
+            for item in held.get(block_hash, ()):  # its store's row, still held, is written with the session
+                if item[6] == STORED and item[4] is None and item[1] == stored_at:
+                    item[4] = session
             key = raw_of.get(block_hash, block_hash)
             tracked = blocks.get(key)
             if tracked is not None and tracked[OWNERS] == (None,):
                 blocks[key] = (tracked[PARENT], (session,))
                 self._move(session, resident=1, stored=1)
             else:
-                waiting = [item for item in held.get(block_hash, ()) if item[4] is None]
+                waiting = [item for item in held.get(block_hash, ()) if item[6] == REMOVED and item[4] is None]
                 if not waiting:
                     continue
                 waiting[0][4] = session
@@ -204,19 +209,23 @@ class KVIngest:
             setattr(known, name, getattr(known, name) + n)
 
     def _release(self, arrived_before: float) -> None:
-        """Write the held removals that waited their time, with the session each was tied to (or none); a tied
-        one's loss is then classified like any (in a tool pause or not)."""
-        by_ts: dict[float, _BatchRows] = {}
+        """Write the held stores and removals that waited their time, with the session each was tied to (or none);
+        a tied removal's loss is then classified like any (in a tool pause or not)."""
+        by_ts: dict[float, BatchRows] = {}
         while self._held and self._held[0][0] <= arrived_before:
-            arrived, ts, block_hash, fields, session, lost = self._held.popleft()
-            rows = by_ts.get(ts) or by_ts.setdefault(ts, _BatchRows())
-            rows.add(REMOVED, block_hash=block_hash, session_id=session, first_owner=1, **fields)
+            arrived, ts, block_hash, fields, session, lost, kind = self._held.popleft()
+            rows = by_ts.get(ts) or by_ts.setdefault(ts, BatchRows())
+            rows.add(kind, block_hash=block_hash, session_id=session, first_owner=1, **fields)
+            if kind == REMOVED:
+                rows.losers.append(session)
             if session is not None and lost:  # (as arrived: it has waited longer than a removal settles)
                 self._pending.append((arrived, ts, [session], Counter({session: 1})))
         for ts, rows in by_ts.items():
             self._flush(ts, rows)
+            if self.bridge is not None and rows.losers:  # the loss span names the session the block was tied to
+                self.bridge.on_batch(self.instance, ts, Counter(rows.losers), {})
 
-    def _stored(self, ts: float, event: wire.BlockStored, rows: _BatchRows, touched: set[str]) -> None:
+    def _stored(self, ts: float, event: wire.BlockStored, rows: BatchRows, touched: set[str]) -> None:
         if wire.is_placeholder(event):  # hashes that reached an offload tier, no content: no block of this cache
             if not self.num_placeholders:
                 log.info(
@@ -245,9 +254,18 @@ class KVIngest:
         chains = self._tier(medium, group)
         n, parent = len(hashes), event.parent_block_hash
         stored = wire.as_uint64_list(hashes)
+        parent_hash = None if parent is None else wire.as_uint64(parent)
+        if self.recent is not None and session is None and chains is self.chains:
+            self.recent.add(ts, stored, parent_hash, hashes)
+            chains.stored(hashes, parent, session)
+            if self.hold_s:  # its rows wait for the session its request may be tied to (`adopt`)
+                self._hold_stores(ts, event, stored, parent_hash, medium, group)
+                return
+        else:
+            chains.stored(hashes, parent, session)
         rows.kind += [STORED] * n
         rows.block_hash += stored
-        rows.parent_hash.append(None if parent is None else wire.as_uint64(parent))
+        rows.parent_hash.append(parent_hash)
         rows.parent_hash += stored[:-1]
         rows.session_id += [session] * n
         rows.medium += [medium] * n
@@ -260,11 +278,23 @@ class KVIngest:
         rows.kv_cache_spec_kind += [None if kind is None else clip_id(kind)] * n
         rows.lora_name += [None if lora is None else clip_id(lora)] * n
         rows.extra_keys += wire.extra_keys_json(event)
-        chains.stored(hashes, parent, session)
-        if self.recent is not None and session is None and chains is self.chains:
-            self.recent.add(ts, stored, rows.parent_hash[-n], hashes)
 
-    def _removed(self, ts: float, event: wire.BlockRemoved, rows: _BatchRows) -> None:
+    def _hold_stores(self, ts: float, event: wire.BlockStored, stored: list, parent_hash, medium, group) -> None:
+        """A store of blocks that name no session, held as its removals are: each block's row waits `hold_s`."""
+        kind, lora = event.kv_cache_spec_kind, event.lora_name
+        common = dict(
+            medium=medium,
+            num_tokens=event.block_size,
+            group_idx=group,
+            kv_cache_spec_kind=None if kind is None else clip_id(kind),
+            lora_name=None if lora is None else clip_id(lora),
+        )
+        arrived = self.clock()
+        for block_hash, parent, extra in zip(stored, [parent_hash, *stored[:-1]], wire.extra_keys_json(event)):
+            fields = dict(common, parent_hash=parent, extra_keys=extra)
+            self._held.append([arrived, ts, block_hash, fields, None, False, STORED])
+
+    def _removed(self, ts: float, event: wire.BlockRemoved, rows: BatchRows) -> None:
         medium, tokens, group = medium_name(event.medium), self.block_size, event.group_idx
         reason = event.reason if event.reason in wire.REMOVAL_REASONS else None  # our engine's; vLLM sends none
         chains = self._tier(medium, group)
@@ -280,9 +310,8 @@ class KVIngest:
                 parent = None if parent is None else wire.as_uint64(parent)
             if device and self.hold_s and owners == (None,) and block is not None:  # its session may come
                 fields = dict(parent_hash=parent, medium=medium, num_tokens=tokens, group_idx=group, reason=reason)
-                self._held.append([self.clock(), ts, stored_as, fields, None, lost])
-                rows.losers.append(None)
-                continue
+                self._held.append([self.clock(), ts, stored_as, fields, None, lost, REMOVED])
+                continue  # (its loss span too waits for its session: `_release`)
             first = 1
             for owner in owners:
                 rows.add(
@@ -315,7 +344,7 @@ class KVIngest:
             tier = self.tiers[key] = ChainTracker()
         return tier
 
-    def _cleared(self, rows: _BatchRows, reason: str) -> dict[str | None, int]:
+    def _cleared(self, rows: BatchRows, reason: str) -> dict[str | None, int]:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
         self.tiers = {}  # every tier's blocks went with it
@@ -323,7 +352,7 @@ class KVIngest:
         rows.add(CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)
         return lost
 
-    def _flush(self, ts: float, rows: _BatchRows) -> None:
+    def _flush(self, ts: float, rows: BatchRows) -> None:
         n = len(rows.kind)
         if n:
             columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, **rows.columns())
@@ -414,77 +443,3 @@ class KVIngest:
                 self._idle[session] = still
             else:
                 del self._idle[session]
-
-
-class _BatchRows:
-    """One batch's `kv_events` rows as columns, in event order: `KVEventRecord`'s columns (`COLUMNS`), less the
-    batch's own `ts` and `instance` and the `request_id` vLLM's events do not carry."""
-
-    COLUMNS = (
-        "kind",
-        "block_hash",
-        "parent_hash",
-        "session_id",
-        "medium",
-        "first_owner",
-        "num_tokens",
-        "reason",
-        "num_blocks",
-        "group_idx",
-        "kv_cache_spec_kind",
-        "lora_name",
-        "extra_keys",
-    )
-
-    def __init__(self) -> None:
-        self.kind: list[str] = []
-        self.block_hash: list[int | None] = []
-        self.parent_hash: list[int | None] = []
-        self.session_id: list[str | None] = []
-        self.medium: list[str | None] = []
-        self.first_owner: list[int | None] = []
-        self.num_tokens: list[int | None] = []
-        self.reason: list[str | None] = []
-        self.num_blocks: list[int | None] = []
-        self.group_idx: list[int | None] = []
-        self.kv_cache_spec_kind: list[str | None] = []
-        self.lora_name: list[str | None] = []
-        self.extra_keys: list[str | None] = []
-        self.losers: list[str | None] = []  # the owner of each removed row (not a column)
-
-    def add(
-        self,
-        kind: str,
-        *,
-        block_hash: int | None = None,
-        parent_hash: int | None = None,
-        session_id: str | None = None,
-        medium: str | None = None,
-        first_owner: int | None = None,
-        num_tokens: int | None = None,
-        reason: str | None = None,
-        num_blocks: int | None = None,
-        group_idx: int | None = None,
-        kv_cache_spec_kind: str | None = None,
-        lora_name: str | None = None,
-        extra_keys: str | None = None,
-    ) -> None:
-        """One row, by column name (the `stored` rows of a chain are added a column at a time, in
-        `KVIngest._stored`)."""
-        self.kind.append(kind)
-        self.block_hash.append(block_hash)
-        self.parent_hash.append(parent_hash)
-        self.session_id.append(session_id)
-        self.medium.append(medium)
-        self.first_owner.append(first_owner)
-        self.num_tokens.append(num_tokens)
-        self.reason.append(reason)
-        self.num_blocks.append(num_blocks)
-        self.group_idx.append(group_idx)
-        self.kv_cache_spec_kind.append(kv_cache_spec_kind)
-        self.lora_name.append(lora_name)
-        self.extra_keys.append(extra_keys)
-
-    def columns(self) -> dict[str, list]:
-        """Column name -> values, for `KVEventColumns` (which refuses a name `KVEventRecord` does not have)."""
-        return {name: getattr(self, name) for name in self.COLUMNS}

@@ -1,12 +1,19 @@
 """A KV stream's blocks that name no session, handed to a session later (`KVIngest.adopt`, ownership by inference):
 a resident block becomes the session's (its footprint); a removal of one is held until its session may be known,
-then stored with the session it was given, or with none, and never lost; a held removal given a session counts
-as that session's loss (in a tool pause where it fell in one)."""
+then stored with the session it was given, or with none, and never lost, as are the rows of the stores (so the
+store names the session on both); a held removal given a session counts as that session's loss (in a tool pause
+where it fell in one), and its loss span names the session."""
 
 from __future__ import annotations
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from collectors.kv.bridge import KVSpanBridge
 from collectors.kv.ingest import KVIngest
 from collectors.session_activity import SessionActivity
+from kvobs.semconv import attributes as a
 from kvobs.store import StoreWriter
 from tests.collectors.test_kv_streams import _removed, _stored
 
@@ -14,10 +21,15 @@ from tests.collectors.test_kv_streams import _removed, _stored
 def test_blocks_that_named_no_session_are_adopted_resident_or_held(store):
     now = [0.0]
     activity = SessionActivity(clock=lambda: now[0])
-    activity.add_request("t1", "a1", 0.0, 1.0, session_id="trip")  # its first request, then a pause, then its next
-    activity.add_request("t2", "a2", 9.0, 10.0, session_id="trip")
+    # its first request, then a pause, then its next
+    activity.add_request(f"{1:032x}", f"{1:016x}", 0.0, 1.0, session_id="trip")
+    activity.add_request(f"{2:032x}", f"{2:016x}", 9.0, 10.0, session_id="trip")
     writer = StoreWriter(store)
-    ingest = KVIngest(writer, instance="vllm", activity=activity, settle_s=1.0, clock=lambda: now[0])
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    bridge = KVSpanBridge(provider.get_tracer("kv"), activity)
+    ingest = KVIngest(writer, instance="vllm", activity=activity, bridge=bridge, settle_s=1.0, clock=lambda: now[0])
     ingest.infer_owners(hold_s=30.0, recent_s=100.0)
     ingest.on_batch(0, _stored(0.5, None, 10))  # blocks 10 and 11, naming no session
     ingest.on_batch(1, _stored(0.6, None, 20))  # 20 and 21: never given a session
@@ -25,7 +37,7 @@ def test_blocks_that_named_no_session_are_adopted_resident_or_held(store):
     ingest.on_batch(2, _removed(3.0, 11, 21))  # in the pause: held, not written yet
     ingest.snapshot()
     writer.flush()
-    assert store.reads.kv_events(kinds=["removed"]).empty
+    assert store.reads.kv_events().empty and not exported.get_finished_spans()  # stores and removals held
 
     stores = ingest.recent_stores()
     assert stores["block_hash"].tolist() == [10, 11, 20, 21] and stores["session_id"].isna().all()
@@ -40,6 +52,12 @@ def test_blocks_that_named_no_session_are_adopted_resident_or_held(store):
     writer.close()
     removed = store.reads.kv_events(kinds=["removed"]).set_index("block_hash")["session_id"]
     assert removed.astype(object).where(removed.notna(), None).to_dict() == {11: "trip", 21: None}
+    stored = store.reads.kv_events(kinds=["stored"]).set_index("block_hash")["session_id"]
+    assert stored.astype(object).where(stored.notna(), None).to_dict() == {10: "trip", 11: "trip", 20: None, 21: None}
+    # the loss span of the held removal names the session its block was tied to, once the hold passed
+    spans = exported.get_finished_spans()
+    assert [tuple(s.attributes[a.KV_SESSIONS_AFFECTED]) for s in spans] == [("trip",)]
+    assert [link.context.span_id for link in spans[0].links] == [2]  # the session's latest request when it was made
     latest = store.reads.session_snapshots("trip").iloc[-1]
     assert (latest["session_blocks"], latest["session_evicted_blocks"], latest["session_evicted_idle_blocks"]) == (
         1,

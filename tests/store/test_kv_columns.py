@@ -84,16 +84,16 @@ def test_columns_are_checked_when_made():
 
 
 def test_the_collectors_row_builder_has_the_records_columns():
-    """The collector's batch builder (`_BatchRows`) writes `KVEventRecord`'s columns by name: its columns are the
+    """The collector's batch builder (`BatchRows`) writes `KVEventRecord`'s columns by name: its columns are the
     record's less the batch's own `ts` and `instance` and the `request_id` vLLM's events do not carry, `add` takes
     each of them by keyword, and a field added to the record fails here until the collector says what it writes."""
     import inspect
 
-    from collectors.kv.ingest import _BatchRows
+    from collectors.kv.batch_rows import BatchRows
 
-    rows = _BatchRows()
-    assert set(_BatchRows.COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)
-    assert list(inspect.signature(rows.add).parameters) == list(_BatchRows.COLUMNS)
+    rows = BatchRows()
+    assert set(BatchRows.COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)
+    assert list(inspect.signature(rows.add).parameters) == list(BatchRows.COLUMNS)
     rows.add("cleared", reason="reset", num_blocks=3)
     columns = rows.columns()
     assert {name: values[0] for name, values in columns.items() if values[0] is not None} == {

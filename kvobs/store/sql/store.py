@@ -27,7 +27,7 @@ from kvobs.store.sql.lookups import SqlLookups
 from kvobs.store.sql.reads import SqlReads
 from kvobs.store.sql.write import SqlBatchWriter, is_unreachable
 
-MIGRATIONS = Path(__file__).with_name("migrations")
+MIGRATIONS = Path(__file__).parents[1] / "migrations"  # (kvobs/store/migrations)
 
 
 @dataclass
