@@ -32,6 +32,7 @@ from kvobs.semconv.metrics import (
     LABEL_ERROR_TYPE,
     LABEL_INSTANCE,
     LABEL_METHOD,
+    LABEL_REASON,
     LABEL_SHAPE,
     LABEL_SOURCE,
     LABEL_STATUS,
@@ -127,6 +128,10 @@ class CollectorMetrics(PromCollector):
             LABEL_INSTANCE,
             {name: c.leases.num_lost[name] for name in c.leases.instances},
         )
+        uncomparable = _counter(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE, (LABEL_INSTANCE, LABEL_REASON))
+        for (instance, reason), n in sorted((meter.uncomparable if meter is not None else {}).items()):
+            uncomparable.add_metric([instance, reason], n)
+        yield uncomparable
         late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
         late.add_metric([], meter.num_late if meter is not None else 0)
         yield late

@@ -31,15 +31,17 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.chains import lookup_times, with_sessions
-from kvobs.analytics.fleet_index import FleetIndex
+from kvobs.analytics.fleet_index import STORED, FleetIndex
 from kvobs.analytics.routing import (
     RESIDENCY_LOOKBACK_S,
     ROUTING_KINDS,
     STORED_WITHIN_S,
     FleetCheck,
+    hashes_differ,
     pause_starts,
     request_lookups,
 )
+from kvobs.semconv.reasons import PairApart
 from kvobs.store.interface import Store
 from kvobs.store.rows import LookupProgressRecord, RequestLookupRecord
 
@@ -74,6 +76,12 @@ class RoutingMeter:
         self.num_late = 0  # requests written after their lookup was passed
         self._counted: dict[str, float] = {}  # recent request ids already measured (or told late) -> arrival
         self._ends: dict[str, tuple[float, float]] = {}  # session -> (arrival, end) of its latest request passed
+        # whether two replicas' hashes can meet, from all the runs so far: sessions that ran on both (`crossed`;
+        # session -> the replicas it ran on and when last seen), and pairs that stored a block alike (`index.met`)
+        self.crossed: Counter[frozenset[str]] = Counter()
+        self._ran_on: dict[str, tuple[set[str], float]] = {}
+        self.uncomparable: Counter[tuple[str, str]] = Counter()  # (instance, PairApart) -> requests not compared
+        self._told: set[frozenset[str]] = set()  # pairs whose hashes never meet, logged once
 
     def run(self, now: float) -> int:
         """Measure the requests that looked up since the last run; returns how many were measured."""
@@ -98,7 +106,13 @@ class RoutingMeter:
                 self._count_late(read[mine & (looked_up <= self.done)])
                 mine &= looked_up > self.done
             requests = read[mine]
-        self.check = FleetCheck.of(events, requests, base=self.check, hashes=False)
+        self._cross(passed, cutoff)  # (their blocks are in `events`: stored within `request_s` of the lookup)
+        stored = events[events["kind"] == STORED] if not events.empty else events
+        met = self.index.met_with(
+            {str(name): set(group.dropna().map(int)) for name, group in stored.groupby("instance")["block_hash"]}
+        )
+        self.check = FleetCheck.of(events, requests, base=self.check, hashes=False, met=met, crossed=self.crossed)
+        self._tell(self.check)
         pauses = pause_starts(read, self._ends) if not requests.empty else {}
         lookups = request_lookups(requests, events, self.check, self.index, apply_until=cutoff, pause_from=pauses)
         self.done = cutoff
@@ -108,6 +122,8 @@ class RoutingMeter:
         horizon = cutoff - 3 * self.request_s  # older ids can no longer be read back by a run
         self._counted = {rid: ts for rid, ts in self._counted.items() if ts >= horizon}
         compared = lookups[lookups["replicas_compared"] > 0]
+        for instance in lookups.loc[lookups["replicas_compared"] == 0, "instance"]:
+            self.uncomparable[str(instance), self.check.uncompared(str(instance))] += 1
         for instance, group in compared.groupby("instance"):
             self.routed_tokens[instance] += int(group["routed_tokens"].sum())
             self.compared_tokens[instance] += int(group["prompt_tokens"].sum())
@@ -133,6 +149,32 @@ class RoutingMeter:
                     self._ends[session_id] = (float(arrival), float(end))
         horizon = cutoff - RESIDENCY_LOOKBACK_S
         self._ends = {s: (a, e) for s, (a, e) in self._ends.items() if max(a, e if e == e else a) >= horizon}
+
+    def _cross(self, read: pd.DataFrame, cutoff: float) -> None:
+        """Count each session that runs on a replica it had not run on, for each pair that makes (kept for
+        `RESIDENCY_LOOKBACK_S` after the session was last seen, as the index's memory of blocks)."""
+        known = read.dropna(subset=["session_id"]) if not read.empty else read
+        for session, group in known.groupby("session_id") if not known.empty else ():
+            instances, last = set(map(str, group["instance"])), float(group["arrival_ts"].max())
+            ran_on = self._ran_on.get(session, (set(), last))[0]
+            for new in instances - ran_on:
+                self.crossed.update(frozenset((new, old)) for old in ran_on)
+                ran_on = ran_on | {new}
+            self._ran_on[session] = (ran_on, last)
+        horizon = cutoff - RESIDENCY_LOOKBACK_S
+        self._ran_on = {s: (r, last) for s, (r, last) in self._ran_on.items() if last >= horizon}
+
+    def _tell(self, check: FleetCheck) -> None:
+        """A log line the first time a pair of replicas is left out because their block hashes never meet."""
+        for pair, why in check.why.items():
+            if why == PairApart.HASHES_DIFFER.value and pair not in self._told:
+                self._told.add(pair)
+                a, b = sorted(pair)
+                log.warning(
+                    '%s (kvobs_collector_routing_uncomparable_requests_total{reason="%s"})',
+                    hashes_differ(a, b, self.crossed[pair]),
+                    why,
+                )
 
     def _count_late(self, passed: pd.DataFrame) -> None:
         """Requests whose lookup an earlier run had passed and did not count: they reached the store late."""

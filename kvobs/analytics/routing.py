@@ -16,12 +16,12 @@ whose own hit is shorter than another replica's by at least one block has a rout
 (`routed_tokens` tokens) it recomputed that `best_instance` held.
 
 What it cannot see it does not claim. A prefix is compared only between replicas whose block hashes can meet: the
-same block size, and hash chains that do meet where sessions moved between them (vLLM seeds its hashes per process
-unless `PYTHONHASHSEED` is set or a sha256 hash is chosen; `FleetCheck.notes` says which pairs were left out and
-why). A block stored before the events read is not known to be resident, and a chain whose root was stored before
-them cannot be aligned (`read_inputs` reads `RESIDENCY_LOOKBACK_S` before the range, and `STORED_WITHIN_S` after
-it for the blocks its last requests stored): both make the loss smaller, never larger. A request without a known
-chain is left out.
+same block size, and hash chains that do meet where sessions moved between them (vLLM seeds its first block's hash
+from `PYTHONHASHSEED`, else a fixed seed with sha256 and a random one with xxhash; `FleetCheck.notes` says which
+pairs were left out and why, `FleetCheck.uncompared` why a request was compared with none). A block stored before
+the events read is not known to be resident, and a chain whose root was stored before them cannot be aligned
+(`read_inputs` reads `RESIDENCY_LOOKBACK_S` before the range, and `STORED_WITHIN_S` after it for the blocks its last
+requests stored): both make the loss smaller, never larger. A request without a known chain is left out.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import pandas as pd
 from kvobs.analytics.chains import BlockGraph, lookup_times, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.fleet_index import CLEARED, LOSS_KINDS, STORED, FleetIndex
 from kvobs.analytics.ownership import with_tied_blocks
+from kvobs.semconv.reasons import PairApart
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
 from kvobs.store.rollups import MISS_PARTS
@@ -71,19 +72,29 @@ STORED_WITHIN_S = 120.0
 @dataclass
 class FleetCheck:
     """Which replicas' prefixes can be compared: `block_sizes` per instance (from their stored blocks), the pairs
-    left out (`apart`), and a sentence for each reason (`notes`)."""
+    left out (`apart`) and why each was (`why`: a `PairApart` value), and a sentence for each reason (`notes`)."""
 
     block_sizes: dict[str, int] = field(default_factory=dict)
     apart: set[frozenset[str]] = field(default_factory=set)
+    why: dict[frozenset[str], str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @classmethod
     def of(
-        cls, events: pd.DataFrame, requests: pd.DataFrame, *, base: FleetCheck | None = None, hashes: bool = True
+        cls,
+        events: pd.DataFrame,
+        requests: pd.DataFrame,
+        *,
+        base: FleetCheck | None = None,
+        hashes: bool = True,
+        met: set[frozenset[str]] | None = None,
+        crossed: dict[frozenset[str], int] | None = None,
     ) -> FleetCheck:
         """`events`: KV events with the `stored` ones; `requests`: their `instance` and `session_id`. `base`: what an
-        earlier check found (block sizes are kept); `hashes`: also tell replicas whose chains never meet, which
-        needs the whole range's stored blocks (a short slice of a long run may hold no shared block by chance)."""
+        earlier check found (block sizes are kept); `hashes`: also tell replicas whose chains never meet (sessions
+        ran on both, and no block was stored on both), which needs the whole range's stored blocks (a short slice of
+        a long run may hold no shared block by chance); or give that evidence gathered over a longer time: `met`
+        (pairs that both stored some block: `FleetIndex.met`) and `crossed` (pair -> sessions that ran on both)."""
         stored = events[events["kind"] == STORED] if not events.empty else events
         check = cls(block_sizes=dict(base.block_sizes) if base is not None else {})
         for instance, sizes in stored.groupby("instance")["num_tokens"]:
@@ -96,26 +107,47 @@ class FleetCheck:
                 f"replicas differ in block size ({listed} tokens): a prefix is compared only between replicas of "
                 "the same block size"
             )
-        held = {name: set(group.dropna().map(int)) for name, group in stored.groupby("instance")["block_hash"]}
-        shared = _shared_sessions(requests) if hashes else {}
+        if met is None and hashes:
+            held = {name: set(group.dropna().map(int)) for name, group in stored.groupby("instance")["block_hash"]}
+            met = {
+                frozenset((a, b)) for a in held for b in held if a < b and held[a] & held[b]
+            }  # (pairs of replicas that both stored some block in the range)
+        if crossed is None:
+            crossed = _shared_sessions(requests) if hashes else {}
         names = sorted(check.block_sizes)
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
                 pair = frozenset((a, b))
                 if check.block_sizes[a] != check.block_sizes[b]:
                     check.apart.add(pair)
-                elif shared.get(pair) and not held.get(a, set()) & held.get(b, set()):
+                    check.why[pair] = PairApart.BLOCK_SIZE.value
+                elif met is not None and crossed.get(pair) and pair not in met:
                     check.apart.add(pair)
-                    check.notes.append(
-                        f"{a} and {b} never stored the same block although {shared[pair]} session(s) ran on both: "
-                        "their block hashes differ (vLLM seeds them per process unless PYTHONHASHSEED is set or "
-                        "--prefix-caching-hash-algo is a sha256 one), so a prefix on one cannot be found on the "
-                        "other; routing loss between them is not measured"
-                    )
+                    check.why[pair] = PairApart.HASHES_DIFFER.value
+                    check.notes.append(hashes_differ(a, b, crossed[pair]))
         return check
 
     def comparable(self, a: str, b: str) -> bool:
         return a != b and a in self.block_sizes and b in self.block_sizes and frozenset((a, b)) not in self.apart
+
+    def uncompared(self, instance: str) -> str:
+        """Why a request on `instance` was compared with no other replica (a `PairApart` value)."""
+        others = [name for name in self.block_sizes if name != instance]
+        if instance not in self.block_sizes or not others:
+            return PairApart.NO_OTHER_REPLICA.value
+        reasons = {self.why.get(frozenset((instance, name))) for name in others}
+        return PairApart.HASHES_DIFFER.value if PairApart.HASHES_DIFFER.value in reasons else PairApart.BLOCK_SIZE.value
+
+
+def hashes_differ(a: str, b: str, sessions: int) -> str:
+    """The sentence for a pair whose block hashes never meet, with what makes them meet."""
+    return (
+        f"{a} and {b} never stored the same block although {sessions} session(s) ran on both: their block hashes "
+        "differ, so a prefix on one cannot be found on the other, and routing loss between them is not measured. "
+        "vLLM seeds the first block's hash from PYTHONHASHSEED where it is set (a sha256 hash algorithm then uses "
+        "it too; unset, sha256 uses a fixed seed and xxhash a random one per process): give every replica the same "
+        "PYTHONHASHSEED, or leave it unset on all of them with a sha256 --prefix-caching-hash-algo"
+    )
 
 
 def _shared_sessions(requests: pd.DataFrame) -> dict[frozenset[str], int]:

@@ -96,7 +96,17 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from kvobs.analytics.ownership import ties_check
-    from kvobs.semconv.metrics import LABEL_COMPONENT, LABEL_INSTANCE, LABEL_SHAPE, LABEL_TIE, kvobs_metrics
+    from kvobs.semconv.metrics import (
+        LABEL_COMPONENT,
+        LABEL_INSTANCE,
+        LABEL_REASON,
+        LABEL_SHAPE,
+        LABEL_TIE,
+        kvobs_metrics,
+    )
+    from kvobs.semconv.reasons import PairApart
+
+    HASHES_DIFFER = PairApart.HASHES_DIFFER.value
 
     samples: dict[str, list] = {}
     for family in text_string_to_metric_families(text):
@@ -119,8 +129,13 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     silent = by(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT)
     placeholders = by(kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS)
     leases_lost = by(kvobs_metrics.COLLECTOR_LEASES_LOST)
+    apart: dict[str, int] = {}  # instance -> requests compared with no replica: their block hashes never meet
+    for sample in samples.get(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE.name, []):
+        if sample.name.endswith("_total") and sample.value and sample.labels.get(LABEL_REASON) == HASHES_DIFFER:
+            apart[sample.labels[LABEL_INSTANCE]] = apart.get(sample.labels[LABEL_INSTANCE], 0) + int(sample.value)
     out = []
-    for instance in sorted(set(shapes) | set(lag) | set(lost) | set(silent) | {i for i, n in leases_lost.items() if n}):
+    named = set(shapes) | set(lag) | set(lost) | set(silent) | {i for i, n in leases_lost.items() if n} | set(apart)
+    for instance in sorted(named):
         words, ok = [f"wire: {' and '.join(sorted(shapes.get(instance, []))) or 'no batch yet'}"], True
         if instance in lag:
             late = lag[instance] > LAG_WARN_S
@@ -137,6 +152,14 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             words.append(
                 f"its lease was taken by another writer {int(leases_lost[instance]):,} time(s): this collector "
                 "dropped its data meanwhile (a stall past the lease, or two collectors given one replica)"
+            )
+        if apart.get(instance):
+            ok = False
+            words.append(
+                f"{apart[instance]:,} request(s) compared with no other replica: its block hashes never meet theirs "
+                "although sessions ran on both, so the routing loss leaves them out (the collector's log names the "
+                "pair); give every replica the same PYTHONHASHSEED, or leave it unset on all with a sha256 "
+                "--prefix-caching-hash-algo"
             )
         if placeholders.get(instance):
             words.append(f"{int(placeholders[instance]):,} offload placeholders counted (not blocks of this cache)")

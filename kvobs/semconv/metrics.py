@@ -367,6 +367,14 @@ kvobs_metrics = SimpleNamespace(
         "requests",
         "Requests whose prefix was compared with the other replicas of the fleet.",
     ),
+    COLLECTOR_ROUTING_UNCOMPARABLE=_spec(
+        "kvobs_collector_routing_uncomparable_requests",
+        "counter",
+        "requests",
+        "Requests the routing meter measured but could compare with no other replica, by the replica that served it "
+        "and why (routing.FleetCheck: no other replica, another block size, block hashes that never meet): not in "
+        "the routing loss or its denominator.",
+    ),
     COLLECTOR_LEASES_LOST=_spec(
         "kvobs_collector_leases_lost",
         "counter",

@@ -76,6 +76,16 @@ class StepRouting(Name):
     RANDOM = "random"  # a replica drawn for each step
 
 
+class PairApart(Name):
+    """Why a request's prefix was compared with no other replica (`kvobs_collector_routing_uncompared_requests_total`
+    and `routing.FleetCheck`): its replica was the only one, or the others differ in block size, or their block
+    hashes never meet theirs (sessions ran on both, no block was ever stored on both)."""
+
+    NO_OTHER_REPLICA = "no_other_replica"
+    BLOCK_SIZE = "block_size"
+    HASHES_DIFFER = "hashes_differ"
+
+
 class RouterPolicy(Name):
     """The routers `kvobs whatif --replicas` replays a fleet's traffic under (`instrumented_engine.whatif.fleet`)."""
 

@@ -148,3 +148,61 @@ def test_a_collector_writes_what_its_meter_measured_and_exports_the_routing_loss
     assert minutes["requests"].sum() == len(rows) and minutes["routed_tokens"].sum() == routed.sum()
     reference.close()
     store.close()
+
+
+def test_replicas_whose_block_hashes_never_meet_are_left_out_counted_and_said(fleet_run, tmp_path, caplog):
+    """The same recording, with vllm-b's block hashes seeded apart (each one complemented, as two vLLMs whose
+    PYTHONHASHSEED differ hash alike prompts apart): sessions ran on both replicas and no block was ever stored on
+    both, so no prefix of one could be found on the other. The meter leaves the pair out once it has seen that, as
+    the range analysis does, counts each request it could compare with no replica by why, says so once in its log,
+    and `kvobs doctor --collector` names each replica with the fix; before, it reported 0 tokens lost over every
+    compared request, a 0% loss it could not show."""
+    import sqlite3
+
+    from prometheus_client import generate_latest
+
+    from collectors.collector import Collector, CollectorOptions
+    from kvobs.commands.doctor import exposition_checks
+    from tests.runs import Run, measured_copy
+
+    apart = tmp_path / "apart.db"
+    with sqlite3.connect(fleet_run.url.removeprefix("sqlite:///")) as source, sqlite3.connect(apart) as copy:
+        source.backup(copy)
+        copy.execute(
+            "UPDATE kv_events SET block_hash = ~block_hash, parent_hash = ~parent_hash WHERE instance = ?", (FLEET[1],)
+        )
+    collectors = []
+
+    def through_a_collector(store):
+        options = CollectorOptions(kv_events=[f"{name}=tcp://127.0.0.1:1" for name in FLEET], interval_s=3600)
+        collectors.append(Collector(options, store=store))
+        return collectors[-1].routing_meter
+
+    (tmp_path / "measured").mkdir()
+    with caplog.at_level("WARNING", logger="collectors.jobs.routing_meter"):
+        store = measured_copy(Run(f"sqlite:///{apart}", None), tmp_path / "measured", meter=through_a_collector)
+    (collector,) = collectors
+    meter = collector.routing_meter
+    text = generate_latest(collector.registry).decode()
+    collector.stop()
+
+    first, last = store.reads.time_range()
+    _, check = fleet_losses(store, store.reads.requests(), store.reads.steps(), first, last)
+    assert check.apart == {frozenset(FLEET)}  # the range analysis leaves the pair out
+    measured = meter.num_measured
+    left_out = sum(n for (_, why), n in meter.uncomparable.items() if why == "hashes_differ")
+    compared = sum(meter.compared_requests.values())
+    assert measured > 40 and left_out + compared == measured
+    # until a session has run on both and its blocks were read, the pair is compared: the first minutes only
+    assert left_out >= 0.8 * measured, (left_out, compared, measured)
+    assert sum(meter.routed_tokens.values()) == 0
+    told = [r.getMessage() for r in caplog.records if "never stored the same block" in r.getMessage()]
+    assert len(told) == 1 and "PYTHONHASHSEED" in told[0], told
+    for name in FLEET:
+        line = f'kvobs_collector_routing_uncomparable_requests_total{{instance="{name}",reason="hashes_differ"}} '
+        assert any(x.startswith(line) for x in text.splitlines()), name
+    checks = {name: (ok, said) for name, ok, said in exposition_checks(text)}
+    for name in FLEET:
+        ok, said = checks[name]
+        assert not ok and "block hashes never meet" in said and "PYTHONHASHSEED" in said, said
+    store.close()
