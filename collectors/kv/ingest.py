@@ -109,8 +109,7 @@ class KVIngest:
         # named no session, and the removals of such blocks, held until their session may be known
         self.recent: RecentStores | None = None
         self.hold_s = 0.0
-        # [arrived, ts, block (store's key), row fields, session, lost, kind]: a store's row or a removal's
-        self._held: deque[list] = deque()
+        self._held: deque[list] = deque()  # [arrived, ts, block (store's key), row fields, session, lost]
         self.lock = threading.Lock()
 
     # ---- batches --------------------------------------------------------------------------------------
@@ -181,17 +180,14 @@ class KVIngest:
         held = {}
         for item in self._held:
             held.setdefault(item[2], []).append(item)
-        for (_, block_hash, stored_at), session in owned.items():
-            for item in held.get(block_hash, ()):  # its store's row, still held, is written with the session
-                if item[6] == STORED and item[4] is None and item[1] == stored_at:
-                    item[4] = session
+        for (_, block_hash, _), session in owned.items():
             key = raw_of.get(block_hash, block_hash)
             tracked = blocks.get(key)
             if tracked is not None and tracked[OWNERS] == (None,):
                 blocks[key] = (tracked[PARENT], (session,))
                 self._move(session, resident=1, stored=1)
             else:
-                waiting = [item for item in held.get(block_hash, ()) if item[6] == REMOVED and item[4] is None]
+                waiting = [item for item in held.get(block_hash, ()) if item[4] is None]
                 if not waiting:
                     continue
                 waiting[0][4] = session
@@ -209,15 +205,14 @@ class KVIngest:
             setattr(known, name, getattr(known, name) + n)
 
     def _release(self, arrived_before: float) -> None:
-        """Write the held stores and removals that waited their time, with the session each was tied to (or none);
-        a tied removal's loss is then classified like any (in a tool pause or not)."""
+        """Write the held removals that waited their time, with the session each was tied to (or none); a tied
+        one's loss is then classified like any (in a tool pause or not), and its loss span names that session."""
         by_ts: dict[float, BatchRows] = {}
         while self._held and self._held[0][0] <= arrived_before:
-            arrived, ts, block_hash, fields, session, lost, kind = self._held.popleft()
+            arrived, ts, block_hash, fields, session, lost = self._held.popleft()
             rows = by_ts.get(ts) or by_ts.setdefault(ts, BatchRows())
-            rows.add(kind, block_hash=block_hash, session_id=session, first_owner=1, **fields)
-            if kind == REMOVED:
-                rows.losers.append(session)
+            rows.add(REMOVED, block_hash=block_hash, session_id=session, first_owner=1, **fields)
+            rows.losers.append(session)
             if session is not None and lost:  # (as arrived: it has waited longer than a removal settles)
                 self._pending.append((arrived, ts, [session], Counter({session: 1})))
         for ts, rows in by_ts.items():
@@ -255,14 +250,9 @@ class KVIngest:
         n, parent = len(hashes), event.parent_block_hash
         stored = wire.as_uint64_list(hashes)
         parent_hash = None if parent is None else wire.as_uint64(parent)
+        chains.stored(hashes, parent, session)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, stored, parent_hash, hashes)
-            chains.stored(hashes, parent, session)
-            if self.hold_s:  # its rows wait for the session its request may be tied to (`adopt`)
-                self._hold_stores(ts, event, stored, parent_hash, medium, group)
-                return
-        else:
-            chains.stored(hashes, parent, session)
         rows.kind += [STORED] * n
         rows.block_hash += stored
         rows.parent_hash.append(parent_hash)
@@ -278,21 +268,6 @@ class KVIngest:
         rows.kv_cache_spec_kind += [None if kind is None else clip_id(kind)] * n
         rows.lora_name += [None if lora is None else clip_id(lora)] * n
         rows.extra_keys += wire.extra_keys_json(event)
-
-    def _hold_stores(self, ts: float, event: wire.BlockStored, stored: list, parent_hash, medium, group) -> None:
-        """A store of blocks that name no session, held as its removals are: each block's row waits `hold_s`."""
-        kind, lora = event.kv_cache_spec_kind, event.lora_name
-        common = dict(
-            medium=medium,
-            num_tokens=event.block_size,
-            group_idx=group,
-            kv_cache_spec_kind=None if kind is None else clip_id(kind),
-            lora_name=None if lora is None else clip_id(lora),
-        )
-        arrived = self.clock()
-        for block_hash, parent, extra in zip(stored, [parent_hash, *stored[:-1]], wire.extra_keys_json(event)):
-            fields = dict(common, parent_hash=parent, extra_keys=extra)
-            self._held.append([arrived, ts, block_hash, fields, None, False, STORED])
 
     def _removed(self, ts: float, event: wire.BlockRemoved, rows: BatchRows) -> None:
         medium, tokens, group = medium_name(event.medium), self.block_size, event.group_idx
@@ -310,7 +285,7 @@ class KVIngest:
                 parent = None if parent is None else wire.as_uint64(parent)
             if device and self.hold_s and owners == (None,) and block is not None:  # its session may come
                 fields = dict(parent_hash=parent, medium=medium, num_tokens=tokens, group_idx=group, reason=reason)
-                self._held.append([self.clock(), ts, stored_as, fields, None, lost, REMOVED])
+                self._held.append([self.clock(), ts, stored_as, fields, None, lost])
                 continue  # (its loss span too waits for its session: `_release`)
             first = 1
             for owner in owners:
