@@ -203,6 +203,7 @@ class Collector:
             bridge=bridge,
             settle_s=o.settle_s,
             session_idle_s=o.session_idle_s,
+            verdict_wait_s=o.settle_s + o.join_wait_s,  # (a step joins its request up to the join wait later)
             session_ends=lambda ids: self.store.lookups.session_ends(ids),
         )
 

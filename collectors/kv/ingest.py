@@ -35,7 +35,7 @@ import pandas as pd
 from collectors.kv.batch_rows import BatchRows
 from collectors.kv.chains import OWNERS, PARENT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
-from collectors.session_activity import PAUSE, PENDING, SessionActivity
+from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
 from kvobs.identifiers import clip_id
 from kvobs.semconv.attributes import medium_name
 from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
@@ -53,6 +53,7 @@ RESTART = "restart"
 # not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
 STORE_WAIT_S = 10.0
 STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
+OPEN = (UNKNOWN, BEFORE)  # verdicts a request joined later can still change
 
 
 class KVIngest:
@@ -62,6 +63,9 @@ class KVIngest:
     activity: session request intervals (idle classification); None: nothing is classified idle.
     bridge: gets each batch's removals and clears as spans (see `collectors.kv.bridge`); None: no spans.
     settle_s: how long a removal waits for its session's request spans before it is classified.
+    verdict_wait_s: how long (stream time) a removal outside every request its session is known to have made yet
+        stays open (`settle_s` by default): an agent's step, which ties a request to its session, comes after the
+        request's span and the collector's join wait, so the collector gives `settle_s` + its join wait.
     session_ends: session ids -> when they ended (the store's `sessions.ended_at`), for sessions with pending
         losses; None: only the stream-time horizon ends a session.
     session_idle_s: a session with nothing resident, nothing pending and no event for this long (stream time) is
@@ -79,6 +83,7 @@ class KVIngest:
         settle_s: float = 10.0,
         session_ends: Callable[[list[str]], dict[str, float]] | None = None,
         session_idle_s: float = SESSION_IDLE_S,
+        verdict_wait_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.writer = writer
@@ -88,6 +93,7 @@ class KVIngest:
         self.settle_s = settle_s
         self.session_ends = session_ends
         self.session_idle_s = session_idle_s
+        self.verdict_wait_s = settle_s if verdict_wait_s is None else verdict_wait_s
         self.clock = clock
         self.num_lost_in_pause = 0  # (session, block) removals settled as in a tool pause, ever (a counter)
         self.num_sessions_forgotten = 0
@@ -411,7 +417,13 @@ class KVIngest:
             ]
             self.chains.footprint(session).removed_idle += verdicts.count(PAUSE)
             self.num_lost_in_pause += verdicts.count(PAUSE)
-            still = [ts for ts, verdict in zip(times, verdicts) if verdict == PENDING]
+            # a loss outside every request known so far may yet fall in a pause: the requests around it can still
+            # be joined to the session (their spans come after they end, their steps after the join wait)
+            still = [
+                ts
+                for ts, verdict in zip(times, verdicts)
+                if verdict == PENDING or (verdict in OPEN and self._latest_ts - ts < self.verdict_wait_s)
+            ]
             if len(still) != len(times):
                 self._changed.add(session)
             if still:

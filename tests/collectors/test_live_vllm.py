@@ -177,7 +177,7 @@ def test_framework_agents_on_a_live_vllm_own_their_blocks_by_inference_as_by_hea
     the session header, on a vLLM whose cache is too small for them: every answered step is joined to its request,
     and the recording (with vLLM's KV-event messages) is what `test_agent_kv_fixtures.py` replays with the header's
     names taken away, to be held to the losses the header gave each session here."""
-    from tests.collectors.test_agent_kv_fixtures import losses
+    from tests.collectors.test_agent_kv_fixtures import header_truth, losses
     from tests.collectors.test_agent_ownership import CONVERSATIONS
     from tests.recording import relay
 
@@ -222,8 +222,9 @@ def test_framework_agents_on_a_live_vllm_own_their_blocks_by_inference_as_by_hea
     assert set(steps["request_join"]) <= {"response_id", "timing"}
     named = set(store.reads.kv_events(kinds=["stored"])["session_id"].dropna())
     assert named == set(answered)  # the header named every session's blocks
-    sessions = losses(store, sorted(answered))  # as the header's names gave them
+    sessions = header_truth(store, sorted(answered))  # where the header's names place each loss
     assert sum(s["lost_in_pause"] for s in sessions.values()) > 0, sessions  # tool pauses lost blocks
+    assert losses(store, sorted(answered)) == sessions  # and the live collector counted them so
     if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":
         record = FIXTURES / "vllm-frameworks-kv"
         record_fixture(record, harness.bodies, store, frames)
