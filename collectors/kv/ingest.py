@@ -352,7 +352,7 @@ class KVIngest:
         if self._held:
             with self.lock:
                 self._release(now if final else now - self.hold_s)
-        self._classify(now if final else now - self.settle_s)
+        self._classify(now if final else now - self.settle_s, final=final)
         stamp = self._latest_ts if self._latest_ts > float("-inf") else now
         changed, self._changed = self._changed, set()
         for session in sorted(changed):
@@ -397,7 +397,7 @@ class KVIngest:
         self.num_sessions_forgotten += forgotten
         return forgotten
 
-    def _classify(self, arrived_before: float) -> None:
+    def _classify(self, arrived_before: float, *, final: bool = False) -> None:
         if self.activity is not None and self._pending:
             self.activity.resolve_pending()
         while self._pending and self._pending[0][0] <= arrived_before:
@@ -406,9 +406,9 @@ class KVIngest:
                 for session in sessions:
                     self._idle.setdefault(session, []).extend([ts] * blocks[session])
         if self._idle:
-            self._settle()
+            self._settle(final=final)
 
-    def _settle(self) -> None:
+    def _settle(self, *, final: bool = False) -> None:
         """Give each pending idle removal its verdict where one is known: a tool pause, or after the end."""
         ended = self.session_ends(list(self._idle)) if self.session_ends is not None else {}
         for session, times in list(self._idle.items()):
@@ -422,7 +422,7 @@ class KVIngest:
             still = [
                 ts
                 for ts, verdict in zip(times, verdicts)
-                if verdict == PENDING or (verdict in OPEN and self._latest_ts - ts < self.verdict_wait_s)
+                if verdict == PENDING or (verdict in OPEN and not final and self._latest_ts - ts < self.verdict_wait_s)
             ]
             if len(still) != len(times):
                 self._changed.add(session)
