@@ -10,6 +10,7 @@ OpenAI-compatible one, the spans go wherever `otlp` says.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -109,16 +110,24 @@ def pydantic_ai(provider, config: dict) -> dict:
 
     answered = {}
 
-    def conversation(name: str) -> None:
+    async def conversation(name: str) -> None:
         prompt, history = trip(name, config), None
         for tool in ("search_flights", "book_hotel", None):
-            history = agent.run_sync(prompt, message_history=history, conversation_id=name).all_messages()
+            result = await agent.run(prompt, message_history=history, conversation_id=name)
+            history = result.all_messages()
             if tool is not None:
-                time.sleep(TOOL_S[tool])
+                await asyncio.sleep(TOOL_S[tool])
                 prompt = f"{tool} done for Lisbon"
         answered[name] = ids_of(history)
 
-    at_once(conversation, config)
+    async def run() -> None:  # at once in one event loop (the provider's client is the loop's), else in turn
+        if config.get("concurrent"):
+            await asyncio.gather(*(conversation(name) for name in config["conversations"]))
+        else:
+            for name in config["conversations"]:
+                await conversation(name)
+
+    asyncio.run(run())
     return {"answered": {name: answered[name] for name in config["conversations"]}}
 
 
