@@ -115,9 +115,13 @@ def test_connects_to_a_bound_subscriber_and_replays_both_envelopes():
     publisher = KVEventPublisher(
         f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv", clock=lambda: 42.0
     )
+    connected = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     publisher.start()
     try:
-        time.sleep(0.3)  # let the connection settle (a PUB drops what it sends before that)
+        # a PUB drops what it sends before the connection and the subscription are through: wait for the handshake
+        # (a fixed sleep was too short on a loaded machine), then for the subscription to cross
+        assert connected.poll(10_000), "the publisher never connected"
+        time.sleep(0.2)
         publisher.on_step(StepResult([], STATS, [LOOKUP, STORED]))
         publisher.on_step(StepResult([], STATS, [LOOKUP]))  # nothing vLLM would publish: no message
         publisher.on_step(StepResult([], STATS, [EVICTED, CLEARED]))
