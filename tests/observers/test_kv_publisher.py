@@ -121,7 +121,7 @@ def test_connects_to_a_bound_subscriber_and_replays_both_envelopes():
         # a PUB drops what it sends before the connection and the subscription are through: wait for the handshake
         # (a fixed sleep was too short on a loaded machine), then for the subscription to cross
         assert connected.poll(10_000), "the publisher never connected"
-        time.sleep(0.2)
+        time.sleep(0.5)
         publisher.on_step(StepResult([], STATS, [LOOKUP, STORED]))
         publisher.on_step(StepResult([], STATS, [LOOKUP]))  # nothing vLLM would publish: no message
         publisher.on_step(StepResult([], STATS, [EVICTED, CLEARED]))
