@@ -77,8 +77,9 @@ class RoutingMeter:
         self._counted: dict[str, float] = {}  # recent request ids already measured (or told late) -> arrival
         self._ends: dict[str, tuple[float, float]] = {}  # session -> (arrival, end) of its latest request passed
         # whether two replicas' hashes can meet, from all the runs so far: sessions that ran on both (`crossed`;
-        # session -> the replicas it ran on and when last seen), and pairs that stored a block alike (`index.met`)
+        # session -> the replicas it ran on and when last seen), and pairs that stored a block alike (`met`)
         self.crossed: Counter[frozenset[str]] = Counter()
+        self.met: set[frozenset[str]] = set()
         self._ran_on: dict[str, tuple[set[str], float]] = {}
         self.uncomparable: Counter[tuple[str, str]] = Counter()  # (instance, PairApart) -> requests not compared
         self._told: set[frozenset[str]] = set()  # pairs whose hashes never meet, logged once
@@ -108,10 +109,10 @@ class RoutingMeter:
             requests = read[mine]
         self._cross(passed, cutoff)  # (their blocks are in `events`: stored within `request_s` of the lookup)
         stored = events[events["kind"] == STORED] if not events.empty else events
-        met = self.index.met_with(
+        self.met |= self.index.meets(
             {str(name): set(group.dropna().map(int)) for name, group in stored.groupby("instance")["block_hash"]}
         )
-        self.check = FleetCheck.of(events, requests, base=self.check, hashes=False, met=met, crossed=self.crossed)
+        self.check = FleetCheck.of(events, requests, base=self.check, hashes=False, met=self.met, crossed=self.crossed)
         self._tell(self.check)
         pauses = pause_starts(read, self._ends) if not requests.empty else {}
         lookups = request_lookups(requests, events, self.check, self.index, apply_until=cutoff, pause_from=pauses)

@@ -39,11 +39,9 @@ class FleetIndex:
         self.lost: dict[tuple[str, int], tuple[float, str]] | None = {} if track_losses else None
         self.first_stored: dict[int, float] = {}
         self.last_stored: dict[int, float] = {}
-        # pairs of replicas that both stored some block (while tracking losses: the block's first store counts too,
-        # after the first replica dropped it): evidence that their block hashes meet (`routing.FleetCheck`)
-        self.met: set[frozenset[str]] = set()
-        self._num_met: Counter[str] = Counter()  # replica -> how many others it has met
-        self._first_at: dict[int, str] = {}  # block -> the replica that first stored it (as long as `first_stored`)
+        # with `track_losses`: block -> the replica that first stored it (as long as `first_stored`), so that a store
+        # of it elsewhere after that replica dropped it still shows their hashes meet (`meets`)
+        self._first_at: dict[int, str] = {}
 
     def apply(self, kinds, instances, hashes, parents, times=None, media=None) -> None:
         """Apply events (columns, in time order) of `ROUTING_KINDS`; `times` (their `ts`) when losses are tracked;
@@ -66,16 +64,12 @@ class FleetIndex:
                     held = resident[instance]
                     count = held.get(block_hash, 0)
                     if not count:
-                        if holders[block_hash]:  # another replica holds it too
-                            self._meet(instance, block_hash)
                         holders[block_hash] += 1
                     held[block_hash] = count + 1
                 self.parent[block_hash] = None if pd.isna(parent) else int(parent)
                 if lost is not None:
                     lost.pop((instance, block_hash), None)
-                    first = self._first_at.setdefault(block_hash, instance)
-                    if first != instance:
-                        self._pair(first, instance)
+                    self._first_at.setdefault(block_hash, instance)
                     self.first_stored.setdefault(block_hash, ts)
                     self.last_stored[block_hash] = ts
             elif kind == CLEARED:  # a reset drops every tier's blocks
@@ -115,29 +109,16 @@ class FleetIndex:
             del self.last_stored[block_hash], self.first_stored[block_hash]
             self._first_at.pop(block_hash, None)
 
-    def met_with(self, stored: dict[str, set[int]]) -> set[frozenset[str]]:
-        """`met`, and the pairs these stores (instance -> blocks, not applied yet) would make meet."""
-        met = set(self.met)
+    def meets(self, stored: dict[str, set[int]]) -> set[frozenset[str]]:
+        """Pairs of replicas whose block hashes these stores (instance -> blocks, before they are applied) show to
+        meet: a block one stores that another holds, stores alike, or first stored (`routing.FleetCheck`'s `met`)."""
+        met = set()
         for a, blocks in stored.items():
             met.update(frozenset((a, b)) for b, held in self.resident.items() if b != a and not blocks.isdisjoint(held))
             met.update(frozenset((a, b)) for b, other in stored.items() if a < b and not blocks.isdisjoint(other))
             firsts = {self._first_at.get(block) for block in blocks}
             met.update(frozenset((a, b)) for b in firsts if b is not None and b != a)
         return met
-
-    def _meet(self, instance: str, block_hash: int) -> None:
-        """`instance` stores a block other replicas hold: each of them has met it (until it has met them all)."""
-        if self._num_met[instance] >= len(self.resident) - 1:
-            return
-        for other, held in self.resident.items():
-            if other != instance and block_hash in held:
-                self._pair(instance, other)
-
-    def _pair(self, a: str, b: str) -> None:
-        pair = frozenset((a, b))
-        if pair not in self.met:
-            self.met.add(pair)
-            self._num_met.update(pair)
 
     def _release(self, block_hash: int) -> None:
         self._holders[block_hash] -= 1

@@ -94,7 +94,7 @@ class FleetCheck:
         earlier check found (block sizes are kept); `hashes`: also tell replicas whose chains never meet (sessions
         ran on both, and no block was stored on both), which needs the whole range's stored blocks (a short slice of
         a long run may hold no shared block by chance); or give that evidence gathered over a longer time: `met`
-        (pairs that both stored some block: `FleetIndex.met`) and `crossed` (pair -> sessions that ran on both)."""
+        (pairs that both stored some block: `FleetIndex.meets`) and `crossed` (pair -> sessions that ran on both)."""
         stored = events[events["kind"] == STORED] if not events.empty else events
         check = cls(block_sizes=dict(base.block_sizes) if base is not None else {})
         for instance, sizes in stored.groupby("instance")["num_tokens"]:
