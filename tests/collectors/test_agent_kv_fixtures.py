@@ -91,6 +91,13 @@ def losses(store, sessions) -> dict:
     return told
 
 
+def in_pause(mine, ts: float) -> bool:
+    """Whether a loss at `ts` fell in a tool pause of the session whose requests are `mine` (sorted by arrival):
+    after one request's end and before the next one's arrival."""
+    gaps = zip(mine["finished_ts"].tolist()[:-1], mine["arrival_ts"].tolist()[1:])
+    return any(end < ts < start for end, start in gaps)
+
+
 def header_truth(store, sessions) -> dict:
     """Each session's losses, and those in its tool pauses, read off a store whose removals name their sessions (a
     header run): a removal is a pause loss where it fell between the end of one of the session's requests (joined
@@ -104,9 +111,8 @@ def header_truth(store, sessions) -> dict:
     told = {}
     for session in sessions:
         mine = requests[requests["session_id"] == session].sort_values("arrival_ts")
-        gaps = list(zip(mine["finished_ts"].tolist()[:-1], mine["arrival_ts"].tolist()[1:]))
         times = removed.loc[removed["session_id"] == session, "ts"]
-        paused = sum(any(end < ts < start for end, start in gaps) for ts in times)
+        paused = sum(in_pause(mine, ts) for ts in times)
         told[session] = {"lost": len(times), "lost_in_pause": int(paused)}
     return told
 

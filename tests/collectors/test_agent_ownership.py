@@ -19,7 +19,7 @@ from instrumented_engine.engine import events as ev
 from kvobs.commands.doctor import exposition_checks
 from kvobs.semconv.reasons import PRESSURE_REASONS
 from tests.collectors.agent_harness import FIXTURES, served_and_collected
-from tests.collectors.test_agent_kv_fixtures import losses
+from tests.collectors.test_agent_kv_fixtures import in_pause, losses
 from tests.dashboard.test_app import assert_clean, open_page
 
 # names of different lengths: conversations whose prompts differ in length, as real ones do (three of one length,
@@ -54,8 +54,7 @@ class BlockTruth:
                 continue
             lost[session] += 1
             mine = requests[requests["session_id"] == session].sort_values("arrival_ts")
-            gaps = zip(mine["finished_ts"].tolist()[:-1], mine["arrival_ts"].tolist()[1:])
-            paused[session] += any(end < ts < start for end, start in gaps)
+            paused[session] += in_pause(mine, ts)
         return lost, paused, owner_at
 
 

@@ -24,6 +24,19 @@ def _metered(store, instances, *, step_s: float, request_s: float = REQUEST_S):
     return rows, meter
 
 
+def _through_a_collector(collectors: list):
+    """store -> the routing meter of a `kvobs collect` over both replicas' KV streams (kept in `collectors`; not
+    started: nothing bound or claimed), for `measured_copy`."""
+    from collectors.collector import Collector, CollectorOptions
+
+    def meter(store):
+        options = CollectorOptions(kv_events=[f"{name}=tcp://127.0.0.1:1" for name in FLEET], interval_s=3600)
+        collectors.append(Collector(options, store=store))
+        return collectors[-1].routing_meter
+
+    return meter
+
+
 def _whole(store) -> pd.DataFrame:
     lookups, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
     return lookups
@@ -118,17 +131,10 @@ def test_a_collector_writes_what_its_meter_measured_and_exports_the_routing_loss
     routing loss those rows hold."""
     from prometheus_client import generate_latest
 
-    from collectors.collector import Collector, CollectorOptions
     from tests.runs import measured_copy
 
     collectors = []
-
-    def through_a_collector(store):
-        options = CollectorOptions(kv_events=[f"{name}=tcp://127.0.0.1:1" for name in FLEET], interval_s=3600)
-        collectors.append(Collector(options, store=store))  # not started: nothing bound or claimed
-        return collectors[-1].routing_meter
-
-    store = measured_copy(fleet_run, tmp_path, meter=through_a_collector)
+    store = measured_copy(fleet_run, tmp_path, meter=_through_a_collector(collectors))
     (collector,) = collectors
     text = generate_latest(collector.registry).decode()
     collector.stop()  # flushes its writer
@@ -161,7 +167,6 @@ def test_replicas_whose_block_hashes_never_meet_are_left_out_counted_and_said(fl
 
     from prometheus_client import generate_latest
 
-    from collectors.collector import Collector, CollectorOptions
     from kvobs.commands.doctor import exposition_checks
     from tests.runs import Run, measured_copy
 
@@ -172,15 +177,11 @@ def test_replicas_whose_block_hashes_never_meet_are_left_out_counted_and_said(fl
             "UPDATE kv_events SET block_hash = ~block_hash, parent_hash = ~parent_hash WHERE instance = ?", (FLEET[1],)
         )
     collectors = []
-
-    def through_a_collector(store):
-        options = CollectorOptions(kv_events=[f"{name}=tcp://127.0.0.1:1" for name in FLEET], interval_s=3600)
-        collectors.append(Collector(options, store=store))
-        return collectors[-1].routing_meter
-
     (tmp_path / "measured").mkdir()
     with caplog.at_level("WARNING", logger="collectors.jobs.routing_meter"):
-        store = measured_copy(Run(f"sqlite:///{apart}", None), tmp_path / "measured", meter=through_a_collector)
+        store = measured_copy(
+            Run(f"sqlite:///{apart}", None), tmp_path / "measured", meter=_through_a_collector(collectors)
+        )
     (collector,) = collectors
     meter = collector.routing_meter
     text = generate_latest(collector.registry).decode()
