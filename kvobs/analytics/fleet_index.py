@@ -112,7 +112,7 @@ class FleetIndex:
     def meets(self, stored: dict[str, set[int]]) -> set[frozenset[str]]:
         """Pairs of replicas whose block hashes these stores (instance -> blocks, before they are applied) show to
         meet: a block one stores that another holds, stores alike, or first stored (`routing.FleetCheck`'s `met`)."""
-        met = set()
+        met: set[frozenset[str]] = set()
         for a, blocks in stored.items():
             met.update(frozenset((a, b)) for b, held in self.resident.items() if b != a and not blocks.isdisjoint(held))
             met.update(frozenset((a, b)) for b, other in stored.items() if a < b and not blocks.isdisjoint(other))
