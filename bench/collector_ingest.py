@@ -4,7 +4,8 @@ KV events: `--batches` vLLM-format batches of `--events` events each (BlockStore
 sessions, then BlockRemoved of older blocks, as a cache under pressure produces), encoded with the wire structs.
 Stages, each timed on one thread over the same payloads:
 
-- decode: `decode_batch` (msgspec) only: the baseline the other stages are compared with;
+- decode: vLLM's adapter at the door (`kvobs.vllm.normalize.decode`: msgspec, then the normalized events) only:
+  the baseline the other stages are compared with;
 - decode + attribute: plus `KVIngest` (hash chains, session attribution, rows queued), writer not draining;
 - decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file);
 - decode + attribute + SQLite, writes in a child process: the same, the store's writes done by a child process
@@ -45,6 +46,7 @@ from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventColumns
 from kvobs.store.write_process import WriteProcess
 from kvobs.vllm import kv_events as wire
+from kvobs.vllm.normalize import decode
 
 WRITE_PROCESS = ", writes in a child process"  # kvobs collect --write-process
 RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu" / "metrics" / "scrape_084.txt"
@@ -99,7 +101,7 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
     child_cpu = _cpu(child)
     cpu, start = process_cpu_s(), time.perf_counter()
     for seq, payload in enumerate(payloads):
-        batch = wire.decode_batch(payload).batch
+        batch = decode(payload).batch
         if ingest is not None:
             ingest.on_batch(seq, batch)
     if store is not None:
@@ -136,7 +138,7 @@ def block_rows(payloads: list[bytes]) -> int:
     writer = _NullWriter()
     ingest = KVIngest(writer, instance="bench")
     for seq, payload in enumerate(payloads):
-        ingest.on_batch(seq, wire.decode_batch(payload).batch)
+        ingest.on_batch(seq, decode(payload).batch)
     return writer.kv_rows
 
 

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from collectors.kv.ingest import KVIngest
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
+from kvobs.vllm.normalize import decode
 
 
 def rss_mb() -> float:
@@ -59,7 +60,7 @@ def stream(
     points, seq = [], 0
     for session in tqdm(range(sessions), desc=label, unit="session", mininterval=2):
         for payload in batches(session):
-            batch = wire.decode_batch(payload).batch
+            batch = decode(payload).batch
             ingest.on_batch(seq, batch)
             seq += 1
         if (session + 1) % snapshot_every == 0:

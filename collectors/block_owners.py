@@ -33,7 +33,6 @@ from collectors.traces.span_steps import JOIN_WAIT_S
 from kvobs.analytics.ownership import STORE_SLACK_S, block_ties
 from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
 from kvobs.store.rows import RequestRecord
-from kvobs.vllm.kv_events import as_uint64
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class BlockOwners:
             times = stored["ts"].to_numpy(float)
             looked = []
             for record in due:
-                if _stores_between(times, record.arrival_ts, record.finished_ts):
+                if _stores_between(times, record.arrival_ts, _end(record)):
                     looked.append(record)
                 else:
                     del self._waiting[record.request_id]  # a header named every block of its window
@@ -133,7 +132,7 @@ class BlockOwners:
             if ingest is None:
                 del self._waiting[record.request_id]
                 self.requests_tied[BlockTie.NO_COUNTS.value] += 1  # no KV events of its instance
-            elif ingest.recent is not None and (final or record.finished_ts + STORE_SLACK_S <= ingest.latest_ts):
+            elif ingest.recent is not None and (final or _end(record) + STORE_SLACK_S <= ingest.latest_ts):
                 due.setdefault(ingest.instance, []).append(record)
         for instance, records in due.items():
             yield self.ingests[instance], [replace(record, instance=instance) for record in records]
@@ -145,6 +144,11 @@ class BlockOwners:
         for request_id, (seen, _) in list(self._waiting.items()):
             if now - seen > RECENT_S:  # its stream never passed its end (stopped, or another clock)
                 del self._waiting[request_id]
+
+
+def _end(record: RequestRecord) -> float:
+    """A request span's end (a request record from a span always has one; else its arrival)."""
+    return record.arrival_ts if record.finished_ts is None else record.finished_ts
 
 
 def _stores_between(times: np.ndarray, start: float, end: float) -> bool:
@@ -170,8 +174,7 @@ class _ResidentParents(Mapping):
         self.blocks = ingest.chains.blocks
 
     def __getitem__(self, key):
-        parent = self.blocks[key][PARENT]
-        return None if parent is None else as_uint64(parent)
+        return self.blocks[key][PARENT]
 
     def __contains__(self, key) -> bool:
         return key in self.blocks

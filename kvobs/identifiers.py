@@ -25,6 +25,8 @@ def id_bytes(value: str) -> int:
 
 def clip_id(value: str) -> str:
     """`value` if it fits in `MAX_ID_BYTES`, else its head + `~cut:` + 12 hex digits of its hash (exactly that long)."""
+    if len(value) * 4 <= MAX_ID_BYTES:  # at most 4 UTF-8 bytes a character: fits without encoding (ids a block)
+        return value
     raw = value.encode("utf-8", "surrogatepass")
     if len(raw) <= MAX_ID_BYTES:
         return value

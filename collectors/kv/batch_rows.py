@@ -1,78 +1,78 @@
 """One KV-event batch's `kv_events` rows as columns, built in event order by the collector's KV ingest and handed
-to the writer as one `KVEventColumns` (no object per row: thousands a second)."""
+to the writer as one `KVEventColumns` (no object per row: thousands a second).
+
+The columns are `KVEventRecord`'s (less what `KVEventColumns` is given apart); each kind of row has one setter here,
+which names every column, so a field added to the record fails the first batch (columns of unequal length) until
+its setter fills it. The setters spell the columns out rather than loop over them, and extend rather than `+=` (no
+store back into the dict): they run for every event, and each is a measurable share of ingest."""
 
 from __future__ import annotations
 
+from kvobs.block_events import Stored
+from kvobs.semconv.spans import KVEventKind
+from kvobs.store.rows import KVEventRecord
+
+# the batch's own `ts` and `instance` are given to `KVEventColumns` apart; no engine's KV events carry a request
+COLUMNS = tuple(name for name in KVEventRecord._columns if name not in ("ts", "instance", "request_id"))
+STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
+
 
 class BatchRows:
-    """One batch's `kv_events` rows as columns, in event order: `KVEventRecord`'s columns (`COLUMNS`), less the
-    batch's own `ts` and `instance` and the `request_id` vLLM's events do not carry."""
-
-    COLUMNS = (
-        "kind",
-        "block_hash",
-        "parent_hash",
-        "session_id",
-        "medium",
-        "first_owner",
-        "num_tokens",
-        "reason",
-        "num_blocks",
-        "group_idx",
-        "kv_cache_spec_kind",
-        "lora_name",
-        "extra_keys",
-    )
+    __slots__ = ("columns", "losers")
 
     def __init__(self) -> None:
-        self.kind: list[str] = []
-        self.block_hash: list[int | None] = []
-        self.parent_hash: list[int | None] = []
-        self.session_id: list[str | None] = []
-        self.medium: list[str | None] = []
-        self.first_owner: list[int | None] = []
-        self.num_tokens: list[int | None] = []
-        self.reason: list[str | None] = []
-        self.num_blocks: list[int | None] = []
-        self.group_idx: list[int | None] = []
-        self.kv_cache_spec_kind: list[str | None] = []
-        self.lora_name: list[str | None] = []
-        self.extra_keys: list[str | None] = []
-        self.losers: list[str | None] = []  # the owner of each removed row (not a column)
+        self.columns: dict[str, list] = {name: [] for name in COLUMNS}
+        self.losers: list[str | None] = []  # the owner of each device-tier removed row (not a column)
 
-    def add(
+    def __len__(self) -> int:
+        return len(self.columns["kind"])
+
+    def stored(self, event: Stored) -> None:
+        """A row per block of a store, in chain order."""
+        c, n, hashes = self.columns, len(event.hashes), event.hashes
+        c["kind"].extend([STORED] * n)
+        c["block_hash"].extend(hashes)
+        c["parent_hash"].extend([event.parent, *hashes[:-1]])
+        c["session_id"].extend([event.session_id] * n)
+        c["medium"].extend([event.medium] * n)
+        c["first_owner"].extend([1] * n)
+        c["num_tokens"].extend([event.block_size] * n)
+        c["reason"].extend([None] * n)
+        c["num_blocks"].extend([None] * n)
+        c["group_idx"].extend([event.group_idx] * n)
+        c["kv_cache_spec_kind"].extend([event.kv_cache_spec_kind] * n)
+        c["lora_name"].extend([event.lora_name] * n)
+        c["extra_keys"].extend([None] * n if event.extra_keys is None else event.extra_keys)
+
+    def removed(
         self,
-        kind: str,
+        hashes: list[int],
+        parents: list[int | None],
+        sessions: list[str | None],
+        firsts: list[int],
         *,
-        block_hash: int | None = None,
-        parent_hash: int | None = None,
-        session_id: str | None = None,
-        medium: str | None = None,
-        first_owner: int | None = None,
-        num_tokens: int | None = None,
-        reason: str | None = None,
-        num_blocks: int | None = None,
-        group_idx: int | None = None,
-        kv_cache_spec_kind: str | None = None,
-        lora_name: str | None = None,
-        extra_keys: str | None = None,
+        medium: str | None,
+        num_tokens: int | None,
+        group_idx: int | None,
+        reason: str | None,
     ) -> None:
-        """One row, by column name (the `stored` rows of a chain are added a column at a time, in
-        `collectors.kv.ingest.KVIngest._stored`)."""
-        self.kind.append(kind)
-        self.block_hash.append(block_hash)
-        self.parent_hash.append(parent_hash)
-        self.session_id.append(session_id)
-        self.medium.append(medium)
-        self.first_owner.append(first_owner)
-        self.num_tokens.append(num_tokens)
-        self.reason.append(reason)
-        self.num_blocks.append(num_blocks)
-        self.group_idx.append(group_idx)
-        self.kv_cache_spec_kind.append(kv_cache_spec_kind)
-        self.lora_name.append(lora_name)
-        self.extra_keys.append(extra_keys)
+        """A row per removed block and owner (`firsts`: 1 on a block's first row, 0 on its further owners')."""
+        c, n = self.columns, len(hashes)
+        c["kind"].extend([REMOVED] * n)
+        c["block_hash"].extend(hashes)
+        c["parent_hash"].extend(parents)
+        c["session_id"].extend(sessions)
+        c["first_owner"].extend(firsts)
+        for name, value in (("medium", medium), ("num_tokens", num_tokens), ("group_idx", group_idx)):
+            c[name].extend([value] * n)
+        c["reason"].extend([reason] * n)
+        for name in ("num_blocks", "kv_cache_spec_kind", "lora_name", "extra_keys"):
+            c[name].extend([None] * n)
 
-    def columns(self) -> dict[str, list]:
-        """Column name -> values, for `KVEventColumns` (which refuses a name `KVEventRecord` does not have)."""
-        return {name: getattr(self, name) for name in self.COLUMNS}
+    def add(self, kind: str, **fields) -> None:
+        """One row by column name (the rare ones: a clear, a held removal released); a column not named is NULL."""
+        fields["kind"] = kind
+        if not fields.keys() <= self.columns.keys():
+            raise TypeError(f"not a kv_events column: {', '.join(sorted(fields.keys() - self.columns.keys()))}")
+        for name, values in self.columns.items():
+            values.append(fields.get(name))

@@ -54,7 +54,7 @@ class ChainTracker:
                 continue
             new += 1
             parent = block_hash
-        footprint = self.footprint(session)
+        footprint = self.footprints.get(session) or self.footprint(session)  # (the call only for a new session)
         footprint.resident += new
         footprint.stored += new
         while len(blocks) > self.max_blocks:
@@ -62,15 +62,16 @@ class ChainTracker:
             for owner in forgotten[OWNERS]:
                 self.footprint(owner).resident -= 1
 
-    def removed(self, block_hash, *, lost: bool = True) -> Block | None:
+    def removed(self, block_hash, lost: bool = True) -> Block | None:
         """The removed block's `(parent, owners)`; None when it was stored before we subscribed. `lost` False: its
         session released it (no loss: it leaves the footprint uncounted)."""
         block = self.blocks.pop(block_hash, None)
         if block is None:
             self.num_unknown_removed += 1
             return None
+        footprints = self.footprints
         for owner in block[OWNERS]:
-            footprint = self.footprint(owner)
+            footprint = footprints.get(owner) or self.footprint(owner)
             footprint.resident -= 1
             footprint.removed += lost
         return block

@@ -1,4 +1,4 @@
-"""vLLM KV-event batches -> store rows, session attribution and footprints.
+"""KV-event batches (normalized at the door: `kvobs.block_events`) -> store rows, session attribution and footprints.
 
     ingest = KVIngest(writer, instance="vllm-a", activity=activity, bridge=bridge)
     subscriber = KVEventSubscriber(endpoint, ingest.on_batch, drops, on_restart=ingest.on_restart)
@@ -32,18 +32,16 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from collectors.kv.batch_rows import BatchRows
+from collectors.kv.batch_rows import CLEARED, REMOVED, BatchRows
 from collectors.kv.chains import OWNERS, PARENT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
-from kvobs.identifiers import clip_id
-from kvobs.semconv.attributes import medium_name
+from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored
 from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
-from kvobs.semconv.spans import KVEventKind, SessionSource
+from kvobs.semconv.spans import SessionSource
 from kvobs.store.rows import KVEventColumns, SessionRecord, SnapshotRecord
 from kvobs.store.writer import StoreWriter
-from kvobs.vllm import kv_events as wire
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +50,6 @@ RESTART = "restart"
 # ZMQ socket buffers what vLLM publishes (its high-water mark is vLLM's: 100,000 batches), so a burst is stored,
 # not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
 STORE_WAIT_S = 10.0
-STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
 OPEN = (UNKNOWN, BEFORE)  # verdicts a request joined later can still change
 
 
@@ -98,12 +95,13 @@ class KVIngest:
         self.num_lost_in_pause = 0  # (session, block) removals settled as in a tool pause, ever (a counter)
         self.num_sessions_forgotten = 0
         self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
-        self.num_placeholders = 0  # offload placeholders seen (`wire.is_placeholder`): not stored as blocks
+        self.num_placeholders = 0  # offload placeholders' hashes seen (`Placeholder`): not stored as blocks
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
         # other (tier, group)s' chains: an offload tier's own stores and removals, a hybrid model's other groups'
-        self.tiers: dict[tuple[str, int], ChainTracker] = {}
-        self.primary: tuple[str, int] | None = None  # the device tier and group: those of the first block stored
+        self.tiers: dict[tuple[str | None, int], ChainTracker] = {}
+        self.primary: tuple[str | None, int] | None = None  # the device tier and group: the first block stored's
+        self._routes: dict[tuple, ChainTracker] = {}  # (medium, group) as events name them -> `_tier`'s answer
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
         # removals to classify, a batch at a time: (arrived, event ts, sessions that lost blocks, blocks per session)
@@ -119,25 +117,27 @@ class KVIngest:
         self.lock = threading.Lock()
 
     # ---- batches --------------------------------------------------------------------------------------
-    def on_batch(self, seq: int, batch: wire.KVEventBatch) -> None:
+    def on_batch(self, seq: int, batch: Batch) -> None:
         """The batch's rows go to the writer as one `KVEventColumns` (no object per row: thousands a second)."""
         with self.lock:  # (ownership by inference adopts blocks from the collector's tick)
             self._on_batch(batch)
 
-    def _on_batch(self, batch: wire.KVEventBatch) -> None:
+    def _on_batch(self, batch: Batch) -> None:
         ts = batch.ts
         rows = BatchRows()
         cleared: dict[str | None, int] = {}
         touched: set[str] = set()  # sessions with an event in this batch
         self._latest_ts = max(self._latest_ts, ts)
         for event in batch.events:
-            kind = type(event)
-            if kind is wire.BlockRemoved:
+            if isinstance(event, Removed):
                 self._removed(ts, event, rows)
-            elif kind is wire.BlockStored:
+            elif isinstance(event, Stored):
                 self._stored(ts, event, rows, touched)
-            elif kind is wire.AllBlocksCleared:
+            elif isinstance(event, Cleared):
                 cleared = self._cleared(rows, EvictionReason.RESET.value)
+            elif isinstance(event, Placeholder):
+                self._placeholder(event)
+        self.num_ids_cut += batch.ids_cut
         removed = Counter(rows.losers)  # owner -> blocks it lost in this batch (None: owner unknown)
         losers = [owner for owner in removed if owner is not None]
         if losers:
@@ -178,19 +178,20 @@ class KVIngest:
     def recent_stores(self, since: float = float("-inf")) -> pd.DataFrame:
         """The recent stores (from `since` on) of blocks that named no session, as `kvobs.analytics.ownership`
         reads them."""
+        if self.recent is None:
+            raise RuntimeError("recent_stores before infer_owners")
         with self.lock:
             return self.recent.frame(self.instance, self.block_size, since)
 
     def _adopt(self, owned: dict[tuple[str, int, float], str]) -> int:
-        raw_of, blocks, adopted = self.recent.raw, self.chains.blocks, 0
-        held = {}
+        blocks, adopted = self.chains.blocks, 0
+        held: dict[int, list[list]] = {}
         for item in self._held:
             held.setdefault(item[2], []).append(item)
         for (_, block_hash, _), session in owned.items():
-            key = raw_of.get(block_hash, block_hash)
-            tracked = blocks.get(key)
+            tracked = blocks.get(block_hash)
             if tracked is not None and tracked[OWNERS] == (None,):
-                blocks[key] = (tracked[PARENT], (session,))
+                blocks[block_hash] = (tracked[PARENT], (session,))
                 self._move(session, resident=1, stored=1)
             else:
                 waiting = [item for item in held.get(block_hash, ()) if item[4] is None]
@@ -226,89 +227,69 @@ class KVIngest:
             if self.bridge is not None and rows.losers:  # the loss span names the session the block was tied to
                 self.bridge.on_batch(self.instance, ts, Counter(rows.losers), {})
 
-    def _stored(self, ts: float, event: wire.BlockStored, rows: BatchRows, touched: set[str]) -> None:
-        if wire.is_placeholder(event):  # hashes that reached an offload tier, no content: no block of this cache
-            if not self.num_placeholders:
-                log.info(
-                    "KV events of %s: offload placeholders (BlockStored without tokens or block size, medium %s) are "
-                    "counted (kvobs_collector_kv_offload_placeholders_total), not stored as blocks",
-                    self.instance,
-                    medium_name(event.medium),
-                )
-            self.num_placeholders += len(event.block_hashes)
-            return
-        session = None if event.session_id is None else clip_id(event.session_id)  # every row of it carries it
-        if session is not event.session_id:
-            self.num_ids_cut += 1
+    def _stored(self, ts: float, event: Stored, rows: BatchRows, touched: set[str]) -> None:
+        session = event.session_id  # every row of the event carries it
         self.block_size = event.block_size
         if session is not None:
             touched.add(session)
             if session not in self._sessions_seen:
                 self._sessions_seen.add(session)
                 self.writer.insert_missing(SessionRecord(session, started_at=ts, source=SessionSource.VLLM.value))
-        hashes = event.block_hashes
+        hashes = event.hashes
         if not hashes:
             return
-        medium, group = medium_name(event.medium), event.group_idx
+        medium, group, parent = event.medium, event.group_idx, event.parent
         if self.primary is None:
             self.primary = (medium, group or 0)
-        chains = self._tier(medium, group)
-        n, parent = len(hashes), event.parent_block_hash
-        stored = wire.as_uint64_list(hashes)
-        parent_hash = None if parent is None else wire.as_uint64(parent)
+        chains = self._routes.get((medium, group)) or self._tier(medium, group)
         chains.stored(hashes, parent, session)
         if self.recent is not None and session is None and chains is self.chains:
-            self.recent.add(ts, stored, parent_hash, hashes)
-        rows.kind += [STORED] * n
-        rows.block_hash += stored
-        rows.parent_hash.append(parent_hash)
-        rows.parent_hash += stored[:-1]
-        rows.session_id += [session] * n
-        rows.medium += [medium] * n
-        rows.first_owner += [1] * n
-        rows.num_tokens += [event.block_size] * n
-        rows.reason += [None] * n
-        rows.num_blocks += [None] * n
-        rows.group_idx += [group] * n
-        kind, lora = event.kv_cache_spec_kind, event.lora_name  # names from outside: cut like ids
-        rows.kv_cache_spec_kind += [None if kind is None else clip_id(kind)] * n
-        rows.lora_name += [None if lora is None else clip_id(lora)] * n
-        rows.extra_keys += wire.extra_keys_json(event)
+            self.recent.add(ts, hashes, parent)
+        rows.stored(event)
 
-    def _removed(self, ts: float, event: wire.BlockRemoved, rows: BatchRows) -> None:
-        medium, tokens, group = medium_name(event.medium), self.block_size, event.group_idx
-        reason = event.reason if event.reason in wire.REMOVAL_REASONS else None  # our engine's; vLLM sends none
-        chains = self._tier(medium, group)
+    def _placeholder(self, event: Placeholder) -> None:
+        """Hashes that reached an offload tier, no content: no block of this cache; counted."""
+        if not self.num_placeholders:
+            log.info(
+                "KV events of %s: offload placeholders (BlockStored without tokens or block size, medium %s) are "
+                "counted (kvobs_collector_kv_offload_placeholders_total), not stored as blocks",
+                self.instance,
+                event.medium,
+            )
+        self.num_placeholders += len(event.hashes)
+
+    def _removed(self, ts: float, event: Removed, rows: BatchRows) -> None:
+        medium, tokens, group, reason = event.medium, self.block_size, event.group_idx, event.reason
+        chains = self._routes.get((medium, group)) or self._tier(medium, group)
         device = chains is self.chains  # another tier's or group's removal is not the session losing its prefix
         removed, lost = chains.removed, reason not in RELEASE_REASONS
-        for block_hash in event.block_hashes:
-            block = removed(block_hash, lost=lost)
-            stored_as = wire.as_uint64(block_hash)
+        hold = device and self.hold_s
+        hashes: list[int] = []  # the rows, one per block and owner
+        parents: list[int | None] = []
+        sessions: list[str | None] = []
+        firsts: list[int] = []
+        for block_hash in event.hashes:
+            block = removed(block_hash, lost)
             if block is None:
                 owners, parent = (None,), None
             else:
-                owners, parent = block[OWNERS], block[PARENT]
-                parent = None if parent is None else wire.as_uint64(parent)
-            if device and self.hold_s and owners == (None,) and block is not None:  # its session may come
-                fields = dict(parent_hash=parent, medium=medium, num_tokens=tokens, group_idx=group, reason=reason)
-                self._held.append([self.clock(), ts, stored_as, fields, None, lost])
-                continue  # (its loss span too waits for its session: `_release`)
-            first = 1
-            for owner in owners:
-                rows.add(
-                    REMOVED,
-                    block_hash=stored_as,
-                    parent_hash=parent,
-                    session_id=owner,
-                    medium=medium,
-                    first_owner=first,
-                    num_tokens=tokens,
-                    group_idx=group,
-                    reason=reason,
-                )
-                if device:
-                    rows.losers.append(owner)
-                first = 0
+                parent, owners = block
+                if hold and owners == (None,):  # its session may come
+                    fields = dict(parent_hash=parent, medium=medium, num_tokens=tokens, group_idx=group, reason=reason)
+                    self._held.append([self.clock(), ts, block_hash, fields, None, lost])
+                    continue  # (its loss span too waits for its session: `_release`)
+            n = len(owners)
+            hashes += [block_hash] * n
+            parents += [parent] * n
+            sessions += owners
+            firsts += [1] if n == 1 else [1] + [0] * (n - 1)
+        if not hashes:
+            return
+        rows.removed(
+            hashes, parents, sessions, firsts, medium=medium, num_tokens=tokens, group_idx=group, reason=reason
+        )
+        if device:
+            rows.losers += sessions
 
     def _tier(self, medium: str | None, group: int | None) -> ChainTracker:
         """The chains of a (tier, KV-cache group): the device tier's first group (`primary`) are `self.chains`;
@@ -318,25 +299,22 @@ class KVIngest:
         if self.primary is None:
             return self.chains
         key = (self.primary[0] if medium is None else medium, self.primary[1] if group is None else group)
-        if key == self.primary:
-            return self.chains
-        tier = self.tiers.get(key)
-        if tier is None:
-            tier = self.tiers[key] = ChainTracker()
+        tier = self.chains if key == self.primary else self.tiers.setdefault(key, ChainTracker())  # (on a new route)
+        self._routes[(medium, group)] = tier
         return tier
 
     def _cleared(self, rows: BatchRows, reason: str) -> dict[str | None, int]:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
-        self.tiers = {}  # every tier's blocks went with it
+        self.tiers, self._routes = {}, {}  # every tier's blocks went with it
         self._changed.update(s for s in lost if s is not None)
         rows.add(CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)
         return lost
 
     def _flush(self, ts: float, rows: BatchRows) -> None:
-        n = len(rows.kind)
+        n = len(rows)
         if n:
-            columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, **rows.columns())
+            columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, **rows.columns)
             self.writer.add_many(columns, wait_s=STORE_WAIT_S)
 
     # ---- footprints -----------------------------------------------------------------------------------
@@ -410,6 +388,8 @@ class KVIngest:
 
     def _settle(self, *, final: bool = False) -> None:
         """Give each pending idle removal its verdict where one is known: a tool pause, or after the end."""
+        if self.activity is None:  # (nothing is pending without it: `_classify`)
+            return
         ended = self.session_ends(list(self._idle)) if self.session_ends is not None else {}
         for session, times in list(self._idle.items()):
             verdicts = [

@@ -2,9 +2,8 @@
 (`collectors.block_owners`).
 
     recent = RecentStores(recent_s=300.0)
-    recent.add(ts, [h1, h2], parent, raw_hashes)    # a BlockStored naming no session, hashes as the store keeps them
-    recent.frame("vllm-a", 16)                      # its stored rows, as `kvobs.analytics.ownership` reads them
-    recent.raw.get(h1, h1)                          # the hash as the stream sent it: the chain tracker's key
+    recent.add(ts, [h1, h2], parent)    # a store naming no session (`kvobs.block_events.Stored`)
+    recent.frame("vllm-a", 16)          # its stored rows, as `kvobs.analytics.ownership` reads them
 """
 
 from __future__ import annotations
@@ -22,16 +21,11 @@ class RecentStores:
     def __init__(self, recent_s: float) -> None:
         self.recent_s = recent_s
         self.events: deque[tuple[float, list[int], int | None]] = deque()  # (ts, hashes, parent of the first)
-        self.raw: dict[int, object] = {}  # store key -> the stream's hash, where they differ (bytes, negative ints)
 
-    def add(self, ts: float, hashes: list[int], parent: int | None, raws: list) -> None:
+    def add(self, ts: float, hashes: list[int], parent: int | None) -> None:
         self.events.append((ts, hashes, parent))
-        for block_hash, raw in zip(hashes, raws):
-            if block_hash != raw:
-                self.raw[block_hash] = raw
         while self.events and self.events[0][0] < ts - self.recent_s:
-            for block_hash in self.events.popleft()[1]:
-                self.raw.pop(block_hash, None)
+            self.events.popleft()
 
     def frame(self, instance: str, block_size: int | None, since: float = float("-inf")) -> pd.DataFrame:
         """The stores from `since` on (stream time), oldest first."""

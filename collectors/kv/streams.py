@@ -34,7 +34,8 @@ def parse_streams(
 ) -> list[KVStreamSpec]:
     """Raises ValueError on a replay for no stream, two streams of one name, or an empty endpoint."""
     streams = [split_name(v) for v in kv_events]
-    named_replays, positional = {}, []
+    named_replays: dict[str, str] = {}
+    positional: list[str] = []
     for value in replays:
         name, endpoint = split_name(value)
         (positional.append(endpoint) if name is None else named_replays.__setitem__(name, endpoint))

@@ -2,6 +2,10 @@
 
     subscriber = KVEventSubscriber("tcp://vllm:5557", handle, drops, replay_endpoint="tcp://vllm:5558")
     subscriber.start()     # a thread receives, checks, decodes; handle(seq, batch) runs on it, in sequence order
+
+`decode` is the engine's adapter at the door: a payload -> normalized events (`kvobs.block_events`); vLLM's
+(`kvobs.vllm.normalize.decode`) by default, and any engine that publishes vLLM's framing (topic, 8-byte sequence,
+payload) plugs its own in.
     subscriber.stop()
 
 Connect or bind: vLLM binds a wildcard endpoint (`tcp://*:5557`: we connect to `tcp://host:5557`) and
@@ -36,7 +40,9 @@ from collections.abc import Callable
 import zmq
 
 from collectors.drops import DropCounter
+from kvobs.block_events import Batch, Decoded
 from kvobs.vllm import kv_events as wire
+from kvobs.vllm import normalize
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +51,7 @@ POLL_MS = 100
 RCVHWM = 100_000  # batches ZMQ queues for us: vLLM's publisher keeps as many (its send high-water mark)
 TAIL_CHECK_S = 2.0
 
-BatchHandler = Callable[[int, wire.KVEventBatch], None]
+BatchHandler = Callable[[int, Batch], None]
 
 
 class KVEventSubscriber:
@@ -59,6 +65,7 @@ class KVEventSubscriber:
     replay_timeout_s: how long one replay may take before giving up on it.
     on_restart: called when the publisher's numbering starts over.
     tail_check_s: quiet time after which the replay is asked for batches after the last one received.
+    decode: the engine's adapter (a payload -> `Decoded`; raises `kv_events.DecodeError` on one that is no batch).
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class KVEventSubscriber:
         replay_timeout_s: float = 2.0,
         on_restart: Callable[[], None] | None = None,
         tail_check_s: float = TAIL_CHECK_S,
+        decode: Callable[[bytes], Decoded] = normalize.decode,
     ) -> None:
         self.endpoint = endpoint
         self.handle = handle
@@ -83,6 +91,7 @@ class KVEventSubscriber:
         self.replay_timeout_s = replay_timeout_s
         self.on_restart = on_restart
         self.tail_check_s = tail_check_s
+        self.decode = decode
         self.num_batches = 0
         self.shapes: Counter[str] = Counter()  # batches by wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
         self.lag_s: float | None = None  # the latest batch's age when it arrived
@@ -96,7 +105,7 @@ class KVEventSubscriber:
         self._expected: int | None = None
         self._replayed: set[int] = set()
         self._held: tuple[int, bytes] | None = None  # a batch whose number went back: a restart or a duplicate?
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
@@ -193,7 +202,7 @@ class KVEventSubscriber:
     def _deliver(self, seq: int, payload: bytes) -> None:
         self._expected = seq + 1
         try:
-            batch, unknown, refused, shape = wire.decode_batch(payload)
+            batch, unknown, refused, shape, num_events = self.decode(payload)
         except wire.DecodeError as exc:
             self.drops.count(COMPONENT, "malformed_batch", str(exc))
             return
@@ -207,7 +216,7 @@ class KVEventSubscriber:
         self.shapes[shape] += 1
         self.lag_s = time.time() - batch.ts  # the publisher's clock to ours: queueing, the network, clock skew
         self.last_batch_at = time.monotonic()
-        self.num_events += len(batch.events)
+        self.num_events += num_events
         self.handle(seq, batch)
 
     # ---- gaps -------------------------------------------------------------------------------------------

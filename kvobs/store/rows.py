@@ -206,7 +206,7 @@ class KVEventRecord(Record):
     # As vLLM's BlockStored/BlockRemoved give them (None where not given): the KV-cache group of a hybrid model's
     # block (full attention, sliding window, ...: each group caches the same hashes apart), that group's kind, the
     # LoRA adapter the block was computed under, and the block's extra hash keys (JSON: multimodal ids, cache salt,
-    # adapter; `kvobs.vllm.kv_events.extra_keys_json`).
+    # adapter; `kvobs.vllm.normalize.extra_keys_json`).
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     lora_name: str | None = None

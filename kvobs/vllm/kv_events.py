@@ -10,7 +10,7 @@ The wire format (vLLM 0.24 and later, checked against frames recorded from vLLM 
   Releases up to 0.23 sent positional arrays `["BlockStored", hashes, parent, ...]` instead;
   `decode_batch` accepts both and ignores fields it does not know.
 - An offloading connector's placeholder (`BlockStored` with no `token_ids` and `block_size` 0: the block's hash
-  reached another tier, its content not described) is decoded as it is; `is_placeholder` tells it apart.
+  reached another tier, its content not described) is decoded as it is; `kvobs.vllm.normalize` flags it.
 
 Values are checked where they are decoded: sizes, ids and indexes are integers in [0, 2^63) and the batch time a
 finite, non-negative number, what every store column can hold. An event with a value out of range (or a known
@@ -28,12 +28,9 @@ from that number on, then `(b"", REPLAY_END, b"")`; releases up to 0.24 answered
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Any, NamedTuple
 
 import msgspec
-
-from kvobs.semconv.reasons import EvictionReason, InvalidationReason
 
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
@@ -68,18 +65,14 @@ class BlockRemoved(KVCacheEvent):
     """Cached blocks lost their content (vLLM emits one event per block).
 
     `reason` is kvobs's extension, sent by our engine only when the block was not simply taken for room (a session
-    release, a TTL, an invalidation: `REMOVAL_REASONS`); vLLM never sends it, and a subscriber that does not know
-    the key ignores it (msgspec's default for map-encoded structs), so an ordinary eviction's bytes are vLLM's."""
+    release, a TTL, an invalidation: `kvobs.vllm.normalize.REMOVAL_REASONS`); vLLM never sends it, and a subscriber
+    that does not know the key ignores it (msgspec's default for map-encoded structs), so an ordinary eviction's
+    bytes are vLLM's."""
 
     block_hashes: list[BlockHash]
     medium: str | None
     group_idx: Count | None = None
     reason: str | None = None
-
-
-# The `BlockRemoved.reason` values a collector keeps (kvobs's engine's eviction and invalidation reasons); any other
-# value is not ours and is stored as no reason.
-REMOVAL_REASONS = frozenset(r.value for r in (*EvictionReason, *InvalidationReason))
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -168,7 +161,7 @@ def decode_batch(payload: bytes) -> Decoded:
     as_map = bool(payload[:1]) and payload[0] in _MAP_MARKERS
     checked, raw_decoder = _MAP_BATCH if as_map else _ARRAY_BATCH
     batch_shape = "map batch" if as_map else "array batch"
-    try:  # all in one pass when every event is a known, valid map (what vLLM 0.24+ sends): about 3x faster
+    try:  # all in one pass when every event is a known, valid map (what vLLM 0.24+ sends): the fast path
         whole = checked.decode(payload)
         batch = KVEventBatch(whole.ts, whole.events, whole.data_parallel_rank)
         return Decoded(batch, 0, 0, f"{batch_shape}, map events")
@@ -226,33 +219,6 @@ def _decode_positional(value: list) -> Event | None:
         raise DecodeError(f"malformed positional {value[0]} event: {exc}") from exc
 
 
-def is_placeholder(event: BlockStored) -> bool:
-    """An offloading connector's placeholder: hashes that reached another tier, with no tokens and no block size
-    (vLLM's legacy offload payload); not blocks of the cache the model attends from."""
-    return event.block_size == 0 and not event.token_ids
-
-
-EXTRA_KEYS_MAX_CHARS = 1024  # a block's extra keys kept as JSON up to this long, else as their digest
-_json = msgspec.json.Encoder()
-
-
-def extra_keys_json(event: BlockStored) -> list[str | None]:
-    """Each stored block's extra hash keys (multimodal ids, cache salt, adapter, ...) as JSON text, one per block hash
-    (None where vLLM gave none); keys longer than `EXTRA_KEYS_MAX_CHARS` as `sha256:<hex>` of that JSON, which still
-    compares equal between blocks with the same keys."""
-    n, given = len(event.block_hashes), event.extra_keys
-    if not given or all(keys is None for keys in given):
-        return [None] * n
-    out: list[str | None] = []
-    for keys in list(given[:n]) + [None] * (n - len(given)):
-        if keys is None:
-            out.append(None)
-            continue
-        text = _json.encode(keys)
-        out.append(text.decode() if len(text) <= EXTRA_KEYS_MAX_CHARS else f"sha256:{hashlib.sha256(text).hexdigest()}")
-    return out
-
-
 def should_bind(endpoint: str) -> bool:
     """vLLM's rule: the publisher binds a wildcard or local-transport endpoint, else it connects."""
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -283,9 +249,12 @@ def as_uint64(block_hash: BlockHash) -> int:
 def as_uint64_list(block_hashes: list) -> list[int]:
     """`as_uint64` of each hash of an event, ints masked in one comprehension: a stored event carries up to
     thousands of hashes, and a call per hash would cost as much as the rest of their ingest. The wire allows ints
-    and bytes in one list: one that is not all ints goes hash by hash."""
+    and bytes in one list: one that is not all ints goes hash by hash. A list of ints already in range is returned as
+    it is (msgpack's unsigned ints are: only old releases sent negative ones)."""
     if block_hashes and type(block_hashes[0]) is int:
         try:
+            if min(block_hashes) >= 0 and max(block_hashes) <= UINT64_MASK:
+                return block_hashes
             return [h & UINT64_MASK for h in block_hashes]
         except TypeError:  # bytes among the ints
             pass

@@ -17,26 +17,28 @@ from collectors.kv.ingest import KVIngest
 from collectors.session_activity import SessionActivity
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
+from kvobs.block_events import Batch, Stored
 from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
+from kvobs.vllm.normalize import decode
 from tests.collectors.agent_harness import FIXTURES
 from tests.collectors.test_agent_fixtures import _latest_end, exports
 
 KV_RECORDINGS = sorted(p.name for p in FIXTURES.iterdir() if (p / "kv_truth.json").exists())
 
 
-def kv_messages(name: str) -> list[tuple[float, int, wire.KVEventBatch]]:
+def kv_messages(name: str) -> list[tuple[float, int, Batch]]:
     out = []
     for line in (FIXTURES / name / "kv_events.jsonl").read_text().splitlines():
         message = json.loads(line)
         frames = [base64.b64decode(f) for f in message["frames_b64"]]
-        out.append((message["recv_ts"], wire.seq_from_bytes(frames[-2]), wire.decode_batch(frames[-1]).batch))
+        out.append((message["recv_ts"], wire.seq_from_bytes(frames[-2]), decode(frames[-1]).batch))
     return out
 
 
-def unnamed(batch: wire.KVEventBatch) -> wire.KVEventBatch:
+def unnamed(batch: Batch) -> Batch:
     """The batch with no session on its stores (as a server that got no header sends it)."""
-    events = [msgspec.structs.replace(e, session_id=None) if type(e) is wire.BlockStored else e for e in batch.events]
+    events = [msgspec.structs.replace(e, session_id=None) if type(e) is Stored else e for e in batch.events]
     return msgspec.structs.replace(batch, events=events)
 
 

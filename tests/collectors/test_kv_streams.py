@@ -8,8 +8,10 @@ import pytest
 from collectors.collector import Collector, CollectorOptions
 from collectors.kv.ingest import KVIngest
 from collectors.kv.streams import KVStreamSpec, parse_streams
+from kvobs.block_events import Batch
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
+from kvobs.vllm.normalize import normalize
 from tests.collectors.recorded import kv_messages
 from tests.collectors.replay import publisher, wait_subscribed
 from tests.server.conftest import free_port
@@ -62,26 +64,28 @@ def test_two_replicas_into_one_collector_each_tagged_with_its_instance(tmp_path)
     assert "KV events gpu-0: bind" in collector.describe() and "KV events gpu-1: bind" in collector.describe()
 
 
-def _stored(ts: float, session: str, first_hash: int) -> wire.KVEventBatch:
-    return wire.KVEventBatch(
-        ts=ts,
-        events=[
-            wire.BlockStored(
-                block_hashes=[first_hash, first_hash + 1],
-                parent_block_hash=None,
-                token_ids=[],
-                block_size=16,
-                lora_id=None,
-                medium="GPU",
-                lora_name=None,
-                session_id=session,
-            )
-        ],
+def _stored(ts: float, session: str | None, first_hash: int) -> Batch:
+    return normalize(
+        wire.KVEventBatch(
+            ts=ts,
+            events=[
+                wire.BlockStored(
+                    block_hashes=[first_hash, first_hash + 1],
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=16,
+                    lora_id=None,
+                    medium="GPU",
+                    lora_name=None,
+                    session_id=session,
+                )
+            ],
+        )
     )
 
 
-def _removed(ts: float, *hashes: int) -> wire.KVEventBatch:
-    return wire.KVEventBatch(ts=ts, events=[wire.BlockRemoved(block_hashes=list(hashes), medium="GPU")])
+def _removed(ts: float, *hashes: int) -> Batch:
+    return normalize(wire.KVEventBatch(ts=ts, events=[wire.BlockRemoved(block_hashes=list(hashes), medium="GPU")]))
 
 
 def test_sessions_idle_past_the_limit_are_forgotten_and_a_returning_one_is_tracked_again(tmp_path):

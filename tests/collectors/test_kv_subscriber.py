@@ -10,6 +10,7 @@ import pytest
 
 from collectors.drops import DropCounter
 from collectors.kv.subscriber import KVEventSubscriber
+from kvobs.block_events import Batch, Removed, Stored
 from kvobs.vllm import kv_events as wire
 from tests.collectors.recorded import kv_messages
 from tests.collectors.replay import publisher, replay_router, wait_subscribed
@@ -20,12 +21,12 @@ from tests.waiting import wait_for
 class Received:
     def __init__(self) -> None:
         self.seqs: list[int] = []
-        self.num_events = 0
+        self.num_blocks = 0  # block hashes stored or removed, and clears
         self.restarts = 0
 
-    def __call__(self, seq: int, batch: wire.KVEventBatch) -> None:
+    def __call__(self, seq: int, batch: Batch) -> None:
         self.seqs.append(seq)
-        self.num_events += len(batch.events)
+        self.num_blocks += sum(len(e.hashes) if isinstance(e, Stored | Removed) else 1 for e in batch.events)
 
     def restarted(self) -> None:
         self.restarts += 1
@@ -33,6 +34,12 @@ class Received:
 
 def recorded_event_count() -> int:
     return sum(len(msgspec.msgpack.decode(m.frames[2])[1]) for m in kv_messages())
+
+
+def recorded_block_count() -> int:
+    """Block hashes the recording stores or removes, and its clears, read from the raw msgpack."""
+    events = [e for m in kv_messages() for e in msgspec.msgpack.decode(m.frames[2])[1]]
+    return sum(len(e["block_hashes"]) if "block_hashes" in e else 1 for e in events)
 
 
 def run(
@@ -71,7 +78,8 @@ def test_connect_mode_receives_every_recorded_batch_in_order():
     frames = [m.frames for m in kv_messages()]
     got, drops, subscriber = run(frames, bind_subscriber=False, expect=len(frames))
     assert got.seqs == list(range(len(frames)))
-    assert got.num_events == recorded_event_count() == 123 + 281 + 1  # the fixture README's totals
+    assert subscriber.num_events == recorded_event_count() == 123 + 281 + 1  # the fixture README's totals
+    assert got.num_blocks == recorded_block_count()  # every block handed on, consecutive removals merged or not
     assert drops.totals() == {} and subscriber.num_gaps == 0
 
 
@@ -90,7 +98,7 @@ def test_dropped_frames_are_recovered_through_replay(form):
             published=published,
         )
     assert got.seqs == list(range(len(frames)))  # every batch once, in order
-    assert got.num_events == recorded_event_count()
+    assert subscriber.num_events == recorded_event_count() and got.num_blocks == recorded_block_count()
     assert asked == [5, 40, 100] and subscriber.num_gaps == 3 and subscriber.num_lost == 0
     assert subscriber.num_replayed == len(dropped) and drops.totals() == {}
 

@@ -13,6 +13,7 @@ from collectors.kv.ingest import KVIngest
 from kvobs.semconv.attributes import MEDIUM_GPU, medium_name
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
+from kvobs.vllm.normalize import decode, normalize
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_placeholders_are_counted_and_tiers_stored_by_their_one_name(tmp_path):
         wire.BlockStored([3], 2, [6] * 16, 16, None, "Disk", None, session_id="s1"),  # a self-describing offload
         wire.BlockRemoved([1], "GPU"),
     ]
-    ingest.on_batch(0, wire.KVEventBatch(1.8e9, events, 0))
+    ingest.on_batch(0, normalize(wire.KVEventBatch(1.8e9, events, 0)))
     writer.close()
     rows = store.reads.kv_events()
     assert list(zip(rows["kind"], rows["block_hash"], rows["medium"])) == [
@@ -64,10 +65,10 @@ def test_an_offload_tiers_stores_and_removals_keep_to_their_own_chains(tmp_path)
     ingest = KVIngest(writer, instance="vllm-a")
     device = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "GPU", None, session_id="s1")
     offload = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "CPU", None, session_id="s1")
-    ingest.on_batch(0, wire.KVEventBatch(1.8e9, [device, offload, wire.BlockRemoved([1, 2], "CPU")], 0))
+    ingest.on_batch(0, normalize(wire.KVEventBatch(1.8e9, [device, offload, wire.BlockRemoved([1, 2], "CPU")], 0)))
     assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.blocks) == {1, 2}
     assert ingest.chains.footprints["s1"].resident == 2 and ingest.num_pending_idle == 0
-    ingest.on_batch(1, wire.KVEventBatch(1.8e9 + 1, [wire.BlockRemoved([2], "GPU")], 0))
+    ingest.on_batch(1, normalize(wire.KVEventBatch(1.8e9 + 1, [wire.BlockRemoved([2], "GPU")], 0)))
     assert set(ingest.chains.blocks) == {1} and ingest.chains.footprints["s1"].resident == 1
     writer.close()
     removed = store.reads.kv_events(kinds=["removed"])
@@ -114,7 +115,7 @@ def test_a_hybrid_models_groups_keep_their_own_chains_and_every_field_is_stored(
     )
     batches = [[full, window, wire.BlockRemoved([1], "GPU", group_idx=1)], [wire.BlockRemoved([2], "GPU", group_idx=0)]]
     for seq, events in enumerate(batches):
-        decoded = wire.decode_batch(wire.encode_batch(wire.KVEventBatch(1.8e9 + seq, events, 0)))
+        decoded = decode(wire.encode_batch(wire.KVEventBatch(1.8e9 + seq, events, 0)))
         ingest.on_batch(seq, decoded.batch)
         if seq == 0:  # the window group's drop left the device chains and the footprint whole
             assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.blocks) == {1, 2}
@@ -149,7 +150,7 @@ def test_a_removals_reason_from_our_engine_is_kept_and_any_other_value_is_not(tm
         wire.BlockRemoved([2], "GPU", 0),  # vLLM's: no reason
         wire.BlockRemoved([3], "GPU", 0, reason="x" * 100),  # not a reason of ours
     ]
-    ingest.on_batch(0, wire.decode_batch(wire.encode_batch(wire.KVEventBatch(1.8e9, [stored, *removals], 0))).batch)
+    ingest.on_batch(0, decode(wire.encode_batch(wire.KVEventBatch(1.8e9, [stored, *removals], 0))).batch)
     writer.close()
     removed = store.reads.kv_events(kinds=["removed"])
     assert [None if pd.isna(r) else r for r in removed["reason"]] == ["session_release", None, None]

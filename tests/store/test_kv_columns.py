@@ -83,22 +83,45 @@ def test_columns_are_checked_when_made():
     assert len(KVEventColumns()) == 0
 
 
-def test_the_collectors_row_builder_has_the_records_columns():
-    """The collector's batch builder (`BatchRows`) writes `KVEventRecord`'s columns by name: its columns are the
-    record's less the batch's own `ts` and `instance` and the `request_id` vLLM's events do not carry, `add` takes
-    each of them by keyword, and a field added to the record fails here until the collector says what it writes."""
-    import inspect
-
-    from collectors.kv.batch_rows import BatchRows
+def test_the_collectors_row_builder_fills_every_column_of_the_record_from_each_setter():
+    """The collector's batch builder (`BatchRows`) has `KVEventRecord`'s columns, less the batch's own `ts` and
+    `instance` and the `request_id` no engine's KV events carry; each of its setters (a store, a removal, a single
+    row) fills every one of them, so a field added to the record fails here until its setter writes it."""
+    from collectors.kv.batch_rows import COLUMNS, BatchRows
+    from kvobs.block_events import Stored
 
     rows = BatchRows()
-    assert set(BatchRows.COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)
-    assert list(inspect.signature(rows.add).parameters) == list(BatchRows.COLUMNS)
+    assert set(COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)
+    rows.stored(Stored([7, 8], 6, 16, "GPU", 0, "s1", lora_name="a", extra_keys=['["img"]', None]))
+    assert {len(values) for values in rows.columns.values()} == {2}
+    rows.removed([7], [6], ["s1"], [1], medium="GPU", num_tokens=16, group_idx=0, reason="ttl")
+    assert {len(values) for values in rows.columns.values()} == {3}
     rows.add("cleared", reason="reset", num_blocks=3)
-    columns = rows.columns()
-    assert {name: values[0] for name, values in columns.items() if values[0] is not None} == {
-        "kind": "cleared",
-        "reason": "reset",
-        "num_blocks": 3,
+    assert {len(values) for values in rows.columns.values()} == {4} and len(rows) == 4
+    with pytest.raises(TypeError, match="medum"):
+        rows.add("cleared", medum="GPU")
+    by_row = [dict(zip(rows.columns, values)) for values in zip(*rows.columns.values())]
+    assert {k: v for k, v in by_row[1].items() if v is not None} == {
+        "kind": "stored",
+        "block_hash": 8,
+        "parent_hash": 7,
+        "session_id": "s1",
+        "medium": "GPU",
+        "first_owner": 1,
+        "num_tokens": 16,
+        "group_idx": 0,
+        "lora_name": "a",
     }
-    KVEventColumns(ts=[0.0], instance=["vllm-a"], **columns)  # every name one the store takes
+    assert {k: v for k, v in by_row[2].items() if v is not None} == {
+        "kind": "removed",
+        "block_hash": 7,
+        "parent_hash": 6,
+        "session_id": "s1",
+        "medium": "GPU",
+        "first_owner": 1,
+        "num_tokens": 16,
+        "group_idx": 0,
+        "reason": "ttl",
+    }
+    assert by_row[0]["extra_keys"] == '["img"]' and by_row[3]["num_blocks"] == 3
+    KVEventColumns(ts=[0.0] * 4, instance=["vllm-a"] * 4, **rows.columns)  # every name one the store takes

@@ -202,9 +202,3 @@ def test_a_map_batch_skips_an_unknown_event_and_refuses_a_bad_one_alone():
     assert (decoded.events, decoded.data_parallel_rank, unknown, refused) == ([stored], 1, 1, 1)
     with pytest.raises(wire.DecodeError):
         wire.decode_batch(msgspec.msgpack.encode({"ts": -1.0, "events": []}))
-
-
-def test_an_offload_placeholder_is_told_apart():
-    placeholder = wire.BlockStored([7, 8], None, [], 0, None, "CPU", None)
-    described = wire.BlockStored([7, 8], None, [1] * 32, 16, None, "CPU", None)  # vLLM's self-describing offload
-    assert wire.is_placeholder(placeholder) and not wire.is_placeholder(described)
