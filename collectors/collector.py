@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -182,7 +183,7 @@ class Collector:
         self.registry.register(CollectorMetrics(self))
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="kvobs-collector-tick", daemon=True)
-        self._metrics_server = None
+        self._metrics_server: Any = None  # prometheus_client's (WSGI server, thread), once started
 
     def _telemetry(self) -> Telemetry:
         """The bridge's spans go to --otlp-endpoint, else the --forward-otlp target, else OTEL_EXPORTER_OTLP_*."""

@@ -104,7 +104,8 @@ def _context(title: str) -> Context | None:
             "`kvobs agents`, or `kvobs collect` next to a vLLM; this page updates as data arrives."
         )
         return None
-    since, until = choose_range(*bounds, clock)
+    first, last = bounds
+    since, until = choose_range(first, last, clock)
     fleet = tuple(cache.instances(url))
     instances = choose_instances(list(fleet))
     shown = list(fleet if instances is None else instances)

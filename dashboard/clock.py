@@ -52,7 +52,7 @@ class Clock:
 
     @classmethod
     def server_local(cls) -> Clock:
-        zone = datetime.now().astimezone().tzinfo
+        zone = datetime.now().astimezone().tzinfo or timezone.utc  # (astimezone always sets one)
         return cls(zone, zone.tzname(None) or "local")
 
     @classmethod

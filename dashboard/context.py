@@ -63,7 +63,7 @@ class Context:
 
     def runs_note(self) -> None:
         """Say so when the range spans a restart: counts add over the runs, a replay takes them one by one."""
-        if self.restarted():
+        if self.runs is not None and self.restarted():
             shown = self.runs[self.runs["instance"].isin(self.restarted())]
             st.warning(
                 f"This range spans engine restarts: {describe(shown, self.clock.iso)}. Each run began with an "

@@ -259,7 +259,8 @@ def _fleet(
     lost first) and, for each `FLEET_SERIES` measure, a frame of one column per instance on the window grid
     (`series`); an instance whose source did not report a measure has no column there (unknown, not zero)."""
     losses = composed.losses_in(counts)
-    rows, series = [], {column: {} for column in FLEET_SERIES}
+    rows: list[dict] = []
+    series: dict[str, dict] = {column: {} for column in FLEET_SERIES}
     for name in sorted(set(sums.instances) | set(counts["instance"])):
         mine, lost = sums.of([name]), losses[losses["instance"] == name]
         frame = pressure_windows(mine, lost, window_s=window_s, quantiles=()).set_index("window")

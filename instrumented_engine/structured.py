@@ -21,7 +21,7 @@ import torch
 try:  # the `server` extra; without it a request that needs a grammar is refused (see `available`)
     import xgrammar as xgr
 except ImportError:  # pragma: no cover - exercised only without the extra
-    xgr = None
+    xgr = None  # type: ignore[assignment]
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # around a JSON list of calls
 

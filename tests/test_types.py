@@ -1,4 +1,5 @@
-"""The type checker over kvobs/ (the base): clean, and it holds each store backend to `kvobs.store.interface`.
+"""The type checker over the four packages (kvobs, collectors, instrumented_engine, dashboard): clean, and it holds
+each store backend to `kvobs.store.interface`.
 
 A read missing on one backend, or taking other argument names, is a mypy error here, not an `AttributeError` on
 a page; the contract suite (tests/store/test_contract.py) then holds the backends to equal answers.
@@ -25,8 +26,8 @@ def mypy(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_kvobs_type_checks():
-    result = mypy()  # [tool.mypy] in pyproject.toml: files = kvobs
+def test_every_package_type_checks():
+    result = mypy()  # [tool.mypy] in pyproject.toml: files = the four packages
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Success" in result.stdout
 

@@ -46,7 +46,7 @@ class VerdictKeeper:
         store: Store,
         write: Callable[[list[StepVerdictRecord]], None],
         *,
-        progress: Callable[[VerdictProgressRecord], None] | None = None,
+        progress: Callable[[VerdictProgressRecord], object] | None = None,
         delay_s: float = DELAY_S,
         end_after_s: float = SESSION_END_AFTER_S,
         lookback_s: float = LOOKBACK_S,

@@ -83,15 +83,18 @@ class Deriver:
             if name not in KNOWN:
                 continue
             key = (instance, name, labels)
-            increases = [self.tracker.increase((*key, le), n, hist.created) for le, n in hist.buckets]
+            if hist.count is None:  # (the parser refuses a histogram without its _count)
+                continue
+            seen = [self.tracker.increase((*key, le), n, hist.created) for le, n in hist.buckets]
             count = self.tracker.increase((*key, COUNT), hist.count, hist.created)
             total = self.tracker.increase((*key, SUM), hist.sum or 0.0, hist.created)
-            if count is None or any(i is None for i in increases):
+            increases = [i for i in seen if i is not None]
+            if count is None or total is None or len(increases) < len(seen):
                 continue  # first sight: no interval yet
             for (le, _), increase in zip(hist.buckets, increases):
                 buckets[name][le] += increase
             counts[name][0] += count
-            counts[name][1] += total or 0.0
+            counts[name][1] += total
         for name, (count, total) in counts.items():
             out.samples.append((name + COUNT, {}, count))
             out.samples.append((name + SUM, {}, total))

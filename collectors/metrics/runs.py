@@ -62,7 +62,8 @@ def run_start(parsed: ParsedMetrics) -> float | None:
         value = parsed.gauge(name)
         if value is not None and value > 0:
             return float(value)
-    created = [c.created for c in (*parsed.counters.values(), *parsed.histograms.values()) if c.created]
+    created = [c.created for c in parsed.counters.values() if c.created]
+    created += [h.created for h in parsed.histograms.values() if h.created]
     return min(created) if created else None
 
 

@@ -3,7 +3,7 @@ kept only to know its parent, read by the convention it was written in (`kvobs.s
 
     span = read_span(otlp_span)
     span.role        # "llm" | "tool" | "agent" | None
-    span.convention  # "otel-genai" | "openinference" | "openllmetry" | None (a plain span)
+    span.convention  # "otel-genai" | "openinference" | "openllmetry" | "" (a plain span)
 
 Which convention: OpenInference when `openinference.span.kind` is set, OpenLLMetry when a `traceloop.*` key or
 `llm.request.type` is, OpenTelemetry GenAI when `gen_ai.operation.name` is (OpenLLMetry's LLM spans carry
@@ -45,7 +45,7 @@ class TraceSpan:
     start: float
     end: float
     role: str | None = None
-    convention: str | None = None
+    convention: str = ""  # "": a plain span
     session_id: str | None = None
     agent_name: str | None = None
     tool_name: str | None = None
@@ -139,7 +139,7 @@ def _openllmetry(out: TraceSpan, attrs: dict) -> None:
         out.role = LLM
         _genai_usage(out, attrs)
         return
-    out.role = _TL_ROLES.get(attrs.get(c.TRACELOOP_SPAN_KIND))
+    out.role = _TL_ROLES.get(attrs.get(c.TRACELOOP_SPAN_KIND) or "")
     name = _text(attrs.get(c.TRACELOOP_ENTITY_NAME)) or out.name
     if out.role == TOOL:
         out.tool_name = name

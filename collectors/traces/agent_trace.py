@@ -28,7 +28,8 @@ class Trace:
     agents: list[TraceSpan] = field(default_factory=list)  # agent spans arrived since the last settle
 
     def ancestors(self, span: TraceSpan) -> list[TraceSpan]:
-        found, parent = [], span.parent_id
+        found: list[TraceSpan] = []
+        parent = span.parent_id
         while parent is not None and parent in self.spans and len(found) < MAX_DEPTH:
             found.append(self.spans[parent])
             parent = found[-1].parent_id

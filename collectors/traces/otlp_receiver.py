@@ -168,8 +168,9 @@ def _grpc_handler(receiver: OTLPReceiver) -> grpc.GenericRpcHandler:
         except Busy as busy:
             context.set_trailing_metadata([("grpc-status-details-bin", _retry_status(busy).SerializeToString())])
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(busy))
-        if response is None:
+        if response is None:  # (abort raises)
             context.abort(grpc.StatusCode.INTERNAL, "the receiver could not store this export")
+            return b""
         return response.SerializeToString()
 
     method = grpc.unary_unary_rpc_method_handler(export)

@@ -83,7 +83,8 @@ class SpanIngest:
 
         Raises `Busy` when the store queue cannot take the export now (nothing of it is kept)."""
         with self._lock:
-            records, steps, activity, keys, refused, agent_spans = [], [], [], {}, 0, []
+            records, steps, activity, refused, agent_spans = [], [], [], 0, []
+            keys: dict[bytes, None] = {}
             for resource_spans in request.resource_spans:
                 resource = attributes(resource_spans.resource.attributes)
                 instance = self.instance or self._instance_of(resource)
@@ -124,9 +125,15 @@ class SpanIngest:
             self.steps.add(agent_spans)
         if self.activity is not None:
             for r in activity:
-                self.activity.add_request(
-                    r.trace_id, r.span_id, r.arrival_ts, r.finished_ts, session_id=r.session_id, request_id=r.request_id
-                )
+                if r.trace_id and r.span_id and r.finished_ts is not None:  # (a request span's record has them all)
+                    self.activity.add_request(
+                        r.trace_id,
+                        r.span_id,
+                        r.arrival_ts,
+                        r.finished_ts,
+                        session_id=r.session_id,
+                        request_id=r.request_id,
+                    )
         if refused:
             log.warning("%d spans with attributes of the wrong type refused (%d so far)", refused, self.num_refused)
         return refused
@@ -155,7 +162,7 @@ class SpanIngest:
             reasons = [reasons]
         if not isinstance(reasons, list) or not isinstance(reasons[0], str | None):
             raise BadSpan(f"{a.GEN_AI_RESPONSE_FINISH_REASONS} is {reasons!r}, not a list of strings")
-        request_id = self._id(attrs.get(a.GEN_AI_REQUEST_ID) or span_id)
+        request_id = self._id(attrs.get(a.GEN_AI_REQUEST_ID)) or span_id
         session_id = self._id(attrs.get(a.SESSION_ID))
         if session_id is None and self.activity is not None:
             session_id = self.activity.claimed(trace_id, request_id)  # an agent step already named it
@@ -170,10 +177,10 @@ class SpanIngest:
             first_token_ts=None if ttft is None else start + ttft,
             finished_ts=end,
             queue_s=_number(attrs, a.GEN_AI_LATENCY_TIME_IN_QUEUE),
-            prompt_tokens=_number(attrs, a.GEN_AI_USAGE_PROMPT_TOKENS, int),
-            cached_tokens=_number(attrs, a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, int),
-            completion_tokens=_number(attrs, a.GEN_AI_USAGE_COMPLETION_TOKENS, int),
-            num_preemptions=_number(attrs, a.KV_REQUEST_NUM_PREEMPTIONS, int) or 0,
+            prompt_tokens=_count(attrs, a.GEN_AI_USAGE_PROMPT_TOKENS),
+            cached_tokens=_count(attrs, a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
+            completion_tokens=_count(attrs, a.GEN_AI_USAGE_COMPLETION_TOKENS),
+            num_preemptions=_count(attrs, a.KV_REQUEST_NUM_PREEMPTIONS) or 0,
             finish_reason=reasons[0],
         )
 
@@ -206,6 +213,12 @@ def _number(attrs: dict, key: str, kind: type = float) -> float | int | None:
     if value != value or value in (float("inf"), float("-inf")) or abs(value) >= 2**63:
         raise BadSpan(f"{key} is {value!r}, out of range")
     return value
+
+
+def _count(attrs: dict, key: str) -> int | None:
+    """An integer attribute (None when absent); BadSpan when it is not an integer in range."""
+    value = _number(attrs, key, int)
+    return None if value is None else int(value)
 
 
 def attributes(key_values) -> dict:

@@ -52,7 +52,7 @@ from collectors.traces.agent_trace import Trace
 from collectors.traces.request_join import WAITS_FOR_REQUESTS, Found, RequestJoin
 from kvobs.analytics.joins import JOIN_WORDS, SourceJoin
 from kvobs.semconv.spans import SessionSource, StepStatus
-from kvobs.store.rows import SessionRecord, StepRecord
+from kvobs.store.rows import UNSET, SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class SpanSteps:
             trace.agents.clear()
             session_id = trace.fallback or outermost.session_id
             state = self._sessions.get(session_id) if session_id else None
-            if state is not None and state.agent_name is None and outermost.agent_name:
+            if session_id and state is not None and state.agent_name is None and outermost.agent_name:
                 state.agent_name = outermost.agent_name
                 self.writer.upsert(SessionRecord(session_id, agent_name=outermost.agent_name))
 
@@ -295,14 +295,14 @@ class SpanSteps:
                 source=call.convention,
                 num_steps=state.next_index,
                 num_failed_steps=state.num_failed,
-                **({"agent_name": state.agent_name} if state.agent_name else {}),
-                **({"started_at": call.start} if state.next_index == 1 else {}),
+                agent_name=state.agent_name or UNSET,  # (UNSET: an upsert keeps what the row has)
+                started_at=call.start if state.next_index == 1 else UNSET,
             )
         )
         if self.activity is not None:
             self.activity.claim(session_id, trace_id=call.trace_id, request_id=found.request_id or answered)
         self.statuses[StepStatus.ERROR.value if failed else StepStatus.OK.value] += 1
-        if failed:
+        if call.error_type is not None:  # (failed)
             self.failures[call.error_type] += 1
         self.by_source[call.convention] += 1
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import altair as alt
 import numpy as np
@@ -114,7 +115,7 @@ def time_chart(
     if len(frame.columns) > 1 or mark in ("area", "bar") or has_points:
         encodings["color"] = alt.Color(f"{SERIES}:N", title=None, legend=alt.Legend(orient="top", labelLimit=400))
     layers, ticks = [], None
-    if has_points:
+    if has_points and points is not None:
         dots = _long(points.dropna().rename(series_name(points.name)).to_frame(), axis.clock, None)
         layers.append(alt.Chart(dots).mark_circle(size=26, opacity=0.55).encode(**encodings))
     if mark in ("bar", "area"):
@@ -130,9 +131,10 @@ def time_chart(
     elif mark == "area":
         chart = alt.Chart(long).mark_area(interpolate="step-after", opacity=0.8).encode(**encodings)
     else:
-        interpolate = "step-after" if mark == "step" else "linear"
         chart = (
-            alt.Chart(long).mark_line(point=alt.OverlayMarkDef(size=16), interpolate=interpolate).encode(**encodings)
+            alt.Chart(long)
+            .mark_line(point=alt.OverlayMarkDef(size=16), interpolate="step-after" if mark == "step" else "linear")
+            .encode(**encodings)
         )
     show(alt.layer(chart, *layers, *([ticks] if ticks else [])).properties(height=height), width="stretch")
     if ticks:
@@ -200,7 +202,7 @@ def _encodings(
 ) -> dict:
     """x on the page's axis, y with its unit (stacked or not; the title above the axis, level, so it is never cut
     to the plot's height), and the tooltip: time, the series (named `series`), the value."""
-    title = {
+    title: dict[str, Any] = {
         "title": y_title,
         "titleAngle": 0,
         "titleAlign": "left",

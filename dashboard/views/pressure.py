@@ -39,8 +39,10 @@ def render(ctx) -> None:
     windows = [w for w in WINDOWS if w >= (ctx.sample_interval_s or 0)] or [int(ctx.window_s)]
     default = min(range(len(windows)), key=lambda i: abs(windows[i] - ctx.window_s))
     window_s = c1.selectbox("Window (s)", windows, index=default, key="pressure_window")
-    x = c2.selectbox("Pressure", list(PRESSURE), format_func=PRESSURE.get, index=3, key="pressure_x")
-    y = c3.selectbox("Latency", list(LATENCY), format_func=LATENCY.get, key="pressure_y")
+    x = c2.selectbox("Pressure", list(PRESSURE), format_func=PRESSURE.__getitem__, index=3, key="pressure_x")
+    y = c3.selectbox("Latency", list(LATENCY), format_func=LATENCY.__getitem__, key="pressure_y")
+    if x is None or y is None:  # (a select box with options always has a choice)
+        return
     data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y, instances=ctx.instances)
     frame = data["windows"]
     ctx.runs_note()

@@ -65,8 +65,9 @@ def show_table(
         elif numeric:
             config[column] = st.column_config.NumberColumn(name, help=help_text, format="%.3g")
         else:
-            width = "large" if column in WIDE_COLUMNS else None
-            config[column] = st.column_config.TextColumn(name, help=help_text, width=width)
+            config[column] = st.column_config.TextColumn(
+                name, help=help_text, width="large" if column in WIDE_COLUMNS else None
+            )
     config.update(column_config or {})
     st.dataframe(shown, hide_index=kwargs.pop("hide_index", True), column_config=config, placeholder="", **kwargs)
 

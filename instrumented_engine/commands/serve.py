@@ -91,11 +91,20 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     hint = "another kvobs serve or vLLM? stop it or pass another --port"
-    if start_or_report("serve", lambda: refuse_ports_in_use(listeners(args), hint) or True) is None:
+
+    def ports_free() -> bool:
+        refuse_ports_in_use(listeners(args), hint)
+        return True
+
+    def cache_fits() -> bool:
+        check_cache_fits(args)
+        return True
+
+    if start_or_report("serve", ports_free) is None:
         return 2  # before torch is imported, the model loaded or a store file made
     if lacks_extra("serve", "server", "instrumented_engine.server.launcher"):
         return 2
-    if start_or_report("serve", lambda: check_cache_fits(args) or True) is None:
+    if start_or_report("serve", cache_fits) is None:
         return 2  # before the weights load (seconds) or a store file is made
     from instrumented_engine.server.launcher import EngineServer, ServerOptions
 

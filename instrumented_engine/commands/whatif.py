@@ -13,8 +13,8 @@ import sys
 from kvobs.commands.common import add_store_flag, check_memory, number, start_or_report
 from kvobs.semconv.reasons import EvictionPolicyName, RouterPolicy, names
 
-# What one block of the replay's block manager takes in memory (`BlockManager(1_000_000, 16)` grew the process by
-# 396 MB on CPython 3.11): a size whose blocks would not fit is refused, not run until the machine swaps.
+# What one block of the replay's block manager takes in memory (measured on `BlockManager(1_000_000, 16)`): a size
+# whose blocks would not fit is refused, not run until the machine swaps.
 REPLAY_BLOCK_BYTES = 400
 
 

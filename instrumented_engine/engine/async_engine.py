@@ -67,10 +67,10 @@ class RequestStream:
         try:
             while True:
                 item = await self._outputs.get()
-                if item is _END:
-                    return
                 if isinstance(item, BaseException):
                     raise item
+                if not isinstance(item, RequestOutput):  # `_END`
+                    return
                 self.finished = item.finished
                 yield item
         finally:
@@ -179,9 +179,13 @@ class AsyncEngine:
         its client gets an answer and the store its `requests` row, instead of a cancelled task."""
         self.draining = True
         if self.is_alive:
-            self._commands.put((lambda engine: [self._abort(engine, rid) for rid in list(self._requests)], Future()))
+            self._commands.put((self._abort_every, Future()))
 
     # ---- the engine thread --------------------------------------------------------------------
+    def _abort_every(self, engine) -> None:
+        for request_id in list(self._requests):
+            self._abort(engine, request_id)
+
     def _loop(self) -> None:
         try:
             while not self._stopping.is_set():

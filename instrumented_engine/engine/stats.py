@@ -65,14 +65,16 @@ class RequestOutput:
         end, first, scheduled = self.finished_ts, self.first_token_ts, self.scheduled_ts
         if end is None:
             return RequestLatencies()
-        ran = scheduled is not None
+        ttft = None if first is None else first - self.arrival_ts
+        if scheduled is None:  # never ran (refused or aborted while queued)
+            return RequestLatencies(e2e=end - self.arrival_ts, ttft=ttft)
         return RequestLatencies(
             e2e=end - self.arrival_ts,
-            ttft=None if first is None else first - self.arrival_ts,
-            queue=scheduled - self.arrival_ts if ran else None,
-            inference=end - scheduled if ran else None,
-            prefill=first - scheduled if ran and first is not None else None,
-            decode=end - first if ran and first is not None else None,
+            ttft=ttft,
+            queue=scheduled - self.arrival_ts,
+            inference=end - scheduled,
+            prefill=None if first is None else first - scheduled,
+            decode=None if first is None else end - first,
         )
 
 

@@ -75,7 +75,7 @@ class Tokenizer:
     @property
     def template_takes_tools(self) -> bool:
         """Whether the chat template renders a request's tools itself (it names `tools`)."""
-        return bool(self.chat_template) and "tools" in self.chat_template
+        return self.chat_template is not None and "tools" in self.chat_template
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None

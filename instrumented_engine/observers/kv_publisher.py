@@ -22,6 +22,8 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -64,7 +66,11 @@ def _cleared(_event: ev.CacheCleared, _omit_token_ids: bool = False) -> wire.Eve
 
 
 # Engine event type -> its vLLM wire event (the only engine events vLLM publishes).
-WIRE_EVENTS = {ev.BlocksStored: _stored, ev.BlockEvicted: _removed, ev.CacheCleared: _cleared}
+WIRE_EVENTS: dict[type, Callable[[Any, bool], wire.Event]] = {
+    ev.BlocksStored: _stored,
+    ev.BlockEvicted: _removed,
+    ev.CacheCleared: _cleared,
+}
 
 
 def to_wire_events(events: list[ev.KVEvent], *, omit_token_ids: bool = False) -> list[wire.Event]:
@@ -114,7 +120,7 @@ class KVEventPublisher:
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._next_seq = 0
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._thread = threading.Thread(target=self._serve, name="kvobs-kv-events", daemon=True)
         self._ready = threading.Event()
         self._start_error: BaseException | None = None

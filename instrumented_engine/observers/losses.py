@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import StepResult
-from instrumented_engine.observers.dispatch import dispatch
+from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.semconv.reasons import RELEASE_REASONS
 
 
@@ -58,4 +58,4 @@ class LossTally:
     def _cleared(self, event: ev.CacheCleared) -> None:
         self.by_reason[event.eviction_reason.value] += event.num_blocks
 
-    HANDLERS = {ev.BlockEvicted: _evicted, ev.CacheCleared: _cleared, ev.IdleLossesSettled: _settled}
+    HANDLERS: Handlers = {ev.BlockEvicted: _evicted, ev.CacheCleared: _cleared, ev.IdleLossesSettled: _settled}

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
-from instrumented_engine.observers.dispatch import dispatch
+from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.semconv import buckets as buckets_of
 from kvobs.semconv import metrics as m
 from kvobs.semconv.metrics import (
@@ -269,7 +269,7 @@ class EngineMetrics:
     def _preempted(self, event: ev.Preempted) -> None:
         self._get(vllm.NUM_PREEMPTIONS).inc()
 
-    HANDLERS = {
+    HANDLERS: Handlers = {
         ev.PrefixLookup: _lookup,
         ev.BlockEvicted: _evicted,
         ev.Invalidated: _invalidated,

@@ -30,7 +30,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, TracerProvider
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, RequestStart, SchedulerStats, StepResult
-from instrumented_engine.observers.dispatch import dispatch
+from instrumented_engine.observers.dispatch import Handlers, dispatch
 from instrumented_engine.observers.span_attributes import extend_unique, request_attributes
 from kvobs.logs import worth_logging
 from kvobs.semconv import attributes as a
@@ -210,7 +210,7 @@ class EngineTracer:
         per_session = dict.fromkeys(event.sessions_affected)  # a reset has no per-block events: counts unknown
         self.loss_spans.invalidate(event.ts, event.invalidation_reason, event.num_blocks, per_session)
 
-    HANDLERS = {
+    HANDLERS: Handlers = {
         ev.PrefixLookup: _lookup,
         ev.BlocksAllocated: _allocated,
         ev.BlockEvicted: _evicted,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
-from instrumented_engine.observers.dispatch import dispatch
+from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.logs import worth_logging
 from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
 from kvobs.semconv.spans import KVEventKind, RunSource, SessionSource
@@ -207,12 +207,14 @@ class StoreRecorder:
 
     def _settled(self, event: ev.IdleLossesSettled) -> None:
         """Hindsight on a session's idle losses, and a snapshot that shows it."""
+        if event.session_id is None or self._stats is None:  # (a settlement names its session; stats come first)
+            return
         tally = self._tally(event.session_id)
         tally.pending_idle -= event.num_blocks
         tally.evicted_idle += event.num_blocks if event.in_pause else 0
         self._session_snapshot(event.session_id, event.ts, self._stats, event.session_blocks)
 
-    HANDLERS = {
+    HANDLERS: Handlers = {
         ev.IdleLossesSettled: _settled,
         ev.BlocksStored: _stored,
         ev.PrefixLookup: _lookup,

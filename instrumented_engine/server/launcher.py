@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from instrumented_engine.config import EngineConfig
-from instrumented_engine.engine.async_engine import AsyncEngine
+from instrumented_engine.engine.async_engine import AsyncEngine, StepObserver
 from instrumented_engine.engine.helper_thread import on_helper_thread
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.models.loader import ModelSource
@@ -166,18 +166,18 @@ class EngineServer:
             extra_sinks=[OTelMetricSink(m)] if (m := self.telemetry.meter("kvobs.engine")) else [],
             started_at=self.started_at,
         )
-        observers = [self.metrics]
-        self.publisher = None
+        observers: list[StepObserver] = [self.metrics]
+        self.publisher: KVEventPublisher | None = None
         if options.kv_events_endpoint:
-            self.publisher = KVEventPublisher(
+            publisher = self.publisher = KVEventPublisher(
                 options.kv_events_endpoint,
                 replay_endpoint=options.kv_events_replay_endpoint,
                 topic=options.kv_events_topic,
                 omit_token_ids=options.kv_events_omit_token_ids,
             )
-            self.publisher.start()
-            observers.append(self.publisher)
-            self.metrics.watch_dropped("kv_events", lambda: self.publisher.num_dropped)
+            publisher.start()
+            observers.append(publisher)
+            self.metrics.watch_dropped("kv_events", lambda: publisher.num_dropped)
         medium = llm_engine.block_manager.medium  # one decision: the wire's, the spans' and the store's medium
         self.tracer = None
         if self.telemetry.tracer_provider is not None:
@@ -190,11 +190,14 @@ class EngineServer:
             )
             observers.append(self.tracer)
             self.metrics.watch_dropped("otlp", lambda: self.telemetry.num_export_failures)
-        self.writer = self.recorder = None
+        self.writer: StoreWriter | None = None
+        self.recorder: StoreRecorder | None = None
         if self.store is not None:
-            self.writer = StoreWriter(self.store, spool=Spool(options.spool_dir) if options.spool_dir else None)
+            writer = self.writer = StoreWriter(
+                self.store, spool=Spool(options.spool_dir) if options.spool_dir else None
+            )
             self.recorder = StoreRecorder(
-                self.writer,
+                writer,
                 instance=self.instance,
                 block_size=layout.block_size,
                 medium=medium,
@@ -202,12 +205,12 @@ class EngineServer:
             )
             observers.append(self.recorder)
             self.recorder.record_run(self.started_at, self.served.name, llm_engine.current_stats(), config)
-            self.metrics.watch_dropped("store", lambda: self.writer.num_dropped)
-        self.retention = None
+            self.metrics.watch_dropped("store", lambda: writer.num_dropped)
+        self.retention: Retention | None = None
         if self.store is not None and options.retention_days is not None:
-            self.retention = Retention(self.store, options.retention_days)
+            retention = self.retention = Retention(self.store, options.retention_days)
             self.metrics.watch_total(
-                kvobs_metrics.STORE_ROWS_EXPIRED, lambda: self.retention.num_expired, table=EXPIRED_TABLE
+                kvobs_metrics.STORE_ROWS_EXPIRED, lambda: retention.num_expired, table=EXPIRED_TABLE
             )
         self.engine = AsyncEngine(llm_engine, max_waiting=options.max_waiting, observers=observers)
         self.app = build_app(
@@ -239,19 +242,21 @@ class EngineServer:
         if self.publisher is not None:
             self.publisher.close()
         self._stop_renewing.set()
-        if self.writer is not None:
+        if self.writer is not None and self.recorder is not None:
             self.recorder.instance_snapshot(self.engine.engine.current_stats())
             self.writer.close()
+            log.info("store: %d rows written, %d dropped", self.writer.num_written, self.writer.num_dropped)
         if self.store is not None:
             self._release_leases()
             self.store.close()
-            log.info("store: %d rows written, %d dropped", self.writer.num_written, self.writer.num_dropped)
         self.telemetry.shutdown()
 
     def _renew_leases(self) -> None:
         """Keep this engine's lease on its instance (kvobs.store.leases) while it serves. A lease another writer took
         meanwhile (this engine stalled past it) is logged by the keeper; the engine goes on writing its own rows, and
         says so here, since its requests are still served."""
+        if self.leases is None:
+            return
         while not self._stop_renewing.wait(RENEW_EVERY_S):
             try:
                 self.leases.renew(time.time())
@@ -295,23 +300,26 @@ class EngineServer:
         """Serve until interrupted (Ctrl-C / SIGTERM), then stop the engine and flush events. uvicorn re-raises the
         signal it caught once it has shut down; the handlers installed here receive it, so a graceful stop ends the
         process with status 0. Raises `OSError` when HTTP cannot listen (the engine stopped, the store flushed)."""
-        self._uvicorn = self._make_uvicorn()
+        server = self._uvicorn = self._make_uvicorn()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: log.debug("signal %d after shutdown", signum))
         try:
             asyncio.run(self._serve_and_announce())
         except SystemExit:  # uvicorn exits when it cannot listen, after stopping the engine (the store flushed)
-            if self._uvicorn.started:
+            if server.started:
                 raise
             where = f"{self.options.host}:{self.options.port}"
             raise OSError(f"cannot listen on {where} (uvicorn's reason above)") from None
         log.info("kvobs engine stopped")
 
     async def _serve_and_announce(self) -> None:
-        task = asyncio.create_task(self._uvicorn.serve())
-        while not self._uvicorn.started and not task.done():
+        server = self._uvicorn
+        if server is None:
+            raise RuntimeError("_serve_and_announce before run")
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
             await asyncio.sleep(0.05)
-        if self._uvicorn.started:
+        if server.started:
             log.info("kvobs engine serving %r at %s (OpenAI API under /v1)", self.served.name, self.url)
         await task
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.server.tools import parse_tool_calls
@@ -23,12 +24,12 @@ class Response:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def chunk(self, delta: dict | str, finish_reason: str | None) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
         choice.update({"delta": delta} if self.chat else {"text": delta})
         return {**self.envelope(chunk=True), "choices": [choice]}
 
     def full(self, out: RequestOutput) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
         if self.chat:
             choice["message"], choice["finish_reason"] = self.reply(out)
         else:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -47,7 +48,7 @@ class ServedModel:
 class TextDeltas:
     """Turn cumulative text into safe-to-send deltas."""
 
-    def __init__(self, stop: list[str]) -> None:
+    def __init__(self, stop: Sequence[str]) -> None:
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.sent = 0
 
@@ -72,12 +73,12 @@ class OpenAIServing:
         self.engine = engine
         self.served = served
         self.tokenizer = engine.engine.tokenizer
-        self._grammars = None  # compiled against the tokenizer on the first request that needs a grammar
+        self._grammars: structured.Grammars | None = None  # compiled on the first request that needs a grammar
 
     # ---- endpoints -----------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request):
         if isinstance(body.prompt, list):
-            prompt_ids = body.prompt
+            prompt_ids = cast(list[int], body.prompt)  # (its validator made a batch of one into its prompt)
         else:
             prompt_ids = await asyncio.to_thread(self.tokenizer.encode, _unicode(body.prompt, "prompt"))
         return await self._serve(body, request, prompt_ids, body.max_tokens, "cmpl", chat=False)
@@ -121,10 +122,12 @@ class OpenAIServing:
             )
         if self._grammars is None:
             self._grammars = structured.Grammars(self.tokenizer)
+        grammars = self._grammars
         try:
             if tools and (body.tool_choice == "required" or body.forced_tool):
-                return self._grammars.tool_call(tools, name=body.forced_tool)
-            return self._grammars.json(fmt.json_schema["schema"] if fmt.type == "json_schema" else None)
+                return grammars.tool_call(tools, name=body.forced_tool)
+            schema = fmt.json_schema if fmt is not None and fmt.type == "json_schema" else None
+            return grammars.json(None if schema is None else schema["schema"])
         except Exception as exc:  # xgrammar refuses a schema it cannot compile: the client's to fix
             param = "tools" if tools else "response_format"
             raise APIError(f"{param}: the schema cannot be used for constrained decoding: {exc}", param=param) from exc
@@ -269,6 +272,8 @@ async def _until_finished(stream: RequestStream, request: Request) -> RequestOut
         final = None
         async for out in stream:
             final = out
+        if final is None:  # (the engine ends every stream with a finished output)
+            raise RuntimeError(f"request {stream.request_id}: its stream ended without an output")
         return final
     finally:
         watcher.cancel()

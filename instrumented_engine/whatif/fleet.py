@@ -144,7 +144,7 @@ def simulate_fleet(
         caches[name] = WholeLengthCache(manager, plan.block_size, WhatIfResult(fleet.sizes[name], policy), clock)
         tallies[name] = LossTally()
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
-    last = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
+    last: dict[str | None, str] = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
     for cache in caches.values():
         cache.last_request = last
     router = _Router(policy, names, fleet, prefill_load_scale, temperature, seed)

@@ -96,7 +96,8 @@ class RecordedReplay:
     def apply(self, action: Action) -> None:
         seq = self.seqs.get(action.request_id) if action.request_id is not None else None
         if action.kind == "release":
-            self.bm.release_session(action.session_id)
+            if action.session_id is not None:  # (a release names its session)
+                self.bm.release_session(action.session_id)
         elif seq is None:
             return
         elif action.kind == "arrive":

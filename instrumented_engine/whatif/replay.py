@@ -37,6 +37,7 @@ from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.ownership import num_inferred, with_tied_blocks
+from kvobs.analytics.runs import Span
 from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.store import composed
 from kvobs.store.interface import Store
@@ -63,7 +64,7 @@ class ReplayPlan:
     inferred: int = 0  # requests whose blocks named no session, tied to theirs by inference (`analytics.ownership`)
     duplicates: int = 0  # requests recorded under two instance names (an engine's own row and its span's), once each
     recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
-    span: object = None  # the run it replays (a `kvobs.analytics.runs.Span`; None: a range, runs unknown)
+    span: Span | None = None  # the run it replays (None: a range, runs unknown)
 
     @property
     def num_requests(self) -> int:
@@ -286,6 +287,8 @@ def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, res
     replay, losses = RecordedReplay(manager, sequences, result), LossTally()
     result.requests = len(plan.requests)
     result.query_tokens = sum(r.prompt_tokens for r in plan.requests)
+    if plan.recorded is None:
+        raise ValueError("a recorded replay needs the run's recorded actions (ReplayPlan.recorded)")
     for action in plan.recorded.actions:
         clock.now = action.ts
         replay.apply(action)

@@ -85,7 +85,7 @@ def observed_total(plans: list[ReplayPlan], store: Store, since, until, instance
 def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
     """The what-if table's rows (keys `COMPARISON`): what was observed (`observed_total`'s, or a plan's
     `observed`), then each replay in `results`; None where a value is unknown."""
-    rows = [
+    rows: list[tuple] = [
         (
             "observed",
             observed.get("num_blocks"),

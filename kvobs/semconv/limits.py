@@ -7,6 +7,6 @@ from __future__ import annotations
 # since every store row of a session carries its id.
 MAX_ID_BYTES = 255  # = the store's id columns, VARCHAR(255) (kvobs/store/schema.py uses this)
 
-# The largest request body `kvobs serve` reads (`--max-request-bytes`; 413 beyond it): 2,000 times a full 8k-token
-# prompt, far below the 100 MB body that once went straight to the JSON parser.
+# The largest request body `kvobs serve` reads (`--max-request-bytes`; 413 beyond it): room for any prompt the model
+# takes many times over, and a bound on what reaches the JSON parser.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024

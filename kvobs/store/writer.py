@@ -31,6 +31,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 
 from kvobs.logs import worth_logging
 from kvobs.store.rows import KVEventColumns, Record
@@ -88,7 +89,7 @@ class StoreWriter:
         """Queue an insert; False (and counted) when the queue is full or the writer closed."""
         return self._put("insert", [record])
 
-    def add_many(self, records: list[Record] | KVEventColumns, *, wait_s: float = 0.0) -> bool:
+    def add_many(self, records: Sequence[Record] | KVEventColumns, *, wait_s: float = 0.0) -> bool:
         """Queue inserts as one unit (all queued, or all dropped); records of one table write fastest, and
         `KVEventColumns` fastest of all.
 
@@ -96,7 +97,7 @@ class StoreWriter:
         as the KV-event subscriber, whose socket buffers meanwhile); 0, never (an engine step)."""
         return self._put("insert", records, wait_s) if records else True
 
-    def offer(self, records: list[Record]) -> bool:
+    def offer(self, records: Sequence[Record]) -> bool:
         """Queue inserts as one unit if there is room now; False otherwise, and nothing is dropped or counted: the
         caller still holds them (an OTLP receiver answers 429 and the exporter sends them again)."""
         return self._put("insert", records, count=False) if records else True
@@ -109,7 +110,9 @@ class StoreWriter:
         """Queue an insert that leaves an existing row with the same primary key as it is."""
         return self._put("insert_missing", [record])
 
-    def _put(self, op: str, rows: list[Record] | KVEventColumns, wait_s: float = 0.0, *, count: bool = True) -> bool:
+    def _put(
+        self, op: str, rows: Sequence[Record] | KVEventColumns, wait_s: float = 0.0, *, count: bool = True
+    ) -> bool:
         if not isinstance(rows, KVEventColumns):
             for record in rows:
                 if not isinstance(record, Record):

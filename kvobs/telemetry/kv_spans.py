@@ -18,6 +18,7 @@ after `is_recording()` says they will be kept.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from opentelemetry.trace import Span, SpanContext, SpanKind, Tracer
 
@@ -55,7 +56,7 @@ class KVLossSpans:
         self,
         start_ts: float,
         end_ts: float,
-        blocks_per_session: Mapping[str | None, int | None],
+        blocks_per_session: Mapping[Any, int | None],  # session id (None: of no known session) -> blocks
         *,
         num_blocks: int | None = None,
         reasons: Iterable[str] = (),
@@ -74,7 +75,7 @@ class KVLossSpans:
         ts: float,
         reason: str,
         num_blocks: int,
-        blocks_per_session: Mapping[str | None, int | None],
+        blocks_per_session: Mapping[Any, int | None],  # session id (None: of no known session) -> blocks
         *,
         instance: str | None = None,
     ) -> bool:

@@ -45,6 +45,13 @@ class KVBlock:
         return self.block_hash is not None
 
     @property
+    def cached_hash(self) -> BlockHash:
+        """The hash of a block in the cache; ValueError on a free one (a caller's bug)."""
+        if self.block_hash is None:
+            raise ValueError(f"block {self.block_id} has no hash: it is not cached")
+        return self.block_hash
+
+    @property
     def hash_int(self) -> int | None:
         return None if self.block_hash is None else external_hash(self.block_hash)
 

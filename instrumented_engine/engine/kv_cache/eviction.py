@@ -18,7 +18,7 @@ from kvobs.semconv.reasons import EvictionPolicyName, EvictionReason, names
 
 
 class EvictionPolicy(Protocol):
-    name: str
+    name: EvictionPolicyName
 
     def choose(self, queue: FreeBlockQueue, activity: SessionPauses, now: float) -> tuple[KVBlock, EvictionReason]:
         """Return the block to take and, if it is cached, the eviction reason."""

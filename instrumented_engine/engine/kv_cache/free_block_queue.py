@@ -29,14 +29,15 @@ class FreeBlockQueue:
     def __iter__(self) -> Iterator[KVBlock]:
         """Blocks from head (evicted first) to tail."""
         node = self._head.next_free
-        while node is not self._tail:
+        while node is not None and node is not self._tail:  # (a queued block always has a next: the tail at least)
             yield node
             node = node.next_free
 
     def peek(self) -> KVBlock:
-        if self.num_free_blocks == 0:
+        block = self._head.next_free
+        if self.num_free_blocks == 0 or block is None:
             raise IndexError("no free blocks")
-        return self._head.next_free
+        return block
 
     def popleft(self) -> KVBlock:
         block = self.peek()
@@ -53,11 +54,11 @@ class FreeBlockQueue:
 
     def append(self, block: KVBlock) -> None:
         """Insert at the tail (evicted last)."""
-        self._link(block, self._tail.prev_free, self._tail)
+        self._link(block, self._tail.prev_free or self._head, self._tail)  # (the head when empty: one and the same)
 
     def appendleft(self, block: KVBlock) -> None:
         """Insert at the head (taken next)."""
-        self._link(block, self._head, self._head.next_free)
+        self._link(block, self._head, self._head.next_free or self._tail)
 
     def _link(self, block: KVBlock, before: KVBlock, after: KVBlock) -> None:
         if block.prev_free is not None:

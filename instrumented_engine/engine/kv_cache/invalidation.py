@@ -66,7 +66,7 @@ class Invalidation:
         else:
             victims = [b for b in cached if session_id in b.sessions]
         now = self.pool.clock()
-        hashes = tuple(external_hash(b.block_hash) for b in victims)
+        hashes = tuple(external_hash(b.cached_hash) for b in victims)
         sessions = sorted({s for b in victims for s in b.sessions})
         for block in victims:
             self.pool.drop(block, EvictionReason.INVALIDATION, now, invalidation_reason=reason)

@@ -22,7 +22,7 @@ The manager holds no tensors, so the same code runs the engine and the what-if s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.kv_cache.block import KVBlock
@@ -121,10 +121,10 @@ class BlockManager:
             hits.append(block)
         return hits
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[KVBlock] = ()) -> bool:
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: Collection[KVBlock] = ()) -> bool:
         return self._num_blocks_needed(seq, num_new_tokens, hits) <= self._num_available(hits)
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[KVBlock] = ()) -> bool:
+    def allocate(self, seq: Sequence, num_new_tokens: int, hits: Collection[KVBlock] = ()) -> bool:
         """Give `seq` blocks for `num_new_tokens` more tokens, first reviving `hits`.
 
         Returns False, changing nothing, when the free queue cannot supply enough blocks.

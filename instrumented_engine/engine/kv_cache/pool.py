@@ -130,7 +130,7 @@ class BlockPool:
         """`block` (its hash and chain set) enters the cache; `session_id` owns it."""
         if session_id is not None:
             self.own(block, session_id)
-        self.cached[block.block_hash] = block
+        self.cached[block.cached_hash] = block
 
     def own(self, block: KVBlock, session_id: str) -> None:
         if session_id not in block.sessions:
@@ -148,7 +148,7 @@ class BlockPool:
     ) -> None:
         """`block` leaves the cache (`BlockEvicted`, with its owners and those of them paused); under pressure, its
         paused owners' loss is pending until hindsight settles it (`SessionPauses.lost`)."""
-        del self.cached[block.block_hash]
+        del self.cached[block.cached_hash]
         paused = tuple(s for s in sorted(block.sessions) if self.activity.is_pending_owner(s, now))
         if reason in PRESSURE_REASONS:
             for session_id in paused:
@@ -159,7 +159,7 @@ class BlockPool:
                 cause.request_id if cause else None,
                 cause.session_id if cause else None,
                 block_id=block.block_id,
-                block_hash=external_hash(block.block_hash),
+                block_hash=external_hash(block.cached_hash),
                 parent_block_hash=None if block.parent_hash is None else external_hash(block.parent_hash),
                 reason=reason,
                 owner_sessions=tuple(sorted(block.sessions)),

@@ -134,12 +134,8 @@ _SESSION_FOOTPRINTS = [
     f"INSERT INTO session_footprints {_FOOTPRINT_SELECT}",  # the snapshots stored before (argMax: twice is once)
 ]
 
-# Version 1's `kv_event_sessions_mv` filtered `session_id IS NOT NULL` in the outer WHERE, where ClickHouse reads
-# `session_id` as the `assumeNotNull` alias: rows without a session went into `kv_event_sessions` as session ''.
-# Version 3 feeds the lookup from a view that filters in a subquery (made before the old one is dropped, so no
-# insert meanwhile is missed; min and max are idempotent), then rebuilds the '' rows from the events that really
-# carry an empty session id (filtered in a subquery too: beside `'' AS session_id`, the outer WHERE would compare
-# the constant).
+# Version 3: version 1's view filtered sessions where ClickHouse reads `session_id` as its `assumeNotNull` alias (rows
+# with none became session ''); the lookup is fed from a view that filters in a subquery, and the '' rows rebuilt.
 _SESSION_RANGES = [
     """CREATE MATERIALIZED VIEW IF NOT EXISTS kv_event_session_ranges_mv TO kv_event_sessions AS
         SELECT assumeNotNull(session_id) AS session_id, instance, min(ts) AS first_ts, max(ts) AS last_ts

@@ -66,9 +66,9 @@ class ClickHouseReads(ComposedReads):
         self.store = store
 
     def time_range(self) -> tuple[float, float] | None:
-        # min, max and count of the day-partitioned tables' `ts` come from their parts' own minmax index (ClickHouse's
-        # implicit minmax_count projection, no row read: 2 ms at 10M events, where `minOrNull` read every row, 57 ms),
-        # so the sidebar's first read costs the same at any size; an empty table's 0 is left out by its count
+        # min, max and count of `ts` come from the parts' own minmax index (ClickHouse's implicit minmax_count
+        # projection: no row read), so the sidebar's first read costs the same at any size; an empty table's 0 is
+        # left out by its count
         bounds = self.store.frame("""SELECT minOrNull(low) AS low, maxOrNull(high) AS high FROM (
             SELECT if(n = 0, NULL, low) AS low, if(n = 0, NULL, high) AS high FROM (
                 SELECT min(ts) AS low, max(ts) AS high, count() AS n FROM snapshots

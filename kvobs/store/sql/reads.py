@@ -354,10 +354,8 @@ class SqlReads(ComposedReads):
             func.min(KVEventRow.ts).label("first_ts"),
             func.max(KVEventRow.ts).label("last_ts"),
         )
-        # The detail's filters on `kind || ''`, `instance || ''` and `ts + 0`: the same values, but no index on them, so
-        # the planner reaches the rows through the hash index, not by walking the (kind, ts) range a second time
-        # (SQLite, 1M events, no restores: 0.54 -> 0.40 s, median of 5 interleaved runs; what is left is the first
-        # step's GROUP BY).
+        # `kind || ''`, `instance || ''` and `ts + 0`: the same values with no index on them, so the planner reaches
+        # the rows through the hash index, not by walking the (kind, ts) range a second time
         stmt = in_scope(
             stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again),
             KVEventRow.kind.concat(""),

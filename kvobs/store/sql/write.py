@@ -207,10 +207,8 @@ def _footprint_upsert(dialect_name: str):
     )
 
 
-# `_in_key_order`: every upsert of a batch (sessions, the minute rollup, footprints) goes in primary-key order, so
-# two writers' transactions (collectors of different replicas into one PostgreSQL) lock shared rows, such as one
-# session's, in the same order and never wait on each other in a cycle. A deadlock or serialization failure that
-# still happens is retried like an outage (`is_unreachable`), not taken for a bad row.
+# `_in_key_order`: upserts go in primary-key order, so two writers into one PostgreSQL lock shared rows in the same
+# order and never deadlock; one that still fails so is retried like an outage (`is_unreachable`), not a bad row.
 
 
 def grouped_rows(grouped: dict[tuple, list[dict]], table: str) -> list[dict]:
