@@ -17,7 +17,9 @@ with are any in the store. After each run, how far each instance is measured (`l
 looked up later is pending, one before it with no row was not measurable (its hash chain unknown). A session's
 previous request (where its tool pause began) is remembered across runs,
 and losses for `RESIDENCY_LOOKBACK_S`, as long as a range's replay reads back. A collector that starts warms its
-index over that hour and measures from there: requests before it are not measured (the pages replay them).
+index over that hour and measures from there; one that restarts resumes where its instances' `lookup_progress`
+says the last one stopped (up to `RESUME_S` back, said in a log line), warming its index over the hour before, so a
+restart leaves no unmeasured gap. Requests before that are not measured (the pages replay them), and said.
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ from kvobs.analytics.routing import (
 from kvobs.semconv.reasons import PairApart
 from kvobs.store.interface import Store
 from kvobs.store.rows import LookupProgressRecord, RequestLookupRecord
+from kvobs.times import local_time
 
 log = logging.getLogger(__name__)
 
 ROUTING_INTERVAL_S = 60.0  # how often the collector measures
 DELAY_S = 60.0  # how far behind now a run reads: the writer's queue and late spans have landed
 REQUEST_S = STORED_WITHIN_S  # a request's blocks are stored within this long of its lookup
+RESUME_S = 6 * 3600.0  # how far back a restarted meter measures what its predecessor left (a longer gap is said)
 _INTS = tuple(f.name for f in fields(RequestLookupRecord) if f.type == "int")  # its counts (blocks, tokens, ...)
 
 
@@ -60,7 +64,7 @@ class RoutingMeter:
         instances: list[str],
         *,
         write: Callable[[list[RequestLookupRecord]], None] | None = None,
-        progress: Callable[[LookupProgressRecord], None] | None = None,
+        progress: Callable[[LookupProgressRecord], object] | None = None,
         delay_s: float = DELAY_S,
         request_s: float = REQUEST_S,
     ) -> None:
@@ -73,6 +77,8 @@ class RoutingMeter:
         self.compared_tokens: Counter[str] = Counter()
         self.compared_requests: Counter[str] = Counter()
         self.num_measured = 0  # request lookups written, ever
+        self.num_runs = 0
+        self.resumed_from: float | None = None  # where a restarted meter took over from its predecessor's mark
         self.num_late = 0  # requests written after their lookup was passed
         self._counted: dict[str, float] = {}  # recent request ids already measured (or told late) -> arrival
         self._ends: dict[str, tuple[float, float]] = {}  # session -> (arrival, end) of its latest request passed
@@ -89,9 +95,18 @@ class RoutingMeter:
         written = now - self.delay_s
         cutoff = written - self.request_s
         first = self.done is None
-        start = cutoff - RESIDENCY_LOOKBACK_S if first else float(np.nextafter(self.done, np.inf))
+        if first:
+            self.done = self._resumed_from(cutoff)  # None: nothing measured before: this run warms the index only
+            first = self.done is None
         if self.done is not None and cutoff <= self.done:
             return 0
+        if self.done is None:
+            start = cutoff - RESIDENCY_LOOKBACK_S
+        elif self.num_runs == 0:  # resumed: the hour before the predecessor's mark warms the index, as a start's
+            start = self.done - RESIDENCY_LOOKBACK_S
+        else:
+            start = float(np.nextafter(self.done, np.inf))
+        self.num_runs += 1
         events = self.store.reads.kv_events(start, written, kinds=ROUTING_KINDS)
         read = self.store.reads.requests(start - self.request_s, written)
         if not read.empty:  # vLLM's request spans carry no session: their steps' do
@@ -104,7 +119,8 @@ class RoutingMeter:
             if first:
                 mine &= False  # the first run warms the index only
             else:
-                self._count_late(read[mine & (looked_up <= self.done)])
+                if not (self.num_runs == 1 and self.resumed_from is not None):  # (a resumed run reads back an hour)
+                    self._count_late(read[mine & (looked_up <= self.done)])
                 mine &= looked_up > self.done
             requests = read[mine]
         self._cross(passed, cutoff)  # (their blocks are in `events`: stored within `request_s` of the lookup)
@@ -136,6 +152,35 @@ class RoutingMeter:
                 self.progress(LookupProgressRecord(instance=instance, measured_to=cutoff, updated_at=now))
         self.num_measured += len(lookups)
         return len(lookups)
+
+    def _resumed_from(self, cutoff: float) -> float | None:
+        """Where the previous meter of these instances stopped (`lookup_progress`: the least of their marks), so this
+        one measures from there; no further back than `RESUME_S` (the gap beyond is said); None: none measured."""
+        progress = self.store.reads.lookup_progress(instances=sorted(self.instances))
+        marks = pd.to_numeric(progress["measured_to"], errors="coerce").dropna() if not progress.empty else progress
+        if len(marks) < len(self.instances) or not len(marks):
+            return None  # an instance never measured: start afresh (its requests are replayed by the pages)
+        mark = float(marks.min())
+        if mark >= cutoff:
+            return mark
+        resumed = max(mark, cutoff - RESUME_S)
+        if resumed > mark:
+            log.warning(
+                "routing meter: the previous collector measured %s up to %s; requests from then to %s are not "
+                "measured (more than %.0f h back; the pages replay them)",
+                ", ".join(sorted(self.instances)),
+                local_time(mark),
+                local_time(resumed),
+                RESUME_S / 3600,
+            )
+        log.info(
+            "routing meter: resumes %s where the previous collector stopped, %s (%.0f s of requests to measure)",
+            ", ".join(sorted(self.instances)),
+            local_time(resumed),
+            cutoff - resumed,
+        )
+        self.resumed_from = resumed
+        return resumed
 
     def _remember(self, passed: pd.DataFrame, cutoff: float) -> None:
         """Each session's latest request of `passed`, those that looked up by `cutoff` (where its next request's

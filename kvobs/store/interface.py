@@ -313,4 +313,9 @@ class Store(Protocol):
         """Drop KV events older than `before_ts` (whole days on ClickHouse); rows dropped."""
         ...
 
+    def expire_progress(self, before_ts: float) -> int:
+        """Drop the progress marks (`PROGRESS_TABLES`: `lookup_progress`, `verdict_progress`) last updated before
+        `before_ts`, those of replicas and keepers long gone (a collector's keeper is one a process); rows dropped."""
+        ...
+
     def close(self) -> None: ...

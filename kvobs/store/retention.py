@@ -1,4 +1,5 @@
-"""Retention: raw KV events older than N days are dropped (`--retention-days` of `kvobs serve` and `kvobs collect`).
+"""Retention: raw KV events older than N days are dropped (`--retention-days` of `kvobs serve` and `kvobs collect`),
+and the progress marks of replicas and verdict keepers not heard of for as long (`schema.PROGRESS_TABLES`).
 
     retention = Retention(store, days=7)      # a thread: at start, then every hour
     retention.start(); ...; retention.stop()
@@ -35,6 +36,7 @@ class Retention:
         self.interval_s = interval_s
         self.clock = clock
         self.num_expired = 0
+        self.num_progress_expired = 0  # progress marks dropped so far
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvobs-retention", daemon=True)
 
@@ -46,10 +48,15 @@ class Retention:
         self._thread.join(timeout_s)
 
     def run_once(self) -> int:
-        expired = self.store.expire_kv_events(self.clock() - self.days * DAY_S)  # whole days on ClickHouse
+        cut = self.clock() - self.days * DAY_S
+        expired = self.store.expire_kv_events(cut)  # whole days on ClickHouse
         self.num_expired += expired
         if expired:
             log.info("retention: %d KV events older than %g days dropped", expired, self.days)
+        marks = self.store.expire_progress(cut)
+        self.num_progress_expired += marks
+        if marks:
+            log.info("retention: %d progress marks not updated for %g days dropped", marks, self.days)
         return expired
 
     def _run(self) -> None:

@@ -207,3 +207,44 @@ def test_replicas_whose_block_hashes_never_meet_are_left_out_counted_and_said(fl
         ok, said = checks[name]
         assert not ok and "block hashes never meet" in said and "PYTHONHASHSEED" in said, said
     store.close()
+
+
+def test_a_restarted_meter_resumes_where_the_last_one_stopped_and_leaves_no_gap(fleet_run, tmp_path, caplog):
+    """A collector stopped halfway through the run and started again five minutes later: its new meter reads where
+    the old one's `lookup_progress` says it stopped, warms its index over the hour before, and measures every request
+    since. The two meters together write exactly the lookups one meter writes without the restart, request for
+    request, and the new one says where it resumed. Before, its first run only warmed the index: the requests of
+    the restart's minutes were never measured."""
+    from kvobs.store import StoreWriter
+    from tests.runs import measured_copy
+
+    first, last = fleet_run.store.reads.time_range()
+    (tmp_path / "restarted").mkdir()
+    store = measured_copy(fleet_run, tmp_path / "restarted", until=(first + last) / 2)  # the first collector
+    mark = float(store.reads.lookup_progress()["measured_to"].min())
+    before = store.reads.request_lookups()
+    assert len(before) > 10 and before["lookup_ts"].max() <= mark < last - 60
+
+    writer = StoreWriter(store)
+    meter = RoutingMeter(store, list(FLEET), write=writer.add_many, progress=writer.upsert)
+    now = mark + meter.delay_s + meter.request_s + 300.0  # its first run, five minutes after the last one's
+    with caplog.at_level("INFO", logger="collectors.jobs.routing_meter"):
+        while meter.done is None or meter.done < last:
+            meter.run(now)
+            now += 30.0
+    writer.close()
+    assert meter.resumed_from == mark and meter.num_late == 0
+    assert any("resumes" in r.getMessage() and "vllm-a, vllm-b" in r.getMessage() for r in caplog.records)
+
+    both = store.reads.request_lookups()
+    (tmp_path / "reference").mkdir()
+    reference = measured_copy(fleet_run, tmp_path / "reference").reads.request_lookups()  # no restart
+    assert sorted(both["request_id"]) == sorted(reference["request_id"]) and both["request_id"].is_unique
+    gap = both[(both["lookup_ts"] > mark) & (both["lookup_ts"] <= mark + 300.0)]
+    assert len(both) > len(before) and len(gap) > 0  # the restart's minutes: a meter that did not resume missed them
+    columns = ["own_blocks", "available_blocks", "routed_blocks", "cold_blocks", "pause_blocks", "replicas_compared"]
+    got, want = both.set_index("request_id").sort_index(), reference.set_index("request_id").sort_index()
+    for column in columns:
+        assert missing_as_none(got[column]) == missing_as_none(want[column]), column
+    assert got["routed_blocks"].sum() > 0
+    store.close()

@@ -1,5 +1,6 @@
 """--retention-days: raw KV events older than the limit are dropped (chunked on SQL, whole days on ClickHouse), the
-rest of the store is kept, and the count shows on the collector's /metrics."""
+rest of the store is kept, and the count shows on the collector's /metrics; the progress marks of replicas and
+verdict keepers not heard of for as long go too (every backend)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from prometheus_client import generate_latest
 from collectors.collector import Collector, CollectorOptions
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.retention import Retention
-from kvobs.store.rows import KVEventRecord, SessionRecord, SnapshotRecord
+from kvobs.store.rows import (
+    KVEventRecord,
+    LookupProgressRecord,
+    SessionRecord,
+    SnapshotRecord,
+    VerdictProgressRecord,
+)
 from kvobs.store.schema import DAY_S
 from tests.waiting import wait_for
 
@@ -62,6 +69,27 @@ def test_retention_runs_at_start_and_is_counted_on_the_collectors_metrics(tmp_pa
         collector.stop()
     expected = sum(ts < NOW - 3 * DAY_S for ts in times)
     assert f'kvobs_store_rows_expired_total{{table="kv_events"}} {float(expected)}' in text
+
+
+def test_progress_marks_not_updated_within_the_retention_are_dropped_and_the_fresh_kept(any_store):
+    """A collector's verdict keeper writes its row under a name of its own process, so each restart leaves one
+    behind, as does a replica taken out of the fleet: retention drops those not updated within it, keeps the live
+    ones, and a mark updated again (a newer version of the row) survives its older versions."""
+    writer = StoreWriter(any_store)
+    old, fresh = NOW - 5 * DAY_S, NOW - 3600.0
+    for keeper, updated in (("gone-1", old), ("gone-2", old - DAY_S), ("live", fresh)):
+        writer.upsert(VerdictProgressRecord(keeper, old, updated, updated))
+    writer.upsert(LookupProgressRecord(instance="retired", measured_to=old, updated_at=old))
+    writer.upsert(LookupProgressRecord(instance="vllm-a", measured_to=old, updated_at=old))
+    writer.flush()
+    writer.upsert(LookupProgressRecord(instance="vllm-a", measured_to=fresh, updated_at=fresh))  # updated since
+    writer.close()
+    retention = Retention(any_store, 3.0, clock=lambda: NOW)
+    retention.run_once()
+    assert retention.num_progress_expired >= 3
+    assert list(any_store.reads.verdict_progress()["keeper"]) == ["live"]
+    marks = any_store.reads.lookup_progress()
+    assert list(marks["instance"]) == ["vllm-a"] and list(marks["measured_to"]) == [fresh]
 
 
 def test_a_non_positive_retention_is_refused():

@@ -42,16 +42,14 @@ from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS, BatchRollups
 from kvobs.store.rows import KVEventColumns, KVEventRecord, SessionRecord
-from kvobs.store.schema import DAY_S
+from kvobs.store.schema import DAY_S, PROGRESS_TABLES
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HTTP_PORT = 8123
 GENERATED = ("id", "version")  # columns the writer fills: the row id and the row version
-# Row ids: a counter of microseconds (started at the clock, ahead of it only while a process writes more than a
-# million rows a second) above 12 bits drawn at random per process, so two writers into one store (collectors of
-# different replicas, an engine) never take the same id unless they drew the same 12 bits (1 in 4,096 a pair);
-# within a process ids increase in insert order, as SQL's row ids do, and across restarts as the clock does.
+# Row ids: a microsecond counter from the clock above bits drawn per process, so two writers into one store do not
+# take the same id (unless they drew the same bits), and ids increase in insert order, as SQL's row ids do.
 ID_TAG_BITS = 12
 _ID_TAG = secrets.randbits(ID_TAG_BITS)
 _next_id = [time.time_ns() // 1000]
@@ -212,6 +210,18 @@ class ClickHouseStore:
             if (int(partition) + 1) * DAY_S <= before_ts:
                 self.client.command(f"ALTER TABLE {table} DROP PARTITION {int(partition)}")
                 dropped += int(rows)
+        return dropped
+
+    def expire_progress(self, before_ts: float) -> int:
+        """Delete the progress marks (`schema.PROGRESS_TABLES`) last updated before `before_ts` (a lightweight delete:
+        a table of a row per replica or keeper); rows deleted."""
+        dropped = 0
+        for table in PROGRESS_TABLES:
+            old = {"ts": before_ts}
+            dropped += int(
+                self.frame(f"SELECT count() AS n FROM {table} WHERE updated_at < {{ts:Float64}}", old)["n"][0]
+            )
+            self.client.command(f"DELETE FROM {table} WHERE updated_at < {{ts:Float64}}", old)
         return dropped
 
     # ---- reads -----------------------------------------------------------------------------------------------

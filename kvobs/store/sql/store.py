@@ -21,7 +21,7 @@ from kvobs.store.db import missing_store
 from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS
-from kvobs.store.schema import KVEventRow
+from kvobs.store.schema import KVEventRow, LookupProgressRow, VerdictProgressRow
 from kvobs.store.sql.leases import SqlLeases
 from kvobs.store.sql.lookups import SqlLookups
 from kvobs.store.sql.reads import SqlReads
@@ -76,6 +76,14 @@ class SqlStore:
             if deleted < chunk:
                 return total
 
+    def expire_progress(self, before_ts: float) -> int:
+        """Delete the progress marks (`schema.PROGRESS_TABLES`) last updated before `before_ts`; rows deleted."""
+        with self.engine.begin() as conn:
+            return sum(
+                conn.execute(delete(row).where(row.updated_at < before_ts)).rowcount
+                for row in (LookupProgressRow, VerdictProgressRow)
+            )
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -119,11 +127,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
-# A commit checkpoints the write-ahead log into the database once it holds this many pages (SQLite's default: 1,000,
-# 4 MB). Each checkpoint writes every page changed since the last, so with rare checkpoints a hot index page (the
-# random block hashes') is written once for many commits: 600,000 rows into kv_events and its five indexes, nothing
-# else running, went in at 52,100 rows/s, where they went in at 42,900 with the default; the collector stage of
-# bench/collector_ingest.py gained about 10% (the log grows to about 80 MB between checkpoints).
+# Pages the write-ahead log holds before a commit checkpoints it (SQLite's default: 1,000): rarer checkpoints write a
+# hot index page (the random block hashes') once for many commits (measured by bench/collector_ingest.py).
 WAL_CHECKPOINT_PAGES = 20_000
 
 
