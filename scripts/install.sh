@@ -27,5 +27,7 @@ if [[ ",${extras}," == *",test,"* ]]; then
     stage "the tests' LlamaIndex agent into .venv-llamaindex (its OpenAI package pins openai<3)"
     python3 -m venv .venv-llamaindex
     .venv-llamaindex/bin/pip install -q -r tests/agents/llamaindex.txt
+    stage "the tests' SGLang KV-event publisher into .venv-sglang (its package without its dependencies)"
+    .venv/bin/pip install -q --no-deps --upgrade --target .venv-sglang -r tests/engines/sglang.txt
 fi
 stage "kvobs installed in .venv (extras: ${extras})"

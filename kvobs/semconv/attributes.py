@@ -90,14 +90,16 @@ LINK_EVICTED_FROM = "evicted_from"  # the linked session's blocks were evicted b
 LINK_INVALIDATED = "invalidated"  # the linked session's blocks were invalidated by this span
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the primary KV cache, the one the model attends from, on any device
-# The tiers engines name (vLLM: GPU, CPU; its offloading: CPU, STORAGE; LMCache and SGLang: cpu, Disk, ...), each
-# stored and shown under one name: what a spelling means, lower-cased -> the name kvobs keeps
+# The tiers engines name (vLLM: GPU, CPU; its offloading: CPU, STORAGE; LMCache: cpu, Disk; SGLang's HiCache: GPU,
+# CPU_PINNED, DISK, EXTERNAL), each stored and shown under one name: what a spelling means, lower-cased -> kvobs's
 MEDIUMS = {
     "gpu": MEDIUM_GPU,
     "cpu": "CPU",
+    "cpu_pinned": "CPU",  # SGLang's host tier (pinned host memory)
     "disk": "DISK",
     "storage": "STORAGE",
     "shared_storage": "SHARED_STORAGE",
+    "external": "EXTERNAL",  # SGLang's shared or remote pool (Mooncake, ...)
 }
 
 

@@ -198,6 +198,9 @@ def _decode_event(data: bytes) -> Event | None:
             raise DecodeError(f"malformed KV event: {inner}") from inner
         if isinstance(value, dict) and value.get("type") not in _POSITIONAL:
             return None  # a newer event type: skip it
+        if isinstance(value, dict):
+            fields = {k: v for k, v in value.items() if k != "type"}
+            return _with_missing_as_none(_POSITIONAL[value["type"]], fields)
         if not isinstance(value, list):
             raise DecodeError(f"malformed KV event: {exc}") from exc
     except (msgspec.DecodeError, ValueError) as exc:
@@ -205,18 +208,26 @@ def _decode_event(data: bytes) -> Event | None:
     return _decode_positional(value)
 
 
+def _with_missing_as_none(cls: type[Event], given: dict) -> Event:
+    """`given` (an event's fields by name) as `cls`, a field left out as none: SGLang omits its optional fields
+    (`lora_name`, `medium`) when they are none, which vLLM's structs require; a required one missing is refused."""
+    given.update((name, None) for name in cls.__struct_fields__ if name not in given)
+    try:
+        return msgspec.convert(given, cls)
+    except msgspec.ValidationError as exc:
+        raise DecodeError(f"malformed {cls.__name__} event: {exc}") from exc
+
+
 def _decode_positional(value: list) -> Event | None:
-    """Releases up to 0.23: `[tag, field0, field1, ...]` in declaration order; extra trailing fields ignored."""
+    """Releases up to 0.23 (and SGLang's older ones): `[tag, field0, field1, ...]` in declaration order; extra trailing
+    fields ignored, missing ones none (refused where a required field is missing)."""
     if not value or not isinstance(value[0], str):
         raise DecodeError(f"malformed positional KV event: {value!r:.80}")
     cls = _POSITIONAL.get(value[0])
     if cls is None:
         return None
     fields = cls.__struct_fields__
-    try:
-        return msgspec.convert(dict(zip(fields, value[1 : 1 + len(fields)])), cls)
-    except msgspec.ValidationError as exc:
-        raise DecodeError(f"malformed positional {value[0]} event: {exc}") from exc
+    return _with_missing_as_none(cls, dict(zip(fields, value[1 : 1 + len(fields)])))
 
 
 def should_bind(endpoint: str) -> bool:

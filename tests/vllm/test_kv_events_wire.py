@@ -202,3 +202,20 @@ def test_a_map_batch_skips_an_unknown_event_and_refuses_a_bad_one_alone():
     assert (decoded.events, decoded.data_parallel_rank, unknown, refused) == ([stored], 1, 1, 1)
     with pytest.raises(wire.DecodeError):
         wire.decode_batch(msgspec.msgpack.encode({"ts": -1.0, "events": []}))
+
+
+def test_events_that_leave_optional_fields_out_decode_with_none_and_a_missing_required_one_is_refused():
+    """SGLang omits `lora_name` and `medium` when they are none (its structs give them defaults), and its older
+    releases sent positional events cut after the last field they had; vLLM's structs require those fields."""
+    map_stored = {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None, "token_ids": [1] * 16}
+    map_stored |= {"block_size": 16, "lora_id": None, "cache_salt": "t"}  # no medium, no lora_name; a field not vLLM's
+    positional = ["BlockStored", [8], 7, [2] * 16, 16, None]  # cut after lora_id
+    no_size = ["BlockStored", [9], None, [3] * 16]  # cut before block_size: required
+    removed = {"type": "BlockRemoved", "block_hashes": [7]}  # no medium
+    payload = msgspec.msgpack.encode([1.0, [map_stored, positional, no_size, removed]])
+    decoded, unknown, refused, shape = wire.decode_batch(payload)
+    assert (unknown, refused, shape) == (0, 1, "array batch, positional events")
+    first, second, third = decoded.events
+    assert (first.block_hashes, first.medium, first.lora_name, first.block_size) == ([7], None, None, 16)
+    assert (second.block_hashes, second.parent_block_hash, second.medium) == ([8], 7, None)
+    assert third == wire.BlockRemoved(block_hashes=[7], medium=None)
