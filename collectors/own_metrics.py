@@ -31,6 +31,7 @@ from kvobs.semconv.metrics import (
     LABEL_COMPONENT,
     LABEL_ERROR_TYPE,
     LABEL_INSTANCE,
+    LABEL_MEDIUM,
     LABEL_METHOD,
     LABEL_REASON,
     LABEL_SHAPE,
@@ -105,6 +106,11 @@ class CollectorMetrics(PromCollector):
         for stream in c.streams:
             placeholders.add_metric([stream.spec.instance], stream.ingest.num_placeholders)
         yield placeholders
+        unknown = _counter(kvobs_metrics.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS, (LABEL_INSTANCE, LABEL_MEDIUM))
+        for stream in c.streams:
+            for medium, n in sorted(stream.ingest.unknown_tiers.items()):
+                unknown.add_metric([stream.spec.instance, medium], n)
+        yield unknown
         shapes = _counter(kvobs_metrics.COLLECTOR_KV_WIRE_BATCHES, (LABEL_INSTANCE, LABEL_SHAPE))
         spec = kvobs_metrics.COLLECTOR_KV_EVENT_LAG
         lag = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_INSTANCE])

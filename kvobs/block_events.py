@@ -2,7 +2,7 @@
 door (`kvobs.vllm.normalize` for vLLM's wire), so nothing after the decoder reads an engine's wire again.
 
     decoded = normalize.decode(payload)             # vLLM's msgpack -> Decoded(batch, unknown, refused, shape)
-    for event in decoded.batch.events:              # Stored | Removed | Cleared | Placeholder, in the engine's order
+    for event in decoded.batch.events:              # Stored | Removed | Cleared | Placeholder | UnknownTier, in order
         ...
 
 Normalized means: block hashes as the store keeps them (unsigned 64-bit ints), a tier by kvobs's one name for it
@@ -47,6 +47,14 @@ class Cleared(msgspec.Struct, gc=False):
     """Every cached block was dropped (a prefix-cache reset)."""
 
 
+class UnknownTier(msgspec.Struct, gc=False):
+    """Blocks stored to or removed from a tier kvobs does not know (`kvobs.semconv.attributes.MEDIUMS`): not read as
+    any tier's blocks (an unknown tier could be the device cache or a copy of it), counted and said."""
+
+    hashes: list[int]
+    medium: str  # as kvobs names it (`medium_name`: as sent, upper-cased)
+
+
 class Placeholder(msgspec.Struct, gc=False):
     """An offload tier's copy of blocks whose content the engine did not describe (vLLM's offloading connector
     without self-describing events: no tokens, no block size): hashes that reached the tier, no blocks of a cache."""
@@ -55,7 +63,7 @@ class Placeholder(msgspec.Struct, gc=False):
     medium: str | None
 
 
-Event = Stored | Removed | Cleared | Placeholder
+Event = Stored | Removed | Cleared | Placeholder | UnknownTier
 
 
 class Batch(msgspec.Struct, gc=False):

@@ -36,7 +36,7 @@ from collectors.kv.batch_rows import CLEARED, REMOVED, BatchRows
 from collectors.kv.chains import OWNERS, PARENT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
-from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored
+from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored, UnknownTier
 from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
 from kvobs.semconv.spans import SessionSource
@@ -96,6 +96,7 @@ class KVIngest:
         self.num_sessions_forgotten = 0
         self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
         self.num_placeholders = 0  # offload placeholders' hashes seen (`Placeholder`): not stored as blocks
+        self.unknown_tiers: Counter[str] = Counter()  # tier kvobs does not know -> its blocks seen (not read)
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
         # other (tier, group)s' chains: an offload tier's own stores and removals, a hybrid model's other groups'
@@ -137,6 +138,8 @@ class KVIngest:
                 cleared = self._cleared(rows, EvictionReason.RESET.value)
             elif isinstance(event, Placeholder):
                 self._placeholder(event)
+            elif isinstance(event, UnknownTier):
+                self._unknown_tier(event)
         self.num_ids_cut += batch.ids_cut
         removed = Counter(rows.losers)  # owner -> blocks it lost in this batch (None: owner unknown)
         losers = [owner for owner in removed if owner is not None]
@@ -257,6 +260,17 @@ class KVIngest:
                 event.medium,
             )
         self.num_placeholders += len(event.hashes)
+
+    def _unknown_tier(self, event: UnknownTier) -> None:
+        """Blocks of a tier kvobs does not know: not read as any tier's (fail closed); counted, said once a tier."""
+        if event.medium not in self.unknown_tiers:
+            log.warning(
+                "KV events of %s name a tier kvobs does not know, %r: its blocks are counted "
+                "(kvobs_collector_kv_unknown_tier_blocks_total), not read as any tier's",
+                self.instance,
+                event.medium,
+            )
+        self.unknown_tiers[event.medium] += len(event.hashes)
 
     def _removed(self, ts: float, event: Removed, rows: BatchRows) -> None:
         medium, tokens, group, reason = event.medium, self.block_size, event.group_idx, event.reason

@@ -99,6 +99,7 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     from kvobs.semconv.metrics import (
         LABEL_COMPONENT,
         LABEL_INSTANCE,
+        LABEL_MEDIUM,
         LABEL_REASON,
         LABEL_SHAPE,
         LABEL_TIE,
@@ -128,6 +129,11 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     lag, lost = by(kvobs_metrics.COLLECTOR_KV_EVENT_LAG), by(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST)
     silent = by(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT)
     placeholders = by(kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS)
+    unknown: dict[str, list[str]] = {}  # instance -> "N blocks of TIER" of tiers kvobs does not know
+    for sample in samples.get(kvobs_metrics.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS.name, []):
+        if sample.name.endswith("_total") and sample.value:
+            said = f"{int(sample.value):,} blocks of {sample.labels[LABEL_MEDIUM]!r}"
+            unknown.setdefault(sample.labels[LABEL_INSTANCE], []).append(said)
     leases_lost = by(kvobs_metrics.COLLECTOR_LEASES_LOST)
     apart: dict[str, int] = {}  # instance -> requests compared with no replica: their block hashes never meet
     for sample in samples.get(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE.name, []):
@@ -135,6 +141,7 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             apart[sample.labels[LABEL_INSTANCE]] = apart.get(sample.labels[LABEL_INSTANCE], 0) + int(sample.value)
     out = []
     named = set(shapes) | set(lag) | set(lost) | set(silent) | {i for i, n in leases_lost.items() if n} | set(apart)
+    named |= set(unknown)
     for instance in sorted(named):
         words, ok = [f"wire: {' and '.join(sorted(shapes.get(instance, []))) or 'no batch yet'}"], True
         if instance in lag:
@@ -163,6 +170,12 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             )
         if placeholders.get(instance):
             words.append(f"{int(placeholders[instance]):,} offload placeholders counted (not blocks of this cache)")
+        if unknown.get(instance):
+            ok = False
+            words.append(
+                f"tiers kvobs does not know, not read: {', '.join(unknown[instance])} (kvobs reads GPU, CPU, DISK, "
+                "STORAGE, SHARED_STORAGE and EXTERNAL under their engines' names; report the new one)"
+            )
         out.append((instance, ok, "; ".join(words)))
     tied = by(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE)
     if any(tied.values()):  # blocks named no session: tied to their requests' sessions by inference

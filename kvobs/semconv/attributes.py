@@ -98,6 +98,8 @@ MEDIUMS = {
     "cpu_pinned": "CPU",  # SGLang's host tier (pinned host memory)
     "disk": "DISK",
     "storage": "STORAGE",
+    "fs": "STORAGE",  # vLLM 0.26's storage backends, merged into STORAGE from 0.27
+    "obj": "STORAGE",
     "shared_storage": "SHARED_STORAGE",
     "external": "EXTERNAL",  # SGLang's shared or remote pool (Mooncake, ...)
 }
@@ -106,5 +108,10 @@ MEDIUMS = {
 @lru_cache(maxsize=256)  # an engine names a few tiers, once per block event: the name is looked up, not rebuilt
 def medium_name(medium: str | None) -> str | None:
     """The one name kvobs keeps for a tier an engine named `medium` (`Disk`, `cpu` -> `DISK`, `CPU`); a tier it
-    does not know, as sent (upper-cased), so a new tier shows up rather than vanish into another."""
+    does not know, as sent (upper-cased): its events are not read as any tier's (`is_known_medium`), and say so."""
     return None if medium is None else MEDIUMS.get(medium.strip().lower(), medium.strip().upper())
+
+
+def is_known_medium(medium: str | None) -> bool:
+    """Whether kvobs knows the tier (`MEDIUMS`; none: the engine's device cache)."""
+    return medium is None or medium.strip().lower() in MEDIUMS

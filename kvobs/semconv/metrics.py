@@ -26,6 +26,7 @@ PROMPT_SOURCE_COMPUTED, PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL = (
     "local_cache_hit",
     "external_kv_transfer",
 )
+LABEL_MEDIUM = "medium"  # a KV tier, as kvobs names it (`kvobs.semconv.attributes.medium_name`)
 LABEL_SHAPE = "shape"  # a KV-event batch's wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
 LABEL_STATUS = "status"
 LABEL_ERROR_TYPE = "error_type"
@@ -332,6 +333,13 @@ kvobs_metrics = SimpleNamespace(
         "blocks",
         "Block hashes in offload placeholders (BlockStored without tokens or block size: a copy reached "
         "another tier) a replica published; counted, not stored as blocks of its cache.",
+    ),
+    COLLECTOR_KV_UNKNOWN_TIER_BLOCKS=_spec(
+        "kvobs_collector_kv_unknown_tier_blocks",
+        "counter",
+        "blocks",
+        "Block hashes stored to or removed from a tier kvobs does not know (by replica and tier, as the replica "
+        "named it): not read as any tier's blocks.",
     ),
     COLLECTOR_KV_WIRE_BATCHES=_spec(
         "kvobs_collector_kv_wire_batches",

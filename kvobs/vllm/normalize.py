@@ -5,20 +5,21 @@
 
 What it decides, so no reader after it does: hashes as unsigned 64-bit ints (`kv_events.as_uint64`), the tier's one
 name (`medium_name`), ids and names cut to a column (`clip_id`), each block's extra keys as JSON, an offloading
-connector's placeholder (no tokens, block size 0) told apart, and `BlockRemoved.reason` kept only where it is one of
-kvobs's engine's reasons (vLLM sends none). Consecutive removals that name the same tier, group and reason become
-one `Removed`.
+connector's placeholder (no tokens, block size 0) told apart, a tier kvobs does not know failing closed
+(`UnknownTier`), and `BlockRemoved.reason` kept only where it is one of kvobs's engine's reasons (vLLM sends none).
+Consecutive removals that name the same tier, group and reason become one `Removed`.
 """
 
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 
 import msgspec
 
-from kvobs.block_events import Batch, Cleared, Decoded, Event, Placeholder, Removed, Stored
+from kvobs.block_events import Batch, Cleared, Decoded, Event, Placeholder, Removed, Stored, UnknownTier
 from kvobs.identifiers import clip_id
-from kvobs.semconv.attributes import medium_name
+from kvobs.semconv.attributes import is_known_medium, medium_name
 from kvobs.semconv.limits import MAX_ID_BYTES
 from kvobs.semconv.reasons import EvictionReason, InvalidationReason
 from kvobs.vllm import kv_events as wire
@@ -57,16 +58,25 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
             if merging is not None and sent == (event.medium, event.group_idx, event.reason):
                 merging.hashes += hashes
                 continue
+            tier, known = _tier(event.medium)
+            if not known:
+                merging = None
+                events.append(UnknownTier(hashes, tier or ""))  # (an unknown tier has a name)
+                continue
             reason = event.reason if event.reason in REMOVAL_REASONS else None
-            merging = Removed(hashes, medium_name(event.medium), event.group_idx, reason)
+            merging = Removed(hashes, tier, event.group_idx, reason)
             events.append(merging)
             sent = (event.medium, event.group_idx, event.reason)
             continue
         merging = None
         if isinstance(event, wire.BlockStored):
             session, parent, lora = event.session_id, event.parent_block_hash, event.lora_name
+            tier, known = _tier(event.medium)
+            if not known:
+                events.append(UnknownTier(as_uint64_list(event.block_hashes), tier or ""))
+                continue
             if event.block_size == 0 and not event.token_ids:  # `is_placeholder`, inline: once a store
-                events.append(Placeholder(as_uint64_list(event.block_hashes), medium_name(event.medium)))
+                events.append(Placeholder(as_uint64_list(event.block_hashes), tier))
                 continue
             if session is not None and len(session) * 4 > MAX_ID_BYTES:  # (`clip_id`'s own test, without a call)
                 clipped = clip_id(session)
@@ -77,7 +87,7 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
                     as_uint64_list(event.block_hashes),
                     parent if parent is None or (type(parent) is int and parent >= 0) else as_uint64(parent),
                     event.block_size,
-                    medium_name(event.medium),
+                    tier,
                     event.group_idx,
                     session,
                     None if event.kv_cache_spec_kind is None else clip_id(event.kv_cache_spec_kind),
@@ -88,6 +98,13 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
         elif isinstance(event, wire.AllBlocksCleared):
             events.append(CLEARED)
     return Batch(batch.ts, events, batch.data_parallel_rank, ids_cut)
+
+
+@lru_cache(maxsize=256)  # an engine names a few tiers, once an event
+def _tier(medium: str | None) -> tuple[str | None, bool]:
+    """The tier's name (`medium_name`) and whether kvobs knows it (`is_known_medium`): an unknown one's events fail
+    closed, as `UnknownTier`."""
+    return medium_name(medium), is_known_medium(medium)
 
 
 def is_placeholder(event: wire.BlockStored) -> bool:

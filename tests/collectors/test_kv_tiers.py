@@ -1,4 +1,5 @@
-"""Tiers and groups in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`);
+"""Tiers and groups in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`),
+and a tier kvobs does not know fails closed (not read as any tier's blocks; counted, and named by `kvobs doctor`);
 an offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted, not
 stored as blocks of the replica's cache; a hybrid model's KV-cache groups each keep their own chains, and what vLLM
 says of a block beyond its hash (group, its kind, LoRA adapter, extra keys, and our engine's removal reason) is stored
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 
 from collectors.kv.ingest import KVIngest
-from kvobs.semconv.attributes import MEDIUM_GPU, medium_name
+from kvobs.semconv.attributes import MEDIUM_GPU, is_known_medium, medium_name
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
 from kvobs.vllm.normalize import decode, normalize
@@ -26,12 +27,49 @@ from kvobs.vllm.normalize import decode, normalize
         ("Disk", "DISK"),
         ("STORAGE", "STORAGE"),
         ("SHARED_STORAGE", "SHARED_STORAGE"),
-        ("hbm3", "HBM3"),
+        ("CPU_PINNED", "CPU"),  # SGLang's
+        ("EXTERNAL", "EXTERNAL"),
+        ("FS", "STORAGE"),  # vLLM 0.26's
+        ("OBJ", "STORAGE"),
+        ("hbm3", "HBM3"),  # not known: named, not read
         (None, None),
     ],
 )
 def test_each_tier_has_one_name(sent, kept):
-    assert medium_name(sent) == kept
+    assert medium_name(sent) == kept and is_known_medium(sent) == (sent != "hbm3")
+
+
+def test_a_tier_kvobs_does_not_know_fails_closed_counted_and_named_by_doctor(tmp_path, caplog):
+    from prometheus_client import generate_latest
+
+    from collectors.collector import Collector, CollectorOptions
+    from kvobs.commands.doctor import exposition_checks
+
+    store = open_store(f"sqlite:///{tmp_path / 'tiers.db'}")
+    collector = Collector(CollectorOptions(kv_events=["vllm-a=tcp://127.0.0.1:1"], interval_s=3600), store=store)
+    ingest = collector.streams[0].ingest
+    events = [
+        wire.BlockStored([1, 2], None, [5] * 32, 16, None, "GPU", None, session_id="s1"),
+        wire.BlockStored([1, 2], None, [5] * 32, 16, None, "HBM3", None, session_id="s1"),  # a tier not known
+        wire.BlockRemoved([1], "HBM3"),
+        wire.BlockRemoved([2], "hbm3"),
+    ]
+    with caplog.at_level("WARNING", logger="collectors.kv.ingest"):
+        ingest.on_batch(0, normalize(wire.KVEventBatch(1.8e9, events, 0)))
+    assert ingest.unknown_tiers == {"HBM3": 4}
+    assert ingest.chains.footprint("s1").resident == 2 and ingest.chains.footprint("s1").removed == 0  # untouched
+    assert [r.getMessage() for r in caplog.records].count(
+        "KV events of vllm-a name a tier kvobs does not know, 'HBM3': its blocks are counted "
+        "(kvobs_collector_kv_unknown_tier_blocks_total), not read as any tier's"
+    ) == 1
+    text = generate_latest(collector.registry).decode()
+    collector.stop()
+    assert 'kvobs_collector_kv_unknown_tier_blocks_total{instance="vllm-a",medium="HBM3"} 4.0' in text
+    (check,) = [c for c in exposition_checks(text) if c[0] == "vllm-a"]
+    assert check[1] is False and "tiers kvobs does not know, not read: 4 blocks of 'HBM3'" in check[2]
+    rows = store.reads.kv_events()
+    assert set(rows["medium"]) == {MEDIUM_GPU} and len(rows) == 2
+    store.close()
 
 
 def test_placeholders_are_counted_and_tiers_stored_by_their_one_name(tmp_path):
