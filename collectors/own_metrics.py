@@ -106,6 +106,13 @@ class CollectorMetrics(PromCollector):
         for stream in c.streams:
             placeholders.add_metric([stream.spec.instance], stream.ingest.num_placeholders)
         yield placeholders
+        repeated = _counter(kvobs_metrics.COLLECTOR_KV_REPEATED_STORES, (LABEL_INSTANCE,))
+        unknown_removals = _counter(kvobs_metrics.COLLECTOR_KV_UNKNOWN_REMOVALS, (LABEL_INSTANCE,))
+        for stream in c.streams:
+            repeated.add_metric([stream.spec.instance], stream.ingest.num_repeated_stores)
+            unknown_removals.add_metric([stream.spec.instance], stream.ingest.num_unknown_removals)
+        yield repeated
+        yield unknown_removals
         unknown = _counter(kvobs_metrics.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS, (LABEL_INSTANCE, LABEL_MEDIUM))
         for stream in c.streams:
             for medium, n in sorted(stream.ingest.unknown_tiers.items()):

@@ -27,22 +27,25 @@ class BatchRows:
     def __len__(self) -> int:
         return len(self.columns["kind"])
 
-    def stored(self, event: Stored) -> None:
-        """A row per block of a store, in chain order."""
+    def stored(self, event: Stored, firsts: list[int] | None = None) -> None:
+        """A row per block of a store, in chain order; `firsts`: each row's `first_owner` (0: a block announced again,
+        counted once), none: all 1."""
         c, n, hashes = self.columns, len(event.hashes), event.hashes
+        none = [None] * n  # (one list for every column that is none: most of them, most of the time)
+        kind, lora = event.kv_cache_spec_kind, event.lora_name
         c["kind"].extend([STORED] * n)
         c["block_hash"].extend(hashes)
         c["parent_hash"].extend([event.parent, *hashes[:-1]])
         c["session_id"].extend([event.session_id] * n)
         c["medium"].extend([event.medium] * n)
-        c["first_owner"].extend([1] * n)
+        c["first_owner"].extend([1] * n if firsts is None else firsts)
         c["num_tokens"].extend([event.block_size] * n)
-        c["reason"].extend([None] * n)
-        c["num_blocks"].extend([None] * n)
+        c["reason"].extend(none)
+        c["num_blocks"].extend(none)
         c["group_idx"].extend([event.group_idx] * n)
-        c["kv_cache_spec_kind"].extend([event.kv_cache_spec_kind] * n)
-        c["lora_name"].extend([event.lora_name] * n)
-        c["extra_keys"].extend([None] * n if event.extra_keys is None else event.extra_keys)
+        c["kv_cache_spec_kind"].extend(none if kind is None else [kind] * n)
+        c["lora_name"].extend(none if lora is None else [lora] * n)
+        c["extra_keys"].extend(none if event.extra_keys is None else event.extra_keys)
 
     def removed(
         self,

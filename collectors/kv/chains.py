@@ -39,21 +39,33 @@ class ChainTracker:
         self.max_blocks = max_blocks
         self.blocks: OrderedDict[int | bytes, Block] = OrderedDict()
         self.footprints: dict[str | None, Footprint] = {}
-        self.num_unknown_removed = 0
+        self.num_unknown_removed = 0  # removals of blocks not resident (stored before we subscribed, or twice)
+        self.num_repeated = 0  # stores of blocks already resident (an announcement again)
 
-    def stored(self, hashes: list, parent, session: str | None) -> None:
-        blocks, owner, new = self.blocks, (session,), 0
-        for block_hash in hashes:
-            block = blocks.get(block_hash)
-            if block is None:
+    def stored(self, hashes: list, parent, session: str | None) -> list[int] | None:
+        """Track the blocks; returns None when every one was new to the tier, else a flag a block (1: new, 0: already
+        resident: announced again, as an offload tier may, and counted once)."""
+        blocks, owner, firsts = self.blocks, (session,), None
+        if blocks.keys().isdisjoint(hashes):  # every block new (the common case): no flag to keep
+            for block_hash in hashes:
                 blocks[block_hash] = (parent, owner)
-            elif session not in block[OWNERS]:
-                blocks[block_hash] = (block[PARENT], (*block[OWNERS], session))
-            else:
                 parent = block_hash
-                continue
-            new += 1
-            parent = block_hash
+            new = len(hashes)
+        else:
+            firsts, new = [], 0
+            for block_hash in hashes:
+                block = blocks.get(block_hash)
+                firsts.append(1 if block is None else 0)
+                if block is None:
+                    blocks[block_hash] = (parent, owner)
+                else:
+                    self.num_repeated += 1
+                    if session in block[OWNERS]:
+                        parent = block_hash
+                        continue
+                    blocks[block_hash] = (block[PARENT], (*block[OWNERS], session))
+                new += 1
+                parent = block_hash
         footprint = self.footprints.get(session) or self.footprint(session)  # (the call only for a new session)
         footprint.resident += new
         footprint.stored += new
@@ -61,6 +73,7 @@ class ChainTracker:
             _, forgotten = self.blocks.popitem(last=False)
             for owner in forgotten[OWNERS]:
                 self.footprint(owner).resident -= 1
+        return firsts
 
     def removed(self, block_hash, lost: bool = True) -> Block | None:
         """The removed block's `(parent, owners)`; None when it was stored before we subscribed. `lost` False: its

@@ -97,6 +97,7 @@ class KVIngest:
         self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
         self.num_placeholders = 0  # offload placeholders' hashes seen (`Placeholder`): not stored as blocks
         self.unknown_tiers: Counter[str] = Counter()  # tier kvobs does not know -> its blocks seen (not read)
+        self._past_counts = [0, 0]  # repeated stores and unknown removals of tiers a clear dropped
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
         # other (tier, group)s' chains: an offload tier's own stores and removals, a hybrid model's other groups'
@@ -130,15 +131,15 @@ class KVIngest:
         touched: set[str] = set()  # sessions with an event in this batch
         self._latest_ts = max(self._latest_ts, ts)
         for event in batch.events:
-            if isinstance(event, Removed):
+            if type(event) is Removed:
                 self._removed(ts, event, rows)
-            elif isinstance(event, Stored):
+            elif type(event) is Stored:
                 self._stored(ts, event, rows, touched)
-            elif isinstance(event, Cleared):
+            elif type(event) is Cleared:
                 cleared = self._cleared(rows, EvictionReason.RESET.value)
-            elif isinstance(event, Placeholder):
+            elif type(event) is Placeholder:
                 self._placeholder(event)
-            elif isinstance(event, UnknownTier):
+            elif type(event) is UnknownTier:
                 self._unknown_tier(event)
         self.num_ids_cut += batch.ids_cut
         removed = Counter(rows.losers)  # owner -> blocks it lost in this batch (None: owner unknown)
@@ -158,6 +159,17 @@ class KVIngest:
         rows = BatchRows()
         self._cleared(rows, RESTART)
         self._flush(self.clock(), rows)
+
+    @property
+    def num_repeated_stores(self) -> int:
+        """Stores of blocks already resident in their tier (an announcement again: their rows count no block)."""
+        return self._past_counts[0] + sum(t.num_repeated for t in (self.chains, *self.tiers.values()))
+
+    @property
+    def num_unknown_removals(self) -> int:
+        """Removals of blocks not resident in their tier (stored before the collector subscribed, or removed twice):
+        stored as they came, with no session."""
+        return self._past_counts[1] + sum(t.num_unknown_removed for t in (self.chains, *self.tiers.values()))
 
     @property
     def latest_ts(self) -> float:
@@ -245,10 +257,10 @@ class KVIngest:
         if self.primary is None:
             self.primary = (medium, group or 0)
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
-        chains.stored(hashes, parent, session)
+        firsts = chains.stored(hashes, parent, session)  # (a block announced again: its row counts no block)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
-        rows.stored(event)
+        rows.stored(event, firsts)
 
     def _placeholder(self, event: Placeholder) -> None:
         """Hashes that reached an offload tier, no content: no block of this cache; counted."""
@@ -320,6 +332,9 @@ class KVIngest:
     def _cleared(self, rows: BatchRows, reason: str) -> dict[str | None, int]:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
+        for tier in self.tiers.values():  # (their counters outlive them)
+            self._past_counts[0] += tier.num_repeated
+            self._past_counts[1] += tier.num_unknown_removed
         self.tiers, self._routes = {}, {}  # every tier's blocks went with it
         self._changed.update(s for s in lost if s is not None)
         rows.add(CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)

@@ -334,6 +334,20 @@ kvobs_metrics = SimpleNamespace(
         "Block hashes in offload placeholders (BlockStored without tokens or block size: a copy reached "
         "another tier) a replica published; counted, not stored as blocks of its cache.",
     ),
+    COLLECTOR_KV_REPEATED_STORES=_spec(
+        "kvobs_collector_kv_repeated_stores",
+        "counter",
+        "blocks",
+        "Stored blocks a replica announced again while they were resident in that tier (an offload tier may): "
+        "stored with first_owner 0, so each block counts once.",
+    ),
+    COLLECTOR_KV_UNKNOWN_REMOVALS=_spec(
+        "kvobs_collector_kv_unknown_removals",
+        "counter",
+        "blocks",
+        "Removed blocks the collector had not seen stored in that tier (stored before it subscribed, or removed "
+        "twice): stored with no session, no one's loss.",
+    ),
     COLLECTOR_KV_UNKNOWN_TIER_BLOCKS=_spec(
         "kvobs_collector_kv_unknown_tier_blocks",
         "counter",

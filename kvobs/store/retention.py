@@ -1,5 +1,5 @@
 """Retention: raw KV events older than N days are dropped (`--retention-days` of `kvobs serve` and `kvobs collect`),
-and the progress marks of replicas and verdict keepers not heard of for as long (`schema.PROGRESS_TABLES`).
+and the progress marks of replicas and verdict keepers not heard of for as long (`rows.PROGRESS_TABLES`).
 
     retention = Retention(store, days=7)      # a thread: at start, then every hour
     retention.start(); ...; retention.stop()

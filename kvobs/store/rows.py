@@ -332,3 +332,6 @@ RECORDS: dict[str, type[Record]] = {
         RunRecord,
     )
 }
+
+# the progress marks: one row a replica (`lookup_progress`) or a collector process's verdict keeper, pruned by retention
+PROGRESS_TABLES = (LookupProgressRecord.table, VerdictProgressRecord.table)

@@ -222,9 +222,6 @@ class LookupProgressRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
-PROGRESS_TABLES = ("lookup_progress", "verdict_progress")  # one row a replica or keeper: pruned by retention
-
-
 class VerdictProgressRow(Base):
     """Each verdict keeper's latest run (`kvobs.store.rows.VerdictProgressRecord`)."""
 

@@ -49,7 +49,7 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
     sent: tuple = ()  # the merged removal's tier, group and reason as sent
     ids_cut = 0
     for event in batch.events:
-        if isinstance(event, wire.BlockRemoved):
+        if type(event) is wire.BlockRemoved:
             given = event.block_hashes
             if len(given) == 1 and type(given[0]) is int and given[0] >= 0:  # vLLM's: one unsigned int, kept
                 hashes: list[int] = given  # type: ignore[assignment]
@@ -69,7 +69,7 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
             sent = (event.medium, event.group_idx, event.reason)
             continue
         merging = None
-        if isinstance(event, wire.BlockStored):
+        if type(event) is wire.BlockStored:
             session, parent, lora = event.session_id, event.parent_block_hash, event.lora_name
             tier, known = _tier(event.medium)
             if not known:
@@ -95,7 +95,7 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
                     None if event.extra_keys is None else extra_keys_json(event),
                 )
             )
-        elif isinstance(event, wire.AllBlocksCleared):
+        elif type(event) is wire.AllBlocksCleared:
             events.append(CLEARED)
     return Batch(batch.ts, events, batch.data_parallel_rank, ids_cut)
 

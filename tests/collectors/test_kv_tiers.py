@@ -192,3 +192,38 @@ def test_a_removals_reason_from_our_engine_is_kept_and_any_other_value_is_not(tm
     writer.close()
     removed = store.reads.kv_events(kinds=["removed"])
     assert [None if pd.isna(r) else r for r in removed["reason"]] == ["session_release", None, None]
+
+
+def test_a_block_announced_again_counts_once_and_removals_of_unknown_blocks_are_counted(tmp_path):
+    """vLLM's offloading says it: consumers must count a block announced again once, and ignore a removal of a hash
+    they never saw stored. The rows keep what was sent; `first_owner` 0 on the repeat makes the block counts (the
+    minute rollup's and the raw rows') count it once; both are counted on the collector's /metrics."""
+    from prometheus_client import generate_latest
+
+    from collectors.collector import Collector, CollectorOptions
+
+    store = open_store(f"sqlite:///{tmp_path / 'tiers.db'}")
+    collector = Collector(CollectorOptions(kv_events=["vllm-a=tcp://127.0.0.1:1"], interval_s=3600), store=store)
+    ingest = collector.streams[0].ingest
+    first = [
+        wire.BlockStored([1, 2], None, [5] * 32, 16, None, "GPU", None, session_id="s1"),
+        wire.BlockStored([1, 2], None, [5] * 32, 16, None, "CPU", None, session_id="s1"),
+    ]
+    again = [
+        wire.BlockStored([2, 3], 1, [6] * 32, 16, None, "CPU", None, session_id="s1"),  # 2 again, 3 new
+        wire.BlockRemoved([99], "GPU"),  # never stored here
+    ]
+    ingest.on_batch(0, normalize(wire.KVEventBatch(1.8e9, first, 0)))
+    ingest.on_batch(1, normalize(wire.KVEventBatch(1.8e9 + 1, again, 0)))
+    assert (ingest.num_repeated_stores, ingest.num_unknown_removals) == (1, 1)
+    assert ingest.chains.footprint("s1").resident == 2  # the device tier's two blocks; the CPU tier's are apart
+    text = generate_latest(collector.registry).decode()
+    collector.stop()
+    assert 'kvobs_collector_kv_repeated_stores_total{instance="vllm-a"} 1.0' in text
+    assert 'kvobs_collector_kv_unknown_removals_total{instance="vllm-a"} 1.0' in text
+    rows = store.reads.kv_events()
+    cpu = rows[(rows["kind"] == "stored") & (rows["medium"] == "CPU")]
+    assert list(zip(cpu["block_hash"], cpu["first_owner"])) == [(1, 1), (2, 1), (2, 0), (3, 1)]
+    counts = store.reads.kv_event_counts(bucket_s=60.0)
+    assert int(counts.loc[counts["kind"] == "stored", "blocks"].sum()) == 5  # 2 GPU + 3 distinct CPU blocks
+    store.close()

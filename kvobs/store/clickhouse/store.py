@@ -41,8 +41,8 @@ from kvobs.store.db import missing_store
 from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS, BatchRollups
-from kvobs.store.rows import KVEventColumns, KVEventRecord, SessionRecord
-from kvobs.store.schema import DAY_S, PROGRESS_TABLES
+from kvobs.store.rows import PROGRESS_TABLES, KVEventColumns, KVEventRecord, SessionRecord
+from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ class ClickHouseStore:
         return dropped
 
     def expire_progress(self, before_ts: float) -> int:
-        """Delete the progress marks (`schema.PROGRESS_TABLES`) last updated before `before_ts` (a lightweight delete:
+        """Delete the progress marks (`rows.PROGRESS_TABLES`) last updated before `before_ts` (a lightweight delete:
         a table of a row per replica or keeper); rows deleted."""
         dropped = 0
         for table in PROGRESS_TABLES:

@@ -77,7 +77,7 @@ class SqlStore:
                 return total
 
     def expire_progress(self, before_ts: float) -> int:
-        """Delete the progress marks (`schema.PROGRESS_TABLES`) last updated before `before_ts`; rows deleted."""
+        """Delete the progress marks (`rows.PROGRESS_TABLES`) last updated before `before_ts`; rows deleted."""
         with self.engine.begin() as conn:
             return sum(
                 conn.execute(delete(row).where(row.updated_at < before_ts)).rowcount
