@@ -77,8 +77,8 @@ class RoutingMeter:
         self.compared_tokens: Counter[str] = Counter()
         self.compared_requests: Counter[str] = Counter()
         self.num_measured = 0  # request lookups written, ever
-        self.num_runs = 0
         self.resumed_from: float | None = None  # where a restarted meter took over from its predecessor's mark
+        self._resuming = False  # until its first run: the hour before that mark warms the index
         self.num_late = 0  # requests written after their lookup was passed
         self._counted: dict[str, float] = {}  # recent request ids already measured (or told late) -> arrival
         self._ends: dict[str, tuple[float, float]] = {}  # session -> (arrival, end) of its latest request passed
@@ -102,11 +102,10 @@ class RoutingMeter:
             return 0
         if self.done is None:
             start = cutoff - RESIDENCY_LOOKBACK_S
-        elif self.num_runs == 0:  # resumed: the hour before the predecessor's mark warms the index, as a start's
+        elif self._resuming:  # the hour before the predecessor's mark warms the index, as a start's
             start = self.done - RESIDENCY_LOOKBACK_S
         else:
             start = float(np.nextafter(self.done, np.inf))
-        self.num_runs += 1
         events = self.store.reads.kv_events(start, written, kinds=ROUTING_KINDS)
         read = self.store.reads.requests(start - self.request_s, written)
         if not read.empty:  # vLLM's request spans carry no session: their steps' do
@@ -119,7 +118,7 @@ class RoutingMeter:
             if first:
                 mine &= False  # the first run warms the index only
             else:
-                if not (self.num_runs == 1 and self.resumed_from is not None):  # (a resumed run reads back an hour)
+                if not self._resuming:  # (a resumed run reads back an hour: nothing in it came late)
                     self._count_late(read[mine & (looked_up <= self.done)])
                 mine &= looked_up > self.done
             requests = read[mine]
@@ -132,7 +131,7 @@ class RoutingMeter:
         self._tell(self.check)
         pauses = pause_starts(read, self._ends) if not requests.empty else {}
         lookups = request_lookups(requests, events, self.check, self.index, apply_until=cutoff, pause_from=pauses)
-        self.done = cutoff
+        self.done, self._resuming = cutoff, False
         self._remember(passed, cutoff)
         self.index.forget_losses(cutoff - RESIDENCY_LOOKBACK_S)
         self._counted.update(zip(requests["request_id"], requests["arrival_ts"]))
@@ -179,7 +178,7 @@ class RoutingMeter:
             local_time(resumed),
             cutoff - resumed,
         )
-        self.resumed_from = resumed
+        self.resumed_from, self._resuming = resumed, True
         return resumed
 
     def _remember(self, passed: pd.DataFrame, cutoff: float) -> None:

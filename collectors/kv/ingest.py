@@ -97,7 +97,7 @@ class KVIngest:
         self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
         self.num_placeholders = 0  # offload placeholders' hashes seen (`Placeholder`): not stored as blocks
         self.unknown_tiers: Counter[str] = Counter()  # tier kvobs does not know -> its blocks seen (not read)
-        self._past_counts = [0, 0]  # repeated stores and unknown removals of tiers a clear dropped
+        self._dropped_repeated = self._dropped_unknown = 0  # those counts of tiers a clear dropped
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
         # other (tier, group)s' chains: an offload tier's own stores and removals, a hybrid model's other groups'
@@ -163,13 +163,13 @@ class KVIngest:
     @property
     def num_repeated_stores(self) -> int:
         """Stores of blocks already resident in their tier (an announcement again: their rows count no block)."""
-        return self._past_counts[0] + sum(t.num_repeated for t in (self.chains, *self.tiers.values()))
+        return self._dropped_repeated + sum(t.num_repeated for t in (self.chains, *self.tiers.values()))
 
     @property
     def num_unknown_removals(self) -> int:
         """Removals of blocks not resident in their tier (stored before the collector subscribed, or removed twice):
         stored as they came, with no session."""
-        return self._past_counts[1] + sum(t.num_unknown_removed for t in (self.chains, *self.tiers.values()))
+        return self._dropped_unknown + sum(t.num_unknown_removed for t in (self.chains, *self.tiers.values()))
 
     @property
     def latest_ts(self) -> float:
@@ -333,8 +333,8 @@ class KVIngest:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
         for tier in self.tiers.values():  # (their counters outlive them)
-            self._past_counts[0] += tier.num_repeated
-            self._past_counts[1] += tier.num_unknown_removed
+            self._dropped_repeated += tier.num_repeated
+            self._dropped_unknown += tier.num_unknown_removed
         self.tiers, self._routes = {}, {}  # every tier's blocks went with it
         self._changed.update(s for s in lost if s is not None)
         rows.add(CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)

@@ -75,7 +75,7 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
             if not known:
                 events.append(UnknownTier(as_uint64_list(event.block_hashes), tier or ""))
                 continue
-            if event.block_size == 0 and not event.token_ids:  # `is_placeholder`, inline: once a store
+            if event.block_size == 0 and not event.token_ids:  # an offloading connector's placeholder (legacy payload)
                 events.append(Placeholder(as_uint64_list(event.block_hashes), tier))
                 continue
             if session is not None and len(session) * 4 > MAX_ID_BYTES:  # (`clip_id`'s own test, without a call)
@@ -105,12 +105,6 @@ def _tier(medium: str | None) -> tuple[str | None, bool]:
     """The tier's name (`medium_name`) and whether kvobs knows it (`is_known_medium`): an unknown one's events fail
     closed, as `UnknownTier`."""
     return medium_name(medium), is_known_medium(medium)
-
-
-def is_placeholder(event: wire.BlockStored) -> bool:
-    """An offloading connector's placeholder: hashes that reached another tier, with no tokens and no block size
-    (vLLM's legacy offload payload); not blocks of the cache the model attends from."""
-    return event.block_size == 0 and not event.token_ids
 
 
 def extra_keys_json(event: wire.BlockStored) -> list[str | None] | None:

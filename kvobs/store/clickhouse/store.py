@@ -215,9 +215,8 @@ class ClickHouseStore:
     def expire_progress(self, before_ts: float) -> int:
         """Delete the progress marks (`rows.PROGRESS_TABLES`) last updated before `before_ts` (a lightweight delete:
         a table of a row per replica or keeper); rows deleted."""
-        dropped = 0
+        dropped, old = 0, {"ts": before_ts}
         for table in PROGRESS_TABLES:
-            old = {"ts": before_ts}
             dropped += int(
                 self.frame(f"SELECT count() AS n FROM {table} WHERE updated_at < {{ts:Float64}}", old)["n"][0]
             )
