@@ -271,8 +271,8 @@ def _step_page(store, since, until, session, step) -> tuple:
     detail = data.session_detail(store, session)
     return (
         data.sessions_with_steps(store, since, until),
-        data.steps_by_cache_cost(detail["steps"]),
-        step_story(store, session, step, read=detail["read"]),
+        data.steps_by_cache_cost(detail.steps),
+        step_story(store, session, step, read=detail.read),
     )
 
 

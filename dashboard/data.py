@@ -7,11 +7,13 @@ sessions are the fleet's (a session's requests may go to any instance).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from dashboard.series import activity, fill_windows, unwatched
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
+from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
 from kvobs.analytics.footprints import footprint_timeline, session_table
 from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate_of_sums, hit_rate_windows
@@ -32,8 +34,8 @@ from kvobs.analytics.shortfall import (
     shortfall_of_sums,
     store_lookups,
 )
-from kvobs.analytics.step_causes import range_verdicts
 from kvobs.analytics.step_story import SessionRead
+from kvobs.analytics.verdicts import with_decided
 from kvobs.analytics.windows import RangeSums, arrivals, lookup_range_sums, range_sums, sketch_quantile
 from kvobs.semconv.reasons import RELEASE_REASONS
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
@@ -359,7 +361,19 @@ def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
     return [int(i) for i in ranked["step_index"]]
 
 
-def session_detail(store: Store, session_id: str) -> dict:
+@dataclass(frozen=True)
+class SessionDetail:
+    """A session's page: its `footprint` timeline, its attributed `steps` (`attribute_steps`' columns and `verdict`:
+    `decided` where a collector decided the step once the session settled, whose stored verdict the row shows, else
+    `worked out`: as the page opened), the `requests` read, and the reads a step story shares (`read`)."""
+
+    footprint: pd.DataFrame
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    read: SessionRead | None
+
+
+def session_detail(store: Store, session_id: str) -> SessionDetail:
     steps = store.reads.steps(session_id=session_id)
     events = store.reads.kv_events(kinds=ATTRIBUTION_KINDS, session_id=session_id)
     rates = None
@@ -379,12 +393,13 @@ def session_detail(store: Store, session_id: str) -> dict:
         mine = with_sessions(reqs, steps)
         routing = request_routing(store, mine[mine["session_id"] == session_id], steps, first, last)  # a fleet's
         attributed = attribute_steps(steps, reqs, events, rates=rates, routing=routing)
-    return {
-        "footprint": footprint_timeline(snaps) if not snaps.empty else snaps,
-        "steps": attributed,
-        "requests": reqs,
-        "read": SessionRead(steps, reqs, attributed) if not steps.empty else None,  # a step story's, shared
-    }
+        attributed = with_decided(attributed, store.reads.step_verdicts(session_id=session_id))
+    return SessionDetail(
+        footprint=footprint_timeline(snaps) if not snaps.empty else snaps,
+        steps=attributed,
+        requests=reqs,
+        read=SessionRead(steps, reqs, attributed) if not steps.empty else None,  # a step story's, shared
+    )
 
 
 def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
@@ -401,50 +416,6 @@ def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
     if lookups is None:
         lookups, _ = store_lookups(store, mine, steps, first, last)
     return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
-
-
-def failures(store: Store, since: float, until: float, *, now: float | None = None) -> dict:
-    """Failed steps in the window by failure cause (model errors as model errors; KV causes for timeouts only), each
-    with the evidence of its latest step (`table`: `example`, `evidence`, `story`: the URL of that step's timeline);
-    `failed` steps, of which `decided` by the writer once their session settled, `pending` (timeouts of sessions still
-    running, which a running collector decides once they settle), and the others attributed now."""
-    verdicts = range_verdicts(store, since, until, now=now)  # now: whether a keeper runs (the wall clock's)
-    summary = failure_summary(verdicts)
-    found = {
-        "failed": len(verdicts),
-        "decided": int(verdicts["decided"].sum()) if len(verdicts) else 0,
-        "pending": int(verdicts["pending"].sum()) if len(verdicts) else 0,
-    }
-    if summary.empty:
-        return {"table": summary, **found}
-    latest = verdicts.sort_values("started_at").groupby(["failure_kind", "failure_cause"]).tail(1)
-    latest = latest.set_index(["failure_kind", "failure_cause"])
-    rows = []
-    for row in summary.itertuples(index=False):
-        step = latest.loc[(row.failure_kind, row.failure_cause)]
-        rows.append(
-            {
-                "example": f"{step['session_id']} step {int(step['step_index'])}",
-                "evidence": step["evidence"] or FAILURE_WORDS[row.failure_kind].format(error=step["error_type"]),
-                "story": story_url(step["session_id"], int(step["step_index"])),
-            }
-        )
-    return {"table": pd.concat([summary, pd.DataFrame(rows)], axis=1), **found}
-
-
-FAILURE_WORDS = {
-    "model": "the model answered, but not as the agent needs ({error}): the KV cache does not cause this",
-    "request": "the request failed ({error}) before the cache had a part in it",
-    "timeout": "it timed out, and no request of it is in the store to split its time",
-    **dict.fromkeys(("cache", "queue", "engine", "tool", "outside"), "{error}"),
-}
-
-
-def story_url(session_id: str, step_index: int) -> str:
-    """The URL (a query string) that opens a step's timeline."""
-    from urllib.parse import urlencode
-
-    return "?" + urlencode({"page": "step", "session": session_id, "step": int(step_index)})
 
 
 def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:

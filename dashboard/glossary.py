@@ -152,6 +152,14 @@ TERMS: dict[str, tuple[str, str]] = {
         "why it was slow",
         "The part of its latency that explains most of its excess over its typical step (none: not slow).",
     ),
+    "verdict": (
+        "verdict",
+        "decided: by the collector once the session had settled (what the Overview counts); worked out: as this page "
+        "opened (no collector decided it).",
+    ),
+    "slow_steps": ("slow steps", "Steps slower than their session's typical step, decided once their session settled."),
+    "of_weighed": ("share of steps", "Of the range's steps weighed: decided, with a request to weigh."),
+    "slow_s": ("added (s, median)", "The median of the seconds the cause added over its typical value."),
     "what": ("what happened", ""),
     "story": ("timeline", "The step's story: its pause, its requests' phases and what happened to its blocks."),
     # what-if

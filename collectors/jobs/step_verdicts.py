@@ -1,19 +1,22 @@
-"""Each failed step's verdict, decided once its session has settled and written to the store (`step_verdicts`), so
-the Overview's failure table reads verdicts instead of attributing every step of its range again.
+"""Each step's verdict (`kvobs.analytics.verdicts`: its failure cause, its slow cause, its latency's parts), decided
+once its session has settled and written to the store (`step_verdicts`), so the pages read verdicts instead of
+attributing every step of their range again.
 
     keeper = VerdictKeeper(store, write=lambda records: ..., progress=lambda record: ...)
     keeper.run(now)        # every VERDICT_INTERVAL_S from the collector's tick; returns how many it decided
 
-A failed step's verdict (`kvobs.analytics.step_causes.failure_verdicts`) weighs the step against its session's
-typical step and reads the KV events up to its end, so it is decided when nothing later is expected to change it:
+A step's verdict weighs the step against its session's typical step (its other steps) and reads the KV events up to
+its end (`step_causes(..., whole_sessions=True)`: the session's own events), so it is decided when nothing later is
+expected to change it:
 its session ended (`sessions.ended_at`, the agent SDK's) or started no step for `SESSION_END_AFTER_S` (the horizon
 engine, collector and SDK share for a session's end), read `DELAY_S` behind now so late spans have landed. A
 session that comes back later is decided again when it settles again, with all its steps (an upsert: the later
 decision wins). Steps are read once, in time order, from where the last run stopped; a keeper that starts reads
 back `LOOKBACK_S`. After each run it marks where it decides from and how far it has read (`verdict_progress`, one
-row per keeper): while that mark is fresh (`KEEPER_LIVE_S`), the page shows a timeout of a session still running that
-it has not decided yet as pending instead of attributing it as it opens; any other verdict it has not decided (a
-store no collector keeps, a session that has ended) the page attributes when it is read. At the collector's stop
+row per keeper): while that mark is fresh (`KEEPER_LIVE_S`), the page shows a step of a session still running that
+it has not decided yet as pending (a timeout's cause, a slow cause) instead of attributing it as it opens; a failed
+step it has not decided (a store no collector keeps, a session that has ended) the page attributes when it is read.
+At the collector's stop
 the keeper decides what has settled and marks itself stopped (`stop`): nothing it left is pending after that.
 """
 
@@ -25,9 +28,9 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from kvobs.analytics.step_causes import failure_verdicts
+from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.verdicts import verdict_records
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
-from kvobs.semconv.spans import StepStatus
 from kvobs.store.interface import Store
 from kvobs.store.leases import holder_name
 from kvobs.store.rows import StepVerdictRecord, VerdictProgressRecord
@@ -56,11 +59,11 @@ class VerdictKeeper:
         self.covers_from: float | None = None  # every failed step started from here is decided once settled
         self.delay_s, self.end_after_s, self.lookback_s = delay_s, end_after_s, lookback_s
         self.done: float | None = None  # steps started up to here have been read
-        self.pending: dict[str, float] = {}  # session with a failed step not yet decided -> its last step's time
+        self.pending: dict[str, float] = {}  # session with steps not yet decided -> its last step's time
         self.num_decided = 0  # verdicts written, ever
 
     def run(self, now: float) -> int:
-        """Read the steps started since the last run; decide the failed steps of every session that has settled."""
+        """Read the steps started since the last run; decide the steps of every session that has settled."""
         written = now - self.delay_s
         start = written - self.lookback_s if self.done is None else self.done
         if written <= start:
@@ -99,43 +102,21 @@ class VerdictKeeper:
         return decided
 
     def _note(self, steps: pd.DataFrame) -> None:
-        """Remember the sessions with a failed step, and when each such session was last seen."""
+        """Remember the sessions with new steps, and when each was last seen."""
         if steps.empty:
             return
         last = steps[["started_at", "ended_at"]].max(axis=1).groupby(steps["session_id"]).max()
-        failed = set(steps.loc[steps["status"] == StepStatus.ERROR.value, "session_id"])
         for session_id, ts in last.items():
-            if session_id in failed or session_id in self.pending:
-                self.pending[session_id] = max(self.pending.get(session_id, float(ts)), float(ts))
+            self.pending[session_id] = max(self.pending.get(session_id, float(ts)), float(ts))
 
     def _decide(self, sessions: list[str], now: float) -> int:
-        steps = pd.concat([self.store.reads.steps(session_id=s) for s in sessions], ignore_index=True)
+        steps = self.store.reads.steps(session_ids=sessions)
         if steps.empty:
             return 0
         first, last = float(steps["started_at"].min()), float(steps[["started_at", "ended_at"]].max().max())
-        verdicts = failure_verdicts(self.store, first, last, steps=steps)
-        records = [
-            StepVerdictRecord(
-                session_id=row.session_id,
-                step_index=int(row.step_index),
-                started_at=float(row.started_at),
-                status=row.status,
-                failure_cause=row.failure_cause,
-                failure_kind=row.failure_kind,
-                decided_at=now,
-                error_type=_text(row.error_type),
-                trace_id=_text(row.trace_id),
-                span_id=_text(row.span_id),
-                evidence=_text(row.evidence),
-            )
-            for row in verdicts.itertuples(index=False)
-        ]
+        records = verdict_records(step_causes(self.store, first, last, steps=steps, whole_sessions=True), now)
         if records:
             self.write(records)
             self.num_decided += len(records)
-            log.debug("decided %d failed step(s) of %d settled session(s)", len(records), len(sessions))
+            log.debug("decided %d step(s) of %d settled session(s)", len(records), len(sessions))
         return len(records)
-
-
-def _text(value) -> str | None:
-    return value if isinstance(value, str) and value else None

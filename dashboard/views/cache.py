@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, verdicts
 from kvobs.analytics.ownership import session_ties
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.step_story import SessionRead
@@ -57,7 +57,8 @@ session_shortfall = cached(data.session_shortfall)
 pressure = cached(data.pressure)
 sessions = cached(data.sessions)
 session_detail = cached(data.session_detail)
-failures = cached(data.failures)
+failures = cached(verdicts.failures)
+slow_steps = cached(verdicts.slow)
 kv_events = cached(data.kv_events_page)
 alerts = cached(data.alerts_page)
 sessions_with_steps = cached(data.sessions_with_steps)
@@ -73,9 +74,9 @@ def _story(url: str, session_id: str, step_index: int, _read: SessionRead | None
 def step_story(url: str, session_id: str, step_index: int):
     """A step's story over its session's cached detail: the session's steps, requests and verdicts are read and
     worked out once for the Sessions page, its step choosers and the story (`step_story`'s `SessionRead`)."""
-    return _story(url, session_id, step_index, session_detail(url, session_id)["read"])
+    return _story(url, session_id, step_index, session_detail(url, session_id).read)
 
 
 def session_steps_by_cache_cost(url: str, session_id: str) -> list[int]:
     """The session's steps by what the cache cost them (from its cached detail: one attribution a session)."""
-    return data.steps_by_cache_cost(session_detail(url, session_id)["steps"])
+    return data.steps_by_cache_cost(session_detail(url, session_id).steps)

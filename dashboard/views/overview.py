@@ -7,10 +7,13 @@ import streamlit as st
 
 from dashboard import glossary
 from dashboard.data import FLEET_SERIES
+from dashboard.verdicts import Failures
 from dashboard.views import cache
 from dashboard.views.charts import small_multiples, time_chart
 from dashboard.views.tables import show_table, show_text_table
+from kvobs.analytics.attribution import SLOW_FACTOR, SLOW_MIN_S
 from kvobs.analytics.samples import min_sample
+from kvobs.analytics.slow_steps import SlowSteps
 from kvobs.store.rollups import SKETCH_ACCURACY
 
 TITLE = "Overview"
@@ -152,21 +155,23 @@ def render(ctx) -> None:
             "Model and request errors are theirs; only a timeout is given the KV or queue cause that cost it "
             "time. The evidence is that of the latest step of each cause. " + verdict_words(failures)
         )
-        table = failures["table"]
+        table = failures.table
         table = table.assign(story=[f"[open]({url})" for url in table["story"]])
         show_text_table(
             table[["failure_kind", "failure_cause", "failed_steps", "share", "example", "evidence", "story"]], ctx.clock
         )
+    if drawn:
+        _slow_steps(ctx)
     if per_instance:
         render_fleet(ctx, data["fleet"])
         render_routing(ctx, routing)
 
 
-def verdict_words(failures: dict) -> str:
+def verdict_words(failures: Failures) -> str:
     """Where the failure table's verdicts come from: decided by the collector once each session settled, pending
     (timeouts of sessions still running, which a running collector decides once they settle), or worked out as the
     page opened (not decided yet: model and request errors of sessions still running, or no collector deciding)."""
-    failed, decided, pending = failures["failed"], failures["decided"], failures["pending"]
+    failed, decided, pending = failures.failed, failures.decided, failures.pending
     worked = failed - decided - pending
     if decided == failed:
         return f"All {failed:,} verdicts were decided once their session had settled."
@@ -180,6 +185,41 @@ def verdict_words(failures: dict) -> str:
         )
     if worked:
         parts.append(f"{worked:,} were worked out as this page opened (no collector decided them yet)")
+    return "; ".join(parts) + "."
+
+
+def _slow_steps(ctx) -> None:
+    st.subheader("Slow steps by cause")
+    slow = cache.slow_steps(ctx.url, ctx.since, ctx.until)
+    st.caption(
+        f"A step is slow when it took more than {SLOW_FACTOR} times its session's typical step (and {SLOW_MIN_S} s "
+        "more); its cause is "
+        "the part of its time furthest over its typical value. " + slow_words(slow)
+    )
+    if len(slow.table):
+        table = slow.table.assign(
+            example=[f"{s} step {i}" for s, i in zip(slow.table["session_id"], slow.table["step_index"])],
+            story=[f"[open]({url})" for url in slow.table["story"]],
+        )
+        show_text_table(
+            table[["slow_cause", "slow_steps", "of_weighed", "slow_s", "example", "evidence", "story"]], ctx.clock
+        )
+
+
+def slow_words(slow: SlowSteps) -> str:
+    """What the slow table counts, and what it leaves out: steps pending, steps no collector decided (never shown as
+    "not slow")."""
+    parts = [
+        f"Of {slow.steps:,} steps, {slow.decided:,} were decided once their session had settled"
+        + (f"; {slow.weighed:,} of them had a request to weigh, and {slow.slow:,} were slow" if slow.decided else "")
+    ]
+    if slow.pending:
+        parts.append(f"{slow.pending:,} of sessions still running are pending: the collector decides them once settled")
+    if slow.undecided:
+        parts.append(
+            f"{slow.undecided:,} were not decided by a collector and are not counted here: the Sessions page works "
+            "a session's steps out when it is opened"
+        )
     return "; ".join(parts) + "."
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, glossary
-from dashboard.data import story_url
+from dashboard.verdicts import story_url
 from dashboard.views import cache
 from dashboard.views.charts import TimeAxis, time_chart
 from dashboard.views.step import render_story, trace_link
@@ -29,6 +29,7 @@ STEP_COLUMNS = [
     "latency_s",
     "typical_s",
     "evidence",
+    "verdict",
 ]
 TABLE_COLUMNS = [
     "session_id",
@@ -85,7 +86,7 @@ def render(ctx) -> None:
     session_id = st.selectbox("Session", shown["session_id"].tolist(), key="session")
     detail = cache.session_detail(ctx.url, session_id)
     st.subheader("KV footprint")
-    footprint = detail["footprint"]
+    footprint = detail.footprint
     if footprint.empty:
         st.info("No footprint snapshots for this session.")
     else:
@@ -100,7 +101,7 @@ def render(ctx) -> None:
     if ties:
         st.caption(ties_said(ties))
     st.subheader("Steps and what explains them")
-    steps = detail["steps"]
+    steps = detail.steps
     if steps.empty:
         st.info("No agent steps recorded for this session (agents record them through the kvobs SDK).")
         return
@@ -118,7 +119,8 @@ def render(ctx) -> None:
         "Why it failed: the error itself, except a timeout, which is given the part of its latency that cost it "
         "(the queue, a lost prefix, a preemption, its prefill or decode, its own tools, outside the engine). Why it "
         "was slow: the part of its whole latency that explains most of its excess over the session's typical "
-        "step; blank when it was not slow."
+        "step; blank when it was not slow. Verdict: decided by the collector once the session settled (what the "
+        "Overview counts), or worked out as this page opened."
     )
     st.subheader("Its hit rate, and what it missed")
     st.caption(

@@ -17,6 +17,7 @@ from dashboard.views import cache
 from dashboard.views.charts import show, time_x
 from dashboard.views.tables import show_text_table
 from kvobs.analytics.joins import JOIN_FIXES, JOIN_WORDS
+from kvobs.analytics.verdicts import DECIDED
 from kvobs.semconv.spans import STEP_JOINED
 
 TITLE = "Step timeline"
@@ -100,6 +101,10 @@ def _verdict(ctx, step: dict) -> None:
         f"**Status:** {status} · **why it failed:** {failed} · **why it was slow:** {slow} · **latency:** {said}"
     )
     st.markdown(f"**Evidence:** {step['evidence'] or 'nothing in the KV record explains this step.'}")
+    if step.get("verdict") == DECIDED:
+        st.caption("Decided by the collector once the session had settled: the verdict the Overview counts.")
+    elif step.get("verdict") is not None:
+        st.caption("Worked out as this page opened: no collector has decided this step's verdict.")
     join = step.get("request_join")
     if isinstance(join, str) and join in STEP_JOINED:
         st.caption(f"Its server request: {JOIN_WORDS[join]}.")

@@ -74,6 +74,7 @@ CAUSES = ("invalidated", "prefix_evicted_in_pause", "routed_away_from_prefix", "
 SLOW_CAUSES = (*dict.fromkeys(cause for cause, _ in EXCESS_CAUSES.values()), "none")
 FAILURE_KINDS = ("cache", "queue", "engine", "tool", "outside", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
+SLOW_FACTOR, SLOW_MIN_S = 1.5, 0.1  # slow: over this many times its typical latency, and at least this much over
 NOT_SPLIT = "no request of this step is in the store, so its time cannot be split"
 # each fact's candidate of the excess (`latency_parts.explain_excess`)
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
@@ -158,8 +159,8 @@ def attribute_steps(
     *,
     rates: PrefillRates | None = None,
     queue_wait_s: float = 1.0,
-    slow_factor: float = 1.5,
-    slow_min_s: float = 0.1,
+    slow_factor: float = SLOW_FACTOR,
+    slow_min_s: float = SLOW_MIN_S,
     failed_only: bool = False,
     error_types: Collection[str] | None = None,
     routing: pd.DataFrame | None = None,

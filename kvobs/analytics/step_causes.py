@@ -56,9 +56,11 @@ def step_causes(
     failed_only: bool = False,
     error_types: Collection[str] | None = None,
     steps: pd.DataFrame | None = None,
+    whole_sessions: bool = False,
 ) -> pd.DataFrame:
     """One row per step started in the range (`steps`, when the caller has read them already); with `failed_only`,
-    per failed step (of `error_types`, when given)."""
+    per failed step (of `error_types`, when given). `whole_sessions`: `steps` are every step of their sessions (a
+    verdict keeper's), so their KV events are read by session, not every session's in the range."""
     steps = store.reads.steps(since, until) if steps is None else steps
     if failed_only:
         steps = steps.assign(wanted=attributed_mask(steps, error_types))
@@ -78,6 +80,16 @@ def step_causes(
                 ),
                 # every step's preemptions and re-admissions: the parts of its session's typical step
                 store.reads.session_events(_session_windows(steps, until), kinds=timing),
+                store.reads.kv_events(start, until, kinds=[cleared]),
+            ]
+        )
+    elif whole_sessions:
+        cleared = KVEventKind.CLEARED.value
+        events = pd.concat(
+            [
+                store.reads.session_events(
+                    _session_windows(steps, until), kinds=[k for k in ATTRIBUTION_KINDS if k != cleared]
+                ),
                 store.reads.kv_events(start, until, kinds=[cleared]),
             ]
         )
@@ -126,7 +138,7 @@ def range_verdicts(store: Store, since: float | None, until: float | None, *, no
     Reads the failed steps and those sessions' steps, not every step of the range. Columns `decided` and `pending`:
     which were read, which wait for the keeper."""
     failed = store.reads.steps(since, until, status=StepStatus.ERROR.value)
-    decided = store.reads.step_verdicts(since, until)
+    decided = store.reads.step_verdicts(since, until, status=StepStatus.ERROR.value)
     known = decided[VERDICT_COLUMNS].fillna({"evidence": ""}).assign(decided=True, pending=False)  # "" for none
     undecided = _without(failed, known)
     covers_from = keeper_covers_from(store, time.time() if now is None else now) if len(undecided) else None

@@ -3,7 +3,7 @@ its session's cached blocks from the tool pause before it to its end, with who t
 
     story = step_story(store, "coder-1-0001", 2)
     story = step_story(store, "coder-1-0001", 2, read=SessionRead(steps, requests, verdicts))  # reads shared
-    story.step          # the step's verdict: status, failure_cause, slow_cause, evidence, typical_s (attribution)
+    story.step          # the step's verdict: status, failure_cause, slow_cause, evidence, typical_s, verdict
     story.timeline      # lane, phase, start, end: the step, the tool pause and its tool calls, each request's phases
     story.events        # ts, source, kind, blocks, tokens, request_id, what: everything above and the KV record
 
@@ -30,6 +30,7 @@ import pandas as pd
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.routing import request_routing
+from kvobs.analytics.verdicts import with_decided
 from kvobs.semconv.spans import KVEventKind, StepStatus
 from kvobs.store.interface import Store
 
@@ -98,6 +99,7 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
             rates=PrefillRates.from_store(store, read_from, last, requests=reqs),
             routing=request_routing(store, sent[i], steps, low, high),
         )
+        attributed = with_decided(attributed, store.reads.step_verdicts(session_id=session_id))  # as decided
     step = steps.iloc[i]
     verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()
     mine = sent[i]

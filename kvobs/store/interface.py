@@ -128,12 +128,12 @@ class Reads(Protocol):
 
     def verdict_progress(self) -> pd.DataFrame:
         """Each verdict keeper's latest run (`verdict_progress`: `keeper`, `covers_from`, `read_to`, `updated_at`):
-        a keeper decides every failed step started from `covers_from` once its session settles."""
+        a keeper decides every step started from `covers_from` once its session settles."""
         ...
 
-    def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
-        """The failed steps started in the window whose verdict a writer decided once their session settled
-        (`step_verdicts`; the latest decision of each step), by session and step."""
+    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None) -> pd.DataFrame:
+        """The steps started in the window (of `status`, of `session_id`, when given) whose verdict a writer decided
+        once their session settled (`step_verdicts`; the latest decision of each step), by session and step."""
         ...
 
     def sessions(self) -> pd.DataFrame:

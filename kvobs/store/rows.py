@@ -96,19 +96,43 @@ class StepRecord(Record):
 
 @_record
 class StepVerdictRecord(Record):
+    """A step's verdict (`kvobs.analytics.verdicts`): why it failed, whether it was slow and why, its latency's parts
+    against its session's typical step, and the evidence; decided once its session settled (the collector's keeper),
+    or worked out by a page where no keeper decided it (then not stored)."""
+
     table: ClassVar[str] = "step_verdicts"
 
     session_id: str
     step_index: int
     started_at: float
     status: str
-    failure_cause: str
-    failure_kind: str
     decided_at: float
+    failure_cause: str | None = None  # failed steps only
+    failure_kind: str | None = None
     error_type: str | None = None
     trace_id: str | None = None
     span_id: str | None = None
     evidence: str | None = None
+    slow: bool | None = None  # None on a row decided before every step was (a failed step's only)
+    slow_cause: str | None = None  # "none" when not slow
+    slow_s: float | None = None  # the slow cause's seconds over their typical value
+    slow_share: float | None = None  # of the step's excess over its typical latency
+    cause: str | None = None  # the KV record's costliest fact (`attribution.CAUSES`)
+    causes: str | None = None  # every fact found, comma-separated
+    num_requests: int | None = None
+    latency_s: float | None = None
+    typical_s: float | None = None
+    excess_s: float | None = None
+    # the parts that add up to latency_s, and the recomputes inside prefill_s (`latency_parts.PARTS`, `ESTIMATES`)
+    queue_s: float | None = None
+    preempted_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    tool_s: float | None = None
+    other_s: float | None = None
+    lost_recompute_s: float | None = None
+    invalidated_recompute_s: float | None = None
+    routed_recompute_s: float | None = None
 
 
 @_record
@@ -175,7 +199,7 @@ class LookupProgressRecord(Record):
 
 @_record
 class VerdictProgressRecord(Record):
-    """A collector's verdict keeper (`collectors.jobs.step_verdicts`) at its latest run: it decides every failed step
+    """A collector's verdict keeper (`collectors.jobs.step_verdicts`) at its latest run: it decides every step
     started from `covers_from` once the step's session settles (steps up to `read_to` read so far); `updated_at`,
     the run's time, says it is still running."""
 

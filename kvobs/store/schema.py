@@ -12,10 +12,10 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Float,
     Index,
     Integer,
-    Numeric,
     PrimaryKeyConstraint,
     SmallInteger,
     String,
@@ -24,70 +24,13 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
 
 from kvobs.semconv.limits import MAX_ID_BYTES
+from kvobs.store.uint64 import UInt64
 
-MAX_UINT64 = 2**64 - 1
-MAX_INT64 = 2**63 - 1
-TWO_64 = 2**64
 MINUTE_S = 60.0  # the rollup's step (`kv_event_minutes.minute`)
 DAY_S = 86_400.0  # a retention day; ClickHouse partitions events by it
 ROW_ID = BigInteger().with_variant(Integer, "sqlite")  # SQLite auto-increments INTEGER PRIMARY KEY only
-
-
-class UInt64(TypeDecorator):
-    """An unsigned 64-bit integer stored losslessly on every backend: NUMERIC(20) on PostgreSQL, the signed 64-bit
-    integer with the same bits on SQLite (8 bytes; equality, GROUP BY and joins work on it unchanged)."""
-
-    impl = BigInteger
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect):
-        if dialect.name == "postgresql":
-            return dialect.type_descriptor(Numeric(20, 0))
-        return dialect.type_descriptor(BigInteger())
-
-    def process_bind_param(self, value, dialect):
-        if value is None:
-            return None
-        value = int(value)
-        return value if dialect.name == "postgresql" and 0 <= value <= MAX_UINT64 else as_int64(value)
-
-    def process_result_value(self, value, dialect):
-        if value is None:
-            return None
-        value = int(value)
-        return value + TWO_64 if value < 0 else value
-
-    @staticmethod
-    def column_from_db(values) -> list:
-        """`process_result_value` of a whole column read from any SQL backend (SQLite's signed int, PostgreSQL's
-        Decimal)."""
-        return [v if v is None or type(v) is int and v >= 0 else int(v) + TWO_64 if v < 0 else int(v) for v in values]
-
-
-def as_int64(value: int) -> int:
-    """An unsigned 64-bit value as SQLite stores it: the signed integer with the same 64 bits."""
-    if 0 <= value <= MAX_INT64:
-        return value
-    if MAX_INT64 < value <= MAX_UINT64:
-        return value - TWO_64
-    raise ValueError(f"block hash {value} is not an unsigned 64-bit integer")
-
-
-def as_int64_column(values: list) -> list:
-    """`as_int64` of a column at once (None stays None): how a column of hashes is bound on SQLite."""
-    return [v if v is None or 0 <= v <= MAX_INT64 else as_int64(v) for v in values]
-
-
-def checked_uint64_column(values: list) -> list:
-    """A column of hashes as PostgreSQL's NUMERIC(20) holds them (as they are), refused as `UInt64` refuses a value
-    that is no unsigned 64-bit integer (NUMERIC(20) would take 2**64)."""
-    for v in values:
-        if v is not None and not 0 <= v <= MAX_INT64:
-            as_int64(v)  # raises for a value beyond 64 bits, as it does on SQLite
-    return values
 
 
 class Base(DeclarativeBase):
@@ -135,8 +78,8 @@ class StepRow(Base):
 
 
 class StepVerdictRow(Base):
-    """Each failed step's verdict, written once its session has settled (`kvobs.analytics.step_verdicts`): what the
-    Overview's failure table counts over any range without attributing every step again."""
+    """Each step's verdict, written once its session has settled (`kvobs.analytics.verdicts`): what the pages count
+    over any range without attributing every step again."""
 
     __tablename__ = "step_verdicts"
     __table_args__ = (Index("ix_step_verdicts_started_at", "started_at"),)
@@ -148,10 +91,29 @@ class StepVerdictRow(Base):
     error_type: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     trace_id: Mapped[str | None] = mapped_column(String(32))
     span_id: Mapped[str | None] = mapped_column(String(16))
-    failure_cause: Mapped[str] = mapped_column(String(32))  # attribution.failure_verdict's cause
-    failure_kind: Mapped[str] = mapped_column(String(16))  # cache | queue | timeout | model | request
+    failure_cause: Mapped[str | None] = mapped_column(String(32))  # failed steps: attribution.failure_verdict's
+    failure_kind: Mapped[str | None] = mapped_column(String(16))  # cache | queue | timeout | model | request ...
     evidence: Mapped[str | None] = mapped_column(Text)
     decided_at: Mapped[float] = mapped_column(Float)  # when the writer decided it (epoch s)
+    slow: Mapped[bool | None] = mapped_column(Boolean)
+    slow_cause: Mapped[str | None] = mapped_column(String(32))
+    slow_s: Mapped[float | None] = mapped_column(Float)
+    slow_share: Mapped[float | None] = mapped_column(Float)
+    cause: Mapped[str | None] = mapped_column(String(32))
+    causes: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    num_requests: Mapped[int | None] = mapped_column(Integer)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    typical_s: Mapped[float | None] = mapped_column(Float)
+    excess_s: Mapped[float | None] = mapped_column(Float)
+    queue_s: Mapped[float | None] = mapped_column(Float)
+    preempted_s: Mapped[float | None] = mapped_column(Float)
+    prefill_s: Mapped[float | None] = mapped_column(Float)
+    decode_s: Mapped[float | None] = mapped_column(Float)
+    tool_s: Mapped[float | None] = mapped_column(Float)
+    other_s: Mapped[float | None] = mapped_column(Float)
+    lost_recompute_s: Mapped[float | None] = mapped_column(Float)
+    invalidated_recompute_s: Mapped[float | None] = mapped_column(Float)
+    routed_recompute_s: Mapped[float | None] = mapped_column(Float)
 
 
 class RequestRow(Base):

@@ -121,7 +121,7 @@ def test_a_story_over_its_sessions_detail_is_the_story_it_reads_itself(request, 
     steps = store.reads.steps()
     assert len(steps) >= 10
     for session_id, indexes in steps.groupby("session_id")["step_index"]:
-        read = session_detail(store, session_id)["read"]
+        read = session_detail(store, session_id).read
         for index in indexes:
             alone, shared = (step_story(store, session_id, int(index), read=r) for r in (None, read))
             assert alone is not None and shared is not None

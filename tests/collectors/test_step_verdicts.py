@@ -1,4 +1,4 @@
-"""The failed steps' verdicts a collector decides once their session settled (`collectors.jobs.step_verdicts`): on the
+"""The steps' verdicts a collector decides once their session settled (`collectors.jobs.step_verdicts`): on the
 engine run (its failures as timeouts, each attributed from its KV events) and the recorded vLLM run, written through
 the store's writer, they are the verdicts the page would work out itself; a session still running is left to the
 page, and the page says which are which."""
@@ -11,8 +11,12 @@ from sqlalchemy import update
 
 from collectors.jobs.step_verdicts import VerdictKeeper
 from dashboard import data
-from dashboard.views.overview import verdict_words
+from dashboard.verdicts import failures
+from dashboard.views.overview import slow_words, verdict_words
+from dashboard.views.sessions import STEP_COLUMNS
+from kvobs.analytics.slow_steps import slow_steps
 from kvobs.analytics.step_causes import KEEPER_LIVE_S, VERDICT_COLUMNS, failure_verdicts, range_verdicts
+from kvobs.analytics.verdicts import DECIDED, WORKED_OUT, verdict_frame, verdict_records
 from kvobs.store import open_store
 from kvobs.store.rows import SessionRecord, VerdictProgressRecord
 from kvobs.store.schema import SessionRow, StepRow
@@ -37,26 +41,54 @@ def timeouts(agent_run, tmp_path):
     return store
 
 
-@pytest.mark.parametrize("run", ["timeouts", "vllm_run"])
-def test_settled_verdicts_are_what_the_page_would_work_out(run, request):
+def _own_copy(run, request, tmp_path):
+    """The run's store, or a copy of a shared recording's (a keeper writes to it)."""
     fixture = request.getfixturevalue(run)
-    store = fixture if run == "timeouts" else fixture.store
+    if run == "timeouts":
+        return fixture
+    store = open_store(f"sqlite:///{tmp_path / 'copy.db'}")
+    copy_store(fixture.store, store)
+    return store
+
+
+@pytest.mark.parametrize("run", ["timeouts", "vllm_run", "fleet_run"])
+def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
+    """Every step's verdict, decided once by the keeper, is what the pages showed before any was stored: the failure
+    table's verdicts, and each session's steps as the Sessions page attributed them (failure and slow cause, the
+    latency's parts, the evidence); after it, the pages show the decided verdicts, unchanged."""
+    store = _own_copy(run, request, tmp_path)
     first, last = store.reads.time_range()
+    steps = store.reads.steps()
     expected = failure_verdicts(store, first, last)
     assert len(expected) > 0, f"{run} has no failed step: nothing compared"
+    sessions = sorted(set(steps["session_id"]))
+    shown = {s: data.session_detail(store, s).steps for s in sessions}
+    assert all((frame["verdict"] == WORKED_OUT).all() for frame in shown.values())
+    assert sum(frame["slow"].sum() for frame in shown.values()) > 0, f"{run} has no slow step: nothing compared"
     keeper = VerdictKeeper(store, _writer(store), lookback_s=last - first + 3600)
-    assert keeper.run(last + 3600) == len(expected) == keeper.num_decided
+    assert keeper.run(last + 3600) == len(steps) == keeper.num_decided
     assert not keeper.pending
     stored = store.reads.step_verdicts(first, last)
     assert (stored["decided_at"] == last + 3600).all()
+    failed = stored[stored["status"] == "error"].reset_index(drop=True)
     pd.testing.assert_frame_equal(
-        stored[VERDICT_COLUMNS].fillna({"evidence": ""}), expected.fillna({"evidence": ""}), check_dtype=False
+        failed[VERDICT_COLUMNS].fillna({"evidence": ""}), expected.fillna({"evidence": ""}), check_dtype=False
     )
+    worked = verdict_frame(verdict_records(pd.concat(shown.values(), ignore_index=True), last + 3600))
+    pd.testing.assert_frame_equal(verdict_frame(stored), worked, check_dtype=False)
+    for session_id in sessions:
+        after = data.session_detail(store, session_id).steps
+        assert (after["verdict"] == DECIDED).all()
+        columns = [*STEP_COLUMNS[:-1], "cause", "failure_kind"]
+        pd.testing.assert_frame_equal(after[columns], shown[session_id][columns], check_dtype=False)
     read = range_verdicts(store, first, last)
     assert read["decided"].all() and len(read) == len(expected)
-    assert verdict_words(data.failures(store, first, last)) == (
+    assert verdict_words(failures(store, first, last)) == (
         f"All {len(expected):,} verdicts were decided once their session had settled."
     )
+    slow = slow_steps(store, first, last, now=last + 3600)
+    assert (slow.steps, slow.decided, slow.pending, slow.undecided) == (len(steps), len(steps), 0, 0)
+    assert slow.slow == int(stored["slow"].fillna(False).astype(bool).sum()) > 0
     assert keeper.run(last + 3700) == 0  # nothing new, nothing decided twice
 
 
@@ -81,7 +113,7 @@ def test_a_running_session_waits_and_an_ended_one_is_decided_at_once(timeouts):
         store, _writer(store), progress=_marker(store), delay_s=0.0, end_after_s=300.0, lookback_s=7200.0
     )
     assert keeper.run(latest + 1.0) == 0  # every session was seen within the horizon: none settled
-    assert set(keeper.pending) == set(sessions)
+    assert set(keeper.pending) == set(store.reads.steps()["session_id"])  # every session's, failed or not
     (mark,) = store.reads.verdict_progress().itertuples(index=False)
     assert (mark.keeper, mark.covers_from, mark.read_to, mark.updated_at) == (
         keeper.name,
@@ -93,14 +125,21 @@ def test_a_running_session_waits_and_an_ended_one_is_decided_at_once(timeouts):
     read = range_verdicts(store, first, last, now=latest + 1.0)
     assert not read["decided"].any() and read["pending"].all() and len(read) == len(failed)
     assert set(read["failure_cause"]) == {"pending"} and set(read["failure_kind"]) == {"timeout"}
-    words = verdict_words(data.failures(store, first, last, now=latest + 1.0))
+    words = verdict_words(failures(store, first, last, now=latest + 1.0))
     assert words.startswith(f"{len(failed):,} timeouts of sessions still running are pending")
+    everything = len(store.reads.steps())
+    slow = slow_steps(store, first, last, now=latest + 1.0)  # every step pending: none counted as not slow
+    assert (slow.steps, slow.decided, slow.pending, slow.undecided, slow.slow) == (everything, 0, everything, 0, 0)
+    assert "are pending" in slow_words(slow) and "were not decided" not in slow_words(slow)
+    stale = slow_steps(store, first, last, now=latest + 1.0 + KEEPER_LIVE_S + 1.0)  # the keeper stopped
+    assert (stale.pending, stale.undecided) == (0, everything) and "were not decided" in slow_words(stale)
 
     ended = sessions[0]  # the SDK says the session ended: decided at the next run, the others still wait
     store.write([("upsert", [SessionRecord(ended, ended_at=latest)])])
     decided = keeper.run(latest + 2.0)
-    assert decided == (failed["session_id"] == ended).sum() > 0
-    assert set(keeper.pending) == set(sessions[1:])
+    steps = store.reads.steps()
+    assert decided == (steps["session_id"] == ended).sum() > 0  # every step of it, failed or not
+    assert set(keeper.pending) == set(store.reads.steps()["session_id"]) - {ended}
     read = range_verdicts(store, first, last, now=latest + 2.0)
     assert set(read.loc[read["decided"], "session_id"]) == {ended} and len(read) == len(failed)
     assert set(read.loc[read["pending"], "session_id"]) == set(sessions[1:])
@@ -111,10 +150,11 @@ def test_a_running_session_waits_and_an_ended_one_is_decided_at_once(timeouts):
         expected[expected["session_id"] == ended].reset_index(drop=True),
         check_dtype=False,
     )
-    words = verdict_words(data.failures(store, first, last, now=latest + 2.0))
-    assert words.startswith(f"{decided:,} of {len(failed):,} verdicts were decided") and "are pending" in words
+    decided_failed = int((failed["session_id"] == ended).sum())
+    words = verdict_words(failures(store, first, last, now=latest + 2.0))
+    assert words.startswith(f"{decided_failed:,} of {len(failed):,} verdicts were decided") and "are pending" in words
 
-    assert keeper.run(latest + 301.0) == len(failed) - decided  # the horizon passed: every session settled
+    assert keeper.run(latest + 301.0) == len(steps) - decided  # the horizon passed: every session settled
     assert not keeper.pending and range_verdicts(store, first, last)["decided"].all()
 
 
@@ -143,20 +183,20 @@ def test_without_a_running_keeper_the_page_works_the_verdicts_out(timeouts):
 
 def test_a_running_collector_decides_them_from_its_tick(timeouts):
     """`kvobs collect` runs the keeper from its tick and writes through its store writer: the engine run's sessions
-    ended (the SDK said so), so every failed step is decided at the first run, and counted for /metrics."""
+    ended (the SDK said so), so every step is decided at the first run, and counted for /metrics."""
     from collectors.collector import Collector, CollectorOptions
     from tests.waiting import wait_for
 
     store = timeouts
-    failed = int((store.reads.steps()["status"] == "error").sum())
+    steps = len(store.reads.steps())
     collector = Collector(CollectorOptions(otlp_http="127.0.0.1:0", interval_s=0.2), store=store)
     collector.verdicts.delay_s = 0.0  # the run's steps are seconds old; a deployed collector reads a minute behind
     collector.start()
     try:
-        wait_for(lambda: len(store.reads.step_verdicts()) == failed, timeout_s=60)
+        wait_for(lambda: len(store.reads.step_verdicts()) == steps, timeout_s=60)
     finally:
         collector.stop()
-    assert collector.verdicts.num_decided == failed > 0
+    assert collector.verdicts.num_decided == steps > 0
     assert range_verdicts(store, *store.reads.time_range())["decided"].all()
 
 

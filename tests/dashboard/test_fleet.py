@@ -252,8 +252,8 @@ def test_a_sessions_drill_in_reads_its_measured_lookups_with_the_replays_answer(
         pd.testing.assert_frame_equal(got, want, check_dtype=False)
         replayed = data.session_shortfall(fleet_run.store, session_id)
         if int(replayed["requests"].iloc[0]) == int(got["requests"].iloc[0]):
-            got_steps = data.session_detail(store, session_id)["steps"]
-            want_steps = data.session_detail(fleet_run.store, session_id)["steps"]
+            got_steps = data.session_detail(store, session_id).steps
+            want_steps = data.session_detail(fleet_run.store, session_id).steps
             for column in ("slow_cause", "evidence"):
                 assert got_steps[column].tolist() == want_steps[column].tolist(), (session_id, column)
             same_steps += 1

@@ -106,13 +106,13 @@ def loaded(request, tmp_path_factory):
         stores[backend] = store
         cleanups += [cleanup] if cleanup else []
     first, last = stores["sqlite"].reads.time_range()
-    failed = sum(record.status == "error" for record in records["steps"])
-    for backend, store in stores.items():  # failed steps' verdicts, decided as a collector does once sessions settle
+    steps = len(records["steps"])
+    for backend, store in stores.items():  # steps' verdicts, decided as a collector does once sessions settle
         write = lambda verdicts, s=store: s.write([("upsert", verdicts)])  # noqa: E731
         mark = lambda record, s=store: s.write([("upsert", [record])])  # noqa: E731
         keeper = VerdictKeeper(store, write, progress=mark, lookback_s=last - first + 3600.0)
         keeper.name = "verdicts@contract"  # one name on every backend (a process's own carries its pid)
-        assert keeper.run(last + 3600.0) == failed, backend
+        assert keeper.run(last + 3600.0) == steps, backend
         assert keeper.run(last + 3700.0) == 0, backend  # a second mark replaces the first
         assert store.reads.verdict_progress()["updated_at"].tolist() == [last + 3700.0], backend
     for backend, store in stores.items():  # request lookups, measured as a collector does a minute behind
@@ -193,6 +193,8 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ("session_events", ([],), {"kinds": ATTRIBUTION_KINDS}, True),
         ("runs", (), {}, True),
         ("step_verdicts", (), {}, True),
+        ("step_verdicts", (), {"status": "error"}, True),
+        ("step_verdicts", (), {"session_id": busiest}, True),
         ("runs", (), {"instances": store.reads.instances()[-1:]}, True),
         ("request_lookups", (), {"session_id": some_session}, True),
         ("lookup_progress", (), {}, True),

@@ -239,6 +239,28 @@ _STEP_REQUESTS = [
     "ALTER TABLE steps ADD COLUMN IF NOT EXISTS request_join LowCardinality(Nullable(String)) AFTER request_id",
 ]
 
+# Version 15: every step's verdict, with its slow cause and its latency's parts (alembic 0018); a step that
+# succeeded has no failure cause.
+_VERDICT_SECONDS = ("latency_s", "typical_s", "excess_s", "queue_s", "preempted_s", "prefill_s", "decode_s")
+_VERDICT_SECONDS += ("tool_s", "other_s", "lost_recompute_s", "invalidated_recompute_s", "routed_recompute_s")
+_WHOLE_VERDICTS = [
+    "ALTER TABLE step_verdicts MODIFY COLUMN failure_cause LowCardinality(Nullable(String))",
+    "ALTER TABLE step_verdicts MODIFY COLUMN failure_kind LowCardinality(Nullable(String))",
+    *(
+        f"ALTER TABLE step_verdicts ADD COLUMN IF NOT EXISTS {name} {type_}"
+        for name, type_ in (
+            ("slow", "Nullable(Bool)"),
+            ("slow_cause", "LowCardinality(Nullable(String))"),
+            ("slow_s", "Nullable(Float64)"),
+            ("slow_share", "Nullable(Float64)"),
+            ("cause", "LowCardinality(Nullable(String))"),
+            ("causes", "Nullable(String)"),
+            ("num_requests", "Nullable(Int32)"),
+            *((name, "Nullable(Float64)") for name in _VERDICT_SECONDS),
+        )
+    ),
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -255,6 +277,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (12, "request_lookups, lookup_minutes, lookup_progress: request lookups as measured", _REQUEST_LOOKUPS),
     (13, "verdict_progress: each verdict keeper's latest run", _VERDICT_PROGRESS),
     (14, "steps.request_id and steps.request_join: the request a step was joined to, and how", _STEP_REQUESTS),
+    (15, "step_verdicts of every step: slow cause, latency parts", _WHOLE_VERDICTS),
 ]
 
 

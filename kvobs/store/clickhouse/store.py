@@ -293,6 +293,7 @@ def _arrow_type(ch_type: str) -> pa.DataType:
 
 
 _ARROW = {
+    "Bool": pa.bool_(),
     "UInt64": pa.uint64(),
     "UInt32": pa.uint32(),
     "UInt8": pa.uint8(),

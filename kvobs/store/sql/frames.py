@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from sqlalchemy import CompoundSelect, Select, select
 
-from kvobs.store.schema import UInt64
+from kvobs.store.uint64 import UInt64
 
 if TYPE_CHECKING:
     from kvobs.store.sql.store import SqlStore

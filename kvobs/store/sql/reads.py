@@ -250,8 +250,12 @@ class SqlReads(ComposedReads):
     def verdict_progress(self) -> pd.DataFrame:
         return read(self.store, select(*_columns(VerdictProgressRow)).order_by(VerdictProgressRow.keeper))
 
-    def step_verdicts(self, since=None, until=None) -> pd.DataFrame:
+    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None) -> pd.DataFrame:
         stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)
+        if status is not None:
+            stmt = stmt.where(StepVerdictRow.status == status)
+        if session_id is not None:
+            stmt = stmt.where(StepVerdictRow.session_id == session_id)
         return read(self.store, stmt.order_by(StepVerdictRow.session_id, StepVerdictRow.step_index))
 
     def sessions(self) -> pd.DataFrame:

@@ -32,9 +32,8 @@ from kvobs.store.schema import (
     MINUTE_S,
     TABLES,
     SessionFootprintRow,
-    as_int64_column,
-    checked_uint64_column,
 )
+from kvobs.store.uint64 import as_int64_column, checked_uint64_column
 
 _KV_COLUMNS = KVEventRecord._columns
 

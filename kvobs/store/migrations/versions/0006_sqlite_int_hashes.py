@@ -1,6 +1,6 @@
 """Block hashes as 8-byte integers on SQLite: `kv_events.block_hash` and `parent_hash` were the decimal text of
 the unsigned value (up to 20 characters, twice per row, and a text index); they become the signed 64-bit integer
-with the same bits (`kvobs.store.schema.as_int64`), which SQLite stores in at most 8 bytes and compares as
+with the same bits (`kvobs.store.uint64.as_int64`), which SQLite stores in at most 8 bytes and compares as
 integers. PostgreSQL keeps NUMERIC(20).
 
 The table is rebuilt (SQLite cannot change a column's type): each value is first rewritten as the text of its

@@ -1,0 +1,86 @@
+"""A step's verdict as one typed record (`kvobs.store.rows.StepVerdictRecord`): why it failed, whether it was slow
+and why (with the cause's share of its excess), its latency's parts against its session's typical step, and the
+evidence. The collector's keeper decides it once the step's session settles (`collectors/jobs/step_verdicts.py`) and
+writes it; a page that finds a step no keeper decided works out the same record (not stored).
+
+    records = verdict_records(attribute_steps(...), decided_at=now)   # one per attributed step
+    frame = verdict_frame(store.reads.step_verdicts(since, until))    # as stored, or `verdict_frame(records)`
+
+A slow cause is `none` for a step that was not slow. A row written before every step was decided (a failed step's
+only) has NULL in the slow columns: the pages count it among the failures, never as "not slow".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+
+import pandas as pd
+
+from kvobs.store.rows import StepVerdictRecord
+
+VERDICT_FIELDS = tuple(f.name for f in fields(StepVerdictRecord))
+# the record's fields that `attribute_steps` names otherwise
+_RENAMED = {"slow_s": "dominant_s", "slow_share": "dominant_share"}
+_INTS = ("step_index", "num_requests")
+
+
+def verdict_records(attributed: pd.DataFrame, decided_at: float) -> list[StepVerdictRecord]:
+    """One record per row of `attribute_steps`' frame, decided at `decided_at`."""
+    if attributed.empty:
+        return []
+    frame = attributed.rename(columns={v: k for k, v in _RENAMED.items()}).assign(decided_at=decided_at)
+    present = [name for name in VERDICT_FIELDS if name in frame]
+    return [
+        StepVerdictRecord(**{name: _value(name, value) for name, value in zip(present, row)})
+        for row in frame[present].itertuples(index=False, name=None)
+    ]
+
+
+def verdict_frame(verdicts: list[StepVerdictRecord] | pd.DataFrame) -> pd.DataFrame:
+    """Verdicts as a frame of `VERDICT_FIELDS` (stored rows, or records), by session and step."""
+    if isinstance(verdicts, pd.DataFrame):
+        frame = verdicts.reindex(columns=list(VERDICT_FIELDS))
+    else:
+        frame = pd.DataFrame([v.to_row() for v in verdicts], columns=list(VERDICT_FIELDS))
+    return frame.sort_values(["session_id", "step_index"], kind="stable").reset_index(drop=True)
+
+
+def _value(name: str, value):
+    """A frame's cell as the record holds it: None for a missing value, plain Python numbers and text."""
+    if value is None or isinstance(value, float) and math.isnan(value) or value is pd.NA:
+        return None
+    if name in _INTS:
+        return int(value)
+    if name == "slow":
+        return bool(value)
+    if hasattr(value, "item"):  # a numpy scalar
+        return value.item()
+    return value if not (isinstance(value, str) and name in ("evidence", "causes") and not value) else None
+
+
+DECIDED, WORKED_OUT = "decided", "worked out"  # where a page's verdict came from
+_FAILURE = ("failure_cause", "failure_kind", "evidence")
+_SLOW = ("slow", "slow_cause", "cause", "causes")
+
+
+def with_decided(attributed: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame:
+    """`attribute_steps`' rows with the verdicts a keeper decided (`stored`: `reads.step_verdicts`) in place of the
+    page's own, and `verdict`: `DECIDED` or `WORKED_OUT`. A row stored before every step was decided (a failed
+    step's, no slow verdict) gives its failure verdict only."""
+    out = attributed.assign(verdict=WORKED_OUT)
+    if stored.empty or out.empty:
+        return out
+    keys = stored.set_index(stored["step_index"].astype("int64"))
+    at = out.index[out["step_index"].astype("int64").isin(keys.index)]
+    if not len(at):
+        return out
+    found = keys.loc[out.loc[at, "step_index"].astype("int64")]
+    out.loc[at, "verdict"] = DECIDED
+    for column in _FAILURE:
+        out.loc[at, column] = found[column].fillna("" if column == "evidence" else None).to_numpy(object)
+    whole = found["causes"].notna().to_numpy(bool)
+    for column in _SLOW:
+        values = found[column].to_numpy(object)[whole]
+        out.loc[at[whole], column] = values.astype(bool) if column == "slow" else values
+    return out
