@@ -10,16 +10,17 @@ events, half of them an instance's; a request and an agent step per 50 events, 5
 time, each of 20 steps and then followed by a new one (a store of 1M events holds 1,024 sessions), growing hash chains,
 evictions, hits, preemptions. A store is a file or directory under `--dir`, reused when it holds the rows (or `--store
 URL`, for one size), filled through the store's own batch writer (`Store.write`: the engine's row shapes, the writer's
-rollups and the failed steps' verdicts as in production). For each size: each page's data functions (`dashboard.data`)
+rollups and the steps' verdicts as in production). For each size: each page's data functions (`dashboard.data`)
 run cold (Streamlit's cache empty) over everything and over the last hour; then each page is rendered whole through
 Streamlit's AppTest (the app script as a browser's first visit runs it: the sidebar, the range, the data, the charts and
 tables), with Streamlit's data cache cleared before each run (the median of `--repeats` cold runs), over everything,
 after one untimed run of the app in that process (a served dashboard's process loads its modules, chDB's engine and
 opens the store once). A collector runs beside the pages (`--no-collector`: none does): its verdict keeper's mark
-is fresh, so the failed steps of the sessions still running at the store's end are shown pending, as it will decide
-them; with none, the page works them out as it opens. The baseline is a plain `count()` of `kv_events` in the
-same run. The last table puts the sizes side by side: the first render at each size and the growth from a backend's
-smallest size to its largest. Goal: <= 1 s per page at the largest size, <= 2x the smallest.
+is fresh, so the steps of the sessions still running at the store's end are shown pending, as it will decide them;
+with none, the page works their failures out as it opens and counts their slow verdicts as not decided. The baseline
+is a plain `count()` of `kv_events` in the same run. The last table puts the sizes side by side: the first render at
+each size and the growth from a backend's smallest size to its largest. Goal: <= 1 s per page at the largest size,
+<= 2x the smallest.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from results import Result, record  # bench/ is on sys.path when a script in it 
 from tqdm import tqdm
 
 from collectors.jobs.step_verdicts import VerdictKeeper
-from dashboard import data
+from dashboard import data, verdicts
 from dashboard.context import bucket_for
 from kvobs.analytics.step_story import step_story
 from kvobs.store import open_store
@@ -184,8 +185,8 @@ def build(store, events: int, seed: int = 0, instances: int = 1) -> None:
             ),
         ]
     )
-    # The failed steps' verdicts a collector decides once their sessions settle, decided as the store's last step
-    # ends: the sessions of the last minutes are still running and left to the page, as in production.
+    # The steps' verdicts a collector decides once their sessions settle, decided as the store's last step ends: the
+    # sessions of the last minutes are still running and left to the page (pending), as in production.
     keeper = VerdictKeeper(store, lambda verdicts: store.write([("upsert", verdicts)]), lookback_s=span + 3600)
     keeper.run(T0 + span)
 
@@ -253,7 +254,11 @@ def pages(store, since, until) -> dict:
     session = store.reads.sessions()["session_id"].iloc[0]
     step = int(store.reads.steps(session_id=session)["step_index"].iloc[0])
     return {
-        "Overview": lambda: (data.overview(store, since, until, window), data.failures(store, since, until)),
+        "Overview": lambda: (
+            data.overview(store, since, until, window),
+            verdicts.failures(store, since, until),
+            verdicts.slow(store, since, until),
+        ),
         "Pressure vs latency": lambda: data.pressure(store, since, until, window, "evictions_per_s", "ttft_mean"),
         "Sessions": lambda: (data.sessions(store, since, until), data.session_detail(store, session)),
         # the page: its sessions by what the cache cost them, the session's steps likewise, the step's story over

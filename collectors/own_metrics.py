@@ -14,7 +14,7 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 fleet's requests
 (`kvobs_collector_routing_loss_tokens_total{instance}` over `kvobs_collector_routing_compared_prompt_tokens_total`,
 `..._compared_requests_total`, `kvobs_collector_routing_late_requests_total`: `routing_meter`),
-`kvobs_collector_step_verdicts_total` (failed steps decided once their session settled: `step_verdicts`),
+`kvobs_collector_step_verdicts_total` (steps decided once their session settled: `step_verdicts`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
 agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention),

@@ -56,7 +56,15 @@ from kvobs.analytics.excess import (
 from kvobs.analytics.latency_parts import ESTIMATES, PARTS
 from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.step_facts import Events, KVRecord, missing, plain_parts, positions_by_value, step_facts
+from kvobs.analytics.step_facts import (
+    Events,
+    KVRecord,
+    facts_frame,
+    missing,
+    plain_parts,
+    positions_by_value,
+    step_facts,
+)
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(
@@ -192,7 +200,7 @@ def attribute_steps(
             if not failed_only or step.wanted:
                 row = step_facts(step, reqs, sent, previous_end, session_events, kv, rates, queue_wait_s)
                 rows.append(row)
-                parts.append({k: row[k] for k in ("latency_s", *PARTS, "decoded_tokens")})
+                parts.append(row.parts.as_dict())
             else:
                 parts.append(plain_parts(step, reqs, sent, kv, rates).as_dict())
             ends = [end for end in reqs.finished[sent].tolist() if end == end]
@@ -207,7 +215,7 @@ def attribute_steps(
         "preemption": object,
         **dict.fromkeys(ESTIMATES, float),
     }
-    frame = pd.DataFrame(rows).astype(floats) if rows else pd.DataFrame()
+    frame = facts_frame(rows).astype(floats) if rows else pd.DataFrame()
     for column in ("instance", "routed_from", "preemption"):  # None, not NaN, for a missing one, as in text columns
         if column in frame:
             frame[column] = frame[column].where(frame[column].notna(), None)

@@ -1,7 +1,8 @@
 """The slow steps of a time range by slow cause, read from the verdicts a collector decided once each session settled
 (`step_verdicts`, `kvobs.analytics.verdicts`), never worked out as a page opens: a range's steps no keeper decided are
 counted, as pending (a session still running that a running keeper will decide) or not decided (no keeper kept
-them), and never shown as "not slow".
+them), and never shown as "not slow". Three small reads: the decided verdicts counted in the database, the slow ones,
+the steps with no verdict.
 
     slow = slow_steps(store, since, until, now=time.time())
     slow.table          # slow_cause, slow_steps, of_weighed (share of the weighed), slow_s (median), latest step
@@ -23,8 +24,9 @@ COLUMNS = ["slow_cause", "slow_steps", "of_weighed", "slow_s", "session_id", "st
 @dataclass(frozen=True)
 class SlowSteps:
     """`table`: a row per slow cause (most steps first), with its latest step and that step's evidence; the counts
-    of the range's steps: `decided` (a stored verdict), `weighed` (decided with a request to weigh: slow or not),
-    `pending` (a running keeper decides them once their session settles), `undecided` (no keeper decided them)."""
+    of the range's steps: `decided` (a stored verdict), `weighed` (decided with a slow verdict: slow or not; a row
+    stored before every step was decided has none), `pending` (a running keeper decides them once their session
+    settles), `undecided` (no keeper decided them)."""
 
     table: pd.DataFrame
     steps: int
@@ -40,24 +42,19 @@ class SlowSteps:
 
 def slow_steps(store: Store, since: float | None, until: float | None, *, now: float) -> SlowSteps:
     """The range's slow steps by cause, from the stored verdicts (`now`: whether a keeper runs, by its mark)."""
-    steps = store.reads.steps(since, until)
-    decided = store.reads.step_verdicts(since, until)
-    decided = decided[decided["session_id"].isin(set(steps["session_id"]))] if len(decided) else decided
-    keys = pd.MultiIndex.from_frame(decided[["session_id", "step_index"]].astype({"step_index": "int64"}))
-    open_ = steps[~pd.MultiIndex.from_frame(steps[["session_id", "step_index"]]).isin(keys)] if len(steps) else steps
+    decided, weighed = store.lookups.verdict_counts(since, until)
+    open_ = store.reads.undecided_steps(since, until)
     pending = 0
     covers_from = keeper_covers_from(store, now) if len(open_) else None
     if covers_from is not None:
         ended = store.lookups.session_ends(sorted(set(open_["session_id"])))
         running = ~open_["session_id"].isin(list(ended))
         pending = int((running & (open_["started_at"] >= covers_from)).sum())
-    weighed = decided[decided["slow"].notna()] if len(decided) else decided
-    slow = weighed[weighed["slow"].astype(bool)] if len(weighed) else weighed
     return SlowSteps(
-        table=_by_cause(slow, len(weighed)),
-        steps=len(steps),
-        decided=len(decided),
-        weighed=len(weighed),
+        table=_by_cause(store.reads.step_verdicts(since, until, slow=True), weighed),
+        steps=decided + len(open_),
+        decided=decided,
+        weighed=weighed,
         pending=pending,
         undecided=len(open_) - pending,
     )

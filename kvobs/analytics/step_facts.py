@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
@@ -173,8 +173,8 @@ def step_facts(
     kv: KVRecord,
     rates: PrefillRates | None,
     queue_wait_s: float,
-) -> dict:
-    """One attributed step's row: its parts (`latency_parts.StepParts`), its facts (`causes`, `facts`: the evidence,
+) -> StepFacts:
+    """One attributed step: its parts (`latency_parts.StepParts`), its facts (`causes`, `facts`: the evidence,
     each with what it cost). `sent`: its requests' positions in `reqs` (the attribution's `_Requests`);
     `previous_end`: when the session's previous step's requests ended (None for its first step)."""
     start, end = step_window(step, reqs, sent)
@@ -257,38 +257,75 @@ def step_facts(
         facts.append(f"waited {max_queue:.2f} s in the queue")
 
     measured = sent[parts.prefill_request] if parts.prefill_request >= 0 else (sent[0] if len(sent) else None)
-    return {
-        "session_id": step.session_id,
-        "step_index": step.step_index,
-        "status": step.status,
-        "error_type": step.error_type,
-        "started_at": step.started_at,
-        "e2e_s": step.e2e_s,
-        "ttft_s": step.ttft_s,
-        "trace_id": step.trace_id,
-        "span_id": step.span_id,
-        "response_id": getattr(step, "response_id", None),
-        "request_join": getattr(step, "request_join", None),
-        "causes": ",".join(causes) or "none",
-        "facts": facts,
-        "blocks_lost_in_pause": lost_blocks,
-        "tokens_lost_in_pause": lost_tokens,
-        "instance": reqs.instance[measured] if measured is not None else None,
-        "routed_tokens": 0 if loss is None else loss["routed_tokens"],
-        "routed_from": None if loss is None else loss["best_instance"],
-        "preemptions": preemptions,
-        "preemption": parts.preemption,
-        "invalidation_reasons": ",".join(reasons),
-        "max_queue_s": max_queue,
-        "never_scheduled": parts.never_scheduled,
-        "num_requests": len(sent),
-        "cached_tokens": float(np.nansum(reqs.cached[sent])) if (~np.isnan(reqs.cached[sent])).any() else None,
-        "latency_s": parts.latency_s,
-        **{p: getattr(parts, p) for p in (*PARTS, *ESTIMATES)},
-        "new_prefill_s": parts.new_prefill_s,
-        "decoded_tokens": parts.decoded_tokens,
-        "prefill_rate": parts.own_rate,
-    }
+    return StepFacts(
+        session_id=step.session_id,
+        step_index=step.step_index,
+        status=step.status,
+        error_type=step.error_type,
+        started_at=step.started_at,
+        e2e_s=step.e2e_s,
+        ttft_s=step.ttft_s,
+        trace_id=step.trace_id,
+        span_id=step.span_id,
+        response_id=getattr(step, "response_id", None),
+        request_join=getattr(step, "request_join", None),
+        causes=",".join(causes) or "none",
+        facts=facts,
+        blocks_lost_in_pause=lost_blocks,
+        tokens_lost_in_pause=lost_tokens,
+        instance=reqs.instance[measured] if measured is not None else None,
+        routed_tokens=0 if loss is None else loss["routed_tokens"],
+        routed_from=None if loss is None else loss["best_instance"],
+        preemptions=preemptions,
+        invalidation_reasons=",".join(reasons),
+        max_queue_s=max_queue,
+        num_requests=len(sent),
+        cached_tokens=float(np.nansum(reqs.cached[sent])) if (~np.isnan(reqs.cached[sent])).any() else None,
+        parts=parts,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepFacts:
+    """One attributed step (`step_facts`): the step, what the KV record shows of it (`causes`, `facts`: the
+    evidence, each with what it cost) and its latency's parts."""
+
+    session_id: str
+    step_index: int
+    status: str
+    error_type: str | None
+    started_at: float
+    e2e_s: float | None
+    ttft_s: float | None
+    trace_id: str | None
+    span_id: str | None
+    response_id: str | None
+    request_join: str | None
+    causes: str  # the facts found, comma-separated ("none")
+    facts: list[str]
+    blocks_lost_in_pause: int
+    tokens_lost_in_pause: int
+    instance: str | None  # where its prefill ran
+    routed_tokens: int
+    routed_from: str | None
+    preemptions: int
+    invalidation_reasons: str
+    max_queue_s: float | None
+    num_requests: int
+    cached_tokens: float | None
+    parts: StepParts
+
+
+_FACT_FIELDS = tuple(f.name for f in fields(StepFacts) if f.name != "parts")
+_PART_COLUMNS = ("latency_s", *PARTS, *ESTIMATES, "new_prefill_s", "decoded_tokens", "preemption", "never_scheduled")
+
+
+def facts_frame(rows: list[StepFacts]) -> pd.DataFrame:
+    """The steps' facts as columns, their parts flattened beside them (`prefill_rate`: the prefill's own pace)."""
+    columns = {name: [getattr(row, name) for row in rows] for name in _FACT_FIELDS}
+    columns.update({name: [getattr(row.parts, name) for row in rows] for name in _PART_COLUMNS})
+    columns["prefill_rate"] = [row.parts.own_rate for row in rows]
+    return pd.DataFrame(columns)
 
 
 class _RecomputeWords:

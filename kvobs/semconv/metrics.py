@@ -415,7 +415,8 @@ kvobs_metrics = SimpleNamespace(
         "kvobs_collector_step_verdicts",
         "counter",
         "steps",
-        "Failed agent steps whose verdict the collector decided and wrote once their session settled.",
+        "Agent steps whose verdict (failure cause, slow cause) the collector decided and wrote once their session "
+        "settled.",
     ),
     COLLECTOR_STEPS_JOINED=_spec(
         "kvobs_collector_steps_joined",

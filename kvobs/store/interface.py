@@ -131,9 +131,15 @@ class Reads(Protocol):
         a keeper decides every step started from `covers_from` once its session settles."""
         ...
 
-    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None) -> pd.DataFrame:
-        """The steps started in the window (of `status`, of `session_id`, when given) whose verdict a writer decided
-        once their session settled (`step_verdicts`; the latest decision of each step), by session and step."""
+    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None, slow=None) -> pd.DataFrame:
+        """The steps started in the window (of `status`, of `session_id`, slow ones with `slow=True`, when given)
+        whose verdict a writer decided once their session settled (`step_verdicts`; the latest decision of each
+        step), by session and step."""
+        ...
+
+    def undecided_steps(self, since=None, until=None) -> pd.DataFrame:
+        """The steps started in the window with no decided verdict (`session_id`, `step_index`, `started_at`): a
+        session still running, or a store no collector decides for."""
         ...
 
     def sessions(self) -> pd.DataFrame:
@@ -258,6 +264,11 @@ class Lookups(Protocol):
 
     def step_counts(self, since: float, until: float, *, exclude_errors: tuple[str, ...] = ()) -> tuple[int, int]:
         """(steps, failed steps) started in the window; failures whose `error_type` is excluded not counted."""
+        ...
+
+    def verdict_counts(self, since=None, until=None) -> tuple[int, int]:
+        """(decided, weighed): the steps started in the window with a decided verdict, and of them those with a slow
+        verdict (`slow` not null: a row decided before every step was has none)."""
         ...
 
     def latest_alert_states(self) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from collectors.jobs.routing_meter import RoutingMeter
-from collectors.jobs.step_verdicts import VerdictKeeper
+from collectors.jobs.step_verdicts import DELAY_S, VerdictKeeper
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS
@@ -106,15 +106,21 @@ def loaded(request, tmp_path_factory):
         stores[backend] = store
         cleanups += [cleanup] if cleanup else []
     first, last = stores["sqlite"].reads.time_range()
-    steps = len(records["steps"])
+    steps, decided = len(records["steps"]), {}
+    firsts = {}
+    for record in records["steps"]:
+        firsts[record.session_id] = min(firsts.get(record.session_id, record.started_at), record.started_at)
+    # the keeper has read up to just before the last session's first step: that session is undecided
+    *_, before, latest = [0.0, *sorted(set(firsts.values()))]  # (a run whose sessions all start at once: all)
+    middle, step = (before + latest) / 2 + DELAY_S, (latest - before) / 4
     for backend, store in stores.items():  # steps' verdicts, decided as a collector does once sessions settle
         write = lambda verdicts, s=store: s.write([("upsert", verdicts)])  # noqa: E731
         mark = lambda record, s=store: s.write([("upsert", [record])])  # noqa: E731
         keeper = VerdictKeeper(store, write, progress=mark, lookback_s=last - first + 3600.0)
         keeper.name = "verdicts@contract"  # one name on every backend (a process's own carries its pid)
-        assert keeper.run(last + 3600.0) == steps, backend
-        assert keeper.run(last + 3700.0) == 0, backend  # a second mark replaces the first
-        assert store.reads.verdict_progress()["updated_at"].tolist() == [last + 3700.0], backend
+        decided[backend] = keeper.run(middle) + keeper.run(middle + step)  # a second mark replaces the first
+        assert store.reads.verdict_progress()["updated_at"].tolist() == [middle + step], backend
+    assert len(set(decided.values())) == 1 and 0 < decided["sqlite"] <= steps, decided
     for backend, store in stores.items():  # request lookups, measured as a collector does a minute behind
         meter = RoutingMeter(
             store,
@@ -195,6 +201,9 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ("step_verdicts", (), {}, True),
         ("step_verdicts", (), {"status": "error"}, True),
         ("step_verdicts", (), {"session_id": busiest}, True),
+        ("step_verdicts", (), {"slow": True}, True),
+        ("undecided_steps", (), {}, True),
+        ("verdict_counts", (), {}, True),
         ("runs", (), {"instances": store.reads.instances()[-1:]}, True),
         ("request_lookups", (), {"session_id": some_session}, True),
         ("lookup_progress", (), {}, True),
@@ -213,6 +222,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
                 "steps",
                 "step_outcomes",
                 "step_verdicts",
+                "undecided_steps",
                 "kv_event_counts",
                 "block_losses",
                 "stored_blocks",
@@ -261,6 +271,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         calls += [
             ("step_counts", (since, until), {}, True),
             ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),
+            ("verdict_counts", (since, until), {}, True),
             ("instance_counter_before", ("preemptions_total", until), {}, True),
             ("instance_counter_before", ("preemptions_total", until), one, True),
         ]
@@ -336,6 +347,8 @@ def test_the_contract_compares_something(loaded):
     assert not store.lookups.block_lifetimes(first, last).empty
     assert store.lookups.restored_blocks(first, last)["stored"].sum() > 0
     assert store.lookups.step_counts(first, last)[0] > 0
+    decided, weighed = store.lookups.verdict_counts()
+    assert 0 < weighed == decided and decided + len(store.reads.undecided_steps()) == len(store.reads.steps())
 
 
 def test_the_rollup_answers_what_the_raw_rows_answer(loaded):

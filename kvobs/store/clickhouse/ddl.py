@@ -241,8 +241,18 @@ _STEP_REQUESTS = [
 
 # Version 15: every step's verdict, with its slow cause and its latency's parts (alembic 0018); a step that
 # succeeded has no failure cause.
-_VERDICT_SECONDS = ("latency_s", "typical_s", "excess_s", "queue_s", "preempted_s", "prefill_s", "decode_s")
-_VERDICT_SECONDS += ("tool_s", "other_s", "lost_recompute_s", "invalidated_recompute_s", "routed_recompute_s")
+_VERDICT_SECONDS = [
+    "latency_s",
+    "typical_s",
+    "excess_s",
+    "queue_s",
+    "preempted_s",
+    "prefill_s",
+    "decode_s",
+    "tool_s",
+    "other_s",
+]
+_VERDICT_SECONDS += ["lost_recompute_s", "invalidated_recompute_s", "routed_recompute_s"]
 _WHOLE_VERDICTS = [
     "ALTER TABLE step_verdicts MODIFY COLUMN failure_cause LowCardinality(Nullable(String))",
     "ALTER TABLE step_verdicts MODIFY COLUMN failure_kind LowCardinality(Nullable(String))",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from kvobs.semconv.spans import StepStatus
-from kvobs.store.clickhouse.reads import LOSSES, STORED, _columns
+from kvobs.store.clickhouse.reads import LOSSES, STORED, _columns, _Where
 from kvobs.store.schema import TABLES
 
 if TYPE_CHECKING:
@@ -92,6 +92,14 @@ class ClickHouseLookups:
             {"since": float(since), "until": float(until), "excluded": list(exclude_errors)},
         )
         return int(frame["total"].iloc[0]), int(frame["failed"].iloc[0])
+
+    def verdict_counts(self, since=None, until=None) -> tuple[int, int]:
+        where = _Where().window("started_at", since, until)
+        frame = self.store.frame(
+            f"SELECT toInt64(count()) AS decided, toInt64(count(slow)) AS weighed FROM step_verdicts FINAL{where}",
+            where.params,
+        )
+        return int(frame["decided"].iloc[0]), int(frame["weighed"].iloc[0])
 
     def latest_alert_states(self) -> pd.DataFrame:
         return self.store.frame(f"""SELECT {_columns("alerts")} FROM (SELECT * FROM alerts ORDER BY id DESC

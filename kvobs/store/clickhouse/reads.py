@@ -211,15 +211,25 @@ class ClickHouseReads(ComposedReads):
     def verdict_progress(self) -> pd.DataFrame:
         return self.store.frame(f"SELECT {_columns('verdict_progress')} FROM verdict_progress FINAL ORDER BY keeper")
 
-    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None) -> pd.DataFrame:
+    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None, slow=None) -> pd.DataFrame:
         where = _Where().window("started_at", since, until)
         if status is not None:  # after FINAL: the latest decision's
             where.add("status = {status:String}", status=status)
         if session_id is not None:
             where.add("session_id = {sid:String}", sid=session_id)
+        if slow is not None:
+            where.add("slow = {slow:Bool}", slow=bool(slow))
         return self.store.frame(
             f"SELECT {_columns('step_verdicts')} FROM step_verdicts FINAL{where} ORDER BY session_id, step_index",
             where.params,
+        )
+
+    def undecided_steps(self, since=None, until=None) -> pd.DataFrame:
+        where = _Where().window("started_at", since, until)
+        decided = f"SELECT session_id, step_index FROM step_verdicts{_Where().window('started_at', since, until)}"
+        where.add(f"(session_id, step_index) NOT IN ({decided})")
+        return self.store.frame(
+            f"SELECT session_id, step_index, started_at FROM steps FINAL{where} ORDER BY started_at", where.params
         )
 
     def sessions(self) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import aliased
 
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
-from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow
+from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow, StepVerdictRow
 from kvobs.store.sql.frames import _columns, _lookup, read
 
 if TYPE_CHECKING:
@@ -134,6 +134,16 @@ class SqlLookups:
         with self.store.engine.connect() as conn:
             total, num_failed = conn.execute(stmt).one()
         return int(total or 0), int(num_failed or 0)
+
+    def verdict_counts(self, since=None, until=None) -> tuple[int, int]:
+        stmt = select(func.count(), func.count(StepVerdictRow.slow))
+        if since is not None:
+            stmt = stmt.where(StepVerdictRow.started_at >= since)
+        if until is not None:
+            stmt = stmt.where(StepVerdictRow.started_at <= until)
+        with self.store.engine.connect() as conn:
+            decided, weighed = conn.execute(stmt).one()
+        return int(decided or 0), int(weighed or 0)
 
     def latest_alert_states(self) -> pd.DataFrame:
         """The latest row of every (rule, instance, session) alert key."""

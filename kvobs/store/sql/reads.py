@@ -250,13 +250,23 @@ class SqlReads(ComposedReads):
     def verdict_progress(self) -> pd.DataFrame:
         return read(self.store, select(*_columns(VerdictProgressRow)).order_by(VerdictProgressRow.keeper))
 
-    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None) -> pd.DataFrame:
+    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None, slow=None) -> pd.DataFrame:
         stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)
         if status is not None:
             stmt = stmt.where(StepVerdictRow.status == status)
         if session_id is not None:
             stmt = stmt.where(StepVerdictRow.session_id == session_id)
+        if slow is not None:
+            stmt = stmt.where(StepVerdictRow.slow.is_(bool(slow)))
         return read(self.store, stmt.order_by(StepVerdictRow.session_id, StepVerdictRow.step_index))
+
+    def undecided_steps(self, since=None, until=None) -> pd.DataFrame:
+        verdict = StepVerdictRow
+        decided = select(verdict.step_index).where(
+            verdict.session_id == StepRow.session_id, verdict.step_index == StepRow.step_index
+        )
+        stmt = select(StepRow.session_id, StepRow.step_index, StepRow.started_at).where(~decided.exists())
+        return read(self.store, _between(stmt, StepRow.started_at, since, until).order_by(StepRow.started_at))
 
     def sessions(self) -> pd.DataFrame:
         return read(self.store, select(*_columns(SessionRow)).order_by(SessionRow.started_at))

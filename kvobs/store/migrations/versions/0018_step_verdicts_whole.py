@@ -35,20 +35,20 @@ FLOATS = (
     "invalidated_recompute_s",
     "routed_recompute_s",
 )
-COLUMNS = (
+COLUMNS: list[sa.Column] = [
     sa.Column("slow", sa.Boolean, nullable=True),
     sa.Column("slow_cause", sa.String(32), nullable=True),
     sa.Column("cause", sa.String(32), nullable=True),
     sa.Column("causes", sa.String(255), nullable=True),
     sa.Column("num_requests", sa.Integer, nullable=True),
-)
+]
 
 
 def upgrade() -> None:
     with op.batch_alter_table("step_verdicts") as batch:
         batch.alter_column("failure_cause", existing_type=sa.String(32), nullable=True)
         batch.alter_column("failure_kind", existing_type=sa.String(16), nullable=True)
-        for column in (*COLUMNS, *(sa.Column(name, sa.Float, nullable=True) for name in FLOATS)):
+        for column in [*COLUMNS, *(sa.Column(name, sa.Float, nullable=True) for name in FLOATS)]:
             batch.add_column(column)
 
 
