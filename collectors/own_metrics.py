@@ -14,7 +14,8 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 fleet's requests
 (`kvobs_collector_routing_loss_tokens_total{instance}` over `kvobs_collector_routing_compared_prompt_tokens_total`,
 `..._compared_requests_total`, `kvobs_collector_routing_late_requests_total`: `routing_meter`),
-`kvobs_collector_step_verdicts_total` (steps decided once their session settled: `step_verdicts`),
+`kvobs_collector_step_verdicts_total{kind}` (steps decided once their session settled, `step_verdicts`, by what cost
+each: `kvobs.analytics.verdicts.cost_kind`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
 agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention),
@@ -27,10 +28,12 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
+from kvobs.analytics.verdicts import COST_KINDS
 from kvobs.semconv.metrics import (
     LABEL_COMPONENT,
     LABEL_ERROR_TYPE,
     LABEL_INSTANCE,
+    LABEL_KIND,
     LABEL_MEDIUM,
     LABEL_METHOD,
     LABEL_REASON,
@@ -148,9 +151,8 @@ class CollectorMetrics(PromCollector):
         late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
         late.add_metric([], meter.num_late if meter is not None else 0)
         yield late
-        verdicts = _counter(kvobs_metrics.COLLECTOR_STEP_VERDICTS)
-        verdicts.add_metric([], c.verdicts.num_decided)
-        yield verdicts
+        decided = c.verdicts.decided_by_kind  # every kind from the start, at 0 until decided (a rate() needs it)
+        yield _by_label(kvobs_metrics.COLLECTOR_STEP_VERDICTS, LABEL_KIND, {k: decided[k] for k in COST_KINDS})
         silent = _counter(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT, (LABEL_INSTANCE,))
         for stream in c.streams:
             silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable
 
 import pandas as pd
 
 from kvobs.analytics.step_causes import step_causes
-from kvobs.analytics.verdicts import verdict_records
+from kvobs.analytics.verdicts import cost_kind, verdict_records
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store.interface import Store
 from kvobs.store.leases import holder_name
@@ -61,6 +62,7 @@ class VerdictKeeper:
         self.done: float | None = None  # steps started up to here have been read
         self.pending: dict[str, float] = {}  # session with steps not yet decided -> its last step's time
         self.num_decided = 0  # verdicts written, ever
+        self.decided_by_kind: Counter[str] = Counter()  # of them, by what cost the step (`verdicts.cost_kind`)
 
     def run(self, now: float) -> int:
         """Read the steps started since the last run; decide the steps of every session that has settled."""
@@ -118,5 +120,6 @@ class VerdictKeeper:
         if records:
             self.write(records)
             self.num_decided += len(records)
+            self.decided_by_kind.update(cost_kind(r.failure_kind, r.slow, r.slow_cause) for r in records)
             log.debug("decided %d step(s) of %d settled session(s)", len(records), len(sessions))
         return len(records)

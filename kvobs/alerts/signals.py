@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvobs.analytics.hit_rate import hit_rates_in
 from kvobs.analytics.routing import FLEET, fleet_losses, routing_summary
+from kvobs.analytics.verdicts import cost_kind
 from kvobs.store.interface import Store
 from kvobs.store.rollups import PREEMPTIONS, preemption_increase
 
@@ -112,6 +113,18 @@ def step_failure_rate(
     return [(None, None, failed / total)]
 
 
+def cache_cost_share(store: Store, since: float, until: float, min_steps: int = 10) -> list[Value]:
+    """Of the agent steps whose verdict the collector decided in the window (their sessions settled: a step still
+    pending is not counted), the share the KV cache cost: failed or slow by a cause of kind `cache` (a prefix lost in
+    a tool pause, invalidated or routed away, a preemption; `verdicts.cost_kind`), of at least `min_steps`."""
+    decided = store.reads.step_verdicts(since, until, decided_in=True)
+    decided = decided[decided["slow"].notna()]  # (a row decided before every step was: no slow verdict to weigh)
+    if len(decided) < max(min_steps, 1):
+        return []
+    kinds = [cost_kind(*row) for row in decided[["failure_kind", "slow", "slow_cause"]].itertuples(index=False)]
+    return [(None, None, sum(kind == "cache" for kind in kinds) / len(kinds))]
+
+
 def _burn(store: Store, since: float, until: float, slo_s: float, objective: float) -> dict[str, float]:
     reqs = store.reads.requests(since, until).dropna(subset=["ttft_s"])
     budget = max(1.0 - objective, 1e-9)
@@ -159,6 +172,7 @@ SIGNALS: dict[str, Signal] = {
         "prompt tokens recomputed while another replica held them / prompt tokens compared, per instance",
     ),
     "step_failure_rate": Signal(step_failure_rate, ("min_steps", "exclude_errors"), "failed agent steps / steps"),
+    "cache_cost_share": Signal(cache_cost_share, ("min_steps",), "steps decided that the KV cache failed or slowed"),
     "ttft_slo_burn": Signal(ttft_slo_burn, ("slo_s", "objective", "short_window_s"), "TTFT SLO error-budget burn"),
     "instance_up": Signal(instance_up, (), "latest `up` scrape sample per instance"),
 }

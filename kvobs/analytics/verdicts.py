@@ -17,6 +17,8 @@ from dataclasses import fields
 
 import pandas as pd
 
+from kvobs.analytics.attribution import FAILURE_KINDS
+from kvobs.analytics.excess import FAILURE_KIND_OF
 from kvobs.store.rows import StepVerdictRecord
 
 VERDICT_FIELDS = tuple(f.name for f in fields(StepVerdictRecord))
@@ -35,6 +37,20 @@ def verdict_records(attributed: pd.DataFrame, decided_at: float) -> list[StepVer
         StepVerdictRecord(**{name: _value(name, value) for name, value in zip(present, row)})
         for row in frame[present].itertuples(index=False, name=None)
     ]
+
+
+COST_KINDS = (*FAILURE_KINDS, "none")  # what cost a step, as `cost_kind` names it
+
+
+def cost_kind(failure_kind: str | None, slow: bool | None, slow_cause: str | None) -> str:
+    """What cost a step, as a kind (`COST_KINDS`): a failed step's failure kind; a slow step's cause's kind (`cache`
+    for a prefix lost, invalidated or routed away, or a preemption; `queue`, `engine`, `tool`, `outside`); `none` for
+    a step that neither failed nor was slow."""
+    if isinstance(failure_kind, str):
+        return failure_kind
+    if slow and isinstance(slow_cause, str):
+        return FAILURE_KIND_OF.get(slow_cause, "none")
+    return "none"
 
 
 def verdict_frame(verdicts: list[StepVerdictRecord] | pd.DataFrame) -> pd.DataFrame:

@@ -29,6 +29,7 @@ PROMPT_SOURCE_COMPUTED, PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL = (
 LABEL_MEDIUM = "medium"  # a KV tier, as kvobs names it (`kvobs.semconv.attributes.medium_name`)
 LABEL_SHAPE = "shape"  # a KV-event batch's wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
 LABEL_STATUS = "status"
+LABEL_KIND = "kind"  # what cost an agent step (`kvobs.analytics.verdicts.cost_kind`)
 LABEL_ERROR_TYPE = "error_type"
 LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
@@ -416,7 +417,9 @@ kvobs_metrics = SimpleNamespace(
         "counter",
         "steps",
         "Agent steps whose verdict (failure cause, slow cause) the collector decided and wrote once their session "
-        "settled.",
+        "settled, by what cost each: its failure's kind, else its slow cause's (cache, queue, engine, tool, outside), "
+        "else none.",
+        LABEL_KIND,
     ),
     COLLECTOR_STEPS_JOINED=_spec(
         "kvobs_collector_steps_joined",

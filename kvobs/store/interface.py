@@ -131,10 +131,12 @@ class Reads(Protocol):
         a keeper decides every step started from `covers_from` once its session settles."""
         ...
 
-    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None, slow=None) -> pd.DataFrame:
-        """The steps started in the window (of `status`, of `session_id`, slow ones with `slow=True`, when given)
-        whose verdict a writer decided once their session settled (`step_verdicts`; the latest decision of each
-        step), by session and step."""
+    def step_verdicts(
+        self, since=None, until=None, *, status=None, session_id=None, slow=None, decided_in: bool = False
+    ) -> pd.DataFrame:
+        """The steps started in the window (decided in it, with `decided_in`; of `status`, of `session_id`, slow ones
+        with `slow=True`, when given) whose verdict a writer decided once their session settled (`step_verdicts`; the
+        latest decision of each step), by session and step."""
         ...
 
     def undecided_steps(self, since=None, until=None) -> pd.DataFrame:

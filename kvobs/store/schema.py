@@ -82,7 +82,10 @@ class StepVerdictRow(Base):
     over any range without attributing every step again."""
 
     __tablename__ = "step_verdicts"
-    __table_args__ = (Index("ix_step_verdicts_started_at", "started_at"),)
+    __table_args__ = (
+        Index("ix_step_verdicts_started_at", "started_at"),
+        Index("ix_step_verdicts_decided_at", "decided_at"),  # the alerts' window: steps decided in it
+    )
 
     session_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES), primary_key=True)
     step_index: Mapped[int] = mapped_column(Integer, primary_key=True)

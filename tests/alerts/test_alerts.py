@@ -32,6 +32,7 @@ def test_builtin_rules_cover_the_issue():
         "prefix_lost_in_pause_per_min",
         "routing_loss_share",
         "step_failure_rate",
+        "cache_cost_share",
         "ttft_slo_burn",
         "instance_up",
     }

@@ -14,6 +14,7 @@ from dashboard import data
 from dashboard.verdicts import failures
 from dashboard.views.overview import slow_words, verdict_words
 from dashboard.views.sessions import STEP_COLUMNS
+from kvobs.alerts.signals import cache_cost_share
 from kvobs.analytics.slow_steps import slow_steps
 from kvobs.analytics.step_causes import KEEPER_LIVE_S, VERDICT_COLUMNS, failure_verdicts, range_verdicts
 from kvobs.analytics.verdicts import DECIDED, WORKED_OUT, verdict_frame, verdict_records
@@ -89,6 +90,14 @@ def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
     slow = slow_steps(store, first, last, now=last + 3600)
     assert (slow.steps, slow.decided, slow.pending, slow.undecided) == (len(steps), len(steps), 0, 0)
     assert slow.slow == int(stored["slow"].fillna(False).astype(bool).sum()) > 0
+    # the alert reads the steps decided in its window: the share the pages showed the cache cost
+    shown_all = pd.concat(shown.values(), ignore_index=True)
+    cache_causes = ["prefix_evicted_in_pause", "invalidated", "routed_away_from_prefix", "preempted"]
+    by_cache = shown_all["failure_kind"].eq("cache") | shown_all["slow"] & shown_all["slow_cause"].isin(cache_causes)
+    assert cache_cost_share(store, last + 3599, last + 3601, min_steps=1) == [(None, None, by_cache.mean())]
+    assert cache_cost_share(store, last + 3599, last + 3601, min_steps=len(steps) + 1) == []  # too few
+    assert cache_cost_share(store, first, last, min_steps=1) == []  # none decided then: nothing, never 0
+    assert sum(keeper.decided_by_kind.values()) == len(steps) and keeper.decided_by_kind["cache"] == by_cache.sum()
     assert keeper.run(last + 3700) == 0  # nothing new, nothing decided twice
 
 

@@ -35,7 +35,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
 @needs("promtool", "prometheus")
 def test_promtool_checks_the_rules_and_the_prometheus_config():
     done = _promtool("check", "rules", str(RULES))
-    assert done.returncode == 0 and "SUCCESS: 17 rules found" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "SUCCESS: 18 rules found" in done.stdout, done.stdout + done.stderr
     done = _promtool("check", "config", "--syntax-only", str(PROMETHEUS_CONFIG))
     assert done.returncode == 0, done.stdout + done.stderr
 

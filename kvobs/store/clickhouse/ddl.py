@@ -269,6 +269,8 @@ _WHOLE_VERDICTS = [
             *((name, "Nullable(Float64)") for name in _VERDICT_SECONDS),
         )
     ),
+    "ALTER TABLE step_verdicts ADD INDEX IF NOT EXISTS ix_decided_at decided_at TYPE minmax GRANULARITY 1",
+    "ALTER TABLE step_verdicts MATERIALIZE INDEX ix_decided_at SETTINGS mutations_sync = 2",
 ]
 
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.

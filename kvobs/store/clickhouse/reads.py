@@ -211,8 +211,10 @@ class ClickHouseReads(ComposedReads):
     def verdict_progress(self) -> pd.DataFrame:
         return self.store.frame(f"SELECT {_columns('verdict_progress')} FROM verdict_progress FINAL ORDER BY keeper")
 
-    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None, slow=None) -> pd.DataFrame:
-        where = _Where().window("started_at", since, until)
+    def step_verdicts(
+        self, since=None, until=None, *, status=None, session_id=None, slow=None, decided_in: bool = False
+    ) -> pd.DataFrame:
+        where = _Where().window("decided_at" if decided_in else "started_at", since, until)
         if status is not None:  # after FINAL: the latest decision's
             where.add("status = {status:String}", status=status)
         if session_id is not None:

@@ -250,8 +250,11 @@ class SqlReads(ComposedReads):
     def verdict_progress(self) -> pd.DataFrame:
         return read(self.store, select(*_columns(VerdictProgressRow)).order_by(VerdictProgressRow.keeper))
 
-    def step_verdicts(self, since=None, until=None, *, status=None, session_id=None, slow=None) -> pd.DataFrame:
-        stmt = _between(select(*_columns(StepVerdictRow)), StepVerdictRow.started_at, since, until)
+    def step_verdicts(
+        self, since=None, until=None, *, status=None, session_id=None, slow=None, decided_in: bool = False
+    ) -> pd.DataFrame:
+        at = StepVerdictRow.decided_at if decided_in else StepVerdictRow.started_at
+        stmt = _between(select(*_columns(StepVerdictRow)), at, since, until)
         if status is not None:
             stmt = stmt.where(StepVerdictRow.status == status)
         if session_id is not None:

@@ -2,7 +2,8 @@
 `slow_share`), the KV record's facts (`cause`, `causes`), its latency's parts against its session's typical step, so
 the pages read a slow cause decided once instead of attributing steps as they open. `failure_cause` and
 `failure_kind` become nullable (a step that succeeded has none). Rows written before keep NULL in the new columns:
-the pages read them as failed steps' verdicts, as before.
+the pages read them as failed steps' verdicts, as before. An index on `decided_at`: the alerts read the steps decided
+in their window.
 
 Revision ID: 0018
 Revises: 0017
@@ -50,9 +51,11 @@ def upgrade() -> None:
         batch.alter_column("failure_kind", existing_type=sa.String(16), nullable=True)
         for column in [*COLUMNS, *(sa.Column(name, sa.Float, nullable=True) for name in FLOATS)]:
             batch.add_column(column)
+    op.create_index("ix_step_verdicts_decided_at", "step_verdicts", ["decided_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_step_verdicts_decided_at", table_name="step_verdicts")
     op.execute("DELETE FROM step_verdicts WHERE failure_cause IS NULL")  # the succeeded steps' rows
     with op.batch_alter_table("step_verdicts") as batch:
         for name in (*(c.name for c in COLUMNS), *FLOATS):
