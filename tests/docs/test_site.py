@@ -27,6 +27,9 @@ def test_the_docs_site_builds_strict(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "site" / "benchmarks" / "index.html").exists()
+    home = (tmp_path / "site" / "index.html").read_text()  # the README itself, its links made the site's
+    assert "Observability and tracing for KV-cache behaviour in LLM agents." in home
+    assert 'href="quickstart/"' in home and 'src="screenshots/agent-overview.png"' in home
 
 
 def _anchors(page: Path) -> set[str]:
