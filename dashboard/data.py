@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dashboard.page_data import AlertsPage, FleetRouting, FleetTable, KVEventsPage, Overview, Pressure
 from dashboard.series import activity, fill_windows, unwatched
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
@@ -90,7 +91,7 @@ def _median_gap(snaps: pd.DataFrame) -> float | None:
 
 def overview(
     store: Store, since: float, until: float, window_s: float, instances=None, *, per_instance: bool = False
-) -> dict:
+) -> Overview:
     """KPIs and the Overview's series on the window grid of [since, until]: counts 0 where their source watched and
     saw nothing, NaN where nothing was watching (between runs); sampled values NaN (a gap) where nothing was
     sampled; percentiles only for windows with enough requests (`kvobs.analytics.samples`), from the latency sketch.
@@ -139,23 +140,23 @@ def overview(
     points = None
     if num_requests <= MAX_POINTS:  # few enough to draw one by one: their rows
         points = store.reads.requests(since, until, instances=instances)[["arrival_ts", "ttft_s"]].dropna()
-    return {
-        "kpis": kpis,
-        "fleet": _fleet(sums, counts, counters, since, until, window_s) if per_instance else None,
-        "num_snapshots": int(sums.snapshots["samples"].sum()),
-        "watching_kv": not counts.empty,
-        "num_kv_events": int(counts["events"].sum()) if not counts.empty else 0,  # what a range's replay reads
-        "usage": fill_windows(_per_instance(sums.snapshots, "usage"), since, until, window_s, value=np.nan),
-        "resident": fill_windows(_per_instance(sums.snapshots, "resident"), since, until, window_s, value=np.nan),
-        "hit_rate": fill_windows(hit_windows.rename("hit rate").to_frame(), since, until, window_s, value=np.nan)
+    return Overview(
+        kpis=kpis,
+        fleet=_fleet(sums, counts, counters, since, until, window_s) if per_instance else None,
+        num_snapshots=int(sums.snapshots["samples"].sum()),
+        watching_kv=not counts.empty,
+        num_kv_events=int(counts["events"].sum()) if not counts.empty else 0,
+        usage=fill_windows(_per_instance(sums.snapshots, "usage"), since, until, window_s, value=np.nan),
+        resident=fill_windows(_per_instance(sums.snapshots, "resident"), since, until, window_s, value=np.nan),
+        hit_rate=fill_windows(hit_windows.rename("hit rate").to_frame(), since, until, window_s, value=np.nan)
         if not hit_windows.empty
         else pd.DataFrame(),
-        "latency": gaps(list(LATENCY_DRAWN)),
-        "ttft_points": points,
-        "preemptions": gaps(["preemptions"]),
-        "evictions": evictions,
-        "steps": step_windows,
-    }
+        latency=gaps(list(LATENCY_DRAWN)),
+        ttft_points=points,
+        preemptions=gaps(["preemptions"]),
+        evictions=evictions,
+        steps=step_windows,
+    )
 
 
 def _per_instance(snapshots: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -168,7 +169,9 @@ def _per_instance(snapshots: pd.DataFrame, name: str) -> pd.DataFrame:
     return mean.pivot_table(index="window", columns="instance", values="mean", aggfunc="sum")
 
 
-def fleet_routing(store: Store, since: float, until: float, instances=None, *, replay: bool = True) -> dict | None:
+def fleet_routing(
+    store: Store, since: float, until: float, instances=None, *, replay: bool = True
+) -> FleetRouting | None:
     """Routing loss over the range (`kvobs.analytics.routing`): per instance and for the fleet (`summary`, the
     fleet's row last), what could not be compared and why (`notes`); and the hit-rate shortfall split
     (`kvobs.analytics.shortfall`: `shortfall` per instance and for the fleet, `spread` of the replicas' hit rates).
@@ -185,18 +188,18 @@ def fleet_routing(store: Store, since: float, until: float, instances=None, *, r
     losses = lookups[lookups["replicas_compared"] > 0]
     summary = routing_summary(losses, since, until) if not losses.empty else pd.DataFrame(columns=SUMMARY_COLUMNS)
     table = shortfall(lookups, "instance")
-    return {
-        "source": "replay",
-        "summary": summary,
-        "notes": check.notes,
-        "compared": len(losses),
-        "requests": len(reqs),
-        "shortfall": table if not lookups.empty else table.iloc[0:0],
-        "spread": hit_rate_spread(table),
-    }
+    return FleetRouting(
+        source="replay",
+        summary=summary,
+        notes=check.notes,
+        compared=len(losses),
+        requests=len(reqs),
+        shortfall=table if not lookups.empty else table.iloc[0:0],
+        spread=hit_rate_spread(table),
+    )
 
 
-def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: float, instances) -> dict:
+def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: float, instances) -> FleetRouting:
     """`fleet_routing` from the measured lookups' sums per instance (`windows.lookup_range_sums`), over the span
     measured: from the first lookup measured to where the collectors have measured every instance
     (`lookup_progress`); the requests that arrived after that are pending (`pending`, `measured_to`), and instances
@@ -218,19 +221,19 @@ def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: flo
     if stored:  # block sizes only: whether hash chains meet is the meter's to say (`replicas_compared`)
         blocks = pd.concat(stored, ignore_index=True).assign(kind=KVEventKind.STORED.value)
         notes = FleetCheck.of(blocks, blocks.iloc[0:0], hashes=False).notes
-    return {
-        "source": "measured",
-        "summary": routing_summary_of_sums(sums, first, max(to, first)),
-        "notes": notes,
-        "compared": int(sums["compared_requests"].sum()),
-        "requests": int(sums["requests"].sum()),
-        "shortfall": table,
-        "spread": hit_rate_spread(table),
-        "measured_from": first,
-        "measured_to": to,
-        "pending": pending,
-        "unmeasured": [name for name in names if name not in marks],
-    }
+    return FleetRouting(
+        source="measured",
+        summary=routing_summary_of_sums(sums, first, max(to, first)),
+        notes=notes,
+        compared=int(sums["compared_requests"].sum()),
+        requests=int(sums["requests"].sum()),
+        shortfall=table,
+        spread=hit_rate_spread(table),
+        measured_from=first,
+        measured_to=to,
+        pending=pending,
+        unmeasured=[name for name in names if name not in marks],
+    )
 
 
 def latest_stored(store: Store, since: float, until: float, instance: str) -> pd.DataFrame:
@@ -256,7 +259,7 @@ def _fleet(
     since: float,
     until: float,
     window_s: float,
-) -> dict:
+) -> FleetTable:
     """Per instance, from the Overview's own reads (`counts` by instance): a row of totals (`table`, most blocks
     lost first) and, for each `FLEET_SERIES` measure, a frame of one column per instance on the window grid
     (`series`); an instance whose source did not report a measure has no column there (unknown, not zero)."""
@@ -289,7 +292,7 @@ def _fleet(
         ],
     )
     table = table.sort_values(["blocks_lost", "instance"], ascending=[False, True], kind="stable", ignore_index=True)
-    return {"table": table, "series": {c: pd.DataFrame(cols) for c, cols in series.items()}}
+    return FleetTable(table, {c: pd.DataFrame(cols) for c, cols in series.items()})
 
 
 def _instance_row(name: str, sums: RangeSums, losses: pd.DataFrame, counters: pd.DataFrame) -> dict:
@@ -310,7 +313,7 @@ def _instance_row(name: str, sums: RangeSums, losses: pd.DataFrame, counters: pd
 
 def pressure(
     store: Store, since: float, until: float, window_s: float, x: str, y: str, max_lag: int = 6, instances=None
-) -> dict:
+) -> Pressure:
     """`x` (a pressure measure) against `y` (a latency: a mean, or a quantile such as `ttft_p90`) per window, and
     their lagged correlation. Only `y`'s latency is read off the sketch, and only `y` computed of its quantiles."""
     losses = store.reads.block_losses(since, until, bucket_s=window_s, instances=instances)
@@ -319,7 +322,7 @@ def pressure(
     sums = range_sums(store, since, until, window_s, instances, metrics=(metric,) if quantiles else ())
     frame = pressure_windows(sums, losses, window_s=window_s, quantiles=quantiles)
     correlation = lagged_correlation(frame, x, y, max_lag=max_lag, window_s=window_s)
-    return {"windows": frame, "correlation": correlation, "strongest": strongest_lag(correlation)}
+    return Pressure(frame, correlation, strongest_lag(correlation))
 
 
 SESSION_ROWS = 500  # sessions a page lists: those the cache cost most (the table and the chooser stay bounded)
@@ -418,7 +421,7 @@ def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
     return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
 
 
-def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> dict:
+def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> KVEventsPage:
     """The KV events page: blocks stored and lost per window and lost by reason over the whole range (from the
     per-minute rollup); the reused prefixes, the most recomputed blocks and the churn over the latest `PREFIX_ROWS`
     stored blocks of the range (`sample_since`: from when; `stored_in_range`: how many the range holds), so the
@@ -439,17 +442,17 @@ def kv_events_page(store: Store, since: float, until: float, window_s: float, in
     stored = store.reads.stored_blocks(_latest_from(counts, since), until, latest=PREFIX_ROWS, instances=instances)
     in_range = int(counts.loc[counts["kind"] == KVEventKind.STORED.value, "events"].sum())  # rows, as `stored`
     sample_since = float(stored["ts"].iloc[0]) if len(stored) >= PREFIX_ROWS else since  # the sample's first block
-    return {
-        "lifecycle": lifecycle,
-        "reasons": reasons.rename("blocks").reset_index(),
-        "prefixes": prefix_reuse(stored).head(20),
-        "restored": store.reads.top_restored_blocks(sample_since, until, limit=20, instances=instances),
-        "churn": eviction_churn(stored),
-        "released": released_blocks,
-        "prefix_rows": len(stored),
-        "sample_since": sample_since,
-        "stored_in_range": in_range,
-    }
+    return KVEventsPage(
+        lifecycle=lifecycle,
+        reasons=reasons.rename("blocks").reset_index(),
+        prefixes=prefix_reuse(stored).head(20),
+        restored=store.reads.top_restored_blocks(sample_since, until, limit=20, instances=instances),
+        churn=eviction_churn(stored),
+        released=released_blocks,
+        prefix_rows=len(stored),
+        sample_since=sample_since,
+        stored_in_range=in_range,
+    )
 
 
 def _latest_from(counts: pd.DataFrame, since: float) -> float:
@@ -461,11 +464,11 @@ def _latest_from(counts: pd.DataFrame, since: float) -> float:
     return max(since, float(enough.index[0])) if len(enough) else since
 
 
-def alerts_page(store: Store, since: float, until: float, instances=None) -> dict:
+def alerts_page(store: Store, since: float, until: float, instances=None) -> AlertsPage:
     """Alerts firing now and the range's transitions; with `instances`, those of these instances and those of no
     instance (a session's, the fleet's)."""
     history = store.reads.alerts(since, until)
     latest = store.reads.alerts().drop_duplicates(["rule", "instance", "session_id"], keep="first")
     if instances is not None:  # a few rows per rule and key: narrowed here
         history, latest = (f[f["instance"].isna() | f["instance"].isin(instances)] for f in (history, latest))
-    return {"active": latest[latest["state"] == "firing"], "history": history}
+    return AlertsPage(active=latest[latest["state"] == "firing"], history=history)

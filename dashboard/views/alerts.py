@@ -18,15 +18,15 @@ def render(ctx) -> None:
     if ctx.instances is not None:
         st.caption(f"Alerts of {ctx.scope()}, and those of no instance (a session's, the fleet's).")
     st.subheader("Firing")
-    if data["active"].empty:
+    if data.active.empty:
         st.success("Nothing is firing.")
     else:
-        show_table(data["active"][SHOWN], ctx.clock)
+        show_table(data.active[SHOWN], ctx.clock)
     st.subheader("History")
-    if data["history"].empty:
+    if data.history.empty:
         st.info("No alert transitions in this range. `kvobs alerts --store URL --watch 15` evaluates the rules.")
     else:
-        show_table(data["history"][SHOWN], ctx.clock)
+        show_table(data.history[SHOWN], ctx.clock)
     with st.expander("Rules"):
         from kvobs.alerts.rules import builtin_rules
 

@@ -7,6 +7,7 @@ import altair as alt
 import streamlit as st
 
 from dashboard import glossary
+from dashboard.page_data import KVEventsPage
 from dashboard.views import cache
 from dashboard.views.charts import show, time_chart
 from dashboard.views.tables import show_table
@@ -17,7 +18,7 @@ TITLE = "KV events"
 def render(ctx) -> None:
     st.header(TITLE)
     data = cache.kv_events(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances)
-    if data["lifecycle"].empty:
+    if data.lifecycle.empty:
         st.info(glossary.MISSING["kv_events"])
         return
     ctx.runs_note()
@@ -28,14 +29,14 @@ def render(ctx) -> None:
         "each: each step's story counts them."
     )
     time_chart(
-        data["lifecycle"],
+        data.lifecycle,
         ctx.axis,
         y_title="blocks / window",
         mark="area",
         window_s=ctx.window_s,
         empty="No block was stored or lost in this range.",
     )
-    churn = data["churn"]
+    churn = data.churn
     st.subheader("Reuse and recomputation")
     st.caption(sample_caption(data, ctx.clock))
     c1, c2, c3 = st.columns(3)
@@ -52,12 +53,12 @@ def render(ctx) -> None:
         st.caption(
             "The whole range, each lost block once (evictions, invalidations, vLLM removals; resets not included). "
             + (
-                f"Not losses: {data['released']:,} blocks the agents released when their session ended."
-                if data["released"]
+                f"Not losses: {data.released:,} blocks the agents released when their session ended."
+                if data.released
                 else ""
             )
         )
-        reasons = data["reasons"]
+        reasons = data.reasons
         if reasons.empty:
             st.info("No block was lost in this range.")
         else:
@@ -79,18 +80,18 @@ def render(ctx) -> None:
     with right:
         st.subheader("Most recomputed blocks")
         st.caption("Stored again on the same instance, in the stretch counted above.")
-        show_table(data["restored"].astype({"block_hash": str}), ctx.clock)
+        show_table(data.restored.astype({"block_hash": str}), ctx.clock)
     st.subheader("Top prefixes (by sessions building on them)")
-    show_table(data["prefixes"].astype({"root_hash": str}), ctx.clock)
+    show_table(data.prefixes.astype({"root_hash": str}), ctx.clock)
 
 
-def sample_caption(data: dict, clock) -> str:
+def sample_caption(data: KVEventsPage, clock) -> str:
     """What the reuse tables and figures below count: every stored block of the range, or its latest ones."""
-    sampled, total = data["prefix_rows"], data["stored_in_range"]
+    sampled, total = data.prefix_rows, data.stored_in_range
     if sampled >= total:
         return f"Over all {total:,} blocks stored in the range."
     return (
         f"Over the latest {sampled:,} of the {total:,} blocks stored in the range (from "
-        f"{clock.iso(data['sample_since'])}), so this page answers at the same speed over any range: narrow the range "
+        f"{clock.iso(data.sample_since)}), so this page answers at the same speed over any range: narrow the range "
         "to see an earlier stretch."
     )

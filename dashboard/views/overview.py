@@ -7,6 +7,7 @@ import streamlit as st
 
 from dashboard import glossary
 from dashboard.data import FLEET_SERIES
+from dashboard.page_data import FleetRouting, FleetTable, Overview
 from dashboard.verdicts import Failures
 from dashboard.views import cache
 from dashboard.views.charts import small_multiples, time_chart
@@ -22,14 +23,14 @@ TITLE = "Overview"
 AUTO_ROUTING_EVENTS = 50_000
 
 
-def _kpis(kpis: dict, routing: dict | None = None) -> list[tuple[str, str, str]]:
+def _kpis(kpis: dict, routing: FleetRouting | None = None) -> list[tuple[str, str, str]]:
     """(label, value, what it counts) of each KPI, as shown; with `routing` (`data.fleet_routing`), the fleet's
     routing loss."""
     hit, (ttft, n) = kpis["hit rate"], kpis["TTFT p90 (s)"]
     need = min_sample(0.9)
     fleet = []
-    if routing is not None and not routing["summary"].empty:
-        row = routing["summary"].iloc[-1]
+    if routing is not None and not routing.summary.empty:
+        row = routing.summary.iloc[-1]
         share, per_s = float(row["routed_share"]), float(row["routed_tokens_per_s"])
         fleet = [
             (
@@ -87,9 +88,9 @@ def render(ctx) -> None:
     data = cache.overview(ctx.url, ctx.since, ctx.until, ctx.window_s, ctx.instances, per_instance=per_instance)
     routing = None
     if per_instance:  # measured by a collector: read whatever the range; else replayed up to a size, or when asked
-        replay = data["num_kv_events"] <= AUTO_ROUTING_EVENTS or bool(st.session_state.get("routing_asked"))
+        replay = data.num_kv_events <= AUTO_ROUTING_EVENTS or bool(st.session_state.get("routing_asked"))
         routing = cache.fleet_routing(ctx.url, ctx.since, ctx.until, ctx.instances, replay=replay)
-    shown = _kpis(data["kpis"], routing)
+    shown = _kpis(data.kpis, routing)
     for col, (name, value, help_text) in zip(st.columns(len(shown)), shown):
         col.metric(name, value, help=help_text)
     ctx.runs_note()
@@ -103,28 +104,28 @@ def render(ctx) -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("KV cache usage")
-        time_chart(data["usage"], axis, y_title="pinned KV usage", y_format="%", empty=no_snaps)
+        time_chart(data.usage, axis, y_title="pinned KV usage", y_format="%", empty=no_snaps)
         st.subheader("Resident cached blocks")
         no_resident = (
             "The instances report no resident cached blocks (vLLM's /metrics has no such gauge; its KV "
             "events do, on the KV events page)."
-            if data["num_snapshots"]
+            if data.num_snapshots
             else no_snaps
         )
-        time_chart(data["resident"], axis, y_title="blocks", empty=no_resident)
+        time_chart(data.resident, axis, y_title="blocks", empty=no_resident)
     with right:
         st.subheader("Prefix-cache hit rate")
         no_hits = "No prompt tokens were queried in this range."
-        time_chart(data["hit_rate"], axis, y_title="cached / prompt tokens", y_format="%", empty=no_hits)
+        time_chart(data.hit_rate, axis, y_title="cached / prompt tokens", y_format="%", empty=no_hits)
         st.subheader("Blocks lost per second, by reason")
         unknown = "Losses are unknown here. " + glossary.MISSING["kv_events"]
         time_chart(
-            data["evictions"],
+            data.evictions,
             axis,
             y_title="blocks / s",
             mark="area",
             zero_is_empty=True,
-            empty="No block was lost in this range." if data["watching_kv"] else unknown,
+            empty="No block was lost in this range." if data.watching_kv else unknown,
         )
     left, right = st.columns(2)
     with left:
@@ -132,23 +133,23 @@ def render(ctx) -> None:
         _latency(ctx, data)
         st.subheader("Preemptions")
         time_chart(
-            data["preemptions"],
+            data.preemptions,
             axis,
             y_title="preemptions / window",
             mark="bar",
             window_s=ctx.window_s,
             zero_is_empty=True,
-            empty=f"No preemptions in this range ({data['num_snapshots']:,} instance snapshots)."
-            if data["num_snapshots"]
+            empty=f"No preemptions in this range ({data.num_snapshots:,} instance snapshots)."
+            if data.num_snapshots
             else no_snaps,
         )
     with right:
         st.subheader("Agent steps and failures")
         no_steps = glossary.MISSING["steps"]
         drawn = time_chart(
-            data["steps"], axis, y_title="steps / window", mark="bar", window_s=ctx.window_s, empty=no_steps
+            data.steps, axis, y_title="steps / window", mark="bar", window_s=ctx.window_s, empty=no_steps
         )
-    if drawn and data["kpis"]["failed steps"]:
+    if drawn and data.kpis["failed steps"]:
         st.subheader("Failed steps by cause")
         failures = cache.failures(ctx.url, ctx.since, ctx.until)
         st.caption(
@@ -163,7 +164,7 @@ def render(ctx) -> None:
     if drawn:
         _slow_steps(ctx)
     if per_instance:
-        render_fleet(ctx, data["fleet"])
+        render_fleet(ctx, data.fleet)
         render_routing(ctx, routing)
 
 
@@ -223,12 +224,12 @@ def slow_words(slow: SlowSteps) -> str:
     return "; ".join(parts) + "."
 
 
-def _latency(ctx, data: dict) -> None:
+def _latency(ctx, data: Overview) -> None:
     """Each request's TTFT as a dot (up to `MAX_POINTS` requests), and each window's p50 and p90 where the window has
     enough requests for them (5 and 10)."""
-    points = data["ttft_points"]
+    points = data.ttft_points
     dots = None if points is None else points.set_index("arrival_ts")["ttft_s"].rename("request's TTFT")
-    latency = data["latency"]
+    latency = data.latency
     drawn = time_chart(latency, ctx.axis, y_title="seconds", points=dots, empty=glossary.MISSING["requests"])
     if drawn:
         lines = bool(latency.notna().any().any()) if not latency.empty else False
@@ -243,7 +244,7 @@ def _latency(ctx, data: dict) -> None:
         )
 
 
-def render_fleet(ctx, data: dict) -> None:
+def render_fleet(ctx, data: FleetTable) -> None:
     """Per instance: a row each (most blocks lost first), then one measure as small multiples."""
     st.subheader("Per instance")
     st.caption(
@@ -251,13 +252,13 @@ def render_fleet(ctx, data: dict) -> None:
         "(`service.instance.id`), snapshots from its /metrics, losses from its KV-event stream; a blank: that "
         "source reported nothing for the instance in this range."
     )
-    show_table(data["table"], ctx.clock)
+    show_table(data.table, ctx.clock)
     measure = st.selectbox(
         "Measure, per instance", list(FLEET_SERIES), key="fleet_measure", format_func=lambda c: FLEET_SERIES[c][0]
     )
     title, unit, fmt = FLEET_SERIES[measure]
-    frame = data["series"][measure]
-    silent = [name for name in data["table"]["instance"] if name not in frame.columns]
+    frame = data.series[measure]
+    silent = [name for name in data.table["instance"] if name not in frame.columns]
     small_multiples(
         frame, ctx.axis, y_title=unit, y_format=fmt, empty=f"No instance reported {title.lower()} in this range."
     )
@@ -265,7 +266,7 @@ def render_fleet(ctx, data: dict) -> None:
         st.caption(f"No {title.lower()} from: {', '.join(silent)} (their source did not report it; unknown, not 0).")
 
 
-def render_routing(ctx, data: dict | None) -> None:
+def render_routing(ctx, data: FleetRouting | None) -> None:
     """Routing loss: prompt tokens recomputed on a request's replica while another replica held them. A range of more
     than `AUTO_ROUTING_EVENTS` KV events is analysed when asked (its cost grows with them)."""
     st.subheader("Routing loss")
@@ -280,36 +281,36 @@ def render_routing(ctx, data: dict | None) -> None:
             st.session_state["routing_asked"] = True
             st.rerun()
         return
-    summary, compared = data["summary"], data["compared"]
+    summary, compared = data.summary, data.compared
     what = (
         "Prompt tokens a request recomputed on its replica while another replica of the fleet held that prefix at "
         "its lookup (from the replicas' KV events): what a KV-aware router would have found."
     )
-    if data["source"] == "measured":
+    if data.source == "measured":
         st.caption(
             f"{what} Measured by the collector, each request once, a few minutes after its lookup; read from the "
             "store's per-minute rollup. Share: of the prompt tokens of the requests compared with another replica "
-            f"({compared:,} of the {data['requests']:,} whose hash chain was known); tokens/s over the span "
-            f"measured, {ctx.clock.iso(data['measured_from'])} to {ctx.clock.iso(data['measured_to'])}."
+            f"({compared:,} of the {data.requests:,} whose hash chain was known); tokens/s over the span "
+            f"measured, {ctx.clock.iso(data.measured_from)} to {ctx.clock.iso(data.measured_to)}."
         )
-        if data["pending"]:
+        if data.pending:
             st.info(
-                f"Pending: {data['pending']:,} request(s) arrived after {ctx.clock.iso(data['measured_to'])}, "
+                f"Pending: {data.pending:,} request(s) arrived after {ctx.clock.iso(data.measured_to)}, "
                 "where the collector has measured so far; it measures each about three minutes after its "
                 "lookup, when its blocks have reached the store. Not counted here yet."
             )
-        if data["unmeasured"]:
+        if data.unmeasured:
             st.warning(
-                f"No collector measures the lookups of {', '.join(data['unmeasured'])}: their requests are not in "
+                f"No collector measures the lookups of {', '.join(data.unmeasured)}: their requests are not in "
                 "these tables (a collector measures the replicas whose KV events it takes)."
             )
     else:
         st.caption(
             f"{what} Replayed from the range's KV events as the page opened. Share: of the prompt tokens of the "
-            f"requests compared ({compared:,} of {data['requests']:,} in the range; a request is compared when its "
+            f"requests compared ({compared:,} of {data.requests:,} in the range; a request is compared when its "
             "hash chain, root included, is known)."
         )
-    for note in data["notes"]:
+    for note in data.notes:
         st.warning(note)
     if summary.empty:
         st.info("No request could be compared with another replica in this range.")
@@ -318,10 +319,10 @@ def render_routing(ctx, data: dict | None) -> None:
     render_shortfall(ctx, data)
 
 
-def render_shortfall(ctx, data: dict) -> None:
+def render_shortfall(ctx, data: FleetRouting) -> None:
     """Available vs achieved hit rate per instance and for the fleet, the gap split by why each block missed."""
     st.subheader("Hit-rate shortfall, split")
-    table, spread = data["shortfall"], data["spread"]
+    table, spread = data.shortfall, data.spread
     st.caption(
         "In whole prompt blocks of the requests whose hash chain is known: achieved = found on the request's own "
         "replica; available = what a cache that never evicted would have held at the lookup (every block some "

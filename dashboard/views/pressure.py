@@ -44,7 +44,7 @@ def render(ctx) -> None:
     if x is None or y is None:  # (a select box with options always has a choice)
         return
     data = cache.pressure(ctx.url, ctx.since, ctx.until, float(window_s), x, y, instances=ctx.instances)
-    frame = data["windows"]
+    frame = data.windows
     ctx.runs_note()
     st.caption(
         f"{window_s:g} s windows over {ctx.scope()}. A latency percentile is shown for a window with enough "
@@ -73,7 +73,7 @@ def render(ctx) -> None:
     show(scatter.properties(height=300), width="stretch")
     st.caption(f"{len(pairs):,} windows with both values.")
     st.subheader("Lagged correlation")
-    correlation, best = data["correlation"], data["strongest"]
+    correlation, best = data.correlation, data.strongest
     if best is None:
         st.info(why_no_lag(correlation))
     else:

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvobs.analytics.hit_rate import hit_rates_in
-from kvobs.analytics.routing import FLEET, fleet_losses, routing_summary
+from kvobs.analytics.routing import FLEET, fleet_losses, routing_summary, routing_summary_of_sums
 from kvobs.analytics.verdicts import cost_kind
+from kvobs.analytics.windows import lookup_range_sums
 from kvobs.store.interface import Store
 from kvobs.store.rollups import PREEMPTIONS, preemption_increase
 
@@ -92,12 +93,18 @@ def prefix_lost_in_pause_per_min(store: Store, since: float, until: float) -> li
 def routing_loss_share(store: Store, since: float, until: float, min_requests: int = 5) -> list[Value]:
     """Per instance: prompt tokens its requests recomputed while another replica of the fleet held that prefix, over
     the prompt tokens of its requests compared (`kvobs.analytics.routing`), where at least `min_requests` were;
-    nothing on a single instance."""
-    requests = store.reads.requests(since, until)
-    losses, _ = fleet_losses(store, requests, store.reads.steps(since, until), since, until)
-    if losses.empty:
-        return []
-    summary = routing_summary(losses, since, until)
+    nothing on a single instance. Read from the lookups a collector measured (the writer's per-minute rollup: the
+    same cost whatever the window) where it measured any in the window; replayed from the window's KV events only on
+    a store no collector measures."""
+    sums = lookup_range_sums(store, since, until)
+    if not sums.empty:
+        summary = routing_summary_of_sums(sums, since, until)
+    else:
+        requests = store.reads.requests(since, until)
+        losses, _ = fleet_losses(store, requests, store.reads.steps(since, until), since, until)
+        if losses.empty:
+            return []
+        summary = routing_summary(losses, since, until)
     summary = summary[(summary["instance"] != FLEET) & (summary["requests"] >= min_requests)]
     return [(r.instance, None, float(r.routed_share)) for r in summary.itertuples() if r.prompt_tokens]
 

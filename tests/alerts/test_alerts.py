@@ -9,6 +9,7 @@ import sys
 import threading
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from unittest.mock import patch
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +19,7 @@ from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import RuleError, builtin_rules, load_rules, parse_rules
 from kvobs.alerts.sinks import WebhookSink
 from kvobs.analytics.routing import fleet_losses, routing_summary
+from kvobs.analytics.windows import lookup_range_sums
 from tests.collectors.recorded import scrapes
 from tests.stores import copy_store
 
@@ -51,6 +53,20 @@ def test_the_routing_loss_signal_is_the_overviews_share_per_replica(fleet_run, v
     assert signals.routing_loss_share(store, first, last - 1.0, min_requests=10_000) == []
     first, last = vllm_run.store.reads.time_range()
     assert signals.routing_loss_share(vllm_run.store, first, last) == []
+
+
+def test_the_routing_loss_signal_reads_what_the_collector_measured(fleet_run, tmp_path):
+    """Where a collector measured the lookups, the signal reads their rollup (no replay: the same cost whatever the
+    window), and gives what the replay of the same window gives."""
+    from tests.runs import measured_copy
+
+    first, last = fleet_run.store.reads.time_range()
+    replayed = signals.routing_loss_share(fleet_run.store, first, last, min_requests=1)
+    store = measured_copy(fleet_run, tmp_path)
+    assert not lookup_range_sums(store, first, last).empty
+    with patch.object(signals, "fleet_losses", side_effect=AssertionError("replayed")):
+        measured = signals.routing_loss_share(store, first, last, min_requests=1)
+    assert measured and sorted(measured) == sorted(replayed)
 
 
 RULE = "rules: [{{name: {name}, signal: kv_usage, op: '>', threshold: 1, severity: info, {extra}}}]"

@@ -228,10 +228,10 @@ def test_a_range_that_starts_mid_run_counts_only_its_own_preemptions(vllm_run):
     assert before > 0 and end > before
     window = bucket_for(since, last, at_least=5.0)
     overview = data.overview(store, since, last, window)
-    assert overview["kpis"]["preemptions"] == end - before
-    pressure = data.pressure(store, since, last, window, "evictions_per_s", "ttft_mean")["windows"]
+    assert overview.kpis["preemptions"] == end - before
+    pressure = data.pressure(store, since, last, window, "evictions_per_s", "ttft_mean").windows
     assert pressure["preemptions"].sum() == end - before
-    assert data.overview(store, since, last, window, per_instance=True)["fleet"]["table"]["preemptions"].sum() == (
+    assert data.overview(store, since, last, window, per_instance=True).fleet.table["preemptions"].sum() == (
         end - before
     )
     [(_, _, per_min)] = preemptions_per_min(store, since, last)

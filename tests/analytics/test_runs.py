@@ -60,7 +60,7 @@ def test_the_terminal_the_overview_and_what_if_give_one_hit_rate(two_runs, which
     since, until = {"first": (s1, e1), "second": (s2, e2), "both": (s1, e2)}[which]
     hit = hit_rate_in(store, since, until, [TWO_RUNS_INSTANCE])
     terminal = hit_rate_line(store, since, until, TWO_RUNS_INSTANCE)
-    overview = data.overview(store, since, until, 5.0)["kpis"]["hit rate"]
+    overview = data.overview(store, since, until, 5.0).kpis["hit rate"]
     what_if = observed_total(replay_plans(store, since, until), store, since, until)["hit_rate"]
     assert hit.rate is not None and hit.num_requests > 0
     assert f"{hit.rate:.0%} of {hit.query_tokens:,.0f} prompt tokens" in terminal
@@ -96,7 +96,7 @@ def test_between_runs_nothing_was_watching(two_runs):
     """The agent-steps counts are 0 in a quiet window of a run, and unknown (NaN) in the gap between the runs."""
     store = two_runs.store
     (s1, e1), (s2, e2) = two_runs.rounds
-    frame = data.overview(store, s1, e2, 1.0)["steps"]
+    frame = data.overview(store, s1, e2, 1.0).steps
     runs = run_table(store.reads.runs())
     gap = frame[(frame.index > e1 + 1) & (frame.index + 1 < runs["started_at"].iloc[1])]
     assert len(gap) > 0 and gap.isna().all().all()

@@ -121,8 +121,8 @@ def test_alerts_of_other_instances_are_left_out(tmp_path):
         writer.add(AlertRecord(ts=100.0 + i, rule=f"rule-{i}", severity="warning", state="firing", instance=instance))
     writer.close()
     page = data.alerts_page(store, 0.0, 200.0, ("vllm-a",))
-    assert set(page["history"]["rule"]) == set(page["active"]["rule"]) == {"rule-0", "rule-2"}
-    assert len(data.alerts_page(store, 0.0, 200.0)["history"]) == 3
+    assert set(page.history["rule"]) == set(page.active["rule"]) == {"rule-0", "rule-2"}
+    assert len(data.alerts_page(store, 0.0, 200.0).history) == 3
 
 
 def test_the_whatif_page_replays_the_fleet_under_each_router(monkeypatch, fleet_run):
@@ -162,15 +162,15 @@ def test_the_kv_events_page_counts_reuse_over_the_latest_stored_blocks_and_says_
     first, last = store.reads.time_range()
     stored = store.reads.stored_blocks(first, last)
     whole = data.kv_events_page(store, first, last, 60.0)
-    assert whole["prefix_rows"] == whole["stored_in_range"] == len(stored) > 40
-    assert whole["sample_since"] == first
+    assert whole.prefix_rows == whole.stored_in_range == len(stored) > 40
+    assert whole.sample_since == first
     monkeypatch.setattr(data, "PREFIX_ROWS", 40)
     page = data.kv_events_page(store, first, last, 60.0)
-    assert page["prefix_rows"] == 40 and page["stored_in_range"] == len(stored)
-    assert page["sample_since"] == stored["ts"].iloc[-40]
-    expected = store.reads.top_restored_blocks(page["sample_since"], last, limit=20)
-    pd.testing.assert_frame_equal(page["restored"], expected)
-    pd.testing.assert_frame_equal(page["reasons"], whole["reasons"])
+    assert page.prefix_rows == 40 and page.stored_in_range == len(stored)
+    assert page.sample_since == stored["ts"].iloc[-40]
+    expected = store.reads.top_restored_blocks(page.sample_since, last, limit=20)
+    pd.testing.assert_frame_equal(page.restored, expected)
+    pd.testing.assert_frame_equal(page.reasons, whole.reasons)
     words = sample_caption(page, Clock.named("UTC"))
     assert f"latest 40 of the {len(stored):,} blocks stored" in words
     assert sample_caption(whole, Clock.named("UTC")) == f"Over all {len(stored):,} blocks stored in the range."
