@@ -7,6 +7,7 @@ sessions are the fleet's (a session's requests may go to any instance).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,12 +37,13 @@ from kvobs.analytics.shortfall import (
     store_lookups,
 )
 from kvobs.analytics.step_story import SessionRead
-from kvobs.analytics.verdicts import with_decided
+from kvobs.analytics.verdicts import session_verdicts, with_decided
 from kvobs.analytics.windows import RangeSums, arrivals, lookup_range_sums, range_sums, sketch_quantile
 from kvobs.semconv.reasons import RELEASE_REASONS
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
+from kvobs.store.rows import StepVerdictRecord
 
 PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk at most (the latest of the range)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
@@ -368,12 +370,15 @@ def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
 class SessionDetail:
     """A session's page: its `footprint` timeline, its attributed `steps` (`attribute_steps`' columns and `verdict`:
     `decided` where a collector decided the step once the session settled, whose stored verdict the row shows, else
-    `worked out`: as the page opened), the `requests` read, and the reads a step story shares (`read`)."""
+    `worked out`: as the page opened), the `requests` read, and the reads a step story shares (`read`). `verdicts`:
+    each step's verdict as the one record type (`StepVerdictRecord`): the keeper's where it decided the step, else
+    the page's own, decided now (`decided_at`: when the page worked it out)."""
 
     footprint: pd.DataFrame
     steps: pd.DataFrame
     requests: pd.DataFrame
     read: SessionRead | None
+    verdicts: list[StepVerdictRecord]
 
 
 def session_detail(store: Store, session_id: str) -> SessionDetail:
@@ -391,17 +396,20 @@ def session_detail(store: Store, session_id: str) -> SessionDetail:
         resets = store.reads.kv_events(first, last, kinds=[KVEventKind.CLEARED.value])
         events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
     snaps = store.reads.session_snapshots(session_id)
-    attributed = pd.DataFrame()
+    attributed, verdicts = pd.DataFrame(), []
     if not steps.empty:
         mine = with_sessions(reqs, steps)
         routing = request_routing(store, mine[mine["session_id"] == session_id], steps, first, last)  # a fleet's
         attributed = attribute_steps(steps, reqs, events, rates=rates, routing=routing)
-        attributed = with_decided(attributed, store.reads.step_verdicts(session_id=session_id))
+        decided = store.reads.step_verdicts(session_id=session_id)
+        verdicts = session_verdicts(attributed, decided, now=time.time())
+        attributed = with_decided(attributed, decided)
     return SessionDetail(
         footprint=footprint_timeline(snaps) if not snaps.empty else snaps,
         steps=attributed,
         requests=reqs,
         read=SessionRead(steps, reqs, attributed) if not steps.empty else None,  # a step story's, shared
+        verdicts=verdicts,
     )
 
 

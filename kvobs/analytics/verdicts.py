@@ -53,6 +53,25 @@ def cost_kind(failure_kind: str | None, slow: bool | None, slow_cause: str | Non
     return "none"
 
 
+def session_verdicts(attributed: pd.DataFrame, stored: pd.DataFrame, *, now: float) -> list[StepVerdictRecord]:
+    """Each attributed step's verdict: the one a keeper decided (`stored`, `reads.step_verdicts`) where there is one
+    of the whole step (a row stored before every step was decided has no slow verdict: worked out instead), else
+    `verdict_records` of the page's own attribution, decided `now`."""
+    whole = stored[stored["causes"].notna()] if len(stored) else stored
+    decided = {int(i): row for i, row in zip(whole["step_index"], _records(whole))} if len(whole) else {}
+    worked = verdict_records(attributed[~attributed["step_index"].astype(int).isin(list(decided))], now)
+    return sorted([*decided.values(), *worked], key=lambda v: v.step_index)
+
+
+def _records(stored: pd.DataFrame) -> list[StepVerdictRecord]:
+    """Stored rows as records (`VERDICT_FIELDS`, missing values as None)."""
+    frame = stored[list(VERDICT_FIELDS)]
+    return [
+        StepVerdictRecord(**{name: _value(name, value) for name, value in zip(VERDICT_FIELDS, row)})
+        for row in frame.itertuples(index=False, name=None)
+    ]
+
+
 def verdict_frame(verdicts: list[StepVerdictRecord] | pd.DataFrame) -> pd.DataFrame:
     """Verdicts as a frame of `VERDICT_FIELDS` (stored rows, or records), by session and step."""
     if isinstance(verdicts, pd.DataFrame):

@@ -63,7 +63,8 @@ def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
     expected = failure_verdicts(store, first, last)
     assert len(expected) > 0, f"{run} has no failed step: nothing compared"
     sessions = sorted(set(steps["session_id"]))
-    shown = {s: data.session_detail(store, s).steps for s in sessions}
+    details = {s: data.session_detail(store, s) for s in sessions}
+    shown = {s: detail.steps for s, detail in details.items()}
     assert all((frame["verdict"] == WORKED_OUT).all() for frame in shown.values())
     assert sum(frame["slow"].sum() for frame in shown.values()) > 0, f"{run} has no slow step: nothing compared"
     keeper = VerdictKeeper(store, _writer(store), lookback_s=last - first + 3600)
@@ -77,9 +78,14 @@ def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
     )
     worked = verdict_frame(verdict_records(pd.concat(shown.values(), ignore_index=True), last + 3600))
     pd.testing.assert_frame_equal(verdict_frame(stored), worked, check_dtype=False)
+    # the page's own records (no keeper had decided them) are the records the keeper wrote, but for when
+    pages = verdict_frame([v for detail in details.values() for v in detail.verdicts]).drop(columns="decided_at")
+    pd.testing.assert_frame_equal(pages, verdict_frame(stored).drop(columns="decided_at"), check_dtype=False)
     for session_id in sessions:
-        after = data.session_detail(store, session_id).steps
+        detail = data.session_detail(store, session_id)
+        after = detail.steps
         assert (after["verdict"] == DECIDED).all()
+        assert {v.decided_at for v in detail.verdicts} == {last + 3600}  # the keeper's, read back
         columns = [*STEP_COLUMNS[:-1], "cause", "failure_kind"]
         pd.testing.assert_frame_equal(after[columns], shown[session_id][columns], check_dtype=False)
     read = range_verdicts(store, first, last)
