@@ -13,7 +13,9 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 `kvobs_collector_ids_cut_total`, `kvobs_collector_leases_lost_total{instance}` (`leases`), the routing loss of a
 fleet's requests
 (`kvobs_collector_routing_loss_tokens_total{instance}` over `kvobs_collector_routing_compared_prompt_tokens_total`,
-`..._compared_requests_total`, `kvobs_collector_routing_late_requests_total`: `routing_meter`),
+`..._compared_requests_total`, `kvobs_collector_routing_late_requests_total`, and
+`kvobs_collector_routing_unmeasured_seconds_total{instance}`, what a meter restarted too late left:
+`routing_meter`),
 `kvobs_collector_step_verdicts_total{kind}` (steps decided once their session settled, `step_verdicts`, by what cost
 each: `kvobs.analytics.verdicts.cost_kind`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
@@ -148,6 +150,11 @@ class CollectorMetrics(PromCollector):
         for (instance, reason), n in sorted((meter.uncomparable if meter is not None else {}).items()):
             uncomparable.add_metric([instance, reason], n)
         yield uncomparable
+        yield _by_label(
+            kvobs_metrics.COLLECTOR_ROUTING_UNMEASURED,
+            LABEL_INSTANCE,
+            {name: meter.unmeasured_s if meter else 0.0 for name in instances},
+        )
         late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
         late.add_metric([], meter.num_late if meter is not None else 0)
         yield late

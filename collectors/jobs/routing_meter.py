@@ -79,6 +79,7 @@ class RoutingMeter:
         self.num_measured = 0  # request lookups written, ever
         self.resumed_from: float | None = None  # where a restarted meter took over from its predecessor's mark
         self._resuming = False  # until its first run: the hour before that mark warms the index
+        self.unmeasured_s = 0.0  # lookup time left unmeasured: a predecessor stopped more than RESUME_S before
         self.num_late = 0  # requests written after their lookup was passed
         self._counted: dict[str, float] = {}  # recent request ids already measured (or told late) -> arrival
         self._ends: dict[str, tuple[float, float]] = {}  # session -> (arrival, end) of its latest request passed
@@ -164,9 +165,11 @@ class RoutingMeter:
             return mark
         resumed = max(mark, cutoff - RESUME_S)
         if resumed > mark:
+            self.unmeasured_s += resumed - mark
             log.warning(
                 "routing meter: the previous collector measured %s up to %s; requests from then to %s are not "
-                "measured (more than %.0f h back; the pages replay them)",
+                "measured (more than %.0f h back): the routing loss leaves them out "
+                "(kvobs_collector_routing_unmeasured_seconds_total)",
                 ", ".join(sorted(self.instances)),
                 local_time(mark),
                 local_time(resumed),

@@ -135,13 +135,14 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             said = f"{int(sample.value):,} blocks of {sample.labels[LABEL_MEDIUM]!r}"
             unknown.setdefault(sample.labels[LABEL_INSTANCE], []).append(said)
     leases_lost = by(kvobs_metrics.COLLECTOR_LEASES_LOST)
+    unmeasured = by(kvobs_metrics.COLLECTOR_ROUTING_UNMEASURED)
     apart: dict[str, int] = {}  # instance -> requests compared with no replica: their block hashes never meet
     for sample in samples.get(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE.name, []):
         if sample.name.endswith("_total") and sample.value and sample.labels.get(LABEL_REASON) == HASHES_DIFFER:
             apart[sample.labels[LABEL_INSTANCE]] = apart.get(sample.labels[LABEL_INSTANCE], 0) + int(sample.value)
     out = []
     named = set(shapes) | set(lag) | set(lost) | set(silent) | {i for i, n in leases_lost.items() if n} | set(apart)
-    named |= set(unknown)
+    named |= set(unknown) | {i for i, s in unmeasured.items() if s}
     for instance in sorted(named):
         words, ok = [f"wire: {' and '.join(sorted(shapes.get(instance, []))) or 'no batch yet'}"], True
         if instance in lag:
@@ -167,6 +168,13 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
                 "although sessions ran on both, so the routing loss leaves them out (the collector's log names the "
                 "pair); give every replica the same PYTHONHASHSEED, or leave it unset on all with a sha256 "
                 "--prefix-caching-hash-algo"
+            )
+        if unmeasured.get(instance):
+            ok = False
+            words.append(
+                f"{unmeasured[instance] / 3600:,.1f} h of its lookups were never measured: the collector before this "
+                "one stopped more than six hours before it started, so the routing loss leaves that stretch out "
+                "(keep a collector running, or restart it sooner)"
             )
         if placeholders.get(instance):
             words.append(f"{int(placeholders[instance]):,} offload placeholders counted (not blocks of this cache)")

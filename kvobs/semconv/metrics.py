@@ -412,6 +412,14 @@ kvobs_metrics = SimpleNamespace(
         "requests",
         "Requests that reached the store after the routing meter had passed their lookup: not in the routing loss.",
     ),
+    COLLECTOR_ROUTING_UNMEASURED=_spec(
+        "kvobs_collector_routing_unmeasured_seconds",
+        "counter",
+        "s",
+        "Seconds of lookups a restarted routing meter did not measure: its predecessor stopped more than six hours "
+        "before it started (RESUME_S), and it measures no further back; the routing loss leaves those requests out.",
+        LABEL_INSTANCE,
+    ),
     COLLECTOR_STEP_VERDICTS=_spec(
         "kvobs_collector_step_verdicts",
         "counter",

@@ -248,3 +248,35 @@ def test_a_restarted_meter_resumes_where_the_last_one_stopped_and_leaves_no_gap(
         assert missing_as_none(got[column]) == missing_as_none(want[column]), column
     assert got["routed_blocks"].sum() > 0
     store.close()
+
+
+def test_a_meter_restarted_too_late_counts_and_says_the_stretch_it_left(fleet_run, tmp_path, caplog, monkeypatch):
+    """Past `RESUME_S` a restarted meter measures no further back: the stretch it leaves unmeasured is counted per
+    instance (`kvobs_collector_routing_unmeasured_seconds_total`), said in its log, and named by `kvobs doctor`."""
+    from prometheus_client import generate_latest
+
+    from collectors.jobs import routing_meter
+    from kvobs.commands.doctor import exposition_checks
+    from tests.runs import measured_copy
+
+    monkeypatch.setattr(routing_meter, "RESUME_S", 60.0)  # a restart five minutes later is then too late
+    first, last = fleet_run.store.reads.time_range()
+    store = measured_copy(fleet_run, tmp_path, until=(first + last) / 2)
+    mark = float(store.reads.lookup_progress()["measured_to"].min())
+    collectors: list = []
+    meter = _through_a_collector(collectors)(store)
+    with caplog.at_level("WARNING", logger="collectors.jobs.routing_meter"):
+        meter.run(mark + meter.delay_s + meter.request_s + 300.0)
+    (collector,) = collectors
+    text = generate_latest(collector.registry).decode()
+    collector.stop()
+    assert meter.resumed_from is not None and meter.unmeasured_s == meter.resumed_from - mark > 200.0
+    assert any("not measured" in r.getMessage() for r in caplog.records)
+    for name in FLEET:
+        line = f'kvobs_collector_routing_unmeasured_seconds_total{{instance="{name}"}} {meter.unmeasured_s}'
+        assert line in text, name
+    checks = {name: (ok, said) for name, ok, said in exposition_checks(text)}
+    for name in FLEET:
+        ok, said = checks[name]
+        assert not ok and "never measured" in said, said
+    store.close()
