@@ -27,6 +27,7 @@ from collectors.jobs.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
 from collectors.jobs.step_verdicts import VerdictKeeper
 from collectors.kv.bridge import KVSpanBridge
 from collectors.kv.ingest import KVIngest
+from collectors.kv.poller import KVEventPoller
 from collectors.kv.silence import SILENCE_S, KVSilenceWatch
 from collectors.kv.streams import KVStreamSpec, parse_streams
 from collectors.kv.subscriber import KVEventSubscriber
@@ -48,6 +49,8 @@ from kvobs.store.writer import StoreWriter
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 
 log = logging.getLogger(__name__)
+
+HTTP_SCHEMES = ("http://", "https://")  # a --kv-events endpoint fetched over HTTP (TensorRT-LLM), not ZMQ
 
 SERVICE_NAME = "kvobs-collector"
 RESOLVE_CHUNK = 500
@@ -214,6 +217,11 @@ class Collector:
             else:
                 self.drops.count("kv_events", "lease_lost", f"{spec.instance} is written by another collector")
 
+        if spec.endpoint.startswith(HTTP_SCHEMES):  # TensorRT-LLM: its events are fetched, not published
+            if spec.replay:
+                raise ValueError(f"--kv-events {spec.endpoint}: an HTTP stream is fetched and has no replay socket")
+            poller = KVEventPoller(spec.endpoint, on_batch, self.drops, on_restart=ingest.on_restart)
+            return KVStream(spec, ingest, poller)
         subscriber = KVEventSubscriber(
             spec.endpoint,
             on_batch,
@@ -373,4 +381,4 @@ class KVStream:
 
     spec: KVStreamSpec
     ingest: KVIngest
-    subscriber: KVEventSubscriber
+    subscriber: KVEventSubscriber | KVEventPoller

@@ -43,8 +43,9 @@ def add_parser(sub) -> None:
         action="append",
         default=[],
         metavar="[NAME=]ENDPOINT",
-        help="a vLLM's KV-event ZMQ endpoint: tcp://vllm:5557 (connect) or tcp://*:5557 (bind); repeat for several "
-        "replicas, each its own instance NAME (default: --instance, the only --vllm-url's name, or host:port)",
+        help="a vLLM's (or SGLang's) KV-event ZMQ endpoint: tcp://vllm:5557 (connect) or tcp://*:5557 (bind); or a "
+        "TensorRT-LLM server, http://trtllm:8000, whose POST /kv_cache_events is called every 0.5 s; repeat for "
+        "several replicas, each its own instance NAME (default: --instance, the only --vllm-url's name, or host:port)",
     )
     p.add_argument(
         "--kv-events-bind",

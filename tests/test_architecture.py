@@ -155,7 +155,7 @@ def test_the_formatter_is_never_switched_off():
 
 
 # ---- store backends: chosen by URL scheme, held to the protocols -----------------------------------------------
-BACKEND_MODULES = ("kvobs/store/sql/", "kvobs/store/schema.py", "kvobs/store/clickhouse/")
+BACKEND_MODULES = ("kvobs/store/sql/", "kvobs/store/schema.py", "kvobs/store/uint64.py", "kvobs/store/clickhouse/")
 
 
 def _dialect_branches(tree: ast.AST) -> list[int]:

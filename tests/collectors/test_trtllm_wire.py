@@ -1,0 +1,97 @@
+"""TensorRT-LLM's KV-cache events through kvobs's door: the JSON its server answers on `POST /kv_cache_events`
+(`tests/fixtures/trtllm`, in the form of TensorRT-LLM's own serializer) normalized by its adapter, and fetched by a
+collector from a real HTTP server into the store, tiers, gaps and bad events counted."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from collectors.collector import Collector, CollectorOptions
+from kvobs.block_events import Cleared, Placeholder, Removed, Stored, UnknownTier
+from kvobs.store import open_store
+from kvobs.trtllm.normalize import TrtllmAdapter
+from tests.waiting import wait_for
+
+POLLS = json.loads((Path(__file__).parents[1] / "fixtures" / "trtllm" / "kv_cache_events.json").read_text())
+BIG = 2**64 - 5
+
+
+def test_the_adapter_normalizes_each_kind_of_event():
+    adapter = TrtllmAdapter()
+    first = adapter.decode(json.dumps(POLLS[0]).encode(), ts=100.0)
+    assert first.batch.ts == 100.0 and (first.unknown, first.refused, first.num_events) == (0, 0, 3)
+    assert first.batch.events == [
+        Cleared(),
+        Stored([11, 12, BIG], None, 4, "GPU", 0, None),
+        Stored([21], 11, 4, "GPU", 0, None),
+    ]
+    second = adapter.decode(json.dumps(POLLS[1]).encode(), ts=200.0)
+    assert (second.unknown, second.refused, second.num_events) == (1, 1, 5)
+    assert second.batch.events == [
+        Removed([12], "GPU", 0, None),  # moved to the secondary pool: off the device, onto the host,
+        Stored([12], 11, 4, "CPU", 0, None),  # its parent and size as stored
+        Removed([99], "GPU", 0, None),  # a block never seen moves as a hash that reached the tier
+        Placeholder([99], "CPU"),
+        Removed([12], "CPU", 0, None),  # each removal from the level its block was last on
+        Removed([BIG], "GPU", 0, None),
+        UnknownTier([31], "LEVEL2"),  # a third level is no tier kvobs knows: failed closed
+    ]
+    assert (adapter.first_event_id, adapter.last_event_id) == (3, 9)
+
+
+def _engine(answers: list[list]) -> tuple[ThreadingHTTPServer, list[str]]:
+    """A server answering `POST /kv_cache_events` with each of `answers` in turn, then `[]`; the paths it was asked."""
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            body = json.dumps(answers.pop(0) if answers else []).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, asked
+
+
+def test_a_collector_fetches_them_into_the_store(tmp_path):
+    """`--kv-events NAME=http://...`: the collector calls the engine, and its rows are those of any engine's stream;
+    events the engine's full queue dropped (a jump in `event_id`) are counted as lost, bad events counted alone."""
+    later = [{"event_id": 12, "data": {"type": "removed", "block_hashes": [21]}, "window_size": 4096}]  # 10, 11 lost
+    server, asked = _engine([*POLLS, later])
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    options = CollectorOptions(kv_events=[f"trt=http://127.0.0.1:{server.server_port}"], interval_s=3600)
+    collector = Collector(options, store=store)
+    collector.start()
+    try:
+        (stream,) = collector.streams
+        wait_for(lambda: stream.subscriber.num_batches == 3 and len(asked) > 3)
+    finally:
+        collector.stop()
+        server.shutdown()
+    poller = stream.subscriber
+    assert set(asked) == {"/kv_cache_events"} and (poller.num_lost, poller.num_gaps, poller.num_restarts) == (2, 1, 0)
+    assert dict(poller.shapes) == {"trtllm-json": 3} and poller.num_events == 3 + 5 + 1
+    assert collector.drops.totals()["kv_events"] == 2  # the unknown type and the stored event without blocks
+    assert stream.ingest.unknown_tiers == {"LEVEL2": 1}
+    events = store.reads.kv_events()
+    assert set(events["instance"]) == {"trt"}
+    stored = events[events["kind"] == "stored"]
+    assert sorted(zip(stored["block_hash"], stored["medium"])) == sorted(
+        [(11, "GPU"), (12, "GPU"), (BIG, "GPU"), (21, "GPU"), (12, "CPU")]
+    )
+    removed = events[events["kind"] == "removed"]
+    assert sorted(zip(removed["block_hash"], removed["medium"])) == sorted(
+        [(12, "GPU"), (99, "GPU"), (12, "CPU"), (BIG, "GPU"), (21, "GPU")]  # 99: on the device, as its move says
+    )
+    assert "KV events trt: connect http://127.0.0.1:" in collector.describe()
