@@ -3,18 +3,20 @@
     for check in kv_counter_agreement(store, since, until):
         print(check.instance, check.verdict, check.words)
 
-Every full block a replica computes it stores, and says so in a `stored` event; every token it computes is either
-a prompt token its prefix cache missed (`vllm:prefix_cache_queries - vllm:prefix_cache_hits`) or a generated one
+Every full block a replica computes it stores, and says so in a `stored` event; every token it computes is either a
+prompt token its prefix cache missed (`vllm:prefix_cache_queries - vllm:prefix_cache_hits`) or a generated one
 (`vllm:generation_tokens`). So over a range, the tokens of its stored blocks (blocks x block size) should lie
 between those counted tokens less one partial block per request (a request's last, partial block is never stored)
 and those counted tokens. Above: more blocks were computed than the counters say were missed, so the hit counter
-over-counts (vLLM has shipped such bugs) or the query counter under-counts: the counters are off. Below: the KV
-events are short (batches lost on the way, events switched on part-way, a replica that publishes only some
-tiers). Where no counter was scraped, a replica's own request rows stand in for them when they say how many prompt
-tokens were cached (our engine writes them itself: `kvobs serve --store` needs no scrape; vLLM's spans do not say,
-so vLLM needs its counters). Without either, or without stored events, the verdict is `unknown`, and says which is
-missing. Re-computation after a preemption and blocks freed before they filled can put a run a little
-outside the band; the words give the numbers so a person can judge.
+over-counts (vLLM has shipped such bugs) or the query counter under-counts: the counters are off. Below by a whole
+block or more (an event is lost a block at a time; a few tokens under the band are the engines' own accounting, such
+as the block an engine recomputes when a whole prompt hits): the KV events are short (batches lost on the way,
+events switched on part-way, a replica that publishes only some tiers). Where no counter was scraped, a replica's
+own request rows stand in for them when they say how many prompt tokens were cached (our engine writes them itself:
+`kvobs serve --store` needs no scrape; vLLM's spans do not say, so vLLM needs its counters). Without either, or
+without stored events, the verdict is `unknown`, and says which is missing. Re-computation after a preemption and
+blocks freed before they filled can put a run a little outside the band; the words give the numbers so a person can
+judge.
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, finished_re
             counted,
             slack,
         )
-    if stored_tokens < counted - slack:
+    if counted - slack - stored_tokens >= block_size:  # events are lost in whole blocks: less is no block lost
         return Agreement(
             instance,
             "events_short",
