@@ -57,7 +57,7 @@ class KVEventPoller:
         self.num_restarts = 0
         self.num_failed_calls = 0
         self.shapes: Counter[str] = Counter()
-        self.lag_s: float | None = None  # 0 by construction: the events carry no time of their own
+        self.lag_s: float | None = None  # never known: the events carry no time of their own (not shown as 0)
         self.last_batch_at: float | None = None
         self._seq = 0
         self._stop = threading.Event()
@@ -108,7 +108,7 @@ class KVEventPoller:
         self.num_batches += 1
         self.num_events += num_events
         self.shapes[shape] += 1
-        self.lag_s, self.last_batch_at = 0.0, time.monotonic()
+        self.last_batch_at = time.monotonic()
         self._seq += 1
         self.handle(self._seq, batch)
         return num_events

@@ -32,11 +32,7 @@ def verdict_records(attributed: pd.DataFrame, decided_at: float) -> list[StepVer
     if attributed.empty:
         return []
     frame = attributed.rename(columns={v: k for k, v in _RENAMED.items()}).assign(decided_at=decided_at)
-    present = [name for name in VERDICT_FIELDS if name in frame]
-    return [
-        StepVerdictRecord(**{name: _value(name, value) for name, value in zip(present, row)})
-        for row in frame[present].itertuples(index=False, name=None)
-    ]
+    return _records(frame)
 
 
 COST_KINDS = (*FAILURE_KINDS, "none")  # what cost a step, as `cost_kind` names it
@@ -63,12 +59,12 @@ def session_verdicts(attributed: pd.DataFrame, stored: pd.DataFrame, *, now: flo
     return sorted([*decided.values(), *worked], key=lambda v: v.step_index)
 
 
-def _records(stored: pd.DataFrame) -> list[StepVerdictRecord]:
-    """Stored rows as records (`VERDICT_FIELDS`, missing values as None)."""
-    frame = stored[list(VERDICT_FIELDS)]
+def _records(frame: pd.DataFrame) -> list[StepVerdictRecord]:
+    """Rows as records: the `VERDICT_FIELDS` the frame has, missing values as None."""
+    present = [name for name in VERDICT_FIELDS if name in frame]
     return [
-        StepVerdictRecord(**{name: _value(name, value) for name, value in zip(VERDICT_FIELDS, row)})
-        for row in frame.itertuples(index=False, name=None)
+        StepVerdictRecord(**{name: _value(name, value) for name, value in zip(present, row)})
+        for row in frame[present].itertuples(index=False, name=None)
     ]
 
 

@@ -82,6 +82,7 @@ def test_a_collector_fetches_them_into_the_store(tmp_path):
     poller = stream.subscriber
     assert set(asked) == {"/kv_cache_events"} and (poller.num_lost, poller.num_gaps, poller.num_restarts) == (2, 1, 0)
     assert dict(poller.shapes) == {"trtllm-json": 3} and poller.num_events == 3 + 5 + 1
+    assert poller.lag_s is None  # its events carry no time: the lag is not known, never shown as 0
     assert collector.drops.totals()["kv_events"] == 2  # the unknown type and the stored event without blocks
     assert stream.ingest.unknown_tiers == {"LEVEL2": 1}
     events = store.reads.kv_events()
