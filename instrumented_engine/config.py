@@ -15,6 +15,9 @@ from kvobs.semconv.sessions import SESSION_END_AFTER_S
 EVICTION_POLICIES = names(EvictionPolicyName)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB when neither num_blocks nor a budget is given
+OFFLOADING_BACKENDS = ("native",)  # vLLM's `--kv-offloading-backend` values this engine has (vLLM's own connector)
+PLACEHOLDER, SELF_DESCRIBING = "placeholder", "self-describing"  # how the offload tier's stores are published
+OFFLOAD_EVENTS = (PLACEHOLDER, SELF_DESCRIBING)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,12 @@ class EngineConfig:
         seed: seed for sampling when a request gives none.
         num_threads: CPU threads the model computes on (`torch.set_num_threads`, for the whole process); None
             keeps torch's default, one per physical core.
+        kv_offloading_size: bytes of host memory for an offload tier below the KV cache (vLLM's
+            `--kv-offloading-size`, given there in GiB); None: no tier.
+        kv_offloading_backend: the tier's implementation, vLLM's `--kv-offloading-backend`: "native" (vLLM's
+            offloading connector, LRU).
+        kv_offload_events: how the tier's stores are published: "placeholder" (vLLM's default: a hash each, no
+            tokens) or "self-describing" (vLLM's `self_describing_kv_events`: tokens and chain).
     """
 
     model: str = "smollm2"
@@ -61,8 +70,20 @@ class EngineConfig:
     session_end_after_s: float | None = SESSION_END_AFTER_S
     seed: int = 0
     num_threads: int | None = None
+    kv_offloading_size: int | None = None
+    kv_offloading_backend: str = "native"
+    kv_offload_events: str = PLACEHOLDER
 
     def __post_init__(self) -> None:
+        if self.kv_offloading_size is not None and self.kv_offloading_size <= 0:
+            raise ValueError(f"kv_offloading_size must be a positive number of bytes; got {self.kv_offloading_size}")
+        if self.kv_offloading_backend not in OFFLOADING_BACKENDS:
+            raise ValueError(
+                f"kv_offloading_backend {self.kv_offloading_backend!r} is not one this engine has "
+                f"({', '.join(OFFLOADING_BACKENDS)}: vLLM's own offloading connector)"
+            )
+        if self.kv_offload_events not in OFFLOAD_EVENTS:
+            raise ValueError(f"kv_offload_events must be one of {', '.join(OFFLOAD_EVENTS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.num_threads is not None and self.num_threads < 1:
@@ -99,6 +120,7 @@ class CacheLayout:
     block_size: int
     max_model_len: int
     bytes_per_block: int
+    num_offload_blocks: int = 0  # the offload tier's blocks (its bytes // bytes_per_block, as vLLM sizes it)
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -124,7 +146,12 @@ class CacheLayout:
         needed = -(-max_model_len // config.block_size) + 1  # + the null block
         if num_blocks < needed:
             raise CacheTooSmall(num_blocks, config.block_size, max_model_len, needed)
-        return cls(num_blocks, config.block_size, max_model_len, bytes_per_block)
+        num_offload = (config.kv_offloading_size or 0) // bytes_per_block
+        if config.kv_offloading_size and not num_offload:
+            raise ValueError(
+                f"an offload tier of {config.kv_offloading_size:,} bytes holds no block of {bytes_per_block:,} bytes"
+            )
+        return cls(num_blocks, config.block_size, max_model_len, bytes_per_block, num_offload)
 
 
 class CacheTooSmall(ValueError):

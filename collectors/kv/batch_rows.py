@@ -15,6 +15,7 @@ from kvobs.store.rows import KVEventRecord
 # the batch's own `ts` and `instance` are given to `KVEventColumns` apart; no engine's KV events carry a request
 COLUMNS = tuple(name for name in KVEventRecord._columns if name not in ("ts", "instance", "request_id"))
 STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
+TIER_STORED, TIER_REMOVED = KVEventKind.TIER_STORED.value, KVEventKind.TIER_REMOVED.value
 
 
 class BatchRows:
@@ -27,13 +28,13 @@ class BatchRows:
     def __len__(self) -> int:
         return len(self.columns["kind"])
 
-    def stored(self, event: Stored, firsts: list[int] | None = None) -> None:
+    def stored(self, event: Stored, firsts: list[int] | None = None, row_kind: str = STORED) -> None:
         """A row per block of a store, in chain order; `firsts`: each row's `first_owner` (0: a block announced again,
-        counted once), none: all 1."""
+        counted once), none: all 1; `row_kind`: `tier_stored` for a tier below the device cache's."""
         c, n, hashes = self.columns, len(event.hashes), event.hashes
         none = [None] * n  # (one list for every column that is none: most of them, most of the time)
         kind, lora = event.kv_cache_spec_kind, event.lora_name
-        c["kind"].extend([STORED] * n)
+        c["kind"].extend([row_kind] * n)
         c["block_hash"].extend(hashes)
         c["parent_hash"].extend([event.parent, *hashes[:-1]])
         c["session_id"].extend([event.session_id] * n)
@@ -58,10 +59,12 @@ class BatchRows:
         num_tokens: int | None,
         group_idx: int | None,
         reason: str | None,
+        row_kind: str = REMOVED,
     ) -> None:
-        """A row per removed block and owner (`firsts`: 1 on a block's first row, 0 on its further owners')."""
+        """A row per removed block and owner (`firsts`: 1 on a block's first row, 0 on its further owners');
+        `row_kind`: `tier_removed` for a tier below the device cache's."""
         c, n = self.columns, len(hashes)
-        c["kind"].extend([REMOVED] * n)
+        c["kind"].extend([row_kind] * n)
         c["block_hash"].extend(hashes)
         c["parent_hash"].extend(parents)
         c["session_id"].extend(sessions)

@@ -32,11 +32,12 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from collectors.kv.batch_rows import CLEARED, REMOVED, BatchRows
+from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIER_STORED, BatchRows
 from collectors.kv.chains import OWNERS, PARENT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
 from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored, UnknownTier
+from kvobs.semconv.attributes import is_lower_tier
 from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
 from kvobs.semconv.spans import SessionSource
@@ -254,13 +255,14 @@ class KVIngest:
         if not hashes:
             return
         medium, group, parent = event.medium, event.group_idx, event.parent
-        if self.primary is None:
+        lower = is_lower_tier(medium)
+        if self.primary is None and not lower:
             self.primary = (medium, group or 0)
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
         firsts = chains.stored(hashes, parent, session)  # (a block announced again: its row counts no block)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
-        rows.stored(event, firsts)
+        rows.stored(event, firsts, TIER_STORED if lower else STORED)
 
     def _placeholder(self, event: Placeholder) -> None:
         """Hashes that reached an offload tier, no content: no block of this cache; counted."""
@@ -312,7 +314,15 @@ class KVIngest:
         if not hashes:
             return
         rows.removed(
-            hashes, parents, sessions, firsts, medium=medium, num_tokens=tokens, group_idx=group, reason=reason
+            hashes,
+            parents,
+            sessions,
+            firsts,
+            medium=medium,
+            num_tokens=tokens,
+            group_idx=group,
+            reason=reason,
+            row_kind=TIER_REMOVED if is_lower_tier(medium) else REMOVED,
         )
         if device:
             rows.losers += sessions

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from instrumented_engine.config import OFFLOAD_EVENTS, OFFLOADING_BACKENDS, PLACEHOLDER
 from kvobs.commands.common import add_session_end_flag, check_memory, number
 from kvobs.semconv.reasons import EvictionPolicyName, names
 
@@ -44,6 +45,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_session_end_flag(parser)
     parser.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
+    tier = parser.add_argument_group("offload tier (vLLM's offloading connector: a CPU tier below the KV cache)")
+    tier.add_argument(
+        "--kv-offloading-size",
+        type=number(float, above=0),
+        metavar="GIB",
+        help="GiB of host memory for a CPU tier below the KV cache, as vLLM's flag (default: no tier)",
+    )
+    tier.add_argument(
+        "--kv-offloading-backend",
+        default="native",
+        choices=OFFLOADING_BACKENDS,
+        help="the tier's implementation, as vLLM's flag: native (vLLM's own offloading connector, LRU)",
+    )
+    tier.add_argument(
+        "--kv-offload-events",
+        default=PLACEHOLDER,
+        choices=OFFLOAD_EVENTS,
+        help="the tier's KV events: placeholder (vLLM's default: a hash a block, no tokens) or self-describing "
+        "(vLLM's self_describing_kv_events: tokens and chain)",
+    )
     parser.add_argument(
         "--num-threads",
         type=number(int, at_least=1),
@@ -69,6 +90,9 @@ def engine_config(args: argparse.Namespace):
         session_ttl_s=args.session_ttl,
         session_end_after_s=args.session_end_after_s,
         num_threads=args.num_threads,
+        kv_offloading_size=None if args.kv_offloading_size is None else int(args.kv_offloading_size * 2**30),
+        kv_offloading_backend=args.kv_offloading_backend,
+        kv_offload_events=args.kv_offload_events,
     )
 
 
@@ -108,3 +132,7 @@ def check_cache_fits(args: argparse.Namespace) -> None:
         element = str(dtype).removeprefix("torch.")
         what = f"the KV cache ({layout.bytes_per_block:,} bytes a block of {layout.block_size} tokens in {element})"
         check_memory("--num-blocks", layout.num_blocks, layout.num_blocks * layout.bytes_per_block, what)
+    if layout.num_offload_blocks:
+        what = f"the offload tier ({layout.num_offload_blocks:,} blocks of {layout.bytes_per_block:,} bytes)"
+        tier_bytes = layout.num_offload_blocks * layout.bytes_per_block
+        check_memory("--kv-offloading-size", args.kv_offloading_size, tier_bytes, what)

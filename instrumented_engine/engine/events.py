@@ -46,6 +46,7 @@ class PrefixLookup(KVEvent):
     hit_blocks: int
     readmission: bool = False
     reuse_gaps_s: tuple[float, ...] = ()  # per hit block: time since its last use
+    tier_hit_tokens: int = 0  # tokens after the primary cache's hits found in the offload tier (loaded, not computed)
     kind = "prefix_lookup"
 
 
@@ -68,6 +69,50 @@ class BlocksStored(KVEvent):
     adapter: str | None = None
     medium: str | None = None  # the tier the blocks live in, as vLLM names it (`BlockManager.medium`)
     kind = "stored"
+
+
+@dataclass(frozen=True)
+class TierStored(KVEvent):
+    """Blocks copied into the offload tier (vLLM's offloading connector's BlockStored, `medium` `CPU`), in chain
+    order. `described`: published with their tokens and chain (vLLM's `self_describing_kv_events`), else as vLLM's
+    placeholders (a hash each, no tokens, block size 0)."""
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    medium: str
+    described: bool
+    num_bytes: int  # KV bytes copied from the primary cache
+    seconds: float  # the copy's time
+    adapter: str | None = None
+    kind = "tier_stored"
+
+
+@dataclass(frozen=True)
+class TierRemoved(KVEvent):
+    """Copies the offload tier dropped, for room (vLLM's connector's BlockRemoved) or with an invalidation:
+    `owner_sessions` had stored them. A copy dropped is no loss of the prefix by itself: the primary cache may still
+    hold the block."""
+
+    block_hashes: tuple[int, ...]
+    medium: str
+    owner_sessions: tuple[str, ...]
+    reason: InvalidationReason | None = None  # an invalidation dropped them; None: room was made
+    kind = "tier_removed"
+
+
+@dataclass(frozen=True)
+class TierLoaded(KVEvent):
+    """A request's prefix continued in the offload tier: its blocks were copied back into the primary cache instead
+    of recomputed (vLLM counts them in the request's cached tokens, and as external prefix-cache hits)."""
+
+    block_hashes: tuple[int, ...]
+    num_tokens: int
+    medium: str
+    num_bytes: int
+    seconds: float  # the copy's time
+    kind = "tier_loaded"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from instrumented_engine.config import CacheLayout, EngineConfig, check_context_length
+from instrumented_engine.config import SELF_DESCRIBING, CacheLayout, EngineConfig, check_context_length
 from instrumented_engine.engine.detokenizer import IncrementalText
 from instrumented_engine.engine.events import CacheCleared, Invalidated
 from instrumented_engine.engine.kv_cache.eviction import make_eviction_policy
@@ -85,6 +85,8 @@ class LLMEngine:
             policy=policy,
             clock=clock,
             session_end_after_s=config.session_end_after_s,
+            offload_blocks=self.layout.num_offload_blocks,
+            describe_offloads=config.kv_offload_events == SELF_DESCRIBING,
         )
         self.scheduler = Scheduler(
             self.block_manager,
@@ -171,11 +173,23 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> StepResult:
         batch = self.scheduler.schedule()
+        self._copy_tier(load=True)  # prefixes found in the offload tier, into the cache before the model reads them
         sampled = self.runner.run(batch, self._generators) if not batch.is_empty else {}
         self.scheduler.mark_computed(batch)
+        self._copy_tier(load=False)  # the step's new full blocks, written through to the tier
         outputs = self._postprocess(batch, sampled)
         started = [RequestStart(s.request_id, s.session_id, s.arrival_ts, s.trace_headers) for s in batch.started]
         return StepResult(outputs, self._stats(batch), self.scheduler.take_events(), started)
+
+    def _copy_tier(self, *, load: bool) -> None:
+        bm = self.block_manager
+        copies = bm.tier_loads if load else bm.tier_stores
+        if not copies:
+            return
+        for copy in copies:
+            num_bytes, seconds = self.runner.copy_tier(copy, load=load)
+            (bm.tier_loaded if load else bm.tier_stored)(copy, num_bytes, seconds)
+        copies.clear()
 
     def _postprocess(self, batch: SchedulerOutput, sampled: dict[str, int | Exception]) -> list[RequestOutput]:
         outputs = []

@@ -8,10 +8,12 @@ single-token decodes first (one batched paged-attention call) and prefill chunks
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from instrumented_engine.config import CacheLayout
+from instrumented_engine.engine.kv_cache.offload import TierCopy
 from instrumented_engine.engine.scheduler import ScheduledSeq, SchedulerOutput
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.kernels import select_backend
@@ -53,6 +55,7 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_layers)
         ]
+        self.tier_caches = self._tier_caches(layout.num_offload_blocks, shape[1:], cfg.num_layers)
         log.info(
             "KV cache: %d blocks x %d tokens, %.1f MiB, kernels=%s, linears: %s",
             layout.num_blocks,
@@ -61,6 +64,37 @@ class ModelRunner:
             self.backend.name,
             self.linears,
         )
+
+    def _tier_caches(self, num_blocks: int, block_shape: tuple, num_layers: int) -> list[tuple[torch.Tensor, ...]]:
+        """The offload tier's KV in host memory (pinned when the cache is on a GPU, as vLLM's), per layer."""
+        if not num_blocks:
+            return []
+        pin = self.device.type == "cuda"
+        log.info(
+            "offload tier (CPU): %d blocks, %.1f MiB", num_blocks, num_blocks * self.layout.bytes_per_block / 2**20
+        )
+        shape = (num_blocks, *block_shape)
+        return [
+            tuple(torch.zeros(shape, dtype=self.dtype, device="cpu", pin_memory=pin) for _ in range(2))
+            for _ in range(num_layers)
+        ]
+
+    @torch.inference_mode()
+    def copy_tier(self, copy: TierCopy, *, load: bool) -> tuple[int, float]:
+        """Copy one request's blocks from the tier into the cache (`load`) or from the cache into the tier: the bytes
+        moved and the seconds it took (the copy's own cost, synchronized on a GPU)."""
+        begin = time.perf_counter()
+        cache_ids = torch.tensor(copy.block_ids, dtype=torch.long, device=self.device)
+        slots = torch.tensor(copy.slots, dtype=torch.long)
+        for cache_pair, tier_pair in zip(self.kv_caches, self.tier_caches):
+            for cache, tier in zip(cache_pair, tier_pair):
+                if load:
+                    cache.index_copy_(0, cache_ids, tier.index_select(0, slots).to(self.device, non_blocking=True))
+                else:
+                    tier.index_copy_(0, slots, cache.index_select(0, cache_ids).to("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return len(copy.block_ids) * self.layout.bytes_per_block, time.perf_counter() - begin
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput, generators: dict[str, torch.Generator]) -> dict[str, int | Exception]:

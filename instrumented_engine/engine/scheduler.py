@@ -116,7 +116,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits = self.bm.lookup(seq)
-            hit_tokens = len(hits) * self.bm.block_size
+            num_loaded = self.bm.tier_lookup(seq, len(hits))  # the prefix goes on in the offload tier
+            hit_tokens = (len(hits) + num_loaded) * self.bm.block_size
             num_new = seq.num_tokens - hit_tokens
             if num_new > budget:
                 if not self.enable_chunked_prefill:
@@ -124,23 +125,27 @@ class Scheduler:
                 num_new = budget
             now = self.clock()
             reuse_gaps = tuple(now - b.last_used_ts for b in hits)  # before allocate touches them
-            if not self.bm.allocate(seq, num_new, hits):
+            if not self.bm.allocate(seq, num_new + num_loaded * self.bm.block_size, hits):
                 break
+            self.bm.load_from_tier(seq, len(hits), num_loaded)
             self.waiting.popleft()
             seq.num_computed_tokens = hit_tokens
             seq.status = SequenceStatus.RUNNING
-            if self._record_admission(seq, len(hits), reuse_gaps, now):
+            if self._record_admission(seq, len(hits), reuse_gaps, now, num_loaded):
                 out.started.append(seq)
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq.of(seq, num_new))
             budget -= num_new
 
-    def _record_admission(self, seq: Sequence, num_hits: int, reuse_gaps: tuple[float, ...], now: float) -> bool:
-        """Record the lookup (and a resumption); True when this is the sequence's first admission."""
+    def _record_admission(
+        self, seq: Sequence, num_hits: int, reuse_gaps: tuple[float, ...], now: float, num_loaded: int = 0
+    ) -> bool:
+        """Record the lookup (and a resumption); True when this is the sequence's first admission. Its cached tokens
+        count those loaded from the offload tier, as vLLM counts its connector's."""
         readmission = seq.num_cached_tokens is not None
         hit_tokens = num_hits * self.bm.block_size
         if not readmission:
-            seq.num_cached_tokens = hit_tokens
+            seq.num_cached_tokens = hit_tokens + num_loaded * self.bm.block_size
             seq.scheduled_ts = now
         self._events.append(
             ev.PrefixLookup(
@@ -152,12 +157,17 @@ class Scheduler:
                 hit_blocks=num_hits,
                 readmission=readmission,
                 reuse_gaps_s=reuse_gaps,
+                tier_hit_tokens=num_loaded * self.bm.block_size,
             )
         )
         if readmission:
             self._events.append(
                 ev.Resumed(
-                    now, seq.request_id, seq.session_id, hit_tokens=hit_tokens, num_preemptions=seq.num_preemptions
+                    now,
+                    seq.request_id,
+                    seq.session_id,
+                    hit_tokens=hit_tokens + num_loaded * self.bm.block_size,
+                    num_preemptions=seq.num_preemptions,
                 )
             )
         return not readmission

@@ -35,6 +35,7 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading blocks of block_table already in the hash map
+    num_offered_blocks: int = 0  # leading full blocks already offered to the offload tier (stored or held there)
     block_hashes: list[BlockHash] = field(default_factory=list)
     hash_key: tuple = ()
     num_cached_tokens: int | None = None  # prefix hit at first admission

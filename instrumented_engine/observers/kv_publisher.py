@@ -7,8 +7,10 @@
 
 Mapping from engine events: `BlocksStored` -> `BlockStored` (with the request's `session_id`),
 `BlockEvicted` -> one `BlockRemoved` per block (whatever the reason: capacity, invalidation,
-session release, TTL), `CacheCleared` -> `AllBlocksCleared`. Other engine events (lookups,
-allocations, frees, preemptions) have no vLLM counterpart and are not published, as in vLLM.
+session release, TTL), `CacheCleared` -> `AllBlocksCleared`; the offload tier's `TierStored` and `TierRemoved` ->
+what vLLM's offloading connector publishes (`medium` `CPU`: placeholders, or self-describing stores). Other engine
+events (lookups, allocations, frees, preemptions, tier loads) have no vLLM counterpart and are not published, as in
+vLLM.
 
 The PUB socket binds when the endpoint is a wildcard (`tcp://*:5557`) or local transport, and
 otherwise connects to a subscriber that bound it (vLLM's rule). Each published batch gets the next
@@ -38,6 +40,11 @@ POLL_MS = 100
 
 
 def _stored(event: ev.BlocksStored, omit_token_ids: bool = False) -> wire.Event:
+    return _described(event, omit_token_ids, extra_keys=[None] * len(event.block_hashes), session_id=event.session_id)
+
+
+def _described(event: ev.BlocksStored | ev.TierStored, omit_token_ids: bool, **fields) -> wire.BlockStored:
+    """A `BlockStored` with the blocks' tokens and chain (the cache's, or a tier's self-describing one)."""
     return wire.BlockStored(
         block_hashes=list(event.block_hashes),
         parent_block_hash=event.parent_block_hash,
@@ -46,10 +53,9 @@ def _stored(event: ev.BlocksStored, omit_token_ids: bool = False) -> wire.Event:
         lora_id=None,
         medium=event.medium,
         lora_name=event.adapter,
-        extra_keys=[None] * len(event.block_hashes),
         group_idx=ev.KV_CACHE_GROUP,
         kv_cache_spec_kind=ev.KV_CACHE_SPEC_KIND,
-        session_id=event.session_id,
+        **fields,
     )
 
 
@@ -65,11 +71,42 @@ def _cleared(_event: ev.CacheCleared, _omit_token_ids: bool = False) -> wire.Eve
     return wire.AllBlocksCleared()
 
 
-# Engine event type -> its vLLM wire event (the only engine events vLLM publishes).
-WIRE_EVENTS: dict[type, Callable[[Any, bool], wire.Event]] = {
+def _tier_stored(event: ev.TierStored, omit_token_ids: bool = False) -> list[wire.Event]:
+    """vLLM's offloading connector's stores: self-describing (one event a chain, tokens and parent, as vLLM's
+    `self_describing_kv_events`), else its placeholders (one a block: the hash alone, no tokens, block size 0).
+    Neither names a session: vLLM's connector does not."""
+    if event.described:
+        return [_described(event, omit_token_ids)]
+    return [
+        wire.BlockStored(
+            block_hashes=[block_hash],
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=0,
+            lora_id=None,
+            medium=event.medium,
+            lora_name=None,
+            group_idx=ev.KV_CACHE_GROUP,
+        )
+        for block_hash in event.block_hashes
+    ]
+
+
+def _tier_removed(event: ev.TierRemoved, _omit_token_ids: bool = False) -> wire.Event:
+    """The connector's removal: one event of the hashes (vLLM's `BlockRemoved(block_hashes=keys, medium=...)`)."""
+    reason = None if event.reason is None else event.reason.value
+    return wire.BlockRemoved(
+        block_hashes=list(event.block_hashes), medium=event.medium, group_idx=ev.KV_CACHE_GROUP, reason=reason
+    )
+
+
+# Engine event type -> its vLLM wire event or events (the only engine events vLLM publishes).
+WIRE_EVENTS: dict[type, Callable[[Any, bool], wire.Event | list[wire.Event]]] = {
     ev.BlocksStored: _stored,
     ev.BlockEvicted: _removed,
     ev.CacheCleared: _cleared,
+    ev.TierStored: _tier_stored,
+    ev.TierRemoved: _tier_removed,
 }
 
 
@@ -80,7 +117,8 @@ def to_wire_events(events: list[ev.KVEvent], *, omit_token_ids: bool = False) ->
     for event in events:
         convert = WIRE_EVENTS.get(type(event))
         if convert is not None:
-            out.append(convert(event, omit_token_ids))
+            sent = convert(event, omit_token_ids)
+            out.extend(sent) if isinstance(sent, list) else out.append(sent)
     return out
 
 

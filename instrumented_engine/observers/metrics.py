@@ -37,6 +37,7 @@ from kvobs.semconv.metrics import (
     ENGINE_LABELS,
     FINISHED_ABORT,
     FINISHED_REASONS,
+    OFFLOAD_METRICS,
     REJECTED_QUEUE_FULL,
     MetricSpec,
     kvobs_metrics,
@@ -48,7 +49,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram, "info": Info}
 # Every vLLM metric plus kvobs' engine-side ones (agent-step counters belong to the agent SDK).
 ENGINE_METRICS = (
-    *vars(vllm).values(),
+    *(spec for spec in vars(vllm).values() if spec not in OFFLOAD_METRICS),
     kvobs_metrics.KV_BLOCKS_EVICTED,
     kvobs_metrics.KV_BLOCKS_INVALIDATED,
     kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS,
@@ -113,6 +114,7 @@ class EngineMetrics:
         registry: where to register (a fresh one by default).
         extra_sinks: more places every value goes (OpenTelemetry instruments).
         started_at: when this engine's run began (`kvobs_engine_start_time_seconds`; default now).
+        offload: the engine has an offload tier: vLLM's offloading metrics too (`OFFLOAD_METRICS`).
     """
 
     def __init__(
@@ -125,7 +127,9 @@ class EngineMetrics:
         engine_index: str = "0",
         extra_sinks: Sequence[MetricSink] = (),
         started_at: float | None = None,
+        offload: bool = False,
     ) -> None:
+        self.specs = (*ENGINE_METRICS, *(OFFLOAD_METRICS if offload else ()))
         self.registry = registry or CollectorRegistry()
         if registry is None:  # process_start_time_seconds and the rest, as vLLM's /metrics has them
             ProcessCollector(registry=self.registry)
@@ -143,6 +147,8 @@ class EngineMetrics:
             vllm.KV_BLOCK_LIFETIME: buckets_of.BLOCK_RESIDENCY_BUCKETS,
             vllm.KV_BLOCK_IDLE_BEFORE_EVICT: buckets_of.BLOCK_RESIDENCY_BUCKETS,
             vllm.KV_BLOCK_REUSE_GAP: buckets_of.BLOCK_RESIDENCY_BUCKETS,
+            vllm.KV_OFFLOAD_LOAD_SIZE: buckets_of.TRANSFER_SIZE_BUCKETS,
+            vllm.KV_OFFLOAD_STORE_SIZE: buckets_of.TRANSFER_SIZE_BUCKETS,
         }
         for spec in (
             vllm.E2E_REQUEST_LATENCY,
@@ -154,7 +160,7 @@ class EngineMetrics:
             buckets[spec] = buckets_of.REQUEST_LATENCY_BUCKETS
         self._instruments = {
             spec.name: [sink.create(spec, (*ENGINE_LABELS, *spec.labels), buckets.get(spec)) for sink in sinks]
-            for spec in ENGINE_METRICS
+            for spec in self.specs
         }
         self._series: dict[tuple, Any] = {}
         self._total_sources: dict[tuple, tuple[MetricSpec, dict[str, str], Callable[[], int]]] = {}
@@ -169,7 +175,7 @@ class EngineMetrics:
         """Every counter and histogram series with known labels exists from the start at 0, as in vLLM (its
         `vllm:num_preemptions_total` reads 0 before the first preemption), so rate() sees the first increase. Gauges
         are not: a 0 before the first step would be a false reading (total blocks 0); the first step sets them."""
-        for spec in ENGINE_METRICS:
+        for spec in self.specs:
             if spec.type in ("counter", "histogram") and not spec.labels:
                 self._get(spec)
         for reason in FINISHED_REASONS:
@@ -179,7 +185,7 @@ class EngineMetrics:
         for reason in InvalidationReason:
             self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=reason.value)
         self._get(kvobs_metrics.REQUESTS_REJECTED, reason=REJECTED_QUEUE_FULL)
-        # no KV connector here: nothing is ever transferred from an external cache (a true 0, as vLLM reads)
+        # without an offload tier nothing is ever transferred from an external cache (a true 0, as vLLM reads)
         for source in (m.PROMPT_SOURCE_COMPUTED, m.PROMPT_SOURCE_CACHED, m.PROMPT_SOURCE_EXTERNAL):
             self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=source)
 
@@ -243,10 +249,25 @@ class EngineMetrics:
             self._get(vllm.PREFIX_CACHE_QUERIES).inc(event.query_tokens)
             self._get(vllm.PREFIX_CACHE_HITS).inc(event.hit_tokens)
             self._get(vllm.PROMPT_TOKENS_CACHED).inc(event.hit_tokens)
+            loaded = event.tier_hit_tokens  # (from the offload tier, vLLM's KV connector: external)
             self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_COMPUTED).inc(
-                event.query_tokens - event.hit_tokens
+                event.query_tokens - event.hit_tokens - loaded
             )
             self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_CACHED).inc(event.hit_tokens)
+            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_EXTERNAL).inc(loaded)
+            if vllm.EXTERNAL_PREFIX_CACHE_QUERIES in self.specs:
+                self._get(vllm.EXTERNAL_PREFIX_CACHE_QUERIES).inc(event.query_tokens - event.hit_tokens)
+                self._get(vllm.EXTERNAL_PREFIX_CACHE_HITS).inc(loaded)
+
+    def _tier_loaded(self, event: ev.TierLoaded) -> None:
+        self._get(vllm.KV_OFFLOAD_LOAD_BYTES).inc(event.num_bytes)
+        self._get(vllm.KV_OFFLOAD_LOAD_TIME).inc(event.seconds)
+        self._get(vllm.KV_OFFLOAD_LOAD_SIZE).observe(event.num_bytes)
+
+    def _tier_stored(self, event: ev.TierStored) -> None:
+        self._get(vllm.KV_OFFLOAD_STORE_BYTES).inc(event.num_bytes)
+        self._get(vllm.KV_OFFLOAD_STORE_TIME).inc(event.seconds)
+        self._get(vllm.KV_OFFLOAD_STORE_SIZE).observe(event.num_bytes)
 
     def _evicted(self, event: ev.BlockEvicted) -> None:
         self._get(kvobs_metrics.KV_BLOCKS_EVICTED, reason=event.reason.value).inc()
@@ -276,6 +297,8 @@ class EngineMetrics:
         ev.CacheCleared: _cleared,
         ev.Preempted: _preempted,
         ev.IdleLossesSettled: _settled,
+        ev.TierLoaded: _tier_loaded,
+        ev.TierStored: _tier_stored,
     }
 
     def _observe_output(self, out: RequestOutput, now: float) -> None:

@@ -156,6 +156,23 @@ class EngineTracer:
                     a.KV_PREFIX_HIT_TOKENS: event.hit_tokens,
                     a.KV_BLOCKS_HIT: event.hit_blocks,
                     a.KV_PREFIX_READMISSION: event.readmission,
+                    a.KV_TIER_HIT_TOKENS: event.tier_hit_tokens,
+                },
+            )
+        )
+
+    def _tier_loaded(self, event: ev.TierLoaded) -> None:
+        if (trace := self._trace(event)) is None:
+            return
+        trace.events.append(
+            (
+                SpanEvent.TIER_LOAD,
+                event.ts,
+                {
+                    a.KV_MEDIUM: event.medium,
+                    a.KV_BLOCKS_HIT: len(event.block_hashes),
+                    a.KV_TIER_HIT_TOKENS: event.num_tokens,
+                    a.KV_TIER_LOAD_SECONDS: event.seconds,
                 },
             )
         )
@@ -218,6 +235,7 @@ class EngineTracer:
         ev.Resumed: _resumed,
         ev.Invalidated: _invalidated_span,
         ev.CacheCleared: _cleared,
+        ev.TierLoaded: _tier_loaded,
     }
 
     def _caused_eviction(self, trace: _RequestTrace, event: ev.BlockEvicted) -> None:

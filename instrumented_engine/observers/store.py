@@ -10,7 +10,8 @@ Records (see `kvobs.store.rows`):
   `evicted` / `invalidated` per block and per session that owned it (`session_id` = the owner that lost it,
   `request_id` = the request whose allocation took it, `reason` = eviction or invalidation reason),
   `preempted` (`num_tokens` = computed tokens thrown away, `num_blocks` freed), `cleared` on a prefix-cache reset
-  (`num_blocks` dropped).
+  (`num_blocks` dropped); with an offload tier, `tier_stored` / `tier_removed` per block its copy reached or left
+  (`medium` the tier's) and `tier_loaded` per request whose prefix went on there (`num_blocks`, `num_tokens`).
 - `requests`: one per finished request.
 - `snapshots`: one per session each time one of its requests finishes (blocks it has cached, from the request's
   output; evicted so far; lost in a tool pause, settled; lost while idle, still pending; hit tokens) and each time
@@ -130,29 +131,59 @@ class StoreRecorder:
 
     # ---- event handlers (one table, below) ----------------------------------------------------------
     def _stored(self, event: ev.BlocksStored) -> None:
+        self._chain(event, KVEventKind.STORED, kv_cache_spec_kind=ev.KV_CACHE_SPEC_KIND, lora_name=event.adapter)
+
+    def _tier_stored(self, event: ev.TierStored) -> None:
+        self._chain(event, KVEventKind.TIER_STORED, medium=event.medium)
+
+    def _chain(self, event: ev.BlocksStored | ev.TierStored, kind: KVEventKind, **fields) -> None:
+        """A row per stored block, each naming the one before it as its parent."""
         parent = event.parent_block_hash
         for block_hash in event.block_hashes:
             self._kv(
                 event,
-                KVEventKind.STORED,
+                kind,
                 block_hash=block_hash,
                 parent_hash=parent,
                 num_tokens=event.block_size,
                 first_owner=1,
                 group_idx=ev.KV_CACHE_GROUP,
-                kv_cache_spec_kind=ev.KV_CACHE_SPEC_KIND,
-                lora_name=event.adapter,
+                **fields,
             )
             parent = block_hash
 
+    def _tier_removed(self, event: ev.TierRemoved) -> None:
+        reason = None if event.reason is None else event.reason.value
+        for block_hash in event.block_hashes:
+            self._kv(
+                event,
+                KVEventKind.TIER_REMOVED,
+                block_hash=block_hash,
+                num_tokens=self.block_size,
+                medium=event.medium,
+                reason=reason,
+                first_owner=1,
+                group_idx=ev.KV_CACHE_GROUP,
+            )
+
+    def _tier_loaded(self, event: ev.TierLoaded) -> None:
+        self._kv(
+            event,
+            KVEventKind.TIER_LOADED,
+            num_tokens=event.num_tokens,
+            num_blocks=len(event.block_hashes),
+            medium=event.medium,
+        )
+
     def _lookup(self, event: ev.PrefixLookup) -> None:
-        if not event.readmission:
+        if not event.readmission:  # hit tokens: those not computed, the offload tier's with the cache's (vLLM's)
+            hit_tokens = event.hit_tokens + event.tier_hit_tokens
             self._query_tokens += event.query_tokens
-            self._hit_tokens += event.hit_tokens
+            self._hit_tokens += hit_tokens
             if event.session_id is not None:
                 tally = self._tally(event.session_id)
                 tally.query_tokens += event.query_tokens
-                tally.hit_tokens += event.hit_tokens
+                tally.hit_tokens += hit_tokens
         self._kv(
             event,
             KVEventKind.HIT,
@@ -222,19 +253,16 @@ class StoreRecorder:
         ev.BlockEvicted: _evicted,
         ev.Preempted: _preempted,
         ev.CacheCleared: _cleared,
+        ev.TierStored: _tier_stored,
+        ev.TierRemoved: _tier_removed,
+        ev.TierLoaded: _tier_loaded,
     }
 
     def _kv(self, event: ev.KVEvent, kind: KVEventKind, **fields) -> None:
         fields.setdefault("session_id", event.session_id)
+        fields.setdefault("medium", self.medium)
         self.writer.add(
-            KVEventRecord(
-                ts=event.ts,
-                instance=self.instance,
-                kind=kind.value,
-                medium=self.medium,
-                request_id=event.request_id,
-                **fields,
-            )
+            KVEventRecord(ts=event.ts, instance=self.instance, kind=kind.value, request_id=event.request_id, **fields)
         )
 
     # ---- finished requests ---------------------------------------------------------------------------

@@ -161,8 +161,10 @@ class EngineServer:
                 "enable_prefix_caching": str(config.enable_prefix_caching),
                 "eviction_policy": config.eviction_policy,
                 "cache_dtype": str(llm_engine.runner.dtype).removeprefix("torch."),
+                "num_cpu_blocks": str(layout.num_offload_blocks or None),  # vLLM's CacheConfig field
             },
             max_model_len=layout.max_model_len,
+            offload=bool(layout.num_offload_blocks),
             extra_sinks=[OTelMetricSink(m)] if (m := self.telemetry.meter("kvobs.engine")) else [],
             started_at=self.started_at,
         )

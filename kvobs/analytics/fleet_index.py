@@ -17,7 +17,16 @@ from kvobs.semconv.spans import KVEventKind
 
 STORED = KVEventKind.STORED.value
 CLEARED = KVEventKind.CLEARED.value
-LOSS_KINDS = frozenset({KVEventKind.REMOVED.value, KVEventKind.EVICTED.value, KVEventKind.INVALIDATED.value})
+# a copy reaching a tier, the cache's own or one below it; a copy leaving one (the block's last copy: its loss)
+STORE_KINDS = frozenset({STORED, KVEventKind.TIER_STORED.value})
+LOSS_KINDS = frozenset(
+    {
+        KVEventKind.REMOVED.value,
+        KVEventKind.EVICTED.value,
+        KVEventKind.INVALIDATED.value,
+        KVEventKind.TIER_REMOVED.value,
+    }
+)
 
 
 class FleetIndex:
@@ -50,7 +59,7 @@ class FleetIndex:
         times = itertools.repeat(0.0) if times is None else times
         media = itertools.repeat(None) if media is None else media
         for kind, instance, block_hash, parent, ts, medium in zip(kinds, instances, hashes, parents, times, media):
-            if kind == STORED:
+            if kind in STORE_KINDS:
                 block_hash = int(block_hash)
                 by_tier = tiers.get(instance)
                 if by_tier is None:

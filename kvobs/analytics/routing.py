@@ -33,14 +33,14 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.chains import BlockGraph, lookup_times, lookup_ts, request_chains, with_sessions
-from kvobs.analytics.fleet_index import CLEARED, LOSS_KINDS, STORED, FleetIndex
+from kvobs.analytics.fleet_index import CLEARED, LOSS_KINDS, STORE_KINDS, STORED, FleetIndex
 from kvobs.analytics.ownership import with_tied_blocks
 from kvobs.semconv.reasons import PairApart
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
 from kvobs.store.rollups import MISS_PARTS
 
-ROUTING_KINDS = (STORED, *sorted(LOSS_KINDS), CLEARED)  # the KV events residency is rebuilt from
+ROUTING_KINDS = (*sorted(STORE_KINDS), *sorted(LOSS_KINDS), CLEARED)  # the KV events residency is rebuilt from
 COLUMNS = [
     "request_id",
     "session_id",

@@ -69,6 +69,8 @@ KV_BLOCKS_INVALIDATED = "kvcache.blocks.invalidated"
 KV_PREFIX_QUERY_TOKENS = "kvcache.prefix.query_tokens"
 KV_PREFIX_HIT_TOKENS = "kvcache.prefix.hit_tokens"
 KV_PREFIX_READMISSION = "kvcache.prefix.readmission"
+KV_TIER_HIT_TOKENS = "kvcache.tier.hit_tokens"  # tokens after the cache's hits found in an offload tier (loaded)
+KV_TIER_LOAD_SECONDS = "kvcache.tier.load_seconds"  # the copy back from the tier, as the engine timed it
 KV_TOKENS_LOST = "kvcache.tokens.lost"  # computed tokens a preemption threw away (to recompute)
 KV_EVICTION_REASON = "kvcache.eviction.reason"
 KV_EVICTION_REASONS = "kvcache.eviction.reasons"
@@ -90,11 +92,12 @@ LINK_EVICTED_FROM = "evicted_from"  # the linked session's blocks were evicted b
 LINK_INVALIDATED = "invalidated"  # the linked session's blocks were invalidated by this span
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the primary KV cache, the one the model attends from, on any device
+MEDIUM_CPU = "CPU"  # vLLM's name for its offloading connector's host-memory tier
 # The tiers engines name (vLLM: GPU, CPU; its offloading: CPU, STORAGE; LMCache: cpu, Disk; SGLang's HiCache: GPU,
 # CPU_PINNED, DISK, EXTERNAL), each stored and shown under one name: what a spelling means, lower-cased -> kvobs's
 MEDIUMS = {
     "gpu": MEDIUM_GPU,
-    "cpu": "CPU",
+    "cpu": MEDIUM_CPU,
     "cpu_pinned": "CPU",  # SGLang's host tier (pinned host memory)
     "disk": "DISK",
     "storage": "STORAGE",
@@ -115,3 +118,9 @@ def medium_name(medium: str | None) -> str | None:
 def is_known_medium(medium: str | None) -> bool:
     """Whether kvobs knows the tier (`MEDIUMS`; none: the engine's device cache)."""
     return medium is None or medium.strip().lower() in MEDIUMS
+
+
+def is_lower_tier(medium: str | None) -> bool:
+    """Whether a tier, as kvobs names it (`medium_name`), is one below the device cache (an offload tier: CPU,
+    disk, storage, ...): its copies are stored as `tier_stored`/`tier_removed`, never as the cache's own blocks."""
+    return medium is not None and medium != MEDIUM_GPU

@@ -110,3 +110,7 @@ def token_buckets(max_model_len: int) -> tuple[int, ...]:
                 return tuple(buckets)
             buckets.append(value)
         exponent += 1
+
+
+# vLLM's offloading connector's transfer sizes (`vllm:kv_offload_{load,store}_size`), bytes
+TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)

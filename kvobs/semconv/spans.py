@@ -61,11 +61,13 @@ class SpanEvent:
     PREEMPT = "kvcache.preempt"  # the request lost its blocks to make room (recompute)
     RESUME = "kvcache.resume"  # re-admitted after a preemption
     FIRST_TOKEN = "kvcache.first_token"
+    TIER_LOAD = "kvcache.tier_load"  # the request's prefix went on in an offload tier: blocks copied back, timed
 
 
 class KVEventKind(Name):
-    """`kv_events.kind` in the store. `stored`/`removed`/`cleared` mirror vLLM's KV events; the rest
-    are what only the instrumented engine can tell."""
+    """`kv_events.kind` in the store. `stored`/`removed`/`cleared` mirror vLLM's KV events of the primary cache,
+    `tier_stored`/`tier_removed` those of a tier below it; the rest are what only the instrumented engine can
+    tell."""
 
     STORED = "stored"
     REMOVED = "removed"
@@ -75,6 +77,12 @@ class KVEventKind(Name):
     EVICTED = "evicted"
     PREEMPTED = "preempted"
     INVALIDATED = "invalidated"
+    # An offload tier below the primary cache (vLLM's offloading connector, SGLang's HiCache, ...): a copy of a block
+    # reached it, left it, or was loaded back into the primary cache for a request. Apart from `stored`/`removed`, so
+    # no count of the primary cache's blocks (nor "blocks lost") reads a tier's copy as a block of its own.
+    TIER_STORED = "tier_stored"
+    TIER_REMOVED = "tier_removed"
+    TIER_LOADED = "tier_loaded"
 
 
 # Kinds that end a cached block's content: the engine's `evicted`/`invalidated`, vLLM's `removed`.

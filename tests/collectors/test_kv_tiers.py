@@ -1,9 +1,10 @@
 """Tiers and groups in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`),
 and a tier kvobs does not know fails closed (not read as any tier's blocks; counted, and named by `kvobs doctor`);
 an offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted, not
-stored as blocks of the replica's cache; a hybrid model's KV-cache groups each keep their own chains, and what vLLM
-says of a block beyond its hash (group, its kind, LoRA adapter, extra keys, and our engine's removal reason) is stored
-with it."""
+stored as blocks of the replica's cache; a lower tier's stores and removals are rows of their own kinds
+(`tier_stored`, `tier_removed`), never read as the cache's blocks; a hybrid model's KV-cache groups each keep their
+own chains, and what vLLM says of a block beyond its hash (group, its kind, LoRA adapter, extra keys, and our
+engine's removal reason) is stored with it."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def test_placeholders_are_counted_and_tiers_stored_by_their_one_name(tmp_path):
     assert list(zip(rows["kind"], rows["block_hash"], rows["medium"])) == [
         ("stored", 1, MEDIUM_GPU),
         ("stored", 2, MEDIUM_GPU),
-        ("stored", 3, "DISK"),
+        ("tier_stored", 3, "DISK"),  # a copy in a tier below the device cache: no block of the cache's own
         ("removed", 1, MEDIUM_GPU),
     ]
     assert ingest.num_placeholders == 2
@@ -109,12 +110,14 @@ def test_an_offload_tiers_stores_and_removals_keep_to_their_own_chains(tmp_path)
     ingest.on_batch(1, normalize(wire.KVEventBatch(1.8e9 + 1, [wire.BlockRemoved([2], "GPU")], 0)))
     assert set(ingest.chains.blocks) == {1} and ingest.chains.footprints["s1"].resident == 1
     writer.close()
-    removed = store.reads.kv_events(kinds=["removed"])
-    assert list(zip(removed["block_hash"], removed["medium"], removed["session_id"])) == [
-        (1, "CPU", "s1"),
-        (2, "CPU", "s1"),
-        (2, MEDIUM_GPU, "s1"),
+    removed = store.reads.kv_events(kinds=["removed", "tier_removed"])
+    assert list(zip(removed["kind"], removed["block_hash"], removed["medium"], removed["session_id"])) == [
+        ("tier_removed", 1, "CPU", "s1"),
+        ("tier_removed", 2, "CPU", "s1"),
+        ("removed", 2, MEDIUM_GPU, "s1"),
     ]
+    # "blocks lost" reads the device cache's removals alone: the CPU tier dropping its copies lost no prefix
+    assert store.reads.block_losses(0, 2e9)["blocks"].sum() == 1
 
 
 def test_a_hybrid_models_groups_keep_their_own_chains_and_every_field_is_stored(tmp_path):
@@ -222,8 +225,9 @@ def test_a_block_announced_again_counts_once_and_removals_of_unknown_blocks_are_
     assert 'kvobs_collector_kv_repeated_stores_total{instance="vllm-a"} 1.0' in text
     assert 'kvobs_collector_kv_unknown_removals_total{instance="vllm-a"} 1.0' in text
     rows = store.reads.kv_events()
-    cpu = rows[(rows["kind"] == "stored") & (rows["medium"] == "CPU")]
+    cpu = rows[(rows["kind"] == "tier_stored") & (rows["medium"] == "CPU")]
     assert list(zip(cpu["block_hash"], cpu["first_owner"])) == [(1, 1), (2, 1), (2, 0), (3, 1)]
     counts = store.reads.kv_event_counts(bucket_s=60.0)
-    assert int(counts.loc[counts["kind"] == "stored", "blocks"].sum()) == 5  # 2 GPU + 3 distinct CPU blocks
+    blocks = counts.groupby("kind")["blocks"].sum()
+    assert (int(blocks["stored"]), int(blocks["tier_stored"])) == (2, 3)  # the cache's 2; the tier's 3 distinct
     store.close()

@@ -72,15 +72,15 @@ def test_sglang_s_own_publisher_is_read_through_the_door_tier_by_tier(tmp_path):
     assert got == [
         ("stored", u1, "GPU", SESSION),
         ("stored", u2, "GPU", SESSION),
-        ("stored", u1, "CPU", SESSION),  # CPU_PINNED: the host tier, by kvobs's one name
-        ("stored", u2, "CPU", SESSION),
-        ("stored", u3, "DISK", SESSION),
+        ("tier_stored", u1, "CPU", SESSION),  # CPU_PINNED: the host tier, by kvobs's one name
+        ("tier_stored", u2, "CPU", SESSION),
+        ("tier_stored", u3, "DISK", SESSION),
         ("removed", u2, "GPU", SESSION),  # evicted from the GPU: the session lost them there
         ("removed", u1, "GPU", SESSION),
-        ("stored", u4, "EXTERNAL", None),
+        ("tier_stored", u4, "EXTERNAL", None),
     ]
     assert list(events.loc[events["kind"] == "cleared", "reason"]) == ["reset"]
-    parents = events[events["kind"] == "stored"].set_index("block_hash")["parent_hash"]
+    parents = events[events["kind"] == "tier_stored"].set_index("block_hash")["parent_hash"]
     assert int(parents[u3]) == u2  # the disk block's chain, across tiers
     # the session lost its two device blocks; the host and disk copies are other tiers', not its losses
     footprint = store.reads.session_footprints()

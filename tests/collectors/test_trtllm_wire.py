@@ -87,12 +87,14 @@ def test_a_collector_fetches_them_into_the_store(tmp_path):
     assert stream.ingest.unknown_tiers == {"LEVEL2": 1}
     events = store.reads.kv_events()
     assert set(events["instance"]) == {"trt"}
-    stored = events[events["kind"] == "stored"]
-    assert sorted(zip(stored["block_hash"], stored["medium"])) == sorted(
-        [(11, "GPU"), (12, "GPU"), (BIG, "GPU"), (21, "GPU"), (12, "CPU")]
+    stored = events[events["kind"].isin(["stored", "tier_stored"])]
+    assert sorted(zip(stored["kind"], stored["block_hash"], stored["medium"])) == sorted(
+        [("stored", 11, "GPU"), ("stored", 12, "GPU"), ("stored", BIG, "GPU"), ("stored", 21, "GPU")]
+        + [("tier_stored", 12, "CPU")]  # a move to the host tier: a copy there, no block of the device cache's
     )
-    removed = events[events["kind"] == "removed"]
-    assert sorted(zip(removed["block_hash"], removed["medium"])) == sorted(
-        [(12, "GPU"), (99, "GPU"), (12, "CPU"), (BIG, "GPU"), (21, "GPU")]  # 99: on the device, as its move says
+    removed = events[events["kind"].isin(["removed", "tier_removed"])]
+    assert sorted(zip(removed["kind"], removed["block_hash"], removed["medium"])) == sorted(
+        [("removed", 12, "GPU"), ("removed", 99, "GPU"), ("removed", BIG, "GPU"), ("removed", 21, "GPU")]
+        + [("tier_removed", 12, "CPU")]  # 99: on the device, as its move says
     )
     assert "KV events trt: connect http://127.0.0.1:" in collector.describe()

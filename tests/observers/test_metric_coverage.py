@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from instrumented_engine.observers.metrics import ENGINE_METRICS, EngineMetrics
-from kvobs.semconv.metrics import kvobs_metrics, vllm
+from kvobs.semconv.metrics import OFFLOAD_METRICS, kvobs_metrics, vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 # A spec given to the call that sets it: `_get(vllm.X ...)`, `watch_total(kvobs_metrics.X ...)`, or a table of
@@ -34,7 +34,7 @@ def _set_in(folder: str) -> set[str]:
 
 def test_every_metric_the_engine_registers_is_set_by_the_engine():
     attrs = {**_names(vllm), **_names(kvobs_metrics)}
-    registered = {attrs[spec.name] for spec in ENGINE_METRICS}
+    registered = {attrs[spec.name] for spec in (*ENGINE_METRICS, *OFFLOAD_METRICS)}
     assert registered - _set_in("instrumented_engine") == set()
 
 

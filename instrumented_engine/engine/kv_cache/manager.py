@@ -21,6 +21,7 @@ The manager holds no tensors, so the same code runs the engine and the what-if s
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Iterable
 
@@ -29,11 +30,15 @@ from instrumented_engine.engine.kv_cache.block import KVBlock
 from instrumented_engine.engine.kv_cache.eviction import EvictionPolicy, LRUPolicy
 from instrumented_engine.engine.kv_cache.hashing import external_hash, hash_chain
 from instrumented_engine.engine.kv_cache.invalidation import Invalidation
+from instrumented_engine.engine.kv_cache.offload import OffloadTier, TierBlock, TierCopy
 from instrumented_engine.engine.kv_cache.pool import BlockPool
 from instrumented_engine.engine.kv_cache.session_pauses import SessionPauses
 from instrumented_engine.engine.kv_cache.sessions import SessionLifecycle
 from instrumented_engine.engine.sequence import Sequence
+from kvobs.semconv.reasons import InvalidationReason
 from kvobs.semconv.sessions import SESSION_END_AFTER_S
+
+log = logging.getLogger(__name__)
 
 
 class BlockManager:
@@ -46,6 +51,9 @@ class BlockManager:
         policy: which free block to take next (default LRU, vLLM's order).
         clock: time source (epoch seconds) for events; tests inject a fake one.
         session_end_after_s: an idle session has ended after this long without a request (see `SessionPauses`).
+        offload_blocks: blocks of an offload tier below the cache (vLLM's `--kv-offloading-size`); 0: none.
+        describe_offloads: the tier's stores are published with their tokens and chain (vLLM's
+            `self_describing_kv_events`), else as vLLM's placeholders.
     """
 
     def __init__(
@@ -57,6 +65,8 @@ class BlockManager:
         policy: EvictionPolicy | None = None,
         clock: Callable[[], float] = time.time,
         session_end_after_s: float | None = SESSION_END_AFTER_S,
+        offload_blocks: int = 0,
+        describe_offloads: bool = False,
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -75,8 +85,62 @@ class BlockManager:
         self.begin_request, self.end_request = self.sessions.begin_request, self.sessions.end_request
         self.expire_idle_sessions = self.sessions.expire_idle_sessions
         self.end_session, self.release_session = self.sessions.end_session, self.sessions.release_session
-        self.invalidate, self.reset = self.invalidation.invalidate, self.invalidation.reset
         self.hash_key = self.invalidation.hash_key
+        self.tier = OffloadTier(offload_blocks) if offload_blocks and enable_caching else None
+        self.describe_offloads = describe_offloads
+        self.tier_loads: list[TierCopy] = []  # to copy into the primary cache before the step's model run
+        self.tier_stores: list[TierCopy] = []  # to copy into the tier after it
+
+    def invalidate(
+        self, reason: str | InvalidationReason, *, session_id: str | None = None, adapter: str | None = None
+    ) -> ev.Invalidated | ev.CacheCleared | None:
+        """`Invalidation.invalidate`, and the offload tier's copies with it: the blocks the cache dropped and, for a
+        forgotten session, every copy it stored; a weights update or reset drops them all (stale or cleared)."""
+        event = self.invalidation.invalidate(reason, session_id=session_id, adapter=adapter)
+        if self.tier is None or event is None:
+            return event
+        reason = InvalidationReason(reason)
+        if reason is InvalidationReason.MANUAL_RESET:  # (its `CacheCleared` says every tier was dropped)
+            self.tier.clear()
+            return event
+        if reason is InvalidationReason.WEIGHTS_UPDATE:
+            dropped = list(self.tier.entries.items())
+            self.tier.clear()
+        else:
+            forgotten = (session_id,) if reason is InvalidationReason.SESSION_FORGET and session_id else ()
+            dropped = self.tier.drop(set(getattr(event, "block_hashes", ())), forgotten)
+        if dropped:
+            self._tier_removed(dropped, event.ts, None, session_id, reason)
+        return event
+
+    def _tier_removed(
+        self,
+        dropped: list[tuple[int, TierBlock]],
+        now: float,
+        request_id: str | None,
+        session_id: str | None,
+        reason: InvalidationReason | None = None,
+    ) -> None:
+        assert self.tier is not None
+        self.pool.emit(
+            ev.TierRemoved(
+                now,
+                request_id,
+                session_id,
+                block_hashes=tuple(h for h, _ in dropped),
+                medium=self.tier.medium,
+                owner_sessions=tuple(sorted({s for _, copy in dropped for s in copy.sessions})),
+                reason=reason,
+            )
+        )
+
+    def reset(self) -> ev.CacheCleared | None:
+        """vLLM's reset of the prefix cache (`Invalidation.reset`), its offload tier's with it (as vLLM resets its
+        connector's): the one `CacheCleared` says every tier was dropped."""
+        cleared = self.invalidation.reset()
+        if cleared is not None and self.tier is not None:
+            self.tier.clear()
+        return cleared
 
     # ---- sizes ------------------------------------------------------------------------------
     @property
@@ -121,6 +185,64 @@ class BlockManager:
             hits.append(block)
         return hits
 
+    def tier_lookup(self, seq: Sequence, num_hits: int) -> int:
+        """Blocks after the cache's `num_hits` that the offload tier holds, consecutively (within the lookup's cap of
+        num_tokens - 1 tokens); 0 without a tier."""
+        if self.tier is None:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        return self.tier.lookup([external_hash(h) for h in seq.block_hashes[num_hits:max_blocks]], self.clock())
+
+    def load_from_tier(self, seq: Sequence, num_hits: int, num_blocks: int) -> None:
+        """After `allocate`: blocks `num_hits` .. + `num_blocks` of `seq`'s table get their KV from the tier (copied
+        by the model runner before the step runs: `tier_loads`); the engine reports it (`tier_loaded`)."""
+        if not num_blocks or self.tier is None:
+            return
+        hashes = tuple(external_hash(h) for h in seq.block_hashes[num_hits : num_hits + num_blocks])
+        self.tier_loads.append(
+            TierCopy(
+                seq.request_id,
+                seq.session_id,
+                seq.block_table[num_hits : num_hits + num_blocks],
+                [self.tier.slot_of(h) for h in hashes],
+                hashes,
+            )
+        )
+
+    def tier_loaded(self, copy: TierCopy, num_bytes: int, seconds: float) -> None:
+        assert self.tier is not None
+        self.pool.emit(
+            ev.TierLoaded(
+                self.clock(),
+                copy.request_id,
+                copy.session_id,
+                block_hashes=copy.block_hashes,
+                num_tokens=len(copy.block_ids) * self.block_size,
+                medium=self.tier.medium,
+                num_bytes=num_bytes,
+                seconds=seconds,
+            )
+        )
+
+    def tier_stored(self, copy: TierCopy, num_bytes: int, seconds: float) -> None:
+        assert self.tier is not None
+        self.pool.emit(
+            ev.TierStored(
+                self.clock(),
+                copy.request_id,
+                copy.session_id,
+                block_hashes=copy.block_hashes,
+                parent_block_hash=copy.parent_block_hash,
+                token_ids=copy.token_ids,
+                block_size=self.block_size,
+                medium=self.tier.medium,
+                described=self.describe_offloads,
+                num_bytes=num_bytes,
+                seconds=seconds,
+                adapter=copy.adapter,
+            )
+        )
+
     def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: Collection[KVBlock] = ()) -> bool:
         return self._num_blocks_needed(seq, num_new_tokens, hits) <= self._num_available(hits)
 
@@ -159,6 +281,7 @@ class BlockManager:
             return
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_registered_blocks:
+            self._offer_to_tier(seq, num_full)
             return
         self.update_block_hashes(seq)
         now = self.clock()
@@ -195,6 +318,49 @@ class BlockManager:
                 adapter=seq.adapter,
                 medium=self.pool.medium,
             )
+        self._offer_to_tier(seq, num_full)
+
+    def _offer_to_tier(self, seq: Sequence, num_full: int) -> None:
+        """Write-through, as vLLM's offloading connector: the full blocks of `seq` not offered yet go to the tier
+        (those it holds are refreshed); the copies it evicts for room are published now, the stored ones once the
+        model runner copied them (`tier_stores`, `tier_stored`)."""
+        first = seq.num_offered_blocks
+        if self.tier is None or num_full <= first:
+            return
+        seq.num_offered_blocks = num_full
+        hashes = [external_hash(h) for h in seq.block_hashes[first:num_full]]
+        parents = [external_hash(seq.block_hashes[i - 1]) if i else None for i in range(first, num_full)]
+        now = self.clock()
+        done = self.tier.store(hashes, parents, seq.session_id, now)
+        if done is None:
+            log.warning(
+                "request %s: %d blocks could not be stored in the offload tier of %d blocks",
+                seq.request_id,
+                len(hashes),
+                self.tier.num_blocks,
+            )
+            return
+        stored, evicted = done
+        if evicted:
+            self._tier_removed(evicted, now, seq.request_id, seq.session_id)
+        if not stored:
+            return
+        index = {h: first + i for i, h in enumerate(hashes)}
+        for run in _runs([(index[h], slot) for h, slot in stored]):  # one copy (and event) a chain of blocks
+            begin, end = run[0][0], run[-1][0] + 1
+            parent = seq.block_hashes[begin - 1] if begin else None
+            self.tier_stores.append(
+                TierCopy(
+                    seq.request_id,
+                    seq.session_id,
+                    seq.block_table[begin:end],
+                    [slot for _, slot in run],
+                    tuple(external_hash(h) for h in seq.block_hashes[begin:end]),
+                    None if parent is None else external_hash(parent),
+                    tuple(seq.token_ids[begin * self.block_size : end * self.block_size]),
+                    seq.adapter,
+                )
+            )
 
     def _tokens_of(self, seq: Sequence, block_ids: list[int]) -> list[int]:
         positions = {bid: i for i, bid in enumerate(seq.block_table)}
@@ -219,3 +385,14 @@ class BlockManager:
     # ---- internals ----------------------------------------------------------------------------
     def _emit(self, cls: type[ev.KVEvent], seq: Sequence, now: float, **fields) -> None:
         self.pool.emit(cls(now, seq.request_id, seq.session_id, **fields))
+
+
+def _runs(items: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """(block index, slot) pairs in order, cut where the indices stop following one another."""
+    runs: list[list[tuple[int, int]]] = []
+    for item in items:
+        if runs and runs[-1][-1][0] + 1 == item[0]:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
