@@ -11,7 +11,7 @@ Records (see `kvobs.store.rows`):
   `request_id` = the request whose allocation took it, `reason` = eviction or invalidation reason),
   `preempted` (`num_tokens` = computed tokens thrown away, `num_blocks` freed), `cleared` on a prefix-cache reset
   (`num_blocks` dropped); with an offload tier, `tier_stored` / `tier_removed` per block its copy reached or left
-  (`medium` the tier's) and `tier_loaded` per request whose prefix went on there (`num_blocks`, `num_tokens`).
+  (`medium` the tier's) and `tier_loaded` per block a request's prefix found there (copied back, not computed).
 - `requests`: one per finished request.
 - `snapshots`: one per session each time one of its requests finishes (blocks it has cached, from the request's
   output; evicted so far; lost in a tool pause, settled; lost while idle, still pending; hit tokens) and each time
@@ -167,13 +167,17 @@ class StoreRecorder:
             )
 
     def _tier_loaded(self, event: ev.TierLoaded) -> None:
-        self._kv(
-            event,
-            KVEventKind.TIER_LOADED,
-            num_tokens=event.num_tokens,
-            num_blocks=len(event.block_hashes),
-            medium=event.medium,
-        )
+        """A row per block the request's prefix found in the tier (which of its losses the tier saved)."""
+        for block_hash in event.block_hashes:
+            self._kv(
+                event,
+                KVEventKind.TIER_LOADED,
+                block_hash=block_hash,
+                num_tokens=self.block_size,
+                medium=event.medium,
+                first_owner=1,
+                group_idx=ev.KV_CACHE_GROUP,
+            )
 
     def _lookup(self, event: ev.PrefixLookup) -> None:
         if not event.readmission:  # hit tokens: those not computed, the offload tier's with the cache's (vLLM's)

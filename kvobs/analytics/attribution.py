@@ -76,6 +76,7 @@ ATTRIBUTION_KINDS = tuple(
         KVEventKind.CLEARED,
         KVEventKind.PREEMPTED,
         KVEventKind.HIT,  # a preempted request's re-admission (reason `readmission`)
+        KVEventKind.TIER_LOADED,  # blocks an offload tier gave back (a pause loss it saved)
     )
 )
 CAUSES = ("invalidated", "prefix_evicted_in_pause", "routed_away_from_prefix", "preempted", "queue_wait", "none")

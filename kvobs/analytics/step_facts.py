@@ -4,7 +4,8 @@ facts about its cache, each with what it cost (`causes`, `facts`: the evidence),
 The facts, each looked up in the step's session's KV events and its requests:
 - `invalidated`: its cached blocks invalidated (or the whole cache reset) between its previous request and its end;
 - `prefix_evicted_in_pause`: blocks it had cached taken while it was idle, between its previous request's end and
-  this step's first request (the tool pause); blocks the agent released itself are no loss;
+  this step's first request (the tool pause); blocks the agent released itself are no loss, and blocks its requests
+  loaded back from an offload tier (`tier_loaded`) were saved, not lost (said as a fact of their own);
 - `routed_away_from_prefix`: its request recomputed a prefix another replica of the fleet held at its lookup
   (`kvobs.analytics.routing`: the replica, its blocks, the tokens);
 - `preempted`: a request of the step preempted (recomputed), with what it cost (measured from the engine's
@@ -184,7 +185,7 @@ def step_facts(
 
     reasons: list[str] = []
     invalidated_blocks = invalidated_tokens = 0
-    lost_blocks = lost_tokens = 0
+    lost_blocks = lost_tokens = saved_blocks = saved_tokens = 0
     if previous_end is not None:
         window = session_events.window(previous_end, fact_end)
         invalidated = session_events.kind[window] == KVEventKind.INVALIDATED.value
@@ -201,6 +202,13 @@ def step_facts(
         taken = np.isin(session_events.kind[pause], EVICTION_KINDS) & ~np.isin(
             session_events.reason[pause].astype(object), list(RELEASE_REASONS)
         )
+        # taken from the cache, but found in an offload tier by this step's requests: loaded back, not recomputed
+        loaded = set(session_events.block_hash[window][session_events.kind[window] == KVEventKind.TIER_LOADED.value])
+        saved = taken & np.fromiter((h in loaded for h in session_events.block_hash[pause]), bool, taken.size)
+        saved_blocks, saved_tokens = _distinct(
+            session_events.block_hash[pause][saved], session_events.num_tokens[pause][saved]
+        )
+        taken &= ~saved
         lost_blocks, lost_tokens = _distinct(
             session_events.block_hash[pause][taken], session_events.num_tokens[pause][taken]
         )
@@ -232,6 +240,12 @@ def step_facts(
         facts.append(
             f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the {pause_s:.2f} s pause before it"
             + recompute.words(parts.lost_recompute_s, lost_tokens)
+        )
+    if saved_blocks:  # evidence, no cause: the copy back is part of the step's prefill, not a recompute
+        facts.append(
+            f"{saved_blocks} of its cached blocks ({saved_tokens} tokens) evicted from the cache during the "
+            f"{first_arrival - previous_end:.2f} s pause before it were loaded back from the offload tier, not "
+            "recomputed"
         )
     if loss is not None:
         causes.append("routed_away_from_prefix")

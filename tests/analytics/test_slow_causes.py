@@ -28,8 +28,14 @@ CONTEXT = [200 + (i * 7) % 5000 for i in range(400)]  # A's context: 25 blocks
 OTHER = [6000 + (i * 11) % 3000 for i in range(480)]  # B's prompt: nothing in common with A's
 
 
-def _run(make_llm, tmp_path, *, queue_behind: bool):
-    llm = make_llm(num_blocks=44, block_size=BLOCK, max_model_len=640, max_num_seqs=1 if queue_behind else 8)
+def _run(make_llm, tmp_path, *, queue_behind: bool, tier_bytes: int | None = None):
+    llm = make_llm(
+        num_blocks=44,
+        block_size=BLOCK,
+        max_model_len=640,
+        max_num_seqs=1 if queue_behind else 8,
+        kv_offloading_size=tier_bytes,
+    )
     engine = llm.engine
     store = open_store(f"sqlite:///{tmp_path / 'run.db'}")
     writer = StoreWriter(store)
@@ -168,3 +174,24 @@ def test_the_shortfall_split_names_the_pause_and_the_new_tail(scripted):
     parts = [f"{p}_tokens" for p in MISS_PARTS]
     assert (table["achieved_tokens"] + table[parts].sum(axis=1) == table["prompt_block_tokens"]).all()  # adds up
     assert (table["available_tokens"] == table["prompt_block_tokens"] - table["cold_tokens"]).all()
+
+
+def test_a_pause_loss_the_offload_tier_saved_is_no_loss_and_says_so(make_llm, tmp_path):
+    """The same script with a CPU tier that holds A's whole context: B still evicts A's blocks from the cache during
+    the pause (the engine's record), but A's fourth step loads every one of them back from the tier. Its verdict
+    loses no prefix in the pause and says what the tier gave back; the request's cached tokens are A's context
+    again."""
+    store, outputs = _run(make_llm, tmp_path, queue_behind=False, tier_bytes=64 * 737_280)  # 64 blocks
+    rows = store.reads.kv_events(kinds=["evicted", "tier_loaded"])
+    evicted = set(rows.loc[(rows["kind"] == "evicted") & (rows["session_id"] == "A"), "block_hash"])
+    loaded = set(rows.loc[(rows["kind"] == "tier_loaded") & (rows["request_id"] == "a3"), "block_hash"])
+    assert len(evicted) >= 10 and evicted <= loaded  # truth: every block the pause took came back from the tier
+    frame = step_causes(store, None, None).set_index("step_index")
+    last = frame.loc[3]
+    assert last["blocks_lost_in_pause"] == 0 and "prefix_evicted_in_pause" not in last["causes"].split(",")
+    assert (
+        f"{len(evicted)} of its cached blocks ({len(evicted) * BLOCK} tokens) evicted from the cache"
+        in last["evidence"]
+    )
+    assert "were loaded back from the offload tier, not recomputed" in last["evidence"]
+    assert outputs["a3"].num_cached_tokens >= outputs["a2"].num_cached_tokens  # nothing recomputed
