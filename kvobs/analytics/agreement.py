@@ -58,8 +58,19 @@ def kv_counter_agreement(store: Store, since: float | None = None, until: float 
             requests = store.reads.requests(since, until)
         return int((requests["instance"] == instance).sum())
 
+    loads: dict | None = None
+
+    def tier_loads() -> dict:
+        nonlocal loads
+        if loads is None:
+            rows = store.reads.kv_events(since, until, kinds=[KVEventKind.TIER_LOADED.value])
+            loads = rows.groupby("instance")["num_tokens"].sum().to_dict() if not rows.empty else {}
+        return loads
+
     def own_rows(instance: str) -> tuple[float, float, float] | None:
-        """(queries, hits, generated) from the instance's request rows, when they say what was cached."""
+        """(queries, hits, generated) from the instance's request rows, when they say what was cached. Cached tokens
+        count those loaded from an offload tier (as vLLM's do), which the cache stores again as it would computed
+        ones: they are no hit of the cache's here (as vLLM's `prefix_cache_hits` leaves them out)."""
         nonlocal requests
         if requests is None:
             requests = store.reads.requests(since, until)
@@ -67,7 +78,9 @@ def kv_counter_agreement(store: Store, since: float | None = None, until: float 
         if mine.empty or mine["cached_tokens"].isna().any():
             return None
         sums = mine[["prompt_tokens", "cached_tokens", "completion_tokens"]].sum()
-        return float(sums["prompt_tokens"]), float(sums["cached_tokens"]), float(sums["completion_tokens"])
+        loaded = tier_loads().get(instance, 0.0)
+        hits = float(sums["cached_tokens"]) - loaded
+        return float(sums["prompt_tokens"]), hits, float(sums["completion_tokens"])
 
     out = []
     for instance in sorted(set(stored["instance"]) | set(counters["instance"])):

@@ -195,3 +195,9 @@ def test_a_pause_loss_the_offload_tier_saved_is_no_loss_and_says_so(make_llm, tm
     )
     assert "were loaded back from the offload tier, not recomputed" in last["evidence"]
     assert outputs["a3"].num_cached_tokens >= outputs["a2"].num_cached_tokens  # nothing recomputed
+    # `kvobs doctor`: its stored blocks still agree with its own request rows (loaded tokens are stored again, as
+    # computed ones: no hit of the cache's)
+    from kvobs.analytics.agreement import kv_counter_agreement
+
+    (check,) = kv_counter_agreement(store)
+    assert check.verdict == "agree", check.words
