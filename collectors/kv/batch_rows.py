@@ -48,6 +48,19 @@ class BatchRows:
         c["lora_name"].extend(none if lora is None else [lora] * n)
         c["extra_keys"].extend(none if event.extra_keys is None else event.extra_keys)
 
+    def placeholders(self, hashes: list[int], medium: str | None, firsts: list[int]) -> None:
+        """A row per hash an offload tier announced without its content (`tier_stored`: no parent, no tokens)."""
+        c, n = self.columns, len(hashes)
+        none = [None] * n
+        c["kind"].extend([TIER_STORED] * n)
+        c["block_hash"].extend(hashes)
+        c["medium"].extend([medium] * n)
+        c["first_owner"].extend(firsts)
+        for name in ("parent_hash", "session_id", "num_tokens", "reason", "num_blocks", "group_idx"):
+            c[name].extend(none)
+        for name in ("kv_cache_spec_kind", "lora_name", "extra_keys"):
+            c[name].extend(none)
+
     def removed(
         self,
         hashes: list[int],

@@ -139,7 +139,7 @@ class KVIngest:
             elif type(event) is Cleared:
                 cleared = self._cleared(rows, EvictionReason.RESET.value)
             elif type(event) is Placeholder:
-                self._placeholder(event)
+                self._placeholder(event, rows)
             elif type(event) is UnknownTier:
                 self._unknown_tier(event)
         self.num_ids_cut += batch.ids_cut
@@ -264,16 +264,21 @@ class KVIngest:
             self.recent.add(ts, hashes, parent)
         rows.stored(event, firsts, TIER_STORED if lower else STORED)
 
-    def _placeholder(self, event: Placeholder) -> None:
-        """Hashes that reached an offload tier, no content: no block of this cache; counted."""
+    def _placeholder(self, event: Placeholder, rows: BatchRows) -> None:
+        """Hashes that reached an offload tier, no content: no block of this cache; counted, and stored as the tier's
+        copies of the hash alone (`tier_stored`: no parent, no tokens; one announced again counts once)."""
         if not self.num_placeholders:
             log.info(
                 "KV events of %s: offload placeholders (BlockStored without tokens or block size, medium %s) are "
-                "counted (kvobs_collector_kv_offload_placeholders_total), not stored as blocks",
+                "counted (kvobs_collector_kv_offload_placeholders_total) and stored as the tier's copies of the hash "
+                "alone (tier_stored rows without parent or tokens)",
                 self.instance,
                 event.medium,
             )
         self.num_placeholders += len(event.hashes)
+        chains = self._routes.get((event.medium, None)) or self._tier(event.medium, None)
+        firsts = [flag for block_hash in event.hashes for flag in (chains.stored([block_hash], None, None) or [1])]
+        rows.placeholders(event.hashes, event.medium, firsts)
 
     def _unknown_tier(self, event: UnknownTier) -> None:
         """Blocks of a tier kvobs does not know: not read as any tier's (fail closed); counted, said once a tier."""

@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvobs.analytics.agreement import kv_counter_agreement
     from kvobs.analytics.joins import source_joins
+    from kvobs.analytics.tier_checks import tier_checks
     from kvobs.store import open_store
 
     store = start_or_report("doctor", lambda: open_store(args.store, must_exist=True))
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         checks = kv_counter_agreement(store, args.since, args.until)
+        tiers = tier_checks(store, args.since, args.until)
         joins = source_joins(store, args.since, args.until)
         leases = store.leases.current()
     finally:
@@ -57,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
         ok = check.verdict == "agree"
         problems += not ok
         print(f"  {'ok' if ok else '!'} {check.instance}: {check.verdict}: {check.words}")
+    if tiers:
+        print("Offload tiers (their counters against their KV events):")
+    for tier in tiers:
+        problems += not tier.ok
+        print(f"  {'ok' if tier.ok else '!'} {tier.instance}: {tier.words}")
     if joins:
         print("Agent steps made of frameworks' spans, tied to their server requests (their KV story needs it):")
     for join in joins:

@@ -1,7 +1,7 @@
 """Tiers and groups in the KV-event stream: each engine's name for a tier is stored under one name (`medium_name`),
 and a tier kvobs does not know fails closed (not read as any tier's blocks; counted, and named by `kvobs doctor`);
-an offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted, not
-stored as blocks of the replica's cache; a lower tier's stores and removals are rows of their own kinds
+an offloading connector's placeholders (a hash that reached another tier, no tokens, no block size) are counted and
+stored as that tier's copies of the hash alone; a lower tier's stores and removals are rows of their own kinds
 (`tier_stored`, `tier_removed`), never read as the cache's blocks; a hybrid model's KV-cache groups each keep their
 own chains, and what vLLM says of a block beyond its hash (group, its kind, LoRA adapter, extra keys, and our
 engine's removal reason) is stored with it."""
@@ -86,13 +86,15 @@ def test_placeholders_are_counted_and_tiers_stored_by_their_one_name(tmp_path):
     ingest.on_batch(0, normalize(wire.KVEventBatch(1.8e9, events, 0)))
     writer.close()
     rows = store.reads.kv_events()
-    assert list(zip(rows["kind"], rows["block_hash"], rows["medium"])) == [
-        ("stored", 1, MEDIUM_GPU),
-        ("stored", 2, MEDIUM_GPU),
-        ("tier_stored", 3, "DISK"),  # a copy in a tier below the device cache: no block of the cache's own
-        ("removed", 1, MEDIUM_GPU),
+    assert list(zip(rows["kind"], rows["block_hash"], rows["medium"], rows["num_tokens"].isna())) == [
+        ("stored", 1, MEDIUM_GPU, False),
+        ("stored", 2, MEDIUM_GPU, False),
+        ("tier_stored", 1, "CPU", True),  # the placeholders: the tier's copies of the hash alone, no tokens
+        ("tier_stored", 2, "CPU", True),
+        ("tier_stored", 3, "DISK", False),  # a copy in a tier below the device cache: no block of the cache's own
+        ("removed", 1, MEDIUM_GPU, False),
     ]
-    assert ingest.num_placeholders == 2
+    assert ingest.num_placeholders == 2 and rows["parent_hash"][2:4].isna().all()
 
 
 def test_an_offload_tiers_stores_and_removals_keep_to_their_own_chains(tmp_path):

@@ -91,6 +91,7 @@ def test_a_collector_fetches_them_into_the_store(tmp_path):
     assert sorted(zip(stored["kind"], stored["block_hash"], stored["medium"])) == sorted(
         [("stored", 11, "GPU"), ("stored", 12, "GPU"), ("stored", BIG, "GPU"), ("stored", 21, "GPU")]
         + [("tier_stored", 12, "CPU")]  # a move to the host tier: a copy there, no block of the device cache's
+        + [("tier_stored", 99, "CPU")]  # a block never seen stored moved there: its hash alone (a placeholder)
     )
     removed = events[events["kind"].isin(["removed", "tier_removed"])]
     assert sorted(zip(removed["kind"], removed["block_hash"], removed["medium"])) == sorted(

@@ -1,0 +1,93 @@
+"""`kvobs serve --kv-offloading-size` end to end: sessions through the OpenAI API, the tier's loads in the replies'
+cached tokens, the engine's own store rows, and its `/metrics` scraped by the collector's scraper into the same
+store, where `kvobs doctor`'s tier checks read them: a tier that loads prefixes back passes; the same run with its
+tier events gone is "tier events missing"; a run whose prefixes never come back is "tier stored but never hit"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+from sqlalchemy import delete
+
+from collectors.drops import DropCounter
+from collectors.metrics.scraper import Scraper, ScrapeTarget
+from kvobs.analytics.tier_checks import tier_checks
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.schema import KVEventMinuteRow, KVEventRow
+from tests.server.conftest import SERVED, running_server
+
+TIER_BYTES = 64 * 737_280  # 64 blocks of SmolLM2's float32 KV, 16 tokens a block
+
+
+def _ask(server, session: str, text: str) -> int:
+    body = {"model": SERVED, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": text}]}
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def _served(smollm2_source, tmp_path, prompts: list[tuple[str, str]]) -> tuple[str, list[int]]:
+    """The prompts through a server with a 12-block cache and a CPU tier, its /metrics scraped before and after."""
+    url = f"sqlite:///{tmp_path / 'tier.db'}"
+    options = {"store_url": url, "instance": "eng"}
+    with running_server(
+        smollm2_source,
+        num_blocks=12,
+        max_model_len=160,
+        kv_offloading_size=TIER_BYTES,
+        dtype="float32",
+        options=options,
+    ) as server:
+        store = open_store(url)
+        writer = StoreWriter(store)
+        scraper = Scraper([ScrapeTarget("eng", server.url + "/metrics")], writer, DropCounter())
+        assert scraper.scrape(scraper.targets[0])
+        cached = [_ask(server, session, text) for session, text in prompts]
+        time.sleep(0.5)  # (a reply goes out before the step's observers run: its metrics follow it)
+        assert scraper.scrape(scraper.targets[0])
+        writer.close()
+        scraper.stop()
+        store.close()
+    return url, cached
+
+
+def _filler(k: int) -> str:
+    return f"Filler {k}: " + " ".join(f"word{k}x{i}" for i in range(14))
+
+
+def test_a_tier_that_gives_prefixes_back_passes_and_one_without_events_is_named(smollm2_source, tmp_path):
+    question = "plan a day in Rome with museums, lunch and a walk by the river."
+    prompts = [
+        ("a", f"Session a: {question}"),
+        *((f"z{k}", _filler(k)) for k in range(4)),
+        ("a", f"Session a: {question}"),
+    ]
+    url, cached = _served(smollm2_source, tmp_path, prompts)
+    assert cached[-1] > cached[0]  # a's prefix came back: from the tier, the fillers took it from the cache
+    store = open_store(url)
+    loaded = store.reads.kv_events(kinds=["tier_loaded"])
+    assert len(loaded) and set(loaded["session_id"]) == {"a"}  # the engine's record: a's blocks, loaded back
+    (check,) = tier_checks(store)
+    assert check.ok and check.instance == "eng" and "loaded back" in check.words
+    with store.session() as session, session.begin():  # the connector's KV events switched off: none ever came
+        session.execute(delete(KVEventRow).where(KVEventRow.kind == "tier_stored"))
+        session.execute(delete(KVEventMinuteRow).where(KVEventMinuteRow.kind == "tier_stored"))
+    (check,) = tier_checks(store)
+    assert not check.ok and check.words.startswith("tier events missing: its offload tier stored ")
+    store.close()
+    done = subprocess.run([sys.executable, "-m", "kvobs.cli", "doctor", "--store", url], capture_output=True, text=True)
+    assert done.returncode == 1 and "Offload tiers (their counters against their KV events):" in done.stdout
+    assert "  ! eng: tier events missing: " in done.stdout
+
+
+def test_a_tier_whose_prefixes_never_come_back_is_named(smollm2_source, tmp_path):
+    url, cached = _served(smollm2_source, tmp_path, [(f"z{k}", _filler(k)) for k in range(3)])
+    store = open_store(url)
+    assert not len(store.reads.kv_events(kinds=["tier_loaded"]))  # truth: nothing was loaded back
+    (check,) = tier_checks(store)
+    assert not check.ok and check.words.startswith("tier stored but never hit: its offload tier stored ")
+    assert "vllm:external_prefix_cache_hits 0" in check.words
+    store.close()
