@@ -22,7 +22,12 @@ however its threads overlap.
 Scrape: the recorded vLLM 0.32 `/metrics` body (cut to `--lines` lines at a family boundary) parsed with
 prometheus_client alone (baseline), then `parse_metrics` (checks, legacy names), then parse + derive.
 
+With `--tier placeholder|self-describing|all`, the stream carries a CPU tier's events too, as vLLM's offloading
+connector sends them beside the cache's (each store written through to the tier, the tier dropping its oldest
+copies): the same stages over it (`all`: without a tier, then with each form).
+
     python bench/collector_ingest.py [--batches 2000] [--events 50] [--lines 600] [--repeats 3] [--postgres URL]
+        [--tier none|placeholder|self-describing|all]
 """
 
 from __future__ import annotations
@@ -52,32 +57,46 @@ WRITE_PROCESS = ", writes in a child process"  # kvobs collect --write-process
 RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu" / "metrics" / "scrape_084.txt"
 
 
-def synthetic_payloads(num_batches: int, per_batch: int, sessions: int, seed: int = 0) -> tuple[list[bytes], int]:
+TIERS = ("none", "placeholder", "self-describing")  # a CPU tier's events beside the cache's, as vLLM's connector sends
+
+
+def synthetic_payloads(
+    num_batches: int, per_batch: int, sessions: int, seed: int = 0, tier: str = "none"
+) -> tuple[list[bytes], int]:
+    """`tier`: with a CPU tier written through (vLLM's offloading connector), each store is followed by the tier's
+    (placeholders: one event a hash; self-describing: the chain again), and the tier drops its oldest copies (LRU)
+    as the cache does."""
     rng = random.Random(seed)
-    payloads, resident, total = [], [], 0
+    payloads, resident, copies, total = [], [], [], 0
     tips: dict[str, int | None] = {f"sess-{i:03d}": None for i in range(sessions)}
     for b in range(num_batches):
         events: list[wire.Event] = []
         while len(events) < per_batch:
             if resident and rng.random() < 0.45:
                 events.append(wire.BlockRemoved(block_hashes=[resident.pop(0)], medium="GPU", group_idx=0))
+                if copies and tier != "none":
+                    events.append(wire.BlockRemoved(block_hashes=[copies.pop(0)], medium="CPU", group_idx=0))
                 continue
             session = rng.choice(list(tips))
             hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 4))]
-            events.append(
-                wire.BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=tips[session],
-                    token_ids=[1] * 16 * len(hashes),
-                    block_size=16,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
-                    session_id=session,
-                )
+            stored = wire.BlockStored(
+                block_hashes=hashes,
+                parent_block_hash=tips[session],
+                token_ids=[1] * 16 * len(hashes),
+                block_size=16,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+                session_id=session,
             )
+            events.append(stored)
+            if tier == "placeholder":
+                events += [wire.BlockStored([h], None, [], 0, None, "CPU", None, group_idx=0) for h in hashes]
+            elif tier == "self-describing":
+                events.append(wire.BlockStored(hashes, tips[session], stored.token_ids, 16, None, "CPU", None))
             tips[session] = hashes[-1]
             resident += hashes
+            copies += hashes if tier != "none" else []
         total += len(events)
         payloads.append(wire.encode_batch(wire.KVEventBatch(1.8e9 + b * 0.01, events, 0)))
     return payloads, total
@@ -193,11 +212,25 @@ def main(argv: list[str] | None = None) -> list[Result]:
         help="also time PostgreSQL, in process and from a child process: a database of its own (its kvobs tables are "
         "emptied before each run), e.g. postgresql://postgres@127.0.0.1/kvobs_bench",
     )
+    parser.add_argument(
+        "--tier",
+        choices=(*TIERS, "all"),
+        default="none",
+        help="a CPU tier's events in the stream too (vLLM's offloading connector: placeholders or self-describing); "
+        "all: each, and none, in turn",
+    )
     args = parser.parse_args(argv)
     if args.postgres:
         STORES["PostgreSQL"] = args.postgres
+    rows = []
+    for tier in TIERS if args.tier == "all" else (args.tier,):
+        rows += kv_stages(args, tier)
+    rows += scrape_stages(args)
+    return rows
 
-    payloads, total = synthetic_payloads(args.batches, args.events, args.sessions)
+
+def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
+    payloads, total = synthetic_payloads(args.batches, args.events, args.sessions, tier=tier)
     stages = [
         "decode",
         "decode + attribute",
@@ -214,8 +247,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 times[stage].append(time_kv(stage, payloads, Path(tmp), run))
     num_rows = block_rows(payloads)
     base = statistics.median(wall for wall, _ in times["decode"])
+    with_tier = "" if tier == "none" else f", a CPU tier's events among them ({tier})"
     print(
-        f"\nKV events: {total:,} events ({num_rows:,} block rows) in {len(payloads):,} batches, median of "
+        f"\nKV events: {total:,} events ({num_rows:,} block rows) in {len(payloads):,} batches{with_tier}, median of "
         f"{args.repeats}; CPU: the process's and its write process's, every thread"
     )
     print(
@@ -229,8 +263,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
             f"{stage:<58} {total / t:>12,.0f} {num_rows / t:>13,.0f} {t / base:>14.2f}x {base / t:>14.1%} "
             f"{cpu / t:>15.2f} {cpu / total * 1e6:>13.2f}"
         )
-        rows.append(Result("collector_ingest", f"KV events: {stage}", total / t, "events/s", base / t, "decode only"))
+        what = f"KV events: {stage}" + ("" if tier == "none" else f" (CPU tier: {tier})")
+        rows.append(Result("collector_ingest", what, total / t, "events/s", base / t, "decode only"))
+    return rows
 
+
+def scrape_stages(args: argparse.Namespace) -> list[Result]:
+    rows = []
     body = scrape_body(args.lines)
     n = 200
     scrape_stages = ["prometheus_client parse", "parse_metrics", "parse_metrics + derive"]
