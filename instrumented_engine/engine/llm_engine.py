@@ -184,8 +184,6 @@ class LLMEngine:
     def _copy_tier(self, *, load: bool) -> None:
         bm = self.block_manager
         copies = bm.tier_loads if load else bm.tier_stores
-        if not copies:
-            return
         for copy in copies:
             num_bytes, seconds = self.runner.copy_tier(copy, load=load)
             (bm.tier_loaded if load else bm.tier_stored)(copy, num_bytes, seconds)

@@ -143,9 +143,9 @@ class Scheduler:
         """Record the lookup (and a resumption); True when this is the sequence's first admission. Its cached tokens
         count those loaded from the offload tier, as vLLM counts its connector's."""
         readmission = seq.num_cached_tokens is not None
-        hit_tokens = num_hits * self.bm.block_size
+        hit_tokens, loaded_tokens = num_hits * self.bm.block_size, num_loaded * self.bm.block_size
         if not readmission:
-            seq.num_cached_tokens = hit_tokens + num_loaded * self.bm.block_size
+            seq.num_cached_tokens = hit_tokens + loaded_tokens
             seq.scheduled_ts = now
         self._events.append(
             ev.PrefixLookup(
@@ -157,7 +157,7 @@ class Scheduler:
                 hit_blocks=num_hits,
                 readmission=readmission,
                 reuse_gaps_s=reuse_gaps,
-                tier_hit_tokens=num_loaded * self.bm.block_size,
+                tier_hit_tokens=loaded_tokens,
             )
         )
         if readmission:
@@ -166,7 +166,7 @@ class Scheduler:
                     now,
                     seq.request_id,
                     seq.session_id,
-                    hit_tokens=hit_tokens + num_loaded * self.bm.block_size,
+                    hit_tokens=hit_tokens + loaded_tokens,
                     num_preemptions=seq.num_preemptions,
                 )
             )

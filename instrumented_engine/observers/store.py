@@ -153,30 +153,23 @@ class StoreRecorder:
             parent = block_hash
 
     def _tier_removed(self, event: ev.TierRemoved) -> None:
-        reason = None if event.reason is None else event.reason.value
-        for block_hash in event.block_hashes:
-            self._kv(
-                event,
-                KVEventKind.TIER_REMOVED,
-                block_hash=block_hash,
-                num_tokens=self.block_size,
-                medium=event.medium,
-                reason=reason,
-                first_owner=1,
-                group_idx=ev.KV_CACHE_GROUP,
-            )
+        self._tier_blocks(event, KVEventKind.TIER_REMOVED, reason=None if event.reason is None else event.reason.value)
 
     def _tier_loaded(self, event: ev.TierLoaded) -> None:
         """A row per block the request's prefix found in the tier (which of its losses the tier saved)."""
+        self._tier_blocks(event, KVEventKind.TIER_LOADED)
+
+    def _tier_blocks(self, event: ev.TierRemoved | ev.TierLoaded, kind: KVEventKind, **fields) -> None:
         for block_hash in event.block_hashes:
             self._kv(
                 event,
-                KVEventKind.TIER_LOADED,
+                kind,
                 block_hash=block_hash,
                 num_tokens=self.block_size,
                 medium=event.medium,
                 first_owner=1,
                 group_idx=ev.KV_CACHE_GROUP,
+                **fields,
             )
 
     def _lookup(self, event: ev.PrefixLookup) -> None:

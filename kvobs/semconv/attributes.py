@@ -98,7 +98,7 @@ MEDIUM_CPU = "CPU"  # vLLM's name for its offloading connector's host-memory tie
 MEDIUMS = {
     "gpu": MEDIUM_GPU,
     "cpu": MEDIUM_CPU,
-    "cpu_pinned": "CPU",  # SGLang's host tier (pinned host memory)
+    "cpu_pinned": MEDIUM_CPU,  # SGLang's host tier (pinned host memory)
     "disk": "DISK",
     "storage": "STORAGE",
     "fs": "STORAGE",  # vLLM 0.26's storage backends, merged into STORAGE from 0.27

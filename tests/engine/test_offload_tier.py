@@ -101,7 +101,7 @@ def test_a_tier_too_small_keeps_the_newest_copies_and_says_which_it_dropped():
 
 def test_the_tier_refuses_a_store_larger_than_itself_and_invalidation_reaches_its_copies():
     tier = OffloadTier(2)
-    assert tier.store([1, 2, 3], [None, 1, 2], "s", 0.0) is None and tier.num_store_failures == 1 and not len(tier)
+    assert tier.store([1, 2, 3], "s") is None and tier.num_store_failures == 1 and not len(tier)
     clock = FakeClock()
     bm, sched = _engine(num_blocks=16, tier_blocks=16, clock=clock)
     _serve(bm, sched, "a1", list(range(13)), "a")

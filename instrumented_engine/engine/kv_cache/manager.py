@@ -191,7 +191,7 @@ class BlockManager:
         if self.tier is None:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        return self.tier.lookup([external_hash(h) for h in seq.block_hashes[num_hits:max_blocks]], self.clock())
+        return self.tier.lookup(external_hash(h) for h in seq.block_hashes[num_hits:max_blocks])  # (to a miss)
 
     def load_from_tier(self, seq: Sequence, num_hits: int, num_blocks: int) -> None:
         """After `allocate`: blocks `num_hits` .. + `num_blocks` of `seq`'s table get their KV from the tier (copied
@@ -329,9 +329,7 @@ class BlockManager:
             return
         seq.num_offered_blocks = num_full
         hashes = [external_hash(h) for h in seq.block_hashes[first:num_full]]
-        parents = [external_hash(seq.block_hashes[i - 1]) if i else None for i in range(first, num_full)]
-        now = self.clock()
-        done = self.tier.store(hashes, parents, seq.session_id, now)
+        done = self.tier.store(hashes, seq.session_id)
         if done is None:
             log.warning(
                 "request %s: %d blocks could not be stored in the offload tier of %d blocks",
@@ -342,21 +340,21 @@ class BlockManager:
             return
         stored, evicted = done
         if evicted:
-            self._tier_removed(evicted, now, seq.request_id, seq.session_id)
+            self._tier_removed(evicted, self.clock(), seq.request_id, seq.session_id)
         if not stored:
             return
         index = {h: first + i for i, h in enumerate(hashes)}
         for run in _runs([(index[h], slot) for h, slot in stored]):  # one copy (and event) a chain of blocks
             begin, end = run[0][0], run[-1][0] + 1
-            parent = seq.block_hashes[begin - 1] if begin else None
+            parent = external_hash(seq.block_hashes[begin - 1]) if begin else None
             self.tier_stores.append(
                 TierCopy(
                     seq.request_id,
                     seq.session_id,
                     seq.block_table[begin:end],
                     [slot for _, slot in run],
-                    tuple(external_hash(h) for h in seq.block_hashes[begin:end]),
-                    None if parent is None else external_hash(parent),
+                    tuple(hashes[begin - first : end - first]),
+                    parent,
                     tuple(seq.token_ids[begin * self.block_size : end * self.block_size]),
                     seq.adapter,
                 )

@@ -1,8 +1,8 @@
 """The offload tier: vLLM's CPU offloading manager (`--kv-offloading-size`, LRU) below the primary cache.
 
-    tier = OffloadTier(num_blocks=256, clock=time.time)
-    n = tier.lookup(hashes, now)                   # consecutive blocks held from the first; refreshes them (LRU)
-    stored, evicted = tier.store(hashes, parents, session, now)   # write-through: new ones get slots, LRU room made
+    tier = OffloadTier(num_blocks=256)
+    n = tier.lookup(hashes)                        # consecutive blocks held from the first; refreshes them (LRU)
+    stored, evicted = tier.store(hashes, session)  # write-through: the new ones get slots, LRU room made
     tier.slot_of(block_hash)                       # where a held block's KV is
 
 What vLLM's offloading connector does, without its transfers: every full block a request computes is stored
@@ -16,7 +16,7 @@ published (the low 64 bits), as an invalidation names them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvobs.semconv.attributes import MEDIUM_CPU
@@ -24,12 +24,10 @@ from kvobs.semconv.attributes import MEDIUM_CPU
 
 @dataclass
 class TierBlock:
-    """A block's copy in the tier: its slot in host memory, its chain, when it came and was last used, its owners."""
+    """A block's copy in the tier: its slot in host memory and the sessions that stored it (its recency is its place
+    in `OffloadTier.entries`)."""
 
     slot: int
-    parent: int | None
-    stored_ts: float
-    last_used_ts: float
     sessions: set[str] = field(default_factory=set)
 
 
@@ -75,31 +73,29 @@ class OffloadTier:
     def slot_of(self, block_hash: int) -> int:
         return self.entries[block_hash].slot
 
-    def lookup(self, hashes: Sequence[int], now: float) -> int:
-        """How many of `hashes`, from the first, the tier holds (stopping at the first miss); those are refreshed."""
+    def lookup(self, hashes: Iterable[int]) -> int:
+        """How many of `hashes`, from the first, the tier holds (stopping at the first miss, reading no further);
+        those are refreshed."""
         num = 0
         for block_hash in hashes:
-            held = self.entries.get(block_hash)
-            if held is None:
+            if block_hash not in self.entries:
                 break
-            held.last_used_ts = now
             self.entries.move_to_end(block_hash)
             num += 1
         return num
 
     def store(
-        self, hashes: Sequence[int], parents: Sequence[int | None], session_id: str | None, now: float
+        self, hashes: Sequence[int], session_id: str | None
     ) -> tuple[list[tuple[int, int]], list[tuple[int, TierBlock]]] | None:
         """Store the blocks not held yet (those held are refreshed and gain the owner): ((hash, slot) stored,
         (hash, copy) evicted for room, least recently used first). None, storing nothing, when the new blocks
         outnumber the tier (vLLM's connector then skips the store and warns)."""
-        new: list[tuple[int, int | None]] = []
-        for block_hash, parent in zip(hashes, parents):
+        new: list[int] = []
+        for block_hash in hashes:
             held = self.entries.get(block_hash)
             if held is None:
-                new.append((block_hash, parent))
+                new.append(block_hash)
                 continue
-            held.last_used_ts = now
             if session_id is not None:
                 held.sessions.add(session_id)
             self.entries.move_to_end(block_hash)
@@ -114,10 +110,9 @@ class OffloadTier:
             self._free_slots.append(copy.slot)
             evicted.append((victim, copy))
         stored: list[tuple[int, int]] = []
-        for block_hash, parent in new:
+        for block_hash in new:
             slot = self._free_slots.pop()
-            owners = {session_id} if session_id is not None else set()
-            self.entries[block_hash] = TierBlock(slot, parent, now, now, owners)
+            self.entries[block_hash] = TierBlock(slot, {session_id} if session_id is not None else set())
             stored.append((block_hash, slot))
         return stored, evicted
 
