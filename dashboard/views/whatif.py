@@ -12,7 +12,7 @@ from dashboard import glossary
 from dashboard.views import cache
 from dashboard.views.charts import show
 from dashboard.views.tables import show_text_table
-from kvobs.semconv.reasons import EvictionPolicyName, names
+from kvobs.semconv.reasons import EvictionPolicyName, RouterPolicy, names
 
 TITLE = "What-if"
 AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default sizes as the page opens
@@ -20,8 +20,10 @@ AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default siz
 
 @st.cache_data(ttl=60, show_spinner="Replaying...")
 def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float):
-    """(table of the runs together, [(run's span, its table)] when several, requests replayed, skipped, note, requests
-    recorded twice and counted once, requests whose blocks were tied to their session by inference)."""
+    """(table of the runs together, [(run's span, its table, its check)] when several, requests replayed, skipped,
+    note, requests recorded twice and counted once, requests whose blocks were tied to their session by inference,
+    the replay's check at the observed point: `whatif.fidelity`)."""
+    from instrumented_engine.whatif.fidelity import fidelity
     from instrumented_engine.whatif.runs import (
         COMPARISON,
         comparison,
@@ -37,25 +39,30 @@ def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, tt
     def table(observed: dict, replays) -> pd.DataFrame:
         return pd.DataFrame(comparison(observed, replays), columns=list(COMPARISON))
 
-    total = table(observed_total(plans, store, since, until, instances), [t for t, _ in results])
+    observed = observed_total(plans, store, since, until, instances)
+    total = table(observed, [t for t, _ in results])
+    check, checks = fidelity(plans, observed["hit"])
     per_run = []
     if len(plans) > 1:
-        per_run = [(p.span, table(p.observed, [r[i] for _, r in results])) for i, p in enumerate(plans)]
+        per_run = [(p.span, table(p.observed, [r[i] for _, r in results]), checks[i]) for i, p in enumerate(plans)]
     note = "" if plans[0].span is None or plans[0].span.run_id is not None else "no engine runs are recorded"
     counts = (sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates", "inferred"))
     replayed, skipped, duplicates, inferred = counts
-    return total, per_run, replayed, skipped, note, duplicates, inferred
+    return total, per_run, replayed, skipped, note, duplicates, inferred, check
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying the routers...")
-def replay_routers(url, since, until, prefill_load_scale: float) -> tuple[pd.DataFrame, int, int, dict]:
-    """(one row per router, requests replayed, skipped, each replica's size): the fleet's traffic of the range."""
+def replay_routers(url, since, until, prefill_load_scale: float):
+    """(one row per router, requests replayed, skipped, each replica's size, the `as_routed` replay's check against
+    the fleet's observed hit rate): the fleet's traffic of the range."""
+    from instrumented_engine.whatif.fidelity import fleet_fidelity
     from instrumented_engine.whatif.fleet import FLEET_COLUMNS, POLICIES, FleetPlan, fleet_rows, simulate_fleet
 
     fleet = FleetPlan.from_store(cache.get_store(url), since, until)
     results = [simulate_fleet(fleet, policy, prefill_load_scale=prefill_load_scale) for policy in POLICIES]
     table = pd.DataFrame(fleet_rows(results), columns=list(FLEET_COLUMNS))
-    return table, len(fleet.plan.requests), fleet.plan.skipped, dict(fleet.sizes)
+    check = fleet_fidelity(fleet, next(r for r in results if r.policy == RouterPolicy.AS_ROUTED.value))
+    return table, len(fleet.plan.requests), fleet.plan.skipped, dict(fleet.sizes), check
 
 
 def _observed_size(ctx) -> int | None:
@@ -120,7 +127,7 @@ def render(ctx) -> None:
         return
     st.session_state["whatif_ran"] = True
     try:
-        table, per_run, replayed, skipped, note, duplicates, inferred = replay(
+        table, per_run, replayed, skipped, note, duplicates, inferred, check = replay(
             ctx.url, ctx.since, ctx.until, ctx.instances, sizes, policy, float(ttl_s)
         )
     except ValueError as exc:
@@ -136,17 +143,24 @@ def render(ctx) -> None:
         + (f" {_duplicates(duplicates)}." if duplicates else "")
         + (f" {_inferred(inferred)}." if inferred else "")
     )
-    _chart(table)
+    _check(check, ctx)
+    _chart(table, pauses=check.pauses_comparable)
     show_text_table(table, ctx.clock)
+    if not check.pauses_comparable:
+        from instrumented_engine.whatif.fidelity import PAUSES_NOT_COMPARABLE
+
+        st.caption(PAUSES_NOT_COMPARABLE)
     st.caption(
         "Hit rate: cached prompt tokens / prompt tokens, as on the Overview and in the terminal. Blocks lost: "
         "each lost block once (evictions, invalidations, vLLM removals; resets not included). Lost in tool "
         "pauses: blocks a session lost while it waited on a tool, counted once it came back; the replay knows "
         "each session's last request, so nothing is pending there. Our engine's runs are replayed step for "
-        "step, so at the observed size and policy the replay is the run; vLLM's approximately."
+        "step, so at the observed size and policy the replay is the run; vLLM's approximately, and the check "
+        "above says how closely."
     )
-    for span, run_table in per_run:
+    for span, run_table, run_check in per_run:
         with st.expander(span.label(ctx.clock.iso)):
+            _check(run_check, ctx)
             show_text_table(run_table, ctx.clock)
     if len(ctx.shown_instances) > 1:
         render_routers(ctx)
@@ -164,7 +178,7 @@ def render_routers(ctx) -> None:
         "replica's active decode blocks.",
     )
     try:
-        table, replayed, skipped, sizes = replay_routers(ctx.url, ctx.since, ctx.until, float(scale))
+        table, replayed, skipped, sizes, check = replay_routers(ctx.url, ctx.since, ctx.until, float(scale))
     except ValueError as exc:
         st.warning(str(exc))
         return
@@ -173,15 +187,24 @@ def render_routers(ctx) -> None:
         f"The fleet's {replayed:,} requests of the range ({skipped:,} without a known chain skipped), each replica "
         f"at its observed size (blocks: {listed}), under each router through the same replay: each request holds "
         "its whole length from its lookup to its recorded finish and waits for room, so the rows compare like with "
-        "like; observed sends each request where it went. prefix: llm-d's precise prefix-cache scorer (the "
-        "longest resident prefix, ties by load); prefix_load: Dynamo's KV router (least prefill load scale x blocks "
-        "to compute + active decode blocks). Routing loss: at each lookup, the tokens another replica held beyond "
-        "the chosen one. max/mean: 1.00 is an even load."
+        "like; as_routed replays each request on the replica that served it. prefix: llm-d's precise prefix-cache "
+        "scorer (the longest resident prefix, ties by load); prefix_load: Dynamo's KV router (least prefill load "
+        "scale x blocks to compute + active decode blocks). Routing loss: at each lookup, the tokens another "
+        "replica held beyond the chosen one. max/mean: 1.00 is an even load."
     )
+    _check(check, ctx)
     show_text_table(table, ctx.clock)
 
 
-def _chart(table: pd.DataFrame) -> None:
+def _check(check, ctx) -> None:
+    """The replay's error at the observed point (`whatif.fidelity.Fidelity`): a warning when the curve is no
+    evidence, a caption when it reproduces the run."""
+    (st.caption if check.reproduces else st.warning)(check.describe(ctx.clock.iso))
+
+
+def _chart(table: pd.DataFrame, *, pauses: bool) -> None:
+    """The hit rate and the tool-pause losses by size, the observed point marked (on the pause chart only where
+    the replay counts pause losses as the observed count does: `pauses`)."""
     long = table.melt(
         id_vars=["configuration", "blocks"],
         value_vars=["hit rate", "lost in tool pauses"],
@@ -191,6 +214,8 @@ def _chart(table: pd.DataFrame) -> None:
     if long.empty:
         return
     long["observed"] = long["configuration"] == "observed"
+    if not pauses:
+        long = long[~(long["observed"] & (long["measure"] == "lost in tool pauses"))]
     charts = []
     for measure, fmt in (("hit rate", "%"), ("lost in tool pauses", ",d")):
         mine = long[long["measure"] == measure]

@@ -73,6 +73,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from instrumented_engine.whatif.fidelity import fidelity
     from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
     from kvobs.store import open_store
 
@@ -104,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         runs = [simulate_runs(plans, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in args.num_blocks]
         observed = observed_total(plans, store, args.since, args.until)
+        checks = fidelity(plans, observed["hit"])
     finally:
         store.close()
-    print(format_table(plans, observed, runs))
+    print(format_table(plans, observed, runs, checks))
     return 0
 
 
@@ -127,9 +129,12 @@ def _fleet(args: argparse.Namespace, store) -> int:
 
 
 def format_fleet(fleet, results) -> str:
-    """The fleet what-if's table: one row per router policy, all through the same replay."""
+    """The fleet what-if's table: one row per router policy, all through the same replay; the observed hit rate
+    and, when `as_routed` was replayed, its error against it."""
+    from instrumented_engine.whatif.fidelity import fleet_fidelity
     from instrumented_engine.whatif.fleet import FLEET_COLUMNS, fleet_rows
     from instrumented_engine.whatif.replay import INFERRED
+    from kvobs.semconv.reasons import RouterPolicy
 
     sizes = ", ".join(f"{name} {n:,}" for name, n in sorted(fleet.sizes.items()))
     lines = [
@@ -154,12 +159,17 @@ def format_fleet(fleet, results) -> str:
     lines += [
         "",
         "Every router through the same replay (each request holds its whole length from its lookup to its recorded "
-        "finish, and waits for room on a full replica), so the rows compare like with like; `observed` sends each "
+        "finish, and waits for room on a full replica), so the rows compare like with like; `as_routed` sends each "
         "request where it went. routing loss: at each lookup, the tokens another replica held beyond what the "
         "chosen one had. max/mean: 1.00 is an even load. prefix: llm-d's precise prefix-cache scorer (longest "
         "resident prefix, ties by load); prefix_load: Dynamo's KV router (least prefill-load scale x blocks to "
         "compute + active decode blocks).",
     ]
+    hit = fleet.plan.observed.get("hit")
+    lines += ["", f"observed: hit rate {_pct(None if hit is None else hit.rate)} (the fleet's, as recorded)"]
+    routed = [r for r in results if r.policy == RouterPolicy.AS_ROUTED.value]
+    if routed:
+        lines.append(fleet_fidelity(fleet, routed[0]).describe())
     return "\n".join(lines)
 
 
@@ -180,9 +190,11 @@ def _num(value) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def format_table(plans, observed: dict, runs: list) -> str:
+def format_table(plans, observed: dict, runs: list, checks=None) -> str:
     """The replay's table: observed, then each size (every run replayed through its own cache, added up); with
-    several runs, each run's own rows after."""
+    several runs, each run's own rows after; `checks` (`whatif.fidelity.fidelity`'s): the replay's error at the
+    observed point, after the table it qualifies."""
+    from instrumented_engine.whatif.fidelity import PAUSES_NOT_COMPARABLE
     from instrumented_engine.whatif.replay import DUPLICATES, INFERRED
     from kvobs.times import local_time
 
@@ -205,9 +217,15 @@ def format_table(plans, observed: dict, runs: list) -> str:
     elif plans[0].span is not None and plans[0].span.run_id is None:
         lines.append("no engine runs are recorded in this store: the range is replayed as one run")
     lines += ["", *_rows(observed, [total for total, _ in runs])]
+    if checks is not None:
+        lines += ["", checks[0].describe()]
+        if not checks[0].pauses_comparable:
+            lines.append(PAUSES_NOT_COMPARABLE)
     if len(plans) > 1:
         for i, plan in enumerate(plans):
             lines += ["", f"{plan.span.label(local_time)}:", *_rows(plan.observed, [per[i] for _, per in runs])]
+            if checks is not None:
+                lines.append(checks[1][i].describe())
     lines += ["", LEGEND.format(pending=_num(observed.get("pending_idle_blocks")))]
     too_large = [(total.num_blocks, total.too_large) for total, _ in runs if total.too_large]
     if too_large:

@@ -6,9 +6,10 @@ observed size, under routing policies, to say what another router would have hit
 
 Every policy goes through the same replay (`whatif.WholeLengthCache`: a request takes blocks for its whole length
 from its lookup to its recorded finish, waits FCFS when its replica has no room), so their rows compare like with
-like; `observed` sends each request where it went. The policies:
+like; `as_routed` sends each request where it went. The policies:
 
-- `observed`: the replica that served it.
+- `as_routed`: the replica that served it (the replay of the recorded routing, checked against the observed hit
+  rate by `whatif.fidelity.fleet_fidelity`).
 - `round_robin`: the next replica, request by request.
 - `session_affinity`: the replica its session's first request got (round robin over sessions); sticky after.
 - `prefix`: llm-d's precise prefix-cache scorer: each replica scored by the longest consecutive run of the request's
@@ -35,7 +36,6 @@ from dataclasses import dataclass, field
 
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.observers.losses import LossTally
-from instrumented_engine.whatif.recorded import releases
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, WholeLengthCache, _Clock, _sequence
 from kvobs.semconv.reasons import RouterPolicy
 from kvobs.store.interface import Store
@@ -49,7 +49,6 @@ class FleetPlan:
     plan: ReplayPlan  # every replica's requests, with their chains
     instance_of: dict[str, str]  # request id -> the replica that served it
     sizes: dict[str, int]  # replica -> its cache in blocks
-    releases: dict[str, float] = field(default_factory=dict)  # session -> when its agent released it (our engine)
 
     @classmethod
     def from_store(cls, store: Store, since=None, until=None, *, num_blocks: int | None = None) -> FleetPlan:
@@ -73,7 +72,7 @@ class FleetPlan:
             if size is None:
                 raise ValueError(f"{name}'s cache size is unknown (no snapshot says it): give --num-blocks")
             sizes[name] = size
-        return cls(ReplayPlan.from_store(store, since, until), instance_of, sizes, releases(store, since, until))
+        return cls(ReplayPlan.from_store(store, since, until), instance_of, sizes)
 
 
 @dataclass
@@ -110,7 +109,7 @@ class _Router:
 
     def choose(self, req, seq, caches: dict[str, WholeLengthCache], prefixes: dict[str, int]) -> str:
         policy = self.policy
-        if policy == RouterPolicy.OBSERVED.value:
+        if policy == RouterPolicy.AS_ROUTED.value:
             return self.fleet.instance_of[req.request_id]
         if policy == RouterPolicy.ROUND_ROBIN.value:
             return self.names[next(self.turn) % len(self.names)]
@@ -150,7 +149,7 @@ def simulate_fleet(
     router = _Router(policy, names, fleet, prefill_load_scale, temperature, seed)
     key = caches[names[0]].key
 
-    released = sorted((ts, sid) for sid, ts in fleet.releases.items())
+    released = sorted((ts, sid) for sid, ts in fleet.plan.releases.items())
     last_replica: dict[str, str] = {}  # session -> the replica its latest request went to
 
     def finish_until(ts: float) -> None:

@@ -72,12 +72,14 @@ class RecordedTraffic:
         return cls(actions)
 
 
-def releases(store: Store, since, until) -> dict[str, float]:
-    """When each session was released (its first `session_release` loss: an eviction our engine wrote, or a removal
-    a collector took from its stream, whose `BlockRemoved` says the reason)."""
+def releases(store: Store, since, until, instances=None) -> dict[str, float]:
+    """When each session was released on `instances` (None: any): its first `session_release` loss, an eviction
+    our engine wrote or a removal a collector took from its stream, whose `BlockRemoved` says the reason."""
     kinds = [KVEventKind.EVICTED.value, KVEventKind.REMOVED.value]
     losses = store.reads.kv_events(since, until, kinds=kinds)
     released = losses[losses["reason"] == EvictionReason.SESSION_RELEASE.value]
+    if instances is not None:
+        released = released[released["instance"].isin(list(instances))]
     return released.groupby("session_id")["ts"].min().to_dict()
 
 

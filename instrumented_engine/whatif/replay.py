@@ -33,7 +33,7 @@ from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.sampling_params import SamplingParams
-from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic
+from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic, releases
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.ownership import num_inferred, with_tied_blocks
@@ -61,10 +61,13 @@ class ReplayPlan:
     block_size: int
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
+    skipped_prompt_tokens: int = 0  # ... their prompt tokens (those that say them)
     inferred: int = 0  # requests whose blocks named no session, tied to theirs by inference (`analytics.ownership`)
     duplicates: int = 0  # requests recorded under two instance names (an engine's own row and its span's), once each
     recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
     span: Span | None = None  # the run it replays (None: a range, runs unknown)
+    policy: str | None = None  # the run's eviction policy, where it recorded one
+    releases: dict[str, float] = field(default_factory=dict)  # session -> when its agent released it (our engine)
 
     @property
     def num_requests(self) -> int:
@@ -87,11 +90,12 @@ class ReplayPlan:
             block_size = int(sizes.mode().iloc[0])
         graph = BlockGraph.from_stored(stored)
         chains = request_chains(reqs, stored, graph)
-        plan, skipped = [], 0
+        plan, skipped, skipped_tokens = [], 0, 0
         for r in reqs.itertuples(index=False):
             chain = chains.get(r.request_id)
             if chain is None or pd.isna(r.finished_ts) or pd.isna(r.prompt_tokens):
                 skipped += 1
+                skipped_tokens += 0 if pd.isna(r.prompt_tokens) else int(r.prompt_tokens)
                 continue
             completion = 0 if pd.isna(r.completion_tokens) else int(r.completion_tokens)
             plan.append(
@@ -114,9 +118,11 @@ class ReplayPlan:
             block_size,
             observed=observed,
             skipped=skipped,
+            skipped_prompt_tokens=skipped_tokens,
             duplicates=duplicates,
             recorded=recorded,
             inferred=num_inferred(ties),
+            releases=releases(store, since, until, instances),
         )
 
 
@@ -144,16 +150,19 @@ def once_each(requests: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 def observed_figures(
     store: Store, since, until, rates: pd.DataFrame, *, instances=None, requests: pd.DataFrame | None = None
 ) -> dict:
-    """What the recorded run achieved: hit rate (`kvobs.analytics.hit_rate`, as everywhere), blocks lost, blocks
-    lost in tool pauses (settled) and still pending, recompute tokens."""
+    """What the recorded run achieved: hit rate (`kvobs.analytics.hit_rate`, as everywhere, with the tokens it
+    divides and where they came from), blocks lost, blocks lost in tool pauses (settled) and still pending,
+    recompute tokens."""
     counts = store.reads.kv_event_counts(since, until, bucket_s=1e12, instances=instances)
     lost, released = composed.losses_in(counts)["blocks"].sum(), composed.releases_in(counts)["blocks"].sum()
     footprints = store.reads.session_footprints(since, until, instances=instances)
     snaps = store.reads.instance_snapshots(since, until, instances=instances)
     summary = hit_rate_summary(rates)
+    hit = hit_rate_in(store, since, until, instances, requests=requests)
     return {
         "num_blocks": int(snaps["blocks_total"].dropna().iloc[-1]) + 1 if snaps["blocks_total"].notna().any() else None,
-        "hit_rate": hit_rate_in(store, since, until, instances, requests=requests).rate,
+        "hit_rate": hit.rate,
+        "hit": hit,
         "evicted_blocks": int(lost),
         "released_blocks": int(released),
         "lost_in_pause_blocks": int(footprints["session_evicted_idle_blocks"].fillna(0).sum()),
@@ -205,16 +214,27 @@ def simulate(
     cache, losses = WholeLengthCache(manager, plan.block_size, result, clock), LossTally()
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
     cache.last_request = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
-    for req in arrivals:
-        while cache.next_finish() <= req.arrival_ts:
-            cache.finish_one()
+    released = sorted((ts, session) for session, ts in plan.releases.items())
+
+    def settle(until: float) -> None:
+        """Finishes and session releases up to `until`, in time order (an agent's release drops its blocks)."""
+        while True:
+            finish, release = cache.next_finish(), released[0][0] if released else float("inf")
+            if min(finish, release) > until or min(finish, release) == float("inf"):
+                return
+            if finish <= release:
+                cache.finish_one()
+            else:
+                clock.now, session = released.pop(0)
+                manager.release_session(session)
             losses.add(manager.take_events())
+
+    for req in arrivals:
+        settle(req.arrival_ts)
         clock.now = req.arrival_ts
         cache.arrive(req)
         losses.add(manager.take_events())
-    while cache.next_finish() < float("inf"):
-        cache.finish_one()
-        losses.add(manager.take_events())
+    settle(float("inf"))
     return _tally(result, losses)
 
 

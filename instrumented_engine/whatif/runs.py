@@ -42,7 +42,9 @@ def replay_plans(
         ValueError: no stored KV blocks at all (nothing can be replayed).
     """
     plans, errors = [], []
-    for span in spans(run_table(store.reads.runs(instances=instances)), since, until, instances):
+    table = run_table(store.reads.runs(instances=instances))
+    policies = dict(zip(table["run_id"], table["eviction_policy"]))
+    for span in spans(table, since, until, instances):
         scope = instances if span.instance is None else [span.instance]
         try:
             plan = ReplayPlan.from_store(store, span.since, span.until, block_size=block_size, instances=scope)
@@ -50,6 +52,8 @@ def replay_plans(
             errors.append(exc)
             continue
         plan.span = span
+        policy = policies.get(span.run_id)
+        plan.policy = policy if isinstance(policy, str) else None
         plans.append(plan)
     if not plans:
         raise errors[0] if errors else ValueError("no run in this range has requests to replay")
@@ -78,7 +82,8 @@ def observed_total(plans: list[ReplayPlan], store: Store, since, until, instance
     observed = {name: _sum(plan.observed.get(name) for plan in plans) for name in _SUMMED}
     sizes = {plan.observed.get("num_blocks") for plan in plans}
     observed["num_blocks"] = sizes.pop() if len(sizes) == 1 else None
-    observed["hit_rate"] = hit_rate_in(store, since, until, instances).rate
+    observed["hit"] = hit_rate_in(store, since, until, instances)
+    observed["hit_rate"] = observed["hit"].rate
     return observed
 
 

@@ -89,7 +89,7 @@ class PairApart(Name):
 class RouterPolicy(Name):
     """The routers `kvobs whatif --replicas` replays a fleet's traffic under (`instrumented_engine.whatif.fleet`)."""
 
-    OBSERVED = "observed"  # where each request went
+    AS_ROUTED = "as_routed"  # each request replayed on the replica that served it (a replay, not the observation)
     ROUND_ROBIN = "round_robin"
     SESSION_AFFINITY = "session_affinity"  # sticky by session
     PREFIX = "prefix"  # llm-d's precise prefix-cache scorer: the longest resident prefix, ties by load

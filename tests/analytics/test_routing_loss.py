@@ -60,12 +60,12 @@ def test_routing_loss_is_what_the_other_replica_held(smollm2_source, tmp_path, r
     assert dict(zip(losses["request_id"], losses["best_instance"])) == {
         rid: probe.held_by.get(rid) for rid in probe.routed
     }
-    # the router what-if over the same run: `observed` replays each request where it went and finds the run's hits on
+    # the router what-if over the same run: `as_routed` replays each request where it went and finds the run's hits on
     # each replica (nothing was evicted) and the routing loss the analysis found
     fleet = FleetPlan.from_store(store)
     assert fleet.sizes == {"replica-a": 256, "replica-b": 256} and fleet.plan.skipped == 0
     replayed = {policy: simulate_fleet(fleet, policy) for policy in POLICIES}
-    observed = replayed["observed"]
+    observed = replayed["as_routed"]
     recorded = requests.groupby("instance")["cached_tokens"].sum()
     assert {n: r.hit_tokens for n, r in observed.per_replica.items()} == {n: int(v) for n, v in recorded.items()}
     assert observed.routed_tokens == 16 * sum(found.values())

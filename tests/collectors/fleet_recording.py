@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from collectors.collector import Collector, CollectorOptions
+from tests.collectors.recorded_run import recorded_clock
 from tests.collectors.replay import metrics_server, publisher, wait_subscribed
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
@@ -22,6 +23,19 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-kvobs-serve"
 VLLM_FLEET = ROOT.parent / "fleet-vllm-cpu"  # two real vLLM servers (CPU build), recorded the same way
 REPLICAS = ("replica-a", "replica-b")
+
+
+def cached_said(store) -> dict[str, int]:
+    """request id -> the cached prompt tokens the engine's response said (its agent step's usage): vLLM's own truth
+    on the vLLM fleet, which no KV event or analysis of ours produced."""
+    from kvobs.analytics.attribution import step_requests
+
+    steps, reqs = store.reads.steps(), store.reads.requests()
+    out = {}
+    for step, sent in zip(steps.itertuples(index=False), step_requests(reqs, steps)):
+        for request_id in sent["request_id"]:
+            out[request_id] = int(step.cached_tokens)
+    return out
 
 
 @cache
@@ -35,8 +49,13 @@ def replica_frames(name: str, root: Path = ROOT) -> list[list[bytes]]:
 
 
 def replica_scrapes(name: str, root: Path = ROOT) -> list[str]:
+    return [body for _, body in replica_timed_scrapes(name, root)]
+
+
+def replica_timed_scrapes(name: str, root: Path = ROOT) -> list[tuple[float, str]]:
+    """Each recorded `GET /metrics` of the replica: (when it was recorded, the body)."""
     index = json.loads((root / name / "metrics" / "index.json").read_text())
-    return [(root / name / "metrics" / entry["file"]).read_text() for entry in index]
+    return [(entry["ts"], (root / name / "metrics" / entry["file"]).read_text()) for entry in index]
 
 
 def fleet_bodies(root: Path = ROOT) -> list[bytes]:
@@ -47,10 +66,12 @@ def fleet_bodies(root: Path = ROOT) -> list[bytes]:
 @contextmanager
 def collect_fleet_recording(store, root: Path = ROOT):
     """Run one collector over both replicas' recorded scrapes and frames and every OTLP body (of the recording in
-    `root`); yield it stopped."""
+    `root`); yield it stopped. Every recorded scrape is read, stamped with the time it was recorded at, so the
+    scraped counters cover the run as they did when it was recorded."""
     ports = {name: free_port() for name in REPLICAS}
+    scraped = {name: replica_timed_scrapes(name, root) for name in REPLICAS}
     with ExitStack() as stack:
-        urls = {name: stack.enter_context(metrics_server(replica_scrapes(name, root))) for name in REPLICAS}
+        urls = {name: stack.enter_context(metrics_server([body for _, body in scraped[name]])) for name in REPLICAS}
         options = CollectorOptions(
             vllm_urls=[f"{name}={urls[name]}" for name in REPLICAS],
             kv_events=[f"{name}=tcp://127.0.0.1:{ports[name]}" for name in REPLICAS],
@@ -60,6 +81,7 @@ def collect_fleet_recording(store, root: Path = ROOT):
             settle_s=0.0,
         )
         collector = Collector(options, store=store)
+        collector.scraper.clock = recorded_clock([[ts for ts, _ in scraped[name]] for name in REPLICAS])
         collector.start()
         try:
             for name in REPLICAS:
@@ -73,7 +95,9 @@ def collect_fleet_recording(store, root: Path = ROOT):
             for stream in collector.streams:
                 expected = len(replica_frames(stream.spec.instance, root))
                 wait_for(lambda s=stream, n=expected: s.subscriber.num_batches == n)
-            collector.scraper.scrape_all()
+            wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
+            for _ in range(max(map(len, scraped.values())) - 1):
+                collector.scraper.scrape_all()
         finally:
             collector.stop()
         yield collector

@@ -77,7 +77,7 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_
             write_process=write_process,
         )
         collector = Collector(options, store=store)
-        collector.scraper.clock = _recorded_clock([[ts for ts, _ in scraped] for _, scraped in plays])
+        collector.scraper.clock = recorded_clock([[ts for ts, _ in scraped] for _, scraped in plays])
         collector.start()
         try:
             for port, (messages, _) in zip(ports, plays):  # vLLM connected to us when recorded
@@ -99,7 +99,7 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_
         yield collector
 
 
-def _recorded_clock(times: list[list[float]]):
+def recorded_clock(times: list[list[float]]):
     """The scraper's clock over a replay: scrapes go round the replicas in order, and the k-th scrape of a replica
     is stamped with its k-th recorded time (after its recording ran out, 2 s a round later: it is down)."""
     rounds = itertools.count()
@@ -144,7 +144,7 @@ def collect_recorded_source(store, source: str):
             raise ValueError(f"unknown source {source!r}")
         collector = Collector(CollectorOptions(**options), store=store)
         if source == "scrape":
-            collector.scraper.clock = _recorded_clock([[ts for ts, _ in scrapes()]])
+            collector.scraper.clock = recorded_clock([[ts for ts, _ in scrapes()]])
         collector.start()
         try:
             if source == "kv":

@@ -1,6 +1,6 @@
 """The recorded two-replica run through one collector: every request lands on its replica with its session, and the
 routing loss the store analysis finds for each request is the one the two block managers showed at its lookup when
-the run was recorded (tests/fixtures/fleet-kvobs-serve/truth.json); the router what-if's `observed` reproduces each
+the run was recorded (tests/fixtures/fleet-kvobs-serve/truth.json); the router what-if's `as_routed` reproduces each
 replica's hits."""
 
 from __future__ import annotations
@@ -38,16 +38,16 @@ def test_the_routing_loss_is_what_the_block_managers_showed(recorded_fleet):
     assert sum(v["routed_blocks"] for v in recorded.values()) > 0
 
 
-def test_the_observed_router_reproduces_each_replicas_hits(recorded_fleet):
+def test_the_as_routed_router_reproduces_each_replicas_hits(recorded_fleet):
     """Through a collector the agents' session releases arrive as removals that say so (`BlockRemoved.reason`,
     kvobs's extension on our engine's wire), so the replay releases each session where its last step ran and
-    `observed` finds exactly the hits each replica found, as it does from the engine's own rows
+    `as_routed` finds exactly the hits each replica found, as it does from the engine's own rows
     (tests/analytics/test_routing_loss.py)."""
     requests = recorded_fleet.reads.requests()
     fleet = FleetPlan.from_store(recorded_fleet)
     assert fleet.sizes == dict.fromkeys(REPLICAS, 96)
-    assert set(fleet.releases) == set(requests["session_id"].dropna())  # every session released at its end
-    observed = simulate_fleet(fleet, "observed")
+    assert set(fleet.plan.releases) == set(requests["session_id"].dropna())  # every session released at its end
+    observed = simulate_fleet(fleet, "as_routed")
     expected = requests.groupby("instance")["cached_tokens"].sum().to_dict()
     assert {name: r.hit_tokens for name, r in observed.per_replica.items()} == expected
     assert {name: r.requests for name, r in observed.per_replica.items()} == requests[

@@ -3,7 +3,7 @@
 vLLM's own: each request's cached prompt tokens as its response said them (`usage.prompt_tokens_details`, on the
 agent's step), which no KV event or analysis of ours produced. The residency the analysis rebuilds from the replicas'
 KV events finds exactly those hits, request for request; a routing loss it finds is confirmed by the holding
-replica's own hit on the session's next request there; the what-if's `observed` router reproduces each replica's
+replica's own hit on the session's next request there; the what-if's `as_routed` router reproduces each replica's
 hits; the collector's meter writes what the replay finds."""
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import pytest
 
 from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
-from kvobs.analytics.attribution import step_requests
 from kvobs.analytics.chains import with_sessions
 from kvobs.analytics.routing import fleet_losses
 from kvobs.analytics.shortfall import store_lookups
 from kvobs.semconv.spans import KVEventKind
-from tests.collectors.fleet_recording import REPLICAS
+from tests.collectors.fleet_recording import REPLICAS, cached_said
 from tests.runs import measured_copy, missing_as_none
 
 BLOCK = 128  # vLLM's CPU build
@@ -30,22 +29,12 @@ def fleet(vllm_fleet):
     return store, losses, check
 
 
-def _said(store):
-    """request id -> the cached prompt tokens vLLM's response said (its agent step's usage)."""
-    steps, reqs = store.reads.steps(), store.reads.requests()
-    out = {}
-    for step, sent in zip(steps.itertuples(index=False), step_requests(reqs, steps)):
-        for request_id in sent["request_id"]:
-            out[request_id] = int(step.cached_tokens)
-    return out
-
-
 def test_each_request_lands_on_its_replica_with_its_session(vllm_fleet):
     store = vllm_fleet.store
     reqs = with_sessions(store.reads.requests(), store.reads.steps())
     assert len(reqs) == 24 and reqs["instance"].value_counts().to_dict() == dict.fromkeys(REPLICAS, 12)
     assert reqs["session_id"].notna().all() and reqs["session_id"].nunique() == 6
-    assert len(_said(store)) == 24  # every request is its step's
+    assert len(cached_said(store)) == 24  # every request is its step's
 
 
 def test_the_replicas_hashes_meet_and_every_request_is_compared(fleet):
@@ -58,7 +47,7 @@ def test_the_resident_prefix_on_its_own_replica_is_what_vllm_found(fleet):
     """vLLM's request spans carry no cached tokens, so each request's own hit is its replica's resident prefix at
     its lookup, rebuilt from the KV events: it is what vLLM's own response said, for every request."""
     store, losses, _ = fleet
-    said = _said(store)
+    said = cached_said(store)
     assert {r: n * BLOCK for r, n in zip(losses["request_id"], losses["own_blocks"])} == said
     assert sum(said.values()) > 0
 
@@ -69,7 +58,7 @@ def test_a_routing_loss_is_what_the_holding_replica_then_found_itself(fleet):
     on it, as vLLM itself said."""
     store, losses, _ = fleet
     assert set(store.reads.kv_events()["kind"]) == {KVEventKind.STORED.value}
-    said = _said(store)
+    said = cached_said(store)
     reqs = with_sessions(store.reads.requests(), store.reads.steps()).set_index("request_id")
     routed = losses[losses["routed_blocks"] > 0]
     assert len(routed) >= 1 and routed["routed_tokens"].sum() == BLOCK * routed["routed_blocks"].sum()
@@ -85,12 +74,12 @@ def test_a_routing_loss_is_what_the_holding_replica_then_found_itself(fleet):
     assert confirmed >= 1
 
 
-def test_the_observed_router_reproduces_each_replicas_hits(vllm_fleet):
+def test_the_as_routed_router_reproduces_each_replicas_hits(vllm_fleet):
     store = vllm_fleet.store
-    said = _said(store)
+    said = cached_said(store)
     reqs = store.reads.requests()
     expected = {name: sum(said[r] for r in group["request_id"]) for name, group in reqs.groupby("instance")}
-    observed = simulate_fleet(FleetPlan.from_store(store), "observed")
+    observed = simulate_fleet(FleetPlan.from_store(store), "as_routed")
     assert {name: r.hit_tokens for name, r in observed.per_replica.items()} == expected
 
 

@@ -61,6 +61,9 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
         assert_clean(at)
         table = at.table[0].value
         assert list(table["configuration"]) == ["observed", "lru", "lru"] and list(table["blocks"][1:]) == ["30", "60"]
+        checked = [c.value for c in at.caption if c.value.startswith("At the observed configuration")]
+        assert len(checked) == 1 and "+0.0 points" in checked[0] and "reproduces the run" in checked[0]
+        assert not at.warning
         assert not at.number_input  # lru: no TTL box
         at.selectbox(key="whatif_policy").set_value("session_ttl").run()
         assert [n.key for n in at.number_input] == ["whatif_ttl"]  # the TTL box only where it applies
@@ -70,8 +73,27 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
 def test_pages_on_the_vllm_run(monkeypatch, vllm_run, page):
     at = open_page(monkeypatch, vllm_run.url, page)
     assert_clean(at)
+    if page == "whatif":
+        captions = [c.value for c in at.caption]
+        assert any("Within 2 points: the replay reproduces the run" in c for c in captions)
+        assert any(c.startswith("Lost in tool pauses is not compared with the observed here") for c in captions)
     if page == "sessions":
         assert "sess-00" in at.selectbox(key="session").options
+
+
+def test_a_fleet_whatif_the_replay_cannot_reproduce_says_so(monkeypatch, fleet_run):
+    """The recorded run dealt out to two replicas: each replica's cache served traffic kvobs holds under the other,
+    so the replay misses the observed hit rate; the page warns over the curve and over the routers, with the cause,
+    and the routers' replay of the recorded routing is `as_routed`, never "observed"."""
+    at = open_page(monkeypatch, fleet_run.url, "whatif")
+    assert_clean(at)
+    warned = [w.value for w in at.warning]
+    assert len(warned) == 4, warned  # the runs together, each run, the routers
+    assert "the other sizes are no evidence" in warned[0] and "Runs off: vllm-a, run started" in warned[0]
+    assert "never reached kvobs" in warned[1] and "no known block chain" in warned[2]  # each run says its cause
+    assert "the other routers are no evidence" in warned[-1]
+    routers = at.table[-1].value
+    assert "as_routed" in list(routers["router"]) and "observed" not in list(routers["router"])
 
 
 def test_the_failed_vllm_steps_story_tells_its_times_as_times(monkeypatch, vllm_run):

@@ -162,7 +162,7 @@ def test_the_routers_replay_the_recorded_fleet_each_request_once(fleet_run):
         r.requests + sum(x.too_large for x in r.per_replica.values()) for r in results.values()
     }
     assert len(counts) == 1  # every request replayed once under every router
-    observed = results["observed"]
+    observed = results["as_routed"]
     recorded = pd.Series(fleet.instance_of).value_counts()
     assert all(observed.per_replica[n].requests <= recorded[n] for n in fleet.sizes)
     assert results["prefix"].routed_tokens == 0
