@@ -7,7 +7,7 @@ The start is what the replica says: `kvobs_engine_start_time_seconds` (`kvobs se
 itself), else `process_start_time_seconds` (vLLM's process), else the earliest `_created` time of its counters
 (when they were made: the engine's start). A replica that says none of these has no recorded runs, and its pages
 say so; a collector restart is not a run (the start it sees again is the same row). With the run come the cache
-vLLM reports (`vllm:cache_config_info`: usable blocks, block size) and the served model.
+vLLM reports (`vllm:cache_config_info`: usable blocks, block size, the offload tier's blocks) and the served model.
 """
 
 from __future__ import annotations
@@ -51,9 +51,21 @@ class RunWatcher:
             num_blocks=int(blocks) - 1 if blocks.isdigit() else None,  # the null block is not usable
             block_size=int(size) if size.isdigit() else None,
             eviction_policy=config.get("eviction_policy"),
+            offload_blocks=offload_blocks(config, ours=parsed.gauge(kvobs_metrics.ENGINE_START_TIME.name) is not None),
         )
         self.writer.insert_missing(run)
         return run
+
+
+def offload_blocks(config: dict[str, str], *, ours: bool) -> int | None:
+    """The offload tier below the cache, in blocks, as `vllm:cache_config_info` says it: 0 where
+    `kv_offloading_size` says there is none; `kvobs serve`'s (`ours`) in `num_cpu_blocks`; else None (a vLLM
+    tier, whose size in blocks the metric does not say for sure, or an engine that does not say)."""
+    size = config.get("kv_offloading_size")
+    if size == "None":
+        return 0
+    blocks = config.get("num_cpu_blocks", "")
+    return int(blocks) if ours and size is not None and blocks.isdigit() else None
 
 
 def run_start(parsed: ParsedMetrics) -> float | None:

@@ -33,6 +33,13 @@ def add_parser(sub) -> None:
     add_store_flag(p)
     p.add_argument("--num-blocks", type=_sizes, metavar="N[,N...]", help="cache sizes in blocks")
     p.add_argument(
+        "--tier-blocks",
+        type=_sizes,
+        metavar="N[,N...]",
+        help="CPU tier or more cache: each run at its observed size with N blocks added to an offload tier below "
+        "its cache, and N added to the cache",
+    )
+    p.add_argument(
         "--replicas",
         action="store_true",
         help="replay the fleet's traffic under each router policy (each replica at its observed size)",
@@ -75,10 +82,15 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from instrumented_engine.whatif.fidelity import fidelity
     from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
+    from instrumented_engine.whatif.tier_sweep import tier_sweep
     from kvobs.store import open_store
 
-    if not args.replicas and not args.num_blocks:
-        print("kvobs whatif: give --num-blocks N[,N...] (cache sizes) or --replicas (routers)", file=sys.stderr)
+    if not args.replicas and not args.num_blocks and not args.tier_blocks:
+        print(
+            "kvobs whatif: give --num-blocks N[,N...] (cache sizes), --tier-blocks N[,N...] (an offload tier) or "
+            "--replicas (routers)",
+            file=sys.stderr,
+        )
         return 2
     if args.num_blocks:  # a size the replay cannot hold is refused before the store is read
         largest = max(args.num_blocks)
@@ -103,12 +115,19 @@ def run(args: argparse.Namespace) -> int:
         if not any(plan.requests for plan in plans):
             print("kvobs whatif: no recorded request has a known block chain to replay", file=sys.stderr)
             return 2
-        runs = [simulate_runs(plans, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in args.num_blocks]
+        sizes = args.num_blocks or []
+        runs = [simulate_runs(plans, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in sizes]
         observed = observed_total(plans, store, args.since, args.until)
         checks = fidelity(plans, observed["hit"])
+        sweep = tier_sweep(plans, store, tuple(args.tier_blocks)) if args.tier_blocks else None
+    except ValueError as exc:
+        print(f"kvobs whatif: {exc}", file=sys.stderr)
+        return 2
     finally:
         store.close()
     print(format_table(plans, observed, runs, checks))
+    if sweep is not None:
+        print("\n" + format_sweep(sweep))
     return 0
 
 
@@ -171,6 +190,20 @@ def format_fleet(fleet, results) -> str:
     if routed:
         lines.append(fleet_fidelity(fleet, routed[0]).describe())
     return "\n".join(lines)
+
+
+def format_sweep(rows: list[dict]) -> str:
+    """The tier sweep's table (`whatif.tier_sweep`): the observed setup, then each number of blocks added to an
+    offload tier or to the cache."""
+    from instrumented_engine.whatif.tier_sweep import SWEEP_COLUMNS, SWEEP_LEGEND
+
+    lines = ["| " + " | ".join(SWEEP_COLUMNS) + " |", "|" + "---|" * len(SWEEP_COLUMNS)]
+    for row in rows:
+        values = list(row.values())
+        seconds = "not measured" if values[5] is None else f"{values[5]:.2f}"
+        cells = [values[0], _num(values[1]), _pct(values[2]), *map(_num, values[3:5]), seconds, *map(_num, values[6:])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", SWEEP_LEGEND])
 
 
 LEGEND = (

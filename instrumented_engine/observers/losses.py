@@ -9,7 +9,8 @@ block its session released (`RELEASE_REASONS`) is counted apart (`num_released`)
 (session, block) that pressure took from an idle owner, settled with hindsight (`IdleLossesSettled`):
 `num_lost_in_pause` (the session came back: the same losses as `kvobs_session_prefix_lost_total` and the store's
 `session_evicted_idle_blocks`), `num_lost_after_end` (released or idle past the horizon), and `num_pending` (not
-known yet).
+known yet). With an offload tier, `loaded` tells which blocks a session's request loaded back from it:
+`num_saved_in_pause` counts the pause losses it gave back (the session recomputed none of them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class LossTally:
         self.num_lost_in_pause = 0
         self.num_lost_after_end = 0
         self.num_pending = 0
+        self.num_saved_in_pause = 0  # ... of the losses in a pause, those the session's next request loaded back
+        self._pending_hashes: dict[str | None, set[int]] = {}  # session -> blocks it lost while idle, unsettled
+        self._lost_in_pause: dict[str | None, set[int]] = {}  # session -> blocks lost in the pause it just ended
 
     @property
     def num_lost(self) -> int:
@@ -44,14 +48,25 @@ class LossTally:
     def add(self, events: Iterable[ev.KVEvent]) -> None:
         dispatch(self, self.HANDLERS, events)
 
+    def loaded(self, session_id: str | None, block_hashes: Iterable[int]) -> None:
+        """`session_id`'s request (the first since its pause) loaded `block_hashes` from the offload tier: those it
+        lost in that pause were given back."""
+        lost = self._lost_in_pause.pop(session_id, None)
+        if lost:
+            self.num_saved_in_pause += len(lost.intersection(block_hashes))
+
     def _evicted(self, event: ev.BlockEvicted) -> None:
         self.by_reason[event.reason.value] += 1
         self.num_pending += len(event.pending_owners)
+        for session in event.pending_owners:
+            self._pending_hashes.setdefault(session, set()).add(event.block_hash)
 
     def _settled(self, event: ev.IdleLossesSettled) -> None:
         self.num_pending -= event.num_blocks
+        hashes = self._pending_hashes.pop(event.session_id, set())
         if event.in_pause:
             self.num_lost_in_pause += event.num_blocks
+            self._lost_in_pause[event.session_id] = hashes
         else:
             self.num_lost_after_end += event.num_blocks
 

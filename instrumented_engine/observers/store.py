@@ -101,10 +101,13 @@ class StoreRecorder:
             if worth_logging(self.num_errors):
                 log.exception("recording a step in the store failed (%d so far); the engine goes on", self.num_errors)
 
-    def record_run(self, started_at: float, model: str, stats: SchedulerStats, config) -> RunRecord:
+    def record_run(
+        self, started_at: float, model: str, stats: SchedulerStats, config, *, offload_blocks: int = 0
+    ) -> RunRecord:
         """This engine's run (`runs`): it began at `started_at` (as its /metrics says in
         `kvobs_engine_start_time_seconds`, so a collector scraping it names the same run) with an empty cache of
-        `stats.num_blocks_total` usable blocks, under `config.eviction_policy` (an `EngineConfig`)."""
+        `stats.num_blocks_total` usable blocks, under `config.eviction_policy` (an `EngineConfig`), an offload tier
+        of `offload_blocks` below it (0: none)."""
         run = RunRecord(
             run_id(self.instance, started_at),
             self.instance,
@@ -114,6 +117,7 @@ class StoreRecorder:
             num_blocks=stats.num_blocks_total,
             block_size=self.block_size,
             eviction_policy=config.eviction_policy,
+            offload_blocks=offload_blocks,
         )
         self.writer.insert_missing(run)
         return run

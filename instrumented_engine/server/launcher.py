@@ -161,7 +161,8 @@ class EngineServer:
                 "enable_prefix_caching": str(config.enable_prefix_caching),
                 "eviction_policy": config.eviction_policy,
                 "cache_dtype": str(llm_engine.runner.dtype).removeprefix("torch."),
-                "num_cpu_blocks": str(layout.num_offload_blocks or None),  # vLLM's CacheConfig field
+                "num_cpu_blocks": str(layout.num_offload_blocks or None),  # vLLM's CacheConfig fields
+                "kv_offloading_size": str(config.kv_offloading_size / 2**30 if config.kv_offloading_size else None),
             },
             max_model_len=layout.max_model_len,
             offload=bool(layout.num_offload_blocks),
@@ -206,7 +207,13 @@ class EngineServer:
                 snapshot_interval_s=options.snapshot_interval_s,
             )
             observers.append(self.recorder)
-            self.recorder.record_run(self.started_at, self.served.name, llm_engine.current_stats(), config)
+            self.recorder.record_run(
+                self.started_at,
+                self.served.name,
+                llm_engine.current_stats(),
+                config,
+                offload_blocks=layout.num_offload_blocks,
+            )
             self.metrics.watch_dropped("store", lambda: writer.num_dropped)
         self.retention: Retention | None = None
         if self.store is not None and options.retention_days is not None:

@@ -69,7 +69,9 @@ class Fidelity:
         if self.reproduces is None:
             return "The replay could not be checked against the run: " + "; ".join(self.reasons) + "."
         policy = f"policy {self.policy}" + (", assumed: the run recorded none" if self.policy_assumed else "")
-        configuration = self.configuration or f"{self.num_blocks} blocks; {policy}"
+        tier = self.replay.tier_blocks if self.replay is not None else 0
+        below = f" over an offload tier of {tier} blocks" if tier else ""
+        configuration = self.configuration or f"{self.num_blocks} blocks{below}; {policy}"
         head = (
             f"At the observed configuration ({configuration}) the replay hits "
             f"{self.replayed:.1%} where the run hit {self.observed:.1%}: {self.error_points:+.1f} points."
@@ -96,6 +98,8 @@ def fidelity(plans: list[ReplayPlan], observed: HitRate) -> tuple[Fidelity, list
         assert check.replay is not None
         replay.hit_tokens += check.replay.hit_tokens
         replay.query_tokens += check.replay.query_tokens
+    tiers = {check.replay.tier_blocks for _, check in checked if check.replay is not None}
+    replay.tier_blocks = tiers.pop() if len(tiers) == 1 else 0
     sizes = {check.num_blocks for _, check in checked}
     policies = {check.policy for _, check in checked}
     one = len(plans) == 1
@@ -144,7 +148,10 @@ def run_fidelity(plan: ReplayPlan) -> Fidelity:
         return Fidelity(None, policy, observed, None, ("the run's cache size is unknown (no snapshot says it)",))
     if not plan.requests:
         return Fidelity(size, policy, observed, None, ("no request of the run has a known block chain",))
-    replay = simulate(plan, num_blocks=size, policy=policy)
+    if plan.tier_blocks is None and plan.observed.get("tier_events"):
+        unknown = "the run had an offload tier (its tier events say so) whose size it did not record"
+        return Fidelity(size, policy, observed, None, (unknown,))
+    replay = simulate(plan, num_blocks=size, policy=policy, tier_blocks=plan.tier_blocks or 0)
     check = Fidelity(
         size, policy, observed, replay, policy_assumed=plan.policy is None, pauses_comparable=plan.recorded is not None
     )

@@ -21,6 +21,8 @@ import pandas as pd
 
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence
+from instrumented_engine.observers.losses import LossTally
+from instrumented_engine.whatif.tier import Loads, drop_stores, load_prefix, tally
 from kvobs.semconv.reasons import EvictionReason
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
@@ -94,6 +96,10 @@ class RecordedReplay:
         self.running: list[str] = []
         self.admitted: set[str] = set()
         self.computed: set[bytes] = set()  # block hashes registered at least once in this replay
+        self.loads: Loads = []  # (session, blocks loaded from the tier), not tallied yet
+
+    def tally(self, losses: LossTally) -> None:
+        tally(losses, self.bm, self.loads)
 
     def apply(self, action: Action) -> None:
         seq = self.seqs.get(action.request_id) if action.request_id is not None else None
@@ -120,14 +126,24 @@ class RecordedReplay:
 
     def _admit(self, seq: Sequence, num_new: int) -> None:
         hits = self.bm.lookup(seq)
+        num_loaded = self.bm.tier_lookup(seq, len(hits))
         seq.num_computed_tokens = 0
-        if self._allocate(seq, num_new, hits):
+        if self._allocate(seq, max(num_new, num_loaded), hits):  # (the engine's allocation held what it loaded)
             seq.num_registered_blocks = len(hits)
             self.running.append(seq.request_id)
+            loaded = load_prefix(self.bm, seq, len(hits), num_loaded)
+            found = len(hits) + len(loaded)
+            if loaded:  # their KV is there now: cached again, as the engine caches a loaded block
+                seq.num_computed_tokens = found * self.block_size
+                self.bm.register_computed_blocks(seq)
+                drop_stores(self.bm)
             if seq.request_id not in self.admitted:  # a first admission counts its hits (re-admissions do not)
                 self.admitted.add(seq.request_id)
-                self.result.hit_tokens += len(hits) * self.block_size
-                missed = seq.block_hashes[len(hits) : (seq.num_tokens - 1) // self.block_size]
+                if self.bm.tier is not None:
+                    self.loads.append((seq.session_id, loaded))
+                self.result.hit_tokens += found * self.block_size
+                self.result.tier_hit_tokens += len(loaded) * self.block_size
+                missed = seq.block_hashes[found : (seq.num_tokens - 1) // self.block_size]
                 self.result.recompute_tokens += self.block_size * sum(1 for h in missed if h in self.computed)
 
     def _allocate(self, seq: Sequence, num_blocks: int, hits: list) -> bool:
@@ -148,6 +164,7 @@ class RecordedReplay:
         seq.num_computed_tokens = max(seq.num_computed_tokens, (position + 1) * self.block_size)
         seq.token_ids.extend([0] * max(0, seq.num_computed_tokens - len(seq.token_ids)))
         self.bm.register_computed_blocks(seq)
+        drop_stores(self.bm)
         self.computed.update(seq.block_hashes[: position + 1])
 
     def _free(self, seq: Sequence) -> None:

@@ -34,11 +34,13 @@ from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.sampling_params import SamplingParams
 from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic, releases
+from instrumented_engine.whatif.tier import Loads, drop_stores, load_prefix, tally
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.ownership import num_inferred, with_tied_blocks
 from kvobs.analytics.runs import Span
 from kvobs.semconv.reasons import EvictionPolicyName
+from kvobs.semconv.spans import KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
 
@@ -67,6 +69,7 @@ class ReplayPlan:
     recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
     span: Span | None = None  # the run it replays (None: a range, runs unknown)
     policy: str | None = None  # the run's eviction policy, where it recorded one
+    tier_blocks: int | None = None  # the offload tier below the run's cache, in blocks (0: none; None: not said)
     releases: dict[str, float] = field(default_factory=dict)  # session -> when its agent released it (our engine)
 
     @property
@@ -155,6 +158,7 @@ def observed_figures(
     recompute tokens."""
     counts = store.reads.kv_event_counts(since, until, bucket_s=1e12, instances=instances)
     lost, released = composed.losses_in(counts)["blocks"].sum(), composed.releases_in(counts)["blocks"].sum()
+    tier_kinds = [KVEventKind.TIER_STORED.value, KVEventKind.TIER_LOADED.value]
     footprints = store.reads.session_footprints(since, until, instances=instances)
     snaps = store.reads.instance_snapshots(since, until, instances=instances)
     summary = hit_rate_summary(rates)
@@ -168,6 +172,7 @@ def observed_figures(
         "lost_in_pause_blocks": int(footprints["session_evicted_idle_blocks"].fillna(0).sum()),
         "pending_idle_blocks": int(footprints["session_pending_idle_blocks"].fillna(0).sum()),
         "recompute_tokens": summary["recompute_tokens"] if summary["achieved"] is not None else None,
+        "tier_events": int(counts.loc[counts["kind"].isin(tier_kinds), "blocks"].sum()),
     }
 
 
@@ -184,6 +189,9 @@ class WhatIfResult:
     lost_in_pause_blocks: int = 0  # (session, block) losses in a tool pause: the session came back after
     lost_after_end_blocks: int = 0  # ... after the session's last request
     recompute_tokens: int = 0
+    tier_blocks: int = 0  # the offload tier below the cache (0: none)
+    tier_hit_tokens: int = 0  # prompt tokens loaded from it (in `hit_tokens` too: they were not computed)
+    saved_in_pause_blocks: int = 0  # of `lost_in_pause_blocks`, those the session's next request loaded back
     waited: int = 0
     preemptions: int = 0  # running requests the replay preempted to make room (the recorded replay only)
     too_large: int = 0  # requests longer than the whole cache: not admitted
@@ -202,13 +210,25 @@ class _Clock:
 
 
 def simulate(
-    plan: ReplayPlan, *, num_blocks: int, policy: str = EvictionPolicyName.LRU.value, ttl_s: float = 30.0
+    plan: ReplayPlan,
+    *,
+    num_blocks: int,
+    policy: str = EvictionPolicyName.LRU.value,
+    ttl_s: float = 30.0,
+    tier_blocks: int = 0,
 ) -> WhatIfResult:
-    """Replay `plan` through a `num_blocks` cache under `policy`: our engine's recorded traffic step for step when
+    """Replay `plan` through a `num_blocks` cache under `policy`, with an offload tier of `tier_blocks` below it
+    (LRU, write-through, as vLLM's CPU offloading: `whatif.tier`): our engine's recorded traffic step for step when
     the plan has it (`whatif.recorded`), else each request's whole length from its lookup to its finish."""
     clock = _Clock()
-    manager = BlockManager(num_blocks, plan.block_size, policy=make_eviction_policy(policy, ttl_s=ttl_s), clock=clock)
-    result = WhatIfResult(num_blocks, policy)
+    manager = BlockManager(
+        num_blocks,
+        plan.block_size,
+        policy=make_eviction_policy(policy, ttl_s=ttl_s),
+        clock=clock,
+        offload_blocks=tier_blocks,
+    )
+    result = WhatIfResult(num_blocks, policy, tier_blocks=tier_blocks)
     if plan.recorded is not None:
         return _replay_recorded(plan, manager, clock, result)
     cache, losses = WholeLengthCache(manager, plan.block_size, result, clock), LossTally()
@@ -227,13 +247,13 @@ def simulate(
             else:
                 clock.now, session = released.pop(0)
                 manager.release_session(session)
-            losses.add(manager.take_events())
+            cache.tally(losses)
 
     for req in arrivals:
         settle(req.arrival_ts)
         clock.now = req.arrival_ts
         cache.arrive(req)
-        losses.add(manager.take_events())
+        cache.tally(losses)
     settle(float("inf"))
     return _tally(result, losses)
 
@@ -254,6 +274,10 @@ class WholeLengthCache:
         self.last_request: dict[str | None, str] = {}
         self.active_blocks = 0  # blocks held by admitted requests (a router's decode load)
         self.wait_s = 0.0  # seconds requests waited for room
+        self.loads: Loads = []  # (session, blocks loaded from the tier), not tallied yet
+
+    def tally(self, losses: LossTally) -> None:
+        tally(losses, self.manager, self.loads)
 
     def next_finish(self) -> float:
         return self.finishes[0][0] if self.finishes else float("inf")
@@ -289,12 +313,18 @@ class WholeLengthCache:
         hits = manager.lookup(seq)
         if not manager.allocate(seq, req.total_tokens - len(hits) * size, hits):
             return False
-        self.result.hit_tokens += len(hits) * size
-        missed = seq.block_hashes[len(hits) : (req.prompt_tokens - 1) // size]
+        loaded = load_prefix(manager, seq, len(hits), manager.tier_lookup(seq, len(hits)))
+        if manager.tier is not None:
+            self.loads.append((seq.session_id, loaded))
+        found = len(hits) + len(loaded)
+        self.result.hit_tokens += found * size
+        self.result.tier_hit_tokens += len(loaded) * size
+        missed = seq.block_hashes[found : (req.prompt_tokens - 1) // size]
         self.result.recompute_tokens += size * sum(1 for h in missed if h in self.computed)
         seq.token_ids.extend([0] * (req.total_tokens - req.prompt_tokens))
         seq.num_computed_tokens = req.total_tokens
         manager.register_computed_blocks(seq)
+        drop_stores(manager)
         self.computed.update(seq.block_hashes[: req.total_tokens // size])
         self.active_blocks += len(seq.block_table)
         heapq.heappush(self.finishes, (max(req.finished_ts, self.clock.now), next(self.order), seq))
@@ -312,10 +342,10 @@ def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, res
     for action in plan.recorded.actions:
         clock.now = action.ts
         replay.apply(action)
-        losses.add(manager.take_events())
+        replay.tally(losses)
     for session_id in list(manager.activity.pending):  # hindsight: these sessions never came back
         manager.end_session(session_id)
-    losses.add(manager.take_events())
+    replay.tally(losses)
     return _tally(result, losses)
 
 
@@ -323,6 +353,7 @@ def _tally(result: WhatIfResult, losses: LossTally) -> WhatIfResult:
     result.evicted_blocks, result.by_reason = losses.num_lost, dict(losses.by_reason)
     result.released_blocks = losses.num_released
     result.lost_in_pause_blocks, result.lost_after_end_blocks = losses.num_lost_in_pause, losses.num_lost_after_end
+    result.saved_in_pause_blocks = losses.num_saved_in_pause
     return result
 
 

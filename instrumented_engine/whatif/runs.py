@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+import pandas as pd
+
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.runs import run_table, spans
@@ -44,6 +46,7 @@ def replay_plans(
     plans, errors = [], []
     table = run_table(store.reads.runs(instances=instances))
     policies = dict(zip(table["run_id"], table["eviction_policy"]))
+    tiers = dict(zip(table["run_id"], table["offload_blocks"]))
     for span in spans(table, since, until, instances):
         scope = instances if span.instance is None else [span.instance]
         try:
@@ -54,6 +57,8 @@ def replay_plans(
         plan.span = span
         policy = policies.get(span.run_id)
         plan.policy = policy if isinstance(policy, str) else None
+        tier = tiers.get(span.run_id)
+        plan.tier_blocks = None if tier is None or pd.isna(tier) else int(tier)
         plans.append(plan)
     if not plans:
         raise errors[0] if errors else ValueError("no run in this range has requests to replay")

@@ -27,6 +27,7 @@ COLUMNS = [
     "num_blocks",
     "block_size",
     "eviction_policy",
+    "offload_blocks",
 ]
 
 

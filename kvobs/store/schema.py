@@ -419,6 +419,7 @@ class RunRow(Base):
     num_blocks: Mapped[int | None] = mapped_column(Integer)
     block_size: Mapped[int | None] = mapped_column(Integer)
     eviction_policy: Mapped[str | None] = mapped_column(String(32))
+    offload_blocks: Mapped[int | None] = mapped_column(Integer)  # the tier below the cache (0: none; NULL: not said)
 
 
 class LeaseRow(Base):

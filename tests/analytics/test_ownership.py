@@ -26,8 +26,9 @@ def blind(store):
 
 
 # run, requests tied, blocks owned by inference (of all stored), requests a session is found for by the reverse tie;
-# None for a live run (`agent_run`: its timing differs run to run): every request tied or all its prompt cached, at
-# least 85% of its blocks owned, at least one session found the other way
+# None for a live run (`agent_run`: its timing differs run to run): nearly every request tied or all its prompt
+# cached (sessions running at once may store two chains of one depth in one window: the inference declines to choose
+# between them, `ambiguous`, and owns neither), most of its blocks owned, at least one session found the other way
 CASES = [
     ("vllm_run", {INFERENCE: 53, BlockTie.STORED_NOTHING.value: 1}, (304, 313), 31),
     ("vllm_fleet", {INFERENCE: 15, BlockTie.STORED_NOTHING.value: 9}, (16, 16), 15),
@@ -41,7 +42,8 @@ def test_blocks_owned_by_inference_are_the_sessions_the_header_named(request, ru
     reqs, stored, unnamed = blind(request.getfixturevalue(run).store)
     ties = block_ties(reqs, unnamed)
     if tied is None:
-        assert set(ties["tie"]) <= {INFERENCE, BlockTie.STORED_NOTHING.value} and (ties["tie"] == INFERENCE).any()
+        known = {INFERENCE, BlockTie.STORED_NOTHING.value, BlockTie.AMBIGUOUS.value}
+        assert set(ties["tie"]) <= known and (ties["tie"] == INFERENCE).mean() >= 0.75, ties["tie"].value_counts()
     else:
         assert ties["tie"].value_counts().to_dict() == tied
     owned = owned_stored(unnamed, ties)
@@ -49,7 +51,7 @@ def test_blocks_owned_by_inference_are_the_sessions_the_header_named(request, ru
     assert (owned.loc[inferred, "session_id"] == stored.loc[inferred, "session_id"]).all()  # never another's
     assert (owned.loc[~inferred, "session_id"].isna()).all()
     if owned_of is None:
-        assert inferred.sum() >= 0.85 * len(stored)
+        assert inferred.sum() >= 0.7 * len(stored)
     else:
         assert (int(inferred.sum()), len(stored)) == owned_of
     # each tied request owns its chain from its tip up to the prefix it found cached

@@ -64,6 +64,7 @@ def test_collector_reads_kvobs_serve_like_a_vllm(smollm2_source, store):
 
     runs = store.reads.runs()  # the collector names the engine's run as the engine does (its start on /metrics)
     assert list(runs["run_id"]) == [run_id("engine", server.started_at)] and list(runs["num_blocks"]) == [23]
+    assert list(runs["offload_blocks"]) == [0]  # its cache_config_info says no tier, as vLLM says it
     with store.session() as s:
         requests = s.scalars(select(RequestRow)).all()
         stored = s.execute(select(KVEventRow.session_id).where(KVEventRow.kind == "stored")).scalars().all()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from collectors.metrics.prom_text import parse_metrics
-from collectors.metrics.runs import RunWatcher, run_start
+from collectors.metrics.runs import RunWatcher, offload_blocks, run_start
 from kvobs.store import StoreWriter
 from tests.collectors.recorded import scrapes
 
@@ -22,6 +22,7 @@ def test_the_recorded_vllm_run_starts_when_its_process_did(vllm_run):
     assert list(runs["started_at"]) == [start] and list(runs["source"]) == ["collector"]
     assert list(runs["num_blocks"]) == [31] and list(runs["block_size"]) == [128]  # 32 blocks, one reserved
     assert list(runs["model"]) == ["smollm2"]
+    assert list(runs["offload_blocks"]) == [0]  # its cache_config_info: kv_offloading_size="None", no tier
 
 
 def test_a_restart_is_a_new_run_and_a_collector_restart_is_not(store):
@@ -37,6 +38,7 @@ def test_a_restart_is_a_new_run_and_a_collector_restart_is_not(store):
     writer.close()
     runs = store.reads.runs()
     assert len(runs) == 2 and sorted(runs["started_at"])[-1] == 1.8e9
+    assert list(runs["offload_blocks"]) == [0, 0]  # stored and read back on every backend
 
 
 def test_what_a_replica_says_its_start_is():
@@ -48,3 +50,12 @@ def test_what_a_replica_says_its_start_is():
     bare = re.sub(r"^process_start_time_seconds.*\n", "", body, flags=re.M)
     created = [c.created for c in parse_metrics(bare).counters.values() if c.created]
     assert created and run_start(parse_metrics(bare)) == min(created)  # else when its counters were made
+
+
+def test_the_offload_tier_a_replica_says_it_has():
+    """`vllm:cache_config_info`: no tier where `kv_offloading_size` says "None"; kvobs serve's tier in
+    `num_cpu_blocks`; a vLLM tier's size in blocks is not known from it (nor an engine's that says nothing)."""
+    assert offload_blocks({"kv_offloading_size": "None", "num_cpu_blocks": "None"}, ours=False) == 0
+    assert offload_blocks({"kv_offloading_size": "0.046875", "num_cpu_blocks": "64"}, ours=True) == 64
+    assert offload_blocks({"kv_offloading_size": "8.0", "num_cpu_blocks": "64"}, ours=False) is None
+    assert offload_blocks({"num_gpu_blocks": "32"}, ours=False) is None

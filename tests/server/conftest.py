@@ -95,3 +95,16 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
             labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in ("model_name", "engine")))
             samples[(sample.name, labels)] = sample.value
     return samples
+
+
+def ask_session(server, session: str, text: str) -> int:
+    """`text` as session `session`'s chat request (two tokens back); the cached prompt tokens its reply gave."""
+    body = {"model": SERVED, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": text}]}
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def filler_prompt(k: int) -> str:
+    """A prompt of words no other prompt shares: it takes cache room from the others."""
+    return f"Filler {k}: " + " ".join(f"word{k}x{i}" for i in range(14))

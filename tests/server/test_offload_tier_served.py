@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import httpx
 from sqlalchemy import delete
 
 from collectors.drops import DropCounter
@@ -17,16 +16,9 @@ from collectors.metrics.scraper import Scraper, ScrapeTarget
 from kvobs.analytics.tier_checks import tier_checks
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.schema import KVEventMinuteRow, KVEventRow
-from tests.server.conftest import SERVED, running_server
+from tests.server.conftest import ask_session, filler_prompt, running_server
 
 TIER_BYTES = 64 * 737_280  # 64 blocks of SmolLM2's float32 KV, 16 tokens a block
-
-
-def _ask(server, session: str, text: str) -> int:
-    body = {"model": SERVED, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": text}]}
-    reply = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
-    assert reply.status_code == 200, reply.text
-    return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def _served(smollm2_source, tmp_path, prompts: list[tuple[str, str]]) -> tuple[str, list[int]]:
@@ -45,7 +37,7 @@ def _served(smollm2_source, tmp_path, prompts: list[tuple[str, str]]) -> tuple[s
         writer = StoreWriter(store)
         scraper = Scraper([ScrapeTarget("eng", server.url + "/metrics")], writer, DropCounter())
         assert scraper.scrape(scraper.targets[0])
-        cached = [_ask(server, session, text) for session, text in prompts]
+        cached = [ask_session(server, session, text) for session, text in prompts]
         time.sleep(0.5)  # (a reply goes out before the step's observers run: its metrics follow it)
         assert scraper.scrape(scraper.targets[0])
         writer.close()
@@ -54,15 +46,11 @@ def _served(smollm2_source, tmp_path, prompts: list[tuple[str, str]]) -> tuple[s
     return url, cached
 
 
-def _filler(k: int) -> str:
-    return f"Filler {k}: " + " ".join(f"word{k}x{i}" for i in range(14))
-
-
 def test_a_tier_that_gives_prefixes_back_passes_and_one_without_events_is_named(smollm2_source, tmp_path):
     question = "plan a day in Rome with museums, lunch and a walk by the river."
     prompts = [
         ("a", f"Session a: {question}"),
-        *((f"z{k}", _filler(k)) for k in range(4)),
+        *((f"z{k}", filler_prompt(k)) for k in range(4)),
         ("a", f"Session a: {question}"),
     ]
     url, cached = _served(smollm2_source, tmp_path, prompts)
@@ -84,7 +72,7 @@ def test_a_tier_that_gives_prefixes_back_passes_and_one_without_events_is_named(
 
 
 def test_a_tier_whose_prefixes_never_come_back_is_named(smollm2_source, tmp_path):
-    url, cached = _served(smollm2_source, tmp_path, [(f"z{k}", _filler(k)) for k in range(3)])
+    url, cached = _served(smollm2_source, tmp_path, [(f"z{k}", filler_prompt(k)) for k in range(3)])
     store = open_store(url)
     assert not len(store.reads.kv_events(kinds=["tier_loaded"]))  # truth: nothing was loaded back
     (check,) = tier_checks(store)

@@ -6,9 +6,6 @@ fleet (whose replicas' events and requests do not agree, by construction)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from instrumented_engine.whatif.fidelity import WITHIN_POINTS, fidelity, fleet_fidelity
@@ -16,6 +13,7 @@ from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
 from instrumented_engine.whatif.runs import observed_total, replay_plans
 from kvobs.semconv.reasons import RouterPolicy
 from tests.collectors.fleet_recording import cached_said
+from tests.whatif.cli import whatif
 
 
 def checks(store):
@@ -90,21 +88,9 @@ def test_a_replica_whose_cache_served_traffic_kvobs_never_saw_is_no_evidence(fle
 
 
 def test_the_cli_prints_the_check_after_each_table(fleet_run):
-    done = subprocess.run(
-        [sys.executable, "-m", "kvobs.cli", "whatif", "--store", fleet_run.url, "--num-blocks", "32"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.count("At the observed configuration (32 blocks; policy lru") == 3  # the total, each run
-    assert "never reached kvobs" in done.stdout
-    routers = subprocess.run(
-        [sys.executable, "-m", "kvobs.cli", "whatif", "--store", fleet_run.url, "--replicas", "--router", "as_routed"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert routers.returncode == 0, routers.stderr
-    assert "| as_routed |" in routers.stdout and "observed: hit rate 25.8%" in routers.stdout
-    assert "the other routers are no evidence" in routers.stdout
+    sizes = whatif(fleet_run.url, "--num-blocks", "32")
+    assert sizes.count("At the observed configuration (32 blocks; policy lru") == 3  # the total, each run
+    assert "never reached kvobs" in sizes
+    routers = whatif(fleet_run.url, "--replicas", "--router", "as_routed")
+    assert "| as_routed |" in routers and "observed: hit rate 25.8%" in routers
+    assert "the other routers are no evidence" in routers

@@ -147,7 +147,11 @@ def test_the_router_whatif_on_the_recorded_fleet_and_its_errors(fleet_run, vllm_
     assert "over 2 replicas (blocks: vllm-a 32, vllm-b 32), block size 128" in done.stdout
     for store, flags, message in (
         (vllm_run, ["--replicas"], "needs requests of two replicas or more"),
-        (fleet_run, [], "give --num-blocks N[,N...] (cache sizes) or --replicas (routers)"),
+        (
+            fleet_run,
+            [],
+            "give --num-blocks N[,N...] (cache sizes), --tier-blocks N[,N...] (an offload tier) or --replicas",
+        ),
     ):
         bad = subprocess.run(
             [sys.executable, "-m", "kvobs.cli", "whatif", "--store", store.url, *flags], capture_output=True, text=True

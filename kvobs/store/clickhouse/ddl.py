@@ -273,6 +273,9 @@ _WHOLE_VERDICTS = [
     "ALTER TABLE step_verdicts MATERIALIZE INDEX ix_decided_at SETTINGS mutations_sync = 2",
 ]
 
+# Version 16: the offload tier below a run's cache, in blocks (SQL revision 0019).
+_RUN_TIERS = ["ALTER TABLE runs ADD COLUMN IF NOT EXISTS offload_blocks Nullable(Int32) AFTER eviction_policy"]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -290,6 +293,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (13, "verdict_progress: each verdict keeper's latest run", _VERDICT_PROGRESS),
     (14, "steps.request_id and steps.request_join: the request a step was joined to, and how", _STEP_REQUESTS),
     (15, "step_verdicts of every step: slow cause, latency parts", _WHOLE_VERDICTS),
+    (16, "runs.offload_blocks: the offload tier below a run's cache", _RUN_TIERS),
 ]
 
 

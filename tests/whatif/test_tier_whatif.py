@@ -1,0 +1,93 @@
+"""The what-if with an offload tier, against our engine's own tier: `kvobs serve` with a 12-block cache and a 64-block
+CPU tier, sessions a and b evicted from the cache by fillers while they wait and loaded back from the tier. Replayed
+at the run's size with its tier (recorded in `runs.offload_blocks`), the replay loads what the engine loaded, hits
+what it hit, and counts the pause losses the tier gave back; without the tier those tokens are recomputed."""
+
+from __future__ import annotations
+
+import pytest
+
+from instrumented_engine.whatif.fidelity import fidelity
+from instrumented_engine.whatif.replay import simulate
+from instrumented_engine.whatif.runs import observed_total, replay_plans
+from kvobs.store import open_store
+from tests.server.conftest import ask_session, filler_prompt, running_server
+from tests.whatif.cli import whatif
+
+BLOCK_BYTES = 737_280  # SmolLM2's float32 KV for a 16-token block
+TIER_BLOCKS = 64
+
+
+@pytest.fixture(scope="module")
+def tier_run(smollm2_source, tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('tier-run') / 'kvobs.db'}"
+    question = "plan a day in Rome with museums, lunch and a walk by the river."
+    prompts = [
+        ("a", f"Session a: {question}"),
+        ("b", f"Session b: {question} And a dinner."),
+        *((f"z{k}", filler_prompt(k)) for k in range(4)),
+        ("a", f"Session a: {question}"),
+        ("b", f"Session b: {question} And a dinner."),
+    ]
+    options = {"store_url": url, "instance": "eng"}
+    tier = TIER_BLOCKS * BLOCK_BYTES
+    with running_server(
+        smollm2_source, num_blocks=12, max_model_len=160, kv_offloading_size=tier, dtype="float32", options=options
+    ) as server:
+        cached = [ask_session(server, session, text) for session, text in prompts]
+    return open_store(url), cached
+
+
+def test_the_replay_with_the_runs_tier_loads_and_hits_what_the_engine_did(tier_run):
+    store, cached = tier_run
+    (plan,) = replay_plans(store)
+    assert plan.tier_blocks == TIER_BLOCKS and plan.observed["num_blocks"] == 12 and plan.recorded is not None
+    loaded = store.reads.kv_events(kinds=["tier_loaded"])
+    assert set(loaded["session_id"]) == {"a", "b"}  # the engine's record: their blocks, loaded back
+    same = simulate(plan, num_blocks=12, tier_blocks=TIER_BLOCKS)
+    assert same.tier_hit_tokens == 16 * len(loaded) > 0
+    assert same.hit_tokens == sum(cached)  # the replies' cached tokens: the cache's hits and the tier's loads
+    assert same.hit_rate == pytest.approx(plan.observed["hit_rate"])
+    # their blocks were evicted while they waited: lost in the pause, as the engine counted, and all given back
+    assert same.lost_in_pause_blocks == plan.observed["lost_in_pause_blocks"] > 0
+    assert same.saved_in_pause_blocks == len(loaded)
+    check, _ = fidelity([plan], observed_total([plan], store, None, None)["hit"])
+    assert check.error_points == pytest.approx(0.0) and "over an offload tier of 64 blocks" in check.describe()
+
+
+def test_without_the_tier_the_loaded_tokens_are_recomputed_and_a_small_tier_saves_less(tier_run):
+    store, _ = tier_run
+    (plan,) = replay_plans(store)
+    same = simulate(plan, num_blocks=12, tier_blocks=TIER_BLOCKS)
+    none = simulate(plan, num_blocks=12)
+    assert none.tier_hit_tokens == 0 and none.saved_in_pause_blocks == 0
+    assert none.hit_tokens == same.hit_tokens - same.tier_hit_tokens
+    assert none.recompute_tokens == same.recompute_tokens + same.tier_hit_tokens
+    sizes = [simulate(plan, num_blocks=12, tier_blocks=n) for n in (8, 16, 32, TIER_BLOCKS)]
+    saved = [r.saved_in_pause_blocks for r in sizes]
+    assert saved == sorted(saved) and saved[-1] == same.saved_in_pause_blocks  # a bigger tier never saves less
+
+
+def test_cpu_tier_or_more_cache_on_the_recorded_vllm_run(vllm_run):
+    """From the run's own setup (32 blocks, no tier: vLLM said kv_offloading_size None), blocks added to a tier give
+    back pause losses and recompute, more with more blocks, and a tier as big as the whole traffic gives back every
+    pause loss; the CLI prints the same table."""
+    from instrumented_engine.whatif.tier_sweep import tier_sweep
+
+    store = vllm_run.store
+    (plan,) = replay_plans(store)
+    assert plan.tier_blocks == 0
+    rows = tier_sweep([plan], store, (32, 64, 128))
+    none = rows[0]
+    assert none["added"] == "none" and none["given back by the tier"] == 0
+    assert none["lost in tool pauses"] == simulate(plan, num_blocks=32).lost_in_pause_blocks > 0
+    tiers = [row for row in rows if row["added"] == "offload tier"]
+    given = [row["given back by the tier"] for row in tiers]
+    assert given == sorted(given) and given[-1] == none["lost in tool pauses"] and tiers[-1]["lost in tool pauses"] == 0
+    for row in tiers:  # what the tier gives back is what is no longer lost
+        assert row["lost in tool pauses"] + row["given back by the tier"] == none["lost in tool pauses"]
+        assert row["recomputed tokens"] + row["loaded from tier (tokens)"] == none["recomputed tokens"]
+    assert none["recompute (s)"] > 0  # at vLLM's measured prefill rate (its scraped prefill counters)
+    printed = whatif(vllm_run.url, "--tier-blocks", "32,64,128")
+    last = tiers[-1]
+    assert f"| offload tier | 128 | {last['hit rate']:.1%} | {last['loaded from tier (tokens)']:,} | 0 |" in printed
