@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import glossary
-from dashboard.views import cache
+from dashboard.views import cache, whatif_pauses, whatif_tiers
 from dashboard.views.charts import show
 from dashboard.views.tables import show_text_table
 from kvobs.semconv.reasons import EvictionPolicyName, RouterPolicy, names
@@ -49,17 +49,6 @@ def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, tt
     counts = (sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates", "inferred"))
     replayed, skipped, duplicates, inferred = counts
     return total, per_run, replayed, skipped, note, duplicates, inferred, check
-
-
-@st.cache_data(ttl=60, show_spinner="Replaying with an offload tier...")
-def sweep(url, since, until, instances, extra: tuple[int, ...]) -> pd.DataFrame:
-    """`whatif.tier_sweep`'s rows: the observed setup, then each number of blocks added to a tier or the cache."""
-    from instrumented_engine.whatif.runs import replay_plans
-    from instrumented_engine.whatif.tier_sweep import SWEEP_COLUMNS, tier_sweep
-
-    store = cache.get_store(url)
-    rows = tier_sweep(replay_plans(store, since, until, instances=instances), store, extra)
-    return pd.DataFrame(rows, columns=list(SWEEP_COLUMNS))
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying the routers...")
@@ -173,27 +162,10 @@ def render(ctx) -> None:
         with st.expander(span.label(ctx.clock.iso)):
             _check(run_check, ctx)
             show_text_table(run_table, ctx.clock)
-    render_tiers(ctx, observed)
+    whatif_tiers.render(ctx, observed)
+    whatif_pauses.render(ctx)
     if len(ctx.shown_instances) > 1:
         render_routers(ctx)
-
-
-def render_tiers(ctx, observed: int | None) -> None:
-    """CPU tier or more cache (`kvobs whatif --tier-blocks`): the same blocks added to an offload tier below each
-    run's cache, or to the cache itself."""
-    from instrumented_engine.whatif.tier_sweep import SWEEP_LEGEND
-
-    st.subheader("CPU tier or more cache")
-    extra = tuple(sorted({max(1, observed // 2), observed, observed * 2})) if observed else (16, 32, 64)
-    try:
-        table = sweep(ctx.url, ctx.since, ctx.until, ctx.instances, extra)
-    except ValueError as exc:
-        st.info(str(exc))
-        return
-    _sweep_chart(table)
-    shown = table.assign(**{"recompute (s)": table["recompute (s)"].map(lambda s: "not measured" if pd.isna(s) else s)})
-    show_text_table(shown, ctx.clock)
-    st.caption(SWEEP_LEGEND)
 
 
 def render_routers(ctx) -> None:
@@ -224,31 +196,6 @@ def render_routers(ctx) -> None:
     )
     _check(check, ctx)
     show_text_table(table, ctx.clock)
-
-
-def _sweep_chart(table: pd.DataFrame) -> None:
-    """Tool-pause losses and recomputed tokens by blocks added, a line for the tier and one for the cache (each
-    from the observed setup at 0)."""
-    base = table[table["added"] == "none"]
-    lines = pd.concat(
-        [
-            pd.concat([base.assign(added=kind), table[table["added"] == kind]])
-            for kind in ("offload tier", "bigger cache")
-        ]
-    )
-    charts = [
-        alt.Chart(lines)
-        .mark_line(point=True)
-        .encode(
-            x=alt.X("blocks added:Q", title="blocks added"),
-            y=alt.Y(f"{measure}:Q", title=measure + unit),
-            color=alt.Color("added:N", title="added to"),
-            tooltip=["added", "blocks added", alt.Tooltip(f"{measure}:Q", format=",d")],
-        )
-        .properties(height=220, width=330)
-        for measure, unit in (("lost in tool pauses", " (blocks)"), ("recomputed tokens", ""))
-    ]
-    show(alt.hconcat(*charts), width="content")
 
 
 def _check(check, ctx) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
+from kvobs.analytics.pauses import pause_before
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.routing import request_routing
 from kvobs.analytics.verdicts import with_decided
@@ -103,13 +104,7 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
     step = steps.iloc[i]
     verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()
     mine = sent[i]
-    pause = None
-    if i > 0:
-        before = sent[i - 1]["finished_ts"].dropna()
-        pause_start = float(before.max()) if len(before) else steps["ended_at"].iloc[i - 1]
-        pause_end = float(mine["arrival_ts"].min()) if len(mine) else float(step["started_at"])
-        if pd.notna(pause_start):
-            pause = (float(pause_start), pause_end)
+    pause = pause_before(steps.iloc[i - 1], sent[i - 1], step, mine) if i > 0 else None
     step_end = float(step["ended_at"]) if pd.notna(step["ended_at"]) else _end(mine)
     start = pause[0] if pause else float(step["started_at"])
     kv = pd.concat(

@@ -64,7 +64,9 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
         checked = [c.value for c in at.caption if c.value.startswith("At the observed configuration")]
         assert len(checked) == 1 and "+0.0 points" in checked[0] and "reproduces the run" in checked[0]
         assert not at.warning
-        assert [h.value for h in at.subheader] == ["CPU tier or more cache"]
+        assert [h.value for h in at.subheader] == ["CPU tier or more cache", "Pauses before steps"]
+        paused = [c.value for c in at.caption if "steps after a pause" in c.value]
+        assert len(paused) == 1 and paused[0].startswith("12 steps after a pause")  # 6 sessions, 3 steps each
         swept = at.table[1].value  # the observed setup, then 15, 30 and 60 blocks added to a tier or to the cache
         assert list(swept["added"]) == ["none", *["offload tier", "bigger cache"] * 3]
         assert list(swept["blocks added"]) == ["0", "15", "15", "30", "30", "60", "60"]

@@ -1,0 +1,109 @@
+"""The hit rate against the pause before each step: how long a session waited (on its tools) before a step, and how
+much of the step's prompt the engine found cached, per tool; and the curve of a TTL pin, the share of those steps
+whose pause was at most T seconds, so whose prefix a pin of T (a session's blocks kept for T after its request,
+`session_ttl`) would have kept, given room to keep it.
+
+    frame = step_pauses(store.reads.steps(since, until), store.reads.requests(since, until))
+    frame[["session_id", "step_index", "pause_s", "tool", "hit_rate", "prompt_tokens"]]
+    pin_curve(frame, ttls=[1, 5, 30])   # ttl_s, steps (their share), prompt tokens (their share)
+
+A pause is what the engine saw of the session's wait (`pause_before`, as a step's story draws it): from the end of
+the previous step's last request to the arrival of this step's first (a step's own tool calls run inside the step),
+the steps' own times where their requests are not known. The step's hit rate is its usage's (`cached_tokens /
+prompt_tokens`, what the engine's response said); a step whose usage does not say is left out of the rates and
+counted (`not_measured`), never shown as 0. The tool is what the step's spans recorded
+in its pause (`steps.tools`: names joined by "+"), `NO_TOOL` where none was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from kvobs.analytics.attribution import step_requests
+
+NO_TOOL = "no tool recorded"
+COLUMNS = ["session_id", "step_index", "pause_s", "tool", "hit_rate", "prompt_tokens", "cached_tokens"]
+
+
+def pause_before(previous_step, previous_sent: pd.DataFrame, step, sent: pd.DataFrame) -> tuple[float, float] | None:
+    """The pause before `step` (start, end): from the last finish of the requests its session's previous step sent
+    (`previous_sent`; that step's end where none finished) to the first arrival of its own (`sent`; its start
+    where none arrived); None where the start is unknown."""
+    before = previous_sent["finished_ts"].dropna()
+    start = float(before.max()) if len(before) else previous_step["ended_at"]
+    end = float(sent["arrival_ts"].min()) if len(sent) else float(step["started_at"])
+    return None if pd.isna(start) else (float(start), end)
+
+
+def step_pauses(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per step after a pause in its session (`COLUMNS`), `hit_rate` NaN where its usage does not say."""
+    if steps.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    ordered = steps.sort_values(["session_id", "step_index"], kind="stable").reset_index(drop=True)
+    sent = step_requests(requests, ordered)
+    pause = [np.nan] * len(ordered)
+    for i in range(1, len(ordered)):
+        if ordered.at[i, "session_id"] == ordered.at[i - 1, "session_id"]:
+            span = pause_before(ordered.iloc[i - 1], sent[i - 1], ordered.iloc[i], sent[i])
+            pause[i] = np.nan if span is None else span[1] - span[0]
+    after = ordered.assign(pause_s=pause)
+    after = after[after["pause_s"].notna() & (after["pause_s"] >= 0)]
+    prompt = after["prompt_tokens"].astype(float)
+    cached = after["cached_tokens"].astype(float)
+    rate = (cached / prompt.where(prompt > 0)).where(cached.notna())
+    tools = after["tools"] if "tools" in after else pd.Series(None, index=after.index)
+    return pd.DataFrame(
+        {
+            "session_id": after["session_id"],
+            "step_index": after["step_index"],
+            "pause_s": after["pause_s"].astype(float),
+            "tool": [_tool(t) for t in tools],
+            "hit_rate": rate,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+        }
+    ).reset_index(drop=True)[COLUMNS]
+
+
+def not_measured(frame: pd.DataFrame) -> int:
+    """Steps after a pause whose usage did not say what was cached."""
+    return int(frame["hit_rate"].isna().sum())
+
+
+def pin_curve(frame: pd.DataFrame, ttls) -> pd.DataFrame:
+    """Per TTL: the steps after a pause whose pause was at most it, and their share of all such steps and of their
+    prompt tokens (`ttl_s`, `steps`, `step_share`, `token_share`)."""
+    pauses = frame["pause_s"].to_numpy(float)
+    tokens = frame["prompt_tokens"].fillna(0).to_numpy(float)
+    rows = []
+    for ttl in ttls:
+        kept = pauses <= ttl
+        rows.append(
+            (
+                float(ttl),
+                int(kept.sum()),
+                float(kept.mean()) if len(kept) else np.nan,
+                float(tokens[kept].sum() / tokens.sum()) if tokens.sum() else np.nan,
+            )
+        )
+    return pd.DataFrame(rows, columns=["ttl_s", "steps", "step_share", "token_share"])
+
+
+def default_ttls(frame: pd.DataFrame, points: int = 12) -> list[float]:
+    """TTLs from the shortest pause to the longest, evenly on a log scale (a pause of 0.2 s and one of 20 min
+    both get a point)."""
+    pauses = frame["pause_s"][frame["pause_s"] > 0]
+    if pauses.empty:
+        return []
+    low, high = float(pauses.min()), float(pauses.max())
+    return [float(t) for t in np.geomspace(low, high, num=points)] if high > low else [high]
+
+
+def _tool(tools) -> str:
+    if not isinstance(tools, str) or not tools:
+        return NO_TOOL
+    names = [str(call.get("name")) for call in json.loads(tools) if call.get("name")]
+    return "+".join(dict.fromkeys(names)) or NO_TOOL
