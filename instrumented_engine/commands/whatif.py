@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
         type=_sizes,
         metavar="N[,N...]",
         help="CPU tier or more cache: each run at its observed size with N blocks added to an offload tier below "
-        "its cache, and N added to the cache",
+        "its cache, and N added to the cache; with --replicas, one N: an offload tier of N below every replica",
     )
     p.add_argument(
         "--replicas",
@@ -92,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.replicas and args.tier_blocks and len(args.tier_blocks) > 1:
+        print("kvobs whatif: with --replicas, --tier-blocks takes one size (every replica's tier)", file=sys.stderr)
+        return 2
     if args.num_blocks:  # a size the replay cannot hold is refused before the store is read
         largest = max(args.num_blocks)
         replica = " (for each replica)" if args.replicas else ""
@@ -136,7 +139,10 @@ def _fleet(args: argparse.Namespace, store) -> int:
 
     try:
         size = args.num_blocks[0] if args.num_blocks else None
-        fleet = start_or_report("whatif", lambda: FleetPlan.from_store(store, args.since, args.until, num_blocks=size))
+        tier = args.tier_blocks[0] if args.tier_blocks else None
+        fleet = start_or_report(
+            "whatif", lambda: FleetPlan.from_store(store, args.since, args.until, num_blocks=size, tier_blocks=tier)
+        )
         if fleet is None:
             return 2
         options = {"prefill_load_scale": args.prefill_load_scale, "temperature": args.router_temperature}
@@ -173,6 +179,7 @@ def format_fleet(fleet, results) -> str:
             *("-" if v is None else f"{v:.2f}" for v in values[5:7]),
             _num(values[7]),
             f"{values[8]:.1f}",
+            _num(values[9]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [

@@ -34,6 +34,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, WholeLengthCache, _Clock, _sequence
@@ -41,7 +43,7 @@ from kvobs.semconv.reasons import RouterPolicy
 from kvobs.store.interface import Store
 
 POLICIES = tuple(p.value for p in RouterPolicy)
-GPU_WEIGHT = 1.0  # llm-d's precise prefix-cache scorer: a block on the GPU tier (CPU: 0.8)
+GPU_WEIGHT, CPU_WEIGHT = 1.0, 0.8  # llm-d's precise prefix-cache scorer: a block in the GPU cache, in its CPU tier
 
 
 @dataclass
@@ -49,11 +51,15 @@ class FleetPlan:
     plan: ReplayPlan  # every replica's requests, with their chains
     instance_of: dict[str, str]  # request id -> the replica that served it
     sizes: dict[str, int]  # replica -> its cache in blocks
+    tiers: dict[str, int] = field(default_factory=dict)  # replica -> its offload tier in blocks (missing: none)
 
     @classmethod
-    def from_store(cls, store: Store, since=None, until=None, *, num_blocks: int | None = None) -> FleetPlan:
+    def from_store(
+        cls, store: Store, since=None, until=None, *, num_blocks: int | None = None, tier_blocks: int | None = None
+    ) -> FleetPlan:
         """The fleet's requests of [since, until], each replica at its observed size (its latest snapshot's
-        `blocks_total`, as the what-if's observed row), else `num_blocks`.
+        `blocks_total`, as the what-if's observed row), else `num_blocks`; with the offload tier its latest run
+        recorded (`runs.offload_blocks`), or `tier_blocks` below every replica's cache.
 
         Raises:
             ValueError: fewer than two replicas, or a replica whose size is unknown and no `num_blocks`.
@@ -72,7 +78,11 @@ class FleetPlan:
             if size is None:
                 raise ValueError(f"{name}'s cache size is unknown (no snapshot says it): give --num-blocks")
             sizes[name] = size
-        return cls(ReplayPlan.from_store(store, since, until), instance_of, sizes)
+        runs = store.reads.runs(instances=names).sort_values("started_at")
+        runs = runs if until is None else runs[runs["started_at"] <= until]  # the runs of the range, latest last
+        recorded = {r.instance: int(r.offload_blocks) for r in runs.itertuples() if pd.notna(r.offload_blocks)}
+        tiers = dict.fromkeys(names, tier_blocks) if tier_blocks is not None else recorded
+        return cls(ReplayPlan.from_store(store, since, until), instance_of, sizes, tiers)
 
 
 @dataclass
@@ -81,6 +91,7 @@ class FleetResult:
     requests: int = 0
     query_tokens: int = 0
     hit_tokens: int = 0
+    tier_hit_tokens: int = 0  # ... of them loaded from a replica's offload tier
     recompute_tokens: int = 0
     routed_tokens: int = 0  # at each lookup: tokens another replica held beyond what the chosen one had
     lost_in_pause_blocks: int = 0
@@ -107,7 +118,9 @@ class _Router:
         self.turn = itertools.count()
         self.sessions: dict[str, str] = {}
 
-    def choose(self, req, seq, caches: dict[str, WholeLengthCache], prefixes: dict[str, int]) -> str:
+    def choose(self, req, seq, caches: dict[str, WholeLengthCache], prefixes: dict[str, tuple[int, int]]) -> str:
+        """The replica for `req`; `prefixes`: per replica, the blocks of its prefix in the cache and then in the
+        offload tier."""
         policy = self.policy
         if policy == RouterPolicy.AS_ROUTED.value:
             return self.fleet.instance_of[req.request_id]
@@ -120,10 +133,12 @@ class _Router:
                 self.sessions[req.session_id] = self.names[next(self.turn) % len(self.names)]
             return self.sessions[req.session_id]
         in_flight = {name: len(cache.finishes) + len(cache.waiting) for name, cache in caches.items()}
-        if policy == RouterPolicy.PREFIX.value:
-            return max(self.names, key=lambda n: (GPU_WEIGHT * prefixes[n], -in_flight[n], -self.names.index(n)))
+        if policy == RouterPolicy.PREFIX.value:  # llm-d: a block in a lower tier scores less
+            score = {n: GPU_WEIGHT * gpu + CPU_WEIGHT * cpu for n, (gpu, cpu) in prefixes.items()}
+            return max(self.names, key=lambda n: (score[n], -in_flight[n], -self.names.index(n)))
         blocks = len(seq.block_hashes[: (req.prompt_tokens - 1) // caches[self.names[0]].block_size])
-        cost = {n: self.scale * (blocks - prefixes[n]) + caches[n].active_blocks for n in self.names}
+        # Dynamo's KV router: one overlap over the tiers it indexes (a block in any tier need not be computed)
+        cost = {n: self.scale * (blocks - sum(prefixes[n])) + caches[n].active_blocks for n in self.names}
         if self.temperature <= 0:
             return min(self.names, key=lambda n: (cost[n], self.names.index(n)))
         spread = (max(cost.values()) - min(cost.values())) or 1.0
@@ -139,7 +154,9 @@ def simulate_fleet(
     clock, out = _Clock(), FleetResult(policy)
     caches, tallies = {}, {}
     for name in names:
-        manager = BlockManager(fleet.sizes[name], plan.block_size, clock=clock)
+        manager = BlockManager(
+            fleet.sizes[name], plan.block_size, clock=clock, offload_blocks=fleet.tiers.get(name) or 0
+        )
         caches[name] = WholeLengthCache(manager, plan.block_size, WhatIfResult(fleet.sizes[name], policy), clock)
         tallies[name] = LossTally()
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
@@ -163,34 +180,40 @@ def simulate_fleet(
                 return
             if finish <= release:
                 caches[name].finish_one()
-                tallies[name].add(caches[name].manager.take_events())
+                caches[name].tally(tallies[name])
                 continue
             clock.now, session = released.pop(0)
             where = last_replica.get(session)
             if where is not None:
                 caches[where].manager.release_session(session)
-                tallies[where].add(caches[where].manager.take_events())
+                caches[where].tally(tallies[where])
 
     for req in arrivals:
         finish_until(req.arrival_ts)
         clock.now = req.arrival_ts
         seq = _sequence(req, key, plan.block_size)
         cap = (req.prompt_tokens - 1) // plan.block_size
-        prefixes = {n: len(caches[n].manager.lookup(seq)[:cap]) for n in names}
+        prefixes = {}
+        for n in names:
+            gpu = len(caches[n].manager.lookup(seq)[:cap])
+            prefixes[n] = (gpu, caches[n].manager.tier_held(seq, gpu))
         name = router.choose(req, seq, caches, prefixes)
         if req.session_id is not None:
             last_replica[req.session_id] = name
-        out.routed_tokens += plan.block_size * max(max(prefixes.values()) - prefixes[name], 0)
+        held = {n: sum(blocks) for n, blocks in prefixes.items()}  # a block in any tier: loaded, not recomputed
+        out.routed_tokens += plan.block_size * max(max(held.values()) - held[name], 0)
         caches[name].arrive(req, seq)  # the sequence its lookups were made with
-        tallies[name].add(caches[name].manager.take_events())
+        caches[name].tally(tallies[name])
     finish_until(float("inf"))
     for name in names:
         result, losses = caches[name].result, tallies[name]
-        result.evicted_blocks, result.lost_in_pause_blocks = losses.num_lost, losses.num_lost_in_pause
+        result.evicted_blocks, result.saved_in_pause_blocks = losses.num_lost, losses.num_saved_in_pause
+        result.lost_in_pause_blocks = losses.num_lost_in_pause - losses.num_saved_in_pause  # not given back
         out.per_replica[name] = result
         out.requests += result.requests
         out.query_tokens += result.query_tokens
         out.hit_tokens += result.hit_tokens
+        out.tier_hit_tokens += result.tier_hit_tokens
         out.recompute_tokens += result.recompute_tokens
         out.lost_in_pause_blocks += result.lost_in_pause_blocks
         out.evicted_blocks += result.evicted_blocks
@@ -210,6 +233,7 @@ FLEET_COLUMNS = (
     "tokens max/mean",
     "waited",
     "wait (s)",
+    "loaded from tier (tokens)",
 )
 
 
@@ -229,6 +253,7 @@ def fleet_rows(results: list[FleetResult]) -> list[dict]:
                     r.imbalance("query_tokens"),
                     r.waited,
                     r.wait_s,
+                    r.tier_hit_tokens,
                 ),
             )
         )

@@ -193,6 +193,13 @@ class BlockManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         return self.tier.lookup(external_hash(h) for h in seq.block_hashes[num_hits:max_blocks])  # (to a miss)
 
+    def tier_held(self, seq: Sequence, num_hits: int) -> int:
+        """`tier_lookup` without refreshing the tier's copies: what a router scoring this replica sees."""
+        if self.tier is None:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        return self.tier.held(external_hash(h) for h in seq.block_hashes[num_hits:max_blocks])
+
     def load_from_tier(self, seq: Sequence, num_hits: int, num_blocks: int) -> None:
         """After `allocate`: blocks `num_hits` .. + `num_blocks` of `seq`'s table get their KV from the tier (copied
         by the model runner before the step runs: `tier_loads`); the engine reports it (`tier_loaded`)."""

@@ -84,6 +84,16 @@ class OffloadTier:
             num += 1
         return num
 
+    def held(self, hashes: Iterable[int]) -> int:
+        """`lookup` without its refresh: how many of `hashes`, from the first, the tier holds (a router looking at
+        every replica's tiers changes none)."""
+        num = 0
+        for block_hash in hashes:
+            if block_hash not in self.entries:
+                break
+            num += 1
+        return num
+
     def store(
         self, hashes: Sequence[int], session_id: str | None
     ) -> tuple[list[tuple[int, int]], list[tuple[int, TierBlock]]] | None:
