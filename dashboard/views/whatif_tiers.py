@@ -13,28 +13,31 @@ from dashboard.views.tables import show_text_table
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying with an offload tier...")
-def sweep(url, since, until, instances, extra: tuple[int, ...]) -> pd.DataFrame:
-    """`whatif.tier_sweep`'s rows: the observed setup, then each number of blocks added to a tier or the cache."""
+def sweep(url, since, until, instances, extra: tuple[int, ...]) -> tuple[pd.DataFrame, list]:
+    """`whatif.tier_sweep`'s rows (the observed setup, then each number of blocks added to a tier or the cache) and
+    the runs it left out, with why."""
     from instrumented_engine.whatif.runs import replay_plans
     from instrumented_engine.whatif.tier_sweep import SWEEP_COLUMNS, tier_sweep
 
     store = cache.get_store(url)
-    rows = tier_sweep(replay_plans(store, since, until, instances=instances), store, extra)
-    return pd.DataFrame(rows, columns=list(SWEEP_COLUMNS))
+    rows, left_out = tier_sweep(replay_plans(store, since, until, instances=instances), store, extra)
+    return pd.DataFrame(rows, columns=list(SWEEP_COLUMNS)), left_out
 
 
 def render(ctx, observed: int | None) -> None:
     """CPU tier or more cache (`kvobs whatif --tier-blocks`): the same blocks added to an offload tier below each
     run's cache, or to the cache itself."""
-    from instrumented_engine.whatif.tier_sweep import SWEEP_LEGEND
+    from instrumented_engine.whatif.tier_sweep import SWEEP_LEGEND, describe_left_out
 
     st.subheader("CPU tier or more cache")
     extra = tuple(sorted({max(1, observed // 2), observed, observed * 2})) if observed else (16, 32, 64)
     try:
-        table = sweep(ctx.url, ctx.since, ctx.until, ctx.instances, extra)
+        table, left_out = sweep(ctx.url, ctx.since, ctx.until, ctx.instances, extra)
     except ValueError as exc:
         st.info(str(exc))
         return
+    if left_out:
+        st.warning("Left out of the sweep: " + describe_left_out(left_out, ctx.clock.iso) + ".")
     _sweep_chart(table)
     shown = table.assign(**{"recompute (s)": table["recompute (s)"].map(lambda s: "not measured" if pd.isna(s) else s)})
     show_text_table(shown, ctx.clock)

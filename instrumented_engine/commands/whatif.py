@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         store.close()
     print(format_table(plans, observed, runs, checks))
     if sweep is not None:
-        print("\n" + format_sweep(sweep))
+        print("\n" + format_sweep(*sweep))
     return 0
 
 
@@ -199,10 +199,11 @@ def format_fleet(fleet, results) -> str:
     return "\n".join(lines)
 
 
-def format_sweep(rows: list[dict]) -> str:
+def format_sweep(rows: list[dict], left_out: list) -> str:
     """The tier sweep's table (`whatif.tier_sweep`): the observed setup, then each number of blocks added to an
-    offload tier or to the cache."""
-    from instrumented_engine.whatif.tier_sweep import SWEEP_COLUMNS, SWEEP_LEGEND
+    offload tier or to the cache; the runs left out, and why."""
+    from instrumented_engine.whatif.tier_sweep import SWEEP_COLUMNS, SWEEP_LEGEND, describe_left_out
+    from kvobs.times import local_time
 
     lines = ["| " + " | ".join(SWEEP_COLUMNS) + " |", "|" + "---|" * len(SWEEP_COLUMNS)]
     for row in rows:
@@ -210,6 +211,8 @@ def format_sweep(rows: list[dict]) -> str:
         seconds = "not measured" if values[5] is None else f"{values[5]:.2f}"
         cells = [values[0], _num(values[1]), _pct(values[2]), *map(_num, values[3:5]), seconds, *map(_num, values[6:])]
         lines.append("| " + " | ".join(cells) + " |")
+    if left_out:
+        lines += ["", "left out: " + describe_left_out(left_out, local_time)]
     return "\n".join([*lines, "", SWEEP_LEGEND])
 
 

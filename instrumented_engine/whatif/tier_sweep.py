@@ -4,7 +4,8 @@ would have given back, and the prompt tokens (and, at the run's measured prefill
 recomputed. A tier block is host memory and a cache block device memory, so the rows compare what each block buys,
 not what it costs.
 
-    rows = tier_sweep(plans, store, extra=(16, 32, 64))   # dicts of `SWEEP_COLUMNS`, the observed setup first
+    rows, left_out = tier_sweep(plans, store, extra=(16, 32, 64))  # dicts of `SWEEP_COLUMNS`, the observed setup
+    describe_left_out(left_out, clock_iso)                        # the runs not in it, and why
 
 The tier is vLLM's CPU offloading as our engine runs it (`whatif.tier`): write-through, LRU, a prefix found past the
 cache's hits is loaded, not recomputed. A loaded block's copy takes time a replay does not measure: the seconds
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from instrumented_engine.whatif.fidelity import DEFAULT_POLICY
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
+from kvobs.analytics.runs import Span
 from kvobs.store.interface import Store
+from kvobs.times import local_time
 
 NONE, TIER, CACHE = "none", "offload tier", "bigger cache"
 # the sweep's table, in the terminal and on the What-if page (`tier_sweep`)
@@ -82,13 +85,25 @@ class _Sum:
         return dict(zip(SWEEP_COLUMNS, values))
 
 
-def tier_sweep(plans: list[ReplayPlan], store: Store, extra: tuple[int, ...]) -> list[dict]:
+def tier_sweep(
+    plans: list[ReplayPlan], store: Store, extra: tuple[int, ...]
+) -> tuple[list[dict], list[tuple[Span | None, str]]]:
     """The runs at their observed setup (each its size, policy and recorded tier), then for each of `extra` blocks:
     that many blocks added to each run's offload tier (a tier of that many where it had none), and as many added
-    to its cache. Runs whose cache size is unknown are left out (`ValueError` when that is all of them)."""
-    sized = [plan for plan in plans if plan.observed.get("num_blocks") and plan.requests]
+    to its cache; and the runs left out, with why: no request with a known chain, a cache size no snapshot says,
+    a tier whose size the run did not record (`ValueError` when every run is left out)."""
+    sized, left_out = [], []
+    for plan in plans:
+        if not plan.requests:
+            left_out.append((plan.span, "no request with a known block chain"))
+        elif not plan.observed.get("num_blocks"):
+            left_out.append((plan.span, "its cache size is unknown (no snapshot says it)"))
+        elif plan.tier_blocks is None and plan.observed.get("tier_events"):
+            left_out.append((plan.span, "it had an offload tier (its tier events say so) whose size it did not record"))
+        else:
+            sized.append(plan)
     if not sized:
-        raise ValueError("no run in this range says its cache size: the sweep starts from it")
+        raise ValueError("no run in this range can start the sweep: " + describe_left_out(left_out, local_time))
     sums = {(NONE, 0): _Sum(), **{(kind, n): _Sum() for n in extra for kind in (TIER, CACHE)}}
     for plan in sized:
         size, policy, tier = plan.observed["num_blocks"], plan.policy or DEFAULT_POLICY, plan.tier_blocks or 0
@@ -97,7 +112,12 @@ def tier_sweep(plans: list[ReplayPlan], store: Store, extra: tuple[int, ...]) ->
         for n in extra:
             sums[(TIER, n)].add(simulate(plan, num_blocks=size, policy=policy, tier_blocks=tier + n), per_token)
             sums[(CACHE, n)].add(simulate(plan, num_blocks=size + n, policy=policy, tier_blocks=tier), per_token)
-    return [total.row(kind, n) for (kind, n), total in sums.items()]
+    return [total.row(kind, n) for (kind, n), total in sums.items()], left_out
+
+
+def describe_left_out(left_out: list[tuple[Span | None, str]], clock_iso) -> str:
+    """`vllm-a, run started ...: why; ...` ("" when none was left out)."""
+    return "; ".join(f"{'the range' if span is None else span.label(clock_iso)}: {why}" for span, why in left_out)
 
 
 def _seconds_per_token(plan: ReplayPlan, store: Store) -> float | None:

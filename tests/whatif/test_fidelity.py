@@ -13,7 +13,7 @@ from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
 from instrumented_engine.whatif.runs import observed_total, replay_plans
 from kvobs.semconv.reasons import RouterPolicy
 from tests.collectors.fleet_recording import cached_said
-from tests.whatif.cli import whatif
+from tests.whatif.helpers import whatif
 
 
 def checks(store):

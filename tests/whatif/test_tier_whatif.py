@@ -12,7 +12,7 @@ from instrumented_engine.whatif.replay import simulate
 from instrumented_engine.whatif.runs import observed_total, replay_plans
 from kvobs.store import open_store
 from tests.server.conftest import ask_session, filler_prompt, running_server
-from tests.whatif.cli import whatif
+from tests.whatif.helpers import altered_copy, whatif
 
 BLOCK_BYTES = 737_280  # SmolLM2's float32 KV for a 16-token block
 TIER_BLOCKS = 64
@@ -77,7 +77,8 @@ def test_cpu_tier_or_more_cache_on_the_recorded_vllm_run(vllm_run):
     store = vllm_run.store
     (plan,) = replay_plans(store)
     assert plan.tier_blocks == 0
-    rows = tier_sweep([plan], store, (32, 64, 128))
+    rows, left_out = tier_sweep([plan], store, (32, 64, 128))
+    assert left_out == []
     none = rows[0]
     assert none["added"] == "none" and none["given back by the tier"] == 0
     assert none["lost in tool pauses"] == simulate(plan, num_blocks=32).lost_in_pause_blocks > 0
@@ -91,3 +92,19 @@ def test_cpu_tier_or_more_cache_on_the_recorded_vllm_run(vllm_run):
     printed = whatif(vllm_run.url, "--tier-blocks", "32,64,128")
     last = tiers[-1]
     assert f"| offload tier | 128 | {last['hit rate']:.1%} | {last['loaded from tier (tokens)']:,} | 0 |" in printed
+
+
+def test_a_run_whose_tier_size_is_not_recorded_is_neither_checked_nor_swept(tier_run, tmp_path):
+    """The same run as a collector sees a vLLM tier: its tier events say there was one, its size is not said. The
+    replay without it would not be that run: the check declines and says why, and the sweep leaves it out."""
+    from instrumented_engine.whatif.tier_sweep import tier_sweep
+
+    store, _ = tier_run
+    unsaid = altered_copy(store, tmp_path, "UPDATE runs SET offload_blocks = NULL")
+    plans = replay_plans(unsaid)
+    assert plans[0].tier_blocks is None and plans[0].observed["tier_events"] > 0
+    check, (run_check,) = fidelity(plans, observed_total(plans, unsaid, None, None)["hit"])
+    assert check.reproduces is None and run_check.reproduces is None
+    assert "whose size it did not record" in check.describe()
+    with pytest.raises(ValueError, match="whose size it did not record"):
+        tier_sweep(plans, unsaid, (16,))

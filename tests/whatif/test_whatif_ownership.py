@@ -4,19 +4,8 @@ blocks did name their sessions."""
 
 from __future__ import annotations
 
-import sqlite3
-
 from instrumented_engine.whatif.replay import ReplayPlan
-from kvobs.store import open_store
-
-
-def altered_copy(run, directory, *statements: str):
-    path = directory / "altered.db"
-    with sqlite3.connect(run.url.removeprefix("sqlite:///")) as source, sqlite3.connect(path) as copy:
-        source.backup(copy)
-        for statement in statements:
-            copy.execute(statement)
-    return open_store(f"sqlite:///{path}")
+from tests.whatif.helpers import altered_copy
 
 
 def chains(plan: ReplayPlan) -> dict[str, tuple]:
