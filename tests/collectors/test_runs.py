@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 
+import pandas as pd
+
 from collectors.metrics.prom_text import parse_metrics
 from collectors.metrics.runs import RunWatcher, offload_blocks, run_start
 from kvobs.store import StoreWriter
+from kvobs.store.rows import RunRecord
 from tests.collectors.recorded import scrapes
 
 
@@ -59,3 +62,13 @@ def test_the_offload_tier_a_replica_says_it_has():
     assert offload_blocks({"kv_offloading_size": "0.046875", "num_cpu_blocks": "64"}, ours=True) == 64
     assert offload_blocks({"kv_offloading_size": "8.0", "num_cpu_blocks": "64"}, ours=False) is None
     assert offload_blocks({"num_gpu_blocks": "32"}, ours=False) is None
+
+
+def test_a_runs_tier_is_stored_and_read_back_on_every_backend(any_store):
+    """`runs.offload_blocks` on SQLite, PostgreSQL and chDB: a tier's blocks, none, and not said stay apart."""
+    writer = StoreWriter(any_store)
+    for name, blocks in (("a", 64), ("b", 0), ("c", None)):
+        writer.insert_missing(RunRecord(f"{name}@1.000", name, 1.0, "engine", num_blocks=12, offload_blocks=blocks))
+    writer.close()
+    runs = any_store.reads.runs().set_index("instance")["offload_blocks"]
+    assert runs["a"] == 64 and runs["b"] == 0 and pd.isna(runs["c"])
