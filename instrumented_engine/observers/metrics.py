@@ -63,6 +63,9 @@ ENGINE_METRICS = (
     kvobs_metrics.STORE_ROWS_EXPIRED,
 )
 
+# ... and with an offload tier: vLLM's offloading metrics, and kvobs' count of the stores it refused (vLLM logs them)
+TIER_METRICS = (*OFFLOAD_METRICS, kvobs_metrics.KV_OFFLOAD_STORE_FAILURES)
+
 
 class MetricSink(Protocol):
     def create(self, spec: MetricSpec, label_names: tuple[str, ...], buckets: Sequence[float] | None) -> Any:
@@ -114,7 +117,7 @@ class EngineMetrics:
         registry: where to register (a fresh one by default).
         extra_sinks: more places every value goes (OpenTelemetry instruments).
         started_at: when this engine's run began (`kvobs_engine_start_time_seconds`; default now).
-        offload: the engine has an offload tier: vLLM's offloading metrics too (`OFFLOAD_METRICS`).
+        offload: the engine has an offload tier: its metrics too (`TIER_METRICS`).
     """
 
     def __init__(
@@ -129,7 +132,7 @@ class EngineMetrics:
         started_at: float | None = None,
         offload: bool = False,
     ) -> None:
-        self.specs = (*ENGINE_METRICS, *(OFFLOAD_METRICS if offload else ()))
+        self.specs = (*ENGINE_METRICS, *(TIER_METRICS if offload else ()))
         self.registry = registry or CollectorRegistry()
         if registry is None:  # process_start_time_seconds and the rest, as vLLM's /metrics has them
             ProcessCollector(registry=self.registry)

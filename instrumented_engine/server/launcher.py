@@ -215,6 +215,9 @@ class EngineServer:
                 offload_blocks=layout.num_offload_blocks,
             )
             self.metrics.watch_dropped("store", lambda: writer.num_dropped)
+        tier = llm_engine.block_manager.tier
+        if tier is not None:  # (vLLM counts no refused store: kvobs' own counter, only where there is a tier)
+            self.metrics.watch_total(kvobs_metrics.KV_OFFLOAD_STORE_FAILURES, lambda: tier.num_store_failures)
         self.retention: Retention | None = None
         if self.store is not None and options.retention_days is not None:
             retention = self.retention = Retention(self.store, options.retention_days)

@@ -249,6 +249,9 @@ kvobs_metrics = SimpleNamespace(
         "Cached KV blocks dropped by an invalidation, by invalidation reason.",
         LABEL_REASON,
     ),
+    KV_OFFLOAD_STORE_FAILURES=_spec(  # (vLLM's connector only logs them)
+        "kvobs_kv_offload_store_failures", "counter", "stores", "Stores the offload tier refused as larger than itself."
+    ),
     KV_CACHE_RESIDENT_BLOCKS=_spec(
         "kvobs_kv_cache_resident_blocks",
         "gauge",

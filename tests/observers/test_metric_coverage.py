@@ -9,8 +9,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from instrumented_engine.observers.metrics import ENGINE_METRICS, EngineMetrics
-from kvobs.semconv.metrics import OFFLOAD_METRICS, kvobs_metrics, vllm
+from instrumented_engine.observers.metrics import ENGINE_METRICS, TIER_METRICS, EngineMetrics
+from kvobs.semconv.metrics import kvobs_metrics, vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 # A spec given to the call that sets it: `_get(vllm.X ...)`, `watch_total(kvobs_metrics.X ...)`, or a table of
@@ -34,12 +34,12 @@ def _set_in(folder: str) -> set[str]:
 
 def test_every_metric_the_engine_registers_is_set_by_the_engine():
     attrs = {**_names(vllm), **_names(kvobs_metrics)}
-    registered = {attrs[spec.name] for spec in (*ENGINE_METRICS, *OFFLOAD_METRICS)}
+    registered = {attrs[spec.name] for spec in (*ENGINE_METRICS, *TIER_METRICS)}
     assert registered - _set_in("instrumented_engine") == set()
 
 
 def test_every_kvobs_metric_the_engine_does_not_register_is_the_collectors_or_the_sdks():
-    engine = {spec.name for spec in ENGINE_METRICS}
+    engine = {spec.name for spec in (*ENGINE_METRICS, *TIER_METRICS)}
     others = {attr for attr, spec in vars(kvobs_metrics).items() if spec.name not in engine}
     used = set()
     for folder in ("collectors", "kvobs/agent", "kvobs/telemetry"):

@@ -16,7 +16,7 @@ from collectors.metrics.scraper import Scraper, ScrapeTarget
 from kvobs.analytics.tier_checks import tier_checks
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.schema import KVEventMinuteRow, KVEventRow
-from tests.server.conftest import ask_session, filler_prompt, running_server
+from tests.server.conftest import ask_session, filler_prompt, running_server, scrape
 
 TIER_BYTES = 64 * 737_280  # 64 blocks of SmolLM2's float32 KV, 16 tokens a block
 
@@ -79,3 +79,17 @@ def test_a_tier_whose_prefixes_never_come_back_is_named(smollm2_source, tmp_path
     assert not check.ok and check.words.startswith("tier stored but never hit: its offload tier stored ")
     assert "vllm:external_prefix_cache_hits 0" in check.words
     store.close()
+
+
+def test_a_store_larger_than_the_tier_is_refused_and_counted(smollm2_source):
+    """A tier of 2 blocks and a prompt of more: vLLM's connector skips such a store and warns; kvobs counts it on
+    /metrics (`kvobs_kv_offload_store_failures_total`), since vLLM exports no count of them."""
+    with running_server(
+        smollm2_source, num_blocks=12, max_model_len=160, kv_offloading_size=2 * 737_280, dtype="float32"
+    ) as server:
+        assert server.engine.engine.block_manager.tier.num_blocks == 2
+        before = scrape(server.url)[("kvobs_kv_offload_store_failures_total", ())]
+        ask_session(server, "z", filler_prompt(0))
+        time.sleep(0.5)  # (a reply goes out before the step's observers run: its metrics follow it)
+        after = scrape(server.url)[("kvobs_kv_offload_store_failures_total", ())]
+    assert (before, after) == (0.0, 1.0)
