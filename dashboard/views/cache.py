@@ -27,6 +27,15 @@ def get_store(url: str) -> Store:
     return open_store(url)
 
 
+@st.cache_resource(ttl=60, show_spinner=False)
+def replay_plans(url: str, since, until, instances):
+    """The range's what-if plans (`instrumented_engine.whatif.runs.replay_plans`), built once for every replay the
+    What-if page makes of them (the replays only read them)."""
+    from instrumented_engine.whatif.runs import replay_plans as plans_of
+
+    return plans_of(get_store(url), since, until, instances=instances)
+
+
 def cached(read: Callable) -> Callable:
     """`read(store, *args, **kwargs)` as a cached `f(url, *args, **kwargs)`."""
 

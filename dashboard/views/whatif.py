@@ -24,16 +24,10 @@ def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, tt
     note, requests recorded twice and counted once, requests whose blocks were tied to their session by inference,
     the replay's check at the observed point: `whatif.fidelity`)."""
     from instrumented_engine.whatif.fidelity import fidelity
-    from instrumented_engine.whatif.runs import (
-        COMPARISON,
-        comparison,
-        observed_total,
-        replay_plans,
-        simulate_runs,
-    )
+    from instrumented_engine.whatif.runs import COMPARISON, comparison, observed_total, simulate_runs
 
     store = cache.get_store(url)
-    plans = replay_plans(store, since, until, instances=instances)
+    plans = cache.replay_plans(url, since, until, instances)
     results = [simulate_runs(plans, num_blocks=n, policy=policy, ttl_s=ttl_s) for n in sizes]
 
     def table(observed: dict, replays) -> pd.DataFrame:

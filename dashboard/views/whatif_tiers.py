@@ -16,11 +16,9 @@ from dashboard.views.tables import show_text_table
 def sweep(url, since, until, instances, extra: tuple[int, ...]) -> tuple[pd.DataFrame, list]:
     """`whatif.tier_sweep`'s rows (the observed setup, then each number of blocks added to a tier or the cache) and
     the runs it left out, with why."""
-    from instrumented_engine.whatif.runs import replay_plans
     from instrumented_engine.whatif.tier_sweep import SWEEP_COLUMNS, tier_sweep
 
-    store = cache.get_store(url)
-    rows, left_out = tier_sweep(replay_plans(store, since, until, instances=instances), store, extra)
+    rows, left_out = tier_sweep(cache.replay_plans(url, since, until, instances), cache.get_store(url), extra)
     return pd.DataFrame(rows, columns=list(SWEEP_COLUMNS)), left_out
 
 

@@ -25,7 +25,12 @@ from kvobs.semconv.reasons import RELEASE_REASONS
 
 
 class LossTally:
-    def __init__(self) -> None:
+    """Args:
+    tier: the replay has an offload tier: which blocks each session lost in its pause is kept for `loaded`.
+    """
+
+    def __init__(self, *, tier: bool = False) -> None:
+        self.tier = tier
         self.by_reason: Counter[str] = Counter()  # eviction reason -> blocks (releases included)
         self.num_lost_in_pause = 0
         self.num_lost_after_end = 0
@@ -58,15 +63,17 @@ class LossTally:
     def _evicted(self, event: ev.BlockEvicted) -> None:
         self.by_reason[event.reason.value] += 1
         self.num_pending += len(event.pending_owners)
-        for session in event.pending_owners:
-            self._pending_hashes.setdefault(session, set()).add(event.block_hash)
+        if self.tier:
+            for session in event.pending_owners:
+                self._pending_hashes.setdefault(session, set()).add(event.block_hash)
 
     def _settled(self, event: ev.IdleLossesSettled) -> None:
         self.num_pending -= event.num_blocks
-        hashes = self._pending_hashes.pop(event.session_id, set())
+        hashes = self._pending_hashes.pop(event.session_id, set()) if self.tier else set()
         if event.in_pause:
             self.num_lost_in_pause += event.num_blocks
-            self._lost_in_pause[event.session_id] = hashes
+            if self.tier:
+                self._lost_in_pause[event.session_id] = hashes
         else:
             self.num_lost_after_end += event.num_blocks
 

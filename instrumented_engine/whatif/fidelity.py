@@ -93,13 +93,15 @@ def fidelity(plans: list[ReplayPlan], observed: HitRate) -> tuple[Fidelity, list
     if not checked:
         why = tuple(dict.fromkeys(r for check in per_run for r in check.reasons))
         return Fidelity(None, DEFAULT_POLICY, observed.rate, None, why), per_run
-    replay = WhatIfResult(0, "")
-    for _, check in checked:
-        assert check.replay is not None
-        replay.hit_tokens += check.replay.hit_tokens
-        replay.query_tokens += check.replay.query_tokens
-    tiers = {check.replay.tier_blocks for _, check in checked if check.replay is not None}
-    replay.tier_blocks = tiers.pop() if len(tiers) == 1 else 0
+    replays = [check.replay for _, check in checked if check.replay is not None]
+    tiers = {r.tier_blocks for r in replays}
+    replay = WhatIfResult(
+        0,
+        "",
+        hit_tokens=sum(r.hit_tokens for r in replays),
+        query_tokens=sum(r.query_tokens for r in replays),
+        tier_blocks=tiers.pop() if len(tiers) == 1 else 0,
+    )
     sizes = {check.num_blocks for _, check in checked}
     policies = {check.policy for _, check in checked}
     one = len(plans) == 1

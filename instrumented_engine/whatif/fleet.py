@@ -158,7 +158,7 @@ def simulate_fleet(
             fleet.sizes[name], plan.block_size, clock=clock, offload_blocks=fleet.tiers.get(name) or 0
         )
         caches[name] = WholeLengthCache(manager, plan.block_size, WhatIfResult(fleet.sizes[name], policy), clock)
-        tallies[name] = LossTally()
+        tallies[name] = LossTally(tier=manager.tier is not None)
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
     last: dict[str | None, str] = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
     for cache in caches.values():

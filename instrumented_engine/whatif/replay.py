@@ -125,7 +125,8 @@ class ReplayPlan:
             duplicates=duplicates,
             recorded=recorded,
             inferred=num_inferred(ties),
-            releases=releases(store, since, until, instances),
+            # (the releases' rows are read only where the counts say there are some: vLLM's data has none)
+            releases=releases(store, since, until, instances) if observed["released_blocks"] else {},
         )
 
 
@@ -231,7 +232,7 @@ def simulate(
     result = WhatIfResult(num_blocks, policy, tier_blocks=tier_blocks)
     if plan.recorded is not None:
         return _replay_recorded(plan, manager, clock, result)
-    cache, losses = WholeLengthCache(manager, plan.block_size, result, clock), LossTally()
+    cache, losses = WholeLengthCache(manager, plan.block_size, result, clock), LossTally(tier=manager.tier is not None)
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
     cache.last_request = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
     released = sorted((ts, session) for session, ts in plan.releases.items())
@@ -334,7 +335,7 @@ class WholeLengthCache:
 def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, result: WhatIfResult) -> WhatIfResult:
     key = manager.hash_key(None)
     sequences = {r.request_id: _sequence(r, key, plan.block_size) for r in plan.requests}
-    replay, losses = RecordedReplay(manager, sequences, result), LossTally()
+    replay, losses = RecordedReplay(manager, sequences, result), LossTally(tier=manager.tier is not None)
     result.requests = len(plan.requests)
     result.query_tokens = sum(r.prompt_tokens for r in plan.requests)
     if plan.recorded is None:
