@@ -95,6 +95,22 @@ TERMS: dict[str, tuple[str, str]] = {
         "up to.",
     ),
     "achieved_tokens": ("hit (tokens)", "Prompt tokens found on the request's own replica, in whole blocks."),
+    "tier_tokens": (
+        "of which loaded from a lower tier (tokens)",
+        "Hit tokens the replica held only in an offload tier at the lookup (CPU, storage): loaded, not recomputed; "
+        "a tool-pause eviction the tier saved is counted here, not as a loss.",
+    ),
+    "counted_by": ("counted by", "The engine's own counter the row is read from (each engine's, by its own name)."),
+    "cache_tokens": ("found in the cache (tokens)", "Prompt tokens the engine found in its device KV cache."),
+    "loaded_tokens": (
+        "loaded from a lower tier (tokens)",
+        "Prompt tokens the engine loaded from a tier below its cache (an offload tier, LMCache, HiCache's host or "
+        "storage tier) instead of computing them. Blank: the engine counted them cached without saying where.",
+    ),
+    "tiers": ("lower tiers", "The tiers the loads came from, as the engine names them."),
+    "computed_tokens": ("computed (tokens)", "Prompt tokens the engine computed: found in no tier."),
+    "loaded_share": ("loaded share", "Loaded tokens / prompt tokens."),
+    "load_s": ("load time (s)", "The loads' seconds as the engine counted them; blank where it does not count them."),
     "available_tokens": (
         "available (tokens)",
         "Prompt tokens a cache that never evicted would have held at the lookup: stored by some replica before.",

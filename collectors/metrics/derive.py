@@ -1,7 +1,8 @@
 """Turn two consecutive scrapes into what the store keeps: interval increases, quantiles, gauges, a snapshot.
 
 Raw expositions are large (about 700 lines per vLLM) and mostly histogram buckets; the store keeps, per
-scrape and instance, for the metrics kvobs knows (vLLM's and kvobs' own, see `kvobs.semconv.metrics`):
+scrape and instance, for the metrics kvobs knows (vLLM's and kvobs' own, see `kvobs.semconv.metrics`; SGLang's and
+LMCache's KV-cache counters, `kvobs.semconv.engine_metrics`):
 
 - gauges as they are (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, ...);
 - counters as the increase over the interval, `<name>:increase`, by their meaningful labels
@@ -11,7 +12,9 @@ scrape and instance, for the metrics kvobs knows (vLLM's and kvobs' own, see `kv
   observations, interpolated inside the buckets the server reported (as PromQL's histogram_quantile);
 - `vllm:prefix_cache_hit_rate`: hit tokens / queried tokens over the interval.
 
-Restarts are handled by `CounterTracker`: no negative increase, nothing counted twice.
+Restarts are handled by `CounterTracker`: no negative increase, nothing counted twice. A counter series that first
+appears after an instance's first scrape held 0 at the scrape before (an engine creates a labelled series on its first
+count): its whole value is the interval's increase, not lost as a first sight.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from dataclasses import dataclass, field
 
 from collectors.metrics.counters import CounterTracker
 from collectors.metrics.prom_text import Labels, ParsedMetrics
+from kvobs.semconv.engine_metrics import ENGINE_METRICS
 from kvobs.semconv.metrics import COUNT_SUFFIX, ENGINE_LABELS, INCREASE_SUFFIX, SUM_SUFFIX, kvobs_metrics, vllm
 
-KNOWN = {spec.name: spec for spec in (*vars(vllm).values(), *vars(kvobs_metrics).values())}
+KNOWN = {spec.name: spec for spec in (*vars(vllm).values(), *vars(kvobs_metrics).values(), *ENGINE_METRICS)}
+# other engines' counters are kept by the labels kvobs names only: their ranks and worker ids would split one count
+DECLARED_ONLY = {spec.name: frozenset(spec.labels) for spec in ENGINE_METRICS}
 QUANTILES = {"p50": 0.5, "p99": 0.99}
 HIT_RATE = "vllm:prefix_cache_hit_rate"
 INCREASE, COUNT, SUM = INCREASE_SUFFIX, COUNT_SUFFIX, SUM_SUFFIX
@@ -44,6 +50,7 @@ class Deriver:
     def __init__(self) -> None:
         self.tracker = CounterTracker()
         self._totals: dict[tuple[str, str], float] = defaultdict(float)
+        self._derived: set[str] = set()  # instances derived once: a series new after that began at 0
 
     def derive(self, instance: str, parsed: ParsedMetrics) -> Derived:
         out = Derived()
@@ -56,6 +63,7 @@ class Deriver:
             out.samples.append((name, dict(labels), value))
         self._counters(instance, parsed, out)
         self._histograms(instance, parsed, out)
+        self._derived.add(instance)
         queries = out.increases.get(vllm.PREFIX_CACHE_QUERIES.name)
         if queries:
             out.hit_rate = out.increases.get(vllm.PREFIX_CACHE_HITS.name, 0.0) / queries
@@ -68,10 +76,14 @@ class Deriver:
             if name not in KNOWN:
                 continue
             increase = self.tracker.increase((instance, name, labels), counter.value, counter.created)
+            if increase is None and instance in self._derived:
+                # a labelled series an engine creates on its first count (SGLang's `cache_source="host"`, a first
+                # abort): absent from the previous scrape, so it held 0 then, and its whole value is this interval's
+                increase = counter.value
             self._totals[(instance, name)] += counter.value if increase is None else increase
             out.totals[name] = self._totals[(instance, name)]
             if increase is not None:
-                by_labels[(name, tuple(_meaningful(labels).items()))] += increase
+                by_labels[(name, tuple(_meaningful(labels, DECLARED_ONLY.get(name)).items()))] += increase
         for (name, labels), increase in by_labels.items():
             out.samples.append((name + INCREASE, dict(labels), increase))
             out.increases[name] = out.increases.get(name, 0.0) + increase
@@ -122,5 +134,7 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     return lower
 
 
-def _meaningful(labels: Labels) -> dict[str, str]:
+def _meaningful(labels: Labels, only: frozenset[str] | None = None) -> dict[str, str]:
+    if only is not None:
+        return {k: v for k, v in labels if k in only}
     return {k: v for k, v in labels if k not in ENGINE_LABELS}

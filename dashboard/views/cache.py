@@ -17,6 +17,7 @@ from kvobs.analytics.ownership import session_ties
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.step_story import SessionRead
 from kvobs.analytics.step_story import step_story as _step_story
+from kvobs.analytics.tier_hits import tier_hits as _tier_hits
 from kvobs.store import Store, open_store
 
 TTL_S = 10
@@ -72,6 +73,7 @@ kv_events = cached(data.kv_events_page)
 alerts = cached(data.alerts_page)
 sessions_with_steps = cached(data.sessions_with_steps)
 session_ties = cached(session_ties)
+tier_hits = cached(_tier_hits)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -12,6 +12,7 @@ from dashboard.verdicts import Failures
 from dashboard.views import cache
 from dashboard.views.charts import small_multiples, time_chart
 from dashboard.views.tables import show_table, show_text_table
+from dashboard.views.tier_hits import render_tier_hits
 from kvobs.analytics.attribution import SLOW_FACTOR, SLOW_MIN_S
 from kvobs.analytics.samples import min_sample
 from kvobs.analytics.slow_steps import SlowSteps
@@ -163,6 +164,7 @@ def render(ctx) -> None:
         )
     if drawn:
         _slow_steps(ctx)
+    render_tier_hits(ctx)
     if per_instance:
         render_fleet(ctx, data.fleet)
         render_routing(ctx, routing)
@@ -325,8 +327,9 @@ def render_shortfall(ctx, data: FleetRouting) -> None:
     table, spread = data.shortfall, data.spread
     st.caption(
         "In whole prompt blocks of the requests whose hash chain is known: achieved = found on the request's own "
-        "replica; available = what a cache that never evicted would have held at the lookup (every block some "
-        "replica had stored before). Each missed block is counted once, by why: another replica held it "
+        "replica, in its cache or loaded from a lower tier (the tier's share shown apart); available = what a "
+        "cache that never evicted would have held at the lookup (every block some replica had stored before). "
+        "Each missed block is counted once, by why: another replica held it "
         "(routing), never stored before (cold), invalidated or reset, evicted while the session waited on a tool "
         "(tool pause), evicted otherwise (capacity), held yet not found (unexplained). The parts add up to the "
         "prompt's whole blocks."

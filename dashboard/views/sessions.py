@@ -124,7 +124,8 @@ def render(ctx) -> None:
     )
     st.subheader("Its hit rate, and what it missed")
     st.caption(
-        "In whole prompt blocks of its requests whose hash chain is known: the hit rate it achieved, what a cache "
+        "In whole prompt blocks of its requests whose hash chain is known: the hit rate it achieved (and of its "
+        "hits, those loaded from a lower tier), what a cache "
         "that never evicted would have given it (available), and each missed block once, by why (routing, cold, "
         "invalidated, tool pause, capacity, unexplained; they add up to its prompt's whole blocks). It replays the "
         "KV events of the session's span, so it runs when asked."

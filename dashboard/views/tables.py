@@ -27,6 +27,7 @@ PERCENT_COLUMNS = (
     "routed_share",
     "achieved_rate",
     "available_rate",
+    "loaded_share",
 )
 CAUSE_COLUMNS = ("failure_cause", "slow_cause", "cause")
 WIDE_COLUMNS = ("evidence", "error_type", "summary", "what", "detail")

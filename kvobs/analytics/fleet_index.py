@@ -13,6 +13,7 @@ from collections import Counter
 
 import pandas as pd
 
+from kvobs.semconv.attributes import is_lower_tier
 from kvobs.semconv.spans import KVEventKind
 
 STORED = KVEventKind.STORED.value
@@ -134,6 +135,13 @@ class FleetIndex:
         if self._holders[block_hash] <= 0:
             del self._holders[block_hash]
             self.parent.pop(block_hash, None)
+
+    def in_lower_tier_only(self, instance: str, block_hash: int) -> bool:
+        """Whether `instance` holds the block only in tiers below its device cache (a hit there is a load)."""
+        by_tier = self._tiers.get(instance)
+        if not by_tier or block_hash not in self.resident.get(instance, ()):
+            return False
+        return not any(block_hash in copies for medium, copies in by_tier.items() if not is_lower_tier(medium))
 
     def prefix_on(self, instance: str, chain: list[int]) -> int:
         """How many of `chain`'s leading blocks `instance` holds, consecutively."""

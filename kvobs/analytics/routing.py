@@ -58,6 +58,7 @@ COLUMNS = [
 LOOKUP_COLUMNS = [
     *COLUMNS,
     "prompt_blocks",
+    "tier_blocks",
     "available_blocks",
     *(f"{part}_blocks" for part in MISS_PARTS if part != "routed"),  # `routed_blocks` is in COLUMNS
 ]
@@ -198,7 +199,8 @@ def request_lookups(
     `invalidated` (its replica invalidated it, or reset), `pause` (its replica evicted it while the session was
     idle: after the session's previous request ended), `capacity` (evicted otherwise, or on another replica that
     held it), `unexplained` (its replica held it, yet it was not found). `available_blocks`: the prompt blocks a
-    cache that never evicted would have held = hit + all but `cold`.
+    cache that never evicted would have held = hit + all but `cold`. `tier_blocks`: of the hit, the blocks its
+    replica held only in a lower tier at the lookup (loaded from an offload tier, not found in the cache).
 
     `index` (one that tracks losses), `apply_until`: as `routing_losses`'; `pause_from`: request id -> when its
     session's previous request ended (by default from `requests` themselves: `pause_starts`)."""
@@ -320,8 +322,10 @@ def _sweep(queries: list, events: pd.DataFrame, index: FleetIndex, apply_until: 
 
 
 def _misses(index, instance, chain, own, best, looked_up, pause_from) -> dict[str, int]:
-    """Each prompt block after the hit, counted once by why it was missing (`request_lookups`)."""
+    """Each prompt block after the hit, counted once by why it was missing, and the hit's blocks held only in a
+    lower tier (`request_lookups`)."""
     counts = dict.fromkeys(MISS_PARTS, 0)
+    tier = sum(index.in_lower_tier_only(instance, block_hash) for block_hash in chain[:own])
     held = index.resident.get(instance, ())
     for position in range(own, len(chain)):
         block_hash = chain[position]
@@ -341,6 +345,7 @@ def _misses(index, instance, chain, own, best, looked_up, pause_from) -> dict[st
         counts[part] += 1
     out = {f"{part}_blocks": n for part, n in counts.items()}
     out["available_blocks"] = len(chain) - counts["cold"]
+    out["tier_blocks"] = tier
     return out
 
 

@@ -11,6 +11,8 @@ one what a cache that never evicted would have held at each lookup (every block 
 The shortfall between them, and the cold blocks below both, split by why each missed block missed
 (`routing.MISS_PARTS`): held by another replica (`routed`), invalidated or reset, evicted while the session waited
 on a tool (`pause`), evicted otherwise (`capacity`), held yet not found (`unexplained`), never stored (`cold`).
+Of the achieved, `tier_tokens` were found only in a lower tier of the request's replica (its offload tier: loaded,
+not recomputed; a tool-pause loss the tier saved is counted there, not as a loss).
 The parts add up: achieved + every part = the prompt blocks (`prompt_block_tokens`: the prompt's whole blocks, up to
 the last token, which a lookup never finds); available = prompt - cold.
 """
@@ -36,6 +38,7 @@ SHORTFALL_COLUMNS = [
     "requests",
     "prompt_block_tokens",
     "achieved_tokens",
+    "tier_tokens",
     "available_tokens",
     "achieved_rate",
     "available_rate",
@@ -88,6 +91,7 @@ def shortfall_of_sums(sums: pd.DataFrame, by: str, *, total: str | None = FLEET)
                 "requests": int(row["requests"]),
                 "prompt_block_tokens": int(prompt),
                 "achieved_tokens": int(achieved),
+                "tier_tokens": int(row["tier_tokens"]),
                 "available_tokens": int(available),
                 "achieved_rate": achieved / prompt if prompt else np.nan,
                 "available_rate": available / prompt if prompt else np.nan,

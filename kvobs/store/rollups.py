@@ -17,8 +17,9 @@ Four rollups, one row per minute and instance (`MINUTE_S`, the KV-event rollup's
   (`value_bin`). Any quantile of any window is read off the merged bins within `SKETCH_ACCURACY` of the exact one
   (the DDSketch construction: Masson, Rim and Lee, VLDB 2019), where rows would have to be read again.
 - `lookup_minutes`, of the request lookups the collector measured (`request_lookups`) by lookup: how many, the
-  tokens of their whole prompt blocks found, available and missed by why (`lookup_tokens`, what the shortfall split
-  sums), and the requests compared with another replica and their prompt tokens (the routing loss's share).
+  tokens of their whole prompt blocks found (and of those, found only in a lower tier), available and missed by why
+  (`lookup_tokens`, what the shortfall split sums), and the requests compared with another replica and their prompt
+  tokens (the routing loss's share).
 
 The writer adds a batch's partial rows to the stored ones in the batch's transaction (SQL: sums added, maxima and
 minima kept; ClickHouse: an AggregatingMergeTree of the same functions), so a rollup always equals its raw rows.
@@ -132,6 +133,7 @@ MISS_PARTS = ("routed", "cold", "invalidated", "pause", "capacity", "unexplained
 LOOKUP_TOKENS = (  # a request lookup's tokens of whole prompt blocks: what the shortfall split sums
     "prompt_block_tokens",
     "achieved_tokens",
+    "tier_tokens",  # of the achieved, those found only in a lower tier of its replica (loaded, not recomputed)
     "available_tokens",
     *(f"{part}_tokens" for part in MISS_PARTS),
 )
@@ -153,6 +155,7 @@ LOOKUP_COLUMNS = [
     "block_size",
     "prompt_blocks",
     "own_blocks",
+    "tier_blocks",
     "available_blocks",
     *(f"{part}_blocks" for part in MISS_PARTS),
     "replicas_compared",
@@ -396,6 +399,7 @@ def lookup_tokens(lookups) -> dict[str, np.ndarray]:
     out = {
         "prompt_block_tokens": _floats(lookups["prompt_blocks"]) * size,
         "achieved_tokens": _floats(lookups["own_blocks"]) * size,
+        "tier_tokens": _floats(lookups["tier_blocks"]) * size,
         "available_tokens": _floats(lookups["available_blocks"]) * size,
     }
     for part in MISS_PARTS:

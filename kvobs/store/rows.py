@@ -183,6 +183,7 @@ class RequestLookupRecord(Record):
     measured_at: float
     session_id: str | None = None
     best_instance: str | None = None  # the replica that held the routed blocks
+    tier_blocks: int = 0  # of `own_blocks`, those its replica held only in a lower tier (loaded, not found cached)
 
 
 @_record

@@ -164,6 +164,8 @@ class RequestLookupRow(Base):
     block_size: Mapped[int] = mapped_column(Integer)
     prompt_blocks: Mapped[int] = mapped_column(Integer)  # its hash chain's blocks a lookup can find
     own_blocks: Mapped[int] = mapped_column(Integer)  # found on its own replica
+    # of those, held there only in a lower tier (loaded); 0 on rows measured before schema 0020
+    tier_blocks: Mapped[int] = mapped_column(Integer, server_default="0")
     available_blocks: Mapped[int] = mapped_column(Integer)  # some replica had stored before: prompt - cold
     best_blocks: Mapped[int] = mapped_column(Integer)  # the longest prefix another replica held
     best_instance: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
@@ -302,6 +304,7 @@ class LookupMinuteRow(Base):
     requests: Mapped[int] = mapped_column(BigInteger)
     prompt_block_tokens: Mapped[int] = mapped_column(BigInteger)
     achieved_tokens: Mapped[int] = mapped_column(BigInteger)
+    tier_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")  # of those, loaded from a lower tier
     available_tokens: Mapped[int] = mapped_column(BigInteger)
     routed_tokens: Mapped[int] = mapped_column(BigInteger)
     cold_tokens: Mapped[int] = mapped_column(BigInteger)

@@ -85,6 +85,10 @@ def test_pages_on_the_vllm_run(monkeypatch, vllm_run, page):
         assert any(c.startswith("Lost in tool pauses is not compared with the observed here") for c in captions)
     if page == "sessions":
         assert "sess-00" in at.selectbox(key="session").options
+    if page == "overview":  # hits by tier, from vLLM's own prompt_tokens_by_source: no tier, loads not counted
+        (hits,) = [d.value for d in at.dataframe if "loaded_tokens" in d.value.columns]
+        assert list(hits["counted_by"]) == ["vllm:prompt_tokens_by_source"] and hits["cache_tokens"].iloc[0] > 0
+        assert hits["loaded_tokens"].iloc[0] == 0 and "Hits by tier" in [h.value for h in at.subheader]
 
 
 def test_a_fleet_whatif_the_replay_cannot_reproduce_says_so(monkeypatch, fleet_run):

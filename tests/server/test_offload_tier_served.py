@@ -1,7 +1,8 @@
 """`kvobs serve --kv-offloading-size` end to end: sessions through the OpenAI API, the tier's loads in the replies'
 cached tokens, the engine's own store rows, and its `/metrics` scraped by the collector's scraper into the same
 store, where `kvobs doctor`'s tier checks read them: a tier that loads prefixes back passes; the same run with its
-tier events gone is "tier events missing"; a run whose prefixes never come back is "tier stored but never hit"."""
+tier events gone is "tier events missing"; a run whose prefixes never come back is "tier stored but never hit".
+Its hits by tier, read from the same counters, are what its block manager recorded."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy import delete
 from collectors.drops import DropCounter
 from collectors.metrics.scraper import Scraper, ScrapeTarget
 from kvobs.analytics.tier_checks import tier_checks
+from kvobs.analytics.tier_hits import tier_hits
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.schema import KVEventMinuteRow, KVEventRow
 from tests.server.conftest import ask_session, filler_prompt, running_server, scrape
@@ -60,6 +62,11 @@ def test_a_tier_that_gives_prefixes_back_passes_and_one_without_events_is_named(
     assert len(loaded) and set(loaded["session_id"]) == {"a"}  # the engine's record: a's blocks, loaded back
     (check,) = tier_checks(store)
     assert check.ok and check.instance == "eng" and "loaded back" in check.words
+    # hits by tier from its counters, as the engine's record says: the tier's tokens are the blocks it loaded back
+    (hits,) = tier_hits(store).to_dict("records")
+    assert hits["loaded_tokens"] == 16 * len(loaded) and hits["cache_tokens"] + hits["loaded_tokens"] == sum(cached)
+    assert hits["prompt_tokens"] == store.reads.requests()["prompt_tokens"].sum()
+    assert hits["tiers"] == "offloading connector" and hits["load_s"] > 0  # the copies back, as the engine timed them
     with store.session() as session, session.begin():  # the connector's KV events switched off: none ever came
         session.execute(delete(KVEventRow).where(KVEventRow.kind == "tier_stored"))
         session.execute(delete(KVEventMinuteRow).where(KVEventMinuteRow.kind == "tier_stored"))

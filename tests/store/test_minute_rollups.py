@@ -185,6 +185,7 @@ def _lookups(seed: int = 4) -> list[RequestLookupRecord]:
                 block_size=size,
                 prompt_blocks=blocks,
                 own_blocks=own,
+                tier_blocks=rng.randrange(own + 1),
                 available_blocks=blocks - parts["cold"],
                 best_blocks=own + parts["routed"] if compared else 0,
                 replicas_compared=compared,

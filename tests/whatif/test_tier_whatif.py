@@ -108,3 +108,21 @@ def test_a_run_whose_tier_size_is_not_recorded_is_neither_checked_nor_swept(tier
     assert "whose size it did not record" in check.describe()
     with pytest.raises(ValueError, match="whose size it did not record"):
         tier_sweep(plans, unsaid, (16,))
+
+
+def test_the_shortfall_counts_the_hits_the_tier_gave_back_as_the_engine_loaded_them(tier_run):
+    """The shortfall split on the same run: of each request's hit, the blocks its replica held only in the tier at
+    the lookup are exactly the blocks the engine loaded back for it (its `tier_loaded` rows); the rest of the hit
+    was in the cache, and a pause loss the tier saved is no loss."""
+    from kvobs.analytics.shortfall import shortfall, store_lookups
+
+    store, cached = tier_run
+    requests, steps = store.reads.requests(), store.reads.steps()
+    lookups, _ = store_lookups(store, requests, steps, None, None)
+    assert len(lookups) == len(requests)  # every request's chain is known on our engine
+    loaded = store.reads.kv_events(kinds=["tier_loaded"]).groupby("request_id").size()
+    tier = lookups.set_index("request_id")["tier_blocks"]
+    assert tier[tier > 0].to_dict() == loaded.to_dict() and loaded.sum() > 0
+    assert (lookups["own_blocks"] * 16).sum() == sum(cached)  # the hit, tier loads included, is what replies said
+    (row,) = shortfall(lookups, "instance", total=None).to_dict("records")
+    assert row["tier_tokens"] == 16 * loaded.sum() and row["pause_tokens"] == 0

@@ -276,6 +276,13 @@ _WHOLE_VERDICTS = [
 # Version 16: the offload tier below a run's cache, in blocks (SQL revision 0019).
 _RUN_TIERS = ["ALTER TABLE runs ADD COLUMN IF NOT EXISTS offload_blocks Nullable(Int32) AFTER eviction_policy"]
 
+# Version 17: of a lookup's hit, the blocks held only in a lower tier (SQL revision 0020); rows before count 0.
+_LOOKUP_TIERS = [
+    "ALTER TABLE request_lookups ADD COLUMN IF NOT EXISTS tier_blocks Int32 DEFAULT 0 AFTER own_blocks",
+    "ALTER TABLE lookup_minutes ADD COLUMN IF NOT EXISTS tier_tokens SimpleAggregateFunction(sum, Int64) DEFAULT 0 "
+    "AFTER achieved_tokens",
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -294,6 +301,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (14, "steps.request_id and steps.request_join: the request a step was joined to, and how", _STEP_REQUESTS),
     (15, "step_verdicts of every step: slow cause, latency parts", _WHOLE_VERDICTS),
     (16, "runs.offload_blocks: the offload tier below a run's cache", _RUN_TIERS),
+    (17, "request_lookups.tier_blocks, lookup_minutes.tier_tokens: hits loaded from a lower tier", _LOOKUP_TIERS),
 ]
 
 

@@ -1,0 +1,144 @@
+"""Where each replica's prompt tokens came from, by tier, read from the engine's own counters (`tier_hits`): found in
+its device cache, loaded from a tier below it (an offload tier, LMCache, HiCache's host or storage tier), or
+computed; and the seconds its loads took where the engine counts them.
+
+    table = tier_hits(store, since, until)     # one row per replica whose engine counts its prompt tokens by source
+
+Each engine says it in its own words, read as it defines them:
+- vLLM (and `kvobs serve`): `vllm:prompt_tokens_by_source{source}` splits every prompt token into
+  `local_cache_hit`, `external_kv_transfer` (its KV connector: the offloading connector's tier, LMCache) and
+  `local_compute`; the loads' seconds are `vllm:kv_offload_load_time` (the offloading connector), else LMCache's
+  `lmcache:time_to_retrieve` sum. The tier is named by whose counters came with them: LMCache, the offloading
+  connector (`vllm:kv_offload_*`), else the KV connector.
+- SGLang: `sglang:cached_tokens{cache_source}` (`device`: its radix cache; `host`: HiCache's CPU tier;
+  `storage`: its storage tier) against `sglang:prompt_tokens`. Tokens counted as `total` (a request whose sources
+  were not given), or with no `cache_source` (releases before the split), say how many were cached, not where: the
+  split is then not measured (None), never guessed.
+A replica whose counters say none of this has no row: no engine spoke, not zero hits.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from kvobs.semconv.engine_metrics import (
+    CACHE_SOURCE_DEVICE,
+    CACHE_SOURCE_HOST,
+    CACHE_SOURCE_TOTAL,
+    LABEL_CACHE_SOURCE,
+    lmcache,
+    sglang,
+    storage_source,
+)
+from kvobs.semconv.metrics import (
+    INCREASE_SUFFIX,
+    LABEL_SOURCE,
+    PROMPT_SOURCE_CACHED,
+    PROMPT_SOURCE_COMPUTED,
+    PROMPT_SOURCE_EXTERNAL,
+    SUM_SUFFIX,
+    vllm,
+)
+from kvobs.store.interface import Store
+
+BY_SOURCE = vllm.PROMPT_TOKENS_BY_SOURCE.name + INCREASE_SUFFIX
+OFFLOAD_LOAD_S = vllm.KV_OFFLOAD_LOAD_TIME.name + INCREASE_SUFFIX
+LMCACHE_HITS = lmcache.NUM_HIT_TOKENS.name + INCREASE_SUFFIX
+LMCACHE_RETRIEVE_S = lmcache.TIME_TO_RETRIEVE.name + SUM_SUFFIX
+SGLANG_PROMPT = sglang.PROMPT_TOKENS.name + INCREASE_SUFFIX
+SGLANG_CACHED = sglang.CACHED_TOKENS.name + INCREASE_SUFFIX
+NAMES = [BY_SOURCE, OFFLOAD_LOAD_S, LMCACHE_HITS, LMCACHE_RETRIEVE_S, SGLANG_PROMPT, SGLANG_CACHED]
+
+TIER_HIT_COLUMNS = [
+    "instance",
+    "counted_by",  # the engine counters the row is read from
+    "prompt_tokens",
+    "cache_tokens",  # found in the device cache
+    "loaded_tokens",  # loaded from the tiers below it
+    "tiers",  # which tiers those were, as the engine names them
+    "computed_tokens",
+    "loaded_share",  # loaded_tokens / prompt_tokens (NaN: not split)
+    "load_s",  # the loads' seconds, as the engine counted them (None: not counted)
+]
+
+
+def tier_hits(store: Store, since: float | None = None, until: float | None = None) -> pd.DataFrame:
+    """Per replica whose engine counts its prompt tokens by source in the range: the columns `TIER_HIT_COLUMNS`."""
+    series = store.reads.metric_series(NAMES, since, until)
+    if series.empty:
+        return pd.DataFrame(columns=TIER_HIT_COLUMNS)
+    rows = []
+    for instance, samples in series.groupby("instance", sort=True):
+        row = _vllm(samples) or _sglang(samples)
+        if row is not None:
+            rows.append({"instance": instance, **row})
+    table = pd.DataFrame(rows, columns=TIER_HIT_COLUMNS)
+    pairs = zip(table.loaded_tokens, table.prompt_tokens)
+    shares = [t / p if p and t is not None and t == t else np.nan for t, p in pairs]
+    return table.assign(loaded_share=np.array(shares, dtype=float))
+
+
+def _by_label(samples: pd.DataFrame, label: str) -> dict[str, float]:
+    """The samples' values summed per value of `label` ('' where a sample has none)."""
+    out: dict[str, float] = defaultdict(float)
+    for labels, value in zip(samples["labels"], samples["value"]):
+        out[str((labels or {}).get(label, ""))] += float(value)
+    return out
+
+
+def _total(samples: pd.DataFrame, name: str) -> float | None:
+    values = samples.loc[samples["name"] == name, "value"]
+    return float(values.sum()) if len(values) else None
+
+
+def _vllm(samples: pd.DataFrame) -> dict | None:
+    mine = samples[samples["name"] == BY_SOURCE]
+    if mine.empty:
+        return None
+    sources = _by_label(mine, LABEL_SOURCE)
+    cache, tier, computed = (
+        sources.get(s, 0.0) for s in (PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL, PROMPT_SOURCE_COMPUTED)
+    )
+    lmcache_hits = _total(samples, LMCACHE_HITS)
+    load_s = _total(samples, OFFLOAD_LOAD_S)
+    if load_s is None:
+        load_s = _total(samples, LMCACHE_RETRIEVE_S)
+    return {
+        "counted_by": vllm.PROMPT_TOKENS_BY_SOURCE.name,
+        "prompt_tokens": cache + tier + computed,
+        "cache_tokens": cache,
+        "loaded_tokens": tier,
+        "tiers": _connector(lmcache_hits is not None, _total(samples, OFFLOAD_LOAD_S) is not None) if tier else "",
+        "computed_tokens": computed,
+        "load_s": load_s,
+    }
+
+
+def _connector(lmcache_counted: bool, offload_counted: bool) -> str:
+    """The KV connector vLLM's `external_kv_transfer` tokens came through, by whose counters came with them."""
+    return "LMCache" if lmcache_counted else "offloading connector" if offload_counted else "KV connector"
+
+
+def _sglang(samples: pd.DataFrame) -> dict | None:
+    prompt = _total(samples, SGLANG_PROMPT)
+    cached = samples[samples["name"] == SGLANG_CACHED]
+    if prompt is None and cached.empty:
+        return None
+    sources = _by_label(cached, LABEL_CACHE_SOURCE)
+    total_cached = sum(sources.values())
+    split = not {"", CACHE_SOURCE_TOTAL} & {s for s, n in sources.items() if n}  # every cached token said where
+    lower = [s for s in sources if s not in ("", CACHE_SOURCE_TOTAL, CACHE_SOURCE_DEVICE) and sources[s]]
+    tiers = sorted({"CPU" if s == CACHE_SOURCE_HOST else "STORAGE" if storage_source(s) else s.upper() for s in lower})
+    cache = sources.get(CACHE_SOURCE_DEVICE, 0.0) if split else None
+    return {
+        "counted_by": sglang.CACHED_TOKENS.name + ("{cache_source}" if split else " (sources not given: not split)"),
+        "prompt_tokens": prompt,
+        "cache_tokens": cache,
+        "loaded_tokens": None if cache is None else total_cached - cache,
+        "tiers": ", ".join(tiers),
+        "computed_tokens": prompt - total_cached if prompt is not None else None,
+        "load_s": None,
+    }

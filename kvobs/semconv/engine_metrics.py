@@ -1,0 +1,55 @@
+"""The KV-cache counters other engines publish on their `/metrics`, under their own names (counters without
+`_total`, as `kvobs.semconv.metrics` keeps vLLM's): SGLang's and LMCache's (LMCache's come out of the vLLM
+that runs its connector). The collector keeps them as it keeps vLLM's (`collectors.metrics.derive`), by the labels
+named here only (SGLang's tp/dp/pp ranks would otherwise split one count into series), and
+`kvobs.analytics.tier_hits` reads each replica's hits by tier from them.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvobs.semconv.metrics import MetricSpec
+
+LABEL_CACHE_SOURCE = "cache_source"  # SGLang: where a cached prompt token was found (device, host, storage_<backend>)
+CACHE_SOURCE_DEVICE = "device"  # SGLang's device (GPU) radix cache: its primary tier
+CACHE_SOURCE_HOST = "host"  # HiCache's host-memory tier (kvobs's CPU)
+CACHE_SOURCE_STORAGE = "storage"  # HiCache's storage tier: `storage`, or `storage_<backend>` (mooncake, 3fs, file...)
+# SGLang's count of a request whose cached tokens came without their sources (0.5.23); releases before the split
+# give no `cache_source` at all: either way the tokens were cached, where is not said
+CACHE_SOURCE_TOTAL = "total"
+
+sglang = SimpleNamespace(
+    PROMPT_TOKENS=MetricSpec("sglang:prompt_tokens", "counter", "tokens", "Number of prefill tokens processed."),
+    CACHED_TOKENS=MetricSpec(
+        "sglang:cached_tokens",
+        "counter",
+        "tokens",
+        "Number of cached prompt tokens by source (device/host/storage; `total` where a request's sources were "
+        "not given; releases before the split give no source).",
+        (LABEL_CACHE_SOURCE,),
+    ),
+)
+
+lmcache = SimpleNamespace(
+    NUM_REQUESTED_TOKENS=MetricSpec(
+        "lmcache:num_requested_tokens", "counter", "tokens", "Total number of tokens requested from lmcache."
+    ),
+    NUM_HIT_TOKENS=MetricSpec("lmcache:num_hit_tokens", "counter", "tokens", "Total number of tokens hit in lmcache."),
+    NUM_RETRIEVE_REQUESTS=MetricSpec(
+        "lmcache:num_retrieve_requests", "counter", "requests", "Total number of retrieve requests sent to lmcache."
+    ),
+    NUM_STORE_REQUESTS=MetricSpec(
+        "lmcache:num_store_requests", "counter", "requests", "Total number of store requests sent to lmcache."
+    ),
+    TIME_TO_RETRIEVE=MetricSpec(
+        "lmcache:time_to_retrieve", "histogram", "s", "Time to retrieve from lmcache (seconds)."
+    ),
+)
+
+ENGINE_METRICS = (*vars(sglang).values(), *vars(lmcache).values())
+
+
+def storage_source(source: str) -> bool:
+    """Whether an SGLang `cache_source` is a storage tier (`storage`, or `storage_<backend>`)."""
+    return source == CACHE_SOURCE_STORAGE or source.startswith(CACHE_SOURCE_STORAGE + "_")

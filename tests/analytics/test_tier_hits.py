@@ -1,0 +1,156 @@
+"""Hits by tier from each engine's own counters (`kvobs.analytics.tier_hits`), scraped by the collector's scraper:
+the recorded vLLM 0.32 run (no tier: its scrapes are the truth), and SGLang's and LMCache's counters as their
+sources define them (names, labels, and what is counted when), exposed by `prometheus_client` as those engines
+expose them: SGLang 0.5.23's `TokenizerMetricsCollector.observe_one_finished_request`
+(sglang/srt/observability/metrics_collector.py: `cache_source` device/host/storage, `total` where a request gave
+no details), LMCache's `PrometheusLogger` (lmcache/observability.py). Our engine's own tier is checked against its
+block manager's record in tests/server/test_offload_tier_served.py."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from kvobs.analytics.tier_hits import tier_hits
+from kvobs.store import open_store
+from tests.collectors.recorded import scrapes
+from tests.collectors.test_scraper import scrape_all
+
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+
+
+def test_the_recorded_vllm_run_splits_its_prompt_tokens_as_vllm_counted_them(vllm_run):
+    (row,) = tier_hits(vllm_run.store).to_dict("records")
+    bodies = [body for _, body in scrapes()]
+
+    def counted(source: str) -> float:  # from the first scrape to the last, as vLLM's own counter says
+        name = BY_SOURCE + '{engine="0",model_name="smollm2",source="' + source + '"}'
+        return sum(
+            float(line.rsplit(" ", 1)[1]) * sign
+            for sign, body in ((-1, bodies[0]), (1, bodies[-1]))
+            for line in body.splitlines()
+            if line.startswith(name)
+        )
+
+    assert row["counted_by"] == "vllm:prompt_tokens_by_source"
+    assert row["cache_tokens"] == counted("local_cache_hit") > 0
+    assert row["computed_tokens"] == counted("local_compute") > 0
+    assert row["loaded_tokens"] == counted("external_kv_transfer") == 0 and row["tiers"] == ""
+    assert row["prompt_tokens"] == row["cache_tokens"] + row["computed_tokens"]
+    assert row["load_s"] is None  # no offload connector: its loads are not counted, not zero
+
+
+class _SGLang:
+    """SGLang's tokenizer counters, incremented as its `observe_one_finished_request` does."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine_type"]
+        self.prompt = Counter(
+            "sglang:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            [*labels, "is_streaming"],
+            registry=self.registry,
+        )
+        self.cached = Counter(
+            "sglang:cached_tokens_total",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            [*labels, "cache_source"],
+            registry=self.registry,
+        )
+        self.labels = {"model_name": "smollm2", "engine_type": "unified"}
+
+    def finished(self, prompt: int, cached: int, details: dict | None, *, streaming: bool = False) -> None:
+        self.prompt.labels(**self.labels, is_streaming="true" if streaming else "false").inc(prompt)
+        if cached <= 0:
+            return
+        if not details:
+            self.cached.labels(**self.labels, cache_source="total").inc(cached)
+            return
+        for source in ("device", "host", "storage"):
+            if details.get(source, 0) > 0:
+                self.cached.labels(**self.labels, cache_source=source).inc(details[source])
+
+    def body(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def _scraped(tmp_path, bodies: list[str]):
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    scrape_all(store, bodies)
+    return store
+
+
+def test_sglang_hicache_hits_by_tier_from_its_cache_source_counter(tmp_path):
+    engine = _SGLang()
+    engine.finished(100, 0, None)
+    bodies = [engine.body()]  # the first scrape: where the increases start
+    engine.finished(200, 96, {"device": 64, "host": 32}, streaming=True)
+    engine.finished(300, 160, {"device": 32, "host": 64, "storage": 64})
+    engine.finished(50, 0, None)
+    bodies.append(engine.body())
+    store = _scraped(tmp_path, bodies)
+    series = store.reads.metric_series(["sglang:cached_tokens:increase"])
+    assert sorted(labels["cache_source"] for labels in series["labels"]) == ["device", "host", "storage"]
+    assert all(set(labels) == {"cache_source"} for labels in series["labels"])  # its model and engine labels: one count
+    (row,) = tier_hits(store).to_dict("records")
+    assert row["counted_by"] == "sglang:cached_tokens{cache_source}"
+    assert (row["prompt_tokens"], row["cache_tokens"], row["loaded_tokens"]) == (550, 96, 160)
+    assert row["computed_tokens"] == 550 - 256 and row["tiers"] == "CPU, STORAGE"
+    assert row["loaded_share"] == pytest.approx(160 / 550) and row["load_s"] is None
+
+
+def test_sglang_cached_tokens_without_their_sources_are_not_split(tmp_path):
+    """A request whose cached tokens came without details is counted as `total`: how many, not where. The split is
+    not measured (None), never read as all in the device cache."""
+    engine = _SGLang()
+    bodies = [engine.body()]
+    engine.finished(200, 96, {"device": 64, "host": 32})
+    engine.finished(300, 128, None)
+    bodies.append(engine.body())
+    (row,) = tier_hits(_scraped(tmp_path, bodies)).to_dict("records")
+    assert row["cache_tokens"] is None and row["loaded_tokens"] is None and row["loaded_share"] != row["loaded_share"]
+    assert row["computed_tokens"] == 500 - 224 and "not split" in row["counted_by"]
+
+
+def test_a_vllm_with_lmcache_names_the_tier_lmcache_and_its_retrieve_seconds(tmp_path):
+    """vLLM counts LMCache's loads as `external_kv_transfer`; LMCache's own counters say the tier is LMCache, and
+    its `time_to_retrieve` histogram how long the loads took."""
+    registry = CollectorRegistry()
+    by_source = Counter(
+        "vllm:prompt_tokens_by_source",
+        "Number of prompt tokens by source.",
+        ["engine", "model_name", "source"],
+        registry=registry,
+    )
+    lm_labels = ["model_name", "worker_id"]
+    hits = Counter("lmcache:num_hit_tokens", "Total number of tokens hit in lmcache", lm_labels, registry=registry)
+    retrieve = Histogram(
+        "lmcache:time_to_retrieve",
+        "Time to retrieve from lmcache (seconds)",
+        lm_labels,
+        buckets=[0.001, 0.01, 0.1, 1.0],
+        registry=registry,
+    )
+    for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+        by_source.labels("0", "smollm2", source)
+    hits.labels("smollm2", "0")
+    retrieve.labels("smollm2", "0")
+    bodies = [generate_latest(registry).decode()]
+    by_source.labels("0", "smollm2", "local_compute").inc(400)
+    by_source.labels("0", "smollm2", "local_cache_hit").inc(256)
+    by_source.labels("0", "smollm2", "external_kv_transfer").inc(512)
+    hits.labels("smollm2", "0").inc(512)
+    retrieve.labels("smollm2", "0").observe(0.25)
+    retrieve.labels("smollm2", "0").observe(0.5)
+    bodies.append(generate_latest(registry).decode())
+    (row,) = tier_hits(_scraped(tmp_path, bodies)).to_dict("records")
+    assert (row["cache_tokens"], row["loaded_tokens"], row["computed_tokens"]) == (256, 512, 400)
+    assert row["tiers"] == "LMCache" and row["load_s"] == pytest.approx(0.75)
+
+
+def test_a_replica_whose_engine_counts_no_sources_has_no_row(tmp_path):
+    registry = CollectorRegistry()
+    Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", registry=registry).inc(10)
+    body = generate_latest(registry).decode()
+    assert tier_hits(_scraped(tmp_path, [body, body])).empty
