@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvobs.analytics.load_rates import LOAD_WINDOW_S, LoadRates
 from kvobs.semconv.metrics import COUNT_SUFFIX, INCREASE_SUFFIX, SUM_SUFFIX, vllm
 
 RATE_WINDOW_S = 600.0
@@ -90,8 +91,11 @@ class _Series:
 class PrefillRates:
     """Per instance, the prefill rate over the `RATE_WINDOW_S` before any moment (see the module's doc)."""
 
-    def __init__(self, requests: pd.DataFrame, counters: pd.DataFrame | None = None) -> None:
+    def __init__(
+        self, requests: pd.DataFrame, counters: pd.DataFrame | None = None, loads: LoadRates | None = None
+    ) -> None:
         self._series: dict[str, _Series] = {}
+        self.loads = LoadRates() if loads is None else loads  # what loading from a lower tier costs, read with it
         if not requests.empty:
             measured = _measured_prefills(requests)
             for instance, group in measured.groupby("instance"):
@@ -112,10 +116,14 @@ class PrefillRates:
 
     @classmethod
     def from_store(cls, store, since, until, requests: pd.DataFrame | None = None) -> PrefillRates:
-        """From the store's requests (or those given, read from `since`) and prefill counters in [since, until]."""
+        """From the store's requests (or those given, read from `since`) and prefill counters in [since, until]; and
+        the instances' load rates from a lower tier (`load_rates.LoadRates`) over the same span."""
 
         requests = store.reads.requests(since, until) if requests is None else requests
-        return cls(requests, store.reads.metric_series(COUNTERS.values(), since, until))
+        counters = store.reads.metric_series(COUNTERS.values(), since, until)
+        # (loads are counted by the scrape after them: read past the span's end)
+        loads = LoadRates.from_store(store, since, None if until is None else until + LOAD_WINDOW_S)
+        return cls(requests, counters, loads)
 
     def at(self, instance, ts: float) -> Rate | None:
         series = self._series.get(instance)

@@ -245,7 +245,7 @@ def step_facts(
         facts.append(
             f"{saved_blocks} of its cached blocks ({saved_tokens} tokens) evicted from the cache during the "
             f"{first_arrival - previous_end:.2f} s pause before it were loaded back from the offload tier, not "
-            "recomputed"
+            "recomputed" + _load_words(rates, reqs, sent, saved_tokens)
         )
     if loss is not None:
         causes.append("routed_away_from_prefix")
@@ -340,6 +340,21 @@ def facts_frame(rows: list[StepFacts]) -> pd.DataFrame:
     columns.update({name: [getattr(row.parts, name) for row in rows] for name in _PART_COLUMNS})
     columns["prefill_rate"] = [row.parts.own_rate for row in rows]
     return pd.DataFrame(columns)
+
+
+def _load_words(rates: PrefillRates | None, reqs, sent, tokens: float) -> str:
+    """What loading `tokens` back cost at the instance's measured load rate, beside recomputing them."""
+    if rates is None or not len(sent):
+        return ""
+    instance, ts = reqs.instance[sent[0]], reqs.arrival[sent[0]]
+    load = rates.loads.at(instance, ts)
+    if load is None:
+        return "; their load time is not measured (no load counter scraped around it)"
+    words = f": about {load.seconds(tokens):.3f} s to load at {load.describe(instance)}"
+    prefill = rates.at(instance, ts)
+    if prefill is not None:
+        words += f", against about {prefill.seconds(tokens):.3f} s to recompute them at {prefill.describe(instance)}"
+    return words
 
 
 class _RecomputeWords:

@@ -194,6 +194,7 @@ def test_a_pause_loss_the_offload_tier_saved_is_no_loss_and_says_so(make_llm, tm
         in last["evidence"]
     )
     assert "were loaded back from the offload tier, not recomputed" in last["evidence"]
+    assert "their load time is not measured (no load counter scraped around it)" in last["evidence"]  # offline
     assert outputs["a3"].num_cached_tokens >= outputs["a2"].num_cached_tokens  # nothing recomputed
     # `kvobs doctor`: its stored blocks still agree with its own request rows (loaded tokens are stored again, as
     # computed ones: no hit of the cache's)

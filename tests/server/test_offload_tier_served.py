@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import delete
 
 from collectors.drops import DropCounter
@@ -100,3 +101,55 @@ def test_a_store_larger_than_the_tier_is_refused_and_counted(smollm2_source):
         time.sleep(0.5)  # (a reply goes out before the step's observers run: its metrics follow it)
         after = scrape(server.url)[("kvobs_kv_offload_store_failures_total", ())]
     assert (before, after) == (0.0, 1.0)
+
+
+def test_a_step_whose_pause_loss_the_tier_saved_tells_its_load_time(smollm2_source, tmp_path):
+    """An agent's second step after fillers took its prefix from the cache while it waited: the tier gave it back.
+    Its story says so with what the load cost at the replica's measured load rate (the engine's own load counters,
+    scraped), beside what recomputing would have cost; the rate is the counters' own ratio."""
+    import httpx
+
+    from kvobs.agent import AgentSession
+    from kvobs.agent.recorder import StoreStepRecorder
+    from kvobs.analytics.load_rates import LoadRates
+    from kvobs.analytics.step_story import step_story
+    from tests.server.conftest import SERVED
+
+    url = f"sqlite:///{tmp_path / 'tier.db'}"
+    messages = [
+        {"role": "user", "content": "Session a: plan a day in Rome with museums, lunch and a walk by the river."}
+    ]
+    with running_server(
+        smollm2_source,
+        num_blocks=12,
+        max_model_len=160,
+        kv_offloading_size=TIER_BYTES,
+        dtype="float32",
+        options={"store_url": url, "instance": "eng"},
+    ) as server:
+        store = open_store(url)
+        writer = StoreWriter(store)
+        scraper = Scraper([ScrapeTarget("eng", server.url + "/metrics")], writer, DropCounter())
+        assert scraper.scrape(scraper.targets[0])
+        client = httpx.Client(base_url=server.url + "/v1", timeout=60)
+        with AgentSession("planner", session_id="a", recorder=StoreStepRecorder(writer)) as session:
+            with session.step() as step:
+                step.chat(client, model=SERVED, messages=messages, max_tokens=2, temperature=0)
+            for k in range(4):  # the pause: other sessions take a's blocks from the cache
+                ask_session(server, f"z{k}", filler_prompt(k))
+            with session.step() as step:
+                step.chat(client, model=SERVED, messages=messages, max_tokens=2, temperature=0)
+        time.sleep(0.5)  # (a reply goes out before the step's observers run: its metrics follow it)
+        assert scraper.scrape(scraper.targets[0])
+        writer.close()
+        scraper.stop()
+    loaded = store.reads.kv_events(kinds=["tier_loaded"])
+    assert len(loaded) and set(loaded["session_id"]) == {"a"}  # truth: a's blocks, loaded back for its second step
+    seconds = store.reads.metric_series(["vllm:kv_offload_load_time:increase"])["value"].sum()
+    rate = LoadRates.from_store(store, None, None).at("eng", float(loaded["ts"].iloc[0]))
+    assert rate.tokens == 16 * len(loaded) and rate.tokens_per_s == pytest.approx(rate.tokens / seconds)
+    story = step_story(store, "a", 1)
+    (fact,) = [f for f in story.step["evidence"].split("; ") if "loaded back from the offload tier" in f]
+    tokens = 16 * len(loaded)
+    assert f"({tokens} tokens)" in fact and f"about {tokens / rate.tokens_per_s:.3f} s to load at " in fact
+    store.close()
