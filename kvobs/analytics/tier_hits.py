@@ -2,7 +2,8 @@
 its device cache, loaded from a tier below it (an offload tier, LMCache, HiCache's host or storage tier), or
 computed; and the seconds its loads took where the engine counts them.
 
-    table = tier_hits(store, since, until)     # one row per replica whose engine counts its prompt tokens by source
+    table = tier_hits(store, since, until)     # one row per replica whose engine counts its prompt tokens by source,
+                                               # then the fleet's (their sums) where there are two or more
 
 Each engine says it in its own words, read as it defines them:
 - vLLM (and `kvobs serve`): `vllm:prompt_tokens_by_source{source}` splits every prompt token into
@@ -24,6 +25,7 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
+from kvobs.analytics.routing import FLEET
 from kvobs.semconv.engine_metrics import (
     CACHE_SOURCE_DEVICE,
     CACHE_SOURCE_HOST,
@@ -75,10 +77,21 @@ def tier_hits(store: Store, since: float | None = None, until: float | None = No
         row = _vllm(samples) or _sglang(samples)
         if row is not None:
             rows.append({"instance": instance, **row})
+    if len(rows) > 1:
+        rows.append(_fleet(rows))
     table = pd.DataFrame(rows, columns=TIER_HIT_COLUMNS)
     pairs = zip(table.loaded_tokens, table.prompt_tokens)
     shares = [t / p if p and t is not None and t == t else np.nan for t, p in pairs]
     return table.assign(loaded_share=np.array(shares, dtype=float))
+
+
+def _fleet(rows: list[dict]) -> dict:
+    """The replicas' rows summed: a count one replica did not say (None) leaves the fleet's unsaid too."""
+    out: dict = {"instance": FLEET, "counted_by": "", "tiers": ", ".join(sorted({r["tiers"] for r in rows} - {""}))}
+    for column in ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens", "load_s"):
+        values = [r[column] for r in rows]
+        out[column] = None if any(v is None for v in values) else float(sum(values))
+    return out
 
 
 def _by_label(samples: pd.DataFrame, label: str) -> dict[str, float]:

@@ -154,3 +154,11 @@ def test_a_replica_whose_engine_counts_no_sources_has_no_row(tmp_path):
     Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", registry=registry).inc(10)
     body = generate_latest(registry).decode()
     assert tier_hits(_scraped(tmp_path, [body, body])).empty
+
+
+def test_a_fleets_row_sums_its_replicas(fleet_run):
+    table = tier_hits(fleet_run.store).set_index("instance")
+    assert list(table.index) == ["vllm-a", "vllm-b", "fleet"]
+    for column in ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens"):
+        assert table.loc["fleet", column] == table.loc[["vllm-a", "vllm-b"], column].sum() > -1
+    assert table.loc["fleet", "load_s"] is None  # neither replica counts loads: the fleet's are not said either
