@@ -29,5 +29,7 @@ if [[ ",${extras}," == *",test,"* ]]; then
     .venv-llamaindex/bin/pip install -q -r tests/agents/llamaindex.txt
     stage "the tests' SGLang KV-event publisher into .venv-sglang (its package without its dependencies)"
     .venv/bin/pip install -q --no-deps --upgrade --target .venv-sglang -r tests/engines/sglang.txt
+    stage "the tests' LMCache counters into .venv-lmcache (its package without its dependencies)"
+    .venv/bin/pip install -q --no-deps --upgrade --target .venv-lmcache -r tests/engines/lmcache.txt
 fi
 stage "kvobs installed in .venv (extras: ${extras})"

@@ -75,11 +75,9 @@ class Deriver:
         for (name, labels), counter in parsed.counters.items():
             if name not in KNOWN:
                 continue
-            increase = self.tracker.increase((instance, name, labels), counter.value, counter.created)
-            if increase is None and instance in self._derived:
-                # a labelled series an engine creates on its first count (SGLang's `cache_source="host"`, a first
-                # abort): absent from the previous scrape, so it held 0 then, and its whole value is this interval's
-                increase = counter.value
+            increase = self._increase(
+                (instance, name, labels), counter.value, counter.created, instance in self._derived
+            )
             self._totals[(instance, name)] += counter.value if increase is None else increase
             out.totals[name] = self._totals[(instance, name)]
             if increase is not None:
@@ -87,6 +85,14 @@ class Deriver:
         for (name, labels), increase in by_labels.items():
             out.samples.append((name + INCREASE, dict(labels), increase))
             out.increases[name] = out.increases.get(name, 0.0) + increase
+
+    def _increase(self, key, value: float, created: float | None, fresh: bool) -> float | None:
+        """The tracker's increase; with `fresh` (the instance was scraped before), a series seen for the first time
+        counts whole: a labelled series an engine creates on its first count (SGLang's `cache_source="host"`,
+        LMCache's histograms in its multiprocess registry, a first abort) was absent from the previous scrape, so it
+        held 0 then."""
+        increase = self.tracker.increase(key, value, created)
+        return value if increase is None and fresh else increase
 
     def _histograms(self, instance: str, parsed: ParsedMetrics, out: Derived) -> None:
         buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
@@ -97,9 +103,10 @@ class Deriver:
             key = (instance, name, labels)
             if hist.count is None:  # (the parser refuses a histogram without its _count)
                 continue
-            seen = [self.tracker.increase((*key, le), n, hist.created) for le, n in hist.buckets]
-            count = self.tracker.increase((*key, COUNT), hist.count, hist.created)
-            total = self.tracker.increase((*key, SUM), hist.sum or 0.0, hist.created)
+            fresh = instance in self._derived  # a series new after the instance's first scrape began empty
+            seen = [self._increase((*key, le), n, hist.created, fresh) for le, n in hist.buckets]
+            count = self._increase((*key, COUNT), hist.count, hist.created, fresh)
+            total = self._increase((*key, SUM), hist.sum or 0.0, hist.created, fresh)
             increases = [i for i in seen if i is not None]
             if count is None or total is None or len(increases) < len(seen):
                 continue  # first sight: no interval yet

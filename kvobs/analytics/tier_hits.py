@@ -9,8 +9,9 @@ Each engine says it in its own words, read as it defines them:
 - vLLM (and `kvobs serve`): `vllm:prompt_tokens_by_source{source}` splits every prompt token into
   `local_cache_hit`, `external_kv_transfer` (its KV connector: the offloading connector's tier, LMCache) and
   `local_compute`; the loads' seconds are `vllm:kv_offload_load_time` (the offloading connector), else LMCache's
-  `lmcache:time_to_retrieve` sum. The tier is named by whose counters came with them: LMCache, the offloading
-  connector (`vllm:kv_offload_*`), else the KV connector.
+  `lmcache:time_to_retrieve` sum where one worker counted it (with several, each timed its own shard: not said).
+  The tier is named by whose counters came with them: LMCache, the offloading connector (`vllm:kv_offload_*`),
+  else the KV connector.
 - SGLang: `sglang:cached_tokens{cache_source}` (`device`: its radix cache; `host`: HiCache's CPU tier;
   `storage`: its storage tier) against `sglang:prompt_tokens`. Tokens counted as `total` (a request whose sources
   were not given), or with no `cache_source` (releases before the split), say how many were cached, not where: the
@@ -31,6 +32,7 @@ from kvobs.semconv.engine_metrics import (
     CACHE_SOURCE_HOST,
     CACHE_SOURCE_TOTAL,
     LABEL_CACHE_SOURCE,
+    LABEL_WORKER_ID,
     lmcache,
     sglang,
     storage_source,
@@ -115,16 +117,17 @@ def _vllm(samples: pd.DataFrame) -> dict | None:
     cache, tier, computed = (
         sources.get(s, 0.0) for s in (PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL, PROMPT_SOURCE_COMPUTED)
     )
-    lmcache_hits = _total(samples, LMCACHE_HITS)
+    lmcache_hits = samples[samples["name"] == LMCACHE_HITS]
     load_s = _total(samples, OFFLOAD_LOAD_S)
-    if load_s is None:
+    if load_s is None and len(_by_label(lmcache_hits, LABEL_WORKER_ID)) == 1:
+        # (with several workers, each times its own shard's retrieval: their sum is no wall time)
         load_s = _total(samples, LMCACHE_RETRIEVE_S)
     return {
         "counted_by": vllm.PROMPT_TOKENS_BY_SOURCE.name,
         "prompt_tokens": cache + tier + computed,
         "cache_tokens": cache,
         "loaded_tokens": tier,
-        "tiers": _connector(lmcache_hits is not None, _total(samples, OFFLOAD_LOAD_S) is not None) if tier else "",
+        "tiers": _connector(not lmcache_hits.empty, _total(samples, OFFLOAD_LOAD_S) is not None) if tier else "",
         "computed_tokens": computed,
         "load_s": load_s,
     }

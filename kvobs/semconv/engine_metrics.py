@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from kvobs.semconv.metrics import MetricSpec
 
+LABEL_WORKER_ID = "worker_id"  # LMCache: the vLLM worker (tensor-parallel rank) whose connector counted it
 LABEL_CACHE_SOURCE = "cache_source"  # SGLang: where a cached prompt token was found (device, host, storage_<backend>)
 CACHE_SOURCE_DEVICE = "device"  # SGLang's device (GPU) radix cache: its primary tier
 CACHE_SOURCE_HOST = "host"  # HiCache's host-memory tier (kvobs's CPU)
@@ -35,7 +36,13 @@ lmcache = SimpleNamespace(
     NUM_REQUESTED_TOKENS=MetricSpec(
         "lmcache:num_requested_tokens", "counter", "tokens", "Total number of tokens requested from lmcache."
     ),
-    NUM_HIT_TOKENS=MetricSpec("lmcache:num_hit_tokens", "counter", "tokens", "Total number of tokens hit in lmcache."),
+    NUM_HIT_TOKENS=MetricSpec(
+        "lmcache:num_hit_tokens",
+        "counter",
+        "tokens",
+        "Total number of tokens hit in lmcache (each worker its own shard of them).",
+        (LABEL_WORKER_ID,),
+    ),
     NUM_RETRIEVE_REQUESTS=MetricSpec(
         "lmcache:num_retrieve_requests", "counter", "requests", "Total number of retrieve requests sent to lmcache."
     ),

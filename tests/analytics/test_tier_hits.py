@@ -3,20 +3,27 @@ the recorded vLLM 0.32 run (no tier: its scrapes are the truth), and SGLang's an
 sources define them (names, labels, and what is counted when), exposed by `prometheus_client` as those engines
 expose them: SGLang 0.5.23's `TokenizerMetricsCollector.observe_one_finished_request`
 (sglang/srt/observability/metrics_collector.py: `cache_source` device/host/storage, `total` where a request gave
-no details), LMCache's `PrometheusLogger` (lmcache/observability.py). Our engine's own tier is checked against its
-block manager's record in tests/server/test_offload_tier_served.py."""
+no details). LMCache's are its own: its `PrometheusLogger` and stats monitor (lmcache 0.5.6, from `.venv-lmcache`).
+Our engine's own tier is checked against its block manager's record in tests/server/test_offload_tier_served.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from kvobs.analytics.tier_hits import tier_hits
 from kvobs.store import open_store
+from tests.collectors.agent_harness import ROOT
 from tests.collectors.recorded import scrapes
 from tests.collectors.test_scraper import scrape_all
 
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+LMCACHE = ROOT / ".venv-lmcache"
 
 
 def test_the_recorded_vllm_run_splits_its_prompt_tokens_as_vllm_counted_them(vllm_run):
@@ -113,9 +120,25 @@ def test_sglang_cached_tokens_without_their_sources_are_not_split(tmp_path):
     assert row["computed_tokens"] == 500 - 224 and "not split" in row["counted_by"]
 
 
+def _lmcache_bodies(*retrievals: str) -> list[str]:
+    """LMCache's own counters, before and after `retrievals` ("tokens:hit:seconds"), from its `PrometheusLogger`
+    and stats monitor in a process of their own (`tests/collectors/lmcache_metrics.py`)."""
+    if not (LMCACHE / "lmcache").is_dir():
+        pytest.fail(f"LMCache is not installed in {LMCACHE}: run `bash scripts/install.sh` (the test extra)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LMCACHE), str(ROOT)])}
+    script = ROOT / "tests" / "collectors" / "lmcache_metrics.py"
+    done = subprocess.run(
+        [sys.executable, str(script), *retrievals], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_a_vllm_with_lmcache_names_the_tier_lmcache_and_its_retrieve_seconds(tmp_path):
-    """vLLM counts LMCache's loads as `external_kv_transfer`; LMCache's own counters say the tier is LMCache, and
-    its `time_to_retrieve` histogram how long the loads took."""
+    """vLLM counts LMCache's loads as `external_kv_transfer`; LMCache's own counters (its `PrometheusLogger`, on the
+    same `/metrics`) say the tier is LMCache, and its `time_to_retrieve` histogram how long the loads took: the
+    retrievals its monitor timed, from its one worker. Its model and role labels are not kept: one count a worker."""
+    lmcache = _lmcache_bodies("256:256:0.2", "512:256:0.1")
     registry = CollectorRegistry()
     by_source = Counter(
         "vllm:prompt_tokens_by_source",
@@ -123,30 +146,20 @@ def test_a_vllm_with_lmcache_names_the_tier_lmcache_and_its_retrieve_seconds(tmp
         ["engine", "model_name", "source"],
         registry=registry,
     )
-    lm_labels = ["model_name", "worker_id"]
-    hits = Counter("lmcache:num_hit_tokens", "Total number of tokens hit in lmcache", lm_labels, registry=registry)
-    retrieve = Histogram(
-        "lmcache:time_to_retrieve",
-        "Time to retrieve from lmcache (seconds)",
-        lm_labels,
-        buckets=[0.001, 0.01, 0.1, 1.0],
-        registry=registry,
-    )
     for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
         by_source.labels("0", "smollm2", source)
-    hits.labels("smollm2", "0")
-    retrieve.labels("smollm2", "0")
-    bodies = [generate_latest(registry).decode()]
+    before = generate_latest(registry).decode()
     by_source.labels("0", "smollm2", "local_compute").inc(400)
     by_source.labels("0", "smollm2", "local_cache_hit").inc(256)
     by_source.labels("0", "smollm2", "external_kv_transfer").inc(512)
-    hits.labels("smollm2", "0").inc(512)
-    retrieve.labels("smollm2", "0").observe(0.25)
-    retrieve.labels("smollm2", "0").observe(0.5)
-    bodies.append(generate_latest(registry).decode())
-    (row,) = tier_hits(_scraped(tmp_path, bodies)).to_dict("records")
+    bodies = [before + lmcache[0], generate_latest(registry).decode() + lmcache[1]]  # one /metrics, as vLLM serves
+    store = _scraped(tmp_path, bodies)
+    hits = store.reads.metric_series(["lmcache:num_hit_tokens:increase"])
+    assert list(hits["value"]) == [512.0] and list(hits["labels"]) == [{"worker_id": "0"}]
+    (row,) = tier_hits(store).to_dict("records")
     assert (row["cache_tokens"], row["loaded_tokens"], row["computed_tokens"]) == (256, 512, 400)
-    assert row["tiers"] == "LMCache" and row["load_s"] == pytest.approx(0.75)
+    retrieved = store.reads.metric_series(["lmcache:time_to_retrieve:sum"])["value"].sum()
+    assert row["tiers"] == "LMCache" and row["load_s"] == pytest.approx(retrieved) and 0.3 <= retrieved < 1.0
 
 
 def test_a_replica_whose_engine_counts_no_sources_has_no_row(tmp_path):
