@@ -136,12 +136,15 @@ class FleetIndex:
             del self._holders[block_hash]
             self.parent.pop(block_hash, None)
 
-    def in_lower_tier_only(self, instance: str, block_hash: int) -> bool:
-        """Whether `instance` holds the block only in tiers below its device cache (a hit there is a load)."""
+    def held_below_only(self, instance: str, blocks) -> int:
+        """How many of `blocks` (held by `instance`) it holds only in tiers below its device cache (a hit there is
+        a load); 0 at once on a replica with no tier below its cache."""
         by_tier = self._tiers.get(instance)
-        if not by_tier or block_hash not in self.resident.get(instance, ()):
-            return False
-        return not any(block_hash in copies for medium, copies in by_tier.items() if not is_lower_tier(medium))
+        if not by_tier or not any(is_lower_tier(medium) for medium in by_tier):
+            return 0
+        held = self.resident.get(instance, {})
+        cache = [copies for medium, copies in by_tier.items() if not is_lower_tier(medium)]
+        return sum(block_hash in held and not any(block_hash in c for c in cache) for block_hash in blocks)
 
     def prefix_on(self, instance: str, chain: list[int]) -> int:
         """How many of `chain`'s leading blocks `instance` holds, consecutively."""

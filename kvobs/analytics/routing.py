@@ -325,7 +325,7 @@ def _misses(index, instance, chain, own, best, looked_up, pause_from) -> dict[st
     """Each prompt block after the hit, counted once by why it was missing, and the hit's blocks held only in a
     lower tier (`request_lookups`)."""
     counts = dict.fromkeys(MISS_PARTS, 0)
-    tier = sum(index.in_lower_tier_only(instance, block_hash) for block_hash in chain[:own])
+    tier = index.held_below_only(instance, chain[:own])
     held = index.resident.get(instance, ())
     for position in range(own, len(chain)):
         block_hash = chain[position]

@@ -164,3 +164,20 @@ def test_a_block_on_another_tier_or_in_another_group_of_a_replica_is_still_held_
     bare = FleetIndex()  # a removal naming no tier removes the copy where it is
     bare.apply(["stored", "removed"], ["x", "x"], [7, 7], [None, None], [1.0, 2.0], ["GPU", None])
     assert bare.resident["x"] == {}
+
+
+def test_a_hit_held_only_below_the_cache_is_a_load_and_a_block_not_held_is_none():
+    """Block 2 left the cache after its copy reached the CPU tier: a lookup that finds it loads it; block 1 is in
+    the cache; block 3 is held nowhere; a replica with no tier below its cache loads nothing."""
+    index = FleetIndex()
+    index.apply(
+        ["stored", "stored", "tier_stored", "removed", "stored"],
+        ["a", "a", "a", "a", "b"],
+        [1, 2, 2, 2, 1],
+        [None, 1, None, None, None],
+        None,
+        [None, None, "CPU", None, None],
+    )
+    assert index.prefix_on("a", [1, 2, 3]) == 2  # a holds both: one in its cache, one below it
+    assert index.held_below_only("a", [1, 2, 3]) == 1
+    assert index.held_below_only("b", [1, 2]) == 0
