@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.routing import FLEET
+from kvobs.semconv.attributes import MEDIUM_CPU, medium_name
 from kvobs.semconv.engine_metrics import (
     CACHE_SOURCE_DEVICE,
     CACHE_SOURCE_HOST,
@@ -54,6 +55,7 @@ LMCACHE_HITS = lmcache.NUM_HIT_TOKENS.name + INCREASE_SUFFIX
 LMCACHE_RETRIEVE_S = lmcache.TIME_TO_RETRIEVE.name + SUM_SUFFIX
 SGLANG_PROMPT = sglang.PROMPT_TOKENS.name + INCREASE_SUFFIX
 SGLANG_CACHED = sglang.CACHED_TOKENS.name + INCREASE_SUFFIX
+STORAGE = str(medium_name("storage"))  # HiCache's storage tier, under kvobs's one name for it
 NAMES = [BY_SOURCE, OFFLOAD_LOAD_S, LMCACHE_HITS, LMCACHE_RETRIEVE_S, SGLANG_PROMPT, SGLANG_CACHED]
 
 TIER_HIT_COLUMNS = [
@@ -147,7 +149,9 @@ def _sglang(samples: pd.DataFrame) -> dict | None:
     total_cached = sum(sources.values())
     split = not {"", CACHE_SOURCE_TOTAL} & {s for s, n in sources.items() if n}  # every cached token said where
     lower = [s for s in sources if s not in ("", CACHE_SOURCE_TOTAL, CACHE_SOURCE_DEVICE) and sources[s]]
-    tiers = sorted({"CPU" if s == CACHE_SOURCE_HOST else "STORAGE" if storage_source(s) else s.upper() for s in lower})
+    tiers = sorted(
+        {MEDIUM_CPU if s == CACHE_SOURCE_HOST else STORAGE if storage_source(s) else s.upper() for s in lower}
+    )
     cache = sources.get(CACHE_SOURCE_DEVICE, 0.0) if split else None
     return {
         "counted_by": sglang.CACHED_TOKENS.name + ("{cache_source}" if split else " (sources not given: not split)"),
