@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="lmcache-prom-")  # before prometheus_client loads
+os.environ["LMCACHE_TRACK_USAGE"] = "false"  # LMCache's usage telemetry would call out (no network here)
 
 import torch  # noqa: E402
 from lmcache.observability import LMCStatsMonitor, PrometheusLogger  # noqa: E402
@@ -48,6 +50,7 @@ def main(retrievals: list[str]) -> None:
     prometheus.log_prometheus(monitor.get_stats_and_clear())
     bodies.append(exposition())
     print(json.dumps(bodies))
+    shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 
 if __name__ == "__main__":
