@@ -12,9 +12,9 @@ LMCache's KV-cache counters, `kvobs.semconv.engine_metrics`):
   observations, interpolated inside the buckets the server reported (as PromQL's histogram_quantile);
 - `vllm:prefix_cache_hit_rate`: hit tokens / queried tokens over the interval.
 
-Restarts are handled by `CounterTracker`: no negative increase, nothing counted twice. A counter series that first
-appears after an instance's first scrape held 0 at the scrape before (an engine creates a labelled series on its first
-count): its whole value is the interval's increase, not lost as a first sight.
+Restarts are handled by `CounterTracker`: no negative increase, nothing counted twice. A counter or histogram series
+that first appears after an instance's first scrape held 0 at the scrape before (an engine creates a labelled series
+on its first count): its whole value is the interval's increase, not lost as a first sight.
 """
 
 from __future__ import annotations
@@ -72,12 +72,11 @@ class Deriver:
 
     def _counters(self, instance: str, parsed: ParsedMetrics, out: Derived) -> None:
         by_labels: dict[tuple[str, Labels], float] = defaultdict(float)
+        fresh = instance in self._derived  # a series new after the instance's first scrape began at 0
         for (name, labels), counter in parsed.counters.items():
             if name not in KNOWN:
                 continue
-            increase = self._increase(
-                (instance, name, labels), counter.value, counter.created, instance in self._derived
-            )
+            increase = self._increase((instance, name, labels), counter.value, counter.created, fresh)
             self._totals[(instance, name)] += counter.value if increase is None else increase
             out.totals[name] = self._totals[(instance, name)]
             if increase is not None:
@@ -97,13 +96,13 @@ class Deriver:
     def _histograms(self, instance: str, parsed: ParsedMetrics, out: Derived) -> None:
         buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
         counts: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        fresh = instance in self._derived  # a series new after the instance's first scrape began empty
         for (name, labels), hist in parsed.histograms.items():
             if name not in KNOWN:
                 continue
             key = (instance, name, labels)
             if hist.count is None:  # (the parser refuses a histogram without its _count)
                 continue
-            fresh = instance in self._derived  # a series new after the instance's first scrape began empty
             seen = [self._increase((*key, le), n, hist.created, fresh) for le, n in hist.buckets]
             count = self._increase((*key, COUNT), hist.count, hist.created, fresh)
             total = self._increase((*key, SUM), hist.sum or 0.0, hist.created, fresh)

@@ -351,7 +351,7 @@ def _load_words(rates: PrefillRates | None, reqs, sent, tokens: float) -> str:
     if load is None:
         return "; their load time is not measured (no load counter scraped around it)"
     words = f": about {load.seconds(tokens):.3f} s to load at {load.describe(instance)}"
-    prefill = rates.at(instance, ts)
+    prefill = _rate(rates, reqs, sent)
     if prefill is not None:
         words += f", against about {prefill.seconds(tokens):.3f} s to recompute them at {prefill.describe(instance)}"
     return words

@@ -120,7 +120,7 @@ def _vllm(samples: pd.DataFrame) -> dict | None:
         sources.get(s, 0.0) for s in (PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL, PROMPT_SOURCE_COMPUTED)
     )
     lmcache_hits = samples[samples["name"] == LMCACHE_HITS]
-    load_s = _total(samples, OFFLOAD_LOAD_S)
+    load_s = offload_s = _total(samples, OFFLOAD_LOAD_S)
     if load_s is None and len(_by_label(lmcache_hits, LABEL_WORKER_ID)) == 1:
         # (with several workers, each times its own shard's retrieval: their sum is no wall time)
         load_s = _total(samples, LMCACHE_RETRIEVE_S)
@@ -129,7 +129,7 @@ def _vllm(samples: pd.DataFrame) -> dict | None:
         "prompt_tokens": cache + tier + computed,
         "cache_tokens": cache,
         "loaded_tokens": tier,
-        "tiers": _connector(not lmcache_hits.empty, _total(samples, OFFLOAD_LOAD_S) is not None) if tier else "",
+        "tiers": _connector(not lmcache_hits.empty, offload_s is not None) if tier else "",
         "computed_tokens": computed,
         "load_s": load_s,
     }

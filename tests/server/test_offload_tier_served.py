@@ -9,12 +9,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import delete
 
 from collectors.drops import DropCounter
 from collectors.metrics.scraper import Scraper, ScrapeTarget
+from instrumented_engine.server.launcher import EngineServer
 from kvobs.analytics.tier_checks import tier_checks
 from kvobs.analytics.tier_hits import tier_hits
 from kvobs.store import StoreWriter, open_store
@@ -24,8 +27,10 @@ from tests.server.conftest import ask_session, filler_prompt, running_server, sc
 TIER_BYTES = 64 * 737_280  # 64 blocks of SmolLM2's float32 KV, 16 tokens a block
 
 
-def _served(smollm2_source, tmp_path, prompts: list[tuple[str, str]]) -> tuple[str, list[int]]:
-    """The prompts through a server with a 12-block cache and a CPU tier, its /metrics scraped before and after."""
+@contextmanager
+def _tier_server(smollm2_source, tmp_path) -> Iterator[tuple[EngineServer, StoreWriter, str]]:
+    """A server with a 12-block cache and a CPU tier writing to a SQLite store, its /metrics scraped into the same
+    store before and after what the body sends: (server, the store's writer, the store's URL)."""
     url = f"sqlite:///{tmp_path / 'tier.db'}"
     options = {"store_url": url, "instance": "eng"}
     with running_server(
@@ -40,12 +45,18 @@ def _served(smollm2_source, tmp_path, prompts: list[tuple[str, str]]) -> tuple[s
         writer = StoreWriter(store)
         scraper = Scraper([ScrapeTarget("eng", server.url + "/metrics")], writer, DropCounter())
         assert scraper.scrape(scraper.targets[0])
-        cached = [ask_session(server, session, text) for session, text in prompts]
+        yield server, writer, url
         time.sleep(0.5)  # (a reply goes out before the step's observers run: its metrics follow it)
         assert scraper.scrape(scraper.targets[0])
         writer.close()
         scraper.stop()
         store.close()
+
+
+def _served(smollm2_source, tmp_path, prompts: list[tuple[str, str]]) -> tuple[str, list[int]]:
+    """The prompts through `_tier_server`: the store's URL and each reply's cached tokens."""
+    with _tier_server(smollm2_source, tmp_path) as (server, _, url):
+        cached = [ask_session(server, session, text) for session, text in prompts]
     return url, cached
 
 
@@ -115,22 +126,10 @@ def test_a_step_whose_pause_loss_the_tier_saved_tells_its_load_time(smollm2_sour
     from kvobs.analytics.step_story import step_story
     from tests.server.conftest import SERVED
 
-    url = f"sqlite:///{tmp_path / 'tier.db'}"
     messages = [
         {"role": "user", "content": "Session a: plan a day in Rome with museums, lunch and a walk by the river."}
     ]
-    with running_server(
-        smollm2_source,
-        num_blocks=12,
-        max_model_len=160,
-        kv_offloading_size=TIER_BYTES,
-        dtype="float32",
-        options={"store_url": url, "instance": "eng"},
-    ) as server:
-        store = open_store(url)
-        writer = StoreWriter(store)
-        scraper = Scraper([ScrapeTarget("eng", server.url + "/metrics")], writer, DropCounter())
-        assert scraper.scrape(scraper.targets[0])
+    with _tier_server(smollm2_source, tmp_path) as (server, writer, url):
         client = httpx.Client(base_url=server.url + "/v1", timeout=60)
         with AgentSession("planner", session_id="a", recorder=StoreStepRecorder(writer)) as session:
             with session.step() as step:
@@ -139,10 +138,7 @@ def test_a_step_whose_pause_loss_the_tier_saved_tells_its_load_time(smollm2_sour
                 ask_session(server, f"z{k}", filler_prompt(k))
             with session.step() as step:
                 step.chat(client, model=SERVED, messages=messages, max_tokens=2, temperature=0)
-        time.sleep(0.5)  # (a reply goes out before the step's observers run: its metrics follow it)
-        assert scraper.scrape(scraper.targets[0])
-        writer.close()
-        scraper.stop()
+    store = open_store(url)
     loaded = store.reads.kv_events(kinds=["tier_loaded"])
     assert len(loaded) and set(loaded["session_id"]) == {"a"}  # truth: a's blocks, loaded back for its second step
     seconds = store.reads.metric_series(["vllm:kv_offload_load_time:increase"])["value"].sum()
