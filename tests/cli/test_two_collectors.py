@@ -81,7 +81,11 @@ def two_collectors():
             for name, (kv, _, metrics) in ports.items():
                 wait_http(f"http://127.0.0.1:{metrics}/metrics")
                 pub = stack.enter_context(publisher(f"tcp://127.0.0.1:{kv}", bind=False))
-                wait_subscribed(pub)
+                try:
+                    wait_subscribed(pub, timeout_ms=20_000)
+                except TimeoutError:  # say why: the collector's own words, if it ended
+                    alive = procs[name].poll() is None
+                    raise AssertionError(f"{name}'s collector never subscribed (running: {alive})") from None
                 for frames in replica_frames(name):
                     pub.send_multipart(frames)
             for body in fleet_bodies():  # each engine's spans to its replica's collector, the agents' to the first

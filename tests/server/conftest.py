@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -20,10 +21,33 @@ from kvobs.vllm import kv_events as wire
 SERVED = "smollm2"
 
 
+_EPHEMERAL = range(32768, 61000)  # Linux's default ip_local_port_range: what bind(0) and connect() hand out
+_handed: set[int] = set()
+
+
+def _ephemeral() -> range:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return range(low, high + 1)
+    except (OSError, ValueError):
+        return _EPHEMERAL
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, from below the ephemeral range and never handed out before in this
+    process: a port-0 server or an outgoing connection started between choosing it and binding it cannot take it."""
+    ephemeral = _ephemeral()
+    candidates = [p for p in range(10000, ephemeral.start) if p not in _handed] or list(ephemeral)
+    for port in random.sample(candidates, min(200, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
+    raise OSError("no free loopback port below the ephemeral range")
 
 
 @contextmanager
