@@ -39,6 +39,7 @@ from collectors.traces.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
+from kvobs.block_clock import HORIZON_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
 from kvobs.store.leases import LeaseKeeper
@@ -238,6 +239,8 @@ class Collector:
         """Claim this collector's replicas, then bind and connect everything; raises LeaseRefused when another
         collector holds a replica, OSError when an address is taken or unusable."""
         self.leases.claim()
+        for stream in self.streams:  # a restart goes on with the lifetimes and restores of the rows before it
+            stream.ingest.warm(self.store.lookups.block_history(stream.spec.instance, HORIZON_S))
         if self.forwarder is not None:
             self.forwarder.start()
         for stream in self.streams:

@@ -68,6 +68,11 @@ TERMS: dict[str, tuple[str, str]] = {
     "root_hash": ("prefix (root block hash)", "The first block of the chain: one prefix."),
     "block_hash": ("block hash", "vLLM's 64-bit block hash."),
     "restored": ("stored again", "Stores after the first: the block was lost, then computed again."),
+    "restores": ("times restored", "How often the block was stored again on its instance after it was lost there."),
+    "restored_after_s": (
+        "lost for (s, mean)",
+        "How long the block had been lost before each restore, on average (known as the events were stored).",
+    ),
     # steps and requests
     "steps": ("steps", "Agent steps."),
     "failed": ("failed steps", "Steps that ended in an error."),

@@ -28,9 +28,16 @@ class BatchRows:
     def __len__(self) -> int:
         return len(self.columns["kind"])
 
-    def stored(self, event: Stored, firsts: list[int] | None = None, row_kind: str = STORED) -> None:
+    def stored(
+        self,
+        event: Stored,
+        firsts: list[int] | None = None,
+        row_kind: str = STORED,
+        gaps: list[float | None] | None = None,
+    ) -> None:
         """A row per block of a store, in chain order; `firsts`: each row's `first_owner` (0: a block announced again,
-        counted once), none: all 1; `row_kind`: `tier_stored` for a tier below the device cache's."""
+        counted once), none: all 1; `row_kind`: `tier_stored` for a tier below the device cache's; `gaps`: each
+        block's time since it was lost on this tier (`BlockClock.stored`), none: no block was."""
         c, n, hashes = self.columns, len(event.hashes), event.hashes
         none = [None] * n  # (one list for every column that is none: most of them, most of the time)
         kind, lora = event.kv_cache_spec_kind, event.lora_name
@@ -47,8 +54,21 @@ class BatchRows:
         c["kv_cache_spec_kind"].extend(none if kind is None else [kind] * n)
         c["lora_name"].extend(none if lora is None else [lora] * n)
         c["extra_keys"].extend(none if event.extra_keys is None else event.extra_keys)
+        c["lifetime_s"].extend(none)
+        self._restores(n, gaps)
 
-    def placeholders(self, hashes: list[int], medium: str | None, firsts: list[int]) -> None:
+    def _restores(self, n: int, gaps: list[float | None] | None) -> None:
+        c = self.columns
+        if gaps is None:
+            c["restored"].extend([0] * n)
+            c["restored_after_s"].extend([None] * n)
+        else:
+            c["restored"].extend([0 if gap is None else 1 for gap in gaps])
+            c["restored_after_s"].extend(gaps)
+
+    def placeholders(
+        self, hashes: list[int], medium: str | None, firsts: list[int], gaps: list[float | None] | None = None
+    ) -> None:
         """A row per hash an offload tier announced without its content (`tier_stored`: no parent, no tokens)."""
         c, n = self.columns, len(hashes)
         none = [None] * n
@@ -58,8 +78,9 @@ class BatchRows:
         c["first_owner"].extend(firsts)
         for name in ("parent_hash", "session_id", "num_tokens", "reason", "num_blocks", "group_idx"):
             c[name].extend(none)
-        for name in ("kv_cache_spec_kind", "lora_name", "extra_keys"):
+        for name in ("kv_cache_spec_kind", "lora_name", "extra_keys", "lifetime_s"):
             c[name].extend(none)
+        self._restores(n, gaps)
 
     def removed(
         self,
@@ -67,6 +88,7 @@ class BatchRows:
         parents: list[int | None],
         sessions: list[str | None],
         firsts: list[int],
+        lifetimes: list[float | None],
         *,
         medium: str | None,
         num_tokens: int | None,
@@ -74,8 +96,9 @@ class BatchRows:
         reason: str | None,
         row_kind: str = REMOVED,
     ) -> None:
-        """A row per removed block and owner (`firsts`: 1 on a block's first row, 0 on its further owners');
-        `row_kind`: `tier_removed` for a tier below the device cache's."""
+        """A row per removed block and owner (`firsts`: 1 on a block's first row, 0 on its further owners';
+        `lifetimes`: each row's block's, `BlockClock.lost`); `row_kind`: `tier_removed` for a tier below the device
+        cache's."""
         c, n = self.columns, len(hashes)
         c["kind"].extend([row_kind] * n)
         c["block_hash"].extend(hashes)
@@ -85,7 +108,8 @@ class BatchRows:
         for name, value in (("medium", medium), ("num_tokens", num_tokens), ("group_idx", group_idx)):
             c[name].extend([value] * n)
         c["reason"].extend([reason] * n)
-        for name in ("num_blocks", "kv_cache_spec_kind", "lora_name", "extra_keys"):
+        c["lifetime_s"].extend(lifetimes)
+        for name in ("num_blocks", "kv_cache_spec_kind", "lora_name", "extra_keys", "restored", "restored_after_s"):
             c[name].extend([None] * n)
 
     def add(self, kind: str, **fields) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kvobs.block_clock import BlockClock
+
 # A tracked block is a plain tuple `(parent, owners)`: one is made for every stored block, thousands a second, and
 # a tuple display is several times cheaper to make than a NamedTuple or a dataclass.
 Block = tuple  # (parent: int | bytes | None, owners: tuple[str | None, ...])
@@ -33,10 +35,12 @@ class Footprint:
 class ChainTracker:
     """Args:
     max_blocks: resident hashes remembered at most (oldest forgotten first; a bound against a lost stream).
+    clock: when its blocks were stored and lost (`kvobs.block_clock`), which its caller feeds; a new one by default.
     """
 
-    def __init__(self, max_blocks: int = 2_000_000) -> None:
+    def __init__(self, max_blocks: int = 2_000_000, clock: BlockClock | None = None) -> None:
         self.max_blocks = max_blocks
+        self.clock = BlockClock() if clock is None else clock
         self.blocks: OrderedDict[int | bytes, Block] = OrderedDict()
         self.footprints: dict[str | None, Footprint] = {}
         self.num_unknown_removed = 0  # removals of blocks not resident (stored before we subscribed, or twice)

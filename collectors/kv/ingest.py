@@ -36,6 +36,7 @@ from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIE
 from collectors.kv.chains import OWNERS, PARENT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
+from kvobs.block_clock import BlockClock
 from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored, UnknownTier
 from kvobs.semconv.attributes import is_lower_tier
 from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
@@ -51,6 +52,7 @@ RESTART = "restart"
 # ZMQ socket buffers what vLLM publishes (its high-water mark is vLLM's: 100,000 batches), so a burst is stored,
 # not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
 STORE_WAIT_S = 10.0
+HISTORY = ("ts", "kind", "block_hash", "medium", "group_idx")  # `Lookups.block_history`'s columns, in this order
 OPEN = (UNKNOWN, BEFORE)  # verdicts a request joined later can still change
 
 
@@ -105,6 +107,7 @@ class KVIngest:
         self.tiers: dict[tuple[str | None, int], ChainTracker] = {}
         self.primary: tuple[str | None, int] | None = None  # the device tier and group: the first block stored's
         self._routes: dict[tuple, ChainTracker] = {}  # (medium, group) as events name them -> `_tier`'s answer
+        self._clocks: dict[tuple, BlockClock] = {}  # the clocks of tiers a clear ended, until they come back
         self.block_size: int | None = None
         self._sessions_seen: set[str] = set()
         # removals to classify, a batch at a time: (arrived, event ts, sessions that lost blocks, blocks per session)
@@ -137,9 +140,9 @@ class KVIngest:
             elif type(event) is Stored:
                 self._stored(ts, event, rows, touched)
             elif type(event) is Cleared:
-                cleared = self._cleared(rows, EvictionReason.RESET.value)
+                cleared = self._cleared(rows, EvictionReason.RESET.value, ts)
             elif type(event) is Placeholder:
-                self._placeholder(event, rows)
+                self._placeholder(ts, event, rows)
             elif type(event) is UnknownTier:
                 self._unknown_tier(event)
         self.num_ids_cut += batch.ids_cut
@@ -157,9 +160,31 @@ class KVIngest:
 
     def on_restart(self) -> None:
         """The publisher restarted: its cache is empty, every chain we track has ended."""
-        rows = BatchRows()
-        self._cleared(rows, RESTART)
-        self._flush(self.clock(), rows)
+        rows, now = BatchRows(), self.clock()
+        self._cleared(rows, RESTART, self._latest_ts if self._latest_ts > float("-inf") else now)  # (stream time)
+        self._flush(now, rows)
+
+    def warm(self, history: pd.DataFrame) -> int:
+        """Rebuild the tiers' block clocks from the store's rows of this instance (`Lookups.block_history`, oldest
+        first): a restarted collector then writes the same lifetimes and restores as one that ran on. Returns the
+        rows read. (Only the clocks: which session owns a resident block is not rebuilt.)"""
+        with self.lock:
+            for ts, kind, block_hash, medium, group in history[list(HISTORY)].itertuples(index=False, name=None):
+                if kind == CLEARED:
+                    for chains in (self.chains, *self.tiers.values()):
+                        chains.clock.cleared(ts)
+                    continue
+                group = None if pd.isna(group) else int(group)
+                if self.primary is None and kind == STORED:
+                    self.primary = (medium, group or 0)
+                chains = self._routes.get((medium, group)) or self._tier(medium, group)
+                if kind in (STORED, TIER_STORED):
+                    chains.clock.stored([block_hash], ts)
+                else:
+                    chains.clock.lost((block_hash,), ts)
+        if len(history):
+            log.info("KV events of %s: block clocks rebuilt from %d stored rows", self.instance, len(history))
+        return len(history)
 
     @property
     def num_repeated_stores(self) -> int:
@@ -262,9 +287,9 @@ class KVIngest:
         firsts = chains.stored(hashes, parent, session)  # (a block announced again: its row counts no block)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
-        rows.stored(event, firsts, TIER_STORED if lower else STORED)
+        rows.stored(event, firsts, TIER_STORED if lower else STORED, chains.clock.stored(hashes, ts))
 
-    def _placeholder(self, event: Placeholder, rows: BatchRows) -> None:
+    def _placeholder(self, ts: float, event: Placeholder, rows: BatchRows) -> None:
         """Hashes that reached an offload tier, no content: no block of this cache; counted, and stored as the tier's
         copies of the hash alone (`tier_stored`: no parent, no tokens; one announced again counts once)."""
         if not self.num_placeholders:
@@ -278,7 +303,7 @@ class KVIngest:
         self.num_placeholders += len(event.hashes)
         chains = self._routes.get((event.medium, None)) or self._tier(event.medium, None)
         firsts = [flag for block_hash in event.hashes for flag in (chains.stored([block_hash], None, None) or [1])]
-        rows.placeholders(event.hashes, event.medium, firsts)
+        rows.placeholders(event.hashes, event.medium, firsts, chains.clock.stored(event.hashes, ts))
 
     def _unknown_tier(self, event: UnknownTier) -> None:
         """Blocks of a tier kvobs does not know: not read as any tier's (fail closed); counted, said once a tier."""
@@ -301,14 +326,22 @@ class KVIngest:
         parents: list[int | None] = []
         sessions: list[str | None] = []
         firsts: list[int] = []
-        for block_hash in event.hashes:
+        lives: list[float | None] = []
+        for block_hash, lifetime in zip(event.hashes, chains.clock.lost(event.hashes, ts)):
             block = removed(block_hash, lost)
             if block is None:
                 owners, parent = (None,), None
             else:
                 parent, owners = block
                 if hold and owners == (None,):  # its session may come
-                    fields = dict(parent_hash=parent, medium=medium, num_tokens=tokens, group_idx=group, reason=reason)
+                    fields = dict(
+                        parent_hash=parent,
+                        medium=medium,
+                        num_tokens=tokens,
+                        group_idx=group,
+                        reason=reason,
+                        lifetime_s=lifetime,
+                    )
                     self._held.append([self.clock(), ts, block_hash, fields, None, lost])
                     continue  # (its loss span too waits for its session: `_release`)
             n = len(owners)
@@ -316,6 +349,7 @@ class KVIngest:
             parents += [parent] * n
             sessions += owners
             firsts += [1] if n == 1 else [1] + [0] * (n - 1)
+            lives += [lifetime] * n
         if not hashes:
             return
         rows.removed(
@@ -323,6 +357,7 @@ class KVIngest:
             parents,
             sessions,
             firsts,
+            lives,
             medium=medium,
             num_tokens=tokens,
             group_idx=group,
@@ -340,16 +375,21 @@ class KVIngest:
         if self.primary is None:
             return self.chains
         key = (self.primary[0] if medium is None else medium, self.primary[1] if group is None else group)
-        tier = self.chains if key == self.primary else self.tiers.setdefault(key, ChainTracker())  # (on a new route)
+        tier = self.chains if key == self.primary else self.tiers.get(key)
+        if tier is None:  # (on a new route; a tier a clear ended keeps its clock: its blocks were lost, not unknown)
+            tier = self.tiers[key] = ChainTracker(clock=self._clocks.pop(key, None))
         self._routes[(medium, group)] = tier
         return tier
 
-    def _cleared(self, rows: BatchRows, reason: str) -> dict[str | None, int]:
+    def _cleared(self, rows: BatchRows, reason: str, ts: float) -> dict[str | None, int]:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
         lost = self.chains.cleared()
-        for tier in self.tiers.values():  # (their counters outlive them)
+        self.chains.clock.cleared(ts)
+        for key, tier in self.tiers.items():  # (their counters and clocks outlive them)
             self._dropped_repeated += tier.num_repeated
             self._dropped_unknown += tier.num_unknown_removed
+            tier.clock.cleared(ts)
+            self._clocks[key] = tier.clock
         self.tiers, self._routes = {}, {}  # every tier's blocks went with it
         self._changed.update(s for s in lost if s is not None)
         rows.add(CLEARED, num_tokens=num_blocks * (self.block_size or 0), reason=reason, num_blocks=num_blocks)

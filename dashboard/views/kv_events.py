@@ -79,7 +79,7 @@ def render(ctx) -> None:
             show(chart.properties(height=alt.Step(36)), width="stretch")
     with right:
         st.subheader("Most recomputed blocks")
-        st.caption("Stored again on the same instance, in the stretch counted above.")
+        st.caption("Stored again on the same instance after it was lost there, in the stretch counted above.")
         show_table(data.restored.astype({"block_hash": str}), ctx.clock)
     st.subheader("Top prefixes (by sessions building on them)")
     show_table(data.prefixes.astype({"root_hash": str}), ctx.clock)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
 from instrumented_engine.observers.dispatch import Handlers, dispatch
+from kvobs.block_clock import BlockClock
 from kvobs.logs import worth_logging
 from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
 from kvobs.semconv.spans import KVEventKind, RunSource, SessionSource
@@ -86,6 +87,7 @@ class StoreRecorder:
         self._evictions = 0
         self._last_snapshot_ts = float("-inf")
         self._stats: SchedulerStats | None = None  # the step being recorded
+        self._clocks: dict[str, BlockClock] = {}  # tier -> when its blocks were stored and lost (the rows' columns)
 
     def on_step(self, result: StepResult) -> None:
         try:
@@ -141,9 +143,11 @@ class StoreRecorder:
         self._chain(event, KVEventKind.TIER_STORED, medium=event.medium)
 
     def _chain(self, event: ev.BlocksStored | ev.TierStored, kind: KVEventKind, **fields) -> None:
-        """A row per stored block, each naming the one before it as its parent."""
-        parent = event.parent_block_hash
-        for block_hash in event.block_hashes:
+        """A row per stored block, each naming the one before it as its parent (and whether it brought back a block
+        lost in its tier)."""
+        parent, hashes = event.parent_block_hash, list(event.block_hashes)
+        gaps = self._clock(fields.get("medium")).stored(hashes, event.ts) or [None] * len(hashes)
+        for block_hash, gap in zip(hashes, gaps):
             self._kv(
                 event,
                 kind,
@@ -152,19 +156,32 @@ class StoreRecorder:
                 num_tokens=event.block_size,
                 first_owner=1,
                 group_idx=ev.KV_CACHE_GROUP,
+                restored=int(gap is not None),
+                restored_after_s=gap,
                 **fields,
             )
             parent = block_hash
 
+    def _clock(self, medium: str | None) -> BlockClock:
+        tier = self.medium if medium is None else medium
+        clock = self._clocks.get(tier)
+        if clock is None:
+            clock = self._clocks[tier] = BlockClock()
+        return clock
+
     def _tier_removed(self, event: ev.TierRemoved) -> None:
-        self._tier_blocks(event, KVEventKind.TIER_REMOVED, reason=None if event.reason is None else event.reason.value)
+        lifetimes = self._clock(event.medium).lost(event.block_hashes, event.ts)
+        reason = None if event.reason is None else event.reason.value
+        self._tier_blocks(event, KVEventKind.TIER_REMOVED, lifetimes, reason=reason)
 
     def _tier_loaded(self, event: ev.TierLoaded) -> None:
         """A row per block the request's prefix found in the tier (which of its losses the tier saved)."""
-        self._tier_blocks(event, KVEventKind.TIER_LOADED)
+        self._tier_blocks(event, KVEventKind.TIER_LOADED, [None] * len(event.block_hashes))
 
-    def _tier_blocks(self, event: ev.TierRemoved | ev.TierLoaded, kind: KVEventKind, **fields) -> None:
-        for block_hash in event.block_hashes:
+    def _tier_blocks(
+        self, event: ev.TierRemoved | ev.TierLoaded, kind: KVEventKind, lifetimes: list[float | None], **fields
+    ) -> None:
+        for block_hash, lifetime in zip(event.block_hashes, lifetimes):
             self._kv(
                 event,
                 kind,
@@ -173,6 +190,7 @@ class StoreRecorder:
                 medium=event.medium,
                 first_owner=1,
                 group_idx=ev.KV_CACHE_GROUP,
+                lifetime_s=lifetime,
                 **fields,
             )
 
@@ -200,6 +218,7 @@ class StoreRecorder:
     def _evicted(self, event: ev.BlockEvicted) -> None:
         """One row per owner that lost the block (`session_id` = that owner, `request_id` = who took it)."""
         self._evictions += 1
+        (lifetime,) = self._clock(None).lost((event.block_hash,), event.ts)
         for index, owner in enumerate(event.owner_sessions or (None,)):
             if owner is not None and event.store_reason not in RELEASE_REASONS:  # a release is no loss
                 tally = self._tally(owner)
@@ -215,6 +234,7 @@ class StoreRecorder:
                 reason=event.store_reason,
                 first_owner=int(index == 0),
                 group_idx=ev.KV_CACHE_GROUP,
+                lifetime_s=lifetime,
             )
 
     def _preempted(self, event: ev.Preempted) -> None:
@@ -229,6 +249,7 @@ class StoreRecorder:
 
     def _cleared(self, event: ev.CacheCleared) -> None:
         self._evictions += event.num_blocks
+        self._clock(None).cleared(event.ts)
         self._kv(
             event,
             KVEventKind.CLEARED,

@@ -57,14 +57,15 @@ def hit_rate(
 
 
 def median_block_lifetime_s(store: Store, since: float, until: float) -> list[Value]:
-    """Per instance: the median time from a block's `stored` to its loss, over the blocks lost in the window
-    (vLLM's `vllm:kv_block_lifetime_seconds`, from the store's events)."""
+    """Per instance: the median time from a block's `stored` to its loss, over the blocks lost in the window whose
+    store is known (vLLM's `vllm:kv_block_lifetime_seconds`, from `kv_events.lifetime_s`, known at ingest)."""
     lives = store.lookups.block_lifetimes(since, until)
     return [(inst, None, float(g["lifetime_s"].median())) for inst, g in lives.groupby("instance")]
 
 
 def eviction_churn(store: Store, since: float, until: float) -> list[Value]:
-    """Per instance: the share of blocks stored in the window that had been stored (and so lost) before."""
+    """Per instance: the share of blocks stored in the window that brought back a block lost on that instance and
+    tier (`kv_events.restored`, known at ingest; rows written before revision 0021 do not count either way)."""
     frame = store.lookups.restored_blocks(since, until)
     return [(r.instance, None, float(r.restored or 0) / r.stored) for r in frame.itertuples() if r.stored]
 
@@ -169,7 +170,7 @@ SIGNALS: dict[str, Signal] = {
         hit_rate, ("baseline_window_s", "baseline_min"), "prefix-cache hit rate per instance (cached / prompt tokens)"
     ),
     "median_block_lifetime_s": Signal(median_block_lifetime_s, (), "median lifetime of blocks lost, per instance"),
-    "eviction_churn": Signal(eviction_churn, (), "share of stored blocks that had been stored before"),
+    "eviction_churn": Signal(eviction_churn, (), "share of stored blocks that brought back a block lost there"),
     "prefix_lost_in_pause_per_min": Signal(
         prefix_lost_in_pause_per_min, (), "blocks sessions lost in tool pauses (settled) per minute, per instance"
     ),

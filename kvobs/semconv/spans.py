@@ -87,6 +87,14 @@ class KVEventKind(Name):
 
 # Kinds that end a cached block's content: the engine's `evicted`/`invalidated`, vLLM's `removed`.
 BLOCK_LOSS_KINDS = (KVEventKind.EVICTED.value, KVEventKind.INVALIDATED.value, KVEventKind.REMOVED.value)
+# What a block clock (`kvobs.block_clock`) is fed: a tier's stores, its losses, and clears of the whole cache.
+CLOCK_KINDS = (
+    KVEventKind.STORED.value,
+    KVEventKind.TIER_STORED.value,
+    *BLOCK_LOSS_KINDS,
+    KVEventKind.TIER_REMOVED.value,
+    KVEventKind.CLEARED.value,
+)
 
 
 class StepStatus(Name):

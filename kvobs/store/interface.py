@@ -248,11 +248,19 @@ class Lookups(Protocol):
         ...
 
     def restored_blocks(self, since: float, until: float) -> pd.DataFrame:
-        """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
+        """Per instance: blocks stored in the window (`stored`) and those among them that brought back a block lost
+        there (`restored`), over the rows written with it known (`kv_events.restored`)."""
         ...
 
     def block_lifetimes(self, since: float, until: float) -> pd.DataFrame:
-        """Blocks lost in the window with `lifetime_s`, the time since the block was last stored on its instance."""
+        """Blocks lost in the window with a known `lifetime_s`: the time since the block was stored on its instance
+        and tier (one row per loss, its first owner's)."""
+        ...
+
+    def block_history(self, instance: str, horizon_s: float) -> pd.DataFrame:
+        """The instance's block stores, losses and clears of the `horizon_s` before its latest event, oldest first
+        (`ts`, `kind`, `block_hash`, `medium`, `group_idx`): what a restarted collector's block clocks are rebuilt
+        from (`collectors.kv.ingest.KVIngest.warm`)."""
         ...
 
     def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:

@@ -236,6 +236,11 @@ class KVEventRecord(Record):
     kv_cache_spec_kind: str | None = None
     lora_name: str | None = None
     extra_keys: str | None = None
+    # Known as the row is made (`kvobs.block_clock`): a loss's lifetime (None: its store not known); on a store, 1 when
+    # it brought back a block lost on its instance and tier within the clock's horizon (0 when not), and after how long.
+    lifetime_s: float | None = None
+    restored: int | None = None
+    restored_after_s: float | None = None
 
 
 class KVEventColumns:

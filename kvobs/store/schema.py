@@ -205,7 +205,6 @@ class KVEventRow(Base):
     __table_args__ = (
         Index("ix_kv_events_instance_ts", "instance", "ts"),
         Index("ix_kv_events_session_ts", "session_id", "ts"),
-        Index("ix_kv_events_block_hash", "block_hash"),
         Index("ix_kv_events_ts", "ts"),
         Index("ix_kv_events_kind_ts", "kind", "ts"),
     )
@@ -232,6 +231,11 @@ class KVEventRow(Base):
     kv_cache_spec_kind: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     lora_name: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     extra_keys: Mapped[str | None] = mapped_column(Text)
+    # Known at ingest (`kvobs.block_clock`, schema 0021; NULL on rows written before): a loss's seconds since its
+    # block was stored on its instance and tier; a store's 1 when it brought back a block lost there (and when).
+    lifetime_s: Mapped[float | None] = mapped_column(Float)
+    restored: Mapped[int | None] = mapped_column(SmallInteger)
+    restored_after_s: Mapped[float | None] = mapped_column(Float)
 
 
 class KVEventMinuteRow(Base):

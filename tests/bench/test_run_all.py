@@ -32,6 +32,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "span_steps",
         "ownership",
         "collector_memory",
+        "block_registry",
         "rollup_writes",
         "dashboard_queries",
     }

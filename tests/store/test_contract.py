@@ -261,6 +261,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
             (name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes", "cached_prompt_tokens")
         ]
         calls += [("step_windows", (since, until, bucket), {}, True) for bucket in (5.0, 60.0)]
+        calls += [("block_history", (instance, until - since), {}, True) for instance in store.reads.instances()]
         calls += [
             ("minute_rollup", (rollup.table, since - 60.0, until + 60.0), {**scope, **bucket}, True)
             for rollup in ROLLUPS

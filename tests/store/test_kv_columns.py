@@ -94,7 +94,7 @@ def test_the_collectors_row_builder_fills_every_column_of_the_record_from_each_s
     assert set(COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)
     rows.stored(Stored([7, 8], 6, 16, "GPU", 0, "s1", lora_name="a", extra_keys=['["img"]', None]))
     assert {len(values) for values in rows.columns.values()} == {2}
-    rows.removed([7], [6], ["s1"], [1], medium="GPU", num_tokens=16, group_idx=0, reason="ttl")
+    rows.removed([7], [6], ["s1"], [1], [3.0], medium="GPU", num_tokens=16, group_idx=0, reason="ttl")
     assert {len(values) for values in rows.columns.values()} == {3}
     rows.add("cleared", reason="reset", num_blocks=3)
     assert {len(values) for values in rows.columns.values()} == {4} and len(rows) == 4
@@ -111,6 +111,7 @@ def test_the_collectors_row_builder_fills_every_column_of_the_record_from_each_s
         "num_tokens": 16,
         "group_idx": 0,
         "lora_name": "a",
+        "restored": 0,  # (no clock said it came back)
     }
     assert {k: v for k, v in by_row[2].items() if v is not None} == {
         "kind": "removed",
@@ -122,6 +123,7 @@ def test_the_collectors_row_builder_fills_every_column_of_the_record_from_each_s
         "num_tokens": 16,
         "group_idx": 0,
         "reason": "ttl",
+        "lifetime_s": 3.0,
     }
     assert by_row[0]["extra_keys"] == '["img"]' and by_row[3]["num_blocks"] == 3
     KVEventColumns(ts=[0.0] * 4, instance=["vllm-a"] * 4, **rows.columns)  # every name one the store takes

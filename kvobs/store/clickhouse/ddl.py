@@ -283,6 +283,20 @@ _LOOKUP_TIERS = [
     "AFTER achieved_tokens",
 ]
 
+# Version 18: a block's loss and its store back, known at ingest (SQL revision 0021); no read looks a block up by
+# its hash any more, so its bloom-filter index goes (it cost every insert).
+_BLOCK_CLOCK = [
+    *(
+        f"ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS {name} {type_} AFTER {after}"
+        for name, type_, after in (
+            ("lifetime_s", "Nullable(Float64)", "extra_keys"),
+            ("restored", "Nullable(UInt8)", "lifetime_s"),
+            ("restored_after_s", "Nullable(Float64)", "restored"),
+        )
+    ),
+    "ALTER TABLE kv_events DROP INDEX IF EXISTS ix_block_hash",
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -302,6 +316,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (15, "step_verdicts of every step: slow cause, latency parts", _WHOLE_VERDICTS),
     (16, "runs.offload_blocks: the offload tier below a run's cache", _RUN_TIERS),
     (17, "request_lookups.tier_blocks, lookup_minutes.tier_tokens: hits loaded from a lower tier", _LOOKUP_TIERS),
+    (18, "kv_events.lifetime_s, restored, restored_after_s: losses and restores known at ingest", _BLOCK_CLOCK),
 ]
 
 

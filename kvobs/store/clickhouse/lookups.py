@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kvobs.semconv.spans import StepStatus
+from kvobs.semconv.spans import CLOCK_KINDS, StepStatus
 from kvobs.store.clickhouse.reads import LOSSES, STORED, _columns, _Where
 from kvobs.store.schema import TABLES
 
@@ -36,33 +36,32 @@ class ClickHouseLookups:
         return dict(zip(frame["instance"], frame["value"].astype(float)))
 
     def restored_blocks(self, since: float, until: float) -> pd.DataFrame:
-        params = {"since": float(since), "until": float(until)}
-        window = f"kind = '{STORED}' AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}"
         return self.store.frame(
-            f"""SELECT w.instance AS instance, toInt64(count()) AS stored,
-            toInt64(countIf(w.ts > f.first_ts)) AS restored
-            FROM (SELECT instance, block_hash, ts FROM kv_events WHERE {window}) AS w
-            LEFT JOIN (SELECT instance, block_hash, min(ts) AS first_ts FROM kv_events
-                       WHERE kind = '{STORED}' AND ts <= {{until:Float64}}
-                         AND block_hash IN (SELECT block_hash FROM kv_events WHERE {window})
-                       GROUP BY instance, block_hash) AS f
-            ON w.instance = f.instance AND w.block_hash = f.block_hash
-            GROUP BY w.instance""",
-            params,
+            f"""SELECT instance, toInt64(count()) AS stored, toInt64(sum(r)) AS restored
+            FROM (SELECT instance, restored AS r FROM kv_events
+                  WHERE kind = '{STORED}' AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}
+                    AND restored IS NOT NULL)
+            GROUP BY instance""",
+            {"since": float(since), "until": float(until)},
         )
 
     def block_lifetimes(self, since: float, until: float) -> pd.DataFrame:
-        params = {"since": float(since), "until": float(until)}
         return self.store.frame(
-            f"""SELECT l.instance AS instance, l.ts AS ts, l.block_hash AS block_hash,
-            l.ts - s.ts AS lifetime_s
-            FROM (SELECT DISTINCT instance, ts, assumeNotNull(block_hash) AS block_hash FROM kv_events
-                  WHERE {LOSSES} AND block_hash IS NOT NULL
-                    AND ts >= {{since:Float64}} AND ts <= {{until:Float64}}) AS l
-            ASOF JOIN (SELECT instance, assumeNotNull(block_hash) AS block_hash, ts FROM kv_events
-                       WHERE kind = '{STORED}' AND ts <= {{until:Float64}}) AS s
-            ON l.instance = s.instance AND l.block_hash = s.block_hash AND l.ts >= s.ts""",
-            params,
+            f"""SELECT instance, ts, block_hash, assumeNotNull(life) AS lifetime_s
+            FROM (SELECT instance, ts, block_hash, lifetime_s AS life FROM kv_events
+                  WHERE {LOSSES} AND ts >= {{since:Float64}} AND ts <= {{until:Float64}} AND first_owner = 1
+                    AND lifetime_s IS NOT NULL)""",
+            {"since": float(since), "until": float(until)},
+        )
+
+    def block_history(self, instance: str, horizon_s: float) -> pd.DataFrame:
+        kinds = ", ".join(f"'{kind}'" for kind in CLOCK_KINDS)
+        return self.store.frame(
+            f"""SELECT ts, kind, block_hash, medium, group_idx FROM kv_events
+            WHERE instance = {{instance:String}} AND kind IN ({kinds}) AND (first_owner = 1 OR first_owner IS NULL)
+              AND ts >= (SELECT max(ts) FROM kv_events WHERE instance = {{instance:String}}) - {{horizon:Float64}}
+            ORDER BY ts, id""",
+            {"instance": instance, "horizon": float(horizon_s)},
         )
 
     def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:

@@ -334,14 +334,13 @@ class ClickHouseReads(ComposedReads):
         return newest.iloc[::-1].reset_index(drop=True)
 
     def top_restored_blocks(self, since=None, until=None, *, limit: int = 20, instances=None) -> pd.DataFrame:
-        """Two steps, as on SQL: the hashes stored twice in scope (one UInt64 key), then the detail of those only."""
-        where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
-        again = f"SELECT block_hash FROM kv_events{where} GROUP BY block_hash HAVING count() > 1"
+        where = _Where(f"kind = '{STORED}' AND restored = 1").window("ts", since, until).instances(instances)
         return self.store.frame(
-            f"""SELECT instance, block_hash, toInt64(count()) AS stores,
-            toInt64(uniqExact(session_id)) AS sessions, min(ts) AS first_ts, max(ts) AS last_ts FROM kv_events{where}
-            AND block_hash IN ({again}) GROUP BY instance, block_hash HAVING count() > 1
-            ORDER BY stores DESC, first_ts LIMIT {int(limit)}""",
+            f"""SELECT instance, block_hash, toInt64(count()) AS restores,
+            toInt64(uniqExact(session_id)) AS sessions, min(ts) AS first_ts, max(ts) AS last_ts,
+            avg(gap) AS restored_after_s
+            FROM (SELECT instance, block_hash, session_id, ts, restored_after_s AS gap FROM kv_events{where})
+            GROUP BY instance, block_hash ORDER BY restores DESC, first_ts LIMIT {int(limit)}""",
             where.params,
         )
 

@@ -7,10 +7,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from sqlalchemy import and_, exists, func, select
-from sqlalchemy.orm import aliased
+from sqlalchemy import and_, func, or_, select
 
-from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind, StepStatus
+from kvobs.semconv.spans import BLOCK_LOSS_KINDS, CLOCK_KINDS, KVEventKind, StepStatus
 from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow, StepVerdictRow
 from kvobs.store.sql.frames import _columns, _lookup, read
 
@@ -47,52 +46,41 @@ class SqlLookups:
         return found
 
     def restored_blocks(self, since: float, until: float) -> pd.DataFrame:
-        """Per instance: blocks stored in the window (`stored`) and those among them stored before (`restored`)."""
-        earlier = aliased(KVEventRow)
-        seen_before = exists().where(
-            and_(
-                earlier.kind == KVEventKind.STORED.value,
-                earlier.block_hash == KVEventRow.block_hash,
-                earlier.instance == KVEventRow.instance,
-                earlier.ts < KVEventRow.ts,
-            )
-        )
+        """Per instance: blocks stored in the window (`stored`) and those among them that brought back a block lost
+        there (`restored`), over the rows that know it (`kv_events.restored`: written at ingest since schema 0021)."""
         stmt = (
             select(
                 KVEventRow.instance,
                 func.count().label("stored"),
-                func.sum(func.cast(seen_before, KVEventRow.num_tokens.type)).label("restored"),
+                func.sum(KVEventRow.restored).label("restored"),
             )
             .where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.ts >= since, KVEventRow.ts <= until)
+            .where(KVEventRow.restored.is_not(None))
             .group_by(KVEventRow.instance)
         )
         return read(self.store, stmt)
 
     def block_lifetimes(self, since: float, until: float) -> pd.DataFrame:
-        """Blocks lost in the window (one per block and time, whatever the owners), with `lifetime_s`: the time since
-        the same block was last stored on the same instance."""
-        stored = aliased(KVEventRow)
-        last_stored = (
-            select(func.max(stored.ts))
-            .where(
-                stored.kind == KVEventKind.STORED.value,
-                stored.block_hash == KVEventRow.block_hash,
-                stored.instance == KVEventRow.instance,
-                stored.ts <= KVEventRow.ts,
-            )
-            .scalar_subquery()
+        """Blocks lost in the window (a block's first row: one per loss, whatever the owners) whose store is known,
+        with `lifetime_s`: the time since it was stored on its instance and tier (written at ingest)."""
+        stmt = select(KVEventRow.instance, KVEventRow.ts, KVEventRow.block_hash, KVEventRow.lifetime_s).where(
+            KVEventRow.kind.in_(BLOCK_LOSS_KINDS),
+            KVEventRow.ts >= since,
+            KVEventRow.ts <= until,
+            KVEventRow.first_owner == 1,
+            KVEventRow.lifetime_s.is_not(None),
         )
+        return read(self.store, stmt)
+
+    def block_history(self, instance: str, horizon_s: float) -> pd.DataFrame:
+        latest = select(func.max(KVEventRow.ts)).where(KVEventRow.instance == instance).scalar_subquery()
         stmt = (
-            select(
-                KVEventRow.instance,
-                KVEventRow.ts,
-                KVEventRow.block_hash,
-                (KVEventRow.ts - last_stored).label("lifetime_s"),
-            )
-            .where(KVEventRow.kind.in_(BLOCK_LOSS_KINDS), KVEventRow.ts >= since, KVEventRow.ts <= until)
-            .distinct()
+            select(KVEventRow.ts, KVEventRow.kind, KVEventRow.block_hash, KVEventRow.medium, KVEventRow.group_idx)
+            .where(KVEventRow.instance == instance, KVEventRow.ts >= latest - horizon_s)
+            .where(KVEventRow.kind.in_(CLOCK_KINDS), or_(KVEventRow.first_owner == 1, KVEventRow.first_owner.is_(None)))
+            .order_by(KVEventRow.ts, KVEventRow.id)
         )
-        return read(self.store, stmt).dropna(subset=["lifetime_s"])
+        return read(self.store, stmt)
 
     def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:
         """Per instance, the requests that arrived in the window and say how many prompt tokens were cached (our

@@ -349,38 +349,23 @@ class SqlReads(ComposedReads):
     def top_restored_blocks(
         self, since=None, until=None, *, limit: int = 20, instances: Instances = None
     ) -> pd.DataFrame:
-        """Blocks stored more than once on one instance in the window (lost, then computed again; the same block on two
-        replicas is not a restore): `instance`, `block_hash`, `stores`, `sessions`, `first_ts`, `last_ts`, most-stored
-        first.
-
-        Two steps in one query: the hashes stored more than once in scope (a GROUP BY of one integer column), then
-        the per-instance detail of those only, through the hash index (at 1M events: 0.9 s as one GROUP BY, 0.4 s as
-        two)."""
-
-        def in_scope(stmt, kind=KVEventRow.kind, instance=KVEventRow.instance, ts=KVEventRow.ts):
-            stmt = _of_instances(stmt.where(kind == KVEventKind.STORED.value), instance, instances)
-            return _between(stmt, ts, since, until)
-
-        again = in_scope(select(KVEventRow.block_hash.label("again"))).group_by(KVEventRow.block_hash)
-        again = again.having(func.count() > 1).subquery()
+        """Blocks brought back most often on one instance in the window (lost there, then computed again; the same
+        block on two replicas is not a restore): `instance`, `block_hash`, `restores`, `sessions`, `first_ts`,
+        `last_ts`, `restored_after_s` (the mean time each had been lost), most-restored first. Read from the
+        restores known at ingest (`kv_events.restored`), one GROUP BY over the window's restores."""
+        count = func.count()
         stmt = select(
             KVEventRow.instance,
             KVEventRow.block_hash,
-            func.count().label("stores"),
+            count.label("restores"),
             func.count(distinct(KVEventRow.session_id)).label("sessions"),
             func.min(KVEventRow.ts).label("first_ts"),
             func.max(KVEventRow.ts).label("last_ts"),
-        )
-        # `kind || ''`, `instance || ''` and `ts + 0`: the same values with no index on them, so the planner reaches
-        # the rows through the hash index, not by walking the (kind, ts) range a second time
-        stmt = in_scope(
-            stmt.select_from(again).join(KVEventRow, KVEventRow.block_hash == again.c.again),
-            KVEventRow.kind.concat(""),
-            KVEventRow.instance.concat(""),
-            KVEventRow.ts + 0,
-        )
-        stmt = stmt.group_by(KVEventRow.instance, KVEventRow.block_hash).having(func.count() > 1)
-        return read(self.store, stmt.order_by(func.count().desc()).limit(limit))
+            func.avg(KVEventRow.restored_after_s).label("restored_after_s"),
+        ).where(KVEventRow.kind == KVEventKind.STORED.value, KVEventRow.restored == 1)
+        stmt = _between(_of_instances(stmt, KVEventRow.instance, instances), KVEventRow.ts, since, until)
+        stmt = stmt.group_by(KVEventRow.instance, KVEventRow.block_hash)
+        return read(self.store, stmt.order_by(count.desc(), func.min(KVEventRow.ts)).limit(limit))
 
     def metric_series(self, names: Iterable[str], since=None, until=None, instance=None) -> pd.DataFrame:
         """Scraped samples (`ts`, `instance`, `name`, `labels`, `value`) of the given names, oldest first."""

@@ -1,0 +1,91 @@
+"""When each cached block of one tier was stored, and when each recently lost one was lost: what a loss row's
+`lifetime_s` and a store row's `restored` / `restored_after_s` are written from as the rows are made, so that no
+read has to look a block up by its hash among the stored rows.
+
+    clock = BlockClock()
+    clock.stored([h1, h2], 10.0)     # None: neither was lost here before (within the horizon)
+    clock.lost([h2], 25.0)           # [15.0]: h2 lived 15 s (stored at 10.0)
+    clock.stored([h2], 40.0)         # [15.0]: h2 came back 15 s after its loss (a restore)
+    clock.cleared(50.0)              # every resident block lost at 50.0
+
+One clock per instance, tier and KV-cache group, each fed in its stream's order. It is bounded: at most
+`max_blocks` resident blocks (the oldest stored forgotten first, a bound against a lost stream) and at most
+`max_blocks` lost ones, none older than `horizon_s`. A loss of a block it does not hold (stored before it started,
+or forgotten) has no lifetime (None), and its store back is no restore: only what the stream showed is said; nor is a
+store of a block lost longer ago than the horizon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import islice
+
+MAX_BLOCKS = 2_000_000
+HORIZON_S = 3600.0
+TRIM = 1024  # at most this many more dropped at once past a bound (a dict finds its oldest key fast only now and then)
+
+
+class BlockClock:
+    __slots__ = ("max_blocks", "horizon_s", "stored_at", "lost_at")
+
+    def __init__(self, max_blocks: int = MAX_BLOCKS, horizon_s: float = HORIZON_S) -> None:
+        self.max_blocks = max_blocks
+        self.horizon_s = horizon_s
+        # plain dicts, in insertion order (an OrderedDict's `update` loops in Python and holds a node per key)
+        self.stored_at: dict[int, float] = {}  # resident block -> its latest store, first stored first
+        self.lost_at: dict[int, float] = {}  # lost block -> when, oldest loss first
+
+    def stored(self, hashes: list, ts: float) -> list[float | None] | None:
+        """Each block's time since it was lost here (a restore), None where it was not lost within the horizon;
+        None for the whole list when no block of it was (the common case: no list to make)."""
+        lost_at, gaps = self.lost_at, None
+        if lost_at and not lost_at.keys().isdisjoint(hashes):
+            pop = lost_at.pop
+            gaps = [None if (t := pop(h, None)) is None or ts - t > self.horizon_s else ts - t for h in hashes]
+            gaps = gaps if any(gap is not None for gap in gaps) else None
+        stored_at = self.stored_at
+        stored_at.update(dict.fromkeys(hashes, ts))
+        if len(stored_at) > self.max_blocks:
+            _drop_oldest(stored_at, len(stored_at) - self.max_blocks + min(TRIM, self.max_blocks // 100))
+        return gaps
+
+    def lost(self, hashes: Iterable, ts: float) -> list[float | None]:
+        """Each block's lifetime: the time since its latest store here, None where that store is not known."""
+        pop, lost_at = self.stored_at.pop, self.lost_at
+        lifetimes: list[float | None] = []
+        for h in hashes:
+            t = pop(h, None)
+            if t is None:  # not known stored here: neither its lifetime nor, when it comes, a restore is shown
+                lifetimes.append(None)
+                continue
+            lifetimes.append(ts - t)
+            lost_at.pop(h, None)  # (a block lost again moves to the newest end)
+            lost_at[h] = ts
+        self._trim(ts)
+        return lifetimes
+
+    def cleared(self, ts: float) -> None:
+        """Every resident block lost at `ts` (a reset, a restarted engine)."""
+        lost_at = self.lost_at
+        for h in self.stored_at:
+            lost_at.pop(h, None)
+        lost_at.update(dict.fromkeys(self.stored_at, ts))
+        self.stored_at.clear()
+        self._trim(ts)
+
+    def _trim(self, ts: float) -> None:
+        lost_at, oldest = self.lost_at, ts - self.horizon_s
+        if len(lost_at) > self.max_blocks:
+            _drop_oldest(lost_at, len(lost_at) - self.max_blocks + min(TRIM, self.max_blocks // 100))
+        if lost_at and next(iter(lost_at.values())) < oldest:
+            expired = 0
+            for t in lost_at.values():
+                if t >= oldest:
+                    break
+                expired += 1
+            _drop_oldest(lost_at, expired)
+
+
+def _drop_oldest(entries: dict, n: int) -> None:
+    for key in list(islice(entries, n)):
+        del entries[key]

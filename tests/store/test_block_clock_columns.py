@@ -1,0 +1,99 @@
+"""A block's loss and its store back, known at ingest (`kvobs.block_clock`): on every recording whose truth is in
+its rows (the real vLLM run, the two-replica fleets, our engine's agent run with tool pauses), each loss row's
+`lifetime_s` and each store row's `restored` equal what the reads looked up by hash before revision 0021
+(`tests.store.hash_lookups`), row for row."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from collectors.collector import Collector, CollectorOptions
+from kvobs.block_clock import BlockClock
+from kvobs.store import open_store
+from tests.collectors.recorded import kv_messages
+from tests.collectors.replay import publisher, wait_subscribed
+from tests.server.conftest import free_port
+from tests.store.hash_lookups import STORED, lifetimes_by_hash, restores_by_hash
+from tests.waiting import wait_for
+
+RUNS = ["vllm_run", "fleet_run", "served_fleet", "vllm_fleet", "agent_run"]
+
+
+def assert_columns_match_the_hash_lookups(events: pd.DataFrame) -> tuple[int, int]:
+    """The columns against the look-ups; returns (restores, lifetimes) compared, so a test can say it saw some."""
+    stored = events[events["kind"] == STORED]
+    assert stored["restored"].notna().all(), "a store row without its restore flag"
+    expected = restores_by_hash(events)
+    pd.testing.assert_series_equal(stored["restored"].astype(int), expected, check_names=False)
+    gaps = stored["restored_after_s"]
+    assert (gaps.notna() == (stored["restored"] == 1)).all() and (gaps.dropna() >= 0).all()
+    lifetimes = lifetimes_by_hash(events)
+    written = events.loc[lifetimes.index, "lifetime_s"]
+    assert written.notna().all(), "a loss whose store is in the rows has no lifetime"
+    assert written.to_numpy() == pytest.approx(lifetimes.to_numpy(), abs=1e-6)
+    return int(expected.sum()), len(lifetimes)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_columns_equal_what_the_hash_lookups_returned(run, request):
+    store = request.getfixturevalue(run).store
+    restores, lifetimes = assert_columns_match_the_hash_lookups(store.reads.kv_events())
+    if run != "vllm_fleet":  # (the real two-replica vLLM fleet lost no block: there, no store may be called a restore)
+        assert restores > 0 and lifetimes > 0, "no block lost and back: the run would not tell"
+
+
+def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds():
+    clock = BlockClock(max_blocks=4, horizon_s=100.0)
+    assert clock.stored([1, 2], 10.0) is None
+    assert clock.lost([2, 9], 25.0) == [15.0, None]  # 9: never stored here
+    assert clock.stored([2, 3, 9], 40.0) == [15.0, None, None]  # 2 came back after 15 s; 9's loss was not shown
+    clock.cleared(50.0)
+    assert clock.stored([1], 60.0) == [10.0] and clock.stored([3], 200.0) is None  # 3 lost 150 s ago: past the horizon
+    assert clock.stored([4, 5, 6, 7], 210.0) is None and list(clock.stored_at) == [4, 5, 6, 7]  # the oldest forgotten
+    assert clock.lost([1], 220.0) == [None]
+
+
+def _collect_kv(store, messages) -> None:
+    """The KV-event frames through a real collector (KV events only) into `store`, then stopped."""
+    collector = Collector(
+        CollectorOptions(kv_events=[f"vllm-cpu=tcp://127.0.0.1:{(port := free_port())}"], kv_events_bind=True),
+        store=store,
+    )
+    collector.start()
+    try:
+        with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:
+            wait_subscribed(pub)
+            for message in messages:
+                pub.send_multipart(message.frames)
+            (stream,) = collector.streams
+            wait_for(lambda: stream.subscriber.num_batches == len(messages))
+    finally:
+        collector.stop()
+
+
+CLOCKED = ["ts", "kind", "block_hash", "lifetime_s", "restored", "restored_after_s"]
+
+
+def test_a_restarted_collector_writes_the_lifetimes_and_restores_of_one_that_ran_on(store_url, tmp_path):
+    """The recorded vLLM stream through one collector, and through one that stops halfway and a new one that takes
+    the rest: the new one rebuilds its block clocks from the store (`block_history`), so every row's lifetime and
+    restore are the same, including the losses and restores of blocks the first collector saw stored."""
+    messages = kv_messages()
+    whole = open_store(f"sqlite:///{tmp_path / 'whole.db'}")
+    _collect_kv(whole, messages)
+    restarted = open_store(store_url)
+    half = len(messages) // 2
+    _collect_kv(restarted, messages[:half])
+    first_half_rows = len(restarted.reads.kv_events())
+    _collect_kv(restarted, messages[half:])
+    once, twice = whole.reads.kv_events()[CLOCKED], restarted.reads.kv_events()[CLOCKED]
+    pd.testing.assert_frame_equal(once, twice, check_dtype=False)
+    later = twice.iloc[first_half_rows:]
+    across = later[
+        (later["lifetime_s"] > 0) & ~later["block_hash"].isin(later.loc[later["kind"] == STORED, "block_hash"])
+    ]
+    assert len(across) > 0, "no loss after the restart of a block stored before it: the test would not tell"
+    assert (later["restored"] == 1).sum() > 0
+    whole.close()
+    restarted.close()
