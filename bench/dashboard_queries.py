@@ -8,9 +8,11 @@
 Each size is a store of that many KV events over six hours, with the other tables in proportion (a snapshot per 10
 events, half of them an instance's; a request and an agent step per 50 events, 5% of the steps failed): 64 sessions at a
 time, each of 20 steps and then followed by a new one (a store of 1M events holds 1,024 sessions), growing hash chains,
-evictions, hits, preemptions. A store is a file or directory under `--dir`, reused when it holds the rows (or `--store
-URL`, for one size), filled through the store's own batch writer (`Store.write`: the engine's row shapes, the writer's
-rollups and the steps' verdicts as in production). For each size: each page's data functions (`dashboard.data`)
+evictions of blocks the sessions stored (a tenth of the stores bring one back, with the lifetime and restore columns
+a block clock gives, as the engine writes them), hits, preemptions. A store is a file or directory under `--dir`,
+reused when it holds the rows (or `--store URL`, for one size), filled through the store's own batch writer
+(`Store.write`: the engine's row shapes, the writer's rollups and the steps' verdicts as in production). For each
+size: each page's data functions (`dashboard.data`)
 run cold (Streamlit's cache empty) over everything and over the last hour; then each page is rendered whole through
 Streamlit's AppTest (the app script as a browser's first visit runs it: the sidebar, the range, the data, the charts and
 tables), with Streamlit's data cache cleared before each run (the median of `--repeats` cold runs), over everything,
@@ -40,6 +42,7 @@ from collectors.jobs.step_verdicts import VerdictKeeper
 from dashboard import data, verdicts
 from dashboard.context import bucket_for
 from kvobs.analytics.step_story import step_story
+from kvobs.block_clock import BlockClock
 from kvobs.store import open_store
 from kvobs.store.rollups import MISS_PARTS
 from kvobs.store.rows import (
@@ -76,23 +79,33 @@ def build(store, events: int, seed: int = 0, instances: int = 1) -> None:
     rng = random.Random(seed)
     span = HOURS * 3600.0
     chains: dict[str, list[int]] = {}
+    clocks = [BlockClock() for _ in range(instances)]  # the columns known at ingest, as the engine writes them
+    lost: list[list[int]] = [[] for _ in range(instances)]  # each instance's recently lost blocks
     chunk = []
     for i in tqdm(range(events), desc="kv_events", unit="row", mininterval=1, unit_scale=True):
         slot = rng.randrange(SLOTS)
         session, kind = session_of(slot, i / events, requests), rng.choice(KINDS)
+        ts, instance = T0 + span * i / events, slot % instances
         block = parent = None
+        known: dict = {}
         if kind in ("stored", "evicted", "invalidated"):
-            block = rng.getrandbits(64)
             chain = chains.setdefault(session, [])
-            if kind == "stored":
+            if kind == "stored":  # a tenth bring back a block their instance lost
+                block = lost[instance].pop() if lost[instance] and rng.random() < 0.1 else rng.getrandbits(64)
                 parent = chain[-1] if chain else None
                 chain.append(block)
                 if len(chain) > 40:
                     chain.clear()
+                gap = (clocks[instance].stored([block], ts) or [None])[0]
+                known = {"restored": int(gap is not None), "restored_after_s": gap}
+            else:  # a block its session stored, else one stored before the store began
+                block = chain.pop(rng.randrange(len(chain))) if chain else rng.getrandbits(64)
+                (known["lifetime_s"],) = clocks[instance].lost([block], ts)
+                lost[instance] = [*lost[instance][-999:], block]
         chunk.append(
             KVEventRecord(
-                ts=T0 + span * i / events,
-                instance=f"engine-{slot % instances}",
+                ts=ts,
+                instance=f"engine-{instance}",
                 kind=kind,
                 block_hash=block,
                 parent_hash=parent,
@@ -102,6 +115,7 @@ def build(store, events: int, seed: int = 0, instances: int = 1) -> None:
                 reason=REASONS.get(kind),
                 medium="CPU",
                 first_owner=None if block is None else 1,
+                **known,
             )
         )
         if len(chunk) == CHUNK:

@@ -9,8 +9,10 @@ import pandas as pd
 import pytest
 
 from collectors.collector import Collector, CollectorOptions
-from kvobs.block_clock import BlockClock
-from kvobs.store import open_store
+from collectors.kv.ingest import KVIngest
+from kvobs.block_clock import HORIZON_S, BlockClock
+from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored
+from kvobs.store import StoreWriter, open_store
 from tests.collectors.recorded import kv_messages
 from tests.collectors.replay import publisher, wait_subscribed
 from tests.server.conftest import free_port
@@ -95,5 +97,55 @@ def test_a_restarted_collector_writes_the_lifetimes_and_restores_of_one_that_ran
     ]
     assert len(across) > 0, "no loss after the restart of a block stored before it: the test would not tell"
     assert (later["restored"] == 1).sum() > 0
+    whole.close()
+    restarted.close()
+
+
+def _tier_stream() -> list[Batch]:
+    """A cache with a CPU tier below it, as vLLM's offloading connector reports it: each store written through to the
+    tier (self-describing, and as placeholders), the cache losing blocks the tier keeps, the tier dropping its
+    oldest, blocks stored back to both; a reset halfway."""
+    batches, ts = [], 1.8e9
+    for round_ in range(6):
+        base = 100 * (round_ % 3)  # (rounds 3-5 store rounds 0-2's blocks again: restores on both tiers)
+        chain = [base + i for i in range(1, 5)]
+        events: list = [
+            Stored(chain, None, 16, "GPU", 0, f"s{round_}"),
+            Stored(chain, None, 16, "CPU", 0, None),
+            Placeholder([base + 50], "CPU"),
+        ]
+        batches.append(Batch(ts, events))
+        batches.append(Batch(ts + 1, [Removed(chain[2:], "GPU", 0, None), Removed(chain[:1], "CPU", 0, None)]))
+        if round_ == 3:
+            batches.append(Batch(ts + 2, [Cleared()]))
+        ts += 10
+    return batches
+
+
+def test_a_restarted_collector_rebuilds_every_tiers_clock(store_url, tmp_path):
+    """The same from the stream of a cache and its CPU tier (stores, placeholders, removals on each, a reset): the
+    tier's rows get their own lifetimes and restores, the same with and without a restart halfway."""
+    stream = _tier_stream()
+
+    def ingest_into(store, batches, *, warm: bool) -> None:
+        writer = StoreWriter(store)
+        ingest = KVIngest(writer, instance="vllm-a")
+        if warm:
+            ingest.warm(store.lookups.block_history("vllm-a", HORIZON_S))
+        for seq, batch in enumerate(batches):
+            ingest.on_batch(seq, batch)
+        writer.close()
+
+    whole = open_store(f"sqlite:///{tmp_path / 'whole.db'}")
+    ingest_into(whole, stream, warm=False)
+    restarted = open_store(store_url)
+    ingest_into(restarted, stream[:5], warm=False)
+    ingest_into(restarted, stream[5:], warm=True)
+    once, twice = whole.reads.kv_events()[CLOCKED], restarted.reads.kv_events()[CLOCKED]
+    pd.testing.assert_frame_equal(once, twice, check_dtype=False)
+    tier = once[once["kind"].isin(["tier_stored", "tier_removed"])]
+    assert (tier["restored"] == 1).any() and tier["lifetime_s"].notna().any()
+    stored = once[once["kind"] == STORED]
+    assert (stored["restored"] == 1).any()
     whole.close()
     restarted.close()

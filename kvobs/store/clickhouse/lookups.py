@@ -58,7 +58,7 @@ class ClickHouseLookups:
         kinds = ", ".join(f"'{kind}'" for kind in CLOCK_KINDS)
         return self.store.frame(
             f"""SELECT ts, kind, block_hash, medium, group_idx FROM kv_events
-            WHERE instance = {{instance:String}} AND kind IN ({kinds}) AND (first_owner = 1 OR first_owner IS NULL)
+            WHERE instance = {{instance:String}} AND kind IN ({kinds})
               AND ts >= (SELECT max(ts) FROM kv_events WHERE instance = {{instance:String}}) - {{horizon:Float64}}
             ORDER BY ts, id""",
             {"instance": instance, "horizon": float(horizon_s)},

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, select
 
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, CLOCK_KINDS, KVEventKind, StepStatus
 from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow, StepVerdictRow
@@ -77,7 +77,7 @@ class SqlLookups:
         stmt = (
             select(KVEventRow.ts, KVEventRow.kind, KVEventRow.block_hash, KVEventRow.medium, KVEventRow.group_idx)
             .where(KVEventRow.instance == instance, KVEventRow.ts >= latest - horizon_s)
-            .where(KVEventRow.kind.in_(CLOCK_KINDS), or_(KVEventRow.first_owner == 1, KVEventRow.first_owner.is_(None)))
+            .where(KVEventRow.kind.in_(CLOCK_KINDS))
             .order_by(KVEventRow.ts, KVEventRow.id)
         )
         return read(self.store, stmt)
