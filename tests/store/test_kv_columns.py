@@ -1,6 +1,7 @@
 """`KVEventColumns`: KV events handed to the writer as columns are stored exactly as the same rows given as records
-(values, hashes at the edges of 64 bits, NULLs, the per-minute rollup) on SQLite, PostgreSQL and chDB; a refused
-row among them is dropped alone; the spool keeps them across a restart; a misspelt or ragged column fails at once."""
+(values, hashes at the edges of 64 bits, NULLs, the clock's columns, the per-minute rollup) on SQLite, PostgreSQL
+and chDB; a refused row among them is dropped alone; the spool keeps them across a restart; a misspelt or ragged
+column fails at once."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def _records(instance: str) -> list[KVEventRecord]:
                 medium="GPU",
                 first_owner=None if block is None else 1,
                 reason="capacity" if i == 5 else None,
+                lifetime_s=None if i % 2 else 0.25 * i,  # on the removals
+                restored=i // 3 if i % 2 else None,
+                restored_after_s=2.5 if i == 3 else None,
             )
         )
     return rows
