@@ -44,9 +44,15 @@ def render(ctx) -> None:
     c2.metric(
         "blocks stored again after loss",
         f"{churn['restored_blocks']:,}",
-        help="Stored again on the same instance (the same block on two replicas is not a restore).",
+        help="Distinct blocks stored again on the same instance after they were lost there (the same block on two "
+        "replicas is not a restore).",
     )
-    c3.metric("eviction churn", f"{churn['churn']:.1%}", help="Blocks stored again after a loss / distinct blocks.")
+    c3.metric(
+        "eviction churn",
+        "not measured" if churn["churn"] is None else f"{churn['churn']:.1%}",
+        help="Stores that brought back a block lost on the same instance / stores. Known as the events were stored: "
+        "events stored before revision 0021 do not say.",
+    )
     left, right = st.columns(2)
     with left:
         st.subheader("Blocks lost, by reason")

@@ -219,7 +219,8 @@ class Reads(Protocol):
     def stored_blocks(
         self, since=None, until=None, *, latest: int | None = None, instances: Instances = None
     ) -> pd.DataFrame:
-        """`stored` events: the hash chains with who stored them and when, oldest first; `latest`: the newest N."""
+        """`stored` events: the hash chains with who stored them and when, and whether each was a restore (`restored`),
+        oldest first; `latest`: the newest N."""
         ...
 
     def top_restored_blocks(

@@ -325,7 +325,7 @@ class ClickHouseReads(ComposedReads):
 
     def stored_blocks(self, since=None, until=None, *, latest: int | None = None, instances=None) -> pd.DataFrame:
         where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
-        columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id"
+        columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id, restored"
         if latest is None:
             return self.store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)
         newest = self.store.frame(

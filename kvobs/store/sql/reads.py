@@ -328,8 +328,9 @@ class SqlReads(ComposedReads):
     def stored_blocks(
         self, since=None, until=None, *, latest: int | None = None, instances: Instances = None
     ) -> pd.DataFrame:
-        """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, oldest first;
-        `latest`: only the newest this many (chosen in SQL, by the `(kind, ts)` index)."""
+        """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, and whether
+        each brought back a block lost there (`restored`), oldest first; `latest`: only the newest this many (chosen in
+        SQL, by the `(kind, ts)` index)."""
         stmt = select(
             KVEventRow.ts,
             KVEventRow.instance,
@@ -338,6 +339,7 @@ class SqlReads(ComposedReads):
             KVEventRow.num_tokens,
             KVEventRow.session_id,
             KVEventRow.request_id,
+            KVEventRow.restored,
         )
         stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
         stmt = _between(stmt, KVEventRow.ts, since, until)
