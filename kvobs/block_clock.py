@@ -45,8 +45,7 @@ class BlockClock:
             gaps = gaps if any(gap is not None for gap in gaps) else None
         stored_at = self.stored_at
         stored_at.update(dict.fromkeys(hashes, ts))
-        if len(stored_at) > self.max_blocks:
-            _drop_oldest(stored_at, len(stored_at) - self.max_blocks + min(TRIM, self.max_blocks // 100))
+        self._bound(stored_at)
         return gaps
 
     def lost(self, hashes: Iterable, ts: float) -> list[float | None]:
@@ -75,8 +74,7 @@ class BlockClock:
 
     def _trim(self, ts: float) -> None:
         lost_at, oldest = self.lost_at, ts - self.horizon_s
-        if len(lost_at) > self.max_blocks:
-            _drop_oldest(lost_at, len(lost_at) - self.max_blocks + min(TRIM, self.max_blocks // 100))
+        self._bound(lost_at)
         if lost_at and next(iter(lost_at.values())) < oldest:
             expired = 0
             for t in lost_at.values():
@@ -84,6 +82,11 @@ class BlockClock:
                     break
                 expired += 1
             _drop_oldest(lost_at, expired)
+
+    def _bound(self, entries: dict) -> None:
+        """Past `max_blocks`, drop the oldest, and a margin more (`TRIM`) so the next drop is a while away."""
+        if len(entries) > self.max_blocks:
+            _drop_oldest(entries, len(entries) - self.max_blocks + min(TRIM, self.max_blocks // 100))
 
 
 def _drop_oldest(entries: dict, n: int) -> None:

@@ -270,15 +270,13 @@ def eviction_churn(stored: pd.DataFrame) -> dict:
     `restored_blocks` (distinct ones brought back), `extra_stores` (the restores), `churn` = restores / stores, over
     the stores that know (None where none does: events stored before revision 0021). `stored`: `stored_blocks` rows
     (`instance`, `block_hash`, `restored`)."""
-    if len(stored):  # grouped as uint64, not Python ints: ten times faster at 100,000 blocks
-        blocks = pd.DataFrame({"instance": stored["instance"].to_numpy(), "block": _as_uint64(stored["block_hash"])[0]})
-    else:
-        blocks = pd.DataFrame({"instance": [], "block": []})
-    known = stored["restored"].notna().to_numpy() if "restored" in stored else np.zeros(len(stored), dtype=bool)
-    again = known & (stored["restored"].to_numpy() == 1) if known.any() else known
+    # grouped as uint64, not Python ints: ten times faster at 100,000 blocks
+    blocks = pd.DataFrame({"instance": stored["instance"].to_numpy(), "block": _as_uint64(stored["block_hash"])[0]})
+    restored = stored["restored"].to_numpy(dtype=float)  # NaN: the store does not say
+    known, again = int((~np.isnan(restored)).sum()), restored == 1
     return {
         "blocks": len(blocks.drop_duplicates()),
         "restored_blocks": len(blocks[again].drop_duplicates()),
         "extra_stores": int(again.sum()),
-        "churn": float(again.sum() / known.sum()) if known.any() else None,
+        "churn": float(again.sum() / known) if known else None,
     }

@@ -122,10 +122,12 @@ def _exported_by(body: bytes, instance: str) -> bytes:
 
 
 @contextmanager
-def collect_recorded_source(store, source: str):
+def collect_recorded_source(store, source: str, *, messages=None):
     """One source of the recorded run alone through a real collector, as a user who gave it only that flag: `kv`
     (`--kv-events`), `scrape` (`--vllm-url`), `spans` (`--otlp-http`, vLLM's request spans), or `steps` (the SDK's
-    recorder alone); yield the stopped collector (None for `steps`)."""
+    recorder alone); yield the stopped collector (None for `steps`). `messages`: for `kv`, these KV-event frames
+    (a stretch of the recording) rather than all of them."""
+    messages = kv_messages() if messages is None else messages
     if source == "steps":
         record_agent_steps(store)
         yield None
@@ -150,10 +152,10 @@ def collect_recorded_source(store, source: str):
             if source == "kv":
                 pub = stack.enter_context(publisher(f"tcp://127.0.0.1:{port}", bind=False))
                 wait_subscribed(pub)
-                for message in kv_messages():
+                for message in messages:
                     pub.send_multipart(message.frames)
                 (stream,) = collector.streams
-                wait_for(lambda: stream.subscriber.num_batches == len(kv_messages()))
+                wait_for(lambda: stream.subscriber.num_batches == len(messages))
             elif source == "scrape":
                 wait_for(lambda: collector.scraper.num_scrapes >= 1)
                 for _ in scrapes()[1:]:

@@ -8,16 +8,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from collectors.collector import Collector, CollectorOptions
 from collectors.kv.ingest import KVIngest
 from kvobs.block_clock import HORIZON_S, BlockClock
 from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored
 from kvobs.store import StoreWriter, open_store
 from tests.collectors.recorded import kv_messages
-from tests.collectors.replay import publisher, wait_subscribed
-from tests.server.conftest import free_port
+from tests.collectors.recorded_run import collect_recorded_source
 from tests.store.hash_lookups import STORED, lifetimes_by_hash, restores_by_hash
-from tests.waiting import wait_for
 
 RUNS = ["vllm_run", "fleet_run", "served_fleet", "vllm_fleet", "agent_run"]
 
@@ -58,20 +55,8 @@ def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds():
 
 def _collect_kv(store, messages) -> None:
     """The KV-event frames through a real collector (KV events only) into `store`, then stopped."""
-    collector = Collector(
-        CollectorOptions(kv_events=[f"vllm-cpu=tcp://127.0.0.1:{(port := free_port())}"], kv_events_bind=True),
-        store=store,
-    )
-    collector.start()
-    try:
-        with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:
-            wait_subscribed(pub)
-            for message in messages:
-                pub.send_multipart(message.frames)
-            (stream,) = collector.streams
-            wait_for(lambda: stream.subscriber.num_batches == len(messages))
-    finally:
-        collector.stop()
+    with collect_recorded_source(store, "kv", messages=messages):
+        pass
 
 
 CLOCKED = ["ts", "kind", "block_hash", "lifetime_s", "restored", "restored_after_s"]

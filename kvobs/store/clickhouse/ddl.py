@@ -147,8 +147,16 @@ _SESSION_RANGES = [
         FROM (SELECT instance, ts FROM kv_events WHERE session_id = '') GROUP BY instance""",
 ]
 
+
+def _kv_columns_added(*columns: tuple[str, str, str]) -> list[str]:
+    """`ALTER TABLE kv_events ADD COLUMN` statements, each (name, type, the column it follows)."""
+    return [
+        f"ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS {name} {type_} AFTER {after}" for name, type_, after in columns
+    ]
+
+
 # Version 4: the blocks an event without a block hash covers (SQL revision 0008).
-_NUM_BLOCKS = ["ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS num_blocks Nullable(Int32) AFTER first_owner"]
+_NUM_BLOCKS = _kv_columns_added(("num_blocks", "Nullable(Int32)", "first_owner"))
 
 # Version 5: engine runs (SQL revision 0009); the same run written twice (an engine and a collector) is one row.
 _RUNS = [
@@ -172,16 +180,14 @@ _LEASES = [
     ) ENGINE = ReplacingMergeTree(written_at) ORDER BY (instance, holder)""",
 ]
 
+
 # Version 8: what vLLM says of a block beyond its hash (SQL revision 0012).
-_KV_GROUPS = [
-    f"ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS {name} {type_} AFTER {after}"
-    for name, type_, after in (
-        ("group_idx", "Nullable(Int16)", "num_blocks"),
-        ("kv_cache_spec_kind", "LowCardinality(Nullable(String))", "group_idx"),
-        ("lora_name", "LowCardinality(Nullable(String))", "kv_cache_spec_kind"),
-        ("extra_keys", "Nullable(String)", "lora_name"),
-    )
-]
+_KV_GROUPS = _kv_columns_added(
+    ("group_idx", "Nullable(Int16)", "num_blocks"),
+    ("kv_cache_spec_kind", "LowCardinality(Nullable(String))", "group_idx"),
+    ("lora_name", "LowCardinality(Nullable(String))", "kv_cache_spec_kind"),
+    ("extra_keys", "Nullable(String)", "lora_name"),
+)
 
 # Version 9: each failed step's verdict once its session settled (SQL revision 0013); decided again, the later wins.
 _STEP_VERDICTS = [
@@ -286,13 +292,10 @@ _LOOKUP_TIERS = [
 # Version 18: a block's loss and its store back, known at ingest (SQL revision 0021); no read looks a block up by
 # its hash any more, so its bloom-filter index goes (it cost every insert).
 _BLOCK_CLOCK = [
-    *(
-        f"ALTER TABLE kv_events ADD COLUMN IF NOT EXISTS {name} {type_} AFTER {after}"
-        for name, type_, after in (
-            ("lifetime_s", "Nullable(Float64)", "extra_keys"),
-            ("restored", "Nullable(UInt8)", "lifetime_s"),
-            ("restored_after_s", "Nullable(Float64)", "restored"),
-        )
+    *_kv_columns_added(
+        ("lifetime_s", "Nullable(Float64)", "extra_keys"),
+        ("restored", "Nullable(UInt8)", "lifetime_s"),
+        ("restored_after_s", "Nullable(Float64)", "restored"),
     ),
     "ALTER TABLE kv_events DROP INDEX IF EXISTS ix_block_hash",
 ]
