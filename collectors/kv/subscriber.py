@@ -2,11 +2,11 @@
 
     subscriber = KVEventSubscriber("tcp://vllm:5557", handle, drops, replay_endpoint="tcp://vllm:5558")
     subscriber.start()     # a thread receives, checks, decodes; handle(seq, batch) runs on it, in sequence order
+    subscriber.stop()
 
 `decode` is the engine's adapter at the door: a payload -> normalized events (`kvobs.block_events`); vLLM's
 (`kvobs.vllm.normalize.decode`) by default, and any engine that publishes vLLM's framing (topic, 8-byte sequence,
 payload) plugs its own in.
-    subscriber.stop()
 
 Connect or bind: vLLM binds a wildcard endpoint (`tcp://*:5557`: we connect to `tcp://host:5557`) and
 connects to a concrete one (then we bind it); `bind=None` follows vLLM's rule from the endpoint we are given
@@ -17,7 +17,8 @@ everything from the first missing number (both reply forms: `(topic, seq, payloa
 0.24 and earlier, until the end mark) and delivers it in order before going on; the live copies of replayed batches
 are then skipped. Batches the replay cannot supply are counted in `num_lost`. A lost tail (the last batches of a
 burst, with no later number to reveal the gap) is asked for once the stream has been quiet for `tail_check_s`: what
-the replay returns is delivered (`num_tail_recovered`); without a replay endpoint such a tail cannot be known.
+the replay returns is delivered (`num_tail_recovered`), and a live copy still on its way is skipped when it comes;
+without a replay endpoint such a tail cannot be known.
 
 A restart is told from a duplicate by what follows: a publisher that restarted numbers from 0 again, so a number
 going back to 0, or going back and then followed by its successor, means the publisher restarted (`on_restart()` is
@@ -258,6 +259,7 @@ class KVEventSubscriber:
                 if seq == -1:
                     break
                 if start <= seq < stop and seq >= (self._expected or 0):
+                    self._replayed.add(seq)  # its live copy may still be on the way (a tail check races it)
                     self._deliver(seq, payload)
                     delivered += 1
                     self.num_replayed += 1
