@@ -2,8 +2,9 @@
 
 The registry is each tier's `ChainTracker` (a resident block's parent and owners: footprints, losses) and, since
 revision 0021, its `BlockClock` (when each resident block was stored, when each recently lost one was lost: the
-`lifetime_s` and `restored` columns). Each case runs in a fresh process that stores `--blocks` blocks in chains of
-`--chain` (sessions of their own), as a cache under no pressure holds them, then loses and stores back a tenth:
+`lifetime_s` and `restored` columns). Each case runs in a fresh process that stores `--blocks` blocks (64-bit
+hashes) in chains of `--chain` (sessions of their own), as a cache under no pressure holds them, then loses and stores
+back a tenth:
 
 - baseline: the chains alone (what the registry was before the clock);
 - chains + clock: both, as `KVIngest` feeds them.
@@ -27,6 +28,7 @@ from collectors.kv.chains import ChainTracker
 from kvobs.block_clock import BlockClock
 
 CASES = ("chains alone", "chains + clock")
+HASH0 = 1 << 63  # block hashes are 64-bit: an int object of that size, as the wire's are (not a small int's)
 
 
 def rss_mb() -> float:
@@ -40,14 +42,14 @@ def _case(case: str, blocks: int, chain: int, out) -> None:
     clock = BlockClock(max_blocks=blocks + 1) if case == "chains + clock" else None
     started = time.process_time()
     for first in range(0, blocks, chain):
-        hashes = list(range(first + 1, first + chain + 1))
+        hashes = list(range(HASH0 + first + 1, HASH0 + first + chain + 1))
         ts = 1.8e9 + first * 1e-4
         chains.stored(hashes, None, f"s{first // chain}")
         if clock is not None:
             clock.stored(hashes, ts)
     stored_s = time.process_time() - started
     held = rss_mb() - before
-    tenth = list(range(1, blocks // 10 + 1))
+    tenth = list(range(HASH0 + 1, HASH0 + blocks // 10 + 1))
     for block_hash in tenth:  # a tenth lost, then stored back: the clock's lost side too
         chains.removed(block_hash)
     if clock is not None:

@@ -84,9 +84,14 @@ class BlockClock:
             _drop_oldest(lost_at, expired)
 
     def _bound(self, entries: dict) -> None:
-        """Past `max_blocks`, drop the oldest, and a margin more (`TRIM`) so the next drop is a while away."""
         if len(entries) > self.max_blocks:
-            _drop_oldest(entries, len(entries) - self.max_blocks + min(TRIM, self.max_blocks // 100))
+            _drop_oldest(entries, overflow(len(entries), self.max_blocks))
+
+
+def overflow(size: int, max_blocks: int) -> int:
+    """How many of the oldest to drop from a dict past its bound: the excess, and a margin more (`TRIM`) so that the
+    next drop is a while away."""
+    return size - max_blocks + min(TRIM, max_blocks // 100)
 
 
 def _drop_oldest(entries: dict, n: int) -> None:

@@ -12,10 +12,10 @@ Per-session footprints count blocks resident now, stored, and lost (removed or c
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 
-from kvobs.block_clock import BlockClock
+from kvobs.block_clock import BlockClock, overflow
 
 # A tracked block is a plain tuple `(parent, owners)`: one is made for every stored block, thousands a second, and
 # a tuple display is several times cheaper to make than a NamedTuple or a dataclass.
@@ -34,14 +34,16 @@ class Footprint:
 
 class ChainTracker:
     """Args:
-    max_blocks: resident hashes remembered at most (oldest forgotten first; a bound against a lost stream).
+    max_blocks: resident hashes remembered at most (past it the oldest are forgotten, and a margin more; a bound
+        against a lost stream).
     clock: when its blocks were stored and lost (`kvobs.block_clock`), which its caller feeds; a new one by default.
     """
 
     def __init__(self, max_blocks: int = 2_000_000, clock: BlockClock | None = None) -> None:
         self.max_blocks = max_blocks
         self.clock = BlockClock() if clock is None else clock
-        self.blocks: OrderedDict[int | bytes, Block] = OrderedDict()
+        # a plain dict, in insertion order (an OrderedDict holds a linked-list node per key as well)
+        self.blocks: dict[int | bytes, Block] = {}
         self.footprints: dict[str | None, Footprint] = {}
         self.num_unknown_removed = 0  # removals of blocks not resident (stored before we subscribed, or twice)
         self.num_repeated = 0  # stores of blocks already resident (an announcement again)
@@ -73,11 +75,16 @@ class ChainTracker:
         footprint = self.footprints.get(session) or self.footprint(session)  # (the call only for a new session)
         footprint.resident += new
         footprint.stored += new
-        while len(blocks) > self.max_blocks:
-            _, forgotten = self.blocks.popitem(last=False)
-            for owner in forgotten[OWNERS]:
-                self.footprint(owner).resident -= 1
+        if len(blocks) > self.max_blocks:
+            self._forget(overflow(len(blocks), self.max_blocks))
         return firsts
+
+    def _forget(self, n: int) -> None:
+        """Forget the `n` blocks stored first (no loss: they leave their footprints' resident count only)."""
+        blocks = self.blocks
+        for block_hash in list(islice(blocks, n)):
+            for owner in blocks.pop(block_hash)[OWNERS]:
+                self.footprint(owner).resident -= 1
 
     def removed(self, block_hash, lost: bool = True) -> Block | None:
         """The removed block's `(parent, owners)`; None when it was stored before we subscribed. `lost` False: its

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from collectors.kv.chains import ChainTracker, Footprint
 from collectors.kv.ingest import KVIngest
 from kvobs.block_clock import HORIZON_S, BlockClock
 from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored
@@ -51,6 +52,17 @@ def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds():
     assert clock.stored([1], 60.0) == [10.0] and clock.stored([3], 200.0) is None  # 3 lost 150 s ago: past the horizon
     assert clock.stored([4, 5, 6, 7], 210.0) is None and list(clock.stored_at) == [4, 5, 6, 7]  # the oldest forgotten
     assert clock.lost([1], 220.0) == [None]
+
+
+def test_the_chains_forget_their_oldest_past_their_bound_and_the_owners_footprints_say_so():
+    chains = ChainTracker(max_blocks=200)
+    for n in range(26):  # 26 sessions' chains of 8 blocks: 208 stored, 8 past the bound
+        chains.stored(list(range(8 * n, 8 * n + 8)), None, f"s{n}")
+    assert len(chains.blocks) == 198 and next(iter(chains.blocks)) == 10  # the excess and a margin of 1%, oldest first
+    assert chains.footprints["s0"] == Footprint(resident=0, stored=8) and chains.footprints["s1"].resident == 6
+    assert chains.footprints["s25"].resident == 8
+    assert chains.removed(3) is None and chains.num_unknown_removed == 1  # forgotten: its loss is no one's
+    assert chains.removed(10) == (9, ("s1",)) and chains.footprints["s1"] == Footprint(resident=5, stored=8, removed=1)
 
 
 def _collect_kv(store, messages) -> None:
