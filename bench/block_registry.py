@@ -12,7 +12,13 @@ back a tenth:
 Printed per case: the process's RSS growth over the structure, per million blocks, and the CPU time per block
 stored.
 
+Then a restarted collector's rebuild (`Collector.start`): a store holding `--rebuild-rows` KV-event rows of one
+instance within the clock's horizon (stores, and a tenth of them lost), read back a window at a time and fed to the
+clocks (`collectors.kv.rebuild.rebuild_clocks`), in a fresh process: its seconds and the process's peak RSS growth.
+The baseline is a plain count of the rows, in the same run.
+
     python bench/block_registry.py [--blocks 1000000 10000000] [--chain 8]
+    python bench/block_registry.py --rebuild-rows 1000000 --rebuild-store chdb:////tmp/ch  # (SQLite by default)
 """
 
 from __future__ import annotations
@@ -20,12 +26,20 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import resource
+import tempfile
 import time
 
 from results import Result, record  # bench/ is on sys.path when a script in it runs
+from stores import count_events
+from tqdm import tqdm
 
+from collectors.kv.batch_rows import STORED
 from collectors.kv.chains import ChainTracker
-from kvobs.block_clock import BlockClock
+from collectors.kv.ingest import KVIngest
+from collectors.kv.rebuild import rebuild_clocks
+from kvobs.block_clock import HORIZON_S, BlockClock
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.rows import KVEventRecord
 
 CASES = ("chains alone", "chains + clock")
 HASH0 = 1 << 63  # block hashes are 64-bit: an int object of that size, as the wire's are (not a small int's)
@@ -58,20 +72,67 @@ def _case(case: str, blocks: int, chain: int, out) -> None:
     out.send((held, stored_s))
 
 
-def measure(case: str, blocks: int, chain: int) -> tuple[float, float]:
-    """(RSS MB held by `blocks` resident blocks, CPU s to store them), in a fresh process."""
+def _fill(url: str, rows: int, instance: str, out) -> None:
+    """Unless the store holds them: `rows` KV-event rows of `instance` within the clock's horizon, stores in chains
+    of 8 and a tenth of the blocks lost."""
+    store, chunk, t0 = open_store(url), [], 1.8e9
+    todo = rows - count_events(store)
+    for i in tqdm(range(todo), desc="kv_events", unit="row", mininterval=1, unit_scale=True):
+        ts, kind, block = t0 + HORIZON_S * 0.99 * i / todo, STORED, HASH0 + i
+        if i % 10 == 9:  # the store of 9 rows back lost
+            kind, block = "evicted", HASH0 + i - 9
+        chunk.append(KVEventRecord(ts=ts, instance=instance, kind=kind, block_hash=block, medium="GPU", first_owner=1))
+        if len(chunk) == 50_000:
+            store.write([("insert", chunk)])
+            chunk = []
+    store.write([("insert", chunk)])
+    store.close()
+    out.send(None)
+
+
+def _rebuild(url: str, instance: str, out) -> None:
+    store = open_store(url)
+    before = max(rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    started = time.perf_counter()
+    count_events(store)
+    count_s = time.perf_counter() - started
+    started = time.perf_counter()
+    read = rebuild_clocks(KVIngest(StoreWriter(store), instance=instance), store.lookups)
+    rebuild_s = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    store.close()
+    out.send((count_s, read, rebuild_s, peak))
+
+
+def in_child(target, *args):
+    """`target(*args, pipe)` in a fresh process (chDB: one process per data directory); what it sent."""
     receive, send = multiprocessing.Pipe(duplex=False)
-    proc = multiprocessing.get_context("fork").Process(target=_case, args=(case, blocks, chain, send))
+    proc = multiprocessing.get_context("fork").Process(target=target, args=(*args, send))
     proc.start()
     result = receive.recv()
     proc.join()
     return result
 
 
+def rebuild(url: str, rows: int) -> list[Result]:
+    """Fill a store at `url` (unless it holds the rows), then time the rebuild against a count."""
+    in_child(_fill, url, rows, "vllm-0")
+    count_s, read, rebuild_s, peak = in_child(_rebuild, url, "vllm-0")
+    backend = url.split(":", 1)[0]
+    print(f"| {backend} | {read:,} | {count_s:.3f} | {rebuild_s:.2f} | {read / rebuild_s:,.0f} | {peak:,.0f} |")
+    case = f"restart rebuild from {read:,} rows ({backend})"
+    return [
+        Result("block_registry", f"{case}: rebuild_clocks", rebuild_s, "s", rebuild_s / count_s, "count of the rows"),
+        Result("block_registry", f"{case}: peak RSS growth", peak, "MB", 1.0, "itself"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--chain", type=int, default=8)
+    parser.add_argument("--rebuild-rows", type=int, nargs="*", default=[1_000_000], help="none: no rebuild case")
+    parser.add_argument("--rebuild-store", help="a store URL (one size); default: SQLite in a temporary directory")
     args = parser.parse_args(argv)
     results = []
     print("| resident blocks | case | RSS held (MB) | MB per million blocks | CPU µs per block stored |")
@@ -79,7 +140,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     for blocks in args.blocks:
         baseline = None
         for case in CASES:
-            held, stored_s = measure(case, blocks, args.chain)
+            held, stored_s = in_child(_case, case, blocks, args.chain)  # (RSS MB held, CPU s to store)
             per_million = held / (blocks / 1e6)
             print(f"| {blocks:,} | {case} | {held:,.0f} | {per_million:,.0f} | {stored_s / blocks * 1e6:.2f} |")
             baseline = baseline or (held, stored_s)
@@ -103,6 +164,15 @@ def main(argv: list[str] | None = None) -> list[Result]:
                     "chains alone",
                 )
             )
+    if args.rebuild_rows:
+        print("\n| store | rows read | count (s) | rebuild (s) | rows/s | peak RSS growth (MB) |")
+        print("|---|---|---|---|---|---|")
+    for rows in args.rebuild_rows:
+        if args.rebuild_store:
+            results += rebuild(args.rebuild_store, rows)
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            results += rebuild(f"sqlite:///{tmp}/kvobs.db", rows)
     return results
 
 

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from results import Result, record  # bench/ is on sys.path when a script in it runs
+from stores import count_events
 from tqdm import tqdm
 
 from collectors.jobs.step_verdicts import VerdictKeeper
@@ -55,7 +56,6 @@ from kvobs.store.rows import (
     StepRecord,
     VerdictProgressRecord,
 )
-from kvobs.store.sql.store import SqlStore
 
 HOURS = 6
 T0 = 1.79e9
@@ -253,14 +253,6 @@ def failure(rng: random.Random) -> dict:
     if rng.random() >= 0.05:
         return {"status": "ok"}
     return {"status": "error", "error_type": rng.choice(FAILURES)}
-
-
-def count_events(store) -> int:
-    """The baseline: a plain count of kv_events, in the store's own SQL."""
-    if isinstance(store, SqlStore):
-        with store.engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT count(*) FROM kv_events").scalar()
-    return int(store.frame("SELECT count() AS n FROM kv_events")["n"].iloc[0])
 
 
 def pages(store, since, until) -> dict:

@@ -48,7 +48,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
         "span_steps": ["--conversations", "50", "--steps", "3", "--repeats", "1"],
         "ownership": ["--copies", "5"],
         "collector_memory": ["--sessions", "2000", "--session-idle-s", "5", "--report-every", "500"],
-        "block_registry": ["--blocks", "20000"],
+        "block_registry": ["--blocks", "20000", "--rebuild-rows", "20000"],
         "rollup_writes": ["--seconds", "120", "--instances", "2", "--requests", "500", "--repeats", "1"],
         "dashboard_queries": ["--sizes", "sqlite:2000", "sqlite:5000", "--repeats", "1", "--dir", workdir],
     }

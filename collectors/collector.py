@@ -28,6 +28,7 @@ from collectors.jobs.step_verdicts import VerdictKeeper
 from collectors.kv.bridge import KVSpanBridge
 from collectors.kv.ingest import KVIngest
 from collectors.kv.poller import KVEventPoller
+from collectors.kv.rebuild import rebuild_clocks
 from collectors.kv.silence import SILENCE_S, KVSilenceWatch
 from collectors.kv.streams import KVStreamSpec, parse_streams
 from collectors.kv.subscriber import KVEventSubscriber
@@ -39,7 +40,6 @@ from collectors.traces.otlp_receiver import OTLPReceiver, split_host_port
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
-from kvobs.block_clock import HORIZON_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
 from kvobs.store.leases import LeaseKeeper
@@ -240,7 +240,7 @@ class Collector:
         collector holds a replica, OSError when an address is taken or unusable."""
         self.leases.claim()
         for stream in self.streams:  # a restart goes on with the lifetimes and restores of the rows before it
-            stream.ingest.warm(self.store.lookups.block_history(stream.spec.instance, HORIZON_S))
+            rebuild_clocks(stream.ingest, self.store.lookups)
         if self.forwarder is not None:
             self.forwarder.start()
         for stream in self.streams:

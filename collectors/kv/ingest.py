@@ -165,9 +165,8 @@ class KVIngest:
         self._flush(now, rows)
 
     def warm(self, history: pd.DataFrame) -> int:
-        """Rebuild the tiers' block clocks from the store's rows of this instance (`Lookups.block_history`, oldest
-        first): a restarted collector then writes the same lifetimes and restores as one that ran on. Returns the
-        rows read. (Only the clocks: which session owns a resident block is not rebuilt.)"""
+        """Feed the tiers' block clocks the store's rows of this instance (`Lookups.block_history`, oldest first), as
+        the stream fed them (a restart: `collectors.kv.rebuild`); returns the rows read."""
         with self.lock:
             for ts, kind, block_hash, medium, group in history[list(HISTORY)].itertuples(index=False, name=None):
                 if kind == CLEARED:
@@ -182,8 +181,6 @@ class KVIngest:
                     chains.clock.stored([block_hash], ts)
                 else:
                     chains.clock.lost((block_hash,), ts)
-        if len(history):
-            log.info("KV events of %s: block clocks rebuilt from %d stored rows", self.instance, len(history))
         return len(history)
 
     @property

@@ -258,10 +258,14 @@ class Lookups(Protocol):
         and tier (one row per loss, its first owner's)."""
         ...
 
-    def block_history(self, instance: str, horizon_s: float) -> pd.DataFrame:
-        """The instance's block stores, losses and clears of the `horizon_s` before its latest event, oldest first
-        (`ts`, `kind`, `block_hash`, `medium`, `group_idx`): what a restarted collector's block clocks are rebuilt
-        from (`collectors.kv.ingest.KVIngest.warm`)."""
+    def latest_kv_ts(self, instance: str) -> float | None:
+        """The time of the instance's latest KV event (None: it has none)."""
+        ...
+
+    def block_history(self, instance: str, since: float, until: float) -> pd.DataFrame:
+        """The instance's block stores, losses and clears with `since <= ts < until`, oldest first (`ts`, `kind`,
+        `block_hash`, `medium`, `group_idx`): what a restarted collector's block clocks are rebuilt from, a window at a
+        time (`collectors.kv.ingest.KVIngest.rebuild_clocks`)."""
         ...
 
     def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:

@@ -10,8 +10,10 @@ import pytest
 
 from collectors.kv.chains import ChainTracker, Footprint
 from collectors.kv.ingest import KVIngest
-from kvobs.block_clock import HORIZON_S, BlockClock
+from collectors.kv.rebuild import WINDOW_S, rebuild_clocks
+from kvobs.block_clock import BlockClock
 from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored
+from kvobs.semconv.spans import CLOCK_KINDS
 from kvobs.store import StoreWriter, open_store
 from tests.collectors.recorded import kv_messages
 from tests.collectors.recorded_run import collect_recorded_source
@@ -119,16 +121,20 @@ def _tier_stream() -> list[Batch]:
     return batches
 
 
-def test_a_restarted_collector_rebuilds_every_tiers_clock(store_url, tmp_path):
+@pytest.mark.parametrize("window_s", [WINDOW_S, 5.0])
+def test_a_restarted_collector_rebuilds_every_tiers_clock(store_url, tmp_path, window_s):
     """The same from the stream of a cache and its CPU tier (stores, placeholders, removals on each, a reset): the
-    tier's rows get their own lifetimes and restores, the same with and without a restart halfway."""
+    tier's rows get their own lifetimes and restores, the same with and without a restart halfway; the same whether
+    the rebuild reads the store in one window or in windows whose edges fall on rows (5 s: every 10 s a batch at
+    +0, +1 and +2 s)."""
     stream = _tier_stream()
 
     def ingest_into(store, batches, *, warm: bool) -> None:
         writer = StoreWriter(store)
         ingest = KVIngest(writer, instance="vllm-a")
         if warm:
-            ingest.warm(store.lookups.block_history("vllm-a", HORIZON_S))
+            held = store.reads.kv_events()["kind"].isin(CLOCK_KINDS).sum()  # every one within the horizon
+            assert rebuild_clocks(ingest, store.lookups, window_s=window_s) == held > 0
         for seq, batch in enumerate(batches):
             ingest.on_batch(seq, batch)
         writer.close()

@@ -256,12 +256,13 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
             ("stored_blocks", window, {"latest": 100}, True),
             ("kv_event_counts", window, {"bucket_s": 5.0}, False),
         ]
+    calls += [("latest_kv_ts", (instance,), {}, True) for instance in [*store.reads.instances(), "no-such-instance"]]
     for since, until in ((first, last), middle):
         calls += [
             (name, (since, until), {}, False) for name in ("restored_blocks", "block_lifetimes", "cached_prompt_tokens")
         ]
         calls += [("step_windows", (since, until, bucket), {}, True) for bucket in (5.0, 60.0)]
-        calls += [("block_history", (instance, until - since), {}, True) for instance in store.reads.instances()]
+        calls += [("block_history", (instance, since, until), {}, True) for instance in store.reads.instances()]
         calls += [
             ("minute_rollup", (rollup.table, since - 60.0, until + 60.0), {**scope, **bucket}, True)
             for rollup in ROLLUPS

@@ -54,14 +54,21 @@ class ClickHouseLookups:
             {"since": float(since), "until": float(until)},
         )
 
-    def block_history(self, instance: str, horizon_s: float) -> pd.DataFrame:
+    def latest_kv_ts(self, instance: str) -> float | None:
+        frame = self.store.frame(
+            "SELECT max(ts) AS latest, count() AS n FROM kv_events WHERE instance = {instance:String}",
+            {"instance": instance},
+        )
+        return float(frame["latest"].iloc[0]) if frame["n"].iloc[0] else None  # (max of no rows is 0 there)
+
+    def block_history(self, instance: str, since: float, until: float) -> pd.DataFrame:
         kinds = ", ".join(f"'{kind}'" for kind in CLOCK_KINDS)
         return self.store.frame(
             f"""SELECT ts, kind, block_hash, medium, group_idx FROM kv_events
             WHERE instance = {{instance:String}} AND kind IN ({kinds})
-              AND ts >= (SELECT max(ts) FROM kv_events WHERE instance = {{instance:String}}) - {{horizon:Float64}}
+              AND ts >= {{since:Float64}} AND ts < {{until:Float64}}
             ORDER BY ts, id""",
-            {"instance": instance, "horizon": float(horizon_s)},
+            {"instance": instance, "since": float(since), "until": float(until)},
         )
 
     def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:

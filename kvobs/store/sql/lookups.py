@@ -72,11 +72,14 @@ class SqlLookups:
         )
         return read(self.store, stmt)
 
-    def block_history(self, instance: str, horizon_s: float) -> pd.DataFrame:
-        latest = select(func.max(KVEventRow.ts)).where(KVEventRow.instance == instance).scalar_subquery()
+    def latest_kv_ts(self, instance: str) -> float | None:
+        with self.store.engine.connect() as conn:  # one seek down the (instance, ts) index
+            return conn.execute(select(func.max(KVEventRow.ts)).where(KVEventRow.instance == instance)).scalar()
+
+    def block_history(self, instance: str, since: float, until: float) -> pd.DataFrame:
         stmt = (
             select(KVEventRow.ts, KVEventRow.kind, KVEventRow.block_hash, KVEventRow.medium, KVEventRow.group_idx)
-            .where(KVEventRow.instance == instance, KVEventRow.ts >= latest - horizon_s)
+            .where(KVEventRow.instance == instance, KVEventRow.ts >= since, KVEventRow.ts < until)
             .where(KVEventRow.kind.in_(CLOCK_KINDS))
             .order_by(KVEventRow.ts, KVEventRow.id)
         )
