@@ -52,7 +52,6 @@ RESTART = "restart"
 # ZMQ socket buffers what vLLM publishes (its high-water mark is vLLM's: 100,000 batches), so a burst is stored,
 # not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
 STORE_WAIT_S = 10.0
-HISTORY = ("ts", "kind", "block_hash", "medium", "group_idx")  # `Lookups.block_history`'s columns, in this order
 OPEN = (UNKNOWN, BEFORE)  # verdicts a request joined later can still change
 
 
@@ -164,24 +163,16 @@ class KVIngest:
         self._cleared(rows, RESTART, self._latest_ts if self._latest_ts > float("-inf") else now)  # (stream time)
         self._flush(now, rows)
 
-    def warm(self, history: pd.DataFrame) -> int:
-        """Feed the tiers' block clocks the store's rows of this instance (`Lookups.block_history`, oldest first), as
-        the stream fed them (a restart: `collectors.kv.rebuild`); returns the rows read."""
-        with self.lock:
-            for ts, kind, block_hash, medium, group in history[list(HISTORY)].itertuples(index=False, name=None):
-                if kind == CLEARED:
-                    for chains in (self.chains, *self.tiers.values()):
-                        chains.clock.cleared(ts)
-                    continue
-                group = None if pd.isna(group) else int(group)
-                if self.primary is None and kind == STORED:
-                    self.primary = (medium, group or 0)
-                chains = self._routes.get((medium, group)) or self._tier(medium, group)
-                if kind in (STORED, TIER_STORED):
-                    chains.clock.stored([block_hash], ts)
-                else:
-                    chains.clock.lost((block_hash,), ts)
-        return len(history)
+    def clock_of(self, medium: str | None, group: int | None, kind: str) -> BlockClock:
+        """The block clock of a stored row's tier, as the stream routed its event (the first store names the
+        primary): a restart's rebuild feeds it (`collectors.kv.rebuild`), holding `lock`."""
+        if self.primary is None and kind == STORED:
+            self.primary = (medium, group or 0)
+        return (self._routes.get((medium, group)) or self._tier(medium, group)).clock
+
+    def clocks(self) -> list[BlockClock]:
+        """Every tier's block clock."""
+        return [chains.clock for chains in (self.chains, *self.tiers.values())]
 
     @property
     def num_repeated_stores(self) -> int:
