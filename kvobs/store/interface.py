@@ -265,7 +265,7 @@ class Lookups(Protocol):
     def block_history(self, instance: str, since: float, until: float) -> pd.DataFrame:
         """The instance's block stores, losses and clears with `since <= ts < until`, oldest first (`ts`, `kind`,
         `block_hash`, `medium`, `group_idx`): what a restarted collector's block clocks are rebuilt from, a window at a
-        time (`collectors.kv.ingest.KVIngest.rebuild_clocks`)."""
+        time (`collectors.kv.rebuild.rebuild_clocks`)."""
         ...
 
     def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:
