@@ -16,6 +16,12 @@ Each engine says it in its own words, read as it defines them:
   `storage`: its storage tier) against `sglang:prompt_tokens`. Tokens counted as `total` (a request whose sources
   were not given), or with no `cache_source` (releases before the split), say how many were cached, not where: the
   split is then not measured (None), never guessed.
+- TensorRT-LLM: `trtllm_prompt_cache_hit_tokens{cache_level,cache_tier}` (level 0: the primary pool; each level
+  below it by the memory backing it: `host` is kvobs's CPU, `disk` DISK, a cold `gpu` level "GPU level N") against
+  `trtllm_prompt_tokens`. It counts a request's cached tokens as it is admitted and its prompt tokens when it
+  finishes, so a range that cuts a request between the two can hold more cached tokens than prompt tokens: its
+  computed tokens are then not said. Without its iteration stats it counts only `trtllm_prompt_cached_tokens`: how
+  many, not from which level (not split). It counts no load time.
 A replica whose counters say none of this has no row: no engine spoke, not zero hits.
 """
 
@@ -27,16 +33,20 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.routing import FLEET
-from kvobs.semconv.attributes import MEDIUM_CPU, medium_name
+from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU, medium_name
 from kvobs.semconv.engine_metrics import (
     CACHE_SOURCE_DEVICE,
     CACHE_SOURCE_HOST,
     CACHE_SOURCE_TOTAL,
+    LABEL_CACHE_LEVEL,
     LABEL_CACHE_SOURCE,
+    LABEL_CACHE_TIER,
     LABEL_WORKER_ID,
+    PRIMARY_CACHE_LEVEL,
     lmcache,
     sglang,
     storage_source,
+    trtllm,
 )
 from kvobs.semconv.metrics import (
     INCREASE_SUFFIX,
@@ -55,8 +65,21 @@ LMCACHE_HITS = lmcache.NUM_HIT_TOKENS.name + INCREASE_SUFFIX
 LMCACHE_RETRIEVE_S = lmcache.TIME_TO_RETRIEVE.name + SUM_SUFFIX
 SGLANG_PROMPT = sglang.PROMPT_TOKENS.name + INCREASE_SUFFIX
 SGLANG_CACHED = sglang.CACHED_TOKENS.name + INCREASE_SUFFIX
+TRTLLM_PROMPT = trtllm.PROMPT_TOKENS.name + INCREASE_SUFFIX
+TRTLLM_CACHED = trtllm.PROMPT_CACHED_TOKENS.name + INCREASE_SUFFIX
+TRTLLM_BY_LEVEL = trtllm.PROMPT_CACHE_HIT_TOKENS.name + INCREASE_SUFFIX
 STORAGE = str(medium_name("storage"))  # HiCache's storage tier, under kvobs's one name for it
-NAMES = [BY_SOURCE, OFFLOAD_LOAD_S, LMCACHE_HITS, LMCACHE_RETRIEVE_S, SGLANG_PROMPT, SGLANG_CACHED]
+NAMES = [
+    BY_SOURCE,
+    OFFLOAD_LOAD_S,
+    LMCACHE_HITS,
+    LMCACHE_RETRIEVE_S,
+    SGLANG_PROMPT,
+    SGLANG_CACHED,
+    TRTLLM_PROMPT,
+    TRTLLM_CACHED,
+    TRTLLM_BY_LEVEL,
+]
 
 TIER_HIT_COLUMNS = [
     "instance",
@@ -78,7 +101,7 @@ def tier_hits(store: Store, since: float | None = None, until: float | None = No
         return pd.DataFrame(columns=TIER_HIT_COLUMNS)
     rows = []
     for instance, samples in series.groupby("instance", sort=True):
-        row = _vllm(samples) or _sglang(samples)
+        row = _vllm(samples) or _sglang(samples) or _trtllm(samples)
         if row is not None:
             rows.append({"instance": instance, **row})
     if len(rows) > 1:
@@ -162,3 +185,42 @@ def _sglang(samples: pd.DataFrame) -> dict | None:
         "computed_tokens": prompt - total_cached if prompt is not None else None,
         "load_s": None,
     }
+
+
+def _trtllm(samples: pd.DataFrame) -> dict | None:
+    prompt = _total(samples, TRTLLM_PROMPT)
+    levels: dict[tuple[str, str], float] = defaultdict(float)  # (cache level, its tier) -> tokens found there
+    mine = samples[samples["name"] == TRTLLM_BY_LEVEL]
+    for labels, value in zip(mine["labels"], mine["value"]):
+        level, tier = ((labels or {}).get(name, "") for name in (LABEL_CACHE_LEVEL, LABEL_CACHE_TIER))
+        levels[(str(level), str(tier))] += float(value)
+    cached = sum(levels.values()) if levels else _total(samples, TRTLLM_CACHED)
+    if prompt is None and cached is None:
+        return None
+    cache = loaded = None
+    tiers = ""
+    if levels:
+        cache = sum(n for (level, _), n in levels.items() if level == PRIMARY_CACHE_LEVEL)
+        loaded = sum(n for (level, _), n in levels.items() if level != PRIMARY_CACHE_LEVEL)
+        lower = {_level_name(level, tier) for (level, tier), n in levels.items() if level != PRIMARY_CACHE_LEVEL and n}
+        tiers = ", ".join(sorted(lower))
+    # (cached tokens are counted as a request is admitted, its prompt tokens as it finishes: a range can cut between)
+    computed = prompt - cached if prompt is not None and cached is not None and prompt >= cached else None
+    return {
+        "counted_by": trtllm.PROMPT_CACHE_HIT_TOKENS.name + "{cache_level}"
+        if levels
+        else trtllm.PROMPT_CACHED_TOKENS.name + " (levels not counted: not split)",
+        "prompt_tokens": prompt,
+        "cache_tokens": cache,
+        "loaded_tokens": loaded,
+        "tiers": tiers,
+        "computed_tokens": computed,
+        "load_s": None,
+    }
+
+
+def _level_name(level: str, tier: str) -> str:
+    """A TensorRT-LLM cache level below the primary, by kvobs's name for its memory (`host`: CPU); a cold GPU level,
+    or one whose memory is not named, by its index too."""
+    name = medium_name(tier) if tier else None
+    return f"{name or ''} level {level}".strip() if name in (None, MEDIUM_GPU) else str(name)

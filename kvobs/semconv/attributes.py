@@ -94,11 +94,13 @@ LINK_INVALIDATED = "invalidated"  # the linked session's blocks were invalidated
 MEDIUM_GPU = "GPU"  # vLLM's name for the primary KV cache, the one the model attends from, on any device
 MEDIUM_CPU = "CPU"  # vLLM's name for its offloading connector's host-memory tier
 # The tiers engines name (vLLM: GPU, CPU; its offloading: CPU, STORAGE; LMCache: cpu, Disk; SGLang's HiCache: GPU,
-# CPU_PINNED, DISK, EXTERNAL), each stored and shown under one name: what a spelling means, lower-cased -> kvobs's
+# CPU_PINNED, DISK, EXTERNAL; TensorRT-LLM's cache levels: gpu, host, disk), each stored and shown under one name:
+# what a spelling means, lower-cased -> kvobs's
 MEDIUMS = {
     "gpu": MEDIUM_GPU,
     "cpu": MEDIUM_CPU,
     "cpu_pinned": MEDIUM_CPU,  # SGLang's host tier (pinned host memory)
+    "host": MEDIUM_CPU,  # TensorRT-LLM's host cache level (its secondary pool)
     "disk": "DISK",
     "storage": "STORAGE",
     "fs": "STORAGE",  # vLLM 0.26's storage backends, merged into STORAGE from 0.27

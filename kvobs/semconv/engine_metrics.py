@@ -1,8 +1,8 @@
 """The KV-cache counters other engines publish on their `/metrics`, under their own names (counters without
-`_total`, as `kvobs.semconv.metrics` keeps vLLM's): SGLang's and LMCache's (LMCache's come out of the vLLM
-that runs its connector). The collector keeps them as it keeps vLLM's (`collectors.metrics.derive`), by the labels
-named here only (SGLang's tp/dp/pp ranks would otherwise split one count into series), and
-`kvobs.analytics.tier_hits` reads each replica's hits by tier from them.
+`_total`, as `kvobs.semconv.metrics` keeps vLLM's): SGLang's, LMCache's (LMCache's come out of the vLLM that runs
+its connector) and TensorRT-LLM's (`trtllm-serve`'s `/prometheus/metrics`). The collector keeps them as it keeps
+vLLM's (`collectors.metrics.derive`), by the labels named here only (SGLang's tp/dp/pp ranks would otherwise split
+one count into series), and `kvobs.analytics.tier_hits` reads each replica's hits by tier from them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ CACHE_SOURCE_STORAGE = "storage"  # HiCache's storage tier: `storage`, or `stora
 # SGLang's count of a request whose cached tokens came without their sources (0.5.23); releases before the split
 # give no `cache_source` at all: either way the tokens were cached, where is not said
 CACHE_SOURCE_TOTAL = "total"
+# TensorRT-LLM: the index of a cache level in its configured tier list (0: the primary pool the model attends from),
+# and the memory backing it (`gpu`, `host`, `disk`; two GPU levels, hot and cold, share `gpu`)
+LABEL_CACHE_LEVEL = "cache_level"
+LABEL_CACHE_TIER = "cache_tier"
+PRIMARY_CACHE_LEVEL = "0"
 
 sglang = SimpleNamespace(
     PROMPT_TOKENS=MetricSpec("sglang:prompt_tokens", "counter", "tokens", "Number of prefill tokens processed."),
@@ -54,7 +59,33 @@ lmcache = SimpleNamespace(
     ),
 )
 
-ENGINE_METRICS = (*vars(sglang).values(), *vars(lmcache).values())
+# TensorRT-LLM's `MetricsCollector` (tensorrt_llm/metrics/collector.py): prompt tokens and cached tokens are counted
+# per finished request (`return_perf_metrics`), the tokens by cache level per iteration as requests are admitted
+# (`enable_iter_perf_stats`), the tier copies' bytes per iteration
+trtllm = SimpleNamespace(
+    PROMPT_TOKENS=MetricSpec(
+        "trtllm_prompt_tokens", "counter", "tokens", "Cumulative number of prompt (input) tokens processed."
+    ),
+    PROMPT_CACHED_TOKENS=MetricSpec(
+        "trtllm_prompt_cached_tokens", "counter", "tokens", "Process-lifetime total prompt tokens served from KV cache."
+    ),
+    PROMPT_CACHE_HIT_TOKENS=MetricSpec(
+        "trtllm_prompt_cache_hit_tokens",
+        "counter",
+        "tokens",
+        "Process-lifetime total prompt tokens served from each KV cache level (`cache_level`: its index, 0 the "
+        "primary; `cache_tier`: the memory backing it).",
+        (LABEL_CACHE_LEVEL, LABEL_CACHE_TIER),
+    ),
+    KV_CACHE_ONBOARD_BYTES=MetricSpec(
+        "trtllm_kv_cache_onboard_bytes", "counter", "bytes", "Total bytes transferred from host to GPU (onboard)."
+    ),
+    KV_CACHE_OFFLOAD_BYTES=MetricSpec(
+        "trtllm_kv_cache_offload_bytes", "counter", "bytes", "Total bytes transferred from GPU to host (offload)."
+    ),
+)
+
+ENGINE_METRICS = (*vars(sglang).values(), *vars(lmcache).values(), *vars(trtllm).values())
 
 
 def storage_source(source: str) -> bool:
