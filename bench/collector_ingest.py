@@ -11,7 +11,10 @@ Stages, each timed on one thread over the same payloads:
 - decode + attribute + SQLite, writes in a child process: the same, the store's writes done by a child process
   (`kvobs collect --write-process`; started before the clock, as a collector starts it once);
 - decode + attribute + chDB: the same into ClickHouse's engine in-process (`chdb:///dir`, Arrow inserts);
-- with `--postgres URL`: decode + attribute + PostgreSQL (COPY), in process and from a child process.
+- with `--postgres URL`: decode + attribute + PostgreSQL (COPY), in process and from a child process;
+- rows made, SQLite alone / chDB alone: the same block rows, made by the attribution before the clock, written by
+  the store with nothing else running (SQLite by the driver's executemany, as a write process does): the store's own
+  ceiling with its schema's indexes, which no ingest in front of it can pass.
 
 Each stage also prints the block rows it makes per second (a `BlockStored` of n blocks is n `kv_events` rows), and
 the CPU time over the stage (user + system, every thread of the process and of its write process: the writer's,
@@ -54,6 +57,7 @@ from kvobs.vllm import kv_events as wire
 from kvobs.vllm.normalize import decode
 
 WRITE_PROCESS = ", writes in a child process"  # kvobs collect --write-process
+STORE_ALONE = "rows made, "  # the store's own ceiling: the rows made before the clock, written with nothing else
 RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu" / "metrics" / "scrape_084.txt"
 
 
@@ -108,8 +112,10 @@ STORES = {"SQLite": "sqlite:///{dir}/kv-{run}-{n}.db", "chDB": "chdb:///{dir}/kv
 def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tuple[float, float]:
     """(wall seconds, process CPU seconds, the write process's included) of one stage over every payload: `stage`
     ends with the store's name (`STORES`), and `WRITE_PROCESS` for writes in a child process."""
-    name = stage.split(" + ")[-1].split(",")[0]
+    name = stage.removeprefix(STORE_ALONE).removesuffix(" alone").split(" + ")[-1].split(",")[0]
     url = STORES[name].format(dir=store_dir, run=run, n=len(stage)) if name in STORES else None
+    if stage.startswith(STORE_ALONE):
+        return time_store_alone(payloads, url)
     store = open_store(url) if url else None
     if url and url.startswith("postgresql"):
         _emptied(store)
@@ -130,6 +136,27 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
         writes.close()
     if store is not None:
         store.close()
+    return wall, cpu
+
+
+def time_store_alone(payloads: list[bytes], url: str | None) -> tuple[float, float]:
+    """(wall, CPU seconds) of the store writing the payloads' block rows, made before the clock."""
+    made = _NullWriter(keep=True)
+    ingest = KVIngest(made, instance="bench")
+    for seq, payload in enumerate(payloads):
+        ingest.on_batch(seq, decode(payload).batch)
+    store = open_store(url)
+    if url.startswith("postgresql"):
+        _emptied(store)
+    if hasattr(store, "write_alone"):
+        store.write_alone()  # (SQL stores: the driver's executemany, as the write process writes)
+    writer = StoreWriter(store, max_queue=10_000_000)
+    cpu, start = process_cpu_s(), time.perf_counter()
+    for columns in made.kept:
+        writer.add_many(columns)
+    writer.close(timeout_s=600)
+    wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu
+    store.close()
     return wall, cpu
 
 
@@ -164,8 +191,9 @@ def block_rows(payloads: list[bytes]) -> int:
 class _NullWriter:
     """Takes records and drops them (counting `kv_events` rows): the attribution stage's cost without the store's."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool = False) -> None:
         self.kv_rows = 0
+        self.kept: list[KVEventColumns] | None = [] if keep else None  # the rows, to write them later
 
     def add(self, records, **_) -> bool:
         return True
@@ -173,6 +201,8 @@ class _NullWriter:
     def add_many(self, records, **_) -> bool:
         if isinstance(records, KVEventColumns):
             self.kv_rows += len(records.columns["kind"])
+            if self.kept is not None:
+                self.kept.append(records)
         return True
 
     insert_missing = upsert = add
@@ -240,6 +270,7 @@ def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
     ]
     if args.postgres:
         stages += ["decode + attribute + PostgreSQL", f"decode + attribute + PostgreSQL{WRITE_PROCESS}"]
+    stages += [f"{STORE_ALONE}{name} alone" for name in STORES]
     times: dict[str, list[tuple[float, float]]] = {s: [] for s in stages}
     with tempfile.TemporaryDirectory() as tmp:
         for run in tqdm(range(args.repeats), desc="KV events", unit="round"):

@@ -26,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from collectors.kv.chains import PARENT
+from collectors.kv.chains import PARENT, block_of
 from collectors.kv.ingest import KVIngest
 from collectors.session_activity import SessionActivity
 from collectors.traces.span_steps import JOIN_WAIT_S
@@ -174,7 +174,7 @@ class _ResidentParents(Mapping):
         self.blocks = ingest.chains.blocks
 
     def __getitem__(self, key):
-        return self.blocks[key][PARENT]
+        return block_of(key, self.blocks[key])[PARENT]
 
     def __contains__(self, key) -> bool:
         return key in self.blocks

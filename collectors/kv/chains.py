@@ -17,13 +17,24 @@ from itertools import islice
 
 from kvobs.block_clock import BlockClock, overflow
 
-# A tracked block is a plain tuple `(parent, owners)`: one is made for every stored block, thousands a second, and
-# a tuple display is several times cheaper to make than a NamedTuple or a dataclass.
+# A tracked block is a plain tuple `(parent, owners)` (a tuple display is several times cheaper to make than a
+# NamedTuple or a dataclass), or, for a store of three blocks or more, the store's `Segment`, one tuple shared by its
+# blocks: millions are tracked, and a tuple a block cost more memory than its key. `block_of` reads either.
 Block = tuple  # (parent: int | bytes | None, owners: tuple[str | None, ...])
-PARENT, OWNERS = 0, 1
+Segment = tuple  # (parent of its first block, owners, *its blocks' hashes in chain order): one flat tuple
+PARENT, OWNERS, FIRST = 0, 1, 2
+SEGMENT_MIN = 3  # blocks a store needs to share one segment (below, a segment is no smaller than a tuple a block)
 
 
-@dataclass
+def block_of(block_hash, tracked: Block | Segment) -> Block:
+    """A tracked block's `(parent, owners)`, from its own tuple or from its store's segment."""
+    if len(tracked) == 2:
+        return tracked
+    i = tracked.index(block_hash, FIRST)
+    return (tracked[PARENT] if i == FIRST else tracked[i - 1], tracked[OWNERS])
+
+
+@dataclass(slots=True)  # (one a session, millions of sessions over a collector's life)
 class Footprint:
     resident: int = 0
     stored: int = 0
@@ -43,7 +54,7 @@ class ChainTracker:
         self.max_blocks = max_blocks
         self.clock = BlockClock() if clock is None else clock
         # a plain dict, in insertion order (an OrderedDict holds a linked-list node per key as well)
-        self.blocks: dict[int | bytes, Block] = {}
+        self.blocks: dict[int | bytes, Block | Segment] = {}
         self.footprints: dict[str | None, Footprint] = {}
         self.num_unknown_removed = 0  # removals of blocks not resident (stored before we subscribed, or twice)
         self.num_repeated = 0  # stores of blocks already resident (an announcement again)
@@ -53,10 +64,13 @@ class ChainTracker:
         resident: announced again, as an offload tier may, and counted once)."""
         blocks, owner, firsts = self.blocks, (session,), None
         if blocks.keys().isdisjoint(hashes):  # every block new (the common case): no flag to keep
-            for block_hash in hashes:
-                blocks[block_hash] = (parent, owner)
-                parent = block_hash
             new = len(hashes)
+            if new >= SEGMENT_MIN:
+                blocks.update(dict.fromkeys(hashes, (parent, owner, *hashes)))
+            else:
+                for block_hash in hashes:
+                    blocks[block_hash] = (parent, owner)
+                    parent = block_hash
         else:
             firsts, new = [], 0
             for block_hash in hashes:
@@ -69,7 +83,7 @@ class ChainTracker:
                     if session in block[OWNERS]:
                         parent = block_hash
                         continue
-                    blocks[block_hash] = (block[PARENT], (*block[OWNERS], session))
+                    blocks[block_hash] = (block_of(block_hash, block)[PARENT], (*block[OWNERS], session))
                 new += 1
                 parent = block_hash
         footprint = self.footprints.get(session) or self.footprint(session)  # (the call only for a new session)
@@ -89,16 +103,30 @@ class ChainTracker:
     def removed(self, block_hash, lost: bool = True) -> Block | None:
         """The removed block's `(parent, owners)`; None when it was stored before we subscribed. `lost` False: its
         session released it (no loss: it leaves the footprint uncounted)."""
-        block = self.blocks.pop(block_hash, None)
-        if block is None:
+        tracked = self.blocks.pop(block_hash, None)
+        if tracked is None:
             self.num_unknown_removed += 1
             return None
         footprints = self.footprints
-        for owner in block[OWNERS]:
+        for owner in tracked[OWNERS]:
             footprint = footprints.get(owner) or self.footprint(owner)
             footprint.resident -= 1
             footprint.removed += lost
-        return block
+        return block_of(block_hash, tracked)
+
+    def block(self, block_hash) -> Block | None:
+        """A resident block's `(parent, owners)`; None when it is not tracked."""
+        tracked = self.blocks.get(block_hash)
+        return None if tracked is None else block_of(block_hash, tracked)
+
+    def adopt(self, block_hash, session: str) -> bool:
+        """A resident block that named no owner becomes `session`'s (its footprint counts move from the unknown
+        owner's); False when the block is not resident or has an owner."""
+        tracked = self.blocks.get(block_hash)
+        if tracked is None or tracked[OWNERS] != (None,):
+            return False
+        self.blocks[block_hash] = (block_of(block_hash, tracked)[PARENT], (session,))
+        return True
 
     def cleared(self) -> dict[str | None, int]:
         """End every resident chain; returns the blocks each session lost."""

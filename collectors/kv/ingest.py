@@ -33,7 +33,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIER_STORED, BatchRows
-from collectors.kv.chains import OWNERS, PARENT, ChainTracker
+from collectors.kv.chains import ChainTracker
 from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
 from kvobs.block_clock import BlockClock
@@ -213,14 +213,12 @@ class KVIngest:
             return self.recent.frame(self.instance, self.block_size, since)
 
     def _adopt(self, owned: dict[tuple[str, int, float], str]) -> int:
-        blocks, adopted = self.chains.blocks, 0
+        adopted = 0
         held: dict[int, list[list]] = {}
         for item in self._held:
             held.setdefault(item[2], []).append(item)
         for (_, block_hash, _), session in owned.items():
-            tracked = blocks.get(block_hash)
-            if tracked is not None and tracked[OWNERS] == (None,):
-                blocks[block_hash] = (tracked[PARENT], (session,))
+            if self.chains.adopt(block_hash, session):
                 self._move(session, resident=1, stored=1)
             else:
                 waiting = [item for item in held.get(block_hash, ()) if item[4] is None]
