@@ -17,12 +17,15 @@ def render_tier_hits(ctx) -> None:
     if table.empty:
         st.info(
             "No engine counted its prompt tokens by source in this range: vLLM's and kvobs serve's "
-            "vllm:prompt_tokens_by_source, SGLang's sglang:cached_tokens{cache_source}, scraped from their /metrics."
+            "vllm:prompt_tokens_by_source, SGLang's sglang:cached_tokens{cache_source}, TensorRT-LLM's "
+            "trtllm_prompt_cache_hit_tokens{cache_level}, scraped from their /metrics."
         )
         return
     st.caption(
         f"{ctx.scope().capitalize()}, from each engine's own counters, as it counted them: every prompt token found "
         "in the device cache, loaded from a tier below it, or computed. A blank: the engine did not say (SGLang "
-        "counting cached tokens without their source; load times where the connector does not count them)."
+        "counting cached tokens without their source, TensorRT-LLM without its iteration stats; computed tokens "
+        "where a range cut a request between its admission and its finish; load times where the connector does not "
+        "count them)."
     )
     show_table(table, ctx.clock)
