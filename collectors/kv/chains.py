@@ -120,8 +120,8 @@ class ChainTracker:
         return None if tracked is None else block_of(block_hash, tracked)
 
     def adopt(self, block_hash, session: str) -> bool:
-        """A resident block that named no owner becomes `session`'s (its footprint counts move from the unknown
-        owner's); False when the block is not resident or has an owner."""
+        """A resident block that named no owner becomes `session`'s (its caller moves the footprints' counts); False
+        when the block is not resident or has an owner."""
         tracked = self.blocks.get(block_hash)
         if tracked is None or tracked[OWNERS] != (None,):
             return False
