@@ -111,24 +111,30 @@ STORES = {"SQLite": "sqlite:///{dir}/kv-{run}-{n}.db", "chDB": "chdb:///{dir}/kv
 
 def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tuple[float, float]:
     """(wall seconds, process CPU seconds, the write process's included) of one stage over every payload: `stage`
-    ends with the store's name (`STORES`), and `WRITE_PROCESS` for writes in a child process."""
+    ends with the store's name (`STORES`), and `WRITE_PROCESS` for writes in a child process; one starting with
+    `STORE_ALONE` writes the payloads' rows, made before the clock."""
     name = stage.removeprefix(STORE_ALONE).removesuffix(" alone").split(" + ")[-1].split(",")[0]
     url = STORES[name].format(dir=store_dir, run=run, n=len(stage)) if name in STORES else None
-    if stage.startswith(STORE_ALONE):
-        return time_store_alone(payloads, url)
+    made = made_rows(payloads).kept if stage.startswith(STORE_ALONE) else None
     store = open_store(url) if url else None
     if url and url.startswith("postgresql"):
         _emptied(store)
+    if made is not None and hasattr(store, "write_alone"):
+        store.write_alone()  # (SQL stores: the driver's executemany, as the write process writes)
     writes = WriteProcess(url) if url and stage.endswith(WRITE_PROCESS) else None  # started before the clock
     writer = StoreWriter(writes or store, max_queue=10_000_000) if store else _NullWriter()
     ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
     child = writes._process.pid if writes is not None and writes._process is not None else None
     child_cpu = _cpu(child)
     cpu, start = process_cpu_s(), time.perf_counter()
-    for seq, payload in enumerate(payloads):
-        batch = decode(payload).batch
-        if ingest is not None:
-            ingest.on_batch(seq, batch)
+    if made is not None:
+        for columns in made:
+            writer.add_many(columns)
+    else:
+        for seq, payload in enumerate(payloads):
+            batch = decode(payload).batch
+            if ingest is not None:
+                ingest.on_batch(seq, batch)
     if store is not None:
         writer.close(timeout_s=600)
     wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu + _cpu(child) - child_cpu
@@ -136,27 +142,6 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
         writes.close()
     if store is not None:
         store.close()
-    return wall, cpu
-
-
-def time_store_alone(payloads: list[bytes], url: str | None) -> tuple[float, float]:
-    """(wall, CPU seconds) of the store writing the payloads' block rows, made before the clock."""
-    made = _NullWriter(keep=True)
-    ingest = KVIngest(made, instance="bench")
-    for seq, payload in enumerate(payloads):
-        ingest.on_batch(seq, decode(payload).batch)
-    store = open_store(url)
-    if url.startswith("postgresql"):
-        _emptied(store)
-    if hasattr(store, "write_alone"):
-        store.write_alone()  # (SQL stores: the driver's executemany, as the write process writes)
-    writer = StoreWriter(store, max_queue=10_000_000)
-    cpu, start = process_cpu_s(), time.perf_counter()
-    for columns in made.kept:
-        writer.add_many(columns)
-    writer.close(timeout_s=600)
-    wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu
-    store.close()
     return wall, cpu
 
 
@@ -179,13 +164,13 @@ def _cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def block_rows(payloads: list[bytes]) -> int:
-    """The `kv_events` rows the payloads make (the same in every stage)."""
-    writer = _NullWriter()
+def made_rows(payloads: list[bytes]) -> _NullWriter:
+    """The `kv_events` rows the payloads make (the same in every stage), kept and counted."""
+    writer = _NullWriter(keep=True)
     ingest = KVIngest(writer, instance="bench")
     for seq, payload in enumerate(payloads):
         ingest.on_batch(seq, decode(payload).batch)
-    return writer.kv_rows
+    return writer
 
 
 class _NullWriter:
@@ -276,7 +261,7 @@ def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
         for run in tqdm(range(args.repeats), desc="KV events", unit="round"):
             for stage in stages:
                 times[stage].append(time_kv(stage, payloads, Path(tmp), run))
-    num_rows = block_rows(payloads)
+    num_rows = made_rows(payloads).kv_rows
     base = statistics.median(wall for wall, _ in times["decode"])
     with_tier = "" if tier == "none" else f", a CPU tier's events among them ({tier})"
     print(

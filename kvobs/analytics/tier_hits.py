@@ -121,12 +121,17 @@ def _fleet(rows: list[dict]) -> dict:
     return out
 
 
-def _by_label(samples: pd.DataFrame, label: str) -> dict[str, float]:
-    """The samples' values summed per value of `label` ('' where a sample has none)."""
-    out: dict[str, float] = defaultdict(float)
+def _by_labels(samples: pd.DataFrame, *names: str) -> dict[tuple[str, ...], float]:
+    """The samples' values summed per values of the labels `names` ('' where a sample has one not)."""
+    out: dict[tuple[str, ...], float] = defaultdict(float)
     for labels, value in zip(samples["labels"], samples["value"]):
-        out[str((labels or {}).get(label, ""))] += float(value)
+        out[tuple(str((labels or {}).get(name, "")) for name in names)] += float(value)
     return out
+
+
+def _by_label(samples: pd.DataFrame, name: str) -> dict[str, float]:
+    """The samples' values summed per value of the label `name`."""
+    return {value: n for (value,), n in _by_labels(samples, name).items()}
 
 
 def _total(samples: pd.DataFrame, name: str) -> float | None:
@@ -189,11 +194,8 @@ def _sglang(samples: pd.DataFrame) -> dict | None:
 
 def _trtllm(samples: pd.DataFrame) -> dict | None:
     prompt = _total(samples, TRTLLM_PROMPT)
-    levels: dict[tuple[str, str], float] = defaultdict(float)  # (cache level, its tier) -> tokens found there
-    mine = samples[samples["name"] == TRTLLM_BY_LEVEL]
-    for labels, value in zip(mine["labels"], mine["value"]):
-        level, tier = ((labels or {}).get(name, "") for name in (LABEL_CACHE_LEVEL, LABEL_CACHE_TIER))
-        levels[(str(level), str(tier))] += float(value)
+    # (cache level, its tier) -> tokens found there
+    levels = _by_labels(samples[samples["name"] == TRTLLM_BY_LEVEL], LABEL_CACHE_LEVEL, LABEL_CACHE_TIER)
     cached = sum(levels.values()) if levels else _total(samples, TRTLLM_CACHED)
     if prompt is None and cached is None:
         return None
