@@ -1,16 +1,15 @@
 """What the collector's block registry costs: memory per tracked block, and the time to feed it.
 
-The registry is each tier's `ChainTracker` (a resident block's parent and owners: footprints, losses) and, since
-revision 0021, its `BlockClock` (when each resident block was stored, when each recently lost one was lost: the
-`lifetime_s` and `restored` columns). Each case runs in a fresh process that stores `--blocks` blocks (64-bit
-hashes) in chains of `--chain` (sessions of their own), as a cache under no pressure holds them, then loses and stores
-back a tenth:
+The registry is each tier's `ChainTracker` (a resident block's parent, owners and latest store: footprints, losses,
+the `lifetime_s` column) and its `BlockClock` (when each recently lost block was lost: the `restored` columns). Each
+case runs in a fresh process that stores `--blocks` blocks (64-bit hashes) in chains of `--chain` (sessions of their
+own), as a cache under no pressure holds them, then loses and stores back a tenth:
 
-- baseline: the chains alone (what the registry was before the clock);
+- baseline: the chains alone (no restore looked for, no loss remembered);
 - chains + clock: both, as `KVIngest` feeds them.
 
-Printed per case: the process's RSS growth over the structure, per million blocks, and the CPU time per block
-stored.
+Printed per case: the process's RSS growth over the structure, per million blocks, the CPU time per block stored,
+and the whole process's RSS at the end (Python, the modules the collector's ingest imports, the registry).
 
 Then a restarted collector's rebuild (`Collector.start`): a store holding `--rebuild-rows` KV-event rows of one
 instance within the clock's horizon (stores, and a tenth of them lost), read back a window at a time and fed to the
@@ -34,7 +33,7 @@ from stores import count_events
 from tqdm import tqdm
 
 from collectors.kv.batch_rows import STORED
-from collectors.kv.chains import ChainTracker
+from collectors.kv.chains import STORED_AT, ChainTracker
 from collectors.kv.ingest import KVIngest
 from collectors.kv.rebuild import rebuild_clocks
 from kvobs.block_clock import HORIZON_S, BlockClock
@@ -52,24 +51,23 @@ def rss_mb() -> float:
 
 def _case(case: str, blocks: int, chain: int, out) -> None:
     before = rss_mb()
-    chains = ChainTracker(max_blocks=blocks + 1)
-    clock = BlockClock(max_blocks=blocks + 1) if case == "chains + clock" else None
+    chains = ChainTracker(max_blocks=blocks + 1, clock=BlockClock(max_blocks=blocks + 1))
+    clock = chains.clock if case == "chains + clock" else None
     started = time.process_time()
     for first in range(0, blocks, chain):
         hashes = list(range(HASH0 + first + 1, HASH0 + first + chain + 1))
         ts = 1.8e9 + first * 1e-4
-        chains.stored(hashes, None, f"s{first // chain}")
+        chains.stored(hashes, None, f"s{first // chain}", ts)
         if clock is not None:
-            clock.stored(hashes, ts)
+            clock.came_back(hashes, ts)
     stored_s = time.process_time() - started
     held = rss_mb() - before
-    tenth = list(range(HASH0 + 1, HASH0 + blocks // 10 + 1))
-    for block_hash in tenth:  # a tenth lost, then stored back: the clock's lost side too
-        chains.removed(block_hash)
+    tenth, ts = list(range(HASH0 + 1, HASH0 + blocks // 10 + 1)), 1.8e9 + blocks * 1e-4
+    lost = [chains.removed(block_hash) for block_hash in tenth]  # a tenth lost, then stored back: the clock's side
     if clock is not None:
-        clock.lost(tenth, 1.8e9 + blocks * 1e-4)
-        clock.stored(tenth, 1.8e9 + blocks * 1e-4 + 1)
-    out.send((held, stored_s))
+        clock.lost(tenth, ts, [block[STORED_AT] for block in lost])
+        clock.came_back(tenth, ts + 1)
+    out.send((held, stored_s, rss_mb()))
 
 
 def _fill(url: str, rows: int, instance: str, out) -> None:
@@ -135,15 +133,26 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--rebuild-store", help="a store URL (one size); default: SQLite in a temporary directory")
     args = parser.parse_args(argv)
     results = []
-    print("| resident blocks | case | RSS held (MB) | MB per million blocks | CPU µs per block stored |")
-    print("|---|---|---|---|---|")
+    print("| resident blocks | case | RSS held (MB) | MB per million | CPU µs per block stored | process RSS (MB) |")
+    print("|---|---|---|---|---|---|")
     for blocks in args.blocks:
         baseline = None
         for case in CASES:
-            held, stored_s = in_child(_case, case, blocks, args.chain)  # (RSS MB held, CPU s to store)
+            held, stored_s, rss = in_child(_case, case, blocks, args.chain)  # (RSS MB held, CPU s to store, RSS MB)
             per_million = held / (blocks / 1e6)
-            print(f"| {blocks:,} | {case} | {held:,.0f} | {per_million:,.0f} | {stored_s / blocks * 1e6:.2f} |")
-            baseline = baseline or (held, stored_s)
+            cpu_us = stored_s / blocks * 1e6
+            print(f"| {blocks:,} | {case} | {held:,.0f} | {per_million:,.0f} | {cpu_us:.2f} | {rss:,.0f} |")
+            baseline = baseline or (held, stored_s, rss)
+            results.append(
+                Result(
+                    "block_registry",
+                    f"process RSS at {blocks:,} resident blocks (Python, the ingest's imports, the registry): {case}",
+                    rss,
+                    "MB",
+                    rss / baseline[2],
+                    "chains alone",
+                )
+            )
             results.append(
                 Result(
                     "block_registry",

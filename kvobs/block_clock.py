@@ -8,17 +8,20 @@ read has to look a block up by its hash among the stored rows.
     clock.stored([h2], 40.0)         # [15.0]: h2 came back 15 s after its loss (a restore)
     clock.cleared(50.0)              # every resident block lost at 50.0
 
-One clock per instance, tier and KV-cache group, each fed in its stream's order. It is bounded: at most
-`max_blocks` resident blocks (the oldest stored forgotten first, a bound against a lost stream) and at most
-`max_blocks` lost ones, none older than `horizon_s`. A loss of a block it does not hold (stored before it started,
-or forgotten) has no lifetime (None), and its store back is no restore: only what the stream showed is said; nor is a
-store of a block lost longer ago than the horizon.
+One clock per instance, tier and KV-cache group, each fed in its stream's order. A caller that already keeps each
+resident block's latest store (the collector's chains) keeps the resident side itself: it says a store with
+`came_back` and gives a loss's store times to `lost`, and the clock holds only what it was told of otherwise.
+
+It is bounded: at most `max_blocks` resident blocks (the oldest stored forgotten first, a bound against a lost
+stream) and at most `max_blocks` lost ones, none older than `horizon_s`. A loss of a block it does not hold (stored
+before it started, or forgotten) has no lifetime (None), and its store back is no restore: only what the stream
+showed is said; nor is a store of a block lost longer ago than the horizon.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import islice
+from itertools import islice, repeat
 
 MAX_BLOCKS = 2_000_000
 HORIZON_S = 3600.0
@@ -38,22 +41,37 @@ class BlockClock:
     def stored(self, hashes: list, ts: float) -> list[float | None] | None:
         """Each block's time since it was lost here (a restore), None where it was not lost within the horizon;
         None for the whole list when no block of it was (the common case: no list to make)."""
-        lost_at, gaps = self.lost_at, None
-        if lost_at and not lost_at.keys().isdisjoint(hashes):
-            pop = lost_at.pop
-            gaps = [None if (t := pop(h, None)) is None or ts - t > self.horizon_s else ts - t for h in hashes]
-            gaps = gaps if any(gap is not None for gap in gaps) else None
+        gaps = self._restores(hashes, ts)
         stored_at = self.stored_at
         stored_at.update(dict.fromkeys(hashes, ts))
         self._bound(stored_at)
         return gaps
 
-    def lost(self, hashes: Iterable, ts: float) -> list[float | None]:
-        """Each block's lifetime: the time since its latest store here, None where that store is not known."""
+    def came_back(self, hashes: list, ts: float) -> list[float | None] | None:
+        """`stored`, for a caller that keeps the blocks' store times itself: only the restores are said (and a store
+        time this clock held for them, a rebuild's, is dropped)."""
+        gaps, stored_at = self._restores(hashes, ts), self.stored_at
+        if stored_at and not stored_at.keys().isdisjoint(hashes):
+            for h in hashes:
+                stored_at.pop(h, None)
+        return gaps
+
+    def _restores(self, hashes: list, ts: float) -> list[float | None] | None:
+        lost_at = self.lost_at
+        if not lost_at or lost_at.keys().isdisjoint(hashes):
+            return None
+        pop = lost_at.pop
+        gaps = [None if (t := pop(h, None)) is None or ts - t > self.horizon_s else ts - t for h in hashes]
+        return gaps if any(gap is not None for gap in gaps) else None
+
+    def lost(self, hashes: Iterable, ts: float, stored: list[float | None] | None = None) -> list[float | None]:
+        """Each block's lifetime: the time since its latest store here, None where that store is not known.
+        `stored`: each block's latest store as its caller keeps it (None where it does not: this clock's)."""
         pop, lost_at = self.stored_at.pop, self.lost_at
         lifetimes: list[float | None] = []
-        for h in hashes:
-            t = pop(h, None)
+        for h, t in zip(hashes, repeat(None) if stored is None else stored):
+            if t is None:
+                t = pop(h, None)
             if t is None:  # not known stored here: neither its lifetime nor, when it comes, a restore is shown
                 lifetimes.append(None)
                 continue
@@ -63,12 +81,13 @@ class BlockClock:
         self._trim(ts)
         return lifetimes
 
-    def cleared(self, ts: float) -> None:
-        """Every resident block lost at `ts` (a reset, a restarted engine)."""
+    def cleared(self, ts: float, resident: Iterable = ()) -> None:
+        """Every resident block lost at `ts` (a reset, a restarted engine); `resident`: those its caller keeps."""
         lost_at = self.lost_at
-        for h in self.stored_at:
-            lost_at.pop(h, None)
-        lost_at.update(dict.fromkeys(self.stored_at, ts))
+        for blocks in (self.stored_at, resident):
+            for h in blocks:
+                lost_at.pop(h, None)
+            lost_at.update(dict.fromkeys(blocks, ts))
         self.stored_at.clear()
         self._trim(ts)
 

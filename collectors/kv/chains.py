@@ -1,13 +1,17 @@
 """Who owns a cached block: hash chains rebuilt from vLLM's `BlockStored` / `BlockRemoved` / `AllBlocksCleared`.
 
     chains = ChainTracker()
-    chains.stored([h1, h2], parent=None, session="s1")      # s1 introduced h1 <- h2
-    chains.removed(h2)                                       # (h1, ("s1",)): parent and owners: s1 lost h2
-    chains.cleared()                                         # {"s1": 1}: every resident chain ends
+    chains.stored([h1, h2], parent=None, session="s1", ts=10.0)  # s1 introduced h1 <- h2 at 10.0
+    chains.removed(h2)                                            # (h1, ("s1",), 10.0): parent, owners, latest store
+    chains.cleared(30.0)                                          # {"s1": 1}: every resident chain ends
 
 A block is owned by the session(s) whose `BlockStored` introduced it (vLLM stores a block once; a session
 that later hits it emits nothing). A removed hash that was stored before we subscribed has no known owner.
 Per-session footprints count blocks resident now, stored, and lost (removed or cleared).
+
+Each tracked block also keeps the time of its latest store: the chains are the tier's `BlockClock`'s resident side (a
+loss row's `lifetime_s`), so millions of blocks are not keyed in a second dict; the clock keeps their losses (a
+restore) and, after a restart's rebuild, the stores of blocks only the history showed.
 """
 
 from __future__ import annotations
@@ -17,21 +21,21 @@ from itertools import islice
 
 from kvobs.block_clock import BlockClock, overflow
 
-# A tracked block is a plain tuple `(parent, owners)` (a tuple display is several times cheaper to make than a
-# NamedTuple or a dataclass), or, for a store of three blocks or more, the store's `Segment`, one tuple shared by its
-# blocks: millions are tracked, and a tuple a block cost more memory than its key. `block_of` reads either.
-Block = tuple  # (parent: int | bytes | None, owners: tuple[str | None, ...])
-Segment = tuple  # (parent of its first block, owners, *its blocks' hashes in chain order): one flat tuple
-PARENT, OWNERS, FIRST = 0, 1, 2
+# A tracked block is a plain tuple `(parent, owners, stored_at)` (a tuple display is several times cheaper to make
+# than a NamedTuple or a dataclass), or, for a store of three blocks or more, the store's `Segment`, one tuple shared
+# by its blocks: millions are tracked, and a tuple a block cost more memory than its key. `block_of` reads either.
+Block = tuple  # (parent: int | bytes | None, owners: tuple[str | None, ...], stored_at: float (its latest store))
+Segment = tuple  # (parent of its first block, owners, stored_at, *its blocks' hashes in chain order): one flat tuple
+PARENT, OWNERS, STORED_AT, FIRST = 0, 1, 2, 3
 SEGMENT_MIN = 3  # blocks a store needs to share one segment (below, a segment is no smaller than a tuple a block)
 
 
 def block_of(block_hash, tracked: Block | Segment) -> Block:
-    """A tracked block's `(parent, owners)`, from its own tuple or from its store's segment."""
-    if len(tracked) == 2:
+    """A tracked block's `(parent, owners, stored_at)`, from its own tuple or from its store's segment."""
+    if len(tracked) == FIRST:
         return tracked
     i = tracked.index(block_hash, FIRST)
-    return (tracked[PARENT] if i == FIRST else tracked[i - 1], tracked[OWNERS])
+    return (tracked[PARENT] if i == FIRST else tracked[i - 1], tracked[OWNERS], tracked[STORED_AT])
 
 
 @dataclass(slots=True)  # (one a session, millions of sessions over a collector's life)
@@ -59,17 +63,18 @@ class ChainTracker:
         self.num_unknown_removed = 0  # removals of blocks not resident (stored before we subscribed, or twice)
         self.num_repeated = 0  # stores of blocks already resident (an announcement again)
 
-    def stored(self, hashes: list, parent, session: str | None) -> list[int] | None:
-        """Track the blocks; returns None when every one was new to the tier, else a flag a block (1: new, 0: already
-        resident: announced again, as an offload tier may, and counted once)."""
+    def stored(self, hashes: list, parent, session: str | None, ts: float) -> list[int] | None:
+        """Track the blocks, stored at `ts`; returns None when every one was new to the tier, else a flag a block
+        (1: new, 0: already resident: announced again, as an offload tier may, and counted once; its latest store is
+        then `ts`)."""
         blocks, owner, firsts = self.blocks, (session,), None
         if blocks.keys().isdisjoint(hashes):  # every block new (the common case): no flag to keep
             new = len(hashes)
             if new >= SEGMENT_MIN:
-                blocks.update(dict.fromkeys(hashes, (parent, owner, *hashes)))
+                blocks.update(dict.fromkeys(hashes, (parent, owner, ts, *hashes)))
             else:
                 for block_hash in hashes:
-                    blocks[block_hash] = (parent, owner)
+                    blocks[block_hash] = (parent, owner, ts)
                     parent = block_hash
         else:
             firsts, new = [], 0
@@ -77,13 +82,19 @@ class ChainTracker:
                 block = blocks.get(block_hash)
                 firsts.append(1 if block is None else 0)
                 if block is None:
-                    blocks[block_hash] = (parent, owner)
+                    blocks[block_hash] = (parent, owner, ts)
                 else:
                     self.num_repeated += 1
-                    if session in block[OWNERS]:
+                    owners = block[OWNERS]
+                    known = session in owners
+                    blocks[block_hash] = (
+                        block_of(block_hash, block)[PARENT],
+                        owners if known else (*owners, session),
+                        ts,
+                    )
+                    if known:
                         parent = block_hash
                         continue
-                    blocks[block_hash] = (block_of(block_hash, block)[PARENT], (*block[OWNERS], session))
                 new += 1
                 parent = block_hash
         footprint = self.footprints.get(session) or self.footprint(session)  # (the call only for a new session)
@@ -101,8 +112,8 @@ class ChainTracker:
                 self.footprint(owner).resident -= 1
 
     def removed(self, block_hash, lost: bool = True) -> Block | None:
-        """The removed block's `(parent, owners)`; None when it was stored before we subscribed. `lost` False: its
-        session released it (no loss: it leaves the footprint uncounted)."""
+        """The removed block's `(parent, owners, stored_at)`; None when it was stored before we subscribed. `lost`
+        False: its session released it (no loss: it leaves the footprint uncounted)."""
         tracked = self.blocks.pop(block_hash, None)
         if tracked is None:
             self.num_unknown_removed += 1
@@ -115,7 +126,7 @@ class ChainTracker:
         return block_of(block_hash, tracked)
 
     def block(self, block_hash) -> Block | None:
-        """A resident block's `(parent, owners)`; None when it is not tracked."""
+        """A resident block's `(parent, owners, stored_at)`; None when it is not tracked."""
         tracked = self.blocks.get(block_hash)
         return None if tracked is None else block_of(block_hash, tracked)
 
@@ -125,11 +136,14 @@ class ChainTracker:
         tracked = self.blocks.get(block_hash)
         if tracked is None or tracked[OWNERS] != (None,):
             return False
-        self.blocks[block_hash] = (block_of(block_hash, tracked)[PARENT], (session,))
+        parent, _, stored_at = block_of(block_hash, tracked)
+        self.blocks[block_hash] = (parent, (session,), stored_at)
         return True
 
-    def cleared(self) -> dict[str | None, int]:
-        """End every resident chain; returns the blocks each session lost."""
+    def cleared(self, ts: float) -> dict[str | None, int]:
+        """End every resident chain at `ts` (its clock says each block lost then); returns the blocks each session
+        lost."""
+        self.clock.cleared(ts, self.blocks)
         lost: dict[str | None, int] = {}
         for block in self.blocks.values():
             for owner in block[OWNERS]:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIER_STORED, BatchRows
-from collectors.kv.chains import ChainTracker
+from collectors.kv.chains import STORED_AT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
 from kvobs.block_clock import BlockClock
@@ -270,10 +270,10 @@ class KVIngest:
         if self.primary is None and not lower:
             self.primary = (medium, group or 0)
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
-        firsts = chains.stored(hashes, parent, session)  # (a block announced again: its row counts no block)
+        firsts = chains.stored(hashes, parent, session, ts)  # (a block announced again: its row counts no block)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
-        rows.stored(event, firsts, TIER_STORED if lower else STORED, chains.clock.stored(hashes, ts))
+        rows.stored(event, firsts, TIER_STORED if lower else STORED, chains.clock.came_back(hashes, ts))
 
     def _placeholder(self, ts: float, event: Placeholder, rows: BatchRows) -> None:
         """Hashes that reached an offload tier, no content: no block of this cache; counted, and stored as the tier's
@@ -288,8 +288,9 @@ class KVIngest:
             )
         self.num_placeholders += len(event.hashes)
         chains = self._routes.get((event.medium, None)) or self._tier(event.medium, None)
-        firsts = [flag for block_hash in event.hashes for flag in (chains.stored([block_hash], None, None) or [1])]
-        rows.placeholders(event.hashes, event.medium, firsts, chains.clock.stored(event.hashes, ts))
+        stored = chains.stored
+        firsts = [flag for block_hash in event.hashes for flag in (stored([block_hash], None, None, ts) or [1])]
+        rows.placeholders(event.hashes, event.medium, firsts, chains.clock.came_back(event.hashes, ts))
 
     def _unknown_tier(self, event: UnknownTier) -> None:
         """Blocks of a tier kvobs does not know: not read as any tier's (fail closed); counted, said once a tier."""
@@ -313,12 +314,15 @@ class KVIngest:
         sessions: list[str | None] = []
         firsts: list[int] = []
         lives: list[float | None] = []
-        for block_hash, lifetime in zip(event.hashes, chains.clock.lost(event.hashes, ts)):
-            block = removed(block_hash, lost)
+        blocks = [removed(block_hash, lost) for block_hash in event.hashes]
+        lifetimes = chains.clock.lost(
+            event.hashes, ts, [None if block is None else block[STORED_AT] for block in blocks]
+        )
+        for block_hash, block, lifetime in zip(event.hashes, blocks, lifetimes):
             if block is None:
                 owners, parent = (None,), None
             else:
-                parent, owners = block
+                parent, owners, _ = block
                 if hold and owners == (None,):  # its session may come
                     fields = dict(
                         parent_hash=parent,
@@ -369,12 +373,11 @@ class KVIngest:
 
     def _cleared(self, rows: BatchRows, reason: str, ts: float) -> dict[str | None, int]:
         num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
-        lost = self.chains.cleared()
-        self.chains.clock.cleared(ts)
+        lost = self.chains.cleared(ts)
         for key, tier in self.tiers.items():  # (their counters and clocks outlive them)
             self._dropped_repeated += tier.num_repeated
             self._dropped_unknown += tier.num_unknown_removed
-            tier.clock.cleared(ts)
+            tier.cleared(ts)
             self._clocks[key] = tier.clock
         self.tiers, self._routes = {}, {}  # every tier's blocks went with it
         self._changed.update(s for s in lost if s is not None)

@@ -56,15 +56,28 @@ def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds():
     assert clock.lost([1], 220.0) == [None]
 
 
+def test_a_clock_whose_caller_keeps_the_store_times_holds_only_what_a_rebuild_told_it():
+    clock = BlockClock(horizon_s=100.0)
+    clock.stored([1, 2], 10.0)  # a rebuild's history: blocks no chain holds yet
+    assert clock.came_back([2, 3], 20.0) is None and list(clock.stored_at) == [1]  # 2's time is its caller's now
+    assert clock.lost([1, 2, 3], 30.0, [None, 20.0, None]) == [20.0, 10.0, None]  # 1: the history's; 3: unknown
+    assert not clock.stored_at and list(clock.lost_at) == [1, 2]
+    assert clock.came_back([2], 45.0) == [15.0] and list(clock.lost_at) == [1]
+    clock.cleared(50.0, resident={7: None, 1: None})  # the caller's resident blocks (1 back, unsaid)
+    assert clock.lost_at == {7: 50.0, 1: 50.0}
+
+
 def test_the_chains_forget_their_oldest_past_their_bound_and_the_owners_footprints_say_so():
     chains = ChainTracker(max_blocks=200)
     for n in range(26):  # 26 sessions' chains of 8 blocks: 208 stored, 8 past the bound
-        chains.stored(list(range(8 * n, 8 * n + 8)), None, f"s{n}")
+        chains.stored(list(range(8 * n, 8 * n + 8)), None, f"s{n}", float(n))
     assert len(chains.blocks) == 198 and next(iter(chains.blocks)) == 10  # the excess and a margin of 1%, oldest first
     assert chains.footprints["s0"] == Footprint(resident=0, stored=8) and chains.footprints["s1"].resident == 6
     assert chains.footprints["s25"].resident == 8
     assert chains.removed(3) is None and chains.num_unknown_removed == 1  # forgotten: its loss is no one's
-    assert chains.removed(10) == (9, ("s1",)) and chains.footprints["s1"] == Footprint(resident=5, stored=8, removed=1)
+    assert chains.removed(10) == (9, ("s1",), 1.0) and chains.footprints["s1"] == Footprint(
+        resident=5, stored=8, removed=1
+    )
 
 
 def _collect_kv(store, messages) -> None:
