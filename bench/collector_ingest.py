@@ -216,9 +216,7 @@ def time_scrape(stage: str, body: str, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=2000)
-    parser.add_argument("--events", type=int, default=50)
-    parser.add_argument("--sessions", type=int, default=64)
+    workload_arguments(parser)
     parser.add_argument("--lines", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -242,6 +240,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
         rows += kv_stages(args, tier)
     rows += scrape_stages(args)
     return rows
+
+
+def workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The KV-event workload's flags (`synthetic_payloads`), shared with `bench/ingest_profile.py`."""
+    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--events", type=int, default=50, help="events a batch")
+    parser.add_argument("--sessions", type=int, default=64)
 
 
 def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:

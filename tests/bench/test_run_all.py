@@ -29,6 +29,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "fleet_index",
         "telemetry_overhead",
         "collector_ingest",
+        "ingest_profile",
         "span_steps",
         "ownership",
         "collector_memory",
@@ -42,6 +43,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         ("engine_throughput", "transformers generate (float32)"),
         ("telemetry_overhead", "telemetry off"),
         ("collector_ingest", "KV events: decode"),
+        ("ingest_profile", "decode + attribute, unprofiled"),
     ]:
         assert case in baselines
     for row in rows:
