@@ -9,7 +9,8 @@ own), as a cache under no pressure holds them, then loses and stores back a tent
 - chains + clock: both, as `KVIngest` feeds them.
 
 Printed per case: the process's RSS growth over the structure, per million blocks, the CPU time per block stored,
-and the whole process's RSS at the end (Python, the modules the collector's ingest imports, the registry).
+and the whole process's RSS at the end (Python, the modules `kvobs collect` loads, the registry; not its queues nor
+its sessions' state).
 
 Then a restarted collector's rebuild (`Collector.start`): a store holding `--rebuild-rows` KV-event rows of one
 instance within the clock's horizon (stores, and a tenth of them lost), read back a window at a time and fed to the
@@ -23,6 +24,7 @@ The baseline is a plain count of the rows, in the same run.
 from __future__ import annotations
 
 import argparse
+import importlib
 import multiprocessing
 import resource
 import tempfile
@@ -41,6 +43,7 @@ from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventRecord
 
 CASES = ("chains alone", "chains + clock")
+COLLECTOR = "collectors.command"  # what `kvobs collect` runs
 HASH0 = 1 << 63  # block hashes are 64-bit: an int object of that size, as the wire's are (not a small int's)
 
 
@@ -50,6 +53,7 @@ def rss_mb() -> float:
 
 
 def _case(case: str, blocks: int, chain: int, out) -> None:
+    importlib.import_module(COLLECTOR)  # (the process RSS printed is then a collector's: its modules loaded)
     before = rss_mb()
     chains = ChainTracker(max_blocks=blocks + 1, clock=BlockClock(max_blocks=blocks + 1))
     clock = chains.clock if case == "chains + clock" else None
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
             results.append(
                 Result(
                     "block_registry",
-                    f"process RSS at {blocks:,} resident blocks (Python, the ingest's imports, the registry): {case}",
+                    f"process RSS at {blocks:,} resident blocks (Python, a collector's modules, the registry): {case}",
                     rss,
                     "MB",
                     rss / baseline[2],
