@@ -164,9 +164,9 @@ def _cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def made_rows(payloads: list[bytes]) -> _NullWriter:
-    """The `kv_events` rows the payloads make (the same in every stage), kept and counted."""
-    writer = _NullWriter(keep=True)
+def made_rows(payloads: list[bytes], *, keep: bool = True) -> _NullWriter:
+    """The `kv_events` rows the payloads make (the same in every stage), counted and, with `keep`, kept."""
+    writer = _NullWriter(keep=keep)
     ingest = KVIngest(writer, instance="bench")
     for seq, payload in enumerate(payloads):
         ingest.on_batch(seq, decode(payload).batch)

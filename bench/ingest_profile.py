@@ -18,16 +18,8 @@ import pstats
 import statistics
 import time
 
-from collector_ingest import (
-    TIERS,
-    _NullWriter,
-    synthetic_payloads,
-    workload_arguments,
-)  # bench/ is on sys.path when a script in it runs
+from collector_ingest import TIERS, made_rows, synthetic_payloads, workload_arguments  # bench/ is on sys.path
 from results import Result, record
-
-from collectors.kv.ingest import KVIngest
-from kvobs.vllm.normalize import decode
 
 # (component, the source files whose functions are its own), in the order printed; the first that matches
 COMPONENTS = (
@@ -51,16 +43,10 @@ def component(func: tuple[str, int, str]) -> str | None:
     return OTHER
 
 
-def attribute(payloads: list[bytes]) -> None:
-    ingest = KVIngest(_NullWriter(), instance="bench")
-    for seq, payload in enumerate(payloads):
-        ingest.on_batch(seq, decode(payload).batch)
-
-
 def shares(payloads: list[bytes]) -> dict[str, float]:
     """Each component's share of the profiled time."""
     profile = cProfile.Profile()
-    profile.runcall(attribute, payloads)
+    profile.runcall(made_rows, payloads, keep=False)
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]  # (func -> (cc, nc, tt, ct, callers))
     own: dict[str, float] = {}
     for func, (_, _, tottime, _, callers) in stats.items():
@@ -86,7 +72,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     cpu = []
     for _ in range(args.repeats):
         started = time.process_time()
-        attribute(payloads)
+        made_rows(payloads, keep=False)
         cpu.append(time.process_time() - started)
     per_event = statistics.median(cpu) / total * 1e6
     split = shares(payloads)

@@ -83,6 +83,7 @@ class ChainTracker:
                 firsts.append(1 if block is None else 0)
                 if block is None:
                     blocks[block_hash] = (parent, owner, ts)
+                    new += 1
                 else:
                     self.num_repeated += 1
                     owners = block[OWNERS]
@@ -92,10 +93,7 @@ class ChainTracker:
                         owners if known else (*owners, session),
                         ts,
                     )
-                    if known:
-                        parent = block_hash
-                        continue
-                new += 1
+                    new += not known  # (a new owner's: it counts in that session's footprint)
                 parent = block_hash
         footprint = self.footprints.get(session) or self.footprint(session)  # (the call only for a new session)
         footprint.resident += new
