@@ -156,7 +156,7 @@ def _fleet(args: argparse.Namespace, store) -> int:
 def format_fleet(fleet, results) -> str:
     """The fleet what-if's table: one row per router policy, all through the same replay; the observed hit rate
     and, when `as_routed` was replayed, its error against it."""
-    from instrumented_engine.whatif.fidelity import fleet_fidelity
+    from instrumented_engine.whatif.fidelity import fleet_fidelity, observed_words
     from instrumented_engine.whatif.fleet import FLEET_COLUMNS, fleet_rows
     from instrumented_engine.whatif.replay import INFERRED
     from kvobs.semconv.reasons import RouterPolicy
@@ -192,7 +192,11 @@ def format_fleet(fleet, results) -> str:
         "compute + active decode blocks).",
     ]
     hit = fleet.plan.observed.get("hit")
-    lines += ["", f"observed: hit rate {_pct(None if hit is None else hit.rate)} (the fleet's, as recorded)"]
+    said = "" if hit is None else observed_words(hit.source)
+    lines += [
+        "",
+        f"observed: hit rate {_pct(None if hit is None else hit.rate)} (the fleet's{', ' + said if said else ''})",
+    ]
     routed = [r for r in results if r.policy == RouterPolicy.AS_ROUTED.value]
     if routed:
         lines.append(fleet_fidelity(fleet, routed[0]).describe())

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from instrumented_engine.whatif.fleet import FleetPlan, FleetResult
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.hit_rate import HitRate
+from kvobs.analytics.response_usage import RESPONSES
 from kvobs.analytics.runs import Span
 from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.times import local_time
@@ -24,6 +25,12 @@ from kvobs.times import local_time
 WITHIN_POINTS = 2.0  # the replay reproduces a run when its hit rate there is this close (percentage points)
 SAME_TRAFFIC = 0.05  # counters' and requests' prompt tokens this close (a share) count the same traffic
 DEFAULT_POLICY = EvictionPolicyName.LRU.value  # vLLM's, SGLang's and TensorRT-LLM's, for runs that record none
+OBSERVED_FROM = {  # `HitRate.source` -> what the observed rate counted, in the check's words
+    RESPONSES: "as the replayed requests' responses said",
+    "requests": "as its requests said",
+    "counters": "as the engine's counters counted",
+    "requests and counters": "as its requests said, and the engine's counters where they did not",
+}
 PAUSES_NOT_COMPARABLE = (
     "Lost in tool pauses is not compared with the observed here: an engine's KV events (vLLM's) name only the "
     "session that stored a block, so the observed count gives a block lost in a pause to that session alone, while "
@@ -46,6 +53,8 @@ class Fidelity:
     others: str = "sizes"  # what the replay predicts besides the observed point ("routers" for a fleet)
     runs_off: tuple[tuple[Span, float], ...] = ()  # runs added up: those off by more (their span, their error)
     pauses_comparable: bool = True  # the replay's tool-pause losses count what the observed ones count
+    observed_source: str = ""  # where `observed` came from (`HitRate.source`)
+    answered: tuple[int, int] | None = None  # compared on responses: (requests whose responses said, replayed)
 
     @property
     def replayed(self) -> float | None:
@@ -72,9 +81,13 @@ class Fidelity:
         tier = self.replay.tier_blocks if self.replay is not None else 0
         below = f" over an offload tier of {tier} blocks" if tier else ""
         configuration = self.configuration or f"{self.num_blocks} blocks{below}; {policy}"
+        source = observed_words(self.observed_source)
+        if self.answered is not None:
+            said, replayed = self.answered
+            source = f"as {said:,} of the {replayed:,} replayed requests' responses said; the replay's over those"
         head = (
-            f"At the observed configuration ({configuration}) the replay hits "
-            f"{self.replayed:.1%} where the run hit {self.observed:.1%}: {self.error_points:+.1f} points."
+            f"At the observed configuration ({configuration}) the replay hits {self.replayed:.1%} where the run hit "
+            f"{self.observed:.1%}{f' ({source})' if source else ''}: {self.error_points:+.1f} points."
         )
         if self.reproduces:
             return f"{head} Within {WITHIN_POINTS:g} points: the replay reproduces the run before it predicts."
@@ -83,6 +96,11 @@ class Fidelity:
             off = "; ".join(f"{span.label(clock_iso)} ({error:+.1f} points)" for span, error in self.runs_off)
             why += f" Runs off: {off}; each run's check says why."
         return f"{head} More than {WITHIN_POINTS:g} points off: the other {self.others} are no evidence.{why}"
+
+
+def observed_words(source: str) -> str:
+    """What an observed hit rate of `source` (`HitRate.source`) counted, in words ("" when nothing says)."""
+    return OBSERVED_FROM.get(source, f"from the {source}" if source else "")
 
 
 def fidelity(plans: list[ReplayPlan], observed: HitRate) -> tuple[Fidelity, list[Fidelity]]:
@@ -123,18 +141,40 @@ def fidelity(plans: list[ReplayPlan], observed: HitRate) -> tuple[Fidelity, list
         any(check.policy_assumed for _, check in checked),
         runs_off=runs_off,
         pauses_comparable=all(check.pauses_comparable for check in per_run),
+        observed_source=observed.source,
+        answered=_answered([check.answered for _, check in checked]),
     )
     return total, per_run
+
+
+def _answered(counts: list[tuple[int, int] | None]) -> tuple[int, int] | None:
+    """The runs' (said, replayed) added up, where every run was compared on its responses."""
+    if not counts or None in counts:
+        return None
+    return sum(c[0] for c in counts if c), sum(c[1] for c in counts if c)
 
 
 def fleet_fidelity(fleet: FleetPlan, routed: FleetResult) -> Fidelity:
     """The router what-if's `as_routed` replay (`routed`) against the fleet's observed hit rate."""
     plan = fleet.plan
-    as_routed = WhatIfResult(0, routed.policy, hit_tokens=routed.hit_tokens, query_tokens=routed.query_tokens)
+    as_routed = WhatIfResult(0, routed.policy, requests=routed.requests, query_tokens=routed.query_tokens)
+    as_routed.hit_tokens = routed.hit_tokens
+    for result in routed.per_replica.values():
+        as_routed.request_hits.update(result.request_hits)
+    answered = plan.observed.get("answered")
     hit: HitRate | None = plan.observed.get("hit")
     observed = None if hit is None else hit.rate
     configuration = "each replica at its observed size, each request on the replica that served it"
-    check = Fidelity(None, DEFAULT_POLICY, observed, as_routed, configuration=configuration, others="routers")
+    check = Fidelity(
+        None,
+        DEFAULT_POLICY,
+        observed,
+        on_answered(as_routed, answered),
+        configuration=configuration,
+        others="routers",
+        observed_source="" if hit is None else hit.source,
+        answered=None if not answered else (len(answered), routed.requests),
+    )
     if check.reproduces is False:
         return replace(check, reasons=tuple(causes(plan, hit)))
     return check
@@ -154,12 +194,34 @@ def run_fidelity(plan: ReplayPlan) -> Fidelity:
         unknown = "the run had an offload tier (its tier events say so) whose size it did not record"
         return Fidelity(size, policy, observed, None, (unknown,))
     replay = simulate(plan, num_blocks=size, policy=policy, tier_blocks=plan.tier_blocks or 0)
+    answered = plan.observed.get("answered")
     check = Fidelity(
-        size, policy, observed, replay, policy_assumed=plan.policy is None, pauses_comparable=plan.recorded is not None
+        size,
+        policy,
+        observed,
+        on_answered(replay, answered),
+        policy_assumed=plan.policy is None,
+        pauses_comparable=plan.recorded is not None,
+        observed_source="" if hit is None else hit.source,
+        answered=None if not answered else (len(answered), replay.requests),
     )
     if check.reproduces is False:
         return replace(check, reasons=tuple(causes(plan, hit)))
     return check
+
+
+def on_answered(replay: WhatIfResult, answered: list[tuple[str, int]] | None) -> WhatIfResult:
+    """The replay over the requests the observed rate counts: those whose responses said what was cached (`answered`:
+    (request id, prompt tokens)); all it replayed when the observed rate is not of responses."""
+    if not answered:
+        return replay
+    hits = replay.request_hits
+    return replace(
+        replay,
+        requests=len(answered),
+        hit_tokens=sum(hits.get(request_id, 0) for request_id, _ in answered),
+        query_tokens=sum(n for _, n in answered),
+    )
 
 
 def causes(plan: ReplayPlan, hit: HitRate | None) -> list[str]:
@@ -173,15 +235,16 @@ def causes(plan: ReplayPlan, hit: HitRate | None) -> list[str]:
             f"{plan.skipped:,} of the run's {plan.skipped + len(plan.requests):,} requests had no known block chain "
             f"and were not replayed ({plan.skipped_prompt_tokens:,} of {held:,} prompt tokens)"
         )
-    if hit is not None and "counters" in hit.source and hit.query_tokens:
-        counted = hit.query_tokens
+    counters = plan.observed.get("counted", hit)  # (the engine's counters, even where the responses are compared)
+    if counters is not None and "counters" in counters.source and counters.query_tokens:
+        counted = counters.query_tokens
         if held < (1 - SAME_TRAFFIC) * counted:
             found.append(
                 f"the engine's counters counted {counted:,.0f} prompt tokens looked up in the run, and the requests "
                 f"kvobs received hold {held:,} ({held / counted:.0%}): the cache served traffic whose requests never "
                 "reached kvobs (spans not exported, sampled, or sent to another instance name)"
             )
-        elif held > (1 + SAME_TRAFFIC) * counted:
+        elif held > (1 + SAME_TRAFFIC) * counted and counters is hit:  # (the responses: the replay's own requests)
             found.append(
                 f"the scraped counters counted {counted:,.0f} prompt tokens looked up, fewer than the {held:,} the "
                 "run's requests hold: they were scraped over part of the run, so the observed rate is of other "

@@ -38,6 +38,7 @@ from instrumented_engine.whatif.tier import Loads, drop_stores, load_prefix, tal
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
 from kvobs.analytics.hit_rate import hit_rate_in
 from kvobs.analytics.ownership import num_inferred, with_tied_blocks
+from kvobs.analytics.response_usage import response_cached_tokens, responses_hit_rate
 from kvobs.analytics.runs import Span
 from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.semconv.spans import KVEventKind
@@ -61,6 +62,9 @@ class ReplayRequest:
 class ReplayPlan:
     requests: list[ReplayRequest]
     block_size: int
+    # what the run achieved (`observed_figures`); its `hit` is that of the replayed requests whose responses said
+    # their cached tokens (`answered`: (request id, prompt tokens)), where any did and the engine's rows do not say:
+    # the counters' hit rate (all its traffic) is then kept as `counted`
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
     skipped_prompt_tokens: int = 0  # ... their prompt tokens (those that say them)
@@ -82,7 +86,8 @@ class ReplayPlan:
     ) -> ReplayPlan:
         """The requests of [since, until] on `instances` (None: all) as one cache saw them: ask it of one run
         (`whatif_runs.replay_plans` cuts a range at each restart)."""
-        reqs = with_sessions(store.reads.requests(since, until, instances=instances), store.reads.steps(since, until))
+        steps = store.reads.steps(since, until)
+        reqs = with_sessions(store.reads.requests(since, until, instances=instances), steps)
         reqs, duplicates = once_each(reqs)
         stored = store.reads.stored_blocks(since, until, instances=instances)
         reqs, stored, ties = with_tied_blocks(reqs, stored)  # where the blocks name no session
@@ -116,6 +121,11 @@ class ReplayPlan:
         rates = hit_rates(reqs, chains, graph, block_size=block_size)
         recorded = RecordedTraffic.from_store(store, since, until, plan)
         observed = observed_figures(store, since, until, rates, instances=instances, requests=reqs)
+        said = response_cached_tokens(reqs, steps)
+        answered = [(r.request_id, r.prompt_tokens) for r in plan if r.request_id in said]
+        if answered and observed["hit"].source in COUNTED:  # the replayed requests' own, not the range's
+            hit = responses_hit_rate(answered, said)
+            observed.update(hit=hit, hit_rate=hit.rate, counted=observed["hit"], answered=answered)
         return cls(
             plan,
             block_size,
@@ -130,6 +140,9 @@ class ReplayPlan:
         )
 
 
+# an observed hit rate of counters (the engine's, over all its traffic in the range), or none: where every replayed
+# request's response said its cached tokens, those are compared instead (the same requests as the replay's)
+COUNTED = ("counters", "none")
 INFERRED = (
     "{:,} requests' blocks named no session (no X-Session-ID reached the server): each was tied to its session's "
     "request by its depth, its times and its session's chain (kvobs.analytics.ownership), only where one chain fit"
@@ -196,6 +209,7 @@ class WhatIfResult:
     waited: int = 0
     preemptions: int = 0  # running requests the replay preempted to make room (the recorded replay only)
     too_large: int = 0  # requests longer than the whole cache: not admitted
+    request_hits: dict[str, int] = field(default_factory=dict)  # request id -> its `hit_tokens` (first admission)
 
     @property
     def hit_rate(self) -> float | None:
@@ -319,6 +333,7 @@ class WholeLengthCache:
             self.loads.append((seq.session_id, loaded))
         found = len(hits) + len(loaded)
         self.result.hit_tokens += found * size
+        self.result.request_hits[req.request_id] = found * size
         self.result.tier_hit_tokens += len(loaded) * size
         missed = seq.block_hashes[found : (req.prompt_tokens - 1) // size]
         self.result.recompute_tokens += size * sum(1 for h in missed if h in self.computed)

@@ -17,7 +17,8 @@ from dataclasses import fields
 import pandas as pd
 
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
-from kvobs.analytics.hit_rate import hit_rate_in
+from kvobs.analytics.hit_rate import HitRate, hit_rate_in
+from kvobs.analytics.response_usage import RESPONSES
 from kvobs.analytics.runs import run_table, spans
 from kvobs.store.interface import Store
 
@@ -83,11 +84,16 @@ def simulate_runs(plans: list[ReplayPlan], **options) -> tuple[WhatIfResult, lis
 
 def observed_total(plans: list[ReplayPlan], store: Store, since, until, instances=None) -> dict:
     """What the runs achieved together: their counts added, the hit rate over the whole range (one definition,
-    `kvobs.analytics.hit_rate`), the cache size when every run had the same."""
+    `kvobs.analytics.hit_rate`), or the runs' own added up where one compares its replayed requests' responses (so
+    the table's "observed" is what each run's check compares), the cache size when every run had the same."""
     observed = {name: _sum(plan.observed.get(name) for plan in plans) for name in _SUMMED}
     sizes = {plan.observed.get("num_blocks") for plan in plans}
     observed["num_blocks"] = sizes.pop() if len(sizes) == 1 else None
-    observed["hit"] = hit_rate_in(store, since, until, instances)
+    hits = [plan.observed.get("hit") for plan in plans]
+    if any(hit is not None and hit.source == RESPONSES for hit in hits):  # (compared on the replayed requests)
+        observed["hit"] = summed(hits)
+    else:
+        observed["hit"] = hit_rate_in(store, since, until, instances)
     observed["hit_rate"] = observed["hit"].rate
     return observed
 
@@ -121,6 +127,19 @@ def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
         for r in results
     ]
     return [dict(zip(COMPARISON, row)) for row in rows]
+
+
+def summed(hits: list[HitRate | None]) -> HitRate:
+    """The runs' hit rates added up (tokens over tokens), their sources named once each."""
+    known = [hit for hit in hits if hit is not None]
+    sources = " and ".join(dict.fromkeys(hit.source for hit in known)) or "none"
+    counts = [hit.num_requests for hit in known]
+    return HitRate(
+        sum(hit.hit_tokens for hit in known),
+        sum(hit.query_tokens for hit in known),
+        None if None in counts else sum(c for c in counts if c is not None),
+        sources,
+    )
 
 
 def _sum(values):

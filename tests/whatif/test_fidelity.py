@@ -13,7 +13,7 @@ from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
 from instrumented_engine.whatif.runs import observed_total, replay_plans
 from kvobs.semconv.reasons import RouterPolicy
 from tests.collectors.fleet_recording import cached_said
-from tests.whatif.helpers import whatif
+from tests.whatif.helpers import altered_copy, whatif
 
 
 def checks(store):
@@ -32,9 +32,11 @@ def test_our_engines_run_is_reproduced_exactly(agent_run):
 
 def test_the_recorded_vllm_run_is_reproduced_within_two_points(vllm_run):
     """vLLM publishes no allocations, so its run is replayed whole-length; at its 32 blocks of 128 tokens it comes
-    within a point of the hit rate vLLM's own counters measured."""
+    within two points of what vLLM's responses said for the same requests (52 of the 53 replayed: the 53rd's step
+    failed before its answer came)."""
     _, total, per_run = checks(vllm_run.store)
     check = per_run["vllm-cpu"]
+    assert check.observed_source == "responses" and check.answered == (52, 53)
     assert check.num_blocks == 32 and check.policy == "lru" and check.policy_assumed
     assert abs(check.error_points) <= WITHIN_POINTS and check.reproduces
     assert "assumed: the run recorded none" in check.describe()
@@ -42,21 +44,41 @@ def test_the_recorded_vllm_run_is_reproduced_within_two_points(vllm_run):
     assert not check.pauses_comparable and not total.pauses_comparable
 
 
-def test_two_real_vllm_replicas_replay_to_their_own_cached_tokens(vllm_fleet):
-    """Replica a: the replay's hits are vLLM's own (2,176 tokens, its responses' cached tokens) and its counters
-    agree. Replica b served its first request before the recorder's first scrape: its counters miss it, so the
-    observed rate is of other requests than the replay's and the check says so; the replay's hits are still exactly
-    what vLLM's responses said."""
+def test_two_real_vllm_replicas_are_compared_on_their_own_responses(vllm_fleet):
+    """Each request's response said its cached tokens (its agent step's usage): the check compares the replay with
+    exactly those requests, and both replicas reproduce to the token. Replica b served its first request before the
+    recorder's first scrape, so its counters (kept as `counted`) are of other requests: 2,048 of 3,532 there,
+    against 2,048 of the 3,723 its requests hold."""
     store = vllm_fleet.store
-    plans, _, per_run = checks(store)
+    plans, total, per_run = checks(store)
     said, requests = cached_said(store), store.reads.requests()
     for plan in plans:
+        check = per_run[plan.span.instance]
         mine = requests.loc[requests["instance"] == plan.span.instance, "request_id"]
-        assert per_run[plan.span.instance].replay.hit_tokens == sum(said[r] for r in mine) > 0
-    assert per_run["replica-a"].error_points == pytest.approx(0.0) and per_run["replica-a"].reproduces
+        assert check.replay.hit_tokens == sum(said[r] for r in mine) > 0
+        assert check.observed_source == "responses" and check.answered == (12, 12)
+        assert check.error_points == pytest.approx(0.0, abs=1e-9) and check.reproduces
+        assert "as 12 of the 12 replayed requests' responses said" in check.describe()
+    counted = next(p for p in plans if p.span.instance == "replica-b").observed["counted"]
+    assert (counted.source, counted.hit_tokens, counted.query_tokens) == ("counters", 2048, 3532)
+    assert total.reproduces and total.answered == (24, 24)
+    fleet = FleetPlan.from_store(store)
+    routed = fleet_fidelity(fleet, simulate_fleet(fleet, RouterPolicy.AS_ROUTED.value))
+    assert routed.error_points == pytest.approx(0.0, abs=1e-9) and routed.answered == (24, 24)
+
+
+def test_without_the_responses_usage_the_counters_are_compared_and_their_gap_named(vllm_fleet, tmp_path):
+    """The same recording with no step saying its cached tokens: replica b is compared with its counters, 3 points
+    off, and the check names the counters' gap instead of calling the replay wrong."""
+    store = altered_copy(vllm_fleet, tmp_path, "UPDATE steps SET cached_tokens = NULL")
+    _, _, per_run = checks(store)
+    assert per_run["replica-a"].observed_source == "counters" and per_run["replica-a"].reproduces
     b = per_run["replica-b"]
+    assert b.observed_source == "counters" and b.answered is None
+    assert b.error_points == pytest.approx(100 * (2048 / 3723 - 2048 / 3532))
     assert not b.reproduces and len(b.reasons) == 1 and "scraped over part of the run" in b.reasons[0]
     assert "3,723 the run's requests hold" in b.reasons[0]
+    assert "as the engine's counters counted" in b.describe()
 
 
 def test_kvobs_serve_replicas_through_a_collector_are_reproduced_exactly(served_fleet):
@@ -92,5 +114,6 @@ def test_the_cli_prints_the_check_after_each_table(fleet_run):
     assert sizes.count("At the observed configuration (32 blocks; policy lru") == 3  # the total, each run
     assert "never reached kvobs" in sizes
     routers = whatif(fleet_run.url, "--replicas", "--router", "as_routed")
-    assert "| as_routed |" in routers and "observed: hit rate 25.8%" in routers
+    # the observed rate the check compares: 52 of the 53 replayed requests' responses (one step failed, unanswered)
+    assert "| as_routed |" in routers and "observed: hit rate 29.4% (the fleet's, as the replayed" in routers
     assert "the other routers are no evidence" in routers
