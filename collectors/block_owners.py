@@ -20,17 +20,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-import numpy as np
 import pandas as pd
 
-from collectors.kv.chains import PARENT, block_of
 from collectors.kv.ingest import KVIngest
+from collectors.kv.workers import RemoteIngest
 from collectors.session_activity import SessionActivity
 from collectors.traces.span_steps import JOIN_WAIT_S
-from kvobs.analytics.ownership import STORE_SLACK_S, block_ties
+from kvobs.analytics.ownership import STORE_SLACK_S
 from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
 from kvobs.store.rows import RequestRecord
 
@@ -54,7 +53,7 @@ class BlockOwners:
     def __init__(
         self,
         activity: SessionActivity,
-        ingests: list[KVIngest],
+        ingests: list[KVIngest | RemoteIngest],
         *,
         join_wait_s: float = JOIN_WAIT_S,
         hold_s: float = HOLD_S,
@@ -86,19 +85,18 @@ class BlockOwners:
             self._waiting.setdefault(record.request_id, (seen, record))
         for ingest, due in self._due(final):
             context = [r for r in self._tied if r.instance == ingest.instance]
-            stored = ingest.recent_stores(min(r.arrival_ts for r in due + context) - STORE_SLACK_S)
-            times = stored["ts"].to_numpy(float)
+            frame = _requests(due + context, self.activity)
+            since = min(r.arrival_ts for r in due + context) - STORE_SLACK_S
+            looked_ids, ties, n = ingest.tie(frame, [r.request_id for r in due], since)
+            looked_at = set(looked_ids)
             looked = []
             for record in due:
-                if _stores_between(times, record.arrival_ts, _end(record)):
+                if record.request_id in looked_at:
                     looked.append(record)
                 else:
                     del self._waiting[record.request_id]  # a header named every block of its window
             if not looked:
                 continue
-            frame = _requests(looked + context, self.activity)
-            ties = block_ties(frame, stored, block_size=ingest.block_size, before=_ResidentParents(ingest))
-            n = ingest.adopt(ties.attrs["owned"])
             adopted += n
             by_id = ties.set_index("request_id")
             sessions = frame.set_index("request_id")["session_id"]
@@ -123,7 +121,7 @@ class BlockOwners:
         self._forget(now)
         return adopted
 
-    def _due(self, final: bool) -> Iterator[tuple[KVIngest, list[RequestRecord]]]:
+    def _due(self, final: bool) -> Iterator[tuple[KVIngest | RemoteIngest, list[RequestRecord]]]:
         """Per stream, the waiting requests it has passed the end of (`final`: all of them)."""
         only = next(iter(self.ingests.values())) if len(self.ingests) == 1 else None
         due: dict[str, list[RequestRecord]] = {}
@@ -151,11 +149,6 @@ def _end(record: RequestRecord) -> float:
     return record.arrival_ts if record.finished_ts is None else record.finished_ts
 
 
-def _stores_between(times: np.ndarray, start: float, end: float) -> bool:
-    lo, hi = np.searchsorted(times, start - STORE_SLACK_S), np.searchsorted(times, end + STORE_SLACK_S, "right")
-    return bool(hi > lo)
-
-
 def _requests(records: list[RequestRecord], activity: SessionActivity) -> pd.DataFrame:
     """The requests as `block_ties` reads them, each with its session: its own, or the one its step claimed."""
     frame = pd.DataFrame([r.to_row() for r in records]).drop_duplicates("request_id")
@@ -164,23 +157,3 @@ def _requests(records: list[RequestRecord], activity: SessionActivity) -> pd.Dat
         for s, t, r in zip(frame["session_id"], frame["trace_id"], frame["request_id"])
     ]
     return frame.assign(session_id=pd.Series(claimed, index=frame.index, dtype=object))
-
-
-class _ResidentParents(Mapping):
-    """The parents of the stream's resident blocks, keyed as the store keys hashes: where a chain older than the
-    recent stores is read from (its root, the shared system prompt, was stored long before)."""
-
-    def __init__(self, ingest: KVIngest) -> None:
-        self.blocks = ingest.chains.blocks
-
-    def __getitem__(self, key):
-        return block_of(key, self.blocks[key])[PARENT]
-
-    def __contains__(self, key) -> bool:
-        return key in self.blocks
-
-    def __iter__(self):
-        return iter(self.blocks)
-
-    def __len__(self) -> int:
-        return len(self.blocks)

@@ -26,12 +26,13 @@ from collectors.drops import DropCounter
 from collectors.jobs.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
 from collectors.jobs.step_verdicts import VerdictKeeper
 from collectors.kv.bridge import KVSpanBridge
-from collectors.kv.ingest import KVIngest
+from collectors.kv.ingest import STORE_WAIT_S, KVIngest
 from collectors.kv.poller import KVEventPoller
 from collectors.kv.rebuild import rebuild_clocks
 from collectors.kv.silence import SILENCE_S, KVSilenceWatch
-from collectors.kv.streams import KVStreamSpec, parse_streams
+from collectors.kv.streams import KVStreamSpec, parse_streams, subscribe
 from collectors.kv.subscriber import KVEventSubscriber
+from collectors.kv.workers import RemoteIngest, RemoteSubscriber, WorkerPool, answering, default_workers
 from collectors.metrics.scraper import Scraper, ScrapeTarget
 from collectors.own_metrics import CollectorMetrics
 from collectors.session_activity import SessionActivity
@@ -48,10 +49,9 @@ from kvobs.store.spool import Spool
 from kvobs.store.write_process import WriteProcess
 from kvobs.store.writer import StoreWriter
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
+from kvobs.vllm.kv_events import should_bind
 
 log = logging.getLogger(__name__)
-
-HTTP_SCHEMES = ("http://", "https://")  # a --kv-events endpoint fetched over HTTP (TensorRT-LLM), not ZMQ
 
 SERVICE_NAME = "kvobs-collector"
 RESOLVE_CHUNK = 500
@@ -86,6 +86,7 @@ class CollectorOptions:
     spool_dir: str | None = None  # keep the writer's queue on disk here (kvobs.store.spool)
     write_process: bool = False  # write the store from a child process (kvobs.store.write_process; SQL stores)
     kv_silence_s: float = SILENCE_S  # a KV stream silent this long while its replica serves is told (kv_silence)
+    workers: int | None = None  # KV-event worker processes (collectors.kv.workers); None: the cores, up to the streams
 
     def __post_init__(self) -> None:
         if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http):
@@ -98,6 +99,8 @@ class CollectorOptions:
             raise ValueError(f"--kv-silence-s must be positive; got {self.kv_silence_s}")
         if self.session_end_after_s <= 0:
             raise ValueError(f"--session-end-after-s must be positive; got {self.session_end_after_s}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"--workers must be 1 or more; got {self.workers}")
         if self.join_wait_s < 0:
             raise ValueError(f"--join-wait-s must not be negative; got {self.join_wait_s}")
         for url in (self.forward_otlp, self.otlp_endpoint):
@@ -127,10 +130,10 @@ class Collector:
         self.forwarder = OTLPForwarder(options.forward_otlp, self.drops) if options.forward_otlp else None
         tracer = self.telemetry.tracer("kvobs.collector")
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
-        self.streams = [
-            self._stream(spec, bridge)
-            for spec in parse_streams(options.kv_events, options.kv_events_replay, default_instance=default)
-        ]
+        self.bridge = bridge
+        specs = parse_streams(options.kv_events, options.kv_events_replay, default_instance=default)
+        self.pool = self._pool(specs)
+        self.streams = [self._stream(spec, bridge) if self.pool is None else self._remote(spec) for spec in specs]
         replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
         self.leases = LeaseKeeper(self.store.leases, replicas, role="collect")  # one writer per replica
         self.span_steps = SpanSteps(
@@ -199,6 +202,40 @@ class Collector:
             TelemetryConfig(service_name=SERVICE_NAME, endpoint=endpoint, protocol=protocol, metrics=False)
         )
 
+    def _pool(self, specs: list[KVStreamSpec]) -> WorkerPool | None:
+        """The worker processes the streams are pinned to; None: one (the streams stay in this process)."""
+        o = self.options
+        workers = default_workers(len(specs)) if o.workers is None else o.workers
+        if workers < 2 or len(specs) < 2:
+            return None
+        options = {
+            "settle_s": o.settle_s,
+            "session_idle_s": o.session_idle_s,
+            "verdict_wait_s": o.settle_s + o.join_wait_s,
+            "bind": True if o.kv_events_bind else None,
+            "topic": o.kv_events_topic,
+        }
+        config = {
+            "options": options,
+            "infer": None,
+            "bridge": self.bridge is not None,
+            "leases": {},
+            "log_level": logging.getLogger().getEffectiveLevel(),
+        }
+        handler = answering(
+            self.writer, lookups=self.store.lookups, activity=self.activity, bridge=self.bridge, wait_s=STORE_WAIT_S
+        )
+        return WorkerPool(specs, workers, config=config, handler=handler, before_restart=lambda: self.writer.flush())
+
+    def _remote(self, spec: KVStreamSpec) -> KVStream:
+        assert self.pool is not None
+        worker = self.pool.of(spec.instance)
+        ingest = RemoteIngest(worker, spec.instance, lambda instance: self.leases.held(instance))
+        subscriber = RemoteSubscriber(
+            worker, spec, bind=bool(self.options.kv_events_bind) or should_bind(spec.endpoint)
+        )
+        return KVStream(spec, ingest, subscriber)
+
     def _stream(self, spec: KVStreamSpec, bridge) -> KVStream:
         o = self.options
         ingest = KVIngest(
@@ -218,19 +255,9 @@ class Collector:
             else:
                 self.drops.count("kv_events", "lease_lost", f"{spec.instance} is written by another collector")
 
-        if spec.endpoint.startswith(HTTP_SCHEMES):  # TensorRT-LLM: its events are fetched, not published
-            if spec.replay:
-                raise ValueError(f"--kv-events {spec.endpoint}: an HTTP stream is fetched and has no replay socket")
-            poller = KVEventPoller(spec.endpoint, on_batch, self.drops, on_restart=ingest.on_restart)
-            return KVStream(spec, ingest, poller)
-        subscriber = KVEventSubscriber(
-            spec.endpoint,
-            on_batch,
-            self.drops,
-            bind=True if o.kv_events_bind else None,
-            replay_endpoint=spec.replay,
-            topic=o.kv_events_topic,
-            on_restart=ingest.on_restart,
+        bind = True if o.kv_events_bind else None
+        subscriber = subscribe(
+            spec, on_batch, self.drops, on_restart=ingest.on_restart, bind=bind, topic=o.kv_events_topic
         )
         return KVStream(spec, ingest, subscriber)
 
@@ -240,9 +267,12 @@ class Collector:
         collector holds a replica, OSError when an address is taken or unusable."""
         self.leases.claim()
         for stream in self.streams:  # a restart goes on with the lifetimes and restores of the rows before it
-            rebuild_clocks(stream.ingest, self.store.lookups)
+            if isinstance(stream.ingest, KVIngest):  # (a worker rebuilds its own streams' as it starts)
+                rebuild_clocks(stream.ingest, self.store.lookups)
         if self.forwarder is not None:
             self.forwarder.start()
+        if self.pool is not None:
+            self.pool.start()
         for stream in self.streams:
             stream.subscriber.start()
         if self.receiver is not None:
@@ -287,6 +317,8 @@ class Collector:
         self._tie_blocks(final=True)
         for stream in self.streams:
             stream.ingest.snapshot(final=True)
+        if self.pool is not None:
+            self.pool.close()  # (every stream's last rows are in the writer's queue now)
         try:  # the last steps stored, the keeper decides what has settled and says it stopped
             self.writer.flush()
             self.verdicts.stop(time.time())
@@ -371,6 +403,9 @@ class Collector:
             totals["otlp"] = totals.get("otlp", 0) + self.receiver.num_malformed + self.receiver.num_spans_refused
         if self.telemetry.num_export_failures:
             totals["otlp_export"] = self.telemetry.num_export_failures
+        if self.pool is not None:
+            for component, n in self.pool.drop_counts().items():
+                totals[component] = totals.get(component, 0) + n
         totals["store"] = self.writer.num_dropped
         return totals
 
@@ -383,5 +418,5 @@ class KVStream:
     """One `--kv-events` stream: its spec, its ingest (chains, footprints) and its subscriber (socket, sequence)."""
 
     spec: KVStreamSpec
-    ingest: KVIngest
-    subscriber: KVEventSubscriber | KVEventPoller
+    ingest: KVIngest | RemoteIngest  # (a worker's stream: read through proxies with the same names)
+    subscriber: KVEventSubscriber | KVEventPoller | RemoteSubscriber

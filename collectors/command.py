@@ -114,6 +114,13 @@ def add_parser(sub) -> None:
         help="write the store (SQLite or PostgreSQL) from a child process, so the writes take no time from decoding "
         "and attributing KV events (bench/collector_ingest.py gives the rates each way)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="decode and attribute the KV-event streams in N worker processes, each stream pinned to one (default: "
+        "the machine's cores, up to the number of streams; 1, or a single stream: all in the collector's process)",
+    )
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
     p.set_defaults(func=run)
 
@@ -137,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             retention_days=args.retention_days,
             spool_dir=args.spool_dir,
             write_process=args.write_process,
+            workers=args.workers,
             otlp_grpc=args.otlp_grpc,
             otlp_http=args.otlp_http,
             forward_otlp=args.forward_otlp,

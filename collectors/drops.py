@@ -35,6 +35,11 @@ class DropCounter:
         with self._lock:
             return sum(n for (c, k), n in self._counts.items() if c == component and kind in (None, k))
 
+    def counts(self) -> dict[tuple[str, str], int]:
+        """(component, kind) -> dropped: what a stream worker reports to its collector."""
+        with self._lock:
+            return dict(self._counts)
+
     def totals(self) -> dict[str, int]:
         """Dropped items per component."""
         out: Counter[str] = Counter()

@@ -127,6 +127,12 @@ class SessionActivity:
             return AFTER_END
         return PENDING
 
+    def idle_verdicts(
+        self, losses: dict[str, list[float]], *, now: float, ended: set[str] | frozenset = frozenset()
+    ) -> dict[str, list[str]]:
+        """`idle_verdict` of each session's losses at once (one call per tick, where the caller is another process)."""
+        return {s: [self.idle_verdict(s, ts, now=now, ended=s in ended) for ts in times] for s, times in losses.items()}
+
     def resolve_pending(self) -> None:
         """Attribute waiting spans to sessions through `resolve`; spans still unknown keep waiting until their TTL."""
         if self.resolve is None or not self._unresolved:

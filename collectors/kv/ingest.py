@@ -29,12 +29,14 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
+from typing import Protocol
 
 import pandas as pd
 
 from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIER_STORED, BatchRows
 from collectors.kv.chains import STORED_AT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
+from collectors.kv.ties import tie_requests
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
 from kvobs.block_clock import BlockClock
 from kvobs.block_events import Batch, Cleared, Placeholder, Removed, Stored, UnknownTier
@@ -43,7 +45,6 @@ from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
 from kvobs.semconv.spans import SessionSource
 from kvobs.store.rows import KVEventColumns, SessionRecord, SnapshotRecord
-from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,16 @@ RESTART = "restart"
 # not lost; a store that stays down drops rows one wait at a time, never stopping the subscriber for long.
 STORE_WAIT_S = 10.0
 OPEN = (UNKNOWN, BEFORE)  # verdicts a request joined later can still change
+
+
+class RowWriter(Protocol):
+    """What the ingest uses of a store writer (`StoreWriter`; in a stream worker, `collectors.kv.worker`'s)."""
+
+    def add_many(self, records: KVEventColumns, *, wait_s: float = ...) -> object: ...
+
+    def add(self, record: SnapshotRecord) -> object: ...
+
+    def insert_missing(self, record: SessionRecord) -> object: ...
 
 
 class KVIngest:
@@ -74,7 +85,7 @@ class KVIngest:
 
     def __init__(
         self,
-        writer: StoreWriter,
+        writer: RowWriter,
         *,
         instance: str,
         activity: SessionActivity | None = None,
@@ -211,6 +222,10 @@ class KVIngest:
             raise RuntimeError("recent_stores before infer_owners")
         with self.lock:
             return self.recent.frame(self.instance, self.block_size, since)
+
+    def tie(self, frame: pd.DataFrame, due_ids: list[str], since: float) -> tuple[list[str], pd.DataFrame, int]:
+        """Ownership by inference's part that reads this stream's chains (`collectors.kv.ties.tie_requests`)."""
+        return tie_requests(self, frame, due_ids, since)
 
     def _adopt(self, owned: dict[tuple[str, int, float], str]) -> int:
         adopted = 0
@@ -464,10 +479,9 @@ class KVIngest:
         if self.activity is None:  # (nothing is pending without it: `_classify`)
             return
         ended = self.session_ends(list(self._idle)) if self.session_ends is not None else {}
+        all_verdicts = self.activity.idle_verdicts(self._idle, now=self._latest_ts, ended=set(ended))
         for session, times in list(self._idle.items()):
-            verdicts = [
-                self.activity.idle_verdict(session, ts, now=self._latest_ts, ended=session in ended) for ts in times
-            ]
+            verdicts = all_verdicts[session]
             self.chains.footprint(session).removed_idle += verdicts.count(PAUSE)
             self.num_lost_in_pause += verdicts.count(PAUSE)
             # a loss outside every request known so far may yet fall in a pause: the requests around it can still

@@ -105,12 +105,14 @@ class KVEventPoller:
         self._check_numbers(before, self.adapter.first_event_id)
         if not batch.events:
             return 0
-        self.num_batches += 1
         self.num_events += num_events
         self.shapes[shape] += 1
         self.last_batch_at = time.monotonic()
         self._seq += 1
-        self.handle(self._seq, batch)
+        try:
+            self.handle(self._seq, batch)
+        finally:  # (counted once handled, as the subscriber counts)
+            self.num_batches += 1
         return num_events
 
     def _check_numbers(self, before: int | None, first: int | None) -> None:

@@ -10,8 +10,15 @@ hash chains. A replay names its stream (`NAME=ENDPOINT`); an unnamed one goes wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from collectors.drops import DropCounter
+from collectors.kv.poller import KVEventPoller
+from collectors.kv.subscriber import BatchHandler, KVEventSubscriber
+
+HTTP_SCHEMES = ("http://", "https://")  # a --kv-events endpoint fetched over HTTP (TensorRT-LLM), not ZMQ
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,34 @@ def parse_streams(
     if len(set(instances)) != len(instances):
         raise ValueError(f"two --kv-events streams share an instance name: {instances}; name them NAME=ENDPOINT")
     return specs
+
+
+def subscribe(
+    spec: KVStreamSpec,
+    on_batch: BatchHandler,
+    drops: DropCounter,
+    *,
+    on_restart: Callable[[], None],
+    bind: bool | None = None,
+    topic: str = "",
+    resume_from: int | None = None,
+) -> KVEventSubscriber | KVEventPoller:
+    """The stream's receiver, not started: TensorRT-LLM's events are fetched over HTTP, every other engine's
+    subscribed to over ZMQ (`resume_from`: the first sequence number wanted, filled by the replay)."""
+    if spec.endpoint.startswith(HTTP_SCHEMES):
+        if spec.replay:
+            raise ValueError(f"--kv-events {spec.endpoint}: an HTTP stream is fetched and has no replay socket")
+        return KVEventPoller(spec.endpoint, on_batch, drops, on_restart=on_restart)
+    return KVEventSubscriber(
+        spec.endpoint,
+        on_batch,
+        drops,
+        bind=bind,
+        replay_endpoint=spec.replay,
+        topic=topic,
+        on_restart=on_restart,
+        resume_from=resume_from,
+    )
 
 
 def _host_port(endpoint: str) -> str:

@@ -67,6 +67,7 @@ class KVEventSubscriber:
     on_restart: called when the publisher's numbering starts over.
     tail_check_s: quiet time after which the replay is asked for batches after the last one received.
     decode: the engine's adapter (a payload -> `Decoded`; raises `kv_events.DecodeError` on one that is no batch).
+    resume_from: the first sequence number wanted (a gap before the first batch received is then filled).
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class KVEventSubscriber:
         on_restart: Callable[[], None] | None = None,
         tail_check_s: float = TAIL_CHECK_S,
         decode: Callable[[bytes], Decoded] = normalize.decode,
+        resume_from: int | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.handle = handle
@@ -103,7 +105,9 @@ class KVEventSubscriber:
         self.num_replayed = 0
         self.num_lost = 0
         self.num_restarts = 0
-        self._expected: int | None = None
+        # the first batch expected: a restarted worker's, after the last its collector acknowledged (so the replay
+        # fills what it had not handed on); None: whatever comes first
+        self._expected: int | None = resume_from
         self._replayed: set[int] = set()
         self._held: tuple[int, bytes] | None = None  # a batch whose number went back: a restart or a duplicate?
         self._ctx: zmq.Context = zmq.Context.instance()
@@ -143,7 +147,7 @@ class KVEventSubscriber:
             self.endpoint,
             self.replay_endpoint or "off",
         )
-        tail_checked, last_received = True, time.monotonic()
+        tail_checked, last_received = self._expected is None, time.monotonic()  # (resumed: ask for the tail too)
         try:
             while not self._stop.is_set():
                 if sub.poll(POLL_MS):
@@ -213,12 +217,14 @@ class KVEventSubscriber:
             self.drops.count(
                 COMPONENT, "bad_event", f"{refused} malformed or out-of-range event(s) in batch {seq}", n=refused
             )
-        self.num_batches += 1
         self.shapes[shape] += 1
         self.lag_s = time.time() - batch.ts  # the publisher's clock to ours: queueing, the network, clock skew
         self.last_batch_at = time.monotonic()
         self.num_events += num_events
-        self.handle(seq, batch)
+        try:
+            self.handle(seq, batch)
+        finally:  # (counted once handled: a reader waiting for N batches finds their rows made)
+            self.num_batches += 1
 
     # ---- gaps -------------------------------------------------------------------------------------------
     def _check_tail(self) -> None:

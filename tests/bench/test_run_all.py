@@ -30,6 +30,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "telemetry_overhead",
         "collector_ingest",
         "ingest_profile",
+        "collector_workers",
         "span_steps",
         "ownership",
         "collector_memory",
@@ -44,6 +45,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         ("telemetry_overhead", "telemetry off"),
         ("collector_ingest", "KV events: decode"),
         ("ingest_profile", "decode + attribute, unprofiled"),
+        ("collector_workers", "2 streams into SQLite, --workers 1"),
     ]:
         assert case in baselines
     for row in rows:

@@ -1,0 +1,234 @@
+"""A stream worker: a process of its own that receives, decodes and attributes its KV-event streams (`KVIngest`:
+chains, block clocks, rows, footprints), started by the collector's `collectors.kv.workers.WorkerPool`.
+
+Everything a stream's attribution needs from the rest of the collector crosses the channel (`collectors.kv.channel`):
+its rows go to the collector's store writer, told in order with the batch's sequence number (what the collector has
+taken is acknowledged: a restarted worker resumes after it, from the publisher's replay socket); its loss spans to
+the collector's bridge; and what it asks of the spans' side (the session activity's verdicts, the store's session
+ends, a restart's rebuild of the block clocks) is asked of the collector's, which holds the store and the spans. The
+collector asks the worker for each stream's snapshot, ties (ownership by inference) and running totals.
+
+The child is a fresh interpreter running this module (`python -m collectors.kv.worker FD`), as the store's write
+process is; it ignores SIGINT and SIGTERM (the collector stops it once the last snapshot is taken) and ends by itself
+when the collector is gone (the connection closes).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+from collectors.drops import DropCounter
+from collectors.kv.channel import Channel
+from collectors.kv.ingest import KVIngest
+from collectors.kv.poller import KVEventPoller
+from collectors.kv.rebuild import rebuild_clocks
+from collectors.kv.streams import KVStreamSpec, subscribe
+from collectors.kv.subscriber import KVEventSubscriber
+
+log = logging.getLogger(__name__)
+
+STATS = (  # a stream's running totals the collector reads (its metrics, silence watch, ownership by inference)
+    (
+        "subscriber",
+        (
+            "num_batches",
+            "num_events",
+            "num_lost",
+            "num_gaps",
+            "num_restarts",
+            "num_replayed",  # (a ZMQ stream's; an HTTP poller has none of these two and none is said)
+            "num_tail_recovered",
+            "lag_s",
+            "last_batch_at",
+        ),
+    ),
+    (
+        "ingest",
+        (
+            "latest_ts",
+            "block_size",
+            "num_lost_in_pause",
+            "num_pending_idle",
+            "num_sessions_forgotten",
+            "num_ids_cut",
+            "num_placeholders",
+            "num_repeated_stores",
+            "num_unknown_removals",
+        ),
+    ),
+)
+
+
+def unstarted_stats() -> dict:
+    """A stream's totals before its worker's first start: none counted, nothing received."""
+    stats: dict = {name: 0 if name.startswith("num_") else None for _, names in STATS for name in names}
+    stats.update(latest_ts=float("-inf"), shapes={}, unknown_tiers={})
+    return stats
+
+
+def stream_stats(ingest: KVIngest, subscriber) -> dict:
+    """What the collector's proxies of a stream read (`STATS`, the wire shapes and unknown tiers seen)."""
+    parts = {"ingest": ingest, "subscriber": subscriber}
+    stats = {name: getattr(parts[part], name, None) for part, names in STATS for name in names}
+    stats.update(shapes=dict(subscriber.shapes), unknown_tiers=dict(ingest.unknown_tiers))
+    return stats
+
+
+class ForwardedWriter:
+    """What `KVIngest` uses of a `StoreWriter`, its rows told to the collector, which writes them: `seq` is the batch
+    being attributed (set before each), so the collector knows what it has taken."""
+
+    def __init__(self, channel: Channel, instance: str) -> None:
+        self.channel, self.instance = channel, instance
+        self.seq: int | None = None
+
+    def add_many(self, columns, *, wait_s: float | None = None) -> None:
+        self.channel.tell("rows", self.instance, self.seq, columns)
+
+    def add(self, record) -> None:
+        self.channel.tell("record", "add", record)
+
+    def insert_missing(self, record) -> None:
+        self.channel.tell("record", "insert_missing", record)
+
+
+class RemoteActivity:
+    """The collector's `SessionActivity`, asked across the channel (what `KVIngest` asks of it)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def resolve_pending(self) -> None:
+        self.channel.call("activity", "resolve_pending", (), {})
+
+    def idle_verdicts(self, losses, *, now: float, ended=frozenset()) -> dict[str, list[str]]:
+        return self.channel.call("activity", "idle_verdicts", (losses,), {"now": now, "ended": set(ended)})
+
+
+class RemoteBridge:
+    """The collector's loss-span bridge, told each batch's removals and clears."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def on_batch(self, instance: str, ts: float, removed, cleared) -> None:
+        self.channel.tell("bridge", instance, ts, removed, cleared)
+
+
+class RemoteLookups:
+    """The collector's store lookups a stream needs (`Lookups.session_ends`, and a restart's rebuild's)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def __getattr__(self, method: str):
+        return lambda *args: self.channel.call("lookups", method, args)
+
+
+class Worker:
+    def __init__(self, conn: Connection, config: dict) -> None:
+        self.config = config
+        self.channel = Channel(conn, self._handle, name=f"kvobs-worker-{config['index']}", on_closed=self._gone)
+        self.drops = DropCounter()
+        self.held: dict[str, bool] = dict(config["leases"])  # instance -> this collector holds its lease
+        self.exit = threading.Event()
+        self.streams: dict[str, tuple[KVIngest, ForwardedWriter, KVEventSubscriber | KVEventPoller]] = {}
+
+    def run(self) -> None:
+        self.channel.start()
+        self.exit.wait()
+
+    def _gone(self) -> None:
+        self.exit.set()  # the collector is gone, or told us to go
+
+    def _start(self) -> dict:
+        """Build each stream, rebuild its clocks from the store, and open its socket."""
+        o = self.config["options"]
+        activity, lookups = RemoteActivity(self.channel), RemoteLookups(self.channel)
+        bridge = RemoteBridge(self.channel) if self.config["bridge"] else None
+        for spec in self.config["specs"]:
+            writer = ForwardedWriter(self.channel, spec.instance)
+            ingest = KVIngest(
+                writer,
+                instance=spec.instance,
+                activity=activity,  # type: ignore[arg-type]  # (what KVIngest asks of a SessionActivity)
+                bridge=bridge,
+                settle_s=o["settle_s"],
+                session_idle_s=o["session_idle_s"],
+                verdict_wait_s=o["verdict_wait_s"],
+                session_ends=lookups.session_ends,
+            )
+            if self.config["infer"] is not None:
+                ingest.infer_owners(*self.config["infer"])
+            rebuild_clocks(ingest, lookups)
+            receiver = subscribe(
+                spec,
+                self._on_batch(spec, ingest, writer),
+                self.drops,
+                on_restart=ingest.on_restart,
+                bind=o["bind"],
+                topic=o["topic"],
+                resume_from=self.config["resume"].get(spec.instance),
+            )
+            self.streams[spec.instance] = (ingest, writer, receiver)
+        for _, _, receiver in self.streams.values():
+            receiver.start()
+        return self._stats()
+
+    def _on_batch(self, spec: KVStreamSpec, ingest: KVIngest, writer: ForwardedWriter):
+        def on_batch(seq: int, batch) -> None:
+            if self.held.get(spec.instance, True):
+                writer.seq = seq
+                ingest.on_batch(seq, batch)
+            else:
+                self.drops.count("kv_events", "lease_lost", f"{spec.instance} is written by another collector")
+
+        return on_batch
+
+    def _stats(self) -> dict:
+        return {
+            "streams": {name: stream_stats(ingest, receiver) for name, (ingest, _, receiver) in self.streams.items()},
+            "drops": self.drops.counts(),
+        }
+
+    def _handle(self, kind: str, args: tuple):
+        if kind == "start":
+            return self._start()
+        if kind == "snapshot":
+            instance, final, held = args
+            self.held.update(held)
+            written = self.streams[instance][0].snapshot(final=final)
+            return written, self._stats()
+        if kind == "tie":
+            instance, frame, due_ids, since = args
+            return self.streams[instance][0].tie(frame, due_ids, since)
+        if kind == "stats":
+            return self._stats()
+        if kind == "stop_streams":
+            for _, _, receiver in self.streams.values():
+                receiver.stop()
+            return self._stats()
+        if kind == "exit":
+            threading.Timer(0.0, self.exit.set).start()  # (after the answer is sent)
+            return None
+        raise ValueError(f"a stream worker does not know {kind!r}")
+
+
+def main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the collector stops it once its streams' last rows are taken
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = Connection(fd)
+    try:
+        config = conn.recv()
+    except EOFError:
+        return
+    logging.basicConfig(level=config["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    Worker(conn, config).run()
+
+
+if __name__ == "__main__":  # started by `collectors.kv.workers.StreamWorker` with its end of a socket pair
+    main(int(sys.argv[1]))
