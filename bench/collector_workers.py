@@ -24,20 +24,13 @@ import time
 
 import zmq
 from collector_ingest import STORES, _cpu, _emptied, synthetic_payloads, workload_arguments
+from ports import free_port
 from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.store import open_store
 from kvobs.vllm import kv_events as wire
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workers_cpu_s(collector: Collector) -> float:

@@ -18,18 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 
 from collectors.kv.channel import Channel, ChannelClosed, RemoteError
 from collectors.kv.streams import KVStreamSpec
 from collectors.kv.worker import unstarted_stats
+from kvobs.child_process import end_child, start_child
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +60,7 @@ class StreamWorker:
                 self._start()
 
     def _start(self) -> None:
-        ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "collectors.kv.worker", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
-        conn = Connection(ours.detach())
+        self.process, conn = start_child("collectors.kv.worker")
         resume = {
             i: seq + 1 for i, seq in self.last_seq.items() if any(s.instance == i and s.replay for s in self.specs)
         }
@@ -121,11 +112,7 @@ class StreamWorker:
             with contextlib.suppress(ChannelClosed, TimeoutError):
                 channel.call("exit", timeout_s=timeout_s)
         if process is not None:
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10.0)
+            end_child(process, timeout_s)
         if channel is not None:
             channel.close()
 
@@ -231,10 +218,7 @@ class RemoteSubscriber:
         return Counter(self.worker.stream_stats(self.spec.instance).get("shapes", {}))
 
     def __getattr__(self, name: str):
-        stats = self.worker.stream_stats(self.spec.instance)
-        if name not in stats:
-            raise AttributeError(name)
-        return stats[name]
+        return _stat(self.worker, self.spec.instance, name)
 
 
 class RemoteIngest:
@@ -267,10 +251,15 @@ class RemoteIngest:
         return Counter(self.worker.stream_stats(self.instance).get("unknown_tiers", {}))
 
     def __getattr__(self, name: str):
-        stats = self.worker.stream_stats(self.instance)
-        if name not in stats:
-            raise AttributeError(name)
-        return stats[name]
+        return _stat(self.worker, self.instance, name)
+
+
+def _stat(worker: StreamWorker, instance: str, name: str):
+    """One of a worker's stream's totals, read by a proxy as its in-process object's attribute."""
+    stats = worker.stream_stats(instance)
+    if name not in stats:
+        raise AttributeError(name)
+    return stats[name]
 
 
 WORKER_LOOKUPS = ("session_ends", "latest_kv_ts", "block_history")  # what a worker may ask of the store

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from instrumented_engine.whatif.fleet import FleetPlan, FleetResult
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
-from kvobs.analytics.hit_rate import HitRate
+from kvobs.analytics.hit_rate import COUNTERS, REQUESTS, HitRate
 from kvobs.analytics.response_usage import RESPONSES
 from kvobs.analytics.runs import Span
 from kvobs.semconv.reasons import EvictionPolicyName
@@ -27,9 +27,9 @@ SAME_TRAFFIC = 0.05  # counters' and requests' prompt tokens this close (a share
 DEFAULT_POLICY = EvictionPolicyName.LRU.value  # vLLM's, SGLang's and TensorRT-LLM's, for runs that record none
 OBSERVED_FROM = {  # `HitRate.source` -> what the observed rate counted, in the check's words
     RESPONSES: "as the replayed requests' responses said",
-    "requests": "as its requests said",
-    "counters": "as the engine's counters counted",
-    "requests and counters": "as its requests said, and the engine's counters where they did not",
+    REQUESTS: "as its requests said",
+    COUNTERS: "as the engine's counters counted",
+    f"{REQUESTS} and {COUNTERS}": "as its requests said, and the engine's counters where they did not",
 }
 PAUSES_NOT_COMPARABLE = (
     "Lost in tool pauses is not compared with the observed here: an engine's KV events (vLLM's) name only the "
@@ -236,7 +236,7 @@ def causes(plan: ReplayPlan, hit: HitRate | None) -> list[str]:
             f"and were not replayed ({plan.skipped_prompt_tokens:,} of {held:,} prompt tokens)"
         )
     counters = plan.observed.get("counted", hit)  # (the engine's counters, even where the responses are compared)
-    if counters is not None and "counters" in counters.source and counters.query_tokens:
+    if counters is not None and COUNTERS in counters.source and counters.query_tokens:
         counted = counters.query_tokens
         if held < (1 - SAME_TRAFFIC) * counted:
             found.append(

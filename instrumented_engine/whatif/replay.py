@@ -36,7 +36,7 @@ from instrumented_engine.sampling_params import SamplingParams
 from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic, releases
 from instrumented_engine.whatif.tier import Loads, drop_stores, load_prefix, tally
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
-from kvobs.analytics.hit_rate import hit_rate_in
+from kvobs.analytics.hit_rate import COUNTERS, NO_SOURCE, hit_rate_in
 from kvobs.analytics.ownership import num_inferred, with_tied_blocks
 from kvobs.analytics.response_usage import response_cached_tokens, responses_hit_rate
 from kvobs.analytics.runs import Span
@@ -140,9 +140,9 @@ class ReplayPlan:
         )
 
 
-# an observed hit rate of counters (the engine's, over all its traffic in the range), or none: where every replayed
-# request's response said its cached tokens, those are compared instead (the same requests as the replay's)
-COUNTED = ("counters", "none")
+# an observed hit rate of counters (the engine's, over all its traffic in the range), or none: where any replayed
+# request's response said its cached tokens, those requests are compared instead (the same as the replay's)
+COUNTED = (COUNTERS, NO_SOURCE)
 INFERRED = (
     "{:,} requests' blocks named no session (no X-Session-ID reached the server): each was tied to its session's "
     "request by its depth, its times and its session's chain (kvobs.analytics.ownership), only where one chain fit"

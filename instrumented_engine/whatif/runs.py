@@ -17,7 +17,7 @@ from dataclasses import fields
 import pandas as pd
 
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
-from kvobs.analytics.hit_rate import HitRate, hit_rate_in
+from kvobs.analytics.hit_rate import NO_SOURCE, HitRate, hit_rate_in
 from kvobs.analytics.response_usage import RESPONSES
 from kvobs.analytics.runs import run_table, spans
 from kvobs.store.interface import Store
@@ -132,7 +132,7 @@ def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
 def summed(hits: list[HitRate | None]) -> HitRate:
     """The runs' hit rates added up (tokens over tokens), their sources named once each."""
     known = [hit for hit in hits if hit is not None]
-    sources = " and ".join(dict.fromkeys(hit.source for hit in known)) or "none"
+    sources = " and ".join(dict.fromkeys(hit.source for hit in known)) or NO_SOURCE
     counts = [hit.num_requests for hit in known]
     return HitRate(
         sum(hit.hit_tokens for hit in known),

@@ -23,6 +23,8 @@ import pandas as pd
 
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
 
+# `HitRate.source`: what a hit rate counted (sources of a fleet of both joined by " and ")
+REQUESTS, COUNTERS, NO_SOURCE = "requests", "counters", "none"
 HITS = vllm.PREFIX_CACHE_HITS.name + INCREASE_SUFFIX
 QUERIES = vllm.PREFIX_CACHE_QUERIES.name + INCREASE_SUFFIX
 
@@ -76,15 +78,15 @@ def hit_rates_in(store, since: float, until: float) -> dict[str, HitRate]:
 def _combine(sums: pd.DataFrame, counters: pd.DataFrame | None) -> HitRate:
     """The hit rate of `request_sums`' instances, and of the other instances' `counters`."""
     hits, queries = float(sums["cached_tokens"].sum()), float(sums["prompt_tokens"].sum())
-    sources = ["requests"] if len(sums) else []
+    sources = [REQUESTS] if len(sums) else []
     if counters is not None and not counters.empty:
         mine = counters[~counters["instance"].isin(set(sums["instance"]))]
         if not mine.empty:
             totals = mine.groupby("name")["value"].sum()
             hits, queries = hits + float(totals.get(HITS, 0.0)), queries + float(totals.get(QUERIES, 0.0))
-            sources.append("counters")
-    num_requests = int(sums["requests"].sum()) if sources == ["requests"] else None
-    return HitRate(hits, queries, num_requests, " and ".join(sources) or "none")
+            sources.append(COUNTERS)
+    num_requests = int(sums["requests"].sum()) if sources == [REQUESTS] else None
+    return HitRate(hits, queries, num_requests, " and ".join(sources) or NO_SOURCE)
 
 
 def hit_rate_of_sums(sums: pd.DataFrame, counters: pd.DataFrame | None = None) -> HitRate:

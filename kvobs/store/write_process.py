@@ -29,12 +29,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
 
+from kvobs.child_process import end_child, start_child
 from kvobs.store.interface import Batch
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class WriteProcess:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the child once it has answered every batch sent (call after `StoreWriter.close`). A batch it is
-        still writing is answered first, for up to `timeout_s`; after that the child is terminated (the batch's
+        still writing is answered first, for up to `timeout_s`; after that the child is killed (the batch's
         transaction rolls back; a spool keeps its rows for the next start)."""
         answered = self._lock.acquire(timeout=timeout_s)
         try:
@@ -106,34 +106,25 @@ class WriteProcess:
                 with contextlib.suppress(OSError):  # the child is gone already
                     self._conn.send(None)
             if self._process is not None:
-                _ended(self._process, timeout_s if answered else 0)
+                end_child(self._process, timeout_s if answered else 0)
             self._conn = self._process = None
         finally:
             if answered:
                 self._lock.release()
 
     def _start(self) -> tuple[int, float]:
-        """A fresh interpreter runs this module (`python -m`), not multiprocessing's spawn, which would run the
-        parent's `__main__` again in the child (whatever script that is: under Streamlit's AppTest, the app). The two
-        talk over a socket pair; the URL goes over it too, never on a command line `ps` shows."""
-        ours, theirs = socket.socketpair()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kvobs.store.write_process", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
-        parent = Connection(ours.detach())
+        """A fresh interpreter runs this module (`kvobs.child_process`); the URL goes over the socket pair."""
+        process, parent = start_child("kvobs.store.write_process")
         parent.send(self.url)
         if not parent.poll(START_TIMEOUT_S):
-            _ended(process, 0)
+            end_child(process, 0)
             raise WriteFailed(f"the store's write process did not start in {START_TIMEOUT_S:.0f} s", unreachable=True)
         try:
             hello = parent.recv()
         except EOFError:
             raise WriteFailed("the store's write process ended as it started", unreachable=True) from None
         if hello[0] != "ready":
-            _ended(process, 5.0)
+            end_child(process, 5.0)
             raise WriteFailed(hello[1], unreachable=hello[0] == "unreachable")
         self._conn, self._process = parent, process
         self.num_starts += 1
@@ -142,17 +133,8 @@ class WriteProcess:
     def _stop(self, why: str) -> None:
         log.warning(why)
         if self._process is not None:
-            _ended(self._process, 1.0)
+            end_child(self._process, 1.0)
         self._conn = self._process = None
-
-
-def _ended(process: subprocess.Popen, timeout_s: float) -> None:
-    """Wait up to `timeout_s` for the child to end, then terminate it."""
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.terminate()
-        process.wait(10.0)
 
 
 def _serve(conn: Connection) -> None:
