@@ -136,6 +136,8 @@ class Collector:
         self.streams = [self._stream(spec, bridge) if self.pool is None else self._remote(spec) for spec in specs]
         replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
         self.leases = LeaseKeeper(self.store.leases, replicas, role="collect")  # one writer per replica
+        if self.pool is not None:  # (a worker drops a stream's batches from the moment its lease is lost)
+            self.leases.on_change.append(self.pool.set_lease)
         self.span_steps = SpanSteps(
             self.writer,
             activity=self.activity,

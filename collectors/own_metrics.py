@@ -7,6 +7,8 @@ Counters are exposed from totals the components keep (so nothing is counted twic
 `kvobs_telemetry_dropped_total{component}` (scrape, kv_events, otlp, otlp_forward, store),
 `kvobs_collector_kv_events_total{instance}`, `kvobs_collector_kv_event_batches_lost_total{instance}`,
 `kvobs_collector_kv_streams_silent_total{instance}` (a stream silent while its replica served: `kv_silence`),
+`kvobs_collector_kv_worker_restarts_total{instance}` and the gauge `kvobs_collector_kv_worker_up{instance}` (the
+worker process reading a stream, with `--workers`),
 `kvobs_collector_kv_wire_batches_total{instance,shape}` and the gauge `kvobs_collector_kv_event_lag_seconds{instance}`
 (what `kvobs doctor` reads),
 `kvobs_collector_llm_requests_total`, `kvobs_collector_otlp_exports_busy_total` (exports answered 429),
@@ -164,6 +166,13 @@ class CollectorMetrics(PromCollector):
         for stream in c.streams:
             silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])
         yield silent
+        if c.pool is not None:  # (streams read in worker processes: `collectors.kv.workers`)
+            yield _by_label(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS, LABEL_INSTANCE, c.pool.restarts())
+            spec = kvobs_metrics.COLLECTOR_KV_WORKER_UP
+            worker_up = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_INSTANCE])
+            for instance, running in sorted(c.pool.up().items()):
+                worker_up.add_metric([instance], 1.0 if running else 0.0)
+            yield worker_up
         yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps + c.span_steps.statuses)
         yield _by_label(
             kvobs_metrics.AGENT_STEP_FAILURES,

@@ -203,6 +203,9 @@ class Worker:
             self.held.update(held)
             written = self.streams[instance][0].snapshot(final=final)
             return written, self._stats()
+        if kind == "leases":  # (a lease lost or taken back: told at once)
+            self.held.update(args[0])
+            return None
         if kind == "tie":
             instance, frame, due_ids, since = args
             return self.streams[instance][0].tie(frame, due_ids, since)

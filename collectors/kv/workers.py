@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 STATS_FRESH_S = 0.2  # a proxy's totals are read again from its worker when older than this
 START_TIMEOUT_S = 120.0  # a worker's imports, its streams' rebuilds and sockets
+RESTART_WAIT_S, RESTART_WAIT_MAX_S = 1.0, 30.0  # between failed starts of a dead worker: from, doubling up to
 
 
 def default_workers(num_streams: int) -> int:
@@ -48,9 +49,11 @@ class StreamWorker:
         self.channel: Channel | None = None
         self.process: subprocess.Popen | None = None
         self.num_starts = 0
+        self.num_failed_restarts = 0
         self.last_seq: dict[str, int] = {}  # instance -> the last batch whose rows the collector took
         self.stats: dict = {"streams": {spec.instance: unstarted_stats() for spec in specs}, "drops": {}}
         self._read_at = 0.0
+        self._restarting = False  # from its end until it runs again
         self._lock = threading.Lock()  # one start at a time
         self._streams_stopped = False
 
@@ -65,12 +68,15 @@ class StreamWorker:
             i: seq + 1 for i, seq in self.last_seq.items() if any(s.instance == i and s.replay for s in self.specs)
         }
         conn.send({**self.pool.config, "index": self.index, "specs": self.specs, "resume": resume})
-        self.channel = Channel(conn, self.pool.handler(self), name=f"kvobs-worker-{self.index}", on_closed=self._ended)
-        self.channel.start()
+        channel = Channel(
+            conn, self.pool.handler(self), name=f"kvobs-worker-{self.index}", on_closed=lambda: self._ended(channel)
+        )
+        self.channel = channel
+        channel.start()
         try:
-            self._update(self.channel.call("start", timeout_s=START_TIMEOUT_S))
+            self._update(channel.call("start", timeout_s=START_TIMEOUT_S))
         except (RemoteError, ChannelClosed, TimeoutError) as exc:  # (a socket that cannot bind: as in process)
-            self._streams_stopped = True  # no start again
+            self._streams_stopped |= not self._restarting  # a first start is not tried again; a restart is
             self.process.kill()
             raise (OSError if str(exc).startswith("OSError") else RuntimeError)(
                 f"KV-event worker {self.index} did not start: {exc}"
@@ -116,9 +122,10 @@ class StreamWorker:
         if channel is not None:
             channel.close()
 
-    def _ended(self) -> None:
-        if self.pool.closing or self.channel is None or self._streams_stopped:
+    def _ended(self, channel: Channel) -> None:
+        if self.pool.closing or channel is not self.channel or self._streams_stopped or self._restarting:
             return
+        self._restarting = True
         code = self.process.poll() if self.process is not None else None
         self.pool.num_restarts[self.index] += 1
         log.warning(
@@ -130,14 +137,29 @@ class StreamWorker:
         )
         threading.Thread(target=self._restart, name=f"kvobs-worker-{self.index}-restart", daemon=True).start()
 
+    @property
+    def up(self) -> bool:
+        """Whether the worker runs (started, its channel open)."""
+        return not self._restarting and self.channel is not None and not self.channel.closed.is_set()
+
     def _restart(self) -> None:
+        """Start the worker again until it runs or the pool closes: a start that fails (its port taken meanwhile,
+        the machine out of memory) is retried after a wait that doubles up to `RESTART_WAIT_MAX_S`."""
         if self.process is not None:
             self.process.wait()
-        try:
-            self.pool.before_restart()  # (the store holds what the dead worker handed on: its clocks rebuild from it)
-            self.start()
-        except Exception:
-            log.exception("starting KV-event worker %d again failed", self.index)
+        wait_s = RESTART_WAIT_S
+        while not self.pool.closing:
+            try:
+                self.pool.before_restart()  # (the store holds what the dead worker handed on: its clocks rebuild)
+                self.start()
+                self._restarting = False
+                return
+            except Exception:
+                self.num_failed_restarts += 1
+                log.exception("starting KV-event worker %d again failed; trying again in %.0f s", self.index, wait_s)
+            if self.pool.closed.wait(wait_s):
+                return
+            wait_s = min(2 * wait_s, RESTART_WAIT_MAX_S)
 
 
 class WorkerPool:
@@ -159,6 +181,7 @@ class WorkerPool:
     ) -> None:
         self.config, self.handler, self.before_restart = config, handler, before_restart
         self.closing = False
+        self.closed = threading.Event()  # (set with `closing`: a worker's restart waits on it)
         self.num_restarts: Counter[int] = Counter()
         self.workers = [StreamWorker(i, specs[i::workers], self) for i in range(min(workers, len(specs)))]
         self._of = {spec.instance: worker for worker in self.workers for spec in worker.specs}
@@ -195,8 +218,26 @@ class WorkerPool:
                 totals[component] += n
         return totals
 
+    def set_lease(self, instance: str, held: bool) -> None:
+        """Tell the worker reading `instance` at once whether this collector holds its lease (it drops the stream's
+        batches while not), and start a restarted one knowing it."""
+        self.config["leases"][instance] = held
+        channel = self.of(instance).channel
+        if channel is not None:
+            with contextlib.suppress(ChannelClosed):
+                channel.tell("leases", {instance: held})
+
+    def restarts(self) -> dict[str, int]:
+        """Instance -> times the worker reading its stream ended unasked."""
+        return {spec.instance: self.num_restarts[w.index] for w in self.workers for spec in w.specs}
+
+    def up(self) -> dict[str, bool]:
+        """Instance -> whether the worker reading its stream runs."""
+        return {spec.instance: w.up for w in self.workers for spec in w.specs}
+
     def close(self) -> None:
         self.closing = True
+        self.closed.set()
         for worker in self.workers:
             worker.close()
 

@@ -142,6 +142,7 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             said = f"{int(sample.value):,} blocks of {sample.labels[LABEL_MEDIUM]!r}"
             unknown.setdefault(sample.labels[LABEL_INSTANCE], []).append(said)
     leases_lost = by(kvobs_metrics.COLLECTOR_LEASES_LOST)
+    restarts, worker_up = by(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS), by(kvobs_metrics.COLLECTOR_KV_WORKER_UP)
     unmeasured = by(kvobs_metrics.COLLECTOR_ROUTING_UNMEASURED)
     apart: dict[str, int] = {}  # instance -> requests compared with no replica: their block hashes never meet
     for sample in samples.get(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE.name, []):
@@ -149,7 +150,8 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             apart[sample.labels[LABEL_INSTANCE]] = apart.get(sample.labels[LABEL_INSTANCE], 0) + int(sample.value)
     out = []
     named = set(shapes) | set(lag) | set(lost) | set(silent) | {i for i, n in leases_lost.items() if n} | set(apart)
-    named |= set(unknown) | {i for i, s in unmeasured.items() if s}
+    named |= set(unknown) | {i for i, s in unmeasured.items() if s} | {i for i, n in restarts.items() if n}
+    named |= {i for i, n in worker_up.items() if not n}
     for instance in sorted(named):
         words, ok = [f"wire: {' and '.join(sorted(shapes.get(instance, []))) or 'no batch yet'}"], True
         if instance in lag:
@@ -167,6 +169,19 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             words.append(
                 f"its lease was taken by another writer {int(leases_lost[instance]):,} time(s): this collector "
                 "dropped its data meanwhile (a stall past the lease, or two collectors given one replica)"
+            )
+        if worker_up.get(instance) == 0:
+            ok = False
+            words.append(
+                "its worker process is down and not yet started again: its stream is not read (the "
+                "collector's log says why each start failed)"
+            )
+        if restarts.get(instance):
+            ok = False
+            words.append(
+                f"its worker process ended {int(restarts[instance]):,} time(s) unasked (killed, out of memory: the "
+                "collector's log has each exit code); each time its stream resumed after the last batch taken, from "
+                "the replay socket where configured, else the gap counts as lost batches"
             )
         if apart.get(instance):
             ok = False
@@ -189,7 +204,8 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
             ok = False
             words.append(
                 f"tiers kvobs does not know, not read: {', '.join(unknown[instance])} (kvobs reads GPU, CPU, DISK, "
-                "STORAGE, SHARED_STORAGE and EXTERNAL under their engines' names; report the new one)"
+                "STORAGE with locality LOCAL, REMOTE or none, SHARED_STORAGE and EXTERNAL under their engines' "
+                "names; report the new one)"
             )
         out.append((instance, ok, "; ".join(words)))
     tied = by(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE)

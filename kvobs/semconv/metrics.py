@@ -342,6 +342,23 @@ kvobs_metrics = SimpleNamespace(
         "Sessions whose state the collector let go after --session-idle-s without a "
         "KV event (nothing resident, nothing pending).",
     ),
+    COLLECTOR_KV_WORKER_RESTARTS=_spec(
+        "kvobs_collector_kv_worker_restarts",
+        "counter",
+        "restarts",
+        "Times the worker process reading an instance's KV events (kvobs collect --workers) ended unasked; each "
+        "time it is started again and its stream resumes after the last batch the collector took (from the replay "
+        "socket where one is configured, else the gap is counted lost).",
+        LABEL_INSTANCE,
+    ),
+    COLLECTOR_KV_WORKER_UP=_spec(
+        "kvobs_collector_kv_worker_up",
+        "gauge",
+        "1",
+        "1 while the worker process reading an instance's KV events runs, 0 while it is down (ended, its start "
+        "again failing: retried with a growing wait); absent where the streams are read in the collector's process.",
+        LABEL_INSTANCE,
+    ),
     COLLECTOR_KV_STREAMS_SILENT=_spec(
         "kvobs_collector_kv_streams_silent",
         "counter",

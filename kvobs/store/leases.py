@@ -23,6 +23,7 @@ import os
 import socket
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -133,6 +134,7 @@ class LeaseKeeper:
         self.holder = holder_name(role)
         self.lost: set[str] = set()
         self.num_lost: Counter[str] = Counter()  # times each instance's lease was found taken
+        self.on_change: list[Callable[[str, bool], object]] = []  # told (instance, held) as a lease is lost or back
         self._renewed_at = 0.0
 
     def claim(self) -> None:
@@ -158,6 +160,7 @@ class LeaseKeeper:
             if instance not in self.lost:
                 self.lost.add(instance)
                 self.num_lost[instance] += 1
+                self._changed(instance, False)
                 log.error(
                     "lost the lease on %s to another writer (this process stopped renewing it for over %.0f s); "
                     "taken back once it is free",
@@ -170,7 +173,15 @@ class LeaseKeeper:
             except LeaseRefused:
                 continue
             self.lost.discard(instance)
+            self._changed(instance, True)
             log.warning("took the lease on %s back: writing it again", instance)
+
+    def _changed(self, instance: str, held: bool) -> None:
+        for tell in self.on_change:
+            try:
+                tell(instance, held)
+            except Exception:
+                log.exception("telling that the lease on %s is %s failed", instance, "back" if held else "lost")
 
     def release(self) -> None:
         self.leases.release(self.instances, self.holder)

@@ -11,8 +11,12 @@ import signal
 import sqlite3
 from contextlib import ExitStack
 
+import zmq
+from prometheus_client import generate_latest
+
 from collectors.collector import Collector, CollectorOptions
 from collectors.kv.workers import default_workers
+from kvobs.commands.doctor import exposition_checks
 from kvobs.store import open_store
 from kvobs.vllm import kv_events as wire
 from tests.collectors.fleet_recording import REPLICAS, collect_fleet_recording, replica_frames
@@ -63,12 +67,15 @@ def test_the_default_uses_the_cores_up_to_the_streams():
     assert default_workers(2) == min(2, os.cpu_count() or 1)
 
 
-def _run(path, *, workers: int, kill: bool) -> Collector:
-    """Both replicas' frames through a collector whose streams have replay sockets; with `kill`, replica-a's worker
-    is killed halfway through its frames and the rest are published once it runs again."""
+def _run(path, *, workers: int, kill: bool) -> tuple[Collector, list[str]]:
+    """Both replicas' frames through a collector whose streams have replay sockets, and its /metrics text (with
+    `kill`: while the worker is down, then at the end). With `kill`, replica-a's worker is killed halfway through its
+    frames; another socket holds its port until its first start again has failed, and the rest of the frames are
+    published once it runs again."""
     frames = {name: replica_frames(name) for name in REPLICAS}
     ports = {name: (free_port(), free_port()) for name in REPLICAS}
     store = open_store(f"sqlite:///{path}")
+    exposed = []
     with ExitStack() as stack:
         for name in REPLICAS:
             stack.enter_context(
@@ -95,9 +102,21 @@ def _run(path, *, workers: int, kill: bool) -> Collector:
                 pubs[a if message in frames[a] else b].send_multipart(message)
             last = {name: wire.seq_from_bytes(frames[name][-1][1]) for name in REPLICAS}
             if kill:
-                worker = collector.pool.of(a)
+                worker, pool = collector.pool.of(a), collector.pool
                 wait_for(lambda: collector.streams[0].subscriber.num_batches == half)
+                taken = stack.enter_context(zmq.Context().socket(zmq.SUB))
+                restart = pool.before_restart
+
+                def take_the_port_first() -> None:  # as another process binding it meanwhile would
+                    if not worker.num_failed_restarts:
+                        taken.bind(f"tcp://127.0.0.1:{ports[a][0]}")
+                    restart()
+
+                pool.before_restart = take_the_port_first
                 os.kill(worker.process.pid, signal.SIGKILL)
+                wait_for(lambda: worker.num_failed_restarts == 1, timeout_s=60)
+                exposed.append(generate_latest(collector.registry).decode())
+                taken.close(linger=0)
                 wait_for(lambda: worker.num_starts == 2, timeout_s=60)
             for message in frames[a][half:]:
                 pubs[a].send_multipart(message)
@@ -109,10 +128,11 @@ def _run(path, *, workers: int, kill: bool) -> Collector:
                 else:
                     count = len(frames[name])
                     wait_for(lambda s=stream, n=count: s.subscriber.num_batches == n)
+            exposed.append(generate_latest(collector.registry).decode())
         finally:
             collector.stop()
     store.close()
-    return collector
+    return collector, exposed
 
 
 def test_a_worker_killed_mid_run_loses_nothing_acknowledged(tmp_path):
@@ -120,11 +140,22 @@ def test_a_worker_killed_mid_run_loses_nothing_acknowledged(tmp_path):
     batch whose rows the collector took: what the dead worker had not handed on, and what was published while no
     worker listened, comes from the replay socket. Every block stored, removed and cleared is stored once, as the
     collector's own process stores it. (The new worker's chains start empty, as after a collector restart, so a
-    removal of a block stored before the kill names no session: owners are not compared.)"""
-    reference = _run(tmp_path / "one.db", workers=1, kill=False)
-    killed = _run(tmp_path / "killed.db", workers=2, kill=True)
+    removal of a block stored before the kill names no session: owners are not compared.) Its first start again
+    fails (another socket holds its port): it is tried again, and /metrics and `kvobs doctor` say it was down."""
+    reference, _ = _run(tmp_path / "one.db", workers=1, kill=False)
+    killed, (while_down, after) = _run(tmp_path / "killed.db", workers=2, kill=True)
     assert reference.pool is None and killed.pool is not None
-    assert killed.pool.num_restarts[killed.pool.of(REPLICAS[0]).index] == 1
+    a, b = REPLICAS
+    assert killed.pool.restarts() == {a: 1, b: 0}
+    for text, up in ((while_down, 0.0), (after, 1.0)):  # its /metrics, and what `kvobs doctor --collector` says
+        assert f'kvobs_collector_kv_worker_restarts_total{{instance="{a}"}} 1.0' in text
+        assert f'kvobs_collector_kv_worker_restarts_total{{instance="{b}"}} 0.0' in text
+        assert f'kvobs_collector_kv_worker_up{{instance="{a}"}} {up}' in text
+        assert f'kvobs_collector_kv_worker_up{{instance="{b}"}} 1.0' in text
+        checks = {name: (ok, said) for name, ok, said in exposition_checks(text)}
+        assert not checks[a][0] and "its worker process ended 1 time(s) unasked" in checks[a][1]
+        assert ("its worker process is down" in checks[a][1]) == (up == 0.0)
+        assert "worker process" not in checks.get(b, (True, ""))[1]
     events = (
         "SELECT ts, instance, kind, block_hash, parent_hash, num_blocks FROM kv_events WHERE {} ORDER BY 1, 2, 3, 4"
     )

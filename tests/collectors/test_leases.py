@@ -57,11 +57,13 @@ def test_a_lease_taken_while_stalled_is_said_counted_and_taken_back(tmp_path, ca
     store.close()
 
 
-def test_a_collector_whose_lease_was_taken_drops_that_replicas_batches_and_counts_them(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_collector_whose_lease_was_taken_drops_that_replicas_batches_and_counts_them(tmp_path, workers):
     """A real collector and a real ZMQ stream: batches are stored while the collector holds `vllm-a`; once another
     writer took the lease (this collector stalled past its expiry), every batch of `vllm-a` is dropped, counted under
     the `kv_events` component with its reason, and nothing of it reaches the store; once the lease is free again and
-    taken back, batches are stored again."""
+    taken back, batches are stored again. With `--workers 2` (a second replica, silent, so that there is a pool) the
+    worker reading `vllm-a` is told at once, not at its next snapshot (an interval away)."""
     from sqlalchemy import func, select
 
     from kvobs.store.schema import KVEventRow
@@ -80,11 +82,13 @@ def test_a_collector_whose_lease_was_taken_drops_that_replicas_batches_and_count
 
     store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
     port = free_port()
-    options = CollectorOptions(kv_events=[f"vllm-a=tcp://127.0.0.1:{port}"], kv_events_bind=True, interval_s=3600)
+    streams = [f"vllm-a=tcp://127.0.0.1:{port}", f"vllm-b=tcp://127.0.0.1:{free_port()}"][:workers]
+    options = CollectorOptions(kv_events=streams, kv_events_bind=True, interval_s=3600, workers=workers)
     collector = Collector(options, store=store)
     other = LeaseKeeper(store.leases, ["vllm-a"], role="collect")
     collector.start()
     try:
+        assert (collector.pool is not None) == (workers == 2)
         with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:
             wait_subscribed(pub)
             sub = collector.streams[0].subscriber
