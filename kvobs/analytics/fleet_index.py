@@ -13,7 +13,7 @@ from collections import Counter
 
 import pandas as pd
 
-from kvobs.semconv.attributes import is_lower_tier
+from kvobs.semconv.attributes import is_lower_tier, is_shared_tier
 from kvobs.semconv.spans import KVEventKind
 
 STORED = KVEventKind.STORED.value
@@ -37,7 +37,10 @@ class FleetIndex:
 
     A replica holds a block while any of its tiers does (`medium`: the device cache, an offload tier), since a block
     on an offload tier is loaded, not recomputed (llm-d's scorer counts it too, at a lower weight): an offload
-    tier's copy dropped, or the device copy evicted after it reached the offload tier, is no loss of the block."""
+    tier's copy dropped, or the device copy evicted after it reached the offload tier, is no loss of the block.
+    A shared tier's copies (`is_shared_tier`: one the replica named REMOTE, a shared storage or pool) are no replica's:
+    a request sent elsewhere may load them too, so they neither make a replica hold a block nor lose it (as Dynamo's
+    router leaves a REMOTE tier's events out)."""
 
     def __init__(self, *, track_losses: bool = False) -> None:
         self.resident: dict[str, dict[int, int]] = {}  # instance -> block -> how many of its tiers hold it
@@ -60,6 +63,8 @@ class FleetIndex:
         times = itertools.repeat(0.0) if times is None else times
         media = itertools.repeat(None) if media is None else media
         for kind, instance, block_hash, parent, ts, medium in zip(kinds, instances, hashes, parents, times, media):
+            if type(medium) is str and is_shared_tier(medium):  # (a column's missing medium: None or NaN)
+                continue  # (a copy other replicas may read too: the replica's own, or no loss, is not known)
             if kind in STORE_KINDS:
                 block_hash = int(block_hash)
                 by_tier = tiers.get(instance)

@@ -122,6 +122,35 @@ def is_known_medium(medium: str | None) -> bool:
     return medium is None or medium.strip().lower() in MEDIUMS
 
 
+# vLLM's `locality` of a storage tier's events (0.26+): whether the storage is the publishing replica's own or not
+# (a shared file system or object store); absent: unspecified, and vLLM never infers it
+LOCALITY_LOCAL, LOCALITY_REMOTE = "LOCAL", "REMOTE"
+REMOTE_PREFIX = "REMOTE_"  # a tier the replica named REMOTE: kvobs keeps it apart from its own (`tier_name`)
+SHARED_TIERS = frozenset({"SHARED_STORAGE", "EXTERNAL"})  # tiers shared by name: a pool other replicas may read
+
+
+@lru_cache(maxsize=256)
+def tier_name(medium: str | None, locality: str | None) -> tuple[str | None, bool]:
+    """The tier an event names by `medium` and `locality`, as kvobs names it, and whether kvobs knows it.
+
+    A tier below the device cache that the replica calls REMOTE is a place apart from its own (`REMOTE_STORAGE`):
+    its copies are counted in that tier and never as the replica's own (`is_shared_tier`). LOCAL or no locality: the
+    tier as `medium_name` names it. Any other locality, or REMOTE on the device cache, is not known (fails closed)."""
+    name, known = medium_name(medium), is_known_medium(medium)
+    if locality is None or locality.strip().upper() == LOCALITY_LOCAL:
+        return name, known
+    if locality.strip().upper() == LOCALITY_REMOTE and known and is_lower_tier(name):
+        return f"{REMOTE_PREFIX}{name}", True
+    return f"{name}@{locality.strip().upper()}", False
+
+
+@lru_cache(maxsize=256)  # once a KV event in the fleet's replay
+def is_shared_tier(medium: str | None) -> bool:
+    """Whether a tier, as kvobs names it, may be read by other replicas (one named REMOTE, a shared storage, SGLang's
+    external pool): a copy there is not this replica's alone, so no routing loss is claimed for it."""
+    return isinstance(medium, str) and (medium.startswith(REMOTE_PREFIX) or medium in SHARED_TIERS)
+
+
 def is_lower_tier(medium: str | None) -> bool:
     """Whether a tier, as kvobs names it (`medium_name`), is one below the device cache (an offload tier: CPU,
     disk, storage, ...): its copies are stored as `tier_stored`/`tier_removed`, never as the cache's own blocks."""

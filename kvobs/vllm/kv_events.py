@@ -58,7 +58,9 @@ class BlockStored(KVCacheEvent):
     group_idx: Count | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: Count | None = None
-    session_id: str | None = None
+    locality: str | None = None  # vLLM 0.26+: a storage tier's place, LOCAL or REMOTE to the replica; None: unspecified
+    ownership: str | None = None  # vLLM 0.32: the secondary tier that published it (its name: "fs", "kvcr"); None: none
+    session_id: str | None = None  # vLLM 0.32's (the request's `session_id`), and our engine's before it
 
 
 class BlockRemoved(KVCacheEvent):
@@ -72,6 +74,8 @@ class BlockRemoved(KVCacheEvent):
     block_hashes: list[BlockHash]
     medium: str | None
     group_idx: Count | None = None
+    locality: str | None = None
+    ownership: str | None = None
     reason: str | None = None
 
 

@@ -4,22 +4,21 @@
     batch = normalize(wire_batch)      # a batch already decoded (`kvobs.vllm.kv_events.decode_batch`)
 
 What it decides, so no reader after it does: hashes as unsigned 64-bit ints (`kv_events.as_uint64`), the tier's one
-name (`medium_name`), ids and names cut to a column (`clip_id`), each block's extra keys as JSON, an offloading
-connector's placeholder (no tokens, block size 0) told apart, a tier kvobs does not know failing closed
-(`UnknownTier`), and `BlockRemoved.reason` kept only where it is one of kvobs's engine's reasons (vLLM sends none).
-Consecutive removals that name the same tier, group and reason become one `Removed`.
+name (`tier_name`, of its medium and locality), ids and names cut to a column (`clip_id`), each block's extra keys as
+JSON, an offloading connector's placeholder (no tokens, block size 0) told apart, a tier kvobs does not know failing
+closed (`UnknownTier`), and `BlockRemoved.reason` kept only where it is one of kvobs's engine's reasons (vLLM sends
+none). Consecutive removals that name the same tier, group and reason become one `Removed`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
 
 import msgspec
 
 from kvobs.block_events import Batch, Cleared, Decoded, Event, Placeholder, Removed, Stored, UnknownTier
 from kvobs.identifiers import clip_id
-from kvobs.semconv.attributes import is_known_medium, medium_name
+from kvobs.semconv.attributes import tier_name
 from kvobs.semconv.limits import MAX_ID_BYTES
 from kvobs.semconv.reasons import EvictionReason, InvalidationReason
 from kvobs.vllm import kv_events as wire
@@ -55,10 +54,10 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
                 hashes: list[int] = given  # type: ignore[assignment]
             else:
                 hashes = as_uint64_list(given)
-            if merging is not None and sent == (event.medium, event.group_idx, event.reason):
+            if merging is not None and sent == (event.medium, event.locality, event.group_idx, event.reason):
                 merging.hashes += hashes
                 continue
-            tier, known = _tier(event.medium)
+            tier, known = tier_name(event.medium, event.locality)
             if not known:
                 merging = None
                 events.append(UnknownTier(hashes, tier or ""))  # (an unknown tier has a name)
@@ -66,12 +65,12 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
             reason = event.reason if event.reason in REMOVAL_REASONS else None
             merging = Removed(hashes, tier, event.group_idx, reason)
             events.append(merging)
-            sent = (event.medium, event.group_idx, event.reason)
+            sent = (event.medium, event.locality, event.group_idx, event.reason)
             continue
         merging = None
         if type(event) is wire.BlockStored:
             session, parent, lora = event.session_id, event.parent_block_hash, event.lora_name
-            tier, known = _tier(event.medium)
+            tier, known = tier_name(event.medium, event.locality)
             if not known:
                 events.append(UnknownTier(as_uint64_list(event.block_hashes), tier or ""))
                 continue
@@ -98,13 +97,6 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
         elif type(event) is wire.AllBlocksCleared:
             events.append(CLEARED)
     return Batch(batch.ts, events, batch.data_parallel_rank, ids_cut)
-
-
-@lru_cache(maxsize=256)  # an engine names a few tiers, once an event
-def _tier(medium: str | None) -> tuple[str | None, bool]:
-    """The tier's name (`medium_name`) and whether kvobs knows it (`is_known_medium`): an unknown one's events fail
-    closed, as `UnknownTier`."""
-    return medium_name(medium), is_known_medium(medium)
 
 
 def extra_keys_json(event: wire.BlockStored) -> list[str | None] | None:

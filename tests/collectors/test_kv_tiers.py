@@ -8,11 +8,15 @@ engine's removal reason) is stored with it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
 from collectors.kv.ingest import KVIngest
-from kvobs.semconv.attributes import MEDIUM_GPU, is_known_medium, medium_name
+from kvobs.analytics.fleet_index import FleetIndex
+from kvobs.semconv.attributes import MEDIUM_GPU, is_known_medium, is_shared_tier, medium_name, tier_name
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire
 from kvobs.vllm.normalize import decode, normalize
@@ -233,3 +237,61 @@ def test_a_block_announced_again_counts_once_and_removals_of_unknown_blocks_are_
     blocks = counts.groupby("kind")["blocks"].sum()
     assert (int(blocks["stored"]), int(blocks["tier_stored"])) == (2, 3)  # the cache's 2; the tier's 3 distinct
     store.close()
+
+
+VLLM_TIERS = Path(__file__).parents[1] / "fixtures" / "vllm-tiers" / "frames.jsonl"
+
+
+def test_a_storage_tiers_locality_as_vllms_own_encoder_sends_it(tmp_path):
+    """vLLM 0.32's own structs (`tests/fixtures/vllm-tiers/record.py`): one prompt's blocks on the GPU, the CPU tier,
+    a LOCAL storage tier and a REMOTE one. The REMOTE tier is a tier of its own (`REMOTE_STORAGE`), so removals from
+    the LOCAL one leave its copies; a locality vLLM does not define fails closed. In the fleet's index a REMOTE copy
+    is no replica's own: other replicas may load it too, so no routing loss is claimed for it."""
+    frames = [json.loads(line) for line in VLLM_TIERS.read_text().splitlines()]
+    assert {f["vllm"] for f in frames} == {"0.32.0"}
+    store = open_store(f"sqlite:///{tmp_path / 'tiers.db'}")
+    writer = StoreWriter(store)
+    ingest = KVIngest(writer, instance="vllm-a")
+    for frame in frames:
+        ingest.on_batch(frame["seq"], decode(bytes.fromhex(frame["payload"])).batch)
+    writer.close()
+    rows = store.reads.kv_events()
+    said = list(zip(rows["kind"], rows["medium"], rows["block_hash"]))
+    hashes = (0x1111, 0x2222, 0x3333)
+    expected = [
+        ("stored", MEDIUM_GPU),
+        ("tier_stored", "CPU"),
+        ("tier_stored", "STORAGE"),
+        ("tier_stored", "REMOTE_STORAGE"),
+        ("removed", MEDIUM_GPU),
+        ("tier_removed", "CPU"),
+        ("tier_removed", "STORAGE"),
+        ("tier_removed", "REMOTE_STORAGE"),  # (the NEARBY store between: not read, counted)
+    ]
+    assert said == [(kind, medium, h) for kind, medium in expected for h in hashes]
+    assert ingest.unknown_tiers == {"STORAGE@NEARBY": 3} and ingest.num_unknown_removals == 0
+
+    index = FleetIndex(track_losses=True)
+    for upto, held in ((4, 3), (7, 0)):  # all tiers but REMOTE stored; then the LOCAL tiers' copies gone
+        seen = rows.iloc[: upto * 3] if upto == 4 else rows.iloc[12:21]
+        index.apply(seen["kind"], seen["instance"], seen["block_hash"], seen["parent_hash"], seen["ts"], seen["medium"])
+        assert index.prefix_on("vllm-a", list(hashes)) == held
+    assert all(index.lost[("vllm-a", h)][1] == "tier_removed" for h in hashes)  # lost with its LOCAL storage copy
+
+
+@pytest.mark.parametrize(
+    ("medium", "locality", "name", "known"),
+    [
+        ("STORAGE", None, "STORAGE", True),
+        ("STORAGE", "LOCAL", "STORAGE", True),
+        ("STORAGE", "REMOTE", "REMOTE_STORAGE", True),
+        ("FS", "remote", "REMOTE_STORAGE", True),  # vLLM 0.26's name
+        ("CPU", "REMOTE", "REMOTE_CPU", True),
+        ("GPU", "REMOTE", "GPU@REMOTE", False),  # the device cache is the replica's own
+        ("STORAGE", "NEARBY", "STORAGE@NEARBY", False),
+        ("hbm3", "REMOTE", "HBM3@REMOTE", False),
+    ],
+)
+def test_a_tiers_name_of_its_medium_and_locality(medium, locality, name, known):
+    assert tier_name(medium, locality) == (name, known)
+    assert is_shared_tier(name) == (known and locality is not None and locality.upper() == "REMOTE")
