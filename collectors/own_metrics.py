@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
 from kvobs.analytics.verdicts import COST_KINDS
+from kvobs.semconv.metric_spec import MetricSpec
 from kvobs.semconv.metrics import (
     LABEL_COMPONENT,
     LABEL_ERROR_TYPE,
@@ -46,7 +47,6 @@ from kvobs.semconv.metrics import (
     LABEL_STATUS,
     LABEL_TABLE,
     LABEL_TIE,
-    MetricSpec,
     kvobs_metrics,
 )
 from kvobs.store.retention import EXPIRED_TABLE

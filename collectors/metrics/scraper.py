@@ -5,16 +5,15 @@
     scraper.scrape_all()   # or one round, on the caller's thread
     scraper.stop()
 
-Each scrape writes `metric_samples` (see `collectors.metrics.derive`; plus `up` = 1 or 0 as Prometheus records
-it) and one instance `snapshots` row (usage, running, waiting, the interval's hit rate, cumulative
-preemptions and evictions), and a `runs` row when the target's run is new (`collectors.metrics.runs`). A scrape fails
-when the server cannot be reached, answers non-200, or sends a
-body that is not a whole exposition (counted in `drops` under `scrape`); the instance is then marked down:
-`up` = 0 is written and the change logged once. What counters gained during an outage is counted by the next
-good scrape (or, if the server restarted meanwhile, what it counted since). A body over `MAX_SCRAPE_BYTES` (70
-times vLLM's own, which is about 60 KB) is not read further and fails the scrape (`body_too_large`), so one server
-cannot stall the others; a NaN or infinite sample is skipped and counted (`non_finite_sample`), and the snapshot
-leaves that column empty.
+Each scrape writes `metric_samples` (see `collectors.metrics.derive`; plus `up` = 1 or 0 as Prometheus records it) and
+one instance `snapshots` row (usage, blocks, running, waiting: the engine's gauges, `engine_gauges`; the interval's
+hit rate, cumulative preemptions and evictions), and a `runs` row when the target's run is new
+(`collectors.metrics.runs`). A scrape fails when the server cannot be reached, answers non-200, or sends a body that
+is not a whole exposition (counted in `drops` under `scrape`); the instance is then marked down: `up` = 0 is written
+and the change logged once. What counters gained during an outage is counted by the next good scrape (or, if the
+server restarted meanwhile, what it counted since). A body over `MAX_SCRAPE_BYTES` (70 times vLLM's own, which is
+about 60 KB) is not read further and fails the scrape (`body_too_large`), so one server cannot stall the others; a NaN
+or infinite sample is skipped and counted (`non_finite_sample`), and the snapshot leaves that column empty.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from collectors.drops import DropCounter
+from collectors.metrics import engine_gauges
 from collectors.metrics.derive import Derived, Deriver
 from collectors.metrics.prom_text import MetricsParseError, ParsedMetrics, parse_metrics
 from collectors.metrics.runs import RunWatcher
@@ -169,21 +169,20 @@ class Scraper:
 
 
 def _snapshot(ts: float, instance: str, parsed: ParsedMetrics, derived: Derived) -> SnapshotRecord:
-    usage = _finite(parsed.gauge(vllm.KV_CACHE_USAGE_PERC.name))
-    config = parsed.info.get(vllm.CACHE_CONFIG_INFO.name + "_info", {})
-    total = int(config["num_gpu_blocks"]) - 1 if config.get("num_gpu_blocks", "").isdigit() else None  # null block
+    gauges = engine_gauges.read(parsed)
+    usage = _finite(gauges.usage)
     resident = _finite(parsed.gauge(kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS.name))
     evictions = derived.totals.get(kvobs_metrics.KV_BLOCKS_EVICTED.name)
     return SnapshotRecord(
         ts=ts,
         instance=instance,
         kv_usage=usage,
-        blocks_total=total,
-        blocks_free=round((1 - usage) * total) if usage is not None and total is not None else None,
+        blocks_total=gauges.blocks_total,
+        blocks_free=gauges.blocks_free,
         blocks_resident=None if resident is None else int(resident),
         hit_rate=_finite(derived.hit_rate),
-        num_running=_int(parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name)),
-        num_waiting=_int(parsed.gauge(vllm.NUM_REQUESTS_WAITING.name)),
+        num_running=_int(gauges.running),
+        num_waiting=_int(gauges.waiting),
         preemptions_total=_int(derived.totals.get(vllm.NUM_PREEMPTIONS.name)),
         evictions_total=_int(evictions),
     )

@@ -33,13 +33,13 @@ from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, Step
 from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.semconv import buckets as buckets_of
 from kvobs.semconv import metrics as m
+from kvobs.semconv.metric_spec import MetricSpec
 from kvobs.semconv.metrics import (
     ENGINE_LABELS,
     FINISHED_ABORT,
     FINISHED_REASONS,
     OFFLOAD_METRICS,
     REJECTED_QUEUE_FULL,
-    MetricSpec,
     kvobs_metrics,
     vllm,
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvobs.semconv.metrics import MetricSpec
+from kvobs.semconv.metric_spec import MetricSpec
 
 
 class OTelMetricSink:

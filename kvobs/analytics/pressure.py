@@ -4,10 +4,11 @@
     corr = lagged_correlation(frame, "evictions_per_s", "ttft_p90", max_lag=5)
     strongest_lag(corr)        # the lag to look at, or None: too few windows, or no lag beyond chance
 
-Pressure: pinned usage (vLLM's `kv_cache_usage_perc`), resident cached blocks, blocks lost per second (evicted,
-invalidated or removed), preemptions (increase of the instances' cumulative counts). Latency: TTFT, inter-token
-latency and queue time of the requests that *arrived* in the window: the mean, and p50, p90 and p99, each only for a
-window with enough requests for it (`kvobs.analytics.samples`: p99 needs 100); `requests` says how many.
+Pressure: pinned usage (vLLM's `kv_cache_usage_perc`, SGLang's `token_usage`, TensorRT-LLM's used blocks), resident
+cached blocks, blocks lost per second (evicted, invalidated or removed), preemptions (increase of the instances'
+cumulative counts). Latency: TTFT, inter-token latency and queue time of the requests that *arrived* in the window:
+the mean, and p50, p90 and p99, each only for a window with enough requests for it (`kvobs.analytics.samples`: p99
+needs 100); `requests` says how many.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ meaning (see `kvobs.semconv.metrics`); the `kvobs_*` / `kvcache.*` names are wha
 """
 
 from kvobs.semconv import attributes  # noqa: F401
-from kvobs.semconv.metrics import MetricSpec, kvobs_metrics, vllm  # noqa: F401
+from kvobs.semconv.metric_spec import MetricSpec  # noqa: F401
+from kvobs.semconv.metrics import kvobs_metrics, vllm  # noqa: F401
 from kvobs.semconv.reasons import EvictionReason, InvalidationReason  # noqa: F401
 from kvobs.semconv.spans import (  # noqa: F401
     GenAIOperation,

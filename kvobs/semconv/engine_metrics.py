@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvobs.semconv.metrics import MetricSpec
+from kvobs.semconv.metric_spec import MetricSpec
 
 LABEL_WORKER_ID = "worker_id"  # LMCache: the vLLM worker (tensor-parallel rank) whose connector counted it
 LABEL_CACHE_SOURCE = "cache_source"  # SGLang: where a cached prompt token was found (device, host, storage_<backend>)
@@ -86,6 +86,39 @@ trtllm = SimpleNamespace(
 )
 
 ENGINE_METRICS = (*vars(sglang).values(), *vars(lmcache).values(), *vars(trtllm).values())
+
+# SGLang's scheduler gauges (`SchedulerMetricsCollector`, sglang/srt/observability/metrics_collector.py, 0.5.23): one
+# series per data-parallel rank by default (attention-TP rank 0 logs; every TP rank with
+# --enable-metrics-for-all-schedulers, each the same). Read into an instance's snapshot, not kept as samples.
+LABEL_DP_RANK = "dp_rank"
+sglang_gauges = SimpleNamespace(
+    TOKEN_USAGE=MetricSpec(
+        "sglang:token_usage",
+        "gauge",
+        "1",
+        "The token usage: the pool's tokens neither free nor evictable (held by running requests) over its size, "
+        "rounded to 0.01; the fullest pool's where a hybrid model has several.",
+        (LABEL_DP_RANK,),
+    ),
+    NUM_RUNNING_REQS=MetricSpec(
+        "sglang:num_running_reqs", "gauge", "requests", "The number of running requests.", (LABEL_DP_RANK,)
+    ),
+    NUM_QUEUE_REQS=MetricSpec(
+        "sglang:num_queue_reqs", "gauge", "requests", "The number of requests in the waiting queue.", (LABEL_DP_RANK,)
+    ),
+)
+
+# TensorRT-LLM's iteration gauges (`MetricsCollector.log_iteration_stats`, from its `kvCacheStats` and queue counts,
+# with `enable_iter_perf_stats`): used blocks are those allocated to requests; a cached block none holds is free
+trtllm_gauges = SimpleNamespace(
+    KV_CACHE_MAX_BLOCKS=MetricSpec(
+        "trtllm_kv_cache_max_blocks", "gauge", "blocks", "Maximum number of KV cache blocks"
+    ),
+    KV_CACHE_FREE_BLOCKS=MetricSpec("trtllm_kv_cache_free_blocks", "gauge", "blocks", "Number of free KV cache blocks"),
+    KV_CACHE_USED_BLOCKS=MetricSpec("trtllm_kv_cache_used_blocks", "gauge", "blocks", "Number of used KV cache blocks"),
+    NUM_REQUESTS_RUNNING=MetricSpec("trtllm_num_requests_running", "gauge", "requests", "Number of active requests"),
+    NUM_REQUESTS_WAITING=MetricSpec("trtllm_num_requests_waiting", "gauge", "requests", "Number of queued requests"),
+)
 
 
 def storage_source(source: str) -> bool:

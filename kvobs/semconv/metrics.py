@@ -12,8 +12,9 @@ as vLLM's own exporter does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
+
+from kvobs.semconv.metric_spec import metric_spec as _spec
 
 LABEL_MODEL_NAME = "model_name"
 LABEL_ENGINE = "engine"
@@ -51,32 +52,6 @@ FINISHED_ABORT = "abort"
 FINISHED_ERROR = "error"  # the engine failed on this request alone (its sampling or detokenizing raised)
 FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, FINISHED_ERROR)  # vLLM's finished_reason label values
 REJECTED_QUEUE_FULL = "queue_full"  # kvobs_requests_rejected{reason}
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """One metric: its name (counters without `_total`), Prometheus type, unit and meaning."""
-
-    name: str
-    type: str  # counter | gauge | histogram
-    unit: str
-    description: str
-    labels: tuple[str, ...] = ()
-
-    @property
-    def otel_name(self) -> str:
-        """The OpenTelemetry instrument name: OTel names cannot hold ':', so `vllm:kv_cache_usage_perc` becomes
-        `vllm.kv_cache_usage_perc` (exported to Prometheus as `vllm_kv_cache_usage_perc`); no `_total` either."""
-        return self.name.replace(":", ".")
-
-    @property
-    def otel_unit(self) -> str:
-        """UCUM where one exists (`s`, `1`), else an annotation such as `{tokens}`."""
-        return self.unit if self.unit in ("s", "1") else "{" + self.unit + "}"
-
-
-def _spec(name: str, type_: str, unit: str, description: str, *labels: str) -> MetricSpec:
-    return MetricSpec(name, type_, unit, description, tuple(labels))
 
 
 vllm = SimpleNamespace(
