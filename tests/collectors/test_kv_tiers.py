@@ -295,3 +295,29 @@ def test_a_storage_tiers_locality_as_vllms_own_encoder_sends_it(tmp_path):
 def test_a_tiers_name_of_its_medium_and_locality(medium, locality, name, known):
     assert tier_name(medium, locality) == (name, known)
     assert is_shared_tier(name) == (known and locality is not None and locality.upper() == "REMOTE")
+
+
+def test_the_sessions_vllm_032_puts_on_its_stores_own_the_blocks(tmp_path):
+    """vLLM 0.32's own structs (`tests/fixtures/vllm-tiers/record.py`): its block pool names the request's session on
+    each store, and with `kv_cache_report_mode="full"` reports reused blocks again under the session that reused
+    them. Both sessions own the shared prefix: its eviction is a loss of each (one row per owner, the first marked),
+    the reuse report counted as a block announced again, with no inference needed."""
+    frames = [json.loads(line) for line in VLLM_TIERS.with_name("sessions.jsonl").read_text().splitlines()]
+    assert {f["vllm"] for f in frames} == {"0.32.0"}
+    store = open_store(f"sqlite:///{tmp_path / 'sessions.db'}")
+    writer = StoreWriter(store)
+    ingest = KVIngest(writer, instance="vllm-a")
+    for frame in frames:
+        ingest.on_batch(frame["seq"], decode(bytes.fromhex(frame["payload"])).batch)
+    assert ingest.num_repeated_stores == 2
+    assert {s: (f.stored, f.removed, f.resident) for s, f in ingest.chains.footprints.items()} == {
+        "s1": (2, 2, 0),
+        "s2": (3, 3, 0),
+    }
+    writer.close()
+    removed = store.reads.kv_events(kinds=["removed"])
+    owners = sorted(zip(removed["block_hash"], removed["session_id"], removed["first_owner"]))
+    assert owners == [(0x1111, "s1", 1), (0x1111, "s2", 0), (0x2222, "s1", 1), (0x2222, "s2", 0), (0x4444, "s2", 1)]
+    stored = store.reads.kv_events(kinds=["stored"])  # the reuse report: rows of s2, not the blocks' first stores
+    firsts = sorted(zip(stored["block_hash"], stored["session_id"], stored["first_owner"]))
+    assert firsts == [(0x1111, "s1", 1), (0x1111, "s2", 0), (0x2222, "s1", 1), (0x2222, "s2", 0), (0x4444, "s2", 1)]
