@@ -63,6 +63,14 @@ def _by_label(spec: MetricSpec, label: str, totals: dict[str, int]) -> CounterMe
     return family
 
 
+def _up(spec: MetricSpec, states: dict[str, bool]) -> GaugeMetricFamily:
+    """A gauge of 1 or 0 per instance (up or not)."""
+    family = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_INSTANCE])
+    for instance, is_up in sorted(states.items()):
+        family.add_metric([instance], 1.0 if is_up else 0.0)
+    return family
+
+
 class CollectorMetrics(PromCollector):
     def __init__(self, collector) -> None:
         self.collector = collector
@@ -70,14 +78,7 @@ class CollectorMetrics(PromCollector):
     def collect(self):
         c = self.collector
         yield _by_label(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT, c.dropped_totals())
-        up = GaugeMetricFamily(
-            kvobs_metrics.COLLECTOR_TARGET_UP.name,
-            kvobs_metrics.COLLECTOR_TARGET_UP.description,
-            labels=[LABEL_INSTANCE],
-        )
-        for instance, is_up in sorted(c.targets_up().items()):
-            up.add_metric([instance], 1.0 if is_up else 0.0)
-        yield up
+        yield _up(kvobs_metrics.COLLECTOR_TARGET_UP, c.targets_up())
         events = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS, (LABEL_INSTANCE,))
         lost = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST, (LABEL_INSTANCE,))
         prefix_lost = _counter(kvobs_metrics.SESSION_PREFIX_LOST)
@@ -168,11 +169,7 @@ class CollectorMetrics(PromCollector):
         yield silent
         if c.pool is not None:  # (streams read in worker processes: `collectors.kv.workers`)
             yield _by_label(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS, LABEL_INSTANCE, c.pool.restarts())
-            spec = kvobs_metrics.COLLECTOR_KV_WORKER_UP
-            worker_up = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_INSTANCE])
-            for instance, running in sorted(c.pool.up().items()):
-                worker_up.add_metric([instance], 1.0 if running else 0.0)
-            yield worker_up
+            yield _up(kvobs_metrics.COLLECTOR_KV_WORKER_UP, c.pool.up())
         yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps + c.span_steps.statuses)
         yield _by_label(
             kvobs_metrics.AGENT_STEP_FAILURES,

@@ -34,15 +34,15 @@ class CacheGauges(NamedTuple):
 
 def read(parsed: ParsedMetrics) -> CacheGauges:
     """The engine's gauges, by the first engine whose usage gauge is there (vLLM, SGLang, TensorRT-LLM)."""
-    if _values(parsed, vllm.KV_CACHE_USAGE_PERC.name) or parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name) is not None:
+    if parsed.gauge_values(vllm.KV_CACHE_USAGE_PERC.name) or parsed.gauge(vllm.NUM_REQUESTS_RUNNING.name) is not None:
         return _vllm(parsed)
-    if _values(parsed, sglang_gauges.TOKEN_USAGE.name) or _values(parsed, sglang_gauges.NUM_RUNNING_REQS.name):
+    if parsed.gauge_values(sglang_gauges.TOKEN_USAGE.name) or parsed.gauge_values(sglang_gauges.NUM_RUNNING_REQS.name):
         return _sglang(parsed)
     return _trtllm(parsed)
 
 
 def _vllm(parsed: ParsedMetrics) -> CacheGauges:
-    usage = _mean(_values(parsed, vllm.KV_CACHE_USAGE_PERC.name))
+    usage = _mean(parsed.gauge_values(vllm.KV_CACHE_USAGE_PERC.name))
     config = parsed.info.get(vllm.CACHE_CONFIG_INFO.name + "_info", {})
     total = int(config["num_gpu_blocks"]) - NULL_BLOCKS if config.get("num_gpu_blocks", "").isdigit() else None
     free = round((1 - usage) * total) if usage is not None and total is not None else None
@@ -51,7 +51,7 @@ def _vllm(parsed: ParsedMetrics) -> CacheGauges:
 
 
 def _sglang(parsed: ParsedMetrics) -> CacheGauges:
-    usage = _mean(_values(parsed, sglang_gauges.TOKEN_USAGE.name))
+    usage = _mean(parsed.gauge_values(sglang_gauges.TOKEN_USAGE.name))
     running, waiting = (
         _per_rank(parsed, s.name) for s in (sglang_gauges.NUM_RUNNING_REQS, sglang_gauges.NUM_QUEUE_REQS)
     )
@@ -68,10 +68,6 @@ def _trtllm(parsed: ParsedMetrics) -> CacheGauges:
     running = parsed.gauge(trtllm_gauges.NUM_REQUESTS_RUNNING.name)
     waiting = parsed.gauge(trtllm_gauges.NUM_REQUESTS_WAITING.name)
     return CacheGauges(usage, _int(total), _int(free), running, waiting)
-
-
-def _values(parsed: ParsedMetrics, name: str) -> list[float]:
-    return [v for (n, _), v in parsed.gauges.items() if n == name]
 
 
 def _mean(values: list[float]) -> float | None:

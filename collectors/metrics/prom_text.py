@@ -56,9 +56,13 @@ class ParsedMetrics:
     histograms: dict[Key, Histogram] = field(default_factory=dict)
     info: dict[str, dict[str, str]] = field(default_factory=dict)  # `*_info` gauges: their labels
 
+    def gauge_values(self, name: str) -> list[float]:
+        """A gauge's value of each of its label sets (engines, models, ranks)."""
+        return [v for (n, _), v in self.gauges.items() if n == name]
+
     def gauge(self, name: str) -> float | None:
         """The sum of a gauge over its label sets (engines, models); None when absent."""
-        values = [v for (n, _), v in self.gauges.items() if n == name]
+        values = self.gauge_values(name)
         return sum(values) if values else None
 
 

@@ -242,18 +242,24 @@ def test_a_block_announced_again_counts_once_and_removals_of_unknown_blocks_are_
 VLLM_TIERS = Path(__file__).parents[1] / "fixtures" / "vllm-tiers" / "frames.jsonl"
 
 
+def _ingested(recording: Path, tmp_path) -> tuple:
+    """(store, writer, ingest) of one replica that took every batch of a recording vLLM 0.32 encoded."""
+    frames = [json.loads(line) for line in recording.read_text().splitlines()]
+    assert {f["vllm"] for f in frames} == {"0.32.0"}
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    writer = StoreWriter(store)
+    ingest = KVIngest(writer, instance="vllm-a")
+    for frame in frames:
+        ingest.on_batch(frame["seq"], decode(bytes.fromhex(frame["payload"])).batch)
+    return store, writer, ingest
+
+
 def test_a_storage_tiers_locality_as_vllms_own_encoder_sends_it(tmp_path):
     """vLLM 0.32's own structs (`tests/fixtures/vllm-tiers/record.py`): one prompt's blocks on the GPU, the CPU tier,
     a LOCAL storage tier and a REMOTE one. The REMOTE tier is a tier of its own (`REMOTE_STORAGE`), so removals from
     the LOCAL one leave its copies; a locality vLLM does not define fails closed. In the fleet's index a REMOTE copy
     is no replica's own: other replicas may load it too, so no routing loss is claimed for it."""
-    frames = [json.loads(line) for line in VLLM_TIERS.read_text().splitlines()]
-    assert {f["vllm"] for f in frames} == {"0.32.0"}
-    store = open_store(f"sqlite:///{tmp_path / 'tiers.db'}")
-    writer = StoreWriter(store)
-    ingest = KVIngest(writer, instance="vllm-a")
-    for frame in frames:
-        ingest.on_batch(frame["seq"], decode(bytes.fromhex(frame["payload"])).batch)
+    store, writer, ingest = _ingested(VLLM_TIERS, tmp_path)
     writer.close()
     rows = store.reads.kv_events()
     said = list(zip(rows["kind"], rows["medium"], rows["block_hash"]))
@@ -302,13 +308,7 @@ def test_the_sessions_vllm_032_puts_on_its_stores_own_the_blocks(tmp_path):
     each store, and with `kv_cache_report_mode="full"` reports reused blocks again under the session that reused
     them. Both sessions own the shared prefix: its eviction is a loss of each (one row per owner, the first marked),
     the reuse report counted as a block announced again, with no inference needed."""
-    frames = [json.loads(line) for line in VLLM_TIERS.with_name("sessions.jsonl").read_text().splitlines()]
-    assert {f["vllm"] for f in frames} == {"0.32.0"}
-    store = open_store(f"sqlite:///{tmp_path / 'sessions.db'}")
-    writer = StoreWriter(store)
-    ingest = KVIngest(writer, instance="vllm-a")
-    for frame in frames:
-        ingest.on_batch(frame["seq"], decode(bytes.fromhex(frame["payload"])).batch)
+    store, writer, ingest = _ingested(VLLM_TIERS.with_name("sessions.jsonl"), tmp_path)
     assert ingest.num_repeated_stores == 2
     assert {s: (f.stored, f.removed, f.resident) for s, f in ingest.chains.footprints.items()} == {
         "s1": (2, 2, 0),
