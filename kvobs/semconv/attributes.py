@@ -129,26 +129,37 @@ REMOTE_PREFIX = "REMOTE_"  # a tier the replica named REMOTE: kvobs keeps it apa
 SHARED_TIERS = frozenset({"SHARED_STORAGE", "EXTERNAL"})  # tiers shared by name: a pool other replicas may read
 
 
+OWNER_SEPARATOR = "/"  # between a tier's medium and the secondary tier that owns it (`tier_name`): CPU/kvcr
+MAX_OWNER_CHARS = 16  # an owner's name kept up to this long, so a tier's name fits its column (`limits.MAX_TIER_CHARS`)
+
+
 @lru_cache(maxsize=256)
-def tier_name(medium: str | None, locality: str | None) -> tuple[str | None, bool]:
-    """The tier an event names by `medium` and `locality`, as kvobs names it, and whether kvobs knows it.
+def tier_name(medium: str | None, locality: str | None, ownership: str | None = None) -> tuple[str | None, bool]:
+    """The tier an event names by `medium`, `locality` and `ownership`, as kvobs names it, and whether kvobs knows it.
 
     A tier below the device cache that the replica calls REMOTE is a place apart from its own (`REMOTE_STORAGE`):
     its copies are counted in that tier and never as the replica's own (`is_shared_tier`). LOCAL or no locality: the
-    tier as `medium_name` names it. Any other locality, or REMOTE on the device cache, is not known (fails closed)."""
+    tier as `medium_name` names it. Any other locality, or REMOTE on the device cache, is not known (fails closed).
+    A secondary tier that names itself (vLLM 0.32's `ownership`: KVCR's own CPU and storage pools) is a tier apart
+    from the offloading connector's own of that medium, as vLLM keeps their residencies apart: `CPU/kvcr`."""
     name, known = medium_name(medium), is_known_medium(medium)
-    if locality is None or locality.strip().upper() == LOCALITY_LOCAL:
-        return name, known
-    if locality.strip().upper() == LOCALITY_REMOTE and known and is_lower_tier(name):
-        return f"{REMOTE_PREFIX}{name}", True
-    return f"{name}@{locality.strip().upper()}", False
+    if locality is not None and locality.strip().upper() != LOCALITY_LOCAL:
+        if not (locality.strip().upper() == LOCALITY_REMOTE and known and is_lower_tier(name)):
+            return f"{name}@{locality.strip().upper()}", False
+        name = f"{REMOTE_PREFIX}{name}"
+    owner = None if ownership is None else ownership.strip()[:MAX_OWNER_CHARS]
+    if owner and is_lower_tier(name):
+        return f"{name}{OWNER_SEPARATOR}{owner}", known
+    return name, known
 
 
 @lru_cache(maxsize=256)  # once a KV event in the fleet's replay
 def is_shared_tier(medium: str | None) -> bool:
     """Whether a tier, as kvobs names it, may be read by other replicas (one named REMOTE, a shared storage, SGLang's
     external pool): a copy there is not this replica's alone, so no routing loss is claimed for it."""
-    return isinstance(medium, str) and (medium.startswith(REMOTE_PREFIX) or medium in SHARED_TIERS)
+    return isinstance(medium, str) and (
+        medium.startswith(REMOTE_PREFIX) or medium.partition(OWNER_SEPARATOR)[0] in SHARED_TIERS
+    )
 
 
 def is_lower_tier(medium: str | None) -> bool:

@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from kvobs.semconv.limits import MAX_ID_BYTES
+from kvobs.semconv.limits import MAX_ID_BYTES, MAX_TIER_CHARS
 from kvobs.store.uint64 import UInt64
 
 MINUTE_S = 60.0  # the rollup's step (`kv_event_minutes.minute`)
@@ -219,7 +219,7 @@ class KVEventRow(Base):
     session_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     request_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
     reason: Mapped[str | None] = mapped_column(String(32))
-    medium: Mapped[str | None] = mapped_column(String(16))
+    medium: Mapped[str | None] = mapped_column(String(MAX_TIER_CHARS))  # the tier (`semconv.attributes.tier_name`)
     # 1 on one row of each block event (the first owner's, when a lost block is recorded once per owning session),
     # 0 on the others, NULL on rows without a block: "blocks" is a sum, so rollups stay additive.
     first_owner: Mapped[int | None] = mapped_column(SmallInteger)

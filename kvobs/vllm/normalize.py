@@ -4,10 +4,10 @@
     batch = normalize(wire_batch)      # a batch already decoded (`kvobs.vllm.kv_events.decode_batch`)
 
 What it decides, so no reader after it does: hashes as unsigned 64-bit ints (`kv_events.as_uint64`), the tier's one
-name (`tier_name`, of its medium and locality), ids and names cut to a column (`clip_id`), each block's extra keys as
-JSON, an offloading connector's placeholder (no tokens, block size 0) told apart, a tier kvobs does not know failing
-closed (`UnknownTier`), and `BlockRemoved.reason` kept only where it is one of kvobs's engine's reasons (vLLM sends
-none). Consecutive removals that name the same tier, group and reason become one `Removed`.
+name (`tier_name`, of its medium, locality and owner), ids and names cut to a column (`clip_id`), each block's extra
+keys as JSON, an offloading connector's placeholder (no tokens, block size 0) told apart, a tier kvobs does not know
+failing closed (`UnknownTier`), and `BlockRemoved.reason` kept only where it is one of kvobs's engine's reasons
+(vLLM sends none). Consecutive removals that name the same tier, group and reason become one `Removed`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def decode(payload: bytes) -> Decoded:
 def normalize(batch: wire.KVEventBatch) -> Batch:
     events: list[Event] = []
     merging: Removed | None = None  # the removal the next ones of its tier, group and reason join
-    sent: tuple = ()  # the merged removal's tier, group and reason as sent
+    sent: tuple = ()  # the merged removal's tier (medium, locality, owner), group and reason as sent
     ids_cut = 0
     for event in batch.events:
         if type(event) is wire.BlockRemoved:
@@ -54,10 +54,11 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
                 hashes: list[int] = given  # type: ignore[assignment]
             else:
                 hashes = as_uint64_list(given)
-            if merging is not None and sent == (event.medium, event.locality, event.group_idx, event.reason):
+            said = (event.medium, event.locality, event.ownership, event.group_idx, event.reason)
+            if merging is not None and sent == said:
                 merging.hashes += hashes
                 continue
-            tier, known = tier_name(event.medium, event.locality)
+            tier, known = tier_name(event.medium, event.locality, event.ownership)
             if not known:
                 merging = None
                 events.append(UnknownTier(hashes, tier or ""))  # (an unknown tier has a name)
@@ -65,12 +66,12 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
             reason = event.reason if event.reason in REMOVAL_REASONS else None
             merging = Removed(hashes, tier, event.group_idx, reason)
             events.append(merging)
-            sent = (event.medium, event.locality, event.group_idx, event.reason)
+            sent = said
             continue
         merging = None
         if type(event) is wire.BlockStored:
             session, parent, lora = event.session_id, event.parent_block_hash, event.lora_name
-            tier, known = tier_name(event.medium, event.locality)
+            tier, known = tier_name(event.medium, event.locality, event.ownership)
             if not known:
                 events.append(UnknownTier(as_uint64_list(event.block_hashes), tier or ""))
                 continue

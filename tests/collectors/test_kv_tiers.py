@@ -256,33 +256,28 @@ def _ingested(recording: Path, tmp_path) -> tuple:
 
 def test_a_storage_tiers_locality_as_vllms_own_encoder_sends_it(tmp_path):
     """vLLM 0.32's own structs (`tests/fixtures/vllm-tiers/record.py`): one prompt's blocks on the GPU, the CPU tier,
-    a LOCAL storage tier and a REMOTE one. The REMOTE tier is a tier of its own (`REMOTE_STORAGE`), so removals from
-    the LOCAL one leave its copies; a locality vLLM does not define fails closed. In the fleet's index a REMOTE copy
-    is no replica's own: other replicas may load it too, so no routing loss is claimed for it."""
+    a LOCAL storage tier, a REMOTE one and KVCR's own host pool. The REMOTE tier is a tier of its own
+    (`REMOTE_STORAGE`), so removals from the LOCAL one leave its copies; KVCR's pool (`ownership="kvcr"`) is a tier
+    apart from the connector's CPU tier, as vLLM keeps their residencies apart; a locality vLLM does not define fails
+    closed. In the fleet's index a REMOTE copy is no replica's own: other replicas may load it too, so no routing
+    loss is claimed for it; KVCR's copies are the replica's own until KVCR drops them."""
     store, writer, ingest = _ingested(VLLM_TIERS, tmp_path)
     writer.close()
     rows = store.reads.kv_events()
     said = list(zip(rows["kind"], rows["medium"], rows["block_hash"]))
     hashes = (0x1111, 0x2222, 0x3333)
-    expected = [
-        ("stored", MEDIUM_GPU),
-        ("tier_stored", "CPU"),
-        ("tier_stored", "STORAGE"),
-        ("tier_stored", "REMOTE_STORAGE"),
-        ("removed", MEDIUM_GPU),
-        ("tier_removed", "CPU"),
-        ("tier_removed", "STORAGE"),
-        ("tier_removed", "REMOTE_STORAGE"),  # (the NEARBY store between: not read, counted)
-    ]
+    tiers = ["CPU", "STORAGE", "REMOTE_STORAGE", "CPU/kvcr"]
+    expected = [("stored", MEDIUM_GPU), *[("tier_stored", t) for t in tiers]]
+    expected += [("removed", MEDIUM_GPU), *[("tier_removed", t) for t in tiers]]  # (NEARBY: not read, counted)
     assert said == [(kind, medium, h) for kind, medium in expected for h in hashes]
     assert ingest.unknown_tiers == {"STORAGE@NEARBY": 3} and ingest.num_unknown_removals == 0
 
     index = FleetIndex(track_losses=True)
-    for upto, held in ((4, 3), (7, 0)):  # all tiers but REMOTE stored; then the LOCAL tiers' copies gone
-        seen = rows.iloc[: upto * 3] if upto == 4 else rows.iloc[12:21]
+    for start, end, held in ((0, 15, 3), (15, 24, 3), (24, 30, 0)):  # all stored; the connector's gone; KVCR's gone
+        seen = rows.iloc[start:end]
         index.apply(seen["kind"], seen["instance"], seen["block_hash"], seen["parent_hash"], seen["ts"], seen["medium"])
         assert index.prefix_on("vllm-a", list(hashes)) == held
-    assert all(index.lost[("vllm-a", h)][1] == "tier_removed" for h in hashes)  # lost with its LOCAL storage copy
+    assert all(index.lost[("vllm-a", h)][1] == "tier_removed" for h in hashes)  # lost with KVCR's copy, the last own
 
 
 @pytest.mark.parametrize(
@@ -301,6 +296,24 @@ def test_a_storage_tiers_locality_as_vllms_own_encoder_sends_it(tmp_path):
 def test_a_tiers_name_of_its_medium_and_locality(medium, locality, name, known):
     assert tier_name(medium, locality) == (name, known)
     assert is_shared_tier(name) == (known and locality is not None and locality.upper() == "REMOTE")
+
+
+@pytest.mark.parametrize(
+    ("medium", "locality", "ownership", "name", "shared"),
+    [
+        ("CPU", None, "kvcr", "CPU/kvcr", False),
+        ("STORAGE", "LOCAL", "kvcr", "STORAGE/kvcr", False),
+        ("STORAGE", "REMOTE", "kvcr", "REMOTE_STORAGE/kvcr", True),
+        ("SHARED_STORAGE", "REMOTE", "kvcr", "REMOTE_SHARED_STORAGE/kvcr", True),
+        ("SHARED_STORAGE", None, "kvcr", "SHARED_STORAGE/kvcr", True),
+        ("GPU", None, "kvcr", "GPU", False),  # the device cache is no secondary tier's
+        ("CPU", None, " ", "CPU", False),
+        ("CPU", None, "x" * 40, "CPU/" + "x" * 16, False),  # cut, so the name fits its column
+    ],
+)
+def test_a_secondary_tier_that_names_itself_is_a_tier_apart(medium, locality, ownership, name, shared):
+    assert tier_name(medium, locality, ownership) == (name, True)
+    assert is_shared_tier(name) == shared
 
 
 def test_the_sessions_vllm_032_puts_on_its_stores_own_the_blocks(tmp_path):

@@ -10,6 +10,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
+from kvobs.semconv.attributes import MAX_OWNER_CHARS, tier_name
+from kvobs.semconv.limits import MAX_TIER_CHARS
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import RECORDS, AlertRecord, KVEventRecord, RequestRecord, SessionRecord, StepRecord
 from kvobs.store.schema import TABLES, Base, KVEventRow, RequestRow, SessionRow, StepRow
@@ -110,6 +112,17 @@ def test_unsigned_64_bit_hashes_round_trip_and_are_queryable(store):
         assert hit.kind == "stored"
     with pytest.raises(ValueError, match="not an unsigned 64-bit"):
         KVEventRow.__table__.c.block_hash.type.process_bind_param(-1, store.engine.dialect)
+
+
+def test_the_longest_tier_name_is_stored(store):
+    """A REMOTE shared storage tier owned by a secondary tier is the longest name `tier_name` gives; PostgreSQL's
+    column took 16 characters before revision 0022."""
+    name, known = tier_name("SHARED_STORAGE", "REMOTE", "k" * 40)
+    assert known and len(name) == len("REMOTE_SHARED_STORAGE/") + MAX_OWNER_CHARS <= MAX_TIER_CHARS
+    writer = StoreWriter(store)
+    writer.add(KVEventRecord(ts=1.0, instance="e0", kind="tier_stored", block_hash=7, medium=name))
+    writer.close()
+    assert list(store.reads.kv_events()["medium"]) == [name]
 
 
 def test_writer_batches_flushes_and_upserts(store):
