@@ -1,6 +1,7 @@
 """TensorRT-LLM's KV-cache events through kvobs's door: the JSON its server answers on `POST /kv_cache_events`
 (`tests/fixtures/trtllm`, in the form of TensorRT-LLM's own serializer) normalized by its adapter, and fetched by a
-collector from a real HTTP server into the store, tiers, gaps and bad events counted."""
+collector from a real HTTP server into the store, tiers, gaps and bad events counted; and the same events as
+NVIDIA Dynamo's TensorRT-LLM publisher pushes them over ZMQ in vLLM's wire."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from collectors.collector import Collector, CollectorOptions
 from kvobs.block_events import Cleared, Placeholder, Removed, Stored, UnknownTier
 from kvobs.store import open_store
 from kvobs.trtllm.normalize import TrtllmAdapter
+from tests.collectors.replay import publisher, wait_subscribed
+from tests.server.conftest import free_port
 from tests.waiting import wait_for
 
-POLLS = json.loads((Path(__file__).parents[1] / "fixtures" / "trtllm" / "kv_cache_events.json").read_text())
+POLLS_DIR = Path(__file__).parents[1] / "fixtures" / "trtllm"
+POLLS = json.loads((POLLS_DIR / "kv_cache_events.json").read_text())
 BIG = 2**64 - 5
 
 
@@ -99,3 +103,43 @@ def test_a_collector_fetches_them_into_the_store(tmp_path):
         + [("tier_removed", 12, "CPU")]  # 99: on the device, as its move says
     )
     assert "KV events trt: connect http://127.0.0.1:" in collector.describe()
+
+
+DYNAMO_FRAMES = [json.loads(line) for line in (POLLS_DIR / "dynamo_frames.jsonl").read_text().splitlines()]
+
+
+def test_the_same_events_pushed_by_dynamos_relay_are_read_as_vllms_wire(tmp_path):
+    """The fixture's events as NVIDIA Dynamo 1.6.1's TensorRT-LLM publisher sends them with its consolidator on
+    (`record_dynamo.py`: Dynamo's own `Publisher` and `ZmqKvEventPublisher`): vLLM's wire over ZMQ, read by the
+    collector's subscriber as any vLLM's. What the relay leaves out is left out: it drops cache-level moves
+    (`updated`), so a block moved to the host pool stays on the device until its removal, and reads a block on any
+    level as stored, so only the HTTP poll says tiers."""
+    assert {f["dynamo"] for f in DYNAMO_FRAMES} == {"1.6.1"}
+    port = free_port()
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    collector = Collector(
+        CollectorOptions(kv_events=[f"trt=tcp://127.0.0.1:{port}"], kv_events_bind=True, interval_s=3600), store=store
+    )
+    collector.start()
+    try:
+        with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub:
+            wait_subscribed(pub)
+            for frame in DYNAMO_FRAMES:
+                pub.send_multipart(
+                    [frame["topic"].encode(), frame["seq"].to_bytes(8, "big"), bytes.fromhex(frame["payload"])]
+                )
+            (stream,) = collector.streams
+            wait_for(lambda: stream.subscriber.num_batches == len(DYNAMO_FRAMES))
+    finally:
+        collector.stop()
+    subscriber = stream.subscriber
+    assert dict(subscriber.shapes) == {"array batch, map events": 4}
+    assert (subscriber.num_lost, collector.drops.totals().get("kv_events", 0)) == (0, 0)
+    events = store.reads.kv_events()
+    assert set(events["medium"]) == {None}  # no medium named: the device cache's blocks; no tier rows
+    stored = sorted(events[events["kind"] == "stored"]["block_hash"])
+    removed = sorted(events[events["kind"] == "removed"]["block_hash"])
+    assert stored == sorted([11, 12, BIG, 21, 31])  # 31: on cache level 2, which the poll fails closed
+    assert removed == sorted([12, BIG])  # 12 at its removal, not at its move to the host pool
+    chained = events[events["kind"] == "stored"].set_index("block_hash")["parent_hash"]
+    assert chained[21] == 11 and chained[BIG] == 12  # signed on the wire, the same unsigned hashes as the poll's
