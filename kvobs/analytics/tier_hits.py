@@ -21,7 +21,9 @@ Each engine says it in its own words, read as it defines them:
   `trtllm_prompt_tokens`. It counts a request's cached tokens as it is admitted and its prompt tokens when it
   finishes, so a range that cuts a request between the two can hold more cached tokens than prompt tokens: its
   computed tokens are then not said. Without its iteration stats it counts only `trtllm_prompt_cached_tokens`: how
-  many, not from which level (not split). It counts no load time.
+  many, not from which level (not split). It counts no load time. Its block counters
+  (`trtllm_kv_cache_{reused,missed}_blocks`, from its iteration stats) say how many blocks its lookups found and
+  missed: blocks, in their own columns; a revision that counts no tokens by level has a row of them alone.
 A replica whose counters say none of this has no row: no engine spoke, not zero hits.
 """
 
@@ -68,6 +70,8 @@ SGLANG_CACHED = sglang.CACHED_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_PROMPT = trtllm.PROMPT_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_CACHED = trtllm.PROMPT_CACHED_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_BY_LEVEL = trtllm.PROMPT_CACHE_HIT_TOKENS.name + INCREASE_SUFFIX
+TRTLLM_REUSED = trtllm.KV_CACHE_REUSED_BLOCKS.name + INCREASE_SUFFIX
+TRTLLM_MISSED = trtllm.KV_CACHE_MISSED_BLOCKS.name + INCREASE_SUFFIX
 STORAGE = str(medium_name("storage"))  # HiCache's storage tier, under kvobs's one name for it
 NAMES = [
     BY_SOURCE,
@@ -79,6 +83,8 @@ NAMES = [
     TRTLLM_PROMPT,
     TRTLLM_CACHED,
     TRTLLM_BY_LEVEL,
+    TRTLLM_REUSED,
+    TRTLLM_MISSED,
 ]
 
 TIER_HIT_COLUMNS = [
@@ -91,7 +97,12 @@ TIER_HIT_COLUMNS = [
     "computed_tokens",
     "loaded_share",  # loaded_tokens / prompt_tokens (NaN: not split)
     "load_s",  # the loads' seconds, as the engine counted them (None: not counted)
+    "reused_blocks",  # blocks its lookups found, where the engine counts blocks (TensorRT-LLM; None: not counted)
+    "missed_blocks",  # and those they did not find
 ]
+
+
+BLOCK_COUNTS = ("reused_blocks", "missed_blocks")  # (None on the rows of engines that count tokens alone)
 
 
 def tier_hits(store: Store, since: float | None = None, until: float | None = None) -> pd.DataFrame:
@@ -103,7 +114,7 @@ def tier_hits(store: Store, since: float | None = None, until: float | None = No
     for instance, samples in series.groupby("instance", sort=True):
         row = _vllm(samples) or _sglang(samples) or _trtllm(samples)
         if row is not None:
-            rows.append({"instance": instance, **row})
+            rows.append({"instance": instance, **dict.fromkeys(BLOCK_COUNTS), **row})
     if len(rows) > 1:
         rows.append(_fleet(rows))
     table = pd.DataFrame(rows, columns=TIER_HIT_COLUMNS)
@@ -115,7 +126,7 @@ def tier_hits(store: Store, since: float | None = None, until: float | None = No
 def _fleet(rows: list[dict]) -> dict:
     """The replicas' rows summed: a count one replica did not say (None) leaves the fleet's unsaid too."""
     out: dict = {"instance": FLEET, "counted_by": "", "tiers": ", ".join(sorted({r["tiers"] for r in rows} - {""}))}
-    for column in ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens", "load_s"):
+    for column in BLOCK_COUNTS + ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens", "load_s"):
         values = [r[column] for r in rows]
         out[column] = None if any(v is None for v in values) else float(sum(values))
     return out
@@ -197,7 +208,10 @@ def _trtllm(samples: pd.DataFrame) -> dict | None:
     # (cache level, its tier) -> tokens found there
     levels = _by_labels(samples[samples["name"] == TRTLLM_BY_LEVEL], LABEL_CACHE_LEVEL, LABEL_CACHE_TIER)
     cached = sum(levels.values()) if levels else _total(samples, TRTLLM_CACHED)
-    if prompt is None and cached is None:
+    reused, missed = _total(samples, TRTLLM_REUSED), _total(samples, TRTLLM_MISSED)
+    if (reused is None) != (missed is None):  # its series shows at a first increment: the other counted none yet
+        reused, missed = reused or 0.0, missed or 0.0
+    if prompt is None and cached is None and reused is None:
         return None
     cache = loaded = None
     tiers = ""
@@ -208,16 +222,24 @@ def _trtllm(samples: pd.DataFrame) -> dict | None:
         tiers = ", ".join(sorted(lower))
     # (cached tokens are counted as a request is admitted, its prompt tokens as it finishes: a range can cut between)
     computed = prompt - cached if prompt is not None and cached is not None and prompt >= cached else None
+    if levels:
+        counted_by = trtllm.PROMPT_CACHE_HIT_TOKENS.name + "{cache_level}"
+    elif cached is not None:
+        counted_by = trtllm.PROMPT_CACHED_TOKENS.name + " (levels not counted: not split)"
+    else:
+        counted_by = (
+            f"{trtllm.KV_CACHE_REUSED_BLOCKS.name}, {trtllm.KV_CACHE_MISSED_BLOCKS.name} (blocks: tokens not split)"
+        )
     return {
-        "counted_by": trtllm.PROMPT_CACHE_HIT_TOKENS.name + "{cache_level}"
-        if levels
-        else trtllm.PROMPT_CACHED_TOKENS.name + " (levels not counted: not split)",
+        "counted_by": counted_by,
         "prompt_tokens": prompt,
         "cache_tokens": cache,
         "loaded_tokens": loaded,
         "tiers": tiers,
         "computed_tokens": computed,
         "load_s": None,
+        "reused_blocks": reused,
+        "missed_blocks": missed,
     }
 
 

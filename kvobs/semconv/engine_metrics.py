@@ -77,6 +77,17 @@ trtllm = SimpleNamespace(
         "primary; `cache_tier`: the memory backing it).",
         (LABEL_CACHE_LEVEL, LABEL_CACHE_TIER),
     ),
+    # the blocks its lookups reused and missed (its `kvCacheStats` reusedBlocks and missedBlocks, per iteration):
+    # blocks, not tokens, and not by level
+    KV_CACHE_REUSED_BLOCKS=MetricSpec(
+        "trtllm_kv_cache_reused_blocks", "counter", "blocks", "Cumulative number of KV cache blocks reused (cache hits)"
+    ),
+    KV_CACHE_MISSED_BLOCKS=MetricSpec(
+        "trtllm_kv_cache_missed_blocks",
+        "counter",
+        "blocks",
+        "Cumulative number of KV cache blocks missed (cache misses)",
+    ),
     KV_CACHE_ONBOARD_BYTES=MetricSpec(
         "trtllm_kv_cache_onboard_bytes", "counter", "bytes", "Total bytes transferred from host to GPU (onboard)."
     ),

@@ -23,7 +23,9 @@ LABELS = {"model_name": "smollm2", "engine_type": "trtllm"}
 class _TRTLLM:
     """TensorRT-LLM's prompt-token counters, as its `MetricsCollector` defines and counts them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cached_counter: bool = True) -> None:
+        """`cached_counter` False: a revision that counts no cached tokens per request (the one with block counters
+        in the search index's copy, 2026)."""
         self.registry = CollectorRegistry()
         names = list(LABELS)
         self.prompt = Counter(
@@ -36,9 +38,10 @@ class _TRTLLM:
             "trtllm_prompt_cached_tokens_total",
             "Process-lifetime total prompt tokens served from KV cache.",
             names,
-            registry=self.registry,
+            registry=self.registry if cached_counter else None,
         )
-        self.cached.labels(**LABELS)  # (made at start: a zero before the first hit)
+        if cached_counter:
+            self.cached.labels(**LABELS)  # (made at start: a zero before the first hit)
         self.by_level = Counter(
             "trtllm_prompt_cache_hit_tokens_total",
             "Process-lifetime total prompt tokens served from each KV cache level.",
@@ -101,6 +104,7 @@ def test_tensorrt_llm_hits_by_cache_level_name_the_host_and_disk_tiers(tmp_path)
     assert row["computed_tokens"] == 300 - 144 and row["tiers"] == "CPU, DISK"
     assert row["loaded_share"] == pytest.approx(48 / 300)
     assert row["load_s"] is None  # TensorRT-LLM counts bytes moved, not the loads' time: not said
+    assert row["reused_blocks"] is None and row["missed_blocks"] is None  # no block counters scraped: not said
 
 
 def test_a_cold_gpu_level_is_a_tier_below_the_primary_named_by_its_index(tmp_path):
@@ -140,6 +144,54 @@ def test_a_range_that_holds_an_admission_but_not_its_finish_says_no_computed_tok
     row, _ = _row(tmp_path, bodies)
     assert (row["prompt_tokens"], row["cache_tokens"], row["loaded_tokens"]) == (32, 64, 64)
     assert row["computed_tokens"] is None
+
+
+def _blocks(registry: CollectorRegistry) -> tuple[Counter, Counter]:
+    """Its block counters, each series made at its first increment (`_log_counter` with a positive delta of its
+    iteration stats' `reusedBlocks` / `missedBlocks`)."""
+    reused = Counter(
+        "trtllm_kv_cache_reused_blocks",
+        "Cumulative number of KV cache blocks reused (cache hits)",
+        list(LABELS),
+        registry=registry,
+    )
+    missed = Counter(
+        "trtllm_kv_cache_missed_blocks",
+        "Cumulative number of KV cache blocks missed (cache misses)",
+        list(LABELS),
+        registry=registry,
+    )
+    return reused, missed
+
+
+def test_its_block_counters_fill_their_own_columns_and_a_row_of_their_own(tmp_path):
+    """A revision whose `MetricsCollector` counts reused and missed blocks and no tokens by level: the row says
+    the blocks, in blocks, and leaves the token split blank; a miss counter not made yet is none missed so far."""
+    engine = _TRTLLM(cached_counter=False)
+    reused, missed = _blocks(engine.registry)
+    reused.labels(**LABELS).inc(3)
+    bodies = [engine.body()]
+    reused.labels(**LABELS).inc(5)
+    engine.finished(96, 0)
+    bodies.append(engine.body())
+    missed.labels(**LABELS).inc(2)
+    reused.labels(**LABELS).inc(1)
+    bodies.append(engine.body())
+    row, _ = _row(tmp_path, bodies)
+    assert (row["reused_blocks"], row["missed_blocks"]) == (6, 2)
+    assert (
+        row["counted_by"] == "trtllm_kv_cache_reused_blocks, trtllm_kv_cache_missed_blocks (blocks: tokens not split)"
+    )
+    assert row["cache_tokens"] is None and row["loaded_tokens"] is None and row["prompt_tokens"] == 96
+
+    (tmp_path / "b").mkdir()
+    only_reused = _TRTLLM(cached_counter=False)
+    reused, _ = _blocks(only_reused.registry)
+    bodies = [only_reused.body()]
+    reused.labels(**LABELS).inc(4)
+    bodies.append(only_reused.body())
+    row, _ = _row(tmp_path / "b", bodies)
+    assert (row["reused_blocks"], row["missed_blocks"]) == (4, 0)
 
 
 def _moved(registry: CollectorRegistry) -> tuple[Counter, Counter]:
