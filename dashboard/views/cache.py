@@ -18,6 +18,7 @@ from kvobs.analytics.runs import run_table
 from kvobs.analytics.step_story import SessionRead
 from kvobs.analytics.step_story import step_story as _step_story
 from kvobs.analytics.tier_hits import tier_hits as _tier_hits
+from kvobs.analytics.tier_lookups import tier_lookups as _tier_lookups
 from kvobs.store import Store, open_store
 
 TTL_S = 10
@@ -74,6 +75,7 @@ alerts = cached(data.alerts_page)
 sessions_with_steps = cached(data.sessions_with_steps)
 session_ties = cached(session_ties)
 tier_hits = cached(_tier_hits)
+tier_lookups = cached(_tier_lookups)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

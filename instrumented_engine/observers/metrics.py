@@ -40,6 +40,7 @@ from kvobs.semconv.metrics import (
     FINISHED_REASONS,
     OFFLOAD_METRICS,
     REJECTED_QUEUE_FULL,
+    TIERING_METRICS,
     kvobs_metrics,
     vllm,
 )
@@ -47,9 +48,9 @@ from kvobs.semconv.reasons import EvictionReason, InvalidationReason
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram, "info": Info}
-# Every vLLM metric plus kvobs' engine-side ones (agent-step counters belong to the agent SDK).
+# Every vLLM metric plus kvobs' engine-side ones (agent-step counters belong to the agent SDK); no tiering manager's.
 ENGINE_METRICS = (
-    *(spec for spec in vars(vllm).values() if spec not in OFFLOAD_METRICS),
+    *(spec for spec in vars(vllm).values() if spec not in OFFLOAD_METRICS and spec not in TIERING_METRICS),
     kvobs_metrics.KV_BLOCKS_EVICTED,
     kvobs_metrics.KV_BLOCKS_INVALIDATED,
     kvobs_metrics.KV_CACHE_RESIDENT_BLOCKS,

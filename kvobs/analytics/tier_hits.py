@@ -21,9 +21,8 @@ Each engine says it in its own words, read as it defines them:
   `trtllm_prompt_tokens`. It counts a request's cached tokens as it is admitted and its prompt tokens when it
   finishes, so a range that cuts a request between the two can hold more cached tokens than prompt tokens: its
   computed tokens are then not said. Without its iteration stats it counts only `trtllm_prompt_cached_tokens`: how
-  many, not from which level (not split). It counts no load time. Its block counters
-  (`trtllm_kv_cache_{reused,missed}_blocks`, from its iteration stats) say how many blocks its lookups found and
-  missed: blocks, in their own columns; a revision that counts no tokens by level has a row of them alone.
+  many, not from which level (not split); a revision that counts neither, its prompt tokens alone. It counts no load
+  time. What it counts in blocks (reused and missed) is `tier_lookups`'.
 A replica whose counters say none of this has no row: no engine spoke, not zero hits.
 """
 
@@ -70,8 +69,6 @@ SGLANG_CACHED = sglang.CACHED_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_PROMPT = trtllm.PROMPT_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_CACHED = trtllm.PROMPT_CACHED_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_BY_LEVEL = trtllm.PROMPT_CACHE_HIT_TOKENS.name + INCREASE_SUFFIX
-TRTLLM_REUSED = trtllm.KV_CACHE_REUSED_BLOCKS.name + INCREASE_SUFFIX
-TRTLLM_MISSED = trtllm.KV_CACHE_MISSED_BLOCKS.name + INCREASE_SUFFIX
 STORAGE = str(medium_name("storage"))  # HiCache's storage tier, under kvobs's one name for it
 NAMES = [
     BY_SOURCE,
@@ -83,8 +80,6 @@ NAMES = [
     TRTLLM_PROMPT,
     TRTLLM_CACHED,
     TRTLLM_BY_LEVEL,
-    TRTLLM_REUSED,
-    TRTLLM_MISSED,
 ]
 
 TIER_HIT_COLUMNS = [
@@ -97,12 +92,7 @@ TIER_HIT_COLUMNS = [
     "computed_tokens",
     "loaded_share",  # loaded_tokens / prompt_tokens (NaN: not split)
     "load_s",  # the loads' seconds, as the engine counted them (None: not counted)
-    "reused_blocks",  # blocks its lookups found, where the engine counts blocks (TensorRT-LLM; None: not counted)
-    "missed_blocks",  # and those they did not find
 ]
-
-
-BLOCK_COUNTS = ("reused_blocks", "missed_blocks")  # (None on the rows of engines that count tokens alone)
 
 
 def tier_hits(store: Store, since: float | None = None, until: float | None = None) -> pd.DataFrame:
@@ -114,7 +104,7 @@ def tier_hits(store: Store, since: float | None = None, until: float | None = No
     for instance, samples in series.groupby("instance", sort=True):
         row = _vllm(samples) or _sglang(samples) or _trtllm(samples)
         if row is not None:
-            rows.append({"instance": instance, **dict.fromkeys(BLOCK_COUNTS), **row})
+            rows.append({"instance": instance, **row})
     if len(rows) > 1:
         rows.append(_fleet(rows))
     table = pd.DataFrame(rows, columns=TIER_HIT_COLUMNS)
@@ -126,13 +116,13 @@ def tier_hits(store: Store, since: float | None = None, until: float | None = No
 def _fleet(rows: list[dict]) -> dict:
     """The replicas' rows summed: a count one replica did not say (None) leaves the fleet's unsaid too."""
     out: dict = {"instance": FLEET, "counted_by": "", "tiers": ", ".join(sorted({r["tiers"] for r in rows} - {""}))}
-    for column in BLOCK_COUNTS + ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens", "load_s"):
+    for column in ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens", "load_s"):
         values = [r[column] for r in rows]
         out[column] = None if any(v is None for v in values) else float(sum(values))
     return out
 
 
-def _by_labels(samples: pd.DataFrame, *names: str) -> dict[tuple[str, ...], float]:
+def by_labels(samples: pd.DataFrame, *names: str) -> dict[tuple[str, ...], float]:
     """The samples' values summed per values of the labels `names` ('' where a sample has one not)."""
     out: dict[tuple[str, ...], float] = defaultdict(float)
     for labels, value in zip(samples["labels"], samples["value"]):
@@ -140,12 +130,13 @@ def _by_labels(samples: pd.DataFrame, *names: str) -> dict[tuple[str, ...], floa
     return out
 
 
-def _by_label(samples: pd.DataFrame, name: str) -> dict[str, float]:
+def by_label(samples: pd.DataFrame, name: str) -> dict[str, float]:
     """The samples' values summed per value of the label `name`."""
-    return {value: n for (value,), n in _by_labels(samples, name).items()}
+    return {value: n for (value,), n in by_labels(samples, name).items()}
 
 
-def _total(samples: pd.DataFrame, name: str) -> float | None:
+def named_total(samples: pd.DataFrame, name: str) -> float | None:
+    """The samples of `name` summed (None: none came)."""
     values = samples.loc[samples["name"] == name, "value"]
     return float(values.sum()) if len(values) else None
 
@@ -154,15 +145,15 @@ def _vllm(samples: pd.DataFrame) -> dict | None:
     mine = samples[samples["name"] == BY_SOURCE]
     if mine.empty:
         return None
-    sources = _by_label(mine, LABEL_SOURCE)
+    sources = by_label(mine, LABEL_SOURCE)
     cache, tier, computed = (
         sources.get(s, 0.0) for s in (PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL, PROMPT_SOURCE_COMPUTED)
     )
     lmcache_hits = samples[samples["name"] == LMCACHE_HITS]
-    load_s = offload_s = _total(samples, OFFLOAD_LOAD_S)
-    if load_s is None and len(_by_label(lmcache_hits, LABEL_WORKER_ID)) == 1:
+    load_s = offload_s = named_total(samples, OFFLOAD_LOAD_S)
+    if load_s is None and len(by_label(lmcache_hits, LABEL_WORKER_ID)) == 1:
         # (with several workers, each times its own shard's retrieval: their sum is no wall time)
-        load_s = _total(samples, LMCACHE_RETRIEVE_S)
+        load_s = named_total(samples, LMCACHE_RETRIEVE_S)
     return {
         "counted_by": vllm.PROMPT_TOKENS_BY_SOURCE.name,
         "prompt_tokens": cache + tier + computed,
@@ -180,11 +171,11 @@ def _connector(lmcache_counted: bool, offload_counted: bool) -> str:
 
 
 def _sglang(samples: pd.DataFrame) -> dict | None:
-    prompt = _total(samples, SGLANG_PROMPT)
+    prompt = named_total(samples, SGLANG_PROMPT)
     cached = samples[samples["name"] == SGLANG_CACHED]
     if prompt is None and cached.empty:
         return None
-    sources = _by_label(cached, LABEL_CACHE_SOURCE)
+    sources = by_label(cached, LABEL_CACHE_SOURCE)
     total_cached = sum(sources.values())
     split = not {"", CACHE_SOURCE_TOTAL} & {s for s, n in sources.items() if n}  # every cached token said where
     lower = [s for s in sources if s not in ("", CACHE_SOURCE_TOTAL, CACHE_SOURCE_DEVICE) and sources[s]]
@@ -204,14 +195,11 @@ def _sglang(samples: pd.DataFrame) -> dict | None:
 
 
 def _trtllm(samples: pd.DataFrame) -> dict | None:
-    prompt = _total(samples, TRTLLM_PROMPT)
+    prompt = named_total(samples, TRTLLM_PROMPT)
     # (cache level, its tier) -> tokens found there
-    levels = _by_labels(samples[samples["name"] == TRTLLM_BY_LEVEL], LABEL_CACHE_LEVEL, LABEL_CACHE_TIER)
-    cached = sum(levels.values()) if levels else _total(samples, TRTLLM_CACHED)
-    reused, missed = _total(samples, TRTLLM_REUSED), _total(samples, TRTLLM_MISSED)
-    if (reused is None) != (missed is None):  # its series shows at a first increment: the other counted none yet
-        reused, missed = reused or 0.0, missed or 0.0
-    if prompt is None and cached is None and reused is None:
+    levels = by_labels(samples[samples["name"] == TRTLLM_BY_LEVEL], LABEL_CACHE_LEVEL, LABEL_CACHE_TIER)
+    cached = sum(levels.values()) if levels else named_total(samples, TRTLLM_CACHED)
+    if prompt is None and cached is None:
         return None
     cache = loaded = None
     tiers = ""
@@ -227,9 +215,7 @@ def _trtllm(samples: pd.DataFrame) -> dict | None:
     elif cached is not None:
         counted_by = trtllm.PROMPT_CACHED_TOKENS.name + " (levels not counted: not split)"
     else:
-        counted_by = (
-            f"{trtllm.KV_CACHE_REUSED_BLOCKS.name}, {trtllm.KV_CACHE_MISSED_BLOCKS.name} (blocks: tokens not split)"
-        )
+        counted_by = trtllm.PROMPT_TOKENS.name + " (cached tokens not counted: not split)"
     return {
         "counted_by": counted_by,
         "prompt_tokens": prompt,
@@ -238,8 +224,6 @@ def _trtllm(samples: pd.DataFrame) -> dict | None:
         "tiers": tiers,
         "computed_tokens": computed,
         "load_s": None,
-        "reused_blocks": reused,
-        "missed_blocks": missed,
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from kvobs.semconv import offload_metrics as _offload
 from kvobs.semconv.metric_spec import metric_spec as _spec
 
 LABEL_MODEL_NAME = "model_name"
@@ -157,49 +158,9 @@ vllm = SimpleNamespace(
     ),
 )
 
-# vLLM's offloading connector's (and its scheduler's connector counters): registered by an engine with an offload
-# tier only, as vLLM registers them with a KV connector (a tier that is not there has no zero to show).
-vllm.EXTERNAL_PREFIX_CACHE_QUERIES = _spec(
-    "vllm:external_prefix_cache_queries",
-    "counter",
-    "tokens",
-    "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried "
-    "tokens.",
-)
-vllm.EXTERNAL_PREFIX_CACHE_HITS = _spec(
-    "vllm:external_prefix_cache_hits",
-    "counter",
-    "tokens",
-    "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
-)
-vllm.KV_OFFLOAD_LOAD_BYTES = _spec(
-    "vllm:kv_offload_load_bytes", "counter", "bytes", "Total bytes loaded from offload storage to GPU."
-)
-vllm.KV_OFFLOAD_LOAD_TIME = _spec(
-    "vllm:kv_offload_load_time", "counter", "s", "Total load time from offload storage to GPU, in seconds."
-)
-vllm.KV_OFFLOAD_LOAD_SIZE = _spec(
-    "vllm:kv_offload_load_size", "histogram", "bytes", "Histogram of KV offload load operation size, in bytes."
-)
-vllm.KV_OFFLOAD_STORE_BYTES = _spec(
-    "vllm:kv_offload_store_bytes", "counter", "bytes", "Total bytes stored from GPU to offload storage."
-)
-vllm.KV_OFFLOAD_STORE_TIME = _spec(
-    "vllm:kv_offload_store_time", "counter", "s", "Total store time from GPU to offload storage, in seconds."
-)
-vllm.KV_OFFLOAD_STORE_SIZE = _spec(
-    "vllm:kv_offload_store_size", "histogram", "bytes", "Histogram of KV offload store operation size, in bytes."
-)
-OFFLOAD_METRICS = (
-    vllm.EXTERNAL_PREFIX_CACHE_QUERIES,
-    vllm.EXTERNAL_PREFIX_CACHE_HITS,
-    vllm.KV_OFFLOAD_LOAD_BYTES,
-    vllm.KV_OFFLOAD_LOAD_TIME,
-    vllm.KV_OFFLOAD_LOAD_SIZE,
-    vllm.KV_OFFLOAD_STORE_BYTES,
-    vllm.KV_OFFLOAD_STORE_TIME,
-    vllm.KV_OFFLOAD_STORE_SIZE,
-)
+# vLLM's offloading metrics (`kvobs.semconv.offload_metrics`) are vLLM's names too
+vars(vllm).update(vars(_offload.vllm_offload))
+LABEL_TIER, OFFLOAD_METRICS, TIERING_METRICS = _offload.LABEL_TIER, _offload.OFFLOAD_METRICS, _offload.TIERING_METRICS
 
 # Names older vLLM releases emit -> the current metric they became; scrapers map them.
 VLLM_LEGACY_NAMES = {

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from kvobs.analytics.tier_checks import tier_checks
 from kvobs.analytics.tier_hits import tier_hits
+from kvobs.analytics.tier_lookups import tier_lookups
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventRecord
 from tests.collectors.test_scraper import scrape_all
@@ -104,7 +105,7 @@ def test_tensorrt_llm_hits_by_cache_level_name_the_host_and_disk_tiers(tmp_path)
     assert row["computed_tokens"] == 300 - 144 and row["tiers"] == "CPU, DISK"
     assert row["loaded_share"] == pytest.approx(48 / 300)
     assert row["load_s"] is None  # TensorRT-LLM counts bytes moved, not the loads' time: not said
-    assert row["reused_blocks"] is None and row["missed_blocks"] is None  # no block counters scraped: not said
+    assert tier_lookups(store).empty  # no block counters scraped: no lookups said
 
 
 def test_a_cold_gpu_level_is_a_tier_below_the_primary_named_by_its_index(tmp_path):
@@ -164,9 +165,10 @@ def _blocks(registry: CollectorRegistry) -> tuple[Counter, Counter]:
     return reused, missed
 
 
-def test_its_block_counters_fill_their_own_columns_and_a_row_of_their_own(tmp_path):
-    """A revision whose `MetricsCollector` counts reused and missed blocks and no tokens by level: the row says
-    the blocks, in blocks, and leaves the token split blank; a miss counter not made yet is none missed so far."""
+def test_its_block_counters_are_its_lookups_in_blocks(tmp_path):
+    """A revision whose `MetricsCollector` counts reused and missed blocks and no cached tokens: the hits by tier
+    say its prompt tokens alone, not split; its lookups say the blocks, in blocks, over all its levels. A miss
+    counter not made yet is none missed so far."""
     engine = _TRTLLM(cached_counter=False)
     reused, missed = _blocks(engine.registry)
     reused.labels(**LABELS).inc(3)
@@ -177,12 +179,12 @@ def test_its_block_counters_fill_their_own_columns_and_a_row_of_their_own(tmp_pa
     missed.labels(**LABELS).inc(2)
     reused.labels(**LABELS).inc(1)
     bodies.append(engine.body())
-    row, _ = _row(tmp_path, bodies)
-    assert (row["reused_blocks"], row["missed_blocks"]) == (6, 2)
-    assert (
-        row["counted_by"] == "trtllm_kv_cache_reused_blocks, trtllm_kv_cache_missed_blocks (blocks: tokens not split)"
-    )
-    assert row["cache_tokens"] is None and row["loaded_tokens"] is None and row["prompt_tokens"] == 96
+    row, store = _row(tmp_path, bodies)
+    assert row["counted_by"] == "trtllm_prompt_tokens (cached tokens not counted: not split)"
+    assert row["prompt_tokens"] == 96 and row["cache_tokens"] is None and row["computed_tokens"] is None
+    (lookup,) = tier_lookups(store).to_dict("records")
+    assert (lookup["tier"], lookup["unit"], lookup["asked"], lookup["found"]) == ("all levels", "blocks", 8, 6)
+    assert lookup["found_share"] == pytest.approx(6 / 8)
 
     (tmp_path / "b").mkdir()
     only_reused = _TRTLLM(cached_counter=False)
@@ -190,8 +192,9 @@ def test_its_block_counters_fill_their_own_columns_and_a_row_of_their_own(tmp_pa
     bodies = [only_reused.body()]
     reused.labels(**LABELS).inc(4)
     bodies.append(only_reused.body())
-    row, _ = _row(tmp_path / "b", bodies)
-    assert (row["reused_blocks"], row["missed_blocks"]) == (4, 0)
+    _, store = _row_or_none(tmp_path / "b", bodies)
+    (lookup,) = tier_lookups(store).to_dict("records")
+    assert (lookup["asked"], lookup["found"]) == (4, 4)
 
 
 def _moved(registry: CollectorRegistry) -> tuple[Counter, Counter]:
