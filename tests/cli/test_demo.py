@@ -163,7 +163,9 @@ def test_an_engine_that_cannot_start_stops_the_demo_with_its_reason(tmp_path):
 
 def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_store(tmp_path):
     store_url = f"sqlite:///{tmp_path / 'demo.db'}"
-    options = {"sessions": 2, "concurrency": 2, "steps": 50, "tool_pause_ms": 300, "max_tokens": 4}
+    # a round that outlasts the 4 s before Ctrl-C: 8 steps of 1.5 s pauses each (a step whose prompt outgrew the
+    # engine's context fails at once, with no pause, so a long session would end in seconds)
+    options = {"sessions": 2, "concurrency": 2, "steps": 8, "tool_pause_ms": 1500, "max_tokens": 4}
     command = demo(store_url, log_dir=tmp_path / "logs", **options)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -178,7 +180,7 @@ def test_ctrl_c_mid_round_says_how_many_steps_were_recorded_and_they_are_in_the_
     assert proc.returncode == 0
     line = next(line for line in rest.splitlines() if "interrupted:" in line)
     recorded = int(line.split("interrupted:")[1].split()[0])
-    assert 0 < recorded < 100 and "of 100 steps recorded" in line
+    assert 0 < recorded < 16 and "of 16 steps recorded" in line
     store = open_store(store_url)
     with store.engine.connect() as conn:
         assert len(conn.execute(select(StepRow.session_id)).all()) == recorded
