@@ -43,6 +43,7 @@ from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
+from kvobs.store.db import takes_many_writers
 from kvobs.store.leases import LeaseKeeper
 from kvobs.store.retention import Retention
 from kvobs.store.spool import Spool
@@ -223,6 +224,8 @@ class Collector:
             "bridge": self.bridge is not None,
             "leases": {},
             "log_level": logging.getLogger().getEffectiveLevel(),
+            # a store many processes write: each worker writes its streams' rows itself (its own spool beside ours)
+            "direct": {"url": self.store.url, "spool_dir": o.spool_dir} if takes_many_writers(self.store.url) else None,
         }
         handler = answering(
             self.writer, lookups=self.store.lookups, activity=self.activity, bridge=self.bridge, wait_s=STORE_WAIT_S
@@ -408,7 +411,7 @@ class Collector:
         if self.pool is not None:
             for component, n in self.pool.drop_counts().items():
                 totals[component] = totals.get(component, 0) + n
-        totals["store"] = self.writer.num_dropped
+        totals["store"] = totals.get("store", 0) + self.writer.num_dropped  # (the workers' own writers' too)
         return totals
 
     def targets_up(self) -> dict[str, bool]:

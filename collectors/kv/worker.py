@@ -3,7 +3,9 @@ chains, block clocks, rows, footprints), started by the collector's `collectors.
 
 Everything a stream's attribution needs from the rest of the collector crosses the channel (`collectors.kv.channel`):
 its rows go to the collector's store writer, told in order with the batch's sequence number (what the collector has
-taken is acknowledged: a restarted worker resumes after it, from the publisher's replay socket); its loss spans to
+taken is acknowledged: a restarted worker resumes after it, from the publisher's replay socket), or, where the store
+takes many writers (PostgreSQL, a ClickHouse server), to the worker's own writer, which tells the collector each
+batch taken once it is committed or in the worker's spool (`DirectWriter`); its loss spans to
 the collector's bridge; and what it asks of the spans' side (the session activity's verdicts, the store's session
 ends, a restart's rebuild of the block clocks) is asked of the collector's, which holds the store and the spans. The
 collector asks the worker for each stream's snapshot, ties (ownership by inference) and running totals.
@@ -20,6 +22,7 @@ import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from collectors.drops import DropCounter
 from collectors.kv.channel import Channel
@@ -28,6 +31,8 @@ from collectors.kv.poller import KVEventPoller
 from collectors.kv.rebuild import rebuild_clocks
 from collectors.kv.streams import KVStreamSpec, subscribe
 from collectors.kv.subscriber import KVEventSubscriber
+from kvobs.store import StoreWriter, open_store
+from kvobs.store.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +81,39 @@ def stream_stats(ingest: KVIngest, subscriber) -> dict:
     stats = {name: getattr(parts[part], name, None) for part, names in STATS for name in names}
     stats.update(shapes=dict(subscriber.shapes), unknown_tiers=dict(ingest.unknown_tiers))
     return stats
+
+
+class DirectWriter:
+    """What `KVIngest` uses of a `StoreWriter`, written by the worker's own writer into a store many processes write
+    (PostgreSQL, a ClickHouse server). The collector is told a batch is taken once its rows are committed, or once
+    they are in the worker's spool (a restarted worker's writer writes what its spool holds first, so the stream's
+    replay starts after it)."""
+
+    def __init__(self, writer: StoreWriter, channel: Channel, instance: str) -> None:
+        self.writer, self.channel, self.instance = writer, channel, instance
+        self.seq: int | None = None
+        self._first_told = False
+
+    def add_many(self, columns, *, wait_s: float = 0.0) -> None:
+        seq = self.seq
+        if seq is not None and not self._first_told:  # (a worker killed before its first commit resumes from it)
+            self._first_told = True
+            self.channel.tell("first", self.instance, seq)
+        if self.writer.spool is not None:
+            if self.writer.add_many(columns, wait_s=wait_s):
+                self._taken(seq)
+        else:
+            self.writer.add_many(columns, wait_s=wait_s, on_written=lambda: self._taken(seq))
+
+    def _taken(self, seq: int | None) -> None:
+        if seq is not None:
+            self.channel.tell("taken", self.instance, seq)
+
+    def add(self, record) -> None:
+        self.writer.add(record)
+
+    def insert_missing(self, record) -> None:
+        self.writer.insert_missing(record)
 
 
 class ForwardedWriter:
@@ -136,11 +174,17 @@ class Worker:
         self.drops = DropCounter()
         self.held: dict[str, bool] = dict(config["leases"])  # instance -> this collector holds its lease
         self.exit = threading.Event()
-        self.streams: dict[str, tuple[KVIngest, ForwardedWriter, KVEventSubscriber | KVEventPoller]] = {}
+        self.streams: dict[str, tuple[KVIngest, ForwardedWriter | DirectWriter, KVEventSubscriber | KVEventPoller]] = {}
+        self.writer: StoreWriter | None = None  # its own, where the store takes many writers (`config["direct"]`)
 
     def run(self) -> None:
         self.channel.start()
         self.exit.wait()
+        self._close_writer()
+
+    def _close_writer(self) -> None:
+        if self.writer is not None:
+            self.writer.close()  # what it queued, committed (or spooled) before the worker ends
 
     def _gone(self) -> None:
         self.exit.set()  # the collector is gone, or told us to go
@@ -150,8 +194,16 @@ class Worker:
         o = self.config["options"]
         activity, lookups = RemoteActivity(self.channel), RemoteLookups(self.channel)
         bridge = RemoteBridge(self.channel) if self.config["bridge"] else None
+        direct = self.config.get("direct")
+        if direct is not None:
+            spool = Spool(Path(direct["spool_dir"]) / f"worker-{self.config['index']}") if direct["spool_dir"] else None
+            self.writer = StoreWriter(open_store(direct["url"], migrate=False), spool=spool)
         for spec in self.config["specs"]:
-            writer = ForwardedWriter(self.channel, spec.instance)
+            writer: ForwardedWriter | DirectWriter = (
+                ForwardedWriter(self.channel, spec.instance)
+                if self.writer is None
+                else DirectWriter(self.writer, self.channel, spec.instance)
+            )
             ingest = KVIngest(
                 writer,
                 instance=spec.instance,
@@ -179,7 +231,7 @@ class Worker:
             receiver.start()
         return self._stats()
 
-    def _on_batch(self, spec: KVStreamSpec, ingest: KVIngest, writer: ForwardedWriter):
+    def _on_batch(self, spec: KVStreamSpec, ingest: KVIngest, writer: ForwardedWriter | DirectWriter):
         def on_batch(seq: int, batch) -> None:
             if self.held.get(spec.instance, True):
                 writer.seq = seq
@@ -190,9 +242,15 @@ class Worker:
         return on_batch
 
     def _stats(self) -> dict:
+        drops = self.drops.counts()
+        if (
+            self.writer is not None and self.writer.num_dropped
+        ):  # (its own writer's: the collector's /metrics says them)
+            drops[("store", "worker writer")] = self.writer.num_dropped
         return {
             "streams": {name: stream_stats(ingest, receiver) for name, (ingest, _, receiver) in self.streams.items()},
-            "drops": self.drops.counts(),
+            "drops": drops,
+            "written": None if self.writer is None else self.writer.num_written,  # (its own writer's rows)
         }
 
     def _handle(self, kind: str, args: tuple):
@@ -216,6 +274,7 @@ class Worker:
                 receiver.stop()
             return self._stats()
         if kind == "exit":
+            self._close_writer()  # (the collector's close waits for this answer: its rows are stored by then)
             threading.Timer(0.0, self.exit.set).start()  # (after the answer is sent)
             return None
         raise ValueError(f"a stream worker does not know {kind!r}")

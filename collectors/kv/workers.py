@@ -1,7 +1,9 @@
 """Attribution on every core: `kvobs collect --workers N` pins each KV-event stream to one of N worker processes
 (`collectors.kv.worker`), which receives, decodes and attributes it, as Dynamo's and llm-d's indexers shard per
 replica. The collector keeps the store, the spans and the session activity; each worker's rows come back to its
-writer (so acknowledged is stored, with its spool, as in process), and the rest of the collector reads each stream
+writer (so acknowledged is stored, with its spool, as in process), or, where the store takes many writers
+(PostgreSQL, a ClickHouse server), each worker writes them itself and says which batches are stored; the rest of the
+collector reads each stream
 through proxies with the in-process stream's names (`RemoteIngest`, `RemoteSubscriber`).
 
     pool = WorkerPool(specs, workers=2, handler=..., config=...)
@@ -51,6 +53,7 @@ class StreamWorker:
         self.num_starts = 0
         self.num_failed_restarts = 0
         self.last_seq: dict[str, int] = {}  # instance -> the last batch whose rows the collector took
+        self.first_seq: dict[str, int] = {}  # instance -> its first batch, where the worker writes the store itself
         self.stats: dict = {"streams": {spec.instance: unstarted_stats() for spec in specs}, "drops": {}}
         self._read_at = 0.0
         self._restarting = False  # from its end until it runs again
@@ -64,9 +67,10 @@ class StreamWorker:
 
     def _start(self) -> None:
         self.process, conn = start_child("collectors.kv.worker")
-        resume = {
-            i: seq + 1 for i, seq in self.last_seq.items() if any(s.instance == i and s.replay for s in self.specs)
-        }
+        # after the last batch acknowledged; a worker that writes the store itself and died before its first commit:
+        # from the first batch it received
+        after = {**self.first_seq, **{i: seq + 1 for i, seq in self.last_seq.items()}}
+        resume = {i: seq for i, seq in after.items() if any(s.instance == i and s.replay for s in self.specs)}
         conn.send({**self.pool.config, "index": self.index, "specs": self.specs, "resume": resume})
         channel = Channel(
             conn, self.pool.handler(self), name=f"kvobs-worker-{self.index}", on_closed=lambda: self._ended(channel)
@@ -319,6 +323,14 @@ def answering(writer, *, lookups, activity, bridge, wait_s: float) -> Callable[[
                 writer.add_many(columns, wait_s=wait_s)
                 if seq is not None:
                     worker.last_seq[instance] = seq
+                return None
+            if kind == "taken":  # (a worker that writes the store itself: the batch's rows are stored)
+                instance, seq = args
+                worker.last_seq[instance] = seq
+                return None
+            if kind == "first":  # ... and the first batch it received, stored or not
+                instance, seq = args
+                worker.first_seq.setdefault(instance, seq)
                 return None
             if kind == "record":
                 op, record = args

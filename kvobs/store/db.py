@@ -82,6 +82,15 @@ def missing_store(url: str, path: str) -> ValueError:
     )
 
 
+# the backends whose database many processes write at once (a server); SQLite and chDB take one writing process
+MANY_WRITERS = frozenset({"postgresql+psycopg", "clickhouse"})
+
+
+def takes_many_writers(url: str) -> bool:
+    """Whether several processes may each write the store at `url` directly (PostgreSQL, a ClickHouse server)."""
+    return make_url(normalize_url(store_url(url))).drivername in MANY_WRITERS
+
+
 def open_store(url: str | None = None, *, migrate: bool = True, must_exist: bool = False) -> Store:
     """Connect, migrate to the latest schema, and return the store (`SqlStore` or `ClickHouseStore`: the backend
     `BACKENDS` names for the URL's scheme, imported only then).

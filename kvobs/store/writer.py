@@ -4,6 +4,7 @@
     writer.add(KVEventRecord(ts=..., instance="engine-0", kind="evicted", ...))   # records: kvobs.store.rows
     writer.add_many(records)                                   # one unit: all queued, or all dropped
     writer.add_many(KVEventColumns(ts=[...], ...))             # the same, for KV events held as columns
+    writer.add_many(rows, on_written=done)                     # done() once their batch is committed
     writer.offer(records)                                      # all queued, or False and the caller keeps them
     writer.upsert(SessionRecord("s1", num_steps=3))            # insert or update the columns given, by key
     writer.insert_missing(SessionRecord("s1", source="engine"))  # insert unless the key exists
@@ -31,7 +32,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvobs.logs import worth_logging
 from kvobs.store.rows import KVEventColumns, Record
@@ -89,13 +90,23 @@ class StoreWriter:
         """Queue an insert; False (and counted) when the queue is full or the writer closed."""
         return self._put("insert", [record])
 
-    def add_many(self, records: Sequence[Record] | KVEventColumns, *, wait_s: float = 0.0) -> bool:
+    def add_many(
+        self,
+        records: Sequence[Record] | KVEventColumns,
+        *,
+        wait_s: float = 0.0,
+        on_written: Callable[[], object] | None = None,
+    ) -> bool:
         """Queue inserts as one unit (all queued, or all dropped); records of one table write fastest, and
         `KVEventColumns` fastest of all.
 
         `wait_s`: how long to wait for room when the queue is full (backpressure for a producer that can wait, such
-        as the KV-event subscriber, whose socket buffers meanwhile); 0, never (an engine step)."""
-        return self._put("insert", records, wait_s) if records else True
+        as the KV-event subscriber, whose socket buffers meanwhile); 0, never (an engine step).
+        `on_written`: called on the writer's thread once the unit's batch is done with (committed, kept in the spool
+        at shutdown, or a refused row dropped and counted), in queue order; not called for a unit dropped here."""
+        if not records:
+            return True
+        return self._put("insert", records, wait_s, on_written=on_written)
 
     def offer(self, records: Sequence[Record]) -> bool:
         """Queue inserts as one unit if there is room now; False otherwise, and nothing is dropped or counted: the
@@ -111,7 +122,13 @@ class StoreWriter:
         return self._put("insert_missing", [record])
 
     def _put(
-        self, op: str, rows: Sequence[Record] | KVEventColumns, wait_s: float = 0.0, *, count: bool = True
+        self,
+        op: str,
+        rows: Sequence[Record] | KVEventColumns,
+        wait_s: float = 0.0,
+        *,
+        count: bool = True,
+        on_written: Callable[[], object] | None = None,
     ) -> bool:
         if not isinstance(rows, KVEventColumns):
             for record in rows:
@@ -126,7 +143,7 @@ class StoreWriter:
             elif not full:
                 self._queued_rows += len(rows)
                 seq = self.spool.append(op, rows) if self.spool is not None else 0  # in queue order, under the lock
-                self._queue.put((op, rows, seq))
+                self._queue.put((op, rows, seq) if on_written is None else (op, rows, seq, on_written))
         if full and count and not self._closed and worth_logging(self.num_dropped, every=10_000):
             log.warning("store queue full: %d rows dropped so far", self.num_dropped)
         return not full
@@ -162,9 +179,9 @@ class StoreWriter:
                     self.spool.close()
                 return
 
-    def _write_batch(self, batch: list[tuple[str, list[Record], int]]) -> None:
+    def _write_batch(self, batch: list[tuple]) -> None:
         try:
-            kept = self._write_with_retry([(op, rows) for op, rows, _ in batch])
+            kept = self._write_with_retry([(item[0], item[1]) for item in batch])
         except Exception:  # never let the thread die: later rows must still be written
             kept = False
             self.num_dropped += _rows(batch)
@@ -173,6 +190,12 @@ class StoreWriter:
             self._held_in_spool = True  # a later commit mark would cover this batch too: mark nothing more
         if self.spool is not None and not self._held_in_spool:
             self.spool.commit(batch[-1][2])
+        for item in batch:
+            if len(item) > 3:  # (a unit queued with `on_written`)
+                try:
+                    item[3]()
+                except Exception:  # the writer thread must outlive a caller's callback
+                    log.exception("a store writer's on_written callback failed")
 
     def _write_backlog(self) -> None:
         """Write what an earlier process spooled and never committed, before anything new."""

@@ -64,10 +64,11 @@ def fleet_bodies(root: Path = ROOT) -> list[bytes]:
 
 
 @contextmanager
-def collect_fleet_recording(store, root: Path = ROOT, workers: int | None = None):
+def collect_fleet_recording(store, root: Path = ROOT, workers: int | None = None, spool_dir: Path | None = None):
     """Run one collector over both replicas' recorded scrapes and frames and every OTLP body (of the recording in
     `root`); yield it stopped. Every recorded scrape is read, stamped with the time it was recorded at, so the
-    scraped counters cover the run as they did when it was recorded. `workers`: `--workers` (None: its default)."""
+    scraped counters cover the run as they did when it was recorded. `workers`: `--workers` (None: its default);
+    `spool_dir`: `--spool-dir`."""
     ports = {name: free_port() for name in REPLICAS}
     scraped = {name: replica_timed_scrapes(name, root) for name in REPLICAS}
     with ExitStack() as stack:
@@ -80,6 +81,7 @@ def collect_fleet_recording(store, root: Path = ROOT, workers: int | None = None
             interval_s=3600,
             settle_s=0.0,
             workers=workers,
+            spool_dir=None if spool_dir is None else str(spool_dir),
         )
         collector = Collector(options, store=store)
         collector.scraper.clock = recorded_clock([[ts for ts, _ in scraped[name]] for name in REPLICAS])

@@ -2,15 +2,15 @@
 is the collector's own process: on the recorded two-replica `kvobs serve` run (real frames over real ZMQ, its spans
 over OTLP, its scrapes over HTTP), two workers store exactly the rows one process stores; and a worker killed
 mid-run (SIGKILL) is started again and resumes from the publisher's replay socket, so no batch is lost or stored
-twice."""
+twice. On SQLite the workers' rows go through the collector's writer; on PostgreSQL each worker writes its own."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sqlite3
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
+import pytest
 import zmq
 from prometheus_client import generate_latest
 
@@ -18,10 +18,12 @@ from collectors.collector import Collector, CollectorOptions
 from collectors.kv.workers import default_workers
 from kvobs.commands.doctor import exposition_checks
 from kvobs.store import open_store
+from kvobs.store.db import takes_many_writers
 from kvobs.vllm import kv_events as wire
 from tests.collectors.fleet_recording import REPLICAS, collect_fleet_recording, replica_frames
 from tests.collectors.replay import publisher, replay_router, wait_subscribed
 from tests.server.conftest import free_port
+from tests.stores import POSTGRES, postgres_schema
 from tests.waiting import wait_for
 
 KV_ROWS = (
@@ -35,30 +37,52 @@ FOOTPRINTS = (
 SESSIONS = "SELECT session_id, started_at, ended_at, num_steps, source FROM sessions ORDER BY 1"
 
 
-def rows(path, query: str) -> list[tuple]:
-    with sqlite3.connect(path) as db:
-        return db.execute(query).fetchall()
+BACKENDS = ["sqlite", "postgresql"]  # the workers' rows through the collector's writer; each worker's own writer
 
 
-def test_two_workers_store_exactly_what_one_process_stores(tmp_path):
-    paths = {}
-    for workers in (1, 2):
-        paths[workers] = tmp_path / f"workers-{workers}.db"
-        store = open_store(f"sqlite:///{paths[workers]}")
-        with collect_fleet_recording(store, workers=workers) as collector:
-            pool = collector.pool
-            if workers == 1:
-                assert pool is None  # (in the collector's own process)
-            else:
-                assert pool is not None and len({w.process.pid for w in pool.workers}) == 2
-                assert [s.instance for w in pool.workers for s in w.specs] == list(REPLICAS)
-                counted = {s.spec.instance: s.subscriber.num_batches for s in collector.streams}
-                assert counted == {name: len(replica_frames(name)) for name in REPLICAS}
+@contextmanager
+def store_urls(backend: str, tmp_path, names: tuple[str, ...]):
+    """A fresh store URL per name: SQLite files, or schemas of the local PostgreSQL (dropped afterwards)."""
+    if backend == "sqlite":
+        yield {name: f"sqlite:///{tmp_path / (name + '.db')}" for name in names}
+        return
+    with ExitStack() as stack:
+        yield {name: f"{POSTGRES}?options=-csearch_path%3D{stack.enter_context(postgres_schema())}" for name in names}
+
+
+def rows(url: str, query: str) -> list[tuple]:
+    store = open_store(url, migrate=False)
+    try:
+        with store.engine.connect() as conn:
+            return [tuple(row) for row in conn.exec_driver_sql(query).all()]
+    finally:
         store.close()
-    one, two = paths[1], paths[2]
-    for query in (KV_ROWS, FOOTPRINTS, SESSIONS):
-        assert rows(two, query) == rows(one, query)
-    assert len(rows(one, KV_ROWS)) > 100 and len(rows(one, FOOTPRINTS)) > 0  # (the comparison compared something)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_workers_store_exactly_what_one_process_stores(tmp_path, backend):
+    with store_urls(backend, tmp_path, ("one", "two")) as urls:
+        for workers, url in ((1, urls["one"]), (2, urls["two"])):
+            store = open_store(url)
+            spool = tmp_path / "spool" if workers == 2 else None  # (a worker's own writer acknowledges on spooling)
+            with collect_fleet_recording(store, workers=workers, spool_dir=spool) as collector:
+                pool = collector.pool
+                if workers == 1:
+                    assert pool is None  # (in the collector's own process)
+                else:
+                    assert pool is not None and len({w.process.pid for w in pool.workers}) == 2
+                    assert [s.instance for w in pool.workers for s in w.specs] == list(REPLICAS)
+                    assert (pool.config["direct"] is not None) == (backend == "postgresql") == takes_many_writers(url)
+                    counted = {s.spec.instance: s.subscriber.num_batches for s in collector.streams}
+                    assert counted == {name: len(replica_frames(name)) for name in REPLICAS}
+            if pool is not None:  # on PostgreSQL, each worker's own writer wrote its stream's rows
+                written = [w.stats["written"] for w in pool.workers]
+                assert all(n > 0 for n in written) if backend == "postgresql" else written == [None, None]
+                assert (spool / "worker-0").is_dir() == (spool / "worker-1").is_dir() == (backend == "postgresql")
+            store.close()
+        for query in (KV_ROWS, FOOTPRINTS, SESSIONS):
+            assert rows(urls["two"], query) == rows(urls["one"], query)
+        assert len(rows(urls["one"], KV_ROWS)) > 100 and len(rows(urls["one"], FOOTPRINTS)) > 0  # (it compared some)
 
 
 def test_the_default_uses_the_cores_up_to_the_streams():
@@ -67,14 +91,14 @@ def test_the_default_uses_the_cores_up_to_the_streams():
     assert default_workers(2) == min(2, os.cpu_count() or 1)
 
 
-def _run(path, *, workers: int, kill: bool) -> tuple[Collector, list[str]]:
+def _run(url: str, *, workers: int, kill: bool) -> tuple[Collector, list[str]]:
     """Both replicas' frames through a collector whose streams have replay sockets, and its /metrics text (with
     `kill`: while the worker is down, then at the end). With `kill`, replica-a's worker is killed halfway through its
     frames; another socket holds its port until its first start again has failed, and the rest of the frames are
     published once it runs again."""
     frames = {name: replica_frames(name) for name in REPLICAS}
     ports = {name: (free_port(), free_port()) for name in REPLICAS}
-    store = open_store(f"sqlite:///{path}")
+    store = open_store(url)
     exposed = []
     with ExitStack() as stack:
         for name in REPLICAS:
@@ -135,15 +159,22 @@ def _run(path, *, workers: int, kill: bool) -> tuple[Collector, list[str]]:
     return collector, exposed
 
 
-def test_a_worker_killed_mid_run_loses_nothing_acknowledged(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_worker_killed_mid_run_loses_nothing_acknowledged(tmp_path, backend):
     """Replica-a's worker is killed halfway; the collector starts it again, and its stream resumes after the last
-    batch whose rows the collector took: what the dead worker had not handed on, and what was published while no
-    worker listened, comes from the replay socket. Every block stored, removed and cleared is stored once, as the
+    batch acknowledged (its rows taken by the collector's writer; on PostgreSQL, committed by the worker's own): what
+    the dead worker had not handed on or stored, and what was published while no worker listened, comes from the
+    replay socket. Every block stored, removed and cleared is stored once, as the
     collector's own process stores it. (The new worker's chains start empty, as after a collector restart, so a
     removal of a block stored before the kill names no session: owners are not compared.) Its first start again
     fails (another socket holds its port): it is tried again, and /metrics and `kvobs doctor` say it was down."""
-    reference, _ = _run(tmp_path / "one.db", workers=1, kill=False)
-    killed, (while_down, after) = _run(tmp_path / "killed.db", workers=2, kill=True)
+    with store_urls(backend, tmp_path, ("one", "killed")) as urls:
+        _check_the_kill(urls)
+
+
+def _check_the_kill(urls: dict[str, str]) -> None:
+    reference, _ = _run(urls["one"], workers=1, kill=False)
+    killed, (while_down, after) = _run(urls["killed"], workers=2, kill=True)
     assert reference.pool is None and killed.pool is not None
     a, b = REPLICAS
     assert killed.pool.restarts() == {a: 1, b: 0}
@@ -162,5 +193,5 @@ def test_a_worker_killed_mid_run_loses_nothing_acknowledged(tmp_path):
     stored = events.format("kind IN ('stored', 'tier_stored', 'cleared')")
     removed = events.format("kind IN ('removed', 'tier_removed') AND first_owner = 1")
     for query in (stored, removed):
-        assert rows(tmp_path / "killed.db", query) == rows(tmp_path / "one.db", query)
-    assert len(rows(tmp_path / "one.db", stored)) > 50
+        assert rows(urls["killed"], query) == rows(urls["one"], query)
+    assert len(rows(urls["one"], stored)) > 50

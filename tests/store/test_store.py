@@ -125,6 +125,28 @@ def test_the_longest_tier_name_is_stored(store):
     assert list(store.reads.kv_events()["medium"]) == [name]
 
 
+def test_a_units_on_written_is_called_once_its_rows_are_committed_in_queue_order(store):
+    """What a stream worker that writes the store itself acknowledges by: each unit's callback, after its batch
+    commits (its rows are readable then), in the order queued; none for a unit the full queue dropped."""
+    writer = StoreWriter(store, max_queue=10)
+    seen: list[tuple[int, int]] = []  # (unit, rows stored when it was called)
+
+    def stored() -> int:
+        with store.session() as s:
+            return s.scalar(select(func.count()).select_from(KVEventRow))
+
+    for unit in range(3):
+        records = [
+            KVEventRecord(ts=float(unit), instance="e0", kind="stored", block_hash=unit * 10 + i) for i in range(3)
+        ]
+        assert writer.add_many(records, on_written=lambda u=unit: seen.append((u, stored())))
+    too_many = [KVEventRecord(ts=9.0, instance="e0", kind="stored", block_hash=90 + i) for i in range(11)]
+    assert not writer.add_many(too_many, on_written=lambda: seen.append((9, -1)))
+    writer.close()
+    assert [u for u, _ in seen] == [0, 1, 2] and all(n >= 3 * (u + 1) for u, n in seen)
+    assert writer.num_dropped == 11
+
+
 def test_writer_batches_flushes_and_upserts(store):
     writer = StoreWriter(store, batch_size=400)
     for i in range(2500):
