@@ -198,6 +198,7 @@ class Worker:
         if direct is not None:
             spool = Spool(Path(direct["spool_dir"]) / f"worker-{self.config['index']}") if direct["spool_dir"] else None
             self.writer = StoreWriter(open_store(direct["url"], migrate=False), spool=spool)
+            self.writer.flush()  # what a dead worker left in its spool, stored before the clocks are rebuilt
         for spec in self.config["specs"]:
             writer: ForwardedWriter | DirectWriter = (
                 ForwardedWriter(self.channel, spec.instance)
