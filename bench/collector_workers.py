@@ -4,8 +4,9 @@ worker process of its own, `collectors.kv.workers`), into each store.
 
 A real collector: its streams bound over ZMQ, each fed by a publisher sending `collector_ingest`'s synthetic vLLM
 batches (the same for every stream, each its own replica) from a process of its own, as vLLM is, as fast as ZMQ takes
-them. A run's time is from the first
-batch sent until every batch is handled and every row committed (the writer flushed); the workers are started
+them. With workers, the rows go back to the collector's writer (SQLite, chDB) or are written by each worker's own
+(PostgreSQL). A run's time is from the first
+batch sent until every batch is handled and every row committed (the writers flushed); the workers are started
 before the clock, as a collector starts them once, and the collector stops after it. CPU: the collector's process
 and its workers' over that time (every thread; not a PostgreSQL server's).
 
@@ -21,6 +22,7 @@ import os
 import statistics
 import tempfile
 import time
+from unittest.mock import patch
 
 import zmq
 from collector_ingest import STORES, _cpu, _emptied, synthetic_payloads, workload_arguments
@@ -30,6 +32,7 @@ from tqdm.auto import tqdm
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.store import open_store
+from kvobs.store.db import takes_many_writers
 from kvobs.vllm import kv_events as wire
 
 
@@ -61,8 +64,12 @@ def publish(ports: list[int], payloads: list[bytes], ready, go) -> None:
         pub.close()
 
 
-def one_run(url: str, payloads: list[bytes], streams: int, workers: int) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of the collector taking every stream's payloads into `url`."""
+def one_run(url: str, payloads: list[bytes], streams: int, workers: int, *, direct: bool = True) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of the collector taking every stream's payloads into `url`; `direct` False: a
+    store that takes many writers still gets the workers' rows through the collector's writer (the comparison)."""
+    if not direct:
+        with patch("collectors.collector.takes_many_writers", return_value=False):
+            return one_run(url, payloads, streams, workers)
     store = open_store(url)
     if url.startswith("postgresql"):
         _emptied(store)
@@ -90,6 +97,12 @@ def one_run(url: str, payloads: list[bytes], streams: int, workers: int) -> tupl
             raise TimeoutError("the collector did not take every batch in 600 s")
         time.sleep(0.05)
     collector.writer.flush()  # every row committed
+    if collector.pool is not None and collector.pool.config["direct"] is not None:  # (each worker's own writer's)
+        last = len(payloads) - 1
+        while any(collector.pool.of(s.spec.instance).last_seq.get(s.spec.instance) != last for s in collector.streams):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the workers did not commit every batch in 600 s")
+            time.sleep(0.01)
     wall = time.perf_counter() - start
     cpu = process_cpu_s() - cpu + workers_cpu_s(collector) - children
     collector.stop()
@@ -119,6 +132,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 for workers in (1, args.workers):
                     url = template.format(dir=tmp, run=run, n=workers) if "{dir}" in template else template
                     times.setdefault((name, workers), []).append(one_run(url, payloads, args.streams, workers))
+                    if workers > 1 and takes_many_writers(url):  # ... and through the collector's writer
+                        times.setdefault((name, -workers), []).append(
+                            one_run(url, payloads, args.streams, workers, direct=False)
+                        )
     print(
         f"\n{args.streams} streams x {per_stream:,} events ({len(payloads):,} batches each): {total:,} events, median "
         f"of {args.repeats}; {os.cpu_count()} cores; CPU: the collector's and its workers', every thread"
@@ -129,14 +146,20 @@ def main(argv: list[str] | None = None) -> list[Result]:
     rows = []
     for name in stores:
         base = statistics.median(total / wall for wall, _ in times[(name, 1)])
-        for workers in (1, args.workers):
+        for workers in (1, -args.workers, args.workers):
+            if (name, workers) not in times:
+                continue
             wall, cpu = sorted(times[(name, workers)])[len(times[(name, workers)]) // 2]
             rate = total / wall
             print(
-                f"{name:<12} {workers:>8} {rate:>12,.0f} {rate / base:>11.2f}x {cpu / wall:>15.2f} "
-                f"{cpu / total * 1e6:>13.2f}"
+                f"{name:<12} {abs(workers):>8} {rate:>12,.0f} {rate / base:>11.2f}x {cpu / wall:>15.2f} "
+                f"{cpu / total * 1e6:>13.2f}{'  (rows through the collector)' if workers < 0 else ''}"
             )
-            case = f"{args.streams} streams into {name}, --workers {workers}"
+            case = f"{args.streams} streams into {name}, --workers {abs(workers)}"
+            if workers < 0:
+                case += ", rows through the collector's writer"
+            elif workers > 1 and (name, -workers) in times:
+                case += ", each worker writing"
             rows.append(Result("collector_workers", case, rate, "events/s", rate / base, "--workers 1"))
     return rows
 
