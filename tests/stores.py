@@ -15,13 +15,18 @@ from kvobs.store import open_store
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
+def postgres_url(schema: str) -> str:
+    """The local PostgreSQL's URL with `schema` as its search path (a schema of `postgres_schema`)."""
+    return f"{POSTGRES}?options=-csearch_path%3D{schema}"
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'kvobs.db'}"
         return
     with postgres_schema() as schema:
-        yield f"{POSTGRES}?options=-csearch_path%3D{schema}"
+        yield postgres_url(schema)
 
 
 @contextmanager
@@ -44,7 +49,7 @@ def any_store(request, tmp_path):
     """A fresh store on each of the three backends: SQLite, the local PostgreSQL, chDB."""
     if request.param == "postgresql":
         with postgres_schema() as schema:
-            store = open_store(f"{POSTGRES}?options=-csearch_path%3D{schema}")
+            store = open_store(postgres_url(schema))
             yield store
             store.close()
         return

@@ -26,7 +26,7 @@ from tests.collectors.replay import metrics_server, publisher, wait_subscribed
 from tests.dashboard.test_app import assert_clean, open_page
 from tests.server.conftest import free_port
 from tests.store.test_contract import _values
-from tests.stores import POSTGRES, postgres_schema
+from tests.stores import postgres_schema, postgres_url
 
 
 def _collect(
@@ -70,7 +70,7 @@ def two_collectors():
     """The recording through two collector processes into a fresh PostgreSQL schema: (store, third, held, url,
     doctor): the third collector's result, the leases seen while both ran, and `kvobs doctor`'s meanwhile."""
     with postgres_schema() as schema, ExitStack() as stack:
-        url = f"{POSTGRES}?options=-csearch_path%3D{schema}"
+        url = postgres_url(schema)
         ports = {name: (free_port(), free_port(), free_port()) for name in REPLICAS}  # KV events, OTLP, own metrics
         procs = {}
         for name, (kv, otlp, metrics) in ports.items():

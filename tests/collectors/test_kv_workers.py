@@ -23,7 +23,7 @@ from kvobs.vllm import kv_events as wire
 from tests.collectors.fleet_recording import REPLICAS, collect_fleet_recording, replica_frames
 from tests.collectors.replay import publisher, replay_router, wait_subscribed
 from tests.server.conftest import free_port
-from tests.stores import POSTGRES, postgres_schema
+from tests.stores import postgres_schema, postgres_url
 from tests.waiting import wait_for
 
 KV_ROWS = (
@@ -47,7 +47,7 @@ def store_urls(backend: str, tmp_path, names: tuple[str, ...]):
         yield {name: f"sqlite:///{tmp_path / (name + '.db')}" for name in names}
         return
     with ExitStack() as stack:
-        yield {name: f"{POSTGRES}?options=-csearch_path%3D{stack.enter_context(postgres_schema())}" for name in names}
+        yield {name: postgres_url(stack.enter_context(postgres_schema())) for name in names}
 
 
 def rows(url: str, query: str) -> list[tuple]:

@@ -34,7 +34,7 @@ from kvobs.store.rows import RECORDS
 from kvobs.store.schema import TABLES
 from tests.collectors.fleet_recording import truth
 from tests.runs import drive_meter
-from tests.stores import POSTGRES
+from tests.stores import POSTGRES, postgres_url
 
 BACKENDS = ["sqlite", "postgresql", "chdb"] + (["clickhouse"] if os.environ.get("KVOBS_TEST_CLICKHOUSE_URL") else [])
 
@@ -85,7 +85,7 @@ def _open(backend: str, tmp_path):
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
 
-    return open_store(f"{POSTGRES}?options=-csearch_path%3D{schema}"), drop
+    return open_store(postgres_url(schema)), drop
 
 
 @pytest.fixture(scope="module", params=["vllm_run", "agent_run", "fleet_run", "served_fleet"])

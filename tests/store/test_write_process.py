@@ -19,7 +19,7 @@ from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventColumns, RequestRecord, SessionRecord, SnapshotRecord, StepRecord
 from kvobs.store.schema import ROLLUPS, TABLES
 from kvobs.store.write_process import WriteProcess
-from tests.stores import POSTGRES, postgres_schema
+from tests.stores import postgres_schema, postgres_url
 
 T0 = 1_800_000_000.0
 
@@ -86,7 +86,7 @@ def two_urls(request, tmp_path):
         yield f"sqlite:///{tmp_path / 'in.db'}", f"sqlite:///{tmp_path / 'child.db'}"
         return
     with postgres_schema() as first, postgres_schema() as second:
-        yield (f"{POSTGRES}?options=-csearch_path%3D{s}" for s in (first, second))
+        yield (postgres_url(s) for s in (first, second))
 
 
 def test_the_write_process_stores_what_the_writer_in_process_stores(two_urls, caplog):
