@@ -244,9 +244,7 @@ class Worker:
 
     def _stats(self) -> dict:
         drops = self.drops.counts()
-        if (
-            self.writer is not None and self.writer.num_dropped
-        ):  # (its own writer's: the collector's /metrics says them)
+        if self.writer is not None and self.writer.num_dropped:  # its own writer's: the collector's /metrics says them
             drops[("store", "worker writer")] = self.writer.num_dropped
         return {
             "streams": {name: stream_stats(ingest, receiver) for name, (ingest, _, receiver) in self.streams.items()},

@@ -143,9 +143,10 @@ def tier_name(medium: str | None, locality: str | None, ownership: str | None = 
     A secondary tier that names itself (vLLM 0.32's `ownership`: KVCR's own CPU and storage pools) is a tier apart
     from the offloading connector's own of that medium, as vLLM keeps their residencies apart: `CPU/kvcr`."""
     name, known = medium_name(medium), is_known_medium(medium)
-    if locality is not None and locality.strip().upper() != LOCALITY_LOCAL:
-        if not (locality.strip().upper() == LOCALITY_REMOTE and known and is_lower_tier(name)):
-            return f"{name}@{locality.strip().upper()}", False
+    place = None if locality is None else locality.strip().upper()
+    if place is not None and place != LOCALITY_LOCAL:
+        if not (place == LOCALITY_REMOTE and known and is_lower_tier(name)):
+            return f"{name}@{place}", False
         name = f"{REMOTE_PREFIX}{name}"
     owner = None if ownership is None else ownership.strip()[:MAX_OWNER_CHARS]
     if owner and is_lower_tier(name):

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 _FLUSH = object()
 _STOP = object()
+# a queued unit: its operation, its rows, its spool sequence number (0 without a spool), what to call once written
+Item = tuple[str, Sequence[Record] | KVEventColumns, int, Callable[[], object] | None]
 
 
 class StoreWriter:
@@ -143,7 +145,7 @@ class StoreWriter:
             elif not full:
                 self._queued_rows += len(rows)
                 seq = self.spool.append(op, rows) if self.spool is not None else 0  # in queue order, under the lock
-                self._queue.put((op, rows, seq) if on_written is None else (op, rows, seq, on_written))
+                self._queue.put((op, rows, seq, on_written))
         if full and count and not self._closed and worth_logging(self.num_dropped, every=10_000):
             log.warning("store queue full: %d rows dropped so far", self.num_dropped)
         return not full
@@ -179,9 +181,9 @@ class StoreWriter:
                     self.spool.close()
                 return
 
-    def _write_batch(self, batch: list[tuple]) -> None:
+    def _write_batch(self, batch: list[tuple]) -> None:  # (`Item`s)
         try:
-            kept = self._write_with_retry([(item[0], item[1]) for item in batch])
+            kept = self._write_with_retry([(op, rows) for op, rows, _, _ in batch])
         except Exception:  # never let the thread die: later rows must still be written
             kept = False
             self.num_dropped += _rows(batch)
@@ -190,10 +192,10 @@ class StoreWriter:
             self._held_in_spool = True  # a later commit mark would cover this batch too: mark nothing more
         if self.spool is not None and not self._held_in_spool:
             self.spool.commit(batch[-1][2])
-        for item in batch:
-            if len(item) > 3:  # (a unit queued with `on_written`)
+        for _, _, _, on_written in batch:
+            if on_written is not None:
                 try:
-                    item[3]()
+                    on_written()
                 except Exception:  # the writer thread must outlive a caller's callback
                     log.exception("a store writer's on_written callback failed")
 
@@ -202,14 +204,14 @@ class StoreWriter:
         log.info("store spool: writing %d items an earlier process accepted and did not commit", self.spool.num_backlog)
         batch: list = []
         for item in self.spool.backlog():
-            batch.append(item[1:] + item[:1])  # (op, records, seq)
+            batch.append((*item[1:], item[0], None))  # (op, records, seq, no callback)
             if _rows(batch) >= self.batch_size:
                 self._write_batch(batch)
                 batch = []
         if batch:
             self._write_batch(batch)
 
-    def _collect(self) -> tuple[list[tuple[str, list[Record], int]], list[threading.Event], bool]:
+    def _collect(self) -> tuple[list[Item], list[threading.Event], bool]:
         """Items until `batch_size` rows, a flush or stop marker, or `flush_interval_s` after the first one."""
         batch: list = []
         markers: list[threading.Event] = []
