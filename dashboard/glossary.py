@@ -115,6 +115,10 @@ TERMS: dict[str, tuple[str, str]] = {
     "tiers": ("lower tiers", "The tiers the loads came from, as the engine names them."),
     "computed_tokens": ("computed (tokens)", "Prompt tokens the engine computed: found in no tier."),
     "loaded_share": ("loaded share", "Loaded tokens / prompt tokens."),
+    "unit": ("unit", "What the tier's lookups are counted in, as its engine counts them: chunks (vLLM) or blocks."),
+    "asked": ("looked up", "Blocks or chunks (the row's unit) the tier was asked for."),
+    "found": ("found", "Of those, the blocks or chunks (the row's unit) the tier held."),
+    "found_share": ("found share", "Found / looked up."),
     "load_s": ("load time (s)", "The loads' seconds as the engine counted them; blank where it does not count them."),
     "available_tokens": (
         "available (tokens)",

@@ -28,6 +28,7 @@ PERCENT_COLUMNS = (
     "achieved_rate",
     "available_rate",
     "loaded_share",
+    "found_share",
 )
 CAUSE_COLUMNS = ("failure_cause", "slow_cause", "cause")
 WIDE_COLUMNS = ("evidence", "error_type", "summary", "what", "detail")

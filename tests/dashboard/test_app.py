@@ -12,8 +12,11 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import glossary
 from dashboard.views import PAGES
+from kvobs.store import open_store
+from tests.collectors.test_scraper import scrape_all
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def open_page(monkeypatch, url: str, page: str, jaeger: str | None = None) -> AppTest:
@@ -90,6 +93,24 @@ def test_pages_on_the_vllm_run(monkeypatch, vllm_run, page):
         assert list(hits["counted_by"]) == ["vllm:prompt_tokens_by_source"] and hits["cache_tokens"].iloc[0] > 0
         assert hits["loaded_tokens"].iloc[0] == 0 and "Hits by tier" in [h.value for h in at.subheader]
         assert not [d for d in at.dataframe if "found_share" in d.value.columns]  # vLLM counted no tier's lookups
+
+
+def test_the_overview_shows_each_tiers_lookups_where_an_engine_counts_them(monkeypatch, tmp_path):
+    """A replica whose vLLM counts its tiering manager's chunk lookups (scrapes vLLM 0.32's own code made) and no
+    prompt tokens by source: the hits by tier say no engine counted them; the lookups table says each tier's."""
+    recorded = json.loads((FIXTURES / "vllm-tiers" / "tiering_metrics.json").read_text())
+    url = f"sqlite:///{tmp_path / 'kvobs.db'}"
+    store = open_store(url)
+    scrape_all(store, recorded["scrapes"])
+    store.close()
+    at = open_page(monkeypatch, url, "overview")
+    assert_clean(at)
+    assert any("No engine counted its prompt tokens by source" in i.value for i in at.info)  # (its own empty state)
+    (lookups,) = [d.value for d in at.dataframe if "found_share" in d.value.columns]
+    assert list(zip(lookups["tier"], lookups["unit"], lookups["asked"], lookups["found"])) == [
+        ("0:primary", "chunks", 9, 3),
+        ("1:fs", "chunks", 6, 3),
+    ]
 
 
 def test_a_fleet_whatif_the_replay_cannot_reproduce_says_so(monkeypatch, fleet_run):
