@@ -29,20 +29,26 @@ With `--tier placeholder|self-describing|all`, the stream carries a CPU tier's e
 connector sends them beside the cache's (each store written through to the tier, the tier dropping its oldest
 copies): the same stages over it (`all`: without a tier, then with each form).
 
+With `--baseline REF` (`bench/baseline.py`), the same flags run again at git REF after this run, and each KV stage's
+rate is given against REF's (the code before a change, on the same machine minutes apart).
+
     python bench/collector_ingest.py [--batches 2000] [--events 50] [--lines 600] [--repeats 3] [--postgres URL]
-        [--tier none|placeholder|self-describing|all]
+        [--tier none|placeholder|self-describing|all] [--baseline REF]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from baseline import at_commit  # bench/ is on sys.path when a script in it runs
 from prometheus_client.parser import text_string_to_metric_families
 from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
@@ -138,11 +144,27 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
     if store is not None:
         writer.close(timeout_s=600)
     wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu + _cpu(child) - child_cpu
+    if store is not None:
+        _check_lossless(stage, store, payloads)
     if writes is not None:
         writes.close()
     if store is not None:
         store.close()
     return wall, cpu
+
+
+def _check_lossless(stage: str, store, payloads: list[bytes]) -> None:
+    """Every block row the payloads make is in the store (its per-minute rollup, which counts each row written), or
+    the stage's rate is no rate."""
+    counts = store.reads.kv_event_counts(bucket_s=3600.0)
+    stored, made = int(counts["events"].sum()) if len(counts) else 0, _rows_made(tuple(payloads))
+    if stored != made:
+        raise RuntimeError(f"{stage}: not lossless: {stored:,} of {made:,} block rows stored")
+
+
+@functools.lru_cache(maxsize=4)
+def _rows_made(payloads: tuple[bytes, ...]) -> int:
+    return made_rows(list(payloads), keep=False).kv_rows
 
 
 def _emptied(store) -> None:
@@ -185,7 +207,7 @@ class _NullWriter:
 
     def add_many(self, records, **_) -> bool:
         if isinstance(records, KVEventColumns):
-            self.kv_rows += len(records.columns["kind"])
+            self.kv_rows += len(records)
             if self.kept is not None:
                 self.kept.append(records)
         return True
@@ -232,6 +254,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
         help="a CPU tier's events in the stream too (vLLM's offloading connector: placeholders or self-describing); "
         "all: each, and none, in turn",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also run this benchmark, with the same flags, at git REF (the code before a change) after this run, and "
+        "give each KV stage's rate against REF's instead of against decode",
+    )
     args = parser.parse_args(argv)
     if args.postgres:
         STORES["PostgreSQL"] = args.postgres
@@ -239,7 +267,26 @@ def main(argv: list[str] | None = None) -> list[Result]:
     for tier in TIERS if args.tier == "all" else (args.tier,):
         rows += kv_stages(args, tier)
     rows += scrape_stages(args)
+    if args.baseline:
+        flags = sys.argv[1:] if argv is None else argv
+        at = flags.index("--baseline")
+        rows = against(rows, args.baseline, at_commit(args.baseline, Path(__file__).name, flags[:at] + flags[at + 2 :]))
     return rows
+
+
+def against(rows: list[Result], ref: str, rates: dict[str, float]) -> list[Result]:
+    """Each KV stage's rate over REF's (`rates`, measured in the same run), printed and in its results row."""
+    print(f"\nKV events against {ref}, measured in this run (events/s)")
+    print(f"{'stage':<70} {'this commit':>12} {ref:>12} {'ratio':>7}")
+    out = []
+    for row in rows:
+        base = rates.get(row.case)
+        if base is None or row.unit != "events/s":
+            out.append(row)
+            continue
+        print(f"{row.case:<70} {row.value:>12,.0f} {base:>12,.0f} {row.value / base:>6.2f}x")
+        out.append(Result(row.benchmark, row.case, row.value, row.unit, row.value / base, f"{ref} ({base:,.0f})"))
+    return out
 
 
 def workload_arguments(parser: argparse.ArgumentParser) -> None:

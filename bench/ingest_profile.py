@@ -26,7 +26,10 @@ COMPONENTS = (
     ("decode (the wire's msgpack, then normalized events)", ("kvobs/vllm/", "kvobs/block_events.py", "msgspec")),
     ("hash chains (owners, parents, footprints)", ("collectors/kv/chains.py",)),
     ("block clocks (lifetimes, restores)", ("kvobs/block_clock.py",)),
-    ("rows' columns (BatchRows, KVEventColumns)", ("collectors/kv/batch_rows.py", "kvobs/store/rows.py")),
+    (
+        "rows' columns (BatchRows, KVEventColumns)",
+        ("collectors/kv/batch_rows.py", "kvobs/store/rows.py", "kvobs/store/runs.py"),
+    ),
     ("ingest's bookkeeping (dispatch, sessions, tiers)", ("collectors/kv/", "kvobs/semconv/")),
 )
 OTHER = "other"

@@ -45,6 +45,7 @@ from kvobs.semconv.reasons import RELEASE_REASONS, EvictionReason
 from kvobs.semconv.sessions import SESSION_IDLE_S
 from kvobs.semconv.spans import SessionSource
 from kvobs.store.rows import KVEventColumns, SessionRecord, SnapshotRecord
+from kvobs.store.runs import Runs
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +403,7 @@ class KVIngest:
     def _flush(self, ts: float, rows: BatchRows) -> None:
         n = len(rows)
         if n:
-            columns = KVEventColumns(ts=[ts] * n, instance=[self.instance] * n, **rows.columns)
+            columns = KVEventColumns(ts=Runs.of(ts, n), instance=Runs.of(self.instance, n), **rows.columns())
             self.writer.add_many(columns, wait_s=STORE_WAIT_S)
 
     # ---- footprints -----------------------------------------------------------------------------------

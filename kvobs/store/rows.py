@@ -10,11 +10,11 @@ record leaves out are NULL (or the column's default), except on `SessionRecord`,
 `UNSET`: an upsert of a session writes only the columns it was given, so the agent SDK's counters and the
 engine's first sighting of a session never overwrite each other.
 
-`KVEventColumns` holds many `kv_events` rows as one list per column, for producers that write thousands of KV
-events a second (the collector): no object per row is made; SQLite inserts it in one statement (`json_each`),
-PostgreSQL in one executemany, ClickHouse as one Arrow table. It takes the same column names (a misspelt one is a
-`TypeError`), and iterating it gives its rows as `KVEventRecord`s, which is how a refused row is found and dropped
-alone.
+`KVEventColumns` holds many `kv_events` rows as one list (or `Runs`) per column, for producers that write thousands
+of KV events a second (the collector): no object per row is made; SQLite inserts it in one statement (`json_each`)
+or executemany, PostgreSQL by binary COPY, ClickHouse as one Arrow table. It takes the same column names (a
+misspelt one is a `TypeError`), and iterating it gives its rows as `KVEventRecord`s, which is how a refused row is
+found and dropped alone.
 
     writer.add_many(KVEventColumns(ts=[t, t], instance=["vllm-a"] * 2, kind=["stored"] * 2, block_hash=[h1, h2]))
 """
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, dataclass_transform
+
+from kvobs.store.runs import Runs, as_list
 
 
 class _Unset:
@@ -244,13 +246,14 @@ class KVEventRecord(Record):
 
 
 class KVEventColumns:
-    """`kv_events` rows as columns: equal-length lists named like `KVEventRecord`'s fields (one left out is all
-    NULL). Treat it as frozen once handed to the writer."""
+    """`kv_events` rows as columns: equal-length columns named like `KVEventRecord`'s fields (one left out is all
+    NULL), each a list (a value a row) or a `Runs` (a value a run of rows). Treat it as frozen once handed to the
+    writer."""
 
     __slots__ = ("columns", "num_rows")
     table: ClassVar[str] = "kv_events"
 
-    def __init__(self, **columns: list) -> None:
+    def __init__(self, **columns: list | Runs) -> None:
         names = KVEventRecord._columns
         unknown = set(columns) - set(names)
         if unknown:
@@ -262,15 +265,23 @@ class KVEventColumns:
         for required in ("ts", "instance", "kind"):
             if required not in columns and self.num_rows:
                 raise TypeError(f"KVEventColumns needs the column {required!r}")
-        none = [None] * self.num_rows
-        self.columns: dict[str, list] = {name: columns.get(name, none) for name in names}
+        none = Runs.of(None, self.num_rows)
+        self.columns: dict[str, list | Runs] = {name: columns.get(name, none) for name in names}
 
     def __len__(self) -> int:
         return self.num_rows
 
+    def column(self, name: str) -> list:
+        """One column, a value a row."""
+        return as_list(self.columns[name])
+
+    def lists(self) -> dict[str, list]:
+        """Every column, a value a row (for a store that binds rows)."""
+        return {name: as_list(values) for name, values in self.columns.items()}
+
     def __iter__(self):
         """The rows as records (for isolating a refused row; the fast paths read `columns`)."""
-        for values in zip(*self.columns.values()):
+        for values in zip(*self.lists().values()):
             yield KVEventRecord(*values)
 
 

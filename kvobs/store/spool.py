@@ -60,7 +60,7 @@ class Spool:
     def append(self, op: str, records: list[Record] | KVEventColumns) -> int:
         """Write one queued item; its sequence number (increasing: call in queue order)."""
         if isinstance(records, KVEventColumns):
-            frame: list = [op, records.table, records.columns]  # the columns as they are: a map of lists
+            frame: list = [op, records.table, records.lists()]  # a map of lists (a column of runs expanded)
         else:
             frame = [op, records[0].table, [r.to_row() for r in records]]
         with self._lock:

@@ -9,6 +9,7 @@ import pytest
 
 from kvobs.store import StoreWriter
 from kvobs.store.rows import KVEventColumns, KVEventRecord
+from kvobs.store.runs import Runs, as_list
 from kvobs.store.spool import Spool
 
 HASHES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, None]
@@ -97,14 +98,15 @@ def test_the_collectors_row_builder_fills_every_column_of_the_record_from_each_s
     rows = BatchRows()
     assert set(COLUMNS) | {"ts", "instance", "request_id"} == set(KVEventRecord._columns)
     rows.stored(Stored([7, 8], 6, 16, "GPU", 0, "s1", lora_name="a", extra_keys=['["img"]', None]))
-    assert {len(values) for values in rows.columns.values()} == {2}
+    assert {len(values) for values in rows.columns().values()} == {2}
     rows.removed([7], [6], ["s1"], [1], [3.0], medium="GPU", num_tokens=16, group_idx=0, reason="ttl")
-    assert {len(values) for values in rows.columns.values()} == {3}
+    assert {len(values) for values in rows.columns().values()} == {3}
     rows.add("cleared", reason="reset", num_blocks=3)
-    assert {len(values) for values in rows.columns.values()} == {4} and len(rows) == 4
+    assert {len(values) for values in rows.columns().values()} == {4} and len(rows) == 4
     with pytest.raises(TypeError, match="medum"):
         rows.add("cleared", medum="GPU")
-    by_row = [dict(zip(rows.columns, values)) for values in zip(*rows.columns.values())]
+    made = {name: as_list(values) for name, values in rows.columns().items()}
+    by_row = [dict(zip(made, values)) for values in zip(*made.values())]
     assert {k: v for k, v in by_row[1].items() if v is not None} == {
         "kind": "stored",
         "block_hash": 8,
@@ -130,4 +132,45 @@ def test_the_collectors_row_builder_fills_every_column_of_the_record_from_each_s
         "lifetime_s": 3.0,
     }
     assert by_row[0]["extra_keys"] == '["img"]' and by_row[3]["num_blocks"] == 3
-    KVEventColumns(ts=[0.0] * 4, instance=["vllm-a"] * 4, **rows.columns)  # every name one the store takes
+    KVEventColumns(ts=[0.0] * 4, instance=["vllm-a"] * 4, **rows.columns())  # every name one the store takes
+
+
+def test_columns_held_as_runs_store_what_the_same_lists_store(any_store):
+    """Runs (a value a run of rows: what the collector's rows share within an event) store the rows their lists
+    store, on every backend: a run of one value, of several, a column of NULL runs (left out of ClickHouse's
+    insert), and runs joined from batches written together."""
+    records = _records("as-lists")
+    lists = _columns(records).lists()
+    runs = dict(lists, instance=Runs.of("as-runs", len(records)), num_tokens=Runs.of(16, len(records)))
+    runs["kind"] = Runs(["removed", "stored"] * 3, [1] * 6)
+    runs["reason"] = Runs([None, "capacity"], [5, 1])
+    runs["group_idx"] = Runs.of(None, len(records))
+    half = len(records) // 2
+    first = {name: (values.expanded() if isinstance(values, Runs) else values)[:half] for name, values in runs.items()}
+    rest = {name: (values.expanded() if isinstance(values, Runs) else values)[half:] for name, values in runs.items()}
+    first["kind"], first["num_tokens"] = Runs(["removed", "stored", "removed"], [1, 1, 1]), Runs.of(16, half)
+    writer = StoreWriter(any_store)
+    writer.add_many(_columns(records))
+    writer.add_many(KVEventColumns(**runs))
+    writer.add_many(KVEventColumns(**{**first, "instance": Runs.of("joined", half)}))
+    writer.add_many(KVEventColumns(**{**rest, "instance": Runs.of("joined", len(records) - half)}))
+    writer.close()
+    events = any_store.reads.kv_events().drop(columns=["id"], errors="ignore")
+    by = {inst: frame.drop(columns="instance").reset_index(drop=True) for inst, frame in events.groupby("instance")}
+    assert len(by["as-lists"]) == len(HASHES)
+    assert by["as-lists"].astype(str).equals(by["as-runs"].astype(str))
+    assert by["as-lists"].astype(str).equals(by["joined"].astype(str))
+
+
+def test_runs_expand_and_join():
+    kind = Runs(["stored", "removed"], [3, 1])
+    assert len(kind) == 4 and kind.expanded() == ["stored"] * 3 + ["removed"]
+    joined = Runs.joined([kind, Runs.of(None, 2)])
+    assert joined.expanded() == [*kind.expanded(), None, None] and not joined.is_null()
+    assert Runs.of(None, 3).is_null() and as_list([1, 2]) == [1, 2]
+    with pytest.raises(ValueError, match="2 values for 1 runs"):
+        Runs([1, 2], [3])
+    columns = KVEventColumns(ts=Runs.of(1.0, 4), instance=["e"] * 4, kind=kind)
+    assert [r.kind for r in columns] == kind.expanded() and columns.column("ts") == [1.0] * 4
+    with pytest.raises(ValueError, match="differ in length"):
+        KVEventColumns(ts=Runs.of(1.0, 3), instance=["e"] * 4, kind=kind)

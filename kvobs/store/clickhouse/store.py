@@ -22,6 +22,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS, BatchRollups
 from kvobs.store.rows import PROGRESS_TABLES, KVEventColumns, KVEventRecord, SessionRecord
+from kvobs.store.runs import Runs, as_list
 from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
@@ -129,7 +131,7 @@ class ClickHouseStore:
                     rows.setdefault(record.table, []).append(record.to_row())
         if sessions:
             rows["sessions"] = self._merged_sessions(sessions)
-        tables = {table: _columns_of(table_rows) for table, table_rows in rows.items()}
+        tables: dict[str, dict[str, list | Runs]] = {table: _columns_of(made) for table, made in rows.items()}
         if kv_columns:  # KV events held as columns, with any given as records: one insert
             tables["kv_events"] = _joined([c.columns for c in kv_columns] + [tables.get("kv_events", {})])
         for table, columns in tables.items():
@@ -164,17 +166,24 @@ class ClickHouseStore:
             current[record.session_id] = changed[record.session_id] = {**current.get(record.session_id, {}), **row}
         return list(changed.values())
 
-    def _arrow(self, table: str, given: dict[str, list]) -> pa.Table:
-        """The insert's Arrow table from column lists: a column not given is all NULL; NaN and pandas' NA are NULL;
-        a NULL in a column that cannot hold one is the type's zero."""
+    def _arrow(self, table: str, given: dict[str, list | Runs]) -> pa.Table:
+        """The insert's Arrow table from columns (lists, or `Runs` taken by index): a Nullable column with no value is
+        left out (ClickHouse's default is NULL: no column to encode, send and parse); NaN and pandas' NA are NULL; a
+        NULL in a column that cannot hold one is the type's zero."""
         n = len(next(iter(given.values()))) if given else 0
         columns = {}
         for name, ch_type in self.column_types(table).items():
             if name in GENERATED:
                 columns[name] = _take_ids(n)
                 continue
-            column = pa.array(given.get(name, [None] * n), _arrow_type(ch_type), from_pandas=True)
-            if column.null_count and not ch_type.startswith(("Nullable", "LowCardinality(Nullable")):
+            nullable = ch_type.startswith(("Nullable", "LowCardinality(Nullable"))
+            values = given.get(name)
+            if nullable and (values is None or (isinstance(values, Runs) and values.is_null())):
+                continue
+            column = _arrow_column(Runs.of(None, n) if values is None else values, _arrow_type(ch_type))
+            if nullable and column.null_count == n:
+                continue
+            if column.null_count and not nullable:
                 if ch_type.startswith("Map"):
                     column = pa.array([{} if v is None else v for v in column.to_pylist()], column.type)
                 else:
@@ -266,21 +275,35 @@ def _take_ids(n: int) -> pa.Array:
     return pa.array((counters << np.uint64(ID_TAG_BITS)) | np.uint64(_ID_TAG), pa.uint64())
 
 
-def _columns_of(rows: list[dict]) -> dict[str, list]:
+def _columns_of(rows: list[dict]) -> dict[str, list | Runs]:
     names = dict.fromkeys(name for row in rows for name in row)
     return {name: [row.get(name) for row in rows] for name in names}
 
 
-def _joined(parts: list[dict[str, list]]) -> dict[str, list]:
-    """Column lists appended part after part (a column a part lacks is None there)."""
+def _joined(parts: list[dict[str, list | Runs]]) -> dict[str, list | Runs]:
+    """Columns appended part after part (a column a part lacks is None there); runs stay runs where every part's
+    are."""
     parts = [p for p in parts if p]
     names = dict.fromkeys(name for part in parts for name in part)
-    joined: dict[str, list] = {name: [] for name in names}
-    for part in parts:
-        n = len(next(iter(part.values())))
-        for name in names:
-            joined[name] += part.get(name) or [None] * n
+    sizes = [len(next(iter(part.values()))) for part in parts]
+    joined: dict[str, list | Runs] = {}
+    for name in names:
+        columns = [part.get(name) or Runs.of(None, n) for part, n in zip(parts, sizes)]
+        if all(isinstance(c, Runs) for c in columns):
+            joined[name] = Runs.joined(columns)  # type: ignore[arg-type]
+        else:
+            joined[name] = list(chain.from_iterable(map(as_list, columns)))
     return joined
+
+
+def _arrow_column(values: list | Runs, type_: pa.DataType) -> pa.Array:
+    """A column as Arrow: a list as it is; runs as their values, each taken its run's times."""
+    if not isinstance(values, Runs):
+        return pa.array(values, type_, from_pandas=True)
+    distinct = pa.array(values.values, type_, from_pandas=True)
+    if len(distinct) == 1:
+        return pa.repeat(distinct[0], values.size)
+    return distinct.take(np.repeat(np.arange(len(distinct)), values.lengths))
 
 
 def _arrow_type(ch_type: str) -> pa.DataType:

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from kvobs.store.interface import Batch
 from kvobs.store.rollups import BatchRollups, Rollup, minute_rows
 from kvobs.store.rows import KVEventColumns, KVEventRecord
+from kvobs.store.runs import Runs
 from kvobs.store.schema import (
     FOOTPRINT_COLUMNS,
     MINUTE_S,
@@ -71,7 +72,7 @@ class SqlBatchWriter:
         minutes = minute_sums(
             chain(
                 ((r["ts"], r["instance"], r["kind"], r.get("reason"), r.get("first_owner")) for r in kv_rows),
-                *(zip(*(c.columns[n] for n in _MINUTE_KEYS)) for c in columns),
+                *(zip(*(c.column(n) for n in _MINUTE_KEYS)) for c in columns),
             )
         )
         snaps = [r for r in grouped_rows(grouped, "snapshots") if r.get("session_id") is None]
@@ -109,22 +110,23 @@ class SqlBatchWriter:
         and gives back that lock once per row, and a writer thread doing so next to a busy producer thread (the
         collector decoding the next batches) waits a thread switch interval for every row: measured, 182k rows
         took minutes instead of 3 s. Where no other thread wants the lock (`alone`: a process that only writes),
-        the driver's executemany of tuples, which SQLite runs a third faster than `json_each`'s fifteen
-        `json_extract`s a row (600,000 rows, five indexes: 59,300 against 42,900 rows/s). On PostgreSQL: COPY, in
+        the driver's executemany of tuples, which SQLite runs a third faster than `json_each`'s `json_extract` a
+        column and row (600,000 rows, five indexes: 59,300 against 42,900 rows/s). On PostgreSQL: COPY, in
         the batch's transaction (300,000 rows: 76,100 rows/s against 49,800 by psycopg's executemany, and the row
         dicts SQLAlchemy's insert took cost as much again in Python); hashes as they are (NUMERIC(20), as `UInt64`
         binds them there)."""
+        names = _valued(batches)  # (a column NULL on every row is left out: NULL is its default, and binding it costs)
         if dialect == "postgresql":  # binary COPY: half the client's CPU a row of text COPY's
-            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_PG_COPY) as copy:
-                copy.set_types(_pg_copy_types())
-                for row in _kv_rows(batches, checked_uint64_column):
+            with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_pg_copy(names)) as copy:
+                copy.set_types(_pg_copy_types(names))
+                for row in _kv_rows(batches, names, checked_uint64_column):
                     copy.write_row(row)
             return
-        rows = list(_kv_rows(batches, as_int64_column))
+        rows = list(_kv_rows(batches, names, as_int64_column))
         if self.alone:
-            conn.exec_driver_sql(_SQLITE_INSERT, rows)
+            conn.exec_driver_sql(_sqlite_kv_insert(names), rows)
         else:
-            conn.exec_driver_sql(_SQLITE_JSON_INSERT, (_json(rows),))
+            conn.exec_driver_sql(_sqlite_kv_json_insert(names), (_json(rows),))
 
     def _sqlite_insert(self, model, columns: tuple[str, ...]) -> tuple[str, list, tuple]:
         """SQLite's fast path: one driver-level executemany of tuples (SQLAlchemy's per-row work skipped), with each
@@ -145,27 +147,35 @@ class SqlBatchWriter:
         return cached
 
 
-_FROM_JSON = ", ".join("json_extract(value, '$[%d]')" % i for i in range(len(_KV_COLUMNS)))  # noqa: UP031
+def _valued(batches: list[KVEventColumns]) -> tuple[str, ...]:
+    """The `kv_events` columns with a value on some row of the batches, in the table's order."""
+    return tuple(name for name in _KV_COLUMNS if not all(_is_null(c.columns[name]) for c in batches))
 
 
-def _kv_rows(batches: list[KVEventColumns], hashes: Callable[[list], list]) -> Iterator[tuple]:
-    """The batches' `kv_events` rows as tuples in `_KV_COLUMNS` order, each hash column bound by `hashes` first."""
+def _is_null(column: list | Runs) -> bool:
+    return column.is_null() if isinstance(column, Runs) else column.count(None) == len(column)
+
+
+def _kv_rows(batches: list[KVEventColumns], names: tuple[str, ...], hashes: Callable[[list], list]) -> Iterator[tuple]:
+    """The batches' rows as tuples of the `names` columns, each hash column bound by `hashes` first."""
     for c in batches:
-        yield from zip(*(hashes(values) if name.endswith("_hash") else values for name, values in c.columns.items()))
-
-
-_PG_COPY = f"COPY kv_events ({', '.join(_KV_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+        yield from zip(*(hashes(c.column(name)) if name.endswith("_hash") else c.column(name) for name in names))
 
 
 @cache
-def _pg_copy_types() -> list[str]:
-    """Each `kv_events` column's PostgreSQL type, as binary COPY names them (the model's types on PostgreSQL)."""
-    dialect, names = postgresql.dialect(), []
-    for name in _KV_COLUMNS:
+def _pg_copy(names: tuple[str, ...]) -> str:
+    return f"COPY kv_events ({', '.join(names)}) FROM STDIN (FORMAT BINARY)"
+
+
+@cache
+def _pg_copy_types(names: tuple[str, ...]) -> list[str]:
+    """Each named `kv_events` column's PostgreSQL type, as binary COPY names them (the model's types on PostgreSQL)."""
+    dialect, types = postgresql.dialect(), []
+    for name in names:
         type_ = KVEventRow.__table__.c[name].type
         impl = type_.load_dialect_impl(dialect) if isinstance(type_, TypeDecorator) else type_
-        names.append(next(pg for kind, pg in _PG_BINARY if isinstance(impl, kind)))
-    return names
+        types.append(next(pg for kind, pg in _PG_BINARY if isinstance(impl, kind)))
+    return types
 
 
 # (SQLAlchemy type, PostgreSQL's name): the narrower integers first (they are Integers too)
@@ -177,8 +187,19 @@ _PG_BINARY = (
     (Numeric, "numeric"),
     (String, "text"),  # (VARCHAR and TEXT share their binary form)
 )
-_SQLITE_INSERT = f"INSERT INTO kv_events ({', '.join(_KV_COLUMNS)}) VALUES ({', '.join('?' * len(_KV_COLUMNS))})"
-_SQLITE_JSON_INSERT = f"INSERT INTO kv_events ({', '.join(_KV_COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
+
+
+@cache
+def _sqlite_kv_insert(names: tuple[str, ...]) -> str:
+    return f"INSERT INTO kv_events ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+
+
+@cache
+def _sqlite_kv_json_insert(names: tuple[str, ...]) -> str:
+    values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(names)))
+    return f"INSERT INTO kv_events ({', '.join(names)}) SELECT {values} FROM json_each(?)"
+
+
 _json = msgspec.json.Encoder().encode
 
 

@@ -1,0 +1,48 @@
+"""A benchmark run again at another commit, in the same run: the baseline of the code before a change, measured on the
+same machine minutes apart rather than quoted from an older results file (a shared VM's speed changes by the day).
+
+    rates = at_commit("4edd3b0", "collector_ingest.py", ["--batches", "2000"])   # case -> value, as its file says
+
+The commit is checked out into a temporary git worktree beside a link to `shared/` (the fixtures the benchmarks
+read), and its own script runs there with its own code first on the path (the same virtual environment: the
+commit must need no other packages); its results file goes to a temporary directory and is read back."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+_ROW = re.compile(r"^\| (?P<bench>[^|]+) \| (?P<case>[^|]+) \| (?P<value>[-\d,.e+]+) (?P<unit>[^|]*) \|")
+
+
+def at_commit(ref: str, script: str, argv: list[str]) -> dict[str, float]:
+    """Each case's value from `bench/SCRIPT` run at git `ref` with `argv`."""
+    with tempfile.TemporaryDirectory(prefix="kvobs-baseline-") as tmp:
+        tree, results = Path(tmp) / "tree", Path(tmp) / "results"
+        (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")  # (a script finds the fixtures beside its root)
+        git = ["git", "-C", str(ROOT)]
+        subprocess.run([*git, "worktree", "add", "--detach", str(tree), ref], check=True, capture_output=True)
+        try:
+            env = {**os.environ, "PYTHONPATH": str(tree), "KVOBS_BENCH_RESULTS_DIR": str(results)}
+            tqdm.write(f"baseline: bench/{script} at {ref}")
+            subprocess.run([sys.executable, str(tree / "bench" / script), *argv], cwd=tree, env=env, check=True)
+            return parse(results / f"{Path(script).stem}.md")
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False, capture_output=True)
+
+
+def parse(results_file: Path) -> dict[str, float]:
+    """A results file's table as case -> value (`results.table`'s rows)."""
+    rates = {}
+    for line in results_file.read_text().splitlines():
+        found = _ROW.match(line)
+        if found:
+            rates[found["case"].strip()] = float(found["value"].replace(",", ""))
+    return rates
