@@ -42,7 +42,7 @@ class BatchRows:
         made: dict[str, list | Runs] = dict(self.rows)
         shared = zip(*self.events) if self.events else [[] for _ in EVENT_COLUMNS]
         for name, values in zip(EVENT_COLUMNS, shared):
-            made[name] = Runs(list(values), self.lengths)
+            made[name] = Runs(list(values), self.lengths, len(self))
         return made
 
     def _run(self, shared: tuple, n: int) -> None:

@@ -17,17 +17,18 @@ from itertools import chain, repeat
 class Runs:
     __slots__ = ("values", "lengths", "size")
 
-    def __init__(self, values: list, lengths: list[int]) -> None:
+    def __init__(self, values: list, lengths: list[int], size: int | None = None) -> None:
+        """`size`: the lengths' sum, where the caller knows it (columns sharing their runs' lengths)."""
         if len(values) != len(lengths):
             raise ValueError(f"Runs: {len(values)} values for {len(lengths)} runs")
         self.values = values
         self.lengths = lengths
-        self.size = sum(lengths)
+        self.size = sum(lengths) if size is None else size
 
     @classmethod
     def of(cls, value, n: int) -> Runs:
         """`n` rows of one value."""
-        return cls([value], [n])
+        return cls([value], [n], n)
 
     def __len__(self) -> int:
         return self.size
@@ -49,7 +50,8 @@ class Runs:
     @staticmethod
     def joined(parts: Sequence[Runs]) -> Runs:
         """One column of the parts' rows, part after part."""
-        return Runs([v for part in parts for v in part.values], [n for part in parts for n in part.lengths])
+        values, lengths = [v for part in parts for v in part.values], [n for part in parts for n in part.lengths]
+        return Runs(values, lengths, sum(part.size for part in parts))
 
 
 def as_list(column: list | Runs) -> list:
