@@ -72,10 +72,12 @@ def test_a_refused_row_among_columns_is_dropped_alone(any_store):
 def test_the_spool_keeps_columns_across_a_restart(tmp_path):
     spool = Spool(tmp_path / "spool")
     spool.append("insert", _columns(_records("e")))
+    runs = _columns(_records("e")).lists()
+    spool.append("insert", KVEventColumns(**{**runs, "instance": Runs.of("e", len(HASHES))}))  # (as the ingest's)
     spool.close()
-    (seq, op, columns), *rest = list(Spool(tmp_path / "spool").backlog())
+    (seq, op, columns), (_, _, held_as_runs), *rest = list(Spool(tmp_path / "spool").backlog())
     assert not rest and op == "insert" and isinstance(columns, KVEventColumns)
-    assert list(columns) == _records("e")
+    assert list(columns) == _records("e") and list(held_as_runs) == _records("e")
 
 
 def test_columns_are_checked_when_made():
