@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from baseline import at_commit  # bench/ is on sys.path when a script in it runs
@@ -120,7 +121,8 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
     ends with the store's name (`STORES`), and `WRITE_PROCESS` for writes in a child process; one starting with
     `STORE_ALONE` writes the payloads' rows, made before the clock."""
     name = stage.removeprefix(STORE_ALONE).removesuffix(" alone").split(" + ")[-1].split(",")[0]
-    url = STORES[name].format(dir=store_dir, run=run, n=len(stage)) if name in STORES else None
+    # a store of its own for each stage and run (named by a hash of the stage's name, not its length)
+    url = STORES[name].format(dir=store_dir, run=run, n=zlib.crc32(stage.encode())) if name in STORES else None
     made = made_rows(payloads).kept if stage.startswith(STORE_ALONE) else None
     store = open_store(url) if url else None
     if url and url.startswith("postgresql"):
