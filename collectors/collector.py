@@ -320,6 +320,9 @@ class Collector:
             self.retention.stop()
         self.span_steps.settle(final=True)
         self._tie_blocks(final=True)
+        # the steps' session ends committed first: the final verdicts read them from the store, so a loss after its
+        # session's end is not left pending because the writer had not yet written that end
+        self.writer.flush()
         for stream in self.streams:
             stream.ingest.snapshot(final=True)
         if self.pool is not None:
