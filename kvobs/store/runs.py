@@ -57,3 +57,8 @@ class Runs:
 def as_list(column: list | Runs) -> list:
     """A column as a value a row, whichever way it is held."""
     return column.expanded() if isinstance(column, Runs) else column
+
+
+def is_null(column: list | Runs) -> bool:
+    """Whether every row of a column is None, whichever way it is held (a list's count runs in C)."""
+    return column.is_null() if isinstance(column, Runs) else column.count(None) == len(column)

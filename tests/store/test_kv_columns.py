@@ -5,6 +5,8 @@ column fails at once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvobs.store import StoreWriter
@@ -142,11 +144,13 @@ def test_columns_held_as_runs_store_what_the_same_lists_store(any_store):
     store, on every backend: a run of one value, of several, a column of NULL runs (left out of ClickHouse's
     insert), and runs joined from batches written together."""
     records = _records("as-lists")
+    records[1] = replace(records[1], ts=records[2].ts)  # (two rows of one time, at the rollup's minute edge)
     lists = _columns(records).lists()
     runs = dict(lists, instance=Runs.of("as-runs", len(records)), num_tokens=Runs.of(16, len(records)))
     runs["kind"] = Runs(["removed", "stored"] * 3, [1] * 6)
     runs["reason"] = Runs([None, "capacity"], [5, 1])
     runs["group_idx"] = Runs.of(None, len(records))
+    runs["ts"] = Runs(lists["ts"][:2] + lists["ts"][3:], [1, 2, 1, 1, 1])
     half = len(records) // 2
     first = {name: (values.expanded() if isinstance(values, Runs) else values)[:half] for name, values in runs.items()}
     rest = {name: (values.expanded() if isinstance(values, Runs) else values)[half:] for name, values in runs.items()}
@@ -154,6 +158,9 @@ def test_columns_held_as_runs_store_what_the_same_lists_store(any_store):
     writer = StoreWriter(any_store)
     writer.add_many(_columns(records))
     writer.add_many(KVEventColumns(**runs))
+    edges = [1] * len(records)  # (every key column's runs of the same edges: the rollup sums a run, not a row)
+    shared = dict(runs, instance=Runs.of("event-runs", len(records)), ts=Runs(lists["ts"], edges))
+    writer.add_many(KVEventColumns(**{**shared, "reason": Runs(lists["reason"], edges)}))
     writer.add_many(KVEventColumns(**{**first, "instance": Runs.of("joined", half)}))
     writer.add_many(KVEventColumns(**{**rest, "instance": Runs.of("joined", len(records) - half)}))
     writer.close()
@@ -162,6 +169,12 @@ def test_columns_held_as_runs_store_what_the_same_lists_store(any_store):
     assert len(by["as-lists"]) == len(HASHES)
     assert by["as-lists"].astype(str).equals(by["as-runs"].astype(str))
     assert by["as-lists"].astype(str).equals(by["joined"].astype(str))
+    assert by["as-lists"].astype(str).equals(by["event-runs"].astype(str))
+    # the per-minute rollup, summed a row or a run (where every key's runs share their edges), equals the rows'
+    counts = any_store.reads.kv_event_counts(bucket_s=60.0, by_instance=True)
+    per = {inst: frame.drop(columns="instance").reset_index(drop=True) for inst, frame in counts.groupby("instance")}
+    assert all(per["as-lists"].equals(per[name]) for name in ("as-runs", "joined", "event-runs"))
+    assert per["as-runs"]["events"].sum() == len(HASHES)
 
 
 def test_runs_expand_and_join():

@@ -43,7 +43,7 @@ from kvobs.store.interface import Batch, Lookups, Reads
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS, BatchRollups
 from kvobs.store.rows import PROGRESS_TABLES, KVEventColumns, KVEventRecord, SessionRecord
-from kvobs.store.runs import Runs, as_list
+from kvobs.store.runs import Runs, as_list, is_null
 from kvobs.store.schema import DAY_S
 
 log = logging.getLogger(__name__)
@@ -178,10 +178,10 @@ class ClickHouseStore:
                 continue
             nullable = ch_type.startswith(("Nullable", "LowCardinality(Nullable"))
             values = given.get(name)
-            if nullable and (values is None or (isinstance(values, Runs) and values.is_null())):
+            if nullable and (values is None or is_null(values)):
                 continue
             column = _arrow_column(Runs.of(None, n) if values is None else values, _arrow_type(ch_type))
-            if nullable and column.null_count == n:
+            if nullable and column.null_count == n:  # (NaN and pandas' NA, which are not None)
                 continue
             if column.null_count and not nullable:
                 if ch_type.startswith("Map"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from functools import cache
-from itertools import chain
+from itertools import chain, repeat
 from math import floor
 
 import msgspec
@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from kvobs.store.interface import Batch
 from kvobs.store.rollups import BatchRollups, Rollup, minute_rows
 from kvobs.store.rows import KVEventColumns, KVEventRecord
-from kvobs.store.runs import Runs
+from kvobs.store.runs import Runs, is_null
 from kvobs.store.schema import (
     FOOTPRINT_COLUMNS,
     MINUTE_S,
@@ -71,8 +71,8 @@ class SqlBatchWriter:
         kv_rows = grouped_rows(grouped, "kv_events")
         minutes = minute_sums(
             chain(
-                ((r["ts"], r["instance"], r["kind"], r.get("reason"), r.get("first_owner")) for r in kv_rows),
-                *(zip(*(c.column(n) for n in _MINUTE_KEYS)) for c in columns),
+                ((r["ts"], r["instance"], r["kind"], r.get("reason"), 1, r.get("first_owner") or 0) for r in kv_rows),
+                *map(_column_minutes, columns),
             )
         )
         snaps = [r for r in grouped_rows(grouped, "snapshots") if r.get("session_id") is None]
@@ -149,11 +149,7 @@ class SqlBatchWriter:
 
 def _valued(batches: list[KVEventColumns]) -> tuple[str, ...]:
     """The `kv_events` columns with a value on some row of the batches, in the table's order."""
-    return tuple(name for name in _KV_COLUMNS if not all(_is_null(c.columns[name]) for c in batches))
-
-
-def _is_null(column: list | Runs) -> bool:
-    return column.is_null() if isinstance(column, Runs) else column.count(None) == len(column)
+    return tuple(name for name in _KV_COLUMNS if not all(is_null(c.columns[name]) for c in batches))
 
 
 def _kv_rows(batches: list[KVEventColumns], names: tuple[str, ...], hashes: Callable[[list], list]) -> Iterator[tuple]:
@@ -259,24 +255,43 @@ def grouped_rows(grouped: dict[tuple, list[dict]], table: str) -> list[dict]:
     return [row for (op, name, _), rows in grouped.items() if name == table and op == "insert" for row in rows]
 
 
-_MINUTE_KEYS = ("ts", "instance", "kind", "reason", "first_owner")
+_MINUTE_KEYS = ("ts", "instance", "kind", "reason")
 
 
 def minute_sums(rows: Iterable[tuple]) -> list[dict]:
-    """`kv_event_minutes` increments for `kv_events` rows given as (ts, instance, kind, reason, first_owner): events
-    and blocks per minute, instance, kind and reason (None as '')."""
+    """`kv_event_minutes` increments for `kv_events` rows given as (ts, instance, kind, reason, rows, blocks), each
+    tuple standing for `rows` rows of those keys whose `first_owner`s sum to `blocks`: events and blocks per minute,
+    instance, kind and reason (None as '')."""
     sums: dict[tuple, list[int]] = {}
-    for ts, instance, kind, reason, first_owner in rows:
-        key = (floor(ts / MINUTE_S) * MINUTE_S, instance, kind, reason or "")  # as the reads cut minutes
-        acc = sums.get(key)
-        if acc is None:
-            acc = sums[key] = [0, 0]
-        acc[0] += 1
-        acc[1] += first_owner or 0
+    given: tuple | None = None
+    acc = [0, 0]
+    for ts, instance, kind, reason, events, blocks in rows:
+        if (ts, instance, kind, reason) != given:  # (a batch's rows mostly repeat the keys of the row before)
+            given = (ts, instance, kind, reason)
+            key = (floor(ts / MINUTE_S) * MINUTE_S, instance, kind, reason or "")  # as the reads cut minutes
+            acc = sums.get(key) or sums.setdefault(key, [0, 0])
+        acc[0] += events
+        acc[1] += blocks
     return [
         {"minute": m, "instance": i, "kind": k, "reason": r, "events": e, "blocks": b}
         for (m, i, k, r), (e, b) in sorted(sums.items())  # in key order: see `_in_key_order`
     ]
+
+
+def _column_minutes(c: KVEventColumns) -> Iterator[tuple]:
+    """`minute_sums`' tuples for rows held as columns: one a run where every key column is runs of the same edges (the
+    collector's: its time and instance one run, its kind and reason a run an event), else one a row."""
+    keys = [c.columns[name] for name in _MINUTE_KEYS]
+    owners = c.column("first_owner")
+    varying = [key.lengths for key in keys if isinstance(key, Runs) and len(key.values) > 1]
+    if not all(isinstance(key, Runs) for key in keys) or any(lengths != varying[0] for lengths in varying[1:]):
+        yield from zip(*(c.column(name) for name in _MINUTE_KEYS), repeat(1), (o or 0 for o in owners))
+        return
+    start = 0
+    keyed = [repeat(key.values[0]) if len(key.values) == 1 else key.values for key in keys]  # type: ignore[union-attr]
+    for ts, instance, kind, reason, n in zip(*keyed, varying[0] if varying else [len(c)]):
+        yield ts, instance, kind, reason, n, sum(filter(None, owners[start : start + n]))
+        start += n
 
 
 # PostgreSQL's serialization failure and deadlock: another writer's transaction won; the same batch succeeds again.
