@@ -12,6 +12,10 @@ Printed per case: the process's RSS growth over the structure, per million block
 and the whole process's RSS at the end (Python, the modules `kvobs collect` loads, the registry; not its queues nor
 its sessions' state).
 
+Then the clock on a stream past its horizon (`--churn-lost`: that many losses within the horizon, each block stored
+and lost again at once, for three times as many losses): the CPU time per store and loss once its oldest losses
+expire, against the same stream on a clock whose horizon never ends (nothing expires), in the same run.
+
 Then a restarted collector's rebuild (`Collector.start`): a store holding `--rebuild-rows` KV-event rows of one
 instance within the clock's horizon (stores, and a tenth of them lost), read back a window at a time and fed to the
 clocks (`collectors.kv.rebuild.rebuild_clocks`), in a fresh process: its seconds and the process's peak RSS growth.
@@ -19,6 +23,7 @@ The baseline is a plain count of the rows, in the same run.
 
     python bench/block_registry.py [--blocks 1000000 10000000] [--chain 8]
     python bench/block_registry.py --rebuild-rows 1000000 --rebuild-store chdb:////tmp/ch  # (SQLite by default)
+    python bench/block_registry.py --blocks --rebuild-rows --churn-lost 100000 1000000      # the churn alone
 """
 
 from __future__ import annotations
@@ -106,6 +111,34 @@ def _rebuild(url: str, instance: str, out) -> None:
     out.send((count_s, read, rebuild_s, peak))
 
 
+def _churn(lost: int, expiring: bool, out) -> None:
+    """A block stored and lost a millisecond of stream time apart, 3 x `lost` times; the last two thirds timed."""
+    clock = BlockClock(max_blocks=lost * 4, horizon_s=lost * 1e-3 if expiring else float("inf"))
+    ts, timed = 1.8e9, 0.0
+    for i in tqdm(range(3 * lost), desc="churn" + (" past the horizon" if expiring else ""), unit="loss"):
+        if i == lost:
+            timed = time.process_time()
+        ts += 1e-3
+        clock.stored([HASH0 + i], ts)
+        clock.lost([HASH0 + i], ts)
+    out.send(((time.process_time() - timed) / (2 * lost) * 1e6, len(clock.lost_at)))
+
+
+def churn(lost: int) -> list[Result]:
+    (within_us, _), (past_us, held) = (in_child(_churn, lost, expiring) for expiring in (False, True))
+    print(f"| {lost:,} | {within_us:.2f} | {past_us:.2f} | {held:,} |")
+    return [
+        Result(
+            "block_registry",
+            f"CPU per store and loss, {lost:,} losses within the horizon, past it",
+            past_us,
+            "µs",
+            past_us / within_us,
+            "a horizon that never ends",
+        )
+    ]
+
+
 def in_child(target, *args):
     """`target(*args, pipe)` in a fresh process (chDB: one process per data directory); what it sent."""
     receive, send = multiprocessing.Pipe(duplex=False)
@@ -131,14 +164,18 @@ def rebuild(url: str, rows: int) -> list[Result]:
 
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--blocks", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--blocks", type=int, nargs="*", default=[1_000_000, 10_000_000], help="none: no registry case")
     parser.add_argument("--chain", type=int, default=8)
     parser.add_argument("--rebuild-rows", type=int, nargs="*", default=[1_000_000], help="none: no rebuild case")
+    parser.add_argument("--churn-lost", type=int, nargs="*", default=[1_000_000], help="none: no churn case")
     parser.add_argument("--rebuild-store", help="a store URL (one size); default: SQLite in a temporary directory")
     args = parser.parse_args(argv)
     results = []
-    print("| resident blocks | case | RSS held (MB) | MB per million | CPU µs per block stored | process RSS (MB) |")
-    print("|---|---|---|---|---|---|")
+    if args.blocks:
+        print(
+            "| resident blocks | case | RSS held (MB) | MB per million | CPU µs per block stored | process RSS (MB) |"
+        )
+        print("|---|---|---|---|---|---|")
     for blocks in args.blocks:
         baseline = None
         for case in CASES:
@@ -177,6 +214,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
                     "chains alone",
                 )
             )
+    if args.churn_lost:
+        print(
+            "\n| losses within the horizon | CPU µs a store and loss, no expiry | past the horizon | held at the end |"
+        )
+        print("|---|---|---|---|")
+    for lost in args.churn_lost:
+        results += churn(lost)
     if args.rebuild_rows:
         print("\n| store | rows read | count (s) | rebuild (s) | rows/s | peak RSS growth (MB) |")
         print("|---|---|---|---|---|---|")

@@ -13,9 +13,13 @@ resident block's latest store (the collector's chains) keeps the resident side i
 `came_back` and gives a loss's store times to `lost`, and the clock holds only what it was told of otherwise.
 
 It is bounded: at most `max_blocks` resident blocks (the oldest stored forgotten first, a bound against a lost
-stream) and at most `max_blocks` lost ones, none older than `horizon_s`. A loss of a block it does not hold (stored
-before it started, or forgotten) has no lifetime (None), and its store back is no restore: only what the stream
-showed is said; nor is a store of a block lost longer ago than the horizon.
+stream) and at most `max_blocks` lost ones, none older than `horizon_s` once a trim is due. A loss of a block it does
+not hold (stored before it started, or forgotten) has no lifetime (None), and its store back is no restore: only what
+the stream showed is said; nor is a store of a block lost longer ago than the horizon.
+
+Expired losses are dropped a stretch at a time (`TRIM_EVERY` of the horizon): finding a dict's oldest key walks past
+every key deleted from its front since the dict last grew, so looking at it on each loss cost a time that grew with
+the dict (a stream past its horizon spent hundreds of µs a loss). Until then an expired loss is held, never said.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from itertools import islice, repeat
 MAX_BLOCKS = 2_000_000
 HORIZON_S = 3600.0
 TRIM = 1024  # at most this many more dropped at once past a bound (a dict finds its oldest key fast only now and then)
+TRIM_EVERY = 1 / 64  # of the horizon: how much stream time passes between two drops of expired losses
 
 
 class BlockClock:
-    __slots__ = ("max_blocks", "horizon_s", "stored_at", "lost_at")
+    __slots__ = ("max_blocks", "horizon_s", "stored_at", "lost_at", "_trim_at")
 
     def __init__(self, max_blocks: int = MAX_BLOCKS, horizon_s: float = HORIZON_S) -> None:
         self.max_blocks = max_blocks
@@ -37,6 +42,7 @@ class BlockClock:
         # plain dicts, in insertion order (an OrderedDict's `update` loops in Python and holds a node per key)
         self.stored_at: dict[int, float] = {}  # resident block -> its latest store, first stored first
         self.lost_at: dict[int, float] = {}  # lost block -> when, oldest loss first
+        self._trim_at = float("-inf")  # stream time from which the oldest loss may be past the horizon and a trim due
 
     def stored(self, hashes: list, ts: float) -> list[float | None] | None:
         """Each block's time since it was lost here (a restore), None where it was not lost within the horizon;
@@ -92,15 +98,19 @@ class BlockClock:
         self._trim(ts)
 
     def _trim(self, ts: float) -> None:
-        lost_at, oldest = self.lost_at, ts - self.horizon_s
+        lost_at = self.lost_at
         self._bound(lost_at)
-        if lost_at and next(iter(lost_at.values())) < oldest:
-            expired = 0
-            for t in lost_at.values():
-                if t >= oldest:
-                    break
-                expired += 1
-            _drop_oldest(lost_at, expired)
+        if ts < self._trim_at:
+            return
+        oldest, expired, first = ts - self.horizon_s, 0, ts
+        for t in lost_at.values():
+            if t >= oldest:
+                first = t
+                break
+            expired += 1
+        _drop_oldest(lost_at, expired)
+        # (a loss after this one's is later still: the next trim is due once this one has expired, and a stretch more)
+        self._trim_at = first + self.horizon_s * (1 + TRIM_EVERY)
 
     def _bound(self, entries: dict) -> None:
         if len(entries) > self.max_blocks:

@@ -56,6 +56,20 @@ def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds():
     assert clock.lost([1], 220.0) == [None]
 
 
+def test_expired_losses_are_dropped_a_stretch_at_a_time_and_never_said_meanwhile():
+    """A loss past the horizon is dropped by the first trim due after it expired (a 64th of the horizon after the
+    oldest loss's expiry), not looked for on every loss; until then it is held, and its block stored back is no
+    restore."""
+    clock = BlockClock(horizon_s=64.0)  # (a trim is due a second of stream time after the oldest loss expired)
+    clock.stored([1, 2, 3, 4], 0.0)
+    assert clock.lost([1], 10.0) == [10.0] and clock.lost([2], 10.5) == [10.5] and clock.lost([3], 74.2) == [74.2]
+    assert list(clock.lost_at) == [1, 2, 3]  # 1 expired at 74.0; no trim is due before 75.0
+    assert clock.stored([1], 74.5) is None and list(clock.lost_at) == [2, 3]  # past the horizon: no restore said
+    assert clock.lost([4], 75.6) == [75.6] and list(clock.lost_at) == [3, 4]  # the trim due: 2 expired at 74.5
+    assert clock.lost([1], 139.0) == [64.5] and list(clock.lost_at) == [3, 4, 1]  # the next is due at 139.2
+    assert clock.lost([], 139.3) == [] and list(clock.lost_at) == [4, 1]
+
+
 def test_a_clock_whose_caller_keeps_the_store_times_holds_only_what_a_rebuild_told_it():
     clock = BlockClock(horizon_s=100.0)
     clock.stored([1, 2], 10.0)  # a rebuild's history: blocks no chain holds yet
