@@ -290,8 +290,9 @@ def _column_minutes(c: KVEventColumns) -> Iterator[tuple]:
     start = 0
     keyed = [repeat(key.values[0]) if len(key.values) == 1 else key.values for key in keys]  # type: ignore[union-attr]
     for ts, instance, kind, reason, n in zip(*keyed, varying[0] if varying else [len(c)]):
-        yield ts, instance, kind, reason, n, sum(filter(None, owners[start : start + n]))
-        start += n
+        if n:  # (a run of no rows adds no minute)
+            yield ts, instance, kind, reason, n, sum(filter(None, owners[start : start + n]))
+            start += n
 
 
 # PostgreSQL's serialization failure and deadlock: another writer's transaction won; the same batch succeeds again.
