@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from results import Result, figure  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,3 +47,22 @@ def parse(results_file: Path) -> dict[str, float]:
         if found:
             rates[found["case"].strip()] = float(found["value"].replace(",", ""))
     return rates
+
+
+def against(
+    rows: list[Result], ref: str, found: dict[str, float], *, what: str, unit: str | None = None
+) -> list[Result]:
+    """Each row's value over REF's (`found`, measured in the same run), printed and in its results row; rows REF did not
+    measure, or (with `unit`) in another unit, are kept as they were."""
+    print(f"\n{what} against {ref}, measured in this run")
+    print(f"{'case':<90} {'this commit':>12} {ref:>12} {'ratio':>7}")
+    out = []
+    for row in rows:
+        base = found.get(row.case)
+        if base is None or (unit is not None and row.unit != unit):
+            out.append(row)
+            continue
+        ratio = row.value / max(base, 1e-12)
+        print(f"{row.case:<90} {figure(row.value):>12} {figure(base):>12} {ratio:>6.2f}x")
+        out.append(Result(row.benchmark, row.case, row.value, row.unit, ratio, f"{ref} ({figure(base)} {row.unit})"))
+    return out

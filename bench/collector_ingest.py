@@ -49,7 +49,7 @@ import time
 import zlib
 from pathlib import Path
 
-from baseline import at_commit  # bench/ is on sys.path when a script in it runs
+from baseline import against, at_commit  # bench/ is on sys.path when a script in it runs
 from prometheus_client.parser import text_string_to_metric_families
 from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
@@ -272,23 +272,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
     if args.baseline:
         flags = sys.argv[1:] if argv is None else argv
         at = flags.index("--baseline")
-        rows = against(rows, args.baseline, at_commit(args.baseline, Path(__file__).name, flags[:at] + flags[at + 2 :]))
+        rates = at_commit(args.baseline, Path(__file__).name, flags[:at] + flags[at + 2 :])
+        rows = against(rows, args.baseline, rates, what="KV events (events/s)", unit="events/s")
     return rows
-
-
-def against(rows: list[Result], ref: str, rates: dict[str, float]) -> list[Result]:
-    """Each KV stage's rate over REF's (`rates`, measured in the same run), printed and in its results row."""
-    print(f"\nKV events against {ref}, measured in this run (events/s)")
-    print(f"{'stage':<70} {'this commit':>12} {ref:>12} {'ratio':>7}")
-    out = []
-    for row in rows:
-        base = rates.get(row.case)
-        if base is None or row.unit != "events/s":
-            out.append(row)
-            continue
-        print(f"{row.case:<70} {row.value:>12,.0f} {base:>12,.0f} {row.value / base:>6.2f}x")
-        out.append(Result(row.benchmark, row.case, row.value, row.unit, row.value / base, f"{ref} ({base:,.0f})"))
-    return out
 
 
 def workload_arguments(parser: argparse.ArgumentParser) -> None:

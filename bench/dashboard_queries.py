@@ -23,6 +23,10 @@ with none, the page works their failures out as it opens and counts their slow v
 is a plain `count()` of `kv_events` in the same run. The last table puts the sizes side by side: the first render at
 each size and the growth from a backend's smallest size to its largest. Goal: <= 1 s per page at the largest size,
 <= 2x the smallest.
+
+With `--baseline REF` (`bench/baseline.py`), the same flags run again at git REF after this run, on the same stores
+(its `--dir` made absolute: the baseline reads the very rows this run read), and each figure is given against REF's
+(seconds over REF's seconds: below 1x, this commit is faster).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ import functools
 import multiprocessing
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
+from baseline import against, at_commit  # bench/ is on sys.path when a script in it runs
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 from stores import count_events
 from tqdm import tqdm
@@ -42,6 +48,7 @@ from tqdm import tqdm
 from collectors.jobs.step_verdicts import VerdictKeeper
 from dashboard import data, verdicts
 from dashboard.context import bucket_for
+from kvobs.analytics.ownership import session_ties
 from kvobs.analytics.step_story import step_story
 from kvobs.block_clock import BlockClock
 from kvobs.store import open_store
@@ -266,7 +273,12 @@ def pages(store, since, until) -> dict:
             verdicts.slow(store, since, until),
         ),
         "Pressure vs latency": lambda: data.pressure(store, since, until, window, "evictions_per_s", "ttft_mean"),
-        "Sessions": lambda: (data.sessions(store, since, until), data.session_detail(store, session)),
+        # the page: the range's sessions, the session's detail and how its blocks were tied to it
+        "Sessions": lambda: (
+            data.sessions(store, since, until),
+            data.session_detail(store, session),
+            session_ties(store, session),
+        ),
         # the page: its sessions by what the cache cost them, the session's steps likewise, the step's story over
         # the session's reads (as `dashboard.views.cache.step_story` gives them)
         "Step timeline": lambda: _step_page(store, since, until, session, step),
@@ -427,6 +439,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
         action="store_true",
         help="no collector runs beside the pages: failed steps without a verdict are worked out as a page opens",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also run this benchmark, with the same flags and stores, at git REF (the code before a change) after "
+        "this run, and give each figure against REF's instead of against count()",
+    )
     args = parser.parse_args(argv)
     sizes = [_size(text, args.store) for text in args.sizes]
     if args.store and len(sizes) > 1:
@@ -456,7 +474,23 @@ def main(argv: list[str] | None = None) -> list[Result]:
     if not args.no_render:
         print()
         print("\n".join(growth_table(sizes, found)))
+    if args.baseline:
+        flags = baseline_flags(sys.argv[1:] if argv is None else argv, args.dir)
+        found = at_commit(args.baseline, Path(__file__).name, flags)
+        rows = against(rows, args.baseline, found, what="Pages, on the same stores (seconds: below 1x, faster)")
     return rows
+
+
+def baseline_flags(flags: list[str], store_dir: str) -> list[str]:
+    """This run's flags for the baseline's: no `--baseline`, and `--dir` absolute (the baseline runs in a worktree of
+    its own, where a relative one would name new, empty stores)."""
+    out, given = [], iter(flags)
+    for flag in given:
+        if flag in ("--baseline", "--dir"):
+            next(given, None)  # (and its value)
+        elif not flag.startswith(("--baseline=", "--dir=")):
+            out.append(flag)
+    return [*out, "--dir", str(Path(store_dir).resolve())]
 
 
 def _size(text: str, store: str | None) -> tuple[str, int]:

@@ -37,10 +37,15 @@ def table(results: list[Result]) -> str:
     """A Markdown table: benchmark, case, value with its unit, ratio against the run's own baseline."""
     lines = ["| benchmark | case | value | vs baseline |", "|---|---|---|---|"]
     for r in results:
-        value = f"{r.value:,.0f}" if abs(r.value) >= 100 else f"{r.value:.3g}"
+        value = figure(r.value)
         ratio = f"{r.ratio:.2f}" if abs(r.ratio) >= 0.01 or r.ratio == 0 else f"{r.ratio:.2g}"  # 0.0038, not 0.00
         lines.append(f"| {r.benchmark} | {r.case} | {value} {r.unit} | {ratio}x {r.baseline} |")
     return "\n".join(lines)
+
+
+def figure(value: float) -> str:
+    """A value as the tables show it: whole with thousands' commas from 100 on, else three significant digits."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def process_cpu_s() -> float:
