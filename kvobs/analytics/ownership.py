@@ -427,8 +427,9 @@ def session_ties(store, session_id: str) -> Counter:
     first, last = float(steps["started_at"].min()), float(steps[["started_at", "ended_at"]].max().max())
     requests = with_sessions(store.reads.requests(first, last), store.reads.steps(first, last))
     mine = set(requests.loc[requests["session_id"] == session_id, "request_id"])
-    stored = store.reads.stored_blocks(first - TIE_LOOKBACK_S, last)
-    if not mine or stored.empty or stored["session_id"].notna().all():
+    # every block stored then named its session (the fleet's stores, read whole only when some did not)
+    if not mine or store.reads.stored_blocks(first - TIE_LOOKBACK_S, last, latest=1, unnamed=True).empty:
         return Counter()
+    stored = store.reads.stored_blocks(first - TIE_LOOKBACK_S, last)
     ties = block_ties(requests, stored)
     return Counter(ties.loc[ties["request_id"].isin(mine) & (ties["tie"] != BlockTie.HEADER.value), "tie"])

@@ -217,10 +217,16 @@ class Reads(Protocol):
         ...
 
     def stored_blocks(
-        self, since=None, until=None, *, latest: int | None = None, instances: Instances = None
+        self,
+        since=None,
+        until=None,
+        *,
+        latest: int | None = None,
+        instances: Instances = None,
+        unnamed: bool = False,
     ) -> pd.DataFrame:
         """`stored` events: the hash chains with who stored them and when, and whether each was a restore (`restored`),
-        oldest first; `latest`: the newest N."""
+        oldest first; `latest`: the newest N; `unnamed`: only the stores that named no session."""
         ...
 
     def top_restored_blocks(

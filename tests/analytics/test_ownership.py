@@ -6,13 +6,17 @@ router, `kvobs serve` under pressure (evictions, preemptions) and a `kvobs serve
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
 from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.ownership import block_ties, owned_stored, tied_sessions, ties_check
+from kvobs.analytics.ownership import block_ties, owned_stored, session_ties, tied_sessions, ties_check
 from kvobs.analytics.routing import ROUTING_KINDS, routing_losses
 from kvobs.semconv.spans import BlockTie
+from kvobs.store import StoreWriter
 
 INFERENCE, HEADER = BlockTie.INFERENCE.value, BlockTie.HEADER.value
 
@@ -139,3 +143,35 @@ def test_doctor_names_a_collector_whose_requests_mostly_went_untied(vllm_run):
     assert not ok and "not tied" in words and "send X-Session-ID to own them exactly" in words, words
     fine, said = ties_check(block_ties(reqs, unnamed)["tie"].value_counts().to_dict())
     assert fine and said == "of 54 requests whose KV blocks named no session, 54 tied or all cached"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "chdb"])
+def test_a_sessions_ties_are_read_where_its_blocks_named_no_session_and_none_where_they_all_did(
+    vllm_run, tmp_path, backend
+):
+    """`session_ties` (the Sessions page's) over the vLLM run as written (every store named its session: nothing to
+    tie) and with the stores of six sessions written without their names: those sessions' requests are tied by
+    inference, on SQLite and in ClickHouse's engine, and `stored_blocks(unnamed=True)` is exactly the unnamed rows."""
+    from tests.store.test_contract import _open, _rows
+
+    records = _rows(vllm_run.store)
+    half = {f"sess-{i:02d}" for i in range(6)}
+    records["kv_events"] = [
+        replace(r, session_id=None) if r.kind == "stored" and r.session_id in half else r for r in records["kv_events"]
+    ]
+    store, _ = _open(backend, tmp_path)
+    writer = StoreWriter(store)
+    for table, rows in records.items():
+        for row in rows:
+            (writer.upsert if table == "sessions" else writer.add)(row)
+    writer.close()
+    try:
+        unnamed = store.reads.stored_blocks(unnamed=True)
+        stored = store.reads.stored_blocks()
+        assert len(unnamed) == stored["session_id"].isna().sum() > 0 and unnamed["session_id"].isna().all()
+        assert session_ties(vllm_run.store, "sess-00") == Counter()  # as written: the header named every block
+        assert session_ties(store, "sess-07") == Counter()  # a session that sent the header
+        ties = session_ties(store, "sess-00")
+        assert ties[INFERENCE] > 0 and HEADER not in ties
+    finally:
+        store.close()

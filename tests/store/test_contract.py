@@ -254,6 +254,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
             ("kv_events", window, {}, True),
             ("top_restored_blocks", window, {"limit": 10_000}, False),
             ("stored_blocks", window, {"latest": 100}, True),
+            ("stored_blocks", window, {"latest": 1, "unnamed": True}, True),
             ("kv_event_counts", window, {"bucket_s": 5.0}, False),
         ]
     calls += [("latest_kv_ts", (instance,), {}, True) for instance in [*store.reads.instances(), "no-such-instance"]]

@@ -73,6 +73,7 @@ def test_the_rollup_answers_what_the_raw_snapshots_answer(any_store):
         (None, 1030.0, ["b"]),
         (1000.0, 1099.5, ["a"]),
         (None, None, []),
+        (1010.0, 1e6, None),  # a window past the newest footprint (a page's, reaching the present): no raw read
     ]:
         answer = any_store.reads.session_footprints(since, until, instances=instances)
         assert _answer(answer) == _expected(rows, since, until, instances), (since, until, instances)

@@ -113,10 +113,11 @@ class ClickHouseReads(ComposedReads):
         rollup = f"""SELECT {", ".join(FOOTPRINT_COLUMNS)} FROM (SELECT session_id, instance, {values} FROM (
             SELECT session_id, instance, argMaxMerge(latest) AS latest FROM session_footprints{scope}
             GROUP BY session_id, instance))"""
-        where = _Where().window("ts", since, until)
+        where = _Where().window("ts", since, None)  # (those past `until` too: whether the raw read is needed)
         frame = self.store.frame(f"{rollup}{where}", {**where.params, **scope.params})
-        if until is None:
+        if until is None or not (frame["ts"] > until).any():  # (a window that reaches the present: no raw read)
             return frame
+        frame = frame[frame["ts"] <= until].reset_index(drop=True)
         raw = (
             _Where("session_id IS NOT NULL")
             .window("ts", since, until)
@@ -323,8 +324,12 @@ class ClickHouseReads(ComposedReads):
             {"sids": sids, "lows": [float(x) for x in lows], "highs": [float(x) for x in highs], "kinds": list(kinds)},
         )
 
-    def stored_blocks(self, since=None, until=None, *, latest: int | None = None, instances=None) -> pd.DataFrame:
+    def stored_blocks(
+        self, since=None, until=None, *, latest: int | None = None, instances=None, unnamed: bool = False
+    ) -> pd.DataFrame:
         where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
+        if unnamed:
+            where.add("session_id IS NULL")
         columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id, restored"
         if latest is None:
             return self.store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)

@@ -102,9 +102,10 @@ class SqlReads(ComposedReads):
         whose latest footprint came after `until` (a window in the past)."""
         rollup = SessionFootprintRow.__table__.c
         stmt = _of_instances(select(*(rollup[c] for c in FOOTPRINT_COLUMNS)), rollup.instance, instances)
-        frame = read(self.store, _between(stmt, rollup.ts, since, until))
-        if until is None:
+        frame = read(self.store, _between(stmt, rollup.ts, since, None))  # (past `until` too: is a raw read needed)
+        if until is None or not (frame["ts"] > until).any():  # (a window that reaches the present: no raw read)
             return frame
+        frame = frame[frame["ts"] <= until].reset_index(drop=True)
         later = _of_instances(
             select(rollup.session_id, rollup.instance).where(rollup.ts > until), rollup.instance, instances
         )
@@ -326,11 +327,17 @@ class SqlReads(ComposedReads):
         return rows.drop(columns="id").reset_index(drop=True)
 
     def stored_blocks(
-        self, since=None, until=None, *, latest: int | None = None, instances: Instances = None
+        self,
+        since=None,
+        until=None,
+        *,
+        latest: int | None = None,
+        instances: Instances = None,
+        unnamed: bool = False,
     ) -> pd.DataFrame:
         """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, and whether
         each brought back a block lost there (`restored`), oldest first; `latest`: only the newest this many (chosen in
-        SQL, by the `(kind, ts)` index)."""
+        SQL, by the `(kind, ts)` index); `unnamed`: only the stores that named no session."""
         stmt = select(
             KVEventRow.ts,
             KVEventRow.instance,
@@ -343,6 +350,8 @@ class SqlReads(ComposedReads):
         )
         stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
         stmt = _between(stmt, KVEventRow.ts, since, until)
+        if unnamed:
+            stmt = stmt.where(KVEventRow.session_id.is_(None))
         if latest is None:
             return read(self.store, stmt.order_by(KVEventRow.ts, KVEventRow.id))
         newest = read(self.store, stmt.order_by(KVEventRow.ts.desc(), KVEventRow.id.desc()).limit(latest))
