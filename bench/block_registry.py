@@ -16,6 +16,11 @@ Then the clock on a stream past its horizon (`--churn-lost`: that many losses wi
 and lost again at once, for three times as many losses): the CPU time per store and loss once its oldest losses
 expire, against the same stream on a clock whose horizon never ends (nothing expires), in the same run.
 
+Then the chains at their bound (`--churn-bound`: that many resident blocks, the bound of a tracker whose stream's
+removals never come, as a lost stream's), each new store past it dropping the oldest blocks a stretch at a time:
+the CPU time per store, against a tracker holding as many blocks whose oldest block is removed at each store (the
+cache's own evictions, which a healthy stream sends), in the same run.
+
 Then a restarted collector's rebuild (`Collector.start`): a store holding `--rebuild-rows` KV-event rows of one
 instance within the clock's horizon (stores, and a tenth of them lost), read back a window at a time and fed to the
 clocks (`collectors.kv.rebuild.rebuild_clocks`), in a fresh process: its seconds and the process's peak RSS growth.
@@ -24,6 +29,7 @@ The baseline is a plain count of the rows, in the same run.
     python bench/block_registry.py [--blocks 1000000 10000000] [--chain 8]
     python bench/block_registry.py --rebuild-rows 1000000 --rebuild-store chdb:////tmp/ch  # (SQLite by default)
     python bench/block_registry.py --blocks --rebuild-rows --churn-lost 100000 1000000      # the churn alone
+    python bench/block_registry.py --blocks --rebuild-rows --churn-lost --churn-bound 2000000  # the bound alone
 """
 
 from __future__ import annotations
@@ -139,6 +145,38 @@ def churn(lost: int) -> list[Result]:
     ]
 
 
+def _at_bound(blocks: int, bounded: bool, out) -> None:
+    """`blocks` resident blocks, then twice as many stores of new ones, timed: with `bounded`, on a tracker whose bound
+    is `blocks` (no removal comes: the bound drops the oldest); else each followed by the removal of the oldest block
+    (the cache's own eviction), on a tracker whose bound is never reached."""
+    chains = ChainTracker(max_blocks=blocks if bounded else 4 * blocks)
+    ts = 1.8e9
+    for i in range(blocks):
+        chains.stored([HASH0 + i], None, "s", ts)
+    start = time.process_time()
+    for i in tqdm(range(blocks, 3 * blocks), desc="at the bound" if bounded else "evicted", unit="store"):
+        ts += 1e-3
+        chains.stored([HASH0 + i], None, "s", ts)
+        if not bounded:
+            chains.removed(HASH0 + i - blocks)
+    out.send(((time.process_time() - start) / (2 * blocks) * 1e6, len(chains.blocks)))
+
+
+def at_bound(blocks: int) -> list[Result]:
+    (evicted_us, _), (bound_us, held) = (in_child(_at_bound, blocks, bounded) for bounded in (False, True))
+    print(f"| {blocks:,} | {evicted_us:.2f} | {bound_us:.2f} | {held:,} |")
+    return [
+        Result(
+            "block_registry",
+            f"CPU per store, chains at a bound of {blocks:,} blocks (no removals)",
+            bound_us,
+            "µs",
+            bound_us / evicted_us,
+            "a store and an eviction, as many resident",
+        )
+    ]
+
+
 def in_child(target, *args):
     """`target(*args, pipe)` in a fresh process (chDB: one process per data directory); what it sent."""
     receive, send = multiprocessing.Pipe(duplex=False)
@@ -168,6 +206,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--chain", type=int, default=8)
     parser.add_argument("--rebuild-rows", type=int, nargs="*", default=[1_000_000], help="none: no rebuild case")
     parser.add_argument("--churn-lost", type=int, nargs="*", default=[1_000_000], help="none: no churn case")
+    parser.add_argument("--churn-bound", type=int, nargs="*", default=[2_000_000], help="none: no bound case")
     parser.add_argument("--rebuild-store", help="a store URL (one size); default: SQLite in a temporary directory")
     args = parser.parse_args(argv)
     results = []
@@ -221,6 +260,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
         print("|---|---|---|---|")
     for lost in args.churn_lost:
         results += churn(lost)
+    if args.churn_bound:
+        print("\n| resident blocks | CPU µs a store and an eviction | a store at the bound | held at the end |")
+        print("|---|---|---|---|")
+    for blocks in args.churn_bound:
+        results += at_bound(blocks)
     if args.rebuild_rows:
         print("\n| store | rows read | count (s) | rebuild (s) | rows/s | peak RSS growth (MB) |")
         print("|---|---|---|---|---|---|")
