@@ -29,7 +29,9 @@ from itertools import islice, repeat
 
 MAX_BLOCKS = 2_000_000
 HORIZON_S = 3600.0
-TRIM = 1024  # at most this many more dropped at once past a bound (a dict finds its oldest key fast only now and then)
+# a bound's margin: this share of it more of the oldest dropped at once, as each drop walks past every key dropped from
+# the dict's front since it last grew (`bench/block_registry.py --churn-bound`: a fixed margin walked far too often)
+MARGIN = 1 / 100
 TRIM_EVERY = 1 / 64  # of the horizon: how much stream time passes between two drops of expired losses
 
 
@@ -118,9 +120,9 @@ class BlockClock:
 
 
 def overflow(size: int, max_blocks: int) -> int:
-    """How many of the oldest to drop from a dict past its bound: the excess, and a margin more (`TRIM`) so that the
-    next drop is a while away."""
-    return size - max_blocks + min(TRIM, max_blocks // 100)
+    """How many of the oldest to drop from a dict past its bound: the excess, and a margin more (`MARGIN` of the
+    bound) so that the next drop is a while away."""
+    return size - max_blocks + int(max_blocks * MARGIN)
 
 
 def _drop_oldest(entries: dict, n: int) -> None:
