@@ -39,6 +39,17 @@ def at_commit(ref: str, script: str, argv: list[str]) -> dict[str, float]:
             subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False, capture_output=True)
 
 
+def baseline_argv(flags: list[str]) -> list[str]:
+    """This run's flags, less `--baseline REF` (or `--baseline=REF`): the baseline's own run of the same benchmark."""
+    out, given = [], iter(flags)
+    for flag in given:
+        if flag == "--baseline":
+            next(given, None)  # (and its value)
+        elif not flag.startswith("--baseline="):
+            out.append(flag)
+    return out
+
+
 def parse(results_file: Path) -> dict[str, float]:
     """A results file's table as case -> value (`results.table`'s rows)."""
     rates = {}

@@ -49,7 +49,7 @@ import time
 import zlib
 from pathlib import Path
 
-from baseline import against, at_commit  # bench/ is on sys.path when a script in it runs
+from baseline import against, at_commit, baseline_argv  # bench/ is on sys.path when a script in it runs
 from prometheus_client.parser import text_string_to_metric_families
 from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
@@ -270,9 +270,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         rows += kv_stages(args, tier)
     rows += scrape_stages(args)
     if args.baseline:
-        flags = sys.argv[1:] if argv is None else argv
-        at = flags.index("--baseline")
-        rates = at_commit(args.baseline, Path(__file__).name, flags[:at] + flags[at + 2 :])
+        rates = at_commit(args.baseline, Path(__file__).name, baseline_argv(sys.argv[1:] if argv is None else argv))
         rows = against(rows, args.baseline, rates, what="KV events (events/s)", unit="events/s")
     return rows
 

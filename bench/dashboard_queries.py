@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from baseline import against, at_commit  # bench/ is on sys.path when a script in it runs
+from baseline import against, at_commit, baseline_argv  # bench/ is on sys.path when a script in it runs
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 from stores import count_events
 from tqdm import tqdm
@@ -484,11 +484,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
 def baseline_flags(flags: list[str], store_dir: str) -> list[str]:
     """This run's flags for the baseline's: no `--baseline`, and `--dir` absolute (the baseline runs in a worktree of
     its own, where a relative one would name new, empty stores)."""
-    out, given = [], iter(flags)
+    out, given = [], iter(baseline_argv(flags))
     for flag in given:
-        if flag in ("--baseline", "--dir"):
+        if flag == "--dir":
             next(given, None)  # (and its value)
-        elif not flag.startswith(("--baseline=", "--dir=")):
+        elif not flag.startswith("--dir="):
             out.append(flag)
     return [*out, "--dir", str(Path(store_dir).resolve())]
 
