@@ -105,6 +105,22 @@ def _recv_batches(sock: zmq.Socket, count: int) -> list[tuple[bytes, int, wire.K
     return out
 
 
+def _publish_until_delivered(publisher: KVEventPublisher, sub: zmq.Socket) -> int:
+    """A PUB drops what it sends before the SUB's subscription has reached it, and nothing on either side says when
+    that is: publish probe batches until one arrives, then take the rest (all later ones arrive, in order).
+    Returns how many were published, which is the next batch's seq."""
+    sent = 0
+    deadline = time.monotonic() + 10
+    while not sub.poll(100):
+        assert time.monotonic() < deadline, "no batch reached the subscriber in 10 s"
+        publisher.on_step(StepResult([], STATS, [STORED]))
+        sent += 1
+    first = _recv_batches(sub, 1)[0][1]
+    assert first < sent
+    _recv_batches(sub, sent - 1 - first)
+    return sent
+
+
 def test_connects_to_a_bound_subscriber_and_replays_both_envelopes():
     ctx = zmq.Context.instance()
     port, replay_port = free_port(), free_port()
@@ -115,31 +131,27 @@ def test_connects_to_a_bound_subscriber_and_replays_both_envelopes():
     publisher = KVEventPublisher(
         f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv", clock=lambda: 42.0
     )
-    connected = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     publisher.start()
     try:
-        # a PUB drops what it sends before the connection and the subscription are through: wait for the handshake
-        # (a fixed sleep was too short on a loaded machine), then for the subscription to cross
-        assert connected.poll(10_000), "the publisher never connected"
-        time.sleep(0.5)
+        probes = _publish_until_delivered(publisher, sub)
         publisher.on_step(StepResult([], STATS, [LOOKUP, STORED]))
         publisher.on_step(StepResult([], STATS, [LOOKUP]))  # nothing vLLM would publish: no message
         publisher.on_step(StepResult([], STATS, [EVICTED, CLEARED]))
         (t0, s0, b0), (t1, s1, b1) = _recv_batches(sub, 2)
-        assert (t0, s0, t1, s1) == (b"kv", 0, b"kv", 1)
+        assert (t0, s0, t1, s1) == (b"kv", probes, b"kv", probes + 1)  # one seq a published batch, none skipped
         assert b0.ts == 42.0 and b0.data_parallel_rank == 0 and b0.events[0].session_id == "s1"
         assert [type(e).__name__ for e in b1.events] == ["BlockRemoved", "AllBlocksCleared"]
 
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.RCVTIMEO, 5000)
         dealer.connect(f"tcp://127.0.0.1:{replay_port}")
-        dealer.send_multipart([b"", wire.seq_bytes(1)])  # REQ-style envelope: the reply keeps it
+        dealer.send_multipart([b"", wire.seq_bytes(probes + 1)])  # REQ-style envelope: the reply keeps it
         replayed = dealer.recv_multipart()
-        assert replayed[0] == b"" and replayed[1] == b"kv" and wire.seq_from_bytes(replayed[2]) == 1
+        assert replayed[0] == b"" and replayed[1] == b"kv" and wire.seq_from_bytes(replayed[2]) == probes + 1
         assert wire.decode_batch(replayed[3])[0] == b1
         assert dealer.recv_multipart() == [b"", b"", wire.REPLAY_END, b""]
-        dealer.send_multipart([wire.seq_bytes(0)])  # bare DEALER: no delimiter either way
-        assert [wire.seq_from_bytes(dealer.recv_multipart()[1]) for _ in range(2)] == [0, 1]
+        dealer.send_multipart([wire.seq_bytes(probes)])  # bare DEALER: no delimiter either way
+        assert [wire.seq_from_bytes(dealer.recv_multipart()[1]) for _ in range(2)] == [probes, probes + 1]
         assert dealer.recv_multipart() == [b"", wire.REPLAY_END, b""]
         dealer.close(0)
     finally:
