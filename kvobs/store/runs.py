@@ -38,8 +38,8 @@ class Runs:
         return list(chain.from_iterable(map(repeat, self.values, self.lengths)))
 
     def is_null(self) -> bool:
-        """Whether every row is None."""
-        return all(value is None for value in self.values)
+        """Whether every row is None (the count runs in C: a column of NULLs has a run an event)."""
+        return self.values.count(None) == len(self.values)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Runs) and self.expanded() == other.expanded()
@@ -48,9 +48,12 @@ class Runs:
         return f"Runs({self.values!r}, {self.lengths!r})"
 
     @staticmethod
-    def joined(parts: Sequence[Runs]) -> Runs:
-        """One column of the parts' rows, part after part."""
-        values, lengths = [v for part in parts for v in part.values], [n for part in parts for n in part.lengths]
+    def joined(parts: Sequence[Runs], lengths: list[int] | None = None) -> Runs:
+        """One column of the parts' rows, part after part; `lengths`: the joined runs' lengths, where the caller
+        already joined them for another column with the same parts' runs (an event's columns share theirs)."""
+        if lengths is None:
+            lengths = list(chain.from_iterable(part.lengths for part in parts))
+        values = list(chain.from_iterable(part.values for part in parts))
         return Runs(values, lengths, sum(part.size for part in parts))
 
 
@@ -61,4 +64,7 @@ def as_list(column: list | Runs) -> list:
 
 def is_null(column: list | Runs) -> bool:
     """Whether every row of a column is None, whichever way it is held (a list's count runs in C)."""
-    return column.is_null() if isinstance(column, Runs) else column.count(None) == len(column)
+    if isinstance(column, Runs):
+        return column.is_null()
+    # (most columns hold a value at either end: no walk over the rows)
+    return not column or (column[0] is None and column[-1] is None and column.count(None) == len(column))

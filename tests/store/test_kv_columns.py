@@ -11,7 +11,7 @@ import pytest
 
 from kvobs.store import StoreWriter
 from kvobs.store.rows import KVEventColumns, KVEventRecord
-from kvobs.store.runs import Runs, as_list
+from kvobs.store.runs import Runs, as_list, is_null
 from kvobs.store.spool import Spool
 
 HASHES = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, None]
@@ -179,12 +179,41 @@ def test_columns_held_as_runs_store_what_the_same_lists_store(any_store):
     assert per["as-runs"]["events"].sum() == len(HASHES)
 
 
+def test_parts_whose_event_columns_share_their_runs_store_what_their_lists_store(any_store):
+    """One write of several parts, each part's event columns sharing one list of run lengths as the collector's row
+    builder makes them (ClickHouse joins those lengths once and takes by one index), a column of one value over many
+    runs, a column NULL in some parts only: the rows of the same lists, on every backend."""
+    sizes = (2, 3, 1)
+    groups = [group for group, size in enumerate(sizes) for _ in range(size)]
+    records = [replace(record, group_idx=group) for record, group in zip(_records("lists"), groups)]
+    lists = _columns(records).lists()
+    parts, start = [], 0
+    for group, size in enumerate(sizes):
+        rows = slice(start, start + size)
+        lengths = [1] * size  # one list, shared by the part's event columns (`BatchRows.columns`)
+        part = {name: values[rows] for name, values in lists.items()}
+        part.update({name: Runs(lists[name][rows], lengths, size) for name in ("kind", "reason", "num_tokens")})
+        part.update(instance=Runs.of("parts", size), medium=Runs(["GPU"] * size, lengths, size))
+        part["group_idx"] = Runs.of(group, size)  # (runs of their own lengths, a value a part)
+        part["ts"] = Runs(lists["ts"][rows], lengths, size)
+        parts.append(("insert", KVEventColumns(**part)))
+        start += size
+    assert start == len(records) and [p.columns["reason"].is_null() for _, p in parts] == [True, True, False]
+    any_store.write([("insert", _columns(records))])
+    any_store.write(parts)  # (alone: a part of lists in the same write would make every column a list)
+    events = any_store.reads.kv_events().drop(columns=["id"], errors="ignore")
+    by = {inst: frame.drop(columns="instance").reset_index(drop=True) for inst, frame in events.groupby("instance")}
+    assert len(by["lists"]) == len(HASHES)
+    assert by["lists"].astype(str).equals(by["parts"].astype(str))
+
+
 def test_runs_expand_and_join():
     kind = Runs(["stored", "removed"], [3, 1])
     assert len(kind) == 4 and kind.expanded() == ["stored"] * 3 + ["removed"]
     joined = Runs.joined([kind, Runs.of(None, 2)])
     assert joined.expanded() == [*kind.expanded(), None, None] and not joined.is_null()
     assert Runs.of(None, 3).is_null() and as_list([1, 2]) == [1, 2]
+    assert is_null([]) and is_null([None, None]) and not is_null([None, 0, None]) and not is_null([None, "s"])
     with pytest.raises(ValueError, match="2 values for 1 runs"):
         Runs([1, 2], [3])
     columns = KVEventColumns(ts=Runs.of(1.0, 4), instance=["e"] * 4, kind=kind)

@@ -21,6 +21,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -172,6 +173,7 @@ class ClickHouseStore:
         NULL in a column that cannot hold one is the type's zero."""
         n = len(next(iter(given.values()))) if given else 0
         columns = {}
+        takes: dict[int, tuple] = {}  # runs' lengths (by identity) -> their row -> run indices
         for name, ch_type in self.column_types(table).items():
             if name in GENERATED:
                 columns[name] = _take_ids(n)
@@ -180,7 +182,7 @@ class ClickHouseStore:
             values = given.get(name)
             if nullable and (values is None or is_null(values)):
                 continue
-            column = _arrow_column(Runs.of(None, n) if values is None else values, _arrow_type(ch_type))
+            column = _arrow_column(Runs.of(None, n) if values is None else values, _arrow_type(ch_type), takes)
             if nullable and column.null_count == n:  # (NaN and pandas' NA, which are not None)
                 continue
             if column.null_count and not nullable:
@@ -282,28 +284,43 @@ def _columns_of(rows: list[dict]) -> dict[str, list | Runs]:
 
 def _joined(parts: list[dict[str, list | Runs]]) -> dict[str, list | Runs]:
     """Columns appended part after part (a column a part lacks is None there); runs stay runs where every part's
-    are."""
+    are. (It runs once an insert over its hundreds of parts: no Python call a part and column.)"""
     parts = [p for p in parts if p]
-    names = dict.fromkeys(name for part in parts for name in part)
+    names = dict.fromkeys(chain.from_iterable(parts))
     sizes = [len(next(iter(part.values()))) for part in parts]
+    whole = all(part.keys() == names.keys() for part in parts)  # (every part a KVEventColumns: the usual case)
     joined: dict[str, list | Runs] = {}
+    shared: dict[tuple[int, ...], tuple[list, list[int]]] = {}  # the parts' run lengths (by identity), joined once
     for name in names:
-        columns = [part.get(name) or Runs.of(None, n) for part, n in zip(parts, sizes)]
-        if all(isinstance(c, Runs) for c in columns):
-            joined[name] = Runs.joined(columns)  # type: ignore[arg-type]
+        if whole:
+            columns = [part[name] for part in parts]
         else:
-            joined[name] = list(chain.from_iterable(map(as_list, columns)))
+            columns = [Runs.of(None, n) if (c := part.get(name)) is None else c for part, n in zip(parts, sizes)]
+        held = set(map(type, columns))
+        if held == {Runs}:
+            key = tuple([id(c.lengths) for c in columns])  # type: ignore[union-attr]
+            joined[name] = made = Runs.joined(columns, shared.get(key, (None, None))[1])  # type: ignore[arg-type]
+            shared[key] = (columns, made.lengths)  # (the columns held: no id in the key is reused meanwhile)
+        else:
+            lists: Iterable[list] = columns if held == {list} else map(as_list, columns)  # type: ignore[assignment]
+            joined[name] = list(chain.from_iterable(lists))
     return joined
 
 
-def _arrow_column(values: list | Runs, type_: pa.DataType) -> pa.Array:
-    """A column as Arrow: a list as it is; runs as their values, each taken its run's times."""
+def _arrow_column(values: list | Runs, type_: pa.DataType, takes: dict[int, tuple] | None = None) -> pa.Array:
+    """A column as Arrow: a list as it is; runs as their values, each taken its run's times. `takes`: the row ->
+    run indices by the identity of a runs' lengths, for the columns of one insert that share them."""
     if not isinstance(values, Runs):
         return pa.array(values, type_, from_pandas=True)
-    distinct = pa.array(values.values, type_, from_pandas=True)
-    if len(distinct) == 1:
-        return pa.repeat(distinct[0], values.size)
-    return distinct.take(np.repeat(np.arange(len(distinct)), values.lengths))
+    given = values.values
+    if given.count(given[0]) == len(given):  # one value in every run (a tier, a group): no index to take by
+        return pa.repeat(pa.scalar(given[0], type_, from_pandas=True), values.size)
+    takes = {} if takes is None else takes
+    _, take = takes.get(id(values.lengths), (None, None))
+    if take is None:
+        take = np.repeat(np.arange(len(given)), values.lengths)
+        takes[id(values.lengths)] = (values.lengths, take)  # (the lengths held: their id is not reused meanwhile)
+    return pa.array(given, type_, from_pandas=True).take(take)
 
 
 def _arrow_type(ch_type: str) -> pa.DataType:
