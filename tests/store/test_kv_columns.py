@@ -207,6 +207,18 @@ def test_parts_whose_event_columns_share_their_runs_store_what_their_lists_store
     assert by["lists"].astype(str).equals(by["parts"].astype(str))
 
 
+def test_a_part_of_no_rows_among_runs_stores_nothing_and_fails_nothing(any_store):
+    """Columns of runs with no run at all (a batch that made no row) beside a part with rows."""
+    empty = Runs([], [], 0)
+    records = _records("rows")
+    rows = {name: Runs(values, [1] * len(values)) for name, values in _columns(records).lists().items()}
+    any_store.write(
+        [("insert", KVEventColumns(ts=empty, instance=empty, kind=empty)), ("insert", KVEventColumns(**rows))]
+    )
+    any_store.write([("insert", KVEventColumns(ts=empty, instance=empty, kind=empty))])
+    assert len(any_store.reads.kv_events()) == len(records)
+
+
 def test_runs_expand_and_join():
     kind = Runs(["stored", "removed"], [3, 1])
     assert len(kind) == 4 and kind.expanded() == ["stored"] * 3 + ["removed"]
@@ -214,6 +226,7 @@ def test_runs_expand_and_join():
     assert joined.expanded() == [*kind.expanded(), None, None] and not joined.is_null()
     assert Runs.of(None, 3).is_null() and as_list([1, 2]) == [1, 2]
     assert is_null([]) and is_null([None, None]) and not is_null([None, 0, None]) and not is_null([None, "s"])
+    assert Runs.joined([]).is_null() and len(Runs.joined([Runs([], [], 0)])) == 0
     with pytest.raises(ValueError, match="2 values for 1 runs"):
         Runs([1, 2], [3])
     columns = KVEventColumns(ts=Runs.of(1.0, 4), instance=["e"] * 4, kind=kind)

@@ -313,7 +313,7 @@ def _arrow_column(values: list | Runs, type_: pa.DataType, takes: dict[int, tupl
     if not isinstance(values, Runs):
         return pa.array(values, type_, from_pandas=True)
     given = values.values
-    if given.count(given[0]) == len(given):  # one value in every run (a tier, a group): no index to take by
+    if given and given.count(given[0]) == len(given):  # one value in every run (a tier, a group): no index to take
         return pa.repeat(pa.scalar(given[0], type_, from_pandas=True), values.size)
     takes = {} if takes is None else takes
     _, take = takes.get(id(values.lengths), (None, None))

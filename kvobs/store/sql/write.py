@@ -56,7 +56,8 @@ class SqlBatchWriter:
         keyed: dict[tuple[str, str], list[dict]] = defaultdict(list)  # upserts and insert_missing, in queue order
         for op, records in batch:  # one executemany per table and column set (session upserts give some columns)
             if isinstance(records, KVEventColumns):
-                columns.append(records)
+                if len(records):  # (columns of no row: no statement, which would name no column)
+                    columns.append(records)
                 continue
             for record in records:
                 row = record.to_row()
