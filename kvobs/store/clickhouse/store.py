@@ -307,7 +307,7 @@ def _joined(parts: list[dict[str, list | Runs]]) -> dict[str, list | Runs]:
     return joined
 
 
-def _arrow_column(values: list | Runs, type_: pa.DataType, takes: dict[int, tuple] | None = None) -> pa.Array:
+def _arrow_column(values: list | Runs, type_: pa.DataType, takes: dict[int, tuple]) -> pa.Array:
     """A column as Arrow: a list as it is; runs as their values, each taken its run's times. `takes`: the row ->
     run indices by the identity of a runs' lengths, for the columns of one insert that share them."""
     if not isinstance(values, Runs):
@@ -315,7 +315,6 @@ def _arrow_column(values: list | Runs, type_: pa.DataType, takes: dict[int, tupl
     given = values.values
     if given and given.count(given[0]) == len(given):  # one value in every run (a tier, a group): no index to take
         return pa.repeat(pa.scalar(given[0], type_, from_pandas=True), values.size)
-    takes = {} if takes is None else takes
     _, take = takes.get(id(values.lengths), (None, None))
     if take is None:
         take = np.repeat(np.arange(len(given)), values.lengths)
