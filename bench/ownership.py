@@ -1,6 +1,6 @@
 """What ownership by inference costs: tying each request's stored blocks to it where the blocks name no session
-(`kvobs.analytics.ownership.block_ties`), on the real vLLM 0.32 run (../shared/fixtures/vllm-0.32-cpu: 54
-requests of 12 agents at once, 313 stored blocks) laid end to end `--copies` times (each copy later by the run's
+(`kvobs.analytics.ownership.block_ties`), on the real vLLM 0.32 run (tests/fixtures/vllm-0.32-cpu: the
+requests of 12 agents at once and their stored blocks) laid end to end `--copies` times (each copy later by the run's
 length, its hashes its own), against reading the same requests' chains by their sessions' named blocks
 (`chains.request_chains`, what the header allows: the baseline), with the same tie's truth check: every block
 given to a session is the one its header named.
@@ -28,7 +28,7 @@ from kvobs.analytics.chains import BlockGraph, request_chains
 from kvobs.analytics.ownership import block_ties, owned_stored
 from kvobs.vllm import kv_events as wire
 
-RECORDED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32-cpu"
+RECORDED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32-cpu"
 HASH_SPACE = 1 << 64
 
 

@@ -1,10 +1,16 @@
-"""What the fixture recorders (tests/fixtures/*/record.py) share: a ZMQ subscriber that keeps every frame as
-received, a /metrics scraper, and the layout they write (that of ../shared/fixtures/vllm-0.32-cpu)."""
+"""What the fixture recorders (tests/fixtures/*/record.py) share: a real vLLM started by `scripts/vllm-cpu.sh`, a
+ZMQ subscriber that keeps every frame as received, a /metrics scraper, and the layout they write:
+
+    kv_events.jsonl      one ZMQ message a line: its receive time and its frames, base64
+    metrics/             `GET /metrics` bodies, `scrape_NNN.txt`, and `index.json` (each file's scrape time)
+    otlp_traces.jsonl    one OTLP export body a line (protobuf, base64)
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +20,38 @@ from pathlib import Path
 
 import httpx
 import zmq
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_SCRIPT = ROOT / "scripts" / "vllm-cpu.sh"
+
+
+def start_vllm(venv: str, port: int, args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """A real vLLM (`scripts/vllm-cpu.sh serve VENV PORT ARGS`) with `env` over this one, its output in `log_path`;
+    returned once it answers `/v1/models`."""
+    with open(log_path, "w") as log:  # the child holds its own descriptor
+        proc = subprocess.Popen(
+            ["bash", str(VLLM_SCRIPT), "serve", venv, str(port), *args],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    wait_vllm(f"http://127.0.0.1:{port}", proc)
+    return proc
+
+
+def wait_vllm(url: str, proc: subprocess.Popen, timeout_s: float = 1200.0) -> None:
+    """Until vLLM at `url` answers (its first start compiles the model: minutes on 2 cores)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM at {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2.0)
+    raise RuntimeError(f"vLLM at {url} did not start in {timeout_s:.0f} s")
 
 
 def otlp_recorder():

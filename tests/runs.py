@@ -2,7 +2,7 @@
 
 - `agent_run`: our engine (real SmolLM2, 30 blocks of 16 tokens, so sessions evict each other, get preempted and
   time out) under the `kvobs agents` workload: 6 sessions, 3 at a time, 3 steps, 0.2-0.6 s tool pauses.
-- `vllm_run`: the recorded vLLM 0.32 run (../shared/fixtures) ingested by the collector.
+- `vllm_run`: the recorded vLLM 0.32 run (tests/fixtures/vllm-0.32-cpu) ingested by the collector.
 - `fleet_run`: the same recording as a fleet of two replicas behind one collector (`vllm-a` plays all of it,
   `vllm-b` its second half and then goes down; requests dealt out between them).
 - `served_fleet`: two `kvobs serve` replicas under `kvobs agents --routing round_robin`, recorded

@@ -5,11 +5,11 @@
     h.bodies                                  # every OTLP export the collector received, in order (for fixtures)
 
 With `KVOBS_RECORD_AGENT_FIXTURES=1` in the environment, a run given `record=NAME` writes what it received to
-`tests/fixtures/agents/NAME/otlp_traces.jsonl` (the shared fixtures' format: one base64 protobuf body a line;
+`tests/fixtures/agents/NAME/otlp_traces.jsonl` (the format of `tests/recording.py`: one base64 protobuf body a line;
 this machine's install paths in span attributes and stack traces rewritten to /opt/venv and /opt/kvobs) and the
 steps the collector made of it, once the live test's checks against the agent's own record passed, to
 `steps.json`; and the engine's KV-event messages as a second subscriber heard them, to `kv_events.jsonl` (the
-shared fixtures' format).
+format of `tests/recording.py`).
 
 Each agent runs in a process of its own, as a user's agent does (an instrumentation patches the OpenAI client for
 its whole process, and not every one undoes that: OpenLLMetry's keeps injecting `traceparent`), and exports
@@ -129,7 +129,7 @@ def served_and_collected(
         collector.receiver.handle = recording
         recording_kv = record is not None and os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1"
         stop = threading.Event()
-        if recording_kv:  # a second subscriber of the engine's stream, as the shared fixtures were recorded
+        if recording_kv:  # a second subscriber of the engine's stream, as `tests/recording.py` records
             tap = threading.Thread(target=subscribe, args=(f"tcp://127.0.0.1:{kv}", harness.kv_frames, stop))
             tap.start()
         collector.start()
@@ -147,7 +147,7 @@ def served_and_collected(
 
 def record_fixture(folder: Path, bodies: list[bytes], store, kv_frames: list[dict] | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    if kv_frames:  # the shared fixtures' format: one ZMQ message a line, its receive time and frames in base64
+    if kv_frames:  # the format of `tests/recording.py`: one ZMQ message a line, its receive time and frames in base64
         (folder / "kv_events.jsonl").write_text("".join(json.dumps(m) + "\n" for m in kv_frames))
     with open(folder / "otlp_traces.jsonl", "w") as out:
         for body in bodies:

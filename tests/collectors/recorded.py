@@ -1,4 +1,4 @@
-"""The recorded vLLM 0.32 run (../shared/fixtures/vllm-0.32-cpu), read as the tests need it."""
+"""The recorded vLLM 0.32 run (tests/fixtures/vllm-0.32-cpu, made by its record.py), read as the tests need it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
 
 
 @dataclass(frozen=True)

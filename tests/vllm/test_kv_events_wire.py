@@ -11,7 +11,7 @@ import pytest
 
 from kvobs.vllm import kv_events as wire
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
 
 
 def recorded_frames() -> list[list[bytes]]:

@@ -32,11 +32,12 @@ def test_our_engines_run_is_reproduced_exactly(agent_run):
 
 def test_the_recorded_vllm_run_is_reproduced_within_two_points(vllm_run):
     """vLLM publishes no allocations, so its run is replayed whole-length; at its 32 blocks of 128 tokens it comes
-    within two points of what vLLM's responses said for the same requests (52 of the 53 replayed: the 53rd's step
-    failed before its answer came)."""
-    _, total, per_run = checks(vllm_run.store)
+    within two points of what vLLM's responses said for the same requests (50 of the 51 replayed: the request after
+    the reset was sent by no step; 6 first requests whose whole prompt another session had stored have no chain
+    of their own, and are not replayed)."""
+    plans, total, per_run = checks(vllm_run.store)
     check = per_run["vllm-cpu"]
-    assert check.observed_source == "responses" and check.answered == (52, 53)
+    assert check.observed_source == "responses" and check.answered == (50, 51) and plans[0].skipped == 6
     assert check.num_blocks == 32 and check.policy == "lru" and check.policy_assumed
     assert abs(check.error_points) <= WITHIN_POINTS and check.reproduces
     assert "assumed: the run recorded none" in check.describe()
@@ -101,9 +102,10 @@ def test_a_replica_whose_cache_served_traffic_kvobs_never_saw_is_no_evidence(fle
     a, b = per_run["vllm-a"], per_run["vllm-b"]
     assert not a.reproduces and a.error_points > WITHIN_POINTS
     assert any("never reached kvobs" in reason for reason in a.reasons)
-    assert not b.reproduces and any("no known block chain" in reason for reason in b.reasons)
+    # vllm-b's stream and requests are its own half's: it is judged on its own requests' responses
+    assert b.observed_source == "responses" and b.answered is not None
     assert not total.reproduces and "the other sizes are no evidence" in total.describe()
-    assert [span.instance for span, _ in total.runs_off] == ["vllm-a", "vllm-b"]
+    assert "vllm-a" in [span.instance for span, _ in total.runs_off]
     fleet = FleetPlan.from_store(fleet_run.store)
     routed = fleet_fidelity(fleet, simulate_fleet(fleet, RouterPolicy.AS_ROUTED.value))
     assert not routed.reproduces and "the other routers are no evidence" in routed.describe()
@@ -114,6 +116,18 @@ def test_the_cli_prints_the_check_after_each_table(fleet_run):
     assert sizes.count("At the observed configuration (32 blocks; policy lru") == 3  # the total, each run
     assert "never reached kvobs" in sizes
     routers = whatif(fleet_run.url, "--replicas", "--router", "as_routed")
-    # the observed rate the check compares: 52 of the 53 replayed requests' responses (one step failed, unanswered)
-    assert "| as_routed |" in routers and "observed: hit rate 29.4% (the fleet's, as the replayed" in routers
+    # the observed rate the check compares: the replayed requests' responses (the request after the reset, which no
+    # step sent, and the failed step's, which never reached vLLM, said none)
+    assert "| as_routed |" in routers and "observed: hit rate 39.7% (the fleet's, as the replayed" in routers
     assert "the other routers are no evidence" in routers
+
+
+def test_runs_of_different_sizes_are_said_so_never_as_none_blocks():
+    """Runs added up at their own sizes have no one size: the check says so, with no "None" in its text."""
+    from instrumented_engine.whatif.fidelity import Fidelity
+    from instrumented_engine.whatif.replay import WhatIfResult
+
+    replay = WhatIfResult(0, "", query_tokens=1000, hit_tokens=300)
+    said = Fidelity(None, "lru", 0.31, replay).describe()
+    assert "each run at its own size; policy lru" in said and "None" not in said
+    assert "(48 blocks; policy lru)" in Fidelity(48, "lru", 0.31, replay).describe()
