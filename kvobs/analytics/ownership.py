@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvobs.analytics.chains import with_sessions
-from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
+from kvobs.semconv.spans import BLOCKS_TIED, BlockTie, KVEventKind
 
 # A KV batch is stamped as the engine step that stored its blocks ends, as a request's first token is, on the same
 # server clock: the two differ by publishing and exporting, well under this.
@@ -145,13 +145,14 @@ def block_ties(
             cands[r.request_id] = fact.tips(blocks)
             found[r.request_id] = bool(cands[r.request_id])
     _propagate(cands, facts, blocks)
+    shared = _shared_tips(cands, facts, blocks)
     rows: list[tuple] = []
     owned: dict[tuple[str, int, float], str | None] = {}
     for r in reqs.itertuples(index=False):
         fact, tips = facts[r.request_id], cands.get(r.request_id, set())
         if fact is None:
             rows.append((r, None, None, BlockTie.NO_COUNTS.value))
-        elif len(tips) == 1:
+        elif len(tips) == 1 and fact.store(blocks, next(iter(tips))) not in shared:
             tip = next(iter(tips))
             tag = fact.tag(blocks, tip)
             session = tag or fact.session
@@ -287,10 +288,13 @@ def _propagate(cands: dict[str, set[int]], facts: dict, blocks: _Blocks) -> None
                 changed |= _continue(cands, x, y, blocks)
         # a block is stored once: a store a request surely made (its tip, and its chain up to its cached prefix)
         # is no other request's tip
-        made: dict[tuple[str, int, float | None], str] = {}
+        claims: dict[tuple[str, int, float | None], set[str]] = {}
         for rid, tips in cands.items():
             if len(tips) == 1:
-                made.update((event, rid) for event in facts[rid].owned(blocks, next(iter(tips))))
+                for event in facts[rid].owned(blocks, next(iter(tips))):
+                    claims.setdefault(event, set()).add(rid)
+        # a store two requests each surely made is neither's surely (they prefilled one prefix together)
+        made = {event: next(iter(rids)) for event, rids in claims.items() if len(rids) == 1}
         for rid, tips in cands.items():
             fact = facts[rid]
             taken = {tip for tip in tips if made.get(fact.store(blocks, tip), rid) != rid}
@@ -299,6 +303,17 @@ def _propagate(cands: dict[str, set[int]], facts: dict, blocks: _Blocks) -> None
                 changed = True
         if not changed:
             return
+
+
+def _shared_tips(cands: dict[str, set[int]], facts: dict, blocks: _Blocks) -> set[tuple[str, int, float | None]]:
+    """The tip stores that are the one tip of more than one request: one block stored once, so at most one of them
+    stored it, and which cannot be told (two sessions' first requests prefilling one system prompt together)."""
+    seen: dict[tuple[str, int, float | None], int] = {}
+    for rid, tips in cands.items():
+        if len(tips) == 1:
+            event = facts[rid].store(blocks, next(iter(tips)))
+            seen[event] = seen.get(event, 0) + 1
+    return {event for event, n in seen.items() if n > 1}
 
 
 def _sessions(cands: dict[str, set[int]], facts: dict, blocks: _Blocks) -> dict[str, list[str]]:
@@ -379,7 +394,7 @@ def num_inferred(ties: pd.DataFrame) -> int:
 TIE_WORDS = {
     BlockTie.INFERENCE.value: "tied to it by inference (their depth, their times, its chain)",
     BlockTie.STORED_NOTHING.value: "stored nothing new (all of it was cached)",
-    BlockTie.AMBIGUOUS.value: "not tied: more than one chain fit",
+    BlockTie.AMBIGUOUS.value: "not tied: more than one chain fit, or one another request's fit too",
     BlockTie.NO_CHAIN.value: "not tied: their chain's root was not read",
     BlockTie.NO_COUNTS.value: "not tied: no token counts or times",
     BlockTie.NO_SESSION.value: "not tied: no step named their session",
@@ -410,21 +425,31 @@ def ties_said(ties: Counter) -> str:
     """A session's ties (`session_ties`) in words, for its page."""
     parts = "; ".join(f"{n:,} {TIE_WORDS.get(tie, tie)}" for tie, n in ties.most_common())
     return (
-        f"Its KV blocks named no session (no X-Session-ID reached the server). Of its {sum(ties.values()):,} "
-        f"requests: {parts}. Its footprint and losses count the blocks tied to it, and no other."
+        f"{sum(ties.values()):,} of its requests stored KV blocks that named no session (no X-Session-ID reached "
+        f"the server with them): {parts}. Its footprint and losses count the blocks tied to it, and no other."
     )
+
+
+def names_its_blocks(store, session_id: str, since: float, until: float) -> bool:
+    """Whether a block stored in [since, until] names the session: its requests carried the header, so every block
+    they stored names it (read from the blocks, not from the requests: vLLM's request spans name no session)."""
+    stored = KVEventKind.STORED.value
+    return not store.reads.kv_events(since, until, kinds=[stored], session_id=session_id, limit=1).empty
 
 
 TIE_LOOKBACK_S = 600.0  # stored blocks read before a session's first step: where its chains' recent roots are
 
 
 def session_ties(store, session_id: str) -> Counter:
-    """How the blocks of a session's requests were tied to it (BlockTie -> its requests), where blocks stored while
-    they ran named no session; empty where a header named them all, or the session has no steps."""
+    """How the blocks of a session's requests were tied to it (BlockTie -> its requests), of its requests whose
+    blocks named no session; empty where a header named every block they stored (a request that stored nothing new
+    names none, and says nothing), or the session has no steps."""
     steps = store.reads.steps(session_id=session_id)
     if steps.empty:
         return Counter()
     first, last = float(steps["started_at"].min()), float(steps[["started_at", "ended_at"]].max().max())
+    if names_its_blocks(store, session_id, first, last):
+        return Counter()
     requests = with_sessions(store.reads.requests(first, last), store.reads.steps(first, last))
     mine = set(requests.loc[requests["session_id"] == session_id, "request_id"])
     # every block stored then named its session (the fleet's stores, read whole only when some did not)
@@ -432,4 +457,7 @@ def session_ties(store, session_id: str) -> Counter:
         return Counter()
     stored = store.reads.stored_blocks(first - TIE_LOOKBACK_S, last)
     ties = block_ties(requests, stored)
-    return Counter(ties.loc[ties["request_id"].isin(mine) & (ties["tie"] != BlockTie.HEADER.value), "tie"])
+    found = Counter(ties.loc[ties["request_id"].isin(mine) & (ties["tie"] != BlockTie.HEADER.value), "tie"])
+    if set(found) <= {BlockTie.STORED_NOTHING.value}:  # what they stored (if anything) named the session
+        return Counter()
+    return found

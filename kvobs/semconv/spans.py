@@ -152,7 +152,8 @@ class BlockTie(Name):
     HEADER = "header"  # its blocks name its session: `X-Session-ID` or `session_id` reached the server
     INFERENCE = "inference"  # the one chain on its instance, as deep as its tokens, stored while it ran
     STORED_NOTHING = "stored_nothing"  # no block as deep as its tokens was stored while it ran: all of it was cached
-    AMBIGUOUS = "ambiguous"  # several chains fit its depth, its times and its session's earlier chain
+    AMBIGUOUS = "ambiguous"  # several chains fit its depth, its times and its session's earlier chain, or its one
+    # tip is another request's one tip too (a prefix they prefilled together: either may have stored it)
     NO_CHAIN = "no_chain"  # the blocks that fit do not reach a chain's root in what was read
     NO_COUNTS = "no_counts"  # no token counts or times to tell its chain by, or no KV events of its instance
     NO_SESSION = "no_session"  # its blocks were found, but they name no session and no step named the request's
