@@ -242,7 +242,7 @@ def format_table(plans, observed: dict, runs: list, checks=None) -> str:
     several runs, each run's own rows after; `checks` (`whatif.fidelity.fidelity`'s): the replay's error at the
     observed point, after the table it qualifies."""
     from instrumented_engine.whatif.fidelity import PAUSES_NOT_COMPARABLE
-    from instrumented_engine.whatif.replay import DUPLICATES, INFERRED
+    from instrumented_engine.whatif.replay import DUPLICATES, INFERRED, NEVER_ADMITTED
     from kvobs.times import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
@@ -253,6 +253,9 @@ def format_table(plans, observed: dict, runs: list, checks=None) -> str:
     ]
     if duplicates:
         lines.append(DUPLICATES.format(duplicates))
+    never = sum(p.never_admitted for p in plans)
+    if never:
+        lines.append(NEVER_ADMITTED.format(never))
     inferred = sum(p.inferred for p in plans)
     if inferred:
         lines.append(INFERRED.format(inferred))

@@ -244,7 +244,7 @@ class LLMEngine:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens or 0,
+            num_cached_tokens=seq.num_cached_tokens,
             num_preemptions=seq.num_preemptions,
             arrival_ts=seq.arrival_ts,
             scheduled_ts=seq.scheduled_ts,

@@ -49,7 +49,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     num_prompt_tokens: int
-    num_cached_tokens: int
+    num_cached_tokens: int | None  # its prefix hit at admission; None: never admitted (aborted while queued)
     num_preemptions: int
     arrival_ts: float
     scheduled_ts: float | None

@@ -30,7 +30,6 @@ def request_attributes(
         a.GEN_AI_USAGE_COMPLETION_TOKENS: completion,
         a.GEN_AI_USAGE_INPUT_TOKENS: out.num_prompt_tokens,
         a.GEN_AI_USAGE_OUTPUT_TOKENS: completion,
-        a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: out.num_cached_tokens,
         a.GEN_AI_RESPONSE_FINISH_REASONS: [out.finish_reason or "abort"],
         a.KV_PREFIX_QUERY_TOKENS: query_tokens,
         a.KV_PREFIX_HIT_TOKENS: hit_tokens,
@@ -41,6 +40,7 @@ def request_attributes(
         a.KV_MEDIUM: medium,
     }
     optional = {
+        a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: out.num_cached_tokens,  # none: never admitted, nothing looked up
         a.GEN_AI_REQUEST_MAX_TOKENS: out.max_tokens,
         a.GEN_AI_REQUEST_TEMPERATURE: out.temperature,
         a.GEN_AI_REQUEST_TOP_P: out.top_p,

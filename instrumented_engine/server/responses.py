@@ -60,7 +60,7 @@ def usage(out: RequestOutput) -> dict:
         "prompt_tokens": out.num_prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": out.num_prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens or 0},  # (an answered request was admitted)
     }
 
 

@@ -80,7 +80,8 @@ class Fidelity:
         policy = f"policy {self.policy}" + (", assumed: the run recorded none" if self.policy_assumed else "")
         tier = self.replay.tier_blocks if self.replay is not None else 0
         below = f" over an offload tier of {tier} blocks" if tier else ""
-        configuration = self.configuration or f"{self.num_blocks} blocks{below}; {policy}"
+        size = f"{self.num_blocks} blocks" if self.num_blocks is not None else "each run at its own size"
+        configuration = self.configuration or f"{size}{below}; {policy}"
         source = observed_words(self.observed_source)
         if self.answered is not None:
             said, replayed = self.answered

@@ -67,6 +67,7 @@ class ReplayPlan:
     # the counters' hit rate (all its traffic) is then kept as `counted`
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
+    never_admitted: int = 0  # requests never scheduled (aborted in the queue): they looked nothing up, as vLLM counts
     skipped_prompt_tokens: int = 0  # ... their prompt tokens (those that say them)
     inferred: int = 0  # requests whose blocks named no session, tied to theirs by inference (`analytics.ownership`)
     duplicates: int = 0  # requests recorded under two instance names (an engine's own row and its span's), once each
@@ -98,8 +99,11 @@ class ReplayPlan:
             block_size = int(sizes.mode().iloc[0])
         graph = BlockGraph.from_stored(stored)
         chains = request_chains(reqs, stored, graph)
-        plan, skipped, skipped_tokens = [], 0, 0
+        plan, skipped, skipped_tokens, never = [], 0, 0, 0
         for r in reqs.itertuples(index=False):
+            if pd.isna(r.queue_s) and pd.isna(r.first_token_ts) and pd.isna(r.cached_tokens):
+                never += 1  # the run never scheduled it: no lookup, no query, nothing held (the observed row's too)
+                continue
             chain = chains.get(r.request_id)
             if chain is None or pd.isna(r.finished_ts) or pd.isna(r.prompt_tokens):
                 skipped += 1
@@ -132,6 +136,7 @@ class ReplayPlan:
             observed=observed,
             skipped=skipped,
             skipped_prompt_tokens=skipped_tokens,
+            never_admitted=never,
             duplicates=duplicates,
             recorded=recorded,
             inferred=num_inferred(ties),
@@ -146,6 +151,10 @@ COUNTED = (COUNTERS, NO_SOURCE)
 INFERRED = (
     "{:,} requests' blocks named no session (no X-Session-ID reached the server): each was tied to its session's "
     "request by its depth, its times and its session's chain (kvobs.analytics.ownership), only where one chain fit"
+)
+NEVER_ADMITTED = (
+    "{:,} requests were never scheduled (their clients hung up in the queue): they looked nothing up, so they are "
+    "in neither the observed hit rate nor the replay"
 )
 DUPLICATES = (
     "{:,} requests were recorded under two instance names (an engine's own rows and a collector's from its spans?): "

@@ -75,6 +75,8 @@ def kv_counter_agreement(store: Store, since: float | None = None, until: float 
         if requests is None:
             requests = store.reads.requests(since, until)
         mine = requests[requests["instance"] == instance]
+        admitted = mine["queue_s"].notna() | mine["first_token_ts"].notna()  # others never looked their prefix up
+        mine = mine[admitted | mine["cached_tokens"].notna()]
         if mine.empty or mine["cached_tokens"].isna().any():
             return None
         sums = mine[["prompt_tokens", "cached_tokens", "completion_tokens"]].sum()
