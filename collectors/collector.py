@@ -37,9 +37,10 @@ from collectors.metrics.scraper import Scraper, ScrapeTarget
 from collectors.own_metrics import CollectorMetrics
 from collectors.session_activity import SessionActivity
 from collectors.traces.otlp_forward import OTLPForwarder, check_forward_url
-from collectors.traces.otlp_receiver import OTLPReceiver, split_host_port
+from collectors.traces.otlp_receiver import OTLPReceiver
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
+from kvobs.addresses import split_host_port
 from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store

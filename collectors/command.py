@@ -14,6 +14,7 @@ import signal
 import threading
 
 from collectors.kv.silence import SILENCE_S as KV_SILENCE_S
+from kvobs.addresses import host_port
 from kvobs.commands.common import (
     add_retention_flag,
     add_session_end_flag,
@@ -60,8 +61,12 @@ def add_parser(sub) -> None:
         help="vLLM's replay ROUTER endpoint, to fill gaps; NAME picks the stream, else the --kv-events at its position",
     )
     p.add_argument("--kv-events-topic", default="", help="topic prefix to subscribe to (vLLM's default: '')")
-    p.add_argument("--otlp-grpc", metavar="HOST:PORT", help="receive OTLP traces over gRPC, e.g. 0.0.0.0:4317")
-    p.add_argument("--otlp-http", metavar="HOST:PORT", help="receive OTLP traces over HTTP, e.g. 0.0.0.0:4318")
+    p.add_argument(
+        "--otlp-grpc", type=host_port, metavar="HOST:PORT", help="receive OTLP traces over gRPC, e.g. 0.0.0.0:4317"
+    )
+    p.add_argument(
+        "--otlp-http", type=host_port, metavar="HOST:PORT", help="receive OTLP traces over HTTP, e.g. 0.0.0.0:4318"
+    )
     p.add_argument(
         "--forward-otlp",
         metavar="URL",
@@ -121,7 +126,9 @@ def add_parser(sub) -> None:
         help="decode and attribute the KV-event streams in N worker processes, each stream pinned to one (default: "
         "the machine's cores, up to the number of streams; 1, or a single stream: all in the collector's process)",
     )
-    p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve the collector's own /metrics here")
+    p.add_argument(
+        "--metrics-address", type=host_port, metavar="HOST:PORT", help="serve the collector's own /metrics here"
+    )
     p.set_defaults(func=run)
 
 
@@ -180,7 +187,7 @@ def _listeners(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     from urllib.parse import urlsplit
 
     from collectors.kv.streams import split_name
-    from collectors.traces.otlp_receiver import split_host_port
+    from kvobs.addresses import split_host_port
     from kvobs.vllm import kv_events as wire
 
     listeners = [

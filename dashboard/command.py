@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from kvobs.addresses import port
 from kvobs.commands.common import add_store_flag, lacks_extra, refuse_ports_in_use, start_or_report
 from kvobs.semconv.endpoints import DASHBOARD_PORT
 
@@ -20,7 +21,7 @@ def add_parser(sub) -> None:
     add_store_flag(p)
     p.add_argument("--jaeger-url", help="Jaeger UI base URL: each agent step links to its trace there")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
-    p.add_argument("--port", type=int, default=DASHBOARD_PORT, help="port the dashboard listens on")
+    p.add_argument("--port", type=port, default=DASHBOARD_PORT, help="port the dashboard listens on")
     p.set_defaults(func=run)
 
 

@@ -32,6 +32,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from kvobs.addresses import split_host_port
 from kvobs.logs import worth_logging
 
 log = logging.getLogger(__name__)
@@ -272,11 +273,3 @@ def _parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     else:
         raise ValueError(f"unsupported Content-Type {content_type!r}; send {PROTOBUF} or {JSON}")
     return request
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """`host:port` (`[::1]:4318`, `:4318` = all interfaces) -> (host, port); ValueError when there is no port."""
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"expected HOST:PORT; got {address!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)

@@ -17,10 +17,12 @@ from instrumented_engine.commands.engine_flags import (
     engine_config,
     parse_size,
 )
+from kvobs.addresses import port
 from kvobs.commands.common import (
     add_retention_flag,
     add_spool_flag,
     add_store_flag,
+    check_store,
     lacks_extra,
     refuse_ports_in_use,
     start_or_report,
@@ -37,7 +39,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the instrumented engine (OpenAI API, /metrics, KV events)")
     add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address HTTP listens on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=ENGINE_PORT, help="HTTP port: the OpenAI API, /metrics, /health")
+    p.add_argument("--port", type=port, default=ENGINE_PORT, help="HTTP port: the OpenAI API, /metrics, /health")
     p.add_argument("--served-model-name", help="the model name clients send (default: --model)")
     p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before 429")
     p.add_argument(
@@ -106,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if start_or_report("serve", cache_fits) is None:
         return 2  # before the weights load (seconds) or a store file is made
+    store_url = args.store or os.environ.get(STORE_URL_ENV)
+    if store_url and start_or_report("serve", lambda: _store_opens(store_url)) is None:
+        return 2  # before torch is imported and the weights load
     from instrumented_engine.server.launcher import EngineServer, ServerOptions
 
     def start() -> EngineServer:
@@ -121,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             otlp_protocol=args.otlp_protocol,
             trace_sample_ratio=args.trace_sample_ratio,
             trace_steps_every=args.trace_steps_every,
-            store_url=args.store or os.environ.get(STORE_URL_ENV),
+            store_url=store_url,
             instance=args.instance,
             snapshot_interval_s=args.snapshot_interval,
             retention_days=args.retention_days,
@@ -141,6 +146,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvobs serve: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _store_opens(url: str) -> bool:
+    check_store(url)
+    return True
 
 
 def listeners(args: argparse.Namespace) -> list[tuple[str, str, int]]:

@@ -134,10 +134,11 @@ def workload_config(args: argparse.Namespace, **given):
         ValueError: a malformed `--tool-pause-ms`.
     """
     from kvobs.agent.workload import PauseDistribution, WorkloadConfig
+    from kvobs.commands.calibrate import DEFAULT_CONCURRENCY
 
     return WorkloadConfig(
         sessions=args.sessions,
-        concurrency=args.concurrency,
+        concurrency=DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency,
         steps=args.steps,
         tool_pause=PauseDistribution.parse(args.tool_pause_ms),
         step_deadline_s=args.step_deadline_s,
@@ -158,6 +159,25 @@ def start_or_report(command: str, start: Callable[[], T]) -> T | None:
     except OperationalError as exc:
         print(f"kvobs {command}: cannot reach the store: {exc.orig}", file=sys.stderr)
     return None
+
+
+def check_store(url: str) -> None:
+    """Open the store at `url` and close it: before a server's heavy start (torch, the weights), a store it cannot
+    open costs a line naming the store, not a minute.
+
+    Raises:
+        OSError: the store cannot be opened or reached (its URL, without a password, and why).
+        ValueError: an unsupported URL (from `open_store`).
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from kvobs.store import open_store
+    from kvobs.store.db import redacted_url
+
+    try:
+        open_store(url).close()
+    except OperationalError as exc:
+        raise OSError(f"cannot open the store {redacted_url(url)}: {exc.orig}") from None
 
 
 def ports_in_use(listeners: Iterable[tuple[str, str, int]]) -> list[str]:

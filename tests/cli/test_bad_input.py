@@ -32,6 +32,19 @@ CASES = [
     (["serve", "--max-model-len", "9000", "--port", "0"], "--max-model-len 9,000 exceeds this model's context of"),
     (["serve", "--num-blocks", HUGE, "--max-model-len", "512", "--port", "0"], "would need about"),
     (["serve", "--block-size", "0", "--port", "0"], "argument --block-size: must be at least 1; got 0"),
+    # a port is a port, on every command that listens: one line, not a socket's OverflowError
+    (["serve", "--port", "70000"], "argument --port: a port is 0-65535; got 70000"),
+    (["dashboard", "--port", "-1", "--store", "sqlite:///s.db"], "argument --port: a port is 0-65535; got -1"),
+    (["demo", "--dashboard-port", "65536"], "argument --dashboard-port: a port is 0-65535; got 65536"),
+    (["demo", "--collector-port", "soon"], "argument --collector-port: not a port: 'soon' (0-65535)"),
+    (["collect", "--otlp-http", "127.0.0.1:99999"], "argument --otlp-http: a port is 0-65535; got 127.0.0.1:99999"),
+    (["collect", "--otlp-grpc", "0.0.0.0:-1"], "argument --otlp-grpc: expected HOST:PORT; got '0.0.0.0:-1'"),
+    (["collect", "--metrics-address", "[::1]:70000"], "argument --metrics-address: a port is 0-65535; got [::1]"),
+    # a store the engine cannot open is said with its URL before the weights load
+    (
+        ["serve", "--port", "0", "--store", "sqlite:////no-such-dir/x.db"],
+        "kvobs serve: cannot open the store sqlite:////no-such-dir/x.db: unable to open database file",
+    ),
 ]
 
 

@@ -84,3 +84,18 @@ def test_every_command_in_the_docs_parses_and_a_serve_fits_its_cache():
             raise AssertionError(f"does not parse: kvobs {' '.join(argv)}") from None
         if argv[0] in ("serve", "generate"):
             check_cache_fits(args)
+
+
+def test_the_agents_page_shows_the_server_and_collector_its_recipes_talk_to():
+    """The recipes run against `kvobs serve` on :8000 and `kvobs collect` on :4318: the page shows both commands, and
+    they meet (the engine's spans and KV events go where the collector listens)."""
+    from urllib.parse import urlsplit
+
+    parser = build_parser()
+    found = [parser.parse_args(argv) for argv in commands((ROOT / "docs" / "agents.md").read_text())]
+    serve = next(a for a in found if a.command == "serve")
+    collect = next(a for a in found if a.command == "collect")
+    assert serve.port == 8000 and collect.otlp_http.endswith(":4318")
+    assert urlsplit(serve.otlp_endpoint).port == int(collect.otlp_grpc.rsplit(":", 1)[1])
+    assert serve.kv_events_endpoint.rsplit(":", 1)[1] == collect.kv_events[0].rsplit(":", 1)[1]
+    assert any(url.endswith("127.0.0.1:8000") for url in collect.vllm_url)

@@ -46,3 +46,13 @@ def test_the_readme_is_one_page_and_its_links_resolve():
         assert target.exists(), link
         if anchor:
             assert anchor in _anchors(target), link
+
+
+def test_a_plain_mkdocs_build_leaves_nothing_for_git_to_show():
+    """`mkdocs build` (as a user runs it, into `site/`) writes only what .gitignore ignores."""
+    named = re.search(r"^site_dir:\s*(\S+)", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+    site_dir = named.group(1) if named else "site"  # mkdocs' default
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "-q", f"{site_dir}/index.html"], cwd=ROOT, capture_output=True
+    )
+    assert ignored.returncode == 0, f"{site_dir}/ is not in .gitignore"
