@@ -29,6 +29,7 @@ from opentelemetry.trace import TracerProvider
 from kvobs.agent.chat import ChatError
 from kvobs.agent.routing import ROUTINGS, StepRouter
 from kvobs.agent.session import AgentSession, AgentStep, StepRecorder
+from kvobs.commands.calibrate import DEFAULT_CONCURRENCY
 from kvobs.semconv.spans import StepErrorType
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class PauseDistribution:
 class WorkloadConfig:
     base_url: str  # the server; with `replica_urls`, the first of them
     sessions: int = 8
-    concurrency: int = 4
+    concurrency: int = DEFAULT_CONCURRENCY
     steps: int = 4
     tool_pause: PauseDistribution = field(default_factory=lambda: PauseDistribution("exp", 500.0))
     step_deadline_s: float | None = 30.0

@@ -20,8 +20,10 @@ import sys
 import threading
 import time
 
+from kvobs.commands.calibrate import DEFAULT_CONCURRENCY, LATER_STEPS_ROOM, SMALLEST_DEADLINE_S
 from kvobs.commands.common import add_store_flag, start_or_report, workload_config
 from kvobs.semconv.reasons import StepRouting, names
+from kvobs.semconv.spans import StepErrorType
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,11 @@ def add_parser(sub) -> None:
         "session: one per session; random). Client-side, for tests and demos: in production your router decides",
     )
     p.add_argument("--sessions", type=int, default=8, help="agent sessions in all")
-    p.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        help=f"sessions running at once (default: {DEFAULT_CONCURRENCY}, fewer where the server is too slow for it)",
+    )
     p.add_argument("--steps", type=int, default=4, help="steps per session")
     p.add_argument(
         "--tool-pause-ms",
@@ -50,7 +56,12 @@ def add_parser(sub) -> None:
         metavar="DIST",
         help="tool pause in ms: 300, uniform:100-900, exp:500 (mean), lognormal:500,0.8",
     )
-    p.add_argument("--step-deadline-s", type=float, default=30.0, help="a step fails when it takes longer")
+    p.add_argument(
+        "--step-deadline-s",
+        type=float,
+        help="a step fails when it takes longer (default: fitted to the server, measured at start on the first "
+        f"--base-url: {LATER_STEPS_ROOM:g} x its slowest first step, at least {SMALLEST_DEADLINE_S:g} s)",
+    )
     p.add_argument("--max-tokens", type=int, default=48, help="reply tokens per step")
     p.add_argument("--model", help="model name (default: the first one the server lists)")
     p.add_argument(
@@ -109,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.step_deadline_s is None:
+        config = _fitted(args, config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -128,7 +141,57 @@ def run(args: argparse.Namespace) -> int:
             f"failed steps: {result.failed_summary()}",
             flush=True,
         )
+        hint = deadline_hint(result, round_config.step_deadline_s)
+        if hint:
+            print(f"kvobs agents: {hint}", file=sys.stderr, flush=True)
     return 0
+
+
+def deadline_hint(result, deadline_s: float | None) -> str | None:
+    """When most of a round's steps timed out, that the deadline is short for the server, with what to do."""
+    timeouts = result.failed.get(StepErrorType.TIMEOUT.value, 0)
+    if deadline_s is None or timeouts * 2 <= result.steps:
+        return None
+    return (
+        f"{timeouts} of {result.steps} steps passed the step deadline of {deadline_s:g} s: that is the server's "
+        "speed more than its cache. Leave out --step-deadline-s to fit it to the server, or pass a longer one."
+    )
+
+
+def _fitted(args: argparse.Namespace, config):
+    """`config` with the step deadline (and, where needed, the concurrency) fitted to the first server, measured
+    now; said on stderr with what the measurement sent."""
+    from dataclasses import replace
+
+    from kvobs.commands.calibrate import fit_workload, measure
+    from kvobs.times import local_time
+
+    started = time.time()
+    try:
+        fit = fit_workload(
+            lambda n: measure(config.base_url, n, config.max_tokens, model=config.model),
+            concurrency=min(config.concurrency, config.sessions),  # no more at once than a round runs
+            deadline_s=None,
+            concurrency_given=args.concurrency is not None,
+        )
+    except Exception as exc:  # a measurement, never a reason not to run
+        print(
+            f"kvobs agents: could not measure {config.base_url} ({exc}); the step deadline is "
+            f"{UNMEASURED_DEADLINE_S:g} s",
+            file=sys.stderr,
+        )
+        return replace(config, step_deadline_s=UNMEASURED_DEADLINE_S)
+    sent = sum(m.concurrency for m in fit.measurements)
+    print(
+        f"kvobs agents: {fit.said}. The measurement sent {sent} requests with no session to {config.base_url} "
+        f"from {local_time(started)} to {local_time(time.time())}: that server counts them.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return replace(config, step_deadline_s=fit.step_deadline_s, concurrency=fit.concurrency)
+
+
+UNMEASURED_DEADLINE_S = 30.0  # where the server could not be measured: the agents' deadline before it was fitted
 
 
 def run_workload(

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from kvobs.addresses import port
+from kvobs.commands.calibrate import DEFAULT_CONCURRENCY, LATER_STEPS_ROOM, SMALLEST_DEADLINE_S
 from kvobs.commands.children import Child, Watch, start, stop_all, wait_ready
 from kvobs.commands.common import add_store_flag, ports_in_use, refuse_ports_in_use, start_or_report, workload_config
 from kvobs.semconv.endpoints import DASHBOARD_PORT, DEMO_COLLECTOR_PORT, ENGINE_PORT
@@ -45,21 +47,30 @@ def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="engine + agent workload + dashboard on one machine, printing the URLs")
     add_store_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="address the engine and dashboard listen on")
-    p.add_argument("--port", type=int, default=ENGINE_PORT, help="the engine's port")
-    p.add_argument("--dashboard-port", type=int, default=DASHBOARD_PORT, help="the dashboard's port")
+    p.add_argument("--port", type=port, default=ENGINE_PORT, help="the engine's port")
+    p.add_argument("--dashboard-port", type=port, default=DASHBOARD_PORT, help="the dashboard's port")
     p.add_argument(
         "--collector-port",
-        type=int,
+        type=port,
         default=DEMO_COLLECTOR_PORT,
         help="the collector's OTLP/HTTP port, where the agents send their spans",
     )
     p.add_argument("--num-blocks", type=int, default=48, help="KV blocks of 16 tokens: small, so sessions compete")
     p.add_argument("--max-model-len", type=int, default=640, help="longest prompt + reply the engine accepts")
     p.add_argument("--sessions", type=int, default=8, help="agent sessions per round")
-    p.add_argument("--concurrency", type=int, default=4, help="sessions running at once")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        help=f"sessions running at once (default: {DEFAULT_CONCURRENCY}, fewer where the machine is too slow for it)",
+    )
     p.add_argument("--steps", type=int, default=3, help="steps per session")
     p.add_argument("--tool-pause-ms", default="uniform:300-1500", metavar="DIST", help="tool pause (see kvobs agents)")
-    p.add_argument("--step-deadline-s", type=float, default=20.0, help="a step fails when it takes longer")
+    p.add_argument(
+        "--step-deadline-s",
+        type=float,
+        help="a step fails when it takes longer (default: fitted to this machine, measured at start: "
+        f"{LATER_STEPS_ROOM:g} x the slowest first step, at least {SMALLEST_DEADLINE_S:g} s)",
+    )
     p.add_argument("--max-tokens", type=int, default=32, help="reply tokens per step")
     p.add_argument("--seed", type=int, help="workload seed (default: from the clock, so reruns add new sessions)")
     p.add_argument("--rounds", type=int, default=1, help="workload rounds (0: until Ctrl-C)")
@@ -124,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
         ),
     ]
     try:
+        fit = _calibrate(args, config, base_url, logs["engine"], stop)
+        if fit is None:
+            return 0 if stop.is_set() else 1
+        config = replace(config, step_deadline_s=fit.step_deadline_s, concurrency=fit.concurrency)
         for name, command, url, timeout_s, method in starts:
             (flag, host, port) = listeners[name]
             taken = ports_in_use([(flag, host, port)])  # again now: another program may have taken it meanwhile
@@ -133,8 +148,6 @@ def run(args: argparse.Namespace) -> int:
             child = start(children, command, logs[name])
             if not wait_ready(child, url, port, timeout_s, stop, f"the {name}", method=method):
                 return 0 if stop.is_set() else 1
-            if name == "engine":
-                _say_whether_the_deadline_holds(config, base_url)
         _print_urls(args, base_url, _dashboard_url(args), store_url)
         watch = Watch(children, stop)  # a child that exits from here on stops the demo, which exits 1
         _run_rounds(args, config, store_url, stop)
@@ -188,16 +201,18 @@ def _kvobs(command: str, flags: dict[str, object]) -> list[str]:
     return [sys.executable, "-m", "kvobs.cli", command, *(str(part) for pair in flags.items() for part in pair)]
 
 
-def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
-    flags = {
+def _engine_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The engine's size and address: the same for the engine that measures the machine and the one that records."""
+    return {
         "--host": args.host,
         "--port": args.port,
         "--num-blocks": args.num_blocks,
         "--max-model-len": args.max_model_len,
-        "--store": store_url,
-        "--instance": DEMO_INSTANCE,
-        "--snapshot-interval": 1,
     }
+
+
+def _engine_command(args: argparse.Namespace, store_url: str) -> list[str]:
+    flags = {**_engine_flags(args), "--store": store_url, "--instance": DEMO_INSTANCE, "--snapshot-interval": 1}
     if args.otlp_endpoint:
         flags["--otlp-endpoint"] = args.otlp_endpoint
     return _kvobs("serve", flags)
@@ -234,63 +249,36 @@ def _log_files(log_dir: str) -> dict[str, Path]:
     return {name: folder / f"{name}.log" for name in ("engine", "collector", "dashboard")}
 
 
-PROBE_TIMEOUT_S = 300.0  # the engine's first requests on a slow machine
+def _calibrate(args: argparse.Namespace, config, base_url: str, log_path: Path, stop: threading.Event):
+    """Measure this machine on an engine of the demo's size that records nothing (so its requests are in no figure
+    and leave no block in the run's cache), then fit the round's step deadline and concurrency to it; the `Fit`, or
+    None (said) when that engine could not start."""
+    from kvobs.commands.calibrate import Fit, fit_workload, measure
 
-
-def _say_whether_the_deadline_holds(config, base_url: str) -> None:
-    """Measure the engine once, as a round will load it (`config.concurrency` first steps at once, each replying
-    `config.max_tokens` tokens), and say whether the step deadline leaves room; when it does not, name the flag."""
-    if config.step_deadline_s is None:
-        return
+    print("kvobs demo: measuring this machine on an engine that records nothing (its requests are in no figure)")
+    engine: list[Child] = []
+    child = start(engine, _kvobs("serve", _engine_flags(args)), log_path)
     try:
-        slowest, prompt_tokens = _first_steps_at_once(config, base_url)
-    except Exception as exc:  # a measurement, never a reason to stop the demo
-        print(f"kvobs demo: could not measure the engine ({exc}); the step deadline is {config.step_deadline_s:g} s")
-        return
-    measured = (
-        f"{config.concurrency} first steps at once ({prompt_tokens} prompt tokens and {config.max_tokens} reply "
-        f"tokens each) took up to {slowest:.1f} s on this machine"
-    )
-    if slowest * DEADLINE_ROOM > config.step_deadline_s:
-        suggested = 5 * math.ceil(slowest * SUGGESTED_ROOM / 5)
-        print(
-            f"kvobs demo: {measured}, and later steps are longer: the step deadline of {config.step_deadline_s:g} s "
-            f"will fail many steps for the machine's speed, not the cache. Pass --step-deadline-s {suggested} (or "
-            "a smaller --concurrency) to see what the cache does.",
-            flush=True,
-        )
-    else:
-        print(f"kvobs demo: {measured}: within the step deadline of {config.step_deadline_s:g} s", flush=True)
+        if not wait_ready(child, f"{base_url}/health", args.port, ENGINE_START_TIMEOUT_S, stop, "the engine"):
+            return None
+        try:
+            fit = fit_workload(
+                lambda n: measure(base_url, n, config.max_tokens),
+                concurrency=min(config.concurrency, config.sessions),  # no more at once than a round runs
+                deadline_s=args.step_deadline_s,
+                concurrency_given=args.concurrency is not None,
+            )
+        except Exception as exc:  # a measurement, never a reason to stop the demo
+            deadline = args.step_deadline_s or UNMEASURED_DEADLINE_S
+            print(f"kvobs demo: could not measure the engine ({exc}); the step deadline is {deadline:g} s", flush=True)
+            return Fit(deadline, config.concurrency, "not measured", ())
+    finally:
+        stop_all(engine)
+    print(f"kvobs demo: {fit.said}", flush=True)
+    return fit
 
 
-DEADLINE_ROOM = 2.0  # later steps carry longer contexts: a deadline under twice a first step's time is too tight
-SUGGESTED_ROOM = 3.0
-
-
-def _first_steps_at_once(config, base_url: str) -> tuple[float, int]:
-    """(the slowest end-to-end time, its prompt tokens) of `config.concurrency` sessions' opening requests sent at
-    once: no session id, so they belong to no session the pages show."""
-    import random
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
-
-    from kvobs.agent.workload import KINDS, api_root, first_messages, served_model
-
-    with httpx.Client(base_url=api_root(base_url), timeout=PROBE_TIMEOUT_S) as client:
-        model = served_model(client)
-
-        def one(index: int) -> tuple[float, int]:
-            messages = first_messages(KINDS[index % len(KINDS)], random.Random(f"probe:{index}"))
-            body = {"model": model, "messages": messages, "max_tokens": config.max_tokens, "ignore_eos": True}
-            started = time.monotonic()
-            response = client.post("chat/completions", json={**body, "temperature": 0})
-            response.raise_for_status()
-            return time.monotonic() - started, int(response.json()["usage"]["prompt_tokens"])
-
-        with ThreadPoolExecutor(config.concurrency) as pool:
-            results = list(pool.map(one, range(config.concurrency)))
-    return max(results)
+UNMEASURED_DEADLINE_S = 20.0  # where the machine could not be measured: the demo's deadline before it was fitted
 
 
 def _print_urls(args: argparse.Namespace, base_url: str, dashboard_url: str, store_url: str) -> None:
@@ -321,13 +309,16 @@ def _rounds(args: argparse.Namespace, config, store, stop: threading.Event) -> N
     from kvobs.commands.agents import run_workload
     from kvobs.telemetry.providers import PROTOCOL_HTTP
 
+    first_started = number = None
     for number, round_config in enumerate(round_configs(config, args.rounds, 0.0, stop), start=1):
         print(
             f"Round {number}: {config.sessions} agent sessions (seed {round_config.seed}), "
-            f"{config.concurrency} at a time, {config.steps} steps each",
+            f"{config.concurrency} at a time, {config.steps} steps each, a step deadline of "
+            f"{config.step_deadline_s:g} s",
             flush=True,
         )
         started = time.time()
+        first_started = first_started or started
         # Like a user's agents: no store, an OTLP endpoint (the collector's). Ctrl-C sets `stop`: each session ends
         # after its current step, and its spans are sent, so what it did is recorded.
         result = run_workload(
@@ -356,6 +347,8 @@ def _rounds(args: argparse.Namespace, config, store, stop: threading.Event) -> N
                 flush=True,
             )
         _print_round(result, store, started, own)
+    if number is not None and number > 1 and first_started is not None:  # what the dashboard's "everything" shows
+        print(f"All {number} rounds: {hit_rate_line(store, first_started, time.time())}", flush=True)
 
 
 def _wait_for_steps(store, expected: int, since: float, own: list[str], timeout_s: float = STEPS_WAIT_S) -> int:
@@ -390,8 +383,10 @@ def _print_round(result, store, started: float, own: list[str]) -> None:
 def hit_rate_line(store, since: float, until: float, instance: str = DEMO_INSTANCE) -> str:
     """The round's prefix-cache hit rate as the terminal says it: the one definition, as the Overview and What-if."""
     from kvobs.analytics.hit_rate import hit_rate_in
+    from kvobs.times import local_time
 
-    return f"prefix cache hit rate: {hit_rate_in(store, since, until, instances=[instance]).describe()} ({instance})"
+    rate = hit_rate_in(store, since, until, instances=[instance]).describe()
+    return f"prefix cache hit rate: {rate} ({instance}, {local_time(since)} to {local_time(until)})"
 
 
 def _failures_line(causes) -> str:

@@ -35,7 +35,7 @@ def test_routing_loss_is_what_the_other_replica_held(smollm2_source, tmp_path, r
         done = agents(
             *["--base-url", a.url, "--base-url", b.url, "--routing", routing, "--store", url],
             *["--sessions", "2", "--steps", "3", "--concurrency", "1", "--max-tokens", "2"],
-            *["--tool-pause-ms", "20", "--seed", "3"],
+            *["--tool-pause-ms", "20", "--seed", "3", "--step-deadline-s", "60"],  # given: no measuring requests
             timeout=300,
         )
         assert done.returncode == 0, done.stderr

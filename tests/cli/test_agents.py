@@ -111,6 +111,9 @@ def test_no_store_agents_reach_the_store_through_the_collector(smollm2_source, s
                 cwd=here,
             )
             assert done.returncode == 0, done.stderr
+            # no deadline given: fitted to the server first, said with what the measurement sent and when
+            assert "so the step deadline is" in done.stderr
+            assert f"The measurement sent 2 requests with no session to {server.url}" in done.stderr
         wait_for(lambda: collector.span_steps.by_source["sdk"] >= 4, timeout_s=30)
     finally:
         collector.stop()

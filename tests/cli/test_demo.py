@@ -3,6 +3,7 @@ their URLs, runs the agents into the store, stays up until Ctrl-C, and then stop
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -75,6 +76,11 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
         assert f"engine API  http://127.0.0.1:{port}/v1" in out
         assert f"collector   http://127.0.0.1:{collector_port}   (OTLP/HTTP" in out
         assert "6 steps in" in out and "prefix cache hit rate: " in out
+        # the machine measured first, on an engine that records nothing, and the round's deadline fitted to it
+        assert "measuring this machine on an engine that records nothing" in out
+        assert "a later step carries a longer context, so the step deadline is" in out
+        fitted = re.search(r"so the step deadline is ([\d.]+) s", out).group(1)
+        assert f"3 at a time, 2 steps each, a step deadline of {fitted} s" in out
         # While it stays up, both answer on the printed URLs.
         assert httpx.get(f"http://127.0.0.1:{dashboard_port}/_stcore/health", timeout=10).text == "ok"
         page = httpx.get(f"http://127.0.0.1:{dashboard_port}/", timeout=10)
@@ -103,12 +109,14 @@ def test_demo_serves_engine_and_dashboard_runs_the_agents_and_stops_cleanly(tmp_
     with store.engine.connect() as conn:
         steps = conn.execute(select(StepRow.session_id, StepRow.trace_id)).all()
         request_traces = set(conn.execute(select(RequestRow.trace_id)).scalars())
+        request_sessions = set(conn.execute(select(RequestRow.session_id)).scalars())
         sources = dict(conn.execute(select(SessionRow.session_id, SessionRow.source)).all())
     store.close()
     assert sorted({s for s, _ in steps}) == ["coder-5-0001", "planner-5-0002", "researcher-5-0000"]
     assert len(steps) == 6
     assert sources == dict.fromkeys(["coder-5-0001", "planner-5-0002", "researcher-5-0000"], "sdk")
     assert {t for _, t in steps} <= request_traces  # the engine flushed a request for every step, in its trace
+    assert None not in request_sessions  # the measurement's requests went to an engine that records nothing
 
 
 @pytest.mark.parametrize(
@@ -211,6 +219,8 @@ def test_two_demos_on_the_same_ports_never_claim_a_dead_child(tmp_path):
     assert sorted(codes) == [0, 1], (codes, outcomes)
     (won_out, _), (lost_out, lost_err) = outcomes[codes.index(0)], outcomes[codes.index(1)]
     assert "kvobs demo is up" in won_out and "1 steps in" in won_out
-    assert "Pass --step-deadline-s" in won_out  # 0.5 s: too short for this machine, and said with the flag
+    # 0.5 s: too short for this machine, said with what leaving the flag out would choose
+    assert "--step-deadline-s 0.5 will fail many steps for the machine's speed" in won_out
+    assert "Without the flag it is fitted to the machine" in won_out
     assert "kvobs demo is up" not in lost_out
     assert "exited with status" in lost_err or "already in use" in lost_err, lost_err
