@@ -204,6 +204,8 @@ TERMS: dict[str, tuple[str, str]] = {
     "state": ("state", "firing or resolved."),
     "value": ("value", "The rule's signal when it changed state."),
     "summary": ("summary", ""),
+    "held_s": ("held (s)", "How long back the rule's condition has held, in whole windows of the rule."),
+    "for_s": ("needs (s)", "The rule's `for`: how long its condition must hold before it fires."),
     # correlation
     "lag": ("lag (windows)", "Pressure shifted by this many windows: positive, pressure leads latency."),
     "lag_s": ("lag (s)", "The same lag in seconds."),

@@ -85,3 +85,5 @@ class KVEventsPage:
 class AlertsPage:
     active: pd.DataFrame  # firing now
     history: pd.DataFrame  # the range's transitions
+    holding: pd.DataFrame  # rules whose condition holds at the range's end, not (yet) for their whole `for`
+    failed_steps: tuple[int, int]  # (failed, all) agent steps that started in the range

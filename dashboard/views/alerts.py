@@ -12,6 +12,26 @@ TITLE = "Alerts"
 SHOWN = ["ts", "rule", "severity", "state", "instance", "session_id", "value", "summary"]
 
 
+def nothing_firing(data) -> str:
+    """Why nothing fires, in one line: never a plain "all is well" while steps fail or a rule is on its way."""
+    failed, steps = data.failed_steps
+    said = "Nothing is firing."
+    if not data.holding.empty:
+        rule = data.holding.sort_values("for_s").iloc[0]
+        said += (
+            f" {len(data.holding)} rule(s) hold now but not yet for their `for`: {rule['rule']} has held "
+            f"{rule['held_s']:.0f} s of the {rule['for_s']:.0f} s it needs (below)."
+        )
+    if failed:
+        said += f" {failed:,} of the {steps:,} agent steps in this range failed."
+        if data.holding.empty:
+            said += (
+                " A rule fires only when its condition has held through its `for` (minutes: the table of rules "
+                "below), and a run shorter than that fires nothing."
+            )
+    return said
+
+
 def render(ctx) -> None:
     st.header(TITLE)
     data = cache.alerts(ctx.url, ctx.since, ctx.until, ctx.instances)
@@ -19,9 +39,16 @@ def render(ctx) -> None:
         st.caption(f"Alerts of {ctx.scope()}, and those of no instance (a session's, the fleet's).")
     st.subheader("Firing")
     if data.active.empty:
-        st.success("Nothing is firing.")
+        st.info(nothing_firing(data))
     else:
         show_table(data.active[SHOWN], ctx.clock)
+    if not data.holding.empty:
+        st.subheader("Holding, not yet for long enough")
+        st.caption(
+            "Each rule's condition holds at the end of the range; a rule fires once it has held for its `for` "
+            "(`kvobs alerts --watch 15` evaluates them, and a collector or `kvobs demo` at each round's end)."
+        )
+        show_table(data.holding, ctx.clock)
     st.subheader("History")
     if data.history.empty:
         st.info("No alert transitions in this range. `kvobs alerts --store URL --watch 15` evaluates the rules.")

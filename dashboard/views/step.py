@@ -21,7 +21,7 @@ from kvobs.analytics.verdicts import DECIDED
 from kvobs.semconv.spans import STEP_JOINED
 
 TITLE = "Step timeline"
-PHASES = ["step", "tool pause", "tool", "queue", "prefill", "decode"]
+PHASES = ["step", "tool pause", "tool", "queue", "preemption", "prefill", "decode"]
 KV_LANE = "KV: {}"
 # the latency's parts, which add up to it (`kvobs.analytics.latency_parts`): column -> words, in the order they happen
 PARTS = {
@@ -35,6 +35,30 @@ PARTS = {
     "tool_s": "its own tool calls",
     "other_s": "outside the engine",
 }
+# One colour per phase across the page's two charts: a part of the latency and the timeline's phase it is drawn as
+# share it (the recomputes are shades of red inside the prefill's blue; a preemption is never drawn as decode).
+COLOURS = {
+    "step": "#b0bec5",
+    "tool pause": "#ffe082",
+    "tool": "#ff8f00",
+    "its own tool calls": "#ff8f00",
+    "queue": "#78909c",
+    "preemption": "#8e24aa",
+    "recomputing the lost prefix": "#e53935",
+    "recomputing invalidated blocks": "#f4511e",
+    "recomputing a prefix another replica held": "#ad1457",
+    "prefill": "#1e88e5",
+    "prefill of new tokens": "#1e88e5",
+    "decode": "#43a047",
+    "outside the engine": "#6d4c41",
+}
+
+
+def colour_scale(names: list[str]) -> alt.Scale:
+    """The page's one colour for each of `names` (`COLOURS`)."""
+    return alt.Scale(domain=names, range=[COLOURS[name] for name in names])
+
+
 # a typical step's parts: medians of the session's other steps, each part on its own
 TYPICAL_PARTS = {
     "typical_queue_s": "queue",
@@ -140,7 +164,7 @@ def _breakdown(step: dict) -> None:
             y=alt.Y("which:N", title=None, sort=None),
             color=alt.Color(
                 "part:N",
-                scale=alt.Scale(domain=list(PARTS.values())),
+                scale=colour_scale(list(PARTS.values())),
                 title=None,
                 legend=alt.Legend(orient="bottom", columns=3, labelLimit=300),
             ),
@@ -183,7 +207,7 @@ def _timeline(ctx, story) -> None:
             x=x,
             x2="end_ms:Q",
             y=y,
-            color=alt.Color("phase:N", scale=alt.Scale(domain=PHASES), title="phase"),
+            color=alt.Color("phase:N", scale=colour_scale(PHASES), title="phase"),
             tooltip=["lane", "what"],
         )
     )

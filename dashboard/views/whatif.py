@@ -208,13 +208,17 @@ def _chart(table: pd.DataFrame, *, pauses: bool) -> None:
         value_name="value",
     ).dropna(subset=["blocks", "value"])
     if long.empty:
+        st.info("No replayed size has a value to chart: the table below says what each one counted.")
         return
     long["observed"] = long["configuration"] == "observed"
     if not pauses:
         long = long[~(long["observed"] & (long["measure"] == "lost in tool pauses"))]
-    charts = []
+    charts, undrawn = [], []
     for measure, fmt in (("hit rate", "%"), ("lost in tool pauses", ",d")):
         mine = long[long["measure"] == measure]
+        if (~mine["observed"]).sum() == 0:  # no replayed point: no chart of bare axes
+            undrawn.append(measure)
+            continue
         replayed = (
             alt.Chart(mine[~mine["observed"]])
             .mark_line(point=True)
@@ -234,5 +238,11 @@ def _chart(table: pd.DataFrame, *, pauses: bool) -> None:
             )
         )
         charts.append(alt.layer(replayed, seen).properties(height=220, width=360))
+    if not charts:
+        st.info("No replayed size has a value to chart: the table below says what each one counted.")
+        return
     show(alt.hconcat(*charts), width="content")
-    st.caption("Line: the replay at each size; red diamond: what was observed.")
+    st.caption(
+        "Line: the replay at each size; red diamond: what was observed."
+        + (f" Not charted, no replayed value: {' and '.join(undrawn)}." if undrawn else "")
+    )

@@ -30,29 +30,14 @@ def render(ctx) -> None:
         st.info("No step follows a pause in this range: the agents' steps are what the pauses are read from.")
         return
     measured = frame.dropna(subset=["hit_rate"])
-    scatter = (
-        alt.Chart(measured)
-        .mark_circle(size=60, opacity=0.7)
-        .encode(
-            x=alt.X("pause_s:Q", title="pause before the step (s)", scale=alt.Scale(type="log")),
-            y=alt.Y("hit_rate:Q", title="step's hit rate", axis=alt.Axis(format="%")),
-            color=alt.Color("tool:N", title="tool in the pause"),
-            tooltip=["session_id", "step_index", "tool", alt.Tooltip("pause_s:Q", format=".2f"), "hit_rate"],
-        )
-        .properties(height=220, width=330)
-    )
+    charts = [] if measured.empty else [_scatter(measured)]
     long = curve.melt(id_vars=["ttl_s"], value_vars=["step_share", "token_share"], var_name="of", value_name="share")
-    pin = (
-        alt.Chart(long.replace({"step_share": "steps", "token_share": "their prompt tokens"}))
-        .mark_line(point=True)
-        .encode(
-            x=alt.X("ttl_s:Q", title="pin: a session's prefix kept for (s)", scale=alt.Scale(type="log")),
-            y=alt.Y("share:Q", title="steps whose pause it covers", axis=alt.Axis(format="%")),
-            color=alt.Color("of:N", title="share of"),
-        )
-        .properties(height=220, width=330)
-    )
-    show(alt.hconcat(scatter, pin).resolve_scale(color="independent"), width="content")
+    if not long.dropna(subset=["share"]).empty:
+        charts.append(_pin(long))
+    if charts:
+        show(alt.hconcat(*charts).resolve_scale(color="independent"), width="content")
+    if measured.empty:
+        st.info("No step after a pause has a known hit rate: their usage did not say what was cached.")
     st.caption(
         f"{len(frame):,} steps after a pause (from the end of the session's previous request to its step's first "
         "request, as the engine saw the wait)"
@@ -64,4 +49,31 @@ def render(ctx) -> None:
         + ". Hit rate: the step's cached prompt tokens / prompt tokens, as the engine's response said. The pin curve: "
         "the share of those steps whose pause was at most the pin's time, so whose prefix a pin that long would "
         "have kept, given room to keep it (session_ttl above replays that)."
+    )
+
+
+def _scatter(measured: pd.DataFrame):
+    return (
+        alt.Chart(measured)
+        .mark_circle(size=60, opacity=0.7)
+        .encode(
+            x=alt.X("pause_s:Q", title="pause before the step (s)", scale=alt.Scale(type="log")),
+            y=alt.Y("hit_rate:Q", title="step's hit rate", axis=alt.Axis(format="%")),
+            color=alt.Color("tool:N", title="tool in the pause"),
+            tooltip=["session_id", "step_index", "tool", alt.Tooltip("pause_s:Q", format=".2f"), "hit_rate"],
+        )
+        .properties(height=220, width=330)
+    )
+
+
+def _pin(long: pd.DataFrame):
+    return (
+        alt.Chart(long.replace({"step_share": "steps", "token_share": "their prompt tokens"}))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("ttl_s:Q", title="pin: a session's prefix kept for (s)", scale=alt.Scale(type="log")),
+            y=alt.Y("share:Q", title="steps whose pause it covers", axis=alt.Axis(format="%")),
+            color=alt.Color("of:N", title="share of"),
+        )
+        .properties(height=220, width=330)
     )

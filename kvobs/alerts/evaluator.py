@@ -40,16 +40,26 @@ class Evaluator:
 
     def firing(self, rule: Rule, now: float) -> dict[Key, float]:
         """Keys for which `rule` holds now (and through its `for`), with the value now."""
+        return {key: value for key, (value, held_s) in self.holding(rule, now).items() if held_s >= _span(rule)}
+
+    def holding(self, rule: Rule, now: float) -> dict[Key, tuple[float, float]]:
+        """Keys for which `rule`'s condition holds at `now`, each with its value now and how long it has held, in
+        whole windows back from `now` up to its `for`: it fires once that reaches its `for` (the Alerts page's
+        "holds now, not yet for long enough")."""
         signal = SIGNALS[rule.signal]
-        points = [now - k * rule.window_s for k in range(math.ceil(rule.for_s / rule.window_s) + 1)]
-        held: dict[Key, float] | None = None
-        for point in points:
+        held: dict[Key, tuple[float, float]] = {}
+        for k in range(math.ceil(rule.for_s / rule.window_s) + 1):
+            point = now - k * rule.window_s
             values = signal.fn(self.store, point - rule.window_s, point, **rule.params)
             holding = {(inst, sess): value for inst, sess, value in values if rule.holds(value)}
-            held = holding if held is None else {key: value for key, value in held.items() if key in holding}
-            if not held:
-                return {}
-        return held or {}
+            if k == 0:
+                held = {key: (value, 0.0) for key, value in holding.items()}
+            alive = [key for key, (_, held_s) in held.items() if key in holding and held_s == (k - 1) * rule.window_s]
+            if k and not alive:
+                break
+            for key in alive:
+                held[key] = (held[key][0], k * rule.window_s)
+        return held
 
     def active(self) -> dict[tuple[str, str | None, str | None], AlertRecord]:
         """The latest row of every (rule, instance, session) whose latest state is firing."""
@@ -107,6 +117,11 @@ class Evaluator:
             "value": value,
             "summary": (summary or rule.describe(value, instance, session_id))[:1024],
         }
+
+
+def _span(rule: Rule) -> float:
+    """How long back a rule's condition must hold to fire: its `for`, in whole windows."""
+    return math.ceil(rule.for_s / rule.window_s) * rule.window_s
 
 
 def _ordered(instance: str | None, session_id: str | None) -> tuple[str, str]:

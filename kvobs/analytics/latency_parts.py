@@ -110,7 +110,7 @@ def step_parts(
         return StepParts(latency_s=latency, other_s=np.nan)
     intervals, preemption, never = [], None, False
     for i, req in enumerate(requests):
-        own, kind, unscheduled = _request_intervals(req, end)
+        own, kind, unscheduled = request_intervals(req, end)
         intervals += [(label, i, lo, hi) for label, lo, hi in own]
         never |= unscheduled
         preemption = _stronger(preemption, kind)
@@ -168,7 +168,7 @@ def step_parts(
     )
 
 
-def _request_intervals(req: RequestTimes, step_end: float) -> tuple[list, str | None, bool]:
+def request_intervals(req: RequestTimes, step_end: float) -> tuple[list, str | None, bool]:
     """A request's labelled intervals, whether its preemptions were timed, and whether it was never scheduled."""
     end = req.finished if req.finished == req.finished else step_end  # still running when the step ended
     scheduled, first = req.scheduled, req.first_token

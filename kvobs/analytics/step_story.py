@@ -28,11 +28,15 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
+from kvobs.analytics.chains import with_sessions
+from kvobs.analytics.latency_parts import RequestTimes, request_intervals
 from kvobs.analytics.pauses import pause_before
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.routing import request_routing
+from kvobs.analytics.step_facts import KVRecord
+from kvobs.analytics.tied_events import BY_REQUEST, tied_events
 from kvobs.analytics.verdicts import with_decided
-from kvobs.semconv.spans import KVEventKind, StepStatus
+from kvobs.semconv.spans import BlockTie, KVEventKind, StepStatus
 from kvobs.store.interface import Store
 
 K = KVEventKind
@@ -98,7 +102,7 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
             reqs,
             pd.concat([session_kv[session_kv["kind"].isin(ATTRIBUTION_KINDS)], timing, resets]),
             rates=PrefillRates.from_store(store, read_from, last, requests=reqs),
-            routing=request_routing(store, sent[i], steps, low, high),
+            routing=_session_routing(store, session_id, reqs, steps, first, last),
         )
         attributed = with_decided(attributed, store.reads.step_verdicts(session_id=session_id))  # as decided
     step = steps.iloc[i]
@@ -107,10 +111,13 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
     pause = pause_before(steps.iloc[i - 1], sent[i - 1], step, mine) if i > 0 else None
     step_end = float(step["ended_at"]) if pd.notna(step["ended_at"]) else _end(mine)
     start = pause[0] if pause else float(step["started_at"])
+    own_ids = pd.concat([r["request_id"] for r in sent]) if sent else pd.Series(dtype=object)
+    tied = tied_events(store, session_id, start, step_end, own_ids)  # what its requests did without the header
     kv = pd.concat(
         [
             session_kv[(session_kv["ts"] > start) & (session_kv["ts"] <= step_end)],
             resets[(resets["ts"] > start) & (resets["ts"] <= step_end)],
+            tied,
         ]
     )
     near_from, near_to = start - TAKERS_BEFORE_S, step_end
@@ -119,10 +126,17 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
     else:
         nearby = store.reads.requests(near_from, near_to)
     takers = nearby.set_index("request_id")["session_id"].to_dict()
-    timeline = _timeline(step, pause, mine)
+    timeline = _timeline(step, pause, mine, pd.concat([session_kv, tied]))
     events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
     events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
     return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS])
+
+
+def _session_routing(store: Store, session_id: str, reqs, steps, first: float, last: float) -> pd.DataFrame:
+    """The routing losses of the session's requests over its whole span, as its session's detail reads them (a
+    replay over the step's stretch alone misses what the other replica stored before it)."""
+    mine = with_sessions(reqs, steps)
+    return request_routing(store, mine[mine["session_id"] == session_id], steps, first, last)
 
 
 def _end(frame: pd.DataFrame) -> float:
@@ -147,27 +161,67 @@ def _tool_what(tool: dict) -> str:
     return f"tool {tool['name']} ran {tool['end'] - tool['start']:.2f} s{failed}"
 
 
-def _timeline(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
+def _timeline(step, pause, requests: pd.DataFrame, kv: pd.DataFrame) -> pd.DataFrame:
     status = step["status"] if pd.isna(step["error_type"]) else f"{step['status']} ({step['error_type']})"
     rows = [("agent step", "step", step["started_at"], step["ended_at"], f"step {step['step_index']}: {status}")]
     if pause:
         rows.append(("tool pause", "tool pause", pause[0], pause[1], f"tool pause of {pause[1] - pause[0]:.2f} s"))
     for tool in tool_calls(step):
         rows.append((f"tool {tool['name']}", "tool", tool["start"], tool["end"], _tool_what(tool)))
+    step_end = float(step["ended_at"]) if pd.notna(step["ended_at"]) else float("nan")
+    record = KVRecord.from_events(kv) if not kv.empty else None
     for n, r in enumerate(requests.itertuples(index=False), 1):
         lane = f"request {n} ({_short(r.request_id)})"
-        scheduled = r.arrival_ts + r.queue_s if pd.notna(r.queue_s) else None
-        if scheduled is None and pd.isna(r.first_token_ts):  # never scheduled: it queued until it ended
-            scheduled = r.finished_ts
-        phases = [
-            ("queue", r.arrival_ts, scheduled),
-            ("prefill", scheduled, r.first_token_ts),
-            ("decode", r.first_token_ts, r.finished_ts),
-        ]
-        for phase, begin, end in phases:
-            if begin is not None and end is not None and pd.notna(begin) and pd.notna(end):
-                rows.append((lane, phase, begin, end, f"{phase} {end - begin:.3f} s"))
+        times = _times(r, record)
+        end = times.finished if times.finished == times.finished else step_end
+        for label, begin, until in _drawn(request_intervals(times, end)[0]):
+            if begin == begin and until == until and until > begin:
+                phase = PHASE_OF.get(label, label)
+                rows.append((lane, phase, begin, until, f"{PHASE_WORDS.get(phase, phase)} {until - begin:.3f} s"))
     return pd.DataFrame(rows, columns=TIMELINE).astype({"start": float, "end": float})
+
+
+PHASE_OF = {"preempted": "preemption"}  # a latency part's label -> the timeline's phase
+PHASE_WORDS = {"preemption": "preempted: waiting to be re-admitted, then recomputing,"}
+
+
+def _times(r, record: KVRecord | None) -> RequestTimes:
+    """A request row as `latency_parts` reads it, with the engine's preemptions and re-admissions of it."""
+
+    def value(x) -> float:
+        return float(x) if x is not None and pd.notna(x) else float("nan")
+
+    rid = r.request_id
+    preempted = record.preempted.get(rid, []) if record is not None else []
+    readmitted = record.readmitted.get(rid, []) if record is not None else []
+    return RequestTimes(
+        rid,
+        arrival=value(r.arrival_ts),
+        queue=value(r.queue_s),
+        first_token=value(r.first_token_ts),
+        finished=value(r.finished_ts),
+        prompt=value(r.prompt_tokens),
+        cached=value(r.cached_tokens),
+        completion=value(r.completion_tokens),
+        num_preemptions=int(r.num_preemptions or 0),
+        preempted=preempted,
+        readmitted=readmitted,
+    )
+
+
+def _drawn(intervals: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """A request's intervals as drawn: its decode cut where a preemption interrupted it (one phase at a time)."""
+    cuts = sorted((lo, hi) for label, lo, hi in intervals if label == "preempted")
+    out = [i for i in intervals if i[0] != "decode"]
+    for _, lo, hi in (i for i in intervals if i[0] == "decode"):
+        at = lo
+        for cut_lo, cut_hi in cuts:
+            if cut_hi <= at or cut_lo >= hi:
+                continue
+            out.append(("decode", at, max(at, cut_lo)))
+            at = max(at, cut_hi)
+        out.append(("decode", at, hi))
+    return out
 
 
 def _lifecycle(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
@@ -205,13 +259,14 @@ def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
     blocks it covers (`num_blocks`; unknown, NaN, on rows stored before that column existed)."""
     if kv.empty:
         return pd.DataFrame(columns=EVENTS)
-    keys = ["ms", "kind", "why", "key"]
+    keys = ["ms", "kind", "why", "key", "tie"]
     frame = pd.DataFrame(
         {
             "ms": (kv["ts"].astype(float) * 1000).round().to_numpy(),
             "kind": kv["kind"].astype(object).to_numpy(),
             "why": kv["reason"].astype(object).fillna("").to_numpy(),
             "key": kv["request_id"].astype(object).fillna("").to_numpy(),
+            "tie": (kv["tie"] if "tie" in kv else pd.Series(None, index=kv.index)).astype(object).fillna("").to_numpy(),
             "ts": kv["ts"].astype(float).to_numpy(),
             "block_hash": kv["block_hash"].to_numpy(dtype=object),
             "num_tokens": pd.to_numeric(kv["num_tokens"], errors="coerce").to_numpy(dtype=float),
@@ -224,8 +279,10 @@ def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
     rids = [rid or None for rid in out["key"]]
     taken = [takers.get(rid) if rid else None for rid in rids]
     what = [
-        _kv_text(kind, why, num, tok, rid, taker, session_id)
-        for kind, why, num, tok, rid, taker in zip(out["kind"], out["why"], out["blocks"], out["tokens"], rids, taken)
+        _kv_text(kind, why, num, tok, rid, taker, session_id) + TIED_WORDS.get(tie, "")
+        for kind, why, num, tok, rid, taker, tie in zip(
+            out["kind"], out["why"], out["blocks"], out["tokens"], rids, taken, out["tie"]
+        )
     ]
     return pd.DataFrame(
         {
@@ -240,6 +297,13 @@ def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:
         },
         columns=EVENTS,
     )
+
+
+# how an event that named no session was found to be this session's (`tied_events`)
+TIED_WORDS = {
+    BlockTie.INFERENCE.value: "; named no session: tied to this session by inference (its depth, its time, the chain)",
+    BY_REQUEST: "; named no session: its request is this session's (joined to the step)",
+}
 
 
 def _counted(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

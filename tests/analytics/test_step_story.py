@@ -61,7 +61,7 @@ def test_a_requests_lifecycle_is_told_in_order(agent_run):
             assert told["kind"].tolist() == ["arrived", "finished"]
         phases = story.timeline[story.timeline["lane"].str.startswith("request")]
         assert (phases["end"] >= phases["start"]).all()
-        assert set(phases["phase"]) <= {"queue", "prefill", "decode"}
+        assert set(phases["phase"]) <= {"queue", "preemption", "prefill", "decode"}
 
 
 def test_the_pause_losses_told_are_the_verdicts_and_their_takers_were_running(agent_run):
@@ -132,3 +132,76 @@ def test_a_story_over_its_sessions_detail_is_the_story_it_reads_itself(request, 
             for got, want in [(shared.requests, alone.requests), (shared.timeline, alone.timeline)]:
                 pd.testing.assert_frame_equal(got, want)
             pd.testing.assert_frame_equal(shared.events, alone.events)
+
+
+def test_a_preemption_is_drawn_as_preemption_from_its_own_events(agent_run):
+    """A request the engine preempted: its lane draws, from its `preempted` row (or, before its first token, from
+    its scheduling) to its re-admission and the recompute after, a preemption, never decode over it: the interval
+    the latency split counts as preempted (`latency_parts.request_intervals`)."""
+    checked = 0
+    for _, story in stories(agent_run):
+        events = story.events
+        preempted_at = set(events.loc[events["kind"] == "preempted", "ts"]) | set(
+            events.loc[events["kind"] == "scheduled", "ts"]
+        )
+        readmitted = events.loc[
+            (events["kind"] == "hit") & events["what"].str.contains("(readmission)", regex=False), "ts"
+        ]
+        for _, bars in story.timeline[story.timeline["lane"].str.startswith("request")].groupby("lane"):
+            decode = bars[bars["phase"] == "decode"]
+            for bar in bars[bars["phase"] == "preemption"].itertuples():
+                assert any(abs(bar.start - ts) < 1e-6 for ts in preempted_at), bar
+                assert ((readmitted >= bar.start - 1e-6) & (readmitted <= bar.end + 1e-6)).any(), bar
+                assert not ((decode["start"] < bar.end - 1e-9) & (decode["end"] > bar.start + 1e-9)).any()
+                checked += 1
+    assert checked > 0  # 30 blocks for three growing contexts: the engine preempts
+
+
+def test_blocks_that_named_no_session_are_on_their_sessions_story_with_how_they_were_tied(vllm_run, tmp_path):
+    """The recorded vLLM run with six sessions' stores written without their session (as a framework agent's
+    requests send no header): every block found for one of those sessions is one the header had named that
+    session's (its truth), and their stories show them, each said to be tied by inference."""
+    from dataclasses import replace
+
+    from kvobs.analytics.chains import with_sessions
+    from kvobs.analytics.tied_events import tied_events
+    from kvobs.store import StoreWriter
+    from tests.store.test_contract import _open, _rows
+
+    records = _rows(vllm_run.store)
+    unnamed = {f"sess-{i:02d}" for i in range(6)}
+    truth = {
+        (r.instance, int(r.block_hash), r.ts): r.session_id
+        for r in records["kv_events"]
+        if r.kind == "stored" and r.session_id in unnamed
+    }
+    records["kv_events"] = [
+        replace(r, session_id=None) if r.kind == "stored" and r.session_id in unnamed else r
+        for r in records["kv_events"]
+    ]
+    store, _ = _open("sqlite", tmp_path)
+    writer = StoreWriter(store)
+    for table, rows in records.items():
+        for row in rows:
+            (writer.upsert if table == "sessions" else writer.add)(row)
+    writer.close()
+    found, told = 0, 0
+    try:
+        for session in sorted(unnamed):
+            steps = store.reads.steps(session_id=session)
+            first, last = float(steps["started_at"].min()), float(steps["ended_at"].max())
+            requests = with_sessions(store.reads.requests(first - 1, last + 1), steps)
+            ids = requests.loc[requests["session_id"] == session, "request_id"]
+            tied = tied_events(store, session, first - 1, last + 1, ids)
+            stores = tied[tied["kind"] == "stored"] if not tied.empty else tied
+            for row in stores.itertuples():
+                assert truth[(row.instance, int(row.block_hash), row.ts)] == session, row
+            found += len(stores)
+            for index in steps["step_index"]:
+                story = step_story(store, session, int(index))
+                shown = story.events[story.events["kind"] == "stored"]
+                assert shown["what"].str.contains("tied to this session by inference").all()
+                told += len(shown)
+    finally:
+        store.close()
+    assert found > 0 and told > 0, (found, told)

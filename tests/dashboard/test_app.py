@@ -358,3 +358,80 @@ def test_the_sessions_page_shows_each_sessions_join_rate(monkeypatch, tmp_path):
     table = at.dataframe[0].value.set_index("session_id")
     assert table["join_rate"].round(3).to_dict() == {"trip-a": 1.0, "trip-b": 1.0, "trip-c": 0.667}
     assert any("Joined: of its steps made of an agent framework's spans" in c.value for c in at.caption)
+
+
+def _colour_scales(spec) -> list[dict]:
+    """Every colour scale with a domain and a range in a chart spec (its layers and concatenations too)."""
+    found = []
+    if isinstance(spec, dict):
+        colour = spec.get("encoding", {}).get("color", {}) if isinstance(spec.get("encoding"), dict) else {}
+        scale = colour.get("scale", {}) if isinstance(colour, dict) else {}
+        if "domain" in scale and "range" in scale:
+            found.append(dict(zip(scale["domain"], scale["range"])))
+        for value in spec.values():
+            found += _colour_scales(value)
+    elif isinstance(spec, list):
+        for value in spec:
+            found += _colour_scales(value)
+    return found
+
+
+def test_a_step_page_gives_each_phase_one_colour_on_both_charts(monkeypatch, agent_run):
+    """The latency split and the timeline colour a phase alike (queue, preemption, prefill, decode, tools), and no
+    two phases share a colour, but a part and the phase it is drawn as."""
+    from dashboard.views.step import COLOURS
+
+    steps = agent_run.store.reads.steps()
+    step = steps.sort_values("e2e_s").iloc[-1]  # the slowest: several parts
+    monkeypatch.setenv("KVOBS_STORE_URL", agent_run.url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["session"], at.query_params["step"] = step["session_id"], str(int(step["step_index"]))
+    at.run()
+    assert_clean(at)
+    scales = [scale for spec in charts(at) for scale in _colour_scales(spec)]
+    assert len(scales) >= 2  # the split and the timeline
+    for scale in scales:
+        assert scale == {name: COLOURS[name] for name in scale}
+    merged = {name: colour for scale in scales for name, colour in scale.items()}
+    assert merged["queue"] != merged["decode"] != merged["preemption"] != merged["prefill"]
+    same = {"prefill": "prefill of new tokens", "tool": "its own tool calls"}  # a part and its timeline phase
+    by_colour: dict[str, set] = {}
+    for name, colour in COLOURS.items():
+        by_colour.setdefault(colour, set()).add(same.get(name, name))
+    assert all(len(names) == 1 for names in by_colour.values()), by_colour
+
+
+def test_the_alerts_page_never_says_all_is_well_while_steps_fail(monkeypatch, agent_run):
+    """Nothing fires on the engine run (its rules need minutes of `for`), and steps failed: the page says both,
+    with no green success box."""
+    at = open_page(monkeypatch, agent_run.url, "alerts")
+    assert_clean(at)
+    assert not at.success
+    said = at.info[0].value
+    failed = agent_run.result.num_failed
+    assert failed > 0 and said.startswith("Nothing is firing.")
+    assert f"{failed:,} of the 18 agent steps in this range failed" in said
+
+
+def test_a_what_if_chart_with_no_replayed_value_is_an_empty_state_not_bare_axes():
+    """No chart of bare axes: a table whose replayed sizes counted nothing to chart says so instead."""
+
+    def page() -> None:
+        import numpy as np
+        import pandas as pd
+
+        from dashboard.views.whatif import _chart
+
+        table = pd.DataFrame(
+            {
+                "configuration": ["observed", "replay", "replay"],
+                "blocks": [48, 24, 96],
+                "hit rate": [0.4, np.nan, np.nan],
+                "lost in tool pauses": [np.nan, np.nan, np.nan],
+            }
+        )
+        _chart(table, pauses=True)
+
+    at = AppTest.from_function(page).run()
+    assert_clean(at)
+    assert not at.get("vega_lite_chart") and "No replayed size has a value to chart" in at.info[0].value
