@@ -18,9 +18,10 @@ def nothing_firing(data) -> str:
     said = "Nothing is firing."
     if not data.holding.empty:
         rule = data.holding.sort_values("for_s").iloc[0]
+        held = f"has held {rule['held_s']:.0f} s" if rule["held_s"] > 0 else "holds in its latest window only"
         said += (
-            f" {len(data.holding)} rule(s) hold now but not yet for their `for`: {rule['rule']} has held "
-            f"{rule['held_s']:.0f} s of the {rule['for_s']:.0f} s it needs (below)."
+            f" {len(data.holding)} rule(s) hold now but not yet for their `for`: {rule['rule']} {held}, and fires "
+            f"once it has held {rule['for_s']:.0f} s (below)."
         )
     if failed:
         said += f" {failed:,} of the {steps:,} agent steps in this range failed."

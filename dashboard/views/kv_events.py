@@ -53,40 +53,38 @@ def render(ctx) -> None:
         help="Stores that brought back a block lost on the same instance / stores. Known as the events were stored: "
         "events stored before revision 0021 do not say.",
     )
-    left, right = st.columns(2)
-    with left:
-        st.subheader("Blocks lost, by reason")
-        st.caption(
-            "The whole range, each lost block once (evictions, invalidations, vLLM removals; resets not included). "
-            + (
-                f"Not losses: {data.released:,} blocks the agents released when their session ended."
-                if data.released
-                else ""
+    # the reasons' chart and the restored blocks' table each take the page's width: no column of it is cut
+    st.subheader("Blocks lost, by reason")
+    st.caption(
+        "The whole range, each lost block once (evictions, invalidations, vLLM removals; resets not included). "
+        + (
+            f"Not losses: {data.released:,} blocks the agents released when their session ended."
+            if data.released
+            else ""
+        )
+    )
+    reasons = data.reasons
+    if reasons.empty:
+        st.info("No block was lost in this range.")
+    else:
+        shown = reasons.assign(
+            reason=[glossary.series(r) for r in reasons["reason"]],
+            kind=[glossary.series(k) for k in reasons["kind"]],
+        )
+        chart = (
+            alt.Chart(shown)
+            .mark_bar()
+            .encode(
+                y=alt.Y("reason:N", title=None, sort="-x", axis=alt.Axis(labelLimit=260)),
+                x=alt.X("blocks:Q", title="blocks lost"),
+                color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top")),
+                tooltip=["reason", "kind", alt.Tooltip("blocks:Q", format=",")],
             )
         )
-        reasons = data.reasons
-        if reasons.empty:
-            st.info("No block was lost in this range.")
-        else:
-            shown = reasons.assign(
-                reason=[glossary.series(r) for r in reasons["reason"]],
-                kind=[glossary.series(k) for k in reasons["kind"]],
-            )
-            chart = (
-                alt.Chart(shown)
-                .mark_bar()
-                .encode(
-                    y=alt.Y("reason:N", title=None, sort="-x", axis=alt.Axis(labelLimit=260)),
-                    x=alt.X("blocks:Q", title="blocks lost"),
-                    color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top")),
-                    tooltip=["reason", "kind", alt.Tooltip("blocks:Q", format=",")],
-                )
-            )
-            show(chart.properties(height=alt.Step(36)), width="stretch")
-    with right:
-        st.subheader("Most recomputed blocks")
-        st.caption("Stored again on the same instance after it was lost there, in the stretch counted above.")
-        show_table(data.restored.astype({"block_hash": str}), ctx.clock)
+        show(chart.properties(height=alt.Step(36)), width="stretch")
+    st.subheader("Most recomputed blocks")
+    st.caption("Stored again on the same instance after it was lost there, in the stretch counted above.")
+    show_table(data.restored.astype({"block_hash": str}), ctx.clock)
     st.subheader("Top prefixes (by sessions building on them)")
     show_table(data.prefixes.astype({"root_hash": str}), ctx.clock)
 

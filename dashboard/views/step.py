@@ -54,6 +54,9 @@ COLOURS = {
 }
 
 
+KV_MARK = "#263238"  # the KV events' diamonds: no phase's colour
+
+
 def colour_scale(names: list[str]) -> alt.Scale:
     """The page's one colour for each of `names` (`COLOURS`)."""
     return alt.Scale(domain=names, range=[COLOURS[name] for name in names])
@@ -145,7 +148,7 @@ def _breakdown(step: dict) -> None:
     def known(value) -> float:
         return float(value) if value is not None and pd.notna(value) else 0.0
 
-    typical = "typical step (each part's median over its session's other steps)"
+    typical = "typical step"  # (each part's median over its session's other steps: the caption says so)
     rows = [
         {"which": which, "part": part, "seconds": known(step.get(column)), "order": i}
         for which, parts in (("this step", PARTS), (typical, TYPICAL_PARTS))
@@ -175,7 +178,8 @@ def _breakdown(step: dict) -> None:
     show(chart.properties(height=alt.Step(34)), width="stretch")
     rate = step.get("prefill_rate")
     st.caption(
-        "Each instant of the step is counted once: the queue, preemption, prefill and decode from its request rows "
+        "Typical step: each part's median over its session's other steps. Each instant of the step is counted "
+        "once: the queue, preemption, prefill and decode from its request rows "
         "and the engine's preemption and re-admission events, its tool calls as the agent recorded them, and the "
         "rest outside the engine. The recompute inside the prefill is the share its tokens are of the tokens the "
         "prefill computed"
@@ -215,7 +219,7 @@ def _timeline(ctx, story) -> None:
     if not points.empty:
         layers.append(
             alt.Chart(points)
-            .mark_point(filled=True, shape="diamond")
+            .mark_point(filled=True, shape="diamond", color=KV_MARK)
             .encode(
                 x=time_x("at_ms", clock, since - pad, until + pad),
                 y=y,

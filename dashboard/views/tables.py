@@ -8,6 +8,8 @@ and a blank where a value is unknown (never `None`).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -58,14 +60,15 @@ def show_table(
     for column in shown.columns:
         name, help_text = glossary.label(str(column)), glossary.describe(str(column))
         numeric = pd.api.types.is_numeric_dtype(shown[column])
+        number = partial(st.column_config.NumberColumn, name, help=help_text, width="small")  # the grid fits the page
         if numeric and column in PERCENT_COLUMNS:
-            config[column] = st.column_config.NumberColumn(name, help=help_text, format="percent")
+            config[column] = number(format="percent")
         elif numeric and str(column).endswith("_s") and not _integral(shown[column]):
-            config[column] = st.column_config.NumberColumn(name, help=help_text, format="%.3f")
+            config[column] = number(format="%.3f")
         elif numeric and _integral(shown[column]):
-            config[column] = st.column_config.NumberColumn(name, help=help_text, format="localized")
+            config[column] = number(format="localized")
         elif numeric:
-            config[column] = st.column_config.NumberColumn(name, help=help_text, format="%.3g")
+            config[column] = number(format="%.3g")
         else:
             config[column] = st.column_config.TextColumn(
                 name, help=help_text, width="large" if column in WIDE_COLUMNS else None

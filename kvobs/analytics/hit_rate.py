@@ -41,10 +41,10 @@ class HitRate:
         return self.hit_tokens / self.query_tokens if self.query_tokens else None
 
     def describe(self) -> str:
-        """`66% of 6,703 prompt tokens` (or what is missing)."""
+        """`65.9% of 6,703 prompt tokens` (or what is missing): to the tenth of a point, as every page shows it."""
         if self.rate is None:
             return "no prompt tokens"
-        return f"{self.rate:.0%} of {self.query_tokens:,.0f} prompt tokens"
+        return f"{self.rate:.1%} of {self.query_tokens:,.0f} prompt tokens"
 
 
 def hit_rate(requests: pd.DataFrame, counters: pd.DataFrame | None = None) -> HitRate:

@@ -63,8 +63,8 @@ def test_the_terminal_the_overview_and_what_if_give_one_hit_rate(two_runs, which
     overview = data.overview(store, since, until, 5.0).kpis["hit rate"]
     what_if = observed_total(replay_plans(store, since, until), store, since, until)["hit_rate"]
     assert hit.rate is not None and hit.num_requests > 0
-    assert f"{hit.rate:.0%} of {hit.query_tokens:,.0f} prompt tokens" in terminal
-    assert re.search(r"(\d+)% of ([\d,]+) prompt tokens", terminal).group(2) == f"{overview.query_tokens:,.0f}"
+    assert f"{hit.rate:.1%} of {hit.query_tokens:,.0f} prompt tokens" in terminal  # as the Overview shows it
+    assert re.search(r"([\d.]+)% of ([\d,]+) prompt tokens", terminal).group(2) == f"{overview.query_tokens:,.0f}"
     assert overview.rate == pytest.approx(hit.rate) and what_if == pytest.approx(hit.rate)
 
 
