@@ -35,7 +35,7 @@ STAGES = {
     "5/5 ": "5/5 C++ CPU operations",
     "the tests' ": "test environments",
 }
-ROUND = re.compile(r"(\d+) steps in (\d+) s; prefix cache hit rate: (\d+)%")
+ROUND = re.compile(r"(\d+) steps in (\d+) s; prefix cache hit rate: ([\d.]+)%")
 FAILED = re.compile(r"failed steps: (\d+)")
 DEADLINE = re.compile(r"a step deadline of ([\d.]+) s")
 
