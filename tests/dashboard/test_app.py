@@ -435,3 +435,30 @@ def test_a_what_if_chart_with_no_replayed_value_is_an_empty_state_not_bare_axes(
     at = AppTest.from_function(page).run()
     assert_clean(at)
     assert not at.get("vega_lite_chart") and "No replayed size has a value to chart" in at.info[0].value
+
+
+def test_a_grid_fits_the_page_its_numbers_narrow_and_the_restored_blocks_table_at_full_width(monkeypatch, agent_run):
+    """Tables that fit (or scroll): a grid's number columns are narrow, and the KV events page's table of restored
+    blocks (a 20-digit hash and a time) is no longer squeezed into half the page beside a chart."""
+
+    def page() -> None:
+        import pandas as pd
+
+        from dashboard.clock import Clock
+        from dashboard.views.tables import show_table
+
+        frame = pd.DataFrame(
+            {"block_hash": ["11428573684963888313"], "blocks": [3], "hit_rate": [0.5], "queue_s": [0.25]}
+        )
+        show_table(frame, Clock.named("UTC"))
+
+    at = AppTest.from_function(page).run()
+    assert_clean(at)
+    columns = json.loads(at.dataframe[0].proto.columns)
+    assert {name: columns[name].get("width") for name in ("blocks", "hit_rate", "queue_s")} == dict.fromkeys(
+        ("blocks", "hit_rate", "queue_s"), "small"
+    )
+    kv = open_page(monkeypatch, agent_run.url, "kv_events")
+    assert_clean(kv)
+    assert "Most recomputed blocks" in [h.value for h in kv.subheader]
+    assert "Most recomputed blocks" not in [h.value for column in kv.columns for h in column.subheader]

@@ -99,3 +99,36 @@ def test_the_agents_page_shows_the_server_and_collector_its_recipes_talk_to():
     assert urlsplit(serve.otlp_endpoint).port == int(collect.otlp_grpc.rsplit(":", 1)[1])
     assert serve.kv_events_endpoint.rsplit(":", 1)[1] == collect.kv_events[0].rsplit(":", 1)[1]
     assert any(url.endswith("127.0.0.1:8000") for url in collect.vllm_url)
+
+
+def _measured(case: str, busy: int) -> str:
+    """A figure of `bench/results/install.md` as its table writes it ("151 s"): the case of the run with `busy` busy
+    loops."""
+    text = (ROOT / "bench" / "results" / "install.md").read_text()
+    row = re.search(rf"^\| install \| {re.escape(case)} \(extras all, {busy} busy loops[^|]*\| ([^|]+) \|", text, re.M)
+    assert row, (case, busy)
+    return row.group(1).strip()
+
+
+def test_the_readmes_install_and_demo_figures_are_the_measured_ones():
+    """The README quotes the install and the demo from the results file of a measured install in a fresh clone
+    (`bench/install.py`), quiet and with a busy loop on each core, never a figure of its own."""
+    quick_start = README[README.index("## Quick start") : README.index("## With Docker")]
+    assert "bench/results/install.md" in quick_start
+    for busy in (0, 2):
+        for case in ("whole install", "demo: start to its dashboard", "demo: its first round"):
+            assert _measured(case, busy) in quick_start, (case, busy)
+    assert _measured("5/5 C++ CPU operations", 0) in quick_start
+
+
+def test_the_install_says_its_c_stage_as_measured():
+    """`scripts/install.sh` says the C++ stage's time from the results file, not a guess ("a minute or two")."""
+    import subprocess
+
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    measured = re.search(r"^measured\(\) \{.*?^\}", script, re.M | re.S).group(0)
+    said = subprocess.run(
+        ["bash", "-c", f'{measured}\nmeasured "5/5 C++ CPU operations"'], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    assert said.startswith(f"; measured: {_measured('5/5 C++ CPU operations', 0)} on ") and "install.md" in said
+    assert "a minute or two" not in script
