@@ -155,6 +155,8 @@ def write_recording(
     for name in frames:
         folder = here / name / "metrics"
         folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("scrape_*.txt"):  # an earlier recording's, which this one may not overwrite
+            old.unlink()
         (here / name / "kv_events.jsonl").write_text("".join(json.dumps(f) + "\n" for f in frames[name]))
         index = []
         for i, (ts, body) in enumerate(scrapes[name]):

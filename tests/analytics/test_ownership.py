@@ -1,7 +1,7 @@
 """Which request stored which blocks, where the blocks name no session (`kvobs.analytics.ownership`), checked
 against runs whose blocks do name their sessions (the header reached the server): the same stored blocks with
 their names taken away must be given back exactly the sessions the server wrote on them, or none; never another.
-The runs: a real vLLM 0.32 under 12 concurrent agents (9 preemptions), two real vLLM replicas behind a round-robin
+The runs: a real vLLM 0.32 under 12 concurrent agents (5 preemptions), two real vLLM replicas behind a round-robin
 router, `kvobs serve` under pressure (evictions, preemptions) and a `kvobs serve` fleet."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def blind(store):
 # cached (sessions running at once may store two chains of one depth in one window: the inference declines to choose
 # between them, `ambiguous`, and owns neither), most of its blocks owned, at least one session found the other way
 CASES = [
-    ("vllm_run", {INFERENCE: 51, BlockTie.AMBIGUOUS.value: 6}, (207, 217), 10),
+    ("vllm_run", {INFERENCE: 51, BlockTie.AMBIGUOUS.value: 6}, (198, 205), 12),
     ("vllm_fleet", {INFERENCE: 15, BlockTie.STORED_NOTHING.value: 9}, (16, 16), 15),
     ("served_fleet", {INFERENCE: 12}, (113, 113), 12),
     ("agent_run", None, None, None),

@@ -110,11 +110,11 @@ def test_collect_runs_until_sigterm_and_flushes(tmp_path):
     assert own[("kvobs_agent_step_failures_total", (("error_type", "timeout"),))] == 1.0
     assert own[("kvobs_telemetry_dropped_total", (("component", "scrape"),))] > 0
     assert own[("kvobs_telemetry_dropped_total", (("component", "otlp"),))] == 1
-    assert own[("kvobs_collector_llm_requests_total", ())] == 54
+    assert own[("kvobs_collector_llm_requests_total", ())] == 57  # the fixture README
     assert own[("kvobs_collector_otlp_exports_busy_total", ())] == own[("kvobs_collector_ids_cut_total", ())] == 0
     assert "vllm is down" in output
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 54
+        assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 57
         assert conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == len(bodies)
         ups = [v for (v,) in conn.execute("SELECT value FROM metric_samples WHERE name = 'up' ORDER BY id")]
     assert ups[: len(bodies)] == [1.0] * len(bodies) and set(ups[len(bodies) :]) == {0.0}

@@ -122,7 +122,8 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     at.selectbox(key="session").set_value(sessions[1]).run()
     assert_clean(at)
     said = [c.value for c in at.caption if "named no session" in c.value]
-    assert said and "Of its 3 requests: 3 tied to it by inference" in said[0], said
+    told = "3 of its requests stored KV blocks that named no session (no X-Session-ID reached the server with them)"
+    assert said and f"{told}: 3 tied to it by inference" in said[0], said
     if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":  # what its replay is held to
         sessions = {s: {"lost": footprints[s].removed, "lost_in_pause": paused[s]} for s in sessions}
         kv_truth = {"requests_tied": dict(h.collector.block_owners.requests_tied), "sessions": sessions}

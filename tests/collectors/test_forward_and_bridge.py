@@ -62,7 +62,7 @@ def test_exports_are_forwarded_unchanged_and_evictions_become_linked_spans(tmp_p
     assert sorted(forwarded) == sorted(otlp_bodies())  # byte for byte
     removal_batches = [ts for ts, events in expected.batches() if any(e["type"] == "BlockRemoved" for e in events)]
     assert len(evict) == len(removal_batches)
-    assert sum(s.attributes[a.KV_BLOCKS_EVICTED] for s in evict) == 183  # the fixture README's removals
+    assert sum(s.attributes[a.KV_BLOCKS_EVICTED] for s in evict) == 171  # the fixture README's removals
     assert {s.service for s in evict} == {"kvobs-collector"}
     sessions = {sid for s in evict for sid in s.attributes[a.KV_SESSIONS_AFFECTED]}
     assert sessions == {sid for (kind, sid) in expected.kv_outcome()["rows"] if kind == "removed" and sid}

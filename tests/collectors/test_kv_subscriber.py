@@ -78,7 +78,7 @@ def test_connect_mode_receives_every_recorded_batch_in_order():
     frames = [m.frames for m in kv_messages()]
     got, drops, subscriber = run(frames, bind_subscriber=False, expect=len(frames))
     assert got.seqs == list(range(len(frames)))
-    assert subscriber.num_events == recorded_event_count() == 103 + 183 + 1  # the fixture README's totals
+    assert subscriber.num_events == recorded_event_count() == 102 + 171 + 1  # the fixture README's totals
     assert got.num_blocks == recorded_block_count()  # every block handed on, consecutive removals merged or not
     assert drops.totals() == {} and subscriber.num_gaps == 0
 
