@@ -51,6 +51,9 @@ def record_agent_steps(store) -> None:
     writer.close()
 
 
+LATER_FROM = 0.25  # a fleet's later replicas start a quarter of the way into the recording
+
+
 @contextmanager
 def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_process: bool = False):
     """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the stopped collector.
@@ -58,13 +61,15 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_
     Several `replicas` make a fleet behind one collector: each has its own /metrics and KV-event stream; the first
     plays the whole recording, each later one its second half (a replica started later, whose /metrics answers 503
     once its scrapes run out: it went down); the OTLP bodies are dealt out among them in turn, each tagged with its
-    replica's `service.instance.id`, as `OTEL_RESOURCE_ATTRIBUTES` would. Every row keeps its recorded time:
-    each scrape is stamped with the time it was recorded at, as the KV events and spans carry theirs."""
+    replica's `service.instance.id`, as `OTEL_RESOURCE_ATTRIBUTES` would, a later replica's only from when its
+    stream is up (before, the first replica's: a replica serves no request before it runs). Every row keeps its
+    recorded time: each scrape is stamped with the time it was recorded at, as the KV events and spans carry
+    theirs."""
     record_agent_steps(store)
-    half = len(kv_messages()) // 2
-    plays = [(kv_messages(), scrapes())] + [(kv_messages()[half:], scrapes()[len(scrapes()) // 2 :])] * (
-        len(replicas) - 1
-    )
+    messages, scraped = kv_messages(), scrapes()
+    start = scraped[0][0] + LATER_FROM * (scraped[-1][0] - scraped[0][0])
+    later = ([m for m in messages if m.recv_ts >= start], [s for s in scraped if s[0] >= start])
+    plays = [(messages, scraped)] + [later] * (len(replicas) - 1)
     ports = [free_port() for _ in replicas]
     with ExitStack() as stack:
         urls = [stack.enter_context(metrics_server([body for _, body in scraped])) for _, scraped in plays]
@@ -86,8 +91,11 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_
                 for message in messages:
                     pub.send_multipart(message.frames)
             otlp = f"http://127.0.0.1:{collector.receiver.http_port}/v1/traces"
+            live_from = [messages[0].recv_ts for messages, _ in plays]  # a replica serves once its stream is up
             for i, body in enumerate(otlp_bodies()):
-                body = body if len(replicas) == 1 else _exported_by(body, replicas[i % len(replicas)])
+                if len(replicas) > 1:
+                    turn = i % len(replicas)
+                    body = _exported_by(body, replicas[turn if _started(body) >= live_from[turn] else 0])
                 assert httpx.post(otlp, content=body, headers={"Content-Type": "application/x-protobuf"}).is_success
             wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
             for _ in scrapes()[1:]:
@@ -113,12 +121,22 @@ def recorded_clock(times: list[list[float]]):
     return clock
 
 
+def _started(body: bytes) -> float:
+    """When the earliest span of an OTLP body started (epoch s)."""
+    export = ExportTraceServiceRequest.FromString(body)
+    starts = [s.start_time_unix_nano for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    return min(starts) / 1e9 if starts else 0.0
+
+
 def _exported_by(body: bytes, instance: str) -> bytes:
     """The OTLP body as exported by the replica `instance` (`service.instance.id` on each resource)."""
     export = ExportTraceServiceRequest.FromString(body)
     for resource_spans in export.resource_spans:
         resource_spans.resource.attributes.add(key=SERVICE_INSTANCE_ID).value.string_value = instance
     return export.SerializeToString()
+
+
+LATER_FROM = 0.25  # a fleet's later replicas start a quarter of the way into the recording
 
 
 @contextmanager
