@@ -15,6 +15,7 @@ import pandas as pd
 
 from dashboard.page_data import AlertsPage, FleetRouting, FleetTable, KVEventsPage, Overview, Pressure
 from dashboard.series import activity, fill_windows, unwatched
+from kvobs.alerts.holding import holding_rules
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
 from kvobs.analytics.footprints import footprint_timeline, session_table
@@ -481,24 +482,5 @@ def alerts_page(store: Store, since: float, until: float, instances=None) -> Ale
         history, latest = (f[f["instance"].isna() | f["instance"].isin(instances)] for f in (history, latest))
     active = latest[latest["state"] == "firing"]
     steps, failed = store.lookups.step_counts(since, until)
-    return AlertsPage(active, history, holding_rules(store, until, active, instances), (int(failed), int(steps)))
-
-
-HOLDING = ["rule", "severity", "instance", "session_id", "value", "held_s", "for_s", "summary"]
-
-
-def holding_rules(store: Store, now: float, active: pd.DataFrame, instances=None) -> pd.DataFrame:
-    """The built-in rules whose condition holds at `now` for a key that is not firing: each with how long it has held
-    and the `for` it needs (so a page says why nothing fires yet, rather than that all is well)."""
-    from kvobs.alerts.evaluator import Evaluator
-    from kvobs.alerts.rules import builtin_rules
-
     firing = set(zip(active["rule"], active["instance"], active["session_id"]))
-    evaluator, rows = Evaluator(store, []), []
-    for rule in builtin_rules():
-        for (instance, session_id), (value, held_s) in evaluator.holding(rule, now).items():
-            if (rule.name, instance, session_id) in firing or (instances is not None and instance not in instances):
-                continue
-            summary = rule.describe(value, instance, session_id)
-            rows.append((rule.name, rule.severity, instance, session_id, value, held_s, rule.for_s, summary))
-    return pd.DataFrame(rows, columns=HOLDING)
+    return AlertsPage(active, history, holding_rules(store, until, firing, instances), (int(failed), int(steps)))
