@@ -177,7 +177,7 @@ def check_store(url: str) -> None:
     try:
         open_store(url).close()
     except OperationalError as exc:
-        raise OSError(f"cannot open the store {redacted_url(url)}: {exc.orig}") from None
+        raise OSError(f"cannot reach the store {redacted_url(url)}: {exc.orig}") from None
 
 
 def ports_in_use(listeners: Iterable[tuple[str, str, int]]) -> list[str]:

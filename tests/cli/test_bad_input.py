@@ -43,7 +43,7 @@ CASES = [
     # a store the engine cannot open is said with its URL before the weights load
     (
         ["serve", "--port", "0", "--store", "sqlite:////no-such-dir/x.db"],
-        "kvobs serve: cannot open the store sqlite:////no-such-dir/x.db: unable to open database file",
+        "kvobs serve: cannot reach the store sqlite:////no-such-dir/x.db: unable to open database file",
     ),
 ]
 
