@@ -19,16 +19,21 @@ def restores_by_hash(events: pd.DataFrame) -> pd.Series:
 
 def lifetimes_by_hash(events: pd.DataFrame) -> pd.Series:
     """Per loss row that is a block's first (by its index): the time since the same block's latest store on the same
-    instance at or before it; rows with no such store are left out."""
-    losses = events[events["kind"].isin(BLOCK_LOSS_KINDS) & (events["first_owner"] == 1)]
-    stores = events.loc[events["kind"] == STORED, ["instance", "block_hash", "ts"]].rename(columns={"ts": "stored_ts"})
-    keyed = losses.reset_index().sort_values("ts")
+    instance before it, in the rows' order (`events` as read: by time, then as written), so a block removed and
+    stored again in one batch (one timestamp) is aged by its earlier store; rows with no such store are left out."""
+    assert events["ts"].is_monotonic_increasing, "the rows are not in time order"
+    ordered = events.assign(seq=range(len(events)))
+    losses = ordered[ordered["kind"].isin(BLOCK_LOSS_KINDS) & (ordered["first_owner"] == 1)]
+    stores = ordered.loc[ordered["kind"] == STORED, ["instance", "block_hash", "ts", "seq"]].rename(
+        columns={"ts": "stored_ts", "seq": "stored_seq"}
+    )
     matched = pd.merge_asof(
-        keyed,
-        stores.sort_values("stored_ts"),
-        left_on="ts",
-        right_on="stored_ts",
+        losses.reset_index(),
+        stores,
+        left_on="seq",
+        right_on="stored_seq",
         by=["instance", "block_hash"],
         direction="backward",
+        allow_exact_matches=False,
     ).set_index("index")
     return (matched["ts"] - matched["stored_ts"]).dropna().sort_index()
