@@ -6,10 +6,12 @@
 vLLM's publisher binds a wildcard endpoint (`tcp://*:5557`) and connects to a concrete one (`tcp://host:5557`); so
 does `kvobs collect` unless `--kv-events-bind`. Given the same concrete address on both sides, both connect, nobody
 binds, and nothing ever arrives: the collector says it connected and stores nothing. The replica's own /metrics
-still counts prefix-cache queries. A stream that has delivered no batch for `silence_s` while the same instance's
-scraped `vllm:prefix_cache_queries` rose in that time is told once per silence, in a log line that names the rule
-and the flag, and counted in `kvobs_collector_kv_streams_silent_total{instance}`. A stream whose instance the
-collector does not scrape cannot be told from an idle replica, and is not judged.
+still counts prefix-cache queries. A stream whose instance's scraped `vllm:prefix_cache_queries` rose `silence_s`
+or more after its last batch (the replica served all that while, and nothing arrived) is told once per silence, in
+a log line that names the rule and the flag, and counted in `kvobs_collector_kv_streams_silent_total{instance}`.
+Queries that rose just after the last batch are no silence: the last requests' lookups are scraped after their
+blocks were published, and once traffic stops the stream is quiet because the replica is. A stream whose instance
+the collector does not scrape cannot be told from an idle replica, and is not judged.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ class KVSilenceWatch:
             instance = stream.spec.instance
             heard = stream.subscriber.last_batch_at or self._started
             rose = self.scraper.queries_rose_at.get(instance)
-            if now - heard < self.silence_s or rose is None or rose <= heard or now - rose > self.silence_s:
-                continue
+            if rose is None or rose - heard < self.silence_s:
+                continue  # (a stream quiet since the replica stopped serving is not silent)
             if self._told.get(instance) == heard:
                 continue  # this silence was told already
             self._told[instance] = heard

@@ -78,3 +78,70 @@ def test_a_silent_stream_without_a_scrape_of_its_replica_is_not_judged(store, ca
     finally:
         collector.stop()
     assert not collector.kv_silence.check() and not [r for r in caplog.records if "KV events of" in r.getMessage()]
+
+
+def _rising_bodies(n: int) -> list[str]:
+    """`n` recorded scrapes, each counting more prefix-cache queries than the one before (the replica serving)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def queries(body: str) -> float:
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(body)
+            for s in f.samples
+            if s.name == "vllm:prefix_cache_queries_total"
+        )
+
+    kept: list[tuple[float, str]] = []
+    for _, body in scrapes():
+        if queries(body) > (kept[-1][0] if kept else 0.0):
+            kept.append((queries(body), body))
+    assert len(kept) >= n, len(kept)
+    return [body for _, body in kept[:n]]
+
+
+def test_a_stream_quiet_because_its_replica_stopped_serving_is_not_silent(store, caplog):
+    """The agent stops: the stream's last batch comes with the last requests, and the scrape after it still sees
+    their lookups counted (the scrape comes later than the blocks' events). From then on the stream and the counter
+    are both quiet, for far longer than `--kv-silence-s`: nothing is told (before, the watch told a silence once the
+    last batch was `--kv-silence-s` old, since the queries had risen after it). The collector is driven tick by
+    tick (its own interval an hour), so the scrape after the last batch comes half the silence later."""
+    port, silence_s, serving = free_port(), 1.0, 8
+    bodies = _rising_bodies(serving + 2)
+    with metrics_server([*bodies, *[bodies[-1]] * 200]) as url:
+        options = CollectorOptions(
+            vllm_urls=[f"vllm={url}"],
+            kv_events=[f"vllm=tcp://127.0.0.1:{port}"],
+            kv_events_bind=True,
+            interval_s=3600,
+            kv_silence_s=silence_s,
+        )
+        collector = Collector(options, store=store)
+        collector.start()
+        told: list[str] = []
+        try:
+            with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub, caplog.at_level(logging.WARNING):
+                wait_subscribed(pub)
+                wait_for(lambda: collector.scraper.num_scrapes >= 1)  # the scraper thread's first round
+                subscriber = collector.streams[0].subscriber
+                for i, message in enumerate(kv_messages()[:serving]):  # the agent's steps: events, then counters
+                    pub.send_multipart(message.frames)
+                    wait_for(lambda i=i: subscriber.num_batches > i)
+                    time.sleep(0.1)
+                    collector.scraper.scrape_all()
+                    told += collector.kv_silence.check()
+                time.sleep(silence_s / 2)  # the agent stopped; the next scrape still sees its last lookups
+                collector.scraper.scrape_all()
+                rose = collector.scraper.queries_rose_at["vllm"]
+                assert rose - subscriber.last_batch_at >= silence_s / 2  # the counter rose after the last batch
+                stop = time.monotonic() + 3 * silence_s
+                while time.monotonic() < stop:  # both quiet, well past the silence
+                    collector.scraper.scrape_all()
+                    told += collector.kv_silence.check()
+                    time.sleep(0.1)
+                assert collector.scraper.queries_rose_at["vllm"] == rose  # nothing served since
+        finally:
+            collector.stop()
+    assert subscriber.num_batches == serving and not told
+    assert not [r for r in caplog.records if "KV events of vllm" in r.getMessage()]
+    assert f"{SILENT} 0.0" in generate_latest(collector.registry).decode()
