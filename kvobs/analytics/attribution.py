@@ -20,8 +20,9 @@ explains inside it, decode, its own tool calls, outside the engine), and what th
 
 `cause` is the fact that cost the most time over the session's typical step (`none` when none cost any).
 
-Each part is weighed against its typical value: the median of the session's other steps that succeeded (all its
-other steps when none did; every successful step in the frame for a session of one step). The recompute and the
+Each part is weighed against its typical value: the median of the session's other steps that succeeded (every
+successful step in the frame where none of its session's did; none where no step succeeded: a timeout is then named
+by its largest part, never by its excess over other timeouts). The evidence says which. The recompute and the
 preemption are never typical: they count whole.
 
 `slow_cause`: is the step slow against its session's typical step (its latency above `slow_factor` x the typical
@@ -88,6 +89,8 @@ NOT_SPLIT = "no request of this step is in the store, so its time cannot be spli
 # each fact's candidate of the excess (`latency_parts.explain_excess`)
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
 TYPICAL = ("latency_s", "queue_s", "prefill_s", "decode_s", "tool_s", "other_s", "tpot_s")  # weighed as usual
+TYPICAL_FROM_SESSION = "its session's other successful steps"  # what a step's typical values are the median of
+TYPICAL_FROM_RUN = "the successful steps of the sessions read with it (none of its session's succeeded)"
 # aligned: the column names read better filled than one per line
 # fmt: off
 COLUMNS = [
@@ -233,6 +236,7 @@ def attribute_steps(
     for column in (*ESTIMATES, "preempted_s"):  # a recompute or a preemption is never usual: it counts whole
         typical[column] = np.zeros(len(frame))
     typical["new_prefill_s"] = typical["prefill_s"]
+    frame["typical_from"] = typical_from(sessions, ok)[keep]
     return _verdicts(frame, typical, slow_factor, slow_min_s)
 
 
@@ -243,29 +247,42 @@ def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = N
 
 
 def _typical(sessions: np.ndarray, values: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Per step: the median of its session's other successful steps' `values` (of all its other steps when fewer
-    than one other succeeded; for a session of one step, of every successful step in the frame). `sessions` in
-    order, each session's steps side by side (slices of numpy arrays: a pandas assignment per session cost 0.1 ms
-    each, half the failure table's time at 1,000 sessions)."""
-    reference = values[ok] if ok.any() else values
+    """Per step: the median of its session's other successful steps' `values`; where none of them succeeded, of
+    every successful step in the frame (`typical_from` says which); NaN where no step succeeded, since a timeout
+    weighed against other timeouts names the part that happened to vary, not what consumed it. `sessions` in order,
+    each session's steps side by side (slices of numpy arrays: a pandas assignment per session cost 0.1 ms each,
+    half the failure table's time at 1,000 sessions)."""
+    reference = values[ok]
     whole = float(np.nanmedian(reference)) if (~np.isnan(reference)).any() else np.nan
     typical = np.full(len(values), whole, dtype=float)
-    starts = np.flatnonzero(np.r_[True, sessions[1:] != sessions[:-1]]) if len(sessions) else np.empty(0, int)
-    for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(sessions)]):
-        if end - start < 2:
-            continue
+    for start, end in _session_slices(sessions):
         own, good = values[start:end], ok[start:end]
-        out = leave_one_out_medians(own)
-        if good.all() or not good.any():  # (most sessions) the reference is every other step
-            typical[start:end] = out
-            continue
         good_values = own[good]
-        if (~np.isnan(good_values)).any():
-            out[~good] = np.nanmedian(good_values)
-            if (~np.isnan(good_values)).sum() >= 2:
-                out[good] = leave_one_out_medians(good_values)
-        typical[start:end] = out
+        known = (~np.isnan(good_values)).sum()
+        if known == 0:
+            continue  # no other successful step of its session: the frame's
+        out = typical[start:end]
+        out[~good] = np.nanmedian(good_values)
+        if known >= 2:
+            out[good] = leave_one_out_medians(good_values)
     return typical
+
+
+def _session_slices(sessions: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each session's run of steps in `sessions` (in order, each session's steps side by side)."""
+    starts = np.flatnonzero(np.r_[True, sessions[1:] != sessions[:-1]]) if len(sessions) else np.empty(0, int)
+    return list(zip(starts.tolist(), [*starts[1:].tolist(), len(sessions)]))
+
+
+def typical_from(sessions: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Per step, what its typical values are the median of (`_typical`): `TYPICAL_FROM_SESSION` (its session's other
+    successful steps), `TYPICAL_FROM_RUN` (every successful step read with it) or None (no step succeeded)."""
+    out = np.full(len(ok), TYPICAL_FROM_RUN if ok.any() else None, dtype=object)
+    for start, end in _session_slices(sessions):
+        good = ok[start:end]
+        others = good.sum() - good  # successful steps of its session other than itself
+        out[start:end] = np.where(others > 0, TYPICAL_FROM_SESSION, out[start:end])
+    return out
 
 
 def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
@@ -335,14 +352,19 @@ def failure_verdict(error_type, row=None) -> tuple[str, str, str]:
         return error, "model" if error in MODEL_ERRORS else "request", ""
     if row is None or not row.get("num_requests"):
         return error, "timeout", f"timed out; {NOT_SPLIT}"
-    candidate = row["dominant"] or largest_part(row)
+    baseline = row.get("typical_from")
+    candidate = (row["dominant"] if baseline is not None else None) or largest_part(row)
     if candidate is None:
         return error, "timeout", f"timed out after {row['latency_s']:.2f} s; none of its time was measured"
     cause, words = EXCESS_CAUSES[candidate]
     seconds = part_seconds(row, candidate)
     said = f"timed out after {row['latency_s']:.2f} s: {words}, {seconds:.2f} s of it"
-    if row["dominant"] is not None:
-        said += f" ({row['dominant_s']:.2f} s more than usual)"
+    if baseline is None:
+        said += " (its largest part: no step succeeded to compare it with)"
+    elif row["dominant"] is not None:
+        said += f" ({row['dominant_s']:.2f} s more than usual: the median of {baseline})"
+    else:
+        said += f" (its largest part: every part as usual, against the median of {baseline})"
     return cause, FAILURE_KIND_OF[cause], said
 
 

@@ -172,3 +172,49 @@ def test_the_whatif_observed_row_counts_recompute_as_the_replay_does(overload):
     replay = simulate(plan, num_blocks=24)
     assert plan.observed["recompute_tokens"] == replay.recompute_tokens
     assert plan.observed["hit_rate"] == pytest.approx(replay.hit_rate)
+
+
+def _all_timed_out(source, path, *, with_a_good_session: bool):
+    """Two sessions of four steps, one at a time, each step with a 1 s deadline that passes mid-decode: every step
+    times out, its decode holding most of its time; each prompt longer than the last and new (no prefix cached),
+    so the later steps prefill longer than the earlier ones. With `with_a_good_session`, a session of short replies
+    that all succeed runs first."""
+    s = Script.start(source, path, num_blocks=128, max_num_seqs=1, max_model_len=512)
+    if with_a_good_session:
+        for index in range(3):
+            s.send("good", index, tokens_of(12 + index, 64), 8, tool_s=TOOL_S)
+            s.finish()
+            s.idle(TOOL_S + 0.05)
+    for n, session in enumerate(["a", "b"]):
+        for index in range(4):
+            s.send(session, index, tokens_of(4 * n + index, 64 + 48 * index), 300, deadline_s=1.0)
+            s.finish()
+            s.idle(TOOL_S)
+    return s.close()
+
+
+@pytest.mark.parametrize("with_a_good_session", [False, True])
+def test_a_timeout_is_weighed_only_against_steps_that_succeeded(smollm2_source, tmp_path, with_a_good_session):
+    """Every step of sessions a and b timed out with its decode holding most of its 1 s. Against the other timeouts,
+    a later step's longer prefill was its 'excess' (its decode was shorter than theirs), and the verdict said
+    `long_prefill`; a timeout has no typical among timeouts. With no step succeeded, each is named by its largest
+    part, and says so; with a session of successful steps in the run, by its excess over theirs, and says whose."""
+    store = _all_timed_out(smollm2_source, tmp_path / "run.db", with_a_good_session=with_a_good_session)
+    frame = verdicts(store)
+    for session in ("a", "b"):
+        for index in range(4):
+            row = frame.loc[(session, index)]
+            assert (row["status"], row["error_type"]) == ("error", "timeout")
+            assert row["decode_s"] > max(row[p] for p in PARTS if p != "decode_s")  # truth: the decode consumed it
+            assert (row["failure_cause"], row["failure_kind"]) == ("long_decode", "engine"), row["evidence"]
+            if with_a_good_session:
+                assert (
+                    "more than usual: the median of the successful steps of the sessions read with it"
+                    in (row["evidence"])
+                )
+            else:
+                assert "its largest part: no step succeeded to compare it with" in row["evidence"]
+                assert not row["slow"] and np.isnan(row["typical_s"])
+    if with_a_good_session:
+        good = frame.loc["good"]
+        assert (good["status"] == "ok").all() and not good["slow"].any()
