@@ -117,11 +117,13 @@ def render_story(ctx, session_id: str, step_index: int) -> None:
 def _verdict(ctx, step: dict) -> None:
     status = f"error ({step['error_type']})" if step["status"] == "error" else step["status"]
     latency = step["latency_s"]
-    said = (
-        f"{duration(latency)} (the whole step) against a typical {duration(step['typical_s'])}"
-        if pd.notna(latency)
-        else "unknown"
+    typical = step["typical_s"]
+    against = (
+        f"against a typical {duration(typical)}"
+        if pd.notna(typical)
+        else "no typical step: no other step of its session succeeded"
     )
+    said = f"{duration(latency)} (the whole step) {against}" if pd.notna(latency) else "unknown"
     failed = glossary.cause(step["failure_cause"]) or "did not fail"
     slow = glossary.cause(step["slow_cause"]) if step["slow_cause"] != "none" else "not slow"
     st.markdown(

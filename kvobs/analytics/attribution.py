@@ -21,9 +21,9 @@ explains inside it, decode, its own tool calls, outside the engine), and what th
 `cause` is the fact that cost the most time over the session's typical step (`none` when none cost any).
 
 Each part is weighed against its typical value: the median of the session's other steps that succeeded (every
-successful step in the frame where none of its session's did; none where no step succeeded: a timeout is then named
-by its largest part, never by its excess over other timeouts). The evidence says which. The recompute and the
-preemption are never typical: they count whole.
+successful step in the frame for a successful session of one step; none where no other step of its session
+succeeded: a timeout is then named by its largest part, never by its excess over other timeouts). The evidence says
+which. The recompute and the preemption are never typical: they count whole.
 
 `slow_cause`: is the step slow against its session's typical step (its latency above `slow_factor` x the typical
 latency, and at least `slow_min_s` above it)? Then the part whose excess over its typical value is largest
@@ -90,7 +90,7 @@ NOT_SPLIT = "no request of this step is in the store, so its time cannot be spli
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
 TYPICAL = ("latency_s", "queue_s", "prefill_s", "decode_s", "tool_s", "other_s", "tpot_s")  # weighed as usual
 TYPICAL_FROM_SESSION = "its session's other successful steps"  # what a step's typical values are the median of
-TYPICAL_FROM_RUN = "the successful steps of the sessions read with it (none of its session's succeeded)"
+TYPICAL_FROM_RUN = "the successful steps read with it (a session of one step)"
 # aligned: the column names read better filled than one per line
 # fmt: off
 COLUMNS = [
@@ -247,22 +247,25 @@ def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = N
 
 
 def _typical(sessions: np.ndarray, values: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Per step: the median of its session's other successful steps' `values`; where none of them succeeded, of
-    every successful step in the frame (`typical_from` says which); NaN where no step succeeded, since a timeout
-    weighed against other timeouts names the part that happened to vary, not what consumed it. `sessions` in order,
-    each session's steps side by side (slices of numpy arrays: a pandas assignment per session cost 0.1 ms each,
-    half the failure table's time at 1,000 sessions)."""
+    """Per step: the median of its session's other successful steps' `values`; for a session of one step that
+    succeeded, of every successful step in the frame; NaN for a step none of whose session's others succeeded, since a
+    timeout weighed against other timeouts names the part that happened to vary, not what consumed it. It reads its
+    session alone (but for a one-step session), so every page and the verdict keeper weigh a step alike (`typical_from`
+    says which). `sessions` in order, each session's steps side by side (slices of numpy arrays: a pandas assignment
+    per session cost 0.1 ms each, half the failure table's time at 1,000 sessions)."""
     reference = values[ok]
     whole = float(np.nanmedian(reference)) if (~np.isnan(reference)).any() else np.nan
-    typical = np.full(len(values), whole, dtype=float)
+    typical = np.full(len(values), np.nan, dtype=float)
     for start, end in _session_slices(sessions):
         own, good = values[start:end], ok[start:end]
+        if end - start == 1:
+            typical[start] = whole if good[0] else np.nan
+            continue
         good_values = own[good]
         known = (~np.isnan(good_values)).sum()
-        if known == 0:
-            continue  # no other successful step of its session: the frame's
         out = typical[start:end]
-        out[~good] = np.nanmedian(good_values)
+        if known >= 1:
+            out[~good] = np.nanmedian(good_values)
         if known >= 2:
             out[good] = leave_one_out_medians(good_values)
     return typical
@@ -276,12 +279,16 @@ def _session_slices(sessions: np.ndarray) -> list[tuple[int, int]]:
 
 def typical_from(sessions: np.ndarray, ok: np.ndarray) -> np.ndarray:
     """Per step, what its typical values are the median of (`_typical`): `TYPICAL_FROM_SESSION` (its session's other
-    successful steps), `TYPICAL_FROM_RUN` (every successful step read with it) or None (no step succeeded)."""
-    out = np.full(len(ok), TYPICAL_FROM_RUN if ok.any() else None, dtype=object)
+    successful steps), `TYPICAL_FROM_RUN` (a successful session of one step: every successful step read with it) or
+    None (none of its session's other steps succeeded)."""
+    out = np.full(len(ok), None, dtype=object)
     for start, end in _session_slices(sessions):
         good = ok[start:end]
+        if end - start == 1:
+            out[start] = TYPICAL_FROM_RUN if good[0] else None
+            continue
         others = good.sum() - good  # successful steps of its session other than itself
-        out[start:end] = np.where(others > 0, TYPICAL_FROM_SESSION, out[start:end])
+        out[start:end] = np.where(others > 0, TYPICAL_FROM_SESSION, None)
     return out
 
 
@@ -321,7 +328,7 @@ def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s
 def _queue_as_fact(frame: pd.DataFrame, typical_queue: np.ndarray, slow_min_s: float) -> None:
     """A queue wait shorter than `queue_wait_s` is a fact too when it cost at least `slow_min_s` over the session's
     typical queue: a 0.75 s wait is what made a 0.16 s step take 1 s."""
-    extra = frame["queue_excess_s"].to_numpy(float) >= slow_min_s
+    extra = (frame["queue_excess_s"].to_numpy(float) >= slow_min_s) & ~np.isnan(typical_queue)  # (none: no fact)
     for i in np.flatnonzero(extra & ~frame["causes"].str.contains("queue_wait").to_numpy(bool)):
         causes = frame.at[i, "causes"]
         frame.at[i, "causes"] = "queue_wait" if causes == "none" else f"{causes},queue_wait"
@@ -352,7 +359,7 @@ def failure_verdict(error_type, row=None) -> tuple[str, str, str]:
         return error, "model" if error in MODEL_ERRORS else "request", ""
     if row is None or not row.get("num_requests"):
         return error, "timeout", f"timed out; {NOT_SPLIT}"
-    baseline = row.get("typical_from")
+    baseline = None if missing(row.get("typical_from")) else row["typical_from"]  # (NaN once through a frame)
     candidate = (row["dominant"] if baseline is not None else None) or largest_part(row)
     if candidate is None:
         return error, "timeout", f"timed out after {row['latency_s']:.2f} s; none of its time was measured"
@@ -360,7 +367,7 @@ def failure_verdict(error_type, row=None) -> tuple[str, str, str]:
     seconds = part_seconds(row, candidate)
     said = f"timed out after {row['latency_s']:.2f} s: {words}, {seconds:.2f} s of it"
     if baseline is None:
-        said += " (its largest part: no step succeeded to compare it with)"
+        said += " (its largest part: no other step of its session succeeded to compare it with)"
     elif row["dominant"] is not None:
         said += f" ({row['dominant_s']:.2f} s more than usual: the median of {baseline})"
     else:
