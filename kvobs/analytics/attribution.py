@@ -288,7 +288,7 @@ def typical_from(sessions: np.ndarray, ok: np.ndarray) -> np.ndarray:
             out[start] = TYPICAL_FROM_RUN if good[0] else None
             continue
         others = good.sum() - good  # successful steps of its session other than itself
-        out[start:end] = np.where(others > 0, TYPICAL_FROM_SESSION, None)
+        out[start:end] = [TYPICAL_FROM_SESSION if n > 0 else None for n in others.tolist()]
     return out
 
 

@@ -66,7 +66,10 @@ def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
     details = {s: data.session_detail(store, s) for s in sessions}
     shown = {s: detail.steps for s, detail in details.items()}
     assert all((frame["verdict"] == WORKED_OUT).all() for frame in shown.values())
-    assert sum(frame["slow"].sum() for frame in shown.values()) > 0, f"{run} has no slow step: nothing compared"
+    if run == "timeouts":  # a live run's few successful steps may leave none slow there: its timeouts compare
+        assert (expected["evidence"].fillna("") != "").all(), "a timeout without its evidence"
+    else:
+        assert sum(frame["slow"].sum() for frame in shown.values()) > 0, f"{run} has no slow step: nothing compared"
     keeper = VerdictKeeper(store, _writer(store), lookback_s=last - first + 3600)
     assert keeper.run(last + 3600) == len(steps) == keeper.num_decided
     assert not keeper.pending
