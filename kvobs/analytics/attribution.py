@@ -259,7 +259,8 @@ def _typical(sessions: np.ndarray, values: np.ndarray, ok: np.ndarray) -> np.nda
     for start, end in _session_slices(sessions):
         own, good = values[start:end], ok[start:end]
         if end - start == 1:
-            typical[start] = whole if good[0] else np.nan
+            if good[0]:
+                typical[start] = whole
             continue
         good_values = own[good]
         known = (~np.isnan(good_values)).sum()

@@ -59,12 +59,12 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_
     """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the stopped collector.
 
     Several `replicas` make a fleet behind one collector: each has its own /metrics and KV-event stream; the first
-    plays the whole recording, each later one its second half (a replica started later, whose /metrics answers 503
-    once its scrapes run out: it went down); the OTLP bodies are dealt out among them in turn, each tagged with its
-    replica's `service.instance.id`, as `OTEL_RESOURCE_ATTRIBUTES` would, a later replica's only from when its
-    stream is up (before, the first replica's: a replica serves no request before it runs). Every row keeps its
-    recorded time: each scrape is stamped with the time it was recorded at, as the KV events and spans carry
-    theirs."""
+    plays the whole recording, each later one what was recorded from `LATER_FROM` of its length on (a replica started
+    later, whose /metrics answers 503 once its scrapes run out: it went down); the OTLP bodies are dealt out among
+    them in turn, each tagged with its replica's `service.instance.id`, as `OTEL_RESOURCE_ATTRIBUTES` would, a later
+    replica's only from when its stream is up (before, the first replica's: a replica serves no request before it
+    runs). Every row keeps its recorded time: each scrape is stamped with the time it was recorded at, as the KV
+    events and spans carry theirs."""
     record_agent_steps(store)
     messages, scraped = kv_messages(), scrapes()
     start = scraped[0][0] + LATER_FROM * (scraped[-1][0] - scraped[0][0])
@@ -134,9 +134,6 @@ def _exported_by(body: bytes, instance: str) -> bytes:
     for resource_spans in export.resource_spans:
         resource_spans.resource.attributes.add(key=SERVICE_INSTANCE_ID).value.string_value = instance
     return export.SerializeToString()
-
-
-LATER_FROM = 0.25  # a fleet's later replicas start a quarter of the way into the recording
 
 
 @contextmanager
