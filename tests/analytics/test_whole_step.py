@@ -194,7 +194,9 @@ def _all_timed_out(source, path, *, with_a_good_session: bool):
 
 
 @pytest.mark.parametrize("with_a_good_session", [False, True])
-def test_a_timeout_is_weighed_only_against_steps_that_succeeded(smollm2_source, tmp_path, with_a_good_session):
+def test_a_timeout_is_weighed_only_against_steps_that_succeeded(
+    smollm2_source, tmp_path, monkeypatch, with_a_good_session
+):
     """Every step of sessions a and b timed out with its decode holding most of its 1 s. Against the other timeouts,
     a later step's longer prefill was its 'excess' (its decode was shorter than theirs), and the verdict said
     `long_prefill`; a timeout has no typical among timeouts. With no other step of its session succeeded, each is
@@ -214,3 +216,15 @@ def test_a_timeout_is_weighed_only_against_steps_that_succeeded(smollm2_source, 
     if with_a_good_session:
         good = frame.loc["good"]
         assert (good["status"] == "ok").all() and not good["slow"].any()
+    # the step page says there is no typical step, rather than printing an empty one
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboard.test_app import APP, assert_clean
+
+    monkeypatch.setenv("KVOBS_STORE_URL", store.url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["session"], at.query_params["step"] = "a", "2"
+    at.run()
+    assert_clean(at)
+    said = " ".join(m.value for m in at.markdown)
+    assert "no typical step: no other step of its session succeeded" in said and "against a typical" not in said
