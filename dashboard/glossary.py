@@ -156,9 +156,14 @@ TERMS: dict[str, tuple[str, str]] = {
     "prefill_s": ("prefill (s)", "From scheduled (or re-admitted) to the first token: computing the prompt."),
     "decode_s": ("decode (s)", "From the first token to the end."),
     "tool_s": ("own tool calls (s)", "The step's own tool calls (the SDK runs a step's tools inside it)."),
+    "before_s": (
+        "before the server (s)",
+        "From the step's start to its request's arrival at the server: the agent's own queue, the network, the "
+        "server's accept queue (not measured on verdicts decided before it was a part of its own).",
+    ),
     "other_s": (
         "outside the engine (s)",
-        "Client, network, tokenizing, the agent's own work: the rest of the latency.",
+        "The reply's way back, gaps between the step's requests, the agent's own work: the rest of the latency.",
     ),
     "lost_recompute_s": (
         "recomputing the lost prefix (s)",
@@ -170,8 +175,8 @@ TERMS: dict[str, tuple[str, str]] = {
     "failure_kind": (
         "kind of failure",
         "For a timeout: cache (a lost prefix, a preemption), queue, engine (its prefill or decode), tool (its own tool "
-        "calls), outside (outside the engine), timeout (no request to split its time); else model (its output) or "
-        "request (anything else).",
+        "calls), outside (before its request reached the server, or it never did, or outside the engine), timeout (no "
+        "request in the store and no telling why); else model (its output) or request (anything else).",
     ),
     "slow_cause": (
         "why it was slow",

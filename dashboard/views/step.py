@@ -25,6 +25,7 @@ PHASES = ["step", "tool pause", "tool", "queue", "preemption", "prefill", "decod
 KV_LANE = "KV: {}"
 # the latency's parts, which add up to it (`kvobs.analytics.latency_parts`): column -> words, in the order they happen
 PARTS = {
+    "before_s": "before the server",
     "queue_s": "queue",
     "preempted_s": "preemption",
     "lost_recompute_s": "recomputing the lost prefix",
@@ -50,6 +51,7 @@ COLOURS = {
     "prefill": "#1e88e5",
     "prefill of new tokens": "#1e88e5",
     "decode": "#43a047",
+    "before the server": "#90a4ae",
     "outside the engine": "#6d4c41",
 }
 
@@ -64,6 +66,7 @@ def colour_scale(names: list[str]) -> alt.Scale:
 
 # a typical step's parts: medians of the session's other steps, each part on its own
 TYPICAL_PARTS = {
+    "typical_before_s": "before the server",
     "typical_queue_s": "queue",
     "typical_prefill_s": "prefill of new tokens",
     "typical_decode_s": "decode",
@@ -182,8 +185,9 @@ def _breakdown(step: dict) -> None:
     st.caption(
         "Typical step: each part's median over its session's other steps. Each instant of the step is counted "
         "once: the queue, preemption, prefill and decode from its request rows "
-        "and the engine's preemption and re-admission events, its tool calls as the agent recorded them, and the "
-        "rest outside the engine. The recompute inside the prefill is the share its tokens are of the tokens the "
+        "and the engine's preemption and re-admission events, its tool calls as the agent recorded them, the time "
+        "before its first request reached the server (that request's arrival stamp), and the rest outside the "
+        "engine. The recompute inside the prefill is the share its tokens are of the tokens the "
         "prefill computed"
         + (f" ({rate:,.0f} tokens/s, this prefill's own pace)." if rate is not None and pd.notna(rate) else ".")
         + " The typical parts are medians each on its own, so they need not add up to the typical latency."

@@ -6,8 +6,8 @@ latency (its start to its end), with the store's evidence.
 A step's requests are those whose caller span is the step (`parent_span_id`), or, since the SDK's `chat` span sits
 between them, those of the step's session (or trace) that arrived while the step ran. Its latency is split into
 parts that add up to it (`kvobs.analytics.latency_parts`: queue, preemption, prefill with the recompute the KV record
-explains inside it, decode, its own tool calls, outside the engine), and what the KV record shows about it
-(`causes`, the facts found, in this order; `kvobs.analytics.step_facts`):
+explains inside it, decode, its own tool calls, the time before its request reached the server, outside the engine),
+and what the KV record shows about it (`causes`, the facts found, in this order; `kvobs.analytics.step_facts`):
 
 - `invalidated`: the session's cached blocks were invalidated (or the whole cache cleared) between the session's
   previous request and the end of this step; evidence: the reasons.
@@ -32,10 +32,11 @@ latency, and at least `slow_min_s` above it)? Then the part whose excess over it
 `failure_cause` (failed steps only): the error itself for model, output, tool or request errors (`invalid_response`,
 an HTTP status, a connection error): the cache does not make a model answer badly. A timeout's cause is the part
 that cost it: the largest excess over its typical value, else, where every part was as usual, the part that held
-the most of its time; `timeout` only when no request of the step is in the store to split its time.
+the most of its time. A timeout with no request in the store is `never_reached_server` where the servers show they
+would have recorded it (`kvobs.analytics.unreached`), else `timeout` (not split: the store cannot tell).
 `failure_kind` groups them: `cache` (a lost, invalidated or routed prefix, a preemption), `queue`, `engine` (its
-prefill or decode), `tool` (its own tool calls), `outside` (outside the engine), `timeout` (not split), `model`
-(`invalid_response`), `request` (anything else).
+prefill or decode), `tool` (its own tool calls), `outside` (before the server or outside the engine), `timeout` (not
+split), `model` (`invalid_response`), `request` (anything else).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from kvobs.analytics.step_facts import (
     positions_by_value,
     step_facts,
 )
+from kvobs.analytics.unreached import NOT_KNOWN, ServerRecord
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(
@@ -85,10 +87,10 @@ SLOW_CAUSES = (*dict.fromkeys(cause for cause, _ in EXCESS_CAUSES.values()), "no
 FAILURE_KINDS = ("cache", "queue", "engine", "tool", "outside", "timeout", "model", "request")
 MODEL_ERRORS = frozenset({StepErrorType.INVALID_RESPONSE.value})  # the model answered, but not as the agent needs
 SLOW_FACTOR, SLOW_MIN_S = 1.5, 0.1  # slow: over this many times its typical latency, and at least this much over
-NOT_SPLIT = "no request of this step is in the store, so its time cannot be split"
 # each fact's candidate of the excess (`latency_parts.explain_excess`)
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
-TYPICAL = ("latency_s", "queue_s", "prefill_s", "decode_s", "tool_s", "other_s", "tpot_s")  # weighed as usual
+# weighed as usual
+TYPICAL = ("latency_s", "queue_s", "prefill_s", "decode_s", "tool_s", "before_s", "other_s", "tpot_s")
 TYPICAL_FROM_SESSION = "its session's other successful steps"  # what a step's typical values are the median of
 TYPICAL_FROM_RUN = "the successful steps read with it (a session of one step)"
 # aligned: the column names read better filled than one per line
@@ -121,6 +123,8 @@ class _Requests:
         self.completion = frame["completion_tokens"].to_numpy(float)
         self.request_id = frame["request_id"].to_numpy(object)
         self.instance = frame["instance"].to_numpy(object)
+        reasons = frame["finish_reason"].to_numpy(object) if "finish_reason" in frame else None
+        self.servers = ServerRecord.of(self.instance, self.arrival, self.finished, reasons)
         self.by_span = positions_by_value(frame["parent_span_id"].to_numpy(object))
         self.by_request = positions_by_value(self.request_id)
         self.by_session = positions_by_value(frame["session_id"].to_numpy(object))
@@ -297,6 +301,10 @@ def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s
     """The slow and failure verdicts from each row's parts and their typical values (`_typical` over every step of
     its session, attributed or not)."""
     frame = explain_excess(frame, typical)
+    # no request in the store and no telling why: its time is not split, so no part of it is the cause
+    unsplit = (frame["num_requests"].to_numpy(int) == 0) & frame["unreached"].isna().to_numpy(bool)
+    frame.loc[unsplit, "dominant"] = None
+    frame.loc[unsplit, ["dominant_s", "dominant_share"]] = np.nan
     latency, typical_s = frame["latency_s"].to_numpy(float), typical["latency_s"]
     frame["typical_s"] = typical_s
     for part in TYPICAL[1:]:
@@ -317,7 +325,7 @@ def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s
         words = [excess_words(row, t)] if s and row["dominant"] is not None else []
         if row["status"] == StepStatus.ERROR.value:
             failure_cause[i], failure_kind[i], said = failure_verdict(row["error_type"], row)
-            if said and failure_cause[i] == EXCESS_CAUSES[row["dominant"] or "other"][0]:
+            if said and failure_cause[i] in (EXCESS_CAUSES[row["dominant"] or "other"][0], "never_reached_server"):
                 words = []  # the timeout's words already say what its slowness would
             words = [said, *words] if said else words
         evidence.append("; ".join(words + list(row["facts"])))
@@ -359,7 +367,10 @@ def failure_verdict(error_type, row=None) -> tuple[str, str, str]:
     if error != StepErrorType.TIMEOUT.value:
         return error, "model" if error in MODEL_ERRORS else "request", ""
     if row is None or not row.get("num_requests"):
-        return error, "timeout", f"timed out; {NOT_SPLIT}"
+        unreached = None if row is None else row.get("unreached")
+        if isinstance(unreached, str):
+            return "never_reached_server", FAILURE_KIND_OF["never_reached_server"], f"timed out: {unreached}"
+        return error, "timeout", f"timed out; {NOT_KNOWN}"
     baseline = None if missing(row.get("typical_from")) else row["typical_from"]  # (NaN once through a frame)
     candidate = (row["dominant"] if baseline is not None else None) or largest_part(row)
     if candidate is None:
@@ -373,7 +384,18 @@ def failure_verdict(error_type, row=None) -> tuple[str, str, str]:
         said += f" ({row['dominant_s']:.2f} s more than usual: the median of {baseline})"
     else:
         said += f" (its largest part: every part as usual, against the median of {baseline})"
+    if candidate == "before":
+        said += reached_words(row["reached_after_s"], row["latency_s"])
     return cause, FAILURE_KIND_OF[cause], said
+
+
+def reached_words(reached_after_s: float, latency_s: float) -> str:
+    """When a step's first request reached the server, said beside the time before it."""
+    if reached_after_s != reached_after_s:
+        return ""
+    if reached_after_s >= latency_s:
+        return f"; its request reached the server only {reached_after_s - latency_s:.2f} s after the step ended"
+    return f"; its request reached the server {reached_after_s:.2f} s into the step"
 
 
 def step_requests(requests: pd.DataFrame, steps: pd.DataFrame) -> list[pd.DataFrame]:

@@ -23,9 +23,15 @@ EXCESS_CAUSES = {
     "slow_decode": ("slow_decode", "decoding slower per token than usual"),
     "decode": ("long_decode", "decoding a longer reply than usual"),
     "tool": ("tool_calls", "the step's own tool calls"),
+    "before": (
+        "before_server",
+        "the time before its request reached the server (the agent's own queue, the network, the server's accept "
+        "queue)",
+    ),
     "other": (
         "outside_server",
-        "time outside the engine's queue, prefill and decode (the client, the network, the server's tokenizing)",
+        "time outside the engine once its request had reached the server (the reply's way back, the agent's own work "
+        "between its requests)",
     ),
 }
 # each slow cause in a few words, for tables, legends and the terminal (one definition)
@@ -40,7 +46,9 @@ CAUSE_LABELS = {
     "slow_decode": "decoding slower than usual",
     "long_decode": "a longer reply than usual",
     "tool_calls": "its own tool calls",
-    "outside_server": "outside the engine (client, network, tokenizing)",
+    "before_server": "before reaching the server (agent queue, network, accept queue)",
+    "outside_server": "outside the engine (the reply's way back, the agent's work)",
+    "never_reached_server": "its request never reached the server",
 }
 # what kind of failure a timeout is, by the part that cost it
 FAILURE_KIND_OF = {
@@ -54,7 +62,9 @@ FAILURE_KIND_OF = {
     "slow_decode": "engine",
     "long_decode": "engine",
     "tool_calls": "tool",
+    "before_server": "outside",
     "outside_server": "outside",
+    "never_reached_server": "outside",
 }
 
 
@@ -84,6 +94,7 @@ def explain_excess(frame: pd.DataFrame, typical: dict[str, np.ndarray]) -> pd.Da
         "slow_decode": np.where(known_pace, decode - at_usual_pace, np.nan),
         "decode": np.where(known_pace, at_usual_pace - np.nan_to_num(typical["decode_s"]), over("decode_s")),
         "tool": over("tool_s"),
+        "before": over("before_s"),
         "other": over("other_s"),
     }
     names = list(candidates)
@@ -113,6 +124,7 @@ def largest_part(row) -> str | None:
         "cold" if row["cached_tokens"] == 0 else "prefill": row["new_prefill_s"],
         "decode": row["decode_s"],
         "tool": row["tool_s"],
+        "before": row["before_s"],
         "other": row["other_s"],
     }
     values = {k: float(v) for k, v in values.items() if v == v and v > 0}
@@ -132,6 +144,7 @@ def part_seconds(row, candidate: str) -> float:
         "slow_decode": "decode_s",
         "decode": "decode_s",
         "tool": "tool_s",
+        "before": "before_s",
         "other": "other_s",
     }[candidate]
     return float(row[column])

@@ -14,7 +14,11 @@ Every instant of the step is counted once, in the first of these that covers it 
   prefill computed (the request's own cost per token: together never more than the prefill);
 - `decode_s`: first token to the end;
 - `tool_s`: the step's own tool calls (the SDK runs a step's tools inside the step);
-- `other_s`: the rest, outside the engine: the client, the network, tokenizing, the agent's own work.
+- `before_s`: from the step's start to its first request's arrival at the server (the agent's own queue, the network,
+  the server's accept queue); the whole step, less its tools, where its request reached the server only after the
+  step ended;
+- `other_s`: the rest, outside the engine: the client after the reply, gaps between a step's requests, the agent's
+  own work.
 
 Which part explains a step's excess over its session's typical step: `kvobs.analytics.excess`.
 """
@@ -26,10 +30,10 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-PARTS = ("queue_s", "preempted_s", "prefill_s", "decode_s", "tool_s", "other_s")  # add up to the latency
+PARTS = ("queue_s", "preempted_s", "prefill_s", "decode_s", "tool_s", "before_s", "other_s")  # add up to the latency
 ESTIMATES = ("lost_recompute_s", "invalidated_recompute_s", "routed_recompute_s")  # inside prefill_s
 # the order parts take an instant covered by several (a request waiting while another decodes: the step waits)
-_PRIORITY = ("preempted", "queue", "prefill", "decode", "tool")
+_PRIORITY = ("preempted", "queue", "prefill", "decode", "tool", "before")
 MEASURED, ESTIMATED, UNKNOWN = "measured", "estimated", "unknown"
 
 
@@ -72,6 +76,7 @@ class StepParts:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     tool_s: float = 0.0
+    before_s: float = 0.0
     other_s: float = 0.0
     lost_recompute_s: float = 0.0
     invalidated_recompute_s: float = 0.0
@@ -81,6 +86,7 @@ class StepParts:
     own_rate: float = np.nan  # that prefill's computed tokens per second
     never_scheduled: bool = False  # a request of the step ended without ever being scheduled
     preemption: str | None = None  # MEASURED, ESTIMATED or UNKNOWN where a request was preempted
+    reached_after_s: float = np.nan  # its first request's arrival at the server, from the step's start
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -115,6 +121,10 @@ def step_parts(
         never |= unscheduled
         preemption = _stronger(preemption, kind)
     intervals += [("tool", -1, lo, hi) for lo, hi in tools]
+    arrivals = [r.arrival for r in requests if r.arrival == r.arrival]
+    reached = min(arrivals) if arrivals else np.nan
+    if reached == reached:
+        intervals.append(("before", -1, start, reached))
     spent = _sweep(intervals, start, end)  # (label, request) -> seconds
     totals = {label: float(sum(s for (lab, _), s in spent.items() if lab == label)) for label in _PRIORITY}
     prefill_of = {i: spent.get(("prefill", i), 0.0) for i in range(len(requests))}
@@ -156,6 +166,7 @@ def step_parts(
         prefill_s=totals["prefill"] - estimated,
         decode_s=totals["decode"],
         tool_s=totals["tool"],
+        before_s=totals["before"],
         other_s=max(latency - covered, 0.0),
         lost_recompute_s=shares["lost"],
         invalidated_recompute_s=shares["invalidated"],
@@ -165,6 +176,7 @@ def step_parts(
         own_rate=own_rate,
         never_scheduled=never,
         preemption=preemption,
+        reached_after_s=reached - start,
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -271,6 +271,9 @@ def step_facts(
         facts.append(f"waited {max_queue:.2f} s in the queue")
 
     measured = sent[parts.prefill_request] if parts.prefill_request >= 0 else (sent[0] if len(sent) else None)
+    unreached = None if len(sent) else reqs.servers.unreached_words(_servers_of(step, reqs), end - start, end)
+    if unreached is not None:  # what no request's times split: the time before the server, which it never reached
+        parts = replace(parts, before_s=parts.other_s, other_s=0.0)
     return StepFacts(
         session_id=step.session_id,
         step_index=step.step_index,
@@ -295,8 +298,19 @@ def step_facts(
         max_queue_s=max_queue,
         num_requests=len(sent),
         cached_tokens=float(np.nansum(reqs.cached[sent])) if (~np.isnan(reqs.cached[sent])).any() else None,
+        unreached=unreached,
         parts=parts,
     )
+
+
+def _servers_of(step, reqs) -> list[str]:
+    """The servers a step's request could have gone to: its session's other requests', else its trace's (none:
+    every server in the read, `ServerRecord.unreached_words`)."""
+    for group, key in ((reqs.by_session, step.session_id), (reqs.by_trace, step.trace_id)):
+        positions = group.get(key) if not missing(key) else None
+        if positions is not None and len(positions):
+            return [str(i) for i in set(reqs.instance[positions].tolist())]
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,11 +341,13 @@ class StepFacts:
     max_queue_s: float | None
     num_requests: int
     cached_tokens: float | None
+    unreached: str | None  # a step with no request in the store: why the store can say it never reached the server
     parts: StepParts
 
 
 _FACT_FIELDS = tuple(f.name for f in fields(StepFacts) if f.name != "parts")
-_PART_COLUMNS = ("latency_s", *PARTS, *ESTIMATES, "new_prefill_s", "decoded_tokens", "preemption", "never_scheduled")
+_WHEN = ("preemption", "never_scheduled", "reached_after_s")
+_PART_COLUMNS = ("latency_s", *PARTS, *ESTIMATES, "new_prefill_s", "decoded_tokens", *_WHEN)
 
 
 def facts_frame(rows: list[StepFacts]) -> pd.DataFrame:

@@ -132,6 +132,7 @@ class StepVerdictRecord(Record):
     decode_s: float | None = None
     tool_s: float | None = None
     other_s: float | None = None
+    before_s: float | None = None  # NULL on rows decided before schema 0023 (then inside other_s)
     lost_recompute_s: float | None = None
     invalidated_recompute_s: float | None = None
     routed_recompute_s: float | None = None

@@ -114,6 +114,7 @@ class StepVerdictRow(Base):
     decode_s: Mapped[float | None] = mapped_column(Float)
     tool_s: Mapped[float | None] = mapped_column(Float)
     other_s: Mapped[float | None] = mapped_column(Float)
+    before_s: Mapped[float | None] = mapped_column(Float)  # NULL before schema 0023: other_s held it
     lost_recompute_s: Mapped[float | None] = mapped_column(Float)
     invalidated_recompute_s: Mapped[float | None] = mapped_column(Float)
     routed_recompute_s: Mapped[float | None] = mapped_column(Float)

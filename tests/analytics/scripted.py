@@ -90,16 +90,27 @@ class Script:
         *,
         deadline_s: float | None = None,
         tool_s: float = 0.0,
+        client_s: float = CLIENT_S,
     ) -> str:
-        """An agent step: it starts now, its request arrives `CLIENT_S` later."""
+        """An agent step: it starts now, its request arrives `client_s` later (the agent's own queue, the network,
+        the server's accept queue)."""
         started = self.clock.now
-        self.clock.now += CLIENT_S
+        self.clock.now += client_s
         rid = f"{session_id}-{step_index}"
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         self.engine.add_request(tokens, params, request_id=rid, session_id=session_id)
         self.prompts[rid] = list(tokens)
         self.pending[rid] = Pending(session_id, step_index, rid, started, deadline_s, tool_s)
         return rid
+
+    def unsent(self, session_id: str, step_index: int, deadline_s: float) -> None:
+        """An agent step that starts now and whose request never reaches the server: its client gives up at the
+        deadline (the clock moves there) and the engine never hears of it."""
+        started = self.clock.now
+        self.clock.now += deadline_s
+        self._step(
+            Pending(session_id, step_index, "", started, deadline_s, 0.0), self.clock.now, "error", "timeout", None, []
+        )
 
     def step(self) -> None:
         self._observe(self.engine.step())
@@ -169,6 +180,13 @@ class Script:
                 tools=json.dumps(tools) if tools else None,
             )
         )
+
+
+def verdicts(store):
+    """Every step's verdict in a scripted run's store, by (session, step index)."""
+    from kvobs.analytics.step_causes import step_causes
+
+    return step_causes(store, None, None).set_index(["session_id", "step_index"])
 
 
 def tokens_of(seed: int, n: int) -> list[int]:

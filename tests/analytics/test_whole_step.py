@@ -21,7 +21,7 @@ from instrumented_engine.engine import events as ev
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.latency_parts import ESTIMATES, PARTS
 from kvobs.analytics.step_causes import step_causes
-from tests.analytics.scripted import CLIENT_S, Script, tokens_of
+from tests.analytics.scripted import CLIENT_S, Script, tokens_of, verdicts
 from tests.runs import OVERLOAD_DEADLINE_S as DEADLINE_S
 from tests.runs import TOOL_S
 
@@ -59,10 +59,6 @@ def slow_decode(smollm2_source, tmp_path_factory):
     return s, s.close()
 
 
-def verdicts(store) -> pd.DataFrame:
-    return step_causes(store, None, None).set_index(["session_id", "step_index"])
-
-
 def test_a_step_never_scheduled_before_its_deadline_is_named_by_the_queue(overload):
     script, store = overload
     frame = verdicts(store)
@@ -76,7 +72,8 @@ def test_a_step_never_scheduled_before_its_deadline_is_named_by_the_queue(overlo
         step_end = row["started_at"] + DEADLINE_S  # the client hung up there; the engine aborted it at its next step
         assert step_end <= req["finished_ts"] < step_end + 0.1
         assert row["queue_s"] == pytest.approx(step_end - req["arrival_ts"])  # arrival to the end: queue
-        assert row["other_s"] == pytest.approx(CLIENT_S) and row["prefill_s"] == row["decode_s"] == 0
+        assert row["before_s"] == pytest.approx(CLIENT_S) and row["prefill_s"] == row["decode_s"] == 0
+        assert row["other_s"] == pytest.approx(0.0, abs=1e-9)
         assert (row["failure_cause"], row["failure_kind"]) == ("queue_wait", "queue")
         assert row["never_scheduled"]
         assert row["evidence"].startswith(f"timed out after {DEADLINE_S:.2f} s: waiting in the queue, 0.99 s of it")
@@ -101,7 +98,8 @@ def test_a_long_reply_is_a_long_reply_and_tools_are_the_steps_own(overload):
     assert row["slow"] and row["slow_cause"] == "long_decode"  # as fast per token as usual, 150 tokens not 4
     ok = frame[frame["status"] == "ok"]
     assert np.allclose(ok["tool_s"], TOOL_S)  # the tool it ran after its reply, not "outside the engine"
-    assert np.allclose(ok["other_s"], CLIENT_S + 0.002)
+    assert np.allclose(ok["before_s"], CLIENT_S, atol=1e-6)  # from its start to its request's arrival
+    assert np.allclose(ok["other_s"], 0.002, atol=1e-6)  # the reply's way back (epoch-second floats)
 
 
 def test_a_step_preempted_and_readmitted_late_is_named_by_the_preemption(preempt):
@@ -217,14 +215,7 @@ def test_a_timeout_is_weighed_only_against_steps_that_succeeded(
         good = frame.loc["good"]
         assert (good["status"] == "ok").all() and not good["slow"].any()
     # the step page says there is no typical step, rather than printing an empty one
-    from streamlit.testing.v1 import AppTest
+    from tests.dashboard.test_app import step_page_text
 
-    from tests.dashboard.test_app import APP, assert_clean
-
-    monkeypatch.setenv("KVOBS_STORE_URL", store.url)
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params["session"], at.query_params["step"] = "a", "2"
-    at.run()
-    assert_clean(at)
-    said = " ".join(m.value for m in at.markdown)
+    said = step_page_text(monkeypatch, store.url, "a", 2)
     assert "no typical step: no other step of its session succeeded" in said and "against a typical" not in said

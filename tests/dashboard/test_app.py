@@ -33,6 +33,16 @@ def assert_clean(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
+def step_page_text(monkeypatch, url: str, session: str, step: int) -> str:
+    """A step's page (`?session=&step=`) opened clean, its text."""
+    monkeypatch.setenv("KVOBS_STORE_URL", url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["session"], at.query_params["step"] = session, str(step)
+    at.run()
+    assert_clean(at)
+    return " ".join(m.value for m in at.markdown)
+
+
 @pytest.mark.parametrize("page", list(PAGES))
 def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
     at = open_page(monkeypatch, agent_run.url, page, jaeger="http://jaeger.example:16686")

@@ -300,6 +300,10 @@ _BLOCK_CLOCK = [
     "ALTER TABLE kv_events DROP INDEX IF EXISTS ix_block_hash",
 ]
 
+# Version 19: the time before a step's request reached the server, apart from the rest outside the engine (alembic
+# 0023); rows before hold NULL, their other_s holds it.
+_VERDICT_BEFORE = ["ALTER TABLE step_verdicts ADD COLUMN IF NOT EXISTS before_s Nullable(Float64) AFTER other_s"]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -320,6 +324,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (16, "runs.offload_blocks: the offload tier below a run's cache", _RUN_TIERS),
     (17, "request_lookups.tier_blocks, lookup_minutes.tier_tokens: hits loaded from a lower tier", _LOOKUP_TIERS),
     (18, "kv_events.lifetime_s, restored, restored_after_s: losses and restores known at ingest", _BLOCK_CLOCK),
+    (19, "step_verdicts.before_s: the time before a step's request reached the server", _VERDICT_BEFORE),
 ]
 
 

@@ -1,0 +1,125 @@
+"""The time before the engine, on scripted runs of the real engine whose truth is known (`tests.analytics.scripted`):
+a step whose request reached the server late in its deadline, and steps whose request never reached it.
+
+- `late`: sessions a and b take turns on one engine, each step with a 3 s deadline. a's third step's request reaches
+  the server 2.2 s into the step (the agent's queue, the network) and the machine slows while it prefills: the
+  deadline passes before its first token, and the engine aborts it (an `abort` row: this server records what its
+  clients abandon). b's second step's request never reaches the server at all, and b's third does, after it. A last
+  step of session d never reaches the server either, and nothing is heard from the server after it.
+- `unaborted`: the same never-sent step on a server with no abandoned request in its record.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvobs.analytics.latency_parts import PARTS
+from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.unreached import NOT_KNOWN
+from tests.analytics.scripted import Script, tokens_of, verdicts
+from tests.runs import TOOL_S
+
+DEADLINE_S = 3.0
+REACHED_S = 2.2  # a's third step: its request's arrival, from the step's start
+
+
+def _good(s: Script, session: str, index: int, context: list[int]) -> list[int]:
+    rid = s.send(session, index, context, 8, deadline_s=DEADLINE_S, tool_s=TOOL_S)
+    s.finish()
+    s.idle(TOOL_S + 0.05)
+    return s.context(rid) + tokens_of(5 + index, 16)
+
+
+@pytest.fixture(scope="module")
+def late(smollm2_source, tmp_path_factory):
+    s = Script.start(smollm2_source, tmp_path_factory.mktemp("late") / "run.db", num_blocks=128, max_num_seqs=2)
+    a, b, d = tokens_of(0, 64), tokens_of(1, 64), tokens_of(2, 64)
+    for index in range(2):
+        a = _good(s, "a", index, a)
+    b = _good(s, "b", 0, b)
+    d = _good(s, "d", 0, d)
+    s.send("a", 2, a, 200, deadline_s=DEADLINE_S, client_s=REACHED_S)
+    s.clock.slow = 8.0  # the machine slows while it prefills: the deadline passes before the first token
+    s.finish()
+    s.clock.slow = 1.0
+    s.idle(TOOL_S)
+    s.unsent("b", 1, DEADLINE_S)
+    _good(s, "b", 2, b)
+    s.unsent("d", 1, DEADLINE_S)  # the run's last step: the server is not heard after it
+    return s, s.close()
+
+
+@pytest.fixture(scope="module")
+def unaborted(smollm2_source, tmp_path_factory):
+    s = Script.start(smollm2_source, tmp_path_factory.mktemp("unaborted") / "run.db", num_blocks=128)
+    e = _good(s, "e", 0, tokens_of(3, 64))
+    s.unsent("e", 1, DEADLINE_S)
+    _good(s, "e", 2, e)
+    return s, s.close()
+
+
+def test_a_request_that_reached_the_server_late_is_named_by_the_time_before_it(late):
+    script, store = late
+    frame = verdicts(store)
+    row = frame.loc[("a", 2)]
+    req = store.reads.requests().set_index("request_id").loc["a-2"]
+    # truth: it arrived 2.2 s in, its prefill ran past the deadline, the engine aborted it
+    assert req["arrival_ts"] - row["started_at"] == pytest.approx(REACHED_S)
+    assert req["finish_reason"] == "abort"
+    assert (row["status"], row["error_type"]) == ("error", "timeout")
+    assert row["before_s"] == pytest.approx(REACHED_S)
+    assert 0 < row["prefill_s"] < row["before_s"]  # the smaller part, which the verdict named before
+    assert (row["failure_cause"], row["failure_kind"]) == ("before_server", "outside"), row["evidence"]
+    assert "before its request reached the server" in row["evidence"]
+    assert f"its request reached the server {REACHED_S:.2f} s into the step" in row["evidence"]
+    assert sum(row[p] for p in PARTS) == pytest.approx(row["latency_s"])
+    good = frame[frame["status"] == "ok"]
+    assert (good["before_s"] < 0.05).all()  # each arrived `CLIENT_S` after its step began
+
+
+def test_a_request_that_never_reached_the_server_is_named_so_where_the_server_would_have_recorded_it(late):
+    script, store = late
+    frame = verdicts(store)
+    row = frame.loc[("b", 1)]
+    assert (
+        not store.reads.requests(session_id="b")
+        .query("arrival_ts >= @row.started_at")["request_id"]
+        .isin(["b-1"])
+        .any()
+    )
+    assert row["num_requests"] == 0
+    assert (row["failure_cause"], row["failure_kind"]) == ("never_reached_server", "outside"), row["evidence"]
+    assert f"its request never reached the server in its {DEADLINE_S:.2f} s" in row["evidence"]
+    assert "scripted (1 abandoned requests recorded)" in row["evidence"]  # the evidence: a-2's abort row
+    assert row["before_s"] == pytest.approx(DEADLINE_S) and row["other_s"] == 0
+    # d's last step: nothing from the server after it, so its record may simply have stopped: not claimed
+    last = frame.loc[("d", 1)]
+    assert (last["failure_cause"], last["failure_kind"]) == ("timeout", "timeout")
+    assert NOT_KNOWN in last["evidence"]
+
+
+def test_a_missing_request_is_not_called_unsent_where_the_server_records_no_abandoned_request(unaborted):
+    script, store = unaborted
+    assert not (store.reads.requests()["finish_reason"] == "abort").any()
+    row = verdicts(store).loc[("e", 1)]
+    assert (row["failure_cause"], row["failure_kind"]) == ("timeout", "timeout")
+    assert NOT_KNOWN in row["evidence"]
+
+
+def test_the_keeper_stores_the_time_before_the_server_and_the_step_page_shows_it(late, monkeypatch):
+    """What the verdict keeper writes (`verdict_records`) holds `before_s` through the store; the step page of the
+    step that never reached the server says so."""
+    from kvobs.analytics.verdicts import verdict_records
+    from kvobs.store import StoreWriter
+    from tests.dashboard.test_app import step_page_text
+
+    script, store = late
+    attributed = step_causes(store, None, None)
+    writer = StoreWriter(store)
+    writer.add_many(verdict_records(attributed, decided_at=float(attributed["started_at"].max()) + 60))
+    writer.close()
+    stored = store.reads.step_verdicts(None, None).set_index(["session_id", "step_index"])
+    assert stored.loc[("a", 2), "before_s"] == pytest.approx(REACHED_S)
+    assert stored.loc[("b", 1), "failure_cause"] == "never_reached_server"
+
+    assert "its request never reached the server" in step_page_text(monkeypatch, store.url, "b", 1)
