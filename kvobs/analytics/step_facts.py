@@ -258,7 +258,7 @@ def step_facts(
     preemptions = max(int(reqs.preemptions[sent].sum()), sum(len(t.preempted) for t in times))
     if preemptions:
         causes.append("preempted")
-        facts.append(_preemption_words(preemptions, parts, times))
+        facts.append(_preemption_words(preemptions, parts, times, start, end))
 
     queue = reqs.queue[sent]
     queue = queue[~np.isnan(queue)]
@@ -394,12 +394,20 @@ class _RecomputeWords:
         )
 
 
-def _preemption_words(count: int, parts: StepParts, times: list[RequestTimes]) -> str:
+def _preemption_words(count: int, parts: StepParts, times: list[RequestTimes], start: float, end: float) -> str:
     head = f"preempted {count} time{'s' if count > 1 else ''} (recomputed)"
     if parts.preemption == MEASURED:
+        waits = _waits(times, end)
+        waited = _union_s(waits, start, end)
+        listed = "; ".join(
+            f"preempted {ts - start:.2f} s into the step, "
+            + (f"re-admitted at {back - start:.2f} s" if back < end else "not re-admitted before the step ended")
+            for ts, back in waits[:_LISTED]
+        ) + (f"; {len(waits) - _LISTED} more" if len(waits) > _LISTED else "")
         return (
-            f"{head}: {parts.preempted_s:.2f} s of its latency went to waiting to be re-admitted and recomputing "
-            "(measured from the engine's preemption and re-admission events)"
+            f"{head}: {parts.preempted_s:.2f} s of its latency, of which {waited:.2f} s waiting to be re-admitted "
+            f"({listed}) and {max(parts.preempted_s - waited, 0.0):.2f} s of compute it threw away or redid (measured "
+            "from the engine's preemption and re-admission events; the prefill after a re-admission is the prefill's)"
         )
     if parts.preemption == ESTIMATED:
         return (
@@ -410,6 +418,32 @@ def _preemption_words(count: int, parts: StepParts, times: list[RequestTimes]) -
         f"{head}: what it cost is inside its {parts.prefill_s:.2f} s prefill and not separated (the server does not "
         "say when, and no prefill rate was measured to estimate it)"
     )
+
+
+_LISTED = 3  # preemptions named one by one in the evidence
+
+
+def _waits(times: list[RequestTimes], end: float) -> list[tuple[float, float]]:
+    """Each timed preemption of the step's requests as (preempted, re-admitted), the step's end where it was not
+    re-admitted before it; in time order."""
+    out = []
+    for t in times:
+        for ts, _ in t.preempted:
+            back = next((r for r in t.readmitted if r >= ts), end)
+            out.append((ts, min(back, end)))
+    return sorted(out)
+
+
+def _union_s(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] that any of `intervals` covers (two requests waiting at once count once, as the
+    latency's parts count them)."""
+    total, reach = 0.0, start
+    for lo, hi in sorted(intervals):
+        lo, hi = max(lo, reach), min(hi, end)
+        if hi > lo:
+            total += hi - lo
+            reach = hi
+    return total
 
 
 def _routing_loss(reqs, sent, routed: dict) -> dict | None:

@@ -114,7 +114,15 @@ def test_a_step_preempted_and_readmitted_late_is_named_by_the_preemption(preempt
     assert row["preempted_s"] >= sum(waits) - 1e-9  # every wait to be re-admitted, measured
     assert row["preempted_s"] <= row["latency_s"]
     assert row["slow"] and row["slow_cause"] == "preempted"
-    assert "re-admitted" in row["evidence"] and "measured from the engine's" in row["evidence"]
+    assert "measured from the engine's" in row["evidence"]
+    # each part traceable to its events: the waits as the engine's own preemption and re-admission times tell them
+    start = row["started_at"]
+    for p in preempted:
+        back = min(r.ts for r in readmitted if r.ts >= p.ts)
+        assert f"preempted {p.ts - start:.2f} s into the step, re-admitted at {back - start:.2f} s" in row["evidence"]
+    rest = row["preempted_s"] - sum(waits)
+    assert f"of which {sum(waits):.2f} s waiting to be re-admitted" in row["evidence"]
+    assert f"and {rest:.2f} s of compute it threw away or redid" in row["evidence"]
     # the same step, timed out: the preemption cost it the deadline
     steps = store.reads.steps()
     failed = steps.assign(
