@@ -15,6 +15,7 @@ from tests.runs import (  # noqa: E402,F401  (fixtures)
     overload,
     served_fleet,
     two_runs,
+    unreached,
     vllm_fleet,
     vllm_run,
 )

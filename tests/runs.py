@@ -234,3 +234,44 @@ def overload(smollm2_source, tmp_path_factory):
         s.send(session, 1, contexts[session], 4, deadline_s=OVERLOAD_DEADLINE_S)
     s.finish()
     return s, s.close()
+
+
+UNREACHED_DEADLINE_S = 3.0  # `unreached`: every step's deadline
+UNREACHED_REACHED_S = 2.2  # a's third step: its request's arrival, from the step's start
+
+
+def good_step(s, session: str, index: int, context: list[int]) -> list[int]:
+    """A scripted step that succeeds, then its tool pause; the next step's context."""
+    from tests.analytics.scripted import tokens_of
+
+    rid = s.send(session, index, context, 8, deadline_s=UNREACHED_DEADLINE_S, tool_s=TOOL_S)
+    s.finish()
+    s.idle(TOOL_S + 0.05)
+    return s.context(rid) + tokens_of(5 + index, 16)
+
+
+@pytest.fixture(scope="session")
+def unreached(smollm2_source, tmp_path_factory):
+    """(script, store): sessions a, b and d take turns on the real engine on a virtual clock, each step with a 3 s
+    deadline. a's third step's request reaches the server 2.2 s into the step and the machine slows while it
+    prefills: the deadline passes before its first token and the engine aborts it (an `abort` row: this server
+    records what its clients abandon). b's second step's request never reaches the server, and b's third does, after
+    it. d's last step never reaches it either, and nothing is heard from the server after it."""
+    from tests.analytics.scripted import Script, tokens_of
+
+    path = tmp_path_factory.mktemp("unreached") / "run.db"
+    s = Script.start(smollm2_source, path, num_blocks=128, max_num_seqs=2)
+    a, b, d = tokens_of(0, 64), tokens_of(1, 64), tokens_of(2, 64)
+    for index in range(2):
+        a = good_step(s, "a", index, a)
+    b = good_step(s, "b", 0, b)
+    d = good_step(s, "d", 0, d)
+    s.send("a", 2, a, 200, deadline_s=UNREACHED_DEADLINE_S, client_s=UNREACHED_REACHED_S)
+    s.clock.slow = 8.0  # the machine slows while it prefills: the deadline passes before the first token
+    s.finish()
+    s.clock.slow = 1.0
+    s.idle(TOOL_S)
+    s.unsent("b", 1, UNREACHED_DEADLINE_S)
+    good_step(s, "b", 2, b)
+    s.unsent("d", 1, UNREACHED_DEADLINE_S)  # the run's last step: the server is not heard after it
+    return s, s.close()

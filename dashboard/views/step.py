@@ -249,6 +249,8 @@ def _timeline(ctx, story) -> None:
 def _no_request(step: dict) -> str:
     """What the page says of a step whose server request the store does not hold: never a guess at one."""
     answered, join = step.get("response_id"), step.get("request_join")
+    if step.get("failure_cause") == "never_reached_server":  # the evidence says how the store knows
+        return "No server request found for this step: it never reached the server, as the evidence above shows."
     if isinstance(join, str) and join in JOIN_WORDS:  # judged by the collector as the step's spans arrived
         why = JOIN_WORDS[join] + (f"; to join it, {JOIN_FIXES[join]}" if join in JOIN_FIXES else "")
     elif isinstance(answered, str) and answered:

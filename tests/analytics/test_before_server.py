@@ -1,11 +1,9 @@
 """The time before the engine, on scripted runs of the real engine whose truth is known (`tests.analytics.scripted`):
 a step whose request reached the server late in its deadline, and steps whose request never reached it.
 
-- `late`: sessions a and b take turns on one engine, each step with a 3 s deadline. a's third step's request reaches
-  the server 2.2 s into the step (the agent's queue, the network) and the machine slows while it prefills: the
-  deadline passes before its first token, and the engine aborts it (an `abort` row: this server records what its
-  clients abandon). b's second step's request never reaches the server at all, and b's third does, after it. A last
-  step of session d never reaches the server either, and nothing is heard from the server after it.
+- `unreached` (`tests.runs`): a's third step's request reaches the server 2.2 s into its 3 s, and the deadline passes
+  in its prefill (the engine aborts it: an `abort` row); b's second step's request never reaches the server, and
+  b's third does after it; d's last step never reaches it either, and nothing is heard from the server after it.
 - `unaborted`: the same never-sent step on a server with no abandoned request in its record.
 """
 
@@ -17,49 +15,22 @@ from kvobs.analytics.latency_parts import PARTS
 from kvobs.analytics.step_causes import step_causes
 from kvobs.analytics.unreached import NOT_KNOWN
 from tests.analytics.scripted import Script, tokens_of, verdicts
-from tests.runs import TOOL_S
-
-DEADLINE_S = 3.0
-REACHED_S = 2.2  # a's third step: its request's arrival, from the step's start
-
-
-def _good(s: Script, session: str, index: int, context: list[int]) -> list[int]:
-    rid = s.send(session, index, context, 8, deadline_s=DEADLINE_S, tool_s=TOOL_S)
-    s.finish()
-    s.idle(TOOL_S + 0.05)
-    return s.context(rid) + tokens_of(5 + index, 16)
-
-
-@pytest.fixture(scope="module")
-def late(smollm2_source, tmp_path_factory):
-    s = Script.start(smollm2_source, tmp_path_factory.mktemp("late") / "run.db", num_blocks=128, max_num_seqs=2)
-    a, b, d = tokens_of(0, 64), tokens_of(1, 64), tokens_of(2, 64)
-    for index in range(2):
-        a = _good(s, "a", index, a)
-    b = _good(s, "b", 0, b)
-    d = _good(s, "d", 0, d)
-    s.send("a", 2, a, 200, deadline_s=DEADLINE_S, client_s=REACHED_S)
-    s.clock.slow = 8.0  # the machine slows while it prefills: the deadline passes before the first token
-    s.finish()
-    s.clock.slow = 1.0
-    s.idle(TOOL_S)
-    s.unsent("b", 1, DEADLINE_S)
-    _good(s, "b", 2, b)
-    s.unsent("d", 1, DEADLINE_S)  # the run's last step: the server is not heard after it
-    return s, s.close()
+from tests.runs import UNREACHED_DEADLINE_S as DEADLINE_S
+from tests.runs import UNREACHED_REACHED_S as REACHED_S
+from tests.runs import good_step
 
 
 @pytest.fixture(scope="module")
 def unaborted(smollm2_source, tmp_path_factory):
     s = Script.start(smollm2_source, tmp_path_factory.mktemp("unaborted") / "run.db", num_blocks=128)
-    e = _good(s, "e", 0, tokens_of(3, 64))
+    e = good_step(s, "e", 0, tokens_of(3, 64))
     s.unsent("e", 1, DEADLINE_S)
-    _good(s, "e", 2, e)
+    good_step(s, "e", 2, e)
     return s, s.close()
 
 
-def test_a_request_that_reached_the_server_late_is_named_by_the_time_before_it(late):
-    script, store = late
+def test_a_request_that_reached_the_server_late_is_named_by_the_time_before_it(unreached):
+    script, store = unreached
     frame = verdicts(store)
     row = frame.loc[("a", 2)]
     req = store.reads.requests().set_index("request_id").loc["a-2"]
@@ -77,8 +48,8 @@ def test_a_request_that_reached_the_server_late_is_named_by_the_time_before_it(l
     assert (good["before_s"] < 0.05).all()  # each arrived `CLIENT_S` after its step began
 
 
-def test_a_request_that_never_reached_the_server_is_named_so_where_the_server_would_have_recorded_it(late):
-    script, store = late
+def test_a_request_that_never_reached_the_server_is_named_so_where_the_server_would_have_recorded_it(unreached):
+    script, store = unreached
     frame = verdicts(store)
     row = frame.loc[("b", 1)]
     assert (
@@ -106,14 +77,14 @@ def test_a_missing_request_is_not_called_unsent_where_the_server_records_no_aban
     assert NOT_KNOWN in row["evidence"]
 
 
-def test_the_keeper_stores_the_time_before_the_server_and_the_step_page_shows_it(late, monkeypatch):
+def test_the_keeper_stores_the_time_before_the_server_and_the_step_page_shows_it(unreached, monkeypatch):
     """What the verdict keeper writes (`verdict_records`) holds `before_s` through the store; the step page of the
     step that never reached the server says so."""
     from kvobs.analytics.verdicts import verdict_records
     from kvobs.store import StoreWriter
     from tests.dashboard.test_app import step_page_text
 
-    script, store = late
+    script, store = unreached
     attributed = step_causes(store, None, None)
     writer = StoreWriter(store)
     writer.add_many(verdict_records(attributed, decided_at=float(attributed["started_at"].max()) + 60))

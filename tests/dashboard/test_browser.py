@@ -144,6 +144,25 @@ def test_a_timed_out_steps_story_in_chromium(overload, tmp_path, monkeypatch):
     """A step that timed out in the queue, never scheduled (the scripted overload run: its truth is exact): its story
     in the browser says why it failed, with its seconds, and that its lost prefix cost it nothing."""
     _, store = overload
+    text = _step_story(store, "q1", 1, "timeout-step_url.png", tmp_path, monkeypatch)
+    assert "why it failed: waiting in the queue" in text and "the whole step" in text
+    assert "timed out after 1.00 s: waiting in the queue" in text and "was never scheduled" in text
+    assert "Where its latency went" in text and "Traceback" not in text
+
+
+def test_a_step_whose_request_never_reached_the_server_in_chromium(unreached, tmp_path, monkeypatch):
+    """A timed-out step whose request never reached the server (the scripted `unreached` run: its truth is exact):
+    its story in the browser names it, with the evidence that the server would have recorded it."""
+    _, store = unreached
+    text = _step_story(store, "b", 1, "unreached-step_url.png", tmp_path, monkeypatch)
+    assert "why it failed: its request never reached the server" in text
+    assert "abandoned requests recorded" in text and "Where its latency went" in text and "Traceback" not in text
+    assert "it never reached the server, as the evidence above shows" in text and "split are unknown" not in text
+
+
+def _step_story(store, session: str, step: int, shot: str, tmp_path, monkeypatch) -> str:
+    """A step's story opened from its URL in Chromium over a real dashboard on `store`: its text; its screenshot
+    saved as `shot`."""
     shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TZ", BROWSER_ZONE)
@@ -151,11 +170,9 @@ def test_a_timed_out_steps_story_in_chromium(overload, tmp_path, monkeypatch):
     try:
         with chromium() as page:
             ready = READY.format(title=PAGES["step"].TITLE) + f" && document.body.innerText.includes({STORY!r})"
-            text, png = page.visit(f"{url}/?session=q1&step=1", ready)
+            text, png = page.visit(f"{url}/?session={session}&step={step}", ready)
     finally:
         proc.terminate()
         proc.wait(20)
-    (shots / "timeout-step_url.png").write_bytes(png)
-    assert "why it failed: waiting in the queue" in text and "the whole step" in text
-    assert "timed out after 1.00 s: waiting in the queue" in text and "was never scheduled" in text
-    assert "Where its latency went" in text and "Traceback" not in text
+    (shots / shot).write_bytes(png)
+    return text
