@@ -69,24 +69,20 @@ def agent_run(smollm2_source, tmp_path_factory) -> Run:
     with running_server(smollm2_source, options=options, num_blocks=NUM_BLOCKS, max_model_len=448) as server:
         server.engine.observers.append(counts)
         store = open_store(url)
-        writer = StoreWriter(store)
-        pause = PauseDistribution.parse("uniform:200-600")
-        config = WorkloadConfig(
-            base_url=server.url,
-            sessions=6,
-            concurrency=3,
-            steps=3,
-            max_tokens=16,
-            seed=1,
-            tool_pause=pause,
-            step_deadline_s=30.0,
-        )
-        with httpx.Client(base_url=server.url + "/v1", timeout=60) as client:
-            result = Workload(
-                config, client, tracer_provider=TracerProvider(), recorder=StoreStepRecorder(writer)
-            ).run()
-        writer.close()
+        result = sdk_workload(server, store, sessions=6, concurrency=3, steps=3)
     return Run(url, store, result, counts)
+
+
+def sdk_workload(server, store: Store, **config) -> WorkloadResult:
+    """The agent SDK's sessions against `server` (16-token replies, 0.2-0.6 s tool pauses, a 30 s deadline unless
+    `config` says otherwise), their steps recorded into `store` as `StoreStepRecorder` writes them."""
+    writer = StoreWriter(store)
+    defaults = {"max_tokens": 16, "seed": 1, "tool_pause": PauseDistribution.parse("uniform:200-600")}
+    settings = WorkloadConfig(base_url=server.url, **{"step_deadline_s": 30.0, **defaults, **config})
+    with httpx.Client(base_url=server.url + "/v1", timeout=60) as client:
+        result = Workload(settings, client, tracer_provider=TracerProvider(), recorder=StoreStepRecorder(writer)).run()
+    writer.close()
+    return result
 
 
 def _collected(tmp_path_factory, name: str, collect) -> Run:

@@ -68,6 +68,11 @@ def add_parser(sub) -> None:
         help="largest request body, e.g. 16MiB (413 beyond it)",
     )
     p.add_argument(
+        "--no-prompt-tokens-details",
+        action="store_true",
+        help="answer as vLLM does without --enable-prompt-tokens-details (its default): no cached tokens in usage",
+    )
+    p.add_argument(
         "--otlp-endpoint",
         help="OTLP endpoint for spans and metrics, e.g. http://localhost:4317 "
         "(default: OTEL_EXPORTER_OTLP_ENDPOINT; neither: no tracing)",
@@ -134,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
             kv_events_omit_token_ids=args.kv_events_omit_token_ids,
             api_key=args.api_key or None,
             max_request_bytes=args.max_request_bytes,
+            prompt_tokens_details=not args.no_prompt_tokens_details,
         )
         return EngineServer(engine_config(args), options)
 

@@ -74,6 +74,8 @@ class ServerOptions:
         kv_events_omit_token_ids: publish KV events without the prompt's token ids (hashes only).
         api_key: the bearer token the admin endpoints need (None: open, as on loopback).
         max_request_bytes: largest request body (413 beyond it).
+        prompt_tokens_details: put `usage.prompt_tokens_details` (the cached tokens) in replies; False answers as
+            vLLM does by default (without --enable-prompt-tokens-details).
     """
 
     host: str = "127.0.0.1"
@@ -95,6 +97,7 @@ class ServerOptions:
     kv_events_omit_token_ids: bool = False
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    prompt_tokens_details: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -151,7 +154,10 @@ class EngineServer:
         layout = llm_engine.layout
         self.started_at = time.time()  # this run's start: the cache is empty (`runs`, kvobs_engine_start_time)
         self.served = ServedModel(
-            options.served_model_name or llm_engine.model_name, layout.max_model_len, int(self.started_at)
+            options.served_model_name or llm_engine.model_name,
+            layout.max_model_len,
+            int(self.started_at),
+            token_details=options.prompt_tokens_details,
         )
         self.metrics = EngineMetrics(
             self.served.name,

@@ -18,6 +18,7 @@ class Response:
     created: int
     chat: bool
     tools: list[dict]  # the tools offered: a reply in their call syntax is returned as tool_calls
+    token_details: bool = True  # usage.prompt_tokens_details (its cached tokens)
 
     def envelope(self, *, chunk: bool) -> dict:
         kind = "text_completion" if not self.chat else "chat.completion.chunk" if chunk else "chat.completion"
@@ -34,7 +35,7 @@ class Response:
             choice["message"], choice["finish_reason"] = self.reply(out)
         else:
             choice["text"] = out.text
-        return {**self.envelope(chunk=False), "choices": [choice], "usage": usage(out)}
+        return {**self.envelope(chunk=False), "choices": [choice], "usage": usage(out, self.token_details)}
 
     def reply(self, out: RequestOutput) -> tuple[dict, str | None]:
         """The assistant message and finish reason: `tool_calls` when the reply is a call of an offered tool."""
@@ -54,13 +55,16 @@ def streamed(message: dict) -> dict:
     return delta
 
 
-def usage(out: RequestOutput) -> dict:
+def usage(out: RequestOutput, token_details: bool = True) -> dict:
+    """A reply's usage; without `token_details`, as vLLM answers by default: `prompt_tokens_details` null."""
     completion = len(out.output_token_ids)
+    # (an answered request was admitted: its cached tokens are known)
+    details = {"cached_tokens": out.num_cached_tokens or 0} if token_details else None
     return {
         "prompt_tokens": out.num_prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": out.num_prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens or 0},  # (an answered request was admitted)
+        "prompt_tokens_details": details,
     }
 
 

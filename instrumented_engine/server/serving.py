@@ -44,6 +44,7 @@ class ServedModel:
     name: str
     max_model_len: int
     created: int
+    token_details: bool = True  # usage.prompt_tokens_details (vLLM: only with --enable-prompt-tokens-details)
 
 
 class TextDeltas:
@@ -159,7 +160,8 @@ class OpenAIServing:
             trace_headers=trace,
             arrival_ts=arrival_ts(request),
         )
-        response = Response(request_id, self.served.name, int(time.time()), chat, tools or [])
+        served = self.served
+        response = Response(request_id, served.name, int(time.time()), chat, tools or [], served.token_details)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(
@@ -233,7 +235,7 @@ class OpenAIServing:
         if final is not None and final.finish_reason == FINISHED_ERROR:
             yield event(_failed_alone(response.id).body())
         if include_usage and final is not None:
-            yield event({**response.envelope(chunk=True), "choices": [], "usage": usage(final)})
+            yield event({**response.envelope(chunk=True), "choices": [], "usage": usage(final, response.token_details)})
         yield "data: [DONE]\n\n"
 
 

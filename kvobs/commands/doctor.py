@@ -1,5 +1,6 @@
 """`kvobs doctor`: is the pipeline whole? Per replica: do its KV events and its own counters agree (from the store);
-per agent convention: were the steps made of its spans tied to their server requests (most must be); and, given
+per agent convention: were the steps made of its spans tied to their server requests (most must be); do the agents'
+replies say how many prompt tokens were cached (vLLM's prompt-token details are off by default); and, given
 the collector's /metrics, which wire shape each replica sends, how late its batches arrive, how many were lost.
 
 kvobs doctor --store sqlite:///kvobs.db                                  # the store's checks
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from kvobs.analytics.agreement import kv_counter_agreement
     from kvobs.analytics.joins import source_joins
     from kvobs.analytics.tier_checks import tier_checks
+    from kvobs.analytics.token_details import token_details_check
     from kvobs.store import open_store
 
     store = start_or_report("doctor", lambda: open_store(args.store, must_exist=True))
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         checks = kv_counter_agreement(store, args.since, args.until)
         tiers = tier_checks(store, args.since, args.until)
         joins = source_joins(store, args.since, args.until)
+        details = token_details_check(store, args.since, args.until)
         leases = store.leases.current()
     finally:
         store.close()
@@ -69,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     for join in joins:
         problems += not join.ok
         print(f"  {'ok' if join.ok else '!'} {join.source}: {join.words}")
+    if details is not None:
+        problems += not details.ok
+        print("Agent replies (the SDK's steps): do they say what was cached?")
+        print(f"  {'ok' if details.ok else '!'} {details.words}")
     if args.collector:
         found = start_or_report("doctor", lambda: collector_checks(args.collector))
         if found is None:

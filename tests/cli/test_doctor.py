@@ -215,3 +215,27 @@ def test_requests_never_scheduled_looked_nothing_up_and_the_doctor_passes(overlo
     plan = ReplayPlan.from_store(store)
     assert plan.never_admitted == 2 and not {"q1-1", "q2-1"} & {r.request_id for r in plan.requests}
     assert plan.skipped == 0 and plan.num_requests == len(reqs) - 2
+
+
+def test_replies_without_prompt_token_details_are_named_with_their_fix(smollm2_source, agent_run, tmp_path):
+    """`kvobs serve --no-prompt-tokens-details` answers as vLLM does by default: usage without its cached tokens. The
+    SDK's steps then know none, and the doctor names the setting, with the flag that fixes it; on a server that sends
+    them (the agent run) every answered step says what was cached."""
+    from kvobs.analytics.token_details import FIX
+    from tests.runs import sdk_workload
+    from tests.server.conftest import running_server
+
+    url = f"sqlite:///{tmp_path / 'details-off.db'}"
+    options = {"store_url": url, "instance": "details-off", "prompt_tokens_details": False}
+    with running_server(smollm2_source, options=options, num_blocks=64, max_model_len=448) as server:
+        sdk_workload(server, open_store(url), sessions=2, concurrency=2, steps=2)
+    steps = open_store(url).reads.steps()
+    assert steps["prompt_tokens"].notna().all() and steps["cached_tokens"].isna().all()  # truth: replies say none
+    requests = open_store(url).reads.requests()
+    assert (requests["cached_tokens"] > 0).any()  # while the server's own record shows hits
+    done = subprocess.run([*DOCTOR, "--store", url], capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout
+    assert f"! {len(steps)} of {len(steps)} answered steps' replies carried no cached tokens" in done.stdout
+    assert FIX in done.stdout
+    good = subprocess.run([*DOCTOR, "--store", agent_run.url], capture_output=True, text=True)
+    assert "answered steps' replies said how many prompt tokens were cached" in good.stdout, good.stdout

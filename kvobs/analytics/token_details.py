@@ -1,0 +1,51 @@
+"""Do the agents' replies say what was cached? vLLM puts `usage.prompt_tokens_details.cached_tokens` in a reply only
+when started with `--enable-prompt-tokens-details` (off by default), so a fleet on its defaults answers every step
+with its prompt tokens and no cached tokens: each step's hits are then not measured from its reply (shown unknown,
+never 0), and only the KV events and the server's own spans tell them.
+
+    check = token_details_check(store, since, until)   # None when no step read its reply's usage
+
+Counted on the SDK's steps alone (no `request_join`): the SDK read their usage from the reply itself, so a missing
+count is the reply's. A step made of a framework's spans may lack it because its instrumentation does not record it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvobs.store.interface import Store
+
+FIX = "start vLLM with --enable-prompt-tokens-details (kvobs serve sends them unless --no-prompt-tokens-details)"
+
+
+@dataclass(frozen=True)
+class TokenDetailsCheck:
+    answered: int  # SDK steps whose reply gave its prompt tokens
+    without: int  # of those, replies with no cached tokens
+
+    @property
+    def ok(self) -> bool:
+        return self.without == 0
+
+    @property
+    def words(self) -> str:
+        if self.ok:
+            return f"every one of {self.answered} answered steps' replies said how many prompt tokens were cached"
+        return (
+            f"{self.without} of {self.answered} answered steps' replies carried no cached tokens "
+            "(usage.prompt_tokens_details null), so their hits are not measured from the reply (unknown, never 0); "
+            f"to fix: {FIX}"
+        )
+
+
+def token_details_check(store: Store, since: float | None, until: float | None) -> TokenDetailsCheck | None:
+    """Of the SDK's steps started in the range whose reply gave its prompt tokens, how many gave no cached tokens
+    (None: no such step)."""
+    steps = store.reads.steps(since, until)
+    if steps.empty:
+        return None
+    sdk = steps["request_join"].isna() if "request_join" in steps else steps["prompt_tokens"].notna()
+    answered = steps[sdk & steps["prompt_tokens"].notna()]
+    if answered.empty:
+        return None
+    return TokenDetailsCheck(len(answered), int(answered["cached_tokens"].isna().sum()))
