@@ -1,6 +1,7 @@
 """`kvobs doctor`: is the pipeline whole? Per replica: do its KV events and its own counters agree (from the store);
 per agent convention: were the steps made of its spans tied to their server requests (most must be); do the agents'
-replies say how many prompt tokens were cached (vLLM's prompt-token details are off by default); and, given
+replies say how many prompt tokens were cached (vLLM's prompt-token details are off by default); which sessions miss
+at their prompt's first block because it changes on every call; and, given
 the collector's /metrics, which wire shape each replica sends, how late its batches arrive, how many were lost.
 
 kvobs doctor --store sqlite:///kvobs.db                                  # the store's checks
@@ -31,6 +32,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvobs.analytics.agreement import kv_counter_agreement
+    from kvobs.analytics.changing_starts import changing_starts
     from kvobs.analytics.joins import source_joins
     from kvobs.analytics.tier_checks import tier_checks
     from kvobs.analytics.token_details import token_details_check
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         tiers = tier_checks(store, args.since, args.until)
         joins = source_joins(store, args.since, args.until)
         details = token_details_check(store, args.since, args.until)
+        starts = changing_starts(store, args.since, args.until)
         leases = store.leases.current()
     finally:
         store.close()
@@ -76,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
         problems += not details.ok
         print("Agent replies (the SDK's steps): do they say what was cached?")
         print(f"  {'ok' if details.ok else '!'} {details.words}")
+    if starts:
+        print("Misses that are not the cache's (a bigger cache would not help):")
+    for start in starts:
+        problems += 1
+        print(f"  ! {start.words}")
     if args.collector:
         found = start_or_report("doctor", lambda: collector_checks(args.collector))
         if found is None:

@@ -239,3 +239,50 @@ def test_replies_without_prompt_token_details_are_named_with_their_fix(smollm2_s
     assert FIX in done.stdout
     good = subprocess.run([*DOCTOR, "--store", agent_run.url], capture_output=True, text=True)
     assert "answered steps' replies said how many prompt tokens were cached" in good.stdout, good.stdout
+
+
+def _conversation(url: str, session: str, *, stamped: bool) -> None:
+    """Four turns of one conversation, each call resending the whole of it, as an agent does; `stamped`: the system
+    prompt opens with the time of the call, as some clients put it."""
+    import httpx
+
+    system = "You are a travel assistant. Answer in one short sentence about trains, flights and hotels."
+    history: list[dict] = []
+    for turn in range(4):
+        opening = f"Now: 2026-12-04T10:{turn:02d}:{7 * turn:02d}Z. " if stamped else ""
+        history.append({"role": "user", "content": f"Question {turn}: which city should I visit next and why?"})
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "system", "content": opening + system}, *history],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+        reply = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        history.append({"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"]})
+
+
+def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(smollm2_source, tmp_path):
+    """Two conversations on a real server with room for both: one whose system prompt opens with the time of each
+    call, one without. The stamped one hits only its first block on every later turn though each earlier turn is
+    still cached, and the doctor names it, with the fix; the other reuses its prefix every turn and is not named."""
+    from kvobs.analytics.changing_starts import FIX, changing_starts
+    from tests.server.conftest import running_server
+
+    url = f"sqlite:///{tmp_path / 'starts.db'}"
+    with running_server(smollm2_source, options={"store_url": url, "instance": "starts"}, num_blocks=256) as server:
+        _conversation(server.url, "stamped", stamped=True)
+        _conversation(server.url, "steady", stamped=False)
+    store = open_store(url)
+    reqs = store.reads.requests().sort_values("arrival_ts").set_index("session_id")
+    stamped, steady = reqs.loc["stamped"], reqs.loc["steady"]
+    # truth: every later stamped turn hit only the block before the time's first changing digit, the steady ones
+    # the whole conversation before them
+    assert (stamped["cached_tokens"].iloc[1:] == 16).all()
+    assert (steady["cached_tokens"].iloc[1:] >= steady["prompt_tokens"].shift().iloc[1:] - 16).all()
+    assert not len(store.reads.kv_events(kinds=["removed", "evicted"]))  # nothing left the cache: not its size
+    (found,) = changing_starts(store, None, None)
+    assert (found.session_id, found.requests, found.parted, found.block) == ("stamped", 4, 3, 1)
+    done = subprocess.run([*DOCTOR, "--store", url], capture_output=True, text=True)
+    assert done.returncode == 1 and f"! {found.words}" in done.stdout and FIX in done.stdout, done.stdout
+    assert "session steady" not in done.stdout

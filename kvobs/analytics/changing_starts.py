@@ -1,0 +1,101 @@
+"""Sessions whose prompts change near their start: each request parts from the one before at the same early block,
+while the earlier request's later blocks are still cached, so the rest of the conversation is never reused. A client
+that puts what changes on every call (a timestamp, a request id, a retrieved snippet) before what stays the same
+makes every request miss from there on; the cache is not short, and a bigger one would not help.
+
+    found = changing_starts(store, since, until)   # [ChangingStart]: the sessions, where they part, how often
+
+Read from the store's own record: each request's hash chain (`chains.request_chains`: its stored blocks, root first)
+and its cached tokens. A later request parted from the one before at block k when the two chains share their first k
+blocks and no more (so it hit no more than those), and at least `MIN_UNUSED` of the earlier chain's blocks after them
+were stored before its lookup and neither removed nor evicted by then (held, and not taken). A session is named when
+at least `MIN_PAIRS` of its consecutive pairs parted at the same block: one new conversation in a session is not a
+pattern, and a reply the next prompt renders differently parts at the earlier chain's last blocks, not before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvobs.analytics.chains import BlockGraph, lookup_ts, request_chains
+from kvobs.semconv.spans import KVEventKind
+from kvobs.store.interface import Store
+
+MIN_PAIRS = 2
+MIN_UNUSED = 2  # cached blocks of the earlier request after the parting, held and not taken
+FIX = (
+    "put what changes on every call (a timestamp, a request id, a retrieved snippet) after the part of the prompt that "
+    "stays the same, so consecutive requests share all of it"
+)
+_GONE = (KVEventKind.REMOVED.value, KVEventKind.EVICTED.value)
+
+
+@dataclass(frozen=True)
+class ChangingStart:
+    session_id: str
+    requests: int  # the session's requests with a known chain and cached tokens
+    parted: int  # consecutive pairs that parted at `block`, the earlier one's later blocks still cached
+    block: int  # the blocks they shared before parting
+
+    @property
+    def words(self) -> str:
+        shared = "nothing" if self.block == 0 else f"only their first {self.block} block{'s' * (self.block > 1)}"
+        return (
+            f"session {self.session_id}: {self.parted} of its {self.requests - 1} later requests shared {shared} "
+            "with the request before it, whose later blocks were still cached and went unused: its prompt changes "
+            f"near its start on every call; to fix: {FIX}"
+        )
+
+
+def changing_starts(store: Store, since: float | None, until: float | None) -> list[ChangingStart]:
+    """The sessions in the range whose consecutive requests keep parting at the same early block."""
+    requests = store.reads.requests(since, until)
+    requests = requests[requests["session_id"].notna() & requests["cached_tokens"].notna()]
+    if requests.empty:
+        return []
+    stored = store.reads.stored_blocks(since, until)
+    graph = BlockGraph.from_stored(stored)
+    chains = request_chains(requests, stored, graph)
+    gone = _gone_at(store, since, until)
+    out = []
+    for session_id, group in requests.sort_values("arrival_ts").groupby("session_id", sort=True):
+        rows = [r for r in group.itertuples(index=False) if chains.get(r.request_id)]
+        blocks = [
+            _parted(chains[before.request_id], chains[after.request_id], after, graph, gone)
+            for before, after in zip(rows, rows[1:])
+        ]
+        found = [b for b in blocks if b is not None]
+        if not found:
+            continue
+        block = max(set(found), key=found.count)
+        if found.count(block) >= MIN_PAIRS:
+            out.append(ChangingStart(str(session_id), len(rows), found.count(block), block))
+    return out
+
+
+def _parted(before: list[int], after: list[int], req, graph: BlockGraph, gone: dict[int, list[float]]) -> int | None:
+    """The block at which `after` parted from `before` while `before`'s later blocks were held (None: it did not)."""
+    shared = 0
+    for a, b in zip(before, after):
+        if a != b:
+            break
+        shared += 1
+    unused = before[shared:]  # (its hit could not pass the parting: the chains differ from there)
+    if len(unused) < MIN_UNUSED:
+        return None
+    looked_up = lookup_ts(req)
+    for block_hash in unused[:MIN_UNUSED]:
+        stored = graph.first_stored.get(block_hash, float("inf"))
+        if stored >= looked_up or any(stored < ts <= looked_up for ts in gone.get(block_hash, ())):
+            return None
+    return shared
+
+
+def _gone_at(store: Store, since: float | None, until: float | None) -> dict[int, list[float]]:
+    """Each block hash's removal and eviction times in the range."""
+    events = store.reads.kv_events(since, until, kinds=list(_GONE))
+    events = events[events["block_hash"].notna()]
+    out: dict[int, list[float]] = {}
+    for block_hash, ts in zip(events["block_hash"], events["ts"]):
+        out.setdefault(int(block_hash), []).append(float(ts))
+    return out
