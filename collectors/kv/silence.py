@@ -66,7 +66,9 @@ class KVSilenceWatch:
                 "KV events of %s: nothing on %s for %.0f s while its /metrics counted prefix-cache queries. This "
                 "collector %s that endpoint; vLLM binds only a wildcard endpoint (tcp://*:PORT) and connects to a "
                 "concrete one, so if both sides connect nobody binds and nothing arrives: start kvobs collect with "
-                "--kv-events-bind, or give vLLM's --kv-events-config an endpoint of tcp://*:PORT and connect to it.",
+                "--kv-events-bind, or give vLLM's --kv-events-config an endpoint of tcp://*:PORT and connect to it. "
+                "Or its KV events are off: vLLM publishes them only with enable_kv_cache_events true in "
+                "--kv-events-config (false unless set).",
                 instance,
                 stream.spec.endpoint,
                 now - heard,

@@ -90,6 +90,13 @@ def kv_counter_agreement(store: Store, since: float | None = None, until: float 
     return out
 
 
+NO_EVENTS = (
+    "no stored KV events in the range: are its KV events on? vLLM publishes them only with enable_kv_cache_events "
+    "true in --kv-events-config (false unless set), and the collector must reach their endpoint (kvobs collect "
+    "--kv-events NAME=tcp://HOST:PORT)"
+)
+
+
 def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, finished_requests, own_rows) -> Agreement:
     def total(name: str) -> float | None:
         key = (instance, name)
@@ -98,7 +105,7 @@ def _verdict(instance: str, stored: pd.DataFrame, totals: pd.Series, finished_re
     hits, queries, generated = total(HITS), total(QUERIES), total(GENERATED)
     source = "the counters"
     if stored.empty:
-        return Agreement(instance, "unknown", "no stored KV events in the range: is --kv-events-config on?")
+        return Agreement(instance, "unknown", NO_EVENTS)
     if hits is None or queries is None or generated is None:
         rows = own_rows(instance)
         if rows is None:

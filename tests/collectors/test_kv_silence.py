@@ -62,6 +62,7 @@ def test_a_kv_stream_that_hears_nothing_while_its_replica_serves_is_told_once(st
         assert collector.streams[0].subscriber.num_batches == 0
         assert len(told) == 1 and "--kv-events-bind" in told[0] and "tcp://*:PORT" in told[0]
         assert "connects to that endpoint" in told[0]
+        assert "enable_kv_cache_events true in --kv-events-config" in told[0]  # the other reason nothing arrives
         assert f"{SILENT} 1.0" in exposed  # once per silence, however many ticks it lasts
 
 
