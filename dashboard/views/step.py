@@ -110,6 +110,8 @@ def render_story(ctx, session_id: str, step_index: int) -> None:
         st.warning(f"The store has no step {step_index} of session {session_id}.")
         return
     _verdict(ctx, story.step)
+    for words in story.misses:
+        st.markdown(f"**A miss that is not the cache's:** {words}")
     _breakdown(story.step)
     _timeline(ctx, story)
     st.subheader("What happened, in order")

@@ -4,6 +4,7 @@ that puts what changes on every call (a timestamp, a request id, a retrieved sni
 makes every request miss from there on; the cache is not short, and a bigger one would not help.
 
     found = changing_starts(store, since, until)   # [ChangingStart]: the sessions, where they part, how often
+    session_changing_start(store, session_id, requests)   # one session's, for its steps' stories
 
 Read from the store's own record: each request's hash chain (`chains.request_chains`: its stored blocks, root first)
 and its cached tokens. A later request parted from the one before at block k when the two chains share their first k
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvobs.analytics.chains import BlockGraph, lookup_ts, request_chains
+import pandas as pd
+
+from kvobs.analytics.chains import BlockGraph, lookup_ts, request_chains, with_sessions
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
 
@@ -49,19 +52,36 @@ class ChangingStart:
 
 def changing_starts(store: Store, since: float | None, until: float | None) -> list[ChangingStart]:
     """The sessions in the range whose consecutive requests keep parting at the same early block."""
-    requests = store.reads.requests(since, until)
+    requests = with_sessions(store.reads.requests(since, until), store.reads.steps(since, until))
+    gone = store.reads.kv_events(since, until, kinds=list(_GONE))
+    return parted_sessions(requests, store.reads.stored_blocks(since, until), gone)
+
+
+def session_changing_start(store: Store, session_id: str, requests: pd.DataFrame) -> ChangingStart | None:
+    """`changing_starts` of one session, over its `requests` (those a page read) and its own KV record."""
+    requests = requests[requests["session_id"] == session_id]
+    if len(requests) <= MIN_PAIRS:
+        return None
+    stored = store.reads.kv_events(kinds=[KVEventKind.STORED.value], session_id=session_id)
+    gone = store.reads.kv_events(kinds=list(_GONE), session_id=session_id)
+    found = parted_sessions(requests, stored, gone)
+    return found[0] if found else None
+
+
+def parted_sessions(requests: pd.DataFrame, stored: pd.DataFrame, gone: pd.DataFrame) -> list[ChangingStart]:
+    """`changing_starts` over frames: `requests` (with their sessions), `stored` block events, the `gone` ones
+    (removed and evicted)."""
     requests = requests[requests["session_id"].notna() & requests["cached_tokens"].notna()]
-    if requests.empty:
+    if requests.empty or stored.empty:
         return []
-    stored = store.reads.stored_blocks(since, until)
     graph = BlockGraph.from_stored(stored)
     chains = request_chains(requests, stored, graph)
-    gone = _gone_at(store, since, until)
+    gone_at = _gone_at(gone)
     out = []
     for session_id, group in requests.sort_values("arrival_ts").groupby("session_id", sort=True):
         rows = [r for r in group.itertuples(index=False) if chains.get(r.request_id)]
         blocks = [
-            _parted(chains[before.request_id], chains[after.request_id], after, graph, gone)
+            _parted(chains[before.request_id], chains[after.request_id], after, graph, gone_at)
             for before, after in zip(rows, rows[1:])
         ]
         found = [b for b in blocks if b is not None]
@@ -91,9 +111,8 @@ def _parted(before: list[int], after: list[int], req, graph: BlockGraph, gone: d
     return shared
 
 
-def _gone_at(store: Store, since: float | None, until: float | None) -> dict[int, list[float]]:
-    """Each block hash's removal and eviction times in the range."""
-    events = store.reads.kv_events(since, until, kinds=list(_GONE))
+def _gone_at(events: pd.DataFrame) -> dict[int, list[float]]:
+    """Each block hash's removal and eviction times."""
     events = events[events["block_hash"].notna()]
     out: dict[int, list[float]] = {}
     for block_hash, ts in zip(events["block_hash"], events["ts"]):

@@ -6,6 +6,8 @@ its session's cached blocks from the tool pause before it to its end, with who t
     story.step          # the step's verdict: status, failure_cause, slow_cause, evidence, typical_s, verdict
     story.timeline      # lane, phase, start, end: the step, the tool pause and its tool calls, each request's phases
     story.events        # ts, source, kind, blocks, tokens, request_id, what: everything above and the KV record
+    story.misses        # misses no cache size would change (a prompt that changes near its start, a reply without
+                        # its cached tokens), each with its fix
 
 The requests are the attribution's own (`attribution.step_requests`: by caller span, else the step's session or
 trace within its time), so the story and the verdict never disagree about which requests were the step's. The tool
@@ -29,12 +31,14 @@ import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
 from kvobs.analytics.chains import with_sessions
+from kvobs.analytics.changing_starts import session_changing_start
 from kvobs.analytics.latency_parts import RequestTimes, request_intervals
 from kvobs.analytics.pauses import pause_before
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.routing import request_routing
 from kvobs.analytics.step_facts import KVRecord
 from kvobs.analytics.tied_events import BY_REQUEST, tied_events
+from kvobs.analytics.token_details import reply_without_details
 from kvobs.analytics.verdicts import with_decided
 from kvobs.semconv.spans import BlockTie, KVEventKind, StepStatus
 from kvobs.store.interface import Store
@@ -64,6 +68,7 @@ class StepStory:
     pause: tuple[float, float] | None
     timeline: pd.DataFrame
     events: pd.DataFrame
+    misses: tuple[str, ...] = ()  # misses that are not the cache's, named with their fix
 
     @property
     def span(self) -> tuple[float, float]:
@@ -129,7 +134,17 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
     timeline = _timeline(step, pause, mine, pd.concat([session_kv, tied]))
     events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
     events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
-    return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS])
+    misses = _misses(store, session_id, step, i, with_sessions(reqs, steps))
+    return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS], misses)
+
+
+def _misses(store: Store, session_id: str, step, i: int, reqs: pd.DataFrame) -> tuple[str, ...]:
+    """What the step and its session show that no cache size would change (`changing_starts`, `token_details`)."""
+    found = [reply_without_details(step.to_dict())]
+    if i > 0:
+        start = session_changing_start(store, session_id, reqs)
+        found.append(start.words if start is not None else None)
+    return tuple(words for words in found if words)
 
 
 def _session_routing(store: Store, session_id: str, reqs, steps, first: float, last: float) -> pd.DataFrame:

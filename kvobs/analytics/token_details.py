@@ -38,6 +38,18 @@ class TokenDetailsCheck:
         )
 
 
+def reply_without_details(step) -> str | None:
+    """A step's own words where the SDK read its reply's usage and found no cached tokens (None: not so)."""
+    join = step.get("request_join")
+    prompt, cached = step.get("prompt_tokens"), step.get("cached_tokens")
+    if isinstance(join, str) or prompt is None or prompt != prompt or (cached is not None and cached == cached):
+        return None
+    return (
+        "its reply gave its prompt tokens but no cached tokens (usage.prompt_tokens_details null), so what it hit is "
+        f"known only from the server's own record; to fix: {FIX}"
+    )
+
+
 def token_details_check(store: Store, since: float | None, until: float | None) -> TokenDetailsCheck | None:
     """Of the SDK's steps started in the range whose reply gave its prompt tokens, how many gave no cached tokens
     (None: no such step)."""

@@ -20,6 +20,7 @@ from kvobs.store.rows import MetricSampleRecord
 from kvobs.store.schema import KVEventRow
 from kvobs.vllm import kv_events as wire
 from tests.collectors.replay import publisher, wait_subscribed
+from tests.dashboard.test_app import step_page_text
 from tests.server.conftest import free_port
 from tests.waiting import wait_for
 
@@ -217,7 +218,9 @@ def test_requests_never_scheduled_looked_nothing_up_and_the_doctor_passes(overlo
     assert plan.skipped == 0 and plan.num_requests == len(reqs) - 2
 
 
-def test_replies_without_prompt_token_details_are_named_with_their_fix(smollm2_source, agent_run, tmp_path):
+def test_replies_without_prompt_token_details_are_named_with_their_fix(
+    smollm2_source, agent_run, tmp_path, monkeypatch
+):
     """`kvobs serve --no-prompt-tokens-details` answers as vLLM does by default: usage without its cached tokens. The
     SDK's steps then know none, and the doctor names the setting, with the flag that fixes it; on a server that sends
     them (the agent run) every answered step says what was cached."""
@@ -237,14 +240,19 @@ def test_replies_without_prompt_token_details_are_named_with_their_fix(smollm2_s
     assert done.returncode == 1, done.stdout
     assert f"! {len(steps)} of {len(steps)} answered steps' replies carried no cached tokens" in done.stdout
     assert FIX in done.stdout
+    words = step_page_text(monkeypatch, url, steps["session_id"].iloc[0], int(steps["step_index"].iloc[0]))
+    assert "A miss that is not the cache's: its reply gave its prompt tokens but no cached tokens" in words
     good = subprocess.run([*DOCTOR, "--store", agent_run.url], capture_output=True, text=True)
     assert "answered steps' replies said how many prompt tokens were cached" in good.stdout, good.stdout
 
 
-def _conversation(url: str, session: str, *, stamped: bool) -> None:
-    """Four turns of one conversation, each call resending the whole of it, as an agent does; `stamped`: the system
-    prompt opens with the time of the call, as some clients put it."""
+def _conversation(url: str, session: str, writer, *, stamped: bool) -> None:
+    """Four turns of one conversation, each call resending the whole of it, as an agent does, each recorded as a step
+    the way the SDK writes one; `stamped`: the system prompt opens with the time of the call, as some clients put
+    it."""
     import httpx
+
+    from kvobs.store.rows import StepRecord
 
     system = "You are a travel assistant. Answer in one short sentence about trains, flights and hotels."
     history: list[dict] = []
@@ -257,12 +265,28 @@ def _conversation(url: str, session: str, *, stamped: bool) -> None:
             "max_tokens": 8,
             "temperature": 0,
         }
+        started = time.time()
         reply = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
         assert reply.status_code == 200, reply.text
-        history.append({"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"]})
+        answer, usage = reply.json()["choices"][0]["message"]["content"], reply.json()["usage"]
+        history.append({"role": "assistant", "content": answer})
+        ended = time.time()
+        writer.add(
+            StepRecord(
+                session_id=session,
+                step_index=turn,
+                started_at=started,
+                ended_at=ended,
+                status="ok",
+                e2e_s=ended - started,
+                prompt_tokens=usage["prompt_tokens"],
+                cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+                completion_tokens=usage["completion_tokens"],
+            )
+        )
 
 
-def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(smollm2_source, tmp_path):
+def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(smollm2_source, tmp_path, monkeypatch):
     """Two conversations on a real server with room for both: one whose system prompt opens with the time of each
     call, one without. The stamped one hits only its first block on every later turn though each earlier turn is
     still cached, and the doctor names it, with the fix; the other reuses its prefix every turn and is not named."""
@@ -270,10 +294,12 @@ def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(smo
     from tests.server.conftest import running_server
 
     url = f"sqlite:///{tmp_path / 'starts.db'}"
-    with running_server(smollm2_source, options={"store_url": url, "instance": "starts"}, num_blocks=256) as server:
-        _conversation(server.url, "stamped", stamped=True)
-        _conversation(server.url, "steady", stamped=False)
     store = open_store(url)
+    writer = StoreWriter(store)
+    with running_server(smollm2_source, options={"store_url": url, "instance": "starts"}, num_blocks=256) as server:
+        _conversation(server.url, "stamped", writer, stamped=True)
+        _conversation(server.url, "steady", writer, stamped=False)
+    writer.close()
     reqs = store.reads.requests().sort_values("arrival_ts").set_index("session_id")
     stamped, steady = reqs.loc["stamped"], reqs.loc["steady"]
     # truth: every later stamped turn hit only the block before the time's first changing digit, the steady ones
@@ -286,3 +312,6 @@ def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(smo
     done = subprocess.run([*DOCTOR, "--store", url], capture_output=True, text=True)
     assert done.returncode == 1 and f"! {found.words}" in done.stdout and FIX in done.stdout, done.stdout
     assert "session steady" not in done.stdout
+    # the step story names it too, on a later step of that session, never on the other's
+    assert f"A miss that is not the cache's: {found.words}" in step_page_text(monkeypatch, url, "stamped", 2)
+    assert "A miss that is not the cache's" not in step_page_text(monkeypatch, url, "steady", 2)
