@@ -159,7 +159,8 @@ TERMS: dict[str, tuple[str, str]] = {
     "before_s": (
         "before the server (s)",
         "From the step's start to its request's arrival at the server: the agent's own queue, the network, the "
-        "server's accept queue (not measured on verdicts decided before it was a part of its own).",
+        "server's accept queue, and whatever the server does before it stamps the arrival (not measured on verdicts "
+        "decided before it was a part of its own).",
     ),
     "other_s": (
         "outside the engine (s)",

@@ -26,7 +26,7 @@ EXCESS_CAUSES = {
     "before": (
         "before_server",
         "the time before its request reached the server (the agent's own queue, the network, the server's accept "
-        "queue)",
+        "queue, and whatever the server does before it stamps the arrival)",
     ),
     "other": (
         "outside_server",
