@@ -13,9 +13,11 @@ the server's id sits where each library keeps it. Read in recorded spans (`tests
   nor, by its source, does smolagents (`ChatMessage.model_dump_json` leaves its `raw` reply out): those calls join
   otherwise.
 Rather than one path per library, every string under a key `id` or `response_id` is a candidate, in document
-order, up to `MAX_IDS`: a candidate is only ever taken when it is the id of a request the collector saw on an
-instance inside the call's time window (`collectors/traces/request_join.py`), so a run id or a tool call's id that no
-server request has is never joined. OTel GenAI writes the id itself (`gen_ai.response.id`).
+order, up to `MAX_IDS`, but for those inside a reply's tool calls (`TOOL_CALL_KEYS`: their `call_...` ids are the
+calls', never the server's, and a step that kept one as its reply id named a request nobody sent): a candidate is
+only ever taken when it is the id of a request the collector saw on an instance inside the call's time window
+(`collectors/traces/request_join.py`), so a run id that no server request has is never joined. OTel GenAI writes the
+id itself (`gen_ai.response.id`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import json
 from kvobs.identifiers import clip_id
 
 ID_KEYS = frozenset({"id", "response_id"})
+# a reply's tool calls carry ids of their own (`call_...`): never a server request's, so never walked into
+TOOL_CALL_KEYS = frozenset({"tool_calls", "tool_call_chunks", "invalid_tool_calls"})
 MAX_IDS = 16  # a reply with more ids than this is a long conversation's history: its first ones are the reply's
 MAX_DEPTH = 12
 
@@ -51,8 +55,8 @@ def _walk(node, found: dict[str, None], depth: int) -> None:
                 found.setdefault(clip_id(value), None)
                 if len(found) >= MAX_IDS:
                     return
-        for value in node.values():
-            if isinstance(value, dict | list):
+        for key, value in node.items():
+            if isinstance(value, dict | list) and key not in TOOL_CALL_KEYS:
                 _walk(value, found, depth + 1)
     elif isinstance(node, list):
         for value in node:

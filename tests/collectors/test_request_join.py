@@ -98,10 +98,12 @@ def test_reply_ids_read_each_frameworks_shape():
         '"response_metadata": {"id": "chatcmpl-9", "model_name": "m"}}}}]], "llm_output": {"id": "chatcmpl-9"}}'
     )
     assert reply_ids(langchain) == ("lc_run--1", "chatcmpl-9")  # the run id too: only a request's id is ever taken
+    # a tool call's id is the call's, never the server's: not a candidate, wherever the library keeps the calls
     assert reply_ids('{"id": "chatcmpl-1", "choices": [{"message": {"tool_calls": [{"id": "call_1"}]}}]}') == (
         "chatcmpl-1",
-        "call_1",
     )
+    tool_only = '{"messages": [{"kwargs": {"tool_calls": [{"id": "call_2", "name": "f"}], "invalid_tool_calls": []}}]}'
+    assert reply_ids(tool_only) == ()
     assert reply_ids("Paris is the capital.") == () and reply_ids("{not json") == () and reply_ids(None) == ()
 
 
