@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from collectors.traces.agent_spans import LLM, TOOL, TraceSpan
+from collectors.traces.agent_spans import AGENT, LLM, TOOL, TraceSpan
 from kvobs.semconv.spans import StepStatus
 
 EPSILON_S = 1e-3  # clocks of one process: a tool that ends as the next call starts is inside the pause
@@ -79,12 +79,16 @@ class Trace:
 
     def tools(self, session_id: str, since: float, until: float, *, under: str | None = None) -> list[dict]:
         """The session's tool calls in this trace between its previous call's end and this call's start; `under`: only
-        those inside that span (an SDK step's own tools, run within it)."""
+        those inside that span (an SDK step's own tools, run within it). A tool span inside another with no agent or
+        LLM call between them is the same call recorded twice (an instrumentation's span and the framework's own under
+        it): counted once, as the outer."""
         tools = []
         for span in self.spans.values():
             if span.role != TOOL or span.start < since - EPSILON_S or span.end > until + EPSILON_S:
                 continue
             if under is not None and under not in {s.span_id for s in self.ancestors(span)}:
+                continue
+            if _inside_its_own_call(self.ancestors(span)):
                 continue
             if self.session_of(span, self.ancestors(span), decide=False) != session_id:
                 continue
@@ -99,3 +103,13 @@ class Trace:
                 }
             )
         return sorted(tools, key=lambda t: t["start"])
+
+
+def _inside_its_own_call(ancestors: list[TraceSpan]) -> bool:
+    """Whether the nearest tool or agent or LLM span above a tool span is a tool span: the same call, wrapped."""
+    for span in ancestors:  # nearest first
+        if span.role in (AGENT, LLM):
+            return False
+        if span.role == TOOL:
+            return True
+    return False

@@ -153,3 +153,45 @@ def test_a_convention_whose_steps_are_mostly_not_joined_is_said_in_a_log_line(st
     assert line.startswith("5 of 5 steps made of openinference spans are tied to no server request") and (
         "no server request span arrived for the call's time window" in line
     )
+
+
+def _span(span_id: str, parent: str | None, role: str, start: float, end: float, name: str = "") -> TraceSpan:
+    return TraceSpan(
+        trace_id="t1",
+        span_id=span_id,
+        parent_id=parent,
+        name=name,
+        start=start,
+        end=end,
+        role=role,
+        convention="openinference",
+        session_id="s" if parent is None else None,
+        tool_name=name or None,
+    )
+
+
+def test_a_tool_call_recorded_twice_is_one_call_and_a_subagents_tools_stay_its_own():
+    """An instrumentation's tool span with the framework's own tool span for the same call under it: one call. A tool
+    that runs a sub-agent, whose LLM calls its own tools: the outer call and the sub-agent's calls, each once."""
+    from collectors.traces.agent_spans import AGENT, TOOL
+    from collectors.traces.agent_trace import Trace
+
+    wrapped = Trace()
+    for span in (
+        _span("root", None, AGENT, 0.0, 10.0),
+        _span("outer", "root", TOOL, 1.0, 3.0, "search"),
+        _span("inner", "outer", TOOL, 1.1, 2.9, "search"),
+    ):
+        wrapped.spans[span.span_id] = span
+    assert [t["name"] for t in wrapped.tools("s", 0.5, 9.0)] == ["search"]
+
+    nested = Trace()
+    for span in (
+        _span("root", None, AGENT, 0.0, 10.0),
+        _span("outer", "root", TOOL, 1.0, 5.0, "ask_expert"),
+        _span("sub", "outer", AGENT, 1.1, 4.9),
+        _span("subcall", "sub", LLM, 1.2, 2.0),
+        _span("subtool", "sub", TOOL, 2.1, 3.0, "lookup"),
+    ):
+        nested.spans[span.span_id] = span
+    assert [t["name"] for t in nested.tools("s", 0.5, 9.0)] == ["ask_expert", "lookup"]
