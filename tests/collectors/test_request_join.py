@@ -16,21 +16,36 @@ from kvobs.store.rows import RequestRecord
 from kvobs.store.writer import StoreWriter
 
 
-def call(span_id: str, start: float, end: float, *, ids=(), prompt=None, completion=None, trace="t1", error=None):
+def call(
+    span_id: str,
+    start: float,
+    end: float,
+    *,
+    ids=(),
+    prompt=None,
+    completion=None,
+    trace="t1",
+    error=None,
+    parent: str | None = None,
+    role: str = LLM,
+    name: str = "chat",
+):
+    """A span of session `s` (named on the root): an LLM call by default, else `role` (a tool: `name` is the tool's)."""
     return TraceSpan(
         trace_id=trace,
         span_id=span_id,
-        parent_id=None,
-        name="chat",
+        parent_id=parent,
+        name=name,
         start=start,
         end=end,
-        role=LLM,
+        role=role,
         convention="openinference",
-        session_id="s",
+        session_id="s" if parent is None else None,
         reply_ids=tuple(ids),
         prompt_tokens=prompt,
         completion_tokens=completion,
         error_type=error,
+        tool_name=name,
     )
 
 
@@ -155,21 +170,6 @@ def test_a_convention_whose_steps_are_mostly_not_joined_is_said_in_a_log_line(st
     )
 
 
-def _span(span_id: str, parent: str | None, role: str, start: float, end: float, name: str = "") -> TraceSpan:
-    return TraceSpan(
-        trace_id="t1",
-        span_id=span_id,
-        parent_id=parent,
-        name=name,
-        start=start,
-        end=end,
-        role=role,
-        convention="openinference",
-        session_id="s" if parent is None else None,
-        tool_name=name or None,
-    )
-
-
 def test_a_tool_call_recorded_twice_is_one_call_and_a_subagents_tools_stay_its_own():
     """An instrumentation's tool span with the framework's own tool span for the same call under it: one call. A tool
     that runs a sub-agent, whose LLM calls its own tools: the outer call and the sub-agent's calls, each once."""
@@ -178,20 +178,20 @@ def test_a_tool_call_recorded_twice_is_one_call_and_a_subagents_tools_stay_its_o
 
     wrapped = Trace()
     for span in (
-        _span("root", None, AGENT, 0.0, 10.0),
-        _span("outer", "root", TOOL, 1.0, 3.0, "search"),
-        _span("inner", "outer", TOOL, 1.1, 2.9, "search"),
+        call("root", 0.0, 10.0, parent=None, role=AGENT),
+        call("outer", 1.0, 3.0, parent="root", role=TOOL, name="search"),
+        call("inner", 1.1, 2.9, parent="outer", role=TOOL, name="search"),
     ):
         wrapped.spans[span.span_id] = span
     assert [t["name"] for t in wrapped.tools("s", 0.5, 9.0)] == ["search"]
 
     nested = Trace()
     for span in (
-        _span("root", None, AGENT, 0.0, 10.0),
-        _span("outer", "root", TOOL, 1.0, 5.0, "ask_expert"),
-        _span("sub", "outer", AGENT, 1.1, 4.9),
-        _span("subcall", "sub", LLM, 1.2, 2.0),
-        _span("subtool", "sub", TOOL, 2.1, 3.0, "lookup"),
+        call("root", 0.0, 10.0, parent=None, role=AGENT),
+        call("outer", 1.0, 5.0, parent="root", role=TOOL, name="ask_expert"),
+        call("sub", 1.1, 4.9, parent="outer", role=AGENT),
+        call("subcall", 1.2, 2.0, parent="sub", role=LLM),
+        call("subtool", 2.1, 3.0, parent="sub", role=TOOL, name="lookup"),
     ):
         nested.spans[span.span_id] = span
     assert [t["name"] for t in nested.tools("s", 0.5, 9.0)] == ["ask_expert", "lookup"]
