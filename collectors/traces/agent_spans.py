@@ -12,13 +12,15 @@ and are read as what they wrote). A session named on a span (`session.id`, `gen_
 Traceloop association property) is kept whatever the span is: frameworks put it on the agent or workflow span
 only, or on every span. A failed span's `error_type` is its `error.type`, else its `exception` event's type; the
 OpenAI client's status errors become the HTTP status (`BadRequestError` -> `400`), timeouts `timeout`, as the
-kvobs SDK records them. The kvobs SDK's own `agent_step` spans are marked (`sdk_step`, with their index, TTFT and
+kvobs SDK records them, and a framework's own exception class that wraps one becomes the status its message names
+(`STATUS_IN_MESSAGE`); any other keeps its class. The kvobs SDK's own `agent_step` spans are marked (`sdk_step`, with their index, TTFT and
 token totals): an SDK step is one step whatever calls it made, and where no recorder of the SDK wrote it to a
 store (`kvobs.agent.recorded` false) the collector makes it of that span.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
@@ -169,13 +171,14 @@ def _genai_usage(out: TraceSpan, attrs: dict) -> None:
 
 
 def _error_type(attrs: dict, span: Span) -> str:
-    """What failed: `error.type`, else the `exception` event's type, else `error`; status errors as the status."""
-    found = attrs.get(a.ERROR_TYPE)
-    if found is None:
-        for event in span.events:
-            if event.name == c.EXCEPTION_EVENT:
-                found = next((kv.value.string_value for kv in event.attributes if kv.key == c.EXCEPTION_TYPE), None)
-                break
+    """What failed: `error.type`, else the `exception` event's type, else `error`; status errors as the status, a
+    framework's own exception class as the HTTP status its message names where it wraps a client's error."""
+    found, message = attrs.get(a.ERROR_TYPE), ""
+    for event in span.events:
+        if event.name == c.EXCEPTION_EVENT:
+            values = {kv.key: kv.value.string_value for kv in event.attributes}
+            found, message = found or values.get(c.EXCEPTION_TYPE), values.get(c.EXCEPTION_MESSAGE, "")
+            break
     if found is None:
         return "error"
     name = str(found).rsplit(".", 1)[-1]  # "openai.BadRequestError" -> "BadRequestError"
@@ -183,6 +186,10 @@ def _error_type(attrs: dict, span: Span) -> str:
         return c.OPENAI_STATUS_ERRORS[name]
     if "timeout" in name.lower():
         return StepErrorType.TIMEOUT.value
+    for pattern in c.STATUS_IN_MESSAGE:
+        status = re.search(pattern, message)
+        if status:
+            return status.group(1)
     return clip_id(str(found))
 
 

@@ -48,6 +48,11 @@ TL_LLM_REQUEST_TYPES = frozenset({"chat", "completion"})
 # ---- OpenTelemetry's exception event (every convention's failures, where `error.type` is not set) -------------
 EXCEPTION_EVENT = "exception"
 EXCEPTION_TYPE = "exception.type"
+EXCEPTION_MESSAGE = "exception.message"
+# The HTTP status a wrapped client error's message names, for a framework's own exception class around one: the
+# OpenAI client's ("Error code: 400 - ...", `openai._base_client`), kept in the message of whatever wraps it, and
+# pydantic-ai's `ModelHTTPError` ("status_code: 400, model_name: ...").
+STATUS_IN_MESSAGE = (r"\bError code: (\d{3})\b", r"\bstatus_code: (\d{3})\b")
 
 # The OpenAI Python client's error classes, by the HTTP status each stands for (its README, "Handling errors"):
 # an LLM call's failure is stored as the status, as the kvobs SDK stores it, whichever library raised it.

@@ -195,3 +195,40 @@ def test_a_tool_call_recorded_twice_is_one_call_and_a_subagents_tools_stay_its_o
     ):
         nested.spans[span.span_id] = span
     assert [t["name"] for t in nested.tools("s", 0.5, 9.0)] == ["ask_expert", "lookup"]
+
+
+def test_a_frameworks_own_exception_around_a_refused_call_reads_as_the_status_it_wraps():
+    """A refused call as recorded (the smolagents fixture: the context window, the OpenAI client's 400) raised again
+    as a framework's own class keeps the status its message names; pydantic-ai's ModelHTTPError likewise; an
+    exception that names no status keeps its class."""
+    import base64
+    import json
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from collectors.traces.agent_spans import read_span
+    from collectors.traces.span_ingest import attributes
+    from tests.dashboard.test_app import FIXTURES
+
+    failed = None
+    for line in (FIXTURES / "agents" / "smolagents-openinference" / "otlp_traces.jsonl").read_text().splitlines():
+        request = ExportTraceServiceRequest.FromString(base64.b64decode(json.loads(line)["body_b64"]))
+        spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+        failed = failed or next((s for s in spans if any(e.name == "exception" for e in s.events)), None)
+    assert failed is not None
+    assert read_span(failed, attributes(failed.attributes)).error_type == "400"  # openai.BadRequestError, as recorded
+
+    def raised_as(type_name: str, message: str | None = None) -> str | None:
+        span = type(failed)()
+        span.CopyFrom(failed)
+        (event,) = [e for e in span.events if e.name == "exception"]
+        for kv in event.attributes:
+            if kv.key == "exception.type":
+                kv.value.string_value = type_name
+            if kv.key == "exception.message" and message is not None:
+                kv.value.string_value = message
+        return read_span(span, attributes(span.attributes)).error_type
+
+    assert raised_as("smolagents.utils.AgentGenerationError") == "400"  # its message keeps the client's
+    assert raised_as("pydantic_ai.exceptions.ModelHTTPError", "status_code: 429, model_name: m, body: {}") == "429"
+    assert raised_as("myframework.AgentCrashed", "the agent ran out of steps") == "myframework.AgentCrashed"
