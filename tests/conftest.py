@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 
 from tests.runs import (  # noqa: E402,F401  (fixtures)
     agent_run,
+    changing_start_run,
     fleet_run,
     overload,
     served_fleet,

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -176,8 +177,6 @@ class TwoRuns:
 
 @pytest.fixture(scope="session")
 def two_runs(smollm2_source, tmp_path_factory) -> TwoRuns:
-    import time
-
     from tests.server.conftest import running_server
 
     url = f"sqlite:///{tmp_path_factory.mktemp('two-runs') / 'kvobs.db'}"
@@ -271,3 +270,57 @@ def unreached(smollm2_source, tmp_path_factory):
     good_step(s, "b", 2, b)
     s.unsent("d", 1, UNREACHED_DEADLINE_S)  # the run's last step: the server is not heard after it
     return s, s.close()
+
+
+def conversation(url: str, session: str, writer, *, stamped: bool) -> None:
+    """Four turns of one conversation, each call resending the whole of it, as an agent does, each recorded as a step
+    the way the SDK writes one; `stamped`: the system prompt opens with the time of the call, as some clients put
+    it."""
+    from kvobs.store.rows import StepRecord
+
+    system = "You are a travel assistant. Answer in one short sentence about trains, flights and hotels."
+    history: list[dict] = []
+    for turn in range(4):
+        opening = f"Now: 2026-12-04T10:{turn:02d}:{7 * turn:02d}Z. " if stamped else ""
+        history.append({"role": "user", "content": f"Question {turn}: which city should I visit next and why?"})
+        body = {
+            "model": "smollm2",
+            "messages": [{"role": "system", "content": opening + system}, *history],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+        started = time.time()
+        reply = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        answer, usage = reply.json()["choices"][0]["message"]["content"], reply.json()["usage"]
+        history.append({"role": "assistant", "content": answer})
+        ended = time.time()
+        writer.add(
+            StepRecord(
+                session_id=session,
+                step_index=turn,
+                started_at=started,
+                ended_at=ended,
+                status="ok",
+                e2e_s=ended - started,
+                prompt_tokens=usage["prompt_tokens"],
+                cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+                completion_tokens=usage["completion_tokens"],
+            )
+        )
+
+
+@pytest.fixture(scope="session")
+def changing_start_run(smollm2_source, tmp_path_factory) -> Run:
+    """Two four-turn conversations on a real server with room for both, each turn a step as the SDK writes one:
+    `stamped`, whose system prompt opens with the time of each call, and `steady`, the same without it."""
+    from tests.server.conftest import running_server
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('changing-start') / 'kvobs.db'}"
+    store = open_store(url)
+    writer = StoreWriter(store)
+    with running_server(smollm2_source, options={"store_url": url, "instance": "starts"}, num_blocks=256) as server:
+        conversation(server.url, "stamped", writer, stamped=True)
+        conversation(server.url, "steady", writer, stamped=False)
+    writer.close()
+    return Run(url, store)

@@ -42,7 +42,7 @@ class ChangingStart:
 
     @property
     def words(self) -> str:
-        shared = "nothing" if self.block == 0 else f"only their first {self.block} block{'s' * (self.block > 1)}"
+        shared = {0: "nothing", 1: "only their first block"}.get(self.block, f"only their first {self.block} blocks")
         return (
             f"session {self.session_id}: {self.parted} of its {self.requests - 1} later requests shared {shared} "
             "with the request before it, whose later blocks were still cached and went unused: its prompt changes "

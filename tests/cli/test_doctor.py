@@ -246,60 +246,14 @@ def test_replies_without_prompt_token_details_are_named_with_their_fix(
     assert "answered steps' replies said how many prompt tokens were cached" in good.stdout, good.stdout
 
 
-def _conversation(url: str, session: str, writer, *, stamped: bool) -> None:
-    """Four turns of one conversation, each call resending the whole of it, as an agent does, each recorded as a step
-    the way the SDK writes one; `stamped`: the system prompt opens with the time of the call, as some clients put
-    it."""
-    import httpx
-
-    from kvobs.store.rows import StepRecord
-
-    system = "You are a travel assistant. Answer in one short sentence about trains, flights and hotels."
-    history: list[dict] = []
-    for turn in range(4):
-        opening = f"Now: 2026-12-04T10:{turn:02d}:{7 * turn:02d}Z. " if stamped else ""
-        history.append({"role": "user", "content": f"Question {turn}: which city should I visit next and why?"})
-        body = {
-            "model": "smollm2",
-            "messages": [{"role": "system", "content": opening + system}, *history],
-            "max_tokens": 8,
-            "temperature": 0,
-        }
-        started = time.time()
-        reply = httpx.post(url + "/v1/chat/completions", json=body, headers={"X-Session-ID": session}, timeout=60)
-        assert reply.status_code == 200, reply.text
-        answer, usage = reply.json()["choices"][0]["message"]["content"], reply.json()["usage"]
-        history.append({"role": "assistant", "content": answer})
-        ended = time.time()
-        writer.add(
-            StepRecord(
-                session_id=session,
-                step_index=turn,
-                started_at=started,
-                ended_at=ended,
-                status="ok",
-                e2e_s=ended - started,
-                prompt_tokens=usage["prompt_tokens"],
-                cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
-                completion_tokens=usage["completion_tokens"],
-            )
-        )
-
-
-def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(smollm2_source, tmp_path, monkeypatch):
-    """Two conversations on a real server with room for both: one whose system prompt opens with the time of each
-    call, one without. The stamped one hits only its first block on every later turn though each earlier turn is
-    still cached, and the doctor names it, with the fix; the other reuses its prefix every turn and is not named."""
+def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(changing_start_run, monkeypatch):
+    """Two conversations on a real server with room for both (`tests.runs.changing_start_run`): one whose system
+    prompt opens with the time of each call, one without. The stamped one hits only its first block on every later
+    turn though each earlier turn is still cached, and the doctor names it, with the fix; the other reuses its prefix
+    every turn and is not named."""
     from kvobs.analytics.changing_starts import FIX, changing_starts
-    from tests.server.conftest import running_server
 
-    url = f"sqlite:///{tmp_path / 'starts.db'}"
-    store = open_store(url)
-    writer = StoreWriter(store)
-    with running_server(smollm2_source, options={"store_url": url, "instance": "starts"}, num_blocks=256) as server:
-        _conversation(server.url, "stamped", writer, stamped=True)
-        _conversation(server.url, "steady", writer, stamped=False)
-    writer.close()
+    url, store = changing_start_run.url, changing_start_run.store
     reqs = store.reads.requests().sort_values("arrival_ts").set_index("session_id")
     stamped, steady = reqs.loc["stamped"], reqs.loc["steady"]
     # truth: every later stamped turn hit only the block before the time's first changing digit, the steady ones

@@ -160,6 +160,15 @@ def test_a_step_whose_request_never_reached_the_server_in_chromium(unreached, tm
     assert "it never reached the server, as the evidence above shows" in text and "split are unknown" not in text
 
 
+def test_a_named_miss_in_chromium(changing_start_run, tmp_path, monkeypatch):
+    """A step of a session whose prompt changes near its start (the real-server `changing_start_run`): its story in
+    the browser names the miss no cache size would change, with its fix."""
+    from kvobs.analytics.changing_starts import FIX
+
+    text = _step_story(changing_start_run.store, "stamped", 2, "changing-start-step_url.png", tmp_path, monkeypatch)
+    assert "A miss that is not the cache's: session stamped:" in text and FIX in text and "Traceback" not in text
+
+
 def _step_story(store, session: str, step: int, shot: str, tmp_path, monkeypatch) -> str:
     """A step's story opened from its URL in Chromium over a real dashboard on `store`: its text; its screenshot
     saved as `shot`."""
