@@ -13,9 +13,9 @@ Traceloop association property) is kept whatever the span is: frameworks put it 
 only, or on every span. A failed span's `error_type` is its `error.type`, else its `exception` event's type; the
 OpenAI client's status errors become the HTTP status (`BadRequestError` -> `400`), timeouts `timeout`, as the
 kvobs SDK records them, and a framework's own exception class that wraps one becomes the status its message names
-(`STATUS_IN_MESSAGE`); any other keeps its class. The kvobs SDK's own `agent_step` spans are marked (`sdk_step`, with their index, TTFT and
-token totals): an SDK step is one step whatever calls it made, and where no recorder of the SDK wrote it to a
-store (`kvobs.agent.recorded` false) the collector makes it of that span.
+(`STATUS_IN_MESSAGE`); any other keeps its class. The kvobs SDK's own `agent_step` spans are marked (`sdk_step`,
+with their index, TTFT and token totals): an SDK step is one step whatever calls it made, and where no recorder of
+the SDK wrote it to a store (`kvobs.agent.recorded` false) the collector makes it of that span.
 """
 
 from __future__ import annotations
