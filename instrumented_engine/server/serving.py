@@ -28,7 +28,6 @@ from instrumented_engine.config import ContextLengthExceeded, check_context_leng
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.sampling_params import SamplingParams
-from instrumented_engine.server.arrival import arrival_ts
 from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, check_id
 from instrumented_engine.server.responses import Response, event, streamed, usage
 from instrumented_engine.server.tools import prompt_messages
@@ -158,7 +157,6 @@ class OpenAIServing:
             request_id=request_id,
             session_id=session_id,
             trace_headers=trace,
-            arrival_ts=arrival_ts(request),
         )
         served = self.served
         response = Response(request_id, served.name, int(time.time()), chat, tools or [], served.token_details)
