@@ -86,11 +86,12 @@ class Trace:
         for span in self.spans.values():
             if span.role != TOOL or span.start < since - EPSILON_S or span.end > until + EPSILON_S:
                 continue
-            if under is not None and under not in {s.span_id for s in self.ancestors(span)}:
+            chain = self.ancestors(span)
+            if under is not None and under not in {s.span_id for s in chain}:
                 continue
-            if _inside_its_own_call(self.ancestors(span)):
+            if _inside_its_own_call(chain):
                 continue
-            if self.session_of(span, self.ancestors(span), decide=False) != session_id:
+            if self.session_of(span, chain, decide=False) != session_id:
                 continue
             status = (StepStatus.ERROR if span.error_type else StepStatus.OK).value
             tools.append(

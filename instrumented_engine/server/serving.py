@@ -152,11 +152,7 @@ class OpenAIServing:
         session_id = check_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.session_id
         trace = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
         stream = await self.engine.add_request(
-            prompt_ids,
-            params,
-            request_id=request_id,
-            session_id=session_id,
-            trace_headers=trace,
+            prompt_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace
         )
         served = self.served
         response = Response(request_id, served.name, int(time.time()), chat, tools or [], served.token_details)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -123,14 +124,18 @@ class _Requests:
         self.completion = frame["completion_tokens"].to_numpy(float)
         self.request_id = frame["request_id"].to_numpy(object)
         self.instance = frame["instance"].to_numpy(object)
-        reasons = frame["finish_reason"].to_numpy(object) if "finish_reason" in frame else None
-        self.servers = ServerRecord.of(self.instance, self.arrival, self.finished, reasons)
         self.by_span = positions_by_value(frame["parent_span_id"].to_numpy(object))
         self.by_request = positions_by_value(self.request_id)
         self.by_session = positions_by_value(frame["session_id"].to_numpy(object))
         self.by_trace = positions_by_value(frame["trace_id"].to_numpy(object))
         # each group's arrivals (ascending, as the positions are), to cut a step's time out by bisection
         self._arrivals = {id(p): self.arrival[p] for group in (self.by_session, self.by_trace) for p in group.values()}
+
+    @cached_property
+    def servers(self) -> ServerRecord:
+        """What the read shows of each server, built the first time a step with no request asks it."""
+        reasons = self.frame["finish_reason"].to_numpy(object) if "finish_reason" in self.frame else None
+        return ServerRecord.of(self.instance, self.arrival, self.finished, reasons)
 
     def of_step(self, step) -> np.ndarray:
         """Positions of the requests a step sent: the request the collector joined it to (a step made of an

@@ -38,11 +38,18 @@ class TokenDetailsCheck:
         )
 
 
+def _answered(join, prompt) -> bool:
+    """An SDK step (no collector's join) whose reply gave its prompt tokens."""
+    return not isinstance(join, str) and prompt is not None and prompt == prompt
+
+
+def _without(cached) -> bool:
+    return cached is None or cached != cached
+
+
 def reply_without_details(step) -> str | None:
     """A step's own words where the SDK read its reply's usage and found no cached tokens (None: not so)."""
-    join = step.get("request_join")
-    prompt, cached = step.get("prompt_tokens"), step.get("cached_tokens")
-    if isinstance(join, str) or prompt is None or prompt != prompt or (cached is not None and cached == cached):
+    if not _answered(step.get("request_join"), step.get("prompt_tokens")) or not _without(step.get("cached_tokens")):
         return None
     return (
         "its reply gave its prompt tokens but no cached tokens (usage.prompt_tokens_details null), so what it hit is "
@@ -56,8 +63,8 @@ def token_details_check(store: Store, since: float | None, until: float | None) 
     steps = store.reads.steps(since, until)
     if steps.empty:
         return None
-    sdk = steps["request_join"].isna() if "request_join" in steps else steps["prompt_tokens"].notna()
-    answered = steps[sdk & steps["prompt_tokens"].notna()]
-    if answered.empty:
+    rows = zip(steps["request_join"].tolist(), steps["prompt_tokens"].tolist(), steps["cached_tokens"].tolist())
+    answered = [cached for join, prompt, cached in rows if _answered(join, prompt)]
+    if not answered:
         return None
-    return TokenDetailsCheck(len(answered), int(answered["cached_tokens"].isna().sum()))
+    return TokenDetailsCheck(len(answered), sum(_without(cached) for cached in answered))
