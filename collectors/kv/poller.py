@@ -59,6 +59,7 @@ class KVEventPoller:
         self.shapes: Counter[str] = Counter()
         self.lag_s: float | None = None  # never known: the events carry no time of their own (not shown as 0)
         self.last_batch_at: float | None = None
+        self.handling_since: float | None = None  # (as the subscriber's: a stream busy storing is not silent)
         self._seq = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvobs-kv-poller", daemon=True)
@@ -107,12 +108,13 @@ class KVEventPoller:
             return 0
         self.num_events += num_events
         self.shapes[shape] += 1
-        self.last_batch_at = time.monotonic()
+        self.last_batch_at = self.handling_since = time.monotonic()
         self._seq += 1
         try:
             self.handle(self._seq, batch)
         finally:  # (counted once handled, as the subscriber counts)
             self.num_batches += 1
+            self.handling_since = None
         return num_events
 
     def _check_numbers(self, before: int | None, first: int | None) -> None:

@@ -11,7 +11,8 @@ or more after its last batch (the replica served all that while, and nothing arr
 a log line that names the rule and the flag, and counted in `kvobs_collector_kv_streams_silent_total{instance}`.
 Queries that rose just after the last batch are no silence: the last requests' lookups are scraped after their
 blocks were published, and once traffic stops the stream is quiet because the replica is. A stream whose instance
-the collector does not scrape cannot be told from an idle replica, and is not judged.
+the collector does not scrape cannot be told from an idle replica, and is not judged; nor is a stream while it
+stores a batch (a slow store holds the next batches in the socket, unheard but not silent).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class KVSilenceWatch:
         now, told = self.clock(), []
         for stream in self.streams:
             instance = stream.spec.instance
+            if stream.subscriber.handling_since is not None:
+                continue  # storing a batch it heard: a slow store behind the stream is no silence on the wire
             heard = stream.subscriber.last_batch_at or self._started
             rose = self.scraper.queries_rose_at.get(instance)
             if rose is None or rose - heard < self.silence_s:

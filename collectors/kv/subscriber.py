@@ -99,6 +99,7 @@ class KVEventSubscriber:
         self.shapes: Counter[str] = Counter()  # batches by wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
         self.lag_s: float | None = None  # the latest batch's age when it arrived
         self.last_batch_at: float | None = None  # monotonic time of the latest batch delivered (None: none yet)
+        self.handling_since: float | None = None  # monotonic time the batch being handled now arrived (None: idle)
         self.num_tail_recovered = 0
         self.num_events = 0
         self.num_gaps = 0
@@ -219,12 +220,13 @@ class KVEventSubscriber:
             )
         self.shapes[shape] += 1
         self.lag_s = time.time() - batch.ts  # the publisher's clock to ours: queueing, the network, clock skew
-        self.last_batch_at = time.monotonic()
+        self.last_batch_at = self.handling_since = time.monotonic()
         self.num_events += num_events
         try:
             self.handle(seq, batch)
         finally:  # (counted once handled: a reader waiting for N batches finds their rows made)
             self.num_batches += 1
+            self.handling_since = None
 
     # ---- gaps -------------------------------------------------------------------------------------------
     def _check_tail(self) -> None:

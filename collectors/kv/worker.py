@@ -49,6 +49,7 @@ STATS = (  # a stream's running totals the collector reads (its metrics, silence
             "num_tail_recovered",
             "lag_s",
             "last_batch_at",
+            "handling_since",
         ),
     ),
     (

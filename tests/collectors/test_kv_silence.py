@@ -5,6 +5,7 @@ says so once, in a line naming the bind rule and the flag, and counts it; bound 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -101,6 +102,21 @@ def _rising_bodies(n: int) -> list[str]:
     return [body for _, body in kept[:n]]
 
 
+def _ticked_collector(store, url: str, port: int, silence_s: float) -> Collector:
+    """A started collector bound to the stream at `port`, scraping `url`; its own interval an hour, so the test
+    drives it tick by tick."""
+    options = CollectorOptions(
+        vllm_urls=[f"vllm={url}"],
+        kv_events=[f"vllm=tcp://127.0.0.1:{port}"],
+        kv_events_bind=True,
+        interval_s=3600,
+        kv_silence_s=silence_s,
+    )
+    collector = Collector(options, store=store)
+    collector.start()
+    return collector
+
+
 def test_a_stream_quiet_because_its_replica_stopped_serving_is_not_silent(store, caplog):
     """The agent stops: the stream's last batch comes with the last requests, and the scrape after it still sees
     their lookups counted (the scrape comes later than the blocks' events). From then on the stream and the counter
@@ -110,15 +126,7 @@ def test_a_stream_quiet_because_its_replica_stopped_serving_is_not_silent(store,
     port, silence_s, serving = free_port(), 1.0, 8
     bodies = _rising_bodies(serving + 2)
     with metrics_server([*bodies, *[bodies[-1]] * 200]) as url:
-        options = CollectorOptions(
-            vllm_urls=[f"vllm={url}"],
-            kv_events=[f"vllm=tcp://127.0.0.1:{port}"],
-            kv_events_bind=True,
-            interval_s=3600,
-            kv_silence_s=silence_s,
-        )
-        collector = Collector(options, store=store)
-        collector.start()
+        collector = _ticked_collector(store, url, port, silence_s)
         told: list[str] = []
         try:
             with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub, caplog.at_level(logging.WARNING):
@@ -145,4 +153,44 @@ def test_a_stream_quiet_because_its_replica_stopped_serving_is_not_silent(store,
             collector.stop()
     assert subscriber.num_batches == serving and not told
     assert not [r for r in caplog.records if "KV events of vllm" in r.getMessage()]
+    assert f"{SILENT} 0.0" in generate_latest(collector.registry).decode()
+
+
+def test_a_stream_busy_storing_a_batch_is_not_silent(store, caplog):
+    """A slow store: the stream's thread is inside a batch's handling for twice `--kv-silence-s` while the
+    replica's counter rises scrape by scrape, and the batches behind it wait in the socket. Nothing arrives in
+    that time, but the stream is busy, not deaf: nothing is told (before, a loaded CI machine saw a bound stream
+    called silent this way). Once the store lets go, the waiting batches are delivered."""
+    port, silence_s, sent = free_port(), 0.5, 4
+    with metrics_server(_rising_bodies(20)) as url:
+        collector = _ticked_collector(store, url, port, silence_s)
+        subscriber = collector.streams[0].subscriber
+        stored, release = subscriber.handle, threading.Event()
+
+        def slow_store(seq, batch):
+            release.wait(30)
+            stored(seq, batch)
+
+        subscriber.handle = slow_store
+        told: list[str] = []
+        try:
+            with publisher(f"tcp://127.0.0.1:{port}", bind=False) as pub, caplog.at_level(logging.WARNING):
+                wait_subscribed(pub)
+                for message in kv_messages()[:sent]:
+                    pub.send_multipart(message.frames)
+                wait_for(lambda: subscriber.handling_since is not None)
+                stop = time.monotonic() + 2 * silence_s
+                while time.monotonic() < stop:
+                    collector.scraper.scrape_all()
+                    told += collector.kv_silence.check()
+                    time.sleep(0.1)
+                rose = collector.scraper.queries_rose_at["vllm"]
+                assert rose - subscriber.last_batch_at >= silence_s  # the replica served on while nothing arrived
+                release.set()
+                wait_for(lambda: subscriber.num_batches == sent)
+                told += collector.kv_silence.check()
+        finally:
+            release.set()
+            collector.stop()
+    assert not told and not [r for r in caplog.records if "KV events of vllm" in r.getMessage()]
     assert f"{SILENT} 0.0" in generate_latest(collector.registry).decode()
