@@ -41,6 +41,7 @@ from kvobs.semconv.metrics import (
     LABEL_KIND,
     LABEL_MEDIUM,
     LABEL_METHOD,
+    LABEL_OUTCOME,
     LABEL_REASON,
     LABEL_SHAPE,
     LABEL_SOURCE,
@@ -49,6 +50,7 @@ from kvobs.semconv.metrics import (
     LABEL_TIE,
     kvobs_metrics,
 )
+from kvobs.semconv.spans import CachedFill
 from kvobs.store.retention import EXPIRED_TABLE
 
 
@@ -181,5 +183,7 @@ class CollectorMetrics(PromCollector):
         for (method, source), n in sorted(c.span_steps.joins.items()):
             joined.add_metric([method, source], n)
         yield joined
+        filled = {o.value: c.span_steps.cached_fills[o.value] for o in CachedFill}  # each at 0 until it happens
+        yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME, filled)
         if c.block_owners is not None:
             yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE, c.block_owners.requests_tied)

@@ -46,6 +46,7 @@ class Seen:
     finished: float
     prompt_tokens: int | None
     completion_tokens: int | None
+    unfilled: RequestRecord | None  # its row, when it says no cached tokens (vLLM's spans): the reply's may fill it
     claimed: bool = False  # a call took it (by any method): no other call takes it by timing
 
 
@@ -54,6 +55,7 @@ class Found:
     request_id: str | None
     method: StepJoin
     instance: str | None = None
+    unfilled: RequestRecord | None = None  # the request's row, when it says no cached tokens
 
     @property
     def joined(self) -> bool:
@@ -83,6 +85,7 @@ class RequestJoin:
                 finished,
                 r.prompt_tokens,
                 r.completion_tokens,
+                r if r.cached_tokens is None else None,
             )
             bisect.insort(self._arrivals, (r.arrival_ts, r.request_id))
         self._trim()
@@ -129,7 +132,7 @@ class RequestJoin:
     @staticmethod
     def _take(seen: Seen, method: StepJoin) -> Found:
         seen.claimed = True
-        return Found(seen.request_id, method, seen.instance)
+        return Found(seen.request_id, method, seen.instance, seen.unfilled)
 
     def _within(self, start: float, end: float) -> list[Seen]:
         lo = bisect.bisect_left(self._arrivals, (start, ""))

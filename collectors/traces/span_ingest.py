@@ -39,7 +39,7 @@ from collectors.traces.otlp_receiver import Busy
 from collectors.traces.span_steps import SpanSteps
 from kvobs.identifiers import clip_id
 from kvobs.semconv import attributes as a
-from kvobs.semconv.spans import SpanName, StepStatus
+from kvobs.semconv.spans import CachedFrom, SpanName, StepStatus
 from kvobs.store.rows import RequestRecord
 from kvobs.store.writer import StoreWriter
 
@@ -166,6 +166,7 @@ class SpanIngest:
         session_id = self._id(attrs.get(a.SESSION_ID))
         if session_id is None and self.activity is not None:
             session_id = self.activity.claimed(trace_id, request_id)  # an agent step already named it
+        cached = _count(attrs, a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)
         return RequestRecord(
             request_id=request_id,
             instance=instance,
@@ -178,10 +179,11 @@ class SpanIngest:
             finished_ts=end,
             queue_s=_number(attrs, a.GEN_AI_LATENCY_TIME_IN_QUEUE),
             prompt_tokens=_count(attrs, a.GEN_AI_USAGE_PROMPT_TOKENS),
-            cached_tokens=_count(attrs, a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
+            cached_tokens=cached,
             completion_tokens=_count(attrs, a.GEN_AI_USAGE_COMPLETION_TOKENS),
             num_preemptions=_count(attrs, a.KV_REQUEST_NUM_PREEMPTIONS) or 0,
             finish_reason=reasons[0],
+            cached_from=None if cached is None else CachedFrom.SERVER.value,
         )
 
     def _id(self, value) -> str | None:

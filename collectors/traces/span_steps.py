@@ -25,7 +25,9 @@ comes); then it is one `steps` row, written once:
   waits up to `join_wait_s`, and the later calls of its session with it (indexes go in order). The step claims
   its request by that id and by its trace (`SessionActivity.claim`), so the request's rows and idle losses are
   the session's. Steps joined and not, by method and convention, are counted (`joins`); where most of a
-  convention's steps are not joined, a log line says why, at most every `WARN_EVERY_S`.
+  convention's steps are not joined, a log line says why, at most every `WARN_EVERY_S`. A joined request whose own
+  span said no cached tokens (vLLM's) takes the count the call's reply gave (`cached_from` reply), where both
+  name the same prompt tokens; what became of each is counted (`cached_fills`).
 An LLM span inside another is the same call traced twice (LlamaIndex): the outermost one is the step, with the ids
 and token counts of those inside it. Calls under a kvobs SDK `agent_step` span are not steps of their own: the SDK's
 step is. Where the SDK runs with no
@@ -44,15 +46,15 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from collectors.session_activity import SessionActivity
 from collectors.traces.agent_spans import AGENT, LLM, TraceSpan
 from collectors.traces.agent_trace import Trace
 from collectors.traces.request_join import WAITS_FOR_REQUESTS, Found, RequestJoin
 from kvobs.analytics.joins import JOIN_WORDS, SourceJoin
-from kvobs.semconv.spans import SessionSource, StepStatus
-from kvobs.store.rows import UNSET, SessionRecord, StepRecord
+from kvobs.semconv.spans import CachedFill, CachedFrom, SessionSource, StepStatus
+from kvobs.store.rows import UNSET, RequestRecord, SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ class SpanSteps:
         self.num_plain_skipped = 0  # plain spans of traces with no agent span (not kept)
         self.by_source: Counter[str] = Counter()  # steps written, by convention (sessions.source)
         self.joins: Counter[tuple[str, str]] = Counter()  # (request_join, convention) -> steps written
+        self.cached_fills: Counter[str] = Counter()  # joined requests with no cached tokens, by `CachedFill`
         self._warned: dict[str, float] = {}  # convention -> when its join rate was last logged
         self._traces: OrderedDict[str, Trace] = OrderedDict()
         self._sessions: dict[str, _Session] = {}
@@ -283,6 +286,8 @@ class SpanSteps:
             )
         )
         self.joins[found.method.value, call.convention] += 1
+        if found.unfilled is not None:
+            self._fill_cached(found.unfilled, call)
         state.next_index += 1
         state.num_failed += failed
         state.last_end = max(call.end, state.last_end or call.end)
@@ -305,6 +310,20 @@ class SpanSteps:
         if call.error_type is not None:  # (failed)
             self.failures[call.error_type] += 1
         self.by_source[call.convention] += 1
+
+    def _fill_cached(self, request: RequestRecord, call: TraceSpan) -> None:
+        """A joined request whose own span said no cached tokens (vLLM's) takes the count its reply gave, as the
+        call's span recorded it, where the two agree on the prompt's tokens; else it stays unknown, and why is
+        counted."""
+        cached = call.cached_tokens
+        if cached is None:
+            outcome = CachedFill.NO_COUNT
+        elif call.prompt_tokens != request.prompt_tokens or cached > (call.prompt_tokens or 0):
+            outcome = CachedFill.COUNTS_DIFFER
+        else:
+            outcome = CachedFill.FILLED
+            self.writer.fill_cached(replace(request, cached_tokens=cached, cached_from=CachedFrom.REPLY.value))
+        self.cached_fills[outcome.value] += 1
 
 
 def _step_record(span: TraceSpan, session_id: str, index: int, **extra) -> StepRecord:

@@ -37,6 +37,7 @@ LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
 LABEL_TABLE = "table"  # a store table
 LABEL_METHOD = "method"  # how a step was joined to its server request, or why not (`kvobs.semconv.spans.StepJoin`)
+LABEL_OUTCOME = "outcome"  # what became of a request's cached tokens learnt from its joined step (`CACHED_FILLS`)
 LABEL_TIE = "tie"  # how a request's stored blocks were tied to it and its session, or why not (`spans.BlockTie`)
 
 # `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`; of a
@@ -438,6 +439,15 @@ kvobs_metrics = SimpleNamespace(
         "the convention they were written in.",
         LABEL_METHOD,
         LABEL_SOURCE,
+    ),
+    COLLECTOR_REQUESTS_CACHED_FILLED=_spec(
+        "kvobs_collector_requests_cached_filled",
+        "counter",
+        "requests",
+        "Joined server requests whose own spans said no cached tokens (vLLM's), by what became of the count the "
+        "step's reply gave: filled (stored on the request, cached_from reply), no_count (the reply gave none: "
+        "prompt-token details off), counts_differ (the reply's prompt tokens are not the request's: not filled).",
+        LABEL_OUTCOME,
     ),
     COLLECTOR_REQUESTS_TIED=_spec(
         "kvobs_collector_requests_tied",

@@ -145,6 +145,24 @@ class StepJoin(Name):
 STEP_JOINED = frozenset({StepJoin.RESPONSE_ID.value, StepJoin.TRACE.value, StepJoin.TIMING.value})
 
 
+class CachedFrom(Name):
+    """`requests.cached_from`: where a request's `cached_tokens` came from. NULL where none is known (and on rows
+    stored before schema 0024, whose counts were the server's own)."""
+
+    SERVER = "server"  # the server's own record: its request span, or kvobs's engine
+    REPLY = "reply"  # the reply's usage (`prompt_tokens_details.cached_tokens`) as the joined step's span recorded
+    # it: the server's count all the same, read where the server's span carries none (vLLM's spans)
+
+
+class CachedFill(Name):
+    """What became of a joined request's cached tokens where its own span said none
+    (`kvobs_collector_requests_cached_filled_total{outcome}`)."""
+
+    FILLED = "filled"  # the reply's count, stored on the request (`cached_from` reply)
+    NO_COUNT = "no_count"  # the reply gave none (the server's prompt-token details off): still unknown
+    COUNTS_DIFFER = "counts_differ"  # the reply's prompt tokens are not the request's: not taken
+
+
 class BlockTie(Name):
     """How the blocks a request stored were tied to it and to its session (`kvobs.analytics.ownership`), or why
     they could not be."""

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 Instances = Iterable[str] | None  # which instances a read covers; None: all
 # (op, records) pairs, what StoreWriter hands a store: op is insert | upsert | insert_missing
 Batch = Sequence[tuple[str, "Sequence[Record] | KVEventColumns"]]
+# A batch's ops: "insert", "upsert", "insert_missing" (`StoreWriter`), and this one: requests' cached tokens learnt
+# after their rows were stored (`StoreWriter.fill_cached`).
+FILL_CACHED = "fill_cached"
 
 
 class Reads(Protocol):

@@ -210,6 +210,20 @@ class BatchRollups:
         self.counts = counts
 
 
+CACHED_SUMS = ("cached_said", "hit_requests", "cached_tokens", "prompt_tokens")  # request minutes' cached counts
+
+
+def cached_fill_sums(requests: list[dict]) -> pd.DataFrame:
+    """`REQUEST_MINUTES` partial rows for requests (row dicts) whose cached tokens were filled after their rows were
+    counted (`StoreWriter.fill_cached`): only the cached counts are added. The request and its latencies were counted
+    with its row; its times, the same again, move no maximum or minimum."""
+    sums, _ = request_sums(_columns(requests, REQUEST_COLUMNS), MINUTE_S)
+    for name in REQUEST_MINUTES.sums:
+        if name not in CACHED_SUMS:
+            sums[name] = 0
+    return sums
+
+
 def _columns(rows: list[dict], names: list[str]) -> dict[str, list]:
     """Row dicts as column lists (a missing value None): what the sums take, without a DataFrame per batch."""
     return {name: [row.get(name) for row in rows] for name in names}

@@ -157,6 +157,7 @@ class RequestRecord(Record):
     completion_tokens: int | None = None
     num_preemptions: int = 0
     finish_reason: str | None = None
+    cached_from: str | None = None  # where cached_tokens came from (`kvobs.semconv.spans.CachedFrom`)
 
 
 @_record

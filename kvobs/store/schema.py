@@ -145,6 +145,7 @@ class RequestRow(Base):
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     num_preemptions: Mapped[int] = mapped_column(Integer, default=0)
     finish_reason: Mapped[str | None] = mapped_column(String(32))
+    cached_from: Mapped[str | None] = mapped_column(String(8))  # (CachedFrom)
 
 
 class RequestLookupRow(Base):

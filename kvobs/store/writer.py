@@ -35,7 +35,8 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from kvobs.logs import worth_logging
-from kvobs.store.rows import KVEventColumns, Record
+from kvobs.store.interface import FILL_CACHED
+from kvobs.store.rows import KVEventColumns, Record, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,12 @@ class StoreWriter:
     def insert_missing(self, record: Record) -> bool:
         """Queue an insert that leaves an existing row with the same primary key as it is."""
         return self._put("insert_missing", [record])
+
+    def fill_cached(self, request: RequestRecord) -> bool:
+        """Queue a stored request's cached tokens learnt after its row (`request`: that row as it was written, its
+        `cached_tokens` and `cached_from` now given): set where the row has none, and counted in its minute's
+        rollup then (`kvobs.store.rollups.cached_fill_sums`)."""
+        return self._put(FILL_CACHED, [request])
 
     def _put(
         self,

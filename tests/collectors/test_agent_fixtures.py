@@ -122,3 +122,30 @@ def test_recorded_agent_runs_make_the_same_steps_on_every_backend(any_store, nam
         judged, joined = want.get(s["session_id"], (0, 0))
         want[s["session_id"]] = (judged + 1, joined + (s["request_join"] in STEP_JOINED))
     assert {k: tuple(int(x) for x in v) for k, v in outcomes.iterrows()} == want
+
+
+@pytest.mark.parametrize("name", ["vllm-openinference-pydantic-ai", "vllm-frameworks-kv"])
+def test_vllms_requests_take_their_cached_tokens_from_the_replies_of_the_steps_joined_to_them(any_store, name):
+    """vLLM's request spans carry no cached tokens; an agent's LLM span records its reply's usage, cached tokens
+    included where vLLM gives them (`--enable-prompt-tokens-details`) and the instrumentation keeps them (not the
+    OpenAI Agents SDK's, nor the raw client's under OpenInference here). Replayed: each request a step with a
+    count was joined to holds that count, said to come from the reply, and its minute counts it; a request whose
+    step had none stays unknown (NULL, not 0), and each outcome is counted."""
+    requests = exports(name)
+    assert any(_is_server(r) for r in requests)  # vLLM's own request spans, beside the agents'
+    steps = replay(any_store, requests).steps
+    stored = any_store.reads.steps()
+    joined = stored[stored["request_id"].notna()]
+    told, untold = joined[joined["cached_tokens"].notna()], joined[joined["cached_tokens"].isna()]
+    rows = any_store.reads.request_rows(0, 4e9).set_index("request_id")
+    assert len(told) >= 5 and len(untold) >= 6 and set(joined["request_id"]) <= set(rows.index)
+    assert rows.loc[told["request_id"], "cached_tokens"].tolist() == told["cached_tokens"].tolist()
+    assert set(rows.loc[told["request_id"], "cached_from"]) == {"reply"}
+    assert rows.loc[untold["request_id"], ["cached_tokens", "cached_from"]].isna().all().all()
+    assert rows["cached_tokens"].notna().sum() == len(told)  # no request filled but a joined one with a count
+    assert dict(steps.cached_fills) == {"filled": len(told), "no_count": len(untold)}
+    minutes = any_store.reads.minute_rollup("request_minutes", 0, 4e9)
+    assert minutes["requests"].sum() == len(rows) and minutes["cached_said"].sum() == len(told)
+    assert minutes["cached_tokens"].sum() == told["cached_tokens"].sum()
+    if name == "vllm-openinference-pydantic-ai":
+        assert told["cached_tokens"].max() == 128  # the third step of a session found its first blocks

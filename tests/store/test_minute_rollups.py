@@ -5,11 +5,13 @@ revision 0014 and ClickHouse version 10 fill them from rows stored before them."
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pandas as pd
 from sqlalchemy import insert
 
 from kvobs.analytics.windows import BIN_KEYS, KEYS, RangeSums
+from kvobs.semconv.spans import CachedFrom
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rollups import (
     LATENCY_MINUTES,
@@ -134,7 +136,8 @@ def test_revision_0014_fills_the_rollups_from_stored_rows(store):
     early = [r for r in rows if getattr(r, "ts", getattr(r, "arrival_ts", 0)) < T0 + 300]
     with store.engine.begin() as conn:  # stored before the rollups existed: only the rows
         for table in ("snapshots", "requests"):
-            conn.execute(insert(TABLES[table]), [r.to_row() for r in early if r.table == table])
+            old = [{k: v for k, v in r.to_row().items() if k != "cached_from"} for r in early if r.table == table]
+            conn.execute(insert(TABLES[table]), old)  # (cached_from came with revision 0024)
     upgrade(store.engine)
     writer = StoreWriter(store)
     writer.add_many([r for r in rows if r not in early])
@@ -211,3 +214,36 @@ def test_the_lookup_rollup_holds_what_the_measured_lookups_give(any_store):
     expected = sorted(r.request_id for r in rows if r.instance == "a" and T0 + 100.0 <= r.lookup_ts <= T0 + 200.0)
     assert sorted(stored["request_id"]) == expected and len(expected) > 5
     assert list(any_store.reads.request_lookups(session_id="s3")["session_id"].unique()) == ["s3"]
+
+
+def test_cached_tokens_learnt_after_a_requests_row_fill_it_and_its_minute_once(any_store):
+    """vLLM's request spans say no cached tokens; the joined step's reply does, later (`StoreWriter.fill_cached`).
+    Each request with none is filled (some in their row's batch, some batches later), a request the server counted
+    itself is left as it was, and a fill sent twice counts once: the rows say where each count came from, and the
+    request minutes hold what the final rows give (a request counted once; its cached counts added by the fill)."""
+    rows = [r for r in _rows(5) if isinstance(r, RequestRecord)]
+    rows = [r if r.cached_tokens is None else replace(r, cached_from=CachedFrom.SERVER.value) for r in rows]
+    unknown = [r for r in rows if r.cached_tokens is None]
+    assert len(unknown) >= 10
+    final = {r.request_id: r for r in rows}
+    writer = StoreWriter(any_store, batch_size=7)
+    for i, row in enumerate(rows):
+        writer.add(row)
+        if row.cached_tokens is None:
+            filled = replace(row, cached_tokens=row.prompt_tokens // (2 + i % 3), cached_from=CachedFrom.REPLY.value)
+            final[row.request_id] = filled
+            writer.fill_cached(filled)
+            if i % 4 == 0:
+                writer.fill_cached(replace(filled, cached_tokens=1))  # told again: the first count stays
+    known = next(r for r in rows if r.cached_tokens is not None)
+    writer.fill_cached(replace(known, cached_tokens=known.cached_tokens + 1, cached_from=CachedFrom.REPLY.value))
+    writer.close()
+    stored = any_store.reads.request_rows(0, 4e9).set_index("request_id")
+    assert len(stored) == len(rows) and stored["cached_tokens"].notna().all()
+    for request_id, want in final.items():
+        assert stored.at[request_id, "cached_tokens"] == want.cached_tokens
+        assert stored.at[request_id, "cached_from"] == want.cached_from
+    want, got = _expected(list(final.values())), _stored(any_store)
+    assert_same(got["request_minutes"], want.requests, KEYS)
+    assert got["request_minutes"]["requests"].sum() == len(rows)
+    assert got["request_minutes"]["cached_said"].sum() == len(rows)

@@ -304,6 +304,11 @@ _BLOCK_CLOCK = [
 # 0023); rows before hold NULL, their other_s holds it.
 _VERDICT_BEFORE = ["ALTER TABLE step_verdicts ADD COLUMN IF NOT EXISTS before_s Nullable(Float64) AFTER other_s"]
 
+# Version 20: where a request's cached tokens came from (alembic 0024); rows before hold NULL (the server's own).
+_REQUEST_CACHED_FROM = [
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS cached_from LowCardinality(Nullable(String)) AFTER finish_reason"
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -325,6 +330,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (17, "request_lookups.tier_blocks, lookup_minutes.tier_tokens: hits loaded from a lower tier", _LOOKUP_TIERS),
     (18, "kv_events.lifetime_s, restored, restored_after_s: losses and restores known at ingest", _BLOCK_CLOCK),
     (19, "step_verdicts.before_s: the time before a step's request reached the server", _VERDICT_BEFORE),
+    (20, "requests.cached_from: the server's own count or the reply's", _REQUEST_CACHED_FROM),
 ]
 
 

@@ -40,9 +40,9 @@ from kvobs.store.clickhouse.lookups import ClickHouseLookups
 from kvobs.store.clickhouse.reads import ClickHouseReads
 from kvobs.store.clickhouse.rollups import as_arrow
 from kvobs.store.db import missing_store
-from kvobs.store.interface import Batch, Lookups, Reads
+from kvobs.store.interface import FILL_CACHED, Batch, Lookups, Reads
 from kvobs.store.leases import Leases
-from kvobs.store.rollups import PREEMPTIONS, BatchRollups
+from kvobs.store.rollups import PREEMPTIONS, REQUEST_MINUTES, BatchRollups, cached_fill_sums
 from kvobs.store.rows import PROGRESS_TABLES, KVEventColumns, KVEventRecord, SessionRecord
 from kvobs.store.runs import Runs, as_list, is_null
 from kvobs.store.schema import DAY_S
@@ -121,12 +121,15 @@ class ClickHouseStore:
         rows: dict[str, list[dict]] = {}
         sessions: list[tuple[str, SessionRecord]] = []
         kv_columns: list[KVEventColumns] = []
+        fills: list[dict] = []
         for op, records in batch:
             if isinstance(records, KVEventColumns):
                 kv_columns.append(records)
                 continue
             for record in records:
-                if isinstance(record, SessionRecord):
+                if op == FILL_CACHED:
+                    fills.append(record.to_row())
+                elif isinstance(record, SessionRecord):
                     sessions.append((op, record))
                 else:
                     rows.setdefault(record.table, []).append(record.to_row())
@@ -141,11 +144,38 @@ class ClickHouseStore:
         parts, counts = self._rollups.partials(
             snaps, rows.get("requests", []), self._counts_before, rows.get("request_lookups")
         )
+        filled = self._fill_cached(fills, token)
+        if filled:
+            parts.append((REQUEST_MINUTES, cached_fill_sums(filled)))
         for rollup, frame in parts:  # after the raw rows: a rollup never holds what its rows do not
             if not frame.empty:
                 table = rollup.table
                 self.client.insert(table, as_arrow(rollup, frame), token=f"{token}-{table}" if token else None)
         self._rollups.commit(counts)
+
+    def _fill_cached(self, fills: list[dict], token: str | None) -> list[dict]:
+        """Requests' cached tokens learnt later (`FILL_CACHED`): each whose stored row has none is inserted again, a
+        newer version with them; the ones filled."""
+        if not fills:
+            return []
+        empty = set(
+            self.frame(
+                """SELECT instance, request_id FROM requests FINAL
+                WHERE request_id IN {keys:Array(String)} AND cached_tokens IS NULL""",
+                {"keys": sorted({row["request_id"] for row in fills})},
+            ).itertuples(index=False, name=None)
+        )
+        filled = []
+        for row in fills:  # the first fill of a request wins, as on SQL
+            key = (row["instance"], row["request_id"])
+            if key in empty:
+                empty.discard(key)
+                filled.append(row)
+        if filled:
+            table = "requests"
+            columns = self._arrow(table, _columns_of(filled))
+            self.client.insert(table, columns, token=f"{token}-{table}-filled" if token else None)
+        return filled
 
     def _counts_before(self, instances: list[str], ts: float) -> dict[str, float]:
         return self.lookups.instance_counter_before(PREEMPTIONS, ts, instances=instances)

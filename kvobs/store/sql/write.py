@@ -24,8 +24,8 @@ from sqlalchemy import BigInteger, Float, Integer, Numeric, SmallInteger, String
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from kvobs.store.interface import Batch
-from kvobs.store.rollups import BatchRollups, Rollup, minute_rows
+from kvobs.store.interface import FILL_CACHED, Batch
+from kvobs.store.rollups import REQUEST_MINUTES, BatchRollups, Rollup, cached_fill_sums, minute_rows
 from kvobs.store.rows import KVEventColumns, KVEventRecord
 from kvobs.store.runs import Runs, is_null
 from kvobs.store.schema import (
@@ -54,6 +54,7 @@ class SqlBatchWriter:
         grouped: dict[tuple[str, str, tuple], list[dict]] = defaultdict(list)
         columns: list[KVEventColumns] = []
         keyed: dict[tuple[str, str], list[dict]] = defaultdict(list)  # upserts and insert_missing, in queue order
+        fills: list[dict] = []  # requests' cached tokens learnt after their rows (FILL_CACHED)
         for op, records in batch:  # one executemany per table and column set (session upserts give some columns)
             if isinstance(records, KVEventColumns):
                 if len(records):  # (columns of no row: no statement, which would name no column)
@@ -61,7 +62,9 @@ class SqlBatchWriter:
                 continue
             for record in records:
                 row = record.to_row()
-                if op == "insert":
+                if op == FILL_CACHED:
+                    fills.append(row)
+                elif op == "insert":
                     grouped[(op, record.table, tuple(row))].append(row)
                 else:
                     keyed[(op, record.table)].append(row)
@@ -99,6 +102,9 @@ class SqlBatchWriter:
             footprints = latest_footprints(grouped_rows(grouped, "snapshots"))
             if footprints:
                 conn.execute(_footprint_upsert(dialect), footprints)
+            filled = [row for row in fills if conn.execute(_FILL_CACHED, row).rowcount]  # (after their rows' insert)
+            if filled:
+                parts.append((REQUEST_MINUTES, cached_fill_sums(filled)))
             for rollup, frame in parts:
                 added = minute_rows(frame, rollup.columns)
                 if added:  # a driver-level executemany of tuples: SQLAlchemy's work per row dict cost half the time
@@ -215,6 +221,12 @@ def _rollup_upsert(rollup: Rollup, paramstyle: str) -> str:
         f"ON CONFLICT ({', '.join(rollup.keys)}) DO UPDATE SET {sets}"
     )
 
+
+# A request's cached tokens learnt later, set only where its row has none (so its minute counts them once).
+_FILL_CACHED = text(
+    "UPDATE requests SET cached_tokens = :cached_tokens, cached_from = :cached_from "
+    "WHERE instance = :instance AND request_id = :request_id AND cached_tokens IS NULL"
+)
 
 _ADD_MINUTES = text(
     "INSERT INTO kv_event_minutes (minute, instance, kind, reason, events, blocks) "
