@@ -445,8 +445,9 @@ kvobs_metrics = SimpleNamespace(
         "counter",
         "requests",
         "Joined server requests whose own spans said no cached tokens (vLLM's), by what became of the count the "
-        "step's reply gave: filled (stored on the request, cached_from reply), no_count (the reply gave none: "
-        "prompt-token details off), counts_differ (the reply's prompt tokens are not the request's: not filled).",
+        "step's reply gave: filled (stored on the request, cached_from reply), no_count (the step's span holds "
+        "none: the server's prompt-token details off, or an instrumentation that keeps no cached count), "
+        "counts_differ (the reply's prompt tokens are not the request's: not filled).",
         LABEL_OUTCOME,
     ),
     COLLECTOR_REQUESTS_TIED=_spec(

@@ -159,7 +159,7 @@ class CachedFill(Name):
     (`kvobs_collector_requests_cached_filled_total{outcome}`)."""
 
     FILLED = "filled"  # the reply's count, stored on the request (`cached_from` reply)
-    NO_COUNT = "no_count"  # the reply gave none (the server's prompt-token details off): still unknown
+    NO_COUNT = "no_count"  # the step's span holds none (prompt-token details off, or not kept): still unknown
     COUNTS_DIFFER = "counts_differ"  # the reply's prompt tokens are not the request's: not taken
 
 
