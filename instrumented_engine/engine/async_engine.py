@@ -144,8 +144,10 @@ class AsyncEngine:
         request_id: str,
         session_id: str | None = None,
         trace_headers: dict[str, str] | None = None,
+        arrival_ts: float | None = None,
     ) -> RequestStream:
-        """Queue a request and return its output stream.
+        """Queue a request and return its output stream; `arrival_ts`: when it reached the server (None: when the
+        engine thread takes it, between two steps).
 
         Raises:
             ValueError: the engine refused the prompt or its limits (HTTP 400).
@@ -158,7 +160,12 @@ class AsyncEngine:
             if len(engine.scheduler.waiting) >= self.max_waiting:
                 raise QueueFullError(f"{self.max_waiting} requests are already waiting; retry later")
             stream.request_id = engine.add_request(
-                prompt_token_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace_headers
+                prompt_token_ids,
+                params,
+                request_id=request_id,
+                session_id=session_id,
+                trace_headers=trace_headers,
+                arrival_ts=arrival_ts,
             )
             self._requests[stream.request_id] = stream
 

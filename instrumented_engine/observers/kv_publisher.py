@@ -12,6 +12,11 @@ what vLLM's offloading connector publishes (`medium` `CPU`: placeholders, or sel
 events (lookups, allocations, frees, preemptions, tier loads) have no vLLM counterpart and are not published, as in
 vLLM.
 
+Each batch is stamped with its events' own time, not the time it is sent: a step's events that happened at different
+moments (an eviction while scheduling, the stores after the forward pass) go in batches of their own, in order. A
+subscriber places each event at its batch's time; stamped a step late, a block evicted before a session's next request
+arrived (stamped as the HTTP side takes it) would read as lost after it. vLLM stamps the send.
+
 The PUB socket binds when the endpoint is a wildcard (`tcp://*:5557`) or local transport, and
 otherwise connects to a subscriber that bound it (vLLM's rule). Each published batch gets the next
 sequence number and is kept in a ring of `buffer_steps` batches for replay requests.
@@ -25,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import groupby
 from typing import Any
 
 import zmq
@@ -145,7 +151,6 @@ class KVEventPublisher:
         buffer_steps: int = 10_000,
         max_queue: int = 100_000,
         data_parallel_rank: int | None = 0,
-        clock=time.time,
         omit_token_ids: bool = False,
     ) -> None:
         self.endpoint = endpoint
@@ -153,7 +158,6 @@ class KVEventPublisher:
         self.topic = topic.encode()
         self.dp_rank = data_parallel_rank
         self.omit_token_ids = omit_token_ids
-        self.clock = clock
         self.num_dropped = 0
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -171,12 +175,14 @@ class KVEventPublisher:
             raise self._start_error
 
     def on_step(self, result: StepResult) -> None:
-        events = to_wire_events(result.events, omit_token_ids=self.omit_token_ids)
-        if events:
-            self.publish(events)
+        for ts, happened in groupby(result.events, key=lambda event: event.ts):  # a batch per moment, in order
+            events = to_wire_events(list(happened), omit_token_ids=self.omit_token_ids)
+            if events:
+                self.publish(events, ts)
 
-    def publish(self, events: list[wire.Event]) -> None:
-        payload = wire.encode_batch(wire.KVEventBatch(self.clock(), events, self.dp_rank))
+    def publish(self, events: list[wire.Event], ts: float) -> None:
+        """Queue a batch of `events` that happened at `ts` (epoch seconds)."""
+        payload = wire.encode_batch(wire.KVEventBatch(ts, events, self.dp_rank))
         try:
             self._queue.put_nowait(payload)
         except queue.Full:

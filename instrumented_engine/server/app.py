@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.observers.metrics import CONTENT_TYPE, EngineMetrics
+from instrumented_engine.server.arrival import ArrivalStamp
 from instrumented_engine.server.guards import DEFAULT_MAX_REQUEST_BYTES, BodyLimit, api_key_guard
 from instrumented_engine.server.protocol import (
     APIError,
@@ -67,6 +68,7 @@ def build_app(
     app = FastAPI(title="kvobs engine", version="0.1.0", lifespan=lifespan)
     app.state.kvobs = _Served(engine, served, metrics, OpenAIServing(engine, served))
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    app.add_middleware(ArrivalStamp)  # added last: the outermost, so the stamp is the earliest
     _install_error_handlers(app)
     app.include_router(_routes)
     app.include_router(_admin_routes, dependencies=[Depends(api_key_guard(api_key))])

@@ -28,6 +28,7 @@ from instrumented_engine.config import ContextLengthExceeded, check_context_leng
 from instrumented_engine.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from instrumented_engine.engine.stats import RequestOutput
 from instrumented_engine.sampling_params import SamplingParams
+from instrumented_engine.server.arrival import arrival_ts
 from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, check_id
 from instrumented_engine.server.responses import Response, event, streamed, usage
 from instrumented_engine.server.tools import prompt_messages
@@ -152,7 +153,12 @@ class OpenAIServing:
         session_id = check_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.session_id
         trace = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
         stream = await self.engine.add_request(
-            prompt_ids, params, request_id=request_id, session_id=session_id, trace_headers=trace
+            prompt_ids,
+            params,
+            request_id=request_id,
+            session_id=session_id,
+            trace_headers=trace,
+            arrival_ts=arrival_ts(request),
         )
         served = self.served
         response = Response(request_id, served.name, int(time.time()), chat, tools or [], served.token_details)

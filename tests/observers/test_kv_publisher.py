@@ -97,6 +97,32 @@ def test_omit_token_ids_keeps_the_prompt_off_the_wire_and_everything_else():
     )
 
 
+def test_a_steps_events_of_different_moments_go_in_batches_of_their_own_in_order():
+    """An eviction while scheduling, the stores after the forward pass: each batch holds one moment's events and
+    carries its time, so a subscriber places a loss when it happened, not when the step's events were sent."""
+    ctx = zmq.Context.instance()
+    port = free_port()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.bind(f"tcp://127.0.0.1:{port}")
+    publisher = KVEventPublisher(f"tcp://127.0.0.1:{port}")
+    publisher.start()
+    try:
+        probes = _publish_until_delivered(publisher, sub)
+        evicted, stored = replace(EVICTED, ts=10.0), replace(STORED, ts=10.4)
+        publisher.on_step(StepResult([], STATS, [evicted, replace(LOOKUP, ts=10.2), stored, replace(stored, ts=10.4)]))
+        got = _recv_batches(sub, 2)
+        assert [seq for _, seq, _ in got] == [probes, probes + 1]
+        assert [(b.ts, [type(e).__name__ for e in b.events]) for _, _, b in got] == [
+            (10.0, ["BlockRemoved"]),
+            (10.4, ["BlockStored", "BlockStored"]),
+        ]
+    finally:
+        publisher.close()
+        sub.close(0)
+
+
 def _recv_batches(sock: zmq.Socket, count: int) -> list[tuple[bytes, int, wire.KVEventBatch]]:
     out = []
     for _ in range(count):
@@ -129,17 +155,18 @@ def test_connects_to_a_bound_subscriber_and_replays_both_envelopes():
     sub.setsockopt(zmq.RCVTIMEO, 5000)
     sub.bind(f"tcp://127.0.0.1:{port}")  # a concrete address: the publisher must connect (vLLM's rule)
     publisher = KVEventPublisher(
-        f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv", clock=lambda: 42.0
+        f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic="kv"
     )
     publisher.start()
     try:
         probes = _publish_until_delivered(publisher, sub)
         publisher.on_step(StepResult([], STATS, [LOOKUP, STORED]))
         publisher.on_step(StepResult([], STATS, [LOOKUP]))  # nothing vLLM would publish: no message
-        publisher.on_step(StepResult([], STATS, [EVICTED, CLEARED]))
+        publisher.on_step(StepResult([], STATS, [EVICTED, replace(CLEARED, ts=EVICTED.ts)]))
         (t0, s0, b0), (t1, s1, b1) = _recv_batches(sub, 2)
         assert (t0, s0, t1, s1) == (b"kv", probes, b"kv", probes + 1)  # one seq a published batch, none skipped
-        assert b0.ts == 42.0 and b0.data_parallel_rank == 0 and b0.events[0].session_id == "s1"
+        assert b0.data_parallel_rank == 0 and b0.events[0].session_id == "s1"
+        assert (b0.ts, b1.ts) == (STORED.ts, EVICTED.ts)  # each batch at its events' own time, not the send's
         assert [type(e).__name__ for e in b1.events] == ["BlockRemoved", "AllBlocksCleared"]
 
         dealer = ctx.socket(zmq.DEALER)
