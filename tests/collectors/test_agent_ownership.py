@@ -84,19 +84,59 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
         answered = h.agent(scenario, conversations=CONVERSATIONS, concurrent=True, **AGENT_PARAMS.get(scenario, {}))[
             "answered"
         ]
+    _, sessions, footprints, paused = held_to_the_engine(h, truth, answered, store)
+
+    # the Sessions page says whose blocks are owned by inference, and how many of the session's requests
+    at = open_page(monkeypatch, store.url, "sessions")
+    at.selectbox(key="session").set_value(sessions[1]).run()
+    assert_clean(at)
+    said = [c.value for c in at.caption if "named no session" in c.value]
+    told = "3 of its requests stored KV blocks that named no session (no X-Session-ID reached the server with them)"
+    assert said and f"{told}: 3 tied to it by inference" in said[0], said
+    if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":  # what its replay is held to
+        sessions = {s: {"lost": footprints[s].removed, "lost_in_pause": paused[s]} for s in sessions}
+        kv_truth = {"requests_tied": dict(h.collector.block_owners.requests_tied), "sessions": sessions}
+        (FIXTURES / record / "kv_truth.json").write_text(json.dumps(kv_truth, indent=1) + "\n")
+
+
+# six conversations of six lengths: three of them at once already share the system prompt's blocks
+SIX = [*CONVERSATIONS, "rome", "bergen-and-the-fjords", "nice-and-monaco"]
+
+
+def test_six_overlapping_sessions_sharing_a_system_prompt_lose_what_the_engine_says_they_lost(smollm2_source, store):
+    """Six conversations at once, one system prompt, on a cache too small for them (a plain client loop traced by
+    OTel's `openai-v2`, no header): their requests overlap on one replica and the prompt's blocks are stored by one
+    of them and found by the rest. Every request is still tied; the system prompt's blocks that several prefilled at
+    once are nobody's; every other block is charged to the session whose request stored it, as the header path names
+    it (vLLM names the storer's session on `BlockStored`); each session's losses in its tool pauses are the engine's."""
+    truth = BlockTruth()
+    with served_and_collected(smollm2_source, store, service="plain_loop", num_blocks=60) as h:
+        h.server.engine.observers.append(truth)
+        answered = h.agent("plain_loop", conversations=SIX, concurrent=True, instrumentation="openai-v2")["answered"]
+    _, sessions, _, paused = held_to_the_engine(h, truth, answered, store)
+    assert len(sessions) == 6 and sum(n > 0 for n in paused.values()) >= 3  # sessions lost blocks in their pauses
+
+
+def held_to_the_engine(h, truth: BlockTruth, answered: dict, store) -> tuple[str, list, dict, Counter]:
+    """What the collector made of a run with no header, against the engine's block manager and the ids each session
+    was answered: every request tied by inference (and said), every stored block its storer's session's or, for a
+    prefix two requests prefilled at once, none's, each removal named for the session whose request stored the block,
+    and each session's losses and losses in its tool pauses as the engine counted them. Returns the collector's
+    exposition, the sessions, the stream's footprints and the engine's pause losses per session."""
     exposed = generate_latest(h.collector.registry).decode()
     sessions = list(answered)  # (CONVERSATIONS, or the traces of a plain loop: a session each)
     session_of = {rid: session for session, ids in answered.items() for rid in ids}
+    n = len(session_of)
     requests = store.reads.requests().assign(session_id=lambda f: f["request_id"].map(session_of))
     removed = store.reads.kv_events(kinds=["removed"])
-    unowned = {int(h) for h in removed.loc[removed["session_id"].isna(), "block_hash"]}
+    unowned = {int(b) for b in removed.loc[removed["session_id"].isna(), "block_hash"]}
     lost, paused, owner_at = truth.losses(session_of, requests, unowned)
     assert sum(paused.values()) > 0  # the cache was small enough: tool pauses lost blocks
 
     # every request's blocks tied to its session, and said
-    assert h.collector.block_owners.requests_tied == Counter({"inference": 9}), h.collector.block_owners.requests_tied
-    assert 'kvobs_collector_requests_tied_total{tie="inference"} 9.0' in exposed
-    said = "of 9 requests whose KV blocks named no session, 9 tied or all cached"
+    assert h.collector.block_owners.requests_tied == Counter({"inference": n}), h.collector.block_owners.requests_tied
+    assert f'kvobs_collector_requests_tied_total{{tie="inference"}} {n}.0' in exposed
+    said = f"of {n} requests whose KV blocks named no session, {n} tied or all cached"
     assert ("(KV blocks tied by inference)", True, said) in exposition_checks(exposed)  # `kvobs doctor --collector`
     stored_by = Counter(session_of[rid] for _, _, rid in truth.stored)
     footprints = h.collector.streams[0].ingest.chains.footprints
@@ -112,19 +152,9 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
     named = removed[removed["session_id"].notna()]
     assert len(named) == sum(lost.values()) and len(unowned) <= footprints[None].stored
     for block, ts, session in zip(named["block_hash"], named["ts"], named["session_id"]):
-        # (the removal's time is its KV batch's, a moment after the engine's eviction)
+        # (the removal's time is its KV batch's: the engine's eviction's own)
         assert min(owner_at[int(block)], key=lambda e: abs(e[0] - ts))[1] == session
     # the losses in tool pauses, as the sessions' footprints tell them, are the engine's
     assert losses(store, sessions) == {s: {"lost": lost[s], "lost_in_pause": paused[s]} for s in sessions}
 
-    # the Sessions page says whose blocks are owned by inference, and how many of the session's requests
-    at = open_page(monkeypatch, store.url, "sessions")
-    at.selectbox(key="session").set_value(sessions[1]).run()
-    assert_clean(at)
-    said = [c.value for c in at.caption if "named no session" in c.value]
-    told = "3 of its requests stored KV blocks that named no session (no X-Session-ID reached the server with them)"
-    assert said and f"{told}: 3 tied to it by inference" in said[0], said
-    if os.environ.get("KVOBS_RECORD_AGENT_FIXTURES") == "1":  # what its replay is held to
-        sessions = {s: {"lost": footprints[s].removed, "lost_in_pause": paused[s]} for s in sessions}
-        kv_truth = {"requests_tied": dict(h.collector.block_owners.requests_tied), "sessions": sessions}
-        (FIXTURES / record / "kv_truth.json").write_text(json.dumps(kv_truth, indent=1) + "\n")
+    return exposed, sessions, footprints, paused
