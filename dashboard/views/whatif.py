@@ -178,15 +178,16 @@ def render_routers(ctx) -> None:
     except ValueError as exc:
         st.warning(str(exc))
         return
+    from instrumented_engine.whatif.replay import REPLAY_WORDS
+
     listed = ", ".join(f"{name} {n:,}" for name, n in sorted(sizes.items()))
     st.caption(
         f"The fleet's {replayed:,} requests of the range ({skipped:,} without a known chain skipped), each replica "
-        f"at its observed size (blocks: {listed}), under each router through the same replay: each request holds "
-        "its whole length from its lookup to its recorded finish and waits for room, so the rows compare like with "
-        "like; as_routed replays each request on the replica that served it. prefix: llm-d's precise prefix-cache "
-        "scorer (the longest resident prefix, ties by load); prefix_load: Dynamo's KV router (least prefill load "
-        "scale x blocks to compute + active decode blocks). Routing loss: at each lookup, the tokens another "
-        "replica held beyond the chosen one. max/mean: 1.00 is an even load."
+        f"at its observed size (blocks: {listed}), under each router through the same replay ({REPLAY_WORDS}), "
+        "so the rows compare like with like; as_routed replays each request on the replica that served it. prefix: "
+        "llm-d's precise prefix-cache scorer (the longest resident prefix, ties by load); prefix_load: Dynamo's KV "
+        "router (least prefill load scale x blocks to compute + active decode blocks). Routing loss: at each lookup, "
+        "the tokens another replica held beyond the chosen one. max/mean: 1.00 is an even load."
     )
     _check(check, ctx)
     show_text_table(table, ctx.clock)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from instrumented_engine.whatif.fleet import FleetPlan, FleetResult
-from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
+from instrumented_engine.whatif.replay import REPLAY_WORDS, ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.hit_rate import COUNTERS, REQUESTS, HitRate
 from kvobs.analytics.response_usage import RESPONSES
 from kvobs.analytics.runs import Span
@@ -254,6 +254,6 @@ def causes(plan: ReplayPlan, hit: HitRate | None) -> list[str]:
     if not found:
         found.append(
             "no cause in the data: the engine's lookup moment or block accounting differs from the replay's "
-            "(each request holds its whole length from its lookup to its finish)"
+            f"({REPLAY_WORDS})"
         )
     return found

@@ -4,9 +4,9 @@ observed size, under routing policies, to say what another router would have hit
     plan = FleetPlan.from_store(store)                        # requests, chains, each replica's size and recording
     results = [simulate_fleet(plan, policy) for policy in POLICIES]
 
-Every policy goes through the same replay (`whatif.WholeLengthCache`: a request takes blocks for its whole length
-from its lookup to its recorded finish, waits FCFS when its replica has no room), so their rows compare like with
-like; `as_routed` sends each request where it went. The policies:
+Every policy goes through the same replay (`whatif.WholeLengthCache`: a request takes its prompt's blocks at its
+lookup and its decode's as its output fills them, to its recorded finish, and waits FCFS when its replica has no
+room), so their rows compare like with like; `as_routed` sends each request where it went. The policies:
 
 - `as_routed`: the replica that served it (the replay of the recorded routing, checked against the observed hit
   rate by `whatif.fidelity.fleet_fidelity`).
@@ -132,7 +132,7 @@ class _Router:
             if req.session_id not in self.sessions:
                 self.sessions[req.session_id] = self.names[next(self.turn) % len(self.names)]
             return self.sessions[req.session_id]
-        in_flight = {name: len(cache.finishes) + len(cache.waiting) for name, cache in caches.items()}
+        in_flight = {name: len(cache.totals) + len(cache.waiting) for name, cache in caches.items()}
         if policy == RouterPolicy.PREFIX.value:  # llm-d: a block in a lower tier scores less
             score = {n: GPU_WEIGHT * gpu + CPU_WEIGHT * cpu for n, (gpu, cpu) in prefixes.items()}
             return max(self.names, key=lambda n: (score[n], -in_flight[n], -self.names.index(n)))
@@ -174,7 +174,7 @@ def simulate_fleet(
         replica its last request went to, as the agent released it where its last step ran."""
         while True:
             name = min(names, key=lambda n: caches[n].next_finish())
-            finish = caches[name].next_finish() if caches[name].finishes else float("inf")
+            finish = caches[name].next_finish()
             release = released[0][0] if released else float("inf")
             if min(finish, release) > ts or min(finish, release) == float("inf"):
                 return

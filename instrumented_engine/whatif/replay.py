@@ -7,12 +7,13 @@
 Our engine's data is replayed step for step from its recorded traffic (`whatif.recorded`): at the observed size and
 policy that reproduces the run. Otherwise (vLLM's data, which has no allocations), each recorded request arrives
 when it was recorded looking its prefix up (arrival + queue time) with its rebuilt chain (see
-`kvobs.analytics.chains`), looks its prefix up, takes blocks for its whole length (prompt + output) and
-holds them until its recorded finish; then its blocks are freed in vLLM's order and the session counts as idle until
-its next request, which is what `session_ttl` protects; after its last recorded request the session has ended (the
-replay knows the future: what it lost after that is lost after its end, and its blocks are no longer protected). A
-request that finds no room waits (FCFS) until a finish frees enough. The block manager is the engine's own, so LRU
-order, hit caps, eviction reasons and the tool-pause verdicts are the engine's.
+`kvobs.analytics.chains`), looks its prefix up and takes its prompt's blocks, takes a decode block each time its
+output fills one (`REPLAY_WORDS`), and holds them until its recorded finish; then its blocks are freed in vLLM's
+order and the session counts as idle until its next request, which is what `session_ttl` protects; after its last
+recorded request the session has ended (the replay knows the future: what it lost after that is lost after its end,
+and its blocks are no longer protected). A request that finds no room waits (FCFS) until a finish frees enough. The
+block manager is the engine's own, so LRU order, hit caps, eviction reasons and the tool-pause verdicts are the
+engine's.
 
 "Blocks lost" is one definition everywhere (`kvobs.store.composed.ComposedReads.block_losses`): each lost block
 once (evictions, invalidations and vLLM's removals; a block several sessions owned counts once), resets and the
@@ -45,6 +46,12 @@ from kvobs.semconv.spans import KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
 
+# how a request of an engine that publishes no allocations (vLLM) holds blocks in the replay, as the pages say it
+REPLAY_WORDS = (
+    "each request takes its prompt's blocks at its lookup and a decode block each time its output fills one, its "
+    "output spread evenly from its recorded first token to its finish, and holds them to its finish, waiting for room"
+)
+
 
 @dataclass(frozen=True)
 class ReplayRequest:
@@ -56,6 +63,7 @@ class ReplayRequest:
     total_tokens: int
     chain: tuple[int, ...]
     received_ts: float | None = None  # when it reached the engine (arrival_ts is when it looked its prefix up)
+    first_token_ts: float | None = None  # its first output token (its decode's blocks are taken from then on)
 
 
 @dataclass
@@ -120,6 +128,7 @@ class ReplayPlan:
                     int(r.prompt_tokens) + completion,
                     tuple(chain),
                     float(r.arrival_ts),
+                    None if pd.isna(r.first_token_ts) else float(r.first_token_ts),
                 )
             )
         rates = hit_rates(reqs, chains, graph, block_size=block_size)
@@ -240,10 +249,12 @@ def simulate(
     policy: str = EvictionPolicyName.LRU.value,
     ttl_s: float = 30.0,
     tier_blocks: int = 0,
+    decode_growth: bool = True,
 ) -> WhatIfResult:
     """Replay `plan` through a `num_blocks` cache under `policy`, with an offload tier of `tier_blocks` below it
     (LRU, write-through, as vLLM's CPU offloading: `whatif.tier`): our engine's recorded traffic step for step when
-    the plan has it (`whatif.recorded`), else each request's whole length from its lookup to its finish."""
+    the plan has it (`whatif.recorded`), else each request from its lookup to its finish (`WholeLengthCache`; its
+    decode's blocks taken as its output fills them, or with `decode_growth` False all at its lookup)."""
     clock = _Clock()
     manager = BlockManager(
         num_blocks,
@@ -255,7 +266,8 @@ def simulate(
     result = WhatIfResult(num_blocks, policy, tier_blocks=tier_blocks)
     if plan.recorded is not None:
         return _replay_recorded(plan, manager, clock, result)
-    cache, losses = WholeLengthCache(manager, plan.block_size, result, clock), LossTally(tier=manager.tier is not None)
+    cache = WholeLengthCache(manager, plan.block_size, result, clock, decode_growth=decode_growth)
+    losses = LossTally(tier=manager.tier is not None)
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
     cache.last_request = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
     released = sorted((ts, session) for session, ts in plan.releases.items())
@@ -284,15 +296,24 @@ def simulate(
 
 class WholeLengthCache:
     """One cache replaying requests whole (vLLM's data has no allocations): a request looks its prefix up when it
-    arrives, takes blocks for its whole length and holds them until its recorded finish; one that finds no room
-    waits (FCFS) until a finish frees enough. Counts into `result`; `last_request` (session -> its last request id)
-    tells the session's end."""
+    arrives and takes blocks for its prompt; its decode takes a block each time its output fills one, at the time
+    its recorded first token and finish put that token (evenly between them), and it holds them all until its
+    recorded finish, when its decode's full blocks are cached. One that finds no room for its prompt waits (FCFS)
+    until a finish frees enough; a decode block that finds none is taken at the next chance (a finish frees room).
+    `decode_growth` False takes the whole length at admission (the replay before; kept to measure the difference).
+    Counts into `result`; `last_request` (session -> its last request id) tells the session's end."""
 
-    def __init__(self, manager: BlockManager, block_size: int, result: WhatIfResult, clock: _Clock) -> None:
+    def __init__(
+        self, manager: BlockManager, block_size: int, result: WhatIfResult, clock: _Clock, *, decode_growth=True
+    ) -> None:
         self.manager, self.block_size, self.result, self.clock = manager, block_size, result, clock
+        self.decode_growth = decode_growth
         self.key = manager.hash_key(None)
         self.computed: set[bytes] = set()  # blocks computed at least once in this replay
-        self.finishes: list[tuple[float, int, Sequence]] = []
+        # what comes due: (time, order, sequence, the tokens its next decode block starts at; 0: its finish)
+        self.due: list[tuple[float, int, Sequence, int]] = []
+        self.short: dict[str, tuple[Sequence, int, int]] = {}  # decode blocks that found no room (`_grow`'s args)
+        self.totals: dict[str, int] = {}  # request -> its whole length in tokens
         self.waiting: deque[tuple[ReplayRequest, Sequence, float]] = deque()
         self.order = itertools.count()
         self.last_request: dict[str | None, str] = {}
@@ -304,7 +325,8 @@ class WholeLengthCache:
         tally(losses, self.manager, self.loads)
 
     def next_finish(self) -> float:
-        return self.finishes[0][0] if self.finishes else float("inf")
+        """When the next thing comes due (a finish, or a decode block): inf when nothing is running."""
+        return self.due[0][0] if self.due else float("inf")
 
     def arrive(self, req: ReplayRequest, seq: Sequence | None = None) -> None:
         """A request arrives now (as `seq` when the caller made it already): admitted, or waiting; turned away when
@@ -321,21 +343,49 @@ class WholeLengthCache:
             self.waiting.append((req, seq, self.clock.now))
 
     def finish_one(self) -> None:
-        """The next finish: its blocks freed (the session idle, or ended after its last request), then whoever
-        waits and now fits."""
-        self.clock.now, _, seq = heapq.heappop(self.finishes)
+        """The next thing due: a decode block taken, or a finish (its decode's full blocks cached, its blocks
+        freed, the session idle or ended after its last request, then whoever waits and now fits)."""
+        self.clock.now, _, seq, at = heapq.heappop(self.due)
+        if at:
+            self._grow(seq, at, 1)
+            return
+        self._grow(seq, self.totals.pop(seq.request_id), 0)
+        self.short.pop(seq.request_id, None)
         self.active_blocks -= len(seq.block_table)
         self.manager.free(seq)
         self.manager.end_request(seq)
         if seq.session_id is not None and self.last_request.get(seq.session_id) == seq.request_id:
             self.manager.end_session(seq.session_id)  # hindsight: the session never comes back
+        for other in list(self.short.values()):  # room freed: the decode blocks that found none before
+            self._grow(*other)
         while self.waiting and self._admit(*self.waiting[0][:2]):
             self.wait_s += self.clock.now - self.waiting.popleft()[2]
+
+    def _grow(self, seq: Sequence, tokens: int, take: int) -> None:
+        """`seq` has computed `tokens` tokens: its full blocks among them are cached, and with `take` (1) a block for
+        its next token is taken; one that finds no room is tried again after the next finish."""
+        self.short.pop(seq.request_id, None)
+        self._computed(seq, min(tokens, len(seq.block_table) * self.block_size))
+        if -(-(tokens + take) // self.block_size) > len(seq.block_table):
+            held = len(seq.block_table)
+            if not self.manager.allocate(seq, tokens + take - seq.num_computed_tokens):
+                self.short[seq.request_id] = (seq, tokens, take)
+                return
+            self.active_blocks += len(seq.block_table) - held
+            self._computed(seq, tokens)
+
+    def _computed(self, seq: Sequence, tokens: int) -> None:
+        if tokens > seq.num_computed_tokens:
+            seq.token_ids.extend([0] * (tokens - len(seq.token_ids)))
+            seq.num_computed_tokens = tokens
+            self.manager.register_computed_blocks(seq)
+            drop_stores(self.manager)
 
     def _admit(self, req: ReplayRequest, seq: Sequence) -> bool:
         manager, size = self.manager, self.block_size
         hits = manager.lookup(seq)
-        if not manager.allocate(seq, req.total_tokens - len(hits) * size, hits):
+        upfront = req.prompt_tokens if self.decode_growth else req.total_tokens
+        if not manager.allocate(seq, upfront - len(hits) * size, hits):
             return False
         loaded = load_prefix(manager, seq, len(hits), manager.tier_lookup(seq, len(hits)))
         if manager.tier is not None:
@@ -346,14 +396,31 @@ class WholeLengthCache:
         self.result.tier_hit_tokens += len(loaded) * size
         missed = seq.block_hashes[found : (req.prompt_tokens - 1) // size]
         self.result.recompute_tokens += size * sum(1 for h in missed if h in self.computed)
-        seq.token_ids.extend([0] * (req.total_tokens - req.prompt_tokens))
-        seq.num_computed_tokens = req.total_tokens
+        seq.token_ids.extend([0] * (upfront - req.prompt_tokens))
+        seq.num_computed_tokens = upfront
         manager.register_computed_blocks(seq)
         drop_stores(manager)
         self.computed.update(seq.block_hashes[: req.total_tokens // size])
         self.active_blocks += len(seq.block_table)
-        heapq.heappush(self.finishes, (max(req.finished_ts, self.clock.now), next(self.order), seq))
+        self.totals[req.request_id] = req.total_tokens
+        finish = max(req.finished_ts, self.clock.now)
+        for tokens, when in self._decode_blocks(req, finish):
+            heapq.heappush(self.due, (when, next(self.order), seq, tokens))
+        heapq.heappush(self.due, (finish, next(self.order), seq, 0))
         return True
+
+    def _decode_blocks(self, req: ReplayRequest, finish: float) -> list[tuple[int, float]]:
+        """(tokens, when) of each block its decode takes after its prompt's: when its output reaches the block's first
+        token, its output tokens spread evenly from its first token to its finish."""
+        if not self.decode_growth:
+            return []
+        size, prompt, total = self.block_size, req.prompt_tokens, req.total_tokens
+        first = max(self.clock.now, req.first_token_ts if req.first_token_ts is not None else self.clock.now)
+        first = min(first, finish)
+        outputs = total - prompt
+        per = (finish - first) / max(outputs - 1, 1)
+        starts = range(-(-prompt // size) * size, total, size)  # a block's first token, past the prompt's blocks
+        return [(start, first + (start - prompt) * per) for start in starts]
 
 
 def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, result: WhatIfResult) -> WhatIfResult:

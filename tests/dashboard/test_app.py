@@ -94,10 +94,11 @@ def test_pages_on_the_vllm_run(monkeypatch, vllm_run, page):
     assert_clean(at)
     if page == "whatif":
         captions = [c.value for c in at.caption]
-        # on this capture the replay is off by more than 2 points (issue 69's work): the page says so over the curve
+        # on this capture the replay is 0.7 points under the run (decode blocks taken as the output fills them):
+        # within 2, so the page says the curve is evidence, and warns of nothing
         warned = [w.value for w in at.warning]
-        assert any("More than 2 points off: the other sizes are no evidence" in w for w in warned), warned
-        assert not any("the replay reproduces the run" in c for c in captions)
+        assert not any("points off" in w for w in warned), warned
+        assert any("reproduces the run before it predicts" in c for c in captions), captions
         assert any(c.startswith("Lost in tool pauses is not compared with the observed here") for c in captions)
     if page == "sessions":
         assert "sess-00" in at.selectbox(key="session").options
