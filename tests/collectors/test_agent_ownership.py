@@ -99,8 +99,15 @@ def test_a_framework_agents_blocks_and_tool_pause_losses_are_its_sessions_with_n
         (FIXTURES / record / "kv_truth.json").write_text(json.dumps(kv_truth, indent=1) + "\n")
 
 
-# six conversations of six lengths: three of them at once already share the system prompt's blocks
-SIX = [*CONVERSATIONS, "rome", "bergen-and-the-fjords", "nice-and-monaco"]
+# six conversations whose names are 20 or more characters apart (six repeats of the brief: 25 or more tokens), so no
+# two of their requests are of one depth in blocks; of equal depths at once, the collector could tell them apart by
+# nothing but their content, which it never sees, and rightly calls them ambiguous
+SIX = [
+    *CONVERSATIONS,
+    "stockholm-uppsala-and-the-archipelago-islands-by-ferry-and-train",
+    "copenhagen-aarhus-odense-and-the-jutland-coast-by-bike-with-the-children-all-summer",
+    "edinburgh-glasgow-the-highlands-skye-and-the-outer-hebrides-by-car-and-ferry-with-a-stop-at-every-castle",
+]
 
 
 def test_six_overlapping_sessions_sharing_a_system_prompt_lose_what_the_engine_says_they_lost(smollm2_source, store):
@@ -110,7 +117,7 @@ def test_six_overlapping_sessions_sharing_a_system_prompt_lose_what_the_engine_s
     once are nobody's; every other block is charged to the session whose request stored it, as the header path names
     it (vLLM names the storer's session on `BlockStored`); each session's losses in its tool pauses are the engine's."""
     truth = BlockTruth()
-    with served_and_collected(smollm2_source, store, service="plain_loop", num_blocks=60) as h:
+    with served_and_collected(smollm2_source, store, service="plain_loop", num_blocks=90, max_model_len=1024) as h:
         h.server.engine.observers.append(truth)
         answered = h.agent("plain_loop", conversations=SIX, concurrent=True, instrumentation="openai-v2")["answered"]
     _, sessions, _, paused = held_to_the_engine(h, truth, answered, store)
