@@ -39,7 +39,7 @@ from collectors.traces.otlp_receiver import Busy
 from collectors.traces.span_steps import SpanSteps
 from kvobs.identifiers import clip_id
 from kvobs.semconv import attributes as a
-from kvobs.semconv.spans import CachedFrom, SpanName, StepStatus
+from kvobs.semconv.spans import SpanName, StepStatus, server_cached_from
 from kvobs.store.rows import RequestRecord
 from kvobs.store.writer import StoreWriter
 
@@ -183,7 +183,7 @@ class SpanIngest:
             completion_tokens=_count(attrs, a.GEN_AI_USAGE_COMPLETION_TOKENS),
             num_preemptions=_count(attrs, a.KV_REQUEST_NUM_PREEMPTIONS) or 0,
             finish_reason=reasons[0],
-            cached_from=None if cached is None else CachedFrom.SERVER.value,
+            cached_from=server_cached_from(cached),
         )
 
     def _id(self, value) -> str | None:

@@ -35,7 +35,7 @@ from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.block_clock import BlockClock
 from kvobs.logs import worth_logging
 from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
-from kvobs.semconv.spans import CachedFrom, KVEventKind, RunSource, SessionSource
+from kvobs.semconv.spans import KVEventKind, RunSource, SessionSource, server_cached_from
 from kvobs.store.rows import KVEventRecord, RequestRecord, RunRecord, SessionRecord, SnapshotRecord, run_id
 from kvobs.store.writer import StoreWriter
 
@@ -306,7 +306,7 @@ class StoreRecorder:
                 completion_tokens=len(out.output_token_ids),
                 num_preemptions=out.num_preemptions,
                 finish_reason=out.finish_reason,
-                cached_from=None if out.num_cached_tokens is None else CachedFrom.SERVER.value,
+                cached_from=server_cached_from(out.num_cached_tokens),
             )
         )
         if out.session_id is None:

@@ -37,7 +37,7 @@ LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
 LABEL_TABLE = "table"  # a store table
 LABEL_METHOD = "method"  # how a step was joined to its server request, or why not (`kvobs.semconv.spans.StepJoin`)
-LABEL_OUTCOME = "outcome"  # what became of a request's cached tokens learnt from its joined step (`CACHED_FILLS`)
+LABEL_OUTCOME = "outcome"  # what became of a cached-token count a joined step gave its request (`spans.CachedFill`)
 LABEL_TIE = "tie"  # how a request's stored blocks were tied to it and its session, or why not (`spans.BlockTie`)
 
 # `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`; of a

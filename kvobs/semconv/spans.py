@@ -154,6 +154,11 @@ class CachedFrom(Name):
     # it: the server's count all the same, read where the server's span carries none (vLLM's spans)
 
 
+def server_cached_from(cached_tokens: int | None) -> str | None:
+    """`requests.cached_from` of a count the server's own record gives (None where it gives none)."""
+    return None if cached_tokens is None else CachedFrom.SERVER.value
+
+
 class CachedFill(Name):
     """What became of a joined request's cached tokens where its own span said none
     (`kvobs_collector_requests_cached_filled_total{outcome}`)."""

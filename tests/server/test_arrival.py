@@ -43,3 +43,4 @@ def test_arrival_is_stamped_when_the_request_reaches_the_server_while_the_engine
     assert scheduled - sent["short"] >= 0.6, "the long prefill was too short to tell the two stamps apart"
     # its arrival: when its client sent it, not when the engine took it
     assert 0 <= short["arrival_ts"] - sent["short"] < 0.5
+    assert set(reqs["cached_from"]) == {"server"}  # the engine's own count of its cached tokens, and said so
