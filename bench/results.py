@@ -21,6 +21,12 @@ from pathlib import Path
 
 # where results files go: bench/results, which the docs include (the tests point it at a directory of their own)
 RESULTS_DIR = Path(os.environ.get("KVOBS_BENCH_RESULTS_DIR") or Path(__file__).resolve().parent / "results")
+DETAILS: dict[str, str] = {}  # benchmark -> a table of its own its results file holds below the common one
+
+
+def detail(benchmark: str, text: str) -> None:
+    """A table of the benchmark's own (Markdown), written into its results file after the common table."""
+    DETAILS[benchmark] = text
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ def write(benchmark: str, results: list[Result], command: str, *, to: Path = RES
         f"- date: {when}\n- machine: {machine()}\n- commit: {_commit()}\n\n"
         f"{table([r for r in results if r.benchmark == benchmark] or results)}\n"
     )
+    if benchmark in DETAILS:
+        text += f"\n{DETAILS[benchmark]}\n"
     path = to / f"{benchmark}.md"
     path.write_text(text)
     return path

@@ -34,6 +34,7 @@ BENCHMARKS = (
     "block_registry",
     "rollup_writes",
     "dashboard_queries",
+    "whatif_fidelity",
 )
 
 
@@ -55,6 +56,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
         "block_registry": ["--blocks", "20000", "--rebuild-rows", "20000"],
         "rollup_writes": ["--seconds", "120", "--instances", "2", "--requests", "500", "--repeats", "1"],
         "dashboard_queries": ["--sizes", "sqlite:2000", "sqlite:5000", "--repeats", "1", "--dir", workdir],
+        "whatif_fidelity": [],  # (every recording: a few seconds)
     }
     return sizes[name]
 

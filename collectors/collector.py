@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,9 +116,17 @@ class CollectorOptions:
 
 class Collector:
     def __init__(
-        self, options: CollectorOptions, *, store: Store | None = None, telemetry: Telemetry | None = None
+        self,
+        options: CollectorOptions,
+        *,
+        store: Store | None = None,
+        telemetry: Telemetry | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """`clock`: the time its parts wait and settle by; None, the machine's (a capture's replay gives its own)."""
         self.options = options
+        timed: dict[str, Any] = {} if clock is None else {"clock": clock}
+        self._timed = timed
         self.targets = [ScrapeTarget.parse(u) for u in options.vllm_urls]
         default = options.instance or (self.targets[0].instance if len(self.targets) == 1 else None)
         self._owns_store = store is None
@@ -127,7 +136,7 @@ class Collector:
             self.writes or self.store, spool=Spool(options.spool_dir) if options.spool_dir else None
         )
         self.drops = DropCounter()
-        self.activity = SessionActivity(resolve=self._trace_sessions, end_after_s=options.session_end_after_s)
+        self.activity = SessionActivity(resolve=self._trace_sessions, end_after_s=options.session_end_after_s, **timed)
         self.telemetry = telemetry or self._telemetry()
         self.forwarder = OTLPForwarder(options.forward_otlp, self.drops) if options.forward_otlp else None
         tracer = self.telemetry.tracer("kvobs.collector")
@@ -146,6 +155,7 @@ class Collector:
             settle_s=options.settle_s,
             join_wait_s=options.join_wait_s,
             step_counts=lambda ids: self.store.lookups.session_step_counts(ids),
+            **timed,
         )
         # the blocks of requests whose steps were joined, where the blocks name no session: only where both come
         self.block_owners = (
@@ -154,6 +164,7 @@ class Collector:
                 [s.ingest for s in self.streams],
                 join_wait_s=options.join_wait_s,
                 hold_s=options.join_wait_s + HOLD_AFTER_JOIN_S,
+                **timed,
             )
             if self.streams and (options.otlp_grpc or options.otlp_http)
             else None
@@ -174,9 +185,7 @@ class Collector:
         self.kv_silence = KVSilenceWatch(self.streams, self.scraper, silence_s=options.kv_silence_s)
         self.receiver = None
         if options.otlp_grpc or options.otlp_http:
-            self.receiver = OTLPReceiver(
-                self._on_export, grpc_address=options.otlp_grpc, http_address=options.otlp_http
-            )
+            self.receiver = OTLPReceiver(self.export, grpc_address=options.otlp_grpc, http_address=options.otlp_http)
         self.retention = Retention(self.store, options.retention_days) if options.retention_days is not None else None
         # its replicas' routing loss against the fleet's (the store's) other replicas
         kv_instances = [stream.spec.instance for stream in self.streams]
@@ -253,6 +262,7 @@ class Collector:
             session_idle_s=o.session_idle_s,
             verdict_wait_s=o.settle_s + o.join_wait_s,  # (a step joins its request up to the join wait later)
             session_ends=lambda ids: self.store.lookups.session_ends(ids),
+            **self._timed,
         )
 
         def on_batch(seq: int, batch) -> None:
@@ -349,7 +359,8 @@ class Collector:
             self.store.close()
 
     # ---- internals ---------------------------------------------------------------------------------------
-    def _on_export(self, request) -> int:
+    def export(self, request) -> int:
+        """One OTLP trace export (the receiver's, or one a capture recorded); returns the spans refused."""
         refused = self.span_ingest.handle(request)  # first: an export the store cannot take now (Busy) is not forwarded
         if self.forwarder is not None:
             self.forwarder.forward(request)
@@ -357,24 +368,29 @@ class Collector:
 
     def _tick(self) -> None:
         while not self._stop.wait(self.options.interval_s):
-            try:
-                self.span_steps.settle()
-            except Exception:
-                log.exception("making steps of agent spans failed")
-            self._tie_blocks()
-            for stream in self.streams:
-                try:
-                    stream.ingest.snapshot()
-                except Exception:
-                    log.exception("writing session footprints of %s failed", stream.spec.instance)
+            self.tick(time.time())
             self.kv_silence.check()
             try:
                 self.leases.renew(time.time())
             except Exception:
                 log.exception("renewing the leases failed")
-            if self.routing_meter is not None:
-                self._every(ROUTING_INTERVAL_S, self.routing_meter.run, "measuring the fleet's routing loss")
-            self._every(VERDICT_INTERVAL_S, self.verdicts.run, "deciding the failed steps of settled sessions")
+
+    def tick(self, now: float) -> None:
+        """The jobs on what came in: steps made of spans, blocks tied, footprints written, and at their own intervals
+        the routing loss and the failed steps' verdicts (`now`: the time they run at, a capture's own in a replay)."""
+        try:
+            self.span_steps.settle()
+        except Exception:
+            log.exception("making steps of agent spans failed")
+        self._tie_blocks()
+        for stream in self.streams:
+            try:
+                stream.ingest.snapshot()
+            except Exception:
+                log.exception("writing session footprints of %s failed", stream.spec.instance)
+        if self.routing_meter is not None:
+            self._every(now, ROUTING_INTERVAL_S, self.routing_meter.run, "measuring the fleet's routing loss")
+        self._every(now, VERDICT_INTERVAL_S, self.verdicts.run, "deciding the failed steps of settled sessions")
 
     def _tie_blocks(self, *, final: bool = False) -> None:
         if self.block_owners is not None:
@@ -383,10 +399,9 @@ class Collector:
             except Exception:
                 log.exception("tying stored blocks to the sessions of their requests failed")
 
-    def _every(self, interval_s: float, job, what: str) -> None:
+    def _every(self, now: float, interval_s: float, job, what: str) -> None:
         """Run `job(now)` when `interval_s` has passed since its last run (the tick is shorter); a failure logged."""
-        now = time.time()
-        if now - self._last_runs.get(what, 0.0) < interval_s:
+        if now - self._last_runs.get(what, float("-inf")) < interval_s:
             return
         self._last_runs[what] = now
         try:

@@ -153,7 +153,7 @@ class KVEventSubscriber:
             while not self._stop.is_set():
                 if sub.poll(POLL_MS):
                     try:
-                        self._receive(sub.recv_multipart())
+                        self.receive(sub.recv_multipart())
                     except Exception as exc:  # one message must never end the stream
                         log.exception("a KV-event message could not be handled; skipped")
                         self.drops.count(COMPONENT, "handler_error", repr(exc))
@@ -165,7 +165,8 @@ class KVEventSubscriber:
             sub.close()
 
     # ---- one message ----------------------------------------------------------------------------------
-    def _receive(self, frames: list[bytes]) -> None:
+    def receive(self, frames: list[bytes]) -> None:
+        """One message as the socket gave it (topic, sequence, payload), or as a capture recorded it."""
         if len(frames) != 3:
             self.drops.count(COMPONENT, "bad_frame_count", f"expected 3 frames, got {len(frames)}")
             return

@@ -7,7 +7,9 @@ The start is what the replica says: `kvobs_engine_start_time_seconds` (`kvobs se
 itself), else `process_start_time_seconds` (vLLM's process), else the earliest `_created` time of its counters
 (when they were made: the engine's start). A replica that says none of these has no recorded runs, and its pages
 say so; a collector restart is not a run (the start it sees again is the same row). With the run come the cache
-vLLM reports (`vllm:cache_config_info`: usable blocks, block size, the offload tier's blocks) and the served model.
+vLLM reports (`vllm:cache_config_info`: usable blocks, block size, the offload tier's blocks), the served model, and
+the engine (`kvobs serve` by its own start time, else vLLM by its cache config), whose block rules the what-if
+replays it by.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 
 from collectors.metrics.prom_text import ParsedMetrics
 from kvobs.semconv.metrics import LABEL_MODEL_NAME, PROCESS_START_TIME, kvobs_metrics, vllm
-from kvobs.semconv.spans import RunSource
+from kvobs.semconv.spans import RunEngine, RunSource
 from kvobs.store.rows import RunRecord, run_id
 from kvobs.store.writer import StoreWriter
 
@@ -42,6 +44,7 @@ class RunWatcher:
         self._starts[instance] = rid
         config = parsed.info.get(vllm.CACHE_CONFIG_INFO.name + "_info", {})
         blocks, size = config.get("num_gpu_blocks", ""), config.get("block_size", "")
+        ours = parsed.gauge(kvobs_metrics.ENGINE_START_TIME.name) is not None
         run = RunRecord(
             rid,
             instance,
@@ -51,7 +54,9 @@ class RunWatcher:
             num_blocks=int(blocks) - 1 if blocks.isdigit() else None,  # the null block is not usable
             block_size=int(size) if size.isdigit() else None,
             eviction_policy=config.get("eviction_policy"),
-            offload_blocks=offload_blocks(config, ours=parsed.gauge(kvobs_metrics.ENGINE_START_TIME.name) is not None),
+            offload_blocks=offload_blocks(config, ours=ours),
+            # (vLLM's cache config without our start time: kvobs serve speaks both)
+            engine=RunEngine.KVOBS.value if ours else RunEngine.VLLM.value if config else None,
         )
         self.writer.insert_missing(run)
         return run

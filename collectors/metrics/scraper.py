@@ -119,8 +119,20 @@ class Scraper:
     def scrape(self, target: ScrapeTarget) -> bool:
         """One scrape; True when it succeeded."""
         now = self.clock()
+        text, error = self._fetch(target)
+        return self.take(target, text, now, error=error)
+
+    def take(self, target: ScrapeTarget, text: str | None, now: float, *, error: str | None = None) -> bool:
+        """One scrape's body (None: the scrape failed, `error` says why), stamped `now`: a live scrape's, or one a
+        capture recorded (`collectors.capture`); True when it was read."""
         self.num_scrapes += 1
-        parsed, error = self._fetch(target)
+        parsed = None
+        if text is not None:
+            try:
+                parsed = parse_metrics(text)
+            except MetricsParseError as exc:
+                self.drops.count(COMPONENT, "malformed_body", f"{target.url}: {exc}")
+                error = str(exc)
         self._set_up(target, error, now)
         if parsed is None:
             return False  # counters keep their last values: the next good scrape counts the outage's increase
@@ -136,7 +148,8 @@ class Scraper:
         self.writer.add(_snapshot(now, target.instance, parsed, derived))
         return True
 
-    def _fetch(self, target: ScrapeTarget) -> tuple[ParsedMetrics | None, str | None]:
+    def _fetch(self, target: ScrapeTarget) -> tuple[str | None, str | None]:
+        """(the body, None), or (None, why the scrape failed)."""
         try:
             with self._client.stream("GET", target.url) as response:
                 if response.status_code != 200:
@@ -148,14 +161,9 @@ class Scraper:
                         why = f"{target.url}: the body is over the {self.max_body_bytes}-byte limit"
                         self.drops.count(COMPONENT, "body_too_large", why)
                         return None, why
-                text = body.decode(response.encoding or "utf-8", errors="replace")
+                return body.decode(response.encoding or "utf-8", errors="replace"), None
         except httpx.HTTPError as exc:
             return None, f"{type(exc).__name__}: {exc}"
-        try:
-            return parse_metrics(text), None
-        except MetricsParseError as exc:
-            self.drops.count(COMPONENT, "malformed_body", f"{target.url}: {exc}")
-            return None, str(exc)
 
     def _set_up(self, target: ScrapeTarget, error: str | None, now: float) -> None:
         up = error is None

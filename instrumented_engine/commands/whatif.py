@@ -224,8 +224,9 @@ LEGEND = (
     "blocks lost: each lost block once (evictions, invalidations, vLLM removals; resets not included). "
     "lost in tool pauses: blocks a session lost while it waited on a tool, counted once it came back "
     "(observed: {pending} more idle losses still pending; the replay knows each session's last request, so "
-    "nothing is pending there). Our engine's data is replayed step for step: at the observed size and policy the "
-    "replay is the run. vLLM's is replayed approximately (each request holds its length until it ends)."
+    "nothing is pending there). Our engine's data with its allocations is replayed step for step: at the observed "
+    "size and policy the replay is the run. Data without them (vLLM's, or a kvobs serve seen through a collector) is "
+    "replayed approximately: {replay_words}."
 )
 
 
@@ -242,7 +243,7 @@ def format_table(plans, observed: dict, runs: list, checks=None) -> str:
     several runs, each run's own rows after; `checks` (`whatif.fidelity.fidelity`'s): the replay's error at the
     observed point, after the table it qualifies."""
     from instrumented_engine.whatif.fidelity import PAUSES_NOT_COMPARABLE
-    from instrumented_engine.whatif.replay import DUPLICATES, INFERRED, NEVER_ADMITTED
+    from instrumented_engine.whatif.replay import DUPLICATES, INFERRED, NEVER_ADMITTED, REPLAY_WORDS
     from kvobs.times import local_time
 
     replayed, skipped = sum(len(p.requests) for p in plans), sum(p.skipped for p in plans)
@@ -276,7 +277,8 @@ def format_table(plans, observed: dict, runs: list, checks=None) -> str:
             lines += ["", f"{plan.span.label(local_time)}:", *_rows(plan.observed, [per[i] for _, per in runs])]
             if checks is not None:
                 lines.append(checks[1][i].describe())
-    lines += ["", LEGEND.format(pending=_num(observed.get("pending_idle_blocks")))]
+    pending = _num(observed.get("pending_idle_blocks"))
+    lines += ["", LEGEND.format(pending=pending, replay_words=REPLAY_WORDS)]
     too_large = [(total.num_blocks, total.too_large) for total, _ in runs if total.too_large]
     if too_large:
         lines.append("")

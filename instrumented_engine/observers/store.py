@@ -35,7 +35,7 @@ from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.block_clock import BlockClock
 from kvobs.logs import worth_logging
 from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
-from kvobs.semconv.spans import KVEventKind, RunSource, SessionSource, server_cached_from
+from kvobs.semconv.spans import KVEventKind, RunEngine, RunSource, SessionSource, server_cached_from
 from kvobs.store.rows import KVEventRecord, RequestRecord, RunRecord, SessionRecord, SnapshotRecord, run_id
 from kvobs.store.writer import StoreWriter
 
@@ -120,6 +120,7 @@ class StoreRecorder:
             block_size=self.block_size,
             eviction_policy=config.eviction_policy,
             offload_blocks=offload_blocks,
+            engine=RunEngine.KVOBS.value,
         )
         self.writer.insert_missing(run)
         return run

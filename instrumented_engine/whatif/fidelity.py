@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from instrumented_engine.whatif.engine_rules import REGISTERS_WORDS, registers_of
 from instrumented_engine.whatif.fleet import FleetPlan, FleetResult
 from instrumented_engine.whatif.replay import REPLAY_WORDS, ReplayPlan, WhatIfResult, simulate
 from kvobs.analytics.hit_rate import COUNTERS, REQUESTS, HitRate
@@ -55,6 +56,8 @@ class Fidelity:
     pauses_comparable: bool = True  # the replay's tool-pause losses count what the observed ones count
     observed_source: str = ""  # where `observed` came from (`HitRate.source`)
     answered: tuple[int, int] | None = None  # compared on responses: (requests whose responses said, replayed)
+    registers: str | None = None  # a whole-length replay: when a prompt's blocks became findable (`REGISTERS`)
+    engine_assumed: bool = False  # ... by vLLM's rule, the run having said no engine
 
     @property
     def replayed(self) -> float | None:
@@ -82,6 +85,9 @@ class Fidelity:
         below = f" over an offload tier of {tier} blocks" if tier else ""
         size = f"{self.num_blocks} blocks" if self.num_blocks is not None else "each run at its own size"
         configuration = self.configuration or f"{size}{below}; {policy}"
+        if self.registers is not None:
+            assumed = ", assumed: the run said no engine" if self.engine_assumed else ""
+            configuration += f"; {REGISTERS_WORDS[self.registers]}{assumed}"
         source = observed_words(self.observed_source)
         if self.answered is not None:
             said, replayed = self.answered
@@ -205,6 +211,8 @@ def run_fidelity(plan: ReplayPlan) -> Fidelity:
         pauses_comparable=plan.recorded is not None,
         observed_source="" if hit is None else hit.source,
         answered=None if not answered else (len(answered), replay.requests),
+        registers=None if plan.recorded is not None else registers_of(plan.engine),
+        engine_assumed=plan.recorded is None and plan.engine is None,
     )
     if check.reproduces is False:
         return replace(check, reasons=tuple(causes(plan, hit)))

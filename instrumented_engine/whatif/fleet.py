@@ -38,6 +38,7 @@ import pandas as pd
 
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.observers.losses import LossTally
+from instrumented_engine.whatif.engine_rules import registers_of
 from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, WholeLengthCache, _Clock, _sequence
 from kvobs.semconv.reasons import RouterPolicy
 from kvobs.store.interface import Store
@@ -52,6 +53,7 @@ class FleetPlan:
     instance_of: dict[str, str]  # request id -> the replica that served it
     sizes: dict[str, int]  # replica -> its cache in blocks
     tiers: dict[str, int] = field(default_factory=dict)  # replica -> its offload tier in blocks (missing: none)
+    engines: dict[str, str] = field(default_factory=dict)  # replica -> its latest run's engine (missing: not said)
 
     @classmethod
     def from_store(
@@ -82,7 +84,8 @@ class FleetPlan:
         runs = runs if until is None else runs[runs["started_at"] <= until]  # the runs of the range, latest last
         recorded = {r.instance: int(r.offload_blocks) for r in runs.itertuples() if pd.notna(r.offload_blocks)}
         tiers = dict.fromkeys(names, tier_blocks) if tier_blocks is not None else recorded
-        return cls(ReplayPlan.from_store(store, since, until), instance_of, sizes, tiers)
+        engines = {r.instance: r.engine for r in runs.itertuples() if isinstance(r.engine, str)}
+        return cls(ReplayPlan.from_store(store, since, until), instance_of, sizes, tiers, engines)
 
 
 @dataclass
@@ -157,7 +160,9 @@ def simulate_fleet(
         manager = BlockManager(
             fleet.sizes[name], plan.block_size, clock=clock, offload_blocks=fleet.tiers.get(name) or 0
         )
-        caches[name] = WholeLengthCache(manager, plan.block_size, WhatIfResult(fleet.sizes[name], policy), clock)
+        result = WhatIfResult(fleet.sizes[name], policy)
+        registers = registers_of(fleet.engines.get(name))
+        caches[name] = WholeLengthCache(manager, plan.block_size, result, clock, registers=registers)
         tallies[name] = LossTally(tier=manager.tier is not None)
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
     last: dict[str | None, str] = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}

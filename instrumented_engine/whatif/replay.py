@@ -34,6 +34,7 @@ from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.sampling_params import SamplingParams
+from instrumented_engine.whatif.engine_rules import AT_ALLOCATION, REGISTERS_WORDS, WHEN_COMPUTED, registers_of
 from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic, releases
 from instrumented_engine.whatif.tier import Loads, drop_stores, load_prefix, tally
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
@@ -49,7 +50,8 @@ from kvobs.store.interface import Store
 # how a request of an engine that publishes no allocations (vLLM) holds blocks in the replay, as the pages say it
 REPLAY_WORDS = (
     "each request takes its prompt's blocks at its lookup and a decode block each time its output fills one, its "
-    "output spread evenly from its recorded first token to its finish, and holds them to its finish, waiting for room"
+    "output spread evenly from its recorded first token to its finish, and holds them to its finish, waiting for room; "
+    "others find its prompt's blocks as its engine makes them findable"
 )
 
 
@@ -82,6 +84,7 @@ class ReplayPlan:
     recorded: RecordedTraffic | None = None  # our engine's step-by-step traffic (None: the whole-length replay)
     span: Span | None = None  # the run it replays (None: a range, runs unknown)
     policy: str | None = None  # the run's eviction policy, where it recorded one
+    engine: str | None = None  # the run's engine (`RunEngine`), where it said one: when its blocks become findable
     tier_blocks: int | None = None  # the offload tier below the run's cache, in blocks (0: none; None: not said)
     releases: dict[str, float] = field(default_factory=dict)  # session -> when its agent released it (our engine)
 
@@ -250,11 +253,13 @@ def simulate(
     ttl_s: float = 30.0,
     tier_blocks: int = 0,
     decode_growth: bool = True,
+    registers: str | None = None,
 ) -> WhatIfResult:
     """Replay `plan` through a `num_blocks` cache under `policy`, with an offload tier of `tier_blocks` below it
     (LRU, write-through, as vLLM's CPU offloading: `whatif.tier`): our engine's recorded traffic step for step when
     the plan has it (`whatif.recorded`), else each request from its lookup to its finish (`WholeLengthCache`; its
-    decode's blocks taken as its output fills them, or with `decode_growth` False all at its lookup)."""
+    decode's blocks taken as its output fills them, or with `decode_growth` False all at its lookup; its prompt's
+    blocks found by others as the plan's engine makes them findable, or as `registers` says when given)."""
     clock = _Clock()
     manager = BlockManager(
         num_blocks,
@@ -266,7 +271,8 @@ def simulate(
     result = WhatIfResult(num_blocks, policy, tier_blocks=tier_blocks)
     if plan.recorded is not None:
         return _replay_recorded(plan, manager, clock, result)
-    cache = WholeLengthCache(manager, plan.block_size, result, clock, decode_growth=decode_growth)
+    registers = registers_of(plan.engine) if registers is None else registers
+    cache = WholeLengthCache(manager, plan.block_size, result, clock, decode_growth=decode_growth, registers=registers)
     losses = LossTally(tier=manager.tier is not None)
     arrivals = sorted(plan.requests, key=lambda r: r.arrival_ts)
     cache.last_request = {r.session_id: r.request_id for r in arrivals if r.session_id is not None}
@@ -301,16 +307,27 @@ class WholeLengthCache:
     recorded finish, when its decode's full blocks are cached. One that finds no room for its prompt waits (FCFS)
     until a finish frees enough; a decode block that finds none is taken at the next chance (a finish frees room).
     `decode_growth` False takes the whole length at admission (the replay before; kept to measure the difference).
+    `registers` (`engine_rules.REGISTERS`): whether others find its prompt's blocks from its lookup or its first token.
     Counts into `result`; `last_request` (session -> its last request id) tells the session's end."""
 
     def __init__(
-        self, manager: BlockManager, block_size: int, result: WhatIfResult, clock: _Clock, *, decode_growth=True
+        self,
+        manager: BlockManager,
+        block_size: int,
+        result: WhatIfResult,
+        clock: _Clock,
+        *,
+        decode_growth: bool = True,
+        registers: str = AT_ALLOCATION,
     ) -> None:
+        if registers not in REGISTERS_WORDS:
+            raise ValueError(f"registers must be one of {sorted(REGISTERS_WORDS)}; got {registers!r}")
         self.manager, self.block_size, self.result, self.clock = manager, block_size, result, clock
-        self.decode_growth = decode_growth
+        self.decode_growth, self.registers = decode_growth, registers
         self.key = manager.hash_key(None)
         self.computed: set[bytes] = set()  # blocks computed at least once in this replay
-        # what comes due: (time, order, sequence, the tokens its next decode block starts at; 0: its finish)
+        # what comes due: (time, order, sequence, the tokens its next decode block starts at; 0: its finish; below
+        # 0: minus its prompt's tokens, computed now)
         self.due: list[tuple[float, int, Sequence, int]] = []
         self.short: dict[str, tuple[Sequence, int, int]] = {}  # decode blocks that found no room (`_grow`'s args)
         self.totals: dict[str, int] = {}  # request -> its whole length in tokens
@@ -346,6 +363,9 @@ class WholeLengthCache:
         """The next thing due: a decode block taken, or a finish (its decode's full blocks cached, its blocks
         freed, the session idle or ended after its last request, then whoever waits and now fits)."""
         self.clock.now, _, seq, at = heapq.heappop(self.due)
+        if at < 0:
+            self._computed(seq, -at)
+            return
         if at:
             self._grow(seq, at, 1)
             return
@@ -397,9 +417,13 @@ class WholeLengthCache:
         missed = seq.block_hashes[found : (req.prompt_tokens - 1) // size]
         self.result.recompute_tokens += size * sum(1 for h in missed if h in self.computed)
         seq.token_ids.extend([0] * (upfront - req.prompt_tokens))
-        seq.num_computed_tokens = upfront
-        manager.register_computed_blocks(seq)
-        drop_stores(manager)
+        computed_at = req.first_token_ts if self.registers == WHEN_COMPUTED else None
+        if computed_at is not None and computed_at > self.clock.now:
+            heapq.heappush(self.due, (computed_at, next(self.order), seq, -upfront))
+        else:
+            seq.num_computed_tokens = upfront
+            manager.register_computed_blocks(seq)
+            drop_stores(manager)
         self.computed.update(seq.block_hashes[: req.total_tokens // size])
         self.active_blocks += len(seq.block_table)
         self.totals[req.request_id] = req.total_tokens

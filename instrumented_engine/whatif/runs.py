@@ -48,6 +48,7 @@ def replay_plans(
     table = run_table(store.reads.runs(instances=instances))
     policies = dict(zip(table["run_id"], table["eviction_policy"]))
     tiers = dict(zip(table["run_id"], table["offload_blocks"]))
+    engines = dict(zip(table["run_id"], table["engine"]))
     for span in spans(table, since, until, instances):
         scope = instances if span.instance is None else [span.instance]
         try:
@@ -60,6 +61,8 @@ def replay_plans(
         plan.policy = policy if isinstance(policy, str) else None
         tier = tiers.get(span.run_id)
         plan.tier_blocks = None if tier is None or pd.isna(tier) else int(tier)
+        engine = engines.get(span.run_id)
+        plan.engine = engine if isinstance(engine, str) else None
         plans.append(plan)
     if not plans:
         raise errors[0] if errors else ValueError("no run in this range has requests to replay")

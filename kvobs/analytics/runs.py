@@ -28,6 +28,7 @@ COLUMNS = [
     "block_size",
     "eviction_policy",
     "offload_blocks",
+    "engine",
 ]
 
 

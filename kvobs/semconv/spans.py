@@ -120,6 +120,14 @@ class RunSource(Name):
     COLLECTOR = "collector"  # kvobs collect, from the replica's /metrics (its process start)
 
 
+class RunEngine(Name):
+    """`runs.engine`: the engine a run was of, as its /metrics (or the engine itself) says; what the what-if's replay
+    reads its block rules by (`instrumented_engine.whatif.replay.REGISTERS`)."""
+
+    KVOBS = "kvobs"  # kvobs serve (`kvobs_engine_start_time_seconds` on its /metrics)
+    VLLM = "vllm"  # vLLM (its `vllm:` metrics without ours)
+
+
 class StepErrorType(Name):
     """`error.type` values the SDK sets itself (HTTP failures use the status code, others the exception type)."""
 

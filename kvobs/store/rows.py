@@ -327,6 +327,7 @@ class RunRecord(Record):
     block_size: int | None = None
     eviction_policy: str | None = None
     offload_blocks: int | None = None  # the offload tier below the cache, in blocks (0: none; None: not said)
+    engine: str | None = None  # `kvobs.semconv.spans.RunEngine` (None: not said)
 
 
 def run_id(instance: str, started_at: float) -> str:

@@ -429,6 +429,7 @@ class RunRow(Base):
     block_size: Mapped[int | None] = mapped_column(Integer)
     eviction_policy: Mapped[str | None] = mapped_column(String(32))
     offload_blocks: Mapped[int | None] = mapped_column(Integer)  # the tier below the cache (0: none; NULL: not said)
+    engine: Mapped[str | None] = mapped_column(String(16))  # kvobs | vllm (RunEngine); NULL: not said
 
 
 class LeaseRow(Base):

@@ -37,6 +37,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "block_registry",
         "rollup_writes",
         "dashboard_queries",
+        "whatif_fidelity",
     }
     baselines = {(r[0], r[1]) for r in rows if r[3].startswith("1.00x")}
     assert ("engine_throughput", "kvobs serve (HTTP) (float32)") in {(r[0], r[1]) for r in rows}

@@ -10,11 +10,9 @@ from contextlib import ExitStack, contextmanager
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from collectors.capture import store_agent_steps
 from collectors.collector import Collector, CollectorOptions
 from kvobs.semconv.attributes import SERVICE_INSTANCE_ID
-from kvobs.semconv.spans import SessionSource
-from kvobs.store import StoreWriter
-from kvobs.store.rows import SessionRecord, StepRecord
 from tests.collectors.recorded import agent_steps, kv_messages, otlp_bodies, scrapes
 from tests.collectors.replay import metrics_server, publisher, wait_subscribed
 from tests.server.conftest import free_port
@@ -24,31 +22,7 @@ from tests.waiting import wait_for
 def record_agent_steps(store) -> None:
     """What the agent SDK (StoreStepRecorder) would have written for the recorded workload: its steps, and each
     session's row with `ended_at` (the end of its last step: the workload ended each session there)."""
-    writer = StoreWriter(store)
-    ended: dict[str, float] = {}
-    for step in agent_steps():
-        usage = step["usage"] or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        writer.add(
-            StepRecord(
-                session_id=step["session"],
-                step_index=step["step"],
-                trace_id=step["trace_id"],
-                span_id=step["span_id"],
-                started_at=step["start"],
-                ended_at=step["end"],
-                status="ok" if step["ok"] else "error",
-                e2e_s=step["end"] - step["start"],
-                error_type=None if step["ok"] else "400",  # the fixture README: HTTP 400
-                prompt_tokens=usage.get("prompt_tokens"),
-                cached_tokens=cached,
-                completion_tokens=usage.get("completion_tokens"),
-            )
-        )
-        ended[step["session"]] = max(ended.get(step["session"], 0.0), step["end"])
-    for session, end in ended.items():
-        writer.upsert(SessionRecord(session, source=SessionSource.SDK.value, ended_at=end))
-    writer.close()
+    store_agent_steps(store, agent_steps())
 
 
 LATER_FROM = 0.25  # a fleet's later replicas start a quarter of the way into the recording

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from instrumented_engine.whatif.fidelity import WITHIN_POINTS, fidelity, fleet_fidelity, on_answered
+from collectors.capture import import_capture
+from instrumented_engine.whatif.engine_rules import AT_ALLOCATION, WHEN_COMPUTED
+from instrumented_engine.whatif.fidelity import WITHIN_POINTS, fidelity, fleet_fidelity, on_answered, run_fidelity
 from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
 from instrumented_engine.whatif.replay import simulate
 from instrumented_engine.whatif.runs import observed_total, replay_plans
 from kvobs.semconv.reasons import RouterPolicy
+from kvobs.semconv.spans import RunEngine
+from kvobs.store import open_store
+from tests.collectors.agent_harness import FIXTURES
 from tests.collectors.fleet_recording import cached_said
 from tests.whatif.helpers import altered_copy, whatif
 
@@ -24,6 +29,7 @@ def checks(store):
 
 
 def test_our_engines_run_is_reproduced_exactly(agent_run):
+    assert set(agent_run.store.reads.runs()["engine"]) == {RunEngine.KVOBS.value}  # (its own record of its run)
     _, total, per_run = checks(agent_run.store)
     assert total.error_points == pytest.approx(0.0, abs=1e-9) and total.reproduces
     assert "reproduces the run before it predicts" in total.describe()
@@ -52,6 +58,33 @@ def test_the_recorded_vllm_run_is_checked_against_vllms_own_responses(vllm_run):
     assert 100 * (whole.hit_rate - check.observed) == pytest.approx(-4.9, abs=0.05)
     # vLLM names only the session that stored a block: the observed pause losses are of another definition
     assert not check.pauses_comparable and not total.pauses_comparable
+
+
+def test_each_engine_is_replayed_by_its_own_rule_for_when_a_prompt_is_found(vllm_run, tmp_path):
+    """vLLM v1 caches a block as it allocates it, so a request admitted in the same step finds its neighbour's new
+    prefix; kvobs serve registers a block once its KV is written. The OpenAI Agents SDK's capture (kvobs serve, 34
+    blocks, no /metrics scraped: its store says no engine) has two conversations start at the same moment on one
+    system prompt: the engine gave the second none of the first's 80 tokens. Replayed by vLLM's rule, as a run that
+    says no engine is, the replay finds them: 3.05 points over, and the check says the rule was assumed; by kvobs
+    serve's, it reproduces to the token. The vLLM 0.32 run the other way round: by kvobs serve's rule, 5.2 under."""
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    import_capture(store, FIXTURES / "openai-agents-kv-ownership")
+    (plan,) = replay_plans(store)
+    plan.observed["num_blocks"] = 34  # (its recorder's --num-blocks: no scrape says it)
+    assumed = run_fidelity(plan)
+    assert assumed.registers == AT_ALLOCATION and assumed.engine_assumed
+    assert assumed.error_points == pytest.approx(3.05, abs=0.01) and not assumed.reproduces
+    assert "from its lookup on, as vLLM caches a block it allocates, assumed: the run said no engine" in (
+        assumed.describe()
+    )
+    plan.engine = RunEngine.KVOBS.value
+    ours = run_fidelity(plan)
+    assert ours.registers == WHEN_COMPUTED and not ours.engine_assumed
+    assert ours.error_points == pytest.approx(0.0, abs=1e-9) and "from its first token on" in ours.describe()
+    (vllm,) = replay_plans(vllm_run.store)
+    assert vllm.engine == RunEngine.VLLM.value  # (its /metrics: vLLM's cache config without our start time)
+    computed = on_answered(simulate(vllm, num_blocks=32, registers=WHEN_COMPUTED), vllm.observed["answered"])
+    assert 100 * (computed.hit_rate - vllm.observed["hit"].rate) == pytest.approx(-5.2, abs=0.05)
 
 
 def test_two_real_vllm_replicas_are_compared_on_their_own_responses(vllm_fleet):

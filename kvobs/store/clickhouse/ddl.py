@@ -309,6 +309,9 @@ _REQUEST_CACHED_FROM = [
     "ALTER TABLE requests ADD COLUMN IF NOT EXISTS cached_from LowCardinality(Nullable(String)) AFTER finish_reason"
 ]
 
+# Version 21: the engine a run was of (alembic 0025); rows before hold NULL (not said).
+_RUN_ENGINE = ["ALTER TABLE runs ADD COLUMN IF NOT EXISTS engine LowCardinality(Nullable(String)) AFTER offload_blocks"]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -331,6 +334,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (18, "kv_events.lifetime_s, restored, restored_after_s: losses and restores known at ingest", _BLOCK_CLOCK),
     (19, "step_verdicts.before_s: the time before a step's request reached the server", _VERDICT_BEFORE),
     (20, "requests.cached_from: the server's own count or the reply's", _REQUEST_CACHED_FROM),
+    (21, "runs.engine: the engine a run was of", _RUN_ENGINE),
 ]
 
 
