@@ -150,10 +150,15 @@ def _end(record: RequestRecord) -> float:
 
 
 def _requests(records: list[RequestRecord], activity: SessionActivity) -> pd.DataFrame:
-    """The requests as `block_ties` reads them, each with its session: its own, or the one its step claimed."""
+    """The requests as `block_ties` reads them, each with its session (its own, or the one its step claimed) and
+    its cached tokens (its own, or what its step's reply gave: which blocks it found, not stored)."""
     frame = pd.DataFrame([r.to_row() for r in records]).drop_duplicates("request_id")
     claimed = [
         s if isinstance(s, str) else activity.claimed(t, r)
         for s, t, r in zip(frame["session_id"], frame["trace_id"], frame["request_id"])
     ]
-    return frame.assign(session_id=pd.Series(claimed, index=frame.index, dtype=object))
+    cached = [c if pd.notna(c) else activity.cached(r) for c, r in zip(frame["cached_tokens"], frame["request_id"])]
+    return frame.assign(
+        session_id=pd.Series(claimed, index=frame.index, dtype=object),
+        cached_tokens=pd.Series(cached, index=frame.index, dtype=object),
+    )

@@ -61,6 +61,7 @@ class SessionActivity:
         self._unresolved: OrderedDict[str, tuple[float, list[tuple[float, float, str, str | None]]]] = OrderedDict()
         self._unresolved_requests: dict[str, str] = {}  # request id -> its trace id, while unresolved
         self._claims: OrderedDict[str, str] = OrderedDict()  # "t:<trace id>" / "r:<request id>" -> session
+        self._cached: OrderedDict[str, int] = OrderedDict()  # request id -> the cached tokens its step's reply gave
         self.latest_span: dict[str, tuple[str, str]] = {}  # session -> (trace id, span id) of its latest request
 
     def add_request(
@@ -85,6 +86,18 @@ class SessionActivity:
     def claimed(self, trace_id: str | None, request_id: str | None) -> str | None:
         """The session a step claimed this request for (by response id first, then by trace), if any."""
         return self._claims.get(f"r:{request_id}") or self._claims.get(f"t:{trace_id}")
+
+    def note_cached(self, request_id: str, cached_tokens: int) -> None:
+        """The cached tokens a joined step's reply gave for a request whose own span said none (vLLM's): what tells
+        the blocks it found from those it stored, when its blocks name no session (`collectors.block_owners`)."""
+        self._cached[request_id] = cached_tokens
+        self._cached.move_to_end(request_id)
+        while len(self._cached) > self.max_unresolved:
+            self._cached.popitem(last=False)
+
+    def cached(self, request_id: str) -> int | None:
+        """The cached tokens a step's reply gave for `request_id` (`note_cached`), if any."""
+        return self._cached.get(request_id)
 
     def claim(self, session_id: str, *, trace_id: str | None = None, request_id: str | None = None) -> None:
         """A step of `session_id` sent the request `request_id` (its response id), or a request in `trace_id`

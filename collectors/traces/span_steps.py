@@ -323,6 +323,8 @@ class SpanSteps:
         else:
             outcome = CachedFill.FILLED
             self.writer.fill_cached(replace(request, cached_tokens=cached, cached_from=CachedFrom.REPLY.value))
+            if self.activity is not None:
+                self.activity.note_cached(request.request_id, cached)
         self.cached_fills[outcome.value] += 1
 
 

@@ -182,6 +182,7 @@ class _Request:
     first: float  # its first token: the end of its prefill
     end: float
     slack: float
+    cached_blocks: int | None = None  # of its prompt, the blocks it found cached, where its count is known
 
     @classmethod
     def of(cls, r, block_size: int, slack_s: float, instance: str | None) -> _Request | None:
@@ -192,6 +193,7 @@ class _Request:
         session = getattr(r, "session_id", None)
         arrival, first, end = (float(t) for t in times)  # type: ignore[arg-type]
         tokens, prompt_tokens = int(prompt) + int(completion), int(prompt)  # type: ignore[arg-type]
+        cached = getattr(r, "cached_tokens", None)
         return cls(
             instance,
             session if isinstance(session, str) else None,
@@ -201,6 +203,7 @@ class _Request:
             first,
             end,
             slack_s,
+            None if cached is None or pd.isna(cached) else int(cached) // block_size,
         )
 
     def window(self) -> tuple[float, float]:
@@ -250,18 +253,25 @@ class _Request:
         return None if ts is None else blocks.tags.get((instance, block, ts))
 
     def owned(self, blocks: _Blocks, tip: int) -> list[tuple[str, int, float]]:
-        """(instance, block, store time) of each block it stored: its chain from its tip up to its cached prefix,
-        or up to a block another chain continued from as it was stored (requests sharing a prefix they prefilled
+        """(instance, block, store time) of each block it stored: its chain from its tip up to its cached prefix.
+        Where its count of cached tokens is known, that prefix is the one it says: the blocks past it it computed,
+        so stored (another request that says it computed one too makes the block neither's: `block_ties`). Where
+        not, up to a block another chain continued from as it was stored (requests sharing a prefix they prefilled
         together: either may have stored it, so neither is given it)."""
         out: list[tuple[str, int, float]] = []
         node: int | None = tip
         below: int | None = None
+        depth = self.depth
         while node is not None:
             ts = blocks.stored_in(self.instance, node, self.arrival - self.slack, self.end + self.slack)
-            if ts is None or self._shared(blocks, node, below, ts):
+            if ts is None:
                 break
+            if self.cached_blocks is None and self._shared(blocks, node, below, ts):
+                break
+            if self.cached_blocks is not None and depth <= self.cached_blocks:
+                break  # (it found this block cached: another request stored it)
             out.append((self.instance, node, ts))
-            node, below = blocks.parent.get(node), node
+            node, below, depth = blocks.parent.get(node), node, depth - 1
         return out
 
     def _shared(self, blocks: _Blocks, node: int, below: int | None, ts: float) -> bool:

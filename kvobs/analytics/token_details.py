@@ -11,8 +11,10 @@ count is the reply's. A step made of a framework's spans may lack it because its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvobs.semconv.spans import CachedFill
 from kvobs.store.interface import Store
 
 FIX = "start vLLM with --enable-prompt-tokens-details (kvobs serve sends them unless --no-prompt-tokens-details)"
@@ -68,3 +70,25 @@ def token_details_check(store: Store, since: float | None, until: float | None) 
     if not answered:
         return None
     return TokenDetailsCheck(len(answered), sum(_without(cached) for cached in answered))
+
+
+def cached_fill_check(outcomes: Mapping[str, float]) -> tuple[bool, str]:
+    """(ok, words) of a collector's `kvobs_collector_requests_cached_filled_total` by outcome: what became of the
+    joined requests whose own span said no cached tokens (vLLM's never do). Not ok only where none could take its
+    reply's count and some replies had none: the server's prompt-token details are off, the fix is its flag."""
+    counts = {outcome: int(n) for outcome, n in outcomes.items() if n}
+    filled, without = counts.get(CachedFill.FILLED.value, 0), counts.get(CachedFill.NO_COUNT.value, 0)
+    differ = counts.get(CachedFill.COUNTS_DIFFER.value, 0)
+    words = (
+        f"of {sum(counts.values()):,} joined requests whose own span said no cached tokens, {filled:,} took the "
+        "count their step's reply gave"
+    )
+    if without:
+        words += (
+            f"; {without:,} stay unknown (never 0): their step's span holds no count (the server's prompt-token "
+            "details off, or an instrumentation that keeps none, as the OpenAI Agents SDK's)"
+        )
+    if differ:
+        words += f"; {differ:,} stay unknown: their reply counted other prompt tokens than the request"
+    ok = filled > 0 or not without
+    return ok, words if ok else f"{words}; to fix: {FIX}"

@@ -118,10 +118,12 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from kvobs.analytics.ownership import ties_check
+    from kvobs.analytics.token_details import cached_fill_check
     from kvobs.semconv.metrics import (
         LABEL_COMPONENT,
         LABEL_INSTANCE,
         LABEL_MEDIUM,
+        LABEL_OUTCOME,
         LABEL_REASON,
         LABEL_SHAPE,
         LABEL_TIE,
@@ -226,6 +228,9 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     tied = by(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE)
     if any(tied.values()):  # blocks named no session: tied to their requests' sessions by inference
         out.append(("(KV blocks tied by inference)", *ties_check(tied)))
+    filled = by(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME)
+    if any(filled.values()):  # requests whose spans say no cached tokens (vLLM's), given their replies' counts
+        out.append(("(requests' cached tokens from replies)", *cached_fill_check(filled)))
     dropped = by(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT)
     for component, n in sorted(dropped.items()):
         if n:

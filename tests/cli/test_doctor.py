@@ -269,3 +269,32 @@ def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(cha
     # the step story names it too, on a later step of that session, never on the other's
     assert f"A miss that is not the cache's: {found.words}" in step_page_text(monkeypatch, url, "stamped", 2)
     assert "A miss that is not the cache's" not in step_page_text(monkeypatch, url, "steady", 2)
+
+
+def test_requests_left_without_cached_tokens_are_named_with_the_fix_only_where_none_could_be_filled():
+    """The collector's `kvobs_collector_requests_cached_filled_total{outcome}` as prometheus_client writes it: where
+    some requests took their reply's count, the others' unknown counts are said without an alarm (an instrumentation
+    may keep none); where none could and the replies had none, the server's flag is named."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from kvobs.commands.doctor import exposition_checks
+    from kvobs.semconv.metrics import LABEL_OUTCOME, kvobs_metrics
+
+    def checked(**outcomes) -> tuple[bool, str]:
+        registry = CollectorRegistry()
+        spec = kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED
+        counter = Counter(spec.name, spec.description, [LABEL_OUTCOME], registry=registry)
+        for outcome, n in outcomes.items():
+            counter.labels(outcome).inc(n)
+        checks = {name: (ok, said) for name, ok, said in exposition_checks(generate_latest(registry).decode())}
+        return checks["(requests' cached tokens from replies)"]
+
+    ok, said = checked(filled=9, no_count=9)  # the recorded LangChain and Agents SDK run on vLLM
+    assert ok and "of 18 joined requests whose own span said no cached tokens, 9 took the count" in said
+    assert "9 stay unknown (never 0)" in said and "to fix" not in said
+    ok, said = checked(no_count=6, counts_differ=1)
+    assert not ok and said.endswith(
+        "to fix: start vLLM with --enable-prompt-tokens-details (kvobs serve sends "
+        "them unless --no-prompt-tokens-details)"
+    )
+    assert "1 stay unknown: their reply counted other prompt tokens than the request" in said

@@ -161,7 +161,8 @@ def record_fixture(folder: Path, bodies: list[bytes], store, kv_frames: list[dic
     verdicts = attribute_steps(steps, store.reads.requests(), store.reads.kv_events())
     joined = verdicts.set_index(["session_id", "step_index"])["num_requests"]
     steps = steps[STEP_COLUMNS].assign(joined=[int(joined[k]) for k in zip(steps["session_id"], steps["step_index"])])
-    sessions = store.reads.sessions().sort_values("session_id")[
+    sessions = store.reads.sessions().sort_values("session_id")
+    sessions = sessions[sessions["session_id"].isin(steps["session_id"])][  # (not another tenant's, from KV events)
         ["session_id", "source", "agent_name", "num_steps", "num_failed_steps"]
     ]
     truth = {

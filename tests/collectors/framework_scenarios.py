@@ -15,6 +15,7 @@ from tests.collectors.scenario_parts import (
     SYSTEM,
     TOO_LONG,
     at_once,
+    system,
     tool_s,
     trip,
 )
@@ -60,7 +61,7 @@ def langchain(provider, config: dict) -> dict:
 
     def conversation(name: str) -> list[str]:
         brief = trip(name, config)
-        messages, ids, model = [SystemMessage(SYSTEM), HumanMessage(brief)], [], model_for(name)
+        messages, ids, model = [SystemMessage(system(config)), HumanMessage(brief)], [], model_for(name)
         for step in (search_flights, book_hotel, None):
             if step is None and name == config.get("too_long"):
                 messages.append(HumanMessage(TOO_LONG))

@@ -20,6 +20,12 @@ def trip(name: str, config: dict) -> str:
     return f"Trip {name}: plan every leg, every hotel and every meal for the whole family. " * config.get("repeat", 6)
 
 
+def system(config: dict) -> str:
+    """The system prompt every conversation shares: `system_repeat` times the usual (one longer than a 128-token
+    block, so an engine of such blocks caches it once for all: the usual is shorter)."""
+    return SYSTEM * config.get("system_repeat", 1)
+
+
 def tool_s(name: str, config: dict) -> float:
     """How long a tool takes: `tool_scale` times its usual time (a slow server needs longer pauses to lose blocks)."""
     return TOOL_S[name] * config.get("tool_scale", 1)

@@ -16,6 +16,7 @@ from collectors.session_activity import SessionActivity
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.analytics.attribution import attribute_steps
+from kvobs.analytics.token_details import cached_fill_check
 from kvobs.semconv.spans import STEP_JOINED
 from kvobs.store.writer import StoreWriter
 from tests.collectors.agent_harness import FIXTURES, STEP_COLUMNS
@@ -144,6 +145,9 @@ def test_vllms_requests_take_their_cached_tokens_from_the_replies_of_the_steps_j
     assert rows.loc[untold["request_id"], ["cached_tokens", "cached_from"]].isna().all().all()
     assert rows["cached_tokens"].notna().sum() == len(told)  # no request filled but a joined one with a count
     assert dict(steps.cached_fills) == {"filled": len(told), "no_count": len(untold)}
+    ok, said = cached_fill_check(steps.cached_fills)  # `kvobs doctor --collector`'s line
+    assert ok and said.startswith(f"of {len(joined)} joined requests whose own span said no cached tokens, {len(told)}")
+    assert f"{len(untold)} stay unknown (never 0)" in said and "to fix" not in said
     minutes = any_store.reads.minute_rollup("request_minutes", 0, 4e9)
     assert minutes["requests"].sum() == len(rows) and minutes["cached_said"].sum() == len(told)
     assert minutes["cached_tokens"].sum() == told["cached_tokens"].sum()
