@@ -91,7 +91,8 @@ class Fidelity:
         source = observed_words(self.observed_source)
         if self.answered is not None:
             said, replayed = self.answered
-            source = f"as {said:,} of the {replayed:,} replayed requests' responses said; the replay's over those"
+            whose = "own records" if self.observed_source == REQUESTS else "responses"
+            source = f"as {said:,} of the {replayed:,} replayed requests' {whose} said; the replay's over those"
         head = (
             f"At the observed configuration ({configuration}) the replay hits {self.replayed:.1%} where the run hit "
             f"{self.observed:.1%}{f' ({source})' if source else ''}: {self.error_points:+.1f} points."

@@ -342,10 +342,14 @@ def _sessions(cands: dict[str, set[int]], facts: dict, blocks: _Blocks) -> dict[
 
 def _continue(cands: dict[str, set[int]], x: str, y: str, blocks: _Blocks) -> bool:
     """Keep the tips of consecutive requests x and y of one session that continue each other: x's tip on y's chain
-    where some pair does so, else x's tip's parent."""
+    where some pair does so, else x's tip's parent. Where no pair does, the session's prompt did not grow by
+    appending between them (a new context, a trimmed one, another tenant's calls under one name): the chain says
+    nothing of them, and each keeps the tips its own depth and times left it."""
     pairs = [(a, b) for a in cands[x] for b in cands[y] if blocks.on_chain(a, b)]
     if not pairs:
         pairs = [(a, b) for a in cands[x] for b in cands[y] if blocks.on_chain(blocks.parent.get(a), b)]
+    if not pairs:
+        return False
     kept_x, kept_y = {a for a, _ in pairs}, {b for _, b in pairs}
     if kept_x == cands[x] and kept_y == cands[y]:
         return False

@@ -188,3 +188,22 @@ def test_a_sessions_ties_are_read_where_its_blocks_named_no_session_and_none_whe
             assert session_ties(store, session) == Counter(), session
     finally:
         store.close()
+
+
+def test_a_session_whose_prompt_does_not_grow_by_appending_is_tied_by_its_own_depth_and_times(tmp_path):
+    """Another tenant's calls on the real vLLM six-session run (`vllm-six-sessions-kv`): seven prompts of one length
+    under one name, each new from its first block (so no call's chain continues the one before), no step of theirs.
+    The session's chain says nothing of such a pair, so each is tied by its own depth and times, to the session its
+    blocks name; once a pair that did not continue emptied both their candidates, and all seven read ambiguous."""
+    from collectors.capture import import_capture
+    from kvobs.store import open_store
+    from tests.collectors.agent_harness import FIXTURES
+
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    import_capture(store, FIXTURES / "vllm-six-sessions-kv")
+    reqs, stored, _ = blind(store)
+    ties = block_ties(reqs, stored).merge(reqs[["request_id", "prompt_tokens"]], on="request_id")
+    tenant = ties[ties["prompt_tokens"] == 1476]  # (the tenant's calls: one length, `_tenant` in test_live_vllm)
+    # (no step names their session: each takes the one its blocks name, where one chain fits)
+    assert len(tenant) == 7 and set(tenant["tie"]) == {INFERENCE} and set(tenant["session_id"]) == {"tenant"}
+    assert Counter(ties["tie"]) == Counter({HEADER: 18, INFERENCE: 7})

@@ -87,6 +87,24 @@ def test_each_engine_is_replayed_by_its_own_rule_for_when_a_prompt_is_found(vllm
     assert 100 * (computed.hit_rate - vllm.observed["hit"].rate) == pytest.approx(-5.2, abs=0.05)
 
 
+def test_a_vllm_run_the_replay_was_not_built_on_is_reproduced_on_the_requests_that_said_their_hits(tmp_path):
+    """Six sessions on one system prompt and another tenant's long prompts on a real vLLM of 16 blocks
+    (`vllm-six-sessions-kv`, recorded after the replay's rules were set): the 18 agent requests' counts come from
+    their steps' replies, the tenant's 7 say none. The observed rate is over the 18 and so is the replay's, which
+    replays all 25 (the tenant's calls take room too): it reproduces to the token. By kvobs serve's rule for when a
+    prompt is found, the six requests admitted together miss their shared prompt: 6.9 points under."""
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    import_capture(store, FIXTURES / "vllm-six-sessions-kv")
+    (plan,) = replay_plans(store)
+    plan.observed["num_blocks"], plan.engine = 16, RunEngine.VLLM.value  # (its recorder's: no scrape says them)
+    check = run_fidelity(plan)
+    assert check.observed_source == "requests" and check.answered == (18, 25)
+    assert check.error_points == pytest.approx(0.0, abs=1e-9) and check.reproduces
+    assert "as 18 of the 25 replayed requests' own records said; the replay's over those" in check.describe()
+    computed = on_answered(simulate(plan, num_blocks=16, registers=WHEN_COMPUTED), plan.observed["answered"])
+    assert 100 * (computed.hit_rate - check.observed) == pytest.approx(-6.89, abs=0.01)
+
+
 def test_two_real_vllm_replicas_are_compared_on_their_own_responses(vllm_fleet):
     """Each request's response said its cached tokens (its agent step's usage): the check compares the replay with
     exactly those requests, and both replicas reproduce to the token. Replica b served its first request before the
