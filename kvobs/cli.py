@@ -6,10 +6,10 @@
 
 A command is a module with `add_parser(subparsers)` (its flags; `set_defaults(func=run)`) and `run(args)`,
 declared in pyproject.toml under `[project.entry-points."kvobs.commands"]`: `kvobs.commands.*` (demo, agents,
-alerts), `instrumented_engine.commands.*` (serve, generate, whatif), `collectors.command` (collect) and
-`dashboard.command` (dashboard). This module only discovers them, so kvobs imports nothing above it; each
-command imports its heavy modules inside `run`, so a collector-only install (no torch) lists every command,
-runs the ones it has, and names the extra to install for the others.
+alerts, doctor), `instrumented_engine.commands.*` (serve, generate, whatif), `collectors.command` (collect),
+`collectors.capture_command` (import) and `dashboard.command` (dashboard). This module only discovers them, so
+kvobs imports nothing above it; each command imports its heavy modules inside `run`, so a collector-only install
+(no torch) lists every command, runs the ones it has, and names the extra to install for the others.
 """
 
 from __future__ import annotations

@@ -24,7 +24,18 @@ def test_help_lists_every_registered_command_without_torch():
     done = subprocess.run(kvobs("--help"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     names = {ep.name for ep in entry_points(group="kvobs.commands")}
-    assert names == {"demo", "agents", "alerts", "doctor", "serve", "generate", "whatif", "collect", "dashboard"}
+    assert names == {
+        "demo",
+        "agents",
+        "alerts",
+        "doctor",
+        "serve",
+        "generate",
+        "whatif",
+        "collect",
+        "import",
+        "dashboard",
+    }
     assert all(name in done.stdout for name in names) and "cannot be loaded" not in done.stderr
 
 
@@ -39,6 +50,16 @@ def test_engine_commands_without_torch_name_the_extra_to_install(command, extra)
     assert done.returncode == 2
     assert done.stderr.startswith(f"kvobs {command} needs the {extra} extra: pip install 'kvobs[{extra}]' (")
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_import_runs_without_torch(tmp_path):
+    """A capture replayed into the store by the collector's parts: a collector-only install can do it."""
+    from tests.collectors.fleet_recording import VLLM_FLEET
+
+    url = f"sqlite:///{tmp_path / 'kvobs.db'}"
+    done = subprocess.run(kvobs("import", str(VLLM_FLEET), "--store", url), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "27 OTLP exports" in done.stdout
 
 
 def test_collect_runs_without_torch(tmp_path):
