@@ -38,7 +38,7 @@ from instrumented_engine.whatif.engine_rules import AT_ALLOCATION, REGISTERS_WOR
 from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic, releases
 from instrumented_engine.whatif.tier import Loads, drop_stores, load_prefix, tally
 from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
-from kvobs.analytics.hit_rate import COUNTERS, NO_SOURCE, REQUESTS, HitRate, hit_rate_in
+from kvobs.analytics.hit_rate import COUNTERS, NO_SOURCE, REQUESTS, hit_rate_in, known_hit_rate
 from kvobs.analytics.ownership import num_inferred, with_tied_blocks
 from kvobs.analytics.response_usage import response_cached_tokens, responses_hit_rate
 from kvobs.analytics.runs import Span
@@ -142,8 +142,10 @@ class ReplayPlan:
         if answered and observed["hit"].source in COUNTED:  # the replayed requests' own, not the range's
             hit = responses_hit_rate(answered, said)
             observed.update(hit=hit, hit_rate=hit.rate, counted=observed["hit"], answered=answered)
-        elif observed["hit"].source == REQUESTS:
-            observed.update(_of_known(plan, reqs))
+        elif observed["hit"].source == REQUESTS:  # where only some say theirs: those, the replay's over the same
+            said_by_some = known_hit_rate([(r.request_id, r.prompt_tokens) for r in plan], reqs)
+            if said_by_some is not None:
+                observed.update(hit=said_by_some[0], hit_rate=said_by_some[0].rate, answered=said_by_some[1])
         return cls(
             plan,
             block_size,
@@ -157,19 +159,6 @@ class ReplayPlan:
             # (the releases' rows are read only where the counts say there are some: vLLM's data has none)
             releases=releases(store, since, until, instances) if observed["released_blocks"] else {},
         )
-
-
-def _of_known(plan: list[ReplayRequest], reqs: pd.DataFrame) -> dict:
-    """Where some replayed requests say their cached tokens and some do not (vLLM's, their steps' replies filling
-    some): the observed rate over those that say, and the replay compared over the same (`answered`); else nothing
-    to change."""
-    known = {r: int(c) for r, c in zip(reqs["request_id"], reqs["cached_tokens"]) if pd.notna(c)}
-    counted = [(r.request_id, r.prompt_tokens) for r in plan if r.request_id in known]
-    if not counted or len(counted) == len(plan):
-        return {}
-    hits, queries = sum(known[r] for r, _ in counted), sum(n for _, n in counted)
-    hit = HitRate(float(hits), float(queries), len(counted), REQUESTS)
-    return {"hit": hit, "hit_rate": hit.rate, "answered": counted}
 
 
 # an observed hit rate of counters (the engine's, over all its traffic in the range), or none: where any replayed

@@ -148,3 +148,15 @@ def _split(requests: pd.DataFrame) -> tuple[pd.DataFrame, set]:
     says = requests["instance"].isin(requests.loc[cached, "instance"].unique())  # vectorised: no per-group lambda
     known = requests[says & cached & requests["prompt_tokens"].notna()]
     return known, set(known["instance"].unique())
+
+
+def known_hit_rate(requests: list[tuple[str, int]], rows: pd.DataFrame) -> tuple[HitRate, list[tuple[str, int]]] | None:
+    """Of `requests` ((request id, prompt tokens)), where some say their cached tokens in `rows` (the request rows;
+    vLLM's say them where their steps' replies filled them) and some do not: the hit rate of those that say, and
+    which they are, so that a replay is compared over the same; None where all or none say."""
+    known = {r: int(c) for r, c in zip(rows["request_id"], rows["cached_tokens"]) if pd.notna(c)}
+    counted = [(request_id, n) for request_id, n in requests if request_id in known]
+    if not counted or len(counted) == len(requests):
+        return None
+    hits, queries = sum(known[r] for r, _ in counted), sum(n for _, n in counted)
+    return HitRate(float(hits), float(queries), len(counted), REQUESTS), counted

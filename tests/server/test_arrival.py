@@ -11,7 +11,7 @@ import httpx
 from kvobs.store import open_store
 from tests.server.conftest import SERVED, running_server
 
-LONG = 1900  # prompt tokens of the other tenant's request: one long prefill step (chunked prefill off)
+LONG = 3800  # prompt tokens of the other tenant's request: one long prefill step (chunked prefill off)
 
 
 def _complete(url: str, prompt, session: str, max_tokens: int, sent: dict) -> None:
@@ -23,7 +23,7 @@ def _complete(url: str, prompt, session: str, max_tokens: int, sent: dict) -> No
 
 def test_arrival_is_stamped_when_the_request_reaches_the_server_while_the_engine_prefills(smollm2_source, tmp_path):
     url = f"sqlite:///{tmp_path / 'arrival.db'}"
-    config = {"max_model_len": 2048, "num_blocks": 160, "enable_chunked_prefill": False}
+    config = {"max_model_len": 4096, "num_blocks": 300, "enable_chunked_prefill": False, "max_num_batched_tokens": 4096}
     sent: dict[str, float] = {}
     with running_server(smollm2_source, options={"store_url": url, "instance": "eng"}, **config) as server:
         _complete(server.url, [7] * 32, "warm", 1, sent)  # the first forward pass pays its one-off costs
