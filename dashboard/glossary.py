@@ -142,7 +142,10 @@ TERMS: dict[str, tuple[str, str]] = {
         f"{SKETCH_ACCURACY:.0%}).",
     ),
     "latency_s": ("latency (s)", "The whole step: from its start to its end."),
-    "typical_s": ("typical (s)", "The median latency of the session's other successful steps."),
+    "typical_s": (
+        "typical (s)",
+        "The median latency of the session's other successful steps (a failed one's: those of its kind and size).",
+    ),
     "excess_s": ("over typical (s)", "How much longer than its typical step it took."),
     "queue_s": (
         "queue (s)",

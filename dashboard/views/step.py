@@ -126,7 +126,7 @@ def _verdict(ctx, step: dict) -> None:
     against = (
         f"against a typical {duration(typical)}"
         if pd.notna(typical)
-        else "no typical step: no other step of its session succeeded"
+        else "no typical step: no other successful step of its session (of its kind and size, for a failed one)"
     )
     said = f"{duration(latency)} (the whole step) {against}" if pd.notna(latency) else "unknown"
     failed = glossary.cause(step["failure_cause"]) or "did not fail"

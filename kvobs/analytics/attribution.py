@@ -20,10 +20,10 @@ and what the KV record shows about it (`causes`, the facts found, in this order;
 
 `cause` is the fact that cost the most time over the session's typical step (`none` when none cost any).
 
-Each part is weighed against its typical value: the median of the session's other steps that succeeded (every
-successful step in the frame for a successful session of one step; none where no other step of its session
-succeeded: a timeout is then named by its largest part, never by its excess over other timeouts). The evidence says
-which. The recompute and the preemption are never typical: they count whole.
+Each part is weighed against its typical value (`kvobs.analytics.typical`): the median of the session's other
+successful steps; for a failed step, of its session's successful steps of its kind and size (none where there is
+none: a timeout is then named by its largest part, never by its excess over other timeouts or over steps of another
+size). The evidence says which. The recompute and the preemption are never typical: they count whole.
 
 `slow_cause`: is the step slow against its session's typical step (its latency above `slow_factor` x the typical
 latency, and at least `slow_min_s` above it)? Then the part whose excess over its typical value is largest
@@ -57,7 +57,6 @@ from kvobs.analytics.excess import (
     part_seconds,
 )
 from kvobs.analytics.latency_parts import ESTIMATES, PARTS
-from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.prefill_rates import PrefillRates
 from kvobs.analytics.step_facts import (
     Events,
@@ -68,6 +67,7 @@ from kvobs.analytics.step_facts import (
     positions_by_value,
     step_facts,
 )
+from kvobs.analytics.typical import NO_SUCCESS, typical_steps
 from kvobs.analytics.unreached import NOT_KNOWN, ServerRecord
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
@@ -92,8 +92,6 @@ SLOW_FACTOR, SLOW_MIN_S = 1.5, 0.1  # slow: over this many times its typical lat
 _FACT_PART = {cause: part for part, (cause, _) in EXCESS_CAUSES.items() if cause in CAUSES}
 # weighed as usual
 TYPICAL = ("latency_s", "queue_s", "prefill_s", "decode_s", "tool_s", "before_s", "other_s", "tpot_s")
-TYPICAL_FROM_SESSION = "its session's other successful steps"  # what a step's typical values are the median of
-TYPICAL_FROM_RUN = "the successful steps read with it (a session of one step)"
 # aligned: the column names read better filled than one per line
 # fmt: off
 COLUMNS = [
@@ -203,6 +201,7 @@ def attribute_steps(
     in_order = steps.sort_values(["session_id", "step_index"], kind="stable").reset_index(drop=True)
     in_order = in_order.astype({c: object for c in in_order.columns if pd.api.types.is_string_dtype(in_order[c])})
     parts, rows = [], []  # parts of every step (its session's typical step needs them); rows of the attributed
+    sizes, kinds = [], []  # each step's largest prompt and its number of requests: a failed step's kind and size
     for session_id, session_steps in itertools.groupby(
         in_order.itertuples(index=False), key=lambda step: step.session_id
     ):  # (from numpy objects: iterating Arrow strings costs a call a value)
@@ -210,6 +209,8 @@ def attribute_steps(
         previous_end = None
         for step in session_steps:
             sent = reqs.of_step(step)
+            sizes.append(_size(step, reqs, sent))
+            kinds.append(len(sent))
             if not failed_only or step.wanted:
                 row = step_facts(step, reqs, sent, previous_end, session_events, kv, rates, queue_wait_s)
                 rows.append(row)
@@ -241,65 +242,30 @@ def attribute_steps(
         measured["tpot_s"] = np.where(tokens > 0, measured["decode_s"].to_numpy(float) / tokens, np.nan)
     sessions = in_order["session_id"].to_numpy(object)
     ok = (in_order["status"] == StepStatus.OK.value).to_numpy(bool)
-    typical = {c: _typical(sessions, measured[c].to_numpy(float), ok)[keep] for c in TYPICAL}
+    found = typical_steps(
+        sessions, ok, {c: measured[c].to_numpy(float) for c in TYPICAL}, np.asarray(sizes, float), np.asarray(kinds)
+    )
+    typical = {c: v[keep] for c, v in found.values.items()}
     for column in (*ESTIMATES, "preempted_s"):  # a recompute or a preemption is never usual: it counts whole
         typical[column] = np.zeros(len(frame))
     typical["new_prefill_s"] = typical["prefill_s"]
-    frame["typical_from"] = typical_from(sessions, ok)[keep]
+    frame["typical_from"], frame["no_typical"] = found.taken_from[keep], found.none_because[keep]
     return _verdicts(frame, typical, slow_factor, slow_min_s)
+
+
+def _size(step, reqs, sent) -> float:
+    """A step's size: its largest request's prompt tokens, else its reply's (NaN: not known)."""
+    prompts = reqs.prompt[sent]
+    if len(prompts) and not np.isnan(prompts).all():
+        return float(np.nanmax(prompts))
+    own = getattr(step, "prompt_tokens", None)
+    return float(own) if own is not None and not missing(own) else np.nan
 
 
 def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = None) -> pd.Series:
     """The steps `failed_only` attributes: failed ones, of `error_types` when given."""
     failed = steps["status"] == StepStatus.ERROR.value
     return failed & steps["error_type"].isin(list(error_types)) if error_types is not None else failed
-
-
-def _typical(sessions: np.ndarray, values: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Per step: the median of its session's other successful steps' `values`; for a session of one step that
-    succeeded, of every successful step in the frame; NaN for a step none of whose session's others succeeded, since a
-    timeout weighed against other timeouts names the part that happened to vary, not what consumed it. It reads its
-    session alone (but for a one-step session), so every page and the verdict keeper weigh a step alike (`typical_from`
-    says which). `sessions` in order, each session's steps side by side (slices of numpy arrays: a pandas assignment
-    per session cost 0.1 ms each, half the failure table's time at 1,000 sessions)."""
-    reference = values[ok]
-    whole = float(np.nanmedian(reference)) if (~np.isnan(reference)).any() else np.nan
-    typical = np.full(len(values), np.nan, dtype=float)
-    for start, end in _session_slices(sessions):
-        own, good = values[start:end], ok[start:end]
-        if end - start == 1:
-            if good[0]:
-                typical[start] = whole
-            continue
-        good_values = own[good]
-        known = (~np.isnan(good_values)).sum()
-        out = typical[start:end]
-        if known >= 1:
-            out[~good] = np.nanmedian(good_values)
-        if known >= 2:
-            out[good] = leave_one_out_medians(good_values)
-    return typical
-
-
-def _session_slices(sessions: np.ndarray) -> list[tuple[int, int]]:
-    """(start, end) of each session's run of steps in `sessions` (in order, each session's steps side by side)."""
-    starts = np.flatnonzero(np.r_[True, sessions[1:] != sessions[:-1]]) if len(sessions) else np.empty(0, int)
-    return list(zip(starts.tolist(), [*starts[1:].tolist(), len(sessions)]))
-
-
-def typical_from(sessions: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Per step, what its typical values are the median of (`_typical`): `TYPICAL_FROM_SESSION` (its session's other
-    successful steps), `TYPICAL_FROM_RUN` (a successful session of one step: every successful step read with it) or
-    None (none of its session's other steps succeeded)."""
-    out = np.full(len(ok), None, dtype=object)
-    for start, end in _session_slices(sessions):
-        good = ok[start:end]
-        if end - start == 1:
-            out[start] = TYPICAL_FROM_RUN if good[0] else None
-            continue
-        others = good.sum() - good  # successful steps of its session other than itself
-        out[start:end] = [TYPICAL_FROM_SESSION if n > 0 else None for n in others.tolist()]
-    return out
 
 
 def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
@@ -384,11 +350,11 @@ def failure_verdict(error_type, row=None) -> tuple[str, str, str]:
     seconds = part_seconds(row, candidate)
     said = f"timed out after {row['latency_s']:.2f} s: {words}, {seconds:.2f} s of it"
     if baseline is None:
-        said += " (its largest part: no other step of its session succeeded to compare it with)"
+        said += f" (its largest part: {row.get('no_typical') or NO_SUCCESS})"
     elif row["dominant"] is not None:
-        said += f" ({row['dominant_s']:.2f} s more than usual: the median of {baseline})"
+        said += f" ({row['dominant_s']:.2f} s more than usual, against {baseline})"
     else:
-        said += f" (its largest part: every part as usual, against the median of {baseline})"
+        said += f" (its largest part: every part as usual, against {baseline})"
     if candidate == "before":
         said += reached_words(row["reached_after_s"], row["latency_s"])
     return cause, FAILURE_KIND_OF[cause], said

@@ -8,8 +8,8 @@ import pytest
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
 from kvobs.analytics.excess import EXCESS_CAUSES, FAILURE_KIND_OF
-from kvobs.analytics.medians import leave_one_out_medians
 from kvobs.analytics.step_causes import VERDICT_COLUMNS, failure_verdicts, step_causes
+from kvobs.analytics.typical import leave_one_out_medians
 from kvobs.store import open_store
 from tests.stores import copy_store
 

@@ -226,4 +226,49 @@ def test_a_timeout_is_weighed_only_against_steps_that_succeeded(
     from tests.dashboard.test_app import step_page_text
 
     said = step_page_text(monkeypatch, store.url, "a", 2)
-    assert "no typical step: no other step of its session succeeded" in said and "against a typical" not in said
+    assert "no typical step: no other successful step of its session" in said and "against a typical" not in said
+
+
+@pytest.fixture(scope="module")
+def sizes(smollm2_source, tmp_path_factory):
+    """Session m: three short steps (32-token prompts), two long ones (480), each new (no prefix cached) with an
+    8-token reply, then a long one whose 100-token reply passes its 1 s deadline mid-decode. Session n: three short
+    steps, then the same long timeout: none of its successful steps is of its size."""
+    s = Script.start(smollm2_source, tmp_path_factory.mktemp("sizes") / "run.db", num_blocks=128, max_num_seqs=1)
+    seed = iter(range(12))
+    for session, lengths in (("m", [32, 32, 32, 480, 480]), ("n", [32, 32, 32])):
+        for index, n in enumerate(lengths):
+            s.send(session, index, tokens_of(next(seed), n), 8, tool_s=TOOL_S)
+            s.finish()
+            s.idle(TOOL_S + 0.05)
+        s.send(session, len(lengths), tokens_of(next(seed), 480), 100, deadline_s=1.0)
+        s.finish()
+        s.idle(TOOL_S)
+    return s, s.close()
+
+
+def test_a_timeout_is_weighed_against_successful_steps_of_its_kind_and_size(sizes):
+    """m-5's 480-token prefill is as long as m-3's and m-4's; its reply, longer than theirs, is what passed the
+    deadline. Against the median of all m's successful steps (three of them short) its prefill would be the larger
+    excess; against the steps of its size it is as usual, and the decode is named. n-3 has no successful step of its
+    size: it is named by its largest part (its prefill, with nothing cached), and says why."""
+    _, store = sizes
+    frame = verdicts(store)
+    row, long_steps = frame.loc[("m", 5)], [frame.loc[("m", i)] for i in (3, 4)]
+    assert (row["status"], row["error_type"]) == ("error", "timeout")
+    # truth: the same prefill as the successful steps of its size, a longer decode
+    assert row["prefill_s"] == pytest.approx(np.median([r["prefill_s"] for r in long_steps]), rel=0.01)
+    assert row["decode_s"] > 2 * max(r["decode_s"] for r in long_steps)
+    everyone = frame.loc["m"].iloc[:5]
+    against_all = {p: row[p] - everyone[p].median() for p in ("prefill_s", "decode_s")}
+    assert against_all["prefill_s"] > against_all["decode_s"]  # the wrong baseline would name the prefill
+    assert (row["failure_cause"], row["failure_kind"]) == ("long_decode", "engine"), row["evidence"]
+    assert row["typical_prefill_s"] == pytest.approx(row["prefill_s"], rel=0.01)
+    said = "more than usual, against the median of its session's 2 successful steps of its kind and size (1 request"
+    assert said in row["evidence"]
+    lone = frame.loc[("n", 3)]
+    assert (lone["status"], lone["error_type"]) == ("error", "timeout")
+    assert np.isnan(lone["typical_s"]) and not lone["slow"]
+    assert lone["prefill_s"] > max(lone[p] for p in PARTS if p != "prefill_s")  # truth: a new 480-token prompt
+    assert (lone["failure_cause"], lone["failure_kind"]) == ("cold_prefix", "engine"), lone["evidence"]
+    assert "its largest part: none of its session's 3 successful steps is of its kind and size" in lone["evidence"]
