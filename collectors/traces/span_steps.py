@@ -184,8 +184,8 @@ class SpanSteps:
         calls, held = [], set()  # held: sessions with a call waiting for its request (their later calls wait too)
         for trace, call, arrived in ready:
             chain = trace.ancestors(call)
-            if call.sdk_call or any(s.sdk_step for s in chain):
-                self.num_sdk_calls += 1
+            if call.sdk_call or any(s.sdk_step for s in chain):  # its step is the SDK's: only its request's count
+                self.num_sdk_calls += self._fill_sdk_call(trace, call, arrived, now, final)
                 continue
             if any(s.role == LLM for s in chain):  # the same call traced again inside its outer span: part of it
                 self.num_nested_calls += 1
@@ -203,6 +203,17 @@ class SpanSteps:
             self._write(trace, call, chain, session_id, found)
         self._warn_unjoined(now)
         return len(calls)
+
+    def _fill_sdk_call(self, trace: Trace, call: TraceSpan, arrived: float, now: float, final: bool) -> bool:
+        """An LLM call of a kvobs SDK step (the SDK or its recorder writes the step): its request takes the cached
+        count the reply gave, as any joined call's does; False while it waits for its request span."""
+        found = self.requests.find(call)
+        if not found.joined and self._may_wait(found, arrived, now, final):
+            trace.waiting[call.span_id] = arrived
+            return False
+        if found.unfilled is not None:
+            self._fill_cached(found.unfilled, call)
+        return True
 
     def _may_wait(self, found: Found, arrived: float, now: float, final: bool) -> bool:
         """Whether a call not joined yet waits for more request spans."""

@@ -73,8 +73,8 @@ class ReplayPlan:
     requests: list[ReplayRequest]
     block_size: int
     # what the run achieved (`observed_figures`); its `hit` is that of the replayed requests whose responses said
-    # their cached tokens (`answered`: (request id, prompt tokens)), where any did and the engine's rows do not say:
-    # the counters' hit rate (all its traffic) is then kept as `counted`
+    # their cached tokens (`answered`: (request id, prompt tokens)), where any did and the engine's rows do not say;
+    # the counters' hit rate (all its traffic), where scraped and not what `hit` is, is kept as `counted`
     observed: dict = field(default_factory=dict)
     skipped: int = 0  # requests without a known chain or times
     never_admitted: int = 0  # requests never scheduled (aborted in the queue): they looked nothing up, as vLLM counts
@@ -146,6 +146,9 @@ class ReplayPlan:
             said_by_some = known_hit_rate([(r.request_id, r.prompt_tokens) for r in plan], reqs)
             if said_by_some is not None:
                 observed.update(hit=said_by_some[0], hit_rate=said_by_some[0].rate, answered=said_by_some[1])
+            counters = hit_rate_in(store, since, until, instances, requests=reqs.iloc[0:0])
+            if counters.source == COUNTERS:  # kept: they tell traffic whose requests never reached kvobs
+                observed["counted"] = counters
         return cls(
             plan,
             block_size,

@@ -105,9 +105,10 @@ def test_a_vllm_run_the_replay_was_not_built_on_is_reproduced_on_the_requests_th
     assert 100 * (computed.hit_rate - check.observed) == pytest.approx(-6.89, abs=0.01)
 
 
-def test_two_real_vllm_replicas_are_compared_on_their_own_responses(vllm_fleet):
-    """Each request's response said its cached tokens (its agent step's usage): the check compares the replay with
-    exactly those requests, and both replicas reproduce to the token. Replica b served its first request before the
+def test_two_real_vllm_replicas_are_compared_on_the_counts_their_responses_gave(vllm_fleet):
+    """Each request's response said its cached tokens (its SDK step's call span: the collector filled the request's
+    count from it, `cached_from` reply): the check compares the replay with exactly those requests, and both
+    replicas reproduce to the token. Replica b served its first request before the
     recorder's first scrape, so its counters (kept as `counted`) are of other requests: 2,048 of 3,532 there,
     against 2,048 of the 3,723 its requests hold."""
     store = vllm_fleet.store
@@ -117,21 +118,28 @@ def test_two_real_vllm_replicas_are_compared_on_their_own_responses(vllm_fleet):
         check = per_run[plan.span.instance]
         mine = requests.loc[requests["instance"] == plan.span.instance, "request_id"]
         assert check.replay.hit_tokens == sum(said[r] for r in mine) > 0
-        assert check.observed_source == "responses" and check.answered == (12, 12)
+        assert set(requests.loc[mine.index, "cached_from"]) == {"reply"}
+        assert requests.loc[mine.index, "cached_tokens"].tolist() == [said[r] for r in mine]
+        assert check.observed_source == "requests" and check.answered is None  # (every request: none left out)
         assert check.error_points == pytest.approx(0.0, abs=1e-9) and check.reproduces
-        assert "as 12 of the 12 replayed requests' responses said" in check.describe()
+        assert "(as its requests said)" in check.describe()
     counted = next(p for p in plans if p.span.instance == "replica-b").observed["counted"]
     assert (counted.source, counted.hit_tokens, counted.query_tokens) == ("counters", 2048, 3532)
-    assert total.reproduces and total.answered == (24, 24)
+    assert total.reproduces and total.observed_source == "requests"
     fleet = FleetPlan.from_store(store)
     routed = fleet_fidelity(fleet, simulate_fleet(fleet, RouterPolicy.AS_ROUTED.value))
-    assert routed.error_points == pytest.approx(0.0, abs=1e-9) and routed.answered == (24, 24)
+    assert routed.error_points == pytest.approx(0.0, abs=1e-9) and routed.observed_source == "requests"
 
 
 def test_without_the_responses_usage_the_counters_are_compared_and_their_gap_named(vllm_fleet, tmp_path):
     """The same recording with no step saying its cached tokens: replica b is compared with its counters, 3 points
     off, and the check names the counters' gap instead of calling the replay wrong."""
-    store = altered_copy(vllm_fleet, tmp_path, "UPDATE steps SET cached_tokens = NULL")
+    store = altered_copy(
+        vllm_fleet,
+        tmp_path,
+        "UPDATE steps SET cached_tokens = NULL",
+        "UPDATE requests SET cached_tokens = NULL, cached_from = NULL WHERE cached_from = 'reply'",
+    )
     _, _, per_run = checks(store)
     assert per_run["replica-a"].observed_source == "counters" and per_run["replica-a"].reproduces
     b = per_run["replica-b"]
