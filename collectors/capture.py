@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client import generate_latest
 
 from collectors.collector import Collector, CollectorOptions
 from collectors.kv.subscriber import KVEventSubscriber
+from kvobs.commands.doctor import exposition_checks
 from kvobs.semconv.spans import SessionSource
 from kvobs.store import Store, StoreWriter
 from kvobs.store.rows import SessionRecord, StepRecord
@@ -50,8 +52,7 @@ class CaptureSummary:
     replicas: dict[str, dict[str, int]] = field(default_factory=dict)
     exports: int = 0
     agent_steps: int = 0
-    first_ts: float | None = None
-    last_ts: float | None = None
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)  # `kvobs doctor --collector`'s, of the import
 
     def describe(self) -> str:
         counts = self.replicas.items()
@@ -107,14 +108,13 @@ def import_capture(store: Store, root: Path, *, instance: str | None = None) -> 
     if (root / AGENT_STEPS).exists():
         summary.agent_steps = store_agent_steps(store, json.loads((root / AGENT_STEPS).read_text()))
     arrivals.sort(key=lambda a: a[:3])
-    if arrivals:
-        summary.first_ts, summary.last_ts = arrivals[0][0], arrivals[-1][0]
-    _replay(store, replicas, arrivals, single=len(replicas) == 1)
+    summary.checks = exposition_checks(_replay(store, replicas, arrivals, single=len(replicas) == 1))
     log.info("imported %s: %s", root, summary.describe())
     return summary
 
 
-def _replay(store: Store, replicas: list[Replica], arrivals: list, *, single: bool) -> None:
+def _replay(store: Store, replicas: list[Replica], arrivals: list, *, single: bool) -> str:
+    """Each arrival handed to the collector's part that takes it live; returns the collector's own /metrics text."""
     now = [arrivals[0][0] if arrivals else 0.0]
     with_kv = [r.name for r in replicas if r.has_kv]
     options = CollectorOptions(
@@ -131,6 +131,8 @@ def _replay(store: Store, replicas: list[Replica], arrivals: list, *, single: bo
     subscribers = {
         s.spec.instance: s.subscriber for s in collector.streams if isinstance(s.subscriber, KVEventSubscriber)
     }
+    for subscriber in subscribers.values():  # a batch's lag as it was recorded: its receipt less its own time
+        subscriber.clock = lambda: now[0]
     scraper = collector.scraper
     collector.leases.claim()
     last_tick = now[0]
@@ -151,6 +153,7 @@ def _replay(store: Store, replicas: list[Replica], arrivals: list, *, single: bo
         collector.tick(now[0])
     finally:
         collector.stop()
+    return generate_latest(collector.registry).decode()
 
 
 def store_agent_steps(store: Store, steps: list[dict]) -> int:

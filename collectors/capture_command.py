@@ -4,7 +4,8 @@
     kvobs import ./fleet-capture --store postgresql://kvobs@db/kvobs      # a folder per replica, exports on top
 
 The layout is `collectors.capture`'s (what the project's recorders write); then `kvobs whatif`, `kvobs doctor` and
-the dashboard read the store as they read a live collector's.
+the dashboard read the store as they read a live collector's. It prints what `kvobs doctor --collector` would have
+said of the collector that took the capture (its wire shapes, lost batches, a shared prefix shorter than a block).
 """
 
 from __future__ import annotations
@@ -50,4 +51,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(f"imported {args.capture}: {summary.describe()}")
+    for name, ok, words in summary.checks:  # what `kvobs doctor --collector` would have said of the collector
+        print(f"  {'ok' if ok else 'PROBLEM'}  {name}: {words}")
     return 0

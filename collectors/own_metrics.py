@@ -32,6 +32,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
+from collectors.kv.shared_starts import STARTS
 from kvobs.analytics.verdicts import COST_KINDS
 from kvobs.semconv.metric_spec import MetricSpec
 from kvobs.semconv.metrics import (
@@ -123,6 +124,23 @@ class CollectorMetrics(PromCollector):
             unknown_removals.add_metric([stream.spec.instance], stream.ingest.num_unknown_removals)
         yield repeated
         yield unknown_removals
+        starts = {
+            name: _counter(spec, (LABEL_INSTANCE,))
+            for name, spec in zip(
+                STARTS,
+                (
+                    kvobs_metrics.COLLECTOR_KV_CHAIN_STARTS,
+                    kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STARTS,
+                    kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_TOKENS,
+                    kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STORED_TOKENS,
+                ),
+            )
+        }
+        for stream in c.streams:
+            totals = stream.ingest.starts
+            for name, family in starts.items():
+                family.add_metric([stream.spec.instance], getattr(totals, name))
+        yield from starts.values()
         unknown = _counter(kvobs_metrics.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS, (LABEL_INSTANCE, LABEL_MEDIUM))
         for stream in c.streams:
             for medium, n in sorted(stream.ingest.unknown_tiers.items()):

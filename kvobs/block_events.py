@@ -32,6 +32,7 @@ class Stored(msgspec.Struct, gc=False):
     kv_cache_spec_kind: str | None = None  # clipped
     lora_name: str | None = None  # clipped
     extra_keys: list[str | None] | None = None  # one JSON text (or None) a hash; None: no block has extra keys
+    first_tokens: list[int] | None = None  # a chain's start (no parent): its first block's tokens; None: not sent
 
 
 class Removed(msgspec.Struct, gc=False):

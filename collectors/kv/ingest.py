@@ -6,11 +6,10 @@
 
 Rows (`kv_events`, times are vLLM's batch timestamps):
 - `stored` per block, with its parent hash (the chain) and the session that stored it;
-- `removed` per block and per owning session (the session(s) whose `BlockStored` introduced it; no
-  session when it was stored before the collector subscribed);
+- `removed` per block and per owning session (the session(s) whose `BlockStored` introduced it; no session when it
+  was stored before the collector subscribed); chains that begin alike for less than a block: `shared_starts`.
 - `cleared` per `AllBlocksCleared` (`num_blocks`: the resident blocks it dropped, each once; `num_tokens` theirs,
-  `reason` `reset`), and per
-  publisher restart (`reason` `restart`): a new vLLM process starts with an empty cache.
+  `reason` `reset`), and per publisher restart (`reason` `restart`): a new vLLM process starts with an empty cache.
 
 Footprint snapshots (`snapshots` with `session_id`): blocks resident now, blocks lost so far (removed or
 cleared), blocks removed while the session was in a tool pause (`session_evicted_idle_blocks`), and blocks
@@ -36,6 +35,7 @@ import pandas as pd
 from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIER_STORED, BatchRows
 from collectors.kv.chains import STORED_AT, ChainTracker
 from collectors.kv.recent_stores import RecentStores
+from collectors.kv.shared_starts import SharedStarts
 from collectors.kv.ties import tie_requests
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
 from kvobs.block_clock import BlockClock
@@ -111,6 +111,7 @@ class KVIngest:
         self.num_ids_cut = 0  # session ids over MAX_ID_BYTES, cut (kvobs.identifiers.clip_id)
         self.num_placeholders = 0  # offload placeholders' hashes seen (`Placeholder`): not stored as blocks
         self.unknown_tiers: Counter[str] = Counter()  # tier kvobs does not know -> its blocks seen (not read)
+        self.starts = SharedStarts()  # the device tier's chains' first blocks, by their tokens
         self._dropped_repeated = self._dropped_unknown = 0  # those counts of tiers a clear dropped
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
         self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
@@ -125,7 +126,7 @@ class KVIngest:
         self._pending: deque[tuple[float, float, list[str], Counter]] = deque()
         self._changed: set[str] = set()
         self._idle: dict[str, list[float]] = {}  # session -> event times of its removals with a pending verdict
-        self._latest_ts = float("-inf")  # stream time: the newest batch timestamp
+        self.latest_ts = float("-inf")  # stream time: the newest batch's timestamp (-inf before the first)
         # ownership by inference (`collectors.block_owners`, off until `infer_owners`): the stores of blocks that
         # named no session, and the removals of such blocks, held until their session may be known
         self.recent: RecentStores | None = None
@@ -144,7 +145,7 @@ class KVIngest:
         rows = BatchRows()
         cleared: dict[str | None, int] = {}
         touched: set[str] = set()  # sessions with an event in this batch
-        self._latest_ts = max(self._latest_ts, ts)
+        self.latest_ts = max(self.latest_ts, ts)
         for event in batch.events:
             if type(event) is Removed:
                 self._removed(ts, event, rows)
@@ -172,7 +173,7 @@ class KVIngest:
     def on_restart(self) -> None:
         """The publisher restarted: its cache is empty, every chain we track has ended."""
         rows, now = BatchRows(), self.clock()
-        self._cleared(rows, RESTART, self._latest_ts if self._latest_ts > float("-inf") else now)  # (stream time)
+        self._cleared(rows, RESTART, self.latest_ts if self.latest_ts > float("-inf") else now)  # (stream time)
         self._flush(now, rows)
 
     def clock_of(self, medium: str | None, group: int | None, kind: str) -> BlockClock:
@@ -196,11 +197,6 @@ class KVIngest:
         """Removals of blocks not resident in their tier (stored before the collector subscribed, or removed twice):
         stored as they came, with no session."""
         return self._dropped_unknown + sum(t.num_unknown_removed for t in (self.chains, *self.tiers.values()))
-
-    @property
-    def latest_ts(self) -> float:
-        """Stream time: the newest batch's timestamp (-inf before the first)."""
-        return self._latest_ts
 
     # ---- ownership by inference ----------------------------------------------------------------------------
     def infer_owners(self, hold_s: float, recent_s: float) -> None:
@@ -244,7 +240,7 @@ class KVIngest:
                 self._move(session, stored=1, removed=int(waiting[0][5]))
             adopted += 1
             self._changed.add(session)
-            self._seen(session, self._latest_ts)
+            self._seen(session, self.latest_ts)
         return adopted
 
     def _move(self, session: str, **counts: int) -> None:
@@ -287,6 +283,8 @@ class KVIngest:
             self.primary = (medium, group or 0)
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
         firsts = chains.stored(hashes, parent, session, ts)  # (a block announced again: its row counts no block)
+        if event.first_tokens and chains is self.chains:
+            self.starts.see(hashes[0], event.first_tokens, event.block_size, len(hashes) * event.block_size)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
         rows.stored(event, firsts, TIER_STORED if lower else STORED, chains.clock.came_back(hashes, ts))
@@ -420,7 +418,7 @@ class KVIngest:
             with self.lock:
                 self._release(now if final else now - self.hold_s)
         self._classify(now if final else now - self.settle_s, final=final)
-        stamp = self._latest_ts if self._latest_ts > float("-inf") else now
+        stamp = self.latest_ts if self.latest_ts > float("-inf") else now
         changed, self._changed = self._changed, set()
         for session in sorted(changed):
             fp = self.chains.footprints.get(session)
@@ -446,7 +444,7 @@ class KVIngest:
 
     def forget_idle_sessions(self) -> int:
         """Forget sessions idle past `session_idle_s` with nothing resident or pending; returns how many."""
-        horizon, forgotten, busy = self._latest_ts - self.session_idle_s, 0, []
+        horizon, forgotten, busy = self.latest_ts - self.session_idle_s, 0, []
         while self._last_seen:
             session, last = next(iter(self._last_seen.items()))
             if last > horizon:
@@ -480,7 +478,7 @@ class KVIngest:
         if self.activity is None:  # (nothing is pending without it: `_classify`)
             return
         ended = self.session_ends(list(self._idle)) if self.session_ends is not None else {}
-        all_verdicts = self.activity.idle_verdicts(self._idle, now=self._latest_ts, ended=set(ended))
+        all_verdicts = self.activity.idle_verdicts(self._idle, now=self.latest_ts, ended=set(ended))
         for session, times in list(self._idle.items()):
             verdicts = all_verdicts[session]
             self.chains.footprint(session).removed_idle += verdicts.count(PAUSE)
@@ -490,7 +488,7 @@ class KVIngest:
             still = [
                 ts
                 for ts, verdict in zip(times, verdicts)
-                if verdict == PENDING or (verdict in OPEN and not final and self._latest_ts - ts < self.verdict_wait_s)
+                if verdict == PENDING or (verdict in OPEN and not final and self.latest_ts - ts < self.verdict_wait_s)
             ]
             if len(still) != len(times):
                 self._changed.add(session)

@@ -98,6 +98,7 @@ class KVEventSubscriber:
         self.num_batches = 0
         self.shapes: Counter[str] = Counter()  # batches by wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
         self.lag_s: float | None = None  # the latest batch's age when it arrived
+        self.clock: Callable[[], float] = time.time  # what a batch's age is read against (an import: its capture's)
         self.last_batch_at: float | None = None  # monotonic time of the latest batch delivered (None: none yet)
         self.handling_since: float | None = None  # monotonic time the batch being handled now arrived (None: idle)
         self.num_tail_recovered = 0
@@ -220,7 +221,7 @@ class KVEventSubscriber:
                 COMPONENT, "bad_event", f"{refused} malformed or out-of-range event(s) in batch {seq}", n=refused
             )
         self.shapes[shape] += 1
-        self.lag_s = time.time() - batch.ts  # the publisher's clock to ours: queueing, the network, clock skew
+        self.lag_s = self.clock() - batch.ts  # the publisher's clock to ours: queueing, the network, clock skew
         self.last_batch_at = self.handling_since = time.monotonic()
         self.num_events += num_events
         try:

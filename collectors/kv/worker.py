@@ -29,6 +29,7 @@ from collectors.kv.channel import Channel
 from collectors.kv.ingest import KVIngest
 from collectors.kv.poller import KVEventPoller
 from collectors.kv.rebuild import rebuild_clocks
+from collectors.kv.shared_starts import STARTS
 from collectors.kv.streams import KVStreamSpec, subscribe
 from collectors.kv.subscriber import KVEventSubscriber
 from kvobs.store import StoreWriter, open_store
@@ -66,6 +67,7 @@ STATS = (  # a stream's running totals the collector reads (its metrics, silence
             "num_unknown_removals",
         ),
     ),
+    ("starts", STARTS),
 )
 
 
@@ -78,7 +80,7 @@ def unstarted_stats() -> dict:
 
 def stream_stats(ingest: KVIngest, subscriber) -> dict:
     """What the collector's proxies of a stream read (`STATS`, the wire shapes and unknown tiers seen)."""
-    parts = {"ingest": ingest, "subscriber": subscriber}
+    parts = {"ingest": ingest, "subscriber": subscriber, "starts": ingest.starts}
     stats = {name: getattr(parts[part], name, None) for part, names in STATS for name in names}
     stats.update(shapes=dict(subscriber.shapes), unknown_tiers=dict(ingest.unknown_tiers))
     return stats

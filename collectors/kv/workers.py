@@ -25,8 +25,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from collectors.kv.channel import Channel, ChannelClosed, RemoteError
+from collectors.kv.shared_starts import STARTS
 from collectors.kv.streams import KVStreamSpec
 from collectors.kv.worker import unstarted_stats
 from kvobs.child_process import end_child, start_child
@@ -294,6 +296,12 @@ class RemoteIngest:
     @property
     def unknown_tiers(self) -> Counter[str]:
         return Counter(self.worker.stream_stats(self.instance).get("unknown_tiers", {}))
+
+    @property
+    def starts(self) -> SimpleNamespace:
+        """The worker's `SharedStarts` totals, read as its attributes."""
+        stats = self.worker.stream_stats(self.instance)
+        return SimpleNamespace(**{name: stats.get(name, 0) for name in STARTS})
 
     def __getattr__(self, name: str):
         return _stat(self.worker, self.instance, name)

@@ -118,3 +118,25 @@ def _gone_at(events: pd.DataFrame) -> dict[int, list[float]]:
     for block_hash, ts in zip(events["block_hash"], events["ts"]):
         out.setdefault(int(block_hash), []).append(float(ts))
     return out
+
+
+SHORT_FIX = (
+    "put the part every request shares first and make it at least one block long, or serve with smaller blocks "
+    "(vLLM's --block-size 16): a prefix cache finds whole blocks only"
+)
+SHORT_SHARE = 0.05  # a problem where the tokens computed again are at least this share of what those chains stored
+
+
+def short_starts_check(starts: float, short: float, tokens: float, stored: float) -> tuple[bool, str]:
+    """(ok, words) of a replica's chains that began as an earlier chain did for less than a block (the collector's
+    `kvobs_collector_kv_short_shared_*` totals: chains begun, those short-shared, their shared tokens, what they
+    stored as they began). Not ok where the shared tokens, each computed again, are `SHORT_SHARE` or more of it."""
+    share = tokens / stored if stored else 0.0
+    words = (
+        f"{short:,.0f} of {starts:,.0f} chains began with the same tokens as an earlier chain's first block for "
+        f"{tokens / short:,.0f} tokens on average, less than a block: a shared prefix shorter than a block is never "
+        f"found cached, so each computed it again ({tokens:,.0f} tokens, {share:.0%} of the {stored:,.0f} they stored "
+        "as they began)"
+    )
+    ok = share < SHORT_SHARE
+    return ok, f"{words}; small" if ok else f"{words}; to fix: {SHORT_FIX}"

@@ -117,6 +117,7 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     """`collector_checks` of a collector's /metrics text."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from kvobs.analytics.changing_starts import short_starts_check
     from kvobs.analytics.ownership import ties_check
     from kvobs.analytics.token_details import cached_fill_check
     from kvobs.semconv.metrics import (
@@ -228,6 +229,12 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     tied = by(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE)
     if any(tied.values()):  # blocks named no session: tied to their requests' sessions by inference
         out.append(("(KV blocks tied by inference)", *ties_check(tied)))
+    short = by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STARTS)
+    begun, shared = by(kvobs_metrics.COLLECTOR_KV_CHAIN_STARTS), by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_TOKENS)
+    stored = by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STORED_TOKENS)
+    for instance in sorted(i for i, n in short.items() if n):  # a prefix shorter than a block: a miss with a name
+        totals = (begun.get(instance, 0), short[instance], shared.get(instance, 0), stored.get(instance, 0))
+        out.append((f"{instance} (shared prefix shorter than a block)", *short_starts_check(*totals)))
     filled = by(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME)
     if any(filled.values()):  # requests whose spans say no cached tokens (vLLM's), given their replies' counts
         out.append(("(requests' cached tokens from replies)", *cached_fill_check(filled)))

@@ -336,6 +336,31 @@ kvobs_metrics = SimpleNamespace(
         "Block hashes in offload placeholders (BlockStored without tokens or block size: a copy reached "
         "another tier) a replica published; counted, not stored as blocks of its cache.",
     ),
+    COLLECTOR_KV_CHAIN_STARTS=_spec(
+        "kvobs_collector_kv_chain_starts",
+        "counter",
+        "chains",
+        "Distinct first blocks (a chain's start: no parent) a replica stored in its device cache, with their tokens.",
+    ),
+    COLLECTOR_KV_SHORT_SHARED_STARTS=_spec(
+        "kvobs_collector_kv_short_shared_starts",
+        "counter",
+        "chains",
+        "Chains whose first block began with the same tokens as an earlier chain's first block, for 16 tokens or "
+        "more but less than a block: a shared prefix shorter than a block, computed again by each, never found cached.",
+    ),
+    COLLECTOR_KV_SHORT_SHARED_TOKENS=_spec(
+        "kvobs_collector_kv_short_shared_tokens",
+        "counter",
+        "tokens",
+        "The tokens those chains shared with an earlier chain's start (each computed again).",
+    ),
+    COLLECTOR_KV_SHORT_SHARED_STORED_TOKENS=_spec(
+        "kvobs_collector_kv_short_shared_stored_tokens",
+        "counter",
+        "tokens",
+        "The tokens those chains stored as they began: what the shared tokens are a share of.",
+    ),
     COLLECTOR_KV_REPEATED_STORES=_spec(
         "kvobs_collector_kv_repeated_stores",
         "counter",

@@ -93,6 +93,7 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
                     None if event.kv_cache_spec_kind is None else clip_id(event.kv_cache_spec_kind),
                     None if lora is None else clip_id(lora),
                     None if event.extra_keys is None else extra_keys_json(event),
+                    event.token_ids[: event.block_size] if parent is None and event.token_ids else None,
                 )
             )
         elif type(event) is wire.AllBlocksCleared:
