@@ -73,4 +73,8 @@ OPENAI_STATUS_ERRORS = {
     "OpenAIModelNotFoundError": "404",
     "OpenAIRateLimitError": "429",
     "OpenAIAPIError": "500",
+    # a prompt over the model's context, which OpenAI-compatible servers refuse with 400: Agno's class of this name
+    # (agno/exceptions.py, status_code 400 by default; its message is the server's text alone) and LiteLLM's (a
+    # BadRequestError)
+    "ContextWindowExceededError": "400",
 }

@@ -22,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from tests.collectors.framework_scenarios import langchain, llamaindex, openai_agents, smolagents
+from tests.collectors.framework_scenarios import agno, langchain, llamaindex, openai_agents, smolagents
 from tests.collectors.scenario_parts import SERVED, SESSION_HEADER, SYSTEM, TOO_LONG, TOOL_S, at_once, trip
 
 
@@ -181,6 +181,7 @@ def plain_loop(provider, config: dict) -> dict:
 
 
 SCENARIOS = {
+    "agno": agno,
     "llamaindex": llamaindex,
     "smolagents": smolagents,
     "openai_agents": openai_agents,

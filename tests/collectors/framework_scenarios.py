@@ -1,4 +1,4 @@
-"""Agents built on frameworks (LangChain, the OpenAI Agents SDK, smolagents, LlamaIndex), each traced by its own
+"""Agents built on frameworks (LangChain, the OpenAI Agents SDK, smolagents, LlamaIndex, Agno), each traced by its own
 OpenInference instrumentation package, as `agent_scenarios` runs them (one per process). Nothing here knows
 kvobs."""
 
@@ -15,8 +15,10 @@ from tests.collectors.scenario_parts import (
     SYSTEM,
     TOO_LONG,
     at_once,
+    id_reading_client,
     system,
     tool_s,
+    travel_tools,
     trip,
 )
 
@@ -158,7 +160,6 @@ def smolagents(provider, config: dict) -> dict:
     long where `too_long` names the conversation. Its LLM spans keep the reply's text and token counts, not its id (its
     `ChatMessage` leaves the raw reply out): the ids answered are read off the HTTP replies by the agent's own
     client."""
-    import httpx
     from openinference.instrumentation import using_session
     from openinference.instrumentation.smolagents import SmolagentsInstrumentor
     from smolagents import OpenAIServerModel, tool
@@ -166,18 +167,11 @@ def smolagents(provider, config: dict) -> dict:
 
     SmolagentsInstrumentor().instrument(tracer_provider=provider)
     answered: dict[str, list[str]] = {name: [] for name in config["conversations"]}
-
-    def read_id(response: httpx.Response) -> None:
-        response.read()
-        if response.status_code == 200:
-            answered[CONVERSATION.get()].append(response.json()["id"])
-
-    http = httpx.Client(event_hooks={"response": [read_id]})
     model = OpenAIServerModel(
         model_id=SERVED,
         api_base=config["base_url"],
         api_key="none",
-        client_kwargs={"max_retries": 0, "http_client": http},
+        client_kwargs={"max_retries": 0, "http_client": id_reading_client(answered)},
     )
 
     @tool
@@ -238,18 +232,7 @@ def llamaindex(provider, config: dict) -> dict:
     from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
 
     LlamaIndexInstrumentor().instrument(tracer_provider=provider)
-
-    def search_flights(city: str) -> str:
-        """Find flights to a city."""
-        time.sleep(tool_s("search_flights", config))
-        return f"three flights to {city}"
-
-    def book_hotel(city: str) -> str:
-        """Book a hotel in a city."""
-        time.sleep(tool_s("book_hotel", config))
-        return f"hotel booked in {city}"
-
-    tools = [FunctionTool.from_defaults(fn) for fn in (search_flights, book_hotel)]
+    tools = [FunctionTool.from_defaults(fn) for fn in travel_tools(config)]
 
     @get_dispatcher("travel-agent").span  # LlamaIndex's own span: a conversation in one trace
     def conversation(name: str) -> list[str]:
@@ -291,3 +274,51 @@ def llamaindex(provider, config: dict) -> dict:
 
     at_once(run, config)
     return {"answered": {name: answered[name] for name in config["conversations"]}}
+
+
+def agno(provider, config: dict) -> dict:
+    """Agno's OpenAI-compatible model (`agno.models.openai.like.OpenAILike`) and its function calls, traced by
+    `openinference-instrumentation-agno` under `using_session`: three model calls a conversation with a tool (run as
+    Agno's own `FunctionCall`, its span a tool span) between them, the last too long where `too_long` names the
+    conversation. Its LLM spans (`<model>.invoke`) keep the reply's text and token counts, not its id, and a refusal
+    is its own exception class (`ModelProviderError`, which carries the status): the ids answered are read off the
+    HTTP replies by the agent's own client."""
+    from agno.exceptions import ModelProviderError
+    from agno.models.message import Message
+    from agno.models.openai.like import OpenAILike
+    from agno.tools.function import Function, FunctionCall
+    from openinference.instrumentation import using_session
+    from openinference.instrumentation.agno import AgnoInstrumentor
+
+    AgnoInstrumentor().instrument(tracer_provider=provider)
+    answered: dict[str, list[str]] = {name: [] for name in config["conversations"]}
+    model = OpenAILike(
+        id=SERVED,
+        base_url=config["base_url"],
+        api_key="none",
+        max_tokens=6,
+        temperature=0,
+        max_retries=0,
+        http_client=id_reading_client(answered),
+    )
+    tools = [Function.from_callable(fn) for fn in travel_tools(config)]
+
+    def conversation(name: str) -> None:
+        CONVERSATION.set(name)
+        messages = [Message(role="system", content=SYSTEM), Message(role="user", content=trip(name, config))]
+        with using_session(name), provider.get_tracer("travel-agent").start_as_current_span("conversation"):
+            for tool in (*tools, None):
+                if tool is None and name == config.get("too_long"):
+                    messages.append(Message(role="user", content=TOO_LONG))
+                try:
+                    reply = model.response(messages=list(messages))  # (it appends its reply to the list it is given)
+                except ModelProviderError:
+                    continue
+                messages.append(Message(role="assistant", content=reply.content or ""))
+                if tool is not None:
+                    call = FunctionCall(function=tool, arguments={"city": "Lisbon"})
+                    call.execute()
+                    messages.append(Message(role="user", content=str(call.result)))
+
+    at_once(conversation, config)
+    return {"answered": answered}

@@ -5,6 +5,7 @@ how conversations run (in turn or at once)."""
 from __future__ import annotations
 
 import contextvars
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 SERVED = "smollm2"
@@ -40,3 +41,33 @@ def at_once(conversation, config: dict) -> None:
         return
     with ThreadPoolExecutor(len(config["conversations"])) as pool:
         list(pool.map(conversation, config["conversations"]))
+
+
+def travel_tools(config: dict) -> tuple:
+    """The two tools a conversation calls, as plain functions (their names and docstrings are what a framework that
+    wraps a function shows its model), each taking its time (`tool_s`)."""
+
+    def search_flights(city: str) -> str:
+        """Find flights to a city."""
+        time.sleep(tool_s("search_flights", config))
+        return f"three flights to {city}"
+
+    def book_hotel(city: str) -> str:
+        """Book a hotel in a city."""
+        time.sleep(tool_s("book_hotel", config))
+        return f"hotel booked in {city}"
+
+    return search_flights, book_hotel
+
+
+def id_reading_client(answered: dict[str, list[str]]):
+    """An HTTP client that files each answered reply's id under the conversation running (`CONVERSATION`): the truth
+    for a framework whose spans keep no reply id."""
+    import httpx
+
+    def read_id(response) -> None:
+        response.read()
+        if response.status_code == 200:
+            answered[CONVERSATION.get()].append(response.json()["id"])
+
+    return httpx.Client(event_hooks={"response": [read_id]})

@@ -5,6 +5,8 @@ refused one says why not, and the collector counts the joins."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from prometheus_client import generate_latest
 
@@ -67,3 +69,24 @@ def test_a_smolagents_model_and_tools_traced_by_openinference_are_joined_by_timi
     assert set(ok["request_join"]) == {"timing"} and len(ok) == 5
     assert steps["request_join"].tolist()[-1] == "unanswered"
     assert len(steps["tools"].dropna()) == 4
+
+
+def test_an_agno_model_and_function_calls_traced_by_openinference_are_joined_by_timing(smollm2_source, store):
+    """Agno (a framework none of the others shares code with), traced by its own OpenInference package: its LLM
+    spans keep the reply's text and token counts but not its id, so each step is joined by timing, and that is the
+    request the agent's own client was answered by; its function calls are tool spans in the pauses; the refusal,
+    Agno's `ModelProviderError` wrapping the server's 400, is read as the 400."""
+    with served_and_collected(smollm2_source, store, service="agno", record="agno-openinference") as h:
+        answered = h.agent("agno", conversations=["trip-a", "trip-b"], too_long="trip-b")["answered"]
+
+    sessions = store.reads.sessions().set_index("session_id")
+    assert sorted(sessions.index) == ["trip-a", "trip-b"] and set(sessions["source"]) == {"openinference"}
+    steps = store.reads.steps().sort_values(["session_id", "step_index"])
+    assert steps.groupby("session_id").size().to_dict() == {"trip-a": 3, "trip-b": 3}
+    ok = steps[steps["status"] == "ok"]
+    assert ok.groupby("session_id")["request_id"].apply(list).to_dict() == answered
+    assert set(ok["request_join"]) == {"timing"} and len(ok) == 5
+    assert steps["status"].tolist()[-1] == "error" and steps["error_type"].tolist()[-1] == "400"
+    assert steps["request_join"].tolist()[-1] == "unanswered"
+    tools = [json.loads(t) for t in steps["tools"].dropna()]
+    assert len(tools) == 4 and all(len(t) == 1 for t in tools)  # one call a pause, counted once

@@ -1,5 +1,5 @@
 """The KV story of a framework agent's steps with no header in the agent: three conversations at once (LangChain,
-the OpenAI Agents SDK, smolagents and LlamaIndex traced by their OpenInference instrumentation, pydantic-ai by its
+the OpenAI Agents SDK, smolagents, LlamaIndex and Agno traced by their OpenInference instrumentation, pydantic-ai by its
 own and a plain OpenAI client loop by OTel's `openai-v2`), on a `kvobs serve` whose cache
 is too small for all three, so blocks are evicted while conversations wait on their tools. No block names a
 session; the collector joins each step to its request and ties the blocks each request stored to the step's session
@@ -59,8 +59,8 @@ class BlockTruth:
 
 
 # LangChain's, LlamaIndex's, pydantic-ai's and the plain client's steps are joined by the id in their spans, the
-# Agents SDK's and smolagents' by timing; each but LangChain on SQLite alone (the replay of each recording runs on
-# every backend: test_agent_kv_fixtures.py)
+# Agents SDK's, smolagents' and Agno's by timing; each but LangChain on SQLite alone (the replay of each recording
+# runs on every backend: test_agent_kv_fixtures.py)
 CASES = [
     ("langchain", "sqlite"),
     ("langchain", "postgresql"),
@@ -69,6 +69,7 @@ CASES = [
     ("llamaindex", "sqlite"),
     ("pydantic_ai", "sqlite"),
     ("plain_loop", "sqlite"),
+    ("agno", "sqlite"),
 ]
 AGENT_PARAMS = {"plain_loop": {"instrumentation": "openai-v2"}}  # the official OTel GenAI instrumentation
 

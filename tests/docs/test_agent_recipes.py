@@ -23,7 +23,8 @@ SERVER, COLLECTOR = "http://localhost:8000/v1", "http://localhost:4318/v1/traces
 
 
 def test_every_recipe_names_the_two_addresses_it_is_run_with():
-    assert set(RECIPES) == {"langchain", "openai-agents", "smolagents", "llamaindex", "pydantic-ai", "openai-v2"}
+    frameworks = {"langchain", "openai-agents", "smolagents", "agno", "llamaindex", "pydantic-ai", "openai-v2"}
+    assert set(RECIPES) == frameworks
     for code in RECIPES.values():
         assert SERVER in code and COLLECTOR in code and code.startswith("# pip install ")
 
