@@ -38,7 +38,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 RECORDERS = {
     "agents/vllm-*-kv": (16, RunEngine.VLLM.value),
     "agents/*-kv-ownership": (34, RunEngine.KVOBS.value),
-    "agents/llamaindex-openinference": (48, RunEngine.KVOBS.value),  # (agent_harness.served_and_collected's default)
+    "agents/*-openinference": (48, RunEngine.KVOBS.value),  # (agent_harness.served_and_collected's default)
 }
 
 
@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
         if check.error_points is None:
             lines.append(f"| {row['capture']} | {row['run']} | | not checked: {'; '.join(check.reasons)} | | | | | |")
             continue
-        observed = f"{100 * check.observed:.1f}% ({check.observed_source})"
+        said, replayed = check.answered or (check.replay.requests, check.replay.requests)
+        counted = f"{said} of {replayed} requests" if said != replayed else f"{replayed} requests"  # what it is over
+        observed = f"{100 * check.observed:.1f}% ({check.observed_source}, {counted})"
         whole, other = ("n/a" if row[k] is None else f"{row[k]:+.2f}" for k in ("whole", "other"))
         within = "yes" if abs(check.error_points) <= WITHIN_POINTS else "NO"
         lines.append(
