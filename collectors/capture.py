@@ -97,8 +97,8 @@ def import_capture(store: Store, root: Path, *, instance: str | None = None) -> 
     summary = CaptureSummary(exports=0)
     arrivals: list[tuple[float, int, int, str, object]] = []
     for replica in replicas:
-        messages = _kv_messages(replica.folder / KV_EVENTS) if replica.has_kv else []
-        scrapes = _scrapes(replica.folder / METRICS) if replica.has_metrics else []
+        messages = read_kv_messages(replica.folder / KV_EVENTS) if replica.has_kv else []
+        scrapes = read_scrapes(replica.folder / METRICS) if replica.has_metrics else []
         summary.replicas[replica.name] = {"kv_messages": len(messages), "scrapes": len(scrapes)}
         arrivals += [(ts, KV, i, replica.name, frames) for i, (ts, frames) in enumerate(messages)]
         arrivals += [(ts, SCRAPE, i, replica.name, body) for i, (ts, body) in enumerate(scrapes)]
@@ -186,7 +186,8 @@ def store_agent_steps(store: Store, steps: list[dict]) -> int:
     return len(steps)
 
 
-def _kv_messages(path: Path) -> list[tuple[float, list[bytes]]]:
+def read_kv_messages(path: Path) -> list[tuple[float, list[bytes]]]:
+    """A `kv_events.jsonl`: each recorded ZMQ message, (when it was received, its frames)."""
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         try:
@@ -197,7 +198,8 @@ def _kv_messages(path: Path) -> list[tuple[float, list[bytes]]]:
     return out
 
 
-def _scrapes(folder: Path) -> list[tuple[float, str]]:
+def read_scrapes(folder: Path) -> list[tuple[float, str]]:
+    """A `metrics/` folder: each recorded `GET /metrics`, (when it was scraped, the body), in `index.json`'s order."""
     try:
         index = json.loads((folder / "index.json").read_text())
         return [(float(entry["ts"]), (folder / entry["file"]).read_text()) for entry in index]
@@ -205,16 +207,34 @@ def _scrapes(folder: Path) -> list[tuple[float, str]]:
         raise CaptureError(f"{folder}/index.json: not a list of recorded scrapes ({exc})") from exc
 
 
+def read_export_bodies(path: Path) -> list[bytes]:
+    """An `otlp_traces.jsonl`: each recorded OTLP export's body, in the order it was received."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            out.append(base64.b64decode(json.loads(line)["body_b64"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CaptureError(f"{path}:{n}: not a recorded OTLP export ({exc})") from exc
+    return out
+
+
+def span_bounds(export: ExportTraceServiceRequest) -> tuple[float, float]:
+    """(its earliest span's start, its latest span's end), epoch seconds; (0, 0) for an export of no span."""
+    spans = [s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    if not spans:
+        return 0.0, 0.0
+    return min(s.start_time_unix_nano for s in spans) / 1e9, max(s.end_time_unix_nano for s in spans) / 1e9
+
+
 def _exports(path: Path) -> list[tuple[float, ExportTraceServiceRequest]]:
     """Each export in the order it was received (the file's), at the time its latest span ended (its exporter sent
     it no sooner) or, where that is earlier, when the export before it came."""
     out: list[tuple[float, ExportTraceServiceRequest]] = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, body in enumerate(read_export_bodies(path), 1):
         try:
-            export = ExportTraceServiceRequest.FromString(base64.b64decode(json.loads(line)["body_b64"]))
-        except Exception as exc:  # (protobuf's DecodeError, bad JSON or base64: the line is no export)
+            export = ExportTraceServiceRequest.FromString(body)
+        except Exception as exc:  # (protobuf's DecodeError: the line is no export)
             raise CaptureError(f"{path}:{n}: not a recorded OTLP export ({exc})") from exc
-        ends = [s.end_time_unix_nano for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
         before = out[-1][0] if out else 0.0
-        out.append((max(before, max(ends) / 1e9 if ends else 0.0), export))
+        out.append((max(before, span_bounds(export)[1]), export))
     return out

@@ -6,7 +6,6 @@ the two block managers at its lookup when it was recorded."""
 
 from __future__ import annotations
 
-import base64
 import json
 from contextlib import ExitStack, contextmanager
 from functools import cache
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from collectors.capture import KV_EVENTS, METRICS, OTLP, read_export_bodies, read_kv_messages, read_scrapes
 from collectors.collector import Collector, CollectorOptions
 from tests.collectors.recorded_run import recorded_clock
 from tests.collectors.replay import metrics_server, publisher, wait_subscribed
@@ -44,8 +44,7 @@ def truth() -> dict:
 
 
 def replica_frames(name: str, root: Path = ROOT) -> list[list[bytes]]:
-    lines = (root / name / "kv_events.jsonl").read_text().splitlines()
-    return [[base64.b64decode(f) for f in json.loads(line)["frames_b64"]] for line in lines]
+    return [frames for _, frames in read_kv_messages(root / name / KV_EVENTS)]
 
 
 def replica_scrapes(name: str, root: Path = ROOT) -> list[str]:
@@ -54,13 +53,11 @@ def replica_scrapes(name: str, root: Path = ROOT) -> list[str]:
 
 def replica_timed_scrapes(name: str, root: Path = ROOT) -> list[tuple[float, str]]:
     """Each recorded `GET /metrics` of the replica: (when it was recorded, the body)."""
-    index = json.loads((root / name / "metrics" / "index.json").read_text())
-    return [(entry["ts"], (root / name / "metrics" / entry["file"]).read_text()) for entry in index]
+    return read_scrapes(root / name / METRICS)
 
 
 def fleet_bodies(root: Path = ROOT) -> list[bytes]:
-    lines = (root / "otlp_traces.jsonl").read_text().splitlines()
-    return [base64.b64decode(json.loads(line)["body_b64"]) for line in lines]
+    return read_export_bodies(root / OTLP)
 
 
 @contextmanager

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from collectors.capture import KV_EVENTS, METRICS, OTLP, read_export_bodies, read_kv_messages, read_scrapes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
 
@@ -20,23 +21,17 @@ class Frame:
 @cache
 def scrapes() -> list[tuple[float, str]]:
     """(scrape time, body) in order."""
-    index = json.loads((FIXTURES / "metrics" / "index.json").read_text())
-    return [(e["ts"], (FIXTURES / "metrics" / e["file"]).read_text()) for e in index]
+    return read_scrapes(FIXTURES / METRICS)
 
 
 @cache
 def kv_messages() -> list[Frame]:
-    out = []
-    for line in (FIXTURES / "kv_events.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        out.append(Frame(d["recv_ts"], tuple(base64.b64decode(f) for f in d["frames_b64"])))
-    return out
+    return [Frame(ts, tuple(frames)) for ts, frames in read_kv_messages(FIXTURES / KV_EVENTS)]
 
 
 @cache
 def otlp_bodies() -> list[bytes]:
-    lines = (FIXTURES / "otlp_traces.jsonl").read_text().splitlines()
-    return [base64.b64decode(json.loads(line)["body_b64"]) for line in lines]
+    return read_export_bodies(FIXTURES / OTLP)
 
 
 @cache

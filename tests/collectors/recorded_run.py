@@ -10,7 +10,7 @@ from contextlib import ExitStack, contextmanager
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.capture import store_agent_steps
+from collectors.capture import span_bounds, store_agent_steps
 from collectors.collector import Collector, CollectorOptions
 from kvobs.semconv.attributes import SERVICE_INSTANCE_ID
 from tests.collectors.recorded import agent_steps, kv_messages, otlp_bodies, scrapes
@@ -97,9 +97,7 @@ def recorded_clock(times: list[list[float]]):
 
 def _started(body: bytes) -> float:
     """When the earliest span of an OTLP body started (epoch s)."""
-    export = ExportTraceServiceRequest.FromString(body)
-    starts = [s.start_time_unix_nano for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
-    return min(starts) / 1e9 if starts else 0.0
+    return span_bounds(ExportTraceServiceRequest.FromString(body))[0]
 
 
 def _exported_by(body: bytes, instance: str) -> bytes:

@@ -12,6 +12,7 @@ import json
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from collectors.capture import span_bounds
 from collectors.session_activity import SessionActivity
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
@@ -52,33 +53,12 @@ def replay(store, requests: list[ExportTraceServiceRequest], *, join_wait_s: flo
     )
     ingest = SpanIngest(writer, activity=activity, steps=steps, instance="engine")
     for request in requests:
-        now[0] = max(now[0], _latest_end(request))
+        now[0] = max(now[0], span_bounds(request)[1])
         ingest.handle(request)
         steps.settle()
     steps.settle(final=True)
     writer.close()
     return ingest
-
-
-def _latest_end(request: ExportTraceServiceRequest) -> float:
-    return max(
-        (span.end_time_unix_nano / 1e9 for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans),
-        default=0.0,
-    )
-
-
-def _latest_end_of(requests: list[ExportTraceServiceRequest]) -> float:
-    return max(_latest_end(r) for r in requests)
-
-
-def _first_start_of(requests: list[ExportTraceServiceRequest]) -> float:
-    return min(
-        span.start_time_unix_nano / 1e9
-        for r in requests
-        for rs in r.resource_spans
-        for ss in rs.scope_spans
-        for span in ss.spans
-    )
 
 
 def _tool_names(tools) -> list:
@@ -95,7 +75,9 @@ def test_recorded_agent_runs_make_the_same_steps_on_every_backend(any_store, nam
     elif order == "server_last":
         requests = [r for r in requests if not _is_server(r)] + [r for r in requests if _is_server(r)]
     # server last: every request span after every agent span, so the calls wait as long as the recording lasted
-    wait = _latest_end_of(requests) - _first_start_of(requests) + 1.0 if order == "server_last" else JOIN_WAIT_S
+    bounds = [span_bounds(r) for r in requests]
+    whole = max(end for _, end in bounds) - min(start for start, _ in bounds)
+    wait = whole + 1.0 if order == "server_last" else JOIN_WAIT_S
     ingest = replay(any_store, requests, join_wait_s=max(wait, JOIN_WAIT_S))
 
     steps = any_store.reads.steps().sort_values(["session_id", "step_index"])[STEP_COLUMNS]

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from collectors.block_owners import BlockOwners
+from collectors.capture import span_bounds
 from collectors.kv.ingest import KVIngest
 from collectors.session_activity import SessionActivity
 from collectors.traces.span_ingest import SpanIngest
@@ -22,7 +23,7 @@ from kvobs.store.writer import StoreWriter
 from kvobs.vllm import kv_events as wire
 from kvobs.vllm.normalize import decode
 from tests.collectors.agent_harness import FIXTURES
-from tests.collectors.test_agent_fixtures import _latest_end, exports
+from tests.collectors.test_agent_fixtures import exports
 
 KV_RECORDINGS = sorted(p.name for p in FIXTURES.iterdir() if (p / "kv_truth.json").exists())
 
@@ -65,7 +66,7 @@ def replay(store, name: str, *, without_sessions: bool = True) -> BlockOwners:
     owners = BlockOwners(activity, [ingest], clock=clock)
     spans = SpanIngest(writer, activity=activity, steps=steps, owners=owners, instance="engine")
     arrivals = [(ts, i, "kv", message) for i, (ts, *message) in enumerate(kv_messages(name))]
-    arrivals += [(_latest_end(r), i, "otlp", r) for i, r in enumerate(exports(name))]
+    arrivals += [(span_bounds(r)[1], i, "otlp", r) for i, r in enumerate(exports(name))]
     for ts, _, kind, item in sorted(arrivals, key=lambda a: (a[0], a[2], a[1])):
         now[0] = max(now[0], ts)
         if kind == "kv":
