@@ -18,7 +18,7 @@ from kvobs.store.runs import Runs
 # a value a row; a value an event's rows (runs); the batch's own `ts` and `instance` are given to `KVEventColumns`
 # apart, and no engine's KV events carry a request
 ROW_COLUMNS: tuple[str, ...] = ("block_hash", "parent_hash", "session_id", "first_owner", "extra_keys", "lifetime_s")
-ROW_COLUMNS += ("restored", "restored_after_s")
+ROW_COLUMNS += ("restored", "restored_after_s", "shared_start_tokens")
 EVENT_COLUMNS = ("kind", "medium", "num_tokens", "reason", "num_blocks", "group_idx", "kv_cache_spec_kind", "lora_name")
 COLUMNS = tuple(name for name in KVEventRecord._columns if name in ROW_COLUMNS or name in EVENT_COLUMNS)
 STORED, REMOVED, CLEARED = KVEventKind.STORED.value, KVEventKind.REMOVED.value, KVEventKind.CLEARED.value
@@ -59,10 +59,12 @@ class BatchRows:
         firsts: list[int] | None = None,
         row_kind: str = STORED,
         gaps: list[float | None] | None = None,
+        shared_start: int = 0,
     ) -> None:
         """A row per block of a store, in chain order; `firsts`: each row's `first_owner` (0: a block announced again,
         counted once), none: all 1; `row_kind`: `tier_stored` for a tier below the device cache's; `gaps`: each
-        block's time since it was lost on this tier (`BlockClock.stored`), none: no block was."""
+        block's time since it was lost on this tier (`BlockClock.stored`), none: no block was; `shared_start`: the
+        tokens a chain's first block began with as an earlier chain's did, less than a block (0: none)."""
         c, n, hashes = self.rows, len(event.hashes), event.hashes
         none = [None] * n  # (one list for every column that is none: most of them, most of the time)
         c["block_hash"].extend(hashes)
@@ -71,6 +73,7 @@ class BatchRows:
         c["first_owner"].extend([1] * n if firsts is None else firsts)
         c["extra_keys"].extend(none if event.extra_keys is None else event.extra_keys)
         c["lifetime_s"].extend(none)
+        c["shared_start_tokens"].extend(none if not shared_start else [shared_start, *none[1:]])
         self._restores(n, gaps)
         shared = (row_kind, event.medium, event.block_size, None, None, event.group_idx, event.kv_cache_spec_kind)
         self._run((*shared, event.lora_name), n)
@@ -92,7 +95,7 @@ class BatchRows:
         none = [None] * n
         c["block_hash"].extend(hashes)
         c["first_owner"].extend(firsts)
-        for name in ("parent_hash", "session_id", "extra_keys", "lifetime_s"):
+        for name in ("parent_hash", "session_id", "extra_keys", "lifetime_s", "shared_start_tokens"):
             c[name].extend(none)
         self._restores(n, gaps)
         self._run((TIER_STORED, medium, None, None, None, None, None, None), n)
@@ -124,6 +127,7 @@ class BatchRows:
         c["lifetime_s"].extend(lifetimes)
         c["restored"].extend(none)
         c["restored_after_s"].extend(none)
+        c["shared_start_tokens"].extend(none)
         self._run((row_kind, medium, num_tokens, reason, None, group_idx, None, None), n)
 
     def add(self, kind: str, **fields) -> None:

@@ -283,11 +283,12 @@ class KVIngest:
             self.primary = (medium, group or 0)
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
         firsts = chains.stored(hashes, parent, session, ts)  # (a block announced again: its row counts no block)
+        shared = 0  # (a chain begun as another did, for less than a block: its first row says how many tokens)
         if event.first_tokens and chains is self.chains:
-            self.starts.see(hashes[0], event.first_tokens, event.block_size, len(hashes) * event.block_size)
+            shared = self.starts.see(hashes[0], event.first_tokens, event.block_size, len(hashes) * event.block_size)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
-        rows.stored(event, firsts, TIER_STORED if lower else STORED, chains.clock.came_back(hashes, ts))
+        rows.stored(event, firsts, TIER_STORED if lower else STORED, chains.clock.came_back(hashes, ts), shared)
 
     def _placeholder(self, ts: float, event: Placeholder, rows: BatchRows) -> None:
         """Hashes that reached an offload tier, no content: no block of this cache; counted, and stored as the tier's

@@ -127,6 +127,24 @@ SHORT_FIX = (
 SHORT_SHARE = 0.05  # a problem where the tokens computed again are at least this share of what those chains stored
 
 
+def short_start_words(kv: pd.DataFrame) -> str | None:
+    """Of a step's own KV rows, a chain its request began whose first block started as an earlier chain's did, for
+    less than a block (`kv_events.shared_start_tokens`, from the collector), in words with the fix; None: none."""
+    if "shared_start_tokens" not in kv:
+        return None
+    started = kv[(kv["kind"] == KVEventKind.STORED.value) & kv["shared_start_tokens"].notna()]
+    if started.empty:
+        return None
+    row = started.loc[started["shared_start_tokens"].idxmax()]
+    block = f" of {int(row['num_tokens']):,}" if pd.notna(row["num_tokens"]) else ""
+    tokens = int(row["shared_start_tokens"])
+    return (
+        f"its prompt began a chain of its own whose first block starts with the same {tokens:,} tokens as an earlier "
+        f"chain's, less than a block{block}: a shared prefix shorter than a block is never "
+        f"found cached, so it computed them again; to fix: {SHORT_FIX}"
+    )
+
+
 def short_starts_check(starts: float, short: float, tokens: float, stored: float) -> tuple[bool, str]:
     """(ok, words) of a replica's chains that began as an earlier chain did for less than a block (the collector's
     `kvobs_collector_kv_short_shared_*` totals: chains begun, those short-shared, their shared tokens, what they

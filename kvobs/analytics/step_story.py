@@ -31,7 +31,7 @@ import pandas as pd
 
 from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
 from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.changing_starts import session_changing_start
+from kvobs.analytics.changing_starts import session_changing_start, short_start_words
 from kvobs.analytics.latency_parts import RequestTimes, request_intervals
 from kvobs.analytics.pauses import pause_before
 from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
@@ -134,13 +134,14 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
     timeline = _timeline(step, pause, mine, pd.concat([session_kv, tied]))
     events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
     events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
-    misses = _misses(store, session_id, step, i, with_sessions(reqs, steps))
+    misses = _misses(store, session_id, step, i, with_sessions(reqs, steps), kv)
     return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS], misses)
 
 
-def _misses(store: Store, session_id: str, step, i: int, reqs: pd.DataFrame) -> tuple[str, ...]:
-    """What the step and its session show that no cache size would change (`changing_starts`, `token_details`)."""
-    found = [reply_without_details(step.to_dict())]
+def _misses(store: Store, session_id: str, step, i: int, reqs: pd.DataFrame, kv: pd.DataFrame) -> tuple[str, ...]:
+    """What the step and its session show that no cache size would change (`changing_starts`, `token_details`); `kv`:
+    the step's own KV rows (a chain it began as another had, for less than a block)."""
+    found = [reply_without_details(step.to_dict()), short_start_words(kv)]
     if i > 0:
         start = session_changing_start(store, session_id, reqs)
         found.append(start.words if start is not None else None)

@@ -228,8 +228,9 @@ class Reads(Protocol):
         instances: Instances = None,
         unnamed: bool = False,
     ) -> pd.DataFrame:
-        """`stored` events: the hash chains with who stored them and when, and whether each was a restore (`restored`),
-        oldest first; `latest`: the newest N; `unnamed`: only the stores that named no session."""
+        """`stored` events: the hash chains with who stored them and when, whether each was a restore (`restored`), and
+        a chain start's tokens shared short of a block (`shared_start_tokens`), oldest first; `latest`: the newest N;
+        `unnamed`: only the stores that named no session."""
         ...
 
     def top_restored_blocks(

@@ -245,6 +245,9 @@ class KVEventRecord(Record):
     lifetime_s: float | None = None
     restored: int | None = None
     restored_after_s: float | None = None
+    # On a chain's first stored block: the tokens it began with as an earlier chain's first block did, 16 or more and
+    # less than a block (a prefix shorter than a block: computed again, never found; `collectors.kv.shared_starts`).
+    shared_start_tokens: int | None = None
 
 
 class KVEventColumns:

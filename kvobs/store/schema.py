@@ -238,6 +238,8 @@ class KVEventRow(Base):
     lifetime_s: Mapped[float | None] = mapped_column(Float)
     restored: Mapped[int | None] = mapped_column(SmallInteger)
     restored_after_s: Mapped[float | None] = mapped_column(Float)
+    # On a chain's first stored block, the tokens it shared with an earlier chain's start, less than a block (0026).
+    shared_start_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
 class KVEventMinuteRow(Base):

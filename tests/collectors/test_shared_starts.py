@@ -20,6 +20,7 @@ import pytest
 
 from collectors.capture import import_capture
 from collectors.kv.shared_starts import MIN_SHARED, SharedStarts
+from kvobs.analytics.step_story import step_story
 from kvobs.store import open_store
 from kvobs.vllm.kv_events import BlockStored, decode_batch
 from tests.collectors.recorded import FIXTURES as VLLM_RUN
@@ -95,3 +96,25 @@ def test_a_chain_start_counts_once_and_only_for_a_start_shared_short_of_a_block(
     assert starts.see(6, start(6), block, 32) == 26  # still compared with the kept ones
     assert starts.see(7, start(7)[:10], block, 32) == 0  # not a whole block: not compared
     assert np.isclose(starts.short_tokens / starts.num_short, 26)
+
+
+def test_the_step_whose_prompt_began_a_short_shared_chain_names_the_miss(any_store):
+    """The collector keeps, on each chain's first stored block, the tokens it shared short of a block
+    (`kv_events.shared_start_tokens`, on every backend): the recorded wire's own counts. Each step whose request began
+    such a chain says so in its story, with the fix; no other step does."""
+    folder = AGENTS / "vllm-frameworks-kv"
+    short = [n for n, _ in shared_with_earlier(recorded_starts(folder)) if MIN_SHARED <= n < 128]
+    import_capture(any_store, folder)
+    stored = any_store.reads.stored_blocks()
+    began = stored[stored["shared_start_tokens"].notna()]
+    assert sorted(began["shared_start_tokens"].astype(int)) == sorted(short)
+    steps = any_store.reads.steps()
+    named = {}
+    for session_id, index in steps[["session_id", "step_index"]].itertuples(index=False):
+        said = [m for m in step_story(any_store, session_id, index).misses if "shorter than a block" in m]
+        if said:
+            named[(session_id, index)] = said[0]
+    assert len(named) == len(began) and {s for s, _ in named} == set(began["session_id"])
+    for words in named.values():
+        assert "less than a block of 128: a shared prefix shorter than a block is never found cached" in words
+        assert "to fix: put the part every request shares first" in words

@@ -312,6 +312,10 @@ _REQUEST_CACHED_FROM = [
 # Version 21: the engine a run was of (alembic 0025); rows before hold NULL (not said).
 _RUN_ENGINE = ["ALTER TABLE runs ADD COLUMN IF NOT EXISTS engine LowCardinality(Nullable(String)) AFTER offload_blocks"]
 
+# Version 22: on a chain's first stored block, the tokens it shared with an earlier chain's start, less than a block
+# (alembic 0026); rows before hold NULL (not compared).
+_SHARED_STARTS = _kv_columns_added(("shared_start_tokens", "Nullable(Int32)", "restored_after_s"))
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -335,6 +339,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (19, "step_verdicts.before_s: the time before a step's request reached the server", _VERDICT_BEFORE),
     (20, "requests.cached_from: the server's own count or the reply's", _REQUEST_CACHED_FROM),
     (21, "runs.engine: the engine a run was of", _RUN_ENGINE),
+    (22, "kv_events.shared_start_tokens: a shared prefix shorter than a block", _SHARED_STARTS),
 ]
 
 

@@ -330,7 +330,9 @@ class ClickHouseReads(ComposedReads):
         where = _Where(f"kind = '{STORED}'").window("ts", since, until).instances(instances)
         if unnamed:
             where.add("session_id IS NULL")
-        columns = "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id, restored"
+        columns = (
+            "ts, instance, block_hash, parent_hash, num_tokens, session_id, request_id, restored, shared_start_tokens"
+        )
         if latest is None:
             return self.store.frame(f"SELECT {columns} FROM kv_events{where} ORDER BY ts, id", where.params)
         newest = self.store.frame(

@@ -335,8 +335,9 @@ class SqlReads(ComposedReads):
         instances: Instances = None,
         unnamed: bool = False,
     ) -> pd.DataFrame:
-        """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, and whether
-        each brought back a block lost there (`restored`), oldest first; `latest`: only the newest this many (chosen in
+        """`stored` events: the hash chains (`block_hash`, `parent_hash`) with who stored them and when, whether each
+        brought back a block lost there (`restored`), and the tokens a chain's first block shared, short of a block,
+        with an earlier chain's (`shared_start_tokens`), oldest first; `latest`: only the newest this many (chosen in
         SQL, by the `(kind, ts)` index); `unnamed`: only the stores that named no session."""
         stmt = select(
             KVEventRow.ts,
@@ -347,6 +348,7 @@ class SqlReads(ComposedReads):
             KVEventRow.session_id,
             KVEventRow.request_id,
             KVEventRow.restored,
+            KVEventRow.shared_start_tokens,
         )
         stmt = _of_instances(stmt.where(KVEventRow.kind == KVEventKind.STORED.value), KVEventRow.instance, instances)
         stmt = _between(stmt, KVEventRow.ts, since, until)
