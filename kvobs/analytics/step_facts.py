@@ -32,7 +32,7 @@ EVICTION_KINDS = (KVEventKind.EVICTED.value, KVEventKind.REMOVED.value)
 
 def positions_by_value(values: np.ndarray) -> dict:
     """Value -> the positions holding it, ascending (missing values left out): one factorize and one stable sort, not
-    a groupby (whose per-value lookups of Arrow strings cost 1 us each, and a DataFrame per group 0.7 ms)."""
+    a groupby (a per-value lookup of an Arrow string, and a DataFrame per group, each cost more than the whole)."""
     codes, found = pd.factorize(values)
     order = np.argsort(codes, kind="stable").astype(np.int64)  # rows of no value (code -1) first, then left out
     bounds = np.searchsorted(codes[order], np.arange(len(found) + 1))

@@ -115,13 +115,11 @@ class SqlBatchWriter:
         """KV events held as columns. On SQLite: one statement that reads the rows from a JSON array bound as one
         value (`json_each`), so the whole insert runs inside SQLite without Python's lock. An executemany takes
         and gives back that lock once per row, and a writer thread doing so next to a busy producer thread (the
-        collector decoding the next batches) waits a thread switch interval for every row: measured, 182k rows
-        took minutes instead of 3 s. Where no other thread wants the lock (`alone`: a process that only writes),
-        the driver's executemany of tuples, which SQLite runs a third faster than `json_each`'s `json_extract` a
-        column and row (600,000 rows, five indexes: 59,300 against 42,900 rows/s). On PostgreSQL: COPY, in
-        the batch's transaction (300,000 rows: 76,100 rows/s against 49,800 by psycopg's executemany, and the row
-        dicts SQLAlchemy's insert took cost as much again in Python); hashes as they are (NUMERIC(20), as `UInt64`
-        binds them there)."""
+        collector decoding the next batches) waits a thread switch interval for every row. Where no other thread
+        wants the lock (`alone`: a process that only writes), the driver's executemany of tuples, which SQLite runs
+        faster than `json_each`'s `json_extract` a column and row. On PostgreSQL: COPY, in the batch's transaction,
+        faster than psycopg's executemany and without the row dicts SQLAlchemy's insert takes; hashes as they are
+        (NUMERIC(20), as `UInt64` binds them there). (The measurements: this docstring's commit message.)"""
         names = _valued(batches)  # (a column NULL on every row is left out: NULL is its default, and binding it costs)
         if dialect == "postgresql":  # binary COPY: half the client's CPU a row of text COPY's
             with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_pg_copy(names)) as copy:
