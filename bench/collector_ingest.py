@@ -59,7 +59,7 @@ from collectors.metrics.derive import Deriver
 from collectors.metrics.prom_text import parse_metrics
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventColumns
-from kvobs.store.write_process import WriteProcess
+from kvobs.store.sql.write_process import WriteProcess
 from kvobs.vllm import kv_events as wire
 from kvobs.vllm.normalize import decode
 

@@ -49,7 +49,7 @@ from kvobs.store.db import takes_many_writers
 from kvobs.store.leases import LeaseKeeper
 from kvobs.store.retention import Retention
 from kvobs.store.spool import Spool
-from kvobs.store.write_process import WriteProcess
+from kvobs.store.sql.write_process import WriteProcess
 from kvobs.store.writer import StoreWriter
 from kvobs.telemetry import Telemetry, TelemetryConfig, setup_telemetry
 from kvobs.vllm.kv_events import should_bind
@@ -87,7 +87,7 @@ class CollectorOptions:
     session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
     retention_days: float | None = None  # drop the store's raw KV events older than this
     spool_dir: str | None = None  # keep the writer's queue on disk here (kvobs.store.spool)
-    write_process: bool = False  # write the store from a child process (kvobs.store.write_process; SQL stores)
+    write_process: bool = False  # write the store from a child process (kvobs.store.sql.write_process; SQL stores)
     kv_silence_s: float = SILENCE_S  # a KV stream silent this long while its replica serves is told (kv_silence)
     workers: int | None = None  # KV-event worker processes (collectors.kv.workers); None: the cores, up to the streams
 

@@ -3,7 +3,7 @@ connected to its parent by a socket pair. Not multiprocessing's spawn, which wou
 in the child (whatever script that is: under Streamlit's AppTest, the app); what the child is told goes over the pair,
 never on a command line `ps` shows. The store's write process and the collector's stream workers are such children.
 
-    process, conn = start_child("kvobs.store.write_process")
+    process, conn = start_child("kvobs.store.sql.write_process")
     conn.send(url); ...
     end_child(process, timeout_s=5.0)     # wait, then kill: these children ignore SIGINT and SIGTERM
 """

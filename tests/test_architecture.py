@@ -87,6 +87,53 @@ def test_a_wing_imports_the_ground_and_itself_never_another_wing(package):
     assert _wing_crossings(package, WINGS[package], modules) == []
 
 
+def _upward(package: str, wings: tuple[str, ...], modules: dict[str, str]) -> list[str]:
+    """`module imports name` for each import from a wing of a ground module that itself imports a wing: a module
+    above the wings (assembly, or a room joining two), which a wing would reach up to."""
+
+    def wing_of(name: str) -> str | None:
+        rest = name.removeprefix(package + ".")
+        return rest.split(".")[0] if name.startswith(package + ".") and "." in rest else None
+
+    above = {
+        module
+        for module, source in modules.items()
+        if module.count(".") == package.count(".") + 1
+        and any(wing_of(name) in wings for name in _imported(ast.parse(source)))
+    }
+    return [
+        f"{module} imports {name}"
+        for module, source in modules.items()
+        if wing_of(module) in wings
+        for name in _imported(ast.parse(source))
+        if name in above
+    ]
+
+
+@pytest.mark.parametrize("package", sorted(WINGS))
+def test_no_wing_reaches_up_to_a_ground_module_above_the_wings(package):
+    """A ground module that imports a wing (the assembly, or a room where two wings meet: `block_owners`) stands
+    above them; a wing takes what it needs of it by a type of its own (a Protocol), never by importing it."""
+    folder = ROOT / package.replace(".", "/")
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts): path.read_text() for path in folder.rglob("*.py")
+    }
+    assert _upward(package, WINGS[package], modules) == []
+
+
+def test_the_upward_check_sees_a_wing_reaching_up():
+    modules = {
+        "collectors.block_owners": "from collectors.kv.ingest import KVIngest\n",
+        "collectors.drops": "import logging\n",
+        "collectors.traces.span_ingest": (
+            "from collectors.block_owners import BlockOwners\nfrom collectors.drops import D\n"
+        ),
+    }
+    assert _upward("collectors", WINGS["collectors"], modules) == [
+        "collectors.traces.span_ingest imports collectors.block_owners"
+    ]
+
+
 def test_the_wing_check_sees_a_crossing():
     modules = {
         "collectors.kv.ingest": "from collectors.traces.span_steps import SpanSteps\nfrom collectors.drops import X\n",

@@ -27,12 +27,12 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
+from typing import Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from collectors.block_owners import BlockOwners
 from collectors.session_activity import SessionActivity
 from collectors.traces.agent_spans import read_span
 from collectors.traces.otlp_receiver import Busy
@@ -52,6 +52,13 @@ class BadSpan(ValueError):
     """A span attribute of the wrong type: the span is refused alone."""
 
 
+class RequestTaker(Protocol):
+    """What else takes the request rows an export made: ownership by inference (`collectors.block_owners`), which
+    joins this wing to the KV wing above both."""
+
+    def add_requests(self, records: list[RequestRecord]) -> None: ...
+
+
 class SpanIngest:
     def __init__(
         self,
@@ -59,7 +66,7 @@ class SpanIngest:
         *,
         activity: SessionActivity | None = None,
         steps: SpanSteps | None = None,
-        owners: BlockOwners | None = None,
+        owners: RequestTaker | None = None,
         instance: str | None = None,
         known_instances: Iterable[str] = (),
     ) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import make_url
@@ -72,14 +71,6 @@ def redacted_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return url
-
-
-def missing_store(url: str, path: str) -> ValueError:
-    """A reader's error for a store whose file (SQLite) or directory (chDB) is not there: one wording for both."""
-    return ValueError(
-        f"no store at {url}: {Path(path).resolve()} does not exist (a misspelt URL? kvobs serve, collect, agents and "
-        "demo create it)"
-    )
 
 
 # the backends whose database many processes write at once (a server); SQLite and chDB take one writing process

@@ -17,6 +17,7 @@ tables (snapshots, requests, KV events) also take `instances`: only those (None:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -355,3 +356,12 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def missing_store(url: str, path: str) -> ValueError:
+    """A reader's error for a store whose file (SQLite) or directory (chDB) is not there: one wording for both
+    backends (here, where they meet, so neither imports the module that opens them)."""
+    return ValueError(
+        f"no store at {url}: {Path(path).resolve()} does not exist (a misspelt URL? kvobs serve, collect, agents and "
+        "demo create it)"
+    )

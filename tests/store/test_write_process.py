@@ -1,4 +1,4 @@
-"""Writes in a process of their own (`kvobs.store.write_process`, `kvobs collect --write-process`): the same rows
+"""Writes in a process of their own (`kvobs.store.sql.write_process`, `kvobs collect --write-process`): the same rows
 and rollups as the writer in process, on SQLite and PostgreSQL; a child killed mid-run started again with nothing
 lost; a refused row dropped alone; chDB refused with its reason."""
 
@@ -18,7 +18,7 @@ from sqlalchemy import select
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventColumns, RequestRecord, SessionRecord, SnapshotRecord, StepRecord
 from kvobs.store.schema import ROLLUPS, TABLES
-from kvobs.store.write_process import WriteProcess
+from kvobs.store.sql.write_process import WriteProcess
 from tests.stores import postgres_schema, postgres_url
 
 T0 = 1_800_000_000.0
@@ -142,14 +142,14 @@ def test_chdb_is_refused_with_its_reason(tmp_path):
 
 
 def test_a_script_without_a_main_guard_can_start_it(tmp_path):
-    """The child is a fresh `python -m kvobs.store.write_process`, so the script that starts it is never run again
+    """The child is a fresh `python -m kvobs.store.sql.write_process`, so the script that starts it is never run again
     there (multiprocessing's spawn runs the parent's `__main__` in the child: under Streamlit's AppTest that was the
     dashboard app, and the child died as it started)."""
     script = tmp_path / "no_guard.py"
     script.write_text(
         "from kvobs.store import StoreWriter, open_store\n"
         "from kvobs.store.rows import SnapshotRecord\n"
-        "from kvobs.store.write_process import WriteProcess\n"
+        "from kvobs.store.sql.write_process import WriteProcess\n"
         f"url = 'sqlite:///{tmp_path / 'kvobs.db'}'\n"
         "store = open_store(url)\n"
         "writes = WriteProcess(url)\n"

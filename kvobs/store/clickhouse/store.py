@@ -39,8 +39,7 @@ from kvobs.store.clickhouse.leases import ClickHouseLeases
 from kvobs.store.clickhouse.lookups import ClickHouseLookups
 from kvobs.store.clickhouse.reads import ClickHouseReads
 from kvobs.store.clickhouse.rollups import as_arrow
-from kvobs.store.db import missing_store
-from kvobs.store.interface import FILL_CACHED, Batch, Lookups, Reads
+from kvobs.store.interface import FILL_CACHED, Batch, Lookups, Reads, missing_store
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS, REQUEST_MINUTES, BatchRollups, cached_fill_sums
 from kvobs.store.rows import PROGRESS_TABLES, KVEventColumns, KVEventRecord, SessionRecord

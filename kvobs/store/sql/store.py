@@ -17,8 +17,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, delete, event, make_url, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from kvobs.store.db import missing_store
-from kvobs.store.interface import Batch, Lookups, Reads
+from kvobs.store.interface import Batch, Lookups, Reads, missing_store
 from kvobs.store.leases import Leases
 from kvobs.store.rollups import PREEMPTIONS
 from kvobs.store.schema import KVEventRow, LookupProgressRow, VerdictProgressRow
@@ -61,7 +60,7 @@ class SqlStore:
 
     def write_alone(self) -> None:
         """Say that no other thread of this process competes for the interpreter lock while it writes (a process
-        that only writes: `kvobs.store.write_process`), so SQLite's KV events go by the driver's executemany."""
+        that only writes: `kvobs.store.sql.write_process`), so SQLite's KV events go by the driver's executemany."""
         self._batches.alone = True
 
     def expire_kv_events(self, before_ts: float, *, chunk: int = 50_000) -> int:

@@ -16,7 +16,7 @@ its death goes to the new one; a batch it died writing is retried as after an ou
 back with the dead child, unless the child died in the instant between its commit and its answer, when the retry
 stores that batch a second time).
 
-The child is a fresh interpreter running this module (`python -m kvobs.store.write_process`), connected by a socket
+The child is a fresh interpreter running this module (`python -m kvobs.store.sql.write_process`), connected by a socket
 pair; it ignores SIGINT and SIGTERM: a collector told to stop flushes its queue through the child first, then stops
 it. It ends by itself when its parent is gone (the socket closes).
 
@@ -114,7 +114,7 @@ class WriteProcess:
 
     def _start(self) -> tuple[int, float]:
         """A fresh interpreter runs this module (`kvobs.child_process`); the URL goes over the socket pair."""
-        process, parent = start_child("kvobs.store.write_process")
+        process, parent = start_child("kvobs.store.sql.write_process")
         parent.send(self.url)
         if not parent.poll(START_TIMEOUT_S):
             end_child(process, 0)
@@ -146,13 +146,11 @@ def _serve(conn: Connection) -> None:
         url = conn.recv()
     except EOFError:
         return
-    from kvobs.store import open_store  # in the child only: the parent may never need a store of its own
-    from kvobs.store.sql.store import SqlStore
+    from kvobs.store.sql.store import open_sql  # in the child only: the parent may never need a store of its own
     from kvobs.store.sql.write import is_unreachable
 
     try:
-        store = open_store(url, migrate=False)
-        assert isinstance(store, SqlStore)  # the URL was checked in the parent
+        store = open_sql(url, migrate=False)  # (the parent's SQL store's URL, normalized: this backend's own opener)
     except Exception as exc:  # an unreachable database, a bad URL: said to the parent, which raises it
         conn.send(("unreachable" if is_unreachable(exc) else "error", f"{type(exc).__name__}: {exc}"))
         return
