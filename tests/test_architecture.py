@@ -53,6 +53,18 @@ def test_nothing_in_kvobs_imports_the_engine_the_collectors_or_the_dashboard():
     assert offenders == []
 
 
+def test_no_view_imports_the_engine():
+    """A dashboard view renders what the page data modules return (`dashboard.data`, `dashboard.whatif_data`: typed
+    results); the engine's replay runs behind those, never in a view, not even lazily."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / "dashboard" / "views").rglob("*.py")
+        for name in _imported(ast.parse(path.read_text()))
+        if name.split(".")[0] == "instrumented_engine"
+    ]
+    assert offenders == []
+
+
 # Packages split into wings by flow: a wing imports the ground (its package's modules outside every wing, and the
 # packages below) and itself, never another wing.
 WINGS = {

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, verdicts
+from dashboard import data, verdicts, whatif_data
 from kvobs.analytics.ownership import session_ties
 from kvobs.analytics.runs import run_table
 from kvobs.analytics.step_story import SessionRead
@@ -31,11 +31,9 @@ def get_store(url: str) -> Store:
 
 @st.cache_resource(ttl=60, show_spinner=False)
 def replay_plans(url: str, since, until, instances):
-    """The range's what-if plans (`instrumented_engine.whatif.runs.replay_plans`), built once for every replay the
-    What-if page makes of them (the replays only read them)."""
-    from instrumented_engine.whatif.runs import replay_plans as plans_of
-
-    return plans_of(get_store(url), since, until, instances=instances)
+    """The range's what-if plans (`dashboard.whatif_data.replay_plans`), built once for every replay the What-if
+    page makes of them (the replays only read them)."""
+    return whatif_data.replay_plans(get_store(url), since, until, instances)
 
 
 def cached(read: Callable) -> Callable:

@@ -12,51 +12,24 @@ from dashboard import glossary
 from dashboard.views import cache, whatif_pauses, whatif_tiers
 from dashboard.views.charts import show
 from dashboard.views.tables import show_text_table
-from kvobs.semconv.reasons import EvictionPolicyName, RouterPolicy, names
+from dashboard.whatif_data import RouterReplay, SizeReplay, router_replay, size_replay
+from kvobs.semconv.reasons import EvictionPolicyName, names
 
 TITLE = "What-if"
 AUTO_REPLAY_S = 3600.0  # a range up to this long is replayed at the default sizes as the page opens
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying...")
-def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float):
-    """(table of the runs together, [(run's span, its table, its check)] when several, requests replayed, skipped,
-    note, requests recorded twice and counted once, requests whose blocks were tied to their session by inference,
-    the replay's check at the observed point: `whatif.fidelity`)."""
-    from instrumented_engine.whatif.fidelity import fidelity
-    from instrumented_engine.whatif.runs import COMPARISON, comparison, observed_total, simulate_runs
-
-    store = cache.get_store(url)
+def replay(url, since, until, instances, sizes: tuple[int, ...], policy: str, ttl_s: float) -> SizeReplay:
+    """The range at each size (`dashboard.whatif_data.size_replay`), over the plans built once for the page."""
     plans = cache.replay_plans(url, since, until, instances)
-    results = [simulate_runs(plans, num_blocks=n, policy=policy, ttl_s=ttl_s) for n in sizes]
-
-    def table(observed: dict, replays) -> pd.DataFrame:
-        return pd.DataFrame(comparison(observed, replays), columns=list(COMPARISON))
-
-    observed = observed_total(plans, store, since, until, instances)
-    total = table(observed, [t for t, _ in results])
-    check, checks = fidelity(plans, observed["hit"])
-    per_run = []
-    if len(plans) > 1:
-        per_run = [(p.span, table(p.observed, [r[i] for _, r in results]), checks[i]) for i, p in enumerate(plans)]
-    note = "" if plans[0].span is None or plans[0].span.run_id is not None else "no engine runs are recorded"
-    counts = (sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates", "inferred"))
-    replayed, skipped, duplicates, inferred = counts
-    return total, per_run, replayed, skipped, note, duplicates, inferred, check
+    return size_replay(cache.get_store(url), plans, since, until, instances, sizes, policy, ttl_s)
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying the routers...")
-def replay_routers(url, since, until, prefill_load_scale: float):
-    """(one row per router, requests replayed, skipped, each replica's size, the `as_routed` replay's check against
-    the fleet's observed hit rate): the fleet's traffic of the range."""
-    from instrumented_engine.whatif.fidelity import fleet_fidelity
-    from instrumented_engine.whatif.fleet import FLEET_COLUMNS, POLICIES, FleetPlan, fleet_rows, simulate_fleet
-
-    fleet = FleetPlan.from_store(cache.get_store(url), since, until)
-    results = [simulate_fleet(fleet, policy, prefill_load_scale=prefill_load_scale) for policy in POLICIES]
-    table = pd.DataFrame(fleet_rows(results), columns=list(FLEET_COLUMNS))
-    check = fleet_fidelity(fleet, next(r for r in results if r.policy == RouterPolicy.AS_ROUTED.value))
-    return table, len(fleet.plan.requests), fleet.plan.skipped, dict(fleet.sizes), check
+def replay_routers(url, since, until, prefill_load_scale: float) -> RouterReplay:
+    """The fleet's traffic of the range under each router (`dashboard.whatif_data.router_replay`)."""
+    return router_replay(cache.get_store(url), since, until, prefill_load_scale)
 
 
 def _observed_size(ctx) -> int | None:
@@ -64,18 +37,6 @@ def _observed_size(ctx) -> int | None:
     runs = ctx.runs
     sizes = set() if runs is None else {int(n) + 1 for n in runs["num_blocks"].dropna()}
     return sizes.pop() if len(sizes) == 1 else None
-
-
-def _duplicates(count: int) -> str:
-    from instrumented_engine.whatif.replay import DUPLICATES
-
-    return DUPLICATES.format(count).capitalize()
-
-
-def _inferred(count: int) -> str:
-    from instrumented_engine.whatif.replay import INFERRED
-
-    return INFERRED.format(count)
 
 
 def render(ctx) -> None:
@@ -121,29 +82,24 @@ def render(ctx) -> None:
         return
     st.session_state["whatif_ran"] = True
     try:
-        table, per_run, replayed, skipped, note, duplicates, inferred, check = replay(
-            ctx.url, ctx.since, ctx.until, ctx.instances, sizes, policy, float(ttl_s)
-        )
+        done = replay(ctx.url, ctx.since, ctx.until, ctx.instances, sizes, policy, float(ttl_s))
     except ValueError as exc:
         st.warning(str(exc))
         return
-    if not replayed:  # (KV events alone: the blocks are there, the requests that would replay them are not)
+    if not done.replayed:  # (KV events alone: the blocks are there, the requests that would replay them are not)
         st.info("Nothing to replay: it replays requests with their block chains. " + glossary.MISSING["requests"])
         return
+    per_run, check = done.per_run, done.check
     runs = f"{len(per_run)} runs, each replayed through a cache of its own (a restart empties it); " if per_run else ""
     st.caption(
-        f"{runs}{replayed:,} requests replayed; {skipped:,} without a known block chain skipped."
-        + (f" {note.capitalize()}: the range is replayed as one run." if note else "")
-        + (f" {_duplicates(duplicates)}." if duplicates else "")
-        + (f" {_inferred(inferred)}." if inferred else "")
+        f"{runs}{done.replayed:,} requests replayed; {done.skipped:,} without a known block chain skipped."
+        + "".join(f" {note}" for note in done.notes)
     )
     _check(check, ctx)
-    _chart(table, pauses=check.pauses_comparable)
-    show_text_table(table, ctx.clock)
-    if not check.pauses_comparable:
-        from instrumented_engine.whatif.fidelity import PAUSES_NOT_COMPARABLE
-
-        st.caption(PAUSES_NOT_COMPARABLE)
+    _chart(done.table, pauses=check.pauses_comparable)
+    show_text_table(done.table, ctx.clock)
+    if done.pauses_note:
+        st.caption(done.pauses_note)
     st.caption(
         "Hit rate: cached prompt tokens / prompt tokens, as on the Overview and in the terminal. Blocks lost: "
         "each lost block once (evictions, invalidations, vLLM removals; resets not included). Lost in tool "
@@ -174,23 +130,22 @@ def render_routers(ctx) -> None:
         "replica's active decode blocks.",
     )
     try:
-        table, replayed, skipped, sizes, check = replay_routers(ctx.url, ctx.since, ctx.until, float(scale))
+        done = replay_routers(ctx.url, ctx.since, ctx.until, float(scale))
     except ValueError as exc:
         st.warning(str(exc))
         return
-    from instrumented_engine.whatif.replay import REPLAY_WORDS
-
-    listed = ", ".join(f"{name} {n:,}" for name, n in sorted(sizes.items()))
+    listed = ", ".join(f"{name} {n:,}" for name, n in sorted(done.sizes.items()))
     st.caption(
-        f"The fleet's {replayed:,} requests of the range ({skipped:,} without a known chain skipped), each replica "
-        f"at its observed size (blocks: {listed}), under each router through the same replay ({REPLAY_WORDS}), "
-        "so the rows compare like with like; as_routed replays each request on the replica that served it. prefix: "
-        "llm-d's precise prefix-cache scorer (the longest resident prefix, ties by load); prefix_load: Dynamo's KV "
-        "router (least prefill load scale x blocks to compute + active decode blocks). Routing loss: at each lookup, "
-        "the tokens another replica held beyond the chosen one. max/mean: 1.00 is an even load."
+        f"The fleet's {done.replayed:,} requests of the range ({done.skipped:,} without a known chain skipped), each "
+        f"replica at its observed size (blocks: {listed}), under each router through the same replay "
+        f"({done.replay_words}), so the rows compare like with like; as_routed replays each request on the replica "
+        "that served it. prefix: llm-d's precise prefix-cache scorer (the longest resident prefix, ties by load); "
+        "prefix_load: Dynamo's KV router (least prefill load scale x blocks to compute + active decode blocks). "
+        "Routing loss: at each lookup, the tokens another replica held beyond the chosen one. max/mean: 1.00 is an "
+        "even load."
     )
-    _check(check, ctx)
-    show_text_table(table, ctx.clock)
+    _check(done.check, ctx)
+    show_text_table(done.table, ctx.clock)
 
 
 def _check(check, ctx) -> None:

@@ -1,5 +1,5 @@
 """What-if's "CPU tier or more cache": the same blocks added to an offload tier below each run's cache, or to the
-cache itself (`instrumented_engine.whatif.tier_sweep`, `kvobs whatif --tier-blocks`)."""
+cache itself (`dashboard.whatif_data.tier_sweep`, `kvobs whatif --tier-blocks`)."""
 
 from __future__ import annotations
 
@@ -10,36 +10,33 @@ import streamlit as st
 from dashboard.views import cache
 from dashboard.views.charts import show
 from dashboard.views.tables import show_text_table
+from dashboard.whatif_data import TierSweep, tier_sweep
 
 
 @st.cache_data(ttl=60, show_spinner="Replaying with an offload tier...")
-def sweep(url, since, until, instances, extra: tuple[int, ...]) -> tuple[pd.DataFrame, list]:
-    """`whatif.tier_sweep`'s rows (the observed setup, then each number of blocks added to a tier or the cache) and
-    the runs it left out, with why."""
-    from instrumented_engine.whatif.tier_sweep import SWEEP_COLUMNS, tier_sweep
-
-    rows, left_out = tier_sweep(cache.replay_plans(url, since, until, instances), cache.get_store(url), extra)
-    return pd.DataFrame(rows, columns=list(SWEEP_COLUMNS)), left_out
+def sweep(url, since, until, instances, extra: tuple[int, ...], _iso) -> TierSweep:
+    """`dashboard.whatif_data.tier_sweep` over the page's plans (`_iso`, how the page writes a time, is left out of
+    the cache's key: one per page)."""
+    return tier_sweep(cache.get_store(url), cache.replay_plans(url, since, until, instances), extra, _iso)
 
 
 def render(ctx, observed: int | None) -> None:
     """CPU tier or more cache (`kvobs whatif --tier-blocks`): the same blocks added to an offload tier below each
     run's cache, or to the cache itself."""
-    from instrumented_engine.whatif.tier_sweep import SWEEP_LEGEND, describe_left_out
-
     st.subheader("CPU tier or more cache")
     extra = tuple(sorted({max(1, observed // 2), observed, observed * 2})) if observed else (16, 32, 64)
     try:
-        table, left_out = sweep(ctx.url, ctx.since, ctx.until, ctx.instances, extra)
+        done = sweep(ctx.url, ctx.since, ctx.until, ctx.instances, extra, ctx.clock.iso)
     except ValueError as exc:
         st.info(str(exc))
         return
-    if left_out:
-        st.warning("Left out of the sweep: " + describe_left_out(left_out, ctx.clock.iso) + ".")
+    if done.left_out:
+        st.warning("Left out of the sweep: " + done.left_out + ".")
+    table = done.table
     _sweep_chart(table)
     shown = table.assign(**{"recompute (s)": table["recompute (s)"].map(lambda s: "not measured" if pd.isna(s) else s)})
     show_text_table(shown, ctx.clock)
-    st.caption(SWEEP_LEGEND)
+    st.caption(done.legend)
 
 
 def _sweep_chart(table: pd.DataFrame) -> None:
