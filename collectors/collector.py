@@ -125,7 +125,7 @@ class Collector:
     ) -> None:
         """`clock`: the time its parts wait and settle by; None, the machine's (a capture's replay gives its own)."""
         self.options = options
-        timed: dict[str, Any] = {} if clock is None else {"clock": clock}  # (the parts' own clock where none given)
+        timed: dict[str, Any] = {} if clock is None else {"clock": clock}
         self._timed = timed
         self.targets = [ScrapeTarget.parse(u) for u in options.vllm_urls]
         default = options.instance or (self.targets[0].instance if len(self.targets) == 1 else None)

@@ -7,7 +7,7 @@ chain's first block comes with its tokens (`Stored.first_tokens`), and this comp
 
     starts = SharedStarts()
     starts.see(block_hash, tokens, block_size, stored_tokens)   # a chain's first block, as it is stored
-    starts.num_short, starts.short_tokens          # chains begun as another did, for less than a block
+    starts.num_short, starts.num_short_tokens          # chains begun as another did, for less than a block
 
 A chain counts as short-shared when its first block begins with the same tokens as an earlier chain's first block
 (one of the `KEEP` most recent distinct ones) for at least `MIN_SHARED` tokens and less than the block: those tokens
@@ -23,7 +23,8 @@ import numpy as np
 
 KEEP = 256  # distinct first blocks compared with (the most recent)
 MIN_SHARED = 16  # tokens in common before a shared start counts
-STARTS = ("num_starts", "num_short", "short_tokens", "short_stored_tokens")  # its totals, as a stream's stats
+# its totals, as a stream's stats (`num_` names: counts, 0 before a worker's first report)
+STARTS = ("num_starts", "num_short", "num_short_tokens", "num_short_stored_tokens")
 
 
 class SharedStarts:
@@ -31,8 +32,8 @@ class SharedStarts:
         self.keep, self.min_shared = keep, min_shared
         self.num_starts = 0  # distinct first blocks seen (chains begun)
         self.num_short = 0  # of them, begun as an earlier one for at least `min_shared` tokens and less than a block
-        self.short_tokens = 0  # the tokens those shared: each computed again
-        self.short_stored_tokens = 0  # the tokens those chains stored as they began (what the shared part is of)
+        self.num_short_tokens = 0  # the tokens those shared: each computed again
+        self.num_short_stored_tokens = 0  # the tokens those chains stored as they began (what the shared part is of)
         self._firsts: OrderedDict[int, np.ndarray] = OrderedDict()  # first block's hash -> its tokens
         self._rows: np.ndarray | None = None  # the kept first blocks' tokens, one row each (rebuilt on change)
 
@@ -54,8 +55,8 @@ class SharedStarts:
         if not self.min_shared <= shared < block_size:
             return 0
         self.num_short += 1
-        self.short_tokens += shared
-        self.short_stored_tokens += stored_tokens
+        self.num_short_tokens += shared
+        self.num_short_stored_tokens += stored_tokens
         return shared
 
     def _longest_shared(self, own: np.ndarray) -> int:

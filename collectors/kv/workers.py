@@ -301,7 +301,7 @@ class RemoteIngest:
     def starts(self) -> SimpleNamespace:
         """The worker's `SharedStarts` totals, read as its attributes."""
         stats = self.worker.stream_stats(self.instance)
-        return SimpleNamespace(**{name: stats.get(name) or 0 for name in STARTS})  # (None before its first start)
+        return SimpleNamespace(**{name: stats.get(name, 0) for name in STARTS})
 
     def __getattr__(self, name: str):
         return _stat(self.worker, self.instance, name)

@@ -269,8 +269,8 @@ def attributed_mask(steps: pd.DataFrame, error_types: Collection[str] | None = N
 
 
 def _verdicts(frame: pd.DataFrame, typical: dict, slow_factor: float, slow_min_s: float) -> pd.DataFrame:
-    """The slow and failure verdicts from each row's parts and their typical values (`_typical` over every step of
-    its session, attributed or not)."""
+    """The slow and failure verdicts from each row's parts and their typical values (`typical.typical_steps` over
+    every step of its session, attributed or not)."""
     frame = explain_excess(frame, typical)
     # no request in the store and no telling why: its time is not split, so no part of it is the cause
     unsplit = (frame["num_requests"].to_numpy(int) == 0) & frame["unreached"].isna().to_numpy(bool)

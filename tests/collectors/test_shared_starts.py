@@ -91,11 +91,12 @@ def test_a_chain_start_counts_once_and_only_for_a_start_shared_short_of_a_block(
     assert starts.see(3, [7] * 8 + start(3)[8:], block, 32) == 0  # 0 tokens in common
     assert starts.see(4, base[: MIN_SHARED - 1] + [9] * (block - MIN_SHARED + 1), block, 32) == 0  # a template's few
     assert starts.see(5, start(1), block, 32) == 0  # the whole block alike, another hash (a cache salt): not short
-    assert (starts.num_starts, starts.num_short, starts.short_tokens, starts.short_stored_tokens) == (5, 1, 26, 96)
+    totals = (starts.num_starts, starts.num_short, starts.num_short_tokens, starts.num_short_stored_tokens)
+    assert totals == (5, 1, 26, 96)
     assert len(starts._firsts) == 4 and 1 not in starts._firsts  # the most recent kept
     assert starts.see(6, start(6), block, 32) == 26  # still compared with the kept ones
     assert starts.see(7, start(7)[:10], block, 32) == 0  # not a whole block: not compared
-    assert np.isclose(starts.short_tokens / starts.num_short, 26)
+    assert np.isclose(starts.num_short_tokens / starts.num_short, 26)
 
 
 def test_the_step_whose_prompt_began_a_short_shared_chain_names_the_miss(any_store):
