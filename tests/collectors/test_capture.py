@@ -104,6 +104,12 @@ def test_kvobs_import_prints_what_it_read_and_refuses_a_folder_with_one_line(tmp
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "replica-a: 7 KV-event messages, 12 scrapes; replica-b: 8 KV-event messages, 12 scrapes" in done.stdout
+    # what `kvobs doctor --collector` would have said of the collector that took it: each batch's lag as recorded
+    # (its receipt less its own time, not days late against today's clock), and every reply's count taken
+    for replica in ("replica-a", "replica-b"):
+        assert f"  ok  {replica}: wire: array batch, map events; latest batch 0.00 s old on arrival\n" in done.stdout
+    assert "of 24 joined requests whose own span said no cached tokens, 24 took the count" in done.stdout
+    assert "PROBLEM" not in done.stdout
     assert len(open_store(url, must_exist=True).reads.requests()) == 24
     refused = subprocess.run(
         [sys.executable, "-m", "kvobs.cli", "import", str(tmp_path), "--store", url],
