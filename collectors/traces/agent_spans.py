@@ -101,9 +101,9 @@ def _sdk_step(out: TraceSpan, attrs: dict) -> None:
 
 
 def _session(attrs: dict):
-    for key in (c.OI_SESSION_ID, a.GEN_AI_CONVERSATION_ID):
-        if attrs.get(key) is not None:
-            return attrs[key]
+    found = first_present(attrs, c.SESSION_KEYS)
+    if found is not None:
+        return found
     for key in c.TRACELOOP_SESSION_KEYS:
         if attrs.get(c.TRACELOOP_ASSOCIATION + key) is not None:
             return attrs[c.TRACELOOP_ASSOCIATION + key]
@@ -116,7 +116,7 @@ def _openinference(out: TraceSpan, attrs: dict) -> None:
     if out.role == LLM:
         out.reply_ids = reply_ids(attrs.get(c.OI_OUTPUT_VALUE))
         out.prompt_tokens = _count(attrs.get(c.OI_TOKENS_PROMPT))
-        out.cached_tokens = _count(attrs.get(c.OI_TOKENS_CACHE_READ))
+        out.cached_tokens = _count(first_present(attrs, c.CACHE_READ_KEYS))
         out.completion_tokens = _count(attrs.get(c.OI_TOKENS_COMPLETION))
     elif out.role == TOOL:
         out.tool_name = _text(attrs.get(c.OI_TOOL_NAME)) or out.name
@@ -167,7 +167,7 @@ def _genai_usage(out: TraceSpan, attrs: dict) -> None:
     out.reply_ids = (response_id,) if response_id else ()
     out.prompt_tokens = _count(attrs.get(a.GEN_AI_USAGE_INPUT_TOKENS, attrs.get(a.GEN_AI_USAGE_PROMPT_TOKENS)))
     out.completion_tokens = _count(attrs.get(a.GEN_AI_USAGE_OUTPUT_TOKENS, attrs.get(a.GEN_AI_USAGE_COMPLETION_TOKENS)))
-    out.cached_tokens = _count(attrs.get(a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
+    out.cached_tokens = _count(first_present(attrs, c.CACHE_READ_KEYS))
 
 
 def _error_type(attrs: dict, span: Span) -> str:
@@ -197,6 +197,16 @@ def _text(value) -> str | None:
     if value is None or isinstance(value, bool) or not isinstance(value, str | int):
         return None
     return clip_id(str(value)) or None
+
+
+def first_key(attrs: dict, keys: tuple[str, ...]) -> str | None:
+    """The first of `keys` the span carries a value for (the conventions' spellings of one thing, in order)."""
+    return next((key for key in keys if attrs.get(key) is not None), None)
+
+
+def first_present(attrs: dict, keys: tuple[str, ...]):
+    key = first_key(attrs, keys)
+    return None if key is None else attrs[key]
 
 
 def _count(value) -> int | None:

@@ -34,10 +34,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from collectors.session_activity import SessionActivity
-from collectors.traces.agent_spans import read_span
+from collectors.traces.agent_spans import first_key, first_present, read_span
 from collectors.traces.otlp_receiver import Busy
 from collectors.traces.span_steps import SpanSteps
 from kvobs.identifiers import clip_id
+from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName, StepStatus, server_cached_from
 from kvobs.store.rows import RequestRecord
@@ -170,10 +171,11 @@ class SpanIngest:
         if not isinstance(reasons, list) or not isinstance(reasons[0], str | None):
             raise BadSpan(f"{a.GEN_AI_RESPONSE_FINISH_REASONS} is {reasons!r}, not a list of strings")
         request_id = self._id(attrs.get(a.GEN_AI_REQUEST_ID)) or span_id
-        session_id = self._id(attrs.get(a.SESSION_ID))
+        session_id = self._id(first_present(attrs, c.SESSION_KEYS))
         if session_id is None and self.activity is not None:
             session_id = self.activity.claimed(trace_id, request_id)  # an agent step already named it
-        cached = _count(attrs, a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)
+        cached_key = first_key(attrs, c.CACHE_READ_KEYS)
+        cached = None if cached_key is None else _count(attrs, cached_key)
         return RequestRecord(
             request_id=request_id,
             instance=instance,

@@ -35,6 +35,17 @@ OI_TOKENS_CACHE_READ = "llm.token_count.prompt_details.cache_read"
 OI_TOOL_NAME = "tool.name"
 OI_AGENT_NAME = "agent.name"
 
+# ---- every convention: where a span names its session, and its cached prompt tokens, first found wins ----------
+SESSION_KEYS = (a.SESSION_ID, a.GEN_AI_CONVERSATION_ID)  # OpenInference's and vLLM's, then GenAI's
+# The prompt tokens read from the cache, by every name an emitter writes (each counts within the input tokens):
+CACHE_READ_KEYS = (
+    a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,  # GenAI's registry (semconv 1.37+): OpenLLMetry 0.48+, pydantic-ai
+    "gen_ai.usage.cache_read_input_tokens",  # OpenLLMetry's earlier name (still its SpanAttributes), Strands Agents
+    "gen_ai.usage.input_tokens.cached",  # Sentry's AI spans, OpenRouter's OTLP broadcast
+    "gen_ai.usage.input_cached_tokens",  # LiveKit Agents
+    OI_TOKENS_CACHE_READ,
+)
+
 # ---- OpenLLMetry (Traceloop) ----------------------------------------------------------------------------------
 TRACELOOP_PREFIX = "traceloop."
 TRACELOOP_SPAN_KIND = "traceloop.span.kind"

@@ -18,8 +18,10 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ge
 from opentelemetry.semconv_ai import LLMRequestTypeValues, TraceloopSpanKindValues
 from opentelemetry.semconv_ai import SpanAttributes as Traceloop
 from opentelemetry.trace import Status, StatusCode
+from sentry_sdk.consts import SPANDATA
 
-from collectors.traces.span_ingest import SpanIngest
+from collectors.traces.agent_spans import read_span
+from collectors.traces.span_ingest import SpanIngest, attributes
 from collectors.traces.span_steps import SpanSteps
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
@@ -72,6 +74,39 @@ def test_the_names_read_are_the_conventions_own():
         (a.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, genai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
     ):
         assert ours == theirs
+
+
+def test_cached_tokens_are_read_by_every_name_their_emitters_write():
+    """The registry's name, OpenLLMetry's earlier one (Strands Agents writes both), Sentry's, LiveKit Agents' (not
+    installed here: its `telemetry/trace_types.py`) and OpenInference's, each taken from a span of each convention
+    as the OpenTelemetry SDK encodes it; where a span carries two, the registry's wins."""
+    assert c.CACHE_READ_KEYS == (
+        genai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+        Traceloop.LLM_USAGE_CACHE_READ_INPUT_TOKENS,
+        SPANDATA.GEN_AI_USAGE_INPUT_TOKENS_CACHED,
+        "gen_ai.usage.input_cached_tokens",
+        SpanAttributes.LLM_TOKEN_COUNT_PROMPT_DETAILS_CACHE_READ,
+    )
+    assert c.SESSION_KEYS == (SpanAttributes.SESSION_ID, genai.GEN_AI_CONVERSATION_ID)
+    conventions = {
+        "otel-genai": CHAT,
+        "openllmetry": {Traceloop.LLM_REQUEST_TYPE: LLMRequestTypeValues.CHAT.value},
+        "openinference": {SpanAttributes.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.LLM.value},
+    }
+    agent = Agent()
+    for convention, kind in conventions.items():
+        for i, key in enumerate(c.CACHE_READ_KEYS):
+            agent.tracer.start_span(f"{convention} {i}", attributes={**kind, key: 16 * (i + 1)}).end()
+        both = {**kind, c.CACHE_READ_KEYS[1]: 99, c.CACHE_READ_KEYS[0]: 48}
+        agent.tracer.start_span(f"{convention} both", attributes=both).end()
+    read = [read_span(s, attributes(s.attributes)) for s in _spans(agent.export())]
+    assert {s.role for s in read} == {"llm"}
+    by_convention = {name: [s.cached_tokens for s in read if s.convention == name] for name in conventions}
+    assert by_convention == {name: [16, 32, 48, 64, 80, 48] for name in conventions}
+
+
+def _spans(export):
+    return [s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
 
 
 CHAT = {genai.GEN_AI_OPERATION_NAME: "chat"}

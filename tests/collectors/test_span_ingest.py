@@ -141,3 +141,28 @@ def test_a_span_with_a_wrongly_typed_attribute_is_refused_alone_and_long_ids_are
     first, second = rows["ok-1"].session_id, rows["ok-2"].session_id
     assert len(first.encode()) == len(second.encode()) == MAX_ID_BYTES and "~cut:" in first and first != second
     assert rows["ok-1"].first_token_ts == pytest.approx(1e9 + 0.25) and rows["ok-2"].prompt_tokens == 12
+
+
+def test_a_request_takes_its_cached_tokens_and_session_by_every_spelling_emitters_write(store):
+    """An `llm_request` span's cached prompt tokens under each name in `CACHE_READ_KEYS` (the registry's first when a
+    span carries two), and its session from `session.id`, else `gen_ai.conversation.id`; a count that is no
+    integer refuses the span alone, as any other does."""
+    from kvobs.semconv.agent_traces import CACHE_READ_KEYS
+
+    spans = [{"gen_ai.request.id": f"r-{i}", key: 16 * (i + 1)} for i, key in enumerate(CACHE_READ_KEYS)]
+    spans += [
+        {"gen_ai.request.id": "both", CACHE_READ_KEYS[1]: 99, CACHE_READ_KEYS[0]: 48, "session.id": "s-1"},
+        {"gen_ai.request.id": "conversation", "gen_ai.conversation.id": "c-1", "gen_ai.usage.prompt_tokens": 64},
+        {"gen_ai.request.id": "bad", CACHE_READ_KEYS[2]: "many"},
+    ]
+    writer = StoreWriter(store)
+    ingest = SpanIngest(writer)
+    assert ingest.handle(_llm_export(spans)) == 1 and ingest.num_requests == len(spans) - 1  # refused, stored
+    writer.close()
+    with store.session() as s:
+        rows = {r.request_id: r for r in s.scalars(select(RequestRow))}
+    assert [rows[f"r-{i}"].cached_tokens for i in range(len(CACHE_READ_KEYS))] == [16, 32, 48, 64, 80]
+    assert {rows[f"r-{i}"].cached_from for i in range(len(CACHE_READ_KEYS))} == {"server"}
+    assert (rows["both"].cached_tokens, rows["both"].session_id) == (48, "s-1")
+    assert (rows["conversation"].cached_tokens, rows["conversation"].cached_from) == (None, None)  # not said: unknown
+    assert rows["conversation"].session_id == "c-1" and "bad" not in rows
