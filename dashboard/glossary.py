@@ -25,6 +25,12 @@ TERMS: dict[str, tuple[str, str]] = {
         "from vLLM's KV events), or the convention of the agent's own spans it was made from: otel-genai, "
         "openinference, openllmetry.",
     ),
+    "started_by": (
+        "started by",
+        "The session that started this one (a subagent's caller), as its requests said: the SDK's and OpenCode's "
+        "X-Parent-Session-ID, Claude Code's agent ids. Blank: not said.",
+    ),
+    "subagents": ("subagents", "Sessions it started (each a session of its own, with its own steps and blocks)."),
     "instance": ("instance", "The engine or vLLM replica."),
     "run_id": ("run", "An engine run: from a start with an empty cache to the next start."),
     "started_at": ("started", "When it started."),

@@ -41,7 +41,7 @@ from kvobs.identifiers import clip_id
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
 from kvobs.semconv.spans import SpanName, StepStatus, server_cached_from
-from kvobs.store.rows import RequestRecord
+from kvobs.store.rows import RequestRecord, SessionRecord
 from kvobs.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class SpanIngest:
 
         Raises `Busy` when the store queue cannot take the export now (nothing of it is kept)."""
         with self._lock:
-            records, steps, activity, refused, agent_spans = [], [], [], 0, []
+            records, steps, activity, refused, agent_spans, parents = [], [], [], 0, [], []
             keys: dict[bytes, None] = {}
             for resource_spans in request.resource_spans:
                 resource = attributes(resource_spans.resource.attributes)
@@ -104,9 +104,11 @@ class SpanIngest:
                             continue
                         try:
                             if span.name == SpanName.LLM_REQUEST:
-                                record = self._request(instance, span)
+                                record, parent = self._request(instance, span)
                                 records.append(record)
                                 activity.append(record)
+                                if parent is not None and record.session_id is not None:
+                                    parents.append(SessionRecord(record.session_id, parent_session_id=parent))
                             elif self.steps is not None:
                                 agent_spans.append(read_span(span, attributes(span.attributes)))
                             if span.name == SpanName.AGENT_STEP:
@@ -118,6 +120,8 @@ class SpanIngest:
                         keys[key] = None
             if records and not self.writer.offer(records):
                 raise Busy("the collector's store queue is full; retry later")
+            for named in parents:  # the session that started the request's (a subagent's caller), as the span says
+                self.writer.upsert(named)
             self._remember(keys)
             self.num_refused += refused
             self.num_requests += len(records)
@@ -160,7 +164,8 @@ class SpanIngest:
         while len(self._seen) > SEEN_SPANS:
             self._seen.popitem(last=False)
 
-    def _request(self, instance: str, span) -> RequestRecord:
+    def _request(self, instance: str, span) -> tuple[RequestRecord, str | None]:
+        """The span's request row, and the session that started its session where the span names one."""
         attrs = attributes(span.attributes)
         start, end = span.start_time_unix_nano / 1e9, span.end_time_unix_nano / 1e9
         ttft = _number(attrs, a.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)
@@ -176,7 +181,7 @@ class SpanIngest:
             session_id = self.activity.claimed(trace_id, request_id)  # an agent step already named it
         cached_key = first_key(attrs, c.CACHE_READ_KEYS)
         cached = None if cached_key is None else _count(attrs, cached_key)
-        return RequestRecord(
+        record = RequestRecord(
             request_id=request_id,
             instance=instance,
             session_id=session_id,
@@ -194,6 +199,7 @@ class SpanIngest:
             finish_reason=reasons[0],
             cached_from=server_cached_from(cached),
         )
+        return record, self._id(attrs.get(a.SESSION_PARENT_ID))
 
     def _id(self, value) -> str | None:
         if value is None:

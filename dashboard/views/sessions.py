@@ -35,6 +35,8 @@ TABLE_COLUMNS = [
     "session_id",
     "agent_name",
     "source",
+    "started_by",
+    "subagents",
     "started_at",
     "ended_at",
     "steps",
@@ -62,6 +64,19 @@ def replica_hops(steps) -> str:
     return " -> ".join(parts)
 
 
+def subagents_said(table, session_id: str) -> str:
+    """Who started the session and whom it started (subagents are sessions of their own: their steps and KV blocks
+    are theirs), from the requests' own headers; "" where neither is known."""
+    row = table[table["session_id"] == session_id]
+    parent = row["started_by"].iloc[0] if len(row) and "started_by" in row else None
+    children = table.loc[table["started_by"] == session_id, "session_id"].tolist() if "started_by" in table else []
+    said = [f"Started by session {parent}." if isinstance(parent, str) else ""]
+    if children:
+        listed = ", ".join(children[:10]) + (f" and {len(children) - 10:,} more" if len(children) > 10 else "")
+        said.append(f"Its subagents ({len(children):,}, sessions of their own): {listed}.")
+    return " ".join(s for s in said if s)
+
+
 def render(ctx) -> None:
     st.header(TITLE)
     table = cache.sessions(ctx.url, ctx.since, ctx.until, ctx.instances)
@@ -85,6 +100,9 @@ def render(ctx) -> None:
     show_table(shown[[c for c in TABLE_COLUMNS if c in shown]], ctx.clock)
     session_id = st.selectbox("Session", shown["session_id"].tolist(), key="session")
     detail = cache.session_detail(ctx.url, session_id)
+    family = subagents_said(table, session_id)
+    if family:
+        st.caption(family)
     st.subheader("KV footprint")
     footprint = detail.footprint
     if footprint.empty:

@@ -145,6 +145,7 @@ class AsyncEngine:
         session_id: str | None = None,
         trace_headers: dict[str, str] | None = None,
         arrival_ts: float | None = None,
+        parent_session_id: str | None = None,
     ) -> RequestStream:
         """Queue a request and return its output stream; `arrival_ts`: when it reached the server (None: when the
         engine thread takes it, between two steps).
@@ -166,6 +167,7 @@ class AsyncEngine:
                 session_id=session_id,
                 trace_headers=trace_headers,
                 arrival_ts=arrival_ts,
+                parent_session_id=parent_session_id,
             )
             self._requests[stream.request_id] = stream
 

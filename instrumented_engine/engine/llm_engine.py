@@ -115,6 +115,7 @@ class LLMEngine:
         adapter: str | None = None,
         arrival_ts: float | None = None,
         trace_headers: dict[str, str] | None = None,
+        parent_session_id: str | None = None,
     ) -> str:
         """Queue a request; returns its id. `trace_headers` (W3C `traceparent`/`tracestate`) come back on
         its outputs untouched, for whoever makes its span.
@@ -147,6 +148,7 @@ class LLMEngine:
             params,
             arrival_ts or self.clock(),
             session_id=session_id,
+            parent_session_id=parent_session_id,
             adapter=adapter,
             trace_headers=trace_headers or None,
         )
@@ -238,6 +240,7 @@ class LLMEngine:
         return RequestOutput(
             request_id=seq.request_id,
             session_id=seq.session_id,
+            parent_session_id=seq.parent_session_id,
             new_token_ids=new_tokens,
             output_token_ids=seq.output_token_ids,
             text=text,

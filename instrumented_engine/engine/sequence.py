@@ -28,6 +28,7 @@ class Sequence:
     sampling_params: SamplingParams
     arrival_ts: float
     session_id: str | None = None
+    parent_session_id: str | None = None  # the session that started this one, passed through to the store
     adapter: str | None = None
     trace_headers: dict[str, str] | None = None  # W3C trace context of the caller, passed through untouched
     token_ids: list[int] = field(init=False)

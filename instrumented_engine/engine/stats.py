@@ -60,6 +60,7 @@ class RequestOutput:
     temperature: float | None = None
     top_p: float | None = None
     session_blocks: int | None = None  # on a finished request: cached blocks its session stored or hit, now
+    parent_session_id: str | None = None  # the session that started its session (a subagent's caller)
 
     def latencies(self) -> RequestLatencies:
         end, first, scheduled = self.finished_ts, self.first_token_ts, self.scheduled_ts

@@ -45,6 +45,7 @@ def request_attributes(
         a.GEN_AI_REQUEST_TEMPERATURE: out.temperature,
         a.GEN_AI_REQUEST_TOP_P: out.top_p,
         a.SESSION_ID: out.session_id,
+        a.SESSION_PARENT_ID: out.parent_session_id,
     }
     attrs.update((k, v) for k, v in optional.items() if v is not None)
     attrs.update(latencies(out))

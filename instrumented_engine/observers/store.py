@@ -315,6 +315,8 @@ class StoreRecorder:
         self.writer.insert_missing(
             SessionRecord(out.session_id, started_at=out.arrival_ts, source=SessionSource.ENGINE.value)
         )
+        if out.parent_session_id is not None:  # (whoever made the session first: the request says who started it)
+            self.writer.upsert(SessionRecord(out.session_id, parent_session_id=out.parent_session_id))
         self._session_snapshot(out.session_id, out.finished_ts or stats.ts, stats, out.session_blocks or 0)
 
     def _session_snapshot(self, session_id: str, ts: float, stats: SchedulerStats, blocks: int | None) -> None:

@@ -72,6 +72,7 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float = 0.0
     logprobs: Any = None
     session_id: str | None = None  # vLLM accepts the agent session here as well as in X-Session-ID
+    vllm_xargs: dict[str, Any] | None = None  # vLLM's extra arguments: its `session_id` names the session too
     user: str | None = None
 
     _short_ids = field_validator("session_id", "user")(_id_field)

@@ -32,8 +32,8 @@ from instrumented_engine.server.arrival import arrival_ts
 from instrumented_engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, check_id
 from instrumented_engine.server.responses import Response, event, streamed, usage
 from instrumented_engine.server.tools import prompt_messages
+from kvobs.named_sessions import request_session
 from kvobs.semconv.metrics import FINISHED_ERROR
-from kvobs.semconv.sessions import SESSION_ID_HEADER
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 REPLACEMENT_CHAR = "\ufffd"
@@ -150,13 +150,16 @@ class OpenAIServing:
         self._check_model(body.model)
         params = self._sampling_params(body, prompt_ids, max_tokens, constraint)
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        session_id = check_id(request.headers.get(SESSION_ID_HEADER), SESSION_ID_HEADER) or body.session_id
+        named = request_session(request.headers, {"session_id": body.session_id, "vllm_xargs": body.vllm_xargs})
+        session_id = None if named is None else check_id(named.session_id, named.named_by)
+        parent_session_id = None if named is None else check_id(named.parent_session_id, named.named_by)
         trace = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
         stream = await self.engine.add_request(
             prompt_ids,
             params,
             request_id=request_id,
             session_id=session_id,
+            parent_session_id=parent_session_id,
             trace_headers=trace,
             arrival_ts=arrival_ts(request),
         )

@@ -25,7 +25,7 @@ from opentelemetry.propagate import inject
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from kvobs.semconv import attributes as a
-from kvobs.semconv.sessions import SESSION_ID_HEADER
+from kvobs.semconv.sessions import PARENT_SESSION_HEADER, SESSION_ID_HEADER
 from kvobs.semconv.spans import GenAIOperation, StepErrorType, chat_span
 
 
@@ -56,6 +56,7 @@ def chat_completion(
     model: str,
     messages: list[dict],
     session_id: str | None,
+    parent_session_id: str | None = None,
     timeout_s: float | None = None,
     step_index: int | None = None,
     **params,
@@ -91,6 +92,8 @@ def chat_completion(
         inject(headers)  # traceparent of this span
         if session_id is not None:
             headers[SESSION_ID_HEADER] = session_id
+        if parent_session_id is not None:
+            headers[PARENT_SESSION_HEADER] = parent_session_id
         body = {
             "model": model,
             "messages": messages,

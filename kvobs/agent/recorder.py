@@ -10,7 +10,7 @@ import json
 
 from kvobs.agent.session import AgentSession, AgentStep
 from kvobs.semconv.spans import SessionSource
-from kvobs.store.rows import SessionRecord, StepRecord
+from kvobs.store.rows import UNSET, SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter
 
 
@@ -31,14 +31,16 @@ class StoreStepRecorder:
         self.writer.upsert(self._session_record(session, ended_at=session.ended_at))
 
     @staticmethod
-    def _session_record(session: AgentSession, **times: float | None) -> SessionRecord:
+    def _session_record(session: AgentSession, *, started_at=UNSET, ended_at=UNSET) -> SessionRecord:
         return SessionRecord(
             session.session_id,
             agent_name=session.agent_name,
             source=SessionSource.SDK.value,
             num_steps=session.num_steps,
             num_failed_steps=session.num_failed_steps,
-            **times,
+            parent_session_id=UNSET if session.parent_session_id is None else session.parent_session_id,
+            started_at=started_at,
+            ended_at=ended_at,
         )
 
 

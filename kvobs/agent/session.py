@@ -62,6 +62,8 @@ class AgentSession:
     Args:
         agent_name: `gen_ai.agent.name`.
         session_id: `gen_ai.conversation.id` and the `X-Session-ID` every LLM call sends (default: a new uuid).
+        parent_session_id: the session that started this one (a subagent's caller), sent as `X-Parent-Session-ID`
+            and recorded on the session.
         tracer_provider, meter_provider: where spans and metrics go (default: the global ones).
         recorder: receives sessions and finished steps (`StoreStepRecorder` writes them to the store).
         release_on_exit: when the session ends, tell the LLM server it is done (`kvobs serve` frees the blocks
@@ -73,6 +75,7 @@ class AgentSession:
         agent_name: str,
         *,
         session_id: str | None = None,
+        parent_session_id: str | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         recorder: StepRecorder | None = None,
@@ -82,6 +85,7 @@ class AgentSession:
         self.release_on_exit = release_on_exit
         self.client = None  # the LLM client of the latest step's call, for the release
         self.session_id = session_id or f"sess-{uuid.uuid4().hex[:16]}"
+        self.parent_session_id = parent_session_id
         self.tracer = (tracer_provider or get_tracer_provider()).get_tracer(SCOPE)
         meter = (meter_provider or get_meter_provider()).get_meter(SCOPE)
         steps, failures = kvobs_metrics.AGENT_STEPS, kvobs_metrics.AGENT_STEP_FAILURES
@@ -105,6 +109,7 @@ class AgentSession:
                 a.GEN_AI_AGENT_NAME: self.agent_name,
                 a.GEN_AI_CONVERSATION_ID: self.session_id,
                 a.AGENT_RECORDED: self.recorder is not None,
+                **({a.SESSION_PARENT_ID: self.parent_session_id} if self.parent_session_id else {}),
             },
         )
         self._token = otel_context.attach(trace.set_span_in_context(self.span))
@@ -239,6 +244,7 @@ class AgentStep:
             model=model,
             messages=messages,
             session_id=self.session.session_id,
+            parent_session_id=self.session.parent_session_id,
             timeout_s=remaining,
             step_index=self.index,
             **params,

@@ -34,8 +34,14 @@ def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, outcomes: pd
     what the cache cost them: most blocks lost in tool pauses, then most lost at all, then most failed steps.
     `hit_rate` is the one definition (`kvobs.analytics.hit_rate`) over the session's steps: cached prompt tokens /
     prompt tokens, as the server reported them to the agent; `join_rate`, the share of its steps made of an agent's
-    spans that the collector tied to their server request (NaN for steps nobody judged: the SDK's)."""
+    spans that the collector tied to their server request (NaN for steps nobody judged: the SDK's); `started_by`, the
+    session that started it where its requests said so (a subagent's caller), and `subagents`, how many it started."""
     table = sessions.set_index("session_id")[["agent_name", "source", "started_at", "ended_at"]]
+    parents = sessions["parent_session_id"] if "parent_session_id" in sessions else pd.Series(dtype=object)
+    table = table.assign(
+        started_by=parents.to_numpy() if len(parents) else None,
+        subagents=table.index.map(parents.value_counts()).fillna(0).astype(int),
+    )
     if not footprints.empty:
         latest = footprints.groupby("session_id").agg(
             blocks=("session_blocks", "sum"),

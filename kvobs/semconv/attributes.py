@@ -27,6 +27,7 @@ ERROR_TYPE = "error.type"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 SESSION_ID = "session.id"
+SESSION_PARENT_ID = "kvobs.session.parent_id"  # the session that started this one (no convention names one yet)
 # resource attributes: which replica exported a span (`OTEL_RESOURCE_ATTRIBUTES=service.instance.id=vllm-a`)
 SERVICE_NAME = "service.name"
 SERVICE_INSTANCE_ID = "service.instance.id"

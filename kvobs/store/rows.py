@@ -68,6 +68,7 @@ class SessionRecord(Record):
     num_steps: int = UNSET
     num_failed_steps: int = UNSET
     source: str | None = UNSET  # sdk | vllm | engine
+    parent_session_id: str | None = UNSET  # the session that started this one (a subagent's caller)
 
 
 @_record

@@ -47,6 +47,7 @@ class SessionRow(Base):
     num_steps: Mapped[int] = mapped_column(Integer, default=0)
     num_failed_steps: Mapped[int] = mapped_column(Integer, default=0)
     source: Mapped[str | None] = mapped_column(String(16))  # sdk | vllm | engine
+    parent_session_id: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))  # a subagent's caller's session
 
 
 class StepRow(Base):

@@ -67,6 +67,34 @@ def test_openai_client_call_carries_the_trace_and_session(traced_server, agent_s
     assert llm.parent.span_id == chat.context.span_id and llm.context.trace_id == chat.context.trace_id
 
 
+def test_a_subagent_session_names_its_parent_to_the_server_and_the_store(traced_server, agent_spans, recorder):
+    """`parent_session_id` goes out as `X-Parent-Session-ID` on every call, so the server's span names the parent;
+    the recorder stores it on the session, and on its agent span."""
+    server, telemetry, engine_exporter = traced_server
+    provider, exporter = agent_spans
+    client = httpx.Client(base_url=server.url + "/v1")
+    with (
+        AgentSession(
+            "researcher",
+            session_id="sdk-child",
+            parent_session_id="sdk-parent",
+            tracer_provider=provider,
+            recorder=recorder,
+        ) as session,
+        session.step() as step,
+    ):
+        step.chat(client, model=SERVED, messages=QUESTION, max_tokens=2)
+    (llm,) = [s for s in server_spans(telemetry, engine_exporter) if s.attributes.get(a.SESSION_ID) == "sdk-child"]
+    assert llm.attributes[a.SESSION_PARENT_ID] == "sdk-parent"
+    (agent,) = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent researcher"]
+    assert agent.attributes[a.SESSION_PARENT_ID] == "sdk-parent"
+    recorder.writer.flush()
+    with recorder.writer.store.session() as db:
+        assert db.scalar(select(SessionRow.parent_session_id).where(SessionRow.session_id == "sdk-child")) == (
+            "sdk-parent"
+        )
+
+
 def test_failed_steps_record_error_type_and_the_session_goes_on(traced_server, agent_spans, recorder):
     server, _, _ = traced_server
     provider, exporter = agent_spans

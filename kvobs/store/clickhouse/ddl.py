@@ -316,6 +316,9 @@ _RUN_ENGINE = ["ALTER TABLE runs ADD COLUMN IF NOT EXISTS engine LowCardinality(
 # (alembic 0026); rows before hold NULL (not compared).
 _SHARED_STARTS = _kv_columns_added(("shared_start_tokens", "Nullable(Int32)", "restored_after_s"))
 
+# Version 23: the session that started a session (alembic 0027); rows before hold NULL (not said).
+_PARENT_SESSIONS = ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS parent_session_id Nullable(String) AFTER source"]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -340,6 +343,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (20, "requests.cached_from: the server's own count or the reply's", _REQUEST_CACHED_FROM),
     (21, "runs.engine: the engine a run was of", _RUN_ENGINE),
     (22, "kv_events.shared_start_tokens: a shared prefix shorter than a block", _SHARED_STARTS),
+    (23, "sessions.parent_session_id: the session that started a session", _PARENT_SESSIONS),
 ]
 
 
