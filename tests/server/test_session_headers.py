@@ -6,6 +6,9 @@ sets are the ones each agent's requests carry: Claude Code's session, agent and 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import httpx
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -44,6 +47,31 @@ def test_the_ways_a_request_names_its_session_read_as_one_list():
     assert request_session(httpx.Headers({"x-claude-code-session-id": ""}), {"vllm_xargs": {"session_id": 7}}) is None
     long = request_session(httpx.Headers({"x-claude-code-session-id": "s" * 200, "x-claude-code-agent-id": "a" * 200}))
     assert long is not None and len(long.session_id.encode()) == 255 and long.parent_session_id == "s" * 200
+
+
+RECORDED = Path(__file__).parents[1] / "fixtures" / "coding-agents" / "headers.json"
+
+
+def test_the_coding_agents_requests_as_recorded_name_their_sessions_and_subagents():
+    """The headers Claude Code 2.1.332, OpenCode 1.18.33 and Codex 0.171.0 sent (`record.py` beside the recording):
+    each agent's main requests are one session; a subagent's requests (Claude Code's with its agent id, OpenCode's
+    child session) are a session of their own whose parent is the main one; Codex's thread is its session."""
+    recorded = json.loads(RECORDED.read_text())
+    by_client: dict[str, list] = {}
+    for request in recorded:
+        named = request_session(httpx.Headers(request["headers"]))
+        assert named is not None, request
+        by_client.setdefault(request["client"], []).append((named.session_id, named.parent_session_id))
+    assert set(by_client) == {"claude-code", "opencode", "codex"}
+    for client in ("claude-code", "opencode"):
+        sessions = by_client[client]
+        (main,) = {session for session, parent in sessions if parent is None}
+        children = {session for session, parent in sessions if parent is not None}
+        assert len(children) == 1 and {parent for _, parent in sessions if parent} == {main}, client
+        assert all(session in (main, *children) for session, _ in sessions)
+    (child,) = {session for session, parent in by_client["claude-code"] if parent}
+    assert child.startswith(by_client["claude-code"][0][0] + "/")  # <session>/<agent id>
+    assert {parent for _, parent in by_client["codex"]} == {None} and len(set(by_client["codex"])) == 1
 
 
 def test_each_way_names_its_session_and_parent_in_the_store_the_spans_and_the_kv_events(smollm2_source, tmp_path):
