@@ -23,7 +23,7 @@ TERMS: dict[str, tuple[str, str]] = {
         "recorded by",
         "Who recorded it: sdk (the agent SDK), engine (kvobs serve), vllm (kvobs collect "
         "from vLLM's KV events), or the convention of the agent's own spans it was made from: otel-genai, "
-        "openinference, openllmetry.",
+        "openinference, openllmetry; dynamo (NVIDIA Dynamo's request trace, imported).",
     ),
     "started_by": (
         "started by",

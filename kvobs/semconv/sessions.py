@@ -34,6 +34,7 @@ SESSION_HEADERS = (
         parent="x-claude-code-parent-agent-id",
     ),
     SessionHeaders("codex", "session-id"),
+    SessionHeaders("dynamo", "x-dynamo-session-id", parent="x-dynamo-parent-session-id"),  # Dynamo 1.6's own
 )
 # Then the body, as vLLM reads it: the request's `session_id`, else `vllm_xargs.session_id`.
 SESSION_BODY_FIELDS = (("session_id",), ("vllm_xargs", "session_id"))

@@ -111,6 +111,7 @@ class SessionSource(Name):
     OTEL_GENAI = "otel-genai"  # steps from OpenTelemetry GenAI spans (kvobs.semconv.agent_traces)
     OPENINFERENCE = "openinference"
     OPENLLMETRY = "openllmetry"
+    DYNAMO = "dynamo"  # NVIDIA Dynamo's request trace (`kvobs import dynamo-trace`)
 
 
 class RunSource(Name):

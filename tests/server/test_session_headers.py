@@ -34,6 +34,7 @@ WAYS = [
     ),
     ({"X-Session-Id": "ses_child", "x-parent-session-id": "ses_parent"}, {}, ("ses_child", "ses_parent")),
     ({"session-id": "codex-thread-1"}, {}, ("codex-thread-1", None)),
+    ({"x-dynamo-session-id": "dyn-child", "x-dynamo-parent-session-id": "dyn-root"}, {}, ("dyn-child", "dyn-root")),
     ({}, {"vllm_xargs": {"session_id": "xargs-1"}}, ("xargs-1", None)),
     ({}, {"session_id": "body-1"}, ("body-1", None)),
     ({"X-Session-ID": "header-wins"}, {"session_id": "body-loses"}, ("header-wins", None)),

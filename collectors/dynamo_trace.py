@@ -1,0 +1,261 @@
+"""NVIDIA Dynamo's request traces into the store: `kvobs import dynamo-trace FILE...`.
+
+    summary = import_dynamo_trace(store, [Path("/tmp/dynamo-request-trace.000000.jsonl.gz")])
+
+Dynamo's frontend writes one `request_end` row per chat or completion request when `DYN_REQUEST_TRACE=1`
+(schema `dynamo.request.trace.v1`, JSONL or rolling `.jsonl.gz` shards; its docs' "Request Replay Tracing"), with
+`agent_context` (`session_id`, `parent_session_id`) where the request carried session headers, and `tool_end` rows
+from an agent harness. Each `request_end` row is a request (its arrival, time to first token, end, tokens and
+cached tokens as Dynamo counted them) and, in a session, that session's next step; a subagent's session is the
+child of its parent's; a session's tool calls that ended between two of its steps are the pause before the later
+one. Rows are read in the order of their times, whatever the shards' order; a row that is not JSON, not of this
+schema or lacks what a request needs is left out alone and counted by why.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from kvobs.identifiers import clip_id
+from kvobs.semconv.spans import CachedFrom, SessionSource, StepStatus
+from kvobs.store import Store, StoreWriter
+from kvobs.store.rows import RequestRecord, SessionRecord, StepRecord
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "dynamo.request.trace.v1"
+REQUEST_END, TOOL_END = "request_end", "tool_end"
+
+
+class DynamoTraceError(ValueError):
+    """A file cannot be read, or holds no row of the schema."""
+
+
+@dataclass
+class DynamoTraceSummary:
+    """What an import read and stored, and what it left out (by why)."""
+
+    rows: int = 0
+    requests: int = 0
+    sessions: int = 0
+    steps: int = 0
+    tools: int = 0
+    left_out: Counter = field(default_factory=Counter)
+
+    def describe(self) -> str:
+        said = (
+            f"{self.rows:,} rows: {self.requests:,} requests, {self.steps:,} steps of {self.sessions:,} sessions, "
+            f"{self.tools:,} tool calls"
+        )
+        if self.left_out:
+            said += "; left out: " + ", ".join(f"{n:,} {why}" for why, n in sorted(self.left_out.items()))
+        return said
+
+
+@dataclass(frozen=True)
+class _Request:
+    record: RequestRecord
+    parent_session_id: str | None
+
+
+@dataclass(frozen=True)
+class _Tool:
+    session_id: str
+    name: str
+    start: float
+    end: float
+    status: str
+
+
+def import_dynamo_trace(store: Store, paths: Iterable[Path], *, instance: str = "dynamo") -> DynamoTraceSummary:
+    """Store the shards' requests, sessions, steps and tool pauses (`instance`: the requests' replica name, where a
+    row names no worker)."""
+    summary = DynamoTraceSummary()
+    requests, tools = [], []
+    for row in _rows(paths, summary):
+        kind = row.get("event_type")
+        if kind == REQUEST_END:
+            request = _request(row, instance)
+            if request is None:
+                summary.left_out["request rows without an id or arrival"] += 1
+            else:
+                requests.append(request)
+        elif kind == TOOL_END:
+            tool = _tool(row)
+            if tool is None:
+                summary.left_out["tool rows without a session or times"] += 1
+            else:
+                tools.append(tool)
+        else:
+            summary.left_out[f"rows of event type {str(kind)[:40]!r}"] += 1
+    if summary.rows and not requests:
+        raise DynamoTraceError(f"no {REQUEST_END} row of {SCHEMA} in {', '.join(str(p) for p in paths)}")
+    writer = StoreWriter(store)
+    try:
+        _write(writer, requests, tools, summary)
+    finally:
+        writer.close()
+    return summary
+
+
+def _rows(paths: Iterable[Path], summary: DynamoTraceSummary) -> Iterator[dict]:
+    for path in paths:
+        try:
+            with _open(path) as lines:
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    summary.rows += 1
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        summary.left_out["lines that are not JSON"] += 1
+                        continue
+                    if isinstance(row, dict) and isinstance(row.get("event"), dict):
+                        row = row["event"]  # the JSONL sink's envelope: {"timestamp": ..., "event": {...}}
+                    if not isinstance(row, dict) or row.get("schema") != SCHEMA:
+                        summary.left_out[f"rows not of {SCHEMA}"] += 1
+                        continue
+                    yield row
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise DynamoTraceError(f"{path}: {exc}") from exc
+
+
+def _open(path: Path) -> TextIO:
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def _request(row: dict, instance: str) -> _Request | None:
+    request, context = row.get("request"), row.get("agent_context") or {}
+    if not isinstance(request, dict) or not isinstance(context, dict):
+        return None
+    request_id, received_ms = _text(request.get("request_id")), _number(request.get("request_received_ms"))
+    if request_id is None or received_ms is None:
+        return None
+    arrival = received_ms / 1000
+    total_ms, ttft_ms, event_ms = (_number(request.get(k)) for k in ("total_time_ms", "ttft_ms", "event_time_unix_ms"))
+    event_ms = event_ms if event_ms is not None else _number(row.get("event_time_unix_ms"))
+    finished = arrival + total_ms / 1000 if total_ms is not None else None if event_ms is None else event_ms / 1000
+    replay = request.get("replay")
+    replay = replay if isinstance(replay, dict) else {}
+    prompt = _count(request.get("input_tokens"))
+    cached = _count(request.get("cached_tokens"))
+    finish = request.get("finish_reason_metadata")
+    record = RequestRecord(
+        request_id=request_id,
+        instance=_worker(request) or instance,
+        arrival_ts=arrival,
+        session_id=_text(context.get("session_id")),
+        first_token_ts=None if ttft_ms is None else arrival + ttft_ms / 1000,
+        finished_ts=finished,
+        queue_s=None if (wait := _number(request.get("prefill_wait_time_ms"))) is None else wait / 1000,
+        prompt_tokens=prompt if prompt is not None else _count(replay.get("input_length")),
+        cached_tokens=cached,
+        completion_tokens=_count(request.get("output_tokens")),
+        finish_reason=_text(finish.get("finish_reason")) if isinstance(finish, dict) else None,
+        cached_from=None if cached is None else CachedFrom.SERVER.value,
+    )
+    return _Request(record, _text(context.get("parent_session_id")))
+
+
+def _worker(request: dict) -> str | None:
+    """The decode worker Dynamo's router chose, where the row names it (its `worker` block)."""
+    worker = request.get("worker")
+    if not isinstance(worker, dict):
+        return None
+    worker_id = worker.get("decode_worker_id", worker.get("worker_id"))
+    return None if worker_id is None else clip_id(f"worker-{worker_id}")
+
+
+def _tool(row: dict) -> _Tool | None:
+    tool, context = row.get("tool"), row.get("agent_context") or {}
+    if not isinstance(tool, dict) or not isinstance(context, dict):
+        return None
+    session = _text(context.get("session_id")) or _text(row.get("session_id"))
+    end_ms = _number(tool.get("ended_at_unix_ms"))
+    end_ms = end_ms if end_ms is not None else _number(row.get("event_time_unix_ms"))
+    start_ms = _number(tool.get("started_at_unix_ms"))
+    duration = _number(tool.get("duration_ms"))
+    if start_ms is None and end_ms is not None and duration is not None:
+        start_ms = end_ms - duration
+    if session is None or start_ms is None or end_ms is None:
+        return None
+    name = _text(tool.get("tool_class")) or _text(tool.get("name")) or "tool"
+    failed = str(tool.get("status", "succeeded")).lower() not in ("succeeded", "success", "ok")
+    return _Tool(session, name, start_ms / 1000, end_ms / 1000, (StepStatus.ERROR if failed else StepStatus.OK).value)
+
+
+def _write(writer: StoreWriter, requests: list[_Request], tools: list[_Tool], summary: DynamoTraceSummary) -> None:
+    requests.sort(key=lambda r: r.record.arrival_ts)
+    pauses: dict[str, list[_Tool]] = defaultdict(list)
+    for tool in sorted(tools, key=lambda t: t.end):
+        pauses[tool.session_id].append(tool)
+    by_session: dict[str, list[_Request]] = defaultdict(list)
+    for request in requests:
+        writer.add(request.record)
+        if request.record.session_id is not None:
+            by_session[request.record.session_id].append(request)
+    for session_id, steps in by_session.items():
+        last_end = None
+        for index, request in enumerate(steps):
+            r = request.record
+            pause = [t for t in pauses[session_id] if (last_end is None or t.end > last_end) and t.end <= r.arrival_ts]
+            writer.add(_step(session_id, index, r, pause))
+            summary.tools += len(pause)
+            last_end = r.finished_ts if r.finished_ts is not None else r.arrival_ts
+        parent = next((s.parent_session_id for s in steps if s.parent_session_id), None)
+        ends = [s.record.finished_ts for s in steps if s.record.finished_ts is not None]
+        writer.upsert(
+            SessionRecord(
+                session_id,
+                started_at=steps[0].record.arrival_ts,
+                ended_at=max(ends) if ends else None,
+                num_steps=len(steps),
+                num_failed_steps=0,
+                source=SessionSource.DYNAMO.value,
+                parent_session_id=parent,
+            )
+        )
+    summary.requests, summary.sessions = len(requests), len(by_session)
+    summary.steps = sum(len(steps) for steps in by_session.values())
+
+
+def _step(session_id: str, index: int, r: RequestRecord, pause: list[_Tool]) -> StepRecord:
+    tools = [{"name": t.name, "start": t.start, "end": t.end, "status": t.status, "error_type": None} for t in pause]
+    return StepRecord(
+        session_id=session_id,
+        step_index=index,
+        started_at=r.arrival_ts,
+        status=StepStatus.OK.value,  # a row says how the request ended, never that it failed
+        ended_at=r.finished_ts,
+        ttft_s=None if r.first_token_ts is None else r.first_token_ts - r.arrival_ts,
+        e2e_s=None if r.finished_ts is None else r.finished_ts - r.arrival_ts,
+        prompt_tokens=r.prompt_tokens,
+        cached_tokens=r.cached_tokens,
+        completion_tokens=r.completion_tokens,
+        request_id=r.request_id,
+        tools=json.dumps(tools) if tools else None,
+    )
+
+
+def _text(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        return None
+    return clip_id(str(value))
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value < 0:
+        return None
+    return float(value)
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None
