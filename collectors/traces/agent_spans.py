@@ -49,6 +49,7 @@ class TraceSpan:
     role: str | None = None
     convention: str = ""  # "": a plain span
     session_id: str | None = None
+    parent_session_id: str | None = None  # the session that started this one, where a span says so (the SDK's)
     agent_name: str | None = None
     tool_name: str | None = None
     reply_ids: tuple[str, ...] = ()  # ids the reply holds: the server request's among them (`reply_ids`)
@@ -76,6 +77,7 @@ def read_span(span: Span, attrs: dict) -> TraceSpan:
     out.sdk_step = span.name == SpanName.AGENT_STEP
     out.sdk_call = not out.sdk_step and a.AGENT_STEP_INDEX in attrs  # an LLM call of an SDK step: part of that step
     out.session_id = _text(_session(attrs))
+    out.parent_session_id = _text(attrs.get(a.SESSION_PARENT_ID))
     if c.OPENINFERENCE_SPAN_KIND in attrs:
         _openinference(out, attrs)
     elif _is_openllmetry(attrs):

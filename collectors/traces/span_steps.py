@@ -270,6 +270,7 @@ class SpanSteps:
                     started_at=span.start,
                     ended_at=span.end,
                     source=SessionSource.SDK.value,
+                    parent_session_id=span.parent_session_id or UNSET,
                 )
             )
         return len(steps)

@@ -249,6 +249,21 @@ def test_the_sdks_own_steps_are_left_to_the_sdk_and_memory_is_bounded(store):
     assert len(store.reads.steps()) == 2
 
 
+def test_an_sdk_session_no_recorder_wrote_keeps_the_session_that_started_it(store):
+    """A subagent's SDK session exported as spans only (no recorder, no server): the collector writes its session
+    with its parent, as the recorder would have."""
+    from kvobs.agent import AgentSession
+
+    agent = Agent()
+    with AgentSession("researcher", session_id="child", parent_session_id="planner", tracer_provider=agent.provider):
+        pass
+    ingest, steps, writer, _ = steps_maker(store)
+    ingest.handle(agent.export())
+    steps.settle(final=True)
+    writer.close()
+    assert store.reads.sessions().set_index("session_id")["parent_session_id"].to_dict() == {"child": "planner"}
+
+
 def test_a_conversation_whose_agent_span_comes_late_is_one_session_and_gets_its_agent_name(store):
     """An `invoke_agent` span that lasts the whole conversation arrives after the calls inside it have waited
     `settle_s`: they are decided as the trace's session, and every later call of the trace joins them (the
