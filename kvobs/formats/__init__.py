@@ -1,0 +1,1 @@
+"""The field's shared formats kvobs writes (and reads): Mooncake replay rows."""
