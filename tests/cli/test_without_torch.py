@@ -29,6 +29,7 @@ def test_help_lists_every_registered_command_without_torch():
         "agents",
         "alerts",
         "doctor",
+        "export",
         "serve",
         "generate",
         "whatif",
