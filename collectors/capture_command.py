@@ -58,11 +58,13 @@ def run(args: argparse.Namespace) -> int:
     if store is None:
         return 2
     if args.capture == DYNAMO:
-        from collectors.dynamo_trace import DynamoTraceError, import_dynamo_trace
+        from collectors.dynamo_trace import DEFAULT_INSTANCE, DynamoTraceError, import_dynamo_trace
 
         files = [Path(f) for f in args.files]
         read = _imported(
-            store, lambda: import_dynamo_trace(store, files, instance=args.instance or "dynamo"), DynamoTraceError
+            store,
+            lambda: import_dynamo_trace(store, files, instance=args.instance or DEFAULT_INSTANCE),
+            DynamoTraceError,
         )
         if read is None:
             return 2

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from collectors.values import count as _count
+from collectors.values import text as _text
 from kvobs.identifiers import clip_id
 from kvobs.semconv.spans import CachedFrom, SessionSource, StepStatus
 from kvobs.store import Store, StoreWriter
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "dynamo.request.trace.v1"
 REQUEST_END, TOOL_END = "request_end", "tool_end"
+DEFAULT_INSTANCE = "dynamo"  # the requests' replica where a row names no worker
 
 
 class DynamoTraceError(ValueError):
@@ -74,7 +77,7 @@ class _Tool:
     status: str
 
 
-def import_dynamo_trace(store: Store, paths: Iterable[Path], *, instance: str = "dynamo") -> DynamoTraceSummary:
+def import_dynamo_trace(store: Store, paths: Iterable[Path], *, instance: str = DEFAULT_INSTANCE) -> DynamoTraceSummary:
     """Store the shards' requests, sessions, steps and tool pauses (`instance`: the requests' replica name, where a
     row names no worker)."""
     summary = DynamoTraceSummary()
@@ -245,17 +248,7 @@ def _step(session_id: str, index: int, r: RequestRecord, pause: list[_Tool]) -> 
     )
 
 
-def _text(value) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
-        return None
-    return clip_id(str(value))
-
-
 def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value < 0:
         return None
     return float(value)
-
-
-def _count(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from collectors.traces.reply_ids import reply_ids
+from collectors.values import count as _count
+from collectors.values import text as _text
 from kvobs.identifiers import clip_id
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
@@ -195,12 +197,6 @@ def _error_type(attrs: dict, span: Span) -> str:
     return clip_id(str(found))
 
 
-def _text(value) -> str | None:
-    if value is None or isinstance(value, bool) or not isinstance(value, str | int):
-        return None
-    return clip_id(str(value)) or None
-
-
 def first_key(attrs: dict, keys: tuple[str, ...]) -> str | None:
     """The first of `keys` the span carries a value for (the conventions' spellings of one thing, in order)."""
     return next((key for key in keys if attrs.get(key) is not None), None)
@@ -209,7 +205,3 @@ def first_key(attrs: dict, keys: tuple[str, ...]) -> str | None:
 def first_present(attrs: dict, keys: tuple[str, ...]):
     key = first_key(attrs, keys)
     return None if key is None else attrs[key]
-
-
-def _count(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None

@@ -172,14 +172,20 @@ def test_a_named_miss_in_chromium(changing_start_run, tmp_path, monkeypatch):
 def _step_story(store, session: str, step: int, shot: str, tmp_path, monkeypatch) -> str:
     """A step's story opened from its URL in Chromium over a real dashboard on `store`: its text; its screenshot
     saved as `shot`."""
+    ready = READY.format(title=PAGES["step"].TITLE) + f" && document.body.innerText.includes({STORY!r})"
+    return _page_text(store, f"?session={session}&step={step}", ready, shot, tmp_path, monkeypatch)
+
+
+def _page_text(store, query: str, ready: str, shot: str, tmp_path, monkeypatch) -> str:
+    """The page at `query`, once `ready` holds, in Chromium over a real dashboard on `store`: its text; its
+    screenshot saved as `shot`."""
     shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TZ", BROWSER_ZONE)
     url, proc = dashboard(Run(store.url, store))
     try:
         with chromium() as page:
-            ready = READY.format(title=PAGES["step"].TITLE) + f" && document.body.innerText.includes({STORY!r})"
-            text, png = page.visit(f"{url}/?session={session}&step={step}", ready)
+            text, png = page.visit(f"{url}/{query}", ready)
     finally:
         proc.terminate()
         proc.wait(20)
@@ -196,17 +202,8 @@ def test_a_dynamo_imported_session_in_chromium(tmp_path, monkeypatch):
 
     store = open_store(f"sqlite:///{tmp_path / 'dynamo.db'}")
     import_dynamo_trace(store, [Path(__file__).parents[1] / "fixtures" / "dynamo-trace" / "request_trace.jsonl"])
-    shots = Path(os.environ.get("KVOBS_SCREENSHOTS") or tmp_path)
-    shots.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("TZ", BROWSER_ZONE)
-    url, proc = dashboard(Run(store.url, store))
-    try:
-        with chromium() as page:
-            text, png = page.visit(f"{url}/?page=sessions", READY.format(title=PAGES["sessions"].TITLE))
-    finally:
-        proc.terminate()
-        proc.wait(20)
-    (shots / "dynamo-sessions.png").write_bytes(png)
+    sessions = READY.format(title=PAGES["sessions"].TITLE)
+    text = _page_text(store, "?page=sessions", sessions, "dynamo-sessions.png", tmp_path, monkeypatch)
     # (the table is drawn where innerText does not reach: its started by / subagents columns are in the screenshot)
     assert "Steps and what explains them" in text and "worker-" in text and "Traceback" not in text
     story = _step_story(store, "researcher", 1, "dynamo-step_url.png", tmp_path, monkeypatch)
