@@ -46,10 +46,10 @@ from stores import count_events
 from tqdm import tqdm
 
 from collectors.jobs.step_verdicts import VerdictKeeper
-from dashboard import data, verdicts
+from dashboard import data, session_data, verdicts
 from dashboard.context import bucket_for
-from kvobs.analytics.ownership import session_ties
-from kvobs.analytics.step_story import step_story
+from kvobs.analytics.cache import session_ties
+from kvobs.analytics.steps import step_story
 from kvobs.block_clock import BlockClock
 from kvobs.store import open_store
 from kvobs.store.rollups import MISS_PARTS
@@ -275,8 +275,8 @@ def pages(store, since, until) -> dict:
         "Pressure vs latency": lambda: data.pressure(store, since, until, window, "evictions_per_s", "ttft_mean"),
         # the page: the range's sessions, the session's detail and how its blocks were tied to it
         "Sessions": lambda: (
-            data.sessions(store, since, until),
-            data.session_detail(store, session),
+            session_data.sessions(store, since, until),
+            session_data.session_detail(store, session),
             session_ties(store, session),
         ),
         # the page: its sessions by what the cache cost them, the session's steps likewise, the step's story over
@@ -291,10 +291,10 @@ def pages(store, since, until) -> dict:
 
 
 def _step_page(store, since, until, session, step) -> tuple:
-    detail = data.session_detail(store, session)
+    detail = session_data.session_detail(store, session)
     return (
-        data.sessions_with_steps(store, since, until),
-        data.steps_by_cache_cost(detail.steps),
+        session_data.sessions_with_steps(store, since, until),
+        session_data.steps_by_cache_cost(detail.steps),
         step_story(store, session, step, read=detail.read),
     )
 

@@ -22,8 +22,7 @@ from collections import deque
 import pandas as pd
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 
-from kvobs.analytics.fleet_index import FleetIndex
-from kvobs.analytics.routing import FleetCheck, request_lookups, routing_losses
+from kvobs.analytics.cache import FleetCheck, FleetIndex, request_lookups, routing_losses
 
 BLOCK_SIZE = 16
 

@@ -1,5 +1,5 @@
 """What ownership by inference costs: tying each request's stored blocks to it where the blocks name no session
-(`kvobs.analytics.ownership.block_ties`), on the real vLLM 0.32 run (tests/fixtures/vllm-0.32-cpu: the
+(`kvobs.analytics.cache.ownership.block_ties`), on the real vLLM 0.32 run (tests/fixtures/vllm-0.32-cpu: the
 requests of 12 agents at once and their stored blocks) laid end to end `--copies` times (each copy later by the run's
 length, its hashes its own), against reading the same requests' chains by their sessions' named blocks
 (`chains.request_chains`, what the header allows: the baseline), with the same tie's truth check: every block
@@ -24,8 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 
 from collectors.traces.span_ingest import SpanIngest
-from kvobs.analytics.chains import BlockGraph, request_chains
-from kvobs.analytics.ownership import block_ties, owned_stored
+from kvobs.analytics.cache import BlockGraph, block_ties, owned_stored, request_chains
 from kvobs.vllm import kv_events as wire
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32-cpu"

@@ -1,5 +1,5 @@
 """Ownership by inference, live: the blocks a request stored that named no session become the session its step was
-joined to (`kvobs.analytics.ownership`), so that the session's footprint, its losses and its tool-pause losses
+joined to (`kvobs.analytics.cache.ownership`), so that the session's footprint, its losses and its tool-pause losses
 follow them as they follow a header's.
 
     owners = BlockOwners(activity, [stream.ingest for stream in streams])
@@ -29,7 +29,7 @@ from collectors.kv.ingest import KVIngest
 from collectors.kv.workers import RemoteIngest
 from collectors.session_activity import SessionActivity
 from collectors.traces.span_steps import JOIN_WAIT_S
-from kvobs.analytics.ownership import STORE_SLACK_S
+from kvobs.analytics.cache import STORE_SLACK_S
 from kvobs.semconv.spans import BLOCKS_TIED, BlockTie
 from kvobs.store.rows import RequestRecord
 

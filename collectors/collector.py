@@ -42,7 +42,7 @@ from collectors.traces.otlp_receiver import OTLPReceiver
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
 from kvobs.addresses import split_host_port
-from kvobs.analytics.step_causes import VERDICT_INTERVAL_S
+from kvobs.analytics.steps import VERDICT_INTERVAL_S
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
 from kvobs.store.db import takes_many_writers

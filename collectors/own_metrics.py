@@ -19,7 +19,7 @@ fleet's requests
 `kvobs_collector_routing_unmeasured_seconds_total{instance}`, what a meter restarted too late left:
 `routing_meter`),
 `kvobs_collector_step_verdicts_total{kind}` (steps decided once their session settled, `step_verdicts`, by what cost
-each: `kvobs.analytics.verdicts.cost_kind`),
+each: `kvobs.analytics.steps.verdicts.cost_kind`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
 agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention),
@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
 
 from collectors.kv.shared_starts import STARTS
-from kvobs.analytics.verdicts import COST_KINDS
+from kvobs.analytics.steps import COST_KINDS
 from kvobs.semconv.metric_spec import MetricSpec
 from kvobs.semconv.metrics import (
     LABEL_COMPONENT,

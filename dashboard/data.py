@@ -7,44 +7,38 @@ sessions are the fleet's (a session's requests may go to any instance).
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from dashboard.page_data import AlertsPage, FleetRouting, FleetTable, KVEventsPage, Overview, Pressure
 from dashboard.series import activity, fill_windows, unwatched
 from kvobs.alerts.holding import holding_rules
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
-from kvobs.analytics.chains import eviction_churn, prefix_reuse, with_sessions
-from kvobs.analytics.footprints import footprint_timeline, session_table
-from kvobs.analytics.hit_rate import HITS, QUERIES, hit_rate_of_sums, hit_rate_windows
-from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
-from kvobs.analytics.pressure import QUANTILES, lagged_correlation, pressure_windows, strongest_lag
-from kvobs.analytics.routing import (
+from kvobs.analytics.cache import (
+    HITS,
+    QUANTILES,
+    QUERIES,
     SUMMARY_COLUMNS,
     FleetCheck,
-    request_routing,
+    eviction_churn,
+    hit_rate_of_sums,
+    hit_rate_spread,
+    hit_rate_windows,
+    lagged_correlation,
+    prefix_reuse,
+    pressure_windows,
     routing_summary,
     routing_summary_of_sums,
-)
-from kvobs.analytics.runs import run_table
-from kvobs.analytics.shortfall import (
-    hit_rate_spread,
-    measured_lookups,
     shortfall,
     shortfall_of_sums,
     store_lookups,
+    strongest_lag,
 )
-from kvobs.analytics.step_story import SessionRead
-from kvobs.analytics.verdicts import session_verdicts, with_decided
+from kvobs.analytics.runs import run_table
 from kvobs.analytics.windows import RangeSums, arrivals, lookup_range_sums, range_sums, sketch_quantile
 from kvobs.semconv.reasons import RELEASE_REASONS
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, KVEventKind
 from kvobs.store import composed
 from kvobs.store.interface import Store
-from kvobs.store.rows import StepVerdictRecord
 
 PREFIX_ROWS = 20_000  # stored blocks the prefix, restore and churn tables walk at most (the latest of the range)
 BLOCK_KINDS = (KVEventKind.STORED.value, *BLOCK_LOSS_KINDS)  # kinds stored as a row per block
@@ -175,12 +169,12 @@ def _per_instance(snapshots: pd.DataFrame, name: str) -> pd.DataFrame:
 def fleet_routing(
     store: Store, since: float, until: float, instances=None, *, replay: bool = True
 ) -> FleetRouting | None:
-    """Routing loss over the range (`kvobs.analytics.routing`): per instance and for the fleet (`summary`, the
+    """Routing loss over the range (`kvobs.analytics.cache.routing`): per instance and for the fleet (`summary`, the
     fleet's row last), what could not be compared and why (`notes`); and the hit-rate shortfall split
-    (`kvobs.analytics.shortfall`: `shortfall` per instance and for the fleet, `spread` of the replicas' hit rates).
-    From the lookups a collector measured (`source` "measured": the writer's rollup, whatever the range) where it
-    measured any in the range; else replayed from the range's KV events (`source` "replay"), unless `replay` is
-    False (None then: its cost grows with the range)."""
+    (`kvobs.analytics.cache.shortfall_split`: `shortfall` per instance and for the fleet, `spread` of the replicas' hit
+    rates). From the lookups a collector measured (`source` "measured": the writer's rollup, whatever the range) where
+    it measured any in the range; else replayed from the range's KV events (`source` "replay"), unless `replay` is False
+    (None then: its cost grows with the range)."""
     sums = lookup_range_sums(store, since, until, instances)
     if not sums.empty:
         return _measured_routing(store, sums, since, until, instances)
@@ -250,7 +244,7 @@ def latest_stored(store: Store, since: float, until: float, instance: str) -> pd
 
 
 def _hit_counters(store: Store, since, until, instances) -> pd.DataFrame:
-    """The scraped prefix-cache counters (`kvobs.analytics.hit_rate`'s other source), of `instances` only."""
+    """The scraped prefix-cache counters (`kvobs.analytics.cache.hit_rate`'s other source), of `instances` only."""
     counters = store.reads.metric_series([HITS, QUERIES], since, until)
     return counters if instances is None else counters[counters["instance"].isin(list(instances))]
 
@@ -329,105 +323,6 @@ def pressure(
 
 
 SESSION_ROWS = 500  # sessions a page lists: those the cache cost most (the table and the chooser stay bounded)
-
-
-def sessions(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
-    """The range's sessions, by what the cache cost them (`footprints.session_table`: blocks lost in tool pauses,
-    then lost, then failed steps; footprints on `instances` only)."""
-    outcomes = store.reads.step_outcomes(since, until)  # per session, aggregated in the database
-    footprints = store.reads.session_footprints(since, until, instances=instances)
-    table = session_table(store.reads.sessions(), footprints, outcomes)
-    if not outcomes.empty:
-        keep = set(outcomes["session_id"]) | set(footprints["session_id"])
-        table = table[table["session_id"].astype(object).isin(keep)]  # (pandas' string isin: a Python loop)
-    return table.reset_index(drop=True)
-
-
-def sessions_with_steps(store: Store, since: float, until: float, instances=None) -> pd.DataFrame:
-    """The range's sessions with steps, in the Sessions page's order (what the cache cost them first): `session_id`,
-    `failed`."""
-    table = sessions(store, since, until, instances)
-    if table.empty or "steps" not in table:
-        return pd.DataFrame(columns=["session_id", "failed"])
-    table = table[table["steps"].fillna(0) > 0]
-    return table.assign(failed=table["failed"].fillna(0).astype(int))[["session_id", "failed"]].reset_index(drop=True)
-
-
-def steps_by_cache_cost(steps: pd.DataFrame) -> list[int]:
-    """A session's step indexes (its attributed `session_detail` steps), by what the cache cost each (time lost to
-    the cache over its typical step), then the most slowed, then the failed ones."""
-    if steps.empty:
-        return []
-    cost = steps[["lost_excess_s", "invalidated_excess_s", "routed_excess_s", "preempted_excess_s"]]
-    cost = cost.clip(lower=0).sum(axis=1)
-    ranked = steps.assign(
-        cost=cost, excess=steps["excess_s"].where(steps["slow"], 0.0), failed=steps["status"] == "error"
-    )
-    ranked = ranked.sort_values(["cost", "excess", "failed"], ascending=False, kind="stable", na_position="last")
-    return [int(i) for i in ranked["step_index"]]
-
-
-@dataclass(frozen=True)
-class SessionDetail:
-    """A session's page: its `footprint` timeline, its attributed `steps` (`attribute_steps`' columns and `verdict`:
-    `decided` where a collector decided the step once the session settled, whose stored verdict the row shows, else
-    `worked out`: as the page opened), the `requests` read, and the reads a step story shares (`read`). `verdicts`:
-    each step's verdict as the one record type (`StepVerdictRecord`): the keeper's where it decided the step, else
-    the page's own, decided now (`decided_at`: when the page worked it out)."""
-
-    footprint: pd.DataFrame
-    steps: pd.DataFrame
-    requests: pd.DataFrame
-    read: SessionRead | None
-    verdicts: list[StepVerdictRecord]
-
-
-def session_detail(store: Store, session_id: str) -> SessionDetail:
-    steps = store.reads.steps(session_id=session_id)
-    events = store.reads.kv_events(kinds=ATTRIBUTION_KINDS, session_id=session_id)
-    rates = None
-    if steps.empty:
-        reqs = store.reads.requests(session_id=session_id)
-    else:
-        first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
-        # requests by time, not by session: vLLM's carry no session id (the attribution matches them by trace);
-        # from the prefill rate's window before the first step
-        reqs = store.reads.requests(first - RATE_WINDOW_S, last)
-        rates = PrefillRates.from_store(store, first - RATE_WINDOW_S, last, requests=reqs)
-        resets = store.reads.kv_events(first, last, kinds=[KVEventKind.CLEARED.value])
-        events = pd.concat([events, resets], ignore_index=True) if not resets.empty else events
-    snaps = store.reads.session_snapshots(session_id)
-    attributed, verdicts = pd.DataFrame(), []
-    if not steps.empty:
-        mine = with_sessions(reqs, steps)
-        routing = request_routing(store, mine[mine["session_id"] == session_id], steps, first, last)  # a fleet's
-        attributed = attribute_steps(steps, reqs, events, rates=rates, routing=routing)
-        decided = store.reads.step_verdicts(session_id=session_id)
-        verdicts = session_verdicts(attributed, decided, now=time.time())
-        attributed = with_decided(attributed, decided)
-    return SessionDetail(
-        footprint=footprint_timeline(snaps) if not snaps.empty else snaps,
-        steps=attributed,
-        requests=reqs,
-        read=SessionRead(steps, reqs, attributed) if not steps.empty else None,  # a step story's, shared
-        verdicts=verdicts,
-    )
-
-
-def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
-    """The session's hit-rate shortfall split (`kvobs.analytics.shortfall`, one row): from the lookups the
-    collector measured when each of its requests has one, else replayed from the fleet's KV events over the
-    session's span (and the hour before), so the page runs it when asked."""
-    steps = store.reads.steps(session_id=session_id)
-    if steps.empty:
-        return pd.DataFrame()
-    first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
-    reqs = with_sessions(store.reads.requests(first, last), steps)
-    mine = reqs[reqs["session_id"] == session_id]
-    lookups = measured_lookups(store, mine)  # as the collector measured them, else replayed
-    if lookups is None:
-        lookups, _ = store_lookups(store, mine, steps, first, last)
-    return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
 
 
 def kv_events_page(store: Store, since: float, until: float, window_s: float, instances=None) -> KVEventsPage:

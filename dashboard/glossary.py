@@ -11,7 +11,7 @@ name a page shows never is a code name, and one thing is called the same on ever
 
 from __future__ import annotations
 
-from kvobs.analytics.excess import CAUSE_LABELS
+from kvobs.analytics.steps import CAUSE_LABELS
 from kvobs.store.rollups import SKETCH_ACCURACY
 
 # name -> (label with its unit, what it counts)

@@ -1,5 +1,5 @@
 """The Overview's verdict tables: failed steps by failure cause and slow steps by slow cause, each read from the
-verdicts a collector decided once each session settled (`kvobs.analytics.verdicts`), with what was not decided
+verdicts a collector decided once each session settled (`kvobs.analytics.steps.verdicts`), with what was not decided
 counted apart. Plain functions of (store, window), as `dashboard.data`'s."""
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from urllib.parse import urlencode
 
 import pandas as pd
 
-from kvobs.analytics.attribution import failure_summary
-from kvobs.analytics.slow_steps import SlowSteps, slow_steps
-from kvobs.analytics.step_causes import range_verdicts
+from kvobs.analytics.steps import SlowSteps, failure_summary, range_verdicts, slow_steps
 from kvobs.store.interface import Store
 
 FAILURE_WORDS = {

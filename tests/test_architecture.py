@@ -155,6 +155,105 @@ def test_the_wing_check_sees_a_crossing():
     assert crossings == ["collectors.kv.ingest imports collectors.traces.span_steps"]
 
 
+# The analyses' two wings, each reached through its door (the wing's package): the cache's (what the KV cache did, no
+# step in it) and the steps' above it (why a step failed or got slow). The ground (kvobs.analytics' own modules)
+# imports neither.
+ANALYTICS = "kvobs.analytics"
+ANALYTICS_WINGS = ("cache", "steps")  # in floor order: a wing imports only the doors of those before it
+MAX_ANALYTICS_ROOT = 12
+MAX_DASHBOARD_ANALYTICS = 6
+
+
+def _analytics_names(tree: ast.AST) -> list[str]:
+    """Every module an import names, with `from pkg import room` as `pkg.room` (a room taken by its door's name)."""
+    names = _imported(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            folder = ROOT / node.module.replace(".", "/")
+            names += [f"{node.module}.{alias.name}" for alias in node.names if (folder / f"{alias.name}.py").exists()]
+    return names
+
+
+def _analytics_crossings(modules: dict[str, str]) -> list[str]:
+    """`module imports name` for each import, in `modules` (dotted name -> source), that passes a wing's door (a room
+    of a wing imported from outside it), climbs a floor (a wing, or the ground, importing a wing above it), or enters
+    its own wing by the door (a room importing its door, a circle)."""
+
+    def wing_of(name: str) -> str | None:
+        parts = name.removesuffix(".__init__").split(".")
+        return parts[2] if name.startswith(ANALYTICS + ".") and len(parts) > 2 and parts[2] in ANALYTICS_WINGS else None
+
+    offenders = []
+    for module, source in modules.items():
+        own = wing_of(module)
+        is_door = module.removesuffix(".__init__") == f"{ANALYTICS}.{own}"
+        floor = (
+            ANALYTICS_WINGS.index(own) if own else (-1 if module.startswith(ANALYTICS + ".") else len(ANALYTICS_WINGS))
+        )
+        for name in _analytics_names(ast.parse(source)):
+            other = wing_of(name)
+            if other is None:
+                continue
+            door = name == f"{ANALYTICS}.{other}"
+            if (
+                (not door and other != own)
+                or ANALYTICS_WINGS.index(other) > floor
+                or (door and other == own and not is_door)
+            ):
+                offenders.append(f"{module} imports {name}")
+    return sorted(set(offenders))
+
+
+def _code_modules() -> dict[str, str]:
+    return {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts): path.read_text()
+        for path in _modules(*PACKAGES, "bench")
+    }
+
+
+def test_the_analyses_are_reached_through_their_wings_doors():
+    """Outside a wing, code imports its door (`kvobs.analytics.steps`, `kvobs.analytics.cache`) and none of its rooms;
+    the cache's wing never imports the steps'; the ground imports neither."""
+    assert all((ROOT / "kvobs/analytics" / wing / "__init__.py").exists() for wing in ANALYTICS_WINGS)
+    assert _analytics_crossings(_code_modules()) == []
+
+
+def test_the_door_check_sees_each_crossing():
+    modules = {
+        "dashboard.data": "from kvobs.analytics.steps.attribution import attribute_steps\n",
+        "dashboard.views.step": "from kvobs.analytics.steps import story\nfrom kvobs.analytics.steps import DECIDED\n",
+        "kvobs.analytics.cache.routing": "from kvobs.analytics.steps import step_causes\n",
+        "kvobs.analytics.windows": "from kvobs.analytics.cache import hit_rate_in\n",
+        "kvobs.analytics.steps.story": (
+            "from kvobs.analytics.steps import step_causes\nfrom kvobs.analytics.cache import X\n"
+        ),
+        "kvobs.analytics.steps.__init__": "from kvobs.analytics.steps.story import step_story\n",
+        "kvobs.alerts.signals": (
+            "from kvobs.analytics.cache import hit_rates_in\nfrom kvobs.analytics.windows import w\n"
+        ),
+    }
+    assert _analytics_crossings(modules) == [
+        "dashboard.data imports kvobs.analytics.steps.attribution",
+        "dashboard.views.step imports kvobs.analytics.steps.story",
+        "kvobs.analytics.cache.routing imports kvobs.analytics.steps",
+        "kvobs.analytics.steps.story imports kvobs.analytics.steps",
+        "kvobs.analytics.windows imports kvobs.analytics.cache",
+    ]
+
+
+def test_the_analyses_keep_a_small_root_and_the_dashboard_few_doors():
+    root = [path.name for path in (ROOT / "kvobs/analytics").glob("*.py")]
+    assert len(root) <= MAX_ANALYTICS_ROOT, root
+    dashboard = {
+        name
+        for module, source in _code_modules().items()
+        if module.startswith("dashboard.")
+        for name in _imported(ast.parse(source))
+        if name.startswith(ANALYTICS + ".")
+    }
+    assert len(dashboard) <= MAX_DASHBOARD_ANALYTICS, sorted(dashboard)
+
+
 def test_the_architecture_check_sees_a_lazy_import():
     lazy = "def run():\n    from instrumented_engine.server.launcher import EngineServer\n"
     spec = "import importlib.util\nimportlib.util.find_spec('dashboard.app')\n"

@@ -1,7 +1,7 @@
 """Each request's prefix lookup, measured once from the fleet's KV events as they reach the store, and written to it
 (`request_lookups`; the writer keeps its per-minute rollup), and routing loss as the collector's counters, for
 Prometheus' `FleetRoutingLoss` alert: the same analysis the dashboard and `kvobs alerts` run over a range
-(`kvobs.analytics.routing.request_lookups`), fed in time order, each request once.
+(`kvobs.analytics.cache.routing.request_lookups`), fed in time order, each request once.
 
     meter = RoutingMeter(store, ["vllm-a", "vllm-b"], write=writer.add_many, progress=writer.upsert)
     meter.run(now)       # every ROUTING_INTERVAL_S from the collector's tick
@@ -32,16 +32,18 @@ from dataclasses import fields
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.chains import lookup_times, with_sessions
-from kvobs.analytics.fleet_index import STORED, FleetIndex
-from kvobs.analytics.routing import (
+from kvobs.analytics.cache import (
     RESIDENCY_LOOKBACK_S,
     ROUTING_KINDS,
+    STORED,
     STORED_WITHIN_S,
     FleetCheck,
+    FleetIndex,
     hashes_differ,
+    lookup_times,
     pause_starts,
     request_lookups,
+    with_sessions,
 )
 from kvobs.semconv.reasons import PairApart
 from kvobs.store.interface import Store

@@ -1,5 +1,5 @@
-"""Each step's verdict (`kvobs.analytics.verdicts`: its failure cause, its slow cause, its latency's parts), decided
-once its session has settled and written to the store (`step_verdicts`), so the pages read verdicts instead of
+"""Each step's verdict (`kvobs.analytics.steps.verdicts`: its failure cause, its slow cause, its latency's parts),
+decided once its session has settled and written to the store (`step_verdicts`), so the pages read verdicts instead of
 attributing every step of their range again.
 
     keeper = VerdictKeeper(store, write=lambda records: ..., progress=lambda record: ...)
@@ -29,8 +29,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from kvobs.analytics.step_causes import step_causes
-from kvobs.analytics.verdicts import cost_kind, verdict_records
+from kvobs.analytics.steps import cost_kind, step_causes, verdict_records
 from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store.interface import Store
 from kvobs.store.leases import holder_name

@@ -213,7 +213,7 @@ class KVIngest:
             return self._adopt(owned)
 
     def recent_stores(self, since: float = float("-inf")) -> pd.DataFrame:
-        """The recent stores (from `since` on) of blocks that named no session, as `kvobs.analytics.ownership`
+        """The recent stores (from `since` on) of blocks that named no session, as `kvobs.analytics.cache.ownership`
         reads them."""
         if self.recent is None:
             raise RuntimeError("recent_stores before infer_owners")

@@ -3,7 +3,7 @@
 
     recent = RecentStores(recent_s=300.0)
     recent.add(ts, [h1, h2], parent)    # a store naming no session (`kvobs.block_events.Stored`)
-    recent.frame("vllm-a", 16)          # its stored rows, as `kvobs.analytics.ownership` reads them
+    recent.frame("vllm-a", 16)          # its stored rows, as `kvobs.analytics.cache.ownership` reads them
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """One stream's part of ownership by inference (`collectors.block_owners`): which of the requests due have stores of
-blocks that named no session in their window, their ties (`kvobs.analytics.ownership.block_ties`) over the stream's
-recent stores and resident chains, and the adoption of what was tied. It runs where the stream's chains live: in the
-collector's process, or in the stream's worker (`collectors.kv.workers`), which the caller then reaches by a call.
+blocks that named no session in their window, their ties (`kvobs.analytics.cache.ownership.block_ties`) over the
+stream's recent stores and resident chains, and the adoption of what was tied. It runs where the stream's chains live:
+in the collector's process, or in the stream's worker (`collectors.kv.workers`), which the caller then reaches by a
+call.
 
     looked, ties, adopted = tie_requests(ingest, frame, due_ids, since)
 """
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from collectors.kv.chains import PARENT, block_of
-from kvobs.analytics.ownership import STORE_SLACK_S, block_ties
+from kvobs.analytics.cache import STORE_SLACK_S, block_ties
 
 
 def tie_requests(ingest, frame: pd.DataFrame, due_ids: list[str], since: float) -> tuple[list[str], pd.DataFrame, int]:

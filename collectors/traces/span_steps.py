@@ -52,7 +52,7 @@ from collectors.session_activity import SessionActivity
 from collectors.traces.agent_spans import AGENT, LLM, TraceSpan
 from collectors.traces.agent_trace import Trace
 from collectors.traces.request_join import WAITS_FOR_REQUESTS, Found, RequestJoin
-from kvobs.analytics.joins import JOIN_WORDS, SourceJoin
+from kvobs.analytics.steps import JOIN_WORDS, SourceJoin
 from kvobs.semconv.spans import CachedFill, CachedFrom, SessionSource, StepStatus
 from kvobs.store.rows import UNSET, RequestRecord, SessionRecord, StepRecord
 from kvobs.store.writer import StoreWriter

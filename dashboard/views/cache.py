@@ -12,13 +12,13 @@ from collections.abc import Callable
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, verdicts, whatif_data
-from kvobs.analytics.ownership import session_ties
+from dashboard import data, session_data, verdicts, whatif_data
+from kvobs.analytics.cache import session_ties
+from kvobs.analytics.cache import tier_hits as _tier_hits
+from kvobs.analytics.cache import tier_lookups as _tier_lookups
 from kvobs.analytics.runs import run_table
-from kvobs.analytics.step_story import SessionRead
-from kvobs.analytics.step_story import step_story as _step_story
-from kvobs.analytics.tier_hits import tier_hits as _tier_hits
-from kvobs.analytics.tier_lookups import tier_lookups as _tier_lookups
+from kvobs.analytics.steps import SessionRead
+from kvobs.analytics.steps import step_story as _step_story
 from kvobs.store import Store, open_store
 
 TTL_S = 10
@@ -62,15 +62,15 @@ runs = cached(_runs)
 sample_interval = cached(data.sample_interval)
 overview = cached(data.overview)
 fleet_routing = cached(data.fleet_routing)
-session_shortfall = cached(data.session_shortfall)
+session_shortfall = cached(session_data.session_shortfall)
 pressure = cached(data.pressure)
-sessions = cached(data.sessions)
-session_detail = cached(data.session_detail)
+sessions = cached(session_data.sessions)
+session_detail = cached(session_data.session_detail)
 failures = cached(verdicts.failures)
 slow_steps = cached(verdicts.slow)
 kv_events = cached(data.kv_events_page)
 alerts = cached(data.alerts_page)
-sessions_with_steps = cached(data.sessions_with_steps)
+sessions_with_steps = cached(session_data.sessions_with_steps)
 session_ties = cached(session_ties)
 tier_hits = cached(_tier_hits)
 tier_lookups = cached(_tier_lookups)
@@ -90,4 +90,4 @@ def step_story(url: str, session_id: str, step_index: int):
 
 def session_steps_by_cache_cost(url: str, session_id: str) -> list[int]:
     """The session's steps by what the cache cost them (from its cached detail: one attribution a session)."""
-    return data.steps_by_cache_cost(session_detail(url, session_id).steps)
+    return session_data.steps_by_cache_cost(session_detail(url, session_id).steps)

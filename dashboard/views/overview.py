@@ -13,9 +13,8 @@ from dashboard.views import cache
 from dashboard.views.charts import small_multiples, time_chart
 from dashboard.views.tables import show_table, show_text_table
 from dashboard.views.tier_hits import render_tier_hits
-from kvobs.analytics.attribution import SLOW_FACTOR, SLOW_MIN_S
 from kvobs.analytics.samples import min_sample
-from kvobs.analytics.slow_steps import SlowSteps
+from kvobs.analytics.steps import SLOW_FACTOR, SLOW_MIN_S, SlowSteps
 from kvobs.store.rollups import SKETCH_ACCURACY
 
 TITLE = "Overview"

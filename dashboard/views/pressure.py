@@ -9,7 +9,7 @@ import streamlit as st
 from dashboard.views import cache
 from dashboard.views.charts import show
 from dashboard.views.tables import show_table
-from kvobs.analytics.pressure import why_no_lag
+from kvobs.analytics.cache import why_no_lag
 from kvobs.analytics.samples import MIN_PAIRS
 
 TITLE = "Pressure vs latency"

@@ -11,7 +11,7 @@ from dashboard.views import cache
 from dashboard.views.charts import TimeAxis, time_chart
 from dashboard.views.step import render_story, trace_link
 from dashboard.views.tables import show_table, show_text_table
-from kvobs.analytics.ownership import ties_said
+from kvobs.analytics.cache import ties_said
 
 TITLE = "Sessions"
 FOOTPRINT = {

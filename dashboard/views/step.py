@@ -16,14 +16,14 @@ from dashboard.clock import duration
 from dashboard.views import cache
 from dashboard.views.charts import show, time_x
 from dashboard.views.tables import show_text_table
-from kvobs.analytics.joins import JOIN_FIXES, JOIN_WORDS
-from kvobs.analytics.verdicts import DECIDED
+from kvobs.analytics.steps import DECIDED, JOIN_FIXES, JOIN_WORDS
 from kvobs.semconv.spans import STEP_JOINED
 
 TITLE = "Step timeline"
 PHASES = ["step", "tool pause", "tool", "queue", "preemption", "prefill", "decode"]
 KV_LANE = "KV: {}"
-# the latency's parts, which add up to it (`kvobs.analytics.latency_parts`): column -> words, in the order they happen
+# the latency's parts, which add up to it (`kvobs.analytics.steps.latency_parts`): column -> words, in the order they
+# happen
 PARTS = {
     "before_s": "before the server",
     "queue_s": "queue",

@@ -1,6 +1,6 @@
 """The Overview's "Hits by tier": where each replica's prompt tokens came from, by its engine's own counters
-(`kvobs.analytics.tier_hits`): its device cache, a tier below it, or computed; and each tier's lookups where the
-engine counts them in blocks or chunks (`kvobs.analytics.tier_lookups`)."""
+(`kvobs.analytics.cache.hits_by_tier`): its device cache, a tier below it, or computed; and each tier's lookups where
+the engine counts them in blocks or chunks (`kvobs.analytics.cache.lookups_by_tier`)."""
 
 from __future__ import annotations
 

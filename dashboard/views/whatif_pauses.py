@@ -1,5 +1,5 @@
 """What-if's "Pauses before steps": each step's hit rate against the pause before it, per tool, and the curve of a
-TTL pin (`kvobs.analytics.pauses`)."""
+TTL pin (`kvobs.analytics.steps.pauses`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import streamlit as st
 
 from dashboard.views import cache
 from dashboard.views.charts import show
-from kvobs.analytics.pauses import default_ttls, not_measured, pin_curve, step_pauses
+from kvobs.analytics.steps import default_ttls, not_measured, pin_curve, step_pauses
 
 
 @st.cache_data(ttl=60, show_spinner=False)

@@ -3,9 +3,8 @@
 libgomp keeps a pool of worker threads for every thread that has run a parallel region, until that thread ends.
 When it manages more threads than the machine has CPUs, its workers stop spinning between regions (a throttled
 spin) and each small region waits for them to wake up. A server that loads the model on its main thread (HTTP)
-and steps it on the engine thread therefore pays that wake-up in every small matmul of a decode step: measured on
-2 CPUs, a 16-row bf16 linear took 155 us on a fresh thread and 247 us on the same thread once the main thread had
-run one parallel region; `kvobs serve` made 12-20% fewer tokens/s. A thread's pool ends with the thread, so
+and steps it on the engine thread therefore pays that wake-up in every small matmul of a decode step (the figures:
+the commit that added this module). A thread's pool ends with the thread, so
 loading on a helper thread that exits leaves the engine thread the only OpenMP team in the process.
 
     engine = on_helper_thread(lambda: LLMEngine(config), name="kvobs-load")

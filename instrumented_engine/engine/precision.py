@@ -1,6 +1,6 @@
 """Which dtype the engine computes in when asked for "auto": bfloat16 where the hardware computes it natively,
-float32 otherwise. Detected on the machine, never assumed: CPUs of one kind differ (an EPYC with `avx512_bf16`
-runs bf16 linears 2.2-2.7x faster than fp32; one with only AVX2 emulates bf16 and is slower than fp32).
+float32 otherwise. Detected on the machine, never assumed: CPUs of one kind differ (one with `avx512_bf16` runs bf16
+linears faster than fp32; one with only AVX2 emulates bf16 and is slower: the figures are in this module's commits).
 
     name, why = choose_dtype("auto", torch.device("cpu"))    # ("bfloat16", "the CPU has avx512_bf16") or ...
 """

@@ -2,8 +2,8 @@
 
 `torch.nn.functional.linear` on the CPU reorders the weight into oneDNN's blocked layout on every call; for a
 decode batch (a few rows against a 576 x 3072 weight) that reorder costs as much as the product. Packed once at
-load, a decode step's linears take 1.3-2.4x less time (bf16 and fp32; `bench/engine_throughput.py` measures the
-whole engine with and without, `KVOBS_PREPACK=0`). Where oneDNN is absent or cannot pack (a non-x86 build, a GPU,
+load, a decode step's linears take less time (`bench/engine_throughput.py` measures the whole engine with and
+without, `KVOBS_PREPACK=0`). Where oneDNN is absent or cannot pack (a non-x86 build, a GPU,
 bfloat16 on a CPU without avx512bw/vl/dq or avx_ne_convert, which oneDNN refuses) the model keeps `nn.Linear`.
 
     n = prepack_linears(model, batch_hint=16)   # how many nn.Linear were replaced (0: none could be)

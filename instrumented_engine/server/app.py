@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class _Served:
     """What the routes serve, kept on `app.state` (routes are module functions, so nothing outside the app holds
     the engine: FastAPI caches its endpoint functions process-wide, and a closure over the engine kept every
-    engine built in a process alive, about 0.7 GB each in the test suite)."""
+    engine built in a process alive, each holding its weights and KV cache)."""
 
     engine: AsyncEngine
     served: ServedModel

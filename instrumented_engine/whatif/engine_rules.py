@@ -4,7 +4,7 @@
 
 vLLM v1 caches a block as it allocates it, so a request admitted in the same step finds its neighbour's new
 prefix; kvobs serve registers a block once its KV is written (`BlockManager.register_computed_blocks`), so a
-prompt's blocks are found from its first token on. The what-if's whole-length replay (`replay.WholeLengthCache`)
+prompt's blocks are found from its first token on. The what-if's whole-length replay (`whole_length.WholeLengthCache`)
 follows the run's engine; a run that says no engine is replayed by vLLM's rule, and the check says so.
 """
 

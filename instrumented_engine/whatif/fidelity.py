@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 
 from instrumented_engine.whatif.engine_rules import REGISTERS_WORDS, registers_of
 from instrumented_engine.whatif.fleet import FleetPlan, FleetResult
-from instrumented_engine.whatif.replay import REPLAY_WORDS, ReplayPlan, WhatIfResult, simulate
-from kvobs.analytics.hit_rate import COUNTERS, REQUESTS, HitRate
-from kvobs.analytics.response_usage import RESPONSES
+from instrumented_engine.whatif.replay import REPLAY_WORDS, ReplayPlan, simulate
+from instrumented_engine.whatif.units import WhatIfResult
+from kvobs.analytics.cache import COUNTERS, REQUESTS, HitRate
 from kvobs.analytics.runs import Span
+from kvobs.analytics.steps import RESPONSES
 from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.times import local_time
 
@@ -46,7 +47,7 @@ class Fidelity:
 
     num_blocks: int | None  # the observed cache size (None: unknown, or the runs differ)
     policy: str
-    observed: float | None  # the run's hit rate (`kvobs.analytics.hit_rate`)
+    observed: float | None  # the run's hit rate (`kvobs.analytics.cache.hit_rate`)
     replay: WhatIfResult | None  # the replay at `num_blocks` and `policy` (None: it could not be made)
     reasons: tuple[str, ...] = ()  # why they differ, when they do (or why no check could be made)
     policy_assumed: bool = False  # the run recorded no policy: `DEFAULT_POLICY` replayed

@@ -4,8 +4,8 @@ observed size, under routing policies, to say what another router would have hit
     plan = FleetPlan.from_store(store)                        # requests, chains, each replica's size and recording
     results = [simulate_fleet(plan, policy) for policy in POLICIES]
 
-Every policy goes through the same replay (`whatif.WholeLengthCache`: a request takes its prompt's blocks at its
-lookup and its decode's as its output fills them, to its recorded finish, and waits FCFS when its replica has no
+Every policy goes through the same replay (`whatif.whole_length.WholeLengthCache`: a request takes its prompt's blocks
+at its lookup and its decode's as its output fills them, to its recorded finish, and waits FCFS when its replica has no
 room), so their rows compare like with like; `as_routed` sends each request where it went. The policies:
 
 - `as_routed`: the replica that served it (the replay of the recorded routing, checked against the observed hit
@@ -39,7 +39,9 @@ import pandas as pd
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.observers.losses import LossTally
 from instrumented_engine.whatif.engine_rules import registers_of
-from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, WholeLengthCache, _Clock, _sequence
+from instrumented_engine.whatif.replay import ReplayPlan
+from instrumented_engine.whatif.units import ReplayClock, WhatIfResult, replay_sequence
+from instrumented_engine.whatif.whole_length import WholeLengthCache
 from kvobs.semconv.reasons import RouterPolicy
 from kvobs.store.interface import Store
 
@@ -154,7 +156,7 @@ def simulate_fleet(
 ) -> FleetResult:
     """`fleet`'s requests in arrival order, each sent to the replica `policy` picks at its lookup."""
     plan, names = fleet.plan, sorted(fleet.sizes)
-    clock, out = _Clock(), FleetResult(policy)
+    clock, out = ReplayClock(), FleetResult(policy)
     caches, tallies = {}, {}
     for name in names:
         manager = BlockManager(
@@ -196,7 +198,7 @@ def simulate_fleet(
     for req in arrivals:
         finish_until(req.arrival_ts)
         clock.now = req.arrival_ts
-        seq = _sequence(req, key, plan.block_size)
+        seq = replay_sequence(req, key, plan.block_size)
         cap = (req.prompt_tokens - 1) // plan.block_size
         prefixes = {}
         for n in names:

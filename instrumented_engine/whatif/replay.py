@@ -7,7 +7,7 @@
 Our engine's data is replayed step for step from its recorded traffic (`whatif.recorded`): at the observed size and
 policy that reproduces the run. Otherwise (vLLM's data, which has no allocations), each recorded request arrives
 when it was recorded looking its prefix up (arrival + queue time) with its rebuilt chain (see
-`kvobs.analytics.chains`), looks its prefix up and takes its prompt's blocks, takes a decode block each time its
+`kvobs.analytics.cache.chains`), looks its prefix up and takes its prompt's blocks, takes a decode block each time its
 output fills one (`REPLAY_WORDS`), and holds them until its recorded finish; then its blocks are freed in vLLM's
 order and the session counts as idle until its next request, which is what `session_ttl` protects; after its last
 recorded request the session has ended (the replay knows the future: what it lost after that is lost after its end,
@@ -22,26 +22,34 @@ blocks a session released not included (those are counted apart, `released_block
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections import deque
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from instrumented_engine.engine.kv_cache.eviction import make_eviction_policy
 from instrumented_engine.engine.kv_cache.manager import BlockManager
-from instrumented_engine.engine.sequence import Sequence
 from instrumented_engine.observers.losses import LossTally
-from instrumented_engine.sampling_params import SamplingParams
-from instrumented_engine.whatif.engine_rules import AT_ALLOCATION, REGISTERS_WORDS, WHEN_COMPUTED, registers_of
+from instrumented_engine.whatif.engine_rules import registers_of
 from instrumented_engine.whatif.recorded import RecordedReplay, RecordedTraffic, releases
-from instrumented_engine.whatif.tier import Loads, drop_stores, load_prefix, tally
-from kvobs.analytics.chains import BlockGraph, hit_rate_summary, hit_rates, lookup_ts, request_chains, with_sessions
-from kvobs.analytics.hit_rate import COUNTERS, NO_SOURCE, REQUESTS, hit_rate_in, known_hit_rate
-from kvobs.analytics.ownership import num_inferred, with_tied_blocks
-from kvobs.analytics.response_usage import response_cached_tokens, responses_hit_rate
+from instrumented_engine.whatif.units import ReplayClock, ReplayRequest, WhatIfResult, replay_sequence
+from instrumented_engine.whatif.whole_length import WholeLengthCache
+from kvobs.analytics.cache import (
+    COUNTERS,
+    NO_SOURCE,
+    REQUESTS,
+    BlockGraph,
+    hit_rate_in,
+    hit_rate_summary,
+    hit_rates,
+    known_hit_rate,
+    lookup_ts,
+    num_inferred,
+    request_chains,
+    with_sessions,
+    with_tied_blocks,
+)
 from kvobs.analytics.runs import Span
+from kvobs.analytics.steps import response_cached_tokens, responses_hit_rate
 from kvobs.semconv.reasons import EvictionPolicyName
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store import composed
@@ -53,19 +61,6 @@ REPLAY_WORDS = (
     "output spread evenly from its recorded first token to its finish, and holds them to its finish, waiting for room; "
     "others find its prompt's blocks as its engine makes them findable"
 )
-
-
-@dataclass(frozen=True)
-class ReplayRequest:
-    request_id: str
-    session_id: str | None
-    arrival_ts: float
-    finished_ts: float
-    prompt_tokens: int
-    total_tokens: int
-    chain: tuple[int, ...]
-    received_ts: float | None = None  # when it reached the engine (arrival_ts is when it looked its prefix up)
-    first_token_ts: float | None = None  # its first output token (its decode's blocks are taken from then on)
 
 
 @dataclass
@@ -169,7 +164,8 @@ class ReplayPlan:
 COUNTED = (COUNTERS, NO_SOURCE)
 INFERRED = (
     "{:,} requests' blocks named no session (no X-Session-ID reached the server): each was tied to its session's "
-    "request by its depth, its times and its session's chain (kvobs.analytics.ownership), only where one chain fit"
+    "request by its depth, its times and its session's chain (kvobs.analytics.cache.ownership), "
+    "only where one chain fit"
 )
 NEVER_ADMITTED = (
     "{:,} requests were never scheduled (their clients hung up in the queue): they looked nothing up, so they are "
@@ -195,7 +191,7 @@ def once_each(requests: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 def observed_figures(
     store: Store, since, until, rates: pd.DataFrame, *, instances=None, requests: pd.DataFrame | None = None
 ) -> dict:
-    """What the recorded run achieved: hit rate (`kvobs.analytics.hit_rate`, as everywhere, with the tokens it
+    """What the recorded run achieved: hit rate (`kvobs.analytics.cache.hit_rate`, as everywhere, with the tokens it
     divides and where they came from), blocks lost, blocks lost in tool pauses (settled) and still pending,
     recompute tokens."""
     counts = store.reads.kv_event_counts(since, until, bucket_s=1e12, instances=instances)
@@ -218,40 +214,6 @@ def observed_figures(
     }
 
 
-@dataclass
-class WhatIfResult:
-    num_blocks: int
-    policy: str
-    requests: int = 0
-    query_tokens: int = 0
-    hit_tokens: int = 0
-    evicted_blocks: int = 0  # blocks lost, each once (as `reads.block_losses` counts the observed ones)
-    released_blocks: int = 0  # blocks their session released: no loss, counted apart
-    by_reason: dict[str, int] = field(default_factory=dict)  # blocks dropped per eviction reason (releases too)
-    lost_in_pause_blocks: int = 0  # (session, block) losses in a tool pause: the session came back after
-    lost_after_end_blocks: int = 0  # ... after the session's last request
-    recompute_tokens: int = 0
-    tier_blocks: int = 0  # the offload tier below the cache (0: none)
-    tier_hit_tokens: int = 0  # prompt tokens loaded from it (in `hit_tokens` too: they were not computed)
-    saved_in_pause_blocks: int = 0  # of `lost_in_pause_blocks`, those the session's next request loaded back
-    waited: int = 0
-    preemptions: int = 0  # running requests the replay preempted to make room (the recorded replay only)
-    too_large: int = 0  # requests longer than the whole cache: not admitted
-    request_hits: dict[str, int] = field(default_factory=dict)  # request id -> its `hit_tokens` (first admission)
-
-    @property
-    def hit_rate(self) -> float | None:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else None
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def simulate(
     plan: ReplayPlan,
     *,
@@ -267,7 +229,7 @@ def simulate(
     the plan has it (`whatif.recorded`), else each request from its lookup to its finish (`WholeLengthCache`; its
     decode's blocks taken as its output fills them, or with `decode_growth` False all at its lookup; its prompt's
     blocks found by others as the plan's engine makes them findable, or as `registers` says when given)."""
-    clock = _Clock()
+    clock = ReplayClock()
     manager = BlockManager(
         num_blocks,
         plan.block_size,
@@ -307,156 +269,9 @@ def simulate(
     return _tally(result, losses)
 
 
-class WholeLengthCache:
-    """One cache replaying requests whole (vLLM's data has no allocations): a request looks its prefix up when it
-    arrives and takes blocks for its prompt; its decode takes a block each time its output fills one, at the time
-    its recorded first token and finish put that token (evenly between them), and it holds them all until its
-    recorded finish, when its decode's full blocks are cached. One that finds no room for its prompt waits (FCFS)
-    until a finish frees enough; a decode block that finds none is taken at the next chance (a finish frees room).
-    `decode_growth` False takes the whole length at admission (the replay before; kept to measure the difference).
-    `registers` (`engine_rules.REGISTERS`): whether others find its prompt's blocks from its lookup or its first token.
-    Counts into `result`; `last_request` (session -> its last request id) tells the session's end."""
-
-    def __init__(
-        self,
-        manager: BlockManager,
-        block_size: int,
-        result: WhatIfResult,
-        clock: _Clock,
-        *,
-        decode_growth: bool = True,
-        registers: str = AT_ALLOCATION,
-    ) -> None:
-        if registers not in REGISTERS_WORDS:
-            raise ValueError(f"registers must be one of {sorted(REGISTERS_WORDS)}; got {registers!r}")
-        self.manager, self.block_size, self.result, self.clock = manager, block_size, result, clock
-        self.decode_growth, self.registers = decode_growth, registers
-        self.key = manager.hash_key(None)
-        self.computed: set[bytes] = set()  # blocks computed at least once in this replay
-        # what comes due: (time, order, sequence, the tokens its next decode block starts at; 0: its finish; below
-        # 0: minus its prompt's tokens, computed now)
-        self.due: list[tuple[float, int, Sequence, int]] = []
-        self.short: dict[str, tuple[Sequence, int, int]] = {}  # decode blocks that found no room (`_grow`'s args)
-        self.totals: dict[str, int] = {}  # request -> its whole length in tokens
-        self.waiting: deque[tuple[ReplayRequest, Sequence, float]] = deque()
-        self.order = itertools.count()
-        self.last_request: dict[str | None, str] = {}
-        self.active_blocks = 0  # blocks held by admitted requests (a router's decode load)
-        self.wait_s = 0.0  # seconds requests waited for room
-        self.loads: Loads = []  # (session, blocks loaded from the tier), not tallied yet
-
-    def tally(self, losses: LossTally) -> None:
-        tally(losses, self.manager, self.loads)
-
-    def next_finish(self) -> float:
-        """When the next thing comes due (a finish, or a decode block): inf when nothing is running."""
-        return self.due[0][0] if self.due else float("inf")
-
-    def arrive(self, req: ReplayRequest, seq: Sequence | None = None) -> None:
-        """A request arrives now (as `seq` when the caller made it already): admitted, or waiting; turned away when
-        it is longer than the whole cache."""
-        if -(-req.total_tokens // self.block_size) > self.manager.num_usable_blocks:
-            self.result.too_large += 1
-            return
-        seq = _sequence(req, self.key, self.block_size) if seq is None else seq
-        self.result.requests += 1
-        self.result.query_tokens += req.prompt_tokens
-        self.manager.begin_request(seq)
-        if self.waiting or not self._admit(req, seq):
-            self.result.waited += 1
-            self.waiting.append((req, seq, self.clock.now))
-
-    def finish_one(self) -> None:
-        """The next thing due: a decode block taken, or a finish (its decode's full blocks cached, its blocks
-        freed, the session idle or ended after its last request, then whoever waits and now fits)."""
-        self.clock.now, _, seq, at = heapq.heappop(self.due)
-        if at < 0:
-            self._computed(seq, -at)
-            return
-        if at:
-            self._grow(seq, at, 1)
-            return
-        self._grow(seq, self.totals.pop(seq.request_id), 0)
-        self.short.pop(seq.request_id, None)
-        self.active_blocks -= len(seq.block_table)
-        self.manager.free(seq)
-        self.manager.end_request(seq)
-        if seq.session_id is not None and self.last_request.get(seq.session_id) == seq.request_id:
-            self.manager.end_session(seq.session_id)  # hindsight: the session never comes back
-        for other in list(self.short.values()):  # room freed: the decode blocks that found none before
-            self._grow(*other)
-        while self.waiting and self._admit(*self.waiting[0][:2]):
-            self.wait_s += self.clock.now - self.waiting.popleft()[2]
-
-    def _grow(self, seq: Sequence, tokens: int, take: int) -> None:
-        """`seq` has computed `tokens` tokens: its full blocks among them are cached, and with `take` (1) a block for
-        its next token is taken; one that finds no room is tried again after the next finish."""
-        self.short.pop(seq.request_id, None)
-        self._computed(seq, min(tokens, len(seq.block_table) * self.block_size))
-        if -(-(tokens + take) // self.block_size) > len(seq.block_table):
-            held = len(seq.block_table)
-            if not self.manager.allocate(seq, tokens + take - seq.num_computed_tokens):
-                self.short[seq.request_id] = (seq, tokens, take)
-                return
-            self.active_blocks += len(seq.block_table) - held
-            self._computed(seq, tokens)
-
-    def _computed(self, seq: Sequence, tokens: int) -> None:
-        if tokens > seq.num_computed_tokens:
-            seq.token_ids.extend([0] * (tokens - len(seq.token_ids)))
-            seq.num_computed_tokens = tokens
-            self.manager.register_computed_blocks(seq)
-            drop_stores(self.manager)
-
-    def _admit(self, req: ReplayRequest, seq: Sequence) -> bool:
-        manager, size = self.manager, self.block_size
-        hits = manager.lookup(seq)
-        upfront = req.prompt_tokens if self.decode_growth else req.total_tokens
-        if not manager.allocate(seq, upfront - len(hits) * size, hits):
-            return False
-        loaded = load_prefix(manager, seq, len(hits), manager.tier_lookup(seq, len(hits)))
-        if manager.tier is not None:
-            self.loads.append((seq.session_id, loaded))
-        found = len(hits) + len(loaded)
-        self.result.hit_tokens += found * size
-        self.result.request_hits[req.request_id] = found * size
-        self.result.tier_hit_tokens += len(loaded) * size
-        missed = seq.block_hashes[found : (req.prompt_tokens - 1) // size]
-        self.result.recompute_tokens += size * sum(1 for h in missed if h in self.computed)
-        seq.token_ids.extend([0] * (upfront - req.prompt_tokens))
-        computed_at = req.first_token_ts if self.registers == WHEN_COMPUTED else None
-        if computed_at is not None and computed_at > self.clock.now:
-            heapq.heappush(self.due, (computed_at, next(self.order), seq, -upfront))
-        else:
-            seq.num_computed_tokens = upfront
-            manager.register_computed_blocks(seq)
-            drop_stores(manager)
-        self.computed.update(seq.block_hashes[: req.total_tokens // size])
-        self.active_blocks += len(seq.block_table)
-        self.totals[req.request_id] = req.total_tokens
-        finish = max(req.finished_ts, self.clock.now)
-        for tokens, when in self._decode_blocks(req, finish):
-            heapq.heappush(self.due, (when, next(self.order), seq, tokens))
-        heapq.heappush(self.due, (finish, next(self.order), seq, 0))
-        return True
-
-    def _decode_blocks(self, req: ReplayRequest, finish: float) -> list[tuple[int, float]]:
-        """(tokens, when) of each block its decode takes after its prompt's: when its output reaches the block's first
-        token, its output tokens spread evenly from its first token to its finish."""
-        if not self.decode_growth:
-            return []
-        size, prompt, total = self.block_size, req.prompt_tokens, req.total_tokens
-        first = max(self.clock.now, req.first_token_ts if req.first_token_ts is not None else self.clock.now)
-        first = min(first, finish)
-        outputs = total - prompt
-        per = (finish - first) / max(outputs - 1, 1)
-        starts = range(-(-prompt // size) * size, total, size)  # a block's first token, past the prompt's blocks
-        return [(start, first + (start - prompt) * per) for start in starts]
-
-
-def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: _Clock, result: WhatIfResult) -> WhatIfResult:
+def _replay_recorded(plan: ReplayPlan, manager: BlockManager, clock: ReplayClock, result: WhatIfResult) -> WhatIfResult:
     key = manager.hash_key(None)
-    sequences = {r.request_id: _sequence(r, key, plan.block_size) for r in plan.requests}
+    sequences = {r.request_id: replay_sequence(r, key, plan.block_size) for r in plan.requests}
     replay, losses = RecordedReplay(manager, sequences, result), LossTally(tier=manager.tier is not None)
     result.requests = len(plan.requests)
     result.query_tokens = sum(r.prompt_tokens for r in plan.requests)
@@ -478,16 +293,3 @@ def _tally(result: WhatIfResult, losses: LossTally) -> WhatIfResult:
     result.lost_in_pause_blocks, result.lost_after_end_blocks = losses.num_lost_in_pause, losses.num_lost_after_end
     result.saved_in_pause_blocks = losses.num_saved_in_pause
     return result
-
-
-def _sequence(req: ReplayRequest, key: tuple, block_size: int) -> Sequence:
-    """A tensor-free sequence whose block hashes are the recorded chain (unknown tail blocks get unique hashes)."""
-    seq = Sequence(
-        req.request_id, [0] * req.prompt_tokens, SamplingParams(max_tokens=1), req.arrival_ts, session_id=req.session_id
-    )
-    seq.hash_key = key
-    hashes = [h.to_bytes(8, "big") for h in req.chain[: req.total_tokens // block_size]]
-    for i in range(len(hashes), req.total_tokens // block_size):
-        hashes.append(f"{req.request_id}/{i}".encode())  # content never seen: unique to this request
-    seq.block_hashes = hashes
-    return seq

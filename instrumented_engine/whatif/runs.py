@@ -16,10 +16,11 @@ from dataclasses import fields
 
 import pandas as pd
 
-from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
-from kvobs.analytics.hit_rate import NO_SOURCE, HitRate, hit_rate_in
-from kvobs.analytics.response_usage import RESPONSES
+from instrumented_engine.whatif.replay import ReplayPlan, simulate
+from instrumented_engine.whatif.units import WhatIfResult
+from kvobs.analytics.cache import NO_SOURCE, HitRate, hit_rate_in
 from kvobs.analytics.runs import run_table, spans
+from kvobs.analytics.steps import RESPONSES
 from kvobs.store.interface import Store
 
 _SUMMED = ("evicted_blocks", "released_blocks", "lost_in_pause_blocks", "pending_idle_blocks", "recompute_tokens")
@@ -87,7 +88,7 @@ def simulate_runs(plans: list[ReplayPlan], **options) -> tuple[WhatIfResult, lis
 
 def observed_total(plans: list[ReplayPlan], store: Store, since, until, instances=None) -> dict:
     """What the runs achieved together: their counts added, the hit rate over the whole range (one definition,
-    `kvobs.analytics.hit_rate`), or the runs' own added up where one compares its replayed requests' responses (so
+    `kvobs.analytics.cache.hit_rate`), or the runs' own added up where one compares its replayed requests' responses (so
     the table's "observed" is what each run's check compares), the cache size when every run had the same."""
     observed = {name: _sum(plan.observed.get(name) for plan in plans) for name in _SUMMED}
     sizes = {plan.observed.get("num_blocks") for plan in plans}

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from instrumented_engine.whatif.fidelity import DEFAULT_POLICY
-from instrumented_engine.whatif.replay import ReplayPlan, WhatIfResult, simulate
-from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
+from instrumented_engine.whatif.replay import ReplayPlan, simulate
+from instrumented_engine.whatif.units import WhatIfResult
+from kvobs.analytics.cache import RATE_WINDOW_S, PrefillRates
 from kvobs.analytics.runs import Span
 from kvobs.store.interface import Store
 from kvobs.times import local_time

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvobs.analytics.hit_rate import hit_rates_in
-from kvobs.analytics.routing import FLEET, fleet_losses, routing_summary, routing_summary_of_sums
-from kvobs.analytics.verdicts import cost_kind
+from kvobs.analytics.cache import FLEET, fleet_losses, hit_rates_in, routing_summary, routing_summary_of_sums
+from kvobs.analytics.steps import cost_kind
 from kvobs.analytics.windows import lookup_range_sums
 from kvobs.store.interface import Store
 from kvobs.store.rollups import PREEMPTIONS, preemption_increase
@@ -46,7 +45,7 @@ def hit_rate(
     store: Store, since: float, until: float, baseline_window_s: float | None = None, baseline_min: float = 0.0
 ) -> list[Value]:
     """Per instance: the prefix-cache hit rate of the requests that arrived in the window (the one hit rate,
-    `kvobs.analytics.hit_rate`: cached / prompt tokens, else vLLM's counters); with `baseline_window_s`, only
+    `kvobs.analytics.cache.hit_rate`: cached / prompt tokens, else vLLM's counters); with `baseline_window_s`, only
     instances whose hit rate over that long before the window was at least `baseline_min` (a collapse needs a level
     to fall from)."""
     now = _hit_rates(store, since, until)
@@ -93,7 +92,7 @@ def prefix_lost_in_pause_per_min(store: Store, since: float, until: float) -> li
 
 def routing_loss_share(store: Store, since: float, until: float, min_requests: int = 5) -> list[Value]:
     """Per instance: prompt tokens its requests recomputed while another replica of the fleet held that prefix, over
-    the prompt tokens of its requests compared (`kvobs.analytics.routing`), where at least `min_requests` were;
+    the prompt tokens of its requests compared (`kvobs.analytics.cache.routing`), where at least `min_requests` were;
     nothing on a single instance. Read from the lookups a collector measured (the writer's per-minute rollup: the
     same cost whatever the window) where it measured any in the window; replayed from the window's KV events only on
     a store no collector measures."""

@@ -1,7 +1,9 @@
 """Analytics over the store: pure functions of the DataFrames its reads and lookups return (`kvobs.store.interface`).
 
-- `pressure`: cache pressure against latency per window, lagged correlation.
-- `attribution`: why each agent step failed or got slow, with evidence.
-- `chains`: request hash chains, achieved vs available hit rate, recompute cost, prefix reuse, eviction churn.
-- `footprints`: per-session KV footprint timelines and the session table.
+Two wings, each reached through its door, and a ground both stand on:
+- `kvobs.analytics.cache`: what the KV cache did (hit rate and its shortfall, chains, ownership, routing, tiers,
+  pressure, footprints), with no agent step in it;
+- `kvobs.analytics.steps`, above it: why each agent step failed or got slow, decided once and read after;
+- the ground: engine runs (`runs`), the least sample a figure needs (`samples`), a range summed per window
+  (`windows`).
 """

@@ -366,7 +366,7 @@ def _wait_for_steps(store, expected: int, since: float, own: list[str], timeout_
 def _print_round(result, store, started: float, own: list[str]) -> None:
     from kvobs.alerts.evaluator import Evaluator
     from kvobs.alerts.rules import load_rules
-    from kvobs.analytics.step_causes import step_causes
+    from kvobs.analytics.steps import step_causes
 
     time.sleep(SETTLE_S)  # the engine writes its requests and KV events in batches
     print(f"  {result.steps} steps in {result.wall_s:.0f} s; {hit_rate_line(store, started, time.time())}")
@@ -382,7 +382,7 @@ def _print_round(result, store, started: float, own: list[str]) -> None:
 
 def hit_rate_line(store, since: float, until: float, instance: str = DEMO_INSTANCE) -> str:
     """The round's prefix-cache hit rate as the terminal says it: the one definition, as the Overview and What-if."""
-    from kvobs.analytics.hit_rate import hit_rate_in
+    from kvobs.analytics.cache import hit_rate_in
     from kvobs.times import local_time
 
     rate = hit_rate_in(store, since, until, instances=[instance]).describe()
@@ -391,8 +391,7 @@ def hit_rate_line(store, since: float, until: float, instance: str = DEMO_INSTAN
 
 def _failures_line(causes) -> str:
     """Failed steps split into what the cache (or queue) explains, model errors and the rest, with slow steps."""
-    from kvobs.analytics.attribution import failure_split
-    from kvobs.analytics.excess import CAUSE_LABELS
+    from kvobs.analytics.steps import CAUSE_LABELS, failure_split
 
     split = failure_split(causes)
     slow = causes[causes["slow"].astype(bool)] if not causes.empty else causes

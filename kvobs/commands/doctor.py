@@ -31,11 +31,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvobs.analytics.agreement import kv_counter_agreement
-    from kvobs.analytics.changing_starts import changing_starts
-    from kvobs.analytics.joins import source_joins
-    from kvobs.analytics.tier_checks import tier_checks
-    from kvobs.analytics.token_details import token_details_check
+    from kvobs.analytics.cache import changing_starts, kv_counter_agreement, tier_checks, token_details_check
+    from kvobs.analytics.steps import source_joins
     from kvobs.store import open_store
 
     store = start_or_report("doctor", lambda: open_store(args.store, must_exist=True))
@@ -117,9 +114,7 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     """`collector_checks` of a collector's /metrics text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kvobs.analytics.changing_starts import short_starts_check
-    from kvobs.analytics.ownership import ties_check
-    from kvobs.analytics.token_details import cached_fill_check
+    from kvobs.analytics.cache import cached_fill_check, short_starts_check, ties_check
     from kvobs.semconv.metrics import (
         LABEL_COMPONENT,
         LABEL_INSTANCE,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kvobs.analytics.chains import BlockGraph, request_chains, with_sessions
+from kvobs.analytics.cache import BlockGraph, request_chains, with_sessions
 from kvobs.store.interface import Store
 
 AGENTIC, AIPERF = "agentic", "aiperf"

@@ -2,7 +2,7 @@
 `_total`, as `kvobs.semconv.metrics` keeps vLLM's): SGLang's, LMCache's (LMCache's come out of the vLLM that runs
 its connector) and TensorRT-LLM's (`trtllm-serve`'s `/prometheus/metrics`). The collector keeps them as it keeps
 vLLM's (`collectors.metrics.derive`), by the labels named here only (SGLang's tp/dp/pp ranks would otherwise split
-one count into series), and `kvobs.analytics.tier_hits` reads each replica's hits by tier from them.
+one count into series), and `kvobs.analytics.cache.hits_by_tier` reads each replica's hits by tier from them.
 """
 
 from __future__ import annotations

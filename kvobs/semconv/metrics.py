@@ -31,7 +31,7 @@ PROMPT_SOURCE_COMPUTED, PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL = (
 LABEL_MEDIUM = "medium"  # a KV tier, as kvobs names it (`kvobs.semconv.attributes.medium_name`)
 LABEL_SHAPE = "shape"  # a KV-event batch's wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
 LABEL_STATUS = "status"
-LABEL_KIND = "kind"  # what cost an agent step (`kvobs.analytics.verdicts.cost_kind`)
+LABEL_KIND = "kind"  # what cost an agent step (`kvobs.analytics.steps.verdicts.cost_kind`)
 LABEL_ERROR_TYPE = "error_type"
 LABEL_COMPONENT = "component"
 LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a request or session
@@ -401,7 +401,7 @@ kvobs_metrics = SimpleNamespace(
         "counter",
         "tokens",
         "Prompt tokens a request recomputed on its replica while another replica of the fleet held that prefix "
-        "at its lookup (kvobs.analytics.routing), by the replica that served it.",
+        "at its lookup (kvobs.analytics.cache.routing), by the replica that served it.",
     ),
     COLLECTOR_ROUTING_COMPARED_TOKENS=_spec(
         "kvobs_collector_routing_compared_prompt_tokens",

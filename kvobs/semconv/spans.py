@@ -178,7 +178,7 @@ class CachedFill(Name):
 
 
 class BlockTie(Name):
-    """How the blocks a request stored were tied to it and to its session (`kvobs.analytics.ownership`), or why
+    """How the blocks a request stored were tied to it and to its session (`kvobs.analytics.cache.ownership`), or why
     they could not be."""
 
     HEADER = "header"  # its blocks name its session: `X-Session-ID` or `session_id` reached the server

@@ -12,7 +12,7 @@ Four rollups, one row per minute and instance (`MINUTE_S`, the KV-event rollup's
   usage, and the preemptions: the increase of `preemptions_total` over the instance's previous snapshot, counted
   at write time (`preemption_increase`), so a window's preemptions are a sum, exactly as counted over the rows.
 - `request_minutes`, of the requests by arrival: how many, the first and last arrival, the last arrival or finish, each
-  latency's sum and count, and the prompt tokens cached of the requests that say (`kvobs.analytics.hit_rate`).
+  latency's sum and count, and the prompt tokens cached of the requests that say (`kvobs.analytics.cache.hit_rate`).
 - `latency_minutes`, each latency's sketch (TTFT, inter-token, queue): how many values fell in each logarithmic bin
   (`value_bin`). Any quantile of any window is read off the merged bins within `SKETCH_ACCURACY` of the exact one
   (the DDSketch construction: Masson, Rim and Lee, VLDB 2019), where rows would have to be read again.
@@ -128,7 +128,7 @@ REQUEST_MINUTES = Rollup(
     minima=("first_ts",),
 )
 LATENCY_MINUTES = Rollup("latency_minutes", ("minute", "instance", "metric", "value_bin"), sums=("n",))
-# why a missed prompt block missed (`kvobs.analytics.routing.request_lookups`), in the order a block is judged
+# why a missed prompt block missed (`kvobs.analytics.cache.routing.request_lookups`), in the order a block is judged
 MISS_PARTS = ("routed", "cold", "invalidated", "pause", "capacity", "unexplained")
 LOOKUP_TOKENS = (  # a request lookup's tokens of whole prompt blocks: what the shortfall split sums
     "prompt_block_tokens",

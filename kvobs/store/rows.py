@@ -99,9 +99,9 @@ class StepRecord(Record):
 
 @_record
 class StepVerdictRecord(Record):
-    """A step's verdict (`kvobs.analytics.verdicts`): why it failed, whether it was slow and why, its latency's parts
-    against its session's typical step, and the evidence; decided once its session settled (the collector's keeper),
-    or worked out by a page where no keeper decided it (then not stored)."""
+    """A step's verdict (`kvobs.analytics.steps.verdicts`): why it failed, whether it was slow and why, its latency's
+    parts against its session's typical step, and the evidence; decided once its session settled (the collector's
+    keeper), or worked out by a page where no keeper decided it (then not stored)."""
 
     table: ClassVar[str] = "step_verdicts"
 
@@ -137,6 +137,9 @@ class StepVerdictRecord(Record):
     lost_recompute_s: float | None = None
     invalidated_recompute_s: float | None = None
     routed_recompute_s: float | None = None
+    # JSON: the attribution's other columns for this step (its facts' counts, typical parts, excess by part, replica),
+    # so a settled session's page reads its steps whole and attributes nothing; NULL on rows decided before 0028
+    detail: str | None = None
 
 
 @_record
@@ -163,7 +166,7 @@ class RequestRecord(Record):
 
 @_record
 class RequestLookupRecord(Record):
-    """A request's prefix lookup as the collector measured it (`kvobs.analytics.routing.request_lookups`): the
+    """A request's prefix lookup as the collector measured it (`kvobs.analytics.cache.routing.request_lookups`): the
     prompt's whole blocks, those found on its own replica, those another replica held (routing loss), and each
     missed block once, by why."""
 

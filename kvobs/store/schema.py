@@ -79,8 +79,8 @@ class StepRow(Base):
 
 
 class StepVerdictRow(Base):
-    """Each step's verdict, written once its session has settled (`kvobs.analytics.verdicts`): what the pages count
-    over any range without attributing every step again."""
+    """Each step's verdict, written once its session has settled (`kvobs.analytics.steps.verdicts`): what the pages
+    count over any range without attributing every step again."""
 
     __tablename__ = "step_verdicts"
     __table_args__ = (
@@ -119,6 +119,7 @@ class StepVerdictRow(Base):
     lost_recompute_s: Mapped[float | None] = mapped_column(Float)
     invalidated_recompute_s: Mapped[float | None] = mapped_column(Float)
     routed_recompute_s: Mapped[float | None] = mapped_column(Float)
+    detail: Mapped[str | None] = mapped_column(Text)  # JSON: the attribution's other columns (0028)
 
 
 class RequestRow(Base):

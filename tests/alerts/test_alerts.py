@@ -18,7 +18,7 @@ from kvobs.alerts import signals
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import RuleError, builtin_rules, load_rules, parse_rules
 from kvobs.alerts.sinks import WebhookSink
-from kvobs.analytics.routing import fleet_losses, routing_summary
+from kvobs.analytics.cache.routing import fleet_losses, routing_summary
 from kvobs.analytics.windows import lookup_range_sums
 from tests.collectors.recorded import scrapes
 from tests.stores import copy_store
@@ -60,7 +60,7 @@ def test_the_routing_loss_signal_reads_what_the_collector_measured(fleet_run, tm
     window): each request it measured lost what the replay of the whole range says it lost, and the signal is their
     share. (The meter measures as it goes: a replica's requests before it is known to share hashes with another are
     not compared, where the replay, in hindsight, compares them; so the two cover different requests.)"""
-    from kvobs.analytics.routing import fleet_losses
+    from kvobs.analytics.cache.routing import fleet_losses
     from tests.runs import measured_copy
 
     first, last = fleet_run.store.reads.time_range()

@@ -184,7 +184,7 @@ class Script:
 
 def verdicts(store):
     """Every step's verdict in a scripted run's store, by (session, step index)."""
-    from kvobs.analytics.step_causes import step_causes
+    from kvobs.analytics.steps.causes import step_causes
 
     return step_causes(store, None, None).set_index(["session_id", "step_index"])
 

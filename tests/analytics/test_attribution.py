@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
-from kvobs.analytics.excess import EXCESS_CAUSES, FAILURE_KIND_OF
-from kvobs.analytics.step_causes import VERDICT_COLUMNS, failure_verdicts, step_causes
-from kvobs.analytics.typical import leave_one_out_medians
+from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps, failure_summary
+from kvobs.analytics.steps.causes import VERDICT_COLUMNS, failure_verdicts, step_causes
+from kvobs.analytics.steps.excess import EXCESS_CAUSES, FAILURE_KIND_OF
+from kvobs.analytics.steps.typical import leave_one_out_medians
 from kvobs.store import open_store
 from tests.stores import copy_store
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvobs.analytics.latency_parts import PARTS
-from kvobs.analytics.step_causes import step_causes
-from kvobs.analytics.unreached import NOT_KNOWN
+from kvobs.analytics.steps.causes import step_causes
+from kvobs.analytics.steps.latency_parts import PARTS
+from kvobs.analytics.steps.unreached import NOT_KNOWN
 from tests.analytics.scripted import Script, tokens_of, verdicts
 from tests.runs import UNREACHED_DEADLINE_S as DEADLINE_S
 from tests.runs import UNREACHED_REACHED_S as REACHED_S
@@ -80,7 +80,7 @@ def test_a_missing_request_is_not_called_unsent_where_the_server_records_no_aban
 def test_the_keeper_stores_the_time_before_the_server_and_the_step_page_shows_it(unreached, monkeypatch):
     """What the verdict keeper writes (`verdict_records`) holds `before_s` through the store; the step page of the
     step that never reached the server says so."""
-    from kvobs.analytics.verdicts import verdict_records
+    from kvobs.analytics.steps.verdicts import verdict_records
     from kvobs.store import StoreWriter
     from tests.dashboard.test_app import step_page_text
 

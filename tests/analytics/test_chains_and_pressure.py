@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.chains import (
+from kvobs.analytics.cache.chains import (
     BlockGraph,
     eviction_churn,
     hit_rate_summary,
@@ -15,8 +15,8 @@ from kvobs.analytics.chains import (
     request_chains,
     with_sessions,
 )
-from kvobs.analytics.footprints import footprint_timeline, session_table
-from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag
+from kvobs.analytics.cache.footprints import footprint_timeline, session_table
+from kvobs.analytics.cache.pressure import lagged_correlation, pressure_windows, strongest_lag
 from kvobs.analytics.windows import range_sums
 from kvobs.semconv.reasons import RELEASE_REASONS
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, STEP_JOINED
@@ -178,7 +178,7 @@ def test_vectorized_roots_equal_the_walk_on_random_forests():
     never stored, missing parents, the edges of 64 bits, and a cycle (which takes the walk's fallback)."""
     import numpy as np
 
-    from kvobs.analytics.chains import chain_roots
+    from kvobs.analytics.cache.chains import chain_roots
 
     rng = np.random.default_rng(7)
     for case in range(40):

@@ -1,4 +1,4 @@
-"""Which request stored which blocks, where the blocks name no session (`kvobs.analytics.ownership`), checked
+"""Which request stored which blocks, where the blocks name no session (`kvobs.analytics.cache.ownership`), checked
 against runs whose blocks do name their sessions (the header reached the server): the same stored blocks with
 their names taken away must be given back exactly the sessions the server wrote on them, or none; never another.
 The runs: a real vLLM 0.32 under 12 concurrent agents (5 preemptions), two real vLLM replicas behind a round-robin
@@ -12,9 +12,9 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.ownership import block_ties, owned_stored, session_ties, tied_sessions, ties_check
-from kvobs.analytics.routing import ROUTING_KINDS, routing_losses
+from kvobs.analytics.cache.chains import with_sessions
+from kvobs.analytics.cache.ownership import block_ties, owned_stored, session_ties, tied_sessions, ties_check
+from kvobs.analytics.cache.routing import ROUTING_KINDS, routing_losses
 from kvobs.semconv.spans import BlockTie
 from kvobs.store import StoreWriter
 

@@ -1,4 +1,4 @@
-"""The hit rate against the pause before each step, and the TTL pin's curve (`kvobs.analytics.pauses`), on our
+"""The hit rate against the pause before each step, and the TTL pin's curve (`kvobs.analytics.steps.pauses`), on our
 engine's run under the agent workload (tool pauses of 0.2-0.6 s) and on a recorded smolagents agent traced by
 OpenInference, whose steps record the tools that ran in each pause."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvobs.analytics.pauses import NO_TOOL, default_ttls, not_measured, pin_curve, step_pauses
+from kvobs.analytics.steps.pauses import NO_TOOL, default_ttls, not_measured, pin_curve, step_pauses
 from tests.collectors.test_agent_fixtures import FIXTURES, exports, replay
 
 

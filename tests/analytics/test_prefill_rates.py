@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
-from kvobs.analytics.prefill_rates import COUNTERS, MIN_FIT_SAMPLES, RATE_WINDOW_S, PrefillRates
-from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.cache.prefill_rates import COUNTERS, MIN_FIT_SAMPLES, RATE_WINDOW_S, PrefillRates
+from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.analytics.steps.causes import step_causes
 
 
 def _requests(tokens, seconds, *, start=1000.0, instance="e0", cached=0):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvobs.analytics.attribution import step_requests
-from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.response_usage import RESPONSES, response_cached_tokens, responses_hit_rate
+from kvobs.analytics.cache.chains import with_sessions
+from kvobs.analytics.steps.attribution import step_requests
+from kvobs.analytics.steps.response_usage import RESPONSES, response_cached_tokens, responses_hit_rate
 
 
 def frames(store) -> tuple[pd.DataFrame, pd.DataFrame]:

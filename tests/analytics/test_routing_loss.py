@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, simulate_fleet
-from kvobs.analytics.fleet_index import FleetIndex
-from kvobs.analytics.routing import FleetCheck, fleet_losses, routing_losses, routing_summary
-from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.cache.fleet_index import FleetIndex
+from kvobs.analytics.cache.routing import FleetCheck, fleet_losses, routing_losses, routing_summary
+from kvobs.analytics.steps.causes import step_causes
 from kvobs.store import open_store
 from tests.cli.test_agents import agents
 from tests.fleet_probe import LookupProbe

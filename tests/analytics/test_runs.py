@@ -14,7 +14,7 @@ import pytest
 from dashboard import data
 from instrumented_engine.whatif.replay import ReplayPlan, simulate
 from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
-from kvobs.analytics.hit_rate import hit_rate_in
+from kvobs.analytics.cache.hit_rate import hit_rate_in
 from kvobs.analytics.runs import overlapping, run_of, run_table, spans
 from kvobs.commands.demo import hit_rate_line
 from tests.dashboard.test_app import assert_clean, open_page

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvobs.analytics.pressure import lagged_correlation, pressure_windows, strongest_lag, why_no_lag
+from kvobs.analytics.cache.pressure import lagged_correlation, pressure_windows, strongest_lag, why_no_lag
 from kvobs.analytics.samples import MIN_PAIRS, correlation, min_sample, quantile
 from kvobs.analytics.windows import RangeSums
 from kvobs.store.rollups import SKETCH_ACCURACY

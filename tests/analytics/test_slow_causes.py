@@ -16,11 +16,11 @@ import pytest
 
 from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.sampling_params import SamplingParams
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
-from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.routing import MISS_PARTS
-from kvobs.analytics.shortfall import shortfall, store_lookups
-from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.cache.prefill_rates import PrefillRates
+from kvobs.analytics.cache.routing import MISS_PARTS
+from kvobs.analytics.cache.shortfall_split import shortfall, store_lookups
+from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.analytics.steps.causes import step_causes
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import StepRecord
 
@@ -202,7 +202,7 @@ def test_a_pause_loss_the_offload_tier_saved_is_no_loss_and_says_so(make_llm, tm
     assert outputs[LAST].num_cached_tokens >= outputs[BEFORE].num_cached_tokens  # nothing recomputed
     # `kvobs doctor`: its stored blocks still agree with its own request rows (loaded tokens are stored again, as
     # computed ones: no hit of the cache's)
-    from kvobs.analytics.agreement import kv_counter_agreement
+    from kvobs.analytics.cache.agreement import kv_counter_agreement
 
     (check,) = kv_counter_agreement(store)
     assert check.verdict == "agree", check.words

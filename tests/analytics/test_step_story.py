@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
-from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.step_story import step_story
+from kvobs.analytics.cache.prefill_rates import PrefillRates
+from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.analytics.steps.story import step_story
 
 
 def stories(run):
@@ -115,7 +115,7 @@ def test_an_unknown_step_has_no_story(agent_run):
 def test_a_story_over_its_sessions_detail_is_the_story_it_reads_itself(request, run_name):
     """The dashboard gives a story its session's reads and verdicts (`SessionRead`, from `session_detail`): every
     step's story is then the one it works out alone, verdict, requests, pause, timeline and rows alike."""
-    from dashboard.data import session_detail
+    from dashboard.session_data import session_detail
 
     store = request.getfixturevalue(run_name).store
     steps = store.reads.steps()
@@ -163,8 +163,8 @@ def test_blocks_that_named_no_session_are_on_their_sessions_story_with_how_they_
     session's (its truth), and their stories show them, each said to be tied by inference."""
     from dataclasses import replace
 
-    from kvobs.analytics.chains import with_sessions
-    from kvobs.analytics.tied_events import tied_events
+    from kvobs.analytics.cache.chains import with_sessions
+    from kvobs.analytics.cache.inferred_events import tied_events
     from kvobs.store import StoreWriter
     from tests.store.test_contract import _open, _rows
 

@@ -1,10 +1,10 @@
-"""Hits by tier from each engine's own counters (`kvobs.analytics.tier_hits`), scraped by the collector's scraper:
-the recorded vLLM 0.32 run (no tier: its scrapes are the truth), and SGLang's and LMCache's counters as their
-sources define them (names, labels, and what is counted when), exposed by `prometheus_client` as those engines
-expose them: SGLang 0.5.23's `TokenizerMetricsCollector.observe_one_finished_request`
-(sglang/srt/observability/metrics_collector.py: `cache_source` device/host/storage, `total` where a request gave
-no details). LMCache's are its own: its `PrometheusLogger` and stats monitor (lmcache 0.5.6, from `.venv-lmcache`).
-Our engine's own tier is checked against its block manager's record in tests/server/test_offload_tier_served.py."""
+"""Hits by tier from each engine's own counters (`kvobs.analytics.cache.hits_by_tier`), scraped by the collector's
+scraper: the recorded vLLM 0.32 run (no tier: its scrapes are the truth), and SGLang's and LMCache's counters as their
+sources define them (names, labels, and what is counted when), exposed by `prometheus_client` as those engines expose
+them: SGLang 0.5.23's `TokenizerMetricsCollector.observe_one_finished_request`
+(sglang/srt/observability/metrics_collector.py: `cache_source` device/host/storage, `total` where a request gave no
+details). LMCache's are its own: its `PrometheusLogger` and stats monitor (lmcache 0.5.6, from `.venv-lmcache`). Our
+engine's own tier is checked against its block manager's record in tests/server/test_offload_tier_served.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from kvobs.analytics.tier_hits import tier_hits
+from kvobs.analytics.cache.hits_by_tier import tier_hits
 from kvobs.store import open_store
 from tests.collectors.agent_harness import ROOT
 from tests.collectors.recorded import scrapes

@@ -1,19 +1,19 @@
-"""TensorRT-LLM's hits by cache level (`kvobs.analytics.tier_hits`), scraped by the collector's scraper from the
-counters `trtllm-serve` exposes on `/prometheus/metrics`, made and incremented as its `MetricsCollector` does
-(tensorrt_llm/metrics/collector.py, NVIDIA/TensorRT-LLM main at 050f80d, read 2026-11-28; TensorRT-LLM does not
-install without a GPU here): `trtllm_prompt_tokens_total` and `trtllm_prompt_cached_tokens_total` per finished
-request (`return_perf_metrics`), `trtllm_prompt_cache_hit_tokens_total{cache_level,cache_tier}` per iteration from
-its `iterCachedTokensByLevel` and `kvCacheLevelTiers` (`enable_iter_perf_stats`), each level's series made at the
-first iteration report, then counted where a level served tokens."""
+"""TensorRT-LLM's hits by cache level (`kvobs.analytics.cache.hits_by_tier`), scraped by the collector's scraper from
+the counters `trtllm-serve` exposes on `/prometheus/metrics`, made and incremented as its `MetricsCollector` does
+(tensorrt_llm/metrics/collector.py, NVIDIA/TensorRT-LLM main at 050f80d, read 2026-11-28; TensorRT-LLM does not install
+without a GPU here): `trtllm_prompt_tokens_total` and `trtllm_prompt_cached_tokens_total` per finished request
+(`return_perf_metrics`), `trtllm_prompt_cache_hit_tokens_total{cache_level,cache_tier}` per iteration from its
+`iterCachedTokensByLevel` and `kvCacheLevelTiers` (`enable_iter_perf_stats`), each level's series made at the first
+iteration report, then counted where a level served tokens."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from kvobs.analytics.tier_checks import tier_checks
-from kvobs.analytics.tier_hits import tier_hits
-from kvobs.analytics.tier_lookups import tier_lookups
+from kvobs.analytics.cache.hits_by_tier import tier_hits
+from kvobs.analytics.cache.lookups_by_tier import tier_lookups
+from kvobs.analytics.cache.tier_health import tier_checks
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventRecord
 from tests.collectors.test_scraper import scrape_all

@@ -1,6 +1,6 @@
-"""Each tier's lookups as vLLM's tiering offload manager counts them (`kvobs.analytics.tier_lookups`): its scrapes as
-vLLM 0.32's own tracker and Prometheus metrics made them (`tests/fixtures/vllm-tiers/record_tiering_metrics.py`),
-through the collector's scraper."""
+"""Each tier's lookups as vLLM's tiering offload manager counts them (`kvobs.analytics.cache.lookups_by_tier`): its
+scrapes as vLLM 0.32's own tracker and Prometheus metrics made them
+(`tests/fixtures/vllm-tiers/record_tiering_metrics.py`), through the collector's scraper."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvobs.analytics.tier_lookups import tier_lookups
+from kvobs.analytics.cache.lookups_by_tier import tier_lookups
 from kvobs.store import open_store
 from tests.collectors.test_scraper import scrape_all
 

@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 
 from instrumented_engine.engine import events as ev
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps
-from kvobs.analytics.latency_parts import ESTIMATES, PARTS
-from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.analytics.steps.causes import step_causes
+from kvobs.analytics.steps.latency_parts import ESTIMATES, PARTS
 from tests.analytics.scripted import CLIENT_S, Script, tokens_of, verdicts
 from tests.runs import OVERLOAD_DEADLINE_S as DEADLINE_S
 from tests.runs import TOOL_S

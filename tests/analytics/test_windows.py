@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvobs.analytics.pressure import pressure_windows
+from kvobs.analytics.cache.pressure import pressure_windows
 from kvobs.analytics.samples import quantile
 from kvobs.analytics.windows import BIN_KEYS, KEYS, RangeSums, range_sums, sketch_quantile, window_quantiles
 from kvobs.store.rollups import (

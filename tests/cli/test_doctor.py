@@ -14,7 +14,7 @@ from sqlalchemy import delete
 from sqlalchemy.engine import make_url
 
 from collectors.collector import Collector, CollectorOptions
-from kvobs.analytics.agreement import kv_counter_agreement
+from kvobs.analytics.cache.agreement import kv_counter_agreement
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import MetricSampleRecord
 from kvobs.store.schema import KVEventRow
@@ -224,7 +224,7 @@ def test_replies_without_prompt_token_details_are_named_with_their_fix(
     """`kvobs serve --no-prompt-tokens-details` answers as vLLM does by default: usage without its cached tokens. The
     SDK's steps then know none, and the doctor names the setting, with the flag that fixes it; on a server that sends
     them (the agent run) every answered step says what was cached."""
-    from kvobs.analytics.token_details import FIX
+    from kvobs.analytics.cache.token_details import FIX
     from tests.runs import sdk_workload
     from tests.server.conftest import running_server
 
@@ -251,7 +251,7 @@ def test_a_prompt_that_changes_at_its_start_is_named_not_blamed_on_the_cache(cha
     prompt opens with the time of each call, one without. The stamped one hits only its first block on every later
     turn though each earlier turn is still cached, and the doctor names it, with the fix; the other reuses its prefix
     every turn and is not named."""
-    from kvobs.analytics.changing_starts import FIX, changing_starts
+    from kvobs.analytics.cache.prompt_starts import FIX, changing_starts
 
     url, store = changing_start_run.url, changing_start_run.store
     reqs = store.reads.requests().sort_values("arrival_ts").set_index("session_id")

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard.views import PAGES
-from kvobs.analytics.routing import fleet_losses
+from kvobs.analytics.cache.routing import fleet_losses
 from kvobs.store import open_store
 from tests.cli.test_collect import wait_http
 from tests.collectors.fleet_recording import REPLICAS, fleet_bodies, replica_frames, replica_scrapes, truth

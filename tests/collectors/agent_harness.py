@@ -35,7 +35,7 @@ from pathlib import Path
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collectors.collector import Collector, CollectorOptions
-from kvobs.analytics.attribution import attribute_steps
+from kvobs.analytics.steps.attribution import attribute_steps
 from tests.recording import subscribe
 from tests.server.conftest import free_port, running_server
 from tests.waiting import wait_for

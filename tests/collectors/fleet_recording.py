@@ -28,7 +28,7 @@ REPLICAS = ("replica-a", "replica-b")
 def cached_said(store) -> dict[str, int]:
     """request id -> the cached prompt tokens the engine's response said (its agent step's usage): vLLM's own truth
     on the vLLM fleet, which no KV event or analysis of ours produced."""
-    from kvobs.analytics.attribution import step_requests
+    from kvobs.analytics.steps.attribution import step_requests
 
     steps, reqs = store.reads.steps(), store.reads.requests()
     out = {}

@@ -16,8 +16,8 @@ from collectors.capture import span_bounds
 from collectors.session_activity import SessionActivity
 from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
-from kvobs.analytics.attribution import attribute_steps
-from kvobs.analytics.token_details import cached_fill_check
+from kvobs.analytics.cache.token_details import cached_fill_check
+from kvobs.analytics.steps.attribution import attribute_steps
 from kvobs.semconv.spans import STEP_JOINED
 from kvobs.store.writer import StoreWriter
 from tests.collectors.agent_harness import FIXTURES, STEP_COLUMNS

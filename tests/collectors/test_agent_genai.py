@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvobs.analytics.attribution import attribute_steps
-from kvobs.analytics.chains import with_sessions
+from kvobs.analytics.cache.chains import with_sessions
+from kvobs.analytics.steps.attribution import attribute_steps
 from tests.collectors.agent_harness import served_and_collected
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from streamlit.testing.v1 import AppTest
 
-from kvobs.analytics.attribution import attribute_steps
-from kvobs.analytics.step_story import step_story, tool_calls
+from kvobs.analytics.steps.attribution import attribute_steps
+from kvobs.analytics.steps.story import step_story, tool_calls
 from tests.collectors.agent_harness import served_and_collected
 from tests.collectors.scenario_parts import TOOL_S
 from tests.dashboard.test_app import APP

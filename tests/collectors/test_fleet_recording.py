@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
-from kvobs.analytics.routing import fleet_losses
+from kvobs.analytics.cache.routing import fleet_losses
 from tests.collectors.fleet_recording import REPLICAS, truth
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from collectors.kv.ingest import KVIngest
-from kvobs.analytics.fleet_index import FleetIndex
+from kvobs.analytics.cache.fleet_index import FleetIndex
 from kvobs.semconv.attributes import MEDIUM_GPU, is_known_medium, is_shared_tier, medium_name, tier_name
 from kvobs.store import StoreWriter, open_store
 from kvobs.vllm import kv_events as wire

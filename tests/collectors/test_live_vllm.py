@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 
 from collectors.collector import Collector, CollectorOptions
 from instrumented_engine.whatif.replay import ReplayPlan
-from kvobs.analytics.attribution import attribute_steps
+from kvobs.analytics.steps.attribution import attribute_steps
 from kvobs.store.schema import KVEventRow, RequestRow, SnapshotRow
 from tests.collectors.agent_harness import FIXTURES, Harness, record_fixture
 from tests.server.conftest import free_port

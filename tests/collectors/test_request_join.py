@@ -10,7 +10,7 @@ from collectors.traces.agent_spans import LLM, TraceSpan
 from collectors.traces.reply_ids import reply_ids
 from collectors.traces.request_join import RequestJoin
 from collectors.traces.span_steps import SpanSteps
-from kvobs.analytics.joins import join_rates
+from kvobs.analytics.steps.joins import join_rates
 from kvobs.semconv.spans import StepJoin
 from kvobs.store.rows import RequestRecord
 from kvobs.store.writer import StoreWriter

@@ -1,7 +1,7 @@
 """The collector's routing meter (`collectors.jobs.routing_meter`) measures each request's lookup once, fed in time
 order a slice at a time, and finds what the store analysis finds over the whole run at once
-(`kvobs.analytics.routing.request_lookups`): on the recorded vLLM run as a fleet of two replicas and as one replica,
-request for request, every part of the shortfall split included; its counters are the routing loss
+(`kvobs.analytics.cache.routing.request_lookups`): on the recorded vLLM run as a fleet of two replicas and as one
+replica, request for request, every part of the shortfall split included; its counters are the routing loss
 `fleet_losses` finds."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from collectors.jobs.routing_meter import REQUEST_S, RoutingMeter
-from kvobs.analytics.routing import LOOKUP_COLUMNS, fleet_losses, pause_starts
-from kvobs.analytics.shortfall import store_lookups
+from kvobs.analytics.cache.routing import LOOKUP_COLUMNS, fleet_losses, pause_starts
+from kvobs.analytics.cache.shortfall_split import store_lookups
 from tests.runs import FLEET, drive_meter, missing_as_none
 
 
@@ -97,7 +97,7 @@ def test_each_lookup_written_is_the_whole_run_analysis_of_that_request(fleet_run
 
 def _previous_arrivals(store) -> dict[str, float]:
     """request id -> when its session's previous request arrived."""
-    from kvobs.analytics.chains import with_sessions
+    from kvobs.analytics.cache.chains import with_sessions
 
     reqs = with_sessions(store.reads.requests(), store.reads.steps()).sort_values("arrival_ts")
     previous = reqs.groupby("session_id")["arrival_ts"].shift()

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from kvobs.agent import AgentSession, ChatError
 from kvobs.agent.recorder import step_record
-from kvobs.analytics.attribution import attribute_steps
+from kvobs.analytics.steps.attribution import attribute_steps
 from tests.collectors.agent_harness import served_and_collected
 from tests.server.conftest import SERVED
 

@@ -20,7 +20,7 @@ import pytest
 
 from collectors.capture import import_capture
 from collectors.kv.shared_starts import MIN_SHARED, SharedStarts
-from kvobs.analytics.step_story import step_story
+from kvobs.analytics.steps.story import step_story
 from kvobs.store import open_store
 from kvobs.vllm.kv_events import BlockStored, decode_batch
 from tests.collectors.recorded import FIXTURES as VLLM_RUN

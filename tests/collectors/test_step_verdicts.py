@@ -10,14 +10,15 @@ import pytest
 from sqlalchemy import update
 
 from collectors.jobs.step_verdicts import VerdictKeeper
-from dashboard import data
+from dashboard import session_data
 from dashboard.verdicts import failures
 from dashboard.views.overview import slow_words, verdict_words
 from dashboard.views.sessions import STEP_COLUMNS
 from kvobs.alerts.signals import cache_cost_share
-from kvobs.analytics.slow_steps import slow_steps
-from kvobs.analytics.step_causes import KEEPER_LIVE_S, VERDICT_COLUMNS, failure_verdicts, range_verdicts
-from kvobs.analytics.verdicts import DECIDED, WORKED_OUT, verdict_frame, verdict_records
+from kvobs.analytics.steps import story
+from kvobs.analytics.steps.causes import KEEPER_LIVE_S, VERDICT_COLUMNS, failure_verdicts, range_verdicts
+from kvobs.analytics.steps.slow import slow_steps
+from kvobs.analytics.steps.verdicts import DECIDED, WORKED_OUT, verdict_frame, verdict_records
 from kvobs.store import open_store
 from kvobs.store.rows import SessionRecord, VerdictProgressRecord
 from kvobs.store.schema import SessionRow, StepRow
@@ -52,8 +53,28 @@ def _own_copy(run, request, tmp_path):
     return store
 
 
+def _same(after: pd.DataFrame, before: pd.DataFrame) -> None:
+    """Frames equal cell for cell, a missing value (None or NaN) as missing, numbers within float noise."""
+
+    def plain(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.reset_index(drop=True).astype(object)
+        return frame.where(frame.notna(), None)
+
+    pd.testing.assert_frame_equal(plain(after), plain(before), check_dtype=False)
+
+
+def _forbid_attribution(monkeypatch) -> None:
+    """Every way a page could attribute a step raises."""
+
+    def attributed(*args, **kwargs):
+        raise AssertionError("a settled session's page attributed a step")
+
+    monkeypatch.setattr(session_data, "attribute_steps", attributed)
+    monkeypatch.setattr(story, "attribute_steps", attributed)
+
+
 @pytest.mark.parametrize("run", ["timeouts", "vllm_run", "fleet_run"])
-def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
+def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path, monkeypatch):
     """Every step's verdict, decided once by the keeper, is what the pages showed before any was stored: the failure
     table's verdicts, and each session's steps as the Sessions page attributed them (failure and slow cause, the
     latency's parts, the evidence); after it, the pages show the decided verdicts, unchanged."""
@@ -63,7 +84,7 @@ def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
     expected = failure_verdicts(store, first, last)
     assert len(expected) > 0, f"{run} has no failed step: nothing compared"
     sessions = sorted(set(steps["session_id"]))
-    details = {s: data.session_detail(store, s) for s in sessions}
+    details = {s: session_data.session_detail(store, s) for s in sessions}
     shown = {s: detail.steps for s, detail in details.items()}
     assert all((frame["verdict"] == WORKED_OUT).all() for frame in shown.values())
     if run == "timeouts":  # a live run's few successful steps may leave none slow there: its timeouts compare
@@ -84,13 +105,27 @@ def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path):
     # the page's own records (no keeper had decided them) are the records the keeper wrote, but for when
     pages = verdict_frame([v for detail in details.values() for v in detail.verdicts]).drop(columns="decided_at")
     pd.testing.assert_frame_equal(pages, verdict_frame(stored).drop(columns="decided_at"), check_dtype=False)
+    stories = {
+        (s, i): story.step_story(store, s, i, read=details[s].read) for s in sessions for i in shown[s]["step_index"]
+    }
+    _forbid_attribution(monkeypatch)  # settled: the pages read what the keeper decided, whole
     for session_id in sessions:
-        detail = data.session_detail(store, session_id)
+        detail = session_data.session_detail(store, session_id)
         after = detail.steps
         assert (after["verdict"] == DECIDED).all()
         assert {v.decided_at for v in detail.verdicts} == {last + 3600}  # the keeper's, read back
-        columns = [*STEP_COLUMNS[:-1], "cause", "failure_kind"]
-        pd.testing.assert_frame_equal(after[columns], shown[session_id][columns], check_dtype=False)
+        assert list(after.columns) == list(shown[session_id].columns)
+        _same(after[STEP_COLUMNS[:-1]], shown[session_id][STEP_COLUMNS[:-1]])  # the Sessions page's table
+        _same(after.drop(columns="verdict"), shown[session_id].drop(columns="verdict"))  # and every other column
+        for index in after["step_index"]:
+            told, before = story.step_story(store, session_id, index, read=detail.read), stories[session_id, index]
+            assert told is not None and before is not None
+            _same(
+                pd.DataFrame([told.step]).drop(columns="verdict"), pd.DataFrame([before.step]).drop(columns="verdict")
+            )
+            _same(told.events, before.events)
+            _same(told.timeline, before.timeline)
+            assert (told.pause, told.misses) == (before.pause, before.misses)
     read = range_verdicts(store, first, last)
     assert read["decided"].all() and len(read) == len(expected)
     assert verdict_words(failures(store, first, last)) == (

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from instrumented_engine.whatif.fleet import FleetPlan, simulate_fleet
-from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.routing import fleet_losses
-from kvobs.analytics.shortfall import store_lookups
+from kvobs.analytics.cache.chains import with_sessions
+from kvobs.analytics.cache.routing import fleet_losses
+from kvobs.analytics.cache.shortfall_split import store_lookups
 from kvobs.semconv.spans import KVEventKind
 from tests.collectors.fleet_recording import REPLICAS, cached_said
 from tests.runs import measured_copy, missing_as_none

@@ -163,7 +163,7 @@ def test_a_step_whose_request_never_reached_the_server_in_chromium(unreached, tm
 def test_a_named_miss_in_chromium(changing_start_run, tmp_path, monkeypatch):
     """A step of a session whose prompt changes near its start (the real-server `changing_start_run`): its story in
     the browser names the miss no cache size would change, with its fix."""
-    from kvobs.analytics.changing_starts import FIX
+    from kvobs.analytics.cache.prompt_starts import FIX
 
     text = _step_story(changing_start_run.store, "stamped", 2, "changing-start-step_url.png", tmp_path, monkeypatch)
     assert "A miss that is not the cache's: session stamped:" in text and FIX in text and "Traceback" not in text

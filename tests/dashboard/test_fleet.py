@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard import data
+from dashboard import data, session_data
 from dashboard.clock import Clock
 from dashboard.views import PAGES
 from dashboard.views.kv_events import sample_caption
 from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, fleet_rows, simulate_fleet
-from kvobs.analytics.routing import MISS_PARTS, fleet_losses
-from kvobs.analytics.shortfall import shortfall, store_lookups
+from kvobs.analytics.cache.routing import MISS_PARTS, fleet_losses
+from kvobs.analytics.cache.shortfall_split import shortfall, store_lookups
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import AlertRecord
 from tests.dashboard.test_app import APP, assert_clean, charts, open_page, x_axes
@@ -237,8 +237,8 @@ def test_a_sessions_drill_in_reads_its_measured_lookups_with_the_replays_answer(
     """A session every request of which the collector measured: its shortfall split is the whole run's replay of
     its requests, and its steps' routing causes are the replay's; a session with a request the collector could not
     measure (its hash chain unknown) is replayed."""
-    from kvobs.analytics.chains import with_sessions
-    from kvobs.analytics.shortfall import measured_lookups
+    from kvobs.analytics.cache.chains import with_sessions
+    from kvobs.analytics.cache.shortfall_split import measured_lookups
 
     store = measured_copy(fleet_run, tmp_path)
     reqs = with_sessions(store.reads.requests(), store.reads.steps())
@@ -250,13 +250,13 @@ def test_a_sessions_drill_in_reads_its_measured_lookups_with_the_replays_answer(
     same_steps = 0
     for session_id in full:
         assert measured_lookups(store, reqs[reqs["session_id"] == session_id]) is not None
-        got = data.session_shortfall(store, session_id)
+        got = session_data.session_shortfall(store, session_id)
         want = shortfall(whole[whole["session_id"] == session_id], "session_id", total=None)
         pd.testing.assert_frame_equal(got, want, check_dtype=False)
-        replayed = data.session_shortfall(fleet_run.store, session_id)
+        replayed = session_data.session_shortfall(fleet_run.store, session_id)
         if int(replayed["requests"].iloc[0]) == int(got["requests"].iloc[0]):
-            got_steps = data.session_detail(store, session_id).steps
-            want_steps = data.session_detail(fleet_run.store, session_id).steps
+            got_steps = session_data.session_detail(store, session_id).steps
+            want_steps = session_data.session_detail(fleet_run.store, session_id).steps
             for column in ("slow_cause", "evidence"):
                 assert got_steps[column].tolist() == want_steps[column].tolist(), (session_id, column)
             same_steps += 1
@@ -269,13 +269,13 @@ def test_a_sessions_replay_reads_the_blocks_its_requests_stored_after_its_last_s
     """A replica's KV events run after the agent's step ends (vLLM publishes a block once full, then its batch): the
     replay of a session's span reads `STORED_WITHIN_S` beyond it, so it knows every request the whole run's replay
     knows (it read to the step's end only, and lost 1-2 of the 3 requests of two sessions of the recording)."""
-    from kvobs.analytics.chains import with_sessions
+    from kvobs.analytics.cache.chains import with_sessions
 
     store = fleet_run.store
     whole, _ = store_lookups(store, store.reads.requests(), store.reads.steps(), None, None)
     reqs = with_sessions(store.reads.requests(), store.reads.steps())
     for session_id in sorted(set(reqs["session_id"].dropna())):
-        split = data.session_shortfall(store, session_id)
+        split = session_data.session_shortfall(store, session_id)
         mine = whole[whole["session_id"] == session_id]
         assert int(split["requests"].iloc[0]) == len(mine), session_id
         assert int(split["prompt_block_tokens"].iloc[0]) == int((mine["prompt_blocks"] * mine["block_size"]).sum())

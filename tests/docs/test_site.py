@@ -54,3 +54,19 @@ def test_a_plain_mkdocs_build_leaves_nothing_for_git_to_show():
     site_dir = (named.group(1) if named else "site").strip("/")  # mkdocs' default
     ignored = {line.strip().strip("/") for line in (ROOT / ".gitignore").read_text().splitlines()}
     assert site_dir in ignored, f"{site_dir}/ is not in .gitignore"
+
+
+MAX_MAP_WORDS = 3000
+MAX_MAP_LINE = 120
+
+
+def test_the_architecture_page_is_a_map():
+    """docs/architecture.md holds the layers, the wings and their doors, one event's path and the rules the tests
+    hold, in few words and lines a reader takes in at once; the details are on their subjects' pages."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert len(page.split()) <= MAX_MAP_WORDS
+    assert [line for line in page.splitlines() if len(line) > MAX_MAP_LINE] == []
+    headings = re.findall(r"^## (.+)$", page, re.MULTILINE)
+    assert {"The layers", "Wings and their doors", "The rules the tests hold"} <= set(headings)
+    for door in ("kvobs.analytics.cache", "kvobs.analytics.steps"):
+        assert door in page

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvobs.analytics.response_usage import response_cached_tokens
+from kvobs.analytics.steps.response_usage import response_cached_tokens
 from kvobs.cli import main
 from kvobs.formats.mooncake import AGENTIC, AIPERF, FRESH_IDS, mooncake_rows
 

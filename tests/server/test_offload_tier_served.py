@@ -18,8 +18,8 @@ from sqlalchemy import delete
 from collectors.drops import DropCounter
 from collectors.metrics.scraper import Scraper, ScrapeTarget
 from instrumented_engine.server.launcher import EngineServer
-from kvobs.analytics.tier_checks import tier_checks
-from kvobs.analytics.tier_hits import tier_hits
+from kvobs.analytics.cache.hits_by_tier import tier_hits
+from kvobs.analytics.cache.tier_health import tier_checks
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.schema import KVEventMinuteRow, KVEventRow
 from tests.server.conftest import ask_session, filler_prompt, running_server, scrape
@@ -122,8 +122,8 @@ def test_a_step_whose_pause_loss_the_tier_saved_tells_its_load_time(smollm2_sour
 
     from kvobs.agent import AgentSession
     from kvobs.agent.recorder import StoreStepRecorder
-    from kvobs.analytics.load_rates import LoadRates
-    from kvobs.analytics.step_story import step_story
+    from kvobs.analytics.cache.load_rates import LoadRates
+    from kvobs.analytics.steps.story import step_story
     from tests.server.conftest import SERVED
 
     messages = [

@@ -14,7 +14,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from collectors.traces.span_ingest import SpanIngest
-from dashboard import data
+from dashboard import session_data
 from dashboard.views.sessions import subagents_said
 from kvobs.named_sessions import request_session
 from kvobs.semconv import attributes as a
@@ -115,7 +115,7 @@ def test_each_way_names_its_session_and_parent_in_the_store_the_spans_and_the_kv
     assert parents == {k: v for k, v in expected.items() if v is not None}
     # the Sessions page: who started whom
     first, last = store.reads.time_range()
-    table = data.sessions(store, first - 1, last + 1)
+    table = session_data.sessions(store, first - 1, last + 1)
     assert dict(zip(table["session_id"], table["subagents"]))[CLAUDE] == 1
     assert subagents_said(table, f"{CLAUDE}/a1") == (
         f"Started by session {CLAUDE}. Its subagents (1, sessions of their own): {CLAUDE}/a2."

@@ -22,10 +22,10 @@ from collectors.jobs.routing_meter import RoutingMeter
 from collectors.jobs.step_verdicts import DELAY_S, VerdictKeeper
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS
-from kvobs.analytics.routing import fleet_losses
-from kvobs.analytics.shortfall import shortfall, store_lookups
-from kvobs.analytics.step_causes import step_causes
+from kvobs.analytics.cache.routing import fleet_losses
+from kvobs.analytics.cache.shortfall_split import shortfall, store_lookups
+from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS
+from kvobs.analytics.steps.causes import step_causes
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.composed import losses_in, ordered_counts, releases_in
 from kvobs.store.interface import Lookups, Reads

@@ -65,7 +65,7 @@ def test_a_block_on_two_replicas_is_not_a_restore(fleet_run):
 
 
 def test_churn_counts_a_restore_per_replica(fleet_run):
-    from kvobs.analytics.chains import eviction_churn
+    from kvobs.analytics.cache.chains import eviction_churn
 
     stored = fleet_run.store.reads.stored_blocks()
     churn = eviction_churn(stored)

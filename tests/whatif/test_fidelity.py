@@ -193,7 +193,7 @@ def test_the_cli_prints_the_check_after_each_table(fleet_run):
 def test_runs_of_different_sizes_are_said_so_never_as_none_blocks():
     """Runs added up at their own sizes have no one size: the check says so, with no "None" in its text."""
     from instrumented_engine.whatif.fidelity import Fidelity
-    from instrumented_engine.whatif.replay import WhatIfResult
+    from instrumented_engine.whatif.units import WhatIfResult
 
     replay = WhatIfResult(0, "", query_tokens=1000, hit_tokens=300)
     said = Fidelity(None, "lru", 0.31, replay).describe()

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from instrumented_engine.engine.kv_cache.manager import BlockManager
 from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, _Router, simulate_fleet
-from instrumented_engine.whatif.replay import ReplayPlan, ReplayRequest, WhatIfResult, WholeLengthCache, _Clock
+from instrumented_engine.whatif.replay import ReplayPlan
+from instrumented_engine.whatif.units import ReplayClock, ReplayRequest, WhatIfResult
+from instrumented_engine.whatif.whole_length import WholeLengthCache
 from kvobs.semconv.reasons import RouterPolicy
 
 
 def _choose(policy: str, prefixes: dict[str, tuple[int, int]]) -> str:
     """The replica `policy` picks for an 8-block prompt whose prefix each replica holds as `prefixes` (blocks in the
     cache, then in the tier), the replicas otherwise alike."""
-    clock = _Clock()
+    clock = ReplayClock()
     caches = {n: WholeLengthCache(BlockManager(64, 16, clock=clock), 16, WhatIfResult(64, policy), clock) for n in "ab"}
     req = ReplayRequest("r1", "s1", 0.0, 1.0, 8 * 16 + 1, 8 * 16 + 2, tuple(range(1, 10)))
     fleet = FleetPlan(ReplayPlan([req], 16), {"r1": "a"}, {"a": 64, "b": 64})

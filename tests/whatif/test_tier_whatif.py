@@ -114,7 +114,7 @@ def test_the_shortfall_counts_the_hits_the_tier_gave_back_as_the_engine_loaded_t
     """The shortfall split on the same run: of each request's hit, the blocks its replica held only in the tier at
     the lookup are exactly the blocks the engine loaded back for it (its `tier_loaded` rows); the rest of the hit
     was in the cache, and a pause loss the tier saved is no loss."""
-    from kvobs.analytics.shortfall import shortfall, store_lookups
+    from kvobs.analytics.cache.shortfall_split import shortfall, store_lookups
 
     store, cached = tier_run
     requests, steps = store.reads.requests(), store.reads.steps()

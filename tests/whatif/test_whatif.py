@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from instrumented_engine.whatif.fleet import POLICIES, FleetPlan, simulate_fleet
-from instrumented_engine.whatif.replay import ReplayPlan, ReplayRequest, simulate
+from instrumented_engine.whatif.replay import ReplayPlan, simulate
+from instrumented_engine.whatif.units import ReplayRequest
 from kvobs.semconv.reasons import RELEASE_REASONS
 from tests.runs import NUM_BLOCKS
 
@@ -44,7 +45,7 @@ def test_more_blocks_never_hit_less_and_enough_blocks_evict_nothing(agent_run):
     assert unlimited.recompute_tokens <= unlimited.by_reason.get("session_release", 0) * plan.block_size
     # with room for everything the replay hits what the chains say was available, but for the released blocks a later
     # request recomputed (a never-evicting cache has no releases either)
-    from kvobs.analytics.chains import BlockGraph, hit_rates, request_chains
+    from kvobs.analytics.cache.chains import BlockGraph, hit_rates, request_chains
 
     reqs, stored = agent_run.store.reads.requests(), agent_run.store.reads.stored_blocks()
     graph = BlockGraph.from_stored(stored)
@@ -126,7 +127,7 @@ def test_vllm_replay_and_cli(vllm_run):
 def test_whatif_and_analytics_import_without_torch():
     """The block manager holds no tensors: replay (and kvobs' analytics and alerts) must not pull torch in."""
     code = (
-        "import sys, instrumented_engine.whatif.replay, kvobs.analytics.chains, kvobs.alerts.evaluator; "
+        "import sys, instrumented_engine.whatif.replay, kvobs.analytics.cache.chains, kvobs.alerts.evaluator; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

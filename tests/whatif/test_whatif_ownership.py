@@ -1,5 +1,5 @@
 """The what-if replay where the blocks name no session, or the sessions sent no spans: each request's chain is the
-one ownership by inference ties to it (`kvobs.analytics.ownership`), checked against the real vLLM 0.32 run whose
+one ownership by inference ties to it (`kvobs.analytics.cache.ownership`), checked against the real vLLM 0.32 run whose
 blocks did name their sessions."""
 
 from __future__ import annotations

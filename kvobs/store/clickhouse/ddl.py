@@ -319,6 +319,9 @@ _SHARED_STARTS = _kv_columns_added(("shared_start_tokens", "Nullable(Int32)", "r
 # Version 23: the session that started a session (alembic 0027); rows before hold NULL (not said).
 _PARENT_SESSIONS = ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS parent_session_id Nullable(String) AFTER source"]
 
+# Version 24: a verdict's other attribution columns as JSON (alembic 0028); rows before hold NULL (the page attributes).
+_VERDICT_DETAIL = ["ALTER TABLE step_verdicts ADD COLUMN IF NOT EXISTS detail Nullable(String)"]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -344,6 +347,11 @@ MIGRATIONS: list[tuple[int, str, list]] = [
     (21, "runs.engine: the engine a run was of", _RUN_ENGINE),
     (22, "kv_events.shared_start_tokens: a shared prefix shorter than a block", _SHARED_STARTS),
     (23, "sessions.parent_session_id: the session that started a session", _PARENT_SESSIONS),
+    (
+        24,
+        "step_verdicts.detail: the attribution's other columns, so a settled page attributes nothing",
+        _VERDICT_DETAIL,
+    ),
 ]
 
 

@@ -4,16 +4,12 @@ keyed by an array parameter, never a pasted list)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from kvobs.semconv.spans import CLOCK_KINDS, StepStatus
-from kvobs.store.clickhouse.reads import LOSSES, STORED, _columns, _Where
+from kvobs.store.clickhouse.reads import LOSSES, STORED, Queries, _columns, _Where
 from kvobs.store.schema import TABLES
-
-if TYPE_CHECKING:
-    from kvobs.store.clickhouse.store import ClickHouseStore
 
 _OF_SESSIONS = "WHERE session_id IN {keys:Array(String)}"
 
@@ -21,7 +17,7 @@ _OF_SESSIONS = "WHERE session_id IN {keys:Array(String)}"
 class ClickHouseLookups:
     """`kvobs.store.interface.Lookups` in ClickHouse SQL."""
 
-    def __init__(self, store: ClickHouseStore) -> None:
+    def __init__(self, store: Queries) -> None:
         self.store = store
 
     def instance_counter_before(self, column: str, ts: float, *, instances=None) -> dict[str, float]:

@@ -8,7 +8,7 @@ Updated tables are read with `FINAL`; one session's KV events are narrowed to it
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -19,8 +19,13 @@ from kvobs.store.composed import ComposedReads
 from kvobs.store.rollups import ROLLUPS
 from kvobs.store.schema import FOOTPRINT_COLUMNS, TABLES
 
-if TYPE_CHECKING:
-    from kvobs.store.clickhouse.store import ClickHouseStore
+
+class Queries(Protocol):
+    """What the reads and lookups use of a ClickHouse store (`kvobs.store.clickhouse.store.ClickHouseStore`): a query
+    into a frame. A type of their own, so the rooms the store is built of never import the store."""
+
+    def frame(self, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame: ...
+
 
 STORED = KVEventKind.STORED.value
 
@@ -62,7 +67,7 @@ LOSSES = "kind IN (" + ", ".join(f"'{kind}'" for kind in BLOCK_LOSS_KINDS) + ")"
 class ClickHouseReads(ComposedReads):
     """`kvobs.store.interface.Reads` in ClickHouse SQL."""
 
-    def __init__(self, store: ClickHouseStore) -> None:
+    def __init__(self, store: Queries) -> None:
         self.store = store
 
     def time_range(self) -> tuple[float, float] | None:

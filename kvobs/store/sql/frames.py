@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pandas as pd
-from sqlalchemy import CompoundSelect, Select, select
+from sqlalchemy import CompoundSelect, Engine, Select, select
 
 from kvobs.store.uint64 import UInt64
 
-if TYPE_CHECKING:
-    from kvobs.store.sql.store import SqlStore
+
+class SqlSource(Protocol):
+    """What the reads and lookups use of a SQL store (`kvobs.store.sql.store.SqlStore`): its engine. A type of their
+    own, so the rooms the store is built of never import the store."""
+
+    @property
+    def engine(self) -> Engine: ...
 
 
-def read(store: SqlStore, stmt: Select | CompoundSelect) -> pd.DataFrame:
+def read(store: SqlSource, stmt: Select | CompoundSelect) -> pd.DataFrame:
     """Run `stmt`; one column per selected expression (result processors applied: hashes come back as ints).
 
     Block-hash columns (`*_hash`) keep Python ints in an object column: pandas would turn a column of 64-bit
@@ -66,7 +71,7 @@ def _between(stmt: Select, column, since: float | None, until: float | None) -> 
     return stmt
 
 
-def _lookup(store: SqlStore, key, value, keys: Iterable, chunk: int, *where) -> dict:
+def _lookup(store: SqlSource, key, value, keys: Iterable, chunk: int, *where) -> dict:
     """key -> value for the given keys, `chunk` keys per query (an IN list stays within what databases take)."""
     keys, found = list(keys), dict[object, object]()
     with store.engine.connect() as conn:

@@ -4,23 +4,19 @@ time, restored blocks, block lifetimes, idle losses, step counts, alert states, 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import pandas as pd
 from sqlalchemy import and_, func, select
 
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, CLOCK_KINDS, KVEventKind, StepStatus
 from kvobs.store.schema import AlertRow, KVEventRow, RequestRow, SessionRow, SnapshotRow, StepRow, StepVerdictRow
-from kvobs.store.sql.frames import _columns, _lookup, read
-
-if TYPE_CHECKING:
-    from kvobs.store.sql.store import SqlStore
+from kvobs.store.sql.frames import SqlSource, _columns, _lookup, read
 
 
 class SqlLookups:
     """`kvobs.store.interface.Lookups` in SQLAlchemy Core."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: SqlSource) -> None:
         self.store = store
 
     def instance_counter_before(
@@ -88,7 +84,7 @@ class SqlLookups:
     def cached_prompt_tokens(self, since: float, until: float) -> pd.DataFrame:
         """Per instance, the requests that arrived in the window and say how many prompt tokens were cached (our
         engine's; vLLM's spans do not): `instance`, `requests`, `cached_tokens`, `prompt_tokens` (their sums), what
-        `kvobs.analytics.hit_rate` reads without pulling the rows."""
+        `kvobs.analytics.cache.hit_rate` reads without pulling the rows."""
         stmt = (
             select(
                 RequestRow.instance,

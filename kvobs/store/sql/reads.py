@@ -7,7 +7,6 @@ Each read filters and aggregates in SQL on indexed columns and reads the result 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import pandas as pd
 from sqlalchemy import Table, and_, case, distinct, func, select, tuple_, union_all
@@ -34,16 +33,13 @@ from kvobs.store.schema import (
     StepVerdictRow,
     VerdictProgressRow,
 )
-from kvobs.store.sql.frames import _between, _columns, _of_instances, read
-
-if TYPE_CHECKING:
-    from kvobs.store.sql.store import SqlStore
+from kvobs.store.sql.frames import SqlSource, _between, _columns, _of_instances, read
 
 
 class SqlReads(ComposedReads):
     """`kvobs.store.interface.Reads` in SQLAlchemy Core."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: SqlSource) -> None:
         self.store = store
 
     def time_range(self) -> tuple[float, float] | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.load_rates import LOAD_WINDOW_S, LoadRates
+from kvobs.analytics.cache.load_rates import LOAD_WINDOW_S, LoadRates
 from kvobs.semconv.metrics import COUNT_SUFFIX, INCREASE_SUFFIX, SUM_SUFFIX, vllm
 
 RATE_WINDOW_S = 600.0

@@ -29,17 +29,22 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
-from kvobs.analytics.chains import with_sessions
-from kvobs.analytics.changing_starts import session_changing_start, short_start_words
-from kvobs.analytics.latency_parts import RequestTimes, request_intervals
-from kvobs.analytics.pauses import pause_before
-from kvobs.analytics.prefill_rates import RATE_WINDOW_S, PrefillRates
-from kvobs.analytics.routing import request_routing
-from kvobs.analytics.step_facts import KVRecord
-from kvobs.analytics.tied_events import BY_REQUEST, tied_events
-from kvobs.analytics.token_details import reply_without_details
-from kvobs.analytics.verdicts import with_decided
+from kvobs.analytics.cache import (
+    BY_REQUEST,
+    RATE_WINDOW_S,
+    PrefillRates,
+    reply_without_details,
+    request_routing,
+    session_changing_start,
+    short_start_words,
+    tied_events,
+    with_sessions,
+)
+from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps, step_requests
+from kvobs.analytics.steps.facts import KVRecord
+from kvobs.analytics.steps.latency_parts import RequestTimes, request_intervals
+from kvobs.analytics.steps.pauses import pause_before
+from kvobs.analytics.steps.verdicts import with_decided
 from kvobs.semconv.spans import BlockTie, KVEventKind, StepStatus
 from kvobs.store.interface import Store
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from kvobs.analytics.attribution import step_requests
-from kvobs.analytics.hit_rate import HitRate
-from kvobs.analytics.step_facts import missing
+from kvobs.analytics.cache import HitRate
+from kvobs.analytics.steps.attribution import step_requests
+from kvobs.analytics.steps.facts import missing
 
 RESPONSES = "responses"  # `HitRate.source`: the requests' responses' usage, as their steps recorded it
 

@@ -20,7 +20,7 @@ Every instant of the step is counted once, in the first of these that covers it 
 - `other_s`: the rest, outside the engine: the client after the reply, gaps between a step's requests, the agent's
   own work.
 
-Which part explains a step's excess over its session's typical step: `kvobs.analytics.excess`.
+Which part explains a step's excess over its session's typical step: `kvobs.analytics.steps.excess`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What the record shows about one agent step: its latency in parts (`kvobs.analytics.latency_parts`) and the
-facts about its cache, each with what it cost (`causes`, `facts`: the evidence), for `kvobs.analytics.attribution`.
+"""What the record shows about one agent step: its latency in parts (`kvobs.analytics.steps.latency_parts`) and the
+facts about its cache, each with what it cost (`causes`, `facts`: the evidence), for
+`kvobs.analytics.steps.attribution`.
 
 The facts, each looked up in the step's session's KV events and its requests:
 - `invalidated`: its cached blocks invalidated (or the whole cache reset) between its previous request and its end;
@@ -7,7 +8,7 @@ The facts, each looked up in the step's session's KV events and its requests:
   this step's first request (the tool pause); blocks the agent released itself are no loss, and blocks its requests
   loaded back from an offload tier (`tier_loaded`) were saved, not lost (said as a fact of their own);
 - `routed_away_from_prefix`: its request recomputed a prefix another replica of the fleet held at its lookup
-  (`kvobs.analytics.routing`: the replica, its blocks, the tokens);
+  (`kvobs.analytics.cache.routing`: the replica, its blocks, the tokens);
 - `preempted`: a request of the step preempted (recomputed), with what it cost (measured from the engine's
   preemption and re-admission rows, else estimated, else said to be unknown);
 - `queue_wait`: a request waited at least `queue_wait_s` before being scheduled, or was never scheduled.
@@ -22,8 +23,16 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.latency_parts import ESTIMATED, ESTIMATES, MEASURED, PARTS, RequestTimes, StepParts, step_parts
-from kvobs.analytics.prefill_rates import PrefillRates
+from kvobs.analytics.cache import PrefillRates
+from kvobs.analytics.steps.latency_parts import (
+    ESTIMATED,
+    ESTIMATES,
+    MEASURED,
+    PARTS,
+    RequestTimes,
+    StepParts,
+    step_parts,
+)
 from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
 from kvobs.semconv.spans import KVEventKind
 
@@ -315,7 +324,7 @@ def _servers_of(step, reqs) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class StepFacts:
-    """One attributed step (`step_facts`): the step, what the KV record shows of it (`causes`, `facts`: the
+    """One attributed step (`facts`): the step, what the KV record shows of it (`causes`, `facts`: the
     evidence, each with what it cost) and its latency's parts."""
 
     session_id: str

@@ -1,6 +1,6 @@
 """The slow steps of a time range by slow cause, read from the verdicts a collector decided once each session settled
-(`step_verdicts`, `kvobs.analytics.verdicts`), never worked out as a page opens: a range's steps no keeper decided are
-counted, as pending (a session still running that a running keeper will decide) or not decided (no keeper kept
+(`step_verdicts`, `kvobs.analytics.steps.verdicts`), never worked out as a page opens: a range's steps no keeper decided
+are counted, as pending (a session still running that a running keeper will decide) or not decided (no keeper kept
 them), and never shown as "not slow". Three small reads: the decided verdicts counted in the database, the slow ones,
 the steps with no verdict.
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvobs.analytics.step_causes import keeper_covers_from
+from kvobs.analytics.steps.causes import keeper_covers_from
 from kvobs.store.interface import Store
 
 COLUMNS = ["slow_cause", "slow_steps", "of_weighed", "slow_s", "session_id", "step_index", "evidence"]

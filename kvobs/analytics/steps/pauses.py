@@ -22,7 +22,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.attribution import step_requests
+from kvobs.analytics.steps.attribution import step_requests
 
 NO_TOOL = "no tool recorded"
 COLUMNS = ["session_id", "step_index", "pause_s", "tool", "hit_rate", "prompt_tokens", "cached_tokens"]

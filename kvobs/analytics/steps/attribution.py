@@ -5,22 +5,23 @@ latency (its start to its end), with the store's evidence.
 
 A step's requests are those whose caller span is the step (`parent_span_id`), or, since the SDK's `chat` span sits
 between them, those of the step's session (or trace) that arrived while the step ran. Its latency is split into
-parts that add up to it (`kvobs.analytics.latency_parts`: queue, preemption, prefill with the recompute the KV record
-explains inside it, decode, its own tool calls, the time before its request reached the server, outside the engine),
-and what the KV record shows about it (`causes`, the facts found, in this order; `kvobs.analytics.step_facts`):
+parts that add up to it (`kvobs.analytics.steps.latency_parts`: queue, preemption, prefill with the recompute the KV
+record explains inside it, decode, its own tool calls, the time before its request reached the server, outside the
+engine), and what the KV record shows about it (`causes`, the facts found, in this order;
+`kvobs.analytics.steps.facts`):
 
 - `invalidated`: the session's cached blocks were invalidated (or the whole cache cleared) between the session's
   previous request and the end of this step; evidence: the reasons.
 - `prefix_evicted_in_pause`: blocks the session had cached were taken while it was idle, between its previous
   request's end and this step's first request (the tool pause); evidence: blocks and tokens lost.
 - `routed_away_from_prefix`: its request recomputed a prefix that another replica of the fleet held at its lookup
-  (`kvobs.analytics.routing`, given as `routing`); evidence: the replica, its blocks, the tokens.
+  (`kvobs.analytics.cache.routing`, given as `routing`); evidence: the replica, its blocks, the tokens.
 - `preempted`: a request of the step was preempted (recomputed); evidence: how often, what it cost.
 - `queue_wait`: a request waited at least `queue_wait_s` before being scheduled, or was never scheduled.
 
 `cause` is the fact that cost the most time over the session's typical step (`none` when none cost any).
 
-Each part is weighed against its typical value (`kvobs.analytics.typical`): the median of the session's other
+Each part is weighed against its typical value (`kvobs.analytics.steps.typical`): the median of the session's other
 successful steps; for a failed step, of its session's successful steps of its kind and size (none where there is
 none: a timeout is then named by its largest part, never by its excess over other timeouts or over steps of another
 size). The evidence says which. The recompute and the preemption are never typical: they count whole.
@@ -33,7 +34,7 @@ latency, and at least `slow_min_s` above it)? Then the part whose excess over it
 an HTTP status, a connection error): the cache does not make a model answer badly. A timeout's cause is the part
 that cost it: the largest excess over its typical value, else, where every part was as usual, the part that held
 the most of its time. A timeout with no request in the store is `never_reached_server` where the servers show they
-would have recorded it (`kvobs.analytics.unreached`), else `timeout` (not split: the store cannot tell).
+would have recorded it (`kvobs.analytics.steps.unreached`), else `timeout` (not split: the store cannot tell).
 `failure_kind` groups them: `cache` (a lost, invalidated or routed prefix, a preemption), `queue`, `engine` (its
 prefill or decode), `tool` (its own tool calls), `outside` (before the server or outside the engine), `timeout` (not
 split), `model` (`invalid_response`), `request` (anything else).
@@ -48,7 +49,8 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.excess import (
+from kvobs.analytics.cache import PrefillRates
+from kvobs.analytics.steps.excess import (
     EXCESS_CAUSES,
     FAILURE_KIND_OF,
     excess_words,
@@ -56,9 +58,7 @@ from kvobs.analytics.excess import (
     largest_part,
     part_seconds,
 )
-from kvobs.analytics.latency_parts import ESTIMATES, PARTS
-from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.step_facts import (
+from kvobs.analytics.steps.facts import (
     Events,
     KVRecord,
     facts_frame,
@@ -67,8 +67,9 @@ from kvobs.analytics.step_facts import (
     positions_by_value,
     step_facts,
 )
-from kvobs.analytics.typical import NO_SUCCESS, typical_steps
-from kvobs.analytics.unreached import NOT_KNOWN, ServerRecord
+from kvobs.analytics.steps.latency_parts import ESTIMATES, PARTS
+from kvobs.analytics.steps.typical import NO_SUCCESS, typical_steps
+from kvobs.analytics.steps.unreached import NOT_KNOWN, ServerRecord
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 
 ATTRIBUTION_KINDS = tuple(

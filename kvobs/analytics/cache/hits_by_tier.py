@@ -33,7 +33,7 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.routing import FLEET
+from kvobs.analytics.cache.routing import FLEET
 from kvobs.semconv.attributes import MEDIUM_CPU, MEDIUM_GPU, medium_name
 from kvobs.semconv.engine_metrics import (
     CACHE_SOURCE_DEVICE,

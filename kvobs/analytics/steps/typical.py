@@ -1,4 +1,4 @@
-"""A step's typical step: what each part of its latency is weighed against (`kvobs.analytics.attribution`).
+"""A step's typical step: what each part of its latency is weighed against (`kvobs.analytics.steps.attribution`).
 
 - A successful step: the median of its session's other successful steps (leave-one-out); a successful session of one
   step: of every successful step read with it.
@@ -39,8 +39,8 @@ def typical_steps(
 ) -> Typical:
     """The typical values of every step (see the module's doc). `sessions` in order, each session's steps side by
     side; `ok`: which succeeded; `columns`: name -> values; `sizes`: each step's largest prompt (NaN: not known);
-    `kinds`: the number of requests each sent. Slices of numpy arrays: a pandas assignment per session cost 0.1 ms
-    each, half the failure table's time at 1,000 sessions."""
+    `kinds`: the number of requests each sent. Slices of numpy arrays: a pandas assignment per session was half
+    the failure table's time on a store of many sessions."""
     n = len(ok)
     values = {c: np.full(n, np.nan) for c in columns}
     taken_from = np.full(n, None, dtype=object)

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.chains import BlockGraph, lookup_times, lookup_ts, request_chains, with_sessions
-from kvobs.analytics.fleet_index import CLEARED, LOSS_KINDS, STORE_KINDS, STORED, FleetIndex
-from kvobs.analytics.ownership import with_tied_blocks
+from kvobs.analytics.cache.chains import BlockGraph, lookup_times, lookup_ts, request_chains, with_sessions
+from kvobs.analytics.cache.fleet_index import CLEARED, LOSS_KINDS, STORE_KINDS, STORED, FleetIndex
+from kvobs.analytics.cache.ownership import with_tied_blocks
 from kvobs.semconv.reasons import PairApart
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store

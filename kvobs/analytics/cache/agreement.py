@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvobs.analytics.hit_rate import HITS, QUERIES
+from kvobs.analytics.cache.hit_rate import HITS, QUERIES
 from kvobs.semconv.metrics import INCREASE_SUFFIX, vllm
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store

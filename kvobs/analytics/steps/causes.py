@@ -1,4 +1,4 @@
-"""Each step's failure and slow causes for a time range, read from the store (`kvobs.analytics.attribution`).
+"""Each step's failure and slow causes for a time range, read from the store (`kvobs.analytics.steps.attribution`).
 
     frame = step_causes(store, since, until)                 # one row per step started in the range
     failure_split(frame)                                     # {"cache": 0, "queue": 0, "timeout": 1, "model": 6, ...}
@@ -7,11 +7,11 @@
 
 Requests and KV events are read from an hour before the range, so a step's previous request (the start of its tool
 pause) is found. On a fleet (a store that heard of two instances or more) each request's routing loss is read too
-(`kvobs.analytics.routing.request_routing`: as the collector measured it, else replayed). With `failed_only` only the KV
-events a failed step can be blamed on are read: its session's, from the start of the step before it to its own end
-(`reads.session_events`), and the resets; a few thousand rows where the range may hold millions. A failed step's verdict
-(`failure_verdicts`) goes further: only a timeout can have a KV cause, so only timeouts are attributed, and a range
-whose failures are model or request errors reads no KV event at all. The Overview reads the verdicts the collector
+(`kvobs.analytics.cache.routing.request_routing`: as the collector measured it, else replayed). With `failed_only` only
+the KV events a failed step can be blamed on are read: its session's, from the start of the step before it to its own
+end (`reads.session_events`), and the resets; a few thousand rows where the range may hold millions. A failed step's
+verdict (`failure_verdicts`) goes further: only a timeout can have a KV cause, so only timeouts are attributed, and a
+range whose failures are model or request errors reads no KV event at all. The Overview reads the verdicts the collector
 decided once each session settled (`collectors/jobs/step_verdicts.py`) and works out only the others (`range_verdicts`).
 """
 
@@ -23,9 +23,14 @@ from collections.abc import Collection
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.attribution import ATTRIBUTION_KINDS, COLUMNS, attribute_steps, attributed_mask, failure_verdict
-from kvobs.analytics.prefill_rates import PrefillRates
-from kvobs.analytics.routing import request_routing
+from kvobs.analytics.cache import PrefillRates, request_routing
+from kvobs.analytics.steps.attribution import (
+    ATTRIBUTION_KINDS,
+    COLUMNS,
+    attribute_steps,
+    attributed_mask,
+    failure_verdict,
+)
 from kvobs.semconv.spans import KVEventKind, StepErrorType, StepStatus
 from kvobs.store.interface import Store
 

@@ -1,5 +1,5 @@
 """Each tier's lookups as its engine counts them, in the engine's own unit (blocks or chunks): how many it was asked
-for and how many it found; beside the hits by tier, which count prompt tokens (`kvobs.analytics.tier_hits`).
+for and how many it found; beside the hits by tier, which count prompt tokens (`kvobs.analytics.cache.hits_by_tier`).
 
     table = tier_lookups(store, since, until)   # one row per replica and tier whose lookups its engine counts
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvobs.analytics.tier_hits import by_label, named_total
+from kvobs.analytics.cache.hits_by_tier import by_label, named_total
 from kvobs.semconv.engine_metrics import trtllm
 from kvobs.semconv.metrics import INCREASE_SUFFIX, LABEL_TIER, vllm
 from kvobs.store.interface import Store

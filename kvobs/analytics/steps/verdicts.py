@@ -12,27 +12,55 @@ only) has NULL in the slow columns: the pages count it among the failures, never
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import fields
 
 import pandas as pd
 
-from kvobs.analytics.attribution import FAILURE_KINDS
-from kvobs.analytics.excess import FAILURE_KIND_OF
+from kvobs.analytics.steps.attribution import COLUMNS, FAILURE_KINDS
+from kvobs.analytics.steps.excess import FAILURE_KIND_OF
 from kvobs.store.rows import StepVerdictRecord
 
 VERDICT_FIELDS = tuple(f.name for f in fields(StepVerdictRecord))
 # the record's fields that `attribute_steps` names otherwise
 _RENAMED = {"slow_s": "dominant_s", "slow_share": "dominant_share"}
 _INTS = ("step_index", "num_requests")
+# `attribute_steps`' columns the record has no field of: kept whole as the record's `detail` (JSON)
+DETAIL_COLUMNS = tuple(c for c in COLUMNS if c not in VERDICT_FIELDS and c not in _RENAMED.values())
 
 
 def verdict_records(attributed: pd.DataFrame, decided_at: float) -> list[StepVerdictRecord]:
-    """One record per row of `attribute_steps`' frame, decided at `decided_at`."""
+    """One record per row of `attribute_steps`' frame, decided at `decided_at`, with its other columns as `detail`."""
     if attributed.empty:
         return []
     frame = attributed.rename(columns={v: k for k, v in _RENAMED.items()}).assign(decided_at=decided_at)
-    return _records(frame)
+    present = [c for c in DETAIL_COLUMNS if c in frame]
+    details = [
+        json.dumps({name: _value(name, value) for name, value in zip(present, row)}, allow_nan=False)
+        for row in frame[present].itertuples(index=False, name=None)
+    ]
+    return _records(frame.assign(detail=details))
+
+
+def decided_steps(stored: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame | None:
+    """`attribute_steps`' frame for `steps` as their keeper decided it (`stored`: `reads.step_verdicts` of their
+    session), `verdict` `DECIDED`, with nothing attributed again; None unless every step has a whole stored verdict
+    with its `detail` (a row decided before 0028, or a step not decided yet: the page attributes)."""
+    if steps.empty or stored.empty or "detail" not in stored:
+        return None
+    whole = stored[stored["causes"].notna() & stored["detail"].notna()]
+    if set(steps["step_index"].astype(int)) - set(whole["step_index"].astype(int)):
+        return None
+    rows = []
+    for record in _records(whole):
+        row = {_RENAMED.get(name, name): value for name, value in record.to_row().items()}
+        row.update(json.loads(row.pop("detail")))
+        rows.append(row)
+    frame = pd.DataFrame.from_records(rows).reindex(columns=COLUMNS).infer_objects()
+    frame["evidence"] = frame["evidence"].fillna("")  # as `with_decided` lays a stored verdict over a page's
+    frame = frame[frame["step_index"].isin(steps["step_index"].astype(int))]
+    return frame.sort_values("step_index", kind="stable").reset_index(drop=True).assign(verdict=DECIDED)
 
 
 COST_KINDS = (*FAILURE_KINDS, "none")  # what cost a step, as `cost_kind` names it
@@ -86,7 +114,8 @@ def _value(name: str, value):
     if name == "slow":
         return bool(value)
     if hasattr(value, "item"):  # a numpy scalar
-        return value.item()
+        value = value.item()
+        return None if isinstance(value, float) and math.isnan(value) else value
     return value if not (isinstance(value, str) and name in ("evidence", "causes") and not value) else None
 
 

@@ -32,7 +32,7 @@ def footprint_timeline(snapshots: pd.DataFrame) -> pd.DataFrame:
 def session_table(sessions: pd.DataFrame, footprints: pd.DataFrame, outcomes: pd.DataFrame) -> pd.DataFrame:
     """Sessions with their latest footprint and step outcomes (`reads.step_outcomes`), one row per session, ordered by
     what the cache cost them: most blocks lost in tool pauses, then most lost at all, then most failed steps.
-    `hit_rate` is the one definition (`kvobs.analytics.hit_rate`) over the session's steps: cached prompt tokens /
+    `hit_rate` is the one definition (`kvobs.analytics.cache.hit_rate`) over the session's steps: cached prompt tokens /
     prompt tokens, as the server reported them to the agent; `join_rate`, the share of its steps made of an agent's
     spans that the collector tied to their server request (NaN for steps nobody judged: the SDK's); `started_by`, the
     session that started it where its requests said so (a subagent's caller), and `subagents`, how many it started."""

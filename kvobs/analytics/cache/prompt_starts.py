@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvobs.analytics.chains import BlockGraph, lookup_ts, request_chains, with_sessions
+from kvobs.analytics.cache.chains import BlockGraph, lookup_ts, request_chains, with_sessions
 from kvobs.semconv.spans import KVEventKind
 from kvobs.store.interface import Store
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvobs.analytics.chains import with_sessions
+from kvobs.analytics.cache.chains import with_sessions
 from kvobs.semconv.spans import BLOCKS_TIED, BlockTie, KVEventKind
 
 # A KV batch is stamped as the engine step that stored its blocks ends, as a request's first token is, on the same

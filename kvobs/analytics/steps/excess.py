@@ -1,7 +1,7 @@
 """Which part of a step's latency explains its excess over its session's typical step (`explain_excess`), what each
 part is called as a cause, and what kind of failure it makes of a timeout.
 
-Each part of `kvobs.analytics.latency_parts` is weighed against its typical value (the session's other steps): the
+Each part of `kvobs.analytics.steps.latency_parts` is weighed against its typical value (the session's other steps): the
 part with the largest excess is the slow cause, and the cause of a timeout. The decode's excess is split by the
 session's typical time per output token into a slower decode and a longer reply.
 """

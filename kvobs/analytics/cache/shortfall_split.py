@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.routing import (
+from kvobs.analytics.cache.routing import (
     FLEET,
     LOOKUP_COLUMNS,
     MISS_PARTS,

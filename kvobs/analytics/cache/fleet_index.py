@@ -1,5 +1,5 @@
 """Which replica holds which block, rebuilt from the fleet's KV events in one pass in time order (`FleetIndex`): what
-a request's lookup is compared against (`kvobs.analytics.routing`), by the range replay and the collector's meter.
+a request's lookup is compared against (`kvobs.analytics.cache.routing`), by the range replay and the collector's meter.
 
     index = FleetIndex(track_losses=True)
     index.apply(kinds, instances, hashes, parents, times, media)   # KV events of `routing.ROUTING_KINDS`, in order
