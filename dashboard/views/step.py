@@ -16,7 +16,7 @@ from dashboard.clock import duration
 from dashboard.views import cache
 from dashboard.views.charts import show, time_x
 from dashboard.views.tables import show_text_table
-from kvobs.analytics.steps import DECIDED, JOIN_FIXES, JOIN_WORDS
+from kvobs.analytics.steps import JOIN_FIXES, JOIN_WORDS, StepVerdict
 from kvobs.semconv.spans import STEP_JOINED
 
 TITLE = "Step timeline"
@@ -119,37 +119,38 @@ def render_story(ctx, session_id: str, step_index: int) -> None:
     show_text_table(events[["time", "source", "what", "blocks", "tokens", "by_session"]], ctx.clock, ms=True)
 
 
-def _verdict(ctx, step: dict) -> None:
-    status = f"error ({step['error_type']})" if step["status"] == "error" else step["status"]
-    latency = step["latency_s"]
-    typical = step["typical_s"]
+def _verdict(ctx, verdict: StepVerdict) -> None:
+    step = verdict.record
+    status = f"error ({step.error_type})" if step.status == "error" else step.status
+    latency = step.latency_s
+    typical = step.typical_s
     against = (
         f"against a typical {duration(typical)}"
-        if pd.notna(typical)
+        if typical is not None and pd.notna(typical)
         else "no typical step: no other successful step of its session (of its kind and size, for a failed one)"
     )
-    said = f"{duration(latency)} (the whole step) {against}" if pd.notna(latency) else "unknown"
-    failed = glossary.cause(step["failure_cause"]) or "did not fail"
-    slow = glossary.cause(step["slow_cause"]) if step["slow_cause"] != "none" else "not slow"
+    said = f"{duration(latency)} (the whole step) {against}" if latency is not None and pd.notna(latency) else "unknown"
+    failed = glossary.cause(step.failure_cause) or "did not fail"
+    slow = glossary.cause(step.slow_cause) if step.slow_cause != "none" else "not slow"
     st.markdown(
         f"**Status:** {status} · **why it failed:** {failed} · **why it was slow:** {slow} · **latency:** {said}"
     )
-    st.markdown(f"**Evidence:** {step['evidence'] or 'nothing in the KV record explains this step.'}")
-    if step.get("verdict") == DECIDED:
+    st.markdown(f"**Evidence:** {step.evidence or 'nothing in the KV record explains this step.'}")
+    if verdict.decided:
         st.caption("Decided by the collector once the session had settled: the verdict the Overview counts.")
-    elif step.get("verdict") is not None:
+    else:
         st.caption("Worked out as this page opened: no collector has decided this step's verdict.")
-    join = step.get("request_join")
+    join = verdict.facts.request_join
     if isinstance(join, str) and join in STEP_JOINED:
         st.caption(f"Its server request: {JOIN_WORDS[join]}.")
-    link = trace_link(ctx.jaeger_url, step.get("trace_id"))
+    link = trace_link(ctx.jaeger_url, step.trace_id)
     if link:
         st.markdown(f"[Open its trace in Jaeger]({link})")
     elif not ctx.jaeger_url:
         st.caption("Start the dashboard with --jaeger-url to link each step to its trace.")
 
 
-def _breakdown(step: dict) -> None:
+def _breakdown(step: StepVerdict) -> None:
     """This step's latency by part (they add up to it), next to each part's typical value."""
 
     def known(value) -> float:
@@ -157,11 +158,11 @@ def _breakdown(step: dict) -> None:
 
     typical = "typical step"  # (each part's median over its session's other steps: the caption says so)
     rows = [
-        {"which": which, "part": part, "seconds": known(step.get(column)), "order": i}
+        {"which": which, "part": part, "seconds": known(step.value(column)), "order": i}
         for which, parts in (("this step", PARTS), (typical, TYPICAL_PARTS))
         for column, part in parts.items()
         for i in [list(PARTS.values()).index(part)]
-        if known(step.get(column)) > 0
+        if known(step.value(column)) > 0
     ]
     if not rows:
         return
@@ -183,7 +184,7 @@ def _breakdown(step: dict) -> None:
         )
     )
     show(chart.properties(height=alt.Step(34)), width="stretch")
-    rate = step.get("prefill_rate")
+    rate = step.facts.prefill_rate
     st.caption(
         "Typical step: each part's median over its session's other steps. Each instant of the step is counted "
         "once: the queue, preemption, prefill and decode from its request rows "
@@ -248,10 +249,10 @@ def _timeline(ctx, story) -> None:
         st.info(_no_request(story.step))
 
 
-def _no_request(step: dict) -> str:
+def _no_request(step: StepVerdict) -> str:
     """What the page says of a step whose server request the store does not hold: never a guess at one."""
-    answered, join = step.get("response_id"), step.get("request_join")
-    if step.get("failure_cause") == "never_reached_server":  # the evidence says how the store knows
+    answered, join = step.facts.response_id, step.facts.request_join
+    if step.record.failure_cause == "never_reached_server":  # the evidence says how the store knows
         return "No server request found for this step: it never reached the server, as the evidence above shows."
     if isinstance(join, str) and join in JOIN_WORDS:  # judged by the collector as the step's spans arrived
         why = JOIN_WORDS[join] + (f"; to join it, {JOIN_FIXES[join]}" if join in JOIN_FIXES else "")
@@ -260,7 +261,7 @@ def _no_request(step: dict) -> str:
             f"the server answered `{answered}`, and no request with that id reached the store (is the collector "
             "receiving that server's spans?)"
         )
-    elif step.get("status") == "error":
+    elif step.record.status == "error":
         why = "the call failed without an answer, so it names no request, and no trace context reached a server"
     else:
         why = "no trace context reached a server the store hears from, and the step names no response id"

@@ -5,6 +5,8 @@ page, and the page says which are which."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 from sqlalchemy import update
@@ -116,13 +118,13 @@ def test_settled_verdicts_are_what_the_pages_showed(run, request, tmp_path, monk
         assert {v.decided_at for v in detail.verdicts} == {last + 3600}  # the keeper's, read back
         assert list(after.columns) == list(shown[session_id].columns)
         _same(after[STEP_COLUMNS[:-1]], shown[session_id][STEP_COLUMNS[:-1]])  # the Sessions page's table
-        _same(after.drop(columns="verdict"), shown[session_id].drop(columns="verdict"))  # and every other column
+        decided = ["verdict", "decided_at"]
+        _same(after.drop(columns=decided), shown[session_id].drop(columns=decided))  # and every other column
         for index in after["step_index"]:
             told, before = story.step_story(store, session_id, index, read=detail.read), stories[session_id, index]
             assert told is not None and before is not None
-            _same(
-                pd.DataFrame([told.step]).drop(columns="verdict"), pd.DataFrame([before.step]).drop(columns="verdict")
-            )
+            assert told.step.decided and not before.step.decided and told.step.facts == before.step.facts
+            assert told.step.record == replace(before.step.record, decided_at=last + 3600)
             _same(told.events, before.events)
             _same(told.timeline, before.timeline)
             assert (told.pause, told.misses) == (before.pause, before.misses)

@@ -145,7 +145,7 @@ def test_a_step_whose_pause_loss_the_tier_saved_tells_its_load_time(smollm2_sour
     rate = LoadRates.from_store(store, None, None).at("eng", float(loaded["ts"].iloc[0]))
     assert rate.tokens == 16 * len(loaded) and rate.tokens_per_s == pytest.approx(rate.tokens / seconds)
     story = step_story(store, "a", 1)
-    (fact,) = [f for f in story.step["evidence"].split("; ") if "loaded back from the offload tier" in f]
+    (fact,) = [f for f in story.step.record.evidence.split("; ") if "loaded back from the offload tier" in f]
     tokens = 16 * len(loaded)
     assert f"({tokens} tokens)" in fact and f"about {tokens / rate.tokens_per_s:.3f} s to load at " in fact
     store.close()

@@ -7,7 +7,7 @@ What the rest of kvobs asks of it:
   (`session_verdicts`, `with_decided`), and a settled session's steps read whole, attributed by nobody again
   (`decided_steps`);
 - a range's verdicts, decided / pending / not decided (`range_verdicts`, `slow_steps`);
-- one step's story (`step_story`);
+- one step's story (`step_story`), its verdict typed (`StepVerdict`: the record, its facts, whether decided);
 - and the words and limits the pages print beside them.
 Outside the wing, code imports this module only (tests/test_architecture.py); the wing's rooms (`attribution`,
 `facts`, `latency_parts`, `excess`, `typical`, `causes`, `verdicts`, `story`, ...) import the cache wing's door
@@ -28,6 +28,7 @@ from kvobs.analytics.steps.joins import JOIN_FIXES, JOIN_WORDS, SourceJoin, sour
 from kvobs.analytics.steps.pauses import default_ttls, not_measured, pin_curve, step_pauses
 from kvobs.analytics.steps.response_usage import RESPONSES, response_cached_tokens, responses_hit_rate
 from kvobs.analytics.steps.slow import SlowSteps, slow_steps
+from kvobs.analytics.steps.step_verdict import StepFacts, StepVerdict
 from kvobs.analytics.steps.story import SessionRead, step_story
 from kvobs.analytics.steps.verdicts import (
     COST_KINDS,
@@ -53,6 +54,8 @@ __all__ = [
     "SessionRead",
     "SlowSteps",
     "SourceJoin",
+    "StepFacts",
+    "StepVerdict",
     "attribute_steps",
     "cost_kind",
     "decided_steps",

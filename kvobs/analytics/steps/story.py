@@ -3,7 +3,7 @@ its session's cached blocks from the tool pause before it to its end, with who t
 
     story = step_story(store, "coder-1-0001", 2)
     story = step_story(store, "coder-1-0001", 2, read=SessionRead(steps, requests, verdicts))  # reads shared
-    story.step          # the step's verdict: status, failure_cause, slow_cause, evidence, typical_s, verdict
+    story.step          # the step's verdict, typed (`StepVerdict`): .record (status, causes, parts), .facts, .decided
     story.timeline      # lane, phase, start, end: the step, the tool pause and its tool calls, each request's phases
     story.events        # ts, source, kind, blocks, tokens, request_id, what: everything above and the KV record
     story.misses        # misses no cache size would change (a prompt that changes near its start, a reply without
@@ -24,6 +24,7 @@ reads (`SessionRead`): the story then reads only its own stretch of KV events, a
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,8 @@ from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps
 from kvobs.analytics.steps.facts import KVRecord
 from kvobs.analytics.steps.latency_parts import RequestTimes, request_intervals
 from kvobs.analytics.steps.pauses import pause_before
-from kvobs.analytics.steps.verdicts import with_decided
+from kvobs.analytics.steps.step_verdict import StepVerdict
+from kvobs.analytics.steps.verdicts import DECIDED, verdict_records, with_decided
 from kvobs.semconv.spans import BlockTie, KVEventKind, StepStatus
 from kvobs.store.interface import Store
 
@@ -68,7 +70,7 @@ class SessionRead:
 
 @dataclass(frozen=True)
 class StepStory:
-    step: dict
+    step: StepVerdict  # the step's verdict, typed: its record, its facts, whether a keeper decided it
     requests: pd.DataFrame
     pause: tuple[float, float] | None
     timeline: pd.DataFrame
@@ -116,7 +118,7 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
         )
         attributed = with_decided(attributed, store.reads.step_verdicts(session_id=session_id))  # as decided
     step = steps.iloc[i]
-    verdict = attributed[attributed["step_index"] == step_index].iloc[0].to_dict()
+    verdict = _verdict(attributed[attributed["step_index"] == step_index])
     mine = sent[i]
     pause = pause_before(steps.iloc[i - 1], sent[i - 1], step, mine) if i > 0 else None
     step_end = float(step["ended_at"]) if pd.notna(step["ended_at"]) else _end(mine)
@@ -141,6 +143,14 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
     events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
     misses = _misses(store, session_id, step, i, with_sessions(reqs, steps), kv)
     return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS], misses)
+
+
+def _verdict(row: pd.DataFrame) -> StepVerdict:
+    """The step's verdict, typed, from its row of the session's attributed frame: the keeper's record where it decided
+    the step, else the record the page worked out now."""
+    decided = bool((row["verdict"] == DECIDED).iloc[0]) if "verdict" in row else False
+    at = float(row["decided_at"].iloc[0]) if decided and "decided_at" in row else time.time()
+    return StepVerdict.of_record(verdict_records(row, decided_at=at)[0], decided=decided)
 
 
 def _misses(store: Store, session_id: str, step, i: int, reqs: pd.DataFrame, kv: pd.DataFrame) -> tuple[str, ...]:

@@ -20,14 +20,13 @@ import pandas as pd
 
 from kvobs.analytics.steps.attribution import COLUMNS, FAILURE_KINDS
 from kvobs.analytics.steps.excess import FAILURE_KIND_OF
+from kvobs.analytics.steps.step_verdict import FACTS, facts_json
 from kvobs.store.rows import StepVerdictRecord
 
 VERDICT_FIELDS = tuple(f.name for f in fields(StepVerdictRecord))
 # the record's fields that `attribute_steps` names otherwise
 _RENAMED = {"slow_s": "dominant_s", "slow_share": "dominant_share"}
 _INTS = ("step_index", "num_requests")
-# `attribute_steps`' columns the record has no field of: kept whole as the record's `detail` (JSON)
-DETAIL_COLUMNS = tuple(c for c in COLUMNS if c not in VERDICT_FIELDS and c not in _RENAMED.values())
 
 
 def verdict_records(attributed: pd.DataFrame, decided_at: float) -> list[StepVerdictRecord]:
@@ -35,11 +34,8 @@ def verdict_records(attributed: pd.DataFrame, decided_at: float) -> list[StepVer
     if attributed.empty:
         return []
     frame = attributed.rename(columns={v: k for k, v in _RENAMED.items()}).assign(decided_at=decided_at)
-    present = [c for c in DETAIL_COLUMNS if c in frame]
-    details = [
-        json.dumps({name: _value(name, value) for name, value in zip(present, row)}, allow_nan=False)
-        for row in frame[present].itertuples(index=False, name=None)
-    ]
+    present = [c for c in FACTS if c in frame]
+    details = [facts_json(dict(zip(present, row))) for row in frame[present].itertuples(index=False, name=None)]
     return _records(frame.assign(detail=details))
 
 
@@ -57,10 +53,11 @@ def decided_steps(stored: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame | N
         row = {_RENAMED.get(name, name): value for name, value in record.to_row().items()}
         row.update(json.loads(row.pop("detail")))
         rows.append(row)
-    frame = pd.DataFrame.from_records(rows).reindex(columns=COLUMNS).infer_objects()
+    frame = pd.DataFrame.from_records(rows).reindex(columns=[*COLUMNS, "decided_at"]).infer_objects()
     frame["evidence"] = frame["evidence"].fillna("")  # as `with_decided` lays a stored verdict over a page's
     frame = frame[frame["step_index"].isin(steps["step_index"].astype(int))]
-    return frame.sort_values("step_index", kind="stable").reset_index(drop=True).assign(verdict=DECIDED)
+    frame = frame.sort_values("step_index", kind="stable").reset_index(drop=True)
+    return frame[COLUMNS].assign(verdict=DECIDED, decided_at=frame["decided_at"].astype(float))
 
 
 COST_KINDS = (*FAILURE_KINDS, "none")  # what cost a step, as `cost_kind` names it
@@ -126,9 +123,9 @@ _SLOW = ("slow", "slow_cause", "cause", "causes")
 
 def with_decided(attributed: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame:
     """`attribute_steps`' rows with the verdicts a keeper decided (`stored`: `reads.step_verdicts`) in place of the
-    page's own, and `verdict`: `DECIDED` or `WORKED_OUT`. A row stored before every step was decided (a failed
-    step's, no slow verdict) gives its failure verdict only."""
-    out = attributed.assign(verdict=WORKED_OUT)
+    page's own, `verdict`: `DECIDED` or `WORKED_OUT`, and `decided_at` (NaN where worked out). A row stored before
+    every step was decided (a failed step's, no slow verdict) gives its failure verdict only."""
+    out = attributed.assign(verdict=WORKED_OUT, decided_at=math.nan)
     if stored.empty or out.empty:
         return out
     keys = stored.set_index(stored["step_index"].astype("int64"))
@@ -137,6 +134,7 @@ def with_decided(attributed: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame
         return out
     found = keys.loc[out.loc[at, "step_index"].astype("int64")]
     out.loc[at, "verdict"] = DECIDED
+    out.loc[at, "decided_at"] = found["decided_at"].to_numpy(float)
     for column in _FAILURE:
         out.loc[at, column] = found[column].fillna("" if column == "evidence" else None).to_numpy(object)
     whole = found["causes"].notna().to_numpy(bool)
