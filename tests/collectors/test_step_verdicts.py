@@ -293,3 +293,16 @@ def test_a_stopped_collector_leaves_nothing_pending(timeouts):
     assert sessions[0] in decided  # it had ended: decided at the stop
     (mark,) = store.reads.verdict_progress().itertuples(index=False)
     assert mark.covers_from == float("inf")  # the stopped keeper covers nothing
+
+
+def test_every_column_the_attribution_gives_is_kept_by_the_record_or_its_facts():
+    """A settled page reads its steps whole only if the stored verdict keeps every column `attribute_steps` gives:
+    the record's fields (two under other names) and its facts, each once."""
+    from kvobs.analytics.steps.attribution import COLUMNS
+    from kvobs.analytics.steps.step_verdict import FACTS
+    from kvobs.analytics.steps.verdicts import _RENAMED, VERDICT_FIELDS
+
+    recorded = {_RENAMED.get(name, name) for name in VERDICT_FIELDS}
+    assert set(COLUMNS) <= recorded | set(FACTS)
+    assert not recorded & set(FACTS)
+    assert set(FACTS) <= set(COLUMNS)  # no fact the attribution does not give
