@@ -40,7 +40,7 @@ def story_url(session_id: str, step_index: int) -> str:
 
 
 def failures(store: Store, since: float, until: float, *, now: float | None = None) -> Failures:
-    """Model errors as model errors, KV causes for timeouts only (`step_causes.range_verdicts`)."""
+    """Model errors as model errors, KV causes for timeouts only (`kvobs.analytics.steps.causes.range_verdicts`)."""
     verdicts = range_verdicts(store, since, until, now=now)  # now: whether a keeper runs (the wall clock's)
     summary = failure_summary(verdicts)
     failed = len(verdicts)

@@ -2,7 +2,7 @@
 decided it, and what the attribution found beside it (`StepFacts`: the record's `detail`), which a step's story
 and the step page read.
 
-    verdict = StepVerdict.of_row(row, decided_at=now)   # a row of `attribute_steps`' frame (with its `verdict`)
+    verdict = StepVerdict.of_record(record, decided=True)   # a stored record (its facts from its `detail`)
     verdict.record.slow_cause, verdict.facts.prefill_rate, verdict.value("new_prefill_s")
 """
 
@@ -92,10 +92,11 @@ class StepVerdict:
 
 def facts_json(row: Mapping) -> str:
     """A row's facts (`FACTS`, those it has) as the record's `detail`: missing values as null, plain numbers."""
-    return json.dumps({name: _plain(row[name]) for name in FACTS if name in row}, allow_nan=False)
+    return json.dumps({name: plain(row[name]) for name in FACTS if name in row}, allow_nan=False)
 
 
-def _plain(value):
+def plain(value):
+    """A frame's cell as plain Python: a numpy scalar as its value, a missing one (None, NaN, pd.NA) as None."""
     if hasattr(value, "item"):  # a numpy scalar
         value = value.item()
     if value is None or value is pd.NA or isinstance(value, float) and math.isnan(value):

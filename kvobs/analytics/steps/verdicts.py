@@ -20,7 +20,7 @@ import pandas as pd
 
 from kvobs.analytics.steps.attribution import COLUMNS, FAILURE_KINDS
 from kvobs.analytics.steps.excess import FAILURE_KIND_OF
-from kvobs.analytics.steps.step_verdict import FACTS, facts_json
+from kvobs.analytics.steps.step_verdict import FACTS, facts_json, plain
 from kvobs.store.rows import StepVerdictRecord
 
 VERDICT_FIELDS = tuple(f.name for f in fields(StepVerdictRecord))
@@ -104,15 +104,13 @@ def verdict_frame(verdicts: list[StepVerdictRecord] | pd.DataFrame) -> pd.DataFr
 
 def _value(name: str, value):
     """A frame's cell as the record holds it: None for a missing value, plain Python numbers and text."""
-    if value is None or isinstance(value, float) and math.isnan(value) or value is pd.NA:
+    value = plain(value)
+    if value is None:
         return None
     if name in _INTS:
         return int(value)
     if name == "slow":
         return bool(value)
-    if hasattr(value, "item"):  # a numpy scalar
-        value = value.item()
-        return None if isinstance(value, float) and math.isnan(value) else value
     return value if not (isinstance(value, str) and name in ("evidence", "causes") and not value) else None
 
 
