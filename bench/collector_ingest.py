@@ -72,14 +72,23 @@ TIERS = ("none", "placeholder", "self-describing")  # a CPU tier's events beside
 
 
 def synthetic_payloads(
-    num_batches: int, per_batch: int, sessions: int, seed: int = 0, tier: str = "none"
+    num_batches: int,
+    per_batch: int,
+    sessions: int,
+    seed: int = 0,
+    tier: str = "none",
+    *,
+    every_s: float = 0.01,
+    session_stores: int = 0,
 ) -> tuple[list[bytes], int]:
     """`tier`: with a CPU tier written through (vLLM's offloading connector), each store is followed by the tier's
     (placeholders: one event a hash; self-describing: the chain again), and the tier drops its oldest copies (LRU)
-    as the cache does."""
+    as the cache does. Batches are `every_s` apart; with `session_stores`, a session ends after that many stores and a
+    new one takes its place (agents come and go), else the same `sessions` run throughout."""
     rng = random.Random(seed)
     payloads, resident, copies, total = [], [], [], 0
     tips: dict[str, int | None] = {f"sess-{i:03d}": None for i in range(sessions)}
+    made: dict[str, int] = dict.fromkeys(tips, 0)
     for b in range(num_batches):
         events: list[wire.Event] = []
         while len(events) < per_batch:
@@ -89,6 +98,11 @@ def synthetic_payloads(
                     events.append(wire.BlockRemoved(block_hashes=[copies.pop(0)], medium="CPU", group_idx=0))
                 continue
             session = rng.choice(list(tips))
+            if session_stores and made[session] >= session_stores:
+                del tips[session], made[session]
+                session = f"{session.split('.')[0]}.{b}"
+                tips[session], made[session] = None, 0
+            made[session] += 1
             hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 4))]
             stored = wire.BlockStored(
                 block_hashes=hashes,
@@ -109,7 +123,7 @@ def synthetic_payloads(
             resident += hashes
             copies += hashes if tier != "none" else []
         total += len(events)
-        payloads.append(wire.encode_batch(wire.KVEventBatch(1.8e9 + b * 0.01, events, 0)))
+        payloads.append(wire.encode_batch(wire.KVEventBatch(1.8e9 + b * every_s, events, 0)))
     return payloads, total
 
 

@@ -4,8 +4,10 @@
     .venv/bin/python bench/dashboard_queries.py --sizes sqlite:10000 sqlite:1000000 chdb:10000 chdb:10000000
     .venv/bin/python bench/dashboard_queries.py --store postgresql://postgres@127.0.0.1/test --sizes 1000000
     .venv/bin/python bench/dashboard_queries.py --instances 2 ...                # a fleet: its Overview, routing
+    .venv/bin/python bench/dashboard_queries.py --shape agents kv-only ...       # and stores of KV events alone
 
-Each size is a store of that many KV events over six hours, with the other tables in proportion (a snapshot per 10
+With `--shape kv-only`, each size is a store a collector filled from KV events alone (`build_kv_only`). Else each
+size is a store of that many KV events over six hours, with the other tables in proportion (a snapshot per 10
 events, half of them an instance's; a request and an agent step per 50 events, 5% of the steps failed): 64 sessions at a
 time, each of 20 steps and then followed by a new one (a store of 1M events holds 1,024 sessions), growing hash chains,
 evictions of blocks the sessions stored (a tenth of the stores bring one back, with the lifetime and restore columns
@@ -41,17 +43,19 @@ import time
 from pathlib import Path
 
 from baseline import against, at_commit, baseline_argv  # bench/ is on sys.path when a script in it runs
+from collector_ingest import synthetic_payloads
 from results import Result, record  # bench/ is on sys.path when a script in it runs
 from stores import count_events
 from tqdm import tqdm
 
 from collectors.jobs.step_verdicts import VerdictKeeper
+from collectors.kv.ingest import KVIngest
 from dashboard import data, session_data, verdicts
 from dashboard.context import bucket_for
 from kvobs.analytics.cache import session_ties
 from kvobs.analytics.steps import step_story
 from kvobs.block_clock import BlockClock
-from kvobs.store import open_store
+from kvobs.store import StoreWriter, open_store
 from kvobs.store.rollups import MISS_PARTS
 from kvobs.store.rows import (
     KVEventRecord,
@@ -63,6 +67,7 @@ from kvobs.store.rows import (
     StepRecord,
     VerdictProgressRecord,
 )
+from kvobs.vllm.normalize import decode
 
 HOURS = 6
 T0 = 1.79e9
@@ -212,6 +217,23 @@ def build(store, events: int, seed: int = 0, instances: int = 1) -> None:
     keeper.run(T0 + span)
 
 
+def build_kv_only(store, events: int, seed: int = 0) -> None:
+    """Fill `store` as a collector of KV events alone fills it (`kvobs collect --kv-events`, no traces, no scrapes):
+    vLLM-format batches of the ingest benchmark's workload (`synthetic_payloads`: agent sessions' chains under
+    pressure, each session followed by a new one after STEPS stores) over six hours, decoded and attributed by the
+    collector's own ingest and written by its store writer, until at least `events` block rows are made."""
+    per_batch, rows_per_batch = 50, 90  # (a batch of 50 events makes about 90 block rows)
+    batches = -(-events // rows_per_batch)
+    payloads, _ = synthetic_payloads(
+        batches, per_batch, SLOTS, seed, every_s=HOURS * 3600.0 / batches, session_stores=STEPS
+    )
+    writer = StoreWriter(store, max_queue=10_000_000)
+    ingest = KVIngest(writer, instance="engine-0")
+    for seq, payload in enumerate(tqdm(payloads, desc="kv batches", unit="batch", mininterval=1)):
+        ingest.on_batch(seq, decode(payload).batch)
+    writer.close(timeout_s=3600)
+
+
 def lookup_of(request: RequestRecord, rng: random.Random, instances: int) -> RequestLookupRecord:
     """A request's lookup as `collectors.jobs.routing_meter` writes it: its prompt's whole blocks, those its cached
     tokens found, and the rest missed for one reason or another (another replica held some, on a fleet)."""
@@ -264,8 +286,10 @@ def failure(rng: random.Random) -> dict:
 
 def pages(store, since, until) -> dict:
     window = bucket_for(since, until, at_least=data.sample_interval(store, since, until))
-    session = store.reads.sessions()["session_id"].iloc[0]
-    step = int(store.reads.steps(session_id=session)["step_index"].iloc[0])
+    sessions = store.reads.sessions()["session_id"]
+    session = sessions.iloc[0] if len(sessions) else "none"  # (a KV-events-only store may hold no session)
+    steps = store.reads.steps(session_id=session)["step_index"]
+    step = int(steps.iloc[0]) if len(steps) else 0
     return {
         "Overview": lambda: (
             data.overview(store, since, until, window),
@@ -349,22 +373,36 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(url: str, events: int, repeats: int, render: bool, instances: int = 1, collector: bool = True) -> dict:
-    """One size: the store at `url` (filled when empty), its baseline, each page's data over everything and the last
-    hour, and its first render (`render`); printed as a table, returned as {page: (whole, recent, render)}."""
+def measure(
+    url: str,
+    events: int,
+    repeats: int,
+    render: bool,
+    instances: int = 1,
+    collector: bool = True,
+    shape: str = "agents",
+) -> dict:
+    """One size: the store at `url` (filled when empty, of `shape`), its baseline, each page's data over everything
+    and the last hour, and its first render (`render`); printed as a table, returned as {page: (whole, recent,
+    render)}."""
     store = open_store(url)
     have = count_events(store)
-    if have == 0:
+    if have == 0 and shape == KV_ONLY:
+        build_kv_only(store, events)
+        have = count_events(store)
+    elif have == 0:
         build(store, events, instances=instances)
-    elif have != events:
+    elif have != events and shape != KV_ONLY:
         raise SystemExit(f"{url} holds {have:,} KV events, not {events:,}: remove it or pick another --dir")
     running(store, collector)
     base = timed(lambda: count_events(store), repeats)
     first, last = store.reads.time_range()
-    print(
-        f"\nstore: {store.dialect}, {events:,} kv_events, {snapshots_for(events):,} snapshots, "
-        f"{requests_for(events):,} requests and steps over {HOURS} h on {instances} instance(s); median of {repeats}\n"
+    held = (
+        f"{have:,} kv_events made by the collector's ingest from KV events alone (no snapshot, request or step)"
+        if shape == KV_ONLY
+        else f"{events:,} kv_events, {snapshots_for(events):,} snapshots, {requests_for(events):,} requests and steps"
     )
+    print(f"\nstore: {store.dialect}, {held} over {HOURS} h on {instances} instance(s); median of {repeats}\n")
     print("| page | data, everything (s) | data, last hour (s) | vs count() (everything) | first render, AppTest (s) |")
     print("|---|---|---|---|---|")
     print(f"| baseline: count() of kv_events | {base:.3f} | - | 1.0x | - |")
@@ -385,6 +423,7 @@ def measure(url: str, events: int, repeats: int, render: bool, instances: int = 
 
 
 KEEPER = "verdicts@bench"
+KV_ONLY = "kv-only"  # the shape of a store a collector filled from KV events alone
 
 
 def running(store, collector: bool) -> None:
@@ -435,6 +474,14 @@ def main(argv: list[str] | None = None) -> list[Result]:
         "--instances", type=int, default=1, help="replicas the store's rows are spread over (2+: a fleet's Overview)"
     )
     parser.add_argument(
+        "--shape",
+        nargs="+",
+        choices=("agents", KV_ONLY),
+        default=["agents"],
+        help="agents: every table in proportion; kv-only: a store a collector filled from KV events alone (its own "
+        "ingest; no snapshot, request or step), at least EVENTS block rows; both: each size of each, in turn",
+    )
+    parser.add_argument(
         "--no-collector",
         action="store_true",
         help="no collector runs beside the pages: failed steps without a verdict are worked out as a page opens",
@@ -447,37 +494,46 @@ def main(argv: list[str] | None = None) -> list[Result]:
     )
     args = parser.parse_args(argv)
     sizes = [_size(text, args.store) for text in args.sizes]
-    if args.store and len(sizes) > 1:
-        parser.error("--store takes one size")
-    found, rows = [], []
-    for backend, events in sizes:
-        where = Path(args.dir) / f"bench-dashboard-{events}-{STEPS}-step-sessions-{args.instances}-instances"
-        where.parent.mkdir(parents=True, exist_ok=True)
-        url = args.store or (f"sqlite:///{where}.db" if backend == "sqlite" else f"chdb:///{where}.ch")
-        # each size in a process of its own: chDB holds one data directory per process (a second one crashes it),
-        # and every size starts as cold as the first
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            found.append(
-                pool.apply(
-                    measure, (url, events, args.repeats, not args.no_render, args.instances, not args.no_collector)
-                )
-            )
-        for name, (whole, recent, render) in list(found[-1].items())[1:]:
-            base = max(found[-1]["baseline"][0], 1e-6)
-            label = f"{name} ({backend}, {events:,} events, {args.instances} instance(s))"
-            rows.append(Result("dashboard_queries", f"{label}, whole range", whole, "s", whole / base, "count()"))
-            rows.append(Result("dashboard_queries", f"{label}, last hour", recent, "s", recent / base, "count()"))
-            if render is not None:
-                rows.append(
-                    Result("dashboard_queries", f"{label}, first render", render, "s", render / base, "count()")
-                )
-    if not args.no_render:
-        print()
-        print("\n".join(growth_table(sizes, found)))
+    if args.store and (len(sizes) > 1 or len(args.shape) > 1):
+        parser.error("--store takes one size of one shape")
+    rows = []
+    for shape in args.shape:
+        found = []
+        for backend, events in sizes:
+            found.append(measure_size(args, backend, events, shape))
+            rows += size_results(found[-1], backend, events, shape, args.instances)
+        if not args.no_render:
+            print(f"\nstores of shape {shape}:")
+            print("\n".join(growth_table(sizes, found)))
     if args.baseline:
         flags = baseline_flags(sys.argv[1:] if argv is None else argv, args.dir)
         found = at_commit(args.baseline, Path(__file__).name, flags)
         rows = against(rows, args.baseline, found, what="Pages, on the same stores (seconds: below 1x, faster)")
+    return rows
+
+
+def measure_size(args: argparse.Namespace, backend: str, events: int, shape: str) -> dict:
+    """`measure` on the store of one size and shape under `--dir` (or `--store`), in a process of its own: chDB holds
+    one data directory per process (a second one crashes it), and every size starts as cold as the first."""
+    named = "" if shape == "agents" else f"-{shape}"
+    where = Path(args.dir) / f"bench-dashboard-{events}-{STEPS}-step-sessions-{args.instances}-instances{named}"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    url = args.store or (f"sqlite:///{where}.db" if backend == "sqlite" else f"chdb:///{where}.ch")
+    flags = (url, events, args.repeats, not args.no_render, args.instances, not args.no_collector, shape)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(measure, flags)
+
+
+def size_results(found: dict, backend: str, events: int, shape: str, instances: int) -> list[Result]:
+    """One size's figures as results rows, each against the same run's count()."""
+    rows, base = [], max(found["baseline"][0], 1e-6)
+    kind = ", KV events alone" if shape == KV_ONLY else ""
+    for name, (whole, recent, render) in list(found.items())[1:]:
+        label = f"{name} ({backend}, {events:,} events{kind}, {instances} instance(s))"
+        rows.append(Result("dashboard_queries", f"{label}, whole range", whole, "s", whole / base, "count()"))
+        rows.append(Result("dashboard_queries", f"{label}, last hour", recent, "s", recent / base, "count()"))
+        if render is not None:
+            rows.append(Result("dashboard_queries", f"{label}, first render", render, "s", render / base, "count()"))
     return rows
 
 

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field, replace
 import httpx
 from opentelemetry.trace import TracerProvider
 
+from kvobs.agent.calibrate import DEFAULT_CONCURRENCY, Measurement
 from kvobs.agent.chat import ChatError
 from kvobs.agent.routing import ROUTINGS, StepRouter
 from kvobs.agent.session import AgentSession, AgentStep, StepRecorder
-from kvobs.commands.calibrate import DEFAULT_CONCURRENCY
 from kvobs.semconv.spans import StepErrorType
 
 log = logging.getLogger(__name__)
+PROBE_TIMEOUT_S = 300.0  # the engine's first requests on a slow machine
 
 SHARED_SYSTEM = (
     "You are an operations agent of Northwind Travel. You work in steps. In each step you think about what is known, "
@@ -243,6 +244,26 @@ def first_messages(kind: AgentKind, rng: random.Random) -> list[dict]:
         {"role": "system", "content": SHARED_SYSTEM + kind.instructions},
         {"role": "user", "content": f"Plan {rng.choice(TASKS)} for customer {rng.randint(1000, 9999)}."},
     ]
+
+
+def measure_first_steps(base_url: str, concurrency: int, max_tokens: int, *, model: str | None = None) -> Measurement:
+    """Send `concurrency` sessions' opening requests at once, as a round's first steps are sent (what
+    `kvobs.agent.calibrate.fit_workload` fits the deadline to): no session id, so they belong to no session the pages
+    show."""
+    with httpx.Client(base_url=api_root(base_url), timeout=PROBE_TIMEOUT_S) as client:
+        name = model or served_model(client)
+
+        def one(index: int) -> tuple[float, int]:
+            messages = first_messages(KINDS[index % len(KINDS)], random.Random(f"probe:{index}"))
+            body = {"model": name, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True}
+            started = time.monotonic()
+            response = client.post("chat/completions", json={**body, "temperature": 0})
+            response.raise_for_status()
+            return time.monotonic() - started, int(response.json()["usage"]["prompt_tokens"])
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            slowest_s, prompt_tokens = max(pool.map(one, range(concurrency)))
+    return Measurement(concurrency, slowest_s, prompt_tokens, max_tokens)
 
 
 def parse_json_reply(text: str) -> dict | None:

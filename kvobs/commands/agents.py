@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from kvobs.commands.calibrate import DEFAULT_CONCURRENCY, LATER_STEPS_ROOM, SMALLEST_DEADLINE_S
+from kvobs.agent.calibrate import DEFAULT_CONCURRENCY, LATER_STEPS_ROOM, SMALLEST_DEADLINE_S
 from kvobs.commands.common import add_store_flag, start_or_report, workload_config
 from kvobs.semconv.reasons import StepRouting, names
 from kvobs.semconv.spans import StepErrorType
@@ -163,13 +163,14 @@ def _fitted(args: argparse.Namespace, config):
     now; said on stderr with what the measurement sent."""
     from dataclasses import replace
 
-    from kvobs.commands.calibrate import fit_workload, measure
+    from kvobs.agent.calibrate import fit_workload
+    from kvobs.agent.workload import measure_first_steps
     from kvobs.times import local_time
 
     started = time.time()
     try:
         fit = fit_workload(
-            lambda n: measure(config.base_url, n, config.max_tokens, model=config.model),
+            lambda n: measure_first_steps(config.base_url, n, config.max_tokens, model=config.model),
             concurrency=min(config.concurrency, config.sessions),  # no more at once than a round runs
             deadline_s=None,
             concurrency_given=args.concurrency is not None,

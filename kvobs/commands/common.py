@@ -133,8 +133,8 @@ def workload_config(args: argparse.Namespace, **given):
     Raises:
         ValueError: a malformed `--tool-pause-ms`.
     """
+    from kvobs.agent.calibrate import DEFAULT_CONCURRENCY
     from kvobs.agent.workload import PauseDistribution, WorkloadConfig
-    from kvobs.commands.calibrate import DEFAULT_CONCURRENCY
 
     return WorkloadConfig(
         sessions=args.sessions,

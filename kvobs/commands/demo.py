@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvobs.addresses import port
-from kvobs.commands.calibrate import DEFAULT_CONCURRENCY, LATER_STEPS_ROOM, SMALLEST_DEADLINE_S
+from kvobs.agent.calibrate import DEFAULT_CONCURRENCY, LATER_STEPS_ROOM, SMALLEST_DEADLINE_S
 from kvobs.commands.children import Child, Watch, start, stop_all, wait_ready
 from kvobs.commands.common import add_store_flag, ports_in_use, refuse_ports_in_use, start_or_report, workload_config
 from kvobs.semconv.endpoints import DASHBOARD_PORT, DEMO_COLLECTOR_PORT, ENGINE_PORT
@@ -253,7 +253,8 @@ def _calibrate(args: argparse.Namespace, config, base_url: str, log_path: Path, 
     """Measure this machine on an engine of the demo's size that records nothing (so its requests are in no figure
     and leave no block in the run's cache), then fit the round's step deadline and concurrency to it; the `Fit`, or
     None (said) when that engine could not start."""
-    from kvobs.commands.calibrate import Fit, fit_workload, measure
+    from kvobs.agent.calibrate import Fit, fit_workload
+    from kvobs.agent.workload import measure_first_steps
 
     print("kvobs demo: measuring this machine on an engine that records nothing (its requests are in no figure)")
     engine: list[Child] = []
@@ -263,7 +264,7 @@ def _calibrate(args: argparse.Namespace, config, base_url: str, log_path: Path, 
             return None
         try:
             fit = fit_workload(
-                lambda n: measure(base_url, n, config.max_tokens),
+                lambda n: measure_first_steps(base_url, n, config.max_tokens),
                 concurrency=min(config.concurrency, config.sessions),  # no more at once than a round runs
                 deadline_s=args.step_deadline_s,
                 concurrency_given=args.concurrency is not None,

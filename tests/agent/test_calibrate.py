@@ -1,4 +1,4 @@
-"""Fitting the agent workload to the machine (`kvobs.commands.calibrate`): the step deadline from the first steps'
+"""Fitting the agent workload to the machine (`kvobs.agent.calibrate`): the step deadline from the first steps'
 measured time, fewer sessions at once where that deadline would be minutes, a deadline or a concurrency the user gave
 kept, and what was chosen said with why. The measurement itself is the real one, against the real engine."""
 
@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from kvobs.commands.calibrate import (
+from kvobs.agent.calibrate import (
     LATER_STEPS_ROOM,
     LONGEST_FITTED_DEADLINE_S,
     SMALLEST_DEADLINE_S,
     Measurement,
     fit_workload,
     fitted_deadline,
-    measure,
 )
+from kvobs.agent.workload import measure_first_steps
 from tests.server.conftest import running_server
 
 
@@ -75,6 +75,23 @@ def test_a_deadline_given_is_kept_and_said_too_tight_when_it_is(deadline, tight)
 @pytest.mark.slow
 def test_the_measurement_sends_first_steps_at_once_to_a_real_engine(smollm2_source):
     with running_server(smollm2_source) as server:
-        measured = measure(server.url, 2, 4)
+        measured = measure_first_steps(server.url, 2, 4)
     assert measured.concurrency == 2 and measured.max_tokens == 4
     assert measured.slowest_s > 0 and measured.prompt_tokens > 100  # the agents' opening prompt
+
+
+def test_the_workload_defaults_load_without_the_sdk():
+    """`kvobs demo --help` and `kvobs agents --help` read the default concurrency from `kvobs.agent.calibrate`: it
+    loads neither the SDK (spans, the store) nor the workload; the package's names still load on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kvobs.agent.calibrate, kvobs.agent as a\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('kvobs.agent.', 'kvobs.store', 'opentelemetry')))\n"
+        "print(loaded)\n"
+        "print(sorted(name for name in a.__all__ if getattr(a, name) is not None))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "['kvobs.agent.calibrate']"
+    assert out[1] == str(sorted(__import__("kvobs.agent").agent.__all__))

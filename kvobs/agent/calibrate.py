@@ -2,7 +2,7 @@
 round will load it, and choose the step deadline (and, when that would be very long, fewer sessions at once) from
 what they measured, so a slow or busy machine shows slow steps with their causes, not a wall of timeouts.
 
-    fit = fit_workload(lambda n: measure(base_url, n, max_tokens), concurrency=4, deadline_s=None, ...)
+    fit = fit_workload(lambda n: measure_first_steps(base_url, n, max_tokens), concurrency=4, deadline_s=None, ...)
     print(fit.said)             # what was measured, what was chosen, and why
     config = replace(config, step_deadline_s=fit.step_deadline_s, concurrency=fit.concurrency)
 
@@ -12,10 +12,7 @@ A deadline or a concurrency the user gave is kept: the fit then only says whethe
 from __future__ import annotations
 
 import math
-import random
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 DEFAULT_CONCURRENCY = 4  # agent sessions at once, unless told or the machine is too slow for it (kvobs demo)
@@ -23,7 +20,6 @@ LATER_STEPS_ROOM = 3.0  # a later step carries the session's grown context: abou
 TOO_TIGHT_ROOM = 2.0  # a given deadline under this many first steps' time fails steps for the machine, not the cache
 SMALLEST_DEADLINE_S = 20.0  # on a fast machine: the demo's deadline of old, which makes a lost prefix visible
 LONGEST_FITTED_DEADLINE_S = 120.0  # above this, fewer sessions at once rather than minutes a step
-PROBE_TIMEOUT_S = 300.0  # the engine's first requests on a slow machine
 ROUND_TO_S = 5
 
 
@@ -99,26 +95,3 @@ def _chosen(measured: Measurement, deadline: float, flag: str) -> str:
         f"{measured.said()}; a later step carries a longer context, so the step deadline is {deadline:g} s "
         f"({LATER_STEPS_ROOM:g} x that, rounded up, at least {SMALLEST_DEADLINE_S:g} s; {flag} overrides)"
     )
-
-
-def measure(base_url: str, concurrency: int, max_tokens: int, *, model: str | None = None) -> Measurement:
-    """Send `concurrency` sessions' opening requests at once, as a round's first steps are sent: no session id, so
-    they belong to no session the pages show."""
-    import httpx
-
-    from kvobs.agent.workload import KINDS, api_root, first_messages, served_model
-
-    with httpx.Client(base_url=api_root(base_url), timeout=PROBE_TIMEOUT_S) as client:
-        name = model or served_model(client)
-
-        def one(index: int) -> tuple[float, int]:
-            messages = first_messages(KINDS[index % len(KINDS)], random.Random(f"probe:{index}"))
-            body = {"model": name, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True}
-            started = time.monotonic()
-            response = client.post("chat/completions", json={**body, "temperature": 0})
-            response.raise_for_status()
-            return time.monotonic() - started, int(response.json()["usage"]["prompt_tokens"])
-
-        with ThreadPoolExecutor(concurrency) as pool:
-            slowest_s, prompt_tokens = max(pool.map(one, range(concurrency)))
-    return Measurement(concurrency, slowest_s, prompt_tokens, max_tokens)
