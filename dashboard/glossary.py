@@ -12,7 +12,7 @@ name a page shows never is a code name, and one thing is called the same on ever
 from __future__ import annotations
 
 from kvobs.analytics.steps import CAUSE_LABELS
-from kvobs.store.rollups import SKETCH_ACCURACY
+from kvobs.store.latency_sketch import SKETCH_ACCURACY
 
 # name -> (label with its unit, what it counts)
 TERMS: dict[str, tuple[str, str]] = {

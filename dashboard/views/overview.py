@@ -15,7 +15,7 @@ from dashboard.views.tables import show_table, show_text_table
 from dashboard.views.tier_hits import render_tier_hits
 from kvobs.analytics.samples import min_sample
 from kvobs.analytics.steps import SLOW_FACTOR, SLOW_MIN_S, SlowSteps
-from kvobs.store.rollups import SKETCH_ACCURACY
+from kvobs.store.latency_sketch import SKETCH_ACCURACY
 
 TITLE = "Overview"
 # a fleet's routing loss is analysed as the page opens for a range of up to this many KV events (about 0.5 s:

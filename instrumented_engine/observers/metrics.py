@@ -33,6 +33,7 @@ from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, Step
 from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.semconv import buckets as buckets_of
 from kvobs.semconv import metrics as m
+from kvobs.semconv import vllm_metrics as vm
 from kvobs.semconv.metric_spec import MetricSpec
 from kvobs.semconv.metrics import (
     ENGINE_LABELS,
@@ -190,7 +191,7 @@ class EngineMetrics:
             self._get(kvobs_metrics.KV_BLOCKS_INVALIDATED, reason=reason.value)
         self._get(kvobs_metrics.REQUESTS_REJECTED, reason=REJECTED_QUEUE_FULL)
         # without an offload tier nothing is ever transferred from an external cache (a true 0, as vLLM reads)
-        for source in (m.PROMPT_SOURCE_COMPUTED, m.PROMPT_SOURCE_CACHED, m.PROMPT_SOURCE_EXTERNAL):
+        for source in (vm.PROMPT_SOURCE_COMPUTED, vm.PROMPT_SOURCE_CACHED, vm.PROMPT_SOURCE_EXTERNAL):
             self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=source)
 
     def _get(self, spec: MetricSpec, **labels: str) -> Any:
@@ -254,11 +255,11 @@ class EngineMetrics:
             self._get(vllm.PREFIX_CACHE_HITS).inc(event.hit_tokens)
             self._get(vllm.PROMPT_TOKENS_CACHED).inc(event.hit_tokens)
             loaded = event.tier_hit_tokens  # (from the offload tier, vLLM's KV connector: external)
-            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_COMPUTED).inc(
+            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=vm.PROMPT_SOURCE_COMPUTED).inc(
                 event.query_tokens - event.hit_tokens - loaded
             )
-            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_CACHED).inc(event.hit_tokens)
-            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=m.PROMPT_SOURCE_EXTERNAL).inc(loaded)
+            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=vm.PROMPT_SOURCE_CACHED).inc(event.hit_tokens)
+            self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=vm.PROMPT_SOURCE_EXTERNAL).inc(loaded)
             if vllm.EXTERNAL_PREFIX_CACHE_QUERIES in self.specs:
                 self._get(vllm.EXTERNAL_PREFIX_CACHE_QUERIES).inc(event.query_tokens - event.hit_tokens)
                 self._get(vllm.EXTERNAL_PREFIX_CACHE_HITS).inc(loaded)

@@ -21,13 +21,13 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.samples import min_sample
+from kvobs.store.latency_sketch import bin_values
 from kvobs.store.rollups import (
     LATENCY_MINUTES,
     LOOKUP_MINUTES,
     PREEMPTIONS,
     REQUEST_MINUTES,
     SNAPSHOT_MINUTES,
-    bin_values,
     lookup_sums,
     request_sums,
     snapshot_sums,

@@ -1,10 +1,10 @@
 """Prometheus metric names, types, units and meanings.
 
-`vllm` holds vLLM's V1 names with vLLM's meaning (release 0.33), so that dashboards, alert rules and
-scrapers written for vLLM read our engine unchanged. Every engine metric carries the labels
-`model_name` (the served name) and `engine` (data-parallel index, "0"). `kvobs_metrics` holds what vLLM
-lacks: evictions and invalidations by reason, cache residency in blocks, agent-step outcomes.
-Labels stay low-cardinality: never a request, session or block id.
+`vllm` holds vLLM's V1 names with vLLM's meaning (release 0.33; defined in `kvobs.semconv.vllm_metrics`, its
+offloading ones in `kvobs.semconv.offload_metrics`), so that dashboards, alert rules and scrapers written for vLLM
+read our engine unchanged. Every engine metric carries the labels `model_name` (the served name) and `engine`
+(data-parallel index, "0"). `kvobs_metrics` holds what vLLM lacks: evictions and invalidations by reason, cache
+residency in blocks, agent-step outcomes. Labels stay low-cardinality: never a request, session or block id.
 
 Names are given without the `_total` suffix for counters: `prometheus_client` appends it on exposition,
 as vLLM's own exporter does.
@@ -16,18 +16,11 @@ from types import SimpleNamespace
 
 from kvobs.semconv import offload_metrics as _offload
 from kvobs.semconv.metric_spec import metric_spec as _spec
+from kvobs.semconv.vllm_metrics import LABEL_SOURCE, vllm  # vLLM's names, and its label kvobs's metrics share
 
 LABEL_MODEL_NAME = "model_name"
 LABEL_ENGINE = "engine"
 LABEL_REASON = "reason"
-LABEL_FINISHED_REASON = "finished_reason"
-LABEL_SOURCE = "source"
-# `vllm:prompt_tokens_by_source{source}`'s values, as vLLM names them
-PROMPT_SOURCE_COMPUTED, PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL = (
-    "local_compute",
-    "local_cache_hit",
-    "external_kv_transfer",
-)
 LABEL_MEDIUM = "medium"  # a KV tier, as kvobs names it (`kvobs.semconv.attributes.medium_name`)
 LABEL_SHAPE = "shape"  # a KV-event batch's wire shape (`kvobs.vllm.kv_events.WIRE_SHAPES`)
 LABEL_STATUS = "status"
@@ -55,109 +48,6 @@ FINISHED_ERROR = "error"  # the engine failed on this request alone (its samplin
 FINISHED_REASONS = ("stop", "length", FINISHED_ABORT, FINISHED_ERROR)  # vLLM's finished_reason label values
 REJECTED_QUEUE_FULL = "queue_full"  # kvobs_requests_rejected{reason}
 
-
-vllm = SimpleNamespace(
-    NUM_REQUESTS_RUNNING=_spec(
-        "vllm:num_requests_running", "gauge", "requests", "Number of requests in model execution batches."
-    ),
-    NUM_REQUESTS_WAITING=_spec(
-        "vllm:num_requests_waiting", "gauge", "requests", "Number of requests waiting to be processed."
-    ),
-    KV_CACHE_USAGE_PERC=_spec(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "1",
-        "KV-cache usage. 1 means 100 percent usage (pinned blocks; cached free blocks count as free).",
-    ),
-    PREFIX_CACHE_QUERIES=_spec(
-        "vllm:prefix_cache_queries",
-        "counter",
-        "tokens",
-        "Prefix cache queries, in terms of number of queried tokens (once per request, at admission).",
-    ),
-    PREFIX_CACHE_HITS=_spec(
-        "vllm:prefix_cache_hits", "counter", "tokens", "Prefix cache hits, in terms of number of cached tokens."
-    ),
-    NUM_PREEMPTIONS=_spec("vllm:num_preemptions", "counter", "preemptions", "Cumulative number of preemptions."),
-    PROMPT_TOKENS=_spec("vllm:prompt_tokens", "counter", "tokens", "Number of prefill tokens processed."),
-    PROMPT_TOKENS_CACHED=_spec(
-        "vllm:prompt_tokens_cached", "counter", "tokens", "Number of cached prompt tokens (local prefix cache hits)."
-    ),
-    PROMPT_TOKENS_BY_SOURCE=_spec(
-        "vllm:prompt_tokens_by_source",
-        "counter",
-        "tokens",
-        "Number of prompt tokens by source: computed here (local_compute), found in the local prefix cache "
-        "(local_cache_hit), or transferred from an external KV cache (external_kv_transfer).",
-        LABEL_SOURCE,
-    ),
-    GENERATION_TOKENS=_spec("vllm:generation_tokens", "counter", "tokens", "Number of generation tokens processed."),
-    REQUEST_SUCCESS=_spec(
-        "vllm:request_success",
-        "counter",
-        "requests",
-        "Count of successfully processed requests.",
-        LABEL_FINISHED_REASON,
-    ),
-    CACHE_CONFIG_INFO=_spec("vllm:cache_config", "info", "1", "Information of the LLMEngine CacheConfig"),
-    TIME_TO_FIRST_TOKEN=_spec(
-        "vllm:time_to_first_token_seconds", "histogram", "s", "Histogram of time to first token in seconds."
-    ),
-    INTER_TOKEN_LATENCY=_spec(
-        "vllm:inter_token_latency_seconds", "histogram", "s", "Histogram of inter-token latency in seconds."
-    ),
-    REQUEST_TIME_PER_OUTPUT_TOKEN=_spec(
-        "vllm:request_time_per_output_token_seconds",
-        "histogram",
-        "s",
-        "Histogram of time_per_output_token_seconds per request.",
-    ),
-    E2E_REQUEST_LATENCY=_spec(
-        "vllm:e2e_request_latency_seconds", "histogram", "s", "Histogram of e2e request latency in seconds."
-    ),
-    REQUEST_QUEUE_TIME=_spec(
-        "vllm:request_queue_time_seconds", "histogram", "s", "Histogram of time spent in WAITING phase for request."
-    ),
-    REQUEST_PREFILL_TIME=_spec(
-        "vllm:request_prefill_time_seconds", "histogram", "s", "Histogram of time spent in PREFILL phase for request."
-    ),
-    REQUEST_DECODE_TIME=_spec(
-        "vllm:request_decode_time_seconds", "histogram", "s", "Histogram of time spent in DECODE phase for request."
-    ),
-    REQUEST_INFERENCE_TIME=_spec(
-        "vllm:request_inference_time_seconds", "histogram", "s", "Histogram of time spent in RUNNING phase for request."
-    ),
-    REQUEST_PROMPT_TOKENS=_spec(
-        "vllm:request_prompt_tokens", "histogram", "tokens", "Number of prefill tokens processed."
-    ),
-    REQUEST_GENERATION_TOKENS=_spec(
-        "vllm:request_generation_tokens", "histogram", "tokens", "Number of generation tokens processed."
-    ),
-    REQUEST_NUM_PREEMPTIONS=_spec(
-        "vllm:request_num_preemptions", "histogram", "preemptions", "Number of preemptions per request."
-    ),
-    ITERATION_TOKENS=_spec(
-        "vllm:iteration_tokens_total", "histogram", "tokens", "Histogram of number of tokens per engine_step."
-    ),
-    KV_BLOCK_LIFETIME=_spec(
-        "vllm:kv_block_lifetime_seconds",
-        "histogram",
-        "s",
-        "Histogram of KV cache block lifetime from allocation to eviction.",
-    ),
-    KV_BLOCK_IDLE_BEFORE_EVICT=_spec(
-        "vllm:kv_block_idle_before_evict_seconds",
-        "histogram",
-        "s",
-        "Histogram of idle time before KV cache block eviction.",
-    ),
-    KV_BLOCK_REUSE_GAP=_spec(
-        "vllm:kv_block_reuse_gap_seconds",
-        "histogram",
-        "s",
-        "Histogram of time gaps between consecutive KV cache block accesses.",
-    ),
-)
 
 # vLLM's offloading metrics (`kvobs.semconv.offload_metrics`) are vLLM's names too
 vars(vllm).update(vars(_offload.vllm_offload))

@@ -14,8 +14,8 @@ Four rollups, one row per minute and instance (`MINUTE_S`, the KV-event rollup's
 - `request_minutes`, of the requests by arrival: how many, the first and last arrival, the last arrival or finish, each
   latency's sum and count, and the prompt tokens cached of the requests that say (`kvobs.analytics.cache.hit_rate`).
 - `latency_minutes`, each latency's sketch (TTFT, inter-token, queue): how many values fell in each logarithmic bin
-  (`value_bin`). Any quantile of any window is read off the merged bins within `SKETCH_ACCURACY` of the exact one
-  (the DDSketch construction: Masson, Rim and Lee, VLDB 2019), where rows would have to be read again.
+  (`value_bin`, `kvobs.store.latency_sketch`). Any quantile of any window is read off the merged bins within
+  `SKETCH_ACCURACY` of the exact one, where rows would have to be read again.
 - `lookup_minutes`, of the request lookups the collector measured (`request_lookups`) by lookup: how many, the
   tokens of their whole prompt blocks found (and of those, found only in a lower tier), available and missed by why
   (`lookup_tokens`, what the shortfall split sums), and the requests compared with another replica and their prompt
@@ -28,7 +28,6 @@ The same functions compute a range's partial minutes at its edges from the rows 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -36,15 +35,11 @@ import numpy as np
 import pandas as pd
 
 from kvobs.store.composed import latencies
+from kvobs.store.latency_sketch import BIN_SPAN, ZERO_BIN, value_bins
 from kvobs.store.schema import MINUTE_S
 
 PREEMPTIONS = "preemptions_total"  # the instance snapshots' cumulative preemption counter
 LATENCIES = ("ttft", "itl", "queue")  # the sketched latencies: `<name>_s` of `reads.requests`
-SKETCH_ACCURACY = 0.01  # relative: a sketched quantile is within 1% of the exact one
-_GAMMA = (1 + SKETCH_ACCURACY) / (1 - SKETCH_ACCURACY)
-_LOG_GAMMA = math.log(_GAMMA)
-MIN_SKETCHED_S = 1e-6  # values at or below it (a zero TTFT, clock skew) fall in the zero bin, read as 0
-ZERO_BIN = -(2**15)
 
 
 @dataclass(frozen=True)
@@ -390,15 +385,15 @@ def request_sums(requests, bucket_s: float) -> tuple[pd.DataFrame, pd.DataFrame]
     value_bin, group, which = np.concatenate(bins), np.concatenate(of), np.concatenate(metric)
     if not len(value_bin):
         return sums, LATENCY_MINUTES.empty(bin_keys)
-    key = (group * len(metrics) + which) * _BIN_SPAN + (value_bin - ZERO_BIN)
+    key = (group * len(metrics) + which) * BIN_SPAN + (value_bin - ZERO_BIN)
     found, n = np.unique(key, return_counts=True)
-    group, rest = found // (len(metrics) * _BIN_SPAN), found % (len(metrics) * _BIN_SPAN)
+    group, rest = found // (len(metrics) * BIN_SPAN), found % (len(metrics) * BIN_SPAN)
     latency = pd.DataFrame(
         {
             "window": groups.windows[group],
             "instance": groups.instances[group],
-            "metric": np.array(metrics, dtype=object)[rest // _BIN_SPAN],
-            "value_bin": rest % _BIN_SPAN + ZERO_BIN,
+            "metric": np.array(metrics, dtype=object)[rest // BIN_SPAN],
+            "value_bin": rest % BIN_SPAN + ZERO_BIN,
             "n": n.astype(np.int64),
         }
     )
@@ -440,37 +435,3 @@ def lookup_sums(lookups, bucket_s: float) -> pd.DataFrame:
         out[name] = groups.sum(np.nan_to_num(values)).round().astype(np.int64)
     out.update(last_ts=groups.extreme(ts, np.maximum), first_ts=groups.extreme(ts, np.minimum))
     return pd.DataFrame(out, columns=[*keys, *LOOKUP_MINUTES.values])
-
-
-_BIN_SPAN = 2**16  # value bins lie in [ZERO_BIN, -ZERO_BIN): a bin as an offset in a combined key
-
-
-def value_bins(values: np.ndarray) -> np.ndarray:
-    """Each value's sketch bin: k with gamma^(k-1) < value <= gamma^k; `ZERO_BIN` at or below `MIN_SKETCHED_S`."""
-    values = np.asarray(values, float)
-    out = np.full(values.shape, ZERO_BIN, dtype=np.int64)
-    positive = values > MIN_SKETCHED_S
-    out[positive] = np.ceil(np.log(values[positive]) / _LOG_GAMMA - 1e-12).astype(np.int64)
-    return out
-
-
-def bin_values(bins: np.ndarray) -> np.ndarray:
-    """The value a bin stands for: 2 gamma^k / (gamma + 1), within `SKETCH_ACCURACY` of every value in it; 0 for
-    the zero bin."""
-    bins = np.asarray(bins, np.int64)
-    out = 2.0 * np.exp(bins.astype(float) * _LOG_GAMMA) / (_GAMMA + 1.0)
-    return np.where(bins == ZERO_BIN, 0.0, out)
-
-
-def minute_rows(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[tuple]:
-    """Partial rows keyed by `window` as tuples of the rollup table's `columns` (`window` as `minute`), NaN as None,
-    plain Python values, in key order (a writer's upserts go in key order: `kvobs.store.sql.write`)."""
-    frame = frame.rename(columns={"window": "minute"})
-    values = []
-    for name in columns:
-        column = frame[name]
-        if column.dtype.kind == "f" and column.isna().any():
-            values.append([None if v != v else v for v in column.tolist()])
-        else:
-            values.append(column.tolist())
-    return list(zip(*values))

@@ -303,3 +303,39 @@ def test_the_hit_rate_rule_counts_the_windows_tokens(agent_run, vllm_run):
     assert asked > 0
     ((instance, _, value),) = signals.hit_rate(vllm_run.store, recorded[half][0], recorded[-1][0])
     assert instance == "vllm-cpu" and value == pytest.approx(hits / asked)
+
+
+def test_the_pause_loss_signal_counts_each_sessions_increase_inside_the_window(tmp_path):
+    """Worked by hand: a session's loss in the window is its highest count in it less its latest count before it (0
+    with none); a session with no row in the window, or whose count did not rise, adds nothing; rows after the window's
+    end are not read."""
+    from kvobs.store import open_store
+    from kvobs.store.rows import SnapshotRecord
+
+    store = open_store(f"sqlite:///{tmp_path / 'pauses.db'}")
+    counts = [  # (session, instance, ts, blocks lost while idle so far)
+        ("s1", "e0", 10.0, 2),
+        ("s1", "e0", 50.0, 5),
+        ("s1", "e0", 120.0, 9),  # 9 - 5 = 4
+        ("s1", "e0", 200.0, 30),  # after the window
+        ("s2", "e0", 110.0, 3),  # none before: 3
+        ("s3", "e1", 20.0, 7),
+        ("s3", "e1", 130.0, 7),  # no rise
+        ("s4", "e1", 30.0, 1),  # nothing in the window
+        ("s5", "e1", 150.0, 6),  # 6
+        ("s5", "e1", 155.0, 4),  # its highest in the window counts
+    ]
+    store.write(
+        [
+            (
+                "insert",
+                [
+                    SnapshotRecord(ts=ts, instance=inst, session_id=s, session_evicted_idle_blocks=n, kv_usage=0.5)
+                    for s, inst, ts, n in counts
+                ],
+            )
+        ]
+    )
+    assert signals.prefix_lost_in_pause_per_min(store, 100.0, 160.0) == [("e0", None, 7.0), ("e1", None, 6.0)]
+    assert signals.prefix_lost_in_pause_per_min(store, 0.0, 60.0) == [("e0", None, 5.0), ("e1", None, 8.0)]
+    assert signals.prefix_lost_in_pause_per_min(store, 300.0, 360.0) == []

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 
 from kvobs.analytics.cache.chains import with_sessions
-from kvobs.analytics.cache.ownership import block_ties, owned_stored, session_ties, tied_sessions, ties_check
+from kvobs.analytics.cache.ownership import block_ties, owned_stored, tied_sessions
 from kvobs.analytics.cache.routing import ROUTING_KINDS, routing_losses
+from kvobs.analytics.cache.tie_reports import session_ties, ties_check
 from kvobs.semconv.spans import BlockTie
 from kvobs.store import StoreWriter
 

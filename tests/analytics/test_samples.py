@@ -12,7 +12,7 @@ import pytest
 from kvobs.analytics.cache.pressure import lagged_correlation, pressure_windows, strongest_lag, why_no_lag
 from kvobs.analytics.samples import MIN_PAIRS, correlation, min_sample, quantile
 from kvobs.analytics.windows import RangeSums
-from kvobs.store.rollups import SKETCH_ACCURACY
+from kvobs.store.latency_sketch import SKETCH_ACCURACY
 
 
 def test_a_quantile_needs_enough_values_for_it_to_mean_something():

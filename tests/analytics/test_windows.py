@@ -14,15 +14,8 @@ import pytest
 from kvobs.analytics.cache.pressure import pressure_windows
 from kvobs.analytics.samples import quantile
 from kvobs.analytics.windows import BIN_KEYS, KEYS, RangeSums, range_sums, sketch_quantile, window_quantiles
-from kvobs.store.rollups import (
-    LATENCY_MINUTES,
-    PREEMPTIONS,
-    REQUEST_MINUTES,
-    SKETCH_ACCURACY,
-    SNAPSHOT_MINUTES,
-    bin_values,
-    value_bins,
-)
+from kvobs.store.latency_sketch import SKETCH_ACCURACY, bin_values, value_bins
+from kvobs.store.rollups import LATENCY_MINUTES, PREEMPTIONS, REQUEST_MINUTES, SNAPSHOT_MINUTES
 
 
 def from_rows(store, since, until, window_s, instances=None) -> RangeSums:

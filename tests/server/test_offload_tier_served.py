@@ -21,7 +21,8 @@ from instrumented_engine.server.launcher import EngineServer
 from kvobs.analytics.cache.hits_by_tier import tier_hits
 from kvobs.analytics.cache.tier_health import tier_checks
 from kvobs.store import StoreWriter, open_store
-from kvobs.store.schema import KVEventMinuteRow, KVEventRow
+from kvobs.store.rollup_tables import KVEventMinuteRow
+from kvobs.store.schema import KVEventRow
 from tests.server.conftest import ask_session, filler_prompt, running_server, scrape
 
 TIER_BYTES = 64 * 737_280  # 64 blocks of SmolLM2's float32 KV, 16 tokens a block

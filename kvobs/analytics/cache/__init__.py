@@ -1,11 +1,11 @@
 """The cache wing's door: what the KV cache did, per replica, per fleet and per session, with no agent step in it.
 
 Its rooms: the hit rate (`hit_rate`) and its shortfall split (`shortfall_split`); the hash chains behind it (`chains`);
-who stored which block (`ownership`, `inferred_events`) and who held it across a fleet (`fleet_index`, `routing`); the
-tiers (`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost (`prefill_rates`); pressure against
-latency (`pressure`); sessions' footprints (`footprints`); and `kvobs doctor`'s checks (`agreement`, `prompt_starts`,
-`token_details`). Outside the wing, code imports this module only (tests/test_architecture.py); the wing never imports
-the steps' wing (`kvobs.analytics.steps`), which stands above it.
+who stored which block (`ownership`, `inferred_events`, said in `tie_reports`) and who held it across a fleet
+(`fleet_index`, `routing`); the tiers (`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost
+(`prefill_rates`); pressure against latency (`pressure`); sessions' footprints (`footprints`); and `kvobs doctor`'s
+checks (`agreement`, `prompt_starts`, `token_details`). Outside the wing, code imports this module only
+(tests/test_architecture.py); the wing never imports the steps' wing (`kvobs.analytics.steps`), which stands above it.
 """
 
 from kvobs.analytics.cache.agreement import kv_counter_agreement
@@ -43,9 +43,6 @@ from kvobs.analytics.cache.ownership import (
     block_ties,
     num_inferred,
     owned_stored,
-    session_ties,
-    ties_check,
-    ties_said,
     with_tied_blocks,
 )
 from kvobs.analytics.cache.prefill_rates import RATE_WINDOW_S, PrefillRates
@@ -79,6 +76,7 @@ from kvobs.analytics.cache.shortfall_split import (
     shortfall_of_sums,
     store_lookups,
 )
+from kvobs.analytics.cache.tie_reports import session_ties, ties_check, ties_said
 from kvobs.analytics.cache.tier_health import tier_checks
 from kvobs.analytics.cache.token_details import cached_fill_check, reply_without_details, token_details_check
 

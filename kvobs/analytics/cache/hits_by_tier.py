@@ -49,14 +49,12 @@ from kvobs.semconv.engine_metrics import (
     storage_source,
     trtllm,
 )
-from kvobs.semconv.metrics import (
-    INCREASE_SUFFIX,
+from kvobs.semconv.metrics import INCREASE_SUFFIX, SUM_SUFFIX, vllm
+from kvobs.semconv.vllm_metrics import (
     LABEL_SOURCE,
     PROMPT_SOURCE_CACHED,
     PROMPT_SOURCE_COMPUTED,
     PROMPT_SOURCE_EXTERNAL,
-    SUM_SUFFIX,
-    vllm,
 )
 from kvobs.store.interface import Store
 

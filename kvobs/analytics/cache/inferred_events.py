@@ -13,7 +13,8 @@ from __future__ import annotations
 import pandas as pd
 
 from kvobs.analytics.cache.chains import with_sessions
-from kvobs.analytics.cache.ownership import TIE_LOOKBACK_S, block_ties, names_its_blocks, owned_stored
+from kvobs.analytics.cache.ownership import block_ties, owned_stored
+from kvobs.analytics.cache.tie_reports import TIE_LOOKBACK_S, names_its_blocks
 from kvobs.semconv.spans import BLOCK_LOSS_KINDS, BlockTie, KVEventKind
 from kvobs.store.interface import Store
 

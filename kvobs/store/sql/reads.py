@@ -14,12 +14,12 @@ from sqlalchemy import Table, and_, case, distinct, func, select, tuple_, union_
 from kvobs.semconv.spans import STEP_JOINED, KVEventKind, StepStatus
 from kvobs.store.composed import ComposedReads
 from kvobs.store.interface import Instances
+from kvobs.store.rollup_tables import KVEventMinuteRow
 from kvobs.store.rollups import ROLLUPS as MINUTE_ROLLUPS
 from kvobs.store.schema import (
     FOOTPRINT_COLUMNS,
     ROLLUPS,
     AlertRow,
-    KVEventMinuteRow,
     KVEventRow,
     LookupProgressRow,
     MetricSampleRow,

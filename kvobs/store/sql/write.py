@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from itertools import chain, repeat
 from math import floor
+from typing import TYPE_CHECKING
 
 import msgspec
 from sqlalchemy import BigInteger, Float, Integer, Numeric, SmallInteger, String, TypeDecorator, insert, text
@@ -25,7 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from kvobs.store.interface import FILL_CACHED, Batch
-from kvobs.store.rollups import REQUEST_MINUTES, BatchRollups, Rollup, cached_fill_sums, minute_rows
+from kvobs.store.rollups import REQUEST_MINUTES, BatchRollups, Rollup, cached_fill_sums
 from kvobs.store.rows import KVEventColumns, KVEventRecord
 from kvobs.store.runs import Runs, is_null
 from kvobs.store.schema import (
@@ -36,6 +37,9 @@ from kvobs.store.schema import (
     SessionFootprintRow,
 )
 from kvobs.store.uint64 import as_int64_column, checked_uint64_column
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _KV_COLUMNS = KVEventRecord._columns
 
@@ -341,3 +345,17 @@ def _merge_per_key(model, rows: list[dict], *, first_wins: bool) -> list[dict]:
         earlier = merged.get(key, {})
         merged[key] = {**row, **earlier} if first_wins else {**earlier, **row}
     return [merged[key] for key in sorted(merged)]  # in key order: see `_in_key_order`
+
+
+def minute_rows(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[tuple]:
+    """Partial rows keyed by `window` as tuples of the rollup table's `columns` (`window` as `minute`), NaN as None,
+    plain Python values, in key order (upserts go in key order: `_in_key_order`)."""
+    frame = frame.rename(columns={"window": "minute"})
+    values = []
+    for name in columns:
+        column = frame[name]
+        if column.dtype.kind == "f" and column.isna().any():
+            values.append([None if v != v else v for v in column.tolist()])
+        else:
+            values.append(column.tolist())
+    return list(zip(*values))

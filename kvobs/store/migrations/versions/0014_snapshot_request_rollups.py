@@ -76,7 +76,8 @@ def _fill() -> None:
     """The rollups of the rows already stored, computed by the writer's own functions, a chunk of rows at a time."""
     import pandas as pd
 
-    from kvobs.store.rollups import REQUEST_COLUMNS, SNAPSHOT_COLUMNS, minute_rows, stored_rollups
+    from kvobs.store.rollups import REQUEST_COLUMNS, SNAPSHOT_COLUMNS, stored_rollups
+    from kvobs.store.sql.write import minute_rows
 
     conn = op.get_bind()
     snaps = pd.read_sql(
