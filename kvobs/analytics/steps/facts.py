@@ -182,39 +182,11 @@ def step_facts(
     `previous_end`: when the session's previous step's requests ended (None for its first step)."""
     start, end = step_window(step, reqs, sent)
     first_arrival = reqs.arrival[sent].min() if len(sent) else start
-    fact_end = end if end == end else first_arrival
-    causes, facts = [], []
-
-    reasons: list[str] = []
-    invalidated_blocks = invalidated_tokens = 0
-    lost_blocks = lost_tokens = saved_blocks = saved_tokens = 0
-    if previous_end is not None:
-        window = session_events.window(previous_end, fact_end)
-        invalidated = session_events.kind[window] == KVEventKind.INVALIDATED.value
-        reset_reasons = kv.resets.reason[kv.resets.window(previous_end, fact_end)]
-        reasons = sorted(
-            {r for r in session_events.reason[window][invalidated] if not missing(r)}
-            | {str(r) for r in reset_reasons if not missing(r)}
-        )
-        if invalidated.any() or len(reset_reasons):
-            invalidated_blocks, invalidated_tokens = _distinct(
-                session_events.block_hash[window][invalidated], session_events.num_tokens[window][invalidated]
-            )
-        pause = session_events.window(previous_end, first_arrival)
-        taken = np.isin(session_events.kind[pause], EVICTION_KINDS) & ~np.isin(
-            session_events.reason[pause].astype(object), list(RELEASE_REASONS)
-        )
-        # taken from the cache, but found in an offload tier by this step's requests: loaded back, not recomputed
-        loaded = set(session_events.block_hash[window][session_events.kind[window] == KVEventKind.TIER_LOADED.value])
-        saved = taken & np.fromiter((h in loaded for h in session_events.block_hash[pause]), bool, taken.size)
-        saved_blocks, saved_tokens = _distinct(
-            session_events.block_hash[pause][saved], session_events.num_tokens[pause][saved]
-        )
-        taken &= ~saved
-        lost_blocks, lost_tokens = _distinct(
-            session_events.block_hash[pause][taken], session_events.num_tokens[pause][taken]
-        )
-
+    lost = (
+        _Losses.between(session_events, kv, previous_end, end if end == end else first_arrival, first_arrival)
+        if previous_end is not None
+        else _Losses()
+    )
     loss = _routing_loss(reqs, sent, kv.routed)
     routed_tokens = {rid: row["routed_tokens"] for rid in reqs.request_id[sent] if (row := kv.routed.get(rid))}
     times = request_times(reqs, sent, kv)
@@ -223,32 +195,15 @@ def step_facts(
         end,
         times,
         tools=tool_intervals(step),
-        lost_tokens=lost_tokens,
-        invalidated_tokens=invalidated_tokens,
+        lost_tokens=lost.lost_tokens,
+        invalidated_tokens=lost.invalidated_tokens,
         routed_tokens=routed_tokens,
         rate=prefill_rate_at(rates, reqs, sent),
     )
     recompute = RecomputeWords(parts, times)
-
-    if invalidated_blocks or reasons:
-        causes.append("invalidated")
-        facts.append(
-            f"cache invalidated ({', '.join(reasons) or 'reset'}): {invalidated_blocks} of its blocks"
-            + recompute.words(parts.invalidated_recompute_s, invalidated_tokens)
-        )
-    if lost_blocks:
-        causes.append("prefix_evicted_in_pause")
-        pause_s = first_arrival - previous_end
-        facts.append(
-            f"{lost_blocks} cached blocks ({lost_tokens} tokens) evicted during the {pause_s:.2f} s pause before it"
-            + recompute.words(parts.lost_recompute_s, lost_tokens)
-        )
-    if saved_blocks:  # evidence, no cause: the copy back is part of the step's prefill, not a recompute
-        facts.append(
-            f"{saved_blocks} of its cached blocks ({saved_tokens} tokens) evicted from the cache during the "
-            f"{first_arrival - previous_end:.2f} s pause before it were loaded back from the offload tier, not "
-            "recomputed" + load_words(rates, reqs, sent, saved_tokens)
-        )
+    causes, facts = lost.said(recompute, parts, first_arrival - (previous_end or 0.0))
+    if lost.saved_blocks:
+        facts[-1] += load_words(rates, reqs, sent, lost.saved_tokens)
     if loss is not None:
         causes.append("routed_away_from_prefix")
         facts.append(
@@ -256,21 +211,11 @@ def step_facts(
             f"{loss['best_instance']} held {loss['best_blocks']}: {loss['routed_tokens']} tokens recomputed that "
             f"{loss['best_instance']} had cached" + recompute.words(parts.routed_recompute_s, loss["routed_tokens"])
         )
-
     preemptions = max(int(reqs.preemptions[sent].sum()), sum(len(t.preempted) for t in times))
     if preemptions:
         causes.append("preempted")
         facts.append(preemption_words(preemptions, parts, times, start, end))
-
-    queue = reqs.queue[sent]
-    queue = queue[~np.isnan(queue)]
-    max_queue = float(queue.max()) if len(queue) else None
-    if parts.never_scheduled:
-        causes.append("queue_wait")
-        facts.append(f"waited {parts.queue_s:.2f} s in the queue and was never scheduled")
-    elif max_queue is not None and max_queue >= queue_wait_s:
-        causes.append("queue_wait")
-        facts.append(f"waited {max_queue:.2f} s in the queue")
+    max_queue = _queue_wait(reqs, sent, parts, queue_wait_s, causes, facts)
 
     measured = sent[parts.prefill_request] if parts.prefill_request >= 0 else (sent[0] if len(sent) else None)
     unreached = None if len(sent) else reqs.servers.unreached_words(_servers_of(step, reqs), end - start, end)
@@ -290,19 +235,101 @@ def step_facts(
         request_join=getattr(step, "request_join", None),
         causes=",".join(causes) or "none",
         facts=facts,
-        blocks_lost_in_pause=lost_blocks,
-        tokens_lost_in_pause=lost_tokens,
+        blocks_lost_in_pause=lost.lost_blocks,
+        tokens_lost_in_pause=lost.lost_tokens,
         instance=reqs.instance[measured] if measured is not None else None,
         routed_tokens=0 if loss is None else loss["routed_tokens"],
         routed_from=None if loss is None else loss["best_instance"],
         preemptions=preemptions,
-        invalidation_reasons=",".join(reasons),
+        invalidation_reasons=",".join(lost.reasons),
         max_queue_s=max_queue,
         num_requests=len(sent),
         cached_tokens=float(np.nansum(reqs.cached[sent])) if (~np.isnan(reqs.cached[sent])).any() else None,
         unreached=unreached,
         parts=parts,
     )
+
+
+@dataclass(frozen=True)
+class _Losses:
+    """What the session's KV events show a step lost since its previous step's requests ended: blocks invalidated
+    (or a reset) up to the step's end, and blocks taken from the cache in the pause before its first request, those
+    its requests loaded back from an offload tier apart (saved, not lost)."""
+
+    reasons: list[str] = field(default_factory=list)
+    invalidated_blocks: int = 0
+    invalidated_tokens: int = 0
+    lost_blocks: int = 0
+    lost_tokens: int = 0
+    saved_blocks: int = 0
+    saved_tokens: int = 0
+
+    @classmethod
+    def between(cls, events: Events, kv: KVRecord, previous_end: float, fact_end: float, first_arrival: float):
+        window = events.window(previous_end, fact_end)
+        invalidated = events.kind[window] == KVEventKind.INVALIDATED.value
+        reset_reasons = kv.resets.reason[kv.resets.window(previous_end, fact_end)]
+        reasons = sorted(
+            {r for r in events.reason[window][invalidated] if not missing(r)}
+            | {str(r) for r in reset_reasons if not missing(r)}
+        )
+        invalidated_blocks = invalidated_tokens = 0
+        if invalidated.any() or len(reset_reasons):
+            invalidated_blocks, invalidated_tokens = _distinct(
+                events.block_hash[window][invalidated], events.num_tokens[window][invalidated]
+            )
+        pause = events.window(previous_end, first_arrival)
+        taken = np.isin(events.kind[pause], EVICTION_KINDS) & ~np.isin(
+            events.reason[pause].astype(object), list(RELEASE_REASONS)
+        )
+        # taken from the cache, but found in an offload tier by this step's requests: loaded back, not recomputed
+        loaded = set(events.block_hash[window][events.kind[window] == KVEventKind.TIER_LOADED.value])
+        saved = taken & np.fromiter((h in loaded for h in events.block_hash[pause]), bool, taken.size)
+        saved_blocks, saved_tokens = _distinct(events.block_hash[pause][saved], events.num_tokens[pause][saved])
+        lost_blocks, lost_tokens = _distinct(
+            events.block_hash[pause][taken & ~saved], events.num_tokens[pause][taken & ~saved]
+        )
+        return cls(
+            reasons, invalidated_blocks, invalidated_tokens, lost_blocks, lost_tokens, saved_blocks, saved_tokens
+        )
+
+    def said(self, recompute: RecomputeWords, parts: StepParts, pause_s: float) -> tuple[list[str], list[str]]:
+        """(causes, facts) of the losses, in the order a step's facts are told; a tier's saved blocks are evidence
+        with no cause (the copy back is part of the step's prefill, not a recompute), told last."""
+        causes, facts = [], []
+        if self.invalidated_blocks or self.reasons:
+            causes.append("invalidated")
+            facts.append(
+                f"cache invalidated ({', '.join(self.reasons) or 'reset'}): {self.invalidated_blocks} of its blocks"
+                + recompute.words(parts.invalidated_recompute_s, self.invalidated_tokens)
+            )
+        if self.lost_blocks:
+            causes.append("prefix_evicted_in_pause")
+            facts.append(
+                f"{self.lost_blocks} cached blocks ({self.lost_tokens} tokens) evicted during the {pause_s:.2f} s "
+                "pause before it" + recompute.words(parts.lost_recompute_s, self.lost_tokens)
+            )
+        if self.saved_blocks:
+            facts.append(
+                f"{self.saved_blocks} of its cached blocks ({self.saved_tokens} tokens) evicted from the cache during "
+                f"the {pause_s:.2f} s pause before it were loaded back from the offload tier, not recomputed"
+            )
+        return causes, facts
+
+
+def _queue_wait(reqs, sent, parts: StepParts, queue_wait_s: float, causes: list, facts: list) -> float | None:
+    """The step's longest queue wait (None where no request says), with its cause and fact where it was at least
+    `queue_wait_s`, or its request was never scheduled."""
+    queue = reqs.queue[sent]
+    queue = queue[~np.isnan(queue)]
+    max_queue = float(queue.max()) if len(queue) else None
+    if parts.never_scheduled:
+        causes.append("queue_wait")
+        facts.append(f"waited {parts.queue_s:.2f} s in the queue and was never scheduled")
+    elif max_queue is not None and max_queue >= queue_wait_s:
+        causes.append("queue_wait")
+        facts.append(f"waited {max_queue:.2f} s in the queue")
+    return max_queue
 
 
 def _servers_of(step, reqs) -> list[str]:
