@@ -15,8 +15,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 from kvobs.commands.common import add_store_flag, start_or_report
+from kvobs.semconv.metrics import (
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MEDIUM,
+    LABEL_OUTCOME,
+    LABEL_REASON,
+    LABEL_SHAPE,
+    LABEL_TIE,
+    kvobs_metrics,
+)
+from kvobs.semconv.reasons import PairApart
 
 LAG_WARN_S = 5.0  # a batch older than this when it arrives: a slow path or a skewed clock
 
@@ -111,131 +123,162 @@ def collector_checks(url: str) -> list[tuple[str, bool, str]]:
 
 
 def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
-    """`collector_checks` of a collector's /metrics text."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """`collector_checks` of a collector's /metrics text: each replica's stream, then the collector's own."""
     from kvobs.analytics.cache import cached_fill_check, short_starts_check, ties_check
-    from kvobs.semconv.metrics import (
-        LABEL_COMPONENT,
-        LABEL_INSTANCE,
-        LABEL_MEDIUM,
-        LABEL_OUTCOME,
-        LABEL_REASON,
-        LABEL_SHAPE,
-        LABEL_TIE,
-        kvobs_metrics,
-    )
-    from kvobs.semconv.reasons import PairApart
 
-    HASHES_DIFFER = PairApart.HASHES_DIFFER.value
-
-    samples: dict[str, list] = {}
-    for family in text_string_to_metric_families(text):
-        samples.setdefault(family.name, []).extend(family.samples)
-
-    def by(spec, label: str = LABEL_INSTANCE) -> dict:
-        name = spec.name.removesuffix("_total")
-        out: dict = {}
-        for sample in samples.get(name, []):
-            if sample.name.endswith("_created"):
-                continue
-            out[sample.labels.get(label)] = out.get(sample.labels.get(label), 0.0) + sample.value
-        return out
-
-    shapes: dict[str, list[str]] = {}
-    for sample in samples.get(kvobs_metrics.COLLECTOR_KV_WIRE_BATCHES.name, []):
-        if sample.name.endswith("_total") and sample.value:
-            shapes.setdefault(sample.labels[LABEL_INSTANCE], []).append(sample.labels[LABEL_SHAPE])
-    lag, lost = by(kvobs_metrics.COLLECTOR_KV_EVENT_LAG), by(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST)
-    silent = by(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT)
-    placeholders = by(kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS)
-    unknown: dict[str, list[str]] = {}  # instance -> "N blocks of TIER" of tiers kvobs does not know
-    for sample in samples.get(kvobs_metrics.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS.name, []):
-        if sample.name.endswith("_total") and sample.value:
-            said = f"{int(sample.value):,} blocks of {sample.labels[LABEL_MEDIUM]!r}"
-            unknown.setdefault(sample.labels[LABEL_INSTANCE], []).append(said)
-    leases_lost = by(kvobs_metrics.COLLECTOR_LEASES_LOST)
-    restarts, worker_up = by(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS), by(kvobs_metrics.COLLECTOR_KV_WORKER_UP)
-    unmeasured = by(kvobs_metrics.COLLECTOR_ROUTING_UNMEASURED)
-    apart: dict[str, int] = {}  # instance -> requests compared with no replica: their block hashes never meet
-    for sample in samples.get(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE.name, []):
-        if sample.name.endswith("_total") and sample.value and sample.labels.get(LABEL_REASON) == HASHES_DIFFER:
-            apart[sample.labels[LABEL_INSTANCE]] = apart.get(sample.labels[LABEL_INSTANCE], 0) + int(sample.value)
-    out = []
-    named = set(shapes) | set(lag) | set(lost) | set(silent) | {i for i, n in leases_lost.items() if n} | set(apart)
-    named |= set(unknown) | {i for i, s in unmeasured.items() if s} | {i for i, n in restarts.items() if n}
-    named |= {i for i, n in worker_up.items() if not n}
-    for instance in sorted(named):
-        words, ok = [f"wire: {' and '.join(sorted(shapes.get(instance, []))) or 'no batch yet'}"], True
-        if instance in lag:
-            late = lag[instance] > LAG_WARN_S
-            ok &= not late
-            words.append(f"latest batch {lag[instance]:.2f} s old on arrival" + (" (late: a clock or the path)" * late))
-        if lost.get(instance):
-            ok = False
-            words.append(f"{int(lost[instance]):,} batches lost in sequence gaps (no replay endpoint, or too late)")
-        if silent.get(instance):
-            ok = False
-            words.append(f"silent {int(silent[instance]):,} time(s) while the replica served (nobody binding?)")
-        if leases_lost.get(instance):
-            ok = False
-            words.append(
-                f"its lease was taken by another writer {int(leases_lost[instance]):,} time(s): this collector "
-                "dropped its data meanwhile (a stall past the lease, or two collectors given one replica)"
-            )
-        if worker_up.get(instance) == 0:
-            ok = False
-            words.append(
-                "its worker process is down and not yet started again: its stream is not read (the "
-                "collector's log says why each start failed)"
-            )
-        if restarts.get(instance):
-            ok = False
-            words.append(
-                f"its worker process ended {int(restarts[instance]):,} time(s) unasked (killed, out of memory: the "
-                "collector's log has each exit code); each time its stream resumed after the last batch taken, from "
-                "the replay socket where configured, else the gap counts as lost batches"
-            )
-        if apart.get(instance):
-            ok = False
-            words.append(
-                f"{apart[instance]:,} request(s) compared with no other replica: its block hashes never meet theirs "
-                "although sessions ran on both, so the routing loss leaves them out (the collector's log names the "
-                "pair); give every replica the same PYTHONHASHSEED, or leave it unset on all with a sha256 "
-                "--prefix-caching-hash-algo"
-            )
-        if unmeasured.get(instance):
-            ok = False
-            words.append(
-                f"{unmeasured[instance] / 3600:,.1f} h of its lookups were never measured: the collector before this "
-                "one stopped more than six hours before it started, so the routing loss leaves that stretch out "
-                "(keep a collector running, or restart it sooner)"
-            )
-        if placeholders.get(instance):
-            words.append(f"{int(placeholders[instance]):,} offload placeholders counted (not blocks of this cache)")
-        if unknown.get(instance):
-            ok = False
-            words.append(
-                f"tiers kvobs does not know, not read: {', '.join(unknown[instance])} (kvobs reads GPU, CPU, DISK, "
-                "STORAGE with locality LOCAL, REMOTE or none, SHARED_STORAGE and EXTERNAL under their engines' "
-                "names; report the new one)"
-            )
-        out.append((instance, ok, "; ".join(words)))
-    tied = by(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE)
+    exposed = _Exposition(text)
+    replicas = _Replicas.read(exposed)
+    out = [(instance, *replicas.check(instance)) for instance in replicas.named()]
+    tied = exposed.by(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE)
     if any(tied.values()):  # blocks named no session: tied to their requests' sessions by inference
         out.append(("(KV blocks tied by inference)", *ties_check(tied)))
-    short = by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STARTS)
-    begun, shared = by(kvobs_metrics.COLLECTOR_KV_CHAIN_STARTS), by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_TOKENS)
-    stored = by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STORED_TOKENS)
+    short = exposed.by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STARTS)
+    begun = exposed.by(kvobs_metrics.COLLECTOR_KV_CHAIN_STARTS)
+    shared = exposed.by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_TOKENS)
+    stored = exposed.by(kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STORED_TOKENS)
     for instance in sorted(i for i, n in short.items() if n):  # a prefix shorter than a block: a miss with a name
         totals = (begun.get(instance, 0), short[instance], shared.get(instance, 0), stored.get(instance, 0))
         out.append((f"{instance} (shared prefix shorter than a block)", *short_starts_check(*totals)))
-    filled = by(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME)
+    filled = exposed.by(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME)
     if any(filled.values()):  # requests whose spans say no cached tokens (vLLM's), given their replies' counts
         out.append(("(requests' cached tokens from replies)", *cached_fill_check(filled)))
-    dropped = by(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT)
-    for component, n in sorted(dropped.items()):
+    for component, n in sorted(exposed.by(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT).items()):
         if n:
-            said = f"{int(n):,} {component} item(s) dropped (kvobs_telemetry_dropped_total)"
-            out.append(("(collector)", False, said))
+            out.append(
+                ("(collector)", False, f"{int(n):,} {component} item(s) dropped (kvobs_telemetry_dropped_total)")
+            )
     return out
+
+
+class _Exposition:
+    """A /metrics text read once: its samples by family, summed by one label on demand."""
+
+    def __init__(self, text: str) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        self.samples: dict[str, list] = {}
+        for family in text_string_to_metric_families(text):
+            self.samples.setdefault(family.name, []).extend(family.samples)
+
+    def by(self, spec, label: str = LABEL_INSTANCE) -> dict:
+        """The family's samples summed by `label` (a counter's `_created` left out)."""
+        out: dict = {}
+        for sample in self.samples.get(spec.name.removesuffix("_total"), []):
+            if not sample.name.endswith("_created"):
+                out[sample.labels.get(label)] = out.get(sample.labels.get(label), 0.0) + sample.value
+        return out
+
+    def counted(self, spec) -> list:
+        """The counter's samples above zero."""
+        return [s for s in self.samples.get(spec.name, []) if s.name.endswith("_total") and s.value]
+
+
+@dataclass(frozen=True)
+class _Replicas:
+    """Each replica's stream as its collector counted it (instance -> value, per counter)."""
+
+    shapes: dict[str, list[str]]
+    lag: dict
+    lost: dict
+    silent: dict
+    placeholders: dict
+    unknown: dict[str, list[str]]  # "N blocks of TIER" of tiers kvobs does not know
+    leases_lost: dict
+    restarts: dict
+    worker_up: dict
+    unmeasured: dict
+    apart: dict[str, int]  # requests compared with no replica: their block hashes never meet
+
+    @classmethod
+    def read(cls, exposed: _Exposition) -> _Replicas:
+        m = kvobs_metrics
+        shapes: dict[str, list[str]] = {}
+        for sample in exposed.counted(m.COLLECTOR_KV_WIRE_BATCHES):
+            shapes.setdefault(sample.labels[LABEL_INSTANCE], []).append(sample.labels[LABEL_SHAPE])
+        unknown: dict[str, list[str]] = {}
+        for sample in exposed.counted(m.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS):
+            said = f"{int(sample.value):,} blocks of {sample.labels[LABEL_MEDIUM]!r}"
+            unknown.setdefault(sample.labels[LABEL_INSTANCE], []).append(said)
+        apart: dict[str, int] = {}
+        for sample in exposed.counted(m.COLLECTOR_ROUTING_UNCOMPARABLE):
+            if sample.labels.get(LABEL_REASON) == PairApart.HASHES_DIFFER.value:
+                apart[sample.labels[LABEL_INSTANCE]] = apart.get(sample.labels[LABEL_INSTANCE], 0) + int(sample.value)
+        return cls(
+            shapes=shapes,
+            lag=exposed.by(m.COLLECTOR_KV_EVENT_LAG),
+            lost=exposed.by(m.COLLECTOR_KV_EVENTS_LOST),
+            silent=exposed.by(m.COLLECTOR_KV_STREAMS_SILENT),
+            placeholders=exposed.by(m.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS),
+            unknown=unknown,
+            leases_lost=exposed.by(m.COLLECTOR_LEASES_LOST),
+            restarts=exposed.by(m.COLLECTOR_KV_WORKER_RESTARTS),
+            worker_up=exposed.by(m.COLLECTOR_KV_WORKER_UP),
+            unmeasured=exposed.by(m.COLLECTOR_ROUTING_UNMEASURED),
+            apart=apart,
+        )
+
+    def named(self) -> list[str]:
+        """The replicas any counter names (a zero counter of lost leases, restarts or unmeasured time names none)."""
+        named = set(self.shapes) | set(self.lag) | set(self.lost) | set(self.silent) | set(self.apart)
+        named |= set(self.unknown) | {i for i, n in self.leases_lost.items() if n}
+        named |= {i for i, s in self.unmeasured.items() if s} | {i for i, n in self.restarts.items() if n}
+        return sorted(named | {i for i, n in self.worker_up.items() if not n})
+
+    def check(self, instance: str) -> tuple[bool, str]:
+        """(ok, words) of one replica's stream: its wire shapes, then each fault counted, said with what to do."""
+        words, ok = [f"wire: {' and '.join(sorted(self.shapes.get(instance, []))) or 'no batch yet'}"], True
+        if instance in self.lag:
+            late = self.lag[instance] > LAG_WARN_S
+            ok &= not late
+            words.append(
+                f"latest batch {self.lag[instance]:.2f} s old on arrival" + (" (late: a clock or the path)" * late)
+            )
+        faults = []
+        if self.lost.get(instance):
+            faults.append(
+                f"{int(self.lost[instance]):,} batches lost in sequence gaps (no replay endpoint, or too late)"
+            )
+        if self.silent.get(instance):
+            faults.append(f"silent {int(self.silent[instance]):,} time(s) while the replica served (nobody binding?)")
+        if self.leases_lost.get(instance):
+            faults.append(
+                f"its lease was taken by another writer {int(self.leases_lost[instance]):,} time(s): this collector "
+                "dropped its data meanwhile (a stall past the lease, or two collectors given one replica)"
+            )
+        if self.worker_up.get(instance) == 0:
+            faults.append(
+                "its worker process is down and not yet started again: its stream is not read (the "
+                "collector's log says why each start failed)"
+            )
+        if self.restarts.get(instance):
+            faults.append(
+                f"its worker process ended {int(self.restarts[instance]):,} time(s) unasked (killed, out of memory: "
+                "the collector's log has each exit code); each time its stream resumed after the last batch taken, "
+                "from the replay socket where configured, else the gap counts as lost batches"
+            )
+        if self.apart.get(instance):
+            faults.append(
+                f"{self.apart[instance]:,} request(s) compared with no other replica: its block hashes never meet "
+                "theirs although sessions ran on both, so the routing loss leaves them out (the collector's log names "
+                "the pair); give every replica the same PYTHONHASHSEED, or leave it unset on all with a sha256 "
+                "--prefix-caching-hash-algo"
+            )
+        if self.unmeasured.get(instance):
+            faults.append(
+                f"{self.unmeasured[instance] / 3600:,.1f} h of its lookups were never measured: the collector before "
+                "this one stopped more than six hours before it started, so the routing loss leaves that stretch out "
+                "(keep a collector running, or restart it sooner)"
+            )
+        words += faults
+        if self.placeholders.get(instance):
+            words.append(
+                f"{int(self.placeholders[instance]):,} offload placeholders counted (not blocks of this cache)"
+            )
+        if self.unknown.get(instance):
+            ok = False
+            words.append(
+                f"tiers kvobs does not know, not read: {', '.join(self.unknown[instance])} (kvobs reads GPU, CPU, "
+                "DISK, STORAGE with locality LOCAL, REMOTE or none, SHARED_STORAGE and EXTERNAL under their engines' "
+                "names; report the new one)"
+            )
+        return ok and not faults, "; ".join(words)
