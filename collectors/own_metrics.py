@@ -82,126 +82,134 @@ class CollectorMetrics(PromCollector):
         c = self.collector
         yield _by_label(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT, c.dropped_totals())
         yield _up(kvobs_metrics.COLLECTOR_TARGET_UP, c.targets_up())
-        events = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS, (LABEL_INSTANCE,))
-        lost = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST, (LABEL_INSTANCE,))
-        prefix_lost = _counter(kvobs_metrics.SESSION_PREFIX_LOST)
-        pending = kvobs_metrics.SESSION_PREFIX_LOST_PENDING
-        prefix_pending = GaugeMetricFamily(pending.name, pending.description)
-        for stream in c.streams:
-            events.add_metric([stream.spec.instance], stream.subscriber.num_events)
-            lost.add_metric([stream.spec.instance], stream.subscriber.num_lost)
-        forgotten = _counter(kvobs_metrics.COLLECTOR_SESSIONS_FORGOTTEN)
-        if c.streams:
-            prefix_lost.add_metric([], sum(s.ingest.num_lost_in_pause for s in c.streams))
-            prefix_pending.add_metric([], sum(s.ingest.num_pending_idle for s in c.streams))
-            forgotten.add_metric([], sum(s.ingest.num_sessions_forgotten for s in c.streams))
-        yield forgotten
         expired = _counter(kvobs_metrics.STORE_ROWS_EXPIRED, (LABEL_TABLE,))
         if c.retention is not None:
             expired.add_metric([EXPIRED_TABLE], c.retention.num_expired)
         yield expired
-        yield events
-        yield lost
-        yield prefix_lost
-        yield prefix_pending
-        requests = _counter(kvobs_metrics.COLLECTOR_LLM_REQUESTS)
-        requests.add_metric([], c.span_ingest.num_requests)
-        yield requests
-        busy = _counter(kvobs_metrics.COLLECTOR_OTLP_BUSY)
-        busy.add_metric([], c.receiver.num_busy if c.receiver is not None else 0)
-        yield busy
-        cut = _counter(kvobs_metrics.COLLECTOR_IDS_CUT)
-        cut.add_metric([], c.span_ingest.num_ids_cut + sum(s.ingest.num_ids_cut for s in c.streams))
-        yield cut
-        placeholders = _counter(kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS, (LABEL_INSTANCE,))
-        for stream in c.streams:
-            placeholders.add_metric([stream.spec.instance], stream.ingest.num_placeholders)
-        yield placeholders
-        repeated = _counter(kvobs_metrics.COLLECTOR_KV_REPEATED_STORES, (LABEL_INSTANCE,))
-        unknown_removals = _counter(kvobs_metrics.COLLECTOR_KV_UNKNOWN_REMOVALS, (LABEL_INSTANCE,))
-        for stream in c.streams:
-            repeated.add_metric([stream.spec.instance], stream.ingest.num_repeated_stores)
-            unknown_removals.add_metric([stream.spec.instance], stream.ingest.num_unknown_removals)
-        yield repeated
-        yield unknown_removals
-        starts = {
-            name: _counter(spec, (LABEL_INSTANCE,))
-            for name, spec in zip(
-                STARTS,
-                (
-                    kvobs_metrics.COLLECTOR_KV_CHAIN_STARTS,
-                    kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STARTS,
-                    kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_TOKENS,
-                    kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STORED_TOKENS,
-                ),
-            )
-        }
-        for stream in c.streams:
-            totals = stream.ingest.starts
-            for name, family in starts.items():
-                family.add_metric([stream.spec.instance], getattr(totals, name))
-        yield from starts.values()
-        unknown = _counter(kvobs_metrics.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS, (LABEL_INSTANCE, LABEL_MEDIUM))
-        for stream in c.streams:
-            for medium, n in sorted(stream.ingest.unknown_tiers.items()):
-                unknown.add_metric([stream.spec.instance, medium], n)
-        yield unknown
-        shapes = _counter(kvobs_metrics.COLLECTOR_KV_WIRE_BATCHES, (LABEL_INSTANCE, LABEL_SHAPE))
-        spec = kvobs_metrics.COLLECTOR_KV_EVENT_LAG
-        lag = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_INSTANCE])
-        for stream in c.streams:
-            for shape, n in sorted(stream.subscriber.shapes.items()):
-                shapes.add_metric([stream.spec.instance, shape], n)
-            if stream.subscriber.lag_s is not None:
-                lag.add_metric([stream.spec.instance], stream.subscriber.lag_s)
-        yield shapes
-        yield lag
-        meter = c.routing_meter
-        instances = sorted(meter.instances) if meter is not None else []
-        for spec, totals in (
-            (kvobs_metrics.COLLECTOR_ROUTING_LOSS, meter.routed_tokens if meter else {}),
-            (kvobs_metrics.COLLECTOR_ROUTING_COMPARED_TOKENS, meter.compared_tokens if meter else {}),
-            (kvobs_metrics.COLLECTOR_ROUTING_COMPARED_REQUESTS, meter.compared_requests if meter else {}),
-        ):  # every KV-event instance of the collector from the start, at 0 until measured (a rate() needs the series)
-            yield _by_label(spec, LABEL_INSTANCE, {name: totals.get(name, 0) for name in instances})
         yield _by_label(
             kvobs_metrics.COLLECTOR_LEASES_LOST,
             LABEL_INSTANCE,
             {name: c.leases.num_lost[name] for name in c.leases.instances},
         )
-        uncomparable = _counter(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE, (LABEL_INSTANCE, LABEL_REASON))
-        for (instance, reason), n in sorted((meter.uncomparable if meter is not None else {}).items()):
-            uncomparable.add_metric([instance, reason], n)
-        yield uncomparable
-        yield _by_label(
-            kvobs_metrics.COLLECTOR_ROUTING_UNMEASURED,
-            LABEL_INSTANCE,
-            {name: meter.unmeasured_s if meter else 0.0 for name in instances},
-        )
-        late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
-        late.add_metric([], meter.num_late if meter is not None else 0)
-        yield late
-        decided = c.verdicts.decided_by_kind  # every kind from the start, at 0 until decided (a rate() needs it)
-        yield _by_label(kvobs_metrics.COLLECTOR_STEP_VERDICTS, LABEL_KIND, {k: decided[k] for k in COST_KINDS})
-        silent = _counter(kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT, (LABEL_INSTANCE,))
-        for stream in c.streams:
-            silent.add_metric([stream.spec.instance], c.kv_silence.num_silent[stream.spec.instance])
-        yield silent
-        if c.pool is not None:  # (streams read in worker processes: `collectors.kv.workers`)
-            yield _by_label(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS, LABEL_INSTANCE, c.pool.restarts())
-            yield _up(kvobs_metrics.COLLECTOR_KV_WORKER_UP, c.pool.up())
-        yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps + c.span_steps.statuses)
-        yield _by_label(
-            kvobs_metrics.AGENT_STEP_FAILURES,
-            LABEL_ERROR_TYPE,
-            c.span_ingest.agent_step_failures + c.span_steps.failures,
-        )
-        yield _by_label(kvobs_metrics.COLLECTOR_SPAN_STEPS, LABEL_SOURCE, c.span_steps.by_source)
-        joined = _counter(kvobs_metrics.COLLECTOR_STEPS_JOINED, (LABEL_METHOD, LABEL_SOURCE))
-        for (method, source), n in sorted(c.span_steps.joins.items()):
-            joined.add_metric([method, source], n)
-        yield joined
-        filled = {o.value: c.span_steps.cached_fills[o.value] for o in CachedFill}  # each at 0 until it happens
-        yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME, filled)
-        if c.block_owners is not None:
-            yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE, c.block_owners.requests_tied)
+        yield from _kv_streams(c)
+        yield from _routing(c.routing_meter)
+        yield from _spans(c)
+
+
+def _kv_streams(c):
+    """The KV-event streams': events taken and lost, what the ingest counted, wire shapes and lag, silences."""
+    events = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS, (LABEL_INSTANCE,))
+    lost = _counter(kvobs_metrics.COLLECTOR_KV_EVENTS_LOST, (LABEL_INSTANCE,))
+    for stream in c.streams:
+        events.add_metric([stream.spec.instance], stream.subscriber.num_events)
+        lost.add_metric([stream.spec.instance], stream.subscriber.num_lost)
+    yield events
+    yield lost
+    yield from _session_losses(c.streams)
+    per_stream = {  # a count each stream's ingest keeps, one series per stream
+        kvobs_metrics.COLLECTOR_KV_OFFLOAD_PLACEHOLDERS: lambda ingest: ingest.num_placeholders,
+        kvobs_metrics.COLLECTOR_KV_REPEATED_STORES: lambda ingest: ingest.num_repeated_stores,
+        kvobs_metrics.COLLECTOR_KV_UNKNOWN_REMOVALS: lambda ingest: ingest.num_unknown_removals,
+    }
+    starts = (
+        kvobs_metrics.COLLECTOR_KV_CHAIN_STARTS,
+        kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STARTS,
+        kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_TOKENS,
+        kvobs_metrics.COLLECTOR_KV_SHORT_SHARED_STORED_TOKENS,
+    )
+    for spec, name in zip(starts, STARTS, strict=True):  # a stream's shared starts (`SharedStarts`)
+        per_stream[spec] = lambda ingest, name=name: getattr(ingest.starts, name)
+    for spec, count in per_stream.items():
+        yield _by_label(spec, LABEL_INSTANCE, {s.spec.instance: count(s.ingest) for s in c.streams})
+    unknown = _counter(kvobs_metrics.COLLECTOR_KV_UNKNOWN_TIER_BLOCKS, (LABEL_INSTANCE, LABEL_MEDIUM))
+    for stream in c.streams:
+        for medium, n in sorted(stream.ingest.unknown_tiers.items()):
+            unknown.add_metric([stream.spec.instance, medium], n)
+    yield unknown
+    shapes = _counter(kvobs_metrics.COLLECTOR_KV_WIRE_BATCHES, (LABEL_INSTANCE, LABEL_SHAPE))
+    spec = kvobs_metrics.COLLECTOR_KV_EVENT_LAG
+    lag = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_INSTANCE])
+    for stream in c.streams:
+        for shape, n in sorted(stream.subscriber.shapes.items()):
+            shapes.add_metric([stream.spec.instance, shape], n)
+        if stream.subscriber.lag_s is not None:
+            lag.add_metric([stream.spec.instance], stream.subscriber.lag_s)
+    yield shapes
+    yield lag
+    yield _by_label(
+        kvobs_metrics.COLLECTOR_KV_STREAMS_SILENT,
+        LABEL_INSTANCE,
+        {s.spec.instance: c.kv_silence.num_silent[s.spec.instance] for s in c.streams},
+    )
+    if c.pool is not None:  # (streams read in worker processes: `collectors.kv.workers`)
+        yield _by_label(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS, LABEL_INSTANCE, c.pool.restarts())
+        yield _up(kvobs_metrics.COLLECTOR_KV_WORKER_UP, c.pool.up())
+
+
+def _session_losses(streams):
+    """The sessions' prefix blocks lost in tool pauses (settled, and pending their session's return), over every
+    stream, and the sessions forgotten unreturned."""
+    prefix_lost = _counter(kvobs_metrics.SESSION_PREFIX_LOST)
+    pending = kvobs_metrics.SESSION_PREFIX_LOST_PENDING
+    prefix_pending = GaugeMetricFamily(pending.name, pending.description)
+    forgotten = _counter(kvobs_metrics.COLLECTOR_SESSIONS_FORGOTTEN)
+    if streams:
+        prefix_lost.add_metric([], sum(s.ingest.num_lost_in_pause for s in streams))
+        prefix_pending.add_metric([], sum(s.ingest.num_pending_idle for s in streams))
+        forgotten.add_metric([], sum(s.ingest.num_sessions_forgotten for s in streams))
+    yield forgotten
+    yield prefix_lost
+    yield prefix_pending
+
+
+def _routing(meter):
+    """The routing meter's: what each replica's requests lost to routing, what was compared, what could not be."""
+    instances = sorted(meter.instances) if meter is not None else []
+    for spec, totals in (
+        (kvobs_metrics.COLLECTOR_ROUTING_LOSS, meter.routed_tokens if meter else {}),
+        (kvobs_metrics.COLLECTOR_ROUTING_COMPARED_TOKENS, meter.compared_tokens if meter else {}),
+        (kvobs_metrics.COLLECTOR_ROUTING_COMPARED_REQUESTS, meter.compared_requests if meter else {}),
+    ):  # every KV-event instance of the collector from the start, at 0 until measured (a rate() needs the series)
+        yield _by_label(spec, LABEL_INSTANCE, {name: totals.get(name, 0) for name in instances})
+    uncomparable = _counter(kvobs_metrics.COLLECTOR_ROUTING_UNCOMPARABLE, (LABEL_INSTANCE, LABEL_REASON))
+    for (instance, reason), n in sorted((meter.uncomparable if meter is not None else {}).items()):
+        uncomparable.add_metric([instance, reason], n)
+    yield uncomparable
+    yield _by_label(
+        kvobs_metrics.COLLECTOR_ROUTING_UNMEASURED,
+        LABEL_INSTANCE,
+        {name: meter.unmeasured_s if meter else 0.0 for name in instances},
+    )
+    late = _counter(kvobs_metrics.COLLECTOR_ROUTING_LATE)
+    late.add_metric([], meter.num_late if meter is not None else 0)
+    yield late
+
+
+def _spans(c):
+    """The traces' side: requests and agent steps from spans, their joins, verdicts decided, ids cut, blocks tied."""
+    requests = _counter(kvobs_metrics.COLLECTOR_LLM_REQUESTS)
+    requests.add_metric([], c.span_ingest.num_requests)
+    yield requests
+    busy = _counter(kvobs_metrics.COLLECTOR_OTLP_BUSY)
+    busy.add_metric([], c.receiver.num_busy if c.receiver is not None else 0)
+    yield busy
+    cut = _counter(kvobs_metrics.COLLECTOR_IDS_CUT)
+    cut.add_metric([], c.span_ingest.num_ids_cut + sum(s.ingest.num_ids_cut for s in c.streams))
+    yield cut
+    decided = c.verdicts.decided_by_kind  # every kind from the start, at 0 until decided (a rate() needs it)
+    yield _by_label(kvobs_metrics.COLLECTOR_STEP_VERDICTS, LABEL_KIND, {k: decided[k] for k in COST_KINDS})
+    yield _by_label(kvobs_metrics.AGENT_STEPS, LABEL_STATUS, c.span_ingest.agent_steps + c.span_steps.statuses)
+    yield _by_label(
+        kvobs_metrics.AGENT_STEP_FAILURES,
+        LABEL_ERROR_TYPE,
+        c.span_ingest.agent_step_failures + c.span_steps.failures,
+    )
+    yield _by_label(kvobs_metrics.COLLECTOR_SPAN_STEPS, LABEL_SOURCE, c.span_steps.by_source)
+    joined = _counter(kvobs_metrics.COLLECTOR_STEPS_JOINED, (LABEL_METHOD, LABEL_SOURCE))
+    for (method, source), n in sorted(c.span_steps.joins.items()):
+        joined.add_metric([method, source], n)
+    yield joined
+    filled = {o.value: c.span_steps.cached_fills[o.value] for o in CachedFill}  # each at 0 until it happens
+    yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME, filled)
+    if c.block_owners is not None:
+        yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE, c.block_owners.requests_tied)

@@ -65,44 +65,47 @@ def run(args: argparse.Namespace) -> int:
         print(f"  - {lease.describe(now)}")
     if not leases:
         print("  - no lease held (no collector is running, or engines write their own rows)")
-    problems = 0
-    print("KV events against the replica's own counts (its scraped counters, else its request rows):")
-    if not checks:
-        print("  ! nothing to check: no KV events and no counters in the range")
-        problems += 1
-    for check in checks:
-        ok = check.verdict == "agree"
-        problems += not ok
-        print(f"  {'ok' if ok else '!'} {check.instance}: {check.verdict}: {check.words}")
-    if tiers:
-        print("Offload tiers (their counters against their KV events):")
-    for tier in tiers:
-        problems += not tier.ok
-        print(f"  {'ok' if tier.ok else '!'} {tier.instance}: {tier.words}")
-    if joins:
-        print("Agent steps made of frameworks' spans, tied to their server requests (their KV story needs it):")
-    for join in joins:
-        problems += not join.ok
-        print(f"  {'ok' if join.ok else '!'} {join.source}: {join.words}")
+    problems = _section(
+        "KV events against the replica's own counts (its scraped counters, else its request rows):",
+        [(c.verdict == "agree", f"{c.instance}: {c.verdict}: {c.words}") for c in checks],
+        empty="nothing to check: no KV events and no counters in the range",
+    )
+    problems += _section(
+        "Offload tiers (their counters against their KV events):", [(t.ok, f"{t.instance}: {t.words}") for t in tiers]
+    )
+    problems += _section(
+        "Agent steps made of frameworks' spans, tied to their server requests (their KV story needs it):",
+        [(j.ok, f"{j.source}: {j.words}") for j in joins],
+    )
     if details is not None:
-        problems += not details.ok
-        print("Agent replies (the SDK's steps): do they say what was cached?")
-        print(f"  {'ok' if details.ok else '!'} {details.words}")
-    if starts:
-        print("Misses that are not the cache's (a bigger cache would not help):")
-    for start in starts:
-        problems += 1
-        print(f"  ! {start.words}")
+        problems += _section(
+            "Agent replies (the SDK's steps): do they say what was cached?", [(details.ok, details.words)]
+        )
+    problems += _section(
+        "Misses that are not the cache's (a bigger cache would not help):", [(False, start.words) for start in starts]
+    )
     if args.collector:
         found = start_or_report("doctor", lambda: collector_checks(args.collector))
         if found is None:
             return 2
-        print(f"The collector ({args.collector}):")
-        for instance, ok, words in found:
-            problems += not ok
-            print(f"  {'ok' if ok else '!'} {instance}: {words}")
+        title, rows = f"The collector ({args.collector}):", [(ok, f"{i}: {words}") for i, ok, words in found]
+        problems += _section(title, rows, always=True)
     print(f"{problems} problem(s)" if problems else "every check passed")
     return 1 if problems else 0
+
+
+def _section(title: str, rows: list[tuple[bool, str]], empty: str | None = None, always: bool = False) -> int:
+    """Print a titled list of checks (`ok` or `!` before each), or `empty` as a problem where there is none (no
+    title at all without either, unless `always`); the problems counted."""
+    if not rows and empty is None and not always:
+        return 0
+    print(title)
+    if not rows and empty is not None:
+        print(f"  ! {empty}")
+        return 1
+    for ok, words in rows:
+        print(f"  {'ok' if ok else '!'} {words}")
+    return sum(not ok for ok, _ in rows)
 
 
 def collector_checks(url: str) -> list[tuple[str, bool, str]]:
@@ -233,6 +236,23 @@ class _Replicas:
             words.append(
                 f"latest batch {self.lag[instance]:.2f} s old on arrival" + (" (late: a clock or the path)" * late)
             )
+        faults = self.faults(instance)
+        words += faults
+        if self.placeholders.get(instance):
+            words.append(
+                f"{int(self.placeholders[instance]):,} offload placeholders counted (not blocks of this cache)"
+            )
+        if self.unknown.get(instance):
+            ok = False
+            words.append(
+                f"tiers kvobs does not know, not read: {', '.join(self.unknown[instance])} (kvobs reads GPU, CPU, "
+                "DISK, STORAGE with locality LOCAL, REMOTE or none, SHARED_STORAGE and EXTERNAL under their engines' "
+                "names; report the new one)"
+            )
+        return ok and not faults, "; ".join(words)
+
+    def faults(self, instance: str) -> list[str]:
+        """What went wrong with one replica's stream, each with what to do."""
         faults = []
         if self.lost.get(instance):
             faults.append(
@@ -269,16 +289,4 @@ class _Replicas:
                 "this one stopped more than six hours before it started, so the routing loss leaves that stretch out "
                 "(keep a collector running, or restart it sooner)"
             )
-        words += faults
-        if self.placeholders.get(instance):
-            words.append(
-                f"{int(self.placeholders[instance]):,} offload placeholders counted (not blocks of this cache)"
-            )
-        if self.unknown.get(instance):
-            ok = False
-            words.append(
-                f"tiers kvobs does not know, not read: {', '.join(self.unknown[instance])} (kvobs reads GPU, CPU, "
-                "DISK, STORAGE with locality LOCAL, REMOTE or none, SHARED_STORAGE and EXTERNAL under their engines' "
-                "names; report the new one)"
-            )
-        return ok and not faults, "; ".join(words)
+        return faults
