@@ -3,6 +3,7 @@ routers.
 
 kvobs whatif --store sqlite:///kvobs.db --num-blocks 32,64,128 --policy session_ttl --ttl 30
 kvobs whatif --store sqlite:///kvobs.db --replicas                 # every router policy, each replica at its size
+kvobs whatif --trace trace.jsonl --block-size 16 --num-blocks 64,128  # a Mooncake trace (kvobs export's, or any)
 """
 
 from __future__ import annotations
@@ -74,7 +75,25 @@ def add_parser(sub) -> None:
     p.add_argument("--since", type=float, metavar="EPOCH_S", help="replay requests from this time")
     p.add_argument("--until", type=float, metavar="EPOCH_S", help="... up to this time")
     p.add_argument(
-        "--block-size", type=number(int, at_least=1), help="tokens per block (default: what the recorded events say)"
+        "--block-size",
+        type=number(int, at_least=1),
+        help="tokens per block (default: what the recorded events say); with --trace, the tokens one hash id stands "
+        "for (kvobs export prints it; Mooncake's published traces use 512)",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="replay a Mooncake trace (JSONL: Mooncake's, AIPerf's or Dynamo's agentic rows) instead of the store",
+    )
+    p.add_argument(
+        "--prefill-tokens-per-s",
+        type=number(float, above=0),
+        help="with --trace: how fast a prompt is prefilled, for rows that do not say when they finished",
+    )
+    p.add_argument(
+        "--decode-tokens-per-s",
+        type=number(float, above=0),
+        help="with --trace: how fast a reply is decoded, for rows that do not say when they finished",
     )
     p.set_defaults(func=run)
 
@@ -104,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"kvobs whatif: {exc}", file=sys.stderr)
             return 2
+    if args.trace:
+        return _trace(args)
     store = start_or_report("whatif", lambda: open_store(args.store, must_exist=True))
     if store is None:
         return 2
@@ -132,6 +153,71 @@ def run(args: argparse.Namespace) -> int:
     if sweep is not None:
         print("\n" + format_sweep(*sweep))
     return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
+    """A Mooncake trace through the replay at each size: one run from an empty cache, no observed row."""
+    from instrumented_engine.whatif.replay import simulate
+    from instrumented_engine.whatif.trace_plan import trace_plan
+    from kvobs.formats.mooncake_trace import ServiceRates, read_trace
+
+    refused = _trace_refusal(args)
+    if refused:
+        print(f"kvobs whatif: {refused}", file=sys.stderr)
+        return 2
+    rates = (
+        None if args.prefill_tokens_per_s is None else ServiceRates(args.prefill_tokens_per_s, args.decode_tokens_per_s)
+    )
+    try:
+        with open(args.trace, encoding="utf-8") as lines:
+            trace = read_trace(lines, rates)
+    except (OSError, ValueError) as exc:  # (TraceError is a ValueError)
+        print(f"kvobs whatif: {args.trace}: {exc}", file=sys.stderr)
+        return 2
+    if not trace.requests:
+        print(f"kvobs whatif: {args.trace} has no rows", file=sys.stderr)
+        return 2
+    plan = trace_plan(trace, args.block_size)
+    runs = [simulate(plan, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in args.num_blocks]
+    print(format_trace_table(args.trace, trace, plan.block_size, runs))
+    return 0
+
+
+def _trace_refusal(args: argparse.Namespace) -> str | None:
+    """Why the flags given with --trace cannot run, or None."""
+    if args.replicas or args.tier_blocks:
+        return "--replicas and --tier-blocks replay a store's runs, not a trace: give --num-blocks with --trace"
+    if args.block_size is None:
+        return (
+            "--trace needs --block-size: the tokens one hash id stands for (kvobs export prints it; Mooncake's "
+            "published traces use 512)"
+        )
+    if (args.prefill_tokens_per_s is None) != (args.decode_tokens_per_s is None):
+        return "give both --prefill-tokens-per-s and --decode-tokens-per-s, or neither"
+    return None
+
+
+def format_trace_table(path: str, trace, block_size: int, runs: list) -> str:
+    """A trace's what-if table: each size through the same replay, from an empty cache; what its times came from."""
+    from instrumented_engine.whatif.replay import REPLAY_WORDS
+
+    timed = [f"{trace.recorded:,} timed as kvobs recorded them"] if trace.recorded else []
+    if trace.modeled:
+        rates = trace.rates
+        timed.append(
+            f"{trace.modeled:,} modeled: each prompt prefilled at {rates.prefill_tokens_per_s:,.0f} tokens/s and its "
+            f"reply decoded at {rates.decode_tokens_per_s:,.0f} tokens/s, whatever the cache held"
+        )
+    lines = [
+        f"{len(trace.requests):,} requests replayed from {path}, one hash id a block of {block_size} tokens "
+        f"({'; '.join(timed)})",
+        "",
+        *[line for i, line in enumerate(_rows({}, runs)) if i != 2],  # (row 2: the observed row, which a trace lacks)
+        "",
+        "A trace is one replay from an empty cache, of its rows as they say: nothing was observed to compare with. "
+        f"As a recorded vLLM run is replayed, {REPLAY_WORDS} (vLLM's: from its lookup on).",
+    ]
+    return "\n".join(lines)
 
 
 def _fleet(args: argparse.Namespace, store) -> int:

@@ -37,16 +37,14 @@ from kvobs.analytics.cache import (
     COUNTERS,
     NO_SOURCE,
     REQUESTS,
-    BlockGraph,
     hit_rate_in,
     hit_rate_summary,
     hit_rates,
     known_hit_rate,
     lookup_ts,
+    never_scheduled,
     num_inferred,
-    request_chains,
-    with_sessions,
-    with_tied_blocks,
+    replayable,
 )
 from kvobs.analytics.runs import Span
 from kvobs.analytics.steps import response_cached_tokens, responses_hit_rate
@@ -93,21 +91,12 @@ class ReplayPlan:
     ) -> ReplayPlan:
         """The requests of [since, until] on `instances` (None: all) as one cache saw them: ask it of one run
         (`whatif_runs.replay_plans` cuts a range at each restart)."""
-        steps = store.reads.steps(since, until)
-        reqs = with_sessions(store.reads.requests(since, until, instances=instances), steps)
-        reqs, duplicates = once_each(reqs)
-        stored = store.reads.stored_blocks(since, until, instances=instances)
-        reqs, stored, ties = with_tied_blocks(reqs, stored)  # where the blocks name no session
-        if block_size is None:
-            sizes = stored["num_tokens"].dropna()
-            if sizes.empty:
-                raise ValueError("the store holds no stored KV blocks to replay (is KV-event collection on?)")
-            block_size = int(sizes.mode().iloc[0])
-        graph = BlockGraph.from_stored(stored)
-        chains = request_chains(reqs, stored, graph)
+        found = replayable(store, since, until, instances=instances)
+        reqs, steps, chains, graph = found.requests, found.steps, found.chains, found.graph
+        block_size = found.block_size() if block_size is None else block_size
         plan, skipped, skipped_tokens, never = [], 0, 0, 0
         for r in reqs.itertuples(index=False):
-            if pd.isna(r.queue_s) and pd.isna(r.first_token_ts) and pd.isna(r.cached_tokens):
+            if never_scheduled(r):
                 never += 1  # the run never scheduled it: no lookup, no query, nothing held (the observed row's too)
                 continue
             chain = chains.get(r.request_id)
@@ -151,9 +140,9 @@ class ReplayPlan:
             skipped=skipped,
             skipped_prompt_tokens=skipped_tokens,
             never_admitted=never,
-            duplicates=duplicates,
+            duplicates=found.duplicates,
             recorded=recorded,
-            inferred=num_inferred(ties),
+            inferred=num_inferred(found.ties),
             # (the releases' rows are read only where the counts say there are some: vLLM's data has none)
             releases=releases(store, since, until, instances) if observed["released_blocks"] else {},
         )
@@ -175,17 +164,6 @@ DUPLICATES = (
     "{:,} requests were recorded under two instance names (an engine's own rows and a collector's from its spans?): "
     "each is counted once, in the observed row as in the replay"
 )
-
-
-def once_each(requests: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Each request once: one recorded under two instance names (our engine's own row, and a collector's from the
-    same engine's span) is one request, whose copies would count its hits and recompute twice in the observed row
-    and once in the replay. Keeps the row that says what was cached; returns how many copies were left out."""
-    if requests.empty or not requests["request_id"].duplicated().any():
-        return requests, 0
-    ordered = requests.assign(_known=requests["cached_tokens"].notna()).sort_values("_known", ascending=False)
-    kept = ordered.drop_duplicates("request_id").drop(columns="_known").sort_index()
-    return kept, len(requests) - len(kept)
 
 
 def observed_figures(

@@ -15,8 +15,15 @@ A row (Mooncake's `input_length`, `output_length`, `hash_ids`; AIPerf's `session
   `tool_wait_ms` (the union of the session's tool calls in the pause before it) and `delay` (the rest of the pause).
 - `aiperf` (AIPerf's Mooncake loader): `delay`, the whole pause (AIPerf has no tool waits), and no ids.
 
-Only requests whose prompt's chain is known are written (the rest are counted): a store filled without KV events
-has no hash ids to give.
+An agentic row also carries `kvobs` (`KVOBS`), what a replay needs that the format has no field for and other tools
+ignore: `lookup_ms` (its prefix lookup: arrival plus queue wait), `first_token_ms` (null where not recorded) and
+`finished_ms`, on the `timestamp` clock, and `output_hash_ids`, the ids of the blocks its reply filled that the KV
+events stored (so a replay caches a reply's blocks under the ids a later prompt finds them by).
+`kvobs whatif --trace` replays a row by these where it has them, so a run exported and replayed is the run replayed.
+
+The requests and their chains are the what-if's (`kvobs.analytics.cache.replay_requests`): each once, its session
+from its step or from the blocks tied to it. Only requests whose prompt's chain is known are written, and never one
+the engine never scheduled (the rest are counted): a store filled without KV events has no hash ids to give.
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kvobs.analytics.cache import BlockGraph, request_chains, with_sessions
+from kvobs.analytics.cache import lookup_ts, never_scheduled, replayable
 from kvobs.store.interface import Store
 
 AGENTIC, AIPERF = "agentic", "aiperf"
+KVOBS = "kvobs"  # an agentic row's own replay fields (the module's docstring)
 FLAVORS = (AGENTIC, AIPERF)
 FRESH_IDS = 2**40
 
@@ -53,32 +61,38 @@ def mooncake_rows(store: Store, since=None, until=None, *, flavor: str = AGENTIC
         ValueError: an unknown flavor, or no stored KV block in the range (nothing to give hash ids from)."""
     if flavor not in FLAVORS:
         raise ValueError(f"flavor is {flavor!r}; one of {', '.join(FLAVORS)}")
-    steps = store.reads.steps(since, until)
-    requests = with_sessions(store.reads.requests(since, until), steps)
-    stored = store.reads.stored_blocks(since, until)
-    sizes = stored["num_tokens"].dropna()
-    if sizes.empty:
-        raise ValueError("the store holds no stored KV blocks in this range (is KV-event collection on?)")
-    block_size = int(sizes.mode().iloc[0])
-    chains = request_chains(requests, stored, BlockGraph.from_stored(stored))
+    found = replayable(store, since, until)  # the requests and chains the what-if replays (`ReplayPlan`)
+    block_size, chains, steps = found.block_size(), found.chains, found.steps
+    requests = found.requests
+    scheduled = pd.Series([not never_scheduled(r) for r in requests.itertuples()], index=requests.index, dtype=bool)
     known = requests["request_id"].isin(list(chains)) & requests["prompt_tokens"].notna()
-    known &= requests["finished_ts"].notna()
+    known &= requests["finished_ts"].notna() & scheduled
     trace = MooncakeTrace([], block_size, skipped=int((~known).sum()))
-    requests = requests[known].drop_duplicates("request_id").sort_values(["arrival_ts", "request_id"])
+    requests = requests[known].sort_values(["arrival_ts", "request_id"])
     tools = _tools_by_session(steps)
     start = float(requests["arrival_ts"].min()) if len(requests) else 0.0
     fresh = _Fresh()
     previous: dict[str, tuple[str, float]] = {}  # session -> (its last request, when it finished)
     for r in requests.itertuples(index=False):
-        prompt = int(r.prompt_tokens)
+        prompt, output = int(r.prompt_tokens), _count(r.completion_tokens)
         blocks = math.ceil(prompt / block_size)
-        chain = chains[r.request_id][:blocks]
-        hash_ids = [trace.ids.setdefault(int(h), len(trace.ids)) for h in chain]
+        chain = chains[r.request_id]
+        hash_ids = [trace.ids.setdefault(int(h), len(trace.ids)) for h in chain[:blocks]]
         hash_ids += [fresh.next() for _ in range(blocks - len(hash_ids))]
-        row: dict = {"input_length": prompt, "output_length": _count(r.completion_tokens), "hash_ids": hash_ids}
+        # its reply's stored blocks, numbered in both flavors (a later prompt finds them by the same ids)
+        replies = [
+            trace.ids.setdefault(int(h), len(trace.ids)) for h in chain[blocks : (prompt + output) // block_size]
+        ]
+        row: dict = {"input_length": prompt, "output_length": output, "hash_ids": hash_ids}
         session = r.session_id if isinstance(r.session_id, str) else None
         if flavor == AGENTIC:
             row = {"request_id": r.request_id, **row}
+            row[KVOBS] = {
+                "lookup_ms": _ms(lookup_ts(r), start),
+                "first_token_ms": None if pd.isna(r.first_token_ts) else _ms(r.first_token_ts, start),
+                "finished_ms": _ms(r.finished_ts, start),
+                "output_hash_ids": replies,
+            }
         if session is not None:
             row["session_id"] = session
         before = None if session is None else previous.get(session)
@@ -127,6 +141,10 @@ def _union_ms(spans: list[tuple[float, float]], since: float, until: float) -> f
             total += b - max(a, end)
             end = b
     return total * 1000
+
+
+def _ms(ts: float, start: float) -> float:
+    return round((float(ts) - start) * 1000, 3)
 
 
 def _count(value) -> int:

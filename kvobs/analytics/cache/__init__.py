@@ -3,8 +3,9 @@
 Its rooms: the hit rate (`hit_rate`) and its shortfall split (`shortfall_split`); the hash chains behind it (`chains`);
 who stored which block (`ownership`, `inferred_events`, said in `tie_reports`) and who held it across a fleet
 (`fleet_index`, `routing`); the tiers (`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost
-(`prefill_rates`); pressure against latency (`pressure`); sessions' footprints (`footprints`); and `kvobs doctor`'s
-checks (`agreement`, `prompt_starts`, `token_details`). Outside the wing, code imports this module only
+(`prefill_rates`); pressure against latency (`pressure`); sessions' footprints (`footprints`); the requests a
+replay or an export takes (`replay_requests`); and `kvobs doctor`'s checks (`agreement`, `prompt_starts`,
+`token_details`). Outside the wing, code imports this module only
 (tests/test_architecture.py); the wing never imports the steps' wing (`kvobs.analytics.steps`), which stands above it.
 """
 
@@ -53,6 +54,7 @@ from kvobs.analytics.cache.prompt_starts import (
     short_start_words,
     short_starts_check,
 )
+from kvobs.analytics.cache.replay_requests import Replayable, never_scheduled, once_each, replayable
 from kvobs.analytics.cache.routing import (
     FLEET,
     RESIDENCY_LOOKBACK_S,
@@ -101,6 +103,7 @@ __all__ = [
     "FleetIndex",
     "HitRate",
     "PrefillRates",
+    "Replayable",
     "block_ties",
     "cached_fill_check",
     "changing_starts",
@@ -121,11 +124,14 @@ __all__ = [
     "lookup_times",
     "lookup_ts",
     "measured_lookups",
+    "never_scheduled",
     "num_inferred",
+    "once_each",
     "owned_stored",
     "pause_starts",
     "prefix_reuse",
     "pressure_windows",
+    "replayable",
     "reply_without_details",
     "request_chains",
     "request_lookups",
@@ -143,11 +149,11 @@ __all__ = [
     "store_lookups",
     "strongest_lag",
     "tied_events",
-    "ties_check",
-    "ties_said",
     "tier_checks",
     "tier_hits",
     "tier_lookups",
+    "ties_check",
+    "ties_said",
     "token_details_check",
     "why_no_lag",
     "with_sessions",
