@@ -17,33 +17,36 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
 from collectors.block_owners import HOLD_AFTER_JOIN_S, BlockOwners
 from collectors.drops import DropCounter
+from collectors.dynamo_follow import DynamoTraceFollower
+from collectors.dynamo_trace import DEFAULT_INSTANCE
 from collectors.jobs.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
 from collectors.jobs.step_verdicts import VerdictKeeper
 from collectors.kv.bridge import KVSpanBridge
 from collectors.kv.ingest import STORE_WAIT_S, KVIngest
 from collectors.kv.poller import KVEventPoller
 from collectors.kv.rebuild import rebuild_clocks
-from collectors.kv.silence import SILENCE_S, KVSilenceWatch
+from collectors.kv.silence import KVSilenceWatch
 from collectors.kv.streams import KVStreamSpec, parse_streams, subscribe
 from collectors.kv.subscriber import KVEventSubscriber
 from collectors.kv.workers import RemoteIngest, RemoteSubscriber, WorkerPool, answering, default_workers
 from collectors.metrics.scraper import Scraper, ScrapeTarget
+from collectors.options import CollectorOptions
 from collectors.own_metrics import CollectorMetrics
 from collectors.session_activity import SessionActivity
-from collectors.traces.otlp_forward import OTLPForwarder, check_forward_url
+from collectors.traces.otlp_forward import OTLPForwarder
 from collectors.traces.otlp_receiver import OTLPReceiver
 from collectors.traces.span_ingest import SpanIngest
-from collectors.traces.span_steps import JOIN_WAIT_S, SpanSteps
+from collectors.traces.span_steps import SpanSteps
 from kvobs.addresses import split_host_port
 from kvobs.analytics.steps import VERDICT_INTERVAL_S
-from kvobs.semconv.sessions import SESSION_END_AFTER_S, SESSION_IDLE_S
 from kvobs.store import Store, open_store
 from kvobs.store.db import takes_many_writers
 from kvobs.store.leases import LeaseKeeper
@@ -60,58 +63,6 @@ SERVICE_NAME = "kvobs-collector"
 RESOLVE_CHUNK = 500
 LOOKUP_CHUNK = 2_000  # request lookups queued for the writer as one unit
 LOOKUP_WAIT_S = 5.0  # how long the meter waits for room in the writer's queue (its run is behind now anyway)
-
-
-@dataclass
-class CollectorOptions:
-    """What `kvobs collect` was asked to do (its flags, one for one)."""
-
-    store_url: str | None = None
-    vllm_urls: list[str] = field(default_factory=list)
-    kv_events: list[str] = field(default_factory=list)  # [NAME=]ENDPOINT per stream
-    kv_events_bind: bool = False
-    kv_events_replay: list[str] = field(default_factory=list)  # [NAME=]ENDPOINT
-    kv_events_topic: str = ""
-    otlp_grpc: str | None = None
-    otlp_http: str | None = None
-    forward_otlp: str | None = None
-    otlp_endpoint: str | None = None  # where the bridge's spans go (default: the --forward-otlp target)
-    instance: str | None = None
-    interval_s: float = 5.0
-    settle_s: float = 10.0
-    session_end_after_s: float = SESSION_END_AFTER_S  # a session with no request this long (stream time) ended
-    join_wait_s: float = (
-        JOIN_WAIT_S  # a framework's call waits this long for its request span (and a request for its step)
-    )
-    metrics_address: str | None = None  # host:port of the collector's own /metrics
-    session_idle_s: float = SESSION_IDLE_S  # forget a session's footprint state after this long without an event
-    retention_days: float | None = None  # drop the store's raw KV events older than this
-    spool_dir: str | None = None  # keep the writer's queue on disk here (kvobs.store.spool)
-    write_process: bool = False  # write the store from a child process (kvobs.store.sql.write_process; SQL stores)
-    kv_silence_s: float = SILENCE_S  # a KV stream silent this long while its replica serves is told (kv_silence)
-    workers: int | None = None  # KV-event worker processes (collectors.kv.workers); None: the cores, up to the streams
-
-    def __post_init__(self) -> None:
-        if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http):
-            raise ValueError("nothing to collect: give --vllm-url, --kv-events, --otlp-grpc or --otlp-http")
-        if self.interval_s <= 0:
-            raise ValueError(f"--interval must be positive; got {self.interval_s}")
-        if self.session_idle_s <= 0:
-            raise ValueError(f"--session-idle-s must be positive; got {self.session_idle_s}")
-        if self.kv_silence_s <= 0:
-            raise ValueError(f"--kv-silence-s must be positive; got {self.kv_silence_s}")
-        if self.session_end_after_s <= 0:
-            raise ValueError(f"--session-end-after-s must be positive; got {self.session_end_after_s}")
-        if self.workers is not None and self.workers < 1:
-            raise ValueError(f"--workers must be 1 or more; got {self.workers}")
-        if self.join_wait_s < 0:
-            raise ValueError(f"--join-wait-s must not be negative; got {self.join_wait_s}")
-        for url in (self.forward_otlp, self.otlp_endpoint):
-            if url is not None:
-                check_forward_url(url)
-        for url in self.vllm_urls:
-            ScrapeTarget.parse(url)
-        parse_streams(self.kv_events, self.kv_events_replay)
 
 
 class Collector:
@@ -197,6 +148,11 @@ class Collector:
         # failed steps' verdicts, once their session settled (ended, or as long without a step as a session ends)
         self.verdicts = VerdictKeeper(
             self.store, self._write_verdicts, progress=self.writer.upsert, end_after_s=options.session_end_after_s
+        )
+        self.dynamo = (
+            DynamoTraceFollower(self.writer, Path(options.dynamo_trace), instance=options.instance or DEFAULT_INSTANCE)
+            if options.dynamo_trace
+            else None
         )
         self._last_runs: dict[str, float] = {}  # `_every`'s jobs: when each last ran
         self.registry = CollectorRegistry()
@@ -317,6 +273,8 @@ class Collector:
             parts.append("OTLP " + ", ".join(listening))
         if self.forwarder is not None:
             parts.append(f"forward to {self.forwarder.url}")
+        if self.dynamo is not None:
+            parts.append(f"Dynamo request traces in {self.dynamo.directory}")
         return "; ".join(parts)
 
     def stop(self) -> None:
@@ -330,6 +288,8 @@ class Collector:
         if self.retention is not None:
             self.retention.stop()
         self.span_steps.settle(final=True)
+        if self.dynamo is not None:  # what Dynamo wrote up to now, stored with the rest
+            self._every(time.time(), 0.0, self.dynamo.poll, "reading Dynamo's request-trace shards")
         self._tie_blocks(final=True)
         # the steps' session ends committed first: the final verdicts read them from the store, so a loss after its
         # session's end is not left pending because the writer had not yet written that end
@@ -388,6 +348,8 @@ class Collector:
                 stream.ingest.snapshot()
             except Exception:
                 log.exception("writing session footprints of %s failed", stream.spec.instance)
+        if self.dynamo is not None:
+            self._every(now, 0.0, self.dynamo.poll, "reading Dynamo's request-trace shards")
         if self.routing_meter is not None:
             self._every(now, ROUTING_INTERVAL_S, self.routing_meter.run, "measuring the fleet's routing loss")
         self._every(now, VERDICT_INTERVAL_S, self.verdicts.run, "deciding the failed steps of settled sessions")

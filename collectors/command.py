@@ -127,6 +127,12 @@ def add_parser(sub) -> None:
         "the machine's cores, up to the number of streams; 1, or a single stream: all in the collector's process)",
     )
     p.add_argument(
+        "--dynamo-trace",
+        metavar="DIR",
+        help="follow NVIDIA Dynamo's request-trace shards in DIR (DYN_REQUEST_TRACE=1 on its frontend: rolling "
+        ".jsonl.gz files, or the JSONL sink's file) as they are written: requests, sessions, steps and tool pauses",
+    )
+    p.add_argument(
         "--metrics-address", type=host_port, metavar="HOST:PORT", help="serve the collector's own /metrics here"
     )
     p.set_defaults(func=run)
@@ -152,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             spool_dir=args.spool_dir,
             write_process=args.write_process,
             workers=args.workers,
+            dynamo_trace=args.dynamo_trace,
             otlp_grpc=args.otlp_grpc,
             otlp_http=args.otlp_http,
             forward_otlp=args.forward_otlp,

@@ -81,8 +81,21 @@ def import_dynamo_trace(store: Store, paths: Iterable[Path], *, instance: str = 
     """Store the shards' requests, sessions, steps and tool pauses (`instance`: the requests' replica name, where a
     row names no worker)."""
     summary = DynamoTraceSummary()
+    requests, tools = parse_rows(_rows(paths, summary), summary, instance)
+    if summary.rows and not requests:
+        raise DynamoTraceError(f"no {REQUEST_END} row of {SCHEMA} in {', '.join(str(p) for p in paths)}")
+    writer = StoreWriter(store)
+    try:
+        SessionSteps(writer, summary).add(requests, tools)
+    finally:
+        writer.close()
+    return summary
+
+
+def parse_rows(rows: Iterable[dict], summary: DynamoTraceSummary, instance: str) -> tuple[list[_Request], list[_Tool]]:
+    """The requests and tool calls of rows of the schema; a row that is neither, or lacks what it needs, counted."""
     requests, tools = [], []
-    for row in _rows(paths, summary):
+    for row in rows:
         kind = row.get("event_type")
         if kind == REQUEST_END:
             request = _request(row, instance)
@@ -98,40 +111,38 @@ def import_dynamo_trace(store: Store, paths: Iterable[Path], *, instance: str = 
                 tools.append(tool)
         else:
             summary.left_out[f"rows of event type {str(kind)[:40]!r}"] += 1
-    if summary.rows and not requests:
-        raise DynamoTraceError(f"no {REQUEST_END} row of {SCHEMA} in {', '.join(str(p) for p in paths)}")
-    writer = StoreWriter(store)
-    try:
-        _write(writer, requests, tools, summary)
-    finally:
-        writer.close()
-    return summary
+    return requests, tools
 
 
 def _rows(paths: Iterable[Path], summary: DynamoTraceSummary) -> Iterator[dict]:
     for path in paths:
         try:
-            with _open(path) as lines:
-                for line in lines:
-                    if not line.strip():
-                        continue
-                    summary.rows += 1
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        summary.left_out["lines that are not JSON"] += 1
-                        continue
-                    if isinstance(row, dict) and isinstance(row.get("event"), dict):
-                        row = row["event"]  # the JSONL sink's envelope: {"timestamp": ..., "event": {...}}
-                    if not isinstance(row, dict) or row.get("schema") != SCHEMA:
-                        summary.left_out[f"rows not of {SCHEMA}"] += 1
-                        continue
-                    yield row
+            with open_shard(path) as lines:
+                yield from schema_rows(lines, summary)
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise DynamoTraceError(f"{path}: {exc}") from exc
 
 
-def _open(path: Path) -> TextIO:
+def schema_rows(lines: Iterable[str], summary: DynamoTraceSummary) -> Iterator[dict]:
+    """The rows of the schema among `lines` (the JSONL sink's envelope opened); the rest counted by why."""
+    for line in lines:
+        if not line.strip():
+            continue
+        summary.rows += 1
+        try:
+            row = json.loads(line)
+        except ValueError:
+            summary.left_out["lines that are not JSON"] += 1
+            continue
+        if isinstance(row, dict) and isinstance(row.get("event"), dict):
+            row = row["event"]  # the JSONL sink's envelope: {"timestamp": ..., "event": {...}}
+        if not isinstance(row, dict) or row.get("schema") != SCHEMA:
+            summary.left_out[f"rows not of {SCHEMA}"] += 1
+            continue
+        yield row
+
+
+def open_shard(path: Path) -> TextIO:
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
 
 
@@ -195,39 +206,61 @@ def _tool(row: dict) -> _Tool | None:
     return _Tool(session, name, start_ms / 1000, end_ms / 1000, (StepStatus.ERROR if failed else StepStatus.OK).value)
 
 
-def _write(writer: StoreWriter, requests: list[_Request], tools: list[_Tool], summary: DynamoTraceSummary) -> None:
-    requests.sort(key=lambda r: r.record.arrival_ts)
-    pauses: dict[str, list[_Tool]] = defaultdict(list)
-    for tool in sorted(tools, key=lambda t: t.end):
-        pauses[tool.session_id].append(tool)
-    by_session: dict[str, list[_Request]] = defaultdict(list)
-    for request in requests:
-        writer.add(request.record)
-        if request.record.session_id is not None:
-            by_session[request.record.session_id].append(request)
-    for session_id, steps in by_session.items():
-        last_end = None
-        for index, request in enumerate(steps):
+@dataclass
+class _Session:
+    next_index: int = 0
+    last_end: float | None = None  # its latest request's end (or arrival): a tool that ended before is no pause
+    started_at: float | None = None
+    ended_at: float | None = None
+    parent_session_id: str | None = None
+    tools: list[_Tool] = field(default_factory=list)  # tool calls not yet in a pause before a step
+
+
+class SessionSteps:
+    """Requests and tool calls written as requests, each session's steps (one a request, in arrival order, with the
+    tool calls that ended in the pause before it) and the sessions; kept across calls, so rows that come in parts (a
+    directory of shards followed as Dynamo writes them) make the steps one import of them all would."""
+
+    def __init__(self, writer: StoreWriter, summary: DynamoTraceSummary) -> None:
+        self.writer, self.summary = writer, summary
+        self.sessions: dict[str, _Session] = defaultdict(_Session)
+
+    def add(self, requests: list[_Request], tools: list[_Tool]) -> None:
+        for tool in sorted(tools, key=lambda t: t.end):
+            self.sessions[tool.session_id].tools.append(tool)
+        touched: dict[str, _Session] = {}
+        for request in sorted(requests, key=lambda r: r.record.arrival_ts):
             r = request.record
-            pause = [t for t in pauses[session_id] if (last_end is None or t.end > last_end) and t.end <= r.arrival_ts]
-            writer.add(_step(session_id, index, r, pause))
-            summary.tools += len(pause)
-            last_end = r.finished_ts if r.finished_ts is not None else r.arrival_ts
-        parent = next((s.parent_session_id for s in steps if s.parent_session_id), None)
-        ends = [s.record.finished_ts for s in steps if s.record.finished_ts is not None]
-        writer.upsert(
-            SessionRecord(
-                session_id,
-                started_at=steps[0].record.arrival_ts,
-                ended_at=max(ends) if ends else None,
-                num_steps=len(steps),
-                num_failed_steps=0,
-                source=SessionSource.DYNAMO.value,
-                parent_session_id=parent,
+            self.writer.add(r)
+            self.summary.requests += 1
+            if r.session_id is None:
+                continue
+            session = touched[r.session_id] = self.sessions[r.session_id]
+            pause = [t for t in session.tools if (session.last_end is None or t.end > session.last_end)]
+            pause = [t for t in pause if t.end <= r.arrival_ts]
+            self.writer.add(_step(r.session_id, session.next_index, r, pause))
+            self.summary.steps += 1
+            self.summary.tools += len(pause)
+            session.next_index += 1
+            session.last_end = r.finished_ts if r.finished_ts is not None else r.arrival_ts
+            session.tools = [t for t in session.tools if t.end > session.last_end]  # (the rest can be no pause now)
+            session.started_at = r.arrival_ts if session.started_at is None else session.started_at
+            if r.finished_ts is not None:
+                session.ended_at = max(r.finished_ts, session.ended_at or r.finished_ts)
+            session.parent_session_id = session.parent_session_id or request.parent_session_id
+        for session_id, session in touched.items():
+            self.writer.upsert(
+                SessionRecord(
+                    session_id,
+                    started_at=session.started_at,
+                    ended_at=session.ended_at,
+                    num_steps=session.next_index,
+                    num_failed_steps=0,
+                    source=SessionSource.DYNAMO.value,
+                    parent_session_id=session.parent_session_id,
+                )
             )
-        )
-    summary.requests, summary.sessions = len(requests), len(by_session)
-    summary.steps = sum(len(steps) for steps in by_session.values())
+        self.summary.sessions = sum(1 for s in self.sessions.values() if s.next_index)
 
 
 def _step(session_id: str, index: int, r: RequestRecord, pause: list[_Tool]) -> StepRecord:

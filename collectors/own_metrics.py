@@ -23,7 +23,8 @@ each: `kvobs.analytics.steps.verdicts.cost_kind`),
 `kvobs_session_prefix_lost_total` (blocks removed while their session was idle), `kvobs_agent_steps_total{status}`
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
 agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention),
-`kvobs_collector_steps_joined_total{method,source}` (how each was joined to its server request, or why not), and
+`kvobs_collector_steps_joined_total{method,source}` (how each was joined to its server request, or why not),
+`kvobs_collector_dynamo_trace_rows_total{outcome}` (Dynamo's request-trace rows, with `--dynamo-trace`), and
 the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
 """
 
@@ -213,3 +214,7 @@ def _spans(c):
     yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME, filled)
     if c.block_owners is not None:
         yield _by_label(kvobs_metrics.COLLECTOR_REQUESTS_TIED, LABEL_TIE, c.block_owners.requests_tied)
+    if c.dynamo is not None:  # (its rows read, stored or left out by why: `kvobs import dynamo-trace`'s summary)
+        left_out = sum(c.dynamo.summary.left_out.values())
+        outcomes = {"stored": c.dynamo.summary.rows - left_out, "left_out": left_out}
+        yield _by_label(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_ROWS, LABEL_OUTCOME, outcomes)

@@ -322,6 +322,14 @@ kvobs_metrics = SimpleNamespace(
         "scrapes are dropped (counted in kvobs_telemetry_dropped_total) until the lease is taken back.",
         LABEL_INSTANCE,
     ),
+    COLLECTOR_DYNAMO_TRACE_ROWS=_spec(
+        "kvobs_collector_dynamo_trace_rows",
+        "counter",
+        "rows",
+        "Rows of Dynamo's request-trace shards the collector read (--dynamo-trace), by outcome: stored (a request or "
+        "a tool call) or left_out (not JSON, not of the schema, or lacking what a request needs).",
+        LABEL_OUTCOME,
+    ),
     COLLECTOR_ROUTING_LATE=_spec(
         "kvobs_collector_routing_late_requests",
         "counter",

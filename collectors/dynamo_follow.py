@@ -1,0 +1,124 @@
+"""A directory of Dynamo's request-trace shards followed as Dynamo writes them: `kvobs collect --dynamo-trace DIR`.
+
+    follower = DynamoTraceFollower(writer, Path("/var/lib/dynamo-trace"))   # DYN_REQUEST_TRACE_FILE_PATH's directory
+    follower.poll()                                                          # each tick: what was written since
+
+Dynamo's frontend writes rolling gzipped shards (`dynamo-request-trace.NNNNNN.jsonl.gz`, a new one when the last is
+full) or, with the JSONL sink, one growing `.jsonl` file. Each file is read on from where the last poll stopped, up to
+its last whole line: a gzipped shard is decoded as Dynamo flushes it (`DYN_REQUEST_TRACE_FILE_FLUSH_INTERVAL_MS`), so
+its rows arrive before it rolls over; a line cut at the end waits for the next poll. The rows become requests, steps
+and sessions as `kvobs import dynamo-trace` makes them (`collectors.dynamo_trace.SessionSteps`, kept across polls: a
+session's steps go on across shards). A directory that is not there, or holds no shard yet, is said in the log, and
+the rows read and left out are counted on the collector's /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from pathlib import Path
+
+from collectors.dynamo_trace import (
+    DEFAULT_INSTANCE,
+    DynamoTraceSummary,
+    SessionSteps,
+    parse_rows,
+    schema_rows,
+)
+from kvobs.store import StoreWriter
+
+log = logging.getLogger(__name__)
+
+SHARDS = ("*.jsonl.gz", "*.jsonl")  # Dynamo's two sinks' files
+
+
+class DynamoTraceFollower:
+    def __init__(self, writer: StoreWriter, directory: Path, *, instance: str = DEFAULT_INSTANCE) -> None:
+        self.directory, self.instance = directory, instance
+        self.summary = DynamoTraceSummary()
+        self.steps = SessionSteps(writer, self.summary)
+        self.gzipped: dict[Path, _GzipShard] = {}  # gzipped shards: how far each is decoded
+        self.offsets: dict[Path, int] = {}  # plain files: bytes read, to the end of their last whole line
+        self._said_missing = self._said_empty = False
+
+    def poll(self, now: float | None = None) -> int:
+        """Store what the directory's shards hold that was not read yet; the rows read."""
+        if not self.directory.is_dir():
+            if not self._said_missing:
+                log.warning("Dynamo's request-trace directory %s is not there: nothing to follow yet", self.directory)
+                self._said_missing = True
+            return 0
+        self._said_missing = False
+        before = self.summary.rows
+        lines: list[str] = []
+        shards = sorted(p for pattern in SHARDS for p in self.directory.glob(pattern))
+        if not shards and not self._said_empty:
+            log.warning(
+                "no Dynamo request-trace shard in %s yet (is DYN_REQUEST_TRACE=1 set on Dynamo's frontend, and its "
+                "shards written here?)",
+                self.directory,
+            )
+        self._said_empty = not shards
+        for path in shards:
+            lines += self._gzipped(path) if path.suffix == ".gz" else self._plain(path)
+        if lines:
+            self.steps.add(*parse_rows(schema_rows(lines, self.summary), self.summary, self.instance))
+        return self.summary.rows - before
+
+    def _gzipped(self, path: Path) -> list[str]:
+        """The whole lines of a gzipped shard decoded since the last poll: its bytes fed on from where they stopped
+        (Dynamo flushes a segment as it writes it), a line cut at the end kept for the next."""
+        shard = self.gzipped.setdefault(path, _GzipShard())
+        if shard.broken:
+            return []
+        try:
+            with path.open("rb") as file:
+                file.seek(shard.offset)
+                data = file.read()
+        except OSError as exc:
+            log.warning("Dynamo's request-trace shard %s cannot be read (%s)", path, exc)
+            return []
+        shard.offset += len(data)
+        try:
+            return shard.feed(data)
+        except zlib.error as exc:
+            log.warning(
+                "Dynamo's request-trace shard %s is not gzip past byte %d (%s): left out", path, shard.offset, exc
+            )
+            shard.broken = True
+            self.summary.left_out["shards that are not gzip"] += 1
+            return []
+
+    def _plain(self, path: Path) -> list[str]:
+        offset = self.offsets.get(path, 0)
+        try:
+            with path.open("rb") as file:
+                file.seek(offset)
+                data = file.read()
+        except OSError as exc:
+            log.warning("Dynamo's request-trace file %s cannot be read (%s)", path, exc)
+            return []
+        whole = data[: data.rfind(b"\n") + 1]  # (a line still being written waits for its newline)
+        self.offsets[path] = offset + len(whole)
+        return whole.decode("utf-8", errors="replace").splitlines(keepends=True)
+
+
+class _GzipShard:
+    """A gzipped shard decoded as it grows: one stream after another (a member each), text up to its last newline."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.broken = False
+        self._stream = zlib.decompressobj(wbits=31)
+        self._tail = b""  # decoded bytes after the last newline
+
+    def feed(self, data: bytes) -> list[str]:
+        out = self._tail
+        while data:
+            out += self._stream.decompress(data)
+            data = self._stream.unused_data  # (the next member's bytes, once this one ended)
+            if self._stream.eof:
+                self._stream = zlib.decompressobj(wbits=31)
+        whole = out[: out.rfind(b"\n") + 1]
+        self._tail = out[len(whole) :]
+        return whole.decode("utf-8", errors="replace").splitlines(keepends=True)
