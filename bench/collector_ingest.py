@@ -33,7 +33,7 @@ With `--baseline REF` (`bench/baseline.py`), the same flags run again at git REF
 rate is given against REF's (the code before a change, on the same machine minutes apart).
 
     python bench/collector_ingest.py [--batches 2000] [--events 50] [--lines 600] [--repeats 3] [--postgres URL]
-        [--tier none|placeholder|self-describing|all] [--baseline REF]
+        [--tier none|placeholder|self-describing|all] [--stages WORD...] [--baseline REF]
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ STORE_ALONE = "rows made, "  # the store's own ceiling: the rows made before the
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32-cpu" / "metrics"
 
 
+SCRAPE_STAGES = ["prometheus_client parse", "parse_metrics", "parse_metrics + derive"]  # the first: the baseline
 TIERS = ("none", "placeholder", "self-describing")  # a CPU tier's events beside the cache's, as vLLM's connector sends
 
 
@@ -272,6 +273,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
         "all: each, and none, in turn",
     )
     parser.add_argument(
+        "--stages",
+        nargs="+",
+        metavar="WORD",
+        help="run only the stages whose name holds one of these words (any case), beside each table's baseline "
+        "(decode; prometheus_client parse), for a cheap A/B: e.g. --stages chDB, --stages 'attribute +' parse_metrics",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REF",
         help="also run this benchmark, with the same flags, at git REF (the code before a change) after this run, and "
@@ -283,7 +291,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
     rows = []
     for tier in TIERS if args.tier == "all" else (args.tier,):
         rows += kv_stages(args, tier)
-    rows += scrape_stages(args)
+    if not args.stages or len(chosen(SCRAPE_STAGES, args.stages)) > 1:
+        rows += scrape_stages(args)
     if args.baseline:
         rates = at_commit(args.baseline, Path(__file__).name, baseline_argv(sys.argv[1:] if argv is None else argv))
         rows = against(rows, args.baseline, rates, what="KV events (events/s)", unit="events/s")
@@ -309,6 +318,7 @@ def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
     if args.postgres:
         stages += ["decode + attribute + PostgreSQL", f"decode + attribute + PostgreSQL{WRITE_PROCESS}"]
     stages += [f"{STORE_ALONE}{name} alone" for name in STORES]
+    stages = chosen(stages, args.stages)
     times: dict[str, list[tuple[float, float]]] = {s: [] for s in stages}
     with tempfile.TemporaryDirectory() as tmp:
         for run in tqdm(range(args.repeats), desc="KV events", unit="round"):
@@ -337,11 +347,20 @@ def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
     return rows
 
 
+def chosen(stages: list[str], words: list[str] | None) -> list[str]:
+    """The stages whose name holds one of `words` (any case), the baseline (the first stage) always first; every
+    stage without `words`."""
+    if not words:
+        return stages
+    picked = [s for s in stages[1:] if any(w.lower() in s.lower() for w in words)]
+    return [stages[0], *picked]
+
+
 def scrape_stages(args: argparse.Namespace) -> list[Result]:
     rows = []
     body = scrape_body(args.lines)
     n = 200
-    scrape_stages = ["prometheus_client parse", "parse_metrics", "parse_metrics + derive"]
+    scrape_stages = chosen(SCRAPE_STAGES, args.stages)
     results = {s: statistics.median(time_scrape(s, body, n) for _ in range(args.repeats)) for s in scrape_stages}
     print(f"\n/metrics body: {body.count(chr(10))} lines (recorded vLLM 0.32), median of {args.repeats} x {n} parses")
     print(f"{'stage':<30} {'ms/scrape':>12} {'vs prometheus_client':>21}")
