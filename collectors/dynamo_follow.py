@@ -37,8 +37,7 @@ class DynamoTraceFollower:
         self.directory, self.instance = directory, instance
         self.summary = DynamoTraceSummary()
         self.steps = SessionSteps(writer, self.summary)
-        self.gzipped: dict[Path, _GzipShard] = {}  # gzipped shards: how far each is decoded
-        self.offsets: dict[Path, int] = {}  # plain files: bytes read, to the end of their last whole line
+        self.shards: dict[Path, _Shard] = {}  # how far each file is read
         self._said_missing = self._said_empty = False
 
     def poll(self, now: float | None = None) -> int:
@@ -60,15 +59,15 @@ class DynamoTraceFollower:
             )
         self._said_empty = not shards
         for path in shards:
-            lines += self._gzipped(path) if path.suffix == ".gz" else self._plain(path)
+            lines += self._read(path)
         if lines:
             self.steps.add(*parse_rows(schema_rows(lines, self.summary), self.summary, self.instance))
         return self.summary.rows - before
 
-    def _gzipped(self, path: Path) -> list[str]:
-        """The whole lines of a gzipped shard decoded since the last poll: its bytes fed on from where they stopped
-        (Dynamo flushes a segment as it writes it), a line cut at the end kept for the next."""
-        shard = self.gzipped.setdefault(path, _GzipShard())
+    def _read(self, path: Path) -> list[str]:
+        """The whole lines of a shard written since the last poll: its bytes read on from where they stopped, decoded
+        as they come (a gzipped segment as Dynamo flushes it), a line cut at the end kept for the next poll."""
+        shard = self.shards.setdefault(path, _Shard(gzipped=path.suffix == ".gz"))
         if shard.broken:
             return []
         try:
@@ -82,39 +81,27 @@ class DynamoTraceFollower:
         try:
             return shard.feed(data)
         except zlib.error as exc:
-            log.warning(
-                "Dynamo's request-trace shard %s is not gzip past byte %d (%s): left out", path, shard.offset, exc
-            )
+            said = "Dynamo's request-trace shard %s is not gzip past byte %d (%s): left out"
+            log.warning(said, path, shard.offset, exc)
             shard.broken = True
             self.summary.left_out["shards that are not gzip"] += 1
             return []
 
-    def _plain(self, path: Path) -> list[str]:
-        offset = self.offsets.get(path, 0)
-        try:
-            with path.open("rb") as file:
-                file.seek(offset)
-                data = file.read()
-        except OSError as exc:
-            log.warning("Dynamo's request-trace file %s cannot be read (%s)", path, exc)
-            return []
-        whole = data[: data.rfind(b"\n") + 1]  # (a line still being written waits for its newline)
-        self.offsets[path] = offset + len(whole)
-        return whole.decode("utf-8", errors="replace").splitlines(keepends=True)
 
+class _Shard:
+    """A shard read as it grows, up to its last newline; a gzipped one decoded stream after stream (a member each)."""
 
-class _GzipShard:
-    """A gzipped shard decoded as it grows: one stream after another (a member each), text up to its last newline."""
-
-    def __init__(self) -> None:
+    def __init__(self, *, gzipped: bool) -> None:
         self.offset = 0
         self.broken = False
-        self._stream = zlib.decompressobj(wbits=31)
-        self._tail = b""  # decoded bytes after the last newline
+        self._stream = zlib.decompressobj(wbits=31) if gzipped else None
+        self._tail = b""  # bytes after the last newline
 
     def feed(self, data: bytes) -> list[str]:
         out = self._tail
-        while data:
+        if self._stream is None:
+            out += data
+        while self._stream is not None and data:
             out += self._stream.decompress(data)
             data = self._stream.unused_data  # (the next member's bytes, once this one ended)
             if self._stream.eof:

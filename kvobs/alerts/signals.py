@@ -85,7 +85,7 @@ def prefix_lost_in_pause_per_min(store: Store, since: float, until: float) -> li
     # (one pass per window, not per session: a store of a thousand sessions read group by group took a second)
     latest = inside.groupby(keys)[count].max()
     before = frame[frame["ts"] < since].groupby(keys).tail(1).set_index(keys)[count]
-    lost = latest - before.reindex(latest.index).where(lambda b: b.index.isin(before.index), 0)
+    lost = latest - before.reindex(latest.index, fill_value=0)  # (a session with no count before it: from 0)
     lost = lost[lost > 0]
     minutes = max(until - since, 1e-9) / 60.0
     per_instance = lost.groupby(level="instance").sum()

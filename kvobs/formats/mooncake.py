@@ -97,7 +97,7 @@ def mooncake_rows(store: Store, since=None, until=None, *, flavor: str = AGENTIC
             row["session_id"] = session
         before = None if session is None else previous.get(session)
         if session is None or before is None:
-            row["timestamp"] = round((r.arrival_ts - start) * 1000, 3)
+            row["timestamp"] = _ms(r.arrival_ts, start)
         else:
             pause_ms = max(0.0, (r.arrival_ts - before[1]) * 1000)
             tool_ms = min(pause_ms, _union_ms(tools.get(session, []), before[1], float(r.arrival_ts)))
