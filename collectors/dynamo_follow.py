@@ -39,6 +39,7 @@ class DynamoTraceFollower:
         self.steps = SessionSteps(writer, self.summary)
         self.shards: dict[Path, _Shard] = {}  # how far each file is read
         self._said_missing = self._said_empty = False
+        self._said_reasons: set[str] = set()  # why rows were left out, each said in the log once
 
     def poll(self, now: float | None = None) -> int:
         """Store what the directory's shards hold that was not read yet; the rows read."""
@@ -62,7 +63,21 @@ class DynamoTraceFollower:
             lines += self._read(path)
         if lines:
             self.steps.add(*parse_rows(schema_rows(lines, self.summary), self.summary, self.instance))
+        self._say_left_out()
         return self.summary.rows - before
+
+    def _say_left_out(self) -> None:
+        """Each new reason rows were left out for, once (the count goes on on /metrics)."""
+        for reason, n in self.summary.left_out.items():
+            if reason not in self._said_reasons:
+                self._said_reasons.add(reason)
+                log.warning(
+                    "Dynamo request-trace rows left out in %s: %s (%d so far; counted on "
+                    'kvobs_collector_dynamo_trace_rows_total{outcome="left_out"})',
+                    self.directory,
+                    reason,
+                    n,
+                )
 
     def _read(self, path: Path) -> list[str]:
         """The whole lines of a shard written since the last poll: its bytes read on from where they stopped, decoded

@@ -104,6 +104,16 @@ def run(args: argparse.Namespace) -> int:
     from instrumented_engine.whatif.tier_sweep import tier_sweep
     from kvobs.store import open_store
 
+    if not args.trace and (args.prefill_tokens_per_s is not None or args.decode_tokens_per_s is not None):
+        print(
+            "kvobs whatif: --prefill-tokens-per-s and --decode-tokens-per-s time a trace's rows: give them with "
+            "--trace (a store's requests carry their own times)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.trace and not args.num_blocks:
+        print("kvobs whatif: --trace needs --num-blocks N[,N...]: the cache sizes to replay through", file=sys.stderr)
+        return 2
     if not args.replicas and not args.num_blocks and not args.tier_blocks:
         print(
             "kvobs whatif: give --num-blocks N[,N...] (cache sizes), --tier-blocks N[,N...] (an offload tier) or "
@@ -212,7 +222,7 @@ def format_trace_table(path: str, trace, block_size: int, runs: list) -> str:
         f"{len(trace.requests):,} requests replayed from {path}, one hash id a block of {block_size} tokens "
         f"({'; '.join(timed)})",
         "",
-        *[line for i, line in enumerate(_rows({}, runs)) if i != 2],  # (row 2: the observed row, which a trace lacks)
+        *_rows(None, runs),
         "",
         "A trace is one replay from an empty cache, of its rows as they say: nothing was observed to compare with. "
         f"As a recorded vLLM run is replayed, {REPLAY_WORDS} (vLLM's: from its lookup on).",
@@ -375,11 +385,14 @@ def format_table(plans, observed: dict, runs: list, checks=None) -> str:
     return "\n".join(lines)
 
 
-def _rows(obs: dict, results) -> list[str]:
+def _rows(obs: dict | None, results) -> list[str]:
+    """The table's lines: the observed row first (none when `obs` is None: a trace has nothing observed), then each
+    replay's."""
     from instrumented_engine.whatif.runs import COMPARISON, comparison
 
     lines = ["| " + " | ".join(COMPARISON) + " |", "|" + "---|" * len(COMPARISON)]
-    for row in comparison(obs, results):
+    rows = comparison({} if obs is None else obs, results)
+    for row in rows if obs is not None else rows[1:]:
         cells = [row["configuration"], _num(row["blocks"]), _pct(row["hit rate"]), *map(_num, list(row.values())[3:])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -145,12 +145,24 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     filled = exposed.by(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME)
     if any(filled.values()):  # requests whose spans say no cached tokens (vLLM's), given their replies' counts
         out.append(("(requests' cached tokens from replies)", *cached_fill_check(filled)))
+    dynamo = exposed.by(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_ROWS, LABEL_OUTCOME)
+    if any(dynamo.values()):  # (only with --dynamo-trace)
+        out.append(("(Dynamo request-trace rows)", *_dynamo_rows(dynamo)))
     for component, n in sorted(exposed.by(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT).items()):
         if n:
             out.append(
                 ("(collector)", False, f"{int(n):,} {component} item(s) dropped (kvobs_telemetry_dropped_total)")
             )
     return out
+
+
+def _dynamo_rows(outcomes: dict) -> tuple[bool, str]:
+    """(ok, words) of the Dynamo request-trace rows the collector read from --dynamo-trace."""
+    stored, left_out = int(outcomes.get("stored", 0)), int(outcomes.get("left_out", 0))
+    words = f"{stored:,} stored, {left_out:,} left out"
+    if left_out:
+        words += " (the collector's log says why, once a reason: a row not of Dynamo's schema, a shard not gzip)"
+    return not left_out, words
 
 
 class _Exposition:

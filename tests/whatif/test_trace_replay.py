@@ -126,3 +126,8 @@ def test_kvobs_whatif_trace_prints_the_table_the_store_gives(vllm_run, tmp_path,
     rates = ["--prefill-tokens-per-s", "1000", "--decode-tokens-per-s", "20"]
     assert main(["whatif", "--trace", str(bare), "--block-size", "16", "--num-blocks", "8", *rates]) == 0
     assert "1 modeled: each prompt prefilled at 1,000 tokens/s" in capsys.readouterr().out
+    # flags that do nothing where they are given are refused, each naming what it needs
+    assert main(["whatif", "--trace", str(bare), "--block-size", "16", *rates]) == 2
+    assert "--trace needs --num-blocks" in capsys.readouterr().err
+    assert main(["whatif", "--store", vllm_run.url, "--num-blocks", "8", *rates]) == 2
+    assert "give them with --trace" in capsys.readouterr().err
