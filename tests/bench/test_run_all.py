@@ -30,6 +30,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "telemetry_overhead",
         "collector_ingest",
         "ingest_profile",
+        "core_slice",
         "collector_workers",
         "span_steps",
         "ownership",
@@ -46,6 +47,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         ("telemetry_overhead", "telemetry off"),
         ("collector_ingest", "KV events: decode"),
         ("ingest_profile", "decode + attribute, unprofiled"),
+        ("core_slice", "chains + clock: pure Python"),
         ("collector_workers", "2 streams into SQLite, --workers 1"),
     ]:
         assert case in baselines
