@@ -24,8 +24,10 @@ each: `kvobs.analytics.steps.verdicts.cost_kind`),
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
 agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention),
 `kvobs_collector_steps_joined_total{method,source}` (how each was joined to its server request, or why not),
-`kvobs_collector_dynamo_trace_rows_total{outcome}` (Dynamo's request-trace rows, with `--dynamo-trace`), and
-the gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down.
+`kvobs_collector_dynamo_trace_rows_total{outcome}` (Dynamo's request-trace rows, with `--dynamo-trace`), the
+gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down, and the store writer's
+queue (`kvobs_store_queue_rows`, `..._peak_rows`, `..._capacity_rows`, `kvobs_store_queue_full_total`,
+`kvobs_store_drain_lag_seconds`, `..._drain_lag_peak_seconds`: how a burst is absorbed).
 """
 
 from __future__ import annotations
@@ -92,9 +94,27 @@ class CollectorMetrics(PromCollector):
             LABEL_INSTANCE,
             {name: c.leases.num_lost[name] for name in c.leases.instances},
         )
+        yield from _store_queue(c.writer)
         yield from _kv_streams(c)
         yield from _routing(c.routing_meter)
         yield from _spans(c)
+
+
+def _store_queue(writer):
+    """The store writer's queue: rows held uncommitted and the oldest's wait, now and at their peaks, and its room."""
+    rows, lag_s, peak_rows, peak_lag_s = writer.depth_now()
+    m = kvobs_metrics
+    for spec, value in (
+        (m.STORE_QUEUE_ROWS, rows),
+        (m.STORE_QUEUE_PEAK_ROWS, peak_rows),
+        (m.STORE_QUEUE_CAPACITY_ROWS, writer.max_queue),
+        (m.STORE_DRAIN_LAG, lag_s),
+        (m.STORE_DRAIN_LAG_PEAK, peak_lag_s),
+    ):
+        yield GaugeMetricFamily(spec.name, spec.description, value=value)
+    full = _counter(m.STORE_QUEUE_FULL)
+    full.add_metric([], writer.num_full)
+    yield full
 
 
 def _kv_streams(c):

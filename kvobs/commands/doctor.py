@@ -145,6 +145,9 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     filled = exposed.by(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME)
     if any(filled.values()):  # requests whose spans say no cached tokens (vLLM's), given their replies' counts
         out.append(("(requests' cached tokens from replies)", *cached_fill_check(filled)))
+    queue = _store_queue(exposed)
+    if queue is not None:
+        out.append(("(store queue)", *queue))
     dynamo = exposed.by(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_ROWS, LABEL_OUTCOME)
     if any(dynamo.values()):  # (only with --dynamo-trace)
         out.append(("(Dynamo request-trace rows)", *_dynamo_rows(dynamo)))
@@ -154,6 +157,29 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
                 ("(collector)", False, f"{int(n):,} {component} item(s) dropped (kvobs_telemetry_dropped_total)")
             )
     return out
+
+
+def _store_queue(exposed: _Exposition) -> tuple[bool, str] | None:
+    """(ok, words) of the collector's store writer: rows held now and at most against its room, the oldest's wait now
+    and at most; not ok once a unit found it full; None from a collector that says none of it."""
+    m = kvobs_metrics
+    specs = (m.STORE_QUEUE_ROWS, m.STORE_QUEUE_PEAK_ROWS, m.STORE_QUEUE_CAPACITY_ROWS, m.STORE_DRAIN_LAG)
+    given = [exposed.by(spec).get(None) for spec in (*specs, m.STORE_DRAIN_LAG_PEAK, m.STORE_QUEUE_FULL)]
+    values = [float(v) for v in given if v is not None]
+    if len(values) < len(given):
+        return None
+    rows, peak, room, lag, peak_lag, full = values
+    words = (
+        f"{int(rows):,} rows waiting to be committed (the oldest for {lag:.1f} s); at most {int(peak):,} (its queue "
+        f"takes {int(room):,} besides the batch being written), the longest wait {peak_lag:.1f} s"
+    )
+    if full:
+        words += (
+            f"; {int(full):,} unit(s) found it full: each waited for room (a KV-event stream's socket buffering "
+            "meanwhile) or was dropped (counted as the store's dropped items): the store is slower than what comes "
+            "in (a faster store, or --workers)"
+        )
+    return not full, words
 
 
 def _dynamo_rows(outcomes: dict) -> tuple[bool, str]:

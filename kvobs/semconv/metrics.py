@@ -141,6 +141,45 @@ kvobs_metrics = SimpleNamespace(
         "Store rows dropped by --retention-days (raw KV events older than the limit), by table.",
         LABEL_TABLE,
     ),
+    STORE_QUEUE_ROWS=_spec(
+        "kvobs_store_queue_rows",
+        "gauge",
+        "rows",
+        "Rows the store writer accepted and has not committed yet (queued, or in the batch being written).",
+    ),
+    STORE_QUEUE_PEAK_ROWS=_spec(
+        "kvobs_store_queue_peak_rows",
+        "gauge",
+        "rows",
+        "The most rows the store writer held uncommitted at once since it started (a burst a scrape can miss).",
+    ),
+    STORE_QUEUE_CAPACITY_ROWS=_spec(
+        "kvobs_store_queue_capacity_rows",
+        "gauge",
+        "rows",
+        "Rows the store writer's queue takes at most, besides the batch being written; past it producers wait for "
+        "room (KV events, up to 10 s a batch), then rows are dropped and counted in "
+        'kvobs_telemetry_dropped_total{component="store"}.',
+    ),
+    STORE_QUEUE_FULL=_spec(
+        "kvobs_store_queue_full",
+        "counter",
+        "units",
+        "Units of rows (a KV-event batch's, a span's) that found the store writer's queue full: each waited for room "
+        "(KV events, up to 10 s, their socket buffering meanwhile) or was dropped.",
+    ),
+    STORE_DRAIN_LAG=_spec(
+        "kvobs_store_drain_lag_seconds",
+        "gauge",
+        "s",
+        "How long the oldest row the store writer holds uncommitted has waited (0 when it holds none).",
+    ),
+    STORE_DRAIN_LAG_PEAK=_spec(
+        "kvobs_store_drain_lag_peak_seconds",
+        "gauge",
+        "s",
+        "The longest any row waited in the store writer, from queued to committed, since it started.",
+    ),
     COLLECTOR_TARGET_UP=_spec(
         "kvobs_collector_target_up",
         "gauge",

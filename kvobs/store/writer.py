@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 from kvobs.logs import worth_logging
 from kvobs.store.interface import FILL_CACHED
+from kvobs.store.queue_depth import QueueDepth
 from kvobs.store.rows import KVEventColumns, Record, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,12 @@ class StoreWriter:
         self.flush_interval_s = store.flush_interval_s if flush_interval_s is None else flush_interval_s
         self.max_backoff_s = max_backoff_s
         self.num_dropped = 0
+        self.num_full = 0  # units that found the queue full (each then waited for room, or was dropped)
         self.num_written = 0
         self.num_failed_attempts = 0
         self.max_queue = max_queue
         self._queued_rows = 0  # rows put and not yet taken by the writer thread
+        self.depth = QueueDepth()  # rows accepted and not yet committed: how many, how old, the peaks (under `_room`)
         self._count_lock = threading.Lock()
         self._room = threading.Condition(self._count_lock)  # notified when the writer thread takes rows
         self._queue: queue.Queue = queue.Queue()
@@ -144,6 +147,8 @@ class StoreWriter:
                 if not isinstance(record, Record):
                     raise TypeError(f"the store writer takes kvobs.store.rows records, not {type(record).__name__}")
         with self._room:
+            if self._queued_rows + len(rows) > self.max_queue:
+                self.num_full += 1
             if wait_s > 0:
                 self._room.wait_for(lambda: self._closed or self._queued_rows + len(rows) <= self.max_queue, wait_s)
             full = self._closed or self._queued_rows + len(rows) > self.max_queue
@@ -151,11 +156,19 @@ class StoreWriter:
                 self.num_dropped += len(rows)
             elif not full:
                 self._queued_rows += len(rows)
+                self.depth.accepted(len(rows))
                 seq = self.spool.append(op, rows) if self.spool is not None else 0  # in queue order, under the lock
                 self._queue.put((op, rows, seq, on_written))
         if full and count and not self._closed and worth_logging(self.num_dropped, every=10_000):
             log.warning("store queue full: %d rows dropped so far", self.num_dropped)
         return not full
+
+    def depth_now(self) -> tuple[int, float, int, float]:
+        """(rows accepted and not yet committed, the oldest one's wait in seconds, the most rows ever held, the longest
+        wait from queued to committed): a burst's mark on the writer."""
+        with self._room:
+            d = self.depth
+            return d.rows, d.lag_s(), d.peak_rows, d.peak_lag_s
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued before this call is committed; False on timeout."""
@@ -181,6 +194,8 @@ class StoreWriter:
             batch, markers, stop = self._collect()
             if batch:
                 self._write_batch(batch)
+                with self._room:
+                    self.depth.committed(len(batch))
             for marker in markers:
                 marker.set()
             if stop:

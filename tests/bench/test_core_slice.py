@@ -4,12 +4,11 @@ the bench, built and run for real at a small size, gives every way the same answ
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.running import run_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -59,17 +58,9 @@ def test_a_way_that_answers_differently_stops_the_run(core_slice):
 
 
 def test_every_way_is_built_and_gives_the_pure_paths_answers(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "core_slice.py"), "--batches", "40", "--events", "25", "--repeats", "1"]
-        + ["--memory-blocks", "20000", "--build-dir", str(tmp_path / "build")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "KVOBS_BENCH_RESULTS_DIR": str(tmp_path / "results")},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "every way's answers the same" in done.stdout
+    args = ["--batches", "40", "--events", "25", "--repeats", "1", "--memory-blocks", "20000"]
+    out = run_bench("core_slice.py", [*args, "--build-dir", str(tmp_path / "build")], tmp_path)
+    assert "every way's answers the same" in out
     recorded = (tmp_path / "results" / "core_slice.md").read_text()
     cases = [line.split(" | ")[1] for line in recorded.splitlines() if line.startswith("| core_slice |")]
     ways = ["pure Python", "Cython, the Python as it is", "C++, pybind11", "C++, nanobind", "C++, Cython"]

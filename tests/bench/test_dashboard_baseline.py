@@ -3,11 +3,10 @@ its script run there on the very store this run read, and each figure given agai
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.bench.running import run_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -29,16 +28,8 @@ def test_the_baseline_reads_the_same_stores_from_its_worktree(monkeypatch):
 def test_each_figure_is_given_against_the_baseline_commit(tmp_path):
     """Run as its own process, as a user runs it (its pool's children then start from the script, not from pytest)."""
     results = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "dashboard_queries.py"), "--sizes", "sqlite:2000", "--dir", "stores"]
-        + ["--no-render", "--repeats", "1", "--baseline", "HEAD"],
-        cwd=tmp_path,
-        env={**os.environ, "KVOBS_BENCH_RESULTS_DIR": str(results)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    args = ["--sizes", "sqlite:2000", "--dir", "stores", "--no-render", "--repeats", "1", "--baseline", "HEAD"]
+    out = run_bench("dashboard_queries.py", args, tmp_path, results=results)
     rows = [line.split(" | ") for line in (results / "dashboard_queries.md").read_text().splitlines()]
     rows = [row for row in rows if len(row) == 4 and row[0] == "| dashboard_queries"]
     assert rows
@@ -50,4 +41,4 @@ def test_each_figure_is_given_against_the_baseline_commit(tmp_path):
     assert [p.name for p in (tmp_path / "stores").iterdir() if p.suffix == ".db"] == [
         "bench-dashboard-2000-20-step-sessions-1-instances.db"  # the one store, read by both runs
     ]
-    assert "Pages, on the same stores (seconds: below 1x, faster) against HEAD, measured in this run" in done.stdout
+    assert "Pages, on the same stores (seconds: below 1x, faster) against HEAD, measured in this run" in out

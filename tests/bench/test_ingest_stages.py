@@ -3,10 +3,9 @@ run for real at a small size."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.bench.running import run_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -24,16 +23,8 @@ def test_the_words_pick_stages_and_the_baseline_stays_first(monkeypatch):
 
 
 def test_only_the_named_stages_run_and_are_recorded(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "collector_ingest.py"), "--batches", "20", "--events", "20", "--repeats", "1"]
-        + ["--stages", "attribute + SQLite"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "KVOBS_BENCH_RESULTS_DIR": str(tmp_path / "results")},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    args = ["--batches", "20", "--events", "20", "--repeats", "1", "--stages", "attribute + SQLite"]
+    run_bench("collector_ingest.py", args, tmp_path)
     recorded = (tmp_path / "results" / "collector_ingest.md").read_text()
     cases = [line.split(" | ")[1] for line in recorded.splitlines() if line.startswith("| collector_ingest |")]
     assert cases == [

@@ -3,25 +3,16 @@ measured case, each against a baseline measured in the same run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.bench.running import run_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "run_all.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-        env={**os.environ, "KVOBS_BENCH_RESULTS_DIR": str(tmp_path / "results")},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    table = done.stdout[done.stdout.index("| benchmark | case | value | vs baseline |") :].splitlines()
+    out = run_bench("run_all.py", ["--quick"], tmp_path, timeout=900)
+    table = out[out.index("| benchmark | case | value | vs baseline |") :].splitlines()
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:] if line.startswith("| ")]
     assert {r[0] for r in rows} == {
         "engine_throughput",
@@ -31,6 +22,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         "collector_ingest",
         "ingest_profile",
         "core_slice",
+        "collector_burst",
         "collector_workers",
         "span_steps",
         "ownership",
