@@ -16,6 +16,13 @@ run-to-run noise that tokens/s carries on a busy 2-core machine.
 - tracing (in-process): /metrics plus `llm_request` spans with KV span events, batch processor, in-memory exporter
   (sampling ratio 1.0: every request's `traceparent` says sampled)
 - tracing (OTLP gRPC): the same, exported over gRPC to an OTLP receiver in this process
+- tracing + step spans: in-process, with a `kvcache.step` span every step (opt-in: `step_sample_every`, off by
+  default), the engine's finest-grained spans
+
+Per block: the same time in telemetry over the block events the run made (blocks stored in the prefix cache and
+blocks evicted, what its KV-event stream publishes one row each), in CPU µs a block event. The engine makes no span a
+block: a request's blocks are counted on its `llm_request` span's events and a batch of losses is one span, so this
+is the price of that story per block, with tracing on and off.
 
     python bench/telemetry_overhead.py [--sessions 24] [--new-tokens 32] [--repeats 4]
 """
@@ -36,6 +43,7 @@ from tqdm.auto import tqdm
 
 from collectors.traces.otlp_receiver import OTLPReceiver
 from instrumented_engine.config import EngineConfig
+from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.llm_engine import LLMEngine
 from instrumented_engine.models.loader import open_model
 from instrumented_engine.observers.metrics import EngineMetrics
@@ -45,6 +53,7 @@ from instrumented_engine.sampling_params import SamplingParams
 from kvobs.telemetry import TelemetryConfig, setup_telemetry
 
 UNSAMPLED = "tracing, ratio 0.0"
+STEP_SPANS = "tracing + step spans"
 SYSTEM = "You are a support agent for a parcel carrier. Track parcels, explain customs rules and fees. " * 6
 
 
@@ -68,7 +77,7 @@ def observers_for(config: str, engine: LLMEngine, otlp_port: int) -> tuple[list,
         telemetry = setup_telemetry(
             TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False, sample_ratio=0.0)
         )
-    elif config == "tracing (in-process)":
+    elif config in ("tracing (in-process)", STEP_SPANS):
         telemetry = setup_telemetry(TelemetryConfig(span_exporters=[InMemorySpanExporter()], metrics=False))
     else:
         telemetry = setup_telemetry(
@@ -76,7 +85,11 @@ def observers_for(config: str, engine: LLMEngine, otlp_port: int) -> tuple[list,
         )
     metrics = EngineMetrics("smollm2", cache_config={}, max_model_len=engine.layout.max_model_len)
     tracer = EngineTracer(
-        telemetry.tracer_provider, model_name="smollm2", block_size=engine.layout.block_size, medium="CPU"
+        telemetry.tracer_provider,
+        model_name="smollm2",
+        block_size=engine.layout.block_size,
+        medium="CPU",
+        step_sample_every=1 if config == STEP_SPANS else 0,
     )
     return [metrics, tracer], [telemetry]
 
@@ -99,11 +112,20 @@ def export_cpu_s() -> float:
     return total
 
 
+def block_events(result) -> int:
+    """The step's block events: blocks stored in the prefix cache and blocks evicted (a KV-event row each)."""
+    return sum(
+        len(e.block_hashes) if isinstance(e, ev.BlocksStored) else 1
+        for e in result.events
+        if isinstance(e, (ev.BlocksStored, ev.BlockEvicted))
+    )
+
+
 def run_once(
     source, config: str, prompts: list[list[int]], new_tokens: int, num_blocks: int, otlp_port: int
-) -> tuple[float, float]:
-    """Output tokens/s, and the share of the loop's time spent in telemetry: inside the observers, and the export
-    thread's CPU (its spans flushed before it is read)."""
+) -> tuple[float, float, float]:
+    """Output tokens/s, the share of the loop's time spent in telemetry (inside the observers, and the export
+    thread's CPU, its spans flushed before it is read), and that time in µs a block event."""
     config_ = EngineConfig(num_blocks=num_blocks, max_model_len=1024, max_num_seqs=len(prompts))
     engine = LLMEngine(config_, source=source, progress=False)
     observers, closers = observers_for(config, engine, otlp_port)
@@ -111,7 +133,7 @@ def run_once(
     for i, prompt in enumerate(prompts):
         headers = None if config == UNSAMPLED else {"traceparent": f"00-{i + 1:032x}-{i + 1:016x}-01"}
         engine.add_request(prompt, params, session_id=f"s{i}", trace_headers=headers)
-    generated = 0
+    generated = blocks = 0
     in_observers = 0.0
     exported_before = export_cpu_s()
     start = time.perf_counter()
@@ -122,6 +144,7 @@ def run_once(
             observer.on_step(result)
         in_observers += time.perf_counter() - before
         generated += sum(len(o.new_token_ids) for o in result.outputs)
+        blocks += block_events(result)
     elapsed = time.perf_counter() - start
     for closer in closers:
         if hasattr(closer, "force_flush"):
@@ -129,7 +152,10 @@ def run_once(
     exporting = export_cpu_s() - exported_before
     for closer in closers:
         closer.shutdown()
-    return generated / elapsed, (in_observers + exporting) / elapsed
+    spent = in_observers + exporting
+    if not blocks:
+        raise RuntimeError("the workload stored and evicted no block: no cost a block event to give")
+    return generated / elapsed, spent / elapsed, spent / blocks * 1e6
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
@@ -151,8 +177,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
         lambda request: spans.append(len(request.resource_spans)), grpc_address="127.0.0.1:0", http_address=None
     )
     receiver.start()
-    configs = ["off", "metrics", UNSAMPLED, "tracing (in-process)", "tracing (OTLP gRPC)"]
-    results: dict[str, list[tuple[float, float]]] = {c: [] for c in configs}
+    configs = ["off", "metrics", UNSAMPLED, "tracing (in-process)", "tracing (OTLP gRPC)", STEP_SPANS]
+    results: dict[str, list[tuple[float, float, float]]] = {c: [] for c in configs}
     run_once(source, "off", prompts[:2], 4, args.num_blocks, receiver.grpc_port)  # warm-up
     with tqdm(total=len(configs) * args.repeats, desc="telemetry overhead", unit="run") as bar:
         for r in range(args.repeats):
@@ -167,13 +193,16 @@ def main(argv: list[str] | None = None) -> list[Result]:
         f"\nworkload: {args.sessions} requests sharing a {len(prompts[0])}-token prompt, {args.new_tokens} new tokens"
         f" each, {args.num_blocks} KV blocks; median of {args.repeats} interleaved runs"
     )
-    print(f"{'telemetry':26} {'output tok/s':>13} {'vs off':>8} {'time in telemetry':>18}   runs (tok/s)")
+    head = f"{'telemetry':26} {'output tok/s':>13} {'vs off':>8} {'time in telemetry':>18} {'us/block event':>15}"
+    print(f"{head}   runs (tok/s)")
     rows = []
+    metrics_us = statistics.median(r[2] for r in results["metrics"])
     for config in configs:
         tps = statistics.median(r[0] for r in results[config])
         share = statistics.median(r[1] for r in results[config])
+        per_block = statistics.median(r[2] for r in results[config])
         runs = ", ".join(f"{r[0]:.0f}" for r in results[config])
-        print(f"{config:26} {tps:13.1f} {tps / baseline:7.3f}x {share:17.2%}   {runs}")
+        print(f"{config:26} {tps:13.1f} {tps / baseline:7.3f}x {share:17.2%} {per_block:15.2f}   {runs}")
         rows.append(Result("telemetry_overhead", f"telemetry {config}", tps, "tok/s", tps / baseline, "off"))
         if config != "off":
             rows.append(
@@ -184,6 +213,16 @@ def main(argv: list[str] | None = None) -> list[Result]:
                     "%",
                     share / max(args.budget, 1e-9),
                     "of the 3% budget",
+                )
+            )
+            rows.append(
+                Result(
+                    "telemetry_overhead",
+                    f"telemetry a block event, {config}",
+                    per_block,
+                    "µs",
+                    per_block / max(metrics_us, 1e-9),
+                    "metrics",
                 )
             )
     print(f"OTLP receiver got {receiver.num_received} export requests")
