@@ -2,6 +2,7 @@
 routers.
 
 kvobs whatif --store sqlite:///kvobs.db --num-blocks 32,64,128 --policy session_ttl --ttl 30
+kvobs whatif --store sqlite:///kvobs.db --num-blocks 64 --policy session_ttl --ttl 0,60,300,3600  # a sweep, its knee
 kvobs whatif --store sqlite:///kvobs.db --replicas                 # every router policy, each replica at its size
 kvobs whatif --trace trace.jsonl --block-size 16 --num-blocks 64,128  # a Mooncake trace (kvobs export's, or any)
 """
@@ -27,6 +28,18 @@ def _sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 2:
         raise argparse.ArgumentTypeError(f"block counts must be at least 2: {text!r}")
     return sizes
+
+
+def _ttls(text: str) -> list[float]:
+    try:
+        ttls = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of seconds: {text!r} (example: 0,60,300,3600)") from None
+    if not ttls:
+        raise argparse.ArgumentTypeError(f"not a list of seconds: {text!r} (example: 0,60,300,3600)")
+    if min(ttls) < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return sorted(set(ttls))
 
 
 def add_parser(sub) -> None:
@@ -70,7 +83,11 @@ def add_parser(sub) -> None:
         help="eviction policy to replay",
     )
     p.add_argument(
-        "--ttl", type=number(float, at_least=0), default=30.0, help="session_ttl: seconds a paused session is protected"
+        "--ttl",
+        type=_ttls,
+        default=[30.0],
+        metavar="S[,S...]",
+        help="session_ttl: seconds a paused session is protected; several: a sweep at each size, with its knee",
     )
     p.add_argument("--since", type=float, metavar="EPOCH_S", help="replay requests from this time")
     p.add_argument("--until", type=float, metavar="EPOCH_S", help="... up to this time")
@@ -121,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if len(args.ttl) > 1 and args.policy != EvictionPolicyName.SESSION_TTL.value:
+        print("kvobs whatif: several --ttl values sweep session_ttl: give --policy session_ttl", file=sys.stderr)
+        return 2
     if args.replicas and args.tier_blocks and len(args.tier_blocks) > 1:
         print("kvobs whatif: with --replicas, --tier-blocks takes one size (every replica's tier)", file=sys.stderr)
         return 2
@@ -150,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             print("kvobs whatif: no recorded request has a known block chain to replay", file=sys.stderr)
             return 2
         sizes = args.num_blocks or []
-        runs = [simulate_runs(plans, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in sizes]
+        runs = [simulate_runs(plans, num_blocks=n, policy=args.policy, ttl_s=t) for n in sizes for t in args.ttl]
         observed = observed_total(plans, store, args.since, args.until)
         checks = fidelity(plans, observed["hit"])
         sweep = tier_sweep(plans, store, tuple(args.tier_blocks)) if args.tier_blocks else None
@@ -160,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(format_table(plans, observed, runs, checks))
+    if len(args.ttl) > 1:
+        print("\n" + format_knees([total for total, _ in runs]))
     if sweep is not None:
         print("\n" + format_sweep(*sweep))
     return 0
@@ -188,8 +210,10 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"kvobs whatif: {args.trace} has no rows", file=sys.stderr)
         return 2
     plan = trace_plan(trace, args.block_size)
-    runs = [simulate(plan, num_blocks=n, policy=args.policy, ttl_s=args.ttl) for n in args.num_blocks]
+    runs = [simulate(plan, num_blocks=n, policy=args.policy, ttl_s=t) for n in args.num_blocks for t in args.ttl]
     print(format_trace_table(args.trace, trace, plan.block_size, runs))
+    if len(args.ttl) > 1:
+        print("\n" + format_knees(runs))
     return 0
 
 
@@ -228,6 +252,16 @@ def format_trace_table(path: str, trace, block_size: int, runs: list) -> str:
         f"As a recorded vLLM run is replayed, {REPLAY_WORDS} (vLLM's: from its lookup on).",
     ]
     return "\n".join(lines)
+
+
+def format_knees(results: list) -> str:
+    """Where the TTL sweep's hit rate stops paying, a line per cache size (`whatif.ttl_knee`)."""
+    from instrumented_engine.whatif.ttl_knee import knee_words
+
+    sizes: dict[int, list] = {}
+    for r in results:
+        sizes.setdefault(r.num_blocks, []).append((r.ttl_s, r.hit_rate))
+    return "\n".join(["Hit rate against the TTL:", *(f"- {knee_words(n, points)}" for n, points in sizes.items())])
 
 
 def _fleet(args: argparse.Namespace, store) -> int:

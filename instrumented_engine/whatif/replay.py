@@ -215,7 +215,8 @@ def simulate(
         clock=clock,
         offload_blocks=tier_blocks,
     )
-    result = WhatIfResult(num_blocks, policy, tier_blocks=tier_blocks)
+    ttl = ttl_s if policy == EvictionPolicyName.SESSION_TTL.value else None
+    result = WhatIfResult(num_blocks, policy, tier_blocks=tier_blocks, ttl_s=ttl)
     if plan.recorded is not None:
         return _replay_recorded(plan, manager, clock, result)
     registers = registers_of(plan.engine) if registers is None else registers

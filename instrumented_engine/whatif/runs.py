@@ -73,10 +73,10 @@ def replay_plans(
 def simulate_runs(plans: list[ReplayPlan], **options) -> tuple[WhatIfResult, list[WhatIfResult]]:
     """Each plan through a cache of its own (`whatif.simulate` with `options`), and their sum."""
     per_run = [simulate(plan, **options) for plan in plans]
-    total = WhatIfResult(per_run[0].num_blocks, per_run[0].policy)
+    total = WhatIfResult(per_run[0].num_blocks, per_run[0].policy, ttl_s=per_run[0].ttl_s)
     for result in per_run:
         for f in fields(WhatIfResult):
-            if f.name in ("num_blocks", "policy"):
+            if f.name in ("num_blocks", "policy", "ttl_s"):
                 continue
             mine, theirs = getattr(total, f.name), getattr(result, f.name)
             if isinstance(mine, dict):
@@ -119,7 +119,7 @@ def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
     ]
     rows += [
         (
-            r.policy,
+            r.configuration,
             r.num_blocks,
             r.hit_rate,
             r.evicted_blocks,

@@ -43,6 +43,12 @@ class WhatIfResult:
     preemptions: int = 0  # running requests the replay preempted to make room (the recorded replay only)
     too_large: int = 0  # requests longer than the whole cache: not admitted
     request_hits: dict[str, int] = field(default_factory=dict)  # request id -> its `hit_tokens` (first admission)
+    ttl_s: float | None = None  # session_ttl's protection of a paused session's blocks (None: the policy keeps none)
+
+    @property
+    def configuration(self) -> str:
+        """How the table names it: the policy, and its TTL where it keeps one."""
+        return self.policy if self.ttl_s is None else f"{self.policy} {self.ttl_s:g} s"
 
     @property
     def hit_rate(self) -> float | None:

@@ -115,7 +115,7 @@ def test_vllm_replay_and_cli(vllm_run):
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    assert "| observed | 32 |" in done.stdout and "| session_ttl | 400 |" in done.stdout
+    assert "| observed | 32 |" in done.stdout and "| session_ttl 30 s | 400 |" in done.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "kvobs.cli", "whatif", "--store", vllm_run.url, "--num-blocks", "1,x"],
         capture_output=True,
