@@ -103,16 +103,15 @@ class CollectorMetrics(PromCollector):
 def _store_queue(writer):
     """The store writer's queue: rows held uncommitted and the oldest's wait, now and at their peaks, and its room."""
     rows, lag_s, peak_rows, peak_lag_s = writer.depth_now()
-    m = kvobs_metrics
     for spec, value in (
-        (m.STORE_QUEUE_ROWS, rows),
-        (m.STORE_QUEUE_PEAK_ROWS, peak_rows),
-        (m.STORE_QUEUE_CAPACITY_ROWS, writer.max_queue),
-        (m.STORE_DRAIN_LAG, lag_s),
-        (m.STORE_DRAIN_LAG_PEAK, peak_lag_s),
+        (kvobs_metrics.STORE_QUEUE_ROWS, rows),
+        (kvobs_metrics.STORE_QUEUE_PEAK_ROWS, peak_rows),
+        (kvobs_metrics.STORE_QUEUE_CAPACITY_ROWS, writer.max_queue),
+        (kvobs_metrics.STORE_DRAIN_LAG, lag_s),
+        (kvobs_metrics.STORE_DRAIN_LAG_PEAK, peak_lag_s),
     ):
         yield GaugeMetricFamily(spec.name, spec.description, value=value)
-    full = _counter(m.STORE_QUEUE_FULL)
+    full = _counter(kvobs_metrics.STORE_QUEUE_FULL)
     full.add_metric([], writer.num_full)
     yield full
 
