@@ -23,8 +23,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-import zmq
 from collector_ingest import STORES, _check_lossless, synthetic_payloads  # bench/ is on sys.path
+from collector_workers import subscribed
 from ports import free_port
 from results import Result, detail, record
 
@@ -49,13 +49,9 @@ def schedule(rate: float, events: int, burst_x: float, burst_s: float, calm_s: f
 
 def publish(port: int, payloads: list[bytes], at: list[float], ready, go, sent) -> None:
     """A process of its own: each batch at its time (never early; late ones as fast as ZMQ takes them)."""
-    pub = zmq.Context.instance().socket(zmq.XPUB)
-    pub.setsockopt(zmq.SNDHWM, len(payloads) + 10)
-    pub.setsockopt(zmq.LINGER, 60_000)
-    pub.connect(f"tcp://127.0.0.1:{port}")
-    if not pub.poll(30_000):
+    pub = subscribed(port, len(payloads), linger_ms=60_000)
+    if pub is None:
         return
-    pub.recv()  # the collector's subscription
     ready.set()
     go.wait()
     start = time.perf_counter()

@@ -43,17 +43,26 @@ def workers_cpu_s(collector: Collector) -> float:
     return sum(_cpu(worker.process.pid) for worker in collector.pool.workers if worker.process is not None)
 
 
+def subscribed(port: int, queued: int, linger_ms: int = 30_000) -> zmq.Socket | None:
+    """A publisher connected to the collector's bound socket on `port`, holding up to `queued` batches, once the
+    collector's subscription has come (None when it did not in 30 s)."""
+    pub = zmq.Context.instance().socket(zmq.XPUB)
+    pub.setsockopt(zmq.SNDHWM, queued + 10)
+    pub.setsockopt(zmq.LINGER, linger_ms)
+    pub.connect(f"tcp://127.0.0.1:{port}")
+    if not pub.poll(30_000):
+        return None
+    pub.recv()  # the collector's subscription
+    return pub
+
+
 def publish(ports: list[int], payloads: list[bytes], ready, go) -> None:
     """A process of its own, as vLLM is: one publisher per port, each sending every payload once `go` is set."""
     pubs = []
     for port in ports:
-        pub = zmq.Context.instance().socket(zmq.XPUB)
-        pub.setsockopt(zmq.SNDHWM, len(payloads) + 10)
-        pub.setsockopt(zmq.LINGER, 30_000)
-        pub.connect(f"tcp://127.0.0.1:{port}")
-        if not pub.poll(30_000):
+        pub = subscribed(port, len(payloads))
+        if pub is None:
             return
-        pub.recv()  # the collector's subscription
         pubs.append(pub)
     ready.set()
     go.wait()

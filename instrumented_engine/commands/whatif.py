@@ -20,21 +20,23 @@ from kvobs.semconv.reasons import EvictionPolicyName, RouterPolicy, names
 REPLAY_BLOCK_BYTES = 400
 
 
-def _sizes(text: str) -> list[int]:
+def _listed(text: str, parse, what: str, example: str) -> list:
+    """A comma-separated flag's values (none for an empty one), or the flag's error naming what it takes."""
     try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
+        return [parse(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of block counts: {text!r} (example: 32,64,128)") from None
+        raise argparse.ArgumentTypeError(f"not a list of {what}: {text!r} (example: {example})") from None
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = _listed(text, int, "block counts", "32,64,128")
     if not sizes or min(sizes) < 2:
         raise argparse.ArgumentTypeError(f"block counts must be at least 2: {text!r}")
     return sizes
 
 
 def _ttls(text: str) -> list[float]:
-    try:
-        ttls = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of seconds: {text!r} (example: 0,60,300,3600)") from None
+    ttls = _listed(text, float, "seconds", "0,60,300,3600")
     if not ttls:
         raise argparse.ArgumentTypeError(f"not a list of seconds: {text!r} (example: 0,60,300,3600)")
     if min(ttls) < 0:
@@ -425,8 +427,7 @@ def _rows(obs: dict | None, results) -> list[str]:
     from instrumented_engine.whatif.runs import COMPARISON, comparison
 
     lines = ["| " + " | ".join(COMPARISON) + " |", "|" + "---|" * len(COMPARISON)]
-    rows = comparison({} if obs is None else obs, results)
-    for row in rows if obs is not None else rows[1:]:
+    for row in comparison(obs, results):
         cells = [row["configuration"], _num(row["blocks"]), _pct(row["hit rate"]), *map(_num, list(row.values())[3:])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -102,21 +102,24 @@ def observed_total(plans: list[ReplayPlan], store: Store, since, until, instance
     return observed
 
 
-def comparison(observed: dict, results: list[WhatIfResult]) -> list[dict]:
+def comparison(observed: dict | None, results: list[WhatIfResult]) -> list[dict]:
     """The what-if table's rows (keys `COMPARISON`): what was observed (`observed_total`'s, or a plan's
-    `observed`), then each replay in `results`; None where a value is unknown."""
-    rows: list[tuple] = [
-        (
-            "observed",
-            observed.get("num_blocks"),
-            observed.get("hit_rate"),
-            observed.get("evicted_blocks"),
-            observed.get("released_blocks"),
-            observed.get("lost_in_pause_blocks"),
-            observed.get("recompute_tokens"),
-            None,
+    `observed`; no row for None: a trace has nothing observed), then each replay in `results`; None where a value is
+    unknown."""
+    rows: list[tuple] = []
+    if observed is not None:
+        rows.append(
+            (
+                "observed",
+                observed.get("num_blocks"),
+                observed.get("hit_rate"),
+                observed.get("evicted_blocks"),
+                observed.get("released_blocks"),
+                observed.get("lost_in_pause_blocks"),
+                observed.get("recompute_tokens"),
+                None,
+            )
         )
-    ]
     rows += [
         (
             r.configuration,

@@ -13,10 +13,15 @@ from __future__ import annotations
 KNEE_SHARE = 0.9  # of the sweep's gain: where the knee is
 
 
+def _measured(points: list[tuple[float, float | None]]) -> list[tuple[float, float]]:
+    """The points with a hit rate, shortest TTL first."""
+    return sorted((ttl, rate) for ttl, rate in points if rate is not None)
+
+
 def knee(points: list[tuple[float, float | None]]) -> float | None:
     """The shortest TTL whose hit rate reaches `KNEE_SHARE` of the gain from the shortest TTL to the best one; None
     with fewer than three measured points or no gain. `points`: (TTL s, hit rate or None where nothing was asked)."""
-    measured = sorted((ttl, rate) for ttl, rate in points if rate is not None)
+    measured = _measured(points)
     if len(measured) < 3:
         return None
     first, best = measured[0][1], max(rate for _, rate in measured)
@@ -27,7 +32,7 @@ def knee(points: list[tuple[float, float | None]]) -> float | None:
 
 def knee_words(num_blocks: int, points: list[tuple[float, float | None]]) -> str:
     """The knee of one size's sweep, said with what it was read from."""
-    measured = sorted((ttl, rate) for ttl, rate in points if rate is not None)
+    measured = _measured(points)
     if len(measured) < 3:
         return f"{num_blocks:,} blocks: {len(measured)} TTL(s) measured, too few to mark a knee (give three or more)"
     found = knee(points)

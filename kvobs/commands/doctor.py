@@ -163,8 +163,9 @@ def _store_queue(exposed: _Exposition) -> tuple[bool, str] | None:
     """(ok, words) of the collector's store writer: rows held now and at most against its room, the oldest's wait now
     and at most; not ok once a unit found it full; None from a collector that says none of it."""
     m = kvobs_metrics
-    specs = (m.STORE_QUEUE_ROWS, m.STORE_QUEUE_PEAK_ROWS, m.STORE_QUEUE_CAPACITY_ROWS, m.STORE_DRAIN_LAG)
-    given = [exposed.by(spec).get(None) for spec in (*specs, m.STORE_DRAIN_LAG_PEAK, m.STORE_QUEUE_FULL)]
+    specs = [m.STORE_QUEUE_ROWS, m.STORE_QUEUE_PEAK_ROWS, m.STORE_QUEUE_CAPACITY_ROWS]
+    specs += [m.STORE_DRAIN_LAG, m.STORE_DRAIN_LAG_PEAK, m.STORE_QUEUE_FULL]
+    given = [exposed.by(spec).get(None) for spec in specs]
     values = [float(v) for v in given if v is not None]
     if len(values) < len(given):
         return None
@@ -176,8 +177,8 @@ def _store_queue(exposed: _Exposition) -> tuple[bool, str] | None:
     if full:
         words += (
             f"; {int(full):,} unit(s) found it full: each waited for room (a KV-event stream's socket buffering "
-            "meanwhile) or was dropped (counted as the store's dropped items): the store is slower than what comes "
-            "in (a faster store, or --workers)"
+            "meanwhile), was refused (an OTLP export answered 429, sent again) or was dropped (counted as the store's "
+            "dropped items): the store is slower than what comes in (a faster store, or --workers)"
         )
     return not full, words
 

@@ -166,7 +166,8 @@ kvobs_metrics = SimpleNamespace(
         "counter",
         "units",
         "Units of rows (a KV-event batch's, a span's) that found the store writer's queue full: each waited for room "
-        "(KV events, up to 10 s, their socket buffering meanwhile) or was dropped.",
+        "(KV events, up to 10 s, their socket buffering meanwhile), was refused (an OTLP export answered 429, which "
+        "its exporter sends again) or was dropped.",
     ),
     STORE_DRAIN_LAG=_spec(
         "kvobs_store_drain_lag_seconds",
