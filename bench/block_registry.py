@@ -6,7 +6,8 @@ case runs in a fresh process that stores `--blocks` blocks (64-bit hashes) in ch
 own), as a cache under no pressure holds them, then loses and stores back a tenth:
 
 - baseline: the chains alone (no restore looked for, no loss remembered);
-- chains + clock: both, as `KVIngest` feeds them.
+- chains + clock: both, as `KVIngest` feeds them;
+- compiled chains + clock: the same on the compiled ingest core (`collectors.kv.core`, built by scripts/install.sh).
 
 Printed per case: the process's RSS growth over the structure, per million blocks, the CPU time per block stored,
 and the whole process's RSS at the end (Python, the modules `kvobs collect` loads, the registry; not its queues nor
@@ -47,13 +48,14 @@ from tqdm import tqdm
 
 from collectors.kv.batch_rows import STORED
 from collectors.kv.chains import STORED_AT, ChainTracker
+from collectors.kv.core import load
 from collectors.kv.ingest import KVIngest
 from collectors.kv.rebuild import rebuild_clocks
 from kvobs.block_clock import HORIZON_S, BlockClock
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventRecord
 
-CASES = ("chains alone", "chains + clock")
+CASES = ("chains alone", "chains + clock", "compiled chains + clock")
 COLLECTOR = "collectors.command"  # what `kvobs collect` runs
 HASH0 = 1 << 63  # block hashes are 64-bit: an int object of that size, as the wire's are (not a small int's)
 
@@ -66,8 +68,11 @@ def rss_mb() -> float:
 def _case(case: str, blocks: int, chain: int, out) -> None:
     importlib.import_module(COLLECTOR)  # (the process RSS printed is then a collector's: its modules loaded)
     before = rss_mb()
-    chains = ChainTracker(max_blocks=blocks + 1, clock=BlockClock(max_blocks=blocks + 1))
-    clock = chains.clock if case == "chains + clock" else None
+    core = load("compiled" if case.startswith("compiled") else "python")
+    if case.startswith("compiled") and not core.compiled:
+        raise RuntimeError(f"the compiled ingest core is not loaded: {core.why}")
+    chains = core.new_chains(max_blocks=blocks + 1, clock=core.new_clock(max_blocks=blocks + 1))
+    clock = chains.clock if case.endswith("chains + clock") else None
     started = time.process_time()
     for first in range(0, blocks, chain):
         hashes = list(range(HASH0 + first + 1, HASH0 + first + chain + 1))

@@ -6,7 +6,9 @@ Stages, each timed on one thread over the same payloads:
 
 - decode: vLLM's adapter at the door (`kvobs.vllm.normalize.decode`: msgspec, then the normalized events) only:
   the baseline the other stages are compared with;
-- decode + attribute: plus `KVIngest` (hash chains, session attribution, rows queued), writer not draining;
+- decode + attribute: plus `KVIngest` (hash chains, session attribution, rows queued), writer not draining; on the
+  compiled ingest core where it is built (`collectors.kv.core`), and each such stage again on the pure-Python core
+  (`, pure Python`): the fallback's cost beside it, in the same run;
 - decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file);
 - decode + attribute + SQLite, writes in a child process: the same, the store's writes done by a child process
   (`kvobs collect --write-process`; started before the clock, as a collector starts it once);
@@ -54,6 +56,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from results import Result, process_cpu_s, record  # bench/ is on sys.path when a script in it runs
 from tqdm.auto import tqdm
 
+from collectors.kv.core import load
 from collectors.kv.ingest import KVIngest
 from collectors.metrics.derive import Deriver
 from collectors.metrics.prom_text import parse_metrics
@@ -64,6 +67,7 @@ from kvobs.vllm import kv_events as wire
 from kvobs.vllm.normalize import decode
 
 WRITE_PROCESS = ", writes in a child process"  # kvobs collect --write-process
+PURE = ", pure Python"  # the stage on the pure-Python ingest core (the others: the compiled one where built)
 STORE_ALONE = "rows made, "  # the store's own ceiling: the rows made before the clock, written with nothing else
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32-cpu" / "metrics"
 
@@ -146,7 +150,8 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
         store.write_alone()  # (SQL stores: the driver's executemany, as the write process writes)
     writes = WriteProcess(url) if url and stage.endswith(WRITE_PROCESS) else None  # started before the clock
     writer = StoreWriter(writes or store, max_queue=10_000_000) if store else _NullWriter()
-    ingest = KVIngest(writer, instance="bench") if "attribute" in stage else None
+    core = load("python" if stage.endswith(PURE) else None)
+    ingest = KVIngest(writer, instance="bench", core=core) if "attribute" in stage else None
     child = writes._process.pid if writes is not None and writes._process is not None else None
     child_cpu = _cpu(child)
     cpu, start = process_cpu_s(), time.perf_counter()
@@ -203,10 +208,10 @@ def _cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def made_rows(payloads: list[bytes], *, keep: bool = True) -> _NullWriter:
-    """The `kv_events` rows the payloads make (the same in every stage), counted and, with `keep`, kept."""
+def made_rows(payloads: list[bytes], *, keep: bool = True, core=None) -> _NullWriter:
+    """The `kv_events` rows the payloads make (the same in every stage and core), counted and, with `keep`, kept."""
     writer = _NullWriter(keep=keep)
-    ingest = KVIngest(writer, instance="bench")
+    ingest = KVIngest(writer, instance="bench", core=core)
     for seq, payload in enumerate(payloads):
         ingest.on_batch(seq, decode(payload).batch)
     return writer
@@ -311,9 +316,12 @@ def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
     stages = [
         "decode",
         "decode + attribute",
+        f"decode + attribute{PURE}",
         "decode + attribute + SQLite",
+        f"decode + attribute + SQLite{PURE}",
         f"decode + attribute + SQLite{WRITE_PROCESS}",
         "decode + attribute + chDB",
+        f"decode + attribute + chDB{PURE}",
     ]
     if args.postgres:
         stages += ["decode + attribute + PostgreSQL", f"decode + attribute + PostgreSQL{WRITE_PROCESS}"]
@@ -327,9 +335,11 @@ def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
     num_rows = made_rows(payloads).kv_rows
     base = statistics.median(wall for wall, _ in times["decode"])
     with_tier = "" if tier == "none" else f", a CPU tier's events among them ({tier})"
+    core = load()
     print(
         f"\nKV events: {total:,} events ({num_rows:,} block rows) in {len(payloads):,} batches{with_tier}, median of "
-        f"{args.repeats}; CPU: the process's and its write process's, every thread"
+        f"{args.repeats}; CPU: the process's and its write process's, every thread; ingest core: {core.name}"
+        + ("" if core.compiled else f" (as {core.why})")
     )
     print(
         f"{'stage':<58} {'events/s':>12} {'block rows/s':>13} {'time vs decode':>15} {'rate vs decode':>15} "

@@ -2,12 +2,14 @@
 rows' columns and the ingest's own bookkeeping.
 
 The same payloads as `bench/collector_ingest.py` (vLLM-format batches; `--tier` a CPU tier's events among them) are
-decoded and attributed (`KVIngest` with a writer that drops the rows) once under cProfile. Each function's own time
-goes to its component by its source file; a builtin's (a dict's `get`, a list's `extend`) to the component of the
-function that called it. The shares are then scaled to the CPU time of the same work measured without the profiler
-(the baseline, median of `--repeats`), which the profiler's own overhead would otherwise inflate.
+decoded and attributed (`KVIngest` on the `--core` ingest core, with a writer that drops the rows) once under
+cProfile. Each function's own time goes to its component by its source file; a builtin's (a dict's `get`, a list's
+`extend`) to the component of the function that called it, but the compiled core's methods to the compiled core.
+The shares are then scaled to the CPU time of the same work measured without the profiler (the baseline, median of
+`--repeats`), which the profiler's own overhead would otherwise inflate.
 
     python bench/ingest_profile.py [--batches 2000] [--events 50] [--tier none|placeholder|self-describing]
+        [--core compiled|python]
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 from collector_ingest import TIERS, made_rows, synthetic_payloads, workload_arguments  # bench/ is on sys.path
 from results import Result, record
 
+from collectors.kv.core import load
+
 # (component, the source files whose functions are its own), in the order printed; the first that matches
 COMPONENTS = (
     ("decode (the wire's msgpack, then normalized events)", ("kvobs/vllm/", "kvobs/block_events.py", "msgspec")),
@@ -33,23 +37,24 @@ COMPONENTS = (
     ("ingest's bookkeeping (dispatch, sessions, tiers)", ("collectors/kv/", "kvobs/semconv/")),
 )
 OTHER = "other"
+COMPILED = "compiled core (hash chains, block clocks: C++)"  # its methods are builtins to the profiler
 
 
 def component(func: tuple[str, int, str]) -> str | None:
     """A profiled function's component by its file; None for a builtin (its time goes to its callers')."""
     filename = func[0]
     if filename == "~":
-        return None
+        return COMPILED if "_chain_table." in func[2] else None
     for name, files in COMPONENTS:
         if any(part in filename for part in files):
             return name
     return OTHER
 
 
-def shares(payloads: list[bytes]) -> dict[str, float]:
+def shares(payloads: list[bytes], core) -> dict[str, float]:
     """Each component's share of the profiled time."""
     profile = cProfile.Profile()
-    profile.runcall(made_rows, payloads, keep=False)
+    profile.runcall(made_rows, payloads, keep=False, core=core)
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]  # (func -> (cc, nc, tt, ct, callers))
     own: dict[str, float] = {}
     for func, (_, _, tottime, _, callers) in stats.items():
@@ -70,22 +75,27 @@ def main(argv: list[str] | None = None) -> list[Result]:
     workload_arguments(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tier", choices=TIERS, default="none")
+    parser.add_argument("--core", choices=["compiled", "python"], default="compiled", help="the KV ingest core")
     args = parser.parse_args(argv)
+    core = load(args.core)
+    if args.core == "compiled" and not core.compiled:
+        raise SystemExit(f"the compiled ingest core is not loaded: {core.why}")
     payloads, total = synthetic_payloads(args.batches, args.events, args.sessions, tier=args.tier)
     cpu = []
     for _ in range(args.repeats):
         started = time.process_time()
-        made_rows(payloads, keep=False)
+        made_rows(payloads, keep=False, core=core)
         cpu.append(time.process_time() - started)
     per_event = statistics.median(cpu) / total * 1e6
-    split = shares(payloads)
+    split = shares(payloads, core)
     print(
-        f"\nKV events: {total:,} in {len(payloads):,} batches (CPU tier: {args.tier}); decode + attribute, one thread"
+        f"\nKV events: {total:,} in {len(payloads):,} batches (CPU tier: {args.tier}); decode + attribute, one thread; "
+        f"ingest core: {core.name}"
     )
     print(f"{'component':<52} {'CPU us/event':>13} {'share':>7}")
     rows = [Result("ingest_profile", "decode + attribute, unprofiled", per_event, "µs/event", 1.0, "itself")]
     print(f"{'decode + attribute, unprofiled (the baseline)':<52} {per_event:>13.2f} {1:>7.0%}")
-    for name in [c for c, _ in COMPONENTS] + [OTHER]:
+    for name in [c for c, _ in COMPONENTS] + [COMPILED, OTHER]:
         share = split.get(name, 0.0)
         print(f"{name:<52} {share * per_event:>13.2f} {share:>7.0%}")
         if share:  # (a component the run never entered has no row)

@@ -33,6 +33,7 @@ STAGES = {
     "3/5 ": "3/5 SmolLM2 weights",
     "4/5 ": "4/5 kvobs and its extras",
     "5/5 ": "5/5 C++ CPU operations",
+    "the collector's compiled ": "the compiled KV ingest core",
     "the tests' ": "test environments",
 }
 ROUND = re.compile(r"(\d+) steps in (\d+) s; prefix cache hit rate: ([\d.]+)%")

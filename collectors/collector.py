@@ -30,6 +30,8 @@ from collectors.dynamo_trace import DEFAULT_INSTANCE
 from collectors.jobs.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
 from collectors.jobs.step_verdicts import VerdictKeeper
 from collectors.kv.bridge import KVSpanBridge
+from collectors.kv.core import load as load_core
+from collectors.kv.core import say as say_core
 from collectors.kv.ingest import STORE_WAIT_S, KVIngest
 from collectors.kv.poller import KVEventPoller
 from collectors.kv.rebuild import rebuild_clocks
@@ -94,6 +96,7 @@ class Collector:
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
         self.bridge = bridge
         specs = parse_streams(options.kv_events, options.kv_events_replay, default_instance=default)
+        self.kv_core = load_core()  # (a worker process loads the same build: the same environment)
         self.pool = self._pool(specs)
         self.streams = [self._stream(spec, bridge) if self.pool is None else self._remote(spec) for spec in specs]
         replicas = [t.instance for t in self.targets] + [s.spec.instance for s in self.streams]
@@ -218,6 +221,7 @@ class Collector:
             session_idle_s=o.session_idle_s,
             verdict_wait_s=o.settle_s + o.join_wait_s,  # (a step joins its request up to the join wait later)
             session_ends=lambda ids: self.store.lookups.session_ends(ids),
+            core=self.kv_core,
             **self._timed,
         )
 
@@ -238,6 +242,8 @@ class Collector:
         """Claim this collector's replicas, then bind and connect everything; raises LeaseRefused when another
         collector holds a replica, OSError when an address is taken or unusable."""
         self.leases.claim()
+        if self.streams:
+            say_core(self.kv_core)
         for stream in self.streams:  # a restart goes on with the lifetimes and restores of the rows before it
             if isinstance(stream.ingest, KVIngest):  # (a worker rebuilds its own streams' as it starts)
                 rebuild_clocks(stream.ingest, self.store.lookups)

@@ -161,6 +161,9 @@ def _kv_streams(c):
         LABEL_INSTANCE,
         {s.spec.instance: c.kv_silence.num_silent[s.spec.instance] for s in c.streams},
     )
+    if c.streams:
+        spec = kvobs_metrics.COLLECTOR_KV_CORE_COMPILED
+        yield GaugeMetricFamily(spec.name, spec.description, value=int(c.kv_core.compiled))
     if c.pool is not None:  # (streams read in worker processes: `collectors.kv.workers`)
         yield _by_label(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS, LABEL_INSTANCE, c.pool.restarts())
         yield _up(kvobs_metrics.COLLECTOR_KV_WORKER_UP, c.pool.up())

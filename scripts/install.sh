@@ -36,6 +36,11 @@ if .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m instrumented_engine.kernels.cpu_kernels \
         || echo "the C++ operations did not build: the engine will run its pure-torch versions"
 fi
+if .venv/bin/python -c "import Cython, zmq" 2>/dev/null; then  # (the collectors extra, which `all` holds)
+    stage "the collector's compiled KV ingest core (C++ and Cython; without a compiler, its pure-Python fallback)"
+    .venv/bin/python -m collectors.kv.core.build \
+        || echo "the compiled KV ingest core did not build: the collector will attribute KV events in pure Python"
+fi
 if [[ ",${extras}," == *",test,"* ]]; then
     stage "the tests' LlamaIndex agent into .venv-llamaindex (its OpenAI package pins openai<3)"
     python3 -m venv .venv-llamaindex

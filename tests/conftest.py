@@ -42,3 +42,25 @@ def make_llm(smollm2_source):
         return LLM(source=smollm2_source, progress=False, **config)
 
     return build
+
+
+def _kv_core(choice: str):
+    from collectors.kv.core import build, load
+
+    if choice == "compiled" and build.built() is None:  # (an install that did not run scripts/install.sh)
+        build.build()
+    core = load(choice)
+    assert core.compiled == (choice == "compiled"), core.why
+    return core
+
+
+@pytest.fixture(params=["python", "compiled"])
+def kv_core(request):
+    """Each KV ingest core (`collectors.kv.core`): the pure Python and the compiled one (built here if this
+    environment's install did not build it)."""
+    return _kv_core(request.param)
+
+
+@pytest.fixture
+def compiled_kv_core():
+    return _kv_core("compiled")

@@ -16,6 +16,7 @@ restore) and, after a restart's rebuild, the stores of blocks only the history s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -123,6 +124,29 @@ class ChainTracker:
             footprint.removed += lost
         return block_of(block_hash, tracked)
 
+    def store(self, hashes: list, parent, session: str | None, ts: float) -> tuple[list[int] | None, list | None]:
+        """`stored`, and its clock's restores (`BlockClock.came_back`): what a store's rows are written from."""
+        return self.stored(hashes, parent, session, ts), self.clock.came_back(hashes, ts)
+
+    def remove(self, hashes: list, lost: bool, ts: float) -> tuple[list[Block | None], list[float | None]]:
+        """`removed` for each block, and each one's lifetime (`BlockClock.lost`): what a removal's rows are
+        written from."""
+        removed = self.removed
+        blocks = [removed(block_hash, lost) for block_hash in hashes]
+        return blocks, self.clock.lost(hashes, ts, [None if block is None else block[STORED_AT] for block in blocks])
+
+    def resident(self) -> int:
+        """Blocks resident now, each once."""
+        return len(self.blocks)
+
+    def hashes(self) -> list:
+        """The resident blocks' hashes, first stored first."""
+        return list(self.blocks)
+
+    def parents(self) -> Mapping:
+        """The resident blocks' parents, looked up (never copied)."""
+        return ResidentParents(self.blocks)
+
     def block(self, block_hash) -> Block | None:
         """A resident block's `(parent, owners, stored_at)`; None when it is not tracked."""
         tracked = self.blocks.get(block_hash)
@@ -158,3 +182,23 @@ class ChainTracker:
         if footprint is None:
             footprint = self.footprints[session] = Footprint()
         return footprint
+
+
+class ResidentParents(Mapping):
+    """The parents of a tracker's resident blocks, keyed as the store keys hashes: where a chain older than the
+    recent stores is read from (its root, the shared system prompt, was stored long before)."""
+
+    def __init__(self, blocks: dict) -> None:
+        self.blocks = blocks
+
+    def __getitem__(self, key):
+        return block_of(key, self.blocks[key])[PARENT]
+
+    def __contains__(self, key) -> bool:
+        return key in self.blocks
+
+    def __iter__(self):
+        return iter(self.blocks)
+
+    def __len__(self) -> int:
+        return len(self.blocks)

@@ -32,7 +32,8 @@ from typing import Protocol
 
 from collectors.kv.adoption import Adoption, LossSpans
 from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIER_STORED, BatchRows
-from collectors.kv.chains import STORED_AT, ChainTracker
+from collectors.kv.chains import ChainTracker
+from collectors.kv.core import Core, load
 from collectors.kv.recent_stores import RecentStores
 from collectors.kv.shared_starts import SharedStarts
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
@@ -80,6 +81,8 @@ class KVIngest(Adoption):
     session_idle_s: a session with nothing resident, nothing pending and no event for this long (stream time) is
         forgotten (`num_sessions_forgotten`), so memory does not grow with every session ever seen. If it comes
         back, its footprint counts start again.
+    core: what keeps each tier's chains and clock (`collectors.kv.core`): the compiled one where it is built, by
+        default.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class KVIngest(Adoption):
         session_idle_s: float = SESSION_IDLE_S,
         verdict_wait_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        core: Core | None = None,
     ) -> None:
         self.writer = writer
         self.instance = instance
@@ -112,7 +116,8 @@ class KVIngest(Adoption):
         self.starts = SharedStarts()  # the device tier's chains' first blocks, by their tokens
         self._dropped_repeated = self._dropped_unknown = 0  # those counts of tiers a clear dropped
         self._last_seen: OrderedDict[str, float] = OrderedDict()  # session -> latest event (stream time), oldest 1st
-        self.chains = ChainTracker()  # the device tier's chains: footprints, session losses, pauses
+        self.core = core or load()
+        self.chains: ChainTracker = self.core.new_chains()  # the device tier's chains: footprints, losses, pauses
         # other (tier, group)s' chains: an offload tier's own stores and removals, a hybrid model's other groups'
         self.tiers: dict[tuple[str | None, int], ChainTracker] = {}
         self.primary: tuple[str | None, int] | None = None  # the device tier and group: the first block stored's
@@ -212,13 +217,13 @@ class KVIngest(Adoption):
         if self.primary is None and not lower:
             self.primary = (medium, group or 0)
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
-        firsts = chains.stored(hashes, parent, session, ts)  # (a block announced again: its row counts no block)
+        firsts, gaps = chains.store(hashes, parent, session, ts)  # (a block announced again: its row counts none)
         shared = 0  # (a chain begun as another did, for less than a block: its first row says how many tokens)
         if event.first_tokens and chains is self.chains:
             shared = self.starts.see(hashes[0], event.first_tokens, event.block_size, len(hashes) * event.block_size)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
-        rows.stored(event, firsts, TIER_STORED if lower else STORED, chains.clock.came_back(hashes, ts), shared)
+        rows.stored(event, firsts, TIER_STORED if lower else STORED, gaps, shared)
 
     def _placeholder(self, ts: float, event: Placeholder, rows: BatchRows) -> None:
         """Hashes that reached an offload tier, no content: no block of this cache; counted, and stored as the tier's
@@ -252,17 +257,14 @@ class KVIngest(Adoption):
         medium, tokens, group, reason = event.medium, self.block_size, event.group_idx, event.reason
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
         device = chains is self.chains  # another tier's or group's removal is not the session losing its prefix
-        removed, lost = chains.removed, reason not in RELEASE_REASONS
+        lost = reason not in RELEASE_REASONS
         hold = device and self.hold_s
         hashes: list[int] = []  # the rows, one per block and owner
         parents: list[int | None] = []
         sessions: list[str | None] = []
         firsts: list[int] = []
         lives: list[float | None] = []
-        blocks = [removed(block_hash, lost) for block_hash in event.hashes]
-        lifetimes = chains.clock.lost(
-            event.hashes, ts, [None if block is None else block[STORED_AT] for block in blocks]
-        )
+        blocks, lifetimes = chains.remove(event.hashes, lost, ts)
         for block_hash, block, lifetime in zip(event.hashes, blocks, lifetimes):
             if block is None:
                 owners, parent = (None,), None
@@ -312,12 +314,12 @@ class KVIngest(Adoption):
         key = (self.primary[0] if medium is None else medium, self.primary[1] if group is None else group)
         tier = self.chains if key == self.primary else self.tiers.get(key)
         if tier is None:  # (on a new route; a tier a clear ended keeps its clock: its blocks were lost, not unknown)
-            tier = self.tiers[key] = ChainTracker(clock=self._clocks.pop(key, None))
+            tier = self.tiers[key] = self.core.new_chains(clock=self._clocks.pop(key, None))
         self._routes[(medium, group)] = tier
         return tier
 
     def _cleared(self, rows: BatchRows, reason: str, ts: float) -> dict[str | None, int]:
-        num_blocks = len(self.chains.blocks)  # each resident block once, however many sessions owned it
+        num_blocks = self.chains.resident()  # each resident block once, however many sessions owned it
         lost = self.chains.cleared(ts)
         for key, tier in self.tiers.items():  # (their counters and clocks outlive them)
             self._dropped_repeated += tier.num_repeated

@@ -9,12 +9,9 @@ call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import pandas as pd
 
-from collectors.kv.chains import PARENT, block_of
 from kvobs.analytics.cache import STORE_SLACK_S, block_ties
 
 
@@ -36,7 +33,7 @@ def tie_requests(ingest, frame: pd.DataFrame, due_ids: list[str], since: float) 
         return [], pd.DataFrame(columns=["request_id", "tie"]), 0
     skipped = set(due_ids) - set(looked)  # a header named every block of their windows
     kept = frame[~frame["request_id"].isin(skipped)]
-    ties = block_ties(kept, stored, block_size=ingest.block_size, before=ResidentParents(ingest.chains.blocks))
+    ties = block_ties(kept, stored, block_size=ingest.block_size, before=ingest.chains.parents())
     adopted = ingest.adopt(ties.attrs["owned"])
     return looked, ties[["request_id", "tie"]].reset_index(drop=True), adopted
 
@@ -44,23 +41,3 @@ def tie_requests(ingest, frame: pd.DataFrame, due_ids: list[str], since: float) 
 def _stores_between(times: np.ndarray, start: float, end: float) -> bool:
     lo, hi = np.searchsorted(times, start - STORE_SLACK_S), np.searchsorted(times, end + STORE_SLACK_S, "right")
     return bool(hi > lo)
-
-
-class ResidentParents(Mapping):
-    """The parents of the stream's resident blocks, keyed as the store keys hashes: where a chain older than the
-    recent stores is read from (its root, the shared system prompt, was stored long before)."""
-
-    def __init__(self, blocks: dict) -> None:
-        self.blocks = blocks
-
-    def __getitem__(self, key):
-        return block_of(key, self.blocks[key])[PARENT]
-
-    def __contains__(self, key) -> bool:
-        return key in self.blocks
-
-    def __iter__(self):
-        return iter(self.blocks)
-
-    def __len__(self) -> int:
-        return len(self.blocks)

@@ -145,6 +145,9 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     filled = exposed.by(kvobs_metrics.COLLECTOR_REQUESTS_CACHED_FILLED, LABEL_OUTCOME)
     if any(filled.values()):  # requests whose spans say no cached tokens (vLLM's), given their replies' counts
         out.append(("(requests' cached tokens from replies)", *cached_fill_check(filled)))
+    compiled = exposed.by(kvobs_metrics.COLLECTOR_KV_CORE_COMPILED).get(None)
+    if compiled is not None:  # (a collector with KV-event streams)
+        out.append(("(KV ingest core)", *_kv_core(float(compiled))))
     queue = _store_queue(exposed)
     if queue is not None:
         out.append(("(store queue)", *queue))
@@ -157,6 +160,16 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
                 ("(collector)", False, f"{int(n):,} {component} item(s) dropped (kvobs_telemetry_dropped_total)")
             )
     return out
+
+
+def _kv_core(compiled: float) -> tuple[bool, str]:
+    """(ok, words) of the core attributing the KV events: the pure-Python fallback is the same rows at more CPU."""
+    if compiled:
+        return True, "compiled (C++)"
+    return False, (
+        "pure Python: the same rows at more CPU an event (the compiled core is not built where the collector runs, "
+        "or KVOBS_KV_CORE=python); build it with python -m collectors.kv.core.build"
+    )
 
 
 def _store_queue(exposed: _Exposition) -> tuple[bool, str] | None:

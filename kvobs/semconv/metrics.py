@@ -226,6 +226,14 @@ kvobs_metrics = SimpleNamespace(
         "again failing: retried with a growing wait); absent where the streams are read in the collector's process.",
         LABEL_INSTANCE,
     ),
+    COLLECTOR_KV_CORE_COMPILED=_spec(
+        "kvobs_collector_kv_core_compiled",
+        "gauge",
+        "1",
+        "1 while the collector's KV-event streams are attributed by the compiled ingest core (collectors.kv.core), "
+        "0 while by its pure-Python fallback (no build found, or KVOBS_KV_CORE=python): the same rows, at more CPU "
+        "an event; absent without KV-event streams.",
+    ),
     COLLECTOR_KV_STREAMS_SILENT=_spec(
         "kvobs_collector_kv_streams_silent",
         "counter",

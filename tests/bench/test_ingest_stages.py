@@ -30,6 +30,7 @@ def test_only_the_named_stages_run_and_are_recorded(tmp_path):
     assert cases == [
         "KV events: decode",
         "KV events: decode + attribute + SQLite",
+        "KV events: decode + attribute + SQLite, pure Python",  # (the fallback beside the compiled core)
         "KV events: decode + attribute + SQLite, writes in a child process",
     ]
     assert "--stages 'attribute + SQLite'" in recorded.splitlines()[0]

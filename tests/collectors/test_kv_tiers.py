@@ -111,10 +111,10 @@ def test_an_offload_tiers_stores_and_removals_keep_to_their_own_chains(tmp_path)
     device = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "GPU", None, session_id="s1")
     offload = wire.BlockStored([1, 2], None, [5] * 32, 16, None, "CPU", None, session_id="s1")
     ingest.on_batch(0, normalize(wire.KVEventBatch(1.8e9, [device, offload, wire.BlockRemoved([1, 2], "CPU")], 0)))
-    assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.blocks) == {1, 2}
+    assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.hashes()) == {1, 2}
     assert ingest.chains.footprints["s1"].resident == 2 and ingest.num_pending_idle == 0
     ingest.on_batch(1, normalize(wire.KVEventBatch(1.8e9 + 1, [wire.BlockRemoved([2], "GPU")], 0)))
-    assert set(ingest.chains.blocks) == {1} and ingest.chains.footprints["s1"].resident == 1
+    assert set(ingest.chains.hashes()) == {1} and ingest.chains.footprints["s1"].resident == 1
     writer.close()
     removed = store.reads.kv_events(kinds=["removed", "tier_removed"])
     assert list(zip(removed["kind"], removed["block_hash"], removed["medium"], removed["session_id"])) == [
@@ -165,9 +165,9 @@ def test_a_hybrid_models_groups_keep_their_own_chains_and_every_field_is_stored(
         decoded = decode(wire.encode_batch(wire.KVEventBatch(1.8e9 + seq, events, 0)))
         ingest.on_batch(seq, decoded.batch)
         if seq == 0:  # the window group's drop left the device chains and the footprint whole
-            assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.blocks) == {1, 2}
+            assert ingest.primary == (MEDIUM_GPU, 0) and set(ingest.chains.hashes()) == {1, 2}
             assert ingest.chains.footprints["s1"].resident == 2
-    assert set(ingest.chains.blocks) == {1} and ingest.chains.footprints["s1"].resident == 1
+    assert set(ingest.chains.hashes()) == {1} and ingest.chains.footprints["s1"].resident == 1
     writer.close()
     rows = store.reads.kv_events()
     kinds = [None if pd.isna(kind) else kind for kind in rows["kv_cache_spec_kind"]]

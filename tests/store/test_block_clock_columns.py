@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from collectors.kv.chains import ChainTracker, Footprint
+from collectors.kv.chains import Footprint
 from collectors.kv.ingest import KVIngest
 from collectors.kv.rebuild import WINDOW_S, rebuild_clocks
 from kvobs.block_clock import BlockClock
@@ -45,8 +45,8 @@ def test_the_columns_equal_what_the_hash_lookups_returned(run, request):
         assert restores > 0 and lifetimes > 0, "no block lost and back: the run would not tell"
 
 
-def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds():
-    clock = BlockClock(max_blocks=4, horizon_s=100.0)
+def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds(kv_core):
+    clock = kv_core.new_clock(max_blocks=4, horizon_s=100.0)
     assert clock.stored([1, 2], 10.0) is None
     assert clock.lost([2, 9], 25.0) == [15.0, None]  # 9: never stored here
     assert clock.stored([2, 3, 9], 40.0) == [15.0, None, None]  # 2 came back after 15 s; 9's loss was not shown
@@ -56,11 +56,11 @@ def test_the_clock_says_lifetimes_restores_and_forgets_past_its_bounds():
     assert clock.lost([1], 220.0) == [None]
 
 
-def test_expired_losses_are_dropped_a_stretch_at_a_time_and_never_said_meanwhile():
+def test_expired_losses_are_dropped_a_stretch_at_a_time_and_never_said_meanwhile(kv_core):
     """A loss past the horizon is dropped by the first trim due after it expired (a 64th of the horizon after the
     oldest loss's expiry), not looked for on every loss; until then it is held, and its block stored back is no
     restore."""
-    clock = BlockClock(horizon_s=64.0)  # (a trim is due a second of stream time after the oldest loss expired)
+    clock = kv_core.new_clock(horizon_s=64.0)  # (a trim is due a second of stream time after the oldest loss expired)
     clock.stored([1, 2, 3, 4], 0.0)
     assert clock.lost([1], 10.0) == [10.0] and clock.lost([2], 10.5) == [10.5] and clock.lost([3], 74.2) == [74.2]
     assert list(clock.lost_at) == [1, 2, 3]  # 1 expired at 74.0; no trim is due before 75.0
@@ -81,11 +81,11 @@ def test_a_clock_whose_caller_keeps_the_store_times_holds_only_what_a_rebuild_to
     assert clock.lost_at == {7: 50.0, 1: 50.0}
 
 
-def test_the_chains_forget_their_oldest_past_their_bound_and_the_owners_footprints_say_so():
-    chains = ChainTracker(max_blocks=200)
+def test_the_chains_forget_their_oldest_past_their_bound_and_the_owners_footprints_say_so(kv_core):
+    chains = kv_core.new_chains(max_blocks=200)
     for n in range(26):  # 26 sessions' chains of 8 blocks: 208 stored, 8 past the bound
         chains.stored(list(range(8 * n, 8 * n + 8)), None, f"s{n}", float(n))
-    assert len(chains.blocks) == 198 and next(iter(chains.blocks)) == 10  # the excess and a margin of 1%, oldest first
+    assert chains.resident() == 198 and chains.hashes()[0] == 10  # the excess and a margin of 1%, oldest first
     assert chains.footprints["s0"] == Footprint(resident=0, stored=8) and chains.footprints["s1"].resident == 6
     assert chains.footprints["s25"].resident == 8
     assert chains.removed(3) is None and chains.num_unknown_removed == 1  # forgotten: its loss is no one's
