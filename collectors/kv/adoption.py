@@ -13,6 +13,7 @@ import pandas as pd
 
 from collectors.kv.batch_rows import REMOVED, BatchRows
 from collectors.kv.chains import ChainTracker
+from collectors.kv.core import Core
 from collectors.kv.recent_stores import RecentStores
 from collectors.kv.ties import tie_requests
 
@@ -32,6 +33,7 @@ class Adoption:
     instance: str
     block_size: int | None
     chains: ChainTracker
+    core: Core
     bridge: LossSpans | None
     lock: threading.Lock
     latest_ts: float
@@ -102,7 +104,7 @@ class Adoption:
         by_ts: dict[float, BatchRows] = {}
         while self._held and self._held[0][0] <= arrived_before:
             arrived, ts, block_hash, fields, session, lost = self._held.popleft()
-            rows = by_ts.get(ts) or by_ts.setdefault(ts, BatchRows())
+            rows = by_ts.get(ts) or by_ts.setdefault(ts, self.core.new_rows())
             rows.add(REMOVED, block_hash=block_hash, session_id=session, first_owner=1, **fields)
             rows.losers.append(session)
             if session is not None and lost:  # (as arrived: it has waited longer than a removal settles)

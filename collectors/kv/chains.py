@@ -16,7 +16,7 @@ restore) and, after a restart's rebuild, the stores of blocks only the history s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -135,6 +135,34 @@ class ChainTracker:
         blocks = [removed(block_hash, lost) for block_hash in hashes]
         return blocks, self.clock.lost(hashes, ts, [None if block is None else block[STORED_AT] for block in blocks])
 
+    def store_rows(self, rows, event, ts: float, row_kind: str, shared_start: int) -> None:
+        """`store` of a `Stored` event, its rows written into `rows` (`BatchRows.stored`)."""
+        firsts, gaps = self.store(event.hashes, event.parent, event.session_id, ts)
+        rows.stored(event, firsts, row_kind, gaps, shared_start)
+
+    def remove_rows(
+        self, rows, hashes: list, lost: bool, ts: float, medium, num_tokens, group_idx, reason, row_kind, device: bool
+    ) -> None:
+        """`remove` of a removal's blocks, a row each and owner written into `rows` (`BatchRows.removed`; a block
+        not resident: one row with no session); `device`: each row's owner is also a loser of the batch's."""
+        out, parents, sessions, firsts, lives = removal_rows(hashes, *self.remove(hashes, lost, ts))
+        if not out:
+            return
+        rows.removed(
+            out,
+            parents,
+            sessions,
+            firsts,
+            lives,
+            medium=medium,
+            num_tokens=num_tokens,
+            group_idx=group_idx,
+            reason=reason,
+            row_kind=row_kind,
+        )
+        if device:
+            rows.losers += sessions
+
     def resident(self) -> int:
         """Blocks resident now, each once."""
         return len(self.blocks)
@@ -182,6 +210,28 @@ class ChainTracker:
         if footprint is None:
             footprint = self.footprints[session] = Footprint()
         return footprint
+
+
+def removal_rows(hashes: list, blocks: list, lifetimes: list, held: Callable | None = None) -> tuple[list, ...]:
+    """A removal's row columns (`BatchRows.removed`'s hashes, parents, sessions, firsts, lifetimes): a row each block
+    and owner (a block not resident: one row with no session); `held(block_hash, block, lifetime)` True: that
+    block's row is left out (its caller keeps it)."""
+    out: list[int] = []
+    parents: list = []
+    sessions: list = []
+    firsts: list[int] = []
+    lives: list = []
+    for block_hash, block, lifetime in zip(hashes, blocks, lifetimes):
+        parent, owners = (None, (None,)) if block is None else block[:2]
+        if held is not None and block is not None and held(block_hash, block, lifetime):
+            continue
+        n = len(owners)
+        out += [block_hash] * n
+        parents += [parent] * n
+        sessions += owners
+        firsts += [1] if n == 1 else [1] + [0] * (n - 1)
+        lives += [lifetime] * n
+    return out, parents, sessions, firsts, lives
 
 
 class ResidentParents(Mapping):

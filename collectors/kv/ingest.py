@@ -32,7 +32,7 @@ from typing import Protocol
 
 from collectors.kv.adoption import Adoption, LossSpans
 from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIER_STORED, BatchRows
-from collectors.kv.chains import ChainTracker
+from collectors.kv.chains import ChainTracker, removal_rows
 from collectors.kv.core import Core, load
 from collectors.kv.recent_stores import RecentStores
 from collectors.kv.shared_starts import SharedStarts
@@ -145,7 +145,7 @@ class KVIngest(Adoption):
 
     def _on_batch(self, batch: Batch) -> None:
         ts = batch.ts
-        rows = BatchRows()
+        rows = self.core.new_rows()
         cleared: dict[str | None, int] = {}
         touched: set[str] = set()  # sessions with an event in this batch
         self.latest_ts = max(self.latest_ts, ts)
@@ -175,7 +175,7 @@ class KVIngest(Adoption):
 
     def on_restart(self) -> None:
         """The publisher restarted: its cache is empty, every chain we track has ended."""
-        rows, now = BatchRows(), self.clock()
+        rows, now = self.core.new_rows(), self.clock()
         self._cleared(rows, RESTART, self.latest_ts if self.latest_ts > float("-inf") else now)  # (stream time)
         self._flush(now, rows)
 
@@ -217,13 +217,13 @@ class KVIngest(Adoption):
         if self.primary is None and not lower:
             self.primary = (medium, group or 0)
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
-        firsts, gaps = chains.store(hashes, parent, session, ts)  # (a block announced again: its row counts none)
         shared = 0  # (a chain begun as another did, for less than a block: its first row says how many tokens)
         if event.first_tokens and chains is self.chains:
             shared = self.starts.see(hashes[0], event.first_tokens, event.block_size, len(hashes) * event.block_size)
         if self.recent is not None and session is None and chains is self.chains:
             self.recent.add(ts, hashes, parent)
-        rows.stored(event, firsts, TIER_STORED if lower else STORED, gaps, shared)
+        # (a block announced again: its row counts none)
+        chains.store_rows(rows, event, ts, TIER_STORED if lower else STORED, shared)
 
     def _placeholder(self, ts: float, event: Placeholder, rows: BatchRows) -> None:
         """Hashes that reached an offload tier, no content: no block of this cache; counted, and stored as the tier's
@@ -258,51 +258,31 @@ class KVIngest(Adoption):
         chains = self._routes.get((medium, group)) or self._tier(medium, group)
         device = chains is self.chains  # another tier's or group's removal is not the session losing its prefix
         lost = reason not in RELEASE_REASONS
-        hold = device and self.hold_s
-        hashes: list[int] = []  # the rows, one per block and owner
-        parents: list[int | None] = []
-        sessions: list[str | None] = []
-        firsts: list[int] = []
-        lives: list[float | None] = []
+        row_kind = TIER_REMOVED if is_lower_tier(medium) else REMOVED
+        if device and self.hold_s:
+            self._removed_holding(ts, event, rows, chains, lost, row_kind)
+        else:  # (a row each block and owner)
+            chains.remove_rows(rows, event.hashes, lost, ts, medium, tokens, group, reason, row_kind, device)
+
+    def _removed_holding(self, ts: float, event: Removed, rows: BatchRows, chains, lost: bool, row_kind: str) -> None:
+        """A device removal while ownership by inference runs: a block that named no session is held until its
+        session may be known (`_release`); the others' rows as `remove_rows` writes them."""
+        medium, tokens, group, reason = event.medium, self.block_size, event.group_idx, event.reason
+
+        def held(block_hash, block, lifetime) -> bool:
+            if block[1] != (None,):
+                return False
+            shared = dict(medium=medium, num_tokens=tokens, group_idx=group, reason=reason)
+            fields = dict(parent_hash=block[0], **shared, lifetime_s=lifetime)
+            self._held.append([self.clock(), ts, block_hash, fields, None, lost])
+            return True  # (its loss span too waits for its session: `_release`)
+
         blocks, lifetimes = chains.remove(event.hashes, lost, ts)
-        for block_hash, block, lifetime in zip(event.hashes, blocks, lifetimes):
-            if block is None:
-                owners, parent = (None,), None
-            else:
-                parent, owners, _ = block
-                if hold and owners == (None,):  # its session may come
-                    fields = dict(
-                        parent_hash=parent,
-                        medium=medium,
-                        num_tokens=tokens,
-                        group_idx=group,
-                        reason=reason,
-                        lifetime_s=lifetime,
-                    )
-                    self._held.append([self.clock(), ts, block_hash, fields, None, lost])
-                    continue  # (its loss span too waits for its session: `_release`)
-            n = len(owners)
-            hashes += [block_hash] * n
-            parents += [parent] * n
-            sessions += owners
-            firsts += [1] if n == 1 else [1] + [0] * (n - 1)
-            lives += [lifetime] * n
-        if not hashes:
+        columns = removal_rows(event.hashes, blocks, lifetimes, held)
+        if not columns[0]:
             return
-        rows.removed(
-            hashes,
-            parents,
-            sessions,
-            firsts,
-            lives,
-            medium=medium,
-            num_tokens=tokens,
-            group_idx=group,
-            reason=reason,
-            row_kind=TIER_REMOVED if is_lower_tier(medium) else REMOVED,
-        )
-        if device:
-            rows.losers += sessions
+        rows.removed(*columns, medium=medium, num_tokens=tokens, group_idx=group, reason=reason, row_kind=row_kind)
+        rows.losers += columns[2]
 
     def _tier(self, medium: str | None, group: int | None) -> ChainTracker:
         """The chains of a (tier, KV-cache group): the device tier's first group (`primary`) are `self.chains`;

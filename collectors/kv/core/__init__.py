@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from collectors.kv import chains
+from collectors.kv.batch_rows import BatchRows
 from kvobs.block_clock import BlockClock
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class Core:
     compiled: bool
     new_chains: Callable  # (max_blocks=..., clock=None) -> a tier's chains
     new_clock: Callable  # (max_blocks=..., horizon_s=...) -> a tier's block clock
+    new_rows: Callable  # () -> a batch's rows, which its chains' `store_rows` and `remove_rows` fill
     why: str = ""  # why the pure path runs ("" when compiled)
 
     @property
@@ -57,16 +59,20 @@ def load(choice: str | None = None) -> Core:
     where it is built."""
     choice = (choice or os.environ.get(CHOICE_ENV) or "compiled").lower()
     if choice == "python":
-        return Core(False, chains.ChainTracker, BlockClock, f"{CHOICE_ENV}=python")
+        return _python(f"{CHOICE_ENV}=python")
     if choice != "compiled":
         raise ValueError(f"{CHOICE_ENV} is 'compiled' or 'python', not {choice!r}")
     try:
         module = compiled_module()
     except ImportError as e:  # (a build for another interpreter, or a broken one)
-        return Core(False, chains.ChainTracker, BlockClock, f"its build did not load ({e})")
+        return _python(f"its build did not load ({e})")
     if module is None:
-        return Core(False, chains.ChainTracker, BlockClock, "it is not built (python -m collectors.kv.core.build)")
-    return Core(True, module.CompiledChains, module.CompiledClock)
+        return _python("it is not built (python -m collectors.kv.core.build)")
+    return Core(True, module.CompiledChains, module.CompiledClock, module.CompiledRows)
+
+
+def _python(why: str) -> Core:
+    return Core(False, chains.ChainTracker, BlockClock, BatchRows, why)
 
 
 def say(core: Core) -> None:

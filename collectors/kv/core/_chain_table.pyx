@@ -9,7 +9,7 @@ so the numbers do not grow with every session the collector ever saw.
 
 from collections.abc import Mapping
 
-from libc.math cimport isnan
+from libc.math cimport NAN, isnan
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.pair cimport pair
@@ -63,6 +63,9 @@ cdef extern from "chain_table.hpp" namespace "kvobs_core":
     cdef void keys_of "kvobs_core::keys_of"[V](const Ordered[V]& table, vector[uint64_t]& out) except +
     cdef void times_of "kvobs_core::times_of"(const Ordered[double]& table, vector[uint64_t]& keys,
                                               vector[double]& times) except +
+
+
+include "_rows.pxi"
 
 
 cdef inline void _fill(vector[uint64_t]& keys, list hashes):
@@ -279,6 +282,76 @@ cdef class CompiledChains:
     def store(self, list hashes, parent, session, double ts):
         """ChainTracker.store: (`stored`'s flags, the clock's restores)."""
         return self.stored(hashes, parent, session, ts), self.clock.came_back(hashes, ts)
+
+    def store_rows(self, CompiledRows rows, event, double ts, row_kind, shared_start):
+        """ChainTracker.store_rows: the event's blocks stored, a row each written into `rows`."""
+        cdef list hashes = event.hashes
+        cdef size_t n = len(hashes), i, row = rows.hashes.size()
+        cdef CompiledClock clock = self.clock
+        parent, session = event.parent, event.session_id
+        cdef uint64_t first_parent = 0 if parent is None else parent
+        _fill(self.work, hashes)
+        repeated = self.table.stored(self.work.data(), n, parent is not None, first_parent, self._number(session), ts,
+                                     self.firsts)
+        if n == 0 and not self.table.referenced(self.ids[session]):
+            self.table.freed.push_back(self.ids[session])
+        self._settle()
+        restored = clock.clock.came_back(self.work.data(), n, ts, clock.gaps)
+        for i in range(n):
+            rows._row(True, self.work[i], i > 0 or parent is not None, self.work[i - 1] if i else first_parent,
+                      self.firsts[i] if repeated else 1, NAN, 1 if restored and not isnan(clock.gaps[i]) else 0,
+                      clock.gaps[i] if restored else NAN)
+        rows._session(session, n)
+        if event.extra_keys is not None:
+            for i, value in enumerate(event.extra_keys):
+                if value is not None:
+                    rows.sparse_extra += [row + i, value]
+        if shared_start:
+            rows.sparse_shared += [row, shared_start]
+        rows._run((row_kind, event.medium, event.block_size, None, None, event.group_idx, event.kv_cache_spec_kind,
+                   event.lora_name), n)
+
+    def remove_rows(self, CompiledRows rows, list hashes, cbool lost, double ts, medium, num_tokens, group_idx,
+                    reason, row_kind, bint device):
+        """ChainTracker.remove_rows: the blocks removed, a row each and owner written into `rows` (and, for the
+        device tier, each row's owner into its losers)."""
+        cdef size_t n = len(hashes), i, j, k, first_row = rows.hashes.size()
+        cdef Block block
+        cdef const vector[uint32_t]* more
+        cdef vector[size_t] ends  # each block's rows end
+        cdef CompiledClock clock = self.clock
+        _fill(self.work, hashes)
+        self.given.resize(n)
+        losers = rows.losers
+        for i in range(n):
+            if not self.table.removed(self.work[i], lost, block):
+                self.given[i] = NAN
+                rows._row(True, self.work[i], False, 0, 1, NAN, -1, NAN)
+                rows._session(None, 1)
+                if device:
+                    losers.append(None)
+                ends.push_back(rows.hashes.size())
+                continue
+            self.given[i] = block.stored_at
+            more = self.table.more_of(block)
+            k = 1 if more == NULL else 1 + more.size()
+            for j in range(k):
+                owner = self.names[block.owner if j == 0 else more[0][j - 1]]
+                rows._row(True, self.work[i], block.has_parent, block.parent, 1 if j == 0 else 0, NAN, -1, NAN)
+                rows._session(owner, 1)
+                if device:
+                    losers.append(owner)
+            ends.push_back(rows.hashes.size())
+        self._settle()
+        clock.clock.lost(self.work.data(), n, ts, self.given.data(), clock.lives)
+        j = first_row
+        for i in range(n):
+            while j < ends[i]:
+                rows.lifetimes[j] = clock.lives[i]
+                j += 1
+        if rows.hashes.size() > first_row:
+            rows._run((row_kind, medium, num_tokens, reason, None, group_idx, None, None),
+                      rows.hashes.size() - first_row)
 
     def remove(self, list hashes, cbool lost, double ts):
         """ChainTracker.remove: each block's `(parent, owners, stored_at)` (None: not resident), its lifetime."""

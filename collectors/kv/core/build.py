@@ -22,7 +22,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "chain_table.hpp", HERE / "_chain_table.pyx"]
+SOURCES = [HERE / "chain_table.hpp", HERE / "_chain_table.pyx", HERE / "_rows.pxi"]
 MODULE = "_chain_table"
 CXX_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-DNDEBUG"]
 
