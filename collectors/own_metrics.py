@@ -52,6 +52,7 @@ from kvobs.semconv.metrics import (
     LABEL_STATUS,
     LABEL_TABLE,
     LABEL_TIE,
+    LABEL_WORKER,
     kvobs_metrics,
 )
 from kvobs.semconv.spans import CachedFill
@@ -165,8 +166,31 @@ def _kv_streams(c):
         spec = kvobs_metrics.COLLECTOR_KV_CORE_COMPILED
         yield GaugeMetricFamily(spec.name, spec.description, value=int(c.kv_core.compiled))
     if c.pool is not None:  # (streams read in worker processes: `collectors.kv.workers`)
+        yield from _worker_queues(c.pool)
         yield _by_label(kvobs_metrics.COLLECTOR_KV_WORKER_RESTARTS, LABEL_INSTANCE, c.pool.restarts())
         yield _up(kvobs_metrics.COLLECTOR_KV_WORKER_UP, c.pool.up())
+
+
+def _worker_queues(pool):
+    """Each stream worker's own store writer, where it writes the store itself (as `_store_queue` says the
+    collector's); nothing where the workers' rows go to the collector's writer."""
+    queues = {f"worker-{w.index}": w.stats.get("queue") for w in pool.workers}
+    queues = {name: queue for name, queue in queues.items() if queue is not None}
+    if not queues:
+        return
+    gauges = (
+        kvobs_metrics.WORKER_STORE_QUEUE_ROWS,
+        kvobs_metrics.WORKER_STORE_DRAIN_LAG,
+        kvobs_metrics.WORKER_STORE_QUEUE_PEAK_ROWS,
+        kvobs_metrics.WORKER_STORE_DRAIN_LAG_PEAK,
+        kvobs_metrics.WORKER_STORE_QUEUE_CAPACITY_ROWS,
+    )  # (in the order the worker reports them, its full count last)
+    for n, spec in enumerate(gauges):
+        family = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_WORKER])
+        for name, queue in queues.items():
+            family.add_metric([name], queue[n])
+        yield family
+    yield _by_label(kvobs_metrics.WORKER_STORE_QUEUE_FULL, LABEL_WORKER, {name: q[5] for name, q in queues.items()})
 
 
 def _session_losses(streams):

@@ -253,6 +253,7 @@ class Worker:
             "streams": {name: stream_stats(ingest, receiver) for name, (ingest, _, receiver) in self.streams.items()},
             "drops": drops,
             "written": None if self.writer is None else self.writer.num_written,  # (its own writer's rows)
+            "queue": None if self.writer is None else _queue(self.writer),
         }
 
     def _handle(self, kind: str, args: tuple):
@@ -280,6 +281,11 @@ class Worker:
             threading.Timer(0.0, self.exit.set).start()  # (after the answer is sent)
             return None
         raise ValueError(f"a stream worker does not know {kind!r}")
+
+
+def _queue(writer: StoreWriter) -> list:
+    """Its own writer's queue as the collector's /metrics says it: rows, lag, peak rows, peak lag, room, units full."""
+    return [*writer.depth_now(), writer.max_queue, writer.num_full]
 
 
 def main(fd: int) -> None:

@@ -26,6 +26,7 @@ from kvobs.semconv.metrics import (
     LABEL_REASON,
     LABEL_SHAPE,
     LABEL_TIE,
+    LABEL_WORKER,
     kvobs_metrics,
 )
 from kvobs.semconv.reasons import PairApart
@@ -148,9 +149,26 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     compiled = exposed.by(kvobs_metrics.COLLECTOR_KV_CORE_COMPILED).get(None)
     if compiled is not None:  # (a collector with KV-event streams)
         out.append(("(KV ingest core)", *_kv_core(float(compiled))))
-    queue = _store_queue(exposed)
+    m = kvobs_metrics
+    queue = _store_queue(
+        exposed,
+        [
+            m.STORE_QUEUE_ROWS,
+            m.STORE_QUEUE_PEAK_ROWS,
+            m.STORE_QUEUE_CAPACITY_ROWS,
+            m.STORE_DRAIN_LAG,
+            m.STORE_DRAIN_LAG_PEAK,
+            m.STORE_QUEUE_FULL,
+        ],
+    )
     if queue is not None:
         out.append(("(store queue)", *queue))
+    workers = [m.WORKER_STORE_QUEUE_ROWS, m.WORKER_STORE_QUEUE_PEAK_ROWS, m.WORKER_STORE_QUEUE_CAPACITY_ROWS]
+    workers += [m.WORKER_STORE_DRAIN_LAG, m.WORKER_STORE_DRAIN_LAG_PEAK, m.WORKER_STORE_QUEUE_FULL]
+    for worker in sorted(w for w in exposed.by(m.WORKER_STORE_QUEUE_ROWS, LABEL_WORKER) if w is not None):
+        queue = _store_queue(exposed, workers, worker)
+        if queue is not None:  # (each stream worker's own writer: --workers on PostgreSQL, a ClickHouse server)
+            out.append((f"(store queue of {worker})", *queue))
     dynamo = exposed.by(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_ROWS, LABEL_OUTCOME)
     if any(dynamo.values()):  # (only with --dynamo-trace)
         out.append(("(Dynamo request-trace rows)", *_dynamo_rows(dynamo)))
@@ -172,13 +190,11 @@ def _kv_core(compiled: float) -> tuple[bool, str]:
     )
 
 
-def _store_queue(exposed: _Exposition) -> tuple[bool, str] | None:
-    """(ok, words) of the collector's store writer: rows held now and at most against its room, the oldest's wait now
-    and at most; not ok once a unit found it full; None from a collector that says none of it."""
-    m = kvobs_metrics
-    specs = [m.STORE_QUEUE_ROWS, m.STORE_QUEUE_PEAK_ROWS, m.STORE_QUEUE_CAPACITY_ROWS]
-    specs += [m.STORE_DRAIN_LAG, m.STORE_DRAIN_LAG_PEAK, m.STORE_QUEUE_FULL]
-    given = [exposed.by(spec).get(None) for spec in specs]
+def _store_queue(exposed: _Exposition, specs: list, worker: str | None = None) -> tuple[bool, str] | None:
+    """(ok, words) of a store writer (the collector's, or `worker`'s own): rows held now and at most against its
+    room, the oldest's wait now and at most; not ok once a unit found it full; None from a collector that says none
+    of it. `specs`: its rows, peak rows, room, lag, peak lag and units full."""
+    given = [exposed.by(spec, LABEL_WORKER).get(worker) for spec in specs]
     values = [float(v) for v in given if v is not None]
     if len(values) < len(given):
         return None

@@ -31,6 +31,7 @@ LABEL_INSTANCE = "instance"  # a collector's target (an engine or vLLM), never a
 LABEL_TABLE = "table"  # a store table
 LABEL_METHOD = "method"  # how a step was joined to its server request, or why not (`kvobs.semconv.spans.StepJoin`)
 LABEL_OUTCOME = "outcome"  # what became of a cached-token count a joined step gave its request (`spans.CachedFill`)
+LABEL_WORKER = "worker"  # a stream worker of `kvobs collect --workers` (`worker-N`, as its spool folder is named)
 LABEL_TIE = "tie"  # how a request's stored blocks were tied to it and its session, or why not (`spans.BlockTie`)
 
 # `metric_samples.name` of a scraped counter's increase over one scrape interval: `<counter name>:increase`; of a
@@ -60,6 +61,10 @@ VLLM_LEGACY_NAMES = {
     "vllm:gpu_prefix_cache_hits": vllm.PREFIX_CACHE_HITS,
     "vllm:time_per_output_token_seconds": vllm.INTER_TOKEN_LATENCY,
 }
+
+# a stream worker's own store writer: where `kvobs collect --workers` writes a store that takes many writers
+# (PostgreSQL, a ClickHouse server) from each worker; absent where the workers' rows go to the collector's writer
+_WORKER = "A stream worker's own store writer (kvobs collect --workers on a store many processes write): "
 
 kvobs_metrics = SimpleNamespace(
     KV_BLOCKS_EVICTED=_spec(
@@ -180,6 +185,48 @@ kvobs_metrics = SimpleNamespace(
         "gauge",
         "s",
         "The longest any row waited in the store writer, from queued to committed, since it started.",
+    ),
+    WORKER_STORE_QUEUE_ROWS=_spec(
+        "kvobs_store_worker_queue_rows",
+        "gauge",
+        "rows",
+        _WORKER + "rows it accepted and has not committed yet.",
+        LABEL_WORKER,
+    ),
+    WORKER_STORE_QUEUE_PEAK_ROWS=_spec(
+        "kvobs_store_worker_queue_peak_rows",
+        "gauge",
+        "rows",
+        _WORKER + "the most rows it held uncommitted at once since it started.",
+        LABEL_WORKER,
+    ),
+    WORKER_STORE_QUEUE_CAPACITY_ROWS=_spec(
+        "kvobs_store_worker_queue_capacity_rows",
+        "gauge",
+        "rows",
+        _WORKER + "the rows its queue takes at most, besides the batch being written.",
+        LABEL_WORKER,
+    ),
+    WORKER_STORE_QUEUE_FULL=_spec(
+        "kvobs_store_worker_queue_full",
+        "counter",
+        "units",
+        _WORKER + "KV-event batches that found its queue full (each waited for room, or was dropped and counted).",
+        LABEL_WORKER,
+    ),
+    WORKER_STORE_DRAIN_LAG=_spec(
+        "kvobs_store_worker_drain_lag_seconds",
+        "gauge",
+        "s",
+        _WORKER + "how long the oldest row it holds uncommitted has waited (0 when it holds none).",
+        LABEL_WORKER,
+    ),
+    WORKER_STORE_DRAIN_LAG_PEAK=_spec(
+        "kvobs_store_worker_drain_lag_peak_seconds",
+        "gauge",
+        "s",
+        _WORKER + "the longest any row waited in it, from queued to committed, since it started.",
+        LABEL_WORKER,
     ),
     COLLECTOR_TARGET_UP=_spec(
         "kvobs_collector_target_up",

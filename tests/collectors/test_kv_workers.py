@@ -75,6 +75,7 @@ def test_two_workers_store_exactly_what_one_process_stores(tmp_path, backend):
                     assert (pool.config["direct"] is not None) == (backend == "postgresql") == takes_many_writers(url)
                     counted = {s.spec.instance: s.subscriber.num_batches for s in collector.streams}
                     assert counted == {name: len(replica_frames(name)) for name in REPLICAS}
+                    _worker_queues_shown(collector, direct=backend == "postgresql")
             if pool is not None:  # on PostgreSQL, each worker's own writer wrote its stream's rows
                 written = [w.stats["written"] for w in pool.workers]
                 assert all(n > 0 for n in written) if backend == "postgresql" else written == [None, None]
@@ -83,6 +84,20 @@ def test_two_workers_store_exactly_what_one_process_stores(tmp_path, backend):
         for query in (KV_ROWS, FOOTPRINTS, SESSIONS):
             assert rows(urls["two"], query) == rows(urls["one"], query)
         assert len(rows(urls["one"], KV_ROWS)) > 100 and len(rows(urls["one"], FOOTPRINTS)) > 0  # (it compared some)
+
+
+def _worker_queues_shown(collector, *, direct: bool) -> None:
+    """Where each worker writes the store itself, its own writer's queue is on /metrics (a series a worker) and in
+    doctor (a line a worker); where its rows go to the collector's writer, that writer's queue says them."""
+    exposed = generate_latest(collector.registry).decode()
+    checks = {name: (ok, words) for name, ok, words in exposition_checks(exposed)}
+    for worker in ("worker-0", "worker-1"):
+        assert (f'kvobs_store_worker_queue_capacity_rows{{worker="{worker}"}}' in exposed) == direct
+        assert (f"(store queue of {worker})" in checks) == direct
+        if direct:
+            ok, words = checks[f"(store queue of {worker})"]
+            assert ok and "rows waiting to be committed" in words
+    assert "(store queue)" in checks  # (the collector's own writer, always)
 
 
 def test_the_default_uses_the_cores_up_to_the_streams():
