@@ -22,6 +22,7 @@ log = logging.getLogger("bench")
 
 BENCHMARKS = (
     "engine_throughput",
+    "ttft_by_source",
     "block_manager",
     "fleet_index",
     "telemetry_overhead",
@@ -46,6 +47,7 @@ def arguments(name: str, quick: bool, workdir: str) -> list[str]:
         return []
     sizes = {
         "engine_throughput": ["--prompts", "2", "--prompt-tokens", "48", "--new-tokens", "8", "--dtypes", "float32"],
+        "ttft_by_source": ["--lengths", "32,64", "--repeats", "1"],
         "telemetry_overhead": ["--sessions", "4", "--new-tokens", "4", "--repeats", "1"],
         "block_manager": ["--requests", "200", "--repeats", "1"],
         "fleet_index": ["--events", "20000", "--replicas", "4", "--capacity", "512"],

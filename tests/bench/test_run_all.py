@@ -16,6 +16,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table[2:] if line.startswith("| ")]
     assert {r[0] for r in rows} == {
         "engine_throughput",
+        "ttft_by_source",
         "block_manager",
         "fleet_index",
         "telemetry_overhead",
@@ -41,6 +42,7 @@ def test_run_all_quick_prints_one_table_over_every_benchmark(tmp_path):
         ("ingest_profile", "decode + attribute, unprofiled"),
         ("core_slice", "chains + clock: pure Python"),
         ("collector_workers", "2 streams into SQLite, --workers 1"),
+        ("ttft_by_source", "TTFT, 64-token prefix: miss"),
     ]:
         assert case in baselines
     for row in rows:
