@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from instrumented_engine.whatif.fidelity import fidelity
     from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
     from instrumented_engine.whatif.tier_sweep import tier_sweep
+    from kvobs.analytics.cache import ages_words
     from kvobs.store import open_store
 
     if not args.trace and (args.prefill_tokens_per_s is not None or args.decode_tokens_per_s is not None):
@@ -176,17 +177,28 @@ def run(args: argparse.Namespace) -> int:
         observed = observed_total(plans, store, args.since, args.until)
         checks = fidelity(plans, observed["hit"])
         sweep = tier_sweep(plans, store, tuple(args.tier_blocks)) if args.tier_blocks else None
+        ages = _eviction_ages(store, args) if len(args.ttl) > 1 else None
     except ValueError as exc:
         print(f"kvobs whatif: {exc}", file=sys.stderr)
         return 2
     finally:
         store.close()
     print(format_table(plans, observed, runs, checks))
-    if len(args.ttl) > 1:
+    if ages is not None:
         print("\n" + format_knees([total for total, _ in runs]))
+        print("\n" + ages_words(ages))
     if sweep is not None:
         print("\n" + format_sweep(*sweep))
     return 0
+
+
+def _eviction_ages(store, args: argparse.Namespace) -> dict:
+    """The range's eviction ages, overall and per agent, read beside a TTL sweep (`kvobs.analytics.cache`)."""
+    from kvobs.analytics.cache import eviction_ages
+    from kvobs.semconv.spans import KVEventKind
+
+    removed = store.reads.kv_events(args.since, args.until, kinds=[KVEventKind.REMOVED.value])
+    return eviction_ages(removed, store.reads.sessions())
 
 
 def _trace(args: argparse.Namespace) -> int:

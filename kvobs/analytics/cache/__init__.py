@@ -3,12 +3,14 @@
 Its rooms: the hit rate (`hit_rate`) and its shortfall split (`shortfall_split`); the hash chains behind it (`chains`);
 who stored which block (`ownership`, `inferred_events`, said in `tie_reports`) and who held it across a fleet
 (`fleet_index`, `routing`); the tiers (`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost
-(`prefill_rates`); pressure against latency (`pressure`); sessions' footprints (`footprints`); the requests a
+(`prefill_rates`); pressure against latency (`pressure`); the ages blocks were evicted at (`ages_at_eviction`);
+sessions' footprints (`footprints`); the requests a
 replay or an export takes (`replay_requests`); and `kvobs doctor`'s checks (`agreement`, `prompt_starts`,
 `token_details`). Outside the wing, code imports this module only
 (tests/test_architecture.py); the wing never imports the steps' wing (`kvobs.analytics.steps`), which stands above it.
 """
 
+from kvobs.analytics.cache.ages_at_eviction import ages_words, eviction_ages
 from kvobs.analytics.cache.agreement import kv_counter_agreement
 from kvobs.analytics.cache.chains import (
     BlockGraph,
@@ -104,9 +106,11 @@ __all__ = [
     "HitRate",
     "PrefillRates",
     "Replayable",
+    "ages_words",
     "block_ties",
     "cached_fill_check",
     "changing_starts",
+    "eviction_ages",
     "eviction_churn",
     "fleet_losses",
     "footprint_timeline",
