@@ -178,19 +178,20 @@ def _worker_queues(pool):
     queues = {name: queue for name, queue in queues.items() if queue is not None}
     if not queues:
         return
-    gauges = (
-        kvobs_metrics.WORKER_STORE_QUEUE_ROWS,
-        kvobs_metrics.WORKER_STORE_DRAIN_LAG,
-        kvobs_metrics.WORKER_STORE_QUEUE_PEAK_ROWS,
-        kvobs_metrics.WORKER_STORE_DRAIN_LAG_PEAK,
-        kvobs_metrics.WORKER_STORE_QUEUE_CAPACITY_ROWS,
-    )  # (in the order the worker reports them, its full count last)
-    for n, spec in enumerate(gauges):
+    gauges = {  # (the keys the worker reports them by: `collectors.kv.worker._queue`)
+        "rows": kvobs_metrics.WORKER_STORE_QUEUE_ROWS,
+        "lag_s": kvobs_metrics.WORKER_STORE_DRAIN_LAG,
+        "peak_rows": kvobs_metrics.WORKER_STORE_QUEUE_PEAK_ROWS,
+        "peak_lag_s": kvobs_metrics.WORKER_STORE_DRAIN_LAG_PEAK,
+        "room": kvobs_metrics.WORKER_STORE_QUEUE_CAPACITY_ROWS,
+    }
+    for key, spec in gauges.items():
         family = GaugeMetricFamily(spec.name, spec.description, labels=[LABEL_WORKER])
         for name, queue in queues.items():
-            family.add_metric([name], queue[n])
+            family.add_metric([name], queue[key])
         yield family
-    yield _by_label(kvobs_metrics.WORKER_STORE_QUEUE_FULL, LABEL_WORKER, {name: q[5] for name, q in queues.items()})
+    full = {name: queue["full"] for name, queue in queues.items()}
+    yield _by_label(kvobs_metrics.WORKER_STORE_QUEUE_FULL, LABEL_WORKER, full)
 
 
 def _session_losses(streams):

@@ -260,14 +260,16 @@ class KVIngest(Adoption):
         lost = reason not in RELEASE_REASONS
         row_kind = TIER_REMOVED if is_lower_tier(medium) else REMOVED
         if device and self.hold_s:
-            self._removed_holding(ts, event, rows, chains, lost, row_kind)
+            self._removed_holding(ts, event, rows, chains, lost, row_kind, tokens)
         else:  # (a row each block and owner)
             chains.remove_rows(rows, event.hashes, lost, ts, medium, tokens, group, reason, row_kind, device)
 
-    def _removed_holding(self, ts: float, event: Removed, rows: BatchRows, chains, lost: bool, row_kind: str) -> None:
+    def _removed_holding(
+        self, ts: float, event: Removed, rows: BatchRows, chains, lost: bool, row_kind: str, tokens: int | None
+    ) -> None:
         """A device removal while ownership by inference runs: a block that named no session is held until its
         session may be known (`_release`); the others' rows as `remove_rows` writes them."""
-        medium, tokens, group, reason = event.medium, self.block_size, event.group_idx, event.reason
+        medium, group, reason = event.medium, event.group_idx, event.reason
 
         def held(block_hash, block, lifetime) -> bool:
             if block[1] != (None,):

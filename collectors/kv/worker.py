@@ -283,9 +283,12 @@ class Worker:
         raise ValueError(f"a stream worker does not know {kind!r}")
 
 
-def _queue(writer: StoreWriter) -> list:
-    """Its own writer's queue as the collector's /metrics says it: rows, lag, peak rows, peak lag, room, units full."""
-    return [*writer.depth_now(), writer.max_queue, writer.num_full]
+def _queue(writer: StoreWriter) -> dict:
+    """Its own writer's queue, by what the collector's /metrics says of it (`own_metrics._worker_queues`)."""
+    rows, lag_s, peak_rows, peak_lag_s = writer.depth_now()
+    return dict(
+        rows=rows, lag_s=lag_s, peak_rows=peak_rows, peak_lag_s=peak_lag_s, room=writer.max_queue, full=writer.num_full
+    )
 
 
 def main(fd: int) -> None:

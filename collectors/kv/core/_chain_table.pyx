@@ -274,8 +274,6 @@ cdef class CompiledChains:
         cdef uint32_t owner = self._number(session)
         repeated = self.table.stored(self.work.data(), n, parent is not None, 0 if parent is None else parent, owner,
                                      ts, self.firsts)
-        if n == 0 and not self.table.referenced(owner):
-            self.table.freed.push_back(owner)
         self._settle()
         return [self.firsts[i] for i in range(n)] if repeated else None
 
@@ -293,8 +291,6 @@ cdef class CompiledChains:
         _fill(self.work, hashes)
         repeated = self.table.stored(self.work.data(), n, parent is not None, first_parent, self._number(session), ts,
                                      self.firsts)
-        if n == 0 and not self.table.referenced(self.ids[session]):
-            self.table.freed.push_back(self.ids[session])
         self._settle()
         restored = clock.clock.came_back(self.work.data(), n, ts, clock.gaps)
         for i in range(n):
@@ -402,8 +398,6 @@ cdef class CompiledChains:
     def adopt(self, block_hash, session) -> bool:
         cdef uint32_t owner = self._number(session)
         adopted = self.table.adopt(block_hash, owner)
-        if not adopted:
-            self.table.freed.push_back(owner)
         self._settle()
         return adopted
 

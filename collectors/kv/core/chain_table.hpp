@@ -343,6 +343,7 @@ class ChainTable {
         d.resident += fresh;
         d.stored += fresh;
         if (blocks.size() > max_blocks) forget(overflow(blocks.size(), max_blocks));
+        unowned(owner);  // (a store of no block)
         return !disjoint;
     }
 
@@ -389,7 +390,10 @@ class ChainTable {
 
     bool adopt(uint64_t h, uint32_t owner) {  // a block that named no session becomes `owner`'s
         Block* block = blocks.find(h);
-        if (!block || block->owner != 0 || block->extra != 0) return false;
+        if (!block || block->owner != 0 || block->extra != 0) {
+            unowned(owner);  // (a session numbered for this call alone)
+            return false;
+        }
         unref(0);
         block->owner = owner;
         ref(owner);
@@ -450,6 +454,10 @@ class ChainTable {
     void ref(uint32_t owner) {
         if (owner >= refs.size()) refs.resize(owner + 1, 0);
         ++refs[owner];
+    }
+
+    void unowned(uint32_t owner) {  // a session no block names: its number to be handed back
+        if (owner && !referenced(owner)) freed.push_back(owner);
     }
 
     void unref(uint32_t owner) {
