@@ -33,6 +33,8 @@ class SizeReplay:
     check: Fidelity
     notes: tuple[str, ...]  # what the caption adds: one run for a range of several, requests counted once, tied ones
     pauses_note: str | None  # why the tool-pause losses are not compared, where they are not
+    saved: pd.DataFrame  # each size's hits as time to first token saved (`whatif.time_saved.SAVED_COLUMNS`)
+    saved_words: str  # the rates that priced them, and what the columns count
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ def size_replay(
     from instrumented_engine.whatif.fidelity import PAUSES_NOT_COMPARABLE, fidelity
     from instrumented_engine.whatif.replay import DUPLICATES, INFERRED
     from instrumented_engine.whatif.runs import COMPARISON, comparison, observed_total, simulate_runs
+    from instrumented_engine.whatif.time_saved import SAVED_COLUMNS, SAVED_WORDS, Prices, request_costs, time_saved
 
     results = [simulate_runs(plans, num_blocks=n, policy=policy, ttl_s=ttl_s) for n in sizes]
 
@@ -83,6 +86,9 @@ def size_replay(
     per_run = []
     if len(plans) > 1:
         per_run = [(p.span, table(p.observed, [r[i] for _, r in results]), checks[i]) for i, p in enumerate(plans)]
+    prices = Prices.from_store(store, plans, since, until)
+    baseline = request_costs([c.replay for c in checks])
+    saved = [time_saved(total, baseline, prices).row() for total, _ in results]
     replayed, skipped, duplicates, inferred = (
         sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates", "inferred")
     )
@@ -101,6 +107,8 @@ def size_replay(
         check,
         tuple(notes),
         None if check.pauses_comparable else PAUSES_NOT_COMPARABLE,
+        pd.DataFrame(saved, columns=list(SAVED_COLUMNS)).drop(columns=["cost saved"]),
+        f"{prices.rate_words()}. {SAVED_WORDS.format(gpus=1)}",
     )
 
 

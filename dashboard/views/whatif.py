@@ -108,6 +108,9 @@ def render(ctx) -> None:
         "step, so at the observed size and policy the replay is the run; vLLM's approximately, and the check "
         "above says how closely."
     )
+    st.subheader("Time to first token saved")
+    show_text_table(done.saved, ctx.clock)
+    st.caption(done.saved_words)
     for span, run_table, run_check in per_run:
         with st.expander(span.label(ctx.clock.iso)):
             _check(run_check, ctx)

@@ -114,6 +114,18 @@ def add_parser(sub) -> None:
         type=number(float, above=0),
         help="with --trace: how fast a reply is decoded, for rows that do not say when they finished",
     )
+    p.add_argument(
+        "--gpu-hour-cost",
+        type=number(float, at_least=0),
+        metavar="PRICE",
+        help="what one GPU-hour costs: the prefill time saved, priced (in the unit given)",
+    )
+    p.add_argument(
+        "--gpus-per-engine",
+        type=number(int, at_least=1),
+        default=1,
+        help="GPUs one engine instance runs on (tensor parallel): its prefill seconds x this are GPU-seconds",
+    )
     p.set_defaults(func=run)
 
 
@@ -176,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         runs = [simulate_runs(plans, num_blocks=n, policy=args.policy, ttl_s=t) for n in sizes for t in args.ttl]
         observed = observed_total(plans, store, args.since, args.until)
         checks = fidelity(plans, observed["hit"])
+        saved = _time_saved(store, plans, [total for total, _ in runs], checks[1], args)
         sweep = tier_sweep(plans, store, tuple(args.tier_blocks)) if args.tier_blocks else None
         ages = _eviction_ages(store, args) if len(args.ttl) > 1 else None
     except ValueError as exc:
@@ -184,12 +197,23 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(format_table(plans, observed, runs, checks))
+    print("\n" + saved)
     if ages is not None:
         print("\n" + format_knees([total for total, _ in runs]))
         print("\n" + ages_words(ages))
     if sweep is not None:
         print("\n" + format_sweep(*sweep))
     return 0
+
+
+def _time_saved(store, plans, results, checks, args: argparse.Namespace) -> str:
+    """Each size's hits as prefill time saved against the replay at the observed point (`whatif.time_saved`)."""
+    from instrumented_engine.whatif.time_saved import Prices, request_costs, saved_table, time_saved
+
+    prices = Prices.from_store(store, plans, args.since, args.until)
+    baseline = request_costs([check.replay for check in checks])
+    options = {"gpus": args.gpus_per_engine, "gpu_hour_cost": args.gpu_hour_cost}
+    return saved_table([time_saved(result, baseline, prices, **options) for result in results], prices)
 
 
 def _eviction_ages(store, args: argparse.Namespace) -> dict:

@@ -144,6 +144,8 @@ class RecordedReplay:
                 self.result.hit_tokens += found * self.block_size
                 self.result.request_hits[seq.request_id] = found * self.block_size
                 self.result.tier_hit_tokens += len(loaded) * self.block_size
+                if loaded:
+                    self.result.request_loads[seq.request_id] = len(loaded) * self.block_size
                 missed = seq.block_hashes[found : (seq.num_tokens - 1) // self.block_size]
                 self.result.recompute_tokens += self.block_size * sum(1 for h in missed if h in self.computed)
 

@@ -43,6 +43,7 @@ class WhatIfResult:
     preemptions: int = 0  # running requests the replay preempted to make room (the recorded replay only)
     too_large: int = 0  # requests longer than the whole cache: not admitted
     request_hits: dict[str, int] = field(default_factory=dict)  # request id -> its `hit_tokens` (first admission)
+    request_loads: dict[str, int] = field(default_factory=dict)  # ... of them, loaded from the tier (where any)
     ttl_s: float | None = None  # session_ttl's protection of a paused session's blocks (None: the policy keeps none)
 
     @property

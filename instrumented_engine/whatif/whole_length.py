@@ -129,6 +129,8 @@ class WholeLengthCache:
         self.result.hit_tokens += found * size
         self.result.request_hits[req.request_id] = found * size
         self.result.tier_hit_tokens += len(loaded) * size
+        if loaded:
+            self.result.request_loads[req.request_id] = len(loaded) * size
         missed = seq.block_hashes[found : (req.prompt_tokens - 1) // size]
         self.result.recompute_tokens += size * sum(1 for h in missed if h in self.computed)
         seq.token_ids.extend([0] * (upfront - req.prompt_tokens))

@@ -77,10 +77,19 @@ def test_every_page_renders_on_the_engine_run(monkeypatch, agent_run, page):
         checked = [c.value for c in at.caption if c.value.startswith("At the observed configuration")]
         assert len(checked) == 1 and "+0.0 points" in checked[0] and "reproduces the run" in checked[0]
         assert not at.warning
-        assert [h.value for h in at.subheader] == ["CPU tier or more cache", "Pauses before steps"]
+        assert [h.value for h in at.subheader] == [
+            "Time to first token saved",
+            "CPU tier or more cache",
+            "Pauses before steps",
+        ]
+        saved = at.table[1].value  # each size's hits priced at the run's measured prefill rate
+        assert list(saved["blocks"]) == ["30", "60"] and saved["engine prefill s saved"].iloc[0] == "0"
+        assert float(saved["engine prefill s saved"].iloc[1]) > 0 and saved["steps priced"].iloc[1] == "18 of 18"
+        rates = "Prefill rates (each instance's own, measured): engine-test:"
+        assert any(c.value.startswith(rates) for c in at.caption)
         paused = [c.value for c in at.caption if "steps after a pause" in c.value]
         assert len(paused) == 1 and paused[0].startswith("12 steps after a pause")  # 6 sessions, 3 steps each
-        swept = at.table[1].value  # the observed setup, then 15, 30 and 60 blocks added to a tier or to the cache
+        swept = at.table[2].value  # the observed setup, then 15, 30 and 60 blocks added to a tier or to the cache
         assert list(swept["added"]) == ["none", *["offload tier", "bigger cache"] * 3]
         assert list(swept["blocks added"]) == ["0", "15", "15", "30", "30", "60", "60"]
         assert not at.number_input  # lru: no TTL box

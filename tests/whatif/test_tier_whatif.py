@@ -10,6 +10,7 @@ import pytest
 from instrumented_engine.whatif.fidelity import fidelity
 from instrumented_engine.whatif.replay import simulate
 from instrumented_engine.whatif.runs import observed_total, replay_plans
+from instrumented_engine.whatif.time_saved import Prices, request_costs, time_saved
 from kvobs.store import open_store
 from tests.server.conftest import ask_session, filler_prompt, running_server
 from tests.whatif.helpers import altered_copy, whatif
@@ -45,7 +46,7 @@ def test_the_replay_with_the_runs_tier_loads_and_hits_what_the_engine_did(tier_r
     loaded = store.reads.kv_events(kinds=["tier_loaded"])
     assert set(loaded["session_id"]) == {"a", "b"}  # the engine's record: their blocks, loaded back
     same = simulate(plan, num_blocks=12, tier_blocks=TIER_BLOCKS)
-    assert same.tier_hit_tokens == 16 * len(loaded) > 0
+    assert same.tier_hit_tokens == 16 * len(loaded) > 0 and sum(same.request_loads.values()) == same.tier_hit_tokens
     assert same.hit_tokens == sum(cached)  # the replies' cached tokens: the cache's hits and the tier's loads
     assert same.hit_rate == pytest.approx(plan.observed["hit_rate"])
     # their blocks were evicted while they waited: lost in the pause, as the engine counted, and all given back
@@ -63,6 +64,13 @@ def test_without_the_tier_the_loaded_tokens_are_recomputed_and_a_small_tier_save
     assert none.tier_hit_tokens == 0 and none.saved_in_pause_blocks == 0
     assert none.hit_tokens == same.hit_tokens - same.tier_hit_tokens
     assert none.recompute_tokens == same.recompute_tokens + same.tier_hit_tokens
+    # priced against the run: without the tier its loaded steps compute those tokens, and no load rate was scraped
+    # into this store (no collector ran), so what loading them cost is unknown: those steps are not priced, the
+    # others are (they hit the same as in the run)
+    prices = Prices.from_store(store, [plan])
+    priced = time_saved(none, request_costs([same]), prices)
+    assert priced.unpriced == len(same.request_loads) > 0
+    assert set(priced.by_request) == set(same.request_hits) - set(same.request_loads)
     sizes = [simulate(plan, num_blocks=12, tier_blocks=n) for n in (8, 16, 32, TIER_BLOCKS)]
     saved = [r.saved_in_pause_blocks for r in sizes]
     assert saved == sorted(saved) and saved[-1] == same.saved_in_pause_blocks  # a bigger tier never saves less

@@ -48,7 +48,7 @@ from kvobs.analytics.cache.ownership import (
     owned_stored,
     with_tied_blocks,
 )
-from kvobs.analytics.cache.prefill_rates import RATE_WINDOW_S, PrefillRates
+from kvobs.analytics.cache.prefill_rates import RATE_WINDOW_S, PrefillRates, prefill_overlap
 from kvobs.analytics.cache.pressure import QUANTILES, lagged_correlation, pressure_windows, strongest_lag, why_no_lag
 from kvobs.analytics.cache.prompt_starts import (
     changing_starts,
@@ -105,6 +105,7 @@ __all__ = [
     "FleetIndex",
     "HitRate",
     "PrefillRates",
+    "prefill_overlap",
     "Replayable",
     "ages_words",
     "block_ties",

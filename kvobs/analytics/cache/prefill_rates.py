@@ -140,3 +140,25 @@ def _measured_prefills(requests: pd.DataFrame) -> pd.DataFrame:
     )
     clean = frame["num_preemptions"].fillna(0).astype(float) == 0
     return frame[clean & (frame["uncached"] > 0) & (frame["prefill_s"] > 0)]
+
+
+def prefill_overlap(requests: pd.DataFrame) -> dict[str, float]:
+    """Per instance, the share of its requests' prefill time the engine spent once: the union of their prefill
+    intervals (scheduled to first token) over their sum. 1.0: one prefill at a time; 0.25: four at once on average,
+    each request's prefill time the same engine time. What turns requests' prefill seconds into the engine's."""
+    frame = requests.assign(
+        start=requests["arrival_ts"].astype(float) + requests["queue_s"].astype(float),
+        end=requests["first_token_ts"].astype(float),
+    )
+    frame = frame[frame["end"] > frame["start"]]
+    shares = {}
+    for instance, group in frame.groupby("instance"):
+        starts, ends = group["start"].to_numpy(), group["end"].to_numpy()
+        order = np.argsort(starts, kind="stable")
+        union, reach = 0.0, -np.inf
+        for start, end in zip(starts[order], ends[order]):
+            if end > reach:  # the part of this interval past everything before it
+                union += end - max(start, reach)
+                reach = end
+        shares[str(instance)] = union / float((ends - starts).sum())
+    return shares
