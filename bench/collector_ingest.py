@@ -8,7 +8,8 @@ Stages, each timed on one thread over the same payloads:
   the baseline the other stages are compared with;
 - decode + attribute: plus `KVIngest` (hash chains, session attribution, rows queued), writer not draining; on the
   compiled ingest core where it is built (`collectors.kv.core`), and each such stage again on the pure-Python core
-  (`, pure Python`): the fallback's cost beside it, in the same run;
+  (`, pure Python`): the fallback's cost beside it, in the same run; and once with every block hash keyed first
+  (`, hashes keyed`: `kvobs collect --hash-key-file`, HMAC-SHA256): what keying costs;
 - decode + attribute + SQLite: everything, until the store writer has committed every row (WAL, one file);
 - decode + attribute + SQLite, writes in a child process: the same, the store's writes done by a child process
   (`kvobs collect --write-process`; started before the clock, as a collector starts it once);
@@ -60,6 +61,7 @@ from collectors.kv.core import load
 from collectors.kv.ingest import KVIngest
 from collectors.metrics.derive import Deriver
 from collectors.metrics.prom_text import parse_metrics
+from kvobs.hash_key import HashKey
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.rows import KVEventColumns
 from kvobs.store.sql.write_process import WriteProcess
@@ -68,6 +70,7 @@ from kvobs.vllm.normalize import decode
 
 WRITE_PROCESS = ", writes in a child process"  # kvobs collect --write-process
 PURE = ", pure Python"  # the stage on the pure-Python ingest core (the others: the compiled one where built)
+KEYED = ", hashes keyed"  # every block hash keyed before the ingest (`kvobs collect --hash-key-file`)
 STORE_ALONE = "rows made, "  # the store's own ceiling: the rows made before the clock, written with nothing else
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.32-cpu" / "metrics"
 
@@ -152,6 +155,7 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
     writer = StoreWriter(writes or store, max_queue=10_000_000) if store else _NullWriter()
     core = load("python" if stage.endswith(PURE) else None)
     ingest = KVIngest(writer, instance="bench", core=core) if "attribute" in stage else None
+    key = HashKey(b"the bench's secret, 32 bytes....") if stage.endswith(KEYED) else None
     child = writes._process.pid if writes is not None and writes._process is not None else None
     child_cpu = _cpu(child)
     cpu, start = process_cpu_s(), time.perf_counter()
@@ -161,6 +165,8 @@ def time_kv(stage: str, payloads: list[bytes], store_dir: Path, run: int) -> tup
     else:
         for seq, payload in enumerate(payloads):
             batch = decode(payload).batch
+            if key is not None:
+                batch = key.batch(batch)
             if ingest is not None:
                 ingest.on_batch(seq, batch)
     if store is not None:
@@ -317,6 +323,7 @@ def kv_stages(args: argparse.Namespace, tier: str) -> list[Result]:
         "decode",
         "decode + attribute",
         f"decode + attribute{PURE}",
+        f"decode + attribute{KEYED}",
         "decode + attribute + SQLite",
         f"decode + attribute + SQLite{PURE}",
         f"decode + attribute + SQLite{WRITE_PROCESS}",

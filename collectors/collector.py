@@ -14,6 +14,7 @@ endpoint's host:port and (spans) the exporter's `service.name`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import SpanSteps
 from kvobs.addresses import split_host_port
 from kvobs.analytics.steps import VERDICT_INTERVAL_S
+from kvobs.hash_key import HASH_KEY_ENV, HashKey
 from kvobs.store import Store, open_store
 from kvobs.store.db import takes_many_writers
 from kvobs.store.leases import LeaseKeeper
@@ -96,6 +98,7 @@ class Collector:
         bridge = KVSpanBridge(tracer, self.activity) if tracer is not None else None
         self.bridge = bridge
         specs = parse_streams(options.kv_events, options.kv_events_replay, default_instance=default)
+        self.hash_key = HashKey.from_env(options.hash_key_file)  # (a worker process reads the same file)
         self.kv_core = load_core()  # (a worker process loads the same build: the same environment)
         self.pool = self._pool(specs)
         self.streams = [self._stream(spec, bridge) if self.pool is None else self._remote(spec) for spec in specs]
@@ -186,6 +189,7 @@ class Collector:
             "verdict_wait_s": o.settle_s + o.join_wait_s,
             "bind": True if o.kv_events_bind else None,
             "topic": o.kv_events_topic,
+            "hash_key_file": o.hash_key_file or os.environ.get(HASH_KEY_ENV),
         }
         config = {
             "options": options,
@@ -225,9 +229,11 @@ class Collector:
             **self._timed,
         )
 
+        key = self.hash_key
+
         def on_batch(seq: int, batch) -> None:
             if self.leases.held(spec.instance):
-                ingest.on_batch(seq, batch)
+                ingest.on_batch(seq, batch if key is None else key.batch(batch))
             else:
                 self.drops.count("kv_events", "lease_lost", f"{spec.instance} is written by another collector")
 
@@ -244,6 +250,8 @@ class Collector:
         self.leases.claim()
         if self.streams:
             say_core(self.kv_core)
+        if self.hash_key is not None:
+            log.info("block hashes are stored keyed: HMAC-SHA256, key fingerprint %s", self.hash_key.fingerprint)
         for stream in self.streams:  # a restart goes on with the lifetimes and restores of the rows before it
             if isinstance(stream.ingest, KVIngest):  # (a worker rebuilds its own streams' as it starts)
                 rebuild_clocks(stream.ingest, self.store.lookups)

@@ -16,6 +16,7 @@ import threading
 from collectors.kv.silence import SILENCE_S as KV_SILENCE_S
 from kvobs.addresses import host_port
 from kvobs.commands.common import (
+    add_hash_key_flag,
     add_retention_flag,
     add_session_end_flag,
     add_spool_flag,
@@ -113,6 +114,7 @@ def add_parser(sub) -> None:
     )
     add_retention_flag(p)
     add_spool_flag(p)
+    add_hash_key_flag(p)
     p.add_argument(
         "--write-process",
         action="store_true",
@@ -159,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
             write_process=args.write_process,
             workers=args.workers,
             dynamo_trace=args.dynamo_trace,
+            hash_key_file=args.hash_key_file,
             otlp_grpc=args.otlp_grpc,
             otlp_http=args.otlp_http,
             forward_otlp=args.forward_otlp,

@@ -41,6 +41,7 @@ class CollectorOptions:
     kv_silence_s: float = SILENCE_S  # a KV stream silent this long while its replica serves is told (kv_silence)
     workers: int | None = None  # KV-event worker processes (collectors.kv.workers); None: the cores, up to the streams
     dynamo_trace: str | None = None  # a directory of Dynamo's request-trace shards, followed (collectors.dynamo_follow)
+    hash_key_file: str | None = None  # a secret: block hashes stored keyed (kvobs.hash_key); None: KVOBS_HASH_KEY_FILE
 
     def __post_init__(self) -> None:
         if not (self.vllm_urls or self.kv_events or self.otlp_grpc or self.otlp_http or self.dynamo_trace):

@@ -30,6 +30,7 @@ from kvobs.analytics.cache import (
     routing_summary_of_sums,
     shortfall,
     shortfall_of_sums,
+    shortfall_tax,
     store_lookups,
     strongest_lag,
 )
@@ -193,6 +194,7 @@ def fleet_routing(
         requests=len(reqs),
         shortfall=table if not lookups.empty else table.iloc[0:0],
         spread=hit_rate_spread(table),
+        tax=shortfall_tax(store, since, until, table) if not lookups.empty else None,
     )
 
 
@@ -230,6 +232,7 @@ def _measured_routing(store: Store, sums: pd.DataFrame, since: float, until: flo
         measured_to=to,
         pending=pending,
         unmeasured=[name for name in names if name not in marks],
+        tax=shortfall_tax(store, since, until, table),
     )
 
 

@@ -111,6 +111,23 @@ TERMS: dict[str, tuple[str, str]] = {
         "Hit tokens the replica held only in an offload tier at the lookup (CPU, storage): loaded, not recomputed; "
         "a tool-pause eviction the tier saved is counted here, not as a loss.",
     ),
+    "prefill_tokens": (
+        "prefilled (tokens)",
+        "Prompt tokens the engine computed, in whole blocks (the prompt's less those found), and what preemptions "
+        "made it compute again.",
+    ),
+    "recomputed_tokens": ("recomputed (tokens)", "Of the prefilled, tokens some replica had computed before."),
+    "recompute_tax": ("recompute tax", "Recomputed tokens / prefilled tokens."),
+    "recomputed_pause_tokens": ("in tool pauses", "Recomputed: evicted while the session waited on a tool."),
+    "recomputed_capacity_tokens": ("capacity", "Recomputed: evicted for room, no session paused."),
+    "recomputed_routed_tokens": ("routing", "Recomputed: another replica of the fleet held them at the lookup."),
+    "recomputed_invalidated_tokens": ("invalidated or reset", "Recomputed: invalidated, or the cache was reset."),
+    "recomputed_unexplained_tokens": ("unexplained", "Recomputed: held at the lookup, yet not found."),
+    "recomputed_preempted_tokens": (
+        "preemption",
+        "Recomputed after a preemption: the tokens it lost less those its re-admission found again. Blank: the "
+        "engine does not say (not measured).",
+    ),
     "counted_by": ("counted by", "The engine's own counter the row is read from (each engine's, by its own name)."),
     "cache_tokens": ("found in the cache (tokens)", "Prompt tokens the engine found in its device KV cache."),
     "loaded_tokens": (

@@ -54,6 +54,7 @@ class FleetRouting:
     measured_to: float | None = None
     pending: int = 0
     unmeasured: list[str] = field(default_factory=list)
+    tax: pd.DataFrame | None = None  # the recompute tax per instance and fleet (`kvobs.analytics.cache.tax_reads`)
 
 
 @dataclass(frozen=True)

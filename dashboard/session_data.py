@@ -14,10 +14,12 @@ from kvobs.analytics.cache import (
     PrefillRates,
     footprint_timeline,
     measured_lookups,
+    range_preemptions,
     request_routing,
     session_table,
     shortfall,
     store_lookups,
+    tax_table,
     with_sessions,
 )
 from kvobs.analytics.steps import (
@@ -135,3 +137,15 @@ def session_shortfall(store: Store, session_id: str) -> pd.DataFrame:
     if lookups is None:
         lookups, _ = store_lookups(store, mine, steps, first, last)
     return shortfall(lookups, "session_id", total=None) if not lookups.empty else pd.DataFrame()
+
+
+def session_tax(store: Store, session_id: str, split: pd.DataFrame) -> pd.DataFrame:
+    """The session's recompute tax (`kvobs.analytics.cache.recompute_tax`, one row) from its shortfall split
+    (`session_shortfall`'s) and the preemptions of its span: not measured where one of the instances its requests
+    ran on does not say what its preemptions recomputed."""
+    steps = store.reads.steps(session_id=session_id)
+    first, last = steps["started_at"].min(), steps[["started_at", "ended_at"]].max().max()
+    reqs = with_sessions(store.reads.requests(first, last), steps)
+    served = {session_id: set(reqs.loc[reqs["session_id"] == session_id, "instance"])}
+    preempted = range_preemptions(store, first, last).by("session_id", [session_id], served=served)
+    return tax_table(split, "session_id", preempted)

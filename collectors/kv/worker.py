@@ -32,6 +32,7 @@ from collectors.kv.rebuild import rebuild_clocks
 from collectors.kv.shared_starts import STARTS
 from collectors.kv.streams import KVStreamSpec, subscribe
 from collectors.kv.subscriber import KVEventSubscriber
+from kvobs.hash_key import HashKey
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.spool import Spool
 
@@ -236,10 +237,12 @@ class Worker:
         return self._stats()
 
     def _on_batch(self, spec: KVStreamSpec, ingest: KVIngest, writer: ForwardedWriter | DirectWriter):
+        key = HashKey.from_env(self.config["options"].get("hash_key_file"))
+
         def on_batch(seq: int, batch) -> None:
             if self.held.get(spec.instance, True):
                 writer.seq = seq
-                ingest.on_batch(seq, batch)
+                ingest.on_batch(seq, batch if key is None else key.batch(batch))
             else:
                 self.drops.count("kv_events", "lease_lost", f"{spec.instance} is written by another collector")
 

@@ -342,3 +342,13 @@ def render_shortfall(ctx, data: FleetRouting) -> None:
             f"Achieved hit rate across the {spread['replicas']} replicas: highest {spread['max']:.1%}, mean "
             f"{spread['mean']:.1%}, standard deviation {spread['stddev']:.1%}."
         )
+    if data.tax is not None and not data.tax.empty:
+        st.markdown("**Recompute tax**")
+        show_table(data.tax, ctx.clock)
+        st.caption(
+            "Of the prompt tokens prefilled (whole blocks, less those found), the share computed before and "
+            "computed again, by why: the shortfall's parts but the cold one, and what a preemption made a request "
+            "recompute (its lost tokens less those its re-admission found again). An engine that does not say what "
+            "its preemptions recomputed (vLLM) shows that part empty: not measured, and the tax is then the "
+            "lookups' alone."
+        )

@@ -155,6 +155,12 @@ def render(ctx) -> None:
             st.info("None of its requests has a known hash chain (it needs the replicas' KV events).")
         else:
             show_table(split.drop(columns=["session_id"]), ctx.clock)
+            tax = cache.session_tax(ctx.url, session_id, split)
+            show_table(tax.drop(columns=["session_id"]), ctx.clock)
+            st.caption(
+                "Its recompute tax: of the prompt tokens it prefilled, those computed before and computed again, by "
+                "why; preemption blank where its engine does not say what a preemption recomputed."
+            )
     indexes = cache.session_steps_by_cache_cost(ctx.url, session_id)
     step_index = st.selectbox("Step (what the cache cost it first)", indexes, key="session_step")
     render_story(ctx, session_id, int(step_index))

@@ -31,6 +31,7 @@ PERCENT_COLUMNS = (
     "available_rate",
     "loaded_share",
     "found_share",
+    "recompute_tax",
 )
 CAUSE_COLUMNS = ("failure_cause", "slow_cause", "cause")
 WIDE_COLUMNS = ("evidence", "error_type", "summary", "what", "detail")

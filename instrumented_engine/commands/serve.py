@@ -19,6 +19,7 @@ from instrumented_engine.commands.engine_flags import (
 )
 from kvobs.addresses import port
 from kvobs.commands.common import (
+    add_hash_key_flag,
     add_retention_flag,
     add_spool_flag,
     add_store_flag,
@@ -91,6 +92,7 @@ def add_parser(sub) -> None:
     add_store_flag(p, what="requests, KV events and snapshots", optional=True)
     add_retention_flag(p)
     add_spool_flag(p)
+    add_hash_key_flag(p)
     p.add_argument("--instance", help="this engine's name in the store (default host:port)")
     p.add_argument("--snapshot-interval", type=float, default=5.0, help="seconds between instance snapshots")
     p.set_defaults(func=run)
@@ -136,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             snapshot_interval_s=args.snapshot_interval,
             retention_days=args.retention_days,
             spool_dir=args.spool_dir,
+            hash_key_file=args.hash_key_file,
             kv_events_omit_token_ids=args.kv_events_omit_token_ids,
             api_key=args.api_key or None,
             max_request_bytes=args.max_request_bytes,

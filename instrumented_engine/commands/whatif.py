@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from instrumented_engine.whatif.fidelity import fidelity
     from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
     from instrumented_engine.whatif.tier_sweep import tier_sweep
+    from instrumented_engine.whatif.victim_choice import tax_lines
     from kvobs.analytics.cache import ages_words
     from kvobs.store import open_store
 
@@ -189,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         observed = observed_total(plans, store, args.since, args.until)
         checks = fidelity(plans, observed["hit"])
         saved = _time_saved(store, plans, [total for total, _ in runs], checks[1], args)
+        tax = tax_lines(store, plans, checks[1], args.since, args.until, ttl_s=args.ttl[0])
         sweep = tier_sweep(plans, store, tuple(args.tier_blocks)) if args.tier_blocks else None
         ages = _eviction_ages(store, args) if len(args.ttl) > 1 else None
     except ValueError as exc:
@@ -198,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         store.close()
     print(format_table(plans, observed, runs, checks))
     print("\n" + saved)
+    print("\n" + "\n".join(tax))
     if ages is not None:
         print("\n" + format_knees([total for total, _ in runs]))
         print("\n" + ages_words(ages))

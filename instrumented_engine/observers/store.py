@@ -33,6 +33,7 @@ from instrumented_engine.engine import events as ev
 from instrumented_engine.engine.stats import RequestOutput, SchedulerStats, StepResult
 from instrumented_engine.observers.dispatch import Handlers, dispatch
 from kvobs.block_clock import BlockClock
+from kvobs.hash_key import HashKey
 from kvobs.logs import worth_logging
 from kvobs.semconv.reasons import READMISSION, RELEASE_REASONS
 from kvobs.semconv.spans import KVEventKind, RunEngine, RunSource, SessionSource, server_cached_from
@@ -72,8 +73,10 @@ class StoreRecorder:
         medium: str,
         snapshot_interval_s: float = 5.0,
         max_sessions: int = 100_000,
+        hash_key: HashKey | None = None,
     ) -> None:
         self.writer = writer
+        self.hash_key = hash_key  # block hashes stored keyed (`kvobs.hash_key`); None: as the engine computed them
         self.instance = instance
         self.block_size = block_size
         self.medium = medium
@@ -282,6 +285,10 @@ class StoreRecorder:
     }
 
     def _kv(self, event: ev.KVEvent, kind: KVEventKind, **fields) -> None:
+        if self.hash_key is not None:
+            for name in ("block_hash", "parent_hash"):
+                if fields.get(name) is not None:
+                    fields[name] = self.hash_key.hash(fields[name])
         fields.setdefault("session_id", event.session_id)
         fields.setdefault("medium", self.medium)
         self.writer.add(

@@ -37,6 +37,7 @@ from instrumented_engine.observers.store import StoreRecorder
 from instrumented_engine.server.app import build_app
 from instrumented_engine.server.guards import DEFAULT_MAX_REQUEST_BYTES
 from instrumented_engine.server.serving import ServedModel
+from kvobs.hash_key import HashKey
 from kvobs.semconv.metrics import kvobs_metrics
 from kvobs.store import StoreWriter, open_store
 from kvobs.store.leases import RENEW_EVERY_S, LeaseKeeper
@@ -71,6 +72,7 @@ class ServerOptions:
         snapshot_interval_s: seconds between instance snapshots in the store.
         retention_days: drop the store's raw KV events older than this (None: keep everything).
         spool_dir: keep the store writer's queue on disk here (None: in memory).
+        hash_key_file: store block hashes keyed with the secret in this file (`kvobs.hash_key`).
         kv_events_omit_token_ids: publish KV events without the prompt's token ids (hashes only).
         api_key: the bearer token the admin endpoints need (None: open, as on loopback).
         max_request_bytes: largest request body (413 beyond it).
@@ -94,6 +96,7 @@ class ServerOptions:
     snapshot_interval_s: float = 5.0
     retention_days: float | None = None
     spool_dir: str | None = None
+    hash_key_file: str | None = None  # block hashes stored keyed with this secret (None: KVOBS_HASH_KEY_FILE's)
     kv_events_omit_token_ids: bool = False
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -135,6 +138,9 @@ class EngineServer:
         self.options = options
         self.instance = options.instance or _default_instance(options)
         self.store = open_store(options.store_url) if options.store_url else None  # fail fast on a bad URL
+        self.hash_key = HashKey.from_env(options.hash_key_file) if self.store is not None else None
+        if self.hash_key is not None:
+            log.info("block hashes are stored keyed: HMAC-SHA256, key fingerprint %s", self.hash_key.fingerprint)
         self.leases = None
         if self.store is not None:  # before the model loads: a held instance costs a line, not minutes
             self.leases = LeaseKeeper(self.store.leases, [self.instance], role="serve")
@@ -211,6 +217,7 @@ class EngineServer:
                 block_size=layout.block_size,
                 medium=medium,
                 snapshot_interval_s=options.snapshot_interval_s,
+                hash_key=self.hash_key,
             )
             observers.append(self.recorder)
             self.recorder.record_run(

@@ -110,6 +110,17 @@ def add_spool_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_hash_key_flag(parser: argparse.ArgumentParser) -> None:
+    """`--hash-key-file FILE`: block hashes are stored keyed with the secret in FILE (serve and collect alike)."""
+    parser.add_argument(
+        "--hash-key-file",
+        metavar="FILE",
+        help="store every block hash keyed (HMAC-SHA256) with the secret in FILE (at least 16 bytes), so the store "
+        "holds no hash of a prompt's tokens; every writer of one store needs the same file (default: the file "
+        "KVOBS_HASH_KEY_FILE names; none: hashes as the engine sent them)",
+    )
+
+
 def lacks_extra(command: str, extra: str, module: str, *, find_only: bool = False) -> bool:
     """Whether `module` (what `kvobs <command>` runs on) cannot be imported for want of the optional dependencies
     in `extra`; if so, one line on stderr names the pip command, so the command exits 2 without a traceback.

@@ -29,7 +29,9 @@ LATER_FROM = 0.25  # a fleet's later replicas start a quarter of the way into th
 
 
 @contextmanager
-def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_process: bool = False):
+def collect_recorded(
+    store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_process: bool = False, hash_key_file: str | None = None
+):
     """Run the collector over every recorded scrape, KV-event frame and OTLP body; yield the stopped collector.
 
     Several `replicas` make a fleet behind one collector: each has its own /metrics and KV-event stream; the first
@@ -54,6 +56,7 @@ def collect_recorded(store, replicas: tuple[str, ...] = ("vllm-cpu",), *, write_
             otlp_http="127.0.0.1:0",
             interval_s=3600,
             write_process=write_process,
+            hash_key_file=hash_key_file,
         )
         collector = Collector(options, store=store)
         collector.scraper.clock = recorded_clock([[ts for ts, _ in scraped] for _, scraped in plays])

@@ -291,6 +291,11 @@ def test_the_sessions_page_opens_on_the_worst_session_and_links_each_step(monkey
     parts = ["routed", "cold", "invalidated", "pause", "capacity", "unexplained"]
     assert split["achieved_tokens"] + sum(split[f"{p}_tokens"] for p in parts) == split["prompt_block_tokens"]
     assert split["pause_tokens"] > 0 and split["routed_tokens"] == 0  # one instance: no routing
+    # its recompute tax: the split's recomputed parts, and our engine says what its preemptions recomputed
+    tax = next(frame.value for frame in at.dataframe if "recompute_tax" in frame.value).iloc[0]
+    assert tax["recomputed_pause_tokens"] == split["pause_tokens"]
+    prefilled = split["prompt_block_tokens"] - split["achieved_tokens"] + tax["recomputed_preempted_tokens"]
+    assert tax["prefill_tokens"] == prefilled and tax["recomputed_tokens"] == prefilled - split["cold_tokens"]
 
 
 def test_without_jaeger_the_steps_have_no_empty_trace_column(monkeypatch, agent_run):

@@ -84,6 +84,15 @@ def test_the_overview_gives_the_routing_loss_per_instance_and_for_the_fleet(monk
     assert (split[compared] == expected[compared]).all().all()
     assert split.loc["fleet", "routed_tokens"] == rows.loc["fleet", "routed_tokens"]  # one routing loss
     assert any("Achieved hit rate across the 2 replicas" in c.value for c in at.caption)
+    # the recompute tax of the same split: the routed part is the routing loss, vLLM's preemptions not measured
+    tax = next(frame.value for frame in at.dataframe if "recompute_tax" in frame.value).set_index("instance")
+    assert list(tax.index) == [*FLEET, "fleet"]
+    assert (tax["recomputed_routed_tokens"] == split["routed_tokens"]).all()
+    prefilled = split["prompt_block_tokens"] - split["achieved_tokens"]
+    assert (tax["prefill_tokens"] == prefilled).all()  # (no preemption's recompute added: not measured)
+    assert tax["recomputed_preempted_tokens"].isna().all()
+    recomputed = prefilled - split["cold_tokens"]
+    assert (tax["recomputed_tokens"] == recomputed).all() and tax.loc["fleet", "recompute_tax"] > 0
 
 
 def test_choosing_an_instance_narrows_every_count(monkeypatch, fleet_run):

@@ -1,13 +1,12 @@
-"""The cache wing's door: what the KV cache did, per replica, per fleet and per session, with no agent step in it.
-
-Its rooms: the hit rate (`hit_rate`) and its shortfall split (`shortfall_split`); the hash chains behind it (`chains`);
-who stored which block (`ownership`, `inferred_events`, said in `tie_reports`) and who held it across a fleet
-(`fleet_index`, `routing`); the tiers (`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost
-(`prefill_rates`); pressure against latency (`pressure`); the ages blocks were evicted at (`ages_at_eviction`);
-sessions' footprints (`footprints`); the requests a
-replay or an export takes (`replay_requests`); and `kvobs doctor`'s checks (`agreement`, `prompt_starts`,
-`token_details`). Outside the wing, code imports this module only
-(tests/test_architecture.py); the wing never imports the steps' wing (`kvobs.analytics.steps`), which stands above it.
+"""The cache wing's door: what the KV cache did, per replica, per fleet and per session, with no agent step in it. Its
+rooms: the hit rate (`hit_rate`), its shortfall split (`shortfall_split`) and the recompute tax (`recompute_tax`, read
+from a store by `tax_reads`); the hash chains behind it (`chains`); who stored which block (`ownership`,
+`inferred_events`, said in `tie_reports`) and who held it across a fleet (`fleet_index`, `routing`); the tiers
+(`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost (`prefill_rates`); pressure against
+latency (`pressure`); the ages blocks were evicted at (`ages_at_eviction`); sessions' footprints (`footprints`); the
+requests a replay or an export takes (`replay_requests`); and `kvobs doctor`'s checks (`agreement`, `prompt_starts`,
+`token_details`). Outside the wing, code imports this module only (tests/test_architecture.py); the wing never imports
+the steps' wing (`kvobs.analytics.steps`), which stands above it.
 """
 
 from kvobs.analytics.cache.ages_at_eviction import ages_words, eviction_ages
@@ -56,6 +55,14 @@ from kvobs.analytics.cache.prompt_starts import (
     short_start_words,
     short_starts_check,
 )
+from kvobs.analytics.cache.recompute_tax import (
+    PREEMPTION_KINDS,
+    TAX_COLUMNS,
+    Preemptions,
+    preemption_recompute,
+    tax_table,
+    tax_words,
+)
 from kvobs.analytics.cache.replay_requests import Replayable, never_scheduled, once_each, replayable
 from kvobs.analytics.cache.routing import (
     FLEET,
@@ -80,6 +87,7 @@ from kvobs.analytics.cache.shortfall_split import (
     shortfall_of_sums,
     store_lookups,
 )
+from kvobs.analytics.cache.tax_reads import range_preemptions, range_tax, shortfall_tax
 from kvobs.analytics.cache.tie_reports import session_ties, ties_check, ties_said
 from kvobs.analytics.cache.tier_health import tier_checks
 from kvobs.analytics.cache.token_details import cached_fill_check, reply_without_details, token_details_check
@@ -106,6 +114,15 @@ __all__ = [
     "HitRate",
     "PrefillRates",
     "prefill_overlap",
+    "PREEMPTION_KINDS",
+    "TAX_COLUMNS",
+    "Preemptions",
+    "preemption_recompute",
+    "tax_table",
+    "range_preemptions",
+    "range_tax",
+    "shortfall_tax",
+    "tax_words",
     "Replayable",
     "ages_words",
     "block_ties",
