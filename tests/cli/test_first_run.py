@@ -21,7 +21,9 @@ def _kvobs(*args: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("command", [["alerts"], ["whatif", "--num-blocks", "64"], ["dashboard"], ["doctor"]])
+@pytest.mark.parametrize(
+    "command", [["alerts"], ["whatif", "--num-blocks", "64"], ["report", "--out", "r"], ["dashboard"], ["doctor"]]
+)
 def test_readers_refuse_a_sqlite_store_that_does_not_exist(tmp_path, command):
     done = _kvobs(*command, "--store", "sqlite:///kvosb.db", cwd=tmp_path)
     assert done.returncode == 2

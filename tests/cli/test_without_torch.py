@@ -33,6 +33,7 @@ def test_help_lists_every_registered_command_without_torch():
         "serve",
         "generate",
         "whatif",
+        "report",
         "collect",
         "import",
         "dashboard",

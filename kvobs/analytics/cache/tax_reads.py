@@ -32,10 +32,10 @@ def range_preemptions(store, since, until) -> Preemptions:
 def range_tax(store, since, until, instances=None) -> pd.DataFrame:
     """Per instance, then the fleet's row (`FLEET`): the recompute tax (`TAX_COLUMNS`) of the requests that arrived
     in [since, until] (None: the store's first or last); empty where no request's hash chain is known."""
-    if since is None or until is None:
-        first, last = store.reads.time_range()
-        since, until = first if since is None else since, last if until is None else until
-    sums = lookup_range_sums(store, since, until, instances) if since is not None else pd.DataFrame()
+    span = store.reads.time_range() if since is None or until is None else (since, until)
+    if span is not None:
+        since, until = span[0] if since is None else since, span[1] if until is None else until
+    sums = lookup_range_sums(store, since, until, instances) if span is not None else pd.DataFrame()
     if not sums.empty:
         table = shortfall_of_sums(sums, "instance")
     else:
