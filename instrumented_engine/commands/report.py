@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from kvobs.commands.common import add_store_flag, lacks_extra, number, start_or_report
+from kvobs.commands.common import add_store_flag, lacks_extra, start_or_report
 
 
 def add_parser(sub) -> None:
-    from instrumented_engine.commands.whatif import _sizes
+    from instrumented_engine.commands.whatif import _sizes, add_gpu_hour_cost_flag
 
     p = sub.add_parser("report", help="write one HTML and Markdown page of a range: shortfall, tax, what-if, TTL")
     add_store_flag(p)
@@ -30,12 +30,7 @@ def add_parser(sub) -> None:
         metavar="N[,N...]",
         help="cache sizes for the what-if (default: half, one, two and four times the observed size)",
     )
-    p.add_argument(
-        "--gpu-hour-cost",
-        type=number(float, at_least=0),
-        metavar="PRICE",
-        help="what one GPU-hour costs: the prefill time each size saves, priced",
-    )
+    add_gpu_hour_cost_flag(p)
     p.set_defaults(func=run)
 
 

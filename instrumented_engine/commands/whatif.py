@@ -44,6 +44,16 @@ def _ttls(text: str) -> list[float]:
     return sorted(set(ttls))
 
 
+def add_gpu_hour_cost_flag(p: argparse.ArgumentParser) -> None:
+    """`--gpu-hour-cost PRICE`: the prefill time each size saves, priced (whatif and report alike)."""
+    p.add_argument(
+        "--gpu-hour-cost",
+        type=number(float, at_least=0),
+        metavar="PRICE",
+        help="what one GPU-hour costs: the prefill time each size saves, priced (in the unit given)",
+    )
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("whatif", help="replay recorded traffic through other KV cache sizes and eviction policies")
     add_store_flag(p)
@@ -114,12 +124,7 @@ def add_parser(sub) -> None:
         type=number(float, above=0),
         help="with --trace: how fast a reply is decoded, for rows that do not say when they finished",
     )
-    p.add_argument(
-        "--gpu-hour-cost",
-        type=number(float, at_least=0),
-        metavar="PRICE",
-        help="what one GPU-hour costs: the prefill time saved, priced (in the unit given)",
-    )
+    add_gpu_hour_cost_flag(p)
     p.add_argument(
         "--gpus-per-engine",
         type=number(int, at_least=1),
