@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
     from instrumented_engine.whatif.tier_sweep import tier_sweep
     from instrumented_engine.whatif.victim_choice import tax_lines
-    from kvobs.analytics.cache import ages_words
+    from kvobs.analytics.cache import ages_words, reuse_words
     from kvobs.store import open_store
 
     if not args.trace and (args.prefill_tokens_per_s is not None or args.decode_tokens_per_s is not None):
@@ -208,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + "\n".join(tax))
     if ages is not None:
         print("\n" + format_knees([total for total, _ in runs]))
-        print("\n" + ages_words(ages))
+        print("\n" + ages_words(ages[0]))
+        print("\n" + reuse_words(ages[1]))
     if sweep is not None:
         print("\n" + format_sweep(*sweep))
     return 0
@@ -224,13 +225,14 @@ def _time_saved(store, plans, results, checks, args: argparse.Namespace) -> str:
     return saved_table([time_saved(result, baseline, prices, **options) for result in results], prices)
 
 
-def _eviction_ages(store, args: argparse.Namespace) -> dict:
-    """The range's eviction ages, overall and per agent, read beside a TTL sweep (`kvobs.analytics.cache`)."""
-    from kvobs.analytics.cache import eviction_ages
+def _eviction_ages(store, args: argparse.Namespace) -> tuple[dict, dict]:
+    """The range's eviction ages and reuse times, overall and per agent, read beside a TTL sweep
+    (`kvobs.analytics.cache`)."""
+    from kvobs.analytics.cache import eviction_ages, range_reuse_times
     from kvobs.semconv.spans import KVEventKind
 
     removed = store.reads.kv_events(args.since, args.until, kinds=[KVEventKind.REMOVED.value])
-    return eviction_ages(removed, store.reads.sessions())
+    return eviction_ages(removed, store.reads.sessions()), range_reuse_times(store, args.since, args.until)
 
 
 def _trace(args: argparse.Namespace) -> int:

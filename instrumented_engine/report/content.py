@@ -21,6 +21,8 @@ from kvobs.analytics.cache import (
     eviction_ages,
     measured_lookups,
     range_preemptions,
+    range_reuse_times,
+    reuse_words,
     shortfall,
     store_lookups,
     tax_table,
@@ -151,7 +153,8 @@ def _ttl_section(store, since, until, plans, checks, ttls) -> Section:
     found = knee(points)
     curve = pd.DataFrame({"TTL (s)": [max(t, 1.0) for t, _ in points], "hit rate": [r for _, r in points]})
     removed = store.reads.kv_events(since, until, kinds=[KVEventKind.REMOVED.value])
-    words = [knee_words(size, points), ages_words(eviction_ages(removed, store.reads.sessions()))]
+    ages = ages_words(eviction_ages(removed, store.reads.sessions()))
+    words = [knee_words(size, points), ages, reuse_words(range_reuse_times(store, since, until))]
     choice = other_policy(plans, checks, ttls[2] if len(ttls) > 2 else ttls[-1])
     if choice is not None and choice[2]:
         name, other, own = choice

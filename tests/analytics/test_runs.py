@@ -121,5 +121,6 @@ def test_what_if_on_every_run_shows_each_runs_table_labelled_in_the_pages_zone(m
     utc = [datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds") for t in runs["started_at"]]
     assert [e.label for e in at.expander] == [f"{TWO_RUNS_INSTANCE}, run started {t}" for t in utc]
     assert "2 runs, each replayed through a cache of its own" in at.caption[0].value
-    total, first, second = (t.value for t in at.table[:3])  # (then the tier sweep's)
+    total, saved, first, second = (t.value for t in at.table[:4])  # (the time each size saves; then the tier sweep)
+    assert list(saved["blocks"]) == list(total["blocks"][1:])  # a row of time saved per replayed size, both runs
     assert list(first["configuration"]) == list(second["configuration"]) == list(total["configuration"])

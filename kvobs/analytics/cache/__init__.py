@@ -3,10 +3,10 @@ rooms: the hit rate (`hit_rate`), its shortfall split (`shortfall_split`) and th
 from a store by `tax_reads`); the hash chains behind it (`chains`); who stored which block (`ownership`,
 `inferred_events`, said in `tie_reports`) and who held it across a fleet (`fleet_index`, `routing`); the tiers
 (`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost (`prefill_rates`); pressure against
-latency (`pressure`); the ages blocks were evicted at (`ages_at_eviction`); sessions' footprints (`footprints`); the
-requests a replay or an export takes (`replay_requests`); and `kvobs doctor`'s checks (`agreement`, `prompt_starts`,
-`token_details`). Outside the wing, code imports this module only (tests/test_architecture.py); the wing never imports
-the steps' wing (`kvobs.analytics.steps`), which stands above it.
+latency (`pressure`); the ages blocks were evicted at (`ages_at_eviction`) and reused at (`reuse_times`); sessions'
+footprints (`footprints`); the requests a replay or an export takes (`replay_requests`); and `kvobs doctor`'s checks
+(`agreement`, `prompt_starts`, `token_details`). Outside the wing, code imports this module only
+(tests/test_architecture.py); the wing never imports the steps' wing (`kvobs.analytics.steps`), which stands above it.
 """
 
 from kvobs.analytics.cache.ages_at_eviction import ages_words, eviction_ages
@@ -64,6 +64,7 @@ from kvobs.analytics.cache.recompute_tax import (
     tax_words,
 )
 from kvobs.analytics.cache.replay_requests import Replayable, never_scheduled, once_each, replayable
+from kvobs.analytics.cache.reuse_times import range_reuse_times, reuse_times, reuse_words
 from kvobs.analytics.cache.routing import (
     FLEET,
     RESIDENCY_LOOKBACK_S,
@@ -121,6 +122,9 @@ __all__ = [
     "tax_table",
     "range_preemptions",
     "range_tax",
+    "range_reuse_times",
+    "reuse_times",
+    "reuse_words",
     "shortfall_tax",
     "tax_words",
     "Replayable",

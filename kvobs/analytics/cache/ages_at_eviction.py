@@ -49,20 +49,28 @@ def eviction_ages(removed: pd.DataFrame, sessions: pd.DataFrame | None = None) -
 
 
 def _ages(lifetimes: pd.Series) -> EvictionAges:
-    known = pd.to_numeric(lifetimes, errors="coerce").dropna()
-    return EvictionAges(
-        count=len(known),
-        unknown=int(lifetimes.isna().sum()),
-        quantiles={q: quantile(known, q) for q in QUANTILES},
-    )
+    return distribution(lifetimes.dropna(), int(lifetimes.isna().sum()))
+
+
+def distribution(seconds: pd.Series, unknown: int) -> EvictionAges:
+    """Known durations (seconds) and how many more are unknown, as a distribution (`QUANTILES`)."""
+    known = pd.to_numeric(seconds, errors="coerce").dropna()
+    return EvictionAges(count=len(known), unknown=unknown, quantiles={q: quantile(known, q) for q in QUANTILES})
 
 
 def ages_words(ages: dict[str, EvictionAges]) -> str:
     """The ages as `kvobs whatif` prints them beside a TTL sweep, a line per session kind."""
-    lines = ["Eviction ages (a block's latest store to its eviction, in the range's removals):"]
-    for kind, a in ages.items():
+    title = "Eviction ages (a block's latest store to its eviction, in the range's removals):"
+    return distribution_words(title, "evicted blocks", "whose store was not seen", ages)
+
+
+def distribution_words(title: str, noun: str, unknown_words: str, dists: dict[str, EvictionAges]) -> str:
+    """`title`, then a line per session kind: how many `noun`, p50, p90 and p99 where enough give them, and how
+    many more are unknown (`unknown_words`)."""
+    lines = [title]
+    for kind, a in dists.items():
         if not a.count:
-            lines.append(f"- {kind}: no evicted block with a known store ({a.unknown:,} whose store was not seen)")
+            lines.append(f"- {kind}: no {noun} with a known time ({a.unknown:,} {unknown_words})")
             continue
         shown = [
             f"p{q * 100:g} {a.quantiles[q]:,.1f} s"
@@ -70,10 +78,6 @@ def ages_words(ages: dict[str, EvictionAges]) -> str:
             else f"p{q * 100:g} not shown (fewer than {min_sample(q)})"
             for q in QUANTILES
         ]
-        unknown = f"; {a.unknown:,} more whose store was not seen" if a.unknown else ""
-        lines.append(f"- {kind}: {a.count:,} evicted blocks: {', '.join(shown)}{unknown}")
-    lines.append(
-        "Reuse time (a block's store to its next hit): not measured here; the store keeps no block's hits (vLLM "
-        "sends none), only vllm:kv_block_reuse_gap_seconds' percentiles a scrape interval where it is enabled."
-    )
+        more = f"; {a.unknown:,} more {unknown_words}" if a.unknown else ""
+        lines.append(f"- {kind}: {a.count:,} {noun}: {', '.join(shown)}{more}")
     return "\n".join(lines)

@@ -231,13 +231,7 @@ def _lookups(
     apply_until: float | None,
     pause_from: dict[str, float] | None = None,
 ) -> pd.DataFrame:
-    events = primary_group(events.sort_values("ts", kind="stable"))  # the first stored block in time decides
-    stored = events[events["kind"] == STORED]
-    graph = BlockGraph.from_stored(stored)
-    for block_hash, parent in index.parent.items():  # chains through blocks stored before these events
-        graph.parent.setdefault(block_hash, parent)
-    requests, stored, _ = with_tied_blocks(requests, stored, before=index.parent)  # blocks that name no session
-    chains = request_chains(requests, stored, graph) if not requests.empty else {}
+    events, stored, graph, requests, chains = lookup_chains(requests, events, index.parent)
     if pause_from is None:
         pause_from = pause_starts(requests) if index.lost is not None else {}
     queries = []
@@ -254,6 +248,20 @@ def _lookups(
     frame = pd.DataFrame(_sweep(queries, events, index, apply_until), columns=LOOKUP_COLUMNS)
     held = frame["best_instance"].astype(object)
     return frame.assign(best_instance=held.where(held.notna(), None))  # None, not NaN, where no other held more
+
+
+def lookup_chains(requests: pd.DataFrame, events: pd.DataFrame, before: dict[int, int | None]) -> tuple:
+    """What a lookup sweep reads its requests' chains from: (the events in time order, the first stored copy of each
+    block deciding; their stores; the block graph, through the blocks `before` (block -> parent) knew; the requests,
+    tied to the blocks that name no session; each request's chain)."""
+    events = primary_group(events.sort_values("ts", kind="stable"))  # the first stored block in time decides
+    stored = events[events["kind"] == STORED]
+    graph = BlockGraph.from_stored(stored)
+    for block_hash, parent in before.items():  # chains through blocks stored before these events
+        graph.parent.setdefault(block_hash, parent)
+    requests, stored, _ = with_tied_blocks(requests, stored, before=before)  # blocks that name no session
+    chains = request_chains(requests, stored, graph) if not requests.empty else {}
+    return events, stored, graph, requests, chains
 
 
 def pause_starts(requests: pd.DataFrame, earlier: dict[str, tuple[float, float]] | None = None) -> dict[str, float]:

@@ -1,0 +1,75 @@
+"""How long after its store a block was used again: the reuse time, the other half of what a TTL pin is set by
+(beside `ages_at_eviction`), overall and per agent (the requesting session's `agent_name`).
+
+    reuse = range_reuse_times(store, since, until)       # {ALL: EvictionAges(count, unknown, quantiles), agent: ...}
+    print(reuse_words(reuse))
+
+Read from the request lookups (`routing.request_lookups`: the prompt blocks each request found on its replica at its
+lookup, as the shortfall split counts them) and the chains they were read with: each block a request found is
+timed from its latest store (on any replica) at or before the lookup, once a store: the first hit after a store is
+its reuse, a later hit of the same copy is not counted again. A hit block whose store the range's events never
+showed (stored before them) has no reuse time: counted as unknown, never as a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvobs.analytics.cache.ages_at_eviction import ALL, EvictionAges, distribution, distribution_words
+from kvobs.analytics.cache.routing import lookup_chains, read_inputs
+from kvobs.analytics.cache.shortfall_split import store_lookups
+
+
+def reuse_times(
+    lookups: pd.DataFrame, chains: dict[str, list[int]], stored: pd.DataFrame, sessions: pd.DataFrame | None = None
+) -> dict[str, EvictionAges]:
+    """`ALL`'s reuse times, then each agent's, from `lookups` (`LOOKUP_COLUMNS`), the requests' `chains` and the
+    `stored` rows (`block_hash`, `ts`) they were read with."""
+    times: dict[int, np.ndarray] = {}
+    if not stored.empty:
+        frame = stored.dropna(subset=["block_hash"])
+        for block_hash, ts in frame.groupby(frame["block_hash"].astype("uint64"))["ts"]:
+            times[int(block_hash)] = np.sort(ts.to_numpy(float))
+    hit_since: dict[int, float] = {}  # block -> the store its latest counted hit was timed from
+    gaps, unknown = [], []  # (session, seconds); sessions of hits with no store seen
+    for row in lookups.sort_values("lookup_ts", kind="stable").itertuples(index=False):
+        chain = chains.get(row.request_id) or []
+        for block_hash in chain[: int(row.own_blocks)]:
+            stores = times.get(int(block_hash))
+            at = -1 if stores is None else int(np.searchsorted(stores, row.lookup_ts, side="right")) - 1
+            if at < 0:
+                unknown.append(row.session_id)
+                continue
+            store_ts = float(stores[at])  # type: ignore[index]
+            if hit_since.get(block_hash) == store_ts:
+                continue  # this copy was used before: its reuse is counted
+            hit_since[block_hash] = store_ts
+            gaps.append((row.session_id, row.lookup_ts - store_ts))
+    frame = pd.DataFrame(gaps, columns=["session_id", "seconds"])
+    missing = pd.Series(unknown, dtype=object)
+    out = {ALL: distribution(frame["seconds"], len(missing))}
+    if sessions is None or sessions.empty or "agent_name" not in sessions:
+        return out
+    agents = sessions.dropna(subset=["agent_name"]).set_index("session_id")["agent_name"]
+    named, unnamed = frame["session_id"].map(agents), missing.map(agents)
+    for agent in sorted(set(named.dropna()) | set(unnamed.dropna())):
+        out[str(agent)] = distribution(frame.loc[named == agent, "seconds"], int((unnamed == agent).sum()))
+    return out
+
+
+def range_reuse_times(store, since, until) -> dict[str, EvictionAges]:
+    """The reuse times of the requests that arrived in [since, until], read from `store`."""
+    requests, steps = store.reads.requests(since, until), store.reads.steps(since, until)
+    if requests.empty:
+        return reuse_times(pd.DataFrame(columns=["lookup_ts"]), {}, pd.DataFrame())
+    lookups, _ = store_lookups(store, requests, steps, since, until)
+    tied, events, _ = read_inputs(store, requests, steps, since, until)
+    _, stored, _, _, chains = lookup_chains(tied, events, {})
+    return reuse_times(lookups, chains, stored, store.reads.sessions())
+
+
+def reuse_words(reuse: dict[str, EvictionAges]) -> str:
+    """The reuse times as `kvobs whatif` prints them beside a TTL sweep, a line per session kind."""
+    title = "Reuse times (a block's latest store to its first hit after it, in the range's lookups):"
+    return distribution_words(title, "hits", "whose store was not seen", reuse)
