@@ -101,6 +101,13 @@ def add_parser(sub) -> None:
         metavar="S[,S...]",
         help="session_ttl: seconds a paused session is protected; several: a sweep at each size, with its knee",
     )
+    p.add_argument(
+        "--reuse-by",
+        choices=("agent", "tool", "session"),
+        default="agent",
+        help="with a --ttl sweep: group the reuse times by the session's agent, the tool of the pause before each "
+        "step, or each session",
+    )
     p.add_argument("--since", type=float, metavar="EPOCH_S", help="replay requests from this time")
     p.add_argument("--until", type=float, metavar="EPOCH_S", help="... up to this time")
     p.add_argument(
@@ -158,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
             "--replicas (routers)",
             file=sys.stderr,
         )
+        return 2
+    if args.reuse_by != "agent" and len(args.ttl) < 2:
+        print("kvobs whatif: --reuse-by groups the reuse times of a --ttl sweep: give several --ttl", file=sys.stderr)
         return 2
     if len(args.ttl) > 1 and args.policy != EvictionPolicyName.SESSION_TTL.value:
         print("kvobs whatif: several --ttl values sweep session_ttl: give --policy session_ttl", file=sys.stderr)
@@ -229,10 +239,19 @@ def _eviction_ages(store, args: argparse.Namespace) -> tuple[dict, dict]:
     """The range's eviction ages and reuse times, overall and per agent, read beside a TTL sweep
     (`kvobs.analytics.cache`)."""
     from kvobs.analytics.cache import eviction_ages, range_reuse_times
+    from kvobs.analytics.steps import request_tools
+
+    kinds = None  # (per agent)
+    if args.reuse_by != "agent":
+        requests = store.reads.requests(args.since, args.until)
+        if args.reuse_by == "tool":
+            kinds = request_tools(store.reads.steps(args.since, args.until), requests)
+        else:
+            kinds = {str(r): str(s) for r, s in zip(requests["request_id"], requests["session_id"]) if s == s and s}
     from kvobs.semconv.spans import KVEventKind
 
     removed = store.reads.kv_events(args.since, args.until, kinds=[KVEventKind.REMOVED.value])
-    return eviction_ages(removed, store.reads.sessions()), range_reuse_times(store, args.since, args.until)
+    return eviction_ages(removed, store.reads.sessions()), range_reuse_times(store, args.since, args.until, kinds)
 
 
 def _trace(args: argparse.Namespace) -> int:

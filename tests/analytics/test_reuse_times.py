@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvobs.analytics.cache import range_reuse_times, reuse_times, reuse_words
+from kvobs.analytics.cache import agent_kinds, range_reuse_times, reuse_times, reuse_words
 from kvobs.analytics.cache.ages_at_eviction import ALL
 
 
@@ -24,7 +24,7 @@ def test_reuse_times_by_hand():
     )
     chains = {"r1": [1, 2], "r2": [1, 2, 9], "r3": [1, 2], "r4": [3], "r5": [4, 5]}
     sessions = pd.DataFrame({"session_id": ["s1", "s2"], "agent_name": ["coder", "planner"]})
-    reuse = reuse_times(lookups, chains, stored, sessions)
+    reuse = reuse_times(lookups, chains, stored, agent_kinds(lookups, sessions))
     assert list(reuse) == [ALL, "coder", "planner"]
     assert (reuse[ALL].count, reuse[ALL].unknown, reuse[ALL].quantiles[0.5]) == (5, 1, 20.0)  # 10, 10, 20, 30, 30
     assert (reuse["coder"].count, reuse["coder"].unknown) == (5, 0)
@@ -43,3 +43,34 @@ def test_on_the_recorded_run_each_hit_is_timed_from_a_store_before_it(vllm_run):
     # no more first hits than blocks stored: each store's copy is counted once at most
     stored = store.reads.kv_events(kinds=["stored"])
     assert reuse.count <= len(stored)
+
+
+def test_by_tool_each_request_counts_under_the_tool_of_the_pause_before_its_step(agent_run):
+    """Our engine's run under the SDK's agents (each step a tool): grouped by the tool of the pause before each
+    step, every first hit and every unknown counts under exactly one kind, and the kinds are the steps' tools."""
+    from kvobs.analytics.steps import request_tools
+
+    store = agent_run.store
+    tools = request_tools(store.reads.steps(), store.reads.requests())
+    assert set(tools) == set(store.reads.requests()["request_id"])  # every request has its kind
+    by_tool = range_reuse_times(store, None, None, tools)
+    whole = by_tool.pop(ALL)
+    assert whole.count > 0 and len(by_tool) >= 2
+    assert sum(d.count for d in by_tool.values()) == whole.count
+    assert sum(d.unknown for d in by_tool.values()) == whole.unknown
+    assert "a session's first step" in by_tool  # (the system prompt another session stored, found by a first step)
+
+
+def test_kvobs_whatif_groups_the_reuse_times_as_asked_and_refuses_it_without_a_sweep(agent_run):
+    import subprocess
+    import sys
+
+    flags = ["whatif", "--store", agent_run.url, "--num-blocks", "30", "--policy", "session_ttl"]
+    run = [sys.executable, "-m", "kvobs.cli", *flags]
+    done = subprocess.run([*run, "--ttl", "0,30,60", "--reuse-by", "session"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    reuse = done.stdout.split("Reuse times (")[1].split("\n\n")[0].splitlines()[1:]
+    sessions = set(agent_run.store.reads.requests()["session_id"])
+    assert {line[2:].split(":")[0] for line in reuse[1:]} <= sessions and len(reuse) > 2
+    refused = subprocess.run([*run, "--reuse-by", "tool"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--reuse-by groups the reuse times of a --ttl sweep" in refused.stderr

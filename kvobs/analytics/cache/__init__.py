@@ -64,7 +64,7 @@ from kvobs.analytics.cache.recompute_tax import (
     tax_words,
 )
 from kvobs.analytics.cache.replay_requests import Replayable, never_scheduled, once_each, replayable
-from kvobs.analytics.cache.reuse_times import range_reuse_times, reuse_times, reuse_words
+from kvobs.analytics.cache.reuse_times import agent_kinds, range_reuse_times, reuse_times, reuse_words
 from kvobs.analytics.cache.routing import (
     FLEET,
     RESIDENCY_LOOKBACK_S,
@@ -124,6 +124,7 @@ __all__ = [
     "range_tax",
     "range_reuse_times",
     "reuse_times",
+    "agent_kinds",
     "reuse_words",
     "shortfall_tax",
     "tax_words",

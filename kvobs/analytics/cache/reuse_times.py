@@ -1,5 +1,7 @@
 """How long after its store a block was used again: the reuse time, the other half of what a TTL pin is set by
-(beside `ages_at_eviction`), overall and per agent (the requesting session's `agent_name`).
+(beside `ages_at_eviction`), overall and per session kind: the requesting session's agent (`agent_kinds`), or any
+grouping of requests a caller gives (the tool of the pause before each step: `kvobs.analytics.steps.request_tools`;
+the session itself).
 
     reuse = range_reuse_times(store, since, until)       # {ALL: EvictionAges(count, unknown, quantiles), agent: ...}
     print(reuse_words(reuse))
@@ -22,10 +24,11 @@ from kvobs.analytics.cache.shortfall_split import store_lookups
 
 
 def reuse_times(
-    lookups: pd.DataFrame, chains: dict[str, list[int]], stored: pd.DataFrame, sessions: pd.DataFrame | None = None
+    lookups: pd.DataFrame, chains: dict[str, list[int]], stored: pd.DataFrame, kinds: dict[str, str] | None = None
 ) -> dict[str, EvictionAges]:
-    """`ALL`'s reuse times, then each agent's, from `lookups` (`LOOKUP_COLUMNS`), the requests' `chains` and the
-    `stored` rows (`block_hash`, `ts`) they were read with."""
+    """`ALL`'s reuse times, then each session kind's (`kinds`: request id -> its kind, e.g. `agent_kinds`), from
+    `lookups` (`LOOKUP_COLUMNS`), the requests' `chains` and the `stored` rows (`block_hash`, `ts`) they were read
+    with."""
     times: dict[int, np.ndarray] = {}
     if not stored.empty:
         frame = stored.dropna(subset=["block_hash"])
@@ -39,34 +42,45 @@ def reuse_times(
             stores = times.get(int(block_hash))
             at = -1 if stores is None else int(np.searchsorted(stores, row.lookup_ts, side="right")) - 1
             if at < 0:
-                unknown.append(row.session_id)
+                unknown.append(row.request_id)
                 continue
             store_ts = float(stores[at])  # type: ignore[index]
             if hit_since.get(block_hash) == store_ts:
                 continue  # this copy was used before: its reuse is counted
             hit_since[block_hash] = store_ts
-            gaps.append((row.session_id, row.lookup_ts - store_ts))
-    frame = pd.DataFrame(gaps, columns=["session_id", "seconds"])
+            gaps.append((row.request_id, row.lookup_ts - store_ts))
+    frame = pd.DataFrame(gaps, columns=["request_id", "seconds"])
     missing = pd.Series(unknown, dtype=object)
     out = {ALL: distribution(frame["seconds"], len(missing))}
-    if sessions is None or sessions.empty or "agent_name" not in sessions:
+    if not kinds:
         return out
-    agents = sessions.dropna(subset=["agent_name"]).set_index("session_id")["agent_name"]
-    named, unnamed = frame["session_id"].map(agents), missing.map(agents)
-    for agent in sorted(set(named.dropna()) | set(unnamed.dropna())):
-        out[str(agent)] = distribution(frame.loc[named == agent, "seconds"], int((unnamed == agent).sum()))
+    named, unnamed = frame["request_id"].map(kinds), missing.map(kinds)
+    for kind in sorted(set(named.dropna()) | set(unnamed.dropna())):
+        out[str(kind)] = distribution(frame.loc[named == kind, "seconds"], int((unnamed == kind).sum()))
     return out
 
 
-def range_reuse_times(store, since, until) -> dict[str, EvictionAges]:
-    """The reuse times of the requests that arrived in [since, until], read from `store`."""
+def agent_kinds(requests: pd.DataFrame, sessions: pd.DataFrame) -> dict[str, str]:
+    """request id -> its session's agent (the SDK's `agent_name`), for the requests whose session names one."""
+    if sessions.empty or "agent_name" not in sessions or requests.empty:
+        return {}
+    agents = sessions.dropna(subset=["agent_name"]).set_index("session_id")["agent_name"]
+    named = requests["session_id"].map(agents)
+    return {str(rid): str(agent) for rid, agent in zip(requests["request_id"], named) if isinstance(agent, str)}
+
+
+def range_reuse_times(store, since, until, kinds: dict[str, str] | None = None) -> dict[str, EvictionAges]:
+    """The reuse times of the requests that arrived in [since, until], read from `store`, per `kinds` (request id ->
+    kind; None: per agent, `agent_kinds`)."""
     requests, steps = store.reads.requests(since, until), store.reads.steps(since, until)
     if requests.empty:
         return reuse_times(pd.DataFrame(columns=["lookup_ts"]), {}, pd.DataFrame())
     lookups, _ = store_lookups(store, requests, steps, since, until)
     tied, events, _ = read_inputs(store, requests, steps, since, until)
     _, stored, _, _, chains = lookup_chains(tied, events, {})
-    return reuse_times(lookups, chains, stored, store.reads.sessions())
+    if kinds is None:
+        kinds = agent_kinds(tied, store.reads.sessions())
+    return reuse_times(lookups, chains, stored, kinds)
 
 
 def reuse_words(reuse: dict[str, EvictionAges]) -> str:

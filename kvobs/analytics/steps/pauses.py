@@ -68,6 +68,26 @@ def step_pauses(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     ).reset_index(drop=True)[COLUMNS]
 
 
+FIRST_STEP = "a session's first step"  # (its requests followed no pause of their session)
+
+
+def request_tools(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[str, str]:
+    """request id -> the tool of the pause before its step, as `step_pauses` names it (`FIRST_STEP` for the requests
+    of a session's first step): a session kind to group what a request found by."""
+    if steps.empty or requests.empty:
+        return {}
+    ordered = steps.sort_values(["session_id", "step_index"], kind="stable").reset_index(drop=True)
+    sent = step_requests(requests, ordered)
+    tools = ordered["tools"] if "tools" in ordered else pd.Series(None, index=ordered.index)
+    out: dict[str, str] = {}
+    for i in range(len(ordered)):
+        after_pause = i > 0 and ordered.at[i, "session_id"] == ordered.at[i - 1, "session_id"]
+        tool = _tool(tools.iloc[i]) if after_pause else FIRST_STEP
+        for request_id in sent[i]["request_id"]:
+            out[str(request_id)] = tool
+    return out
+
+
 def not_measured(frame: pd.DataFrame) -> int:
     """Steps after a pause whose usage did not say what was cached."""
     return int(frame["hit_rate"].isna().sum())
