@@ -103,10 +103,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--reuse-by",
-        choices=("agent", "tool", "session"),
+        choices=("agent", "tool", "session"),  # (`whatif.session_kinds.KINDS`: the parser imports no engine)
         default="agent",
-        help="with a --ttl sweep: group the reuse times by the session's agent, the tool of the pause before each "
-        "step, or each session",
+        help="with a --ttl sweep: group the eviction ages and reuse times by the session's agent, the tool of the "
+        "pause (before each step, or the evicted block's), or each session",
     )
     p.add_argument("--since", type=float, metavar="EPOCH_S", help="replay requests from this time")
     p.add_argument("--until", type=float, metavar="EPOCH_S", help="... up to this time")
@@ -144,6 +144,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from instrumented_engine.whatif.fidelity import fidelity
     from instrumented_engine.whatif.runs import observed_total, replay_plans, simulate_runs
+    from instrumented_engine.whatif.session_kinds import ages_and_reuse
     from instrumented_engine.whatif.tier_sweep import tier_sweep
     from instrumented_engine.whatif.victim_choice import tax_lines
     from kvobs.analytics.cache import ages_words, reuse_words
@@ -167,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if args.reuse_by != "agent" and len(args.ttl) < 2:
-        print("kvobs whatif: --reuse-by groups the reuse times of a --ttl sweep: give several --ttl", file=sys.stderr)
+        print(
+            "kvobs whatif: --reuse-by groups the ages and reuse times of a --ttl sweep: give several --ttl",
+            file=sys.stderr,
+        )
         return 2
     if len(args.ttl) > 1 and args.policy != EvictionPolicyName.SESSION_TTL.value:
         print("kvobs whatif: several --ttl values sweep session_ttl: give --policy session_ttl", file=sys.stderr)
@@ -207,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         saved = _time_saved(store, plans, [total for total, _ in runs], checks[1], args)
         tax = tax_lines(store, plans, checks[1], args.since, args.until, ttl_s=args.ttl[0])
         sweep = tier_sweep(plans, store, tuple(args.tier_blocks)) if args.tier_blocks else None
-        ages = _eviction_ages(store, args) if len(args.ttl) > 1 else None
+        ages = ages_and_reuse(store, args.since, args.until, args.reuse_by) if len(args.ttl) > 1 else None
     except ValueError as exc:
         print(f"kvobs whatif: {exc}", file=sys.stderr)
         return 2
@@ -233,25 +237,6 @@ def _time_saved(store, plans, results, checks, args: argparse.Namespace) -> str:
     baseline = request_costs([check.replay for check in checks])
     options = {"gpus": args.gpus_per_engine, "gpu_hour_cost": args.gpu_hour_cost}
     return saved_table([time_saved(result, baseline, prices, **options) for result in results], prices)
-
-
-def _eviction_ages(store, args: argparse.Namespace) -> tuple[dict, dict]:
-    """The range's eviction ages and reuse times, overall and per agent, read beside a TTL sweep
-    (`kvobs.analytics.cache`)."""
-    from kvobs.analytics.cache import eviction_ages, range_reuse_times
-    from kvobs.analytics.steps import request_tools
-
-    kinds = None  # (per agent)
-    if args.reuse_by != "agent":
-        requests = store.reads.requests(args.since, args.until)
-        if args.reuse_by == "tool":
-            kinds = request_tools(store.reads.steps(args.since, args.until), requests)
-        else:
-            kinds = {str(r): str(s) for r, s in zip(requests["request_id"], requests["session_id"]) if s == s and s}
-    from kvobs.semconv.spans import KVEventKind
-
-    removed = store.reads.kv_events(args.since, args.until, kinds=[KVEventKind.REMOVED.value])
-    return eviction_ages(removed, store.reads.sessions()), range_reuse_times(store, args.since, args.until, kinds)
 
 
 def _trace(args: argparse.Namespace) -> int:

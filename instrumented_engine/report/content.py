@@ -12,16 +12,15 @@ import pandas as pd
 
 from instrumented_engine.whatif.fidelity import fidelity
 from instrumented_engine.whatif.runs import comparison, observed_total, replay_plans, simulate_runs
+from instrumented_engine.whatif.session_kinds import ages_and_reuse
 from instrumented_engine.whatif.time_saved import SAVED_WORDS, Prices, request_costs, time_saved
 from instrumented_engine.whatif.ttl_knee import knee, knee_words
 from instrumented_engine.whatif.victim_choice import other_policy
 from kvobs.analytics.cache import (
     FLEET,
     ages_words,
-    eviction_ages,
     measured_lookups,
     range_preemptions,
-    range_reuse_times,
     reuse_words,
     shortfall,
     store_lookups,
@@ -29,7 +28,6 @@ from kvobs.analytics.cache import (
     tax_words,
 )
 from kvobs.semconv.reasons import EvictionPolicyName
-from kvobs.semconv.spans import KVEventKind
 
 TTLS = (0.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)  # the TTL curve's points (s): the published knees lie in it
 TOP_SESSIONS = 10
@@ -152,9 +150,8 @@ def _ttl_section(store, since, until, plans, checks, ttls) -> Section:
     points = [(ttl, simulate_runs(plans, num_blocks=size, policy=SESSION_TTL, ttl_s=ttl)[0].hit_rate) for ttl in ttls]
     found = knee(points)
     curve = pd.DataFrame({"TTL (s)": [max(t, 1.0) for t, _ in points], "hit rate": [r for _, r in points]})
-    removed = store.reads.kv_events(since, until, kinds=[KVEventKind.REMOVED.value])
-    ages = ages_words(eviction_ages(removed, store.reads.sessions()))
-    words = [knee_words(size, points), ages, reuse_words(range_reuse_times(store, since, until))]
+    ages, reuse = ages_and_reuse(store, since, until)
+    words = [knee_words(size, points), ages_words(ages), reuse_words(reuse)]
     choice = other_policy(plans, checks, ttls[2] if len(ttls) > 2 else ttls[-1])
     if choice is not None and choice[2]:
         name, other, own = choice

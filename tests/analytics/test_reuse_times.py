@@ -73,4 +73,35 @@ def test_kvobs_whatif_groups_the_reuse_times_as_asked_and_refuses_it_without_a_s
     sessions = set(agent_run.store.reads.requests()["session_id"])
     assert {line[2:].split(":")[0] for line in reuse[1:]} <= sessions and len(reuse) > 2
     refused = subprocess.run([*run, "--reuse-by", "tool"], capture_output=True, text=True)
-    assert refused.returncode == 2 and "--reuse-by groups the reuse times of a --ttl sweep" in refused.stderr
+    assert refused.returncode == 2 and "--reuse-by groups the ages and reuse times of a --ttl sweep" in refused.stderr
+
+
+def test_a_loss_counts_under_the_tool_of_the_pause_it_fell_in():
+    """By hand: session a's steps start at 0 (tool none), 10 (search) and 20 (edit); a loss at 5 fell in the pause
+    before the step at 10, one at 15 before the step at 20, one at 30 after the last step; b has no steps."""
+    from kvobs.analytics.steps import loss_tools
+
+    steps = pd.DataFrame(
+        {
+            "session_id": ["a", "a", "a"],
+            "started_at": [0.0, 10.0, 20.0],
+            "tools": [None, '[{"name": "search"}]', '[{"name": "edit"}, {"name": "run"}]'],
+        }
+    )
+    losses = pd.DataFrame({"session_id": ["a", "a", "a", "b"], "ts": [5.0, 15.0, 30.0, 1.0]}, index=[7, 8, 9, 10])
+    tools = loss_tools(steps, losses)
+    assert tools.loc[[7, 8, 9]].to_list() == ["search", "edit+run", "after the session's last step"]
+    assert pd.isna(tools.loc[10])  # (no step of its session: no kind)
+
+
+def test_by_tool_the_eviction_ages_count_each_eviction_once_under_its_pause(agent_run):
+    from instrumented_engine.whatif.session_kinds import ages_and_reuse
+    from kvobs.analytics.steps import request_tools
+
+    store = agent_run.store
+    ages, _ = ages_and_reuse(store, None, None, "tool")
+    whole = ages.pop(ALL)
+    assert whole.count > 0 and ages  # the run's sessions evicted each other in their tool pauses
+    assert sum(a.count for a in ages.values()) == whole.count  # every evicted block's session has steps here
+    tools = set(request_tools(store.reads.steps(), store.reads.requests()).values())
+    assert set(ages) <= tools | {"after the session's last step"}

@@ -1,6 +1,6 @@
 """How old a block was when its cache evicted it: its latest store to its eviction (`kv_events.lifetime_s` of a device
-removal, known as the row is made), the distribution a TTL pin is read beside (`kvobs whatif --policy session_ttl
---ttl ...`), overall and per agent (a session kind: the SDK's `agent_name`).
+removal, or of our engine's eviction, known as the row is made), the distribution a TTL pin is read beside (`kvobs
+whatif --policy session_ttl --ttl ...`), overall and per agent (a session kind: the SDK's `agent_name`).
 
     ages = eviction_ages(store.reads.kv_events(since, until, kinds=[REMOVED]), store.reads.sessions())
     ages[ALL].count, ages[ALL].unknown, ages[ALL].quantiles     # {0.5: s, 0.9: s, 0.99: s}: NaN where too few
@@ -31,20 +31,25 @@ class EvictionAges:
     quantiles: dict[float, float]  # q -> age in seconds; NaN with fewer than `samples.min_sample(q)` ages
 
 
-def eviction_ages(removed: pd.DataFrame, sessions: pd.DataFrame | None = None) -> dict[str, EvictionAges]:
+def eviction_ages(
+    removed: pd.DataFrame, sessions: pd.DataFrame | None = None, kinds: pd.Series | None = None
+) -> dict[str, EvictionAges]:
     """`ALL`'s ages, then each agent's (by `sessions`' `agent_name`), from device removal rows (`kv_events` of kind
-    `removed`)."""
+    `removed`, or `evicted`); `kinds`: each row's session kind instead (aligned with `removed`: a tool, a session)."""
     if removed.empty:
         return {ALL: _ages(pd.Series(dtype=float))}
     reasons = removed["reason"]
     evicted = removed[(removed["first_owner"] == 1) & (reasons.isna() | reasons.isin(EVICTIONS))]
     out = {ALL: _ages(evicted["lifetime_s"])}
-    if sessions is None or sessions.empty or "agent_name" not in sessions:
+    if kinds is not None:
+        named = kinds.loc[evicted.index]
+    elif sessions is not None and not sessions.empty and "agent_name" in sessions:
+        agents = sessions.dropna(subset=["agent_name"]).set_index("session_id")["agent_name"]
+        named = evicted["session_id"].map(agents)
+    else:
         return out
-    agents = sessions.dropna(subset=["agent_name"]).set_index("session_id")["agent_name"]
-    named = evicted["session_id"].map(agents)
-    for agent in sorted(named.dropna().unique()):
-        out[str(agent)] = _ages(evicted.loc[named == agent, "lifetime_s"])
+    for kind in sorted(named.dropna().astype(str).unique()):
+        out[kind] = _ages(evicted.loc[named.astype(str) == kind, "lifetime_s"])
     return out
 
 

@@ -25,7 +25,14 @@ from kvobs.analytics.steps.attribution import (
 from kvobs.analytics.steps.causes import VERDICT_INTERVAL_S, range_verdicts, step_causes
 from kvobs.analytics.steps.excess import CAUSE_LABELS
 from kvobs.analytics.steps.joins import JOIN_FIXES, JOIN_WORDS, SourceJoin, source_joins
-from kvobs.analytics.steps.pauses import default_ttls, not_measured, pin_curve, request_tools, step_pauses
+from kvobs.analytics.steps.pauses import (
+    default_ttls,
+    loss_tools,
+    not_measured,
+    pin_curve,
+    request_tools,
+    step_pauses,
+)
 from kvobs.analytics.steps.response_usage import RESPONSES, response_cached_tokens, responses_hit_rate
 from kvobs.analytics.steps.slow import SlowSteps, slow_steps
 from kvobs.analytics.steps.step_verdict import StepFacts, StepVerdict
@@ -64,6 +71,7 @@ __all__ = [
     "failure_summary",
     "not_measured",
     "pin_curve",
+    "loss_tools",
     "request_tools",
     "range_verdicts",
     "response_cached_tokens",

@@ -88,6 +88,31 @@ def request_tools(steps: pd.DataFrame, requests: pd.DataFrame) -> dict[str, str]
     return out
 
 
+AFTER_LAST_STEP = "after the session's last step"  # (a block its session lost once it had no step to come)
+
+
+def loss_tools(steps: pd.DataFrame, losses: pd.DataFrame) -> pd.Series:
+    """Per loss row (`session_id`, `ts`; its index kept), the tool of the pause it fell in: that of the session's
+    next step to start after it (as `request_tools` names a step's), `AFTER_LAST_STEP` past its last step, None
+    where its session has no step."""
+    out = pd.Series(None, index=losses.index, dtype=object)
+    if steps.empty or losses.empty:
+        return out
+    tools = steps["tools"] if "tools" in steps else pd.Series(None, index=steps.index)
+    by_session = {
+        session: (group["started_at"].to_numpy(float), [_tool(t) for t in tools.loc[group.index]])
+        for session, group in steps.sort_values("started_at", kind="stable").groupby("session_id", sort=False)
+    }
+    for index, session, ts in zip(losses.index, losses["session_id"], losses["ts"].astype(float)):
+        found = by_session.get(session)
+        if found is None:
+            continue
+        starts, names = found
+        at = int(np.searchsorted(starts, ts, side="left"))
+        out.at[index] = names[at] if at < len(names) else AFTER_LAST_STEP
+    return out
+
+
 def not_measured(frame: pd.DataFrame) -> int:
     """Steps after a pause whose usage did not say what was cached."""
     return int(frame["hit_rate"].isna().sum())
