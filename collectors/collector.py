@@ -14,7 +14,6 @@ endpoint's host:port and (spans) the exporter's `service.name`.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +49,7 @@ from collectors.traces.span_ingest import SpanIngest
 from collectors.traces.span_steps import SpanSteps
 from kvobs.addresses import split_host_port
 from kvobs.analytics.steps import VERDICT_INTERVAL_S
-from kvobs.hash_key import HASH_KEY_ENV, HashKey
+from kvobs.hash_key import HashKey, key_file
 from kvobs.store import Store, open_store
 from kvobs.store.db import takes_many_writers
 from kvobs.store.leases import LeaseKeeper
@@ -189,7 +188,7 @@ class Collector:
             "verdict_wait_s": o.settle_s + o.join_wait_s,
             "bind": True if o.kv_events_bind else None,
             "topic": o.kv_events_topic,
-            "hash_key_file": o.hash_key_file or os.environ.get(HASH_KEY_ENV),
+            "hash_key_file": key_file(o.hash_key_file),
         }
         config = {
             "options": options,

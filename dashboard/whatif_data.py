@@ -74,7 +74,7 @@ def size_replay(
     from instrumented_engine.whatif.fidelity import PAUSES_NOT_COMPARABLE, fidelity
     from instrumented_engine.whatif.replay import DUPLICATES, INFERRED
     from instrumented_engine.whatif.runs import COMPARISON, comparison, observed_total, simulate_runs
-    from instrumented_engine.whatif.time_saved import SAVED_COLUMNS, SAVED_WORDS, Prices, request_costs, time_saved
+    from instrumented_engine.whatif.time_saved import SAVED_COLUMNS, SAVED_WORDS, sizes_saved
 
     results = [simulate_runs(plans, num_blocks=n, policy=policy, ttl_s=ttl_s) for n in sizes]
 
@@ -86,9 +86,7 @@ def size_replay(
     per_run = []
     if len(plans) > 1:
         per_run = [(p.span, table(p.observed, [r[i] for _, r in results]), checks[i]) for i, p in enumerate(plans)]
-    prices = Prices.from_store(store, plans, since, until)
-    baseline = request_costs([c.replay for c in checks])
-    saved = [time_saved(total, baseline, prices).row() for total, _ in results]
+    saved, prices = sizes_saved(store, plans, checks, [total for total, _ in results], since, until)
     replayed, skipped, duplicates, inferred = (
         sum(getattr(p, k) for p in plans) for k in ("num_requests", "skipped", "duplicates", "inferred")
     )
@@ -107,7 +105,7 @@ def size_replay(
         check,
         tuple(notes),
         None if check.pauses_comparable else PAUSES_NOT_COMPARABLE,
-        pd.DataFrame(saved, columns=list(SAVED_COLUMNS)).drop(columns=["cost saved"]),
+        pd.DataFrame([entry.row() for entry in saved], columns=list(SAVED_COLUMNS)).drop(columns=["cost saved"]),
         f"{prices.rate_words()}. {SAVED_WORDS.format(gpus=1)}",
     )
 

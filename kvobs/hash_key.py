@@ -9,8 +9,8 @@ store of them and a guess at a prompt can check the guess. With a key, kvobs sto
 secret the operator holds instead: equal hashes stay equal and different ones stay different (up to 64-bit
 collisions), so chains, ownership, lookups and every analysis read the same, and a guess cannot be checked without
 the secret. Every writer of one store must use the same key: the collector keys each engine's KV events as they
-arrive, `kvobs serve` its own rows. The key's fingerprint (an HMAC of a fixed text, not the key) is what logs and
-`/metrics` show. kvobs stores no token ids either way: a chain's first block's tokens are read in memory only (to
+arrive, `kvobs serve` its own rows. The key's fingerprint (an HMAC of a fixed text, not the key) is what the start-up
+log shows. kvobs stores no token ids either way: a chain's first block's tokens are read in memory only (to
 count how many tokens two chains' starts share).
 """
 
@@ -57,8 +57,8 @@ class HashKey:
 
     @classmethod
     def from_env(cls, path: str | None = None) -> HashKey | None:
-        """The key in `path`, else in the file `KVOBS_HASH_KEY_FILE` names; None where neither is given."""
-        path = path or os.environ.get(HASH_KEY_ENV) or None
+        """The key in `key_file(path)`; None where no file is given."""
+        path = key_file(path)
         return None if path is None else cls.from_file(path)
 
     def hash(self, value: int) -> int:
@@ -96,3 +96,8 @@ class HashKey:
 
 
 _HASHED = (Removed, Placeholder, UnknownTier)
+
+
+def key_file(path: str | None = None) -> str | None:
+    """The key's file: `path`, else the one `KVOBS_HASH_KEY_FILE` names; None where neither is given."""
+    return path or os.environ.get(HASH_KEY_ENV) or None

@@ -17,7 +17,7 @@ from kvobs.commands.common import add_store_flag, lacks_extra, start_or_report
 
 
 def add_parser(sub) -> None:
-    from instrumented_engine.commands.whatif import _sizes, add_gpu_hour_cost_flag
+    from instrumented_engine.commands.whatif import add_gpu_hour_cost_flag, block_counts
 
     p = sub.add_parser("report", help="write one HTML and Markdown page of a range: shortfall, tax, what-if, TTL")
     add_store_flag(p)
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--until", type=float, metavar="EPOCH_S", help="to this time (default: the store's last)")
     p.add_argument(
         "--num-blocks",
-        type=_sizes,
+        type=block_counts,
         metavar="N[,N...]",
         help="cache sizes for the what-if (default: half, one, two and four times the observed size)",
     )

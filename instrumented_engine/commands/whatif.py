@@ -28,7 +28,7 @@ def _listed(text: str, parse, what: str, example: str) -> list:
         raise argparse.ArgumentTypeError(f"not a list of {what}: {text!r} (example: {example})") from None
 
 
-def _sizes(text: str) -> list[int]:
+def block_counts(text: str) -> list[int]:
     sizes = _listed(text, int, "block counts", "32,64,128")
     if not sizes or min(sizes) < 2:
         raise argparse.ArgumentTypeError(f"block counts must be at least 2: {text!r}")
@@ -57,10 +57,10 @@ def add_gpu_hour_cost_flag(p: argparse.ArgumentParser) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("whatif", help="replay recorded traffic through other KV cache sizes and eviction policies")
     add_store_flag(p)
-    p.add_argument("--num-blocks", type=_sizes, metavar="N[,N...]", help="cache sizes in blocks")
+    p.add_argument("--num-blocks", type=block_counts, metavar="N[,N...]", help="cache sizes in blocks")
     p.add_argument(
         "--tier-blocks",
-        type=_sizes,
+        type=block_counts,
         metavar="N[,N...]",
         help="CPU tier or more cache: each run at its observed size with N blocks added to an offload tier below "
         "its cache, and N added to the cache; with --replicas, one N: an offload tier of N below every replica",
@@ -231,12 +231,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _time_saved(store, plans, results, checks, args: argparse.Namespace) -> str:
     """Each size's hits as prefill time saved against the replay at the observed point (`whatif.time_saved`)."""
-    from instrumented_engine.whatif.time_saved import Prices, request_costs, saved_table, time_saved
+    from instrumented_engine.whatif.time_saved import saved_table, sizes_saved
 
-    prices = Prices.from_store(store, plans, args.since, args.until)
-    baseline = request_costs([check.replay for check in checks])
     options = {"gpus": args.gpus_per_engine, "gpu_hour_cost": args.gpu_hour_cost}
-    return saved_table([time_saved(result, baseline, prices, **options) for result in results], prices)
+    return saved_table(*sizes_saved(store, plans, checks, results, args.since, args.until, **options))
 
 
 def _trace(args: argparse.Namespace) -> int:

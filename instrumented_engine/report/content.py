@@ -13,9 +13,9 @@ import pandas as pd
 from instrumented_engine.whatif.fidelity import fidelity
 from instrumented_engine.whatif.runs import comparison, observed_total, replay_plans, simulate_runs
 from instrumented_engine.whatif.session_kinds import ages_and_reuse
-from instrumented_engine.whatif.time_saved import SAVED_WORDS, Prices, request_costs, time_saved
+from instrumented_engine.whatif.time_saved import SAVED_WORDS, sizes_saved
 from instrumented_engine.whatif.ttl_knee import knee, knee_words
-from instrumented_engine.whatif.victim_choice import other_policy
+from instrumented_engine.whatif.victim_choice import choice_words, other_policy
 from kvobs.analytics.cache import (
     FLEET,
     ages_words,
@@ -122,12 +122,11 @@ def _whatif_section(store, since, until, plans, observed, check, checks, sizes, 
         sizes = tuple(sorted({max(2, size // 2), size, size * 2, size * 4})) if size else (32, 64, 128, 256)
     runs = [simulate_runs(plans, num_blocks=n) for n in sizes]
     table = pd.DataFrame(comparison(observed, [total for total, _ in runs]))
-    prices = Prices.from_store(store, plans, since, until)
-    baseline = request_costs([c.replay for c in checks])
-    saved = pd.DataFrame(
-        [time_saved(total, baseline, prices, gpu_hour_cost=gpu_hour_cost).row() for total, _ in runs]
-    ).drop(columns=["configuration"])
-    merged = table.merge(saved, on="blocks", how="left") if size else table
+    saved, prices = sizes_saved(
+        store, plans, checks, [total for total, _ in runs], since, until, gpu_hour_cost=gpu_hour_cost
+    )
+    priced = pd.DataFrame([entry.row() for entry in saved])
+    merged = table.merge(priced, on=["configuration", "blocks"], how="left")  # (the observed row: not priced)
     curve = pd.DataFrame({"blocks": [r.num_blocks for r, _ in runs], "hit rate": [r.hit_rate for r, _ in runs]})
     replayed = sum(len(p.requests) for p in plans)
     return Section(
@@ -152,13 +151,8 @@ def _ttl_section(store, since, until, plans, checks, ttls) -> Section:
     curve = pd.DataFrame({"TTL (s)": [max(t, 1.0) for t, _ in points], "hit rate": [r for _, r in points]})
     ages, reuse = ages_and_reuse(store, since, until)
     words = [knee_words(size, points), ages_words(ages), reuse_words(reuse)]
-    choice = other_policy(plans, checks, ttls[2] if len(ttls) > 2 else ttls[-1])
-    if choice is not None and choice[2]:
-        name, other, own = choice
-        words.append(
-            f"At the observed size, {name} recomputes {other:,} tokens where the runs' own policy "
-            f"recomputes {own:,} (replayed)."
-        )
+    said = choice_words(other_policy(plans, checks, ttls[2] if len(ttls) > 2 else ttls[-1]))
+    words += [] if said is None else [said]
     return Section(
         f"TTL curve at the observed size ({size:,} blocks)",
         words,

@@ -1,9 +1,9 @@
 """What a configuration's hits are worth in prefill time: each replayed request's hits against the replay at the run's
 observed configuration, priced at its instance's measured prefill rate.
 
-    baseline = request_costs(fidelity(plans, observed["hit"])[1])   # the replay at the observed point, per request
-    prices = Prices.from_store(store, plans, since, until)
-    rows = [time_saved(total, baseline, prices).row() for total, _ in runs]   # `SAVED_COLUMNS`
+    _, checks = fidelity(plans, observed["hit"])                          # the replay at each run's observed point
+    saved, prices = sizes_saved(store, plans, checks, [total for total, _ in runs], since, until)
+    rows = [entry.row() for entry in saved]                               # `SAVED_COLUMNS`
 
 A request's prefill costs `(prompt - hits) / prefill rate + loaded / load rate` (`kvobs.analytics.cache`'s
 `PrefillRates` and `LoadRates`, the instance's own, fitted over its requests within `RATE_WINDOW_S / 2` either side
@@ -145,6 +145,16 @@ class TimeSaved:
                 ),
             )
         )
+
+
+def sizes_saved(
+    store, plans: list, checks: list, results: list[WhatIfResult], since=None, until=None, **options
+) -> tuple[list[TimeSaved], Prices]:
+    """Each of `results` priced against the replays at the runs' observed points (`checks`: `fidelity`'s per run),
+    at the rates `store` measured over the range; and those prices (`options`: `time_saved`'s)."""
+    prices = Prices.from_store(store, plans, since, until)
+    baseline = request_costs([check.replay for check in checks])
+    return [time_saved(result, baseline, prices, **options) for result in results], prices
 
 
 def request_costs(replays: list[WhatIfResult | None]) -> dict[str, tuple[int, int]]:

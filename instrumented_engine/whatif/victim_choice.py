@@ -44,16 +44,20 @@ def tax_lines(store, plans: list[ReplayPlan], checks: list, since, until, *, ttl
     if tax.empty:
         lines.append("- not measured: no request's hash chain is known in this range")
     lines += [f"- {row['instance']}: {tax_words(row)}" for _, row in tax.iterrows()]
-    choice = other_policy(plans, checks, ttl_s)
-    if choice is not None:
-        name, other, own = choice
-        if own:
-            saved = own - other
-            verdict = f"saves {saved / own:.1%} of it" if saved >= 0 else f"adds {-saved / own:.1%} to it"
-            lines.append(
-                f"Another victim choice at the observed size: {name} recomputes {other:,} tokens where the runs' "
-                f"own policy recomputes {own:,} in the replay: it {verdict}."
-            )
-        else:
-            lines.append("Another victim choice at the observed size: the replay recomputed nothing to save.")
-    return lines
+    said = choice_words(other_policy(plans, checks, ttl_s))
+    return lines if said is None else [*lines, said]
+
+
+def choice_words(choice: tuple[str, int, int] | None) -> str | None:
+    """`other_policy`'s answer in words (None where no run was replayed at its observed size)."""
+    if choice is None:
+        return None
+    name, other, own = choice
+    if not own:
+        return "Another victim choice at the observed size: the replay recomputed nothing to save."
+    saved = own - other
+    verdict = f"saves {saved / own:.1%} of it" if saved >= 0 else f"adds {-saved / own:.1%} to it"
+    return (
+        f"Another victim choice at the observed size: {name} recomputes {other:,} tokens where the runs' own policy "
+        f"recomputes {own:,} in the replay: it {verdict}."
+    )

@@ -19,8 +19,7 @@ import numpy as np
 import pandas as pd
 
 from kvobs.analytics.cache.ages_at_eviction import ALL, EvictionAges, distribution, distribution_words
-from kvobs.analytics.cache.routing import lookup_chains, read_inputs
-from kvobs.analytics.cache.shortfall_split import store_lookups
+from kvobs.analytics.cache.routing import lookup_chains, read_inputs, request_lookups
 
 
 def reuse_times(
@@ -35,7 +34,7 @@ def reuse_times(
         for block_hash, ts in frame.groupby(frame["block_hash"].astype("uint64"))["ts"]:
             times[int(block_hash)] = np.sort(ts.to_numpy(float))
     hit_since: dict[int, float] = {}  # block -> the store its latest counted hit was timed from
-    gaps, unknown = [], []  # (session, seconds); sessions of hits with no store seen
+    gaps, unknown = [], []  # (request, seconds); the requests of hits whose store was not seen
     for row in lookups.sort_values("lookup_ts", kind="stable").itertuples(index=False):
         chain = chains.get(row.request_id) or []
         for block_hash in chain[: int(row.own_blocks)]:
@@ -75,8 +74,8 @@ def range_reuse_times(store, since, until, kinds: dict[str, str] | None = None) 
     requests, steps = store.reads.requests(since, until), store.reads.steps(since, until)
     if requests.empty:
         return reuse_times(pd.DataFrame(columns=["lookup_ts"]), {}, pd.DataFrame())
-    lookups, _ = store_lookups(store, requests, steps, since, until)
-    tied, events, _ = read_inputs(store, requests, steps, since, until)
+    tied, events, check = read_inputs(store, requests, steps, since, until)  # (read once: the lookups' and chains')
+    lookups = request_lookups(tied, events, check)
     _, stored, _, _, chains = lookup_chains(tied, events, {})
     if kinds is None:
         kinds = agent_kinds(tied, store.reads.sessions())
