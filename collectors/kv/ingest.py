@@ -149,11 +149,32 @@ class KVIngest(Adoption):
         cleared: dict[str | None, int] = {}
         touched: set[str] = set()  # sessions with an event in this batch
         self.latest_ts = max(self.latest_ts, ts)
+        # the common events inline, as `_removed` and `_stored` write them (a method call an event was a tenth of
+        # attribution): the device tier's removals with nothing held, its stores of known sessions within a chain
+        routes, device, seen, holding = self._routes, self.chains, self._sessions_seen, self.hold_s or self.recent
         for event in batch.events:
             if type(event) is Removed:
-                self._removed(ts, event, rows)
+                if not holding and routes.get((event.medium, event.group_idx)) is device:
+                    reason, tokens = event.reason, self.block_size
+                    lost = reason not in RELEASE_REASONS
+                    device.remove_rows(
+                        rows, event.hashes, lost, ts, event.medium, tokens, event.group_idx, reason, REMOVED, True
+                    )
+                else:
+                    self._removed(ts, event, rows)
             elif type(event) is Stored:
-                self._stored(ts, event, rows, touched)
+                session = event.session_id
+                if (
+                    session in seen  # (None never is)
+                    and event.first_tokens is None
+                    and event.hashes
+                    and routes.get((event.medium, event.group_idx)) is device
+                ):
+                    touched.add(session)
+                    self.block_size = event.block_size
+                    device.store_rows(rows, event, ts, STORED, 0)
+                else:
+                    self._stored(ts, event, rows, touched)
             elif type(event) is Cleared:
                 cleared = self._cleared(rows, EvictionReason.RESET.value, ts)
             elif type(event) is Placeholder:
@@ -166,8 +187,11 @@ class KVIngest(Adoption):
         if losers:
             self._pending.append((self.clock(), ts, losers, removed))
         touched.update(losers)
-        for session in touched:
-            self._seen(session, ts)
+        last_seen = self._last_seen
+        for session in touched:  # (`_seen`, inline)
+            before = last_seen.get(session)
+            last_seen[session] = ts if before is None or ts > before else before
+            last_seen.move_to_end(session)
         self._changed |= touched
         self._flush(ts, rows)
         if self.bridge is not None and (removed or cleared):

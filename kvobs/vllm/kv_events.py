@@ -83,6 +83,13 @@ class AllBlocksCleared(KVCacheEvent):
     """Every cached block was dropped (a successful prefix-cache reset)."""
 
 
+class LeanBlockStored(BlockStored, tag="BlockStored"):
+    """`BlockStored` as a collector decodes it (`decode_batch(lean=True)`): its tokens left as msgpack, read only
+    where they are used (`tokens_of`); decoding every block's tokens was most of a batch's decode."""
+
+    token_ids: msgspec.Raw  # type: ignore[assignment]
+
+
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
@@ -116,6 +123,21 @@ class _CheckedMapBatch(msgspec.Struct, gc=False):
     data_parallel_rank: int | None = None
 
 
+LeanEvent = LeanBlockStored | BlockRemoved | AllBlocksCleared
+
+
+class _LeanBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: Timestamp
+    events: list[LeanEvent]
+    data_parallel_rank: int | None = None
+
+
+class _LeanMapBatch(msgspec.Struct, gc=False):
+    ts: Timestamp
+    events: list[LeanEvent]
+    data_parallel_rank: int | None = None
+
+
 _MAP_MARKERS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}  # msgpack's fixmap, map 16 and map 32 first bytes
 _ARRAY_MARKERS = frozenset(range(0x90, 0xA0)) | {0xDC, 0xDD}  # fixarray, array 16 and array 32
 
@@ -124,6 +146,8 @@ _encoder = msgspec.msgpack.Encoder()
 # (checked, raw) decoders for each batch shape; checked: the common case, every event known and valid
 _ARRAY_BATCH = (msgspec.msgpack.Decoder(_CheckedBatch), msgspec.msgpack.Decoder(_RawBatch))
 _MAP_BATCH = (msgspec.msgpack.Decoder(_CheckedMapBatch), msgspec.msgpack.Decoder(_RawMapBatch))
+_LEAN = (msgspec.msgpack.Decoder(_LeanBatch), msgspec.msgpack.Decoder(_LeanMapBatch))  # (array batch, map batch)
+_token_decoder = msgspec.msgpack.Decoder(list[Count])
 _map_event_decoder = msgspec.msgpack.Decoder(Event)
 _any_decoder = msgspec.msgpack.Decoder()
 _POSITIONAL: dict[str, type[BlockStored | BlockRemoved | AllBlocksCleared]] = {
@@ -156,17 +180,19 @@ WIRE_SHAPES = (
 )
 
 
-def decode_batch(payload: bytes) -> Decoded:
-    """Decode a payload: the batch, and how many of its events were skipped as unknown or refused as bad.
+def decode_batch(payload: bytes, *, lean: bool = False) -> Decoded:
+    """Decode a payload: the batch, and how many of its events were skipped as unknown or refused as bad. `lean`: a
+    fast path's stores leave their tokens undecoded (`LeanBlockStored`, read by `tokens_of`, which checks them).
 
     Raises:
         DecodeError: the payload is not a batch (or its time is out of range).
     """
     as_map = bool(payload[:1]) and payload[0] in _MAP_MARKERS
     checked, raw_decoder = _MAP_BATCH if as_map else _ARRAY_BATCH
+    fast: msgspec.msgpack.Decoder[Any] = _LEAN[as_map] if lean else checked
     batch_shape = "map batch" if as_map else "array batch"
     try:  # all in one pass when every event is a known, valid map (what vLLM 0.24+ sends): the fast path
-        whole = checked.decode(payload)
+        whole = fast.decode(payload)
         batch = KVEventBatch(whole.ts, whole.events, whole.data_parallel_rank)
         return Decoded(batch, 0, 0, f"{batch_shape}, map events")
     except (msgspec.DecodeError, ValueError):
@@ -190,6 +216,21 @@ def decode_batch(payload: bytes) -> Decoded:
             events.append(event)
     shape = f"{batch_shape}, {'positional' if positional else 'map'} events"
     return Decoded(KVEventBatch(raw.ts, events, raw.data_parallel_rank), unknown, refused, shape)
+
+
+def tokens_of(event: BlockStored) -> list[int]:
+    """A store's tokens, decoded where a lean decode left them as msgpack.
+
+    Raises:
+        DecodeError: they are not a list of token ids.
+    """
+    tokens: list[int] | msgspec.Raw = event.token_ids
+    if isinstance(tokens, list):
+        return tokens
+    try:
+        return _token_decoder.decode(tokens)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise DecodeError(f"malformed KV event: token_ids: {exc}") from exc
 
 
 def _decode_event(data: bytes) -> Event | None:

@@ -38,12 +38,20 @@ def decode(payload: bytes) -> Decoded:
     Raises:
         kv_events.DecodeError: the payload is not a batch (or its time is out of range).
     """
-    batch, unknown, refused, shape = wire.decode_batch(payload)
-    return Decoded(normalize(batch), unknown, refused, shape, len(batch.events))
+    batch, unknown, refused, shape = wire.decode_batch(payload, lean=True)
+    normalized, bad_tokens = _normalize(batch)
+    return Decoded(normalized, unknown, refused + bad_tokens, shape, len(batch.events) - bad_tokens)
 
 
 def normalize(batch: wire.KVEventBatch) -> Batch:
+    return _normalize(batch)[0]
+
+
+def _normalize(batch: wire.KVEventBatch) -> tuple[Batch, int]:
+    """The normalized batch, and how many stores it refused for tokens that are not token ids (a lean decode checks
+    a store's tokens only where they are read: a chain's first block, a placeholder's none)."""
     events: list[Event] = []
+    bad_tokens = 0
     merging: Removed | None = None  # the removal the next ones of its tier, group and reason join
     sent: tuple = ()  # the merged removal's tier (medium, locality, owner), group and reason as sent
     ids_cut = 0
@@ -69,13 +77,18 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
             sent = said
             continue
         merging = None
-        if type(event) is wire.BlockStored:
+        if isinstance(event, wire.BlockStored):  # (or wire.LeanBlockStored)
             session, parent, lora = event.session_id, event.parent_block_hash, event.lora_name
             tier, known = tier_name(event.medium, event.locality, event.ownership)
             if not known:
                 events.append(UnknownTier(as_uint64_list(event.block_hashes), tier or ""))
                 continue
-            if event.block_size == 0 and not event.token_ids:  # an offloading connector's placeholder (legacy payload)
+            try:  # (read only where they are used)
+                tokens = wire.tokens_of(event) if parent is None or not event.block_size else None
+            except wire.DecodeError:
+                bad_tokens += 1
+                continue
+            if event.block_size == 0 and not tokens:  # an offloading connector's placeholder (legacy payload)
                 events.append(Placeholder(as_uint64_list(event.block_hashes), tier))
                 continue
             if session is not None and len(session) * 4 > MAX_ID_BYTES:  # (`clip_id`'s own test, without a call)
@@ -93,12 +106,12 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
                     None if event.kv_cache_spec_kind is None else clip_id(event.kv_cache_spec_kind),
                     None if lora is None else clip_id(lora),
                     None if event.extra_keys is None else extra_keys_json(event),
-                    event.token_ids[: event.block_size] if parent is None and event.token_ids else None,
+                    tokens[: event.block_size] if parent is None and tokens else None,
                 )
             )
         elif type(event) is wire.AllBlocksCleared:
             events.append(CLEARED)
-    return Batch(batch.ts, events, batch.data_parallel_rank, ids_cut)
+    return Batch(batch.ts, events, batch.data_parallel_rank, ids_cut), bad_tokens
 
 
 def extra_keys_json(event: wire.BlockStored) -> list[str | None] | None:

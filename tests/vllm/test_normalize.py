@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import random
+from pathlib import Path
+
+import msgspec
+
+from collectors.capture import read_kv_messages
 from kvobs.block_events import Cleared, Placeholder, Removed, Stored
 from kvobs.identifiers import MAX_ID_BYTES
 from kvobs.vllm import kv_events as wire
@@ -103,3 +110,86 @@ def _wire_name(event) -> str:
 
 def _of(decoded, kind) -> list:
     return [e for e in decoded.batch.events if type(e) is kind]
+
+
+def _recorded_payloads() -> dict[str, list[bytes]]:
+    """Every recording of vLLM's wire (vLLM 0.32, its tiers and sessions, both fleets, SGLang, Dynamo's relay)."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    out = {}
+    for path in sorted(fixtures.glob("**/kv_events.jsonl")):
+        out[str(path.relative_to(fixtures))] = [frames[-1] for _, frames in read_kv_messages(path)]
+    for path in (
+        fixtures / "vllm-tiers" / "frames.jsonl",
+        fixtures / "vllm-tiers" / "sessions.jsonl",
+        fixtures / "sglang" / "frames.jsonl",
+        fixtures / "trtllm" / "dynamo_frames.jsonl",
+    ):
+        lines = path.read_text().splitlines()
+        out[str(path.relative_to(fixtures))] = [bytes.fromhex(json.loads(line)["payload"]) for line in lines]
+    return out
+
+
+def _full(payload: bytes):
+    """The door's decode with every store's tokens decoded and checked (the path before the lean one)."""
+    batch, unknown, refused, shape = wire.decode_batch(payload)
+    return normalize(batch), unknown, refused, shape, len(batch.events)
+
+
+def test_the_lean_decode_gives_every_recording_s_events_as_the_full_one_does():
+    recordings = _recorded_payloads()
+    assert len(recordings) >= 9 and all(recordings.values())
+    for name, payloads in recordings.items():
+        for payload in payloads:
+            assert tuple(decode(payload)) == _full(payload), name
+
+
+def test_the_lean_decode_checks_tokens_where_they_are_read_and_matches_the_full_one_on_random_batches():
+    rng = random.Random(7)
+    for _ in range(300):
+        events: list = []
+        for _ in range(rng.randint(1, 12)):
+            roll = rng.random()
+            if roll < 0.4:
+                events.append(wire.BlockRemoved([rng.getrandbits(64)], rng.choice(["GPU", "CPU", None])))
+            elif roll < 0.45:
+                events.append(wire.AllBlocksCleared())
+            else:
+                n, size = rng.randint(1, 3), rng.choice([0, 4, 16])
+                tokens = [rng.randrange(50_000) for _ in range(n * size)]
+                events.append(
+                    wire.BlockStored(
+                        [rng.getrandbits(64) for _ in range(n)],
+                        rng.choice([None, rng.getrandbits(63)]),
+                        tokens,
+                        size,
+                        None,
+                        rng.choice(["GPU", "cpu"]),
+                        None,
+                        session_id=rng.choice([None, "s1", "s2"]),
+                    )
+                )
+        payload = wire.encode_batch(wire.KVEventBatch(1.5, events))
+        assert tuple(decode(payload)) == _full(payload)
+    # tokens that are not token ids: refused where they are read (a chain's first block, a placeholder's), as the
+    # full decode refuses them; in a chain's later block, where no reader looks, the lean decode keeps the store
+    bad = msgspec.msgpack.encode(["a"] * 16)
+    start = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": msgspec.Raw(bad),
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
+    later = {**start, "block_hashes": [2], "parent_block_hash": 1}
+    placeholder = {**start, "block_hashes": [3], "block_size": 0}
+    removed = wire.BlockRemoved([9], "GPU")
+    for event, kept in ((start, False), (placeholder, False), (later, True)):
+        payload = msgspec.msgpack.encode([1.5, [event, removed], None])
+        lean, full = decode(payload), _full(payload)
+        assert (full[0].events, full[2]) == ([Removed([9], "GPU", None, None)], 1)
+        assert (len(lean.batch.events), lean.refused) == ((2, 0) if kept else (1, 1))
+        if kept:
+            assert lean.batch.events[0] == Stored([2], 1, 16, "GPU", None, None, None, None, None, None)

@@ -99,8 +99,8 @@ cdef class CompiledRows:
     def columns(self):
         """Every column, as BatchRows.columns gives them: `ROW_COLUMNS` as lists, `EVENT_COLUMNS` as runs."""
         cdef size_t i, n = self.hashes.size()
-        hashes, parents, firsts, lifetimes = [None] * n, [None] * n, [None] * n, [None] * n
-        restored, after = [None] * n, [None] * n
+        cdef list hashes = [None] * n, parents = [None] * n, firsts = [None] * n, lifetimes = [None] * n
+        cdef list restored = [None] * n, after = [None] * n
         for i in range(n):
             if self.has_hash[i]:
                 hashes[i] = self.hashes[i]
