@@ -16,7 +16,8 @@ def render_tier_hits(ctx) -> None:
     if table.empty:
         st.info(
             "No engine counted its prompt tokens by source in this range: vLLM's and kvobs serve's "
-            "`vllm:prompt_tokens_by_source`, SGLang's `sglang:cached_tokens{cache_source}`, TensorRT-LLM's "
+            "`vllm:prompt_tokens_by_source` (from vLLM 0.34 also `vllm:prompt_tokens_cached_by_source`), SGLang's "
+            "`sglang:cached_tokens{cache_source}`, TensorRT-LLM's "
             "`trtllm_prompt_cache_hit_tokens{cache_level}`, scraped from their /metrics."
         )
     else:

@@ -193,6 +193,8 @@ class EngineMetrics:
         # without an offload tier nothing is ever transferred from an external cache (a true 0, as vLLM reads)
         for source in (vm.PROMPT_SOURCE_COMPUTED, vm.PROMPT_SOURCE_CACHED, vm.PROMPT_SOURCE_EXTERNAL):
             self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=source)
+        for source in vm.CACHED_SOURCES:  # (as vLLM 0.34 makes every source's series)
+            self._get(vllm.PROMPT_TOKENS_CACHED_BY_SOURCE, source=source)
 
     def _get(self, spec: MetricSpec, **labels: str) -> Any:
         key = (spec.name, *labels.values())
@@ -260,6 +262,8 @@ class EngineMetrics:
             )
             self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=vm.PROMPT_SOURCE_CACHED).inc(event.hit_tokens)
             self._get(vllm.PROMPT_TOKENS_BY_SOURCE, source=vm.PROMPT_SOURCE_EXTERNAL).inc(loaded)
+            self._get(vllm.PROMPT_TOKENS_CACHED_BY_SOURCE, source=vm.CACHED_SOURCE_DEVICE).inc(event.hit_tokens)
+            self._get(vllm.PROMPT_TOKENS_CACHED_BY_SOURCE, source=vm.CACHED_SOURCE_HOST).inc(loaded)  # (its CPU tier)
             if vllm.EXTERNAL_PREFIX_CACHE_QUERIES in self.specs:
                 self._get(vllm.EXTERNAL_PREFIX_CACHE_QUERIES).inc(event.query_tokens - event.hit_tokens)
                 self._get(vllm.EXTERNAL_PREFIX_CACHE_HITS).inc(loaded)

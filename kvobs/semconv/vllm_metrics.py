@@ -17,6 +17,22 @@ PROMPT_SOURCE_COMPUTED, PROMPT_SOURCE_CACHED, PROMPT_SOURCE_EXTERNAL = (
     "local_cache_hit",
     "external_kv_transfer",
 )
+# `vllm:prompt_tokens_cached_by_source{source}`'s values (vLLM 0.34, `CacheHitSource`): the tier each cached token
+# came from, the device cache or, through a KV connector, host memory, another vLLM instance, disk, or not said
+CACHED_SOURCE_DEVICE, CACHED_SOURCE_HOST, CACHED_SOURCE_P2P, CACHED_SOURCE_DISK, CACHED_SOURCE_UNSPECIFIED = (
+    "device",
+    "host",
+    "p2p",
+    "disk",
+    "external_unspecified",
+)
+CACHED_SOURCES = (
+    CACHED_SOURCE_DEVICE,
+    CACHED_SOURCE_HOST,
+    CACHED_SOURCE_P2P,
+    CACHED_SOURCE_DISK,
+    CACHED_SOURCE_UNSPECIFIED,
+)
 
 vllm = SimpleNamespace(
     NUM_REQUESTS_RUNNING=_spec(
@@ -51,6 +67,14 @@ vllm = SimpleNamespace(
         "tokens",
         "Number of prompt tokens by source: computed here (local_compute), found in the local prefix cache "
         "(local_cache_hit), or transferred from an external KV cache (external_kv_transfer).",
+        LABEL_SOURCE,
+    ),
+    PROMPT_TOKENS_CACHED_BY_SOURCE=_spec(
+        "vllm:prompt_tokens_cached_by_source",
+        "counter",
+        "tokens",
+        "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to DRAM), "
+        "disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission (vLLM 0.34).",
         LABEL_SOURCE,
     ),
     GENERATION_TOKENS=_spec("vllm:generation_tokens", "counter", "tokens", "Number of generation tokens processed."),

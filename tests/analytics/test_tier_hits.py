@@ -16,13 +16,19 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from collectors.drops import DropCounter
+from collectors.metrics.scraper import Scraper, ScrapeTarget
 from kvobs.analytics.cache.hits_by_tier import tier_hits
+from kvobs.analytics.cache.routing import FLEET
 from kvobs.store import open_store
+from kvobs.store.writer import StoreWriter
 from tests.collectors.agent_harness import ROOT
 from tests.collectors.recorded import scrapes
+from tests.collectors.replay import metrics_server
 from tests.collectors.test_scraper import scrape_all
 
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+VLLM_034 = ROOT / "tests" / "fixtures" / "vllm-0.34-metrics"
 LMCACHE = ROOT / ".venv-lmcache"
 
 
@@ -175,3 +181,40 @@ def test_a_fleets_row_sums_its_replicas(fleet_run):
     for column in ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens"):
         assert table.loc["fleet", column] == table.loc[["vllm-a", "vllm-b"], column].sum() > -1
     assert table.loc["fleet", "load_s"] is None  # neither replica counts loads: the fleet's are not said either
+
+
+def test_vllm_0_34_says_which_tier_its_connector_s_tokens_came_from(tmp_path):
+    """vLLM 0.34's own logger (its recording: tests/fixtures/vllm-0.34-metrics/record.py) counts cached tokens by the
+    tier that supplied them: host (kvobs's CPU), p2p (another vLLM instance), disk, or not said (the connector's)."""
+    bodies = [(VLLM_034 / f"scrape_{n}.txt").read_text() for n in (0, 1)]
+    (row,) = tier_hits(_scraped(tmp_path, bodies)).to_dict("records")
+    assert row["counted_by"] == "vllm:prompt_tokens_by_source, vllm:prompt_tokens_cached_by_source{source}"
+    assert (row["cache_tokens"], row["loaded_tokens"], row["computed_tokens"]) == (448, 832, 892)
+    assert row["tiers"] == "CPU, DISK, KV connector, P2P"
+    assert row["tokens_by_tier"] == "CPU 416, P2P 192, DISK 128, KV connector 96"  # the sources' sum: the 832 loaded
+
+
+def test_a_fleet_sums_its_replicas_tokens_by_tier(tmp_path):
+    """Two vLLM 0.34 replicas sum tier by tier; a vLLM 0.32 that loaded nothing (no tier) adds nothing to any tier."""
+    bodies = [(VLLM_034 / f"scrape_{n}.txt").read_text() for n in (0, 1)]
+    recorded = [body for _, body in scrapes()[:2]]
+    both = tier_hits(_two_scraped(tmp_path / "a", bodies, bodies)).set_index("instance")
+    assert both.loc[FLEET, "tokens_by_tier"] == "CPU 832, P2P 384, DISK 256, KV connector 192"
+    mixed = tier_hits(_two_scraped(tmp_path / "b", bodies, recorded)).set_index("instance")
+    assert mixed.loc["b", "tokens_by_tier"] == "" and mixed.loc["b", "counted_by"] == "vllm:prompt_tokens_by_source"
+    assert mixed.loc[FLEET, "tokens_by_tier"] == mixed.loc["a", "tokens_by_tier"]
+    assert mixed.loc[FLEET, "loaded_tokens"] == 832
+
+
+def _two_scraped(tmp_path, a: list[str], b: list[str]):
+    """Replicas `a` and `b` scraped by one collector's scraper, each from a server of its own."""
+    tmp_path.mkdir()
+    store = open_store(f"sqlite:///{tmp_path / 'kvobs.db'}")
+    writer = StoreWriter(store)
+    with metrics_server(a) as url_a, metrics_server(b) as url_b:
+        targets = [ScrapeTarget.parse(f"a={url_a}"), ScrapeTarget.parse(f"b={url_b}")]
+        scraper = Scraper(targets, writer, DropCounter())
+        for _ in a:
+            scraper.scrape_all()
+    writer.close()
+    return store

@@ -10,8 +10,10 @@ Each engine says it in its own words, read as it defines them:
   `local_cache_hit`, `external_kv_transfer` (its KV connector: the offloading connector's tier, LMCache) and
   `local_compute`; the loads' seconds are `vllm:kv_offload_load_time` (the offloading connector), else LMCache's
   `lmcache:time_to_retrieve` sum where one worker counted it (with several, each timed its own shard: not said).
-  The tier is named by whose counters came with them: LMCache, the offloading connector (`vllm:kv_offload_*`),
-  else the KV connector.
+  From vLLM 0.34, `vllm:prompt_tokens_cached_by_source{source}` says which tier the connector's tokens came from
+  (`host`: kvobs's CPU, `disk`, `p2p`: another vLLM instance, `external_unspecified`: not said); before it, or where
+  it says `external_unspecified`, the tier is named by whose counters came with them: LMCache, the offloading
+  connector (`vllm:kv_offload_*`), else the KV connector.
 - SGLang: `sglang:cached_tokens{cache_source}` (`device`: its radix cache; `host`: HiCache's CPU tier;
   `storage`: its storage tier) against `sglang:prompt_tokens`. Tokens counted as `total` (a request whose sources
   were not given), or with no `cache_source` (releases before the split), say how many were cached, not where: the
@@ -51,6 +53,10 @@ from kvobs.semconv.engine_metrics import (
 )
 from kvobs.semconv.metrics import INCREASE_SUFFIX, SUM_SUFFIX, vllm
 from kvobs.semconv.vllm_metrics import (
+    CACHED_SOURCE_DEVICE,
+    CACHED_SOURCE_DISK,
+    CACHED_SOURCE_HOST,
+    CACHED_SOURCE_P2P,
     LABEL_SOURCE,
     PROMPT_SOURCE_CACHED,
     PROMPT_SOURCE_COMPUTED,
@@ -59,6 +65,7 @@ from kvobs.semconv.vllm_metrics import (
 from kvobs.store.interface import Store
 
 BY_SOURCE = vllm.PROMPT_TOKENS_BY_SOURCE.name + INCREASE_SUFFIX
+CACHED_BY_SOURCE = vllm.PROMPT_TOKENS_CACHED_BY_SOURCE.name + INCREASE_SUFFIX
 OFFLOAD_LOAD_S = vllm.KV_OFFLOAD_LOAD_TIME.name + INCREASE_SUFFIX
 LMCACHE_HITS = lmcache.NUM_HIT_TOKENS.name + INCREASE_SUFFIX
 LMCACHE_RETRIEVE_S = lmcache.TIME_TO_RETRIEVE.name + SUM_SUFFIX
@@ -68,8 +75,16 @@ TRTLLM_PROMPT = trtllm.PROMPT_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_CACHED = trtllm.PROMPT_CACHED_TOKENS.name + INCREASE_SUFFIX
 TRTLLM_BY_LEVEL = trtllm.PROMPT_CACHE_HIT_TOKENS.name + INCREASE_SUFFIX
 STORAGE = str(medium_name("storage"))  # HiCache's storage tier, under kvobs's one name for it
+# vLLM 0.34's cache-hit sources below its device cache, by kvobs's name for the tier (`external_unspecified`: the
+# KV connector's, named as `_connector` names it)
+VLLM_SOURCE_TIERS = {
+    CACHED_SOURCE_HOST: MEDIUM_CPU,
+    CACHED_SOURCE_DISK: str(medium_name("disk")),
+    CACHED_SOURCE_P2P: "P2P",
+}
 NAMES = [
     BY_SOURCE,
+    CACHED_BY_SOURCE,
     OFFLOAD_LOAD_S,
     LMCACHE_HITS,
     LMCACHE_RETRIEVE_S,
@@ -87,6 +102,7 @@ TIER_HIT_COLUMNS = [
     "cache_tokens",  # found in the device cache
     "loaded_tokens",  # loaded from the tiers below it
     "tiers",  # which tiers those were, as the engine names them
+    "tokens_by_tier",  # the loaded tokens by tier, where the engine counts them so ("": it does not)
     "computed_tokens",
     "loaded_share",  # loaded_tokens / prompt_tokens (NaN: not split)
     "load_s",  # the loads' seconds, as the engine counted them (None: not counted)
@@ -105,6 +121,8 @@ def tier_hits(store: Store, since: float | None = None, until: float | None = No
             rows.append({"instance": instance, **row})
     if len(rows) > 1:
         rows.append(_fleet(rows))
+    for row in rows:
+        row["tokens_by_tier"] = _by_tier_words(row.pop("by_tier"))
     table = pd.DataFrame(rows, columns=TIER_HIT_COLUMNS)
     pairs = zip(table.loaded_tokens, table.prompt_tokens)
     shares = [t / p if p and t is not None and t == t else np.nan for t, p in pairs]
@@ -117,7 +135,21 @@ def _fleet(rows: list[dict]) -> dict:
     for column in ("prompt_tokens", "cache_tokens", "loaded_tokens", "computed_tokens", "load_s"):
         values = [r[column] for r in rows]
         out[column] = None if any(v is None for v in values) else float(sum(values))
+    out["by_tier"] = None
+    if all(r["by_tier"] is not None for r in rows):
+        summed: dict[str, float] = defaultdict(float)
+        for r in rows:
+            for tier, n in r["by_tier"].items():
+                summed[tier] += n
+        out["by_tier"] = dict(summed)
     return out
+
+
+def _by_tier_words(by_tier: dict[str, float] | None) -> str:
+    """The loaded tokens by tier, most first ("": not counted by tier, or none loaded)."""
+    if not by_tier:
+        return ""
+    return ", ".join(f"{tier} {n:,.0f}" for tier, n in sorted(by_tier.items(), key=lambda item: (-item[1], item[0])))
 
 
 def by_labels(samples: pd.DataFrame, *names: str) -> dict[tuple[str, ...], float]:
@@ -152,12 +184,23 @@ def _vllm(samples: pd.DataFrame) -> dict | None:
     if load_s is None and len(by_label(lmcache_hits, LABEL_WORKER_ID)) == 1:
         # (with several workers, each times its own shard's retrieval: their sum is no wall time)
         load_s = named_total(samples, LMCACHE_RETRIEVE_S)
+    connector = _connector(not lmcache_hits.empty, offload_s is not None)
+    counted_by = vllm.PROMPT_TOKENS_BY_SOURCE.name
+    by_tier: dict[str, float] = {connector: tier} if tier else {}
+    sources = by_label(samples[samples["name"] == CACHED_BY_SOURCE], LABEL_SOURCE)
+    if any(n for source, n in sources.items() if source != CACHED_SOURCE_DEVICE):  # (vLLM 0.34: by the tier)
+        counted_by += f", {vllm.PROMPT_TOKENS_CACHED_BY_SOURCE.name}{{source}}"
+        by_tier = defaultdict(float)
+        for source, n in sources.items():
+            if source != CACHED_SOURCE_DEVICE and n:
+                by_tier[VLLM_SOURCE_TIERS.get(source, connector)] += n
     return {
-        "counted_by": vllm.PROMPT_TOKENS_BY_SOURCE.name,
+        "counted_by": counted_by,
         "prompt_tokens": cache + tier + computed,
         "cache_tokens": cache,
         "loaded_tokens": tier,
-        "tiers": _connector(not lmcache_hits.empty, offload_s is not None) if tier else "",
+        "tiers": ", ".join(sorted(by_tier)),
+        "by_tier": dict(by_tier),
         "computed_tokens": computed,
         "load_s": load_s,
     }
@@ -177,16 +220,17 @@ def _sglang(samples: pd.DataFrame) -> dict | None:
     total_cached = sum(sources.values())
     split = not {"", CACHE_SOURCE_TOTAL} & {s for s, n in sources.items() if n}  # every cached token said where
     lower = [s for s in sources if s not in ("", CACHE_SOURCE_TOTAL, CACHE_SOURCE_DEVICE) and sources[s]]
-    tiers = sorted(
-        {MEDIUM_CPU if s == CACHE_SOURCE_HOST else STORAGE if storage_source(s) else s.upper() for s in lower}
-    )
+    by_tier: dict[str, float] = defaultdict(float)
+    for s in lower:
+        by_tier[MEDIUM_CPU if s == CACHE_SOURCE_HOST else STORAGE if storage_source(s) else s.upper()] += sources[s]
     cache = sources.get(CACHE_SOURCE_DEVICE, 0.0) if split else None
     return {
         "counted_by": sglang.CACHED_TOKENS.name + ("{cache_source}" if split else " (sources not given: not split)"),
         "prompt_tokens": prompt,
         "cache_tokens": cache,
         "loaded_tokens": None if cache is None else total_cached - cache,
-        "tiers": ", ".join(tiers),
+        "tiers": ", ".join(sorted(by_tier)),
+        "by_tier": dict(by_tier) if split else None,
         "computed_tokens": prompt - total_cached if prompt is not None else None,
         "load_s": None,
     }
@@ -200,12 +244,15 @@ def _trtllm(samples: pd.DataFrame) -> dict | None:
     if prompt is None and cached is None:
         return None
     cache = loaded = None
-    tiers = ""
+    by_tier: dict[str, float] | None = None
     if levels:
         cache = sum(n for (level, _), n in levels.items() if level == PRIMARY_CACHE_LEVEL)
         loaded = sum(n for (level, _), n in levels.items() if level != PRIMARY_CACHE_LEVEL)
-        lower = {_level_name(level, tier) for (level, tier), n in levels.items() if level != PRIMARY_CACHE_LEVEL and n}
-        tiers = ", ".join(sorted(lower))
+        by_tier = {}
+        for (level, tier), n in levels.items():
+            if level != PRIMARY_CACHE_LEVEL and n:
+                name = _level_name(level, tier)
+                by_tier[name] = by_tier.get(name, 0.0) + n
     # (cached tokens are counted as a request is admitted, its prompt tokens as it finishes: a range can cut between)
     computed = prompt - cached if prompt is not None and cached is not None and prompt >= cached else None
     if levels:
@@ -219,7 +266,8 @@ def _trtllm(samples: pd.DataFrame) -> dict | None:
         "prompt_tokens": prompt,
         "cache_tokens": cache,
         "loaded_tokens": loaded,
-        "tiers": tiers,
+        "tiers": ", ".join(sorted(by_tier or ())),
+        "by_tier": by_tier,
         "computed_tokens": computed,
         "load_s": None,
     }
