@@ -162,8 +162,8 @@ class BlockEvicted(KVEvent):
 @dataclass(frozen=True)
 class IdleLossesSettled(KVEvent):
     """Hindsight on a session's pending losses (`BlockEvicted.pending_owners`): `num_blocks` blocks it lost while
-    idle were lost in a tool pause (`in_pause`: its next request began) or after its end (released, or idle past
-    the session-end horizon)."""
+    idle were lost in a tool pause (`in_pause`: its next request began), or not (after its end: released, or idle
+    past the session-end horizon; or after its next request reached the server, before the engine took it)."""
 
     num_blocks: int
     in_pause: bool

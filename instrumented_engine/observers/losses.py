@@ -8,7 +8,8 @@ A lost block is one `BlockEvicted` (capacity, TTL, invalidation) or each block a
 block its session released (`RELEASE_REASONS`) is counted apart (`num_released`), as no loss. Idle losses count per
 (session, block) that pressure took from an idle owner, settled with hindsight (`IdleLossesSettled`):
 `num_lost_in_pause` (the session came back: the same losses as `kvobs_session_prefix_lost_total` and the store's
-`session_evicted_idle_blocks`), `num_lost_after_end` (released or idle past the horizon), and `num_pending` (not
+`session_evicted_idle_blocks`), `num_lost_after_end` (released or idle past the horizon; or after its next request
+reached the server, before the engine took it), and `num_pending` (not
 known yet). With an offload tier, `loaded` tells which blocks a session's request loaded back from it:
 `num_saved_in_pause` counts the pause losses it gave back (the session recomputed none of them).
 """

@@ -152,7 +152,7 @@ class BlockPool:
         paused = tuple(s for s in sorted(block.sessions) if self.activity.is_pending_owner(s, now))
         if reason in PRESSURE_REASONS:
             for session_id in paused:
-                self.activity.lost(session_id)
+                self.activity.lost(session_id, now)
         self.emit(
             ev.BlockEvicted(
                 now,

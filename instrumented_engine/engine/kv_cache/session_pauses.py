@@ -3,13 +3,15 @@
     pauses = SessionPauses(end_after_s=300)
     pauses.begin("s1"); pauses.end("s1", now=10.0)     # s1 is idle from 10.0 on
     pauses.is_pending_owner("s1", now=12.0)              # True: a loss now is pending
-    pauses.lost("s1")                                    # one block lost while idle: pending
-    pauses.begin("s1")                                   # -> 1: s1 came back, so it was in a tool pause
+    pauses.lost("s1", now=13.0)                          # one block lost while idle: pending
+    pauses.begin("s1", arrived=14.0)                     # -> (1, 0): s1 came back, so it was in a tool pause
 
 A session is idle from the end of its last request in flight until its next one begins. A block that capacity
 pressure takes from an idle session is a *pending* loss: only what happens next tells whether the session was
 in a tool pause (its next request begins: `begin` returns the settled count) or had ended (it is released, or
 stays idle `end_after_s` past its last request: `release` / `expire` return the count, lost after its end).
+A loss after the session's next request reached the server but before the engine took it (`begin`'s `arrived`)
+was no pause loss: the agent had come back; `begin` returns it apart, as the analyses and the what-if count it.
 A loss of a session already idle longer than `end_after_s` is after its end at once, never pending. Nothing is
 counted as lost in a pause until it is settled so; the engine's metrics, spans, store rows and the what-if
 replay all count the settlements (`IdleLossesSettled` events) and show what is still pending.
@@ -34,14 +36,18 @@ class SessionPauses:
         self._in_flight: Counter[str] = Counter()
         self.idle_since: dict[str, float] = {}  # sessions between requests (released ones are not here)
         self.pending: Counter[str] = Counter()  # blocks lost while idle, not settled yet
+        self._lost_at: dict[str, list[float]] = {}  # when each pending loss happened
 
-    def begin(self, session_id: str | None) -> int:
-        """A request of the session begins; returns the pending losses settled as lost in its tool pause."""
+    def begin(self, session_id: str | None, arrived: float | None = None) -> tuple[int, int]:
+        """A request of the session begins (it reached the server at `arrived`; None: now); returns the pending
+        losses settled as lost in its tool pause, and those lost after it arrived, before the engine took it."""
         if session_id is None:
-            return 0
+            return 0, 0
         self._in_flight[session_id] += 1
         self.idle_since.pop(session_id, None)
-        return self.pending.pop(session_id, 0)
+        times = self._lost_at.pop(session_id, [])
+        waited = sum(1 for at in times if arrived is not None and at >= arrived)
+        return self.pending.pop(session_id, 0) - waited, waited
 
     def end(self, session_id: str | None, now: float) -> None:
         if session_id is None or self._in_flight[session_id] == 0:
@@ -54,6 +60,7 @@ class SessionPauses:
     def release(self, session_id: str) -> int:
         """The session is done; returns its pending losses, settled as lost after its end."""
         self.idle_since.pop(session_id, None)
+        self._lost_at.pop(session_id, None)
         return self.pending.pop(session_id, 0)
 
     def is_active(self, session_id: str) -> bool:
@@ -64,15 +71,18 @@ class SessionPauses:
         since = self.idle_since.get(session_id)
         return since is not None and (self.end_after_s is None or now - since < self.end_after_s)
 
-    def lost(self, session_id: str) -> None:
+    def lost(self, session_id: str, now: float) -> None:
         """One block lost while the session was idle (pending until settled)."""
         self.pending[session_id] += 1
+        self._lost_at.setdefault(session_id, []).append(now)
 
     def expire(self, now: float) -> list[tuple[str, int]]:
         """Sessions with pending losses idle past `end_after_s`: (session, blocks lost after its end)."""
         if self.end_after_s is None or not self.pending:
             return []
         ended = [s for s in self.pending if now - self.idle_since.get(s, now) >= self.end_after_s]
+        for s in ended:
+            self._lost_at.pop(s, None)
         return [(s, self.pending.pop(s)) for s in ended]
 
     @property

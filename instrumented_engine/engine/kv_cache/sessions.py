@@ -22,8 +22,11 @@ class SessionLifecycle:
         self.pool = pool
 
     def begin_request(self, seq: Sequence) -> None:
-        """A request of `seq`'s session begins: losses pending since its last request were in a tool pause."""
-        self._settle(seq.session_id, self.pool.activity.begin(seq.session_id), in_pause=True)
+        """A request of `seq`'s session begins: losses pending since its last request were in a tool pause, but for
+        those after the request reached the server, before the engine took it (no pause: the agent was back)."""
+        in_pause, waited = self.pool.activity.begin(seq.session_id, seq.arrival_ts)
+        self._settle(seq.session_id, in_pause, in_pause=True)
+        self._settle(seq.session_id, waited, in_pause=False)
 
     def end_request(self, seq: Sequence) -> None:
         self.pool.activity.end(seq.session_id, self.pool.clock())
