@@ -35,8 +35,7 @@ class SessionPauses:
         self.end_after_s = end_after_s
         self._in_flight: Counter[str] = Counter()
         self.idle_since: dict[str, float] = {}  # sessions between requests (released ones are not here)
-        self.pending: Counter[str] = Counter()  # blocks lost while idle, not settled yet
-        self._lost_at: dict[str, list[float]] = {}  # when each pending loss happened
+        self.pending: dict[str, list[float]] = {}  # when each block lost while idle, not settled yet, was lost
 
     def begin(self, session_id: str | None, arrived: float | None = None) -> tuple[int, int]:
         """A request of the session begins (it reached the server at `arrived`; None: now); returns the pending
@@ -45,9 +44,9 @@ class SessionPauses:
             return 0, 0
         self._in_flight[session_id] += 1
         self.idle_since.pop(session_id, None)
-        times = self._lost_at.pop(session_id, [])
+        times = self.pending.pop(session_id, [])
         waited = sum(1 for at in times if arrived is not None and at >= arrived)
-        return self.pending.pop(session_id, 0) - waited, waited
+        return len(times) - waited, waited
 
     def end(self, session_id: str | None, now: float) -> None:
         if session_id is None or self._in_flight[session_id] == 0:
@@ -60,8 +59,7 @@ class SessionPauses:
     def release(self, session_id: str) -> int:
         """The session is done; returns its pending losses, settled as lost after its end."""
         self.idle_since.pop(session_id, None)
-        self._lost_at.pop(session_id, None)
-        return self.pending.pop(session_id, 0)
+        return len(self.pending.pop(session_id, ()))
 
     def is_active(self, session_id: str) -> bool:
         return session_id in self._in_flight
@@ -73,18 +71,15 @@ class SessionPauses:
 
     def lost(self, session_id: str, now: float) -> None:
         """One block lost while the session was idle (pending until settled)."""
-        self.pending[session_id] += 1
-        self._lost_at.setdefault(session_id, []).append(now)
+        self.pending.setdefault(session_id, []).append(now)
 
     def expire(self, now: float) -> list[tuple[str, int]]:
         """Sessions with pending losses idle past `end_after_s`: (session, blocks lost after its end)."""
         if self.end_after_s is None or not self.pending:
             return []
         ended = [s for s in self.pending if now - self.idle_since.get(s, now) >= self.end_after_s]
-        for s in ended:
-            self._lost_at.pop(s, None)
-        return [(s, self.pending.pop(s)) for s in ended]
+        return [(s, len(self.pending.pop(s))) for s in ended]
 
     @property
     def num_pending(self) -> int:
-        return sum(self.pending.values())
+        return sum(map(len, self.pending.values()))
