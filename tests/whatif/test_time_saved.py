@@ -5,6 +5,7 @@ step's prefill, scheduled to first token, matched by session and step)."""
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack
 
 import httpx
 import pandas as pd
@@ -32,29 +33,39 @@ def _prompt(agent: int, round_: int) -> list[int]:
     return [base + (i * 7) % 4999 for i in range(CONTEXT + TURN * round_)]
 
 
-def _run(smollm2_source, directory, num_blocks: int):
-    url = f"sqlite:///{directory / 'kvobs.db'}"
-    options = {"store_url": url, "snapshot_interval_s": 0.5, "instance": "engine-test"}
-    with running_server(smollm2_source, options=options, num_blocks=num_blocks, max_model_len=2048) as server:
-        # first, one-off prompts of several lengths: the first long forward pass pays its one-off costs, and the
-        # prefill rate's fit sees a prompt's fixed cost apart from its cost per token
-        turns = [(f"warm-{n}", [30000 + 3 * n + i % 97 for i in range(n)]) for n in WARM]
-        turns += [(f"agent-{a}", _prompt(a, r)) for r in range(ROUNDS) for a in range(AGENTS)]
-        for session, prompt in turns:
-            body = {"model": SERVED, "prompt": prompt, "max_tokens": 2, "temperature": 0}
-            reply = httpx.post(
-                server.url + "/v1/completions", json=body, headers={"X-Session-ID": session}, timeout=120
-            )
-            assert reply.status_code == 200, reply.text
-    return url, open_store(url)
+def _turns() -> list[tuple[str, list[int]]]:
+    """First, one-off prompts of several lengths: the first long forward pass pays its one-off costs, and the prefill
+    rate's fit sees a prompt's fixed cost apart from its cost per token; then the agents' turns."""
+    turns = [(f"warm-{n}", [30000 + 3 * n + i % 97 for i in range(n)]) for n in WARM]
+    return turns + [(f"agent-{a}", _prompt(a, r)) for r in range(ROUNDS) for a in range(AGENTS)]
 
 
 @pytest.fixture(scope="module")
 def two_sizes(smollm2_source, tmp_path_factory):
-    """The traffic at `SMALL` blocks, then at `LARGE`: (small url, small store, large store)."""
-    small_url, small = _run(smollm2_source, tmp_path_factory.mktemp("small"), SMALL)
-    _, large = _run(smollm2_source, tmp_path_factory.mktemp("large"), LARGE)
-    return small_url, small, large
+    """The traffic at `SMALL` blocks and at `LARGE`, on two engines up at once, each turn sent to one and then the
+    other (which first alternating): a shared machine's speed drifts over a run, and two runs one after the other
+    would price the drift as cache. (small url, small store, large store)"""
+    urls = {size: f"sqlite:///{tmp_path_factory.mktemp(f'blocks{size}') / 'kvobs.db'}" for size in (SMALL, LARGE)}
+    with ExitStack() as stack:
+        servers = {
+            size: stack.enter_context(
+                running_server(
+                    smollm2_source,
+                    options={"store_url": url, "snapshot_interval_s": 0.5, "instance": "engine-test"},
+                    num_blocks=size,
+                    max_model_len=2048,
+                )
+            )
+            for size, url in urls.items()
+        }
+        for i, (session, prompt) in enumerate(_turns()):
+            body = {"model": SERVED, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            for size in (SMALL, LARGE) if i % 2 == 0 else (LARGE, SMALL):
+                reply = httpx.post(
+                    servers[size].url + "/v1/completions", json=body, headers={"X-Session-ID": session}, timeout=120
+                )
+                assert reply.status_code == 200, reply.text
+    return urls[SMALL], open_store(urls[SMALL]), open_store(urls[LARGE])
 
 
 def _prefills(store) -> pd.DataFrame:
