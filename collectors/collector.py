@@ -19,13 +19,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from collectors.block_owners import HOLD_AFTER_JOIN_S, BlockOwners
+from collectors.block_owners import HOLD_AFTER_JOIN_S, RECENT_S, BlockOwners
 from collectors.drops import DropCounter
 from collectors.dynamo_follow import DynamoTraceFollower
+from collectors.dynamo_join import DynamoJoin
 from collectors.dynamo_trace import DEFAULT_INSTANCE
 from collectors.jobs.routing_meter import ROUTING_INTERVAL_S, RoutingMeter
 from collectors.jobs.step_verdicts import VerdictKeeper
@@ -154,17 +155,25 @@ class Collector:
         self.verdicts = VerdictKeeper(
             self.store, self._write_verdicts, progress=self.writer.upsert, end_after_s=options.session_end_after_s
         )
-        self.dynamo = (
-            DynamoTraceFollower(self.writer, Path(options.dynamo_trace), instance=options.instance or DEFAULT_INSTANCE)
-            if options.dynamo_trace
-            else None
-        )
+        self.dynamo = self._dynamo() if options.dynamo_trace else None
         self._last_runs: dict[str, float] = {}  # `_every`'s jobs: when each last ran
         self.registry = CollectorRegistry()
         self.registry.register(CollectorMetrics(self))
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="kvobs-collector-tick", daemon=True)
         self._metrics_server: Any = None  # prometheus_client's (WSGI server, thread), once started
+
+    def _dynamo(self) -> DynamoTraceFollower:
+        """Dynamo's request-trace shards followed; with KV streams, each row joined with its worker's blocks, whose
+        removals are held a while as ownership by inference holds them (the row comes once its request ended)."""
+        o, join = self.options, None
+        if self.streams:
+            join = DynamoJoin([stream.ingest for stream in self.streams])
+            for stream in self.streams:
+                if stream.ingest.recent is None:
+                    stream.ingest.infer_owners(o.join_wait_s + HOLD_AFTER_JOIN_S, RECENT_S)
+        directory = Path(cast(str, o.dynamo_trace))
+        return DynamoTraceFollower(self.writer, directory, instance=o.instance or DEFAULT_INSTANCE, join=join)
 
     def _telemetry(self) -> Telemetry:
         """The bridge's spans go to --otlp-endpoint, else the --forward-otlp target, else OTEL_EXPORTER_OTLP_*."""
@@ -195,6 +204,7 @@ class Collector:
             "infer": None,
             "bridge": self.bridge is not None,
             "leases": {},
+            "sequences": bool(o.dynamo_trace),  # each stream names its blocks as Dynamo does (`DynamoJoin`)
             "log_level": logging.getLogger().getEffectiveLevel(),
             # a store many processes write: each worker writes its streams' rows itself (its own spool beside ours)
             "direct": {"url": self.store.url, "spool_dir": o.spool_dir} if takes_many_writers(self.store.url) else None,
@@ -227,6 +237,8 @@ class Collector:
             core=self.kv_core,
             **self._timed,
         )
+        if o.dynamo_trace:  # Dynamo's request-trace rows name their blocks as its router does (`DynamoJoin`)
+            ingest.name_sequences()
 
         key = self.hash_key
 
@@ -238,7 +250,13 @@ class Collector:
 
         bind = True if o.kv_events_bind else None
         subscriber = subscribe(
-            spec, on_batch, self.drops, on_restart=ingest.on_restart, bind=bind, topic=o.kv_events_topic
+            spec,
+            on_batch,
+            self.drops,
+            on_restart=ingest.on_restart,
+            bind=bind,
+            topic=o.kv_events_topic,
+            token_hashes=bool(o.dynamo_trace),
         )
         return KVStream(spec, ingest, subscriber)
 

@@ -8,7 +8,8 @@ full) or, with the JSONL sink, one growing `.jsonl` file. Each file is read on f
 its last whole line: a gzipped shard is decoded as Dynamo flushes it (`DYN_REQUEST_TRACE_FILE_FLUSH_INTERVAL_MS`), so
 its rows arrive before it rolls over; a line cut at the end waits for the next poll. The rows become requests, steps
 and sessions as `kvobs import dynamo-trace` makes them (`collectors.dynamo_trace.SessionSteps`, kept across polls: a
-session's steps go on across shards). A directory that is not there, or holds no shard yet, is said in the log, and
+session's steps go on across shards); with KV streams collected, each request is joined with its worker's blocks
+first (`collectors.dynamo_join`). A directory that is not there, or holds no shard yet, is said in the log, and
 the rows read and left out are counted on the collector's /metrics.
 """
 
@@ -18,6 +19,7 @@ import logging
 import zlib
 from pathlib import Path
 
+from collectors.dynamo_join import DynamoJoin
 from collectors.dynamo_trace import (
     DEFAULT_INSTANCE,
     DynamoTraceSummary,
@@ -33,8 +35,10 @@ SHARDS = ("*.jsonl.gz", "*.jsonl")  # Dynamo's two sinks' files
 
 
 class DynamoTraceFollower:
-    def __init__(self, writer: StoreWriter, directory: Path, *, instance: str = DEFAULT_INSTANCE) -> None:
-        self.directory, self.instance = directory, instance
+    def __init__(
+        self, writer: StoreWriter, directory: Path, *, instance: str = DEFAULT_INSTANCE, join: DynamoJoin | None = None
+    ) -> None:
+        self.directory, self.instance, self.join = directory, instance, join
         self.summary = DynamoTraceSummary()
         self.steps = SessionSteps(writer, self.summary)
         self.shards: dict[Path, _Shard] = {}  # how far each file is read
@@ -62,7 +66,8 @@ class DynamoTraceFollower:
         for path in shards:
             lines += self._read(path)
         if lines:
-            self.steps.add(*parse_rows(schema_rows(lines, self.summary), self.summary, self.instance))
+            requests, tools = parse_rows(schema_rows(lines, self.summary), self.summary, self.instance)
+            self.steps.add(requests if self.join is None else self.join.join(requests), tools)
         self._say_left_out()
         return self.summary.rows - before
 

@@ -66,6 +66,9 @@ class DynamoTraceSummary:
 class _Request:
     record: RequestRecord
     parent_session_id: str | None
+    named: tuple[int, ...] = ()  # its prompt's blocks as Dynamo names them (`replay.input_sequence_hashes`)
+    block_size: int | None = None  # the tokens a named block holds (`replay.trace_block_size`)
+    worker: str | None = None  # the worker Dynamo's router chose, as the row names it (`_worker`)
 
 
 @dataclass(frozen=True)
@@ -162,9 +165,10 @@ def _request(row: dict, instance: str) -> _Request | None:
     prompt = _count(request.get("input_tokens"))
     cached = _count(request.get("cached_tokens"))
     finish = request.get("finish_reason_metadata")
+    worker = _worker(request)
     record = RequestRecord(
         request_id=request_id,
-        instance=_worker(request) or instance,
+        instance=worker or instance,
         arrival_ts=arrival,
         session_id=_text(context.get("session_id")),
         first_token_ts=None if ttft_ms is None else arrival + ttft_ms / 1000,
@@ -176,7 +180,15 @@ def _request(row: dict, instance: str) -> _Request | None:
         finish_reason=_text(finish.get("finish_reason")) if isinstance(finish, dict) else None,
         cached_from=None if cached is None else CachedFrom.SERVER.value,
     )
-    return _Request(record, _text(context.get("parent_session_id")))
+    named = replay.get("input_sequence_hashes")
+    named = tuple(named) if isinstance(named, list) and all(_is_u64(h) for h in named) else ()
+    return _Request(
+        record, _text(context.get("parent_session_id")), named, _count(replay.get("trace_block_size")), worker
+    )
+
+
+def _is_u64(value) -> bool:
+    return type(value) is int and 0 <= value < 2**64
 
 
 def _worker(request: dict) -> str | None:

@@ -24,7 +24,8 @@ each: `kvobs.analytics.steps.verdicts.cost_kind`),
 and `kvobs_agent_step_failures_total{error_type}` (the SDK's agent_step spans it received and the steps it made of
 agent frameworks' spans), `kvobs_collector_span_steps_total{source}` (those steps by convention),
 `kvobs_collector_steps_joined_total{method,source}` (how each was joined to its server request, or why not),
-`kvobs_collector_dynamo_trace_rows_total{outcome}` (Dynamo's request-trace rows, with `--dynamo-trace`), the
+`kvobs_collector_dynamo_trace_rows_total{outcome}` (Dynamo's request-trace rows, with `--dynamo-trace`) and
+`kvobs_collector_dynamo_trace_joins_total{outcome}` (their requests joined with their workers' KV events), the
 gauge `kvobs_collector_target_up{instance}` that alert rules watch for a vLLM that is down, and the store writer's
 queue (`kvobs_store_queue_rows`, `..._peak_rows`, `..._capacity_rows`, `kvobs_store_queue_full_total`,
 `kvobs_store_drain_lag_seconds`, `..._drain_lag_peak_seconds`: how a burst is absorbed).
@@ -265,3 +266,5 @@ def _spans(c):
         left_out = sum(c.dynamo.summary.left_out.values())
         outcomes = {"stored": c.dynamo.summary.rows - left_out, "left_out": left_out}
         yield _by_label(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_ROWS, LABEL_OUTCOME, outcomes)
+        if c.dynamo.join is not None:  # (each outcome at 0 from the start)
+            yield _by_label(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_JOINS, LABEL_OUTCOME, c.dynamo.join.outcomes)

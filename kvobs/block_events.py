@@ -33,6 +33,9 @@ class Stored(msgspec.Struct, gc=False):
     lora_name: str | None = None  # clipped
     extra_keys: list[str | None] | None = None  # one JSON text (or None) a hash; None: no block has extra keys
     first_tokens: list[int] | None = None  # a chain's start (no parent): its first block's tokens; None: not sent
+    # each whole block's tokens hashed as Dynamo's router hashes them (`kvobs.dynamo_hashes.block_hash`), where the
+    # decoder was asked (`normalize.decode(token_hashes=True)`: a Dynamo request trace is joined); None: not asked
+    token_hashes: list[int] | None = None
 
 
 class Removed(msgspec.Struct, gc=False):

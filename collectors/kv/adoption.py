@@ -15,6 +15,7 @@ from collectors.kv.batch_rows import REMOVED, BatchRows
 from collectors.kv.chains import ChainTracker
 from collectors.kv.core import Core
 from collectors.kv.recent_stores import RecentStores
+from collectors.kv.sequence_aliases import SequenceAliases
 from collectors.kv.ties import tie_requests
 
 
@@ -39,6 +40,7 @@ class Adoption:
     latest_ts: float
     recent: RecentStores | None
     hold_s: float
+    aliases: SequenceAliases | None
     _held: deque[list]  # [arrived, ts, block (store's key), row fields, session, lost]
     _changed: set[str]
     _pending: deque[tuple[float, float, list[str], Counter]]
@@ -58,6 +60,30 @@ class Adoption:
         if self.recent is None:
             return 0
         with self.lock:
+            return self._adopt(owned)
+
+    def name_sequences(self) -> None:
+        """Name this stream's blocks as Dynamo's router does, for its request-trace rows to find them
+        (`collectors.dynamo_join`); its stores must come decoded with their token hashes."""
+        self.aliases = SequenceAliases()
+
+    def sequence_blocks(self, named: list[list[int]]) -> list[int]:
+        """Of each trace row's named blocks, how many this stream holds."""
+        if self.aliases is None:
+            return [0] * len(named)
+        with self.lock:
+            return [len(self.aliases.blocks(hashes)) for hashes in named]
+
+    def adopt_sequences(self, asks: list[tuple[str, list[int]]]) -> int:
+        """(session, a trace row's named blocks), in the rows' order: the blocks held that named no session become
+        the first of those sessions' to name them (resident ones, and removed ones still held). Returns how many."""
+        if self.aliases is None or self.recent is None:
+            return 0
+        with self.lock:
+            owned: dict[tuple[str, int, float], str] = {}
+            for session, hashes in asks:
+                for block in self.aliases.blocks(hashes):
+                    owned.setdefault((self.instance, block, 0.0), session)
             return self._adopt(owned)
 
     def recent_stores(self, since: float = float("-inf")) -> pd.DataFrame:

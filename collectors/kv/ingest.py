@@ -35,6 +35,7 @@ from collectors.kv.batch_rows import CLEARED, REMOVED, STORED, TIER_REMOVED, TIE
 from collectors.kv.chains import ChainTracker, removal_rows
 from collectors.kv.core import Core, load
 from collectors.kv.recent_stores import RecentStores
+from collectors.kv.sequence_aliases import SequenceAliases
 from collectors.kv.shared_starts import SharedStarts
 from collectors.session_activity import BEFORE, PAUSE, PENDING, UNKNOWN, SessionActivity
 from kvobs.block_clock import BlockClock
@@ -135,6 +136,7 @@ class KVIngest(Adoption):
         self.recent: RecentStores | None = None
         self.hold_s = 0.0
         self._held: deque[list] = deque()  # [arrived, ts, block (store's key), row fields, session, lost]
+        self.aliases: SequenceAliases | None = None  # its blocks by Dynamo's names (`name_sequences`), or not kept
         self.lock = threading.Lock()
 
     # ---- batches --------------------------------------------------------------------------------------
@@ -152,6 +154,7 @@ class KVIngest(Adoption):
         # the common events inline, as `_removed` and `_stored` write them (a method call an event was a tenth of
         # attribution): the device tier's removals with nothing held, its stores of known sessions within a chain
         routes, device, seen, holding = self._routes, self.chains, self._sessions_seen, self.hold_s or self.recent
+        aliases = self.aliases
         for event in batch.events:
             if type(event) is Removed:
                 if not holding and routes.get((event.medium, event.group_idx)) is device:
@@ -163,6 +166,8 @@ class KVIngest(Adoption):
                 else:
                     self._removed(ts, event, rows)
             elif type(event) is Stored:
+                if aliases is not None:
+                    aliases.stored(event)
                 session = event.session_id
                 if (
                     session in seen  # (None never is)

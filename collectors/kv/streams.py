@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import urlsplit
 
 from collectors.drops import DropCounter
 from collectors.kv.poller import KVEventPoller
 from collectors.kv.subscriber import BatchHandler, KVEventSubscriber
+from kvobs.vllm import normalize
 
 HTTP_SCHEMES = ("http://", "https://")  # a --kv-events endpoint fetched over HTTP (TensorRT-LLM), not ZMQ
 
@@ -72,9 +74,11 @@ def subscribe(
     bind: bool | None = None,
     topic: str = "",
     resume_from: int | None = None,
+    token_hashes: bool = False,
 ) -> KVEventSubscriber | KVEventPoller:
     """The stream's receiver, not started: TensorRT-LLM's events are fetched over HTTP, every other engine's
-    subscribed to over ZMQ (`resume_from`: the first sequence number wanted, filled by the replay)."""
+    subscribed to over ZMQ (`resume_from`: the first sequence number wanted, filled by the replay; `token_hashes`:
+    each store's blocks' tokens hashed as Dynamo's router hashes them, `Stored.token_hashes`)."""
     if spec.endpoint.startswith(HTTP_SCHEMES):
         if spec.replay:
             raise ValueError(f"--kv-events {spec.endpoint}: an HTTP stream is fetched and has no replay socket")
@@ -88,6 +92,7 @@ def subscribe(
         topic=topic,
         on_restart=on_restart,
         resume_from=resume_from,
+        decode=partial(normalize.decode, token_hashes=True) if token_hashes else normalize.decode,
     )
 
 

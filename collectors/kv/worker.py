@@ -221,6 +221,8 @@ class Worker:
             )
             if self.config["infer"] is not None:
                 ingest.infer_owners(*self.config["infer"])
+            if self.config.get("sequences"):
+                ingest.name_sequences()
             rebuild_clocks(ingest, lookups)
             receiver = subscribe(
                 spec,
@@ -230,6 +232,7 @@ class Worker:
                 bind=o["bind"],
                 topic=o["topic"],
                 resume_from=self.config["resume"].get(spec.instance),
+                token_hashes=bool(self.config.get("sequences")),
             )
             self.streams[spec.instance] = (ingest, writer, receiver)
         for _, _, receiver in self.streams.values():
@@ -273,6 +276,10 @@ class Worker:
         if kind == "tie":
             instance, frame, due_ids, since = args
             return self.streams[instance][0].tie(frame, due_ids, since)
+        if kind == "sequence_blocks":
+            return self.streams[args[0]][0].sequence_blocks(args[1])
+        if kind == "adopt_sequences":
+            return self.streams[args[0]][0].adopt_sequences(args[1])
         if kind == "stats":
             return self._stats()
         if kind == "stop_streams":

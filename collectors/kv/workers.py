@@ -293,6 +293,12 @@ class RemoteIngest:
     def tie(self, frame, due_ids: list[str], since: float):
         return self.worker.call("tie", self.instance, frame, due_ids, since)
 
+    def sequence_blocks(self, named: list[list[int]]) -> list[int]:
+        return self.worker.call("sequence_blocks", self.instance, named)
+
+    def adopt_sequences(self, asks: list[tuple[str, list[int]]]) -> int:
+        return self.worker.call("adopt_sequences", self.instance, asks)
+
     @property
     def unknown_tiers(self) -> Counter[str]:
         return Counter(self.worker.stream_stats(self.instance).get("unknown_tiers", {}))

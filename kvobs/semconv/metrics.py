@@ -425,6 +425,16 @@ kvobs_metrics = SimpleNamespace(
         "a tool call) or left_out (not JSON, not of the schema, or lacking what a request needs).",
         LABEL_OUTCOME,
     ),
+    COLLECTOR_DYNAMO_TRACE_JOINS=_spec(
+        "kvobs_collector_dynamo_trace_joins",
+        "counter",
+        "requests",
+        "Dynamo request-trace requests by how they were joined with the KV events of the worker that served them "
+        "(--dynamo-trace with --kv-events), by outcome: joined, or why not (not_held, ambiguous, no_blocks, "
+        "block_size_differs). A joined request is its stream's, and the blocks it named that named no session are "
+        "its session's.",
+        LABEL_OUTCOME,
+    ),
     COLLECTOR_ROUTING_LATE=_spec(
         "kvobs_collector_routing_late_requests",
         "counter",

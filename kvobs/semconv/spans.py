@@ -192,3 +192,14 @@ class BlockTie(Name):
 
 
 BLOCKS_TIED = frozenset({BlockTie.HEADER.value, BlockTie.INFERENCE.value})
+
+
+class TraceJoin(Name):
+    """How a Dynamo request-trace row was joined with the KV events of the worker that served it
+    (`collectors.dynamo_join`), or why not."""
+
+    JOINED = "joined"  # one stream held the most of the blocks it named: the request is that stream's
+    NOT_HELD = "not_held"  # no stream held a block it named (its worker's events are not collected, or came late)
+    AMBIGUOUS = "ambiguous"  # streams held as many of its blocks, and its worker was never told apart before
+    NO_BLOCKS = "no_blocks"  # the row names no blocks (`replay.input_sequence_hashes`)
+    BLOCK_SIZE_DIFFERS = "block_size_differs"  # its blocks are of another size than every stream's

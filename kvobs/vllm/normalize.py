@@ -16,6 +16,7 @@ import hashlib
 
 import msgspec
 
+from kvobs import dynamo_hashes
 from kvobs.block_events import Batch, Cleared, Decoded, Event, Placeholder, Removed, Stored, UnknownTier
 from kvobs.identifiers import clip_id
 from kvobs.semconv.attributes import tier_name
@@ -32,14 +33,15 @@ CLEARED = Cleared()
 _json = msgspec.json.Encoder()
 
 
-def decode(payload: bytes) -> Decoded:
-    """A vLLM payload, decoded (`kv_events.decode_batch`) and normalized.
+def decode(payload: bytes, *, token_hashes: bool = False) -> Decoded:
+    """A vLLM payload, decoded (`kv_events.decode_batch`) and normalized (`token_hashes`: each store's blocks' tokens
+    hashed as Dynamo hashes them, `Stored.token_hashes`).
 
     Raises:
         kv_events.DecodeError: the payload is not a batch (or its time is out of range).
     """
     batch, unknown, refused, shape = wire.decode_batch(payload, lean=True)
-    normalized, bad_tokens = _normalize(batch)
+    normalized, bad_tokens = _normalize(batch, token_hashes)
     return Decoded(normalized, unknown, refused + bad_tokens, shape, len(batch.events) - bad_tokens)
 
 
@@ -47,7 +49,7 @@ def normalize(batch: wire.KVEventBatch) -> Batch:
     return _normalize(batch)[0]
 
 
-def _normalize(batch: wire.KVEventBatch) -> tuple[Batch, int]:
+def _normalize(batch: wire.KVEventBatch, token_hashes: bool = False) -> tuple[Batch, int]:
     """The normalized batch, and how many stores it refused for tokens that are not token ids (a lean decode checks
     a store's tokens only where they are read: a chain's first block, a placeholder's none)."""
     events: list[Event] = []
@@ -84,7 +86,8 @@ def _normalize(batch: wire.KVEventBatch) -> tuple[Batch, int]:
                 events.append(UnknownTier(as_uint64_list(event.block_hashes), tier or ""))
                 continue
             try:  # (read only where they are used)
-                tokens = wire.tokens_of(event) if parent is None or not event.block_size else None
+                read = token_hashes or parent is None or not event.block_size
+                tokens = wire.tokens_of(event) if read else None
             except wire.DecodeError:
                 bad_tokens += 1
                 continue
@@ -107,11 +110,20 @@ def _normalize(batch: wire.KVEventBatch) -> tuple[Batch, int]:
                     None if lora is None else clip_id(lora),
                     None if event.extra_keys is None else extra_keys_json(event),
                     tokens[: event.block_size] if parent is None and tokens else None,
+                    _block_hashes(tokens, event.block_size) if token_hashes else None,
                 )
             )
         elif type(event) is wire.AllBlocksCleared:
             events.append(CLEARED)
     return Batch(batch.ts, events, batch.data_parallel_rank, ids_cut), bad_tokens
+
+
+def _block_hashes(tokens: list[int] | None, block_size: int) -> list[int]:
+    """Each whole block's tokens hashed as Dynamo's router hashes them (a partial last block is never stored)."""
+    if not tokens:
+        return []
+    whole = len(tokens) - len(tokens) % block_size
+    return [dynamo_hashes.block_hash(tokens[i : i + block_size]) for i in range(0, whole, block_size)]
 
 
 def extra_keys_json(event: wire.BlockStored) -> list[str | None] | None:
