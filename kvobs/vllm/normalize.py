@@ -19,6 +19,7 @@ import msgspec
 from kvobs import dynamo_hashes
 from kvobs.block_events import Batch, Cleared, Decoded, Event, Placeholder, Removed, Stored, UnknownTier
 from kvobs.identifiers import clip_id
+from kvobs.mooncake_store import normalize as mooncake_store
 from kvobs.semconv.attributes import tier_name
 from kvobs.semconv.limits import MAX_ID_BYTES
 from kvobs.semconv.reasons import EvictionReason, InvalidationReason
@@ -35,12 +36,19 @@ _json = msgspec.json.Encoder()
 
 def decode(payload: bytes, *, token_hashes: bool = False) -> Decoded:
     """A vLLM payload, decoded (`kv_events.decode_batch`) and normalized (`token_hashes`: each store's blocks' tokens
-    hashed as Dynamo hashes them, `Stored.token_hashes`).
+    hashed as Dynamo hashes them, `Stored.token_hashes`); one that is not vLLM's but Mooncake Store master's, by
+    its adapter (`kvobs.mooncake_store.normalize`).
 
     Raises:
         kv_events.DecodeError: the payload is not a batch (or its time is out of range).
     """
-    batch, unknown, refused, shape = wire.decode_batch(payload, lean=True)
+    try:
+        batch, unknown, refused, shape = wire.decode_batch(payload, lean=True)
+    except wire.DecodeError:
+        pooled = mooncake_store.decode(payload)  # vLLM's framing, RFC #1527's events: Mooncake Store's master
+        if pooled is None:
+            raise
+        return pooled
     normalized, bad_tokens = _normalize(batch, token_hashes)
     return Decoded(normalized, unknown, refused + bad_tokens, shape, len(batch.events) - bad_tokens)
 
