@@ -18,7 +18,9 @@ SDK's `agent_step` spans sent through the collector are counted by status and er
 steps themselves reach the store from the SDK's recorder, or, for an SDK run with no recorder, from
 `collectors.traces.span_steps`, which every span but `llm_request` goes to (when given): agent frameworks' LLM calls
 become steps there too. A request span whose session a step
-already claimed (by trace or response id) is stored with that session. `--forward-otlp` passes every span on.
+already claimed (by trace or response id) is stored with that session. A KV connector's own spans (LMCache's
+`lmcache_mp.server`) become `connector_lookups` rows (`collectors.traces.connector_spans`). `--forward-otlp` passes
+every span on.
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from collectors.session_activity import SessionActivity
 from collectors.traces.agent_spans import first_key, first_present, read_span
+from collectors.traces.connector_spans import ConnectorSpans
 from collectors.traces.otlp_receiver import Busy
 from collectors.traces.span_steps import SpanSteps
 from kvobs.identifiers import clip_id
 from kvobs.semconv import agent_traces as c
 from kvobs.semconv import attributes as a
+from kvobs.semconv import lmcache_spans
 from kvobs.semconv.spans import SpanName, StepStatus, server_cached_from
 from kvobs.store.rows import RequestRecord, SessionRecord
 from kvobs.store.writer import StoreWriter
@@ -81,6 +85,8 @@ class SpanIngest:
         self.num_duplicates = 0
         self.num_refused = 0  # spans with attributes of the wrong type
         self.num_ids_cut = 0  # session or request ids over MAX_ID_BYTES, cut
+        self.connector = ConnectorSpans()  # a KV connector's own spans (LMCache's): its lookups of requests
+        self.num_connector_lookups = 0
         self.agent_steps: Counter[str] = Counter()  # status -> steps
         self.agent_step_failures: Counter[str] = Counter()  # error type -> steps
         self._seen: OrderedDict[bytes, None] = OrderedDict()
@@ -92,18 +98,22 @@ class SpanIngest:
         Raises `Busy` when the store queue cannot take the export now (nothing of it is kept)."""
         with self._lock:
             records, steps, activity, refused, agent_spans, parents = [], [], [], 0, [], []
+            connector_spans: list[tuple[str, object, dict]] = []
             keys: dict[bytes, None] = {}
             for resource_spans in request.resource_spans:
                 resource = attributes(resource_spans.resource.attributes)
                 instance = self.instance or self._instance_of(resource)
                 for scope_spans in resource_spans.scope_spans:
+                    connector = scope_spans.scope.name == lmcache_spans.SCOPE
                     for span in scope_spans.spans:
                         key = span.trace_id + span.span_id
                         if key in self._seen or key in keys:
                             self.num_duplicates += 1
                             continue
                         try:
-                            if span.name == SpanName.LLM_REQUEST:
+                            if connector:  # a KV connector's own spans: its lookups, loads and stores
+                                connector_spans.append((instance, span, attributes(span.attributes)))
+                            elif span.name == SpanName.LLM_REQUEST:
                                 record, parent = self._request(instance, span)
                                 records.append(record)
                                 activity.append(record)
@@ -118,13 +128,15 @@ class SpanIngest:
                             log.debug("span %s refused: %s", span.span_id.hex(), exc)
                             continue
                         keys[key] = None
-            if records and not self.writer.offer(records):
+            lookups = self.connector.take(connector_spans) if connector_spans else []
+            if (records or lookups) and not self.writer.offer([*records, *lookups]):
                 raise Busy("the collector's store queue is full; retry later")
             for named in parents:  # the session that started the request's (a subagent's caller), as the span says
                 self.writer.upsert(named)
             self._remember(keys)
             self.num_refused += refused
             self.num_requests += len(records)
+            self.num_connector_lookups += len(lookups)
             for status, error_type in steps:
                 self.agent_steps[status] += 1
                 if error_type is not None:

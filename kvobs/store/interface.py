@@ -125,6 +125,11 @@ class Reads(Protocol):
         whose lookup falls in the window, by lookup time."""
         ...
 
+    def connector_lookups(self, since=None, until=None) -> pd.DataFrame:
+        """The lookups in KV connectors' own caches their spans said (`connector_lookups`:
+        `kvobs.store.rows.ConnectorLookupRecord`) that started in the window, by start."""
+        ...
+
     def lookup_progress(self, *, instances: Instances = None) -> pd.DataFrame:
         """How far a collector has measured each instance's request lookups (`lookup_progress`: `instance`,
         `measured_to`, `updated_at`), by instance."""

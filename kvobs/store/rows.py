@@ -195,6 +195,33 @@ class RequestLookupRecord(Record):
 
 
 @_record
+class ConnectorLookupRecord(Record):
+    """A request's lookup in a KV connector's own cache, as the connector's spans said it (LMCache's per-request
+    span: `kvobs.semconv.lmcache_spans`): the prompt tokens it was asked for and found, by its levels, and the time
+    its lookup, loads and stores took. `request_id` is the id the connector named (vLLM's internal one)."""
+
+    table: ClassVar[str] = "connector_lookups"
+
+    request_id: str
+    instance: str  # the connector's process (its exporter's `service.instance.id`, else `service.name`)
+    connector: str
+    started_at: float
+    ended_at: float | None = None
+    requested_tokens: int | None = None
+    hit_tokens: int | None = None
+    l1_hit_tokens: int | None = None
+    l2_hit_tokens: int | None = None
+    early_exit_reason: str | None = None
+    lookup_s: float | None = None  # its lookups' time, summed; None: no lookup span
+    retrieve_s: float | None = None  # its loads' time, summed; None: no load
+    store_s: float | None = None  # its stores' time, summed; None: no store
+    num_retrieves: int = 0
+    num_stores: int = 0
+    trace_id: str | None = None
+    span_id: str | None = None
+
+
+@_record
 class LookupProgressRecord(Record):
     """How far a collector has measured an instance's request lookups: every request that looked its prefix up by
     `measured_to` and whose hash chain was known has its `request_lookups` row; later ones are pending."""
@@ -375,6 +402,7 @@ RECORDS: dict[str, type[Record]] = {
         StepVerdictRecord,
         RequestRecord,
         RequestLookupRecord,
+        ConnectorLookupRecord,
         LookupProgressRecord,
         VerdictProgressRecord,
         KVEventRecord,

@@ -185,6 +185,37 @@ class RequestLookupRow(Base):
     measured_at: Mapped[float] = mapped_column(Float)
 
 
+class ConnectorLookupRow(Base):
+    """A request's lookup in a KV connector's own cache, as its spans said it
+    (`kvobs.store.rows.ConnectorLookupRecord`). One row a connector request span (a span an exporter sent again is
+    stored once: the collector remembers it)."""
+
+    __tablename__ = "connector_lookups"
+    __table_args__ = (
+        Index("ix_connector_lookups_started_at", "started_at"),
+        Index("ix_connector_lookups_request_id", "request_id"),
+    )
+
+    id: Mapped[int] = mapped_column(ROW_ID, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(MAX_ID_BYTES))  # as the connector named it
+    instance: Mapped[str] = mapped_column(String(MAX_ID_BYTES))
+    connector: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    requested_tokens: Mapped[int | None] = mapped_column(Integer)
+    hit_tokens: Mapped[int | None] = mapped_column(Integer)
+    l1_hit_tokens: Mapped[int | None] = mapped_column(Integer)
+    l2_hit_tokens: Mapped[int | None] = mapped_column(Integer)
+    early_exit_reason: Mapped[str | None] = mapped_column(String(MAX_ID_BYTES))
+    lookup_s: Mapped[float | None] = mapped_column(Float)
+    retrieve_s: Mapped[float | None] = mapped_column(Float)
+    store_s: Mapped[float | None] = mapped_column(Float)
+    num_retrieves: Mapped[int] = mapped_column(Integer, server_default="0")
+    num_stores: Mapped[int] = mapped_column(Integer, server_default="0")
+    trace_id: Mapped[str | None] = mapped_column(String(32))
+    span_id: Mapped[str | None] = mapped_column(String(16))
+
+
 class LookupProgressRow(Base):
     """How far a collector has measured each instance's request lookups (`kvobs.store.rows.LookupProgressRecord`)."""
 
@@ -362,6 +393,7 @@ TABLES = {
         StepVerdictRow,
         RequestRow,
         RequestLookupRow,
+        ConnectorLookupRow,
         LookupProgressRow,
         VerdictProgressRow,
         KVEventRow,

@@ -13,13 +13,18 @@ import math
 import os
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import create_engine, select, text
 
+from collectors.capture import read_export_bodies
 from collectors.jobs.routing_meter import RoutingMeter
 from collectors.jobs.step_verdicts import DELAY_S, VerdictKeeper
+from collectors.traces.connector_spans import ConnectorSpans
+from collectors.traces.span_ingest import attributes
 from kvobs.alerts.evaluator import Evaluator
 from kvobs.alerts.rules import builtin_rules
 from kvobs.analytics.cache.routing import fleet_losses
@@ -35,6 +40,8 @@ from kvobs.store.schema import TABLES
 from tests.collectors.fleet_recording import truth
 from tests.runs import drive_meter
 from tests.stores import POSTGRES, postgres_url
+
+LMCACHE_SPANS = Path(__file__).parents[1] / "fixtures" / "lmcache-spans" / "otlp_traces.jsonl"
 
 BACKENDS = ["sqlite", "postgresql", "chdb"] + (["clickhouse"] if os.environ.get("KVOBS_TEST_CLICKHOUSE_URL") else [])
 
@@ -52,6 +59,21 @@ def _rows(source) -> dict[str, list]:
             result = conn.execute(select(*columns).order_by(order))
             records[name] = [RECORDS[name](**row._asdict()) for row in result]
     return records
+
+
+def _connector_lookups(source) -> list:
+    """LMCache's recorded lookups (`tests/fixtures/lmcache-spans`), moved into the run's time range."""
+    first, _ = source.reads.time_range()
+    spans = [
+        ("lmcache-mp", span, attributes(span.attributes))
+        for body in read_export_bodies(LMCACHE_SPANS)
+        for resource in ExportTraceServiceRequest.FromString(body).resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    lookups = ConnectorSpans().take(spans)
+    shift = first + 1.0 - min(r.started_at for r in lookups)
+    return [replace(r, started_at=r.started_at + shift, ended_at=(r.ended_at or 0.0) + shift) for r in lookups]
 
 
 def _open(backend: str, tmp_path):
@@ -94,6 +116,7 @@ def loaded(request, tmp_path_factory):
     alert rules evaluated on it at ten points through the run (their transitions stored in its `alerts`)."""
     records = _rows(request.getfixturevalue(request.param).store)
     assert sum(map(len, records.values())) > 300, "the recording is too small to test anything"
+    records["connector_lookups"] += _connector_lookups(request.getfixturevalue(request.param).store)
     stores, cleanups = {}, []
     for backend in BACKENDS:
         store, cleanup = _open(backend, tmp_path_factory.mktemp(f"{request.param}-{backend}"))
@@ -207,6 +230,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
         ("runs", (), {"instances": store.reads.instances()[-1:]}, True),
         ("request_lookups", (), {"session_id": some_session}, True),
         ("lookup_progress", (), {}, True),
+        ("connector_lookups", (), {}, True),
         ("verdict_progress", (), {}, True),
         ("lookup_progress", (), {"instances": store.reads.instances()[-1:]}, True),
     ]
@@ -271,6 +295,7 @@ def _calls(store) -> list[tuple[str, tuple, dict, bool]]:
             for bucket in ({}, {"bucket_s": 300.0})
         ]
         calls += [("request_lookups", (since, until), scope, True) for scope in ({}, one, none)]
+        calls += [("connector_lookups", (since, until), {}, True)]
         calls += [
             ("step_counts", (since, until), {}, True),
             ("step_counts", (since, until), {"exclude_errors": ("timeout",)}, True),

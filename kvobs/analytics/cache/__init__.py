@@ -2,7 +2,8 @@
 rooms: the hit rate (`hit_rate`), its shortfall split (`shortfall_split`) and the recompute tax (`recompute_tax`, read
 from a store by `tax_reads`); the hash chains behind it (`chains`); who stored which block (`ownership`,
 `inferred_events`, said in `tie_reports`) and who held it across a fleet (`fleet_index`, `routing`); the tiers
-(`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`); prefill cost (`prefill_rates`); pressure against
+(`hits_by_tier`, `lookups_by_tier`, `tier_health`, `load_rates`) and a connector's own lookups
+(`connector_lookups`); prefill cost (`prefill_rates`); pressure against
 latency (`pressure`); the ages blocks were evicted at (`ages_at_eviction`) and reused at (`reuse_times`); sessions'
 footprints (`footprints`); the requests a replay or an export takes (`replay_requests`); and `kvobs doctor`'s checks
 (`agreement`, `prompt_starts`, `token_details`). Outside the wing, code imports this module only
@@ -22,6 +23,7 @@ from kvobs.analytics.cache.chains import (
     request_chains,
     with_sessions,
 )
+from kvobs.analytics.cache.connector_lookups import connector_words, lookups_of
 from kvobs.analytics.cache.fleet_index import STORED, FleetIndex
 from kvobs.analytics.cache.footprints import footprint_timeline, session_table
 from kvobs.analytics.cache.hit_rate import (
@@ -94,6 +96,8 @@ from kvobs.analytics.cache.tier_health import tier_checks
 from kvobs.analytics.cache.token_details import cached_fill_check, reply_without_details, token_details_check
 
 __all__ = [
+    "connector_words",
+    "lookups_of",
     "BY_REQUEST",
     "COUNTERS",
     "FLEET",

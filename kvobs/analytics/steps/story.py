@@ -34,6 +34,8 @@ from kvobs.analytics.cache import (
     BY_REQUEST,
     RATE_WINDOW_S,
     PrefillRates,
+    connector_words,
+    lookups_of,
     reply_without_details,
     request_routing,
     session_changing_start,
@@ -54,6 +56,7 @@ K = KVEventKind
 TIMELINE = ["lane", "phase", "start", "end", "what"]
 EVENTS = ["ts", "source", "kind", "blocks", "tokens", "request_id", "by_session", "what"]
 TIMING_KINDS = (K.PREEMPTED.value, K.HIT.value)  # when a request was preempted and re-admitted
+CONNECTOR_SLACK_S = 1.0  # a connector's process keeps its own clock: its lookups read this far past the requests
 TAKERS_BEFORE_S = 600.0  # a block's taker is named from the requests that arrived from this long before the story
 
 
@@ -139,7 +142,8 @@ def step_story(store: Store, session_id: str, step_index: int, *, read: SessionR
         nearby = store.reads.requests(near_from, near_to)
     takers = nearby.set_index("request_id")["session_id"].to_dict()
     timeline = _timeline(step, pause, mine, pd.concat([session_kv, tied]))
-    events = pd.concat([_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers)], ignore_index=True)
+    parts = [_lifecycle(step, pause, mine), _kv_rows(kv, session_id, takers), _connector_rows(store, mine, start)]
+    events = pd.concat([p for p in parts if not p.empty], ignore_index=True)
     events = events.astype({"ts": float}).sort_values(["ts", "source"], kind="stable").reset_index(drop=True)
     misses = _misses(store, session_id, step, i, with_sessions(reqs, steps), kv)
     return StepStory(verdict, mine.reset_index(drop=True), pause, timeline, events[EVENTS], misses)
@@ -282,6 +286,19 @@ def _lifecycle(step, pause, requests: pd.DataFrame) -> pd.DataFrame:
             rows.append((r.finished_ts, "request", "finished", f"request {rid} finished{detail}"))
     frame = pd.DataFrame(rows, columns=["ts", "source", "kind", "what"])
     return frame.assign(blocks=np.nan, tokens=np.nan, request_id=None, by_session=None)
+
+
+def _connector_rows(store: Store, requests: pd.DataFrame, start: float) -> pd.DataFrame:
+    """What a KV connector's own spans said of the step's requests (LMCache's lookups, loads and stores)."""
+    if requests.empty:
+        return pd.DataFrame(columns=EVENTS)
+    end = _end(requests)
+    lookups = lookups_of(requests, store.reads.connector_lookups(start - CONNECTOR_SLACK_S, end + CONNECTOR_SLACK_S))
+    rows = [
+        (r["started_at"], "connector", "lookup", np.nan, r["hit_tokens"], r["request_id"], None, connector_words(r))
+        for _, r in lookups.iterrows()
+    ]
+    return pd.DataFrame(rows, columns=["ts", "source", "kind", "blocks", "tokens", "request_id", "by_session", "what"])
 
 
 def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:

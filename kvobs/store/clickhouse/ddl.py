@@ -322,6 +322,20 @@ _PARENT_SESSIONS = ["ALTER TABLE sessions ADD COLUMN IF NOT EXISTS parent_sessio
 # Version 24: a verdict's other attribution columns as JSON (alembic 0028); rows before hold NULL (the page attributes).
 _VERDICT_DETAIL = ["ALTER TABLE step_verdicts ADD COLUMN IF NOT EXISTS detail Nullable(String)"]
 
+# Version 25: a request's lookup in a KV connector's own cache, as the connector's spans said it (alembic 0029).
+_CONNECTOR_LOOKUPS = [
+    f"""CREATE TABLE IF NOT EXISTS connector_lookups (
+        request_id String, instance LowCardinality(String), connector LowCardinality(String), started_at Float64,
+        ended_at Nullable(Float64), requested_tokens Nullable(Int32), hit_tokens Nullable(Int32),
+        l1_hit_tokens Nullable(Int32), l2_hit_tokens Nullable(Int32),
+        early_exit_reason LowCardinality(Nullable(String)),
+        lookup_s Nullable(Float64), retrieve_s Nullable(Float64), store_s Nullable(Float64),
+        num_retrieves Int32 DEFAULT 0, num_stores Int32 DEFAULT 0, trace_id Nullable(String), span_id Nullable(String),
+        INDEX ix_request_id request_id TYPE bloom_filter GRANULARITY 4
+    ) ENGINE = MergeTree PARTITION BY intDiv(toUInt32(started_at), {int(DAY_S)}) ORDER BY (instance, started_at)
+    {_DEDUP}""",
+]
+
 # (version, description, statements), oldest first; a statement is SQL, or a function of the client.
 MIGRATIONS: list[tuple[int, str, list]] = [
     (1, "initial schema", _INITIAL),
@@ -352,6 +366,7 @@ MIGRATIONS: list[tuple[int, str, list]] = [
         "step_verdicts.detail: the attribution's other columns, so a settled page attributes nothing",
         _VERDICT_DETAIL,
     ),
+    (25, "connector_lookups: a request's lookup in a KV connector's own cache", _CONNECTOR_LOOKUPS),
 ]
 
 

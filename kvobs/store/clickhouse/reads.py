@@ -209,6 +209,12 @@ class ClickHouseReads(ComposedReads):
         sql = f"SELECT {_columns('request_lookups')} FROM request_lookups{where} ORDER BY lookup_ts, instance"
         return self.store.frame(sql, where.params)
 
+    def connector_lookups(self, since=None, until=None) -> pd.DataFrame:
+        where = _Where().window("started_at", since, until)
+        columns = _columns("connector_lookups", "id")
+        sql = f"SELECT {columns} FROM connector_lookups{where} ORDER BY started_at, instance"
+        return self.store.frame(sql, where.params)
+
     def lookup_progress(self, *, instances=None) -> pd.DataFrame:
         where = _Where().instances(instances)
         sql = f"SELECT {_columns('lookup_progress')} FROM lookup_progress FINAL{where} ORDER BY instance"

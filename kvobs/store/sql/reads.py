@@ -20,6 +20,7 @@ from kvobs.store.schema import (
     FOOTPRINT_COLUMNS,
     ROLLUPS,
     AlertRow,
+    ConnectorLookupRow,
     KVEventRow,
     LookupProgressRow,
     MetricSampleRow,
@@ -239,6 +240,11 @@ class SqlReads(ComposedReads):
         if session_id is not None:
             stmt = stmt.where(model.session_id == session_id)
         return read(self.store, _between(stmt, model.lookup_ts, since, until).order_by(model.lookup_ts))
+
+    def connector_lookups(self, since=None, until=None) -> pd.DataFrame:
+        model = ConnectorLookupRow
+        stmt = _between(select(*_columns(model)), model.started_at, since, until)
+        return read(self.store, stmt.order_by(model.started_at, model.id))
 
     def lookup_progress(self, *, instances: Instances = None) -> pd.DataFrame:
         stmt = _of_instances(select(*_columns(LookupProgressRow)), LookupProgressRow.instance, instances)
