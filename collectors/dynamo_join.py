@@ -46,7 +46,6 @@ class DynamoJoin:
         requests = sorted(requests, key=lambda r: r.record.arrival_ts)
         asking = [r for r in requests if r.named]
         held = {i.instance: i.sequence_blocks([list(r.named) for r in asking]) for i in self.ingests} if asking else {}
-        sizes = {i.instance: getattr(i, "block_size", None) for i in self.ingests}
         out: list[_Request] = []
         adopt: dict[str, list[tuple[str, list[int]]]] = {instance: [] for instance in held}
         counts = iter(range(len(asking)))
@@ -56,7 +55,7 @@ class DynamoJoin:
                 out.append(request)
                 continue
             k = next(counts)
-            stream, outcome = self._stream(request, {instance: n[k] for instance, n in held.items()}, sizes)
+            stream, outcome = self._stream(request, {instance: n[k] for instance, n in held.items()})
             self._count(outcome)
             if stream is None:
                 out.append(request)
@@ -71,12 +70,10 @@ class DynamoJoin:
                 self.num_adopted += ingest.adopt_sequences(adopt[ingest.instance])
         return out
 
-    def _stream(
-        self, request: _Request, held: dict[str, int], sizes: dict[str, int | None]
-    ) -> tuple[str | None, TraceJoin]:
+    def _stream(self, request: _Request, held: dict[str, int]) -> tuple[str | None, TraceJoin]:
         most = max(held.values(), default=0)
-        if most == 0:
-            sized = [s for s in sizes.values() if s is not None]
+        if most == 0:  # (the streams' block sizes asked only then: a worker's is a call to its process)
+            sized = [s for i in self.ingests if (s := getattr(i, "block_size", None)) is not None]
             if request.block_size is not None and sized and request.block_size not in sized:
                 return None, TraceJoin.BLOCK_SIZE_DIFFERS
             return None, TraceJoin.NOT_HELD

@@ -2,6 +2,7 @@
 blocks by.
 
     local = block_hash(tokens[:16])                     # one block's tokens: xxh3-64 of them as u32 little-endian
+    block_hashes(tokens, 16)                            # each whole block's, in order
     sequence_hashes(tokens, 16)                         # a prompt's blocks, root first (its last partial one too)
     next_sequence_hash(parent_sequence, local)          # a block's, from its parent's and its own tokens'
 
@@ -32,6 +33,15 @@ def _xxh3_64(data: bytes) -> int:
 def block_hash(tokens: Sequence[int]) -> int:
     """One block's local hash: its tokens alone."""
     return _xxh3_64(struct.pack(f"<{len(tokens)}I", *tokens))
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Each whole block's local hash, in order (a partial last block is no block an engine stores; a block size of 0,
+    an offload placeholder's, makes none)."""
+    if block_size <= 0:
+        return []
+    whole = len(tokens) - len(tokens) % block_size
+    return [block_hash(tokens[i : i + block_size]) for i in range(0, whole, block_size)]
 
 
 def next_sequence_hash(parent: int | None, local: int) -> int:

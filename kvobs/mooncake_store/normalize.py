@@ -32,6 +32,7 @@ import msgspec
 
 from kvobs.block_events import Batch, Cleared, Decoded, Event, Removed, Stored
 from kvobs.semconv.attributes import LOCALITY_REMOTE, tier_name
+from kvobs.vllm.kv_events import as_uint64_list
 
 SHAPE = "mooncake store: map events"  # the wire shape a batch of Mooncake's master is counted under
 _MS_FROM = 1e11  # a batch time past this is milliseconds (Mooncake's), not seconds
@@ -82,7 +83,7 @@ def _hashes(item: dict) -> list[int]:
     for name in ("seq_hashes", "block_hashes"):
         given = item.get(name)
         if isinstance(given, list) and given and all(type(h) is int for h in given):
-            return [h % 2**64 for h in given]  # (signed 64-bit where a publisher sent them so)
+            return as_uint64_list(given)  # (signed 64-bit where a publisher sent them so)
     key = item.get("object_key")
     if not isinstance(key, str) or not key:
         return []

@@ -118,20 +118,12 @@ def _normalize(batch: wire.KVEventBatch, token_hashes: bool = False) -> tuple[Ba
                     None if lora is None else clip_id(lora),
                     None if event.extra_keys is None else extra_keys_json(event),
                     tokens[: event.block_size] if parent is None and tokens else None,
-                    _block_hashes(tokens, event.block_size) if token_hashes else None,
+                    dynamo_hashes.block_hashes(tokens or [], event.block_size) if token_hashes else None,
                 )
             )
         elif type(event) is wire.AllBlocksCleared:
             events.append(CLEARED)
     return Batch(batch.ts, events, batch.data_parallel_rank, ids_cut), bad_tokens
-
-
-def _block_hashes(tokens: list[int] | None, block_size: int) -> list[int]:
-    """Each whole block's tokens hashed as Dynamo's router hashes them (a partial last block is never stored)."""
-    if not tokens:
-        return []
-    whole = len(tokens) - len(tokens) % block_size
-    return [dynamo_hashes.block_hash(tokens[i : i + block_size]) for i in range(0, whole, block_size)]
 
 
 def extra_keys_json(event: wire.BlockStored) -> list[str | None] | None:

@@ -108,3 +108,21 @@ def test_a_lookup_lands_in_its_steps_story_through_a_live_collector(store):
     assert list(first[first["source"] == "connector"]["what"].str.split(";").str[0]) == [
         "lmcache found 0 of 512 prompt tokens"
     ]
+
+
+def test_children_sent_again_before_their_root_are_counted_once():
+    """An export refused for a full queue is sent again whole: its children, waiting for a root in a later export,
+    are kept by span id, so the retry adds nothing."""
+    from collectors.traces.connector_spans import ConnectorSpans
+    from collectors.traces.span_ingest import attributes
+
+    spans = [("lmcache", s, attributes(s.attributes)) for s in _spans()]
+    children = [item for item in spans if item[1].name != "request"]
+    roots = [item for item in spans if item[1].name == "request"]
+    connector = ConnectorSpans()
+    assert connector.take(children) == [] and connector.take(children) == []
+    rows = {r.request_id: r for r in connector.take(roots)}
+    a2 = rows[INTERNAL["chatcmpl-a2"]]
+    assert (a2.num_retrieves, a2.num_stores) == (1, 1)
+    assert a2.store_s == pytest.approx(_seconds("mp.store", a2.request_id))
+    assert connector.waiting == {}

@@ -56,3 +56,9 @@ def test_the_oldest_names_are_forgotten_past_the_limit():
         aliases.stored(event)
     assert len(aliases.sequence) == len(aliases.engine) == 3
     assert aliases.blocks([block_hash([i] * 16) for i in range(5)]) == [2, 3, 4]
+
+
+def test_a_store_of_block_size_0_with_tokens_hashes_no_block_and_stops_nothing():
+    payload = _payload(wire.BlockStored([5], None, TOKENS[:16], 0, None, None, None), _stored([6], None, TOKENS[:16]))
+    zero, whole = decode(payload, token_hashes=True).batch.events
+    assert (zero.token_hashes, whole.token_hashes) == ([], [block_hash(TOKENS[:16])])

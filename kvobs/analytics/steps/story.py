@@ -298,7 +298,7 @@ def _connector_rows(store: Store, requests: pd.DataFrame, start: float) -> pd.Da
         (r["started_at"], "connector", "lookup", np.nan, r["hit_tokens"], r["request_id"], None, connector_words(r))
         for _, r in lookups.iterrows()
     ]
-    return pd.DataFrame(rows, columns=["ts", "source", "kind", "blocks", "tokens", "request_id", "by_session", "what"])
+    return pd.DataFrame(rows, columns=EVENTS)
 
 
 def _kv_rows(kv: pd.DataFrame, session_id: str, takers: dict) -> pd.DataFrame:

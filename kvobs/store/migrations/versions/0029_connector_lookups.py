@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-ID = 255  # the store's id columns (`kvobs.semconv.limits.ID` when this revision was written)
+ID = 255  # the store's id columns (`kvobs.semconv.limits.MAX_ID_BYTES` when this revision was written)
 
 revision = "0029"
 down_revision = "0028"
