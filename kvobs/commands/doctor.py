@@ -30,6 +30,7 @@ from kvobs.semconv.metrics import (
     kvobs_metrics,
 )
 from kvobs.semconv.reasons import PairApart
+from kvobs.semconv.spans import TraceJoin
 
 LAG_WARN_S = 5.0  # a batch older than this when it arrives: a slow path or a skewed clock
 
@@ -172,6 +173,9 @@ def exposition_checks(text: str) -> list[tuple[str, bool, str]]:
     dynamo = exposed.by(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_ROWS, LABEL_OUTCOME)
     if any(dynamo.values()):  # (only with --dynamo-trace)
         out.append(("(Dynamo request-trace rows)", *_dynamo_rows(dynamo)))
+    joins = exposed.by(kvobs_metrics.COLLECTOR_DYNAMO_TRACE_JOINS, LABEL_OUTCOME)
+    if any(joins.values()):  # (with --dynamo-trace and --kv-events)
+        out.append(("(Dynamo rows joined with KV events)", *_dynamo_joins(joins)))
     for component, n in sorted(exposed.by(kvobs_metrics.TELEMETRY_DROPPED, LABEL_COMPONENT).items()):
         if n:
             out.append(
@@ -219,6 +223,26 @@ def _dynamo_rows(outcomes: dict) -> tuple[bool, str]:
     if left_out:
         words += " (the collector's log says why, once a reason: a row not of Dynamo's schema, a shard not gzip)"
     return not left_out, words
+
+
+def _dynamo_joins(outcomes: dict) -> tuple[bool, str]:
+    """(ok, words) of the Dynamo rows' joins with their workers' KV events (`TraceJoin`): ok when every row with
+    blocks was joined."""
+    joined = int(outcomes.get(TraceJoin.JOINED.value, 0))
+    missed = {o: int(outcomes.get(o.value, 0)) for o in TraceJoin if o is not TraceJoin.JOINED}
+    words = f"{joined:,} requests joined to the stream that held their blocks"
+    said = [f"{n:,} {_JOIN_WORDS[o]}" for o, n in missed.items() if n]
+    if said:
+        words += "; " + "; ".join(said) + " (the collector's log says it once a reason; docs/coming-from.md)"
+    return not said, words
+
+
+_JOIN_WORDS = {
+    TraceJoin.NOT_HELD: "whose blocks no KV stream held (is each worker's --kv-events collected?)",
+    TraceJoin.AMBIGUOUS: "held alike by several streams, their worker never told apart: on no stream",
+    TraceJoin.NO_BLOCKS: "naming no blocks (no replay.input_sequence_hashes)",
+    TraceJoin.BLOCK_SIZE_DIFFERS: "of another block size than every stream's",
+}
 
 
 class _Exposition:

@@ -13,9 +13,11 @@ import uuid
 from pathlib import Path
 
 import httpx
+from prometheus_client import generate_latest
 
 from collectors.collector import Collector, CollectorOptions
 from kvobs.analytics.steps.attribution import ATTRIBUTION_KINDS, attribute_steps
+from kvobs.commands.doctor import exposition_checks
 from kvobs.dynamo_hashes import sequence_hashes
 from kvobs.semconv.spans import TraceJoin
 from tests.server.conftest import SERVED, free_port, running_server
@@ -123,6 +125,11 @@ def test_each_row_is_its_workers_request_and_its_blocks_are_its_sessions(smollm2
         finally:
             collector.stop()
     assert sum(joins.values()) == joins[TraceJoin.JOINED.value] == 6
+    said = {name: (ok, words) for name, ok, words in exposition_checks(generate_latest(collector.registry).decode())}
+    assert said["(Dynamo rows joined with KV events)"] == (
+        True,
+        "6 requests joined to the stream that held their blocks",
+    )
     requests = store.reads.requests()
     assert set(requests["instance"]) == {STREAM}  # each row's request is the stream's, not `worker-<id>`'s
 
@@ -184,6 +191,11 @@ def test_two_workers_in_worker_processes_each_request_to_the_stream_that_held_it
         TraceJoin.NO_BLOCKS.value: 0,
         TraceJoin.BLOCK_SIZE_DIFFERS.value: 0,
     }
+    ok, words = {n: (ok, w) for n, ok, w in exposition_checks(generate_latest(collector.registry).decode())}[
+        "(Dynamo rows joined with KV events)"
+    ]
+    assert not ok and words.startswith("3 requests joined to the stream that held their blocks; 1 whose blocks no KV")
+    assert "; 1 held alike by several streams" in words
     instance = store.reads.requests().set_index("session_id")["instance"]
     assert instance.to_dict() == {
         "alpha": "worker-a",
